@@ -1,0 +1,161 @@
+"""Noise schedules, the DSE loss, and the categorical sampler."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sedd import graphs, losses, noise
+from sedd.categorical import sample_categorical
+
+SCHEDULES = [noise.Geometric(1e-4, 20.0), noise.LogLinear(1e-3), noise.Geometric(0.5, 3.0)]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=repr)
+def test_dsigma_is_the_derivative(schedule):
+    ts = jnp.linspace(0.0, 1.0, 11)
+    grads = jax.vmap(jax.grad(lambda t: schedule(t)[0]))(ts)
+    _, dsigma = schedule(ts)
+    np.testing.assert_allclose(grads, dsigma, rtol=1e-5)
+
+
+def test_schedule_formulas():
+    t = jnp.array([0.0, 0.5, 1.0])
+    sigma, _ = noise.Geometric(1e-4, 20.0)(t)
+    np.testing.assert_allclose(sigma, [1e-4, math.sqrt(1e-4 * 20.0), 20.0], rtol=1e-5)
+    sigma, _ = noise.LogLinear(1e-3)(t)
+    np.testing.assert_allclose(sigma, [0.0, -math.log(1 - 0.999 * 0.5), -math.log(1e-3)], rtol=1e-5)
+    # Log-linear makes the absorbing mask probability linear in t.
+    np.testing.assert_allclose(-np.expm1(-np.asarray(sigma)), 0.999 * np.asarray(t), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: noise.Geometric(1.0, 1.0), lambda: noise.Geometric(2.0, 1.0),
+             lambda: noise.Geometric(0.0, 1.0), lambda: noise.LogLinear(0.0),
+             lambda: noise.LogLinear(1.0), lambda: noise.LogLinear(-0.1)]
+)
+def test_bad_schedules(make):
+    with pytest.raises(ValueError, match="sigma_min|eps"):
+        make()
+
+
+def test_low_discrepancy_times():
+    t = losses.sample_times(jax.random.key(0), 8, 1e-3, low_discrepancy=True)
+    u = np.sort((np.asarray(t) - 1e-3) / (1 - 1e-3))
+    # One point in each eighth of [0, 1).
+    np.testing.assert_array_equal(np.floor(u * 8), np.arange(8))
+    iid = losses.sample_times(jax.random.key(0), 10_000)
+    assert 1e-3 <= float(iid.min()) and float(iid.max()) <= 1.0
+
+
+def exact_log_score_fn(graph, x0_single):
+    """The true log-ratios for data that is a point mass at x0_single (per position).
+
+    With p0 = delta(x0), p_sigma(y) = exp(sigma Q)[x0, y], so the concrete score
+    at x is p_sigma(. | x0) / p_sigma(x | x0): a score function the loss must
+    give (close to) zero for.
+    """
+
+    def score_fn(x, sigma):
+        p = graph.transition(jnp.broadcast_to(x0_single, x.shape), sigma[:, None])  # (B, L, D)
+        px = jnp.take_along_axis(p, x[..., None], -1)
+        return jnp.log(jnp.maximum(p, 1e-30)) - jnp.log(px)
+
+    return score_fn
+
+
+@pytest.mark.parametrize("graph", [graphs.Absorbing(5), graphs.Uniform(5)], ids=repr)
+def test_loss_zero_for_the_exact_score_of_a_point_mass(graph):
+    x0 = jnp.array([[0, 3, 1, 4]] * 6)
+    sched = noise.LogLinear() if graph.absorb else noise.Geometric(1e-3, 10.0)
+    per_pos = losses.loss_per_position(
+        jax.random.key(0), exact_log_score_fn(graph, x0[0]), graph, sched, x0
+    )
+    assert per_pos.shape == (6, 4)
+    np.testing.assert_allclose(per_pos, 0.0, atol=1e-4)
+    # A wrong score (all ratios 1) has a strictly positive loss.
+    wrong = losses.loss_fn(
+        jax.random.key(0), lambda x, s: jnp.zeros(x.shape + (graph.dim,)), graph, sched, x0
+    )
+    assert wrong.shape == (6,) and (wrong > 0).any() and (wrong >= 0).all()
+
+
+def test_loss_is_nats_per_sequence_and_jits():
+    graph, sched = graphs.Absorbing(7), noise.LogLinear()
+    x0 = jax.random.randint(jax.random.key(1), (4, 16), 0, 7)
+    f = jax.jit(lambda k: losses.loss_fn(k, lambda x, s: jnp.zeros(x.shape + (8,)), graph, sched, x0))
+    per_seq = f(jax.random.key(2))
+    per_pos = losses.loss_per_position(
+        jax.random.key(2), lambda x, s: jnp.zeros(x.shape + (8,)), graph, sched, x0
+    )
+    np.testing.assert_allclose(per_seq, per_pos.sum(-1), rtol=1e-6)
+    u = losses.units(float(per_seq.mean()) / 16, chars_per_token=1.0)
+    assert math.isclose(u["bits_per_token"], u["nats_per_token"] / math.log(2))
+    assert math.isclose(u["bits_per_char"], u["bits_per_token"])
+
+
+def precise_rate(p):
+    """Exact P(draw the p-token) of the "precise" sampler against one (1 - p)-token.
+
+    The rare token wins iff E_r / p < E_b / (1 - p), so given E_r the chance is
+    exp(-E_r (1 - p) / p) (E_b is Exp(1) to ~1e-4 relative precision where it
+    matters, E_b ~ 1). The rate is the mean of that over the 2^64 bit patterns
+    (hi, lo) behind E_r; only hi < 60 p 2^32 contributes more than e^-60, and
+    lo is integrated on a fine grid, so the sum below is the sampler's law.
+    """
+    from sedd.categorical import exponential_from_bits
+
+    odds = (1 - p) / p
+    n_hi = max(1, int(60 * p * 2**32))
+    hi = np.arange(n_hi, dtype=np.uint64)
+    m = 64 if n_hi > 1 else 2**20  # hi = 0 alone: E ~ lo 2^-64, so lo needs detail
+    lo = ((np.arange(m) + 0.5) / m * 2**32).astype(np.uint64)
+    total = 0.0
+    for chunk in np.array_split(hi, max(1, n_hi * m // 2**22)):
+        e = exponential_from_bits(
+            jnp.asarray(chunk[:, None].astype(np.uint32)), jnp.asarray(lo[None, :].astype(np.uint32))
+        )
+        total += float(np.exp(-np.asarray(e, np.float64) * odds).mean(1).sum())
+    return total / 2**32
+
+
+def gumbel32_rate(p):
+    """Exact P(draw the p-token) of float32 Gumbel-max ("low" mode) against a (1 - p)-token.
+
+    JAX's low-mode Gumbel is -log(-log u) with u = uniform(tiny, 1) on the float32
+    grid {tiny + k 2^-23}. The rare token wins iff g_r - g_b > log((1 - p) / p);
+    summing over the grid points of u_r, with the exact grid law of g_b, gives
+    the sampler's law (the top of the grid caps g at 15.94).
+    """
+    c = np.log((1 - p) / p)
+    k = np.arange(2**23 - 2**20, 2**23, dtype=np.float64)  # the top of the u grid
+    u_r = np.float32(np.finfo(np.float32).tiny) + (k * 2.0**-23).astype(np.float32)
+    g_r = -np.log(-np.log(u_r.astype(np.float64)))
+    u_b_max = np.exp(-np.exp(-(g_r - c)))  # g_b < g_r - c  <=>  u_b < this
+    return float((np.ceil(u_b_max * 2**23) / 2**23).sum() / 2**23)
+
+
+def test_categorical_precise_draws_rare_tokens_at_the_right_rate():
+    """A token of probability ~1e-7 (and far below) is drawn at its own rate; float32 Gumbel is not."""
+    for p in (1e-7, 1e-9, 1e-12):
+        assert abs(precise_rate(p) / p - 1) < 2e-3, (p, precise_rate(p))
+    # JAX's float32 Gumbel really lives on that grid: it never exceeds the cap.
+    g = jax.random.gumbel(jax.random.key(0), (2**22,), jnp.float32, mode="low")
+    assert float(g.max()) <= -np.log(-np.log(np.float32(1 - 2**-23))) + 1e-5
+    assert gumbel32_rate(1e-7) / 1e-7 < 0.9  # biased at 1e-7
+    assert gumbel32_rate(1e-9) / 1e-9 < 1e-3  # and all but never draws a 1e-9 token
+    # Empirical check that the precise sampler's law is right at moderate p
+    # (where counting is cheap): p = 1e-3 over 2^22 draws, ~4,200 hits.
+    probs = jnp.broadcast_to(jnp.array([1 - 1e-3, 1e-3]), (2**22, 2))
+    hits = int(jax.jit(lambda k: sample_categorical(k, probs).sum())(jax.random.key(1)))
+    assert abs(hits - 1e-3 * 2**22) < 5 * np.sqrt(1e-3 * 2**22), hits
+
+
+def test_categorical_law_and_bad_method():
+    probs = jnp.array([0.5, 0.3, 0.2, 0.0])
+    draws = sample_categorical(jax.random.key(3), jnp.broadcast_to(probs, (100_000, 4)))
+    np.testing.assert_allclose(np.bincount(np.asarray(draws), minlength=4) / 1e5, probs, atol=0.01)
+    with pytest.raises(ValueError, match="precise"):
+        sample_categorical(jax.random.key(0), probs, "float16")
