@@ -46,6 +46,11 @@ def _float_dtype(*xs) -> jnp.dtype:
     return jnp.result_type(*xs, jnp.float32)
 
 
+def _default_float() -> jnp.dtype:
+    """float32, or float64 under jax_enable_x64 (for rates that take no float input)."""
+    return jnp.result_type(float)
+
+
 def _one_hot(i: jax.Array, dim: int, dtype) -> jax.Array:
     return jax.nn.one_hot(i, dim, dtype=dtype)
 
@@ -199,8 +204,9 @@ class Uniform(Graph):
         return False
 
     def rate(self, i):
-        n = self.dim
-        return jnp.full(i.shape + (n,), 1.0 / n) - _one_hot(i, n, jnp.float32)
+        n, dtype = self.dim, _default_float()
+        i = jnp.asarray(i)
+        return jnp.full(i.shape + (n,), 1.0 / n, dtype) - _one_hot(i, n, dtype)
 
     def transp_rate(self, i):
         # Q is symmetric.
@@ -277,12 +283,14 @@ class Absorbing(Graph):
 
     def rate(self, i):
         """e_M - e_i for i != M, and 0 out of M (M - M)."""
-        return _one_hot(self.mask, self.dim, jnp.float32) - _one_hot(i, self.dim, jnp.float32)
+        dtype = _default_float()
+        return _one_hot(self.mask, self.dim, dtype) - _one_hot(i, self.dim, dtype)
 
     def transp_rate(self, i):
         """-e_i for i != M (nothing enters a token); 1 - e_M into M."""
         is_mask = (jnp.asarray(i) == self.mask)[..., None]
-        return is_mask.astype(jnp.float32) - _one_hot(i, self.dim, jnp.float32)
+        dtype = _default_float()
+        return is_mask.astype(dtype) - _one_hot(i, self.dim, dtype)
 
     def transition(self, i, sigma):
         """e^{-sigma} e_i + (1 - e^{-sigma}) e_M (which is e_M for i = M)."""

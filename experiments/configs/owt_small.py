@@ -1,0 +1,34 @@
+"""SEDD small on OpenWebText: the paper's main model (Lou et al. 2024, App. C).
+
+12 blocks x 768, L = 1024, batch 512, AdamW 3e-4, warmup 2500, EMA 0.9999,
+log-linear noise, absorbing graph, GPT-2 tokenizer. data.path must name a local
+copy of OpenWebText (a folder of .txt files or a .jsonl with a "text" field)
+and data.tokenizer_path the GPT-2 tokenizer files (see docs/data.md).
+"""
+
+import shakespeare_char  # sibling file: sedd.config puts this folder on sys.path
+
+
+def get_config():
+    c = shakespeare_char.get_config()
+    c.model.hidden_size = 768
+    c.model.n_blocks = 12
+    c.model.n_heads = 12
+    c.model.cond_dim = 128
+    c.model.dropout = 0.1
+    c.model.dtype = "bfloat16"
+    c.data.name = "openwebtext"
+    c.data.path = "openwebtext"
+    c.data.tokenizer = "gpt2"
+    c.data.seq_len = 1024
+    c.training.batch_size = 512
+    c.training.n_iters = 400_000
+    c.training.ema = 0.9999
+    c.training.log_every = 100
+    c.training.eval_every = 10_000
+    c.training.ckpt_every = 5_000
+    c.optim.lr = 3e-4
+    c.optim.warmup = 2500
+    c.optim.schedule = "constant"
+    c.sampling.steps = 1024
+    return c

@@ -1,0 +1,77 @@
+"""The default: a character-level model of the embedded Shakespeare plays.
+
+Sized to train on 2 CPU cores in about 10 minutes and still write readable
+(if dreamy) verse: 4 blocks of width 256, sequences of 128 characters.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0  # drives initialisation, data order, t and x_t draws, sampling
+
+    c.model = ml_collections.ConfigDict()
+    c.model.kind = "ddit"  # "ddit" (diffusion transformer) or "ar" (causal baseline)
+    c.model.hidden_size = 256  # H, the width of the residual stream
+    c.model.n_blocks = 4  # transformer blocks
+    c.model.n_heads = 4  # attention heads; H / n_heads must be even (rotary)
+    c.model.cond_dim = 64  # width of the sigma conditioning vector
+    c.model.mlp_ratio = 4  # MLP hidden width as a multiple of H
+    c.model.dropout = 0.0  # residual dropout; SEDD uses 0.1 at scale
+    c.model.scale_by_sigma = True  # absorbing graph: SEDD's log(e^sigma - 1) output offset
+    c.model.dtype = "float32"  # compute dtype: "float32", or "bfloat16" on accelerators
+
+    c.graph = ml_collections.ConfigDict()
+    c.graph.type = "absorbing"  # "absorbing" (mask) or "uniform"
+
+    c.noise = ml_collections.ConfigDict()
+    c.noise.type = "loglinear"  # "loglinear" or "geometric"
+    c.noise.eps = 1e-3  # loglinear: sigma_bar(1) = -log(eps)
+    c.noise.sigma_min = 1e-4  # geometric: sigma_bar(0)
+    c.noise.sigma_max = 20.0  # geometric: sigma_bar(1)
+
+    c.data = ml_collections.ConfigDict()
+    c.data.name = "shakespeare"  # shakespeare | text | text8 | openwebtext | tinystories
+    c.data.path = ""  # a local file or folder; "" = the dataset's default
+    c.data.tokenizer = "char"  # char | byte | gpt2
+    c.data.tokenizer_path = ""  # gpt2 only: tokenizer.json, or a folder with vocab.json + merges.txt
+    c.data.seq_len = 128  # L, tokens per training sequence
+    c.data.data_dir = ""  # "" = $SEDD_DATA_DIR, else ~/tensorflow_datasets
+
+    c.training = ml_collections.ConfigDict()
+    c.training.batch_size = 32  # global batch, summed over all devices and hosts
+    c.training.n_iters = 3000  # batches to train on
+    c.training.accum_steps = 1  # batches per optimizer update (optax.MultiSteps)
+    c.training.sampling_eps = 1e-3  # t ~ U[sampling_eps, 1]
+    c.training.low_discrepancy = False  # stratified t over the batch (VDM/MD4); off as in SEDD
+    c.training.ema = 0.999  # EMA decay cap; decay = min(ema, (1 + n) / (10 + n))
+    c.training.log_every = 50  # steps between metrics.jsonl lines
+    c.training.eval_every = 1000  # steps between validation bounds and samples
+    c.training.ckpt_every = 500  # steps between checkpoints
+    c.training.max_to_keep = 2  # checkpoints kept (the newest)
+    c.training.keep_period = 0  # also keep every step divisible by this (0 = none)
+    c.training.eval_batches = 8  # validation batches per evaluation
+    c.training.eval_samples = 2  # samples printed at each evaluation
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.lr = 1e-3  # peak learning rate
+    c.optim.beta1 = 0.9  # AdamW
+    c.optim.beta2 = 0.999
+    c.optim.eps = 1e-8
+    c.optim.weight_decay = 0.0
+    c.optim.warmup = 200  # linear warmup, in optimizer updates
+    c.optim.schedule = "cosine"  # after warmup: "constant" or "cosine" (to 10% of lr)
+    c.optim.grad_clip = 1.0  # clip by global norm (0 = off)
+
+    c.sampling = ml_collections.ConfigDict()
+    c.sampling.predictor = "analytic"  # "analytic" (Tweedie) or "euler" (tau-leaping)
+    c.sampling.steps = 128  # reverse steps
+    c.sampling.categorical = "precise"  # "precise" (exact small probabilities) or "gumbel32"
+    c.sampling.eps = 1e-5  # the last time of the reverse grid
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = -1  # devices along the data axis (-1: all that remain)
+    c.mesh.fsdp = 1  # parameter sharding (ZeRO-3 style) axis
+    c.mesh.tensor = 1  # tensor (model) parallel axis
+    return c

@@ -1,0 +1,30 @@
+"""text8 (first 100M characters of Wikipedia, 27 symbols): SEDD's character benchmark.
+
+Expects `text8.zip` at data.path (https://mattmahoney.net/dc/text8.zip).
+Sized like SEDD/MD4's text8 runs (12 x 768, L = 256) but trainable on one GPU.
+"""
+
+import shakespeare_char  # sibling file: sedd.config puts this folder on sys.path
+
+
+def get_config():
+    c = shakespeare_char.get_config()
+    c.model.hidden_size = 768
+    c.model.n_blocks = 12
+    c.model.n_heads = 12
+    c.model.cond_dim = 128
+    c.model.dropout = 0.0
+    c.model.dtype = "bfloat16"
+    c.data.name = "text8"
+    c.data.path = "text8.zip"
+    c.data.seq_len = 256
+    c.training.batch_size = 256
+    c.training.n_iters = 400_000
+    c.training.ema = 0.9999
+    c.training.eval_every = 10_000
+    c.training.ckpt_every = 5_000
+    c.optim.lr = 3e-4
+    c.optim.warmup = 2500
+    c.optim.schedule = "constant"
+    c.sampling.steps = 256
+    return c

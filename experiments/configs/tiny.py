@@ -1,0 +1,22 @@
+"""A tiny model for tests and smoke runs: compiles and trains in seconds on a CPU."""
+
+import shakespeare_char  # sibling file: sedd.config puts this folder on sys.path
+
+
+def get_config():
+    c = shakespeare_char.get_config()
+    c.model.hidden_size = 32
+    c.model.n_blocks = 2
+    c.model.n_heads = 2
+    c.model.cond_dim = 16
+    c.data.seq_len = 32
+    c.training.batch_size = 8
+    c.training.n_iters = 20
+    c.training.log_every = 5
+    c.training.eval_every = 10
+    c.training.ckpt_every = 10
+    c.training.eval_batches = 2
+    c.training.eval_samples = 1
+    c.optim.warmup = 5
+    c.sampling.steps = 8
+    return c
