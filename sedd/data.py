@@ -197,6 +197,10 @@ def get_tokenizer(name: str, **kwargs):
 def tokenizer_from_dict(d: dict):
     """Inverse of `tokenizer.to_dict()`."""
     d = dict(d)
+    if d.get("name") == "markov":  # synthetic data: sedd.markov owns its tokenizer
+        from sedd.markov import MarkovTokenizer
+
+        return MarkovTokenizer(d["vocab_size"])
     return get_tokenizer(d.pop("name"), **d)
 
 
@@ -453,8 +457,8 @@ BUILDERS = {"shakespeare": Shakespeare, "text": TextFiles, "text8": Text8,
 def get_builder(name: str, path: str = "", data_dir: str | None = None):
     """The prepared TFDS builder for a dataset name (building it on first use)."""
     if name not in BUILDERS:
-        reserved = " ('markov' is reserved, not implemented yet)" if name == "markov" else ""
-        raise ValueError(f"unknown dataset {name!r}; known: {list(DATASETS)}{reserved}")
+        synthetic = " ('markov' has no builder: load it with load_dataset)" if name == "markov" else ""
+        raise ValueError(f"unknown dataset {name!r}; known: {list(DATASETS)}{synthetic}")
     builder = BUILDERS[name](path=path, data_dir=data_dir)
     builder.download_and_prepare()
     return builder
@@ -673,7 +677,8 @@ def load_dataset(config, tokenizer=None) -> TextData:
     Args:
       config: the `data` ConfigDict (or a dict) with fields
         name: "shakespeare" | "text" | "text8" | "openwebtext" | "tinystories"
-          ("markov" is reserved); path: local file or folder, "" for the default;
+          | "markov" (synthetic, sedd.markov; reads the data.markov section);
+          path: local file or folder, "" for the default;
         tokenizer: "char" | "byte" | "gpt2"; tokenizer_path: GPT-2 files;
         seq_len: L; data_dir: "" for $SEDD_DATA_DIR or ~/tensorflow_datasets.
       tokenizer: a tokenizer restored from a run directory; by default a new one
@@ -682,6 +687,10 @@ def load_dataset(config, tokenizer=None) -> TextData:
       TextData.
     """
     name = _cfg(config, "name", "shakespeare")
+    if name == "markov":  # synthetic data with a known law: drawn, not read from files
+        from sedd.markov import load_markov
+
+        return load_markov(config)
     data_dir = _cfg(config, "data_dir", "") or default_data_dir()
     builder = get_builder(name, _cfg(config, "path", ""), data_dir)
     cache_dir = (Path(data_dir) / "sedd_tokens" / builder.name / builder.builder_config.name

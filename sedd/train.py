@@ -68,7 +68,8 @@ def build_model(config, seed: int = 0) -> DDiT:
         mlp_ratio=m.mlp_ratio,
         dropout=m.dropout,
         max_len=config.data.seq_len,
-        absorbing=config.graph.type == "absorbing" and not ar,
+        # The AR baseline takes the extra id V as its beginning-of-sequence token (sedd.ar).
+        absorbing=config.graph.type == "absorbing" or ar,
         scale_by_sigma=m.scale_by_sigma and not ar,
         causal=ar,
         time_conditioning=not ar,
@@ -152,6 +153,12 @@ class Trainer:
     def _loss(self, params, key, batch, train: bool):
         k_loss, k_drop = jax.random.split(key)
         t = self.config.training
+        if self.config.model.kind == "ar":  # next-token cross-entropy, nats per sequence
+            from sedd import ar  # lazy: ar imports the model module only
+
+            model = self.model(params)
+            per_seq = ar.sequence_nll(model, batch, deterministic=not train, rngs=k_drop if train else None)
+            return per_seq.mean(), per_seq
         per_seq = losses.loss_fn(
             k_loss,
             self.score_fn(params, k_drop if train else None),
@@ -327,6 +334,11 @@ def generate(trainer: Trainer, params, key, num_samples: int, steps: int | None 
     from sedd import sampling  # sampling depends on nothing here; kept lazy for start-up time
 
     c = trainer.config
+    if c.model.kind == "ar":  # the AR baseline decodes with its KV cache
+        from sedd import ar
+
+        return np.asarray(ar.sample(key, trainer.model(params), num_samples, c.data.seq_len,
+                                    categorical=kwargs.pop("categorical", c.sampling.categorical)))
     return np.asarray(
         sampling.sample(
             key,

@@ -32,12 +32,18 @@ def get_config() -> ml_collections.ConfigDict:
     c.noise.sigma_max = 20.0  # geometric: sigma_bar(1)
 
     c.data = ml_collections.ConfigDict()
-    c.data.name = "shakespeare"  # shakespeare | text | text8 | openwebtext | tinystories
+    c.data.name = "shakespeare"  # shakespeare | text | text8 | openwebtext | tinystories | markov
     c.data.path = ""  # a local file or folder; "" = the dataset's default
     c.data.tokenizer = "char"  # char | byte | gpt2
     c.data.tokenizer_path = ""  # gpt2 only: tokenizer.json, or a folder with vocab.json + merges.txt
     c.data.seq_len = 128  # L, tokens per training sequence
     c.data.data_dir = ""  # "" = $SEDD_DATA_DIR, else ~/tensorflow_datasets
+    c.data.markov = ml_collections.ConfigDict()  # read only when data.name = "markov" (sedd.markov)
+    c.data.markov.vocab_size = 8  # V, tokens of the synthetic chain
+    c.data.markov.order = 2  # k, tokens of context of each transition
+    c.data.markov.seed = 0  # seeds the transition table (the chain itself)
+    c.data.markov.alpha = 0.3  # Dirichlet concentration of each row: small = peaked, low entropy
+    c.data.markov.num_tokens = 500_000  # tokens in the train split (validation, test: 1/20 each)
 
     c.training = ml_collections.ConfigDict()
     c.training.batch_size = 32  # global batch, summed over all devices and hosts

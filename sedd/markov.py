@@ -1,0 +1,290 @@
+r"""Synthetic data with a known law: a random stationary Markov chain of order k.
+
+A model's likelihood bound or the quality of its samples can only be judged
+against a reference. For text the reference is another model (a judge), which
+has its own errors; for this data the reference is exact:
+
+  - the law of every sequence, log p(x) in closed form (``log_prob``);
+  - the entropy rate h = -sum_c pi(c) sum_v P[c, v] log P[c, v] (nats/token);
+  - the entropy of a window of L tokens, H(x_{0:k}) + (L - k) h, which is what
+    a perfect model's bound per sequence converges to.
+
+The chain. Tokens are ids 0..V-1. A context c is the last k tokens,
+c = (x_{t-k}, ..., x_{t-1}), read as the base-V number
+c = sum_j x_{t-k+j} V^{k-1-j}; there are C = V^k contexts. Each row of the
+transition table P[c, :] is drawn from a symmetric Dirichlet(alpha) with a
+seeded numpy generator: small alpha gives peaked rows (low entropy rate), large
+alpha rows close to uniform. The stream starts in the stationary law pi of the
+first-order chain on contexts (c -> c' = (c V + v) mod C with probability
+P[c, v]), so every window of the stream, wherever it starts, has the same law
+
+    p(x_0..x_{L-1}) = pi(x_{0:k}) prod_{t=k}^{L-1} P[c_t, x_t],
+
+which is the law of the packed training sequences (``PackedTokens`` cuts the
+stream into consecutive windows).
+
+Letters: V vocabulary, k order, C = V^k contexts, L sequence length, B batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkovChain:
+    """A seeded random Markov chain of order k over V tokens.
+
+    Args:
+      vocab_size: V >= 2.
+      order: k >= 1 (tokens of context).
+      seed: seeds the transition table (the same seed gives the same chain).
+      alpha: Dirichlet concentration of each transition row (> 0).
+    """
+
+    vocab_size: int = 8
+    order: int = 1
+    seed: int = 0
+    alpha: float = 0.3
+
+    def __post_init__(self):
+        if self.vocab_size < 2 or self.order < 1 or self.alpha <= 0:
+            raise ValueError(
+                f"MarkovChain needs vocab_size >= 2, order >= 1, alpha > 0; got "
+                f"{self.vocab_size}, {self.order}, {self.alpha}")
+        if self.vocab_size ** self.order > 2 ** 20:
+            raise ValueError(f"V^k = {self.vocab_size}^{self.order} contexts is too many (> 2^20)")
+
+    @property
+    def num_contexts(self) -> int:
+        return self.vocab_size ** self.order
+
+    @property
+    def transitions(self) -> np.ndarray:
+        """float64[C, V], P[c, v] = p(x_t = v | context c); rows sum to 1."""
+        return _table(self.vocab_size, self.order, self.seed, self.alpha)[0]
+
+    @property
+    def stationary(self) -> np.ndarray:
+        """float64[C], the stationary law pi of the context chain."""
+        return _table(self.vocab_size, self.order, self.seed, self.alpha)[1]
+
+    # ------------------------------------------------------------ exact figures
+
+    def entropy_rate(self) -> float:
+        """h = sum_c pi(c) H(P[c, :]), nats per token."""
+        p = self.transitions
+        row_h = -(p * np.log(np.where(p > 0, p, 1.0))).sum(-1)  # (C,)
+        return float(self.stationary @ row_h)
+
+    def context_entropy(self) -> float:
+        """H(x_{0:k}) = H(pi), nats: the cost of the first k tokens of a window."""
+        pi = self.stationary
+        return float(-(pi * np.log(np.where(pi > 0, pi, 1.0))).sum())
+
+    def sequence_entropy(self, seq_len: int) -> float:
+        """H(x_0..x_{L-1}) = H(pi) + (L - k) h in nats per sequence (L >= k)."""
+        if seq_len < self.order:
+            raise ValueError(f"seq_len {seq_len} < order {self.order}")
+        return self.context_entropy() + (seq_len - self.order) * self.entropy_rate()
+
+    def log_prob(self, x) -> np.ndarray:
+        """Exact log p(x) of each sequence, nats.
+
+        Args:
+          x: int[B, L] (or int[L]) token ids in [0, V), L >= k.
+        Returns:
+          float64[B] (or a float for one sequence); -inf where x has an id
+          outside [0, V) (for example a mask left in a sample).
+        """
+        x = np.asarray(x, np.int64)
+        one = x.ndim == 1
+        x = np.atleast_2d(x)
+        v, k = self.vocab_size, self.order
+        if x.shape[1] < k:
+            raise ValueError(f"sequences of length {x.shape[1]} are shorter than the order {k}")
+        valid = ((x >= 0) & (x < v)).all(-1)
+        x = np.clip(x, 0, v - 1)
+        ctx = np.zeros(x.shape[0], np.int64)
+        for j in range(k):
+            ctx = ctx * v + x[:, j]
+        with np.errstate(divide="ignore"):
+            logp = np.log(self.stationary[ctx])
+            log_table = np.log(self.transitions)
+        for t in range(k, x.shape[1]):
+            logp = logp + log_table[ctx, x[:, t]]
+            ctx = (ctx * v + x[:, t]) % self.num_contexts
+        logp = np.where(valid, logp, -np.inf)
+        return float(logp[0]) if one else logp
+
+    # ------------------------------------------------------------ sampling
+
+    def sample_stream(self, num_tokens: int, seed: int) -> np.ndarray:
+        """A stationary stream int32[num_tokens] (a separate seed from the chain's)."""
+        rng = np.random.default_rng([self.seed, 1, seed])
+        v, k, c = self.vocab_size, self.order, self.num_contexts
+        ctx = int(rng.choice(c, p=self.stationary))
+        first = [(ctx // v ** (k - 1 - j)) % v for j in range(k)]
+        n = max(num_tokens - k, 0)
+        cdf = np.cumsum(self.transitions, -1)  # (C, V)
+        cdf[:, -1] = 1.0
+        u = rng.random(n)
+        out = np.empty(n, np.int32)
+        for t in range(n):  # a sequential chain; ~1 us per token
+            tok = int(np.searchsorted(cdf[ctx], u[t], side="right"))
+            out[t] = tok
+            ctx = (ctx * v + tok) % c
+        return np.concatenate([np.asarray(first, np.int32), out])[:num_tokens]
+
+    def sample(self, num_sequences: int, seq_len: int, seed: int) -> np.ndarray:
+        """int32[B, L] independent windows, each with the stationary law."""
+        return np.stack([self.sample_stream(seq_len, seed * 1_000_003 + i) for i in range(num_sequences)])
+
+
+_CACHE: dict = {}
+
+
+def _table(v: int, k: int, seed: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """(P float64[C, V], pi float64[C]) of the chain, memoised."""
+    key = (v, k, seed, alpha)
+    if key not in _CACHE:
+        rng = np.random.default_rng([seed, 0])
+        c = v ** k
+        p = rng.dirichlet(np.full(v, alpha), size=c)  # (C, V)
+        # Tiny floor: every transition possible, so log p is finite for every
+        # sequence and the context chain is irreducible (pi unique, > 0).
+        p = (p + 1e-6) / (1 + v * 1e-6)
+        # pi by power iteration on the context chain c -> (c V + v) mod C;
+        # the floor makes it mix, and 10^4 sweeps of a C-state chain are cheap.
+        nxt = (np.arange(c)[:, None] * v + np.arange(v)[None, :]) % c  # (C, V)
+        pi = np.full(c, 1.0 / c)
+        for _ in range(10_000):
+            new = np.bincount(nxt.reshape(-1), weights=(pi[:, None] * p).reshape(-1), minlength=c)
+            if np.abs(new - pi).max() < 1e-15:
+                pi = new
+                break
+            pi = new
+        _CACHE[key] = (p, pi / pi.sum())
+    return _CACHE[key]
+
+
+# ---------------------------------------------------------------- as a dataset
+
+
+class MarkovTokenizer:
+    """Ids 0..V-1 rendered as letters (a, b, ...; then base-V numbers); no EOS.
+
+    Saved with a run like the other tokenizers (``to_dict``), so a run
+    directory knows it was trained on synthetic data.
+    """
+
+    name = "markov"
+    eos_id = None
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = int(vocab_size)
+
+    def encode(self, text: str) -> np.ndarray:
+        if self.vocab_size > 26:
+            raise ValueError("MarkovTokenizer.encode reads letters; vocab_size > 26 has none")
+        ids = np.array([ord(ch) - ord("a") for ch in text], np.int32)
+        if ((ids < 0) | (ids >= self.vocab_size)).any():
+            raise ValueError(f"{text!r} has characters outside the first {self.vocab_size} letters")
+        return ids
+
+    def decode(self, ids, skip_eos: bool = False) -> str:
+        del skip_eos  # no EOS
+        ids = np.asarray(ids).reshape(-1).tolist()
+        if self.vocab_size <= 26:
+            return "".join(chr(ord("a") + i) if 0 <= i < self.vocab_size else "?" for i in ids)
+        return " ".join(str(i) if 0 <= i < self.vocab_size else "?" for i in ids)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "vocab_size": self.vocab_size}
+
+
+class MarkovData:
+    """A Markov chain as a dataset with the interface of ``sedd.data.TextData``.
+
+    Splits are stationary streams drawn with split-specific seeds, so validation
+    never overlaps training. Batches go through ``sedd.data.PackedTokens``
+    (resumable, per-process), exactly as for text.
+
+    Args:
+      chain: the ``MarkovChain``.
+      seq_len: L.
+      num_tokens: tokens in the train split; validation and test get 1/20 each
+        (at least 64 sequences).
+    """
+
+    STREAM = True
+
+    def __init__(self, chain: MarkovChain, seq_len: int, num_tokens: int = 1_000_000):
+        from sedd.data import PackedTokens  # data imports this module lazily
+
+        self.chain, self.seq_len = chain, int(seq_len)
+        self.tokenizer = MarkovTokenizer(chain.vocab_size)
+        held = max(num_tokens // 20, 64 * self.seq_len)
+        sizes = {"train": int(num_tokens), "validation": held, "test": held}
+        self.splits = list(sizes)
+        self._tokens = {s: chain.sample_stream(n, seed=i) for i, (s, n) in enumerate(sizes.items())}
+        self.stats = {s: {"documents": 1, "chars": len(t), "tokens": len(t)} for s, t in self._tokens.items()}
+        self._packed_cls = PackedTokens
+        self._packed: dict = {}
+
+    # --- the TextData interface
+
+    def tokens(self, split: str = "train") -> np.ndarray:
+        return self._tokens[split]
+
+    def num_tokens(self, split: str = "train") -> int:
+        return self.stats[split]["tokens"]
+
+    @property
+    def chars_per_token(self) -> float:
+        return 1.0
+
+    def unigram_entropy_bits(self, split: str = "train") -> float:
+        from sedd.data import unigram_entropy_bits
+
+        return unigram_entropy_bits(self._tokens[split], self.tokenizer.vocab_size)
+
+    def packed(self, split: str, seq_len: int | None = None):
+        key = (split, int(seq_len or self.seq_len))
+        if key not in self._packed:
+            self._packed[key] = self._packed_cls(self._tokens[split], key[1])
+        return self._packed[key]
+
+    def batches(self, split: str = "train", batch_size: int = 8, seq_len: int | None = None,
+                seed: int = 0, start_step: int = 0, process_index: int = 0,
+                process_count: int = 1) -> Iterator[np.ndarray]:
+        return self.packed(split, seq_len).batches(batch_size, seed, start_step, process_index, process_count)
+
+    def train_batches(self, batch_size: int, seed: int = 0, start_step: int = 0,
+                      process_index: int = 0, process_count: int = 1):
+        return self.batches("train", batch_size, None, seed, start_step, process_index, process_count)
+
+    def eval_batches(self, batch_size: int, split: str = "validation",
+                     process_index: int = 0, process_count: int = 1):
+        return self.packed(split).eval_batches(batch_size, process_index, process_count)
+
+    # --- exact figures of the law
+
+    def true_nats_per_token(self) -> float:
+        """H(x_0..x_{L-1}) / L: the best bound any model can reach, nats/token."""
+        return self.chain.sequence_entropy(self.seq_len) / self.seq_len
+
+
+def chain_from_config(config) -> MarkovChain:
+    """The chain a config's ``data.markov`` section describes."""
+    m = config.markov
+    return MarkovChain(int(m.vocab_size), int(m.order), int(m.seed), float(m.alpha))
+
+
+def load_markov(config) -> MarkovData:
+    """The dataset of a ``data`` config section with name = "markov"."""
+    return MarkovData(chain_from_config(config), config.seq_len, int(config.markov.num_tokens))
+
