@@ -1,0 +1,594 @@
+r"""Benchmarks: training MFU, sampler overhead, diffusion vs AR latency, memory.
+
+Each benchmark is a library function returning a dict (printed as a table and
+written as JSON by ``main``); ``experiments/benchmarks/*.py`` and
+``sedd bench`` are thin wrappers around ``main``:
+
+  sedd bench train    [--quick] [--json PATH] ...   tokens/s, FLOPs/token, MFU
+  sedd bench sampler  [--quick] ...                 predictor step / forward pass
+  sedd bench ar       [--quick] ...                 diffusion vs AR time to L tokens
+  sedd bench memory   [--quick] ...                 compiled train-step bytes per config
+
+Timing rules, because the machines these run on are shared and noisy:
+  * every figure that is compared is measured in the same process, with the
+    candidates interleaved round by round (order reversed every other round),
+    and the ratio is the median of the per-round ratios;
+  * the first call of each function (tracing + compilation) is never timed;
+  * every result carries ``machine()``: devices, CPU count, load average,
+    jax version and XLA_FLAGS.
+
+FLOP counting (model FLOPs, not hardware FLOPs: rematerialisation and the
+elementwise work are not counted). With H hidden, n blocks, r mlp_ratio, D the
+output width and L the sequence length, the matmul weights a token meets are
+
+    N = n (4 H^2 + 2 r H^2) + H D        (qkv 3H^2, out H^2, MLP 2 r H^2; output H D)
+
+(embedding lookups and the per-sequence adaLN / sigma layers are left out) and
+
+    forward FLOPs / token  = 2 N + 4 n L H        (QK^T and AV: 2 L H each, per block)
+    training FLOPs / token = 6 N + 12 n L H       (backward = 2 x forward; PaLM App. B)
+
+The attention term uses the full L for the causal AR model too, because
+``jax.nn.dot_product_attention``'s XLA path computes the whole score matrix
+and masks it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "experiments" / "benchmarks" / "results"
+
+# --------------------------------------------------------------------------- machine and timing
+
+
+def machine() -> dict:
+    """What the figures were measured on."""
+    dev = jax.devices()
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {
+        "platform": dev[0].platform,
+        "device_kind": dev[0].device_kind,
+        "devices": [str(d) for d in dev],
+        "device_count": len(dev),
+        "cpu_count": os.cpu_count(),
+        "load_average_1_5_15min": load,
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "matmul_precision": str(jax.config.jax_default_matmul_precision),
+    }
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - t0
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Wall-clock seconds of each fn, interleaved: round r runs every fn once.
+
+    The order is reversed every other round so that no fn always follows the
+    same neighbour (caches, turbo, another user's burst).
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            _timed(fn)
+    names = list(fns)
+    times = {k: [] for k in names}
+    for r in range(repeats):
+        for k in names if r % 2 == 0 else names[::-1]:
+            times[k].append(_timed(fns[k]))
+    return times
+
+
+def paired_ratio(num: list[float], den: list[float]) -> float:
+    """Median over rounds of num[r] / den[r]: robust to load that drifts between rounds."""
+    return statistics.median(a / b for a, b in zip(num, den))
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def matmul_fn(n: int = 2048, dtype=jnp.float32) -> tuple[Callable[[], Any], float]:
+    """A jitted n x n x n matmul and its FLOPs (2 n^3): the device's practical peak."""
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    b = jax.random.normal(jax.random.key(1), (n, n), dtype)
+    f = jax.jit(jnp.matmul)
+    return (lambda: f(a, b)), 2.0 * n**3
+
+
+# --------------------------------------------------------------------------- configs and FLOPs
+
+
+def bench_config(base: str = "shakespeare_char", vocab_size: int = 65, **model_overrides):
+    """A shipped config with vocab_size set (normally set from the tokenizer) and model overrides.
+
+    Keys: hidden_size, n_blocks, n_heads, cond_dim, seq_len, batch_size, kind, dtype.
+    """
+    from sedd import config as config_lib
+
+    c = config_lib.load_config(base)
+    c.vocab_size = vocab_size
+    for k, v in model_overrides.items():
+        if k == "seq_len":
+            c.data.seq_len = v
+        elif k == "batch_size":
+            c.training.batch_size = v
+        else:
+            c.model[k] = v
+    return c
+
+
+def matmul_params(config) -> int:
+    """N: weights of the per-token matmuls (see the module docstring)."""
+    m = config.model
+    h = m.hidden_size
+    d = config.vocab_size + 1 if (config.graph.type == "absorbing" or m.kind == "ar") else config.vocab_size
+    return m.n_blocks * (4 * h * h + 2 * m.mlp_ratio * h * h) + h * d
+
+
+def flops_per_token(config, training: bool = True) -> float:
+    """Model FLOPs per token: 6 N + 12 n L H (training) or 2 N + 4 n L H (forward)."""
+    m = config.model
+    n_mat = matmul_params(config)
+    attn = 4 * m.n_blocks * config.data.seq_len * m.hidden_size
+    return 3 * (2 * n_mat + attn) if training else 2 * n_mat + attn
+
+
+# --------------------------------------------------------------------------- training
+
+
+def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = True) -> dict:
+    """Tokens/s and MFU of ``Trainer.train_step`` against a matmul timed in the same rounds.
+
+    With ``profile`` the loss forward and forward+backward are timed in the
+    same rounds too, which splits a step into forward, backward and
+    optimizer/EMA time (the non-matmul share shows up as the gap to the peak).
+    """
+    from sedd.train import Trainer
+
+    trainer = Trainer(config)
+    b, l = config.training.batch_size, config.data.seq_len
+    batch = trainer.shard_batch(
+        np.asarray(jax.random.randint(jax.random.key(1), (b, l), 0, config.vocab_size), np.int32))
+    holder = {"state": trainer.init_state()}
+
+    def step():
+        holder["state"], metrics = trainer.train_step(holder["state"], batch)
+        return metrics
+
+    mm, mm_flops = matmul_fn(matmul_n)
+    fns = {"train_step": step, "matmul": mm}
+    if profile:
+        key = jax.random.key(2)
+        fwd = jax.jit(lambda p: trainer._loss(p, key, batch, True)[0])
+        fwd_bwd = jax.jit(jax.grad(lambda p: trainer._loss(p, key, batch, True)[0]))
+        fns["forward"] = lambda: fwd(holder["state"]["params"])
+        fns["forward_backward"] = lambda: fwd_bwd(holder["state"]["params"])
+    t_compile = _timed(step)
+    times = interleaved(fns, repeats)
+    fpt = flops_per_token(config, training=True)
+    tokens = b * l
+    step_s = median(times["train_step"])
+    peak = [mm_flops / t for t in times["matmul"]]
+    achieved = [tokens * fpt / t for t in times["train_step"]]
+    out = {
+        "model": dict(config.model.to_dict(), vocab_size=config.vocab_size, seq_len=l, batch_size=b),
+        "n_params": trainer.n_params,
+        "matmul_params_N": matmul_params(config),
+        "flops_per_token": fpt,
+        "flops_formula": "6N + 12 n_blocks L H",
+        "compile_s": t_compile,
+        "step_s": step_s,
+        "tokens_per_s": tokens / step_s,
+        "achieved_flops_per_s": median(achieved),
+        "peak_matmul_flops_per_s": median(peak),
+        "matmul_n": matmul_n,
+        "mfu": statistics.median(a / p for a, p in zip(achieved, peak)),
+        "times_s": times,
+    }
+    if profile:
+        out["forward_share_of_step"] = paired_ratio(times["forward"], times["train_step"])
+        out["forward_backward_share_of_step"] = paired_ratio(times["forward_backward"], times["train_step"])
+        fwd_flops = tokens * flops_per_token(config, training=False)
+        out["forward_mfu"] = statistics.median(
+            fwd_flops / t / p for t, p in zip(times["forward"], peak))
+        out["forward_backward_mfu"] = statistics.median(
+            3 * fwd_flops / t / p for t, p in zip(times["forward_backward"], peak))
+    return out
+
+
+def run_train(quick: bool, args) -> dict:
+    if quick:
+        cases = [bench_config("tiny", batch_size=8)]
+        repeats, mm_n = 2, 512
+    else:
+        cases = [
+            bench_config(hidden_size=args.width, n_heads=args.width // 64, n_blocks=args.blocks,
+                         seq_len=args.seq_len, batch_size=b)
+            for b in args.batch_sizes
+        ]
+        repeats, mm_n = args.repeats, 2048
+    results = []
+    for c in cases:
+        if args.dtype:
+            c.model.dtype = args.dtype
+        results.append(bench_train(c, repeats=repeats, matmul_n=mm_n, profile=not quick))
+    rows = [[r["model"]["hidden_size"], r["model"]["n_blocks"], r["model"]["seq_len"], r["model"]["batch_size"],
+             f"{r['n_params'] / 1e6:.2f}M", f"{r['flops_per_token'] / 1e6:.1f}", f"{r['tokens_per_s']:.0f}",
+             f"{r['achieved_flops_per_s'] / 1e9:.1f}", f"{r['peak_matmul_flops_per_s'] / 1e9:.1f}",
+             f"{r['mfu']:.2f}", f"{r.get('forward_mfu', float('nan')):.2f}",
+             f"{r.get('forward_backward_mfu', float('nan')):.2f}",
+             f"{r.get('forward_backward_share_of_step', float('nan')):.2f}"]
+            for r in results]
+    table = format_table(
+        ["H", "blocks", "L", "B", "params", "MFLOP/tok", "tok/s", "GFLOP/s", "peak GFLOP/s", "MFU",
+         "fwd MFU", "fwd+bwd MFU", "fwd+bwd/step"], rows)
+    return {"benchmark": "train", "results": results, "table": table}
+
+
+# --------------------------------------------------------------------------- sampler overhead
+
+
+def _diffusion_parts(config, seed: int = 0):
+    """(graph, noise, params, score_fn(params, x, sigma)) of an untrained diffusion model."""
+    from flax import nnx
+
+    from sedd.train import build_graph, build_model, build_noise
+
+    model = build_model(config, seed)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def score_fn(params, x, sigma):
+        return nnx.merge(graphdef, params, rest)(x, sigma, deterministic=True)
+
+    return build_graph(config), build_noise(config), params, score_fn
+
+
+def bench_sampler(config, batch: int, repeats: int = 5, t: float = 0.5, steps: int = 128,
+                  loop_steps: int = 16) -> dict:
+    """One predictor step divided by one plain forward pass, per predictor and categorical method.
+
+    The state is a draw of x_t at time t (about half the positions masked for
+    the absorbing graph), the step size that of a ``steps``-step grid. A
+    whole ``sample`` call of ``loop_steps`` steps is timed too and divided by
+    (loop_steps + 1) forward passes: the loop's own cost (no host round trips).
+    """
+    from sedd import sampling
+
+    graph, noise, params, score_fn = _diffusion_parts(config)
+    l = config.data.seq_len
+    key = jax.random.key(0)
+    x0 = jax.random.randint(key, (batch, l), 0, config.vocab_size)
+    sigma_t = noise(jnp.float32(t))[0]
+    x = graph.sample_transition(jax.random.key(1), x0, jnp.full((batch, 1), sigma_t)).astype(jnp.int32)
+    sigma = jnp.full((batch,), sigma_t)
+    fwd = jax.jit(score_fn)
+    fns = {"forward": lambda: fwd(params, x, sigma)}
+    t_, dt = jnp.float32(t), jnp.float32(1.0 / steps)
+    for name, pred in sorted(sampling.PREDICTORS.items()):
+        for cat in sampling.CATEGORICAL_METHODS:
+            @jax.jit
+            def step(params, key, x, pred=pred, cat=cat):
+                return pred(key, functools.partial(score_fn, params), graph, noise, x, t_, dt, cat)
+
+            fns[f"{name}/{cat}"] = functools.partial(step, params, key, x)
+    loop = functools.partial(sampling.sample, key, score_fn, graph, noise, (batch, l), loop_steps,
+                             score_params=params)
+    fns[f"sample({loop_steps} steps, default)"] = loop
+    times = interleaved(fns, repeats)
+    ratios = {k: paired_ratio(v, times["forward"]) for k, v in times.items() if k != "forward"}
+    loop_key = f"sample({loop_steps} steps, default)"
+    ratios[loop_key] = ratios[loop_key] / (loop_steps + 1)
+    return {
+        "model": dict(config.model.to_dict(), vocab_size=config.vocab_size, seq_len=l, batch_size=batch),
+        "graph_dim": graph.dim,
+        "forward_s": median(times["forward"]),
+        "ratio_to_forward": ratios,
+        "default_path": f"{config.sampling.predictor}/{config.sampling.categorical}",
+        "times_s": times,
+    }
+
+
+def run_sampler(quick: bool, args) -> dict:
+    if quick:
+        cases = [(bench_config("tiny"), 4), (bench_config("tiny", vocab_size=1000), 4)]
+        repeats, loop_steps = 2, 4
+    else:
+        cases = [
+            (bench_config(), args.batch),  # the default char model: H 256, 4 blocks, L 128, V 65
+            (bench_config(vocab_size=50257, hidden_size=128, n_blocks=2, n_heads=2, cond_dim=64,
+                          seq_len=128), args.batch_gpt2),
+        ]
+        repeats, loop_steps = args.repeats, 16
+    results = [bench_sampler(c, b, repeats=repeats, loop_steps=loop_steps) for c, b in cases]
+    rows = []
+    for r in results:
+        m = r["model"]
+        for k, v in r["ratio_to_forward"].items():
+            rows.append([m["hidden_size"], m["n_blocks"], m["seq_len"], m["batch_size"], m["vocab_size"],
+                         k, f"{r['forward_s'] * 1e3:.1f}", f"{v:.3f}"])
+    table = format_table(["H", "blocks", "L", "B", "V", "step (predictor/categorical)", "forward ms",
+                          "step / forward"], rows)
+    return {"benchmark": "sampler", "results": results, "table": table}
+
+
+# --------------------------------------------------------------------------- diffusion vs AR
+
+
+def ar_decode_fn(config, batch: int) -> tuple[Callable[[], Any], str]:
+    """A () -> tokens function generating L tokens with the AR baseline, and its method."""
+    from sedd import ar
+    from sedd.train import build_model
+
+    c = bench_config_copy(config, kind="ar")
+    model = build_model(c, 0)
+    if hasattr(ar, "sample") and hasattr(ar, "decode_step"):
+        key = jax.random.key(0)
+        return (lambda: ar.sample(key, model, batch, config.data.seq_len)), "KV cache (sedd.ar.sample)"
+    # No KV-cache decoder in this checkout: L full causal forward passes, an upper bound.
+    from flax import nnx
+
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    l = config.data.seq_len
+
+    @jax.jit
+    def decode(params, key):
+        m = nnx.merge(graphdef, params, rest)
+
+        def body(i, x):
+            logits = ar.next_token_logits(m, x)[:, i]
+            tok = jax.random.categorical(jax.random.fold_in(key, i), logits)
+            return x.at[:, i].set(tok.astype(jnp.int32))
+
+        return jax.lax.fori_loop(0, l, body, jnp.zeros((batch, l), jnp.int32))
+
+    return functools.partial(decode, params, jax.random.key(0)), "no KV cache (L full forward passes)"
+
+
+def bench_config_copy(config, **model_overrides):
+    c = config.copy_and_resolve_references()
+    for k, v in model_overrides.items():
+        c.model[k] = v
+    return c
+
+
+def bench_diffusion_vs_ar(config, batch: int, steps_list: list[int], max_direct_steps: int,
+                          repeats: int = 3, max_seconds: float = 20.0) -> dict:
+    """Seconds to generate B x L tokens: diffusion for each step count vs the AR baseline.
+
+    Step counts up to ``max_direct_steps`` are timed (median of up to
+    ``repeats`` calls, fewer when one call exceeds max_seconds / repeats); the
+    rest are predicted from a least-squares fit a + b (steps + 1) on the timed
+    ones and flagged ``"fit"``. AR is timed before and after the sweep and the
+    median taken, so drift in load shows up in both. Crossover: the step count
+    at which diffusion takes as long as AR, from the fit.
+    """
+    from sedd import sampling
+
+    graph, noise, params, score_fn = _diffusion_parts(config)
+    l = config.data.seq_len
+    key = jax.random.key(0)
+    ar_fn, ar_method = ar_decode_fn(config, batch)
+    ar_times = interleaved({"ar": ar_fn}, repeats)["ar"]
+    rows, measured = [], []
+    for s in steps_list:
+        if s > max_direct_steps:
+            continue
+        fn = functools.partial(sampling.sample, key, score_fn, graph, noise, (batch, l), s, score_params=params)
+        compile_s = _timed(fn)
+        ts = []
+        while len(ts) < repeats and (not ts or sum(ts) < max_seconds):
+            ts.append(_timed(fn))
+        measured.append((s, median(ts)))
+        rows.append({"steps": s, "seconds": median(ts), "source": "timed", "runs": len(ts),
+                     "first_call_s": compile_s})
+    ar_times += interleaved({"ar": ar_fn}, repeats, warmup=0)["ar"]
+    ar_s = median(ar_times)
+    xs = np.array([s + 1 for s, _ in measured], float)  # network calls: steps + the denoise
+    ys = np.array([y for _, y in measured])
+    if len(xs) >= 2:
+        per_call, fixed = np.polyfit(xs, ys, 1)
+    else:
+        per_call, fixed = ys[0] / xs[0], 0.0
+    for s in steps_list:
+        if s > max_direct_steps:
+            rows.append({"steps": s, "seconds": float(fixed + per_call * (s + 1)), "source": "fit"})
+    rows.sort(key=lambda r: r["steps"])
+    crossover = (ar_s - fixed) / per_call - 1 if per_call > 0 else float("inf")
+    for r in rows:
+        r["tokens_per_s"] = batch * l / r["seconds"]
+        r["speedup_vs_ar"] = ar_s / r["seconds"]
+    return {
+        "model": dict(config.model.to_dict(), vocab_size=config.vocab_size, seq_len=l, batch_size=batch),
+        "ar_method": ar_method,
+        "ar_seconds": ar_s,
+        "ar_times_s": ar_times,
+        "ar_tokens_per_s": batch * l / ar_s,
+        "diffusion_seconds_per_network_call": float(per_call),
+        "diffusion_fixed_seconds": float(fixed),
+        "crossover_steps": float(crossover),
+        "forward_flops_per_token": flops_per_token(config, training=False),
+        "rows": rows,
+    }
+
+
+def run_ar(quick: bool, args) -> dict:
+    if quick:
+        config = bench_config("tiny")
+        batches, steps_list, max_direct, repeats = [1, 4], [4, 8, 16], 8, 2
+    else:
+        config = bench_config(hidden_size=args.width, n_heads=max(args.width // 64, 1), n_blocks=args.blocks,
+                              cond_dim=64, seq_len=args.seq_len)
+        batches, steps_list, max_direct, repeats = args.batch_sizes, args.steps, args.max_direct_steps, 3
+    results = [bench_diffusion_vs_ar(config, b, steps_list, max_direct, repeats=repeats) for b in batches]
+    rows = []
+    for r in results:
+        b = r["model"]["batch_size"]
+        for row in r["rows"]:
+            rows.append([b, row["steps"], f"{row['seconds']:.3f}", row["source"], f"{row['tokens_per_s']:.0f}",
+                         f"{r['ar_seconds']:.3f}", f"{r['ar_tokens_per_s']:.0f}", f"{row['speedup_vs_ar']:.2f}"])
+        rows.append([b, "crossover", f"{r['crossover_steps']:.0f} steps", "", "", "", "", r["ar_method"]])
+    table = format_table(["B", "steps", "diffusion s", "", "diff tok/s", "AR s", "AR tok/s", "AR s / diff s"], rows)
+    return {"benchmark": "diffusion_vs_ar", "results": results, "table": table}
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def train_step_memory(config) -> dict:
+    """XLA's memory analysis of the compiled train step, from abstract inputs (nothing allocated)."""
+    from sedd.train import Trainer
+
+    t0 = time.perf_counter()
+    trainer = Trainer(config)
+    state = trainer.abstract_state()
+    batch = jax.ShapeDtypeStruct((config.training.batch_size, config.data.seq_len), jnp.int32,
+                                 sharding=trainer.batch_sharding)
+    compiled = trainer.train_step.lower(state, batch).compile()
+    ma = compiled.memory_analysis()
+    fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+              "temp_size_in_bytes", "generated_code_size_in_bytes")
+    out = {f: int(getattr(ma, f, 0) or 0) for f in fields} if ma is not None else {}
+    if out:
+        # Donated state buffers are reused for the outputs (alias), so they count once.
+        out["peak_bytes_estimate"] = (out["argument_size_in_bytes"] + out["output_size_in_bytes"]
+                                      - out["alias_size_in_bytes"] + out["temp_size_in_bytes"])
+    state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+    out.update({
+        "n_params": trainer.n_params,
+        "state_bytes": int(state_bytes),
+        "devices": len(trainer.mesh.devices.flat),
+        "compile_s": time.perf_counter() - t0,
+    })
+    return out
+
+
+SHIPPED_VOCAB = {"shakespeare_char": 65, "tiny": 65, "text8": 27, "owt_small": 50257, "markov": 8}
+
+
+def run_memory(quick: bool, args) -> dict:
+    from sedd import config as config_lib
+
+    names = ["tiny", "markov"] if quick else (args.configs or config_lib.shipped_configs())
+    results = {}
+    for name in names:
+        c = config_lib.load_config(name)
+        c.vocab_size = SHIPPED_VOCAB.get(name, 65)
+        if name == "markov":
+            c.vocab_size = c.data.markov.vocab_size
+        m = train_step_memory(c)
+        m.update(batch_size=c.training.batch_size, seq_len=c.data.seq_len, dtype=c.model.dtype,
+                 vocab_size=c.vocab_size)
+        results[name] = m
+    gib = lambda x: f"{x / 2**30:.3f}"  # noqa: E731
+    rows = [[n, f"{r['n_params'] / 1e6:.2f}M", r["batch_size"], r["seq_len"], r["dtype"],
+             gib(r.get("argument_size_in_bytes", 0)), gib(r.get("temp_size_in_bytes", 0)),
+             gib(r.get("peak_bytes_estimate", 0)), f"{r['compile_s']:.0f}"] for n, r in results.items()]
+    table = format_table(["config", "params", "B", "L", "dtype", "args GiB", "temp GiB", "peak GiB/device",
+                          "compile s"], rows)
+    return {"benchmark": "memory", "results": results, "table": table}
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def format_table(header: list, rows: list[list]) -> str:
+    cells = [[str(h) for h in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+RUNNERS = {"train": run_train, "sampler": run_sampler, "ar": run_ar, "memory": run_memory}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sedd bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("which", choices=sorted(RUNNERS) + ["all"])
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of a few seconds")
+    p.add_argument("--json", default="", help="output file, a folder with `all` "
+                   "(default: experiments/benchmarks/results/NAME_PLATFORM.json)")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds")
+    p.add_argument("--width", type=int, default=None, help="H (train default 512, ar default 128)")
+    p.add_argument("--blocks", type=int, default=None, help="n_blocks (train default 2, ar default 2)")
+    p.add_argument("--seq_len", type=int, default=None, help="L (default 128)")
+    p.add_argument("--batch_sizes", type=int, nargs="+", default=None,
+                   help="train default: 8 32; ar default: 1 64")
+    p.add_argument("--dtype", default="", help="train: model.dtype override (float32, bfloat16)")
+    p.add_argument("--batch", type=int, default=16, help="sampler: batch of the char model")
+    p.add_argument("--batch_gpt2", type=int, default=4, help="sampler: batch of the V=50257 model")
+    p.add_argument("--steps", type=int, nargs="+", default=[16, 32, 64, 128, 256, 1024], help="ar: step counts")
+    p.add_argument("--max_direct_steps", type=int, default=128,
+                   help="ar: step counts above this are predicted from a linear fit, not timed")
+    p.add_argument("--configs", nargs="*", default=None, help="memory: config names (default: all shipped)")
+    return p
+
+
+_DEFAULTS = {
+    "train": {"width": 512, "blocks": 2, "seq_len": 128, "batch_sizes": [8, 32]},
+    "ar": {"width": 128, "blocks": 2, "seq_len": 128, "batch_sizes": [1, 64]},
+}
+
+
+def run(which: str, args) -> dict:
+    """Runs one benchmark, prints its table and writes its JSON; returns the result."""
+    ns = argparse.Namespace(**vars(args))
+    for k, v in _DEFAULTS.get(which, {}).items():
+        if getattr(ns, k) is None:
+            setattr(ns, k, v)
+    t0 = time.perf_counter()
+    result = RUNNERS[which](args.quick, ns)
+    result["machine"] = machine()
+    result["quick"] = bool(args.quick)
+    result["wall_s"] = time.perf_counter() - t0
+    m = result["machine"]
+    print(f"== {result['benchmark']} on {m['platform']} ({m['device_kind']}; {m['device_count']} device(s); "
+          f"{m['cpu_count']} CPUs; load {m['load_average_1_5_15min']}; jax {m['jax']}; "
+          f"XLA_FLAGS={m['xla_flags']!r}); {result['wall_s']:.0f} s")
+    print(result["table"])
+    name = f"{result['benchmark']}_{m['platform']}{'_quick' if args.quick else ''}.json"
+    if not args.json:
+        path = RESULTS_DIR / name
+    elif args.which == "all":  # --json names a folder for the four files
+        path = Path(args.json) / name
+    else:
+        path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=float))
+    print(f"wrote {path}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`sedd bench WHICH [options]`: the entry point of the CLI and of experiments/benchmarks/*.py."""
+    args = parser().parse_args(argv)
+    for which in (sorted(RUNNERS) if args.which == "all" else [args.which]):
+        run(which, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
