@@ -1,0 +1,347 @@
+"""Samplers against exact score functions of a tiny known distribution.
+
+p0 is a seeded Dirichlet law over all V^L sequences (V = 3, L = 3). Its noised
+marginal is enumerated in closed form,
+
+    p_sigma(x) = sum_{x0} p0(x0) prod_l exp(sigma Q)[x0_l, x_l],
+
+and the exact log-score at (x, sigma) is log p_sigma(x with x_l = y) -
+log p_sigma(x). The samplers run on that score and their empirical law is
+compared with p0 (or with p0 conditioned on the fixed positions).
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sedd import graphs, noise, sampling
+
+V, L = 3, 3
+N_SAMPLES = 20_000
+STEPS = 64
+
+ABSORBING = graphs.Absorbing(V)
+UNIFORM = graphs.Uniform(V)
+LOGLINEAR = noise.LogLinear(1e-3)
+# sigma_max = 15: e^-15 = 3e-7, so the uniform limit is reached at t = 1.
+GEOMETRIC = noise.Geometric(1e-3, 15.0)
+SETUPS = {"absorbing": (ABSORBING, LOGLINEAR), "uniform": (UNIFORM, GEOMETRIC)}
+
+ALL_X0 = np.array(list(itertools.product(range(V), repeat=L)))  # (N0, L), N0 = V^L
+P0 = np.random.default_rng(0).dirichlet(np.ones(V**L))  # (N0,)
+
+
+def make_exact_score(graph, p0):
+    """The exact log-score of p0 noised by `graph`, as a traceable jnp function."""
+    onehot0 = jax.nn.one_hot(ALL_X0, V)  # (N0, L, V)
+    p0 = jnp.asarray(p0, jnp.float32)  # (N0,)
+
+    def score_fn(x, sigma):
+        # T[b, v, d] = exp(sigma_b Q)[v, d] for clean tokens v.
+        trans = graph.transition(jnp.arange(V), sigma[:, None])  # (B, V, D)
+        idx = jnp.broadcast_to(x[:, None, :], (x.shape[0], V, x.shape[1]))
+        trans_x = jnp.take_along_axis(trans, idx, axis=2)  # (B, V, L): T[b, v, x_l]
+        g = jnp.einsum("nlv,bvl->bnl", onehot0, trans_x)  # (B, N0, L): T[b, x0_l, x_l]
+        # w[b, n, l] = p0(n) prod_{l' != l} T[b, x0_l', x_l']
+        w = jnp.stack(
+            [p0 * jnp.prod(g[:, :, [k for k in range(x.shape[1]) if k != l]], axis=2)
+             for l in range(x.shape[1])],
+            axis=2,
+        )  # (B, N0, L)
+        # num[b, l, y] = p_sigma(x with x_l = y)
+        num = jnp.einsum("bnl,nlv,bvy->bly", w, onehot0, trans)  # (B, L, D)
+        here = jnp.take_along_axis(num, x[..., None], axis=2)  # (B, L, 1) = p_sigma(x)
+        return jnp.log(num) - jnp.log(here)
+
+    return score_fn
+
+
+EXACT = {name: make_exact_score(g, P0) for name, (g, _) in SETUPS.items()}
+
+
+def encode(x):
+    """Sequences int[B, L] -> indices into ALL_X0 (base-V digits)."""
+    x = np.asarray(x)
+    return (x * V ** np.arange(x.shape[1] - 1, -1, -1)).sum(1)
+
+
+def empirical(x, size):
+    return np.bincount(encode(x), minlength=size) / len(x)
+
+
+def tv(p, q):
+    return 0.5 * np.abs(np.asarray(p) - np.asarray(q)).sum()
+
+
+def tv_bound(p, n, margin, reps=400, seed=1):
+    """mean + 5 sd of TV(empirical of n iid draws from p, p), plus `margin`.
+
+    The sampler's draws are n iid draws from its law q, so
+    TV(emp, p) <= TV(emp, q) + TV(q, p). The first term is the multinomial
+    sampling noise, simulated here with draws from p itself (q is close to p,
+    so its noise has nearly the same law); mean + 5 sd leaves a false alarm
+    rate well below 1e-4. The second is the discretisation error of the
+    sampler, O(1/steps), which `margin` allows for.
+    """
+    rng = np.random.default_rng(seed)
+    tvs = [tv(rng.multinomial(n, p) / n, p) for _ in range(reps)]
+    return float(np.mean(tvs) + 5 * np.std(tvs) + margin)
+
+
+# Discretisation margin at STEPS = 64. The measured TV(emp, p0) of every
+# setup is within the sampling noise alone (0.012 +- 0.002 at n = 20k over 27
+# cells; docs/sampling.md), so TV(q, p0) is far below the margin.
+MARGIN = 0.02
+
+
+def conditional(p0, fixed):
+    """p0 conditioned on {position: token}, over the free positions' sequences."""
+    keep = np.all([ALL_X0[:, l] == tok for l, tok in fixed.items()], axis=0)
+    free = [l for l in range(L) if l not in fixed]
+    cond = np.zeros(V ** len(free))
+    np.add.at(cond, encode(ALL_X0[keep][:, free]), p0[keep])
+    return cond / cond.sum(), free
+
+
+def test_exact_score_matches_brute_force():
+    """Spot check of the enumerated score against a direct loop in numpy."""
+    for name, (graph, _) in SETUPS.items():
+        sigma = 0.7
+        x = np.array([[0, graph.dim - 1, 1]])
+        trans = np.asarray(graph.transition(jnp.arange(V), jnp.float32(sigma)))  # (V, D)
+
+        def p_t(z):
+            return sum(P0[n] * np.prod(trans[ALL_X0[n], z]) for n in range(len(ALL_X0)))
+
+        got = np.asarray(EXACT[name](jnp.asarray(x), jnp.array([sigma])))[0]
+        for l in range(L):
+            for y in range(graph.dim):
+                z = x[0].copy()
+                z[l] = y
+                np.testing.assert_allclose(got[l, y], np.log(p_t(z) / p_t(x[0])), rtol=1e-4,
+                                           atol=1e-5)
+
+
+@pytest.mark.parametrize("predictor", ["analytic", "euler"])
+@pytest.mark.parametrize("graph_name", ["absorbing", "uniform"])
+def test_sampler_matches_p0(graph_name, predictor):
+    graph, sched = SETUPS[graph_name]
+    x = sampling.sample(jax.random.key(0), EXACT[graph_name], graph, sched, (N_SAMPLES, L),
+                        STEPS, predictor=predictor)
+    x = np.asarray(x)
+    assert x.dtype == np.int32 and x.shape == (N_SAMPLES, L)
+    assert x.min() >= 0 and x.max() < V
+    dist = tv(empirical(x, V**L), P0)
+    bound = tv_bound(P0, N_SAMPLES, MARGIN)
+    print(f"{graph_name} {predictor} steps={STEPS} n={N_SAMPLES}: TV={dist:.4f} bound={bound:.4f}")
+    assert dist < bound
+
+
+@pytest.mark.parametrize("fixed", [{0: 1}, {1: 2}, {2: 0}, {0: 2, 2: 1}],
+                         ids=["prefix", "infill", "suffix", "both_ends"])
+def test_absorbing_conditioning_is_exact(fixed):
+    graph, sched = SETUPS["absorbing"]
+    mask = np.zeros((N_SAMPLES, L), bool)
+    tokens = np.zeros((N_SAMPLES, L), np.int32)
+    for l, tok in fixed.items():
+        mask[:, l], tokens[:, l] = True, tok
+    x = np.asarray(sampling.sample(jax.random.key(1), EXACT["absorbing"], graph, sched,
+                                   (N_SAMPLES, L), STEPS, fixed_mask=mask, fixed_tokens=tokens))
+    np.testing.assert_array_equal(x[mask], tokens[mask])
+    cond, free = conditional(P0, fixed)
+    dist = tv(empirical(x[:, free], len(cond)), cond)
+    bound = tv_bound(cond, N_SAMPLES, MARGIN)
+    print(f"absorbing conditioning {fixed}: TV={dist:.4f} bound={bound:.4f}")
+    assert dist < bound
+
+
+def test_uniform_conditioning_is_approximate():
+    """Clamping on the uniform graph: measured, not required to be small."""
+    graph, sched = SETUPS["uniform"]
+    fixed = {0: 1}
+    mask = np.zeros((N_SAMPLES, L), bool)
+    mask[:, 0] = True
+    tokens = np.where(mask, 1, 0).astype(np.int32)
+    x = np.asarray(sampling.sample(jax.random.key(2), EXACT["uniform"], graph, sched,
+                                   (N_SAMPLES, L), STEPS, fixed_mask=mask, fixed_tokens=tokens))
+    np.testing.assert_array_equal(x[:, 0], 1)
+    cond, free = conditional(P0, fixed)
+    dist = tv(empirical(x[:, free], len(cond)), cond)
+    marginal = np.zeros(len(cond))
+    np.add.at(marginal, encode(ALL_X0[:, free]), P0)
+    print(f"uniform prefix clamp: TV to p0(.|x_0=1) = {dist:.4f}; "
+          f"TV(p0 marginal of free positions, conditional) = {tv(marginal, cond):.4f}")
+    assert np.isfinite(dist) and dist < 1
+
+
+def test_no_mask_survives_the_denoise():
+    graph, sched = SETUPS["absorbing"]
+    # Stopping at t = 0.5 leaves about half of the positions masked ...
+    grid = [1.0, 0.8, 0.5]
+    raw = sampling.sample(jax.random.key(3), EXACT["absorbing"], graph, sched, (512, L), 2,
+                          denoise=False, time_grid=grid)
+    assert 0.3 < float(jnp.mean(raw == graph.mask)) < 0.7
+    # ... and the denoise fills every one of them.
+    x = sampling.sample(jax.random.key(3), EXACT["absorbing"], graph, sched, (512, L), 2,
+                        time_grid=grid)
+    assert int(jnp.max(x)) < V and int(jnp.min(x)) >= 0
+
+
+def test_argmax_final_and_trajectory():
+    graph, sched = SETUPS["absorbing"]
+    x, traj = sampling.sample(jax.random.key(4), EXACT["absorbing"], graph, sched, (8, L), 10,
+                              final="argmax", return_trajectory=True, trajectory_every=3)
+    assert x.shape == (8, L) and x.dtype == jnp.int32 and int(x.max()) < V
+    assert traj.shape == (10 // 3 + 1, 8, L) and traj.dtype == jnp.int32
+    assert bool(jnp.all(traj[0] == graph.mask))  # the limit law
+    # Masks never come back in the absorbing reverse process.
+    masked = np.asarray(traj == graph.mask)
+    assert np.all(masked[1:] <= masked[:-1])
+    # With a deterministic last step, the same trajectory gives the same sample.
+    x2 = sampling.sample(jax.random.key(4), EXACT["absorbing"], graph, sched, (8, L), 10,
+                         final="argmax")
+    np.testing.assert_array_equal(x, x2)
+
+
+def test_argmax_picks_the_mode_at_the_denoise():
+    """From the all-mask state a single denoise fills each position by its argmax."""
+    graph = ABSORBING
+    logits = jnp.log(jnp.array([0.2, 0.5, 0.3]))
+
+    def score_fn(x, sigma):
+        # The exact score at a masked position of independent positions with
+        # law softmax(logits): p_sigma(y) / p_sigma(MASK) = p(y) / (e^sigma - 1).
+        tokens = logits - graphs.log_expm1(sigma)[:, None, None]  # (B, 1, 1)
+        tokens = jnp.broadcast_to(tokens, x.shape + (V,))  # (B, L, V)
+        return jnp.concatenate([tokens, jnp.zeros(x.shape + (1,))], -1)
+
+    x = sampling.sample(jax.random.key(5), score_fn, graph, LOGLINEAR, (4, L), 1,
+                        final="argmax", time_grid=[1.0, 0.999])
+    # One step from t = 1 to 0.999 unmasks a position with probability ~1e-3;
+    # the argmax denoise then fills the masked ones with token 1.
+    assert int(jnp.sum(x == 1)) >= 10
+
+
+def test_compiled_once_for_repeated_calls():
+    graph, sched = SETUPS["absorbing"]
+    traces = []
+    exact = EXACT["absorbing"]
+
+    def counting(x, sigma):
+        traces.append(1)  # runs only while tracing
+        return exact(x, sigma)
+
+    mask = jnp.zeros((16, L), bool).at[:, 0].set(True)
+    for seed in range(3):
+        tokens = jnp.full((16, L), seed, jnp.int32)
+        sampling.sample(jax.random.key(seed), counting, graph, sched, (16, L), 5,
+                        fixed_mask=mask, fixed_tokens=tokens)
+        if seed == 0:
+            first = len(traces)
+    # One trace of the loop body and one of the denoise, then never again.
+    assert first == 2 and len(traces) == first
+
+
+def test_score_params_are_traced():
+    graph, sched = SETUPS["absorbing"]
+    traces = []
+
+    def score_fn(params, x, sigma):
+        traces.append(1)
+        logits = jnp.broadcast_to(params, x.shape + (V,))
+        return jnp.concatenate([logits, jnp.zeros(x.shape + (1,))], -1)
+
+    for favourite in range(V):
+        params = jnp.full((V,), -30.0).at[favourite].set(0.0)
+        x = sampling.sample(jax.random.key(6), score_fn, graph, sched, (4, L), 4,
+                            score_params=params)
+        assert bool(jnp.all(x == favourite))
+    assert len(traces) == 2
+
+
+def test_registered_predictor_is_used():
+    name = "test_stay_put"
+
+    @sampling.register_predictor(name)
+    def stay(key, score_fn, graph, noise, x, t, dt, categorical):
+        return x
+
+    try:
+        with pytest.raises(ValueError, match="already registered"):
+            sampling.register_predictor(name)(stay)
+        x = sampling.sample(jax.random.key(7), EXACT["absorbing"], ABSORBING, LOGLINEAR,
+                            (4, L), 3, predictor=name, denoise=False)
+        assert bool(jnp.all(x == ABSORBING.mask))
+    finally:
+        del sampling.PREDICTORS[name]
+
+
+def test_gumbel32_runs():
+    graph, sched = SETUPS["uniform"]
+    x = sampling.sample(jax.random.key(8), EXACT["uniform"], graph, sched, (64, L), 4,
+                        categorical="gumbel32")
+    assert x.shape == (64, L) and int(x.max()) < V
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(steps=0), "steps"),
+        (dict(steps=2.5), "steps"),
+        (dict(predictor="heun"), r"unknown predictor 'heun'.*analytic.*euler"),
+        (dict(categorical="float16"), r"unknown categorical method 'float16'"),
+        (dict(final="mode"), "unknown final"),
+        (dict(final="argmax", denoise=False), "denoise"),
+        (dict(shape=(4,)), "2-D"),
+        (dict(shape=(2, 2, 3)), "2-D"),
+        (dict(eps=0.0), "eps"),
+        (dict(eps=1.0), "eps"),
+        (dict(time_grid=[1.0, 0.5]), "time_grid"),
+        (dict(time_grid=[1.0, 0.5, 0.7, 0.1]), "decreasing"),
+        (dict(time_grid=[1.0, 0.5, 0.2, 0.0]), "decreasing"),
+        (dict(fixed_mask=np.ones((4, L), bool)), "together"),
+        (dict(fixed_mask=np.ones((4, 2), bool), fixed_tokens=np.ones((4, 2), int)),
+         "fixed_mask must have"),
+        (dict(fixed_mask=np.ones((4, L), bool), fixed_tokens=np.ones((4, 2), int)),
+         "fixed_tokens must have"),
+        (dict(fixed_mask=np.ones((4, L), bool), fixed_tokens=np.full((4, L), V)),
+         r"\[0, vocab_size=3\)"),
+        (dict(fixed_mask=np.ones((4, L), bool), fixed_tokens=np.full((4, L), -1)),
+         r"\[0, vocab_size=3\)"),
+        (dict(trajectory_every=0), "trajectory_every"),
+    ],
+)
+def test_errors(kwargs, match):
+    args = dict(shape=(4, L), steps=3)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        sampling.sample(jax.random.key(0), EXACT["absorbing"], ABSORBING, LOGLINEAR, **args)
+
+
+def test_unfixed_positions_of_fixed_tokens_are_ignored():
+    """Only fixed positions are range-checked: filler such as the mask id is fine."""
+    mask = np.zeros((4, L), bool)
+    mask[:, 0] = True
+    tokens = np.full((4, L), ABSORBING.mask)
+    tokens[:, 0] = 2
+    x = sampling.sample(jax.random.key(9), EXACT["absorbing"], ABSORBING, LOGLINEAR, (4, L), 3,
+                        fixed_mask=mask, fixed_tokens=tokens)
+    assert bool(jnp.all(x[:, 0] == 2)) and int(x.max()) < V
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("predictor", ["analytic", "euler"])
+@pytest.mark.parametrize("graph_name", ["absorbing", "uniform"])
+def test_sampler_matches_p0_many_steps(graph_name, predictor):
+    """Tighter: 256 steps, 100k samples, a quarter of the margin."""
+    graph, sched = SETUPS[graph_name]
+    n = 100_000
+    x = sampling.sample(jax.random.key(10), EXACT[graph_name], graph, sched, (n, L), 256,
+                        predictor=predictor)
+    dist = tv(empirical(x, V**L), P0)
+    bound = tv_bound(P0, n, MARGIN / 4)
+    print(f"{graph_name} {predictor} steps=256 n={n}: TV={dist:.4f} bound={bound:.4f}")
+    assert dist < bound
