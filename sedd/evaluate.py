@@ -301,6 +301,7 @@ def evaluate_run(
     seed: int = 0,
     data: dict | None = None,
     progress: bool = True,
+    step: int | None = None,
     **kwargs,
 ) -> dict:
     """The likelihood figures of a trained run on a split of a dataset.
@@ -319,6 +320,7 @@ def evaluate_run(
         "other.txt"} for zero-shot evaluation on other text with the run's
         tokenizer).
       progress: show a progress bar.
+      step: evaluate this checkpoint (EMA weights) instead of the newest.
     Returns:
       dict: nats_per_token, bits_per_token, ppl_bound (a bound for diffusion,
       the exact perplexity for AR), [bits_per_char], stderr_nats_per_token,
@@ -329,6 +331,11 @@ def evaluate_run(
     from sedd import ar, data as data_lib, train
 
     config, tokenizer, trainer, params = train.load_run(workdir)
+    if step is not None:
+        manager = train.checkpoint_manager(Path(workdir), read_only=True)
+        if step not in manager.all_steps():
+            raise FileNotFoundError(f"{workdir} has no checkpoint of step {step}; it has {manager.all_steps()}")
+        params = train.restore_state(manager, trainer.init_state(), step)["ema"]
     dcfg = ml_collections.ConfigDict(config.data.to_dict())
     for k, v in (data or {}).items():
         dcfg[k] = v
@@ -353,7 +360,7 @@ def evaluate_run(
         out = dataset_bound(jax.random.key(seed), _params_score_fn(trainer), trainer.graph, trainer.noise, batches, num_t,
                             max_batches=max_batches, chars_per_token=cpt, score_params=params,
                             progress=progress, **kwargs)
-    out.update(split=split, kind=config.model.kind, num_t=num_t)
+    out.update(split=split, kind=config.model.kind, num_t=num_t, step=step)
     if hasattr(dataset, "true_nats_per_token"):
         out["true_nats_per_token"] = dataset.true_nats_per_token()
     return out

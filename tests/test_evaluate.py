@@ -109,3 +109,35 @@ def test_compare_samplers_errors_and_vocabulary(tmp_path):
         evaluate.compare_samplers(tmp_path / "nothing", steps=[4, 0])
     with pytest.raises(ValueError, match="another vocabulary"):
         evaluate.check_same_vocabulary(MarkovTokenizer(8), MarkovTokenizer(9))
+
+
+@pytest.mark.slow
+def test_trained_bound_approaches_the_true_entropy(tmp_path):
+    """On Markov data the bound of a trained model lies above the data's entropy and falls with training.
+
+    About 3 minutes on 2 CPU cores; figures of longer runs are in docs/evaluation.md.
+    """
+    from sedd import config as config_lib, train
+
+    c = config_lib.load_config("markov")
+    c.data.markov.num_tokens = 200_000
+    c.training.n_iters, c.training.eval_every, c.training.ckpt_every = 600, 600, 600
+    c.training.keep_period = 300
+    train.train(c, tmp_path / "run", quiet=True)
+    _, _, trainer, _ = train.load_run(tmp_path / "run")
+    manager = train.checkpoint_manager(tmp_path / "run", read_only=True)
+    from sedd import data as data_lib
+
+    ds = data_lib.load_dataset(c.data)
+    x0 = jnp.asarray(next(ds.eval_batches(64)))
+    true = ds.true_nats_per_token()
+    figures = {}
+    for step in (300, 600):
+        params = train.restore_state(manager, trainer.init_state(), step)["ema"]
+        b, e = evaluate.likelihood_bound(jax.random.key(0), evaluate._params_score_fn(trainer), trainer.graph,
+                                         trainer.noise, x0, num_t=64, return_stderr=True, score_params=params)
+        figures[step] = (float(b.mean()) / x0.shape[1], float(jnp.sqrt((e ** 2).sum())) / x0.size)
+    print(figures, "true", true)
+    assert figures[600][0] < figures[300][0]
+    assert figures[600][0] > true - 3 * figures[600][1]
+    assert figures[600][0] < math.log(8)  # well below a model that knows nothing
