@@ -1,0 +1,330 @@
+"""Device meshes, partition rules and multi-host set-up: one code path from 1 device to a pod.
+
+Every run, on one CPU or on thousands of accelerators, goes through the same
+`jax.jit(..., in_shardings=..., out_shardings=...)` calls of `sedd.train.Trainer`
+(`jax.jit` with shardings is what `pjit` became). What changes between runs is
+only the mesh, built here from the config's `mesh` section:
+
+  "data"    pure data parallelism: the batch is split along it, parameters
+            and optimizer state are replicated.
+  "fsdp"    fully sharded data parallelism (ZeRO-3): the batch is split along
+            it too, and so are parameters, Adam moments and the EMA (along
+            their "embed" dimension), gathered by XLA just before each use.
+  "tensor"  tensor (model) parallelism: the wide dimensions of the layers
+            (MLP hidden, attention q/k/v and heads, adaLN outputs, vocabulary)
+            are split along it; activations are communicated inside each layer.
+
+A one-device run is the mesh 1 x 1 x 1.
+
+The model's parameters carry logical axis names (see sedd/model.py: vocab,
+embed, cond, freq, qkv, heads, mlp, adaln); `rules` map each to mesh axes. A
+parameter dimension whose size does not divide by the size of its mesh axes is
+replicated instead (the tiny configs' 66-token vocabulary over 8 tensor shards,
+say), so every rule set works for every model; `describe` shows what happened.
+
+Multi-host: each process runs this same program on its own devices;
+`initialize_distributed` connects them (`jax.distributed.initialize`), each
+process loads only its rows of the global batch, and `shard_batch` assembles
+the global array with `jax.make_array_from_process_local_data`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Iterable, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+# The batch dimension is split over both data-parallel axes.
+BATCH_AXES = ("data", "fsdp")
+
+# Logical axis name -> mesh axis (or tuple of mesh axes, or None = replicated).
+# config.mesh.rules overrides entries by name.
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", BATCH_AXES),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("cond", "fsdp"),
+    ("freq", None),
+    ("qkv", "tensor"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("adaln", "tensor"),
+)
+
+Rules = dict[str, Any]
+
+
+# --------------------------------------------------------------------------- mesh
+
+
+def mesh_shape(mesh_config, n_devices: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) sizes for n_devices; a single -1 takes all that remain.
+
+    Raises:
+      ValueError: naming the requested shape and the device count when they do not fit.
+    """
+    requested = tuple(int(mesh_config[a]) for a in MESH_AXES)
+    shown = "(" + ", ".join(f"{a}={s}" for a, s in zip(MESH_AXES, requested)) + ")"
+    free = [i for i, s in enumerate(requested) if s == -1]
+    if len(free) > 1 or any(s == 0 or s < -1 for s in requested):
+        raise ValueError(
+            f"mesh {shown} is not valid: each axis must be a positive size, and at most one may be -1 "
+            "(all remaining devices)"
+        )
+    fixed = math.prod(s for s in requested if s != -1)
+    if free:
+        if n_devices % fixed:
+            raise ValueError(
+                f"mesh {shown} does not fit {n_devices} devices: {n_devices} is not divisible by {fixed}; "
+                "set config.mesh.{data,fsdp,tensor} so that their product is the device count"
+            )
+        shape = list(requested)
+        shape[free[0]] = n_devices // fixed
+        return tuple(shape)
+    if fixed != n_devices:
+        raise ValueError(
+            f"mesh {shown} needs {fixed} devices but there are {n_devices}; set config.mesh.{{data,fsdp,tensor}} "
+            "so that their product is the device count (or one of them to -1)"
+        )
+    return requested
+
+
+def make_mesh(mesh_config, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """The ("data", "fsdp", "tensor") mesh over `devices` (default: all devices of all processes).
+
+    Axis types are Auto: `jax.make_mesh` now defaults to Explicit axes, which
+    the sharding-in-types code of Flax and optax does not expect.
+
+    Args:
+      mesh_config: anything indexable by "data", "fsdp", "tensor" (config.mesh);
+        -1 in one of them means all remaining devices.
+      devices: the devices to use; their number must equal the mesh size.
+    Raises:
+      ValueError: the mesh does not fit the device count (both are named).
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    shape = mesh_shape(mesh_config, len(devices))
+    try:
+        # Topology-aware order on TPU/GPU (tensor axis on the fastest links).
+        from jax.experimental import mesh_utils
+
+        grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+    except Exception:  # CPU and unusual topologies: plain order, process-major
+        grid = np.asarray(devices, dtype=object).reshape(shape)
+    return Mesh(grid, MESH_AXES)
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def make_rules(overrides: Iterable | None = None) -> Rules:
+    """DEFAULT_RULES updated with `overrides`, pairs (logical name, mesh axes).
+
+    Mesh axes may be a name, a list/tuple of names, or None (replicated); JSON
+    round trips turn tuples into lists, which are accepted.
+    """
+    rules = dict(DEFAULT_RULES)
+    for pair in overrides or ():
+        if len(pair) != 2:
+            raise ValueError(f"a mesh rule is a pair (logical name, mesh axes), got {pair!r}")
+        name, axes = pair
+        if isinstance(axes, (list, tuple)):
+            axes = tuple(axes) if len(axes) != 1 else axes[0]
+        for a in axes if isinstance(axes, tuple) else (axes,):
+            if a is not None and a not in MESH_AXES:
+                raise ValueError(f"mesh rule {name!r} -> {axes!r}: {a!r} is not a mesh axis {MESH_AXES}")
+        rules[name] = axes
+    return rules
+
+
+def _rules(rules) -> Rules:
+    return rules if isinstance(rules, dict) else make_rules(rules)
+
+
+def logical_to_mesh(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh, rules=None) -> P:
+    """Mesh PartitionSpec of an array of `shape` whose dimensions have logical `names`.
+
+    A dimension is replicated when its name has no rule, when its size does not
+    divide by the product of its mesh axes' sizes, or when an earlier dimension
+    already uses one of those axes (a mesh axis shards at most one dimension).
+    """
+    rules = _rules(rules)
+    if len(names) != len(shape):  # e.g. a per-parameter scalar of some optimizer: replicate
+        return P()
+    used: set[str] = set()
+    out = []
+    for name, size in zip(names, shape):
+        axes = rules.get(name) if name is not None else None
+        axes = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+        axes = tuple(a for a in axes if mesh.shape[a] > 1)  # size-1 axes shard nothing
+        n = math.prod(mesh.shape[a] for a in axes)
+        if not axes or size % n or used & set(axes):
+            out.append(None)
+            continue
+        used |= set(axes)
+        out.append(axes[0] if len(axes) == 1 else axes)
+    while out and out[-1] is None:
+        out.pop()
+    return P(*out)
+
+
+def param_shardings(tree, mesh: Mesh, rules=None):
+    """NamedShardings for a pytree holding nnx Variables (an nnx.State, or a dict of them).
+
+    Each Variable's logical names (its `out_sharding` metadata) go through
+    `rules`; leaves that are not Variables (step counters, keys) are replicated.
+    Works on concrete arrays and on `jax.ShapeDtypeStruct`s alike.
+
+    Returns:
+      a pytree of the structure of `tree` with a NamedSharding at every leaf.
+    """
+    rules = _rules(rules)
+    specs = nnx.get_partition_spec(tree)
+    return jax.tree.map(
+        lambda spec, x: NamedSharding(mesh, logical_to_mesh(tuple(spec), np.shape(x), mesh, rules)),
+        specs,
+        tree,
+        is_leaf=lambda s: isinstance(s, P),
+    )
+
+
+def state_shardings(train_state, mesh: Mesh, rules=None):
+    """NamedShardings of a train state (sedd.train): params, opt_state, ema, step, key.
+
+    optax builds Adam's moments (and MultiSteps' accumulators) with
+    `tree_map(zeros_like, params)`, which keeps the nnx Variables and so their
+    logical names: a moment is sharded exactly like its parameter. Scalars and
+    the raw key are replicated.
+    """
+    return param_shardings(train_state, mesh, rules)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh: Mesh, rules=None) -> NamedSharding:
+    """Rows of a [B, ...] batch split over the rule of "batch" (default: data x fsdp)."""
+    axes = _rules(rules).get("batch", BATCH_AXES)
+    return NamedSharding(mesh, P(axes))
+
+
+def batch_divisor(mesh: Mesh, rules=None) -> int:
+    """Number of row shards of a batch: the global batch size must divide by it."""
+    axes = _rules(rules).get("batch", BATCH_AXES)
+    axes = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def shard_batch(local_batch, mesh: Mesh, rules=None) -> jax.Array:
+    """The global [B, ...] batch from each process's rows [b, ...], b = B / process_count.
+
+    Process p holds rows [p b, (p + 1) b) of the global batch (the order of
+    sedd.data's batches; the mesh puts each process's devices in one block of
+    the data axes). With one process this is a device_put with the batch sharding.
+
+    Raises:
+      ValueError: B does not divide by the number of batch shards.
+    """
+    local_batch = np.asarray(local_batch)
+    global_rows = local_batch.shape[0] * jax.process_count()
+    n = batch_divisor(mesh, rules)
+    if global_rows % n:
+        raise ValueError(
+            f"global batch size {global_rows} must divide by the {n} batch shards of the mesh "
+            f"{dict(mesh.shape)} (data x fsdp); change training.batch_size or config.mesh"
+        )
+    return jax.make_array_from_process_local_data(batch_sharding(mesh, rules), local_batch)
+
+
+def place_global(batch, mesh: Mesh, rules=None) -> jax.Array:
+    """A [B, ...] array that every process holds in full (evaluation batches), split over the batch axes.
+
+    Replicated when B does not divide by the number of batch shards.
+    """
+    if isinstance(batch, jax.Array) and not batch.is_fully_addressable:
+        return batch  # already a global array
+    batch = np.asarray(batch)
+    n = batch_divisor(mesh, rules)
+    sharding = batch_sharding(mesh, rules) if batch.ndim and batch.shape[0] % n == 0 else replicated(mesh)
+    return jax.make_array_from_process_local_data(sharding, batch, batch.shape)
+
+
+def to_host(x) -> np.ndarray:
+    """A (possibly multi-process) jax.Array as one numpy array on every process."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+def describe(tree, shardings) -> dict[str, str]:
+    """{path: "shape -> spec"} of every array leaf, for logs and tests."""
+    out = {}
+    for (path, x), s in zip(jax.tree_util.tree_leaves_with_path(tree), jax.tree.leaves(shardings)):
+        out[jax.tree_util.keystr(path)] = f"{tuple(np.shape(x))} -> {s.spec}"
+    return out
+
+
+def bytes_per_device(tree, shardings) -> int:
+    """Bytes of `tree` that each device holds under `shardings` (the largest shard)."""
+    total = 0
+    for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
+        shard = s.shard_shape(tuple(np.shape(x)))
+        total += math.prod(shard) * np.dtype(x.dtype).itemsize
+    return total
+
+
+# --------------------------------------------------------------------------- multi-host
+
+
+def _env_int(name: str) -> int | None:
+    v = os.environ.get(name, "")
+    return int(v) if v.strip() else None
+
+
+def initialize_distributed(config=None) -> bool:
+    """Connect the processes of a multi-host job with `jax.distributed.initialize`.
+
+    Must run before anything touches a device. What decides (config.mesh):
+      distributed = "off": never.
+      distributed = "on": always; address, count and id from the config when
+        set there, else from $SEDD_COORDINATOR_ADDRESS / $SEDD_NUM_PROCESSES /
+        $SEDD_PROCESS_ID, else jax's own detection (SLURM, Open MPI, Cloud TPU).
+      distributed = "auto" (default): as "on" when a coordinator address is set
+        (config or $SEDD_COORDINATOR_ADDRESS or $JAX_COORDINATOR_ADDRESS), or the
+        job is a SLURM step or Open MPI job of more than one task, or a
+        multi-host TPU slice; otherwise a no-op (single process).
+
+    Returns:
+      True when this call initialized jax.distributed.
+    """
+    m = config.mesh if config is not None and "mesh" in config else {}
+    get = lambda k, d: m[k] if k in m else d  # noqa: E731
+    mode = get("distributed", "auto")
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"mesh.distributed must be 'auto', 'on' or 'off', got {mode!r}")
+    if mode == "off" or jax.distributed.is_initialized():
+        return False
+    address = get("coordinator_address", "") or os.environ.get("SEDD_COORDINATOR_ADDRESS", "")
+    num = get("num_processes", 0) or _env_int("SEDD_NUM_PROCESSES")
+    pid = get("process_id", -1)
+    pid = pid if pid >= 0 else _env_int("SEDD_PROCESS_ID")
+    if mode == "auto":
+        multi_task = lambda v: (_env_int(v) or 1) > 1  # noqa: E731
+        cluster = (
+            multi_task("SLURM_STEP_NUM_TASKS")
+            or multi_task("OMPI_COMM_WORLD_SIZE")
+            or "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
+        )
+        if not (address or os.environ.get("JAX_COORDINATOR_ADDRESS") or cluster):
+            return False
+    jax.distributed.initialize(coordinator_address=address or None, num_processes=num, process_id=pid)
+    return True

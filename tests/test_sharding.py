@@ -1,0 +1,249 @@
+"""Sharded training: the same losses on every mesh, checkpoints across meshes, multi-process.
+
+Device meshes need several devices, and jax fixes its device count at import,
+so the mesh tests run in subprocesses with 8 fake CPU devices
+(XLA_FLAGS=--xla_force_host_platform_device_count=8); the multi-process test
+starts 2 processes that connect through jax.distributed (gloo collectives on
+the CPU) on localhost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from sedd import config as config_lib
+from sedd import sharding
+from sedd import train as train_lib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _python(code: str, n_devices: int, tmp_path: Path, *args: str, wait: bool = True):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n_devices}"
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["SEDD_DATA_DIR"] = str(tmp_path / "data")
+    env["JAX_PLATFORMS"] = "cpu"
+    cmd = [sys.executable, "-c", textwrap.dedent(code), *args]
+    if not wait:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return _result(proc.stdout)
+
+
+def _result(stdout: str) -> dict:
+    lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
+    assert lines, stdout[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+# --------------------------------------------------------------------------- in this process
+
+
+def test_mesh_shape_fills_minus_one_and_names_shape_and_device_count():
+    assert sharding.mesh_shape({"data": -1, "fsdp": 2, "tensor": 1}, 8) == (4, 2, 1)
+    assert sharding.mesh_shape({"data": 2, "fsdp": 2, "tensor": 2}, 8) == (2, 2, 2)
+    with pytest.raises(ValueError, match=r"data=3, fsdp=1, tensor=1.*needs 3 devices but there are 8"):
+        sharding.mesh_shape({"data": 3, "fsdp": 1, "tensor": 1}, 8)
+    with pytest.raises(ValueError, match=r"data=-1, fsdp=3, tensor=1.*does not fit 8 devices"):
+        sharding.mesh_shape({"data": -1, "fsdp": 3, "tensor": 1}, 8)
+    with pytest.raises(ValueError, match="at most one may be -1"):
+        sharding.mesh_shape({"data": -1, "fsdp": -1, "tensor": 1}, 8)
+
+
+def test_rules_from_config_override_defaults():
+    rules = sharding.make_rules([["embed", None], ["mlp", ["fsdp", "tensor"]]])
+    assert rules["embed"] is None and rules["mlp"] == ("fsdp", "tensor") and rules["qkv"] == "tensor"
+    with pytest.raises(ValueError, match="'model' is not a mesh axis"):
+        sharding.make_rules([["embed", "model"]])
+
+
+def test_train_reads_the_mesh_and_rejects_one_that_does_not_fit(tmp_path):
+    c = config_lib.load_config("tiny")
+    n = jax.device_count()
+    c.mesh.data = n + 2
+    with pytest.raises(ValueError, match=rf"data={n + 2}, fsdp=1, tensor=1.*there are {n}"):
+        train_lib.train(c, tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run").exists()  # failed before touching the run directory
+
+
+def test_distributed_is_a_no_op_for_a_single_process(monkeypatch):
+    for v in ("SEDD_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(v, raising=False)
+    assert sharding.initialize_distributed(config_lib.load_config("tiny")) is False
+
+
+# --------------------------------------------------------------------------- 8 fake devices
+
+_MESHES = """
+import json, tempfile
+import jax, numpy as np
+import orbax.checkpoint as ocp
+from sedd import config as C, sharding as S, train as T
+
+cfg = C.load_config("tiny")
+cfg.vocab_size = 65  # D = 66: divides by 2, not by 8 (the replication fallback)
+rng = np.random.default_rng(0)
+batches = [rng.integers(0, 65, (8, 32)).astype(np.int32) for _ in range(2)]
+out = {"losses": {}, "specs": {}, "eval": {}, "samples": {}}
+trainers, states = {}, {}
+for shape in [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 1, 8)]:
+    mesh = S.make_mesh(dict(zip(S.MESH_AXES, shape)), jax.devices()[: int(np.prod(shape))])
+    tr = T.Trainer(cfg, mesh)
+    st = tr.init_state()
+    losses = []
+    for b in batches:
+        st, m = tr.train_step(st, tr.shard_batch(b))
+        losses.append(float(m["loss_nats_per_token"]))
+    name = "x".join(map(str, shape))
+    out["losses"][name] = losses
+    p, mu = st["params"], st["opt_state"][1][0].mu
+    out["specs"][name] = {
+        "mlp_in": str(p["blocks"][0]["mlp_in"]["kernel"][...].sharding.spec),
+        "attn_qkv": str(p["blocks"][0]["attn_qkv"]["kernel"][...].sharding.spec),
+        "embedding": str(p["vocab_embed"]["embedding"][...].sharding.spec),
+        "mu_mlp_in": str(mu["blocks"][0]["mlp_in"]["kernel"][...].sharding.spec),
+        "ema_mlp_in": str(st["ema"]["blocks"][0]["mlp_in"]["kernel"][...].sharding.spec),
+        "step": str(st["step"].sharding.spec),
+        "batch": str(tr.shard_batch(batches[0]).sharding.spec),
+    }
+    if shape in [(1, 1, 1), (2, 2, 2)]:  # evaluation and sampling on sharded parameters
+        out["eval"][name] = float(tr.eval_step(st["ema"], batches[0], jax.random.key(0)).sum())
+        out["samples"][name] = T.generate(tr, st["ema"], jax.random.key(1), 8, steps=2).tolist()
+    trainers[shape], states[shape] = tr, st
+
+# A checkpoint written on the 2 x 2 x 2 mesh, restored onto 1 x 1 x 8 and onto one device.
+with tempfile.TemporaryDirectory() as d:
+    mgr = T.checkpoint_manager(d)
+    mgr.save(2, args=ocp.args.Composite(state=ocp.args.StandardSave(states[(2, 2, 2)])))
+    mgr.wait_until_finished()
+    out["restore"] = {}
+    for shape in [(1, 1, 8), (1, 1, 1)]:
+        tr = trainers[shape]
+        r = T.restore_state(T.checkpoint_manager(d, read_only=True), tr.abstract_state())
+        same = all(
+            np.array_equal(np.asarray(a), np.asarray(b))
+            for a, b in zip(jax.tree.leaves(r), jax.tree.leaves(states[(2, 2, 2)]))
+        )
+        spec_ok = all(
+            a.sharding == s for a, s in zip(jax.tree.leaves(r), jax.tree.leaves(tr.state_sharding))
+        )
+        r, m = tr.train_step(r, tr.shard_batch(batches[0]))
+        out["restore"]["x".join(map(str, shape))] = [same, spec_ok, float(m["loss_nats_per_token"])]
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def meshes(tmp_path_factory):
+    return _python(_MESHES, 8, tmp_path_factory.mktemp("meshes"))
+
+
+def test_every_mesh_gives_the_one_device_losses(meshes):
+    ref = meshes["losses"]["1x1x1"]
+    assert ref[1] < ref[0]  # it trains
+    for name, losses in meshes["losses"].items():
+        np.testing.assert_allclose(losses, ref, rtol=2e-6, err_msg=name)
+    np.testing.assert_allclose(meshes["eval"]["2x2x2"], meshes["eval"]["1x1x1"], rtol=2e-6)
+
+
+def test_parameters_are_sharded_as_the_rules_say(meshes):
+    s = meshes["specs"]
+    # One device and pure data parallelism: everything replicated, the batch split over data.
+    for name in ("1x1x1", "8x1x1"):
+        assert s[name]["mlp_in"] == s[name]["embedding"] == "P()"
+    assert s["8x1x1"]["batch"] == "P(('data', 'fsdp'),)"
+    # embed -> fsdp, mlp/qkv -> tensor, vocab -> tensor; Adam moments and EMA follow their parameter.
+    assert s["2x2x2"]["mlp_in"] == "P('fsdp', 'tensor')"
+    assert s["2x2x2"]["attn_qkv"] == "P('fsdp', 'tensor')"
+    assert s["2x2x2"]["embedding"] == "P('tensor', 'fsdp')"
+    assert s["2x2x2"]["mu_mlp_in"] == s["2x2x2"]["ema_mlp_in"] == s["2x2x2"]["mlp_in"]
+    assert s["2x2x2"]["step"] == "P()"
+    # 8-way tensor parallelism: mlp (128) and qkv (96) split; the vocabulary (66) does not divide: replicated.
+    assert s["1x1x8"]["mlp_in"] == "P(None, 'tensor')"
+    assert s["1x1x8"]["attn_qkv"] == "P(None, 'tensor')"
+    assert s["1x1x8"]["embedding"] == "P()"
+
+
+def test_sampling_runs_sharded_and_matches_one_device(meshes):
+    a, b = np.asarray(meshes["samples"]["1x1x1"]), np.asarray(meshes["samples"]["2x2x2"])
+    assert a.shape == (8, 32)
+    assert (a == b).mean() > 0.99  # a float rounding may flip a rare categorical draw
+
+
+def test_checkpoint_restores_onto_another_mesh(meshes):
+    for name, (same, spec_ok, loss) in meshes["restore"].items():
+        assert same and spec_ok, name
+    np.testing.assert_allclose(meshes["restore"]["1x1x8"][2], meshes["restore"]["1x1x1"][2], rtol=2e-6)
+
+
+# --------------------------------------------------------------------------- 2 processes
+
+_TRAIN = """
+import json, sys
+n_proc, pid, port, workdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+from sedd import config as C, train as T
+cfg = C.load_config("tiny")
+cfg.training.n_iters = 3
+cfg.training.log_every = 1
+cfg.training.eval_every = 1000
+cfg.training.ckpt_every = 1000
+cfg.training.eval_batches = 1
+cfg.training.eval_samples = 2
+cfg.sampling.steps = 2
+if n_proc > 1:
+    cfg.mesh.coordinator_address = f"localhost:{port}"
+    cfg.mesh.num_processes = n_proc
+    cfg.mesh.process_id = pid
+    cfg.mesh.data, cfg.mesh.fsdp = 2, -1  # 2 x 2 x 1 over 2 processes of 2 devices each
+res = T.train(cfg, workdir, quiet=True)
+import jax
+res["process_count"], res["device_count"] = jax.process_count(), jax.device_count()
+print("RESULT " + json.dumps(res))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _losses(workdir: Path) -> list[float]:
+    return [json.loads(l)["loss_nats_per_token"] for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_processes_train_like_one(tmp_path):
+    one = _python(_TRAIN, 1, tmp_path, "1", "0", "0", str(tmp_path / "one"))
+    port = str(_free_port())
+    procs = [
+        _python(_TRAIN, 2, tmp_path, "2", str(i), port, str(tmp_path / "two"), wait=False) for i in range(2)
+    ]
+    outs = []
+    for p in procs:
+        try:
+            stdout, _ = p.communicate(timeout=300)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        assert p.returncode == 0, stdout[-5000:]
+        outs.append(_result(stdout))
+    assert [o["process_count"] for o in outs] == [2, 2] and outs[0]["device_count"] == 4
+    np.testing.assert_allclose(_losses(tmp_path / "two"), _losses(tmp_path / "one"), rtol=2e-6)
+    assert len(_losses(tmp_path / "two")) == 3  # process 0 alone wrote the metrics
+    for o in outs:
+        np.testing.assert_allclose(o["val_nats_per_token"], one["val_nats_per_token"], rtol=2e-6)
+        assert o["samples"] == one["samples"]
+    # Both processes wrote their shards of one checkpoint through orbax.
+    assert train_lib.checkpoint_manager(tmp_path / "two", read_only=True).latest_step() == 3
