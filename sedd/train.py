@@ -30,11 +30,13 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from flax import nnx
+from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from sedd import config as config_lib
 from sedd import data as data_lib
 from sedd import graphs, losses, noise as noise_lib
+from sedd import sharding as sharding_lib
 from sedd.model import DDiT, param_count
 
 # --------------------------------------------------------------------------- builders
@@ -114,23 +116,62 @@ class Trainer:
 
     Holds the static parts (model graph, graph, noise, optimizer) so that the
     jitted functions close over them and take only arrays.
+
+    Every jitted function carries the NamedShardings of the mesh (default: the
+    mesh of config.mesh over all devices; see sedd/sharding.py): one code path
+    for 1 device (a 1 x 1 x 1 mesh) and for a pod.
     """
 
-    def __init__(self, config):
+    def __init__(self, config, mesh: jax.sharding.Mesh | None = None):
         self.config = config
         self.graph = build_graph(config)
         self.noise = build_noise(config)
         self.tx, self.schedule = build_optimizer(config)
+        self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(config.mesh)
+        self.rules = sharding_lib.make_rules(config.mesh.rules)
+        # Only the graph and the (tiny) dropout key state are kept from this
+        # build; init_state builds the parameters again inside jit, directly
+        # in their shards.
         model = build_model(config, config.seed)
         self.n_params = param_count(model)
-        self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
-        self._init_params = params
+        self.graphdef, _, self.rest = nnx.split(model, nnx.Param, ...)
+        del model
         self.accum = config.training.accum_steps
-        self.train_step = jax.jit(self._train_step, donate_argnums=0)
-        self.eval_step = jax.jit(self._eval_step)
+        abstract = jax.eval_shape(self._init_state)
+        self.state_sharding = sharding_lib.state_shardings(abstract, self.mesh, self.rules)
+        self.param_sharding = self.state_sharding["params"]
+        self.batch_sharding = sharding_lib.batch_sharding(self.mesh, self.rules)
+        replicated = sharding_lib.replicated(self.mesh)
+        self._init_jit = jax.jit(self._init_state, out_shardings=self.state_sharding)
+        self._abstract_state = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, self.state_sharding
+        )
+        self.train_step = jax.jit(
+            self._train_step,
+            in_shardings=(self.state_sharding, self.batch_sharding),
+            out_shardings=(self.state_sharding, replicated),
+            donate_argnums=0,
+        )
+        self._eval_jit = jax.jit(self._eval_step, out_shardings=replicated)
+
+    def eval_step(self, params, batch, key: jax.Array) -> jax.Array:
+        """Per-sequence DSE loss (nats), float32[B], of a batch every process holds in full."""
+        return self._eval_jit(params, sharding_lib.place_global(batch, self.mesh, self.rules), key)
+
+    def shard_batch(self, local_batch) -> jax.Array:
+        """This process's rows of a training batch -> the global batch, split over the data axes."""
+        return sharding_lib.shard_batch(local_batch, self.mesh, self.rules)
 
     def init_state(self) -> dict:
-        params = self._init_params
+        """A fresh train state, each array created directly in its shards."""
+        return self._init_jit()
+
+    def abstract_state(self) -> dict:
+        """The train state as jax.ShapeDtypeStructs carrying their NamedShardings (restore targets)."""
+        return self._abstract_state
+
+    def _init_state(self) -> dict:
+        params = nnx.state(build_model(self.config, self.config.seed), nnx.Param)
         return {
             "step": jnp.zeros((), jnp.int32),
             "params": params,
@@ -247,11 +288,15 @@ def checkpoint_manager(workdir: Path, config=None, read_only: bool = False) -> o
 def restore_state(manager: ocp.CheckpointManager, target: dict, step: int | None = None) -> dict:
     """Restore a train state onto the shapes, dtypes and shardings of `target`.
 
+    `target` is a train state or `Trainer.abstract_state()`; its leaves must
+    carry concrete NamedShardings. The checkpoint may come from another mesh:
+    orbax reads each device's shard of the new layout.
+
     Raises:
       RuntimeError: naming the checkpoint, when it is corrupt or does not fit.
     """
     step = manager.latest_step() if step is None else step
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target)
     try:
         restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
     except Exception as e:  # orbax raises many types for unreadable or mismatched files
@@ -279,7 +324,7 @@ def load_run(workdir: str | Path, use_ema: bool = True):
     manager = checkpoint_manager(workdir, read_only=True)
     if manager.latest_step() is None:
         raise FileNotFoundError(f"{workdir} holds no checkpoint yet; train first with `sedd train`")
-    state = restore_state(manager, trainer.init_state())
+    state = restore_state(manager, trainer.abstract_state())
     return config, tokenizer, trainer, state["ema" if use_ema else "params"]
 
 
@@ -371,8 +416,15 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
       and samples (decoded strings).
     """
     workdir = Path(workdir)
-    say = (lambda *a: None) if quiet else (lambda *a: tqdm.write(" ".join(str(x) for x in a)))
     t = config.training
+
+    # ---- processes and mesh: a multi-host job connects before any device is
+    # touched; a mesh that does not fit the devices fails here, before data is read
+    sharding_lib.initialize_distributed(config)
+    mesh = sharding_lib.make_mesh(config.mesh)
+    lead = jax.process_index() == 0  # only process 0 logs and writes run files
+    quiet = quiet or not lead
+    say = (lambda *a: None) if quiet else (lambda *a: tqdm.write(" ".join(str(x) for x in a)))
 
     # ---- data and tokenizer (the tokenizer is saved with the run)
     _check_compatible(workdir, config)
@@ -383,20 +435,30 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = tokenizer.vocab_size
     workdir.mkdir(parents=True, exist_ok=True)
-    if not tok_path.exists():
-        data_lib.save_tokenizer(tokenizer, tok_path)
-    (workdir / "config.json").write_text(config_lib.to_json(config))
+    if jax.process_count() > 1:  # every process has read the run directory before process 0 writes it
+        multihost_utils.sync_global_devices("sedd: run directory read")
+    if lead:
+        if not tok_path.exists():
+            data_lib.save_tokenizer(tokenizer, tok_path)
+        (workdir / "config.json").write_text(config_lib.to_json(config))
     if t.batch_size % jax.process_count():
         raise ValueError(f"training.batch_size={t.batch_size} must divide by the {jax.process_count()} processes")
+    shards = sharding_lib.batch_divisor(mesh, config.mesh.rules)
+    if t.batch_size % shards:
+        raise ValueError(
+            f"training.batch_size={t.batch_size} must divide by the {shards} batch shards of the mesh "
+            f"{dict(mesh.shape)}; change the batch size or config.mesh"
+        )
 
     # ---- model, optimizer, state; resume from the newest checkpoint if any
-    trainer = Trainer(config)
-    state = trainer.init_state()
+    trainer = Trainer(config, mesh)
     manager = checkpoint_manager(workdir, config)
     start = manager.latest_step()
-    if start is not None:
-        state = restore_state(manager, state, start)
+    if start is not None:  # onto this run's mesh, whatever mesh wrote it
+        state = restore_state(manager, trainer.abstract_state(), start)
         say(f"resumed {workdir} at step {start}")
+    else:
+        state = trainer.init_state()
     start = int(state["step"])
     entropy = dataset.unigram_entropy_bits()
     cpt = dataset.chars_per_token
@@ -422,7 +484,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     stopped = False
     with _Stop() as stop, tqdm(total=t.n_iters, initial=start, disable=quiet, desc="train", dynamic_ncols=True) as bar:
         while step < t.n_iters:
-            state, metrics = trainer.train_step(state, jnp.asarray(next(batches)))
+            state, metrics = trainer.train_step(state, trainer.shard_batch(next(batches)))
             step += 1
             bar.update(1)
             boundary = step % t.log_every == 0 or step % t.ckpt_every == 0 or step == t.n_iters or stop.requested
