@@ -178,7 +178,8 @@ def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = 
         holder["state"], metrics = trainer.train_step(holder["state"], batch)
         return metrics
 
-    mm, mm_flops = matmul_fn(matmul_n)
+    # The peak of the model's compute dtype: bfloat16 models against a bfloat16 matmul.
+    mm, mm_flops = matmul_fn(matmul_n, jnp.dtype(config.model.dtype))
     fns = {"train_step": step, "matmul": mm}
     if profile:
         key = jax.random.key(2)
@@ -222,14 +223,14 @@ def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = 
 def run_train(quick: bool, args) -> dict:
     if quick:
         cases = [bench_config("tiny", batch_size=8)]
-        repeats, mm_n = 2, 512
+        repeats, mm_n = 1, 512
     else:
         cases = [
             bench_config(hidden_size=args.width, n_heads=args.width // 64, n_blocks=args.blocks,
                          seq_len=args.seq_len, batch_size=b)
             for b in args.batch_sizes
         ]
-        repeats, mm_n = args.repeats, 2048
+        repeats, mm_n = args.repeats, args.matmul_n
     results = []
     for c in cases:
         if args.dtype:
@@ -267,13 +268,16 @@ def _diffusion_parts(config, seed: int = 0):
 
 
 def bench_sampler(config, batch: int, repeats: int = 5, t: float = 0.5, steps: int = 128,
-                  loop_steps: int = 16) -> dict:
+                  loop_steps: int = 16, predictors: list[str] | None = None,
+                  key_impls: tuple[str, ...] = ("rbg",)) -> dict:
     """One predictor step divided by one plain forward pass, per predictor and categorical method.
 
     The state is a draw of x_t at time t (about half the positions masked for
     the absorbing graph), the step size that of a ``steps``-step grid. A
     whole ``sample`` call of ``loop_steps`` steps is timed too and divided by
     (loop_steps + 1) forward passes: the loop's own cost (no host round trips).
+    ``key_impls`` adds rows for the precise path fed a key of another PRNG
+    implementation (``jax.random.key(0, impl=...)``), for each predictor.
     """
     from sedd import sampling
 
@@ -287,13 +291,24 @@ def bench_sampler(config, batch: int, repeats: int = 5, t: float = 0.5, steps: i
     fwd = jax.jit(score_fn)
     fns = {"forward": lambda: fwd(params, x, sigma)}
     t_, dt = jnp.float32(t), jnp.float32(1.0 / steps)
-    for name, pred in sorted(sampling.PREDICTORS.items()):
-        for cat in sampling.CATEGORICAL_METHODS:
-            @jax.jit
-            def step(params, key, x, pred=pred, cat=cat):
-                return pred(key, functools.partial(score_fn, params), graph, noise, x, t_, dt, cat)
+    names = predictors or sorted(sampling.PREDICTORS)
+    for name in names:
+        pred = sampling.PREDICTORS[name]
 
-            fns[f"{name}/{cat}"] = functools.partial(step, params, key, x)
+        @jax.jit
+        def step(params, key, x, pred=pred, cat="precise"):
+            return pred(key, functools.partial(score_fn, params), graph, noise, x, t_, dt, cat)
+
+        for cat in sampling.CATEGORICAL_METHODS:
+            step_c = jax.jit(functools.partial(step.__wrapped__, cat=cat))
+            fns[f"{name}/{cat}"] = functools.partial(step_c, params, key, x)
+        if key_impls:
+            # The key's implementation is the caller's choice: threefry (default)
+            # spends most of the precise path's time making random bits on CPU.
+            for impl in key_impls:
+                fns[f"{name}/precise, {impl} key"] = functools.partial(
+                    jax.jit(functools.partial(step.__wrapped__, cat="precise")), params,
+                    jax.random.key(0, impl=impl), x)
     loop = functools.partial(sampling.sample, key, score_fn, graph, noise, (batch, l), loop_steps,
                              score_params=params)
     fns[f"sample({loop_steps} steps, default)"] = loop
@@ -313,16 +328,20 @@ def bench_sampler(config, batch: int, repeats: int = 5, t: float = 0.5, steps: i
 
 def run_sampler(quick: bool, args) -> dict:
     if quick:
-        cases = [(bench_config("tiny"), 4), (bench_config("tiny", vocab_size=1000), 4)]
-        repeats, loop_steps = 2, 4
+        cases = [(bench_config("tiny", vocab_size=1000), 4)]
+        repeats, loop_steps, predictors, key_impls = 2, 4, ["analytic"], ()
     else:
         cases = [
             (bench_config(), args.batch),  # the default char model: H 256, 4 blocks, L 128, V 65
             (bench_config(vocab_size=50257, hidden_size=128, n_blocks=2, n_heads=2, cond_dim=64,
                           seq_len=128), args.batch_gpt2),
         ]
-        repeats, loop_steps = args.repeats, 16
-    results = [bench_sampler(c, b, repeats=repeats, loop_steps=loop_steps) for c, b in cases]
+        repeats, loop_steps, predictors, key_impls = args.repeats, 16, None, ("rbg",)
+    for c, _ in cases:
+        if args.dtype:
+            c.model.dtype = args.dtype
+    results = [bench_sampler(c, b, repeats=repeats, loop_steps=loop_steps, predictors=predictors,
+                             key_impls=key_impls) for c, b in cases]
     rows = []
     for r in results:
         m = r["model"]
@@ -408,10 +427,9 @@ def bench_diffusion_vs_ar(config, batch: int, steps_list: list[int], max_direct_
     ar_s = median(ar_times)
     xs = np.array([s + 1 for s, _ in measured], float)  # network calls: steps + the denoise
     ys = np.array([y for _, y in measured])
-    if len(xs) >= 2:
-        per_call, fixed = np.polyfit(xs, ys, 1)
-    else:
-        per_call, fixed = ys[0] / xs[0], 0.0
+    per_call, fixed = np.polyfit(xs, ys, 1) if len(xs) >= 2 else (0.0, 0.0)
+    if per_call <= 0:  # too few or too noisy points: a line through the origin
+        per_call, fixed = float(xs @ ys / (xs @ xs)), 0.0
     for s in steps_list:
         if s > max_direct_steps:
             rows.append({"steps": s, "seconds": float(fixed + per_call * (s + 1)), "source": "fit"})
@@ -437,11 +455,13 @@ def bench_diffusion_vs_ar(config, batch: int, steps_list: list[int], max_direct_
 def run_ar(quick: bool, args) -> dict:
     if quick:
         config = bench_config("tiny")
-        batches, steps_list, max_direct, repeats = [1, 4], [4, 8, 16], 8, 2
+        batches, steps_list, max_direct, repeats = [2], [2, 4, 8], 4, 1
     else:
         config = bench_config(hidden_size=args.width, n_heads=max(args.width // 64, 1), n_blocks=args.blocks,
                               cond_dim=64, seq_len=args.seq_len)
         batches, steps_list, max_direct, repeats = args.batch_sizes, args.steps, args.max_direct_steps, 3
+    if args.dtype:
+        config.model.dtype = args.dtype
     results = [bench_diffusion_vs_ar(config, b, steps_list, max_direct, repeats=repeats) for b in batches]
     rows = []
     for r in results:
@@ -491,7 +511,7 @@ SHIPPED_VOCAB = {"shakespeare_char": 65, "tiny": 65, "text8": 27, "owt_small": 5
 def run_memory(quick: bool, args) -> dict:
     from sedd import config as config_lib
 
-    names = ["tiny", "markov"] if quick else (args.configs or config_lib.shipped_configs())
+    names = ["tiny"] if quick else (args.configs or config_lib.shipped_configs())
     results = {}
     for name in names:
         c = config_lib.load_config(name)
@@ -537,7 +557,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seq_len", type=int, default=None, help="L (default 128)")
     p.add_argument("--batch_sizes", type=int, nargs="+", default=None,
                    help="train default: 8 32; ar default: 1 64")
-    p.add_argument("--dtype", default="", help="train: model.dtype override (float32, bfloat16)")
+    p.add_argument("--dtype", default="", help="model.dtype override (float32, bfloat16) for train, sampler, ar")
+    p.add_argument("--matmul_n", type=int, default=2048, help="train: size of the peak-rate matmul")
     p.add_argument("--batch", type=int, default=16, help="sampler: batch of the char model")
     p.add_argument("--batch_gpt2", type=int, default=4, help="sampler: batch of the V=50257 model")
     p.add_argument("--steps", type=int, nargs="+", default=[16, 32, 64, 128, 256, 1024], help="ar: step counts")
