@@ -107,6 +107,7 @@ def paired_ratio(num: list[float], den: list[float]) -> float:
 
 
 def median(xs: list[float]) -> float:
+    """The median of a list of timings (robust to the outliers of a shared machine)."""
     return statistics.median(xs)
 
 
@@ -221,6 +222,7 @@ def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = 
 
 
 def run_train(quick: bool, args) -> dict:
+    """The training benchmark: tokens/s, FLOPs/token and MFU per batch size; dict with a table."""
     if quick:
         cases = [bench_config("tiny", batch_size=8)]
         repeats, mm_n = 1, 512
@@ -327,6 +329,7 @@ def bench_sampler(config, batch: int, repeats: int = 5, t: float = 0.5, steps: i
 
 
 def run_sampler(quick: bool, args) -> dict:
+    """The sampler benchmark: time of a predictor step relative to a forward pass; dict with a table."""
     if quick:
         cases = [(bench_config("tiny", vocab_size=1000), 4)]
         repeats, loop_steps, predictors, key_impls = 2, 4, ["analytic"], ()
@@ -387,6 +390,7 @@ def ar_decode_fn(config, batch: int) -> tuple[Callable[[], Any], str]:
 
 
 def bench_config_copy(config, **model_overrides):
+    """A resolved copy of config with fields of its model section replaced."""
     c = config.copy_and_resolve_references()
     for k, v in model_overrides.items():
         c.model[k] = v
@@ -453,6 +457,7 @@ def bench_diffusion_vs_ar(config, batch: int, steps_list: list[int], max_direct_
 
 
 def run_ar(quick: bool, args) -> dict:
+    """Diffusion vs autoregressive time to generate L tokens; dict with a table."""
     if quick:
         config = bench_config("tiny")
         batches, steps_list, max_direct, repeats = [2], [2, 4, 8], 4, 1
@@ -509,6 +514,7 @@ SHIPPED_VOCAB = {"shakespeare_char": 65, "tiny": 65, "text8": 27, "owt_small": 5
 
 
 def run_memory(quick: bool, args) -> dict:
+    """Compiled train-step memory (argument, temporary, peak bytes) per config; dict with a table."""
     from sedd import config as config_lib
 
     names = ["tiny"] if quick else (args.configs or config_lib.shipped_configs())
@@ -535,6 +541,7 @@ def run_memory(quick: bool, args) -> dict:
 
 
 def format_table(header: list, rows: list[list]) -> str:
+    """Right-aligned plain-text table of header and rows."""
     cells = [[str(h) for h in header]] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
@@ -546,6 +553,7 @@ RUNNERS = {"train": run_train, "sampler": run_sampler, "ar": run_ar, "memory": r
 
 
 def parser() -> argparse.ArgumentParser:
+    """The argument parser of ``sedd bench``."""
     p = argparse.ArgumentParser(prog="sedd bench", description=__doc__.split("\n\n")[0])
     p.add_argument("which", choices=sorted(RUNNERS) + ["all"])
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of a few seconds")

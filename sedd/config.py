@@ -118,8 +118,10 @@ def apply_overrides(config: ml_collections.ConfigDict, args: list[str]) -> ml_co
 
 
 def to_json(config: ml_collections.ConfigDict) -> str:
+    """The config as indented JSON with sorted keys (the run directory's config.json)."""
     return json.dumps(config.to_dict(), indent=2, sort_keys=True)
 
 
 def from_json(text: str) -> ml_collections.ConfigDict:
+    """The inverse of ``to_json``: a ConfigDict from its JSON text."""
     return ml_collections.ConfigDict(json.loads(text))

@@ -205,10 +205,12 @@ def tokenizer_from_dict(d: dict):
 
 
 def save_tokenizer(tokenizer, path) -> None:
+    """Write ``tokenizer.to_dict()`` as JSON to path (a run's tokenizer.json)."""
     Path(path).write_text(json.dumps(tokenizer.to_dict()), encoding="utf-8")
 
 
 def load_tokenizer(path):
+    """The tokenizer saved at path by ``save_tokenizer``."""
     return tokenizer_from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 
 
@@ -216,6 +218,7 @@ def load_tokenizer(path):
 
 
 def default_data_dir() -> str:
+    """$SEDD_DATA_DIR, else ~/tensorflow_datasets: where corpora and token caches are built."""
     return os.environ.get("SEDD_DATA_DIR") or os.path.expanduser("~/tensorflow_datasets")
 
 

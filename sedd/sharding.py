@@ -206,6 +206,7 @@ def state_shardings(train_state, mesh: Mesh, rules=None):
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
+    """A sharding that keeps a full copy of an array on every device of mesh."""
     return NamedSharding(mesh, P())
 
 

@@ -43,10 +43,12 @@ from sedd.model import DDiT, param_count
 
 
 def build_graph(config) -> Any:
+    """The forward graph of ``config.graph.type`` over config.vocab_size tokens (sedd.graphs)."""
     return graphs.get_graph(config.graph.type, config.vocab_size)
 
 
 def build_noise(config) -> Any:
+    """The noise schedule of ``config.noise`` (sedd.noise.LogLinear or Geometric)."""
     n = config.noise
     if n.type == "loglinear":
         return noise_lib.LogLinear(n.eps)
@@ -275,6 +277,7 @@ def _check_compatible(workdir: Path, config) -> None:
 
 
 def checkpoint_manager(workdir: Path, config=None, read_only: bool = False) -> ocp.CheckpointManager:
+    """The orbax manager of workdir/checkpoints, keeping what config.training asks for."""
     t = config.training if config is not None else None
     options = ocp.CheckpointManagerOptions(
         max_to_keep=t.max_to_keep if t else None,
@@ -401,6 +404,7 @@ def generate(trainer: Trainer, params, key, num_samples: int, steps: int | None 
 
 
 def decode(tokenizer, ids) -> str:
+    """One sequence of token ids (int[L]) as text."""
     return tokenizer.decode([int(i) for i in ids])
 
 
