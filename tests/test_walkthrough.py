@@ -90,7 +90,7 @@ def test_docs_exist_and_name_real_functions(doc):
         # Every `sedd.module.name` the index cites must exist.
         import re
 
-        for ref in sorted(set(re.findall(r"`(sedd\.[a-z_]+\.[A-Za-z_]+(?:\.[A-Za-z_]+)?)", text))):
+        for ref in sorted(set(re.findall(r"`(sedd\.[a-z_0-9]+\.[A-Za-z_0-9]+(?:\.[A-Za-z_0-9]+)?)", text))):
             parts = ref.split(".")
             module = importlib.import_module(".".join(parts[:2]))
             obj = module
