@@ -232,10 +232,15 @@ class Uniform(Graph):
         return jax.random.randint(key, shape, 0, self.dim, dtype=jnp.int32)
 
     def staggered_score(self, score, dsigma):
-        """exp(-dsigma Q) s = e^{dsigma} s - (e^{dsigma} - 1) mean(s) (Q symmetric)."""
+        """exp(-dsigma Q) s = e^{dsigma} s - (e^{dsigma} - 1) mean(s) (Q symmetric).
+
+        Computed as e^{dsigma} (s - mean(s)) + mean(s): the same number, but at
+        dsigma ~ 20 (the first step of a geometric schedule) the written form
+        subtracts two terms of size e^20 and float32 loses the score entirely.
+        """
         dsigma = jnp.asarray(dsigma, score.dtype)[..., None]
-        total = score.sum(-1, keepdims=True)
-        return jnp.exp(dsigma) * score - jnp.expm1(dsigma) * total / self.dim
+        mean = score.mean(-1, keepdims=True)
+        return jnp.exp(dsigma) * (score - mean) + mean
 
     def score_entropy(self, log_score, sigma, x, x0):
         """Closed form of the ratios r_y = p_sigma(y | x0) / p_sigma(x | x0).

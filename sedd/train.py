@@ -130,7 +130,7 @@ class Trainer:
         self.noise = build_noise(config)
         self.tx, self.schedule = build_optimizer(config)
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(config.mesh)
-        self.rules = sharding_lib.make_rules(config.mesh.rules)
+        self.rules = sharding_lib.make_rules(config.mesh.get("rules"))  # runs saved before mesh.rules have none
         # Only the graph and the (tiny) dropout key state are kept from this
         # build; init_state builds the parameters again inside jit, directly
         # in their shards.
@@ -323,7 +323,11 @@ def load_run(workdir: str | Path, use_ema: bool = True):
         raise FileNotFoundError(f"{workdir} is not a run directory (no config.json); train one with `sedd train`")
     config = config_lib.from_json((workdir / "config.json").read_text())
     tokenizer = data_lib.load_tokenizer(workdir / "tokenizer.json")
-    trainer = Trainer(config)
+    try:
+        mesh = sharding_lib.make_mesh(config.mesh)
+    except ValueError:  # trained on a mesh these devices cannot form: data parallel over all of them
+        mesh = sharding_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+    trainer = Trainer(config, mesh)
     manager = checkpoint_manager(workdir, read_only=True)
     if manager.latest_step() is None:
         raise FileNotFoundError(f"{workdir} holds no checkpoint yet; train first with `sedd train`")
