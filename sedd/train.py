@@ -130,7 +130,7 @@ class Trainer:
         self.noise = build_noise(config)
         self.tx, self.schedule = build_optimizer(config)
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(config.mesh)
-        self.rules = sharding_lib.make_rules(config.mesh.get("rules"))  # runs saved before mesh.rules have none
+        self.rules = sharding_lib.make_rules(config.mesh.rules)
         # Only the graph and the (tiny) dropout key state are kept from this
         # build; init_state builds the parameters again inside jit, directly
         # in their shards.

@@ -247,3 +247,9 @@ def test_two_processes_train_like_one(tmp_path):
         assert o["samples"] == one["samples"]
     # Both processes wrote their shards of one checkpoint through orbax.
     assert train_lib.checkpoint_manager(tmp_path / "two", read_only=True).latest_step() == 3
+    # ... which this single process loads for sampling, although it cannot form the run's 2 x 2 x 1 mesh.
+    _, _, trainer, ema = train_lib.load_run(tmp_path / "two")
+    assert dict(trainer.mesh.shape) == {"data": jax.device_count(), "fsdp": 1, "tensor": 1}
+    _, _, _, ema_one = train_lib.load_run(tmp_path / "one")
+    for a, b in zip(jax.tree.leaves(ema), jax.tree.leaves(ema_one)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
