@@ -564,7 +564,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--blocks", type=int, default=None, help="n_blocks (train default 2, ar default 2)")
     p.add_argument("--seq_len", type=int, default=None, help="L (default 128)")
     p.add_argument("--batch_sizes", type=int, nargs="+", default=None,
-                   help="train default: 8 32; ar default: 1 64")
+                   help="train default: 32; ar default: 1 64")
     p.add_argument("--dtype", default="", help="model.dtype override (float32, bfloat16) for train, sampler, ar")
     p.add_argument("--matmul_n", type=int, default=2048, help="train: size of the peak-rate matmul")
     p.add_argument("--batch", type=int, default=16, help="sampler: batch of the char model")
@@ -577,7 +577,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 _DEFAULTS = {
-    "train": {"width": 512, "blocks": 2, "seq_len": 128, "batch_sizes": [8, 32]},
+    "train": {"width": 512, "blocks": 2, "seq_len": 128, "batch_sizes": [32]},
     "ar": {"width": 128, "blocks": 2, "seq_len": 128, "batch_sizes": [1, 64]},
 }
 
