@@ -148,6 +148,9 @@ class Trainer:
         self._abstract_state = jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, self.state_sharding
         )
+        # One function object for the sampler's compile cache: weights go in
+        # as traced score_params, so new weights never recompile.
+        self.params_score_fn = lambda params, x, sigma: self.model(params)(x, sigma, deterministic=True)
         self.train_step = jax.jit(
             self._train_step,
             in_shardings=(self.state_sharding, self.batch_sharding),
@@ -217,7 +220,7 @@ class Trainer:
         step = state["step"]
         key = jax.random.fold_in(jax.random.wrap_key_data(state["key"]), step)
         (loss, _), grads = jax.value_and_grad(self._loss, has_aux=True)(state["params"], key, batch, True)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
 
@@ -382,7 +385,11 @@ def evaluate(trainer: Trainer, params, dataset, n_batches: int, batch_size: int,
 
 
 def generate(trainer: Trainer, params, key, num_samples: int, steps: int | None = None, **kwargs) -> np.ndarray:
-    """Samples of the model: int32[num_samples, L] token ids."""
+    """Samples of the model: int32[num_samples, L] token ids.
+
+    Keyword arguments go to ``sampling.sample`` (conditioning, predictor, ...);
+    with return_trajectory=True the result is (samples, trajectory).
+    """
     from sedd import sampling  # sampling depends on nothing here; kept lazy for start-up time
 
     c = trainer.config
@@ -391,10 +398,9 @@ def generate(trainer: Trainer, params, key, num_samples: int, steps: int | None 
 
         return np.asarray(ar.sample(key, trainer.model(params), num_samples, c.data.seq_len,
                                     categorical=kwargs.pop("categorical", c.sampling.categorical)))
-    return np.asarray(
-        sampling.sample(
+    out = sampling.sample(
             key,
-            trainer.score_fn(params),
+            trainer.params_score_fn,
             trainer.graph,
             trainer.noise,
             (num_samples, c.data.seq_len),
@@ -402,9 +408,10 @@ def generate(trainer: Trainer, params, key, num_samples: int, steps: int | None 
             predictor=kwargs.pop("predictor", c.sampling.predictor),
             eps=c.sampling.eps,
             categorical=kwargs.pop("categorical", c.sampling.categorical),
+            score_params=params,
             **kwargs,
         )
-    )
+    return jax.tree.map(np.asarray, out)
 
 
 def decode(tokenizer, ids) -> str:

@@ -1,0 +1,192 @@
+"""End-to-end runs of the tiny config: training, checkpoints, resume, CLI, bad input."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from sedd import cli
+from sedd import config as config_lib
+from sedd import train as train_lib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("data"))
+
+
+def tiny(data_dir, **overrides):
+    c = config_lib.load_config("tiny")
+    c.data.data_dir = data_dir
+    config_lib.apply_overrides(c, [f"--config.{k}={v}" for k, v in overrides.items()])
+    return c
+
+
+def read_metrics(workdir):
+    return [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("graph", ["absorbing", "uniform"])
+def test_tiny_run_end_to_end(graph, data_dir, tmp_path):
+    c = tiny(data_dir, **{"graph.type": graph, "training.n_iters": 6, "training.log_every": 3,
+                          "training.eval_every": 6, "noise.type": "geometric" if graph == "uniform" else "loglinear"})
+    result = train_lib.train(c, tmp_path / "run", quiet=True)
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [3, 6]
+    for r in rows:
+        assert np.isfinite(r["loss_nats_per_token"]) and r["loss_nats_per_token"] > 0
+        assert {"grad_norm", "lr", "tokens_per_s", "loss_bits_per_token", "loss_bits_per_char"} <= set(r)
+    assert "val_bits_per_char" in rows[-1] and np.isfinite(result["val_bits_per_char"])
+    assert result["step"] == 6 and len(result["samples"][0]) > 0
+    assert (tmp_path / "run" / "tokenizer.json").exists() and (tmp_path / "run" / "config.json").exists()
+    assert train_lib.checkpoint_manager(tmp_path / "run", read_only=True).latest_step() == 6
+
+
+def test_checkpoint_round_trip(data_dir, tmp_path):
+    c = tiny(data_dir, **{"training.n_iters": 3, "training.ckpt_every": 3})
+    train_lib.train(c, tmp_path / "run", quiet=True)
+    config, tokenizer, trainer, ema = train_lib.load_run(tmp_path / "run")
+    manager = train_lib.checkpoint_manager(tmp_path / "run", read_only=True)
+    state = train_lib.restore_state(manager, trainer.init_state())
+    assert int(state["step"]) == 3
+    # The restored EMA is the saved one, and differs from the initial weights.
+    for a, b in zip(jax.tree.leaves(ema), jax.tree.leaves(state["ema"])):
+        np.testing.assert_array_equal(a, b)
+    init = trainer.init_state()["params"]
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(init), jax.tree.leaves(state["params"])))
+
+
+def _cli_train(workdir, data_dir, *extra):
+    cmd = [sys.executable, "-m", "sedd.cli", "train", "--config", "tiny", "--workdir", str(workdir),
+           f"--config.data.data_dir={data_dir}", "--config.training.n_iters=16",
+           "--config.training.log_every=1", "--config.training.eval_every=100",
+           "--config.training.ckpt_every=100", *extra]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_sigterm_then_resume_matches_an_uninterrupted_run(data_dir, tmp_path):
+    """Stop a run with SIGTERM; the same command resumes, and the losses equal a straight run's."""
+    straight = _cli_train(tmp_path / "a", data_dir)
+    assert straight.wait(timeout=300) == 0, straight.stdout.read()
+
+    run = _cli_train(tmp_path / "b", data_dir, "--config.training.n_iters=16")
+    metrics = tmp_path / "b" / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 2):
+        time.sleep(0.05)
+    run.send_signal(signal.SIGTERM)
+    out = run.communicate(timeout=120)[0]
+    assert run.returncode == 0, out
+    stopped_at = train_lib.checkpoint_manager(tmp_path / "b", read_only=True).latest_step()
+    assert stopped_at is not None and stopped_at < 16, out
+    resumed = _cli_train(tmp_path / "b", data_dir)
+    out = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0 and f"resumed {tmp_path / 'b'} at step {stopped_at}" in out, out
+
+    a = {r["step"]: r["loss_nats_per_token"] for r in read_metrics(tmp_path / "a")}
+    b = {r["step"]: r["loss_nats_per_token"] for r in read_metrics(tmp_path / "b")}
+    assert sorted(b) == sorted(a) == list(range(1, 17))
+    np.testing.assert_allclose([b[s] for s in a], [a[s] for s in a], rtol=1e-6)
+
+
+def _keys(c, prefix=""):
+    """Every dotted key of a config, sections included."""
+    out = set()
+    for k, v in c.items():
+        out.add(f"{prefix}{k}")
+        if hasattr(v, "items"):
+            out |= _keys(v, f"{prefix}{k}.")
+    return out
+
+
+def test_every_key_the_code_reads_exists_in_every_shipped_config():
+    names = config_lib.shipped_configs()
+    assert {"shakespeare_char", "tiny", "text8", "owt_small"} <= set(names)
+    configs = {n: config_lib.load_config(n) for n in names}
+    default = _keys(configs["shakespeare_char"])
+    read = set()
+    pattern = re.compile(r"\b(?:config|c|self\.config|trainer\.config)\.(\w+)\.(\w+)")
+    for path in (ROOT / "sedd").glob("*.py"):
+        read |= {f"{a}.{b}" for a, b in pattern.findall(path.read_text())}
+    # Section aliases: `t = config.training`, `o = config.optim`, `m = config.model`, `n = config.noise`.
+    aliases = {"t": "training", "o": "optim", "m": "model", "n": "noise"}
+    for path in (ROOT / "sedd").glob("train.py"):
+        for a, b in re.findall(r"\b([tomn])\.(\w+)\b", path.read_text()):
+            if b not in ("items", "to_dict", "get"):
+                read.add(f"{aliases[a]}.{b}")
+    methods = {"to_dict", "get", "items", "keys", "values", "lock", "unlock", "copy_and_resolve_references"}
+    read = {k for k in read if k.split(".")[0] in {k2.split(".")[0] for k2 in default}
+            and k.split(".")[-1] not in methods}
+    missing = read - default
+    assert not missing, f"the code reads keys no config defines: {sorted(missing)}"
+    for name, c in configs.items():
+        assert _keys(c) == default, f"{name} differs from the default config: {_keys(c) ^ default}"
+
+
+def test_unknown_config_key_and_bad_value():
+    c = config_lib.load_config("tiny")
+    with pytest.raises(KeyError, match="training.n_iters"):
+        config_lib.apply_overrides(c, ["--config.training.n_iter=5"])
+    with pytest.raises(ValueError, match="expects a int"):
+        config_lib.apply_overrides(c, ["--config.training.n_iters=many"])
+    with pytest.raises(FileNotFoundError, match="shipped configs"):
+        config_lib.load_config("no_such_config")
+
+
+def test_cli_errors_are_clear(data_dir, tmp_path, capsys):
+    assert cli.main(["train", "--config", "tiny", "--workdir", str(tmp_path / "r"), "--config.model.hiden_size=3"]) == 2
+    assert "unknown config key 'model.hiden_size'; did you mean model.hidden_size" in capsys.readouterr().err
+    missing = tmp_path / "nope.txt"
+    assert cli.main(["train", "--config", "tiny", "--workdir", str(tmp_path / "r"), "--config.data.name=text",
+                     f"--config.data.path={missing}", f"--config.data.data_dir={data_dir}"]) == 2
+    assert str(missing) in capsys.readouterr().err
+    assert cli.main(["sample", "--workdir", str(tmp_path / "untrained")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+
+
+def test_own_text_file_prompts_and_bad_checkpoints(data_dir, tmp_path, capsys):
+    """Train on a user's file with one override; prompts; corrupt and incompatible checkpoints."""
+    corpus = tmp_path / "mine.txt"
+    corpus.write_text("the cat sat on the mat. " * 400)
+    workdir = tmp_path / "run"
+    args = ["train", "--config", "tiny", "--workdir", str(workdir), "--config.data.name=text",
+            f"--config.data.path={corpus}", f"--config.data.data_dir={data_dir}",
+            "--config.training.n_iters=4", "--config.training.ckpt_every=2"]
+    assert cli.main(args) == 0
+    assert "validation DSE bound" in capsys.readouterr().out
+
+    # Prompts: prefix works; a character outside the vocabulary and a too-long prompt are clear errors.
+    assert cli.main(["sample", "--workdir", str(workdir), "--prefix", "the cat", "--num_samples", "2", "--steps", "4"]) == 0
+    samples = [s.split("\n", 1)[1] for s in capsys.readouterr().out.split("--- sample ")[1:]]
+    assert len(samples) == 2 and all(s.startswith("the cat") for s in samples), samples
+    assert cli.main(["sample", "--workdir", str(workdir), "--prefix", "the dog!"]) == 2
+    assert "'d'" in capsys.readouterr().err
+    assert cli.main(["sample", "--workdir", str(workdir), "--prefix", "the " * 40]) == 2
+    assert "sequence length 32" in capsys.readouterr().err
+
+    # An incompatible config against an existing run: clear error, nothing touched.
+    before = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
+    assert cli.main(args + ["--config.model.hidden_size=64"]) == 2
+    assert "different model config" in capsys.readouterr().err
+    assert sorted(p.relative_to(workdir) for p in workdir.rglob("*")) == before
+
+    # A corrupt checkpoint: clear error naming it, the run directory left intact.
+    step_dir = workdir / "checkpoints" / "4"
+    for f in step_dir.rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"garbage")
+    before = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
+    assert cli.main(["sample", "--workdir", str(workdir)]) == 2
+    err = capsys.readouterr().err
+    assert "could not restore the checkpoint of step 4" in err and "left as it is" in err
+    assert sorted(p.relative_to(workdir) for p in workdir.rglob("*")) == before
