@@ -1,8 +1,10 @@
-"""The `sedd` command: train | sample. Thin: it parses and calls library functions.
+"""The `sedd` command: train | sample | eval | bench. Thin: it parses and calls library functions.
 
   sedd train  [--config FILE|NAME] [--workdir DIR] [--config.section.key=value ...]
   sedd sample --workdir DIR [--steps N] [--predictor P] [--num_samples K] [--seed S]
               [--prefix TEXT] [--suffix TEXT] [--infill TEMPLATE] [--output FILE] [--animate]
+  sedd eval   --workdir DIR [--split S] [--num_t N] [--max_batches K] [--data.name=... --data.path=...]
+  sedd eval   --workdir DIR --compare [--predictors euler,analytic] [--steps 8,16,...] [--judge DIR]
 """
 
 from __future__ import annotations
@@ -115,6 +117,36 @@ def _sample(args) -> int:
     return 0
 
 
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--steps must be comma-separated integers, got {text!r}") from None
+
+
+def _eval(args, overrides: list[str]) -> int:
+    from sedd import evaluate
+
+    if args.compare:
+        rows = evaluate.compare_samplers(
+            args.workdir, predictors=[p for p in args.predictors.split(",") if p],
+            steps=_int_list(args.steps), num_samples=args.num_samples, judge=args.judge, seed=args.seed)
+        print(Path(args.workdir, "compare_samplers.md").read_text())
+        print(f"wrote {args.workdir}/compare_samplers.csv, .md, .png ({len(rows)} rows)")
+        return 0
+    data = {}
+    for arg in overrides:  # --data.name=text --data.path=other.txt: zero-shot on other text
+        if not arg.startswith("--data.") or "=" not in arg:
+            raise ValueError(f"unexpected argument {arg!r}; data overrides look like --data.path=other.txt")
+        key, value = arg[len("--data."):].split("=", 1)
+        data[key] = value
+    figures = evaluate.evaluate_run(args.workdir, split=args.split, num_t=args.num_t, batch_size=args.batch_size,
+                                    max_batches=args.max_batches or None, seed=args.seed, data=data or None)
+    for k, v in figures.items():
+        print(f"{k:>24}: {v:.4f}" if isinstance(v, float) else f"{k:>24}: {v}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `sedd` console script: parse argv, run the command, return the exit code."""
     parser = argparse.ArgumentParser(prog="sedd", description="Score Entropy Discrete Diffusion in JAX")
@@ -137,10 +169,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", default="", help="write the samples to this file")
     p.add_argument("--animate", action="store_true", help="show the denoising of the first sample")
 
+    p = sub.add_parser("eval", help="likelihood bound of a trained run, or compare samplers (--compare)")
+    p.add_argument("--workdir", required=True, help="run directory of a trained model")
+    p.add_argument("--split", default="validation")
+    p.add_argument("--num_t", type=int, default=64, help="points of the t grid of the bound")
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--max_batches", type=int, default=8, help="0 = the whole split")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compare", action="store_true", help="compare predictors x steps instead")
+    p.add_argument("--predictors", default="euler,analytic")
+    p.add_argument("--steps", default="8,16,32,64,128,256,1024")
+    p.add_argument("--num_samples", type=int, default=16)
+    p.add_argument("--judge", default=None, help="an AR run directory (default: WORKDIR/ar)")
+
     args, rest = parser.parse_known_args(argv)
     try:
         if args.command == "train":
             return _train(args, rest)
+        if args.command == "eval":
+            return _eval(args, rest)
         if rest:
             parser.error(f"unrecognised arguments: {' '.join(rest)}")
         return _sample(args)

@@ -152,6 +152,8 @@ def test_cli_errors_are_clear(data_dir, tmp_path, capsys):
     assert str(missing) in capsys.readouterr().err
     assert cli.main(["sample", "--workdir", str(tmp_path / "untrained")]) == 2
     assert "not a run directory" in capsys.readouterr().err
+    assert cli.main(["eval", "--workdir", str(tmp_path / "untrained")]) == 2
+    assert "untrained" in capsys.readouterr().err
 
 
 def test_own_text_file_prompts_and_bad_checkpoints(data_dir, tmp_path, capsys):
@@ -173,6 +175,10 @@ def test_own_text_file_prompts_and_bad_checkpoints(data_dir, tmp_path, capsys):
     assert "'d'" in capsys.readouterr().err
     assert cli.main(["sample", "--workdir", str(workdir), "--prefix", "the " * 40]) == 2
     assert "sequence length 32" in capsys.readouterr().err
+
+    # The likelihood bound of the run, through `sedd eval`.
+    assert cli.main(["eval", "--workdir", str(workdir), "--num_t", "4", "--batch_size", "4", "--max_batches", "1"]) == 0
+    assert "bits_per_char" in capsys.readouterr().out
 
     # An incompatible config against an existing run: clear error, nothing touched.
     before = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
