@@ -403,10 +403,10 @@ def bench_diffusion_vs_ar(config, batch: int, steps_list: list[int], max_direct_
 
     Step counts up to ``max_direct_steps`` are timed (median of up to
     ``repeats`` calls, fewer when one call exceeds max_seconds / repeats); the
-    rest are predicted from a least-squares fit a + b (steps + 1) on the timed
-    ones and flagged ``"fit"``. AR is timed before and after the sweep and the
+    rest are predicted as (steps + 1) x the median seconds per network call of
+    the timed ones and flagged ``"fit"``. AR is timed before and after the sweep and the
     median taken, so drift in load shows up in both. Crossover: the step count
-    at which diffusion takes as long as AR, from the fit.
+    at which diffusion takes as long as AR, from that per-call time.
     """
     from sedd import sampling
 
@@ -431,9 +431,9 @@ def bench_diffusion_vs_ar(config, batch: int, steps_list: list[int], max_direct_
     ar_s = median(ar_times)
     xs = np.array([s + 1 for s, _ in measured], float)  # network calls: steps + the denoise
     ys = np.array([y for _, y in measured])
-    per_call, fixed = np.polyfit(xs, ys, 1) if len(xs) >= 2 else (0.0, 0.0)
-    if per_call <= 0:  # too few or too noisy points: a line through the origin
-        per_call, fixed = float(xs @ ys / (xs @ xs)), 0.0
+    # Seconds per network call: the median over timed step counts, which a
+    # burst of load on a shared machine cannot drag below zero as a line fit can.
+    per_call, fixed = float(np.median(ys / xs)), 0.0
     for s in steps_list:
         if s > max_direct_steps:
             rows.append({"steps": s, "seconds": float(fixed + per_call * (s + 1)), "source": "fit"})
