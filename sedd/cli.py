@@ -5,6 +5,7 @@
               [--prefix TEXT] [--suffix TEXT] [--infill TEMPLATE] [--output FILE] [--animate]
   sedd eval   --workdir DIR [--split S] [--num_t N] [--max_batches K] [--data.name=... --data.path=...]
   sedd eval   --workdir DIR --compare [--predictors euler,analytic] [--steps 8,16,...] [--judge DIR]
+  sedd bench  train|sampler|ar|memory|all [--quick] [...]   (see `sedd bench all --help`)
 """
 
 from __future__ import annotations
@@ -182,7 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num_samples", type=int, default=16)
     p.add_argument("--judge", default=None, help="an AR run directory (default: WORKDIR/ar)")
 
+    sub.add_parser("bench", help="speed and memory benchmarks (train | sampler | ar | memory | all)",
+                   add_help=False)
+
     args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        from sedd import bench
+
+        return bench.main(rest)
     try:
         if args.command == "train":
             return _train(args, rest)
