@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tarfile
@@ -462,8 +463,20 @@ def get_builder(name: str, path: str = "", data_dir: str | None = None):
     if name not in BUILDERS:
         synthetic = " ('markov' has no builder: load it with load_dataset)" if name == "markov" else ""
         raise ValueError(f"unknown dataset {name!r}; known: {list(DATASETS)}{synthetic}")
-    builder = BUILDERS[name](path=path, data_dir=data_dir)
-    builder.download_and_prepare()
+    # TFDS's progress bars and "custom data configuration" warnings would bury
+    # everything else the first run prints; one line says what happens instead.
+    absl = logging.getLogger("absl")
+    absl_level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        builder = BUILDERS[name](path=path, data_dir=data_dir)
+        if not builder.is_prepared():
+            print(f"preparing {name} ({builder.path}) as array_record files in {builder.data_dir}")
+            tfds.display_progress_bar(False)
+            builder.download_and_prepare()
+    finally:
+        absl.setLevel(absl_level)
+        tfds.display_progress_bar(True)
     return builder
 
 

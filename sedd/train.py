@@ -338,6 +338,39 @@ def load_run(workdir: str | Path, use_ema: bool = True):
     return config, tokenizer, trainer, state["ema" if use_ema else "params"]
 
 
+class MetricsWriter:
+    """metrics.jsonl in the run directory (one JSON object per logged step), and
+    TensorBoard event files in <workdir>/tensorboard where tensorboardX is installed.
+    Inactive on processes other than 0."""
+
+    def __init__(self, workdir: Path, active: bool = True):
+        self.file = open(workdir / "metrics.jsonl", "a") if active else None
+        self.tb = None
+        if active:
+            try:
+                from tensorboardX import SummaryWriter  # optional: pip install tensorboardX
+
+                self.tb = SummaryWriter(str(workdir / "tensorboard"))
+            except ImportError:
+                pass
+
+    def write(self, row: dict) -> None:
+        if self.file is None:
+            return
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.tb is not None:
+            for k, v in row.items():
+                if k != "step":
+                    self.tb.add_scalar(k, v, row["step"])
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
 class _Stop:
     """Turns SIGTERM / Ctrl-C into a flag the loop checks after each step."""
 
@@ -492,7 +525,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
         t.batch_size, seed=config.seed, start_step=start,
         process_index=jax.process_index(), process_count=jax.process_count(),
     )
-    metrics_file = open(workdir / "metrics.jsonl", "a")
+    writer = MetricsWriter(workdir, active=jax.process_index() == 0)
+    val = {}
     tokens_per_step = t.batch_size * config.data.seq_len
     last_time, last_step = time.perf_counter(), start
     step = start
@@ -506,7 +540,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
             if boundary:
                 bad = int(state["bad_step"])
                 if bad >= 0:
-                    metrics_file.close()
+                    writer.close()
                     raise FloatingPointError(
                         f"non-finite loss or gradient at step {bad}; nothing after step {bad} was applied "
                         f"or saved. The last checkpoint is step {manager.latest_step()} in {workdir}. "
@@ -521,11 +555,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
                 row["tokens_per_s"] = (step - last_step) * tokens_per_step / max(now - last_time, 1e-9)
                 last_time, last_step = now, step
                 if step % t.eval_every == 0 or step == t.n_iters:
-                    row.update(val_figures(state["ema"]))
+                    val = val_figures(state["ema"])
+                    row.update(val)
                 bar.set_postfix(loss=f"{row['loss_bits_per_token']:.3f} bits/tok")
-                if jax.process_index() == 0:
-                    metrics_file.write(json.dumps(row) + "\n")
-                    metrics_file.flush()
+                writer.write(row)
             if step % t.eval_every == 0 and step < t.n_iters and t.eval_samples:
                 ids = generate(trainer, state["ema"], jax.random.key(step), t.eval_samples)
                 for s in ids:
@@ -537,13 +570,15 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
                 stopped = True
                 break
     manager.wait_until_finished()
-    metrics_file.close()
+    writer.close()
     if stopped:
         say(f"stopped at step {step}; checkpoint saved in {workdir}. Run the same command to resume.")
         return {"step": step, "stopped": True}
 
     # ---- final figures
-    result = {"step": step, "stopped": False, "unigram_entropy_bits": entropy, **val_figures(state["ema"])}
+    if step != t.n_iters or not val:  # the loop evaluates at n_iters, unless the run had already ended
+        val = val_figures(state["ema"])
+    result = {"step": step, "stopped": False, "unigram_entropy_bits": entropy, **val}
     result["samples"] = [
         decode(tokenizer, s) for s in generate(trainer, state["ema"], jax.random.key(config.seed), max(t.eval_samples, 1))
     ]

