@@ -16,6 +16,7 @@ reach a checkpoint; the loop stops with a message naming the step.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -282,13 +283,20 @@ def _check_compatible(workdir: Path, config) -> None:
 def checkpoint_manager(workdir: Path, config=None, read_only: bool = False) -> ocp.CheckpointManager:
     """The orbax manager of workdir/checkpoints, keeping what config.training asks for."""
     t = config.training if config is not None else None
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=t.max_to_keep if t else None,
-        keep_period=(t.keep_period or None) if t else None,
-        create=not read_only,
-        read_only=read_only,
-    )
-    return ocp.CheckpointManager(Path(workdir).absolute() / "checkpoints", options=options)
+    absl = logging.getLogger("absl")
+    level = absl.level
+    if read_only:  # orbax warns that a read-only manager is read-only: noise for `sedd sample`
+        absl.setLevel(logging.ERROR)
+    try:
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=t.max_to_keep if t else None,
+            keep_period=(t.keep_period or None) if t else None,
+            create=not read_only,
+            read_only=read_only,
+        )
+        return ocp.CheckpointManager(Path(workdir).absolute() / "checkpoints", options=options)
+    finally:
+        absl.setLevel(level)
 
 
 def restore_state(manager: ocp.CheckpointManager, target: dict, step: int | None = None) -> dict:
