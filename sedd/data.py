@@ -596,7 +596,66 @@ def _local_size(batch_size: int, process_count: int) -> int:
 # ---------------------------------------------------------------- top level
 
 
-class TextData:
+class TokenData:
+    """Token streams per split, and batches of them: what training reads.
+
+    Subclasses fill `tokenizer`, `seq_len`, `splits`, `stats` (per split
+    {"documents", "chars", "tokens"}) and `_tokens` (per split int[T]).
+    """
+
+    tokenizer: Any
+    seq_len: int
+    splits: list[str]
+    stats: dict[str, dict[str, int]]
+    _tokens: dict[str, np.ndarray]
+    _packed: dict[tuple[str, int], PackedTokens]
+
+    def tokens(self, split: str = "train") -> np.ndarray:
+        """The split's whole token stream, [T] (memory-mapped)."""
+        return self._tokens[split]
+
+    def num_tokens(self, split: str = "train") -> int:
+        """Tokens in a split."""
+        return self.stats[split]["tokens"]
+
+    @property
+    def chars_per_token(self) -> float:
+        """Training characters per token (EOS counted as a token, with no
+        characters): bits/char = bits/token / chars_per_token."""
+        return self.stats["train"]["chars"] / max(self.stats["train"]["tokens"], 1)
+
+    def unigram_entropy_bits(self, split: str = "train") -> float:
+        """Entropy of the split's token frequencies, bits per token."""
+        return unigram_entropy_bits(self._tokens[split], self.tokenizer.vocab_size)
+
+    def packed(self, split: str, seq_len: int | None = None) -> PackedTokens:
+        """The split cut into sequences of seq_len (default L), cached."""
+        key = (split, int(seq_len or self.seq_len))
+        if key not in self._packed:
+            self._packed[key] = PackedTokens(self._tokens[split], key[1])
+        return self._packed[key]
+
+    def batches(self, split: str = "train", batch_size: int = 8, seq_len: int | None = None,
+                seed: int = 0, start_step: int = 0, process_index: int = 0,
+                process_count: int = 1) -> Iterator[np.ndarray]:
+        """Endless shuffled int32[b, L] batches; batch n a pure function of (seed, n)."""
+        return self.packed(split, seq_len).batches(batch_size, seed, start_step,
+                                                   process_index, process_count)
+
+    def train_batches(self, batch_size: int, seed: int = 0, start_step: int = 0,
+                      process_index: int = 0, process_count: int = 1):
+        """`batches` of the train split: what the training loop reads."""
+        return self.batches("train", batch_size, None, seed, start_step,
+                            process_index, process_count)
+
+    def eval_batches(self, batch_size: int, split: str = "validation",
+                     process_index: int = 0, process_count: int = 1):
+        """One ordered, unshuffled pass over a split (see PackedTokens.eval_batches)."""
+        return self.packed(split).eval_batches(batch_size, process_index, process_count)
+
+
+
+class TextData(TokenData):
     """A dataset ready to train on: tokenizer, cached token streams, batches.
 
     Attributes:
@@ -640,46 +699,6 @@ class TextData:
             os.replace(tmp, meta)
         self._tokens[split] = np.load(npy, mmap_mode="r")
         self.stats[split] = json.loads(meta.read_text())
-
-    def tokens(self, split: str = "train") -> np.ndarray:
-        """The split's whole token stream, [T] (memory-mapped)."""
-        return self._tokens[split]
-
-    def num_tokens(self, split: str = "train") -> int:
-        return self.stats[split]["tokens"]
-
-    @property
-    def chars_per_token(self) -> float:
-        """Training characters per token (EOS counted as a token, with no
-        characters): bits/char = bits/token / chars_per_token."""
-        return self.stats["train"]["chars"] / max(self.stats["train"]["tokens"], 1)
-
-    def unigram_entropy_bits(self, split: str = "train") -> float:
-        """Entropy of the split's token frequencies, bits per token."""
-        return unigram_entropy_bits(self._tokens[split], self.tokenizer.vocab_size)
-
-    def packed(self, split: str, seq_len: int | None = None) -> PackedTokens:
-        key = (split, int(seq_len or self.seq_len))
-        if key not in self._packed:
-            self._packed[key] = PackedTokens(self._tokens[split], key[1])
-        return self._packed[key]
-
-    def batches(self, split: str = "train", batch_size: int = 8, seq_len: int | None = None,
-                seed: int = 0, start_step: int = 0, process_index: int = 0,
-                process_count: int = 1) -> Iterator[np.ndarray]:
-        """Endless shuffled int32[b, L] batches; batch n a pure function of (seed, n)."""
-        return self.packed(split, seq_len).batches(batch_size, seed, start_step,
-                                                   process_index, process_count)
-
-    def train_batches(self, batch_size: int, seed: int = 0, start_step: int = 0,
-                      process_index: int = 0, process_count: int = 1):
-        return self.batches("train", batch_size, None, seed, start_step,
-                            process_index, process_count)
-
-    def eval_batches(self, batch_size: int, split: str = "validation",
-                     process_index: int = 0, process_count: int = 1):
-        """One ordered, unshuffled pass over a split (see PackedTokens.eval_batches)."""
-        return self.packed(split).eval_batches(batch_size, process_index, process_count)
 
 
 def _cfg(config, key: str, default: Any) -> Any:

@@ -29,9 +29,10 @@ Letters: V vocabulary, k order, C = V^k contexts, L sequence length, B batch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
 
 import numpy as np
+
+from sedd.data import TokenData
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,8 +207,8 @@ class MarkovTokenizer:
         return {"name": self.name, "vocab_size": self.vocab_size}
 
 
-class MarkovData:
-    """A Markov chain as a dataset with the interface of ``sedd.data.TextData``.
+class MarkovData(TokenData):
+    """A Markov chain as a ``sedd.data.TokenData`` (the interface of text datasets).
 
     Splits are stationary streams drawn with split-specific seeds, so validation
     never overlaps training. Batches go through ``sedd.data.PackedTokens``
@@ -223,8 +224,6 @@ class MarkovData:
     STREAM = True
 
     def __init__(self, chain: MarkovChain, seq_len: int, num_tokens: int = 1_000_000):
-        from sedd.data import PackedTokens  # data imports this module lazily
-
         self.chain, self.seq_len = chain, int(seq_len)
         self.tokenizer = MarkovTokenizer(chain.vocab_size)
         held = max(num_tokens // 20, 64 * self.seq_len)
@@ -232,44 +231,7 @@ class MarkovData:
         self.splits = list(sizes)
         self._tokens = {s: chain.sample_stream(n, seed=i) for i, (s, n) in enumerate(sizes.items())}
         self.stats = {s: {"documents": 1, "chars": len(t), "tokens": len(t)} for s, t in self._tokens.items()}
-        self._packed_cls = PackedTokens
-        self._packed: dict = {}
-
-    # --- the TextData interface
-
-    def tokens(self, split: str = "train") -> np.ndarray:
-        return self._tokens[split]
-
-    def num_tokens(self, split: str = "train") -> int:
-        return self.stats[split]["tokens"]
-
-    @property
-    def chars_per_token(self) -> float:
-        return 1.0
-
-    def unigram_entropy_bits(self, split: str = "train") -> float:
-        from sedd.data import unigram_entropy_bits
-
-        return unigram_entropy_bits(self._tokens[split], self.tokenizer.vocab_size)
-
-    def packed(self, split: str, seq_len: int | None = None):
-        key = (split, int(seq_len or self.seq_len))
-        if key not in self._packed:
-            self._packed[key] = self._packed_cls(self._tokens[split], key[1])
-        return self._packed[key]
-
-    def batches(self, split: str = "train", batch_size: int = 8, seq_len: int | None = None,
-                seed: int = 0, start_step: int = 0, process_index: int = 0,
-                process_count: int = 1) -> Iterator[np.ndarray]:
-        return self.packed(split, seq_len).batches(batch_size, seed, start_step, process_index, process_count)
-
-    def train_batches(self, batch_size: int, seed: int = 0, start_step: int = 0,
-                      process_index: int = 0, process_count: int = 1):
-        return self.batches("train", batch_size, None, seed, start_step, process_index, process_count)
-
-    def eval_batches(self, batch_size: int, split: str = "validation",
-                     process_index: int = 0, process_count: int = 1):
-        return self.packed(split).eval_batches(batch_size, process_index, process_count)
+        self._packed = {}
 
     # --- exact figures of the law
 

@@ -49,6 +49,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sedd.graphs import log_expm1  # one stable log(e^sigma - 1) for the package
+
 Array = jax.Array
 
 # Width of the sinusoidal sigma embedding, as in the original.
@@ -60,14 +62,14 @@ LN_EPS = 1e-5
 
 
 def _part(init, names: tuple[str, ...]):
-  """Attaches logical axis names to an initializer without sharding eagerly.
+    """Attaches logical axis names to an initializer without sharding eagerly.
 
-  Eager sharding would need a mesh (and rules mapping these logical names onto
-  it) at construction time; keeping the names as metadata lets the same model
-  build unsharded on one CPU and be placed on a mesh later by
-  `jax.jit(..., out_shardings=...)`.
-  """
-  return nnx.with_partitioning(init, names, eager_sharding=False)
+    Eager sharding would need a mesh (and rules mapping these logical names onto
+    it) at construction time; keeping the names as metadata lets the same model
+    build unsharded on one CPU and be placed on a mesh later by
+    `jax.jit(..., out_shardings=...)`.
+    """
+    return nnx.with_partitioning(init, names, eager_sharding=False)
 
 
 # torch's default nn.Linear / nn.Embedding-with-kaiming_uniform(a=sqrt(5)) init,
@@ -88,452 +90,448 @@ def _linear(
     dtype: Any = jnp.float32,
     rngs: nnx.Rngs,
 ) -> nnx.Linear:
-  """A float32-parameter Linear layer with logical axis names on its kernel and bias."""
-  return nnx.Linear(
-      n_in,
-      n_out,
-      use_bias=use_bias,
-      dtype=dtype,
-      param_dtype=jnp.float32,
-      kernel_init=_part(_zeros if zero else _torch_like, names),
-      bias_init=_part(_zeros, (names[1],)),
-      rngs=rngs,
-  )
+    """A float32-parameter Linear layer with logical axis names on its kernel and bias."""
+    return nnx.Linear(
+        n_in,
+        n_out,
+        use_bias=use_bias,
+        dtype=dtype,
+        param_dtype=jnp.float32,
+        kernel_init=_part(_zeros if zero else _torch_like, names),
+        bias_init=_part(_zeros, (names[1],)),
+        rngs=rngs,
+    )
 
 
 def _layer_norm(h: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
-  """Weight-only LayerNorm computed in float32 (the original has no bias)."""
-  return nnx.LayerNorm(
-      h,
-      epsilon=LN_EPS,
-      use_bias=False,
-      use_scale=True,
-      dtype=jnp.float32,
-      param_dtype=jnp.float32,
-      scale_init=_part(_ones, ("embed",)),
-      rngs=rngs,
-  )
+    """Weight-only LayerNorm computed in float32 (the original has no bias)."""
+    return nnx.LayerNorm(
+        h,
+        epsilon=LN_EPS,
+        use_bias=False,
+        use_scale=True,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        scale_init=_part(_ones, ("embed",)),
+        rngs=rngs,
+    )
 
 
 def modulate(x: Array, shift: Array, scale: Array) -> Array:
-  """adaLN modulation of Peebles & Xie 2023: x (1 + scale) + shift.
+    """adaLN modulation of Peebles & Xie 2023: x (1 + scale) + shift.
 
-  Args:
-    x: float[B, L, H] normalised activations.
-    shift: float[B, H].
-    scale: float[B, H].
-  Returns:
-    float[B, L, H]; the identity when shift = scale = 0, so a zero-initialised
-    adaLN layer starts every block as a plain pre-LN block.
-  """
-  return x * (1.0 + scale[:, None, :]) + shift[:, None, :]
+    Args:
+      x: float[B, L, H] normalised activations.
+      shift: float[B, H].
+      scale: float[B, H].
+    Returns:
+      float[B, L, H]; the identity when shift = scale = 0, so a zero-initialised
+      adaLN layer starts every block as a plain pre-LN block.
+    """
+    return x * (1.0 + scale[:, None, :]) + shift[:, None, :]
 
 
 def timestep_embedding(sigma: Array, dim: int = FREQ_DIM, max_period: float = 10000.0) -> Array:
-  """Sinusoidal embedding of the noise level (DiT's timestep embedding).
+    """Sinusoidal embedding of the noise level (DiT's timestep embedding).
 
-  emb = [cos(sigma w_0), ..., cos(sigma w_{F/2-1}), sin(sigma w_0), ..., sin(sigma w_{F/2-1})],
-  w_k = max_period^{-k / (F/2)}; cos comes before sin, as in the original.
+    emb = [cos(sigma w_0), ..., cos(sigma w_{F/2-1}), sin(sigma w_0), ..., sin(sigma w_{F/2-1})],
+    w_k = max_period^{-k / (F/2)}; cos comes before sin, as in the original.
 
-  Args:
-    sigma: float[B] total noise levels.
-    dim: F, the (even) embedding width.
-    max_period: the longest period of the sinusoids.
-  Returns:
-    float32[B, F].
-  """
-  half = dim // 2
-  freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / half)  # (F/2,)
-  args = sigma.astype(jnp.float32)[:, None] * freqs[None, :]  # (B, F/2)
-  return jnp.concatenate([jnp.cos(args), jnp.sin(args)], axis=-1)  # (B, F)
+    Args:
+      sigma: float[B] total noise levels.
+      dim: F, the (even) embedding width.
+      max_period: the longest period of the sinusoids.
+    Returns:
+      float32[B, F].
+    """
+    half = dim // 2
+    freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / half)  # (F/2,)
+    args = sigma.astype(jnp.float32)[:, None] * freqs[None, :]  # (B, F/2)
+    return jnp.concatenate([jnp.cos(args), jnp.sin(args)], axis=-1)  # (B, F)
 
 
 def apply_rotary(x: Array, positions: Array, base: float = ROTARY_BASE) -> Array:
-  """Rotary position embedding (Su et al. 2021, RoFormer), half-split layout.
+    """Rotary position embedding (Su et al. 2021, RoFormer), half-split layout.
 
-  Channel j is paired with channel j + K/2 and the pair is rotated by the angle
-  p theta_j, theta_j = base^{-2j/K}, at position p:
-    (x_j, x_{j+K/2}) -> (x_j cos - x_{j+K/2} sin, x_{j+K/2} cos + x_j sin).
-  Because R(m)^T R(n) = R(n - m), the score <R(m) q, R(n) k> depends on the
-  positions only through n - m. The half-split layout (rather than interleaved
-  pairs) matches the original's weights.
+    Channel j is paired with channel j + K/2 and the pair is rotated by the angle
+    p theta_j, theta_j = base^{-2j/K}, at position p:
+      (x_j, x_{j+K/2}) -> (x_j cos - x_{j+K/2} sin, x_{j+K/2} cos + x_j sin).
+    Because R(m)^T R(n) = R(n - m), the score <R(m) q, R(n) k> depends on the
+    positions only through n - m. The half-split layout (rather than interleaved
+    pairs) matches the original's weights.
 
-  Args:
-    x: float[B, L, N, K] queries or keys, K even.
-    positions: int or float[L] position of each row.
-    base: the rotary base.
-  Returns:
-    float32[B, L, N, K], rotated.
-  """
-  k = x.shape[-1]
-  half = k // 2
-  inv_freq = 1.0 / (base ** (jnp.arange(half, dtype=jnp.float32) * 2.0 / k))  # (K/2,)
-  angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]  # (L, K/2)
-  cos = jnp.cos(angles)[None, :, None, :]  # (1, L, 1, K/2)
-  sin = jnp.sin(angles)[None, :, None, :]  # (1, L, 1, K/2)
-  x = x.astype(jnp.float32)
-  x1, x2 = x[..., :half], x[..., half:]  # (B, L, N, K/2) each
-  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)  # (B, L, N, K)
-
-
-def log_expm1(sigma: Array) -> Array:
-  """log(e^sigma - 1), finite and accurate for sigma in [1e-6, large].
-
-  Below 0.5, log(expm1(sigma)) is accurate (expm1 keeps the small difference);
-  above, sigma + log(-expm1(-sigma)) = sigma + log(1 - e^-sigma) avoids
-  overflowing e^sigma. Each branch sees a clipped input so that the unused one
-  cannot produce inf/NaN, which would leak into gradients through jnp.where.
-
-  Args:
-    sigma: float[...] positive noise levels.
-  Returns:
-    float32[...].
-  """
-  sigma = sigma.astype(jnp.float32)
-  small = jnp.minimum(sigma, 0.5)
-  large = jnp.maximum(sigma, 0.5)
-  return jnp.where(sigma < 0.5, jnp.log(jnp.expm1(small)), large + jnp.log(-jnp.expm1(-large)))
+    Args:
+      x: float[B, L, N, K] queries or keys, K even.
+      positions: int or float[L] position of each row.
+      base: the rotary base.
+    Returns:
+      float32[B, L, N, K], rotated.
+    """
+    k = x.shape[-1]
+    half = k // 2
+    inv_freq = 1.0 / (base ** (jnp.arange(half, dtype=jnp.float32) * 2.0 / k))  # (K/2,)
+    angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]  # (L, K/2)
+    cos = jnp.cos(angles)[None, :, None, :]  # (1, L, 1, K/2)
+    sin = jnp.sin(angles)[None, :, None, :]  # (1, L, 1, K/2)
+    x = x.astype(jnp.float32)
+    x1, x2 = x[..., :half], x[..., half:]  # (B, L, N, K/2) each
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)  # (B, L, N, K)
 
 
 class TimestepEmbedder(nnx.Module):
-  """sigma -> cond: sinusoidal(F) -> Linear(F, C) -> SiLU -> Linear(C, C).
+    """sigma -> cond: sinusoidal(F) -> Linear(F, C) -> SiLU -> Linear(C, C).
 
-  Args:
-    cond_dim: C.
-    dtype: compute dtype of the two matmuls.
-    rngs: parameter initialisation keys.
-  """
+    Args:
+      cond_dim: C.
+      dtype: compute dtype of the two matmuls.
+      rngs: parameter initialisation keys.
+    """
 
-  def __init__(self, cond_dim: int, *, dtype: Any = jnp.float32, rngs: nnx.Rngs):
-    self.fc1 = _linear(FREQ_DIM, cond_dim, ("freq", "cond"), dtype=dtype, rngs=rngs)
-    # One logical name per spec: a mesh axis may shard only one dimension.
-    self.fc2 = _linear(cond_dim, cond_dim, (None, "cond"), dtype=dtype, rngs=rngs)
+    def __init__(self, cond_dim: int, *, dtype: Any = jnp.float32, rngs: nnx.Rngs):
+        self.fc1 = _linear(FREQ_DIM, cond_dim, ("freq", "cond"), dtype=dtype, rngs=rngs)
+        # One logical name per spec: a mesh axis may shard only one dimension.
+        self.fc2 = _linear(cond_dim, cond_dim, (None, "cond"), dtype=dtype, rngs=rngs)
 
-  def __call__(self, sigma: Array) -> Array:
-    """Args: sigma float[B]. Returns: float32[B, C]."""
-    h = self.fc1(timestep_embedding(sigma))  # (B, C)
-    h = self.fc2(jax.nn.silu(h))  # (B, C)
-    return h.astype(jnp.float32)
+    def __call__(self, sigma: Array) -> Array:
+        """Args: sigma float[B]. Returns: float32[B, C]."""
+        h = self.fc1(timestep_embedding(sigma))  # (B, C)
+        h = self.fc2(jax.nn.silu(h))  # (B, C)
+        return h.astype(jnp.float32)
 
 
 class DDiTBlock(nnx.Module):
-  """One adaLN-modulated transformer block (Peebles & Xie 2023), rotary attention.
-
-  Args:
-    hidden_size: H.
-    n_heads: N; K = H / N must be even for rotary.
-    cond_dim: C.
-    mlp_ratio: MLP hidden width as a multiple of H.
-    dropout: dropout rate on both residual branches.
-    causal: causal self-attention (for an autoregressive baseline).
-    dtype: compute dtype of matmuls and attention.
-    rngs: parameter keys and the 'dropout' stream.
-  """
-
-  def __init__(
-      self,
-      hidden_size: int,
-      n_heads: int,
-      cond_dim: int,
-      *,
-      mlp_ratio: int = 4,
-      dropout: float = 0.1,
-      causal: bool = False,
-      dtype: Any = jnp.float32,
-      rngs: nnx.Rngs,
-  ):
-    h = hidden_size
-    self.n_heads = n_heads
-    self.head_dim = h // n_heads
-    self.causal = causal
-    self.dtype = dtype
-    self.norm1 = _layer_norm(h, rngs)
-    # Packed as (3, N, K) along the output axis, the original's layout.
-    self.attn_qkv = _linear(h, 3 * h, ("embed", "qkv"), use_bias=False, dtype=dtype, rngs=rngs)
-    self.attn_out = _linear(h, h, ("heads", "embed"), use_bias=False, dtype=dtype, rngs=rngs)
-    self.norm2 = _layer_norm(h, rngs)
-    self.mlp_in = _linear(h, mlp_ratio * h, ("embed", "mlp"), dtype=dtype, rngs=rngs)
-    self.mlp_out = _linear(mlp_ratio * h, h, ("mlp", "embed"), dtype=dtype, rngs=rngs)
-    # Zero init makes every block the identity map at start (gates are 0),
-    # the "adaLN-Zero" choice of Peebles & Xie 2023.
-    self.adaLN_modulation = _linear(cond_dim, 6 * h, ("cond", "adaln"), zero=True, dtype=dtype, rngs=rngs)
-    # deterministic=True: a fresh model is in eval mode; `model.train()` flips it.
-    self.dropout1 = nnx.Dropout(dropout, deterministic=True, rngs=rngs)
-    self.dropout2 = nnx.Dropout(dropout, deterministic=True, rngs=rngs)
-
-  def __call__(
-      self,
-      x: Array,
-      c: Array,
-      *,
-      deterministic: bool | None = None,
-      rngs: nnx.Rngs | None = None,
-  ) -> Array:
-    """Applies the block.
+    """One adaLN-modulated transformer block (Peebles & Xie 2023), rotary attention.
 
     Args:
-      x: float32[B, L, H] residual stream.
-      c: float32[B, C] conditioning (already passed through SiLU).
-      deterministic: disable dropout; None follows the module's train/eval mode.
-      rngs: optional 'dropout' keys overriding the stored stream.
-    Returns:
-      float32[B, L, H].
+      hidden_size: H.
+      n_heads: N; K = H / N must be even for rotary.
+      cond_dim: C.
+      mlp_ratio: MLP hidden width as a multiple of H.
+      dropout: dropout rate on both residual branches.
+      causal: causal self-attention (for an autoregressive baseline).
+      dtype: compute dtype of matmuls and attention.
+      rngs: parameter keys and the 'dropout' stream.
     """
-    b, l, h = x.shape
-    mod = self.adaLN_modulation(c).astype(jnp.float32)  # (B, 6H)
-    shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = jnp.split(mod, 6, axis=-1)  # 6 x (B, H)
 
-    y = modulate(self.norm1(x.astype(jnp.float32)), shift_a, scale_a)  # (B, L, H)
-    qkv = self.attn_qkv(y.astype(self.dtype))  # (B, L, 3H)
-    qkv = qkv.reshape(b, l, 3, self.n_heads, self.head_dim)  # (B, L, 3, N, K)
-    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # (B, L, N, K) each
-    pos = jnp.arange(l)
-    q = apply_rotary(q, pos).astype(self.dtype)  # (B, L, N, K)
-    k = apply_rotary(k, pos).astype(self.dtype)  # (B, L, N, K)
-    att = jax.nn.dot_product_attention(q, k, v, is_causal=self.causal)  # (B, L, N, K)
-    att = self.attn_out(att.reshape(b, l, h))  # (B, L, H)
-    att = self.dropout1(att, deterministic=deterministic, rngs=rngs).astype(jnp.float32)
-    x = x + gate_a[:, None, :] * att  # (B, L, H)
+    def __init__(
+        self,
+        hidden_size: int,
+        n_heads: int,
+        cond_dim: int,
+        *,
+        mlp_ratio: int = 4,
+        dropout: float = 0.1,
+        causal: bool = False,
+        dtype: Any = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        h = hidden_size
+        self.n_heads = n_heads
+        self.head_dim = h // n_heads
+        self.causal = causal
+        self.dtype = dtype
+        self.norm1 = _layer_norm(h, rngs)
+        # Packed as (3, N, K) along the output axis, the original's layout.
+        self.attn_qkv = _linear(h, 3 * h, ("embed", "qkv"), use_bias=False, dtype=dtype, rngs=rngs)
+        self.attn_out = _linear(h, h, ("heads", "embed"), use_bias=False, dtype=dtype, rngs=rngs)
+        self.norm2 = _layer_norm(h, rngs)
+        self.mlp_in = _linear(h, mlp_ratio * h, ("embed", "mlp"), dtype=dtype, rngs=rngs)
+        self.mlp_out = _linear(mlp_ratio * h, h, ("mlp", "embed"), dtype=dtype, rngs=rngs)
+        # Zero init makes every block the identity map at start (gates are 0),
+        # the "adaLN-Zero" choice of Peebles & Xie 2023.
+        self.adaLN_modulation = _linear(cond_dim, 6 * h, ("cond", "adaln"), zero=True, dtype=dtype, rngs=rngs)
+        # deterministic=True: a fresh model is in eval mode; `model.train()` flips it.
+        self.dropout1 = nnx.Dropout(dropout, deterministic=True, rngs=rngs)
+        self.dropout2 = nnx.Dropout(dropout, deterministic=True, rngs=rngs)
 
-    y = modulate(self.norm2(x), shift_m, scale_m)  # (B, L, H)
-    y = self.mlp_in(y.astype(self.dtype))  # (B, L, mlp_ratio H)
-    y = self.mlp_out(jax.nn.gelu(y, approximate=True))  # (B, L, H)
-    y = self.dropout2(y, deterministic=deterministic, rngs=rngs).astype(jnp.float32)
-    return x + gate_m[:, None, :] * y  # (B, L, H)
+    def __call__(
+        self,
+        x: Array,
+        c: Array,
+        *,
+        deterministic: bool | None = None,
+        rngs: nnx.Rngs | None = None,
+    ) -> Array:
+        """Applies the block.
+
+        Args:
+          x: float32[B, L, H] residual stream.
+          c: float32[B, C] conditioning (already passed through SiLU).
+          deterministic: disable dropout; None follows the module's train/eval mode.
+          rngs: optional 'dropout' keys overriding the stored stream.
+        Returns:
+          float32[B, L, H].
+        """
+        b, l, h = x.shape
+        mod = self.adaLN_modulation(c).astype(jnp.float32)  # (B, 6H)
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = jnp.split(mod, 6, axis=-1)  # 6 x (B, H)
+
+        y = modulate(self.norm1(x.astype(jnp.float32)), shift_a, scale_a)  # (B, L, H)
+        qkv = self.attn_qkv(y.astype(self.dtype))  # (B, L, 3H)
+        qkv = qkv.reshape(b, l, 3, self.n_heads, self.head_dim)  # (B, L, 3, N, K)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # (B, L, N, K) each
+        pos = jnp.arange(l)
+        q = apply_rotary(q, pos).astype(self.dtype)  # (B, L, N, K)
+        k = apply_rotary(k, pos).astype(self.dtype)  # (B, L, N, K)
+        att = jax.nn.dot_product_attention(q, k, v, is_causal=self.causal)  # (B, L, N, K)
+        att = self.attn_out(att.reshape(b, l, h))  # (B, L, H)
+        att = self.dropout1(att, deterministic=deterministic, rngs=rngs).astype(jnp.float32)
+        x = x + gate_a[:, None, :] * att  # (B, L, H)
+
+        y = modulate(self.norm2(x), shift_m, scale_m)  # (B, L, H)
+        y = self.mlp_in(y.astype(self.dtype))  # (B, L, mlp_ratio H)
+        y = self.mlp_out(jax.nn.gelu(y, approximate=True))  # (B, L, H)
+        y = self.dropout2(y, deterministic=deterministic, rngs=rngs).astype(jnp.float32)
+        return x + gate_m[:, None, :] * y  # (B, L, H)
 
 
 class FinalLayer(nnx.Module):
-  """LayerNorm, adaLN (shift, scale) and a zero-initialised projection to D.
+    """LayerNorm, adaLN (shift, scale) and a zero-initialised projection to D.
 
-  Args:
-    hidden_size: H.
-    out_dim: D.
-    cond_dim: C.
-    dtype: compute dtype of the matmuls.
-    rngs: parameter keys.
-  """
+    Args:
+      hidden_size: H.
+      out_dim: D.
+      cond_dim: C.
+      dtype: compute dtype of the matmuls.
+      rngs: parameter keys.
+    """
 
-  def __init__(self, hidden_size: int, out_dim: int, cond_dim: int, *, dtype: Any = jnp.float32, rngs: nnx.Rngs):
-    self.norm_final = _layer_norm(hidden_size, rngs)
-    self.adaLN_modulation = _linear(cond_dim, 2 * hidden_size, ("cond", "adaln"), zero=True, dtype=dtype, rngs=rngs)
-    # Zero init: the network starts with output 0, so the log-score starts at
-    # the scale-by-sigma prior alone (see DDiT.__call__).
-    self.linear = _linear(hidden_size, out_dim, ("embed", "vocab"), zero=True, dtype=dtype, rngs=rngs)
-    self.dtype = dtype
+    def __init__(
+        self, hidden_size: int, out_dim: int, cond_dim: int, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
+    ):
+        self.norm_final = _layer_norm(hidden_size, rngs)
+        self.adaLN_modulation = _linear(
+            cond_dim, 2 * hidden_size, ("cond", "adaln"), zero=True, dtype=dtype, rngs=rngs
+        )
+        # Zero init: the network starts with output 0, so the log-score starts at
+        # the scale-by-sigma prior alone (see DDiT.__call__).
+        self.linear = _linear(hidden_size, out_dim, ("embed", "vocab"), zero=True, dtype=dtype, rngs=rngs)
+        self.dtype = dtype
 
-  def __call__(self, x: Array, c: Array) -> Array:
-    """Args: x float32[B, L, H]; c float32[B, C]. Returns: float32[B, L, D]."""
-    mod = self.adaLN_modulation(c).astype(jnp.float32)  # (B, 2H)
-    shift, scale = jnp.split(mod, 2, axis=-1)  # 2 x (B, H)
-    y = modulate(self.norm_final(x.astype(jnp.float32)), shift, scale)  # (B, L, H)
-    return self.linear(y.astype(self.dtype)).astype(jnp.float32)  # (B, L, D)
+    def __call__(self, x: Array, c: Array) -> Array:
+        """Args: x float32[B, L, H]; c float32[B, C]. Returns: float32[B, L, D]."""
+        mod = self.adaLN_modulation(c).astype(jnp.float32)  # (B, 2H)
+        shift, scale = jnp.split(mod, 2, axis=-1)  # 2 x (B, H)
+        y = modulate(self.norm_final(x.astype(jnp.float32)), shift, scale)  # (B, L, H)
+        return self.linear(y.astype(self.dtype)).astype(jnp.float32)  # (B, L, D)
 
 
 class DDiT(nnx.Module):
-  """SEDD's diffusion transformer: (x_t int32[B, L], sigma float[B]) -> log-score float32[B, L, D].
-
-  Args:
-    vocab_size: number of real tokens V.
-    hidden_size: H.
-    n_blocks: number of transformer blocks.
-    n_heads: N; H must be divisible by N and K = H / N even (rotary pairs channels).
-    cond_dim: C, width of the sigma conditioning.
-    mlp_ratio: MLP hidden width as a multiple of H.
-    dropout: dropout rate on the residual branches (active only in training).
-    max_len: longest accepted sequence. Rotary needs no table; the check catches
-      configuration mistakes at trace time.
-    absorbing: True for the absorbing graph: D = V + 1 and the mask id is V.
-      False for the uniform graph: D = V.
-    scale_by_sigma: for the absorbing graph, subtract log(e^sigma - 1) + log(D - 1)
-      from the output (SEDD Sec. 5 / App. C.1, "scale by sigma"); ignored for
-      the uniform graph.
-    causal: causal self-attention (autoregressive baseline).
-    time_conditioning: if False there is no sigma embedding and the adaLN layers
-      read a zero conditioning vector, so their outputs are their (learned)
-      biases: shift, scale and gate become learned per-channel constants and the
-      blocks are plain pre-LN blocks. sigma may then be None (it is still
-      required when scale_by_sigma applies).
-    dtype: compute dtype (bfloat16 on accelerators); parameters are float32.
-    rngs: nnx.Rngs with a 'params' stream (or default) and a 'dropout' stream
-      (or default).
-  """
-
-  def __init__(
-      self,
-      *,
-      vocab_size: int,
-      hidden_size: int,
-      n_blocks: int,
-      n_heads: int,
-      cond_dim: int = 128,
-      mlp_ratio: int = 4,
-      dropout: float = 0.1,
-      max_len: int = 1024,
-      absorbing: bool,
-      scale_by_sigma: bool = True,
-      causal: bool = False,
-      time_conditioning: bool = True,
-      dtype: Any = jnp.float32,
-      rngs: nnx.Rngs,
-  ):
-    if hidden_size % n_heads != 0:
-      raise ValueError(
-          f"hidden_size={hidden_size} must be divisible by n_heads={n_heads}.")
-    head_dim = hidden_size // n_heads
-    if head_dim % 2 != 0:
-      raise ValueError(
-          f"head_dim = hidden_size / n_heads = {hidden_size} / {n_heads} = {head_dim} "
-          "must be even: rotary embedding rotates channel pairs.")
-    if vocab_size < 1:
-      raise ValueError(f"vocab_size={vocab_size} must be >= 1.")
-    if not 0.0 <= dropout < 1.0:
-      raise ValueError(f"dropout={dropout} must be in [0, 1).")
-
-    self.vocab_size = vocab_size
-    self.out_dim = vocab_size + 1 if absorbing else vocab_size
-    self.hidden_size = hidden_size
-    self.n_heads = n_heads
-    self.max_len = max_len
-    self.absorbing = absorbing
-    self.scale_by_sigma = scale_by_sigma
-    self.causal = causal
-    self.time_conditioning = time_conditioning
-    self.cond_dim = cond_dim
-    self.dtype = dtype
-
-    # D rows: the mask token of the absorbing graph needs an embedding too.
-    # Scaled like torch's kaiming_uniform on the [D, H] table (fan_in = H), as
-    # in the original.
-    emb_init = nnx.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform", in_axis=-1, out_axis=-2)
-    self.vocab_embed = nnx.Embed(
-        self.out_dim,
-        hidden_size,
-        dtype=jnp.float32,
-        param_dtype=jnp.float32,
-        embedding_init=_part(emb_init, ("vocab", "embed")),
-        rngs=rngs,
-    )
-    self.sigma_map = TimestepEmbedder(cond_dim, dtype=dtype, rngs=rngs) if time_conditioning else None
-    self.blocks = nnx.List([
-        DDiTBlock(hidden_size, n_heads, cond_dim, mlp_ratio=mlp_ratio, dropout=dropout,
-                  causal=causal, dtype=dtype, rngs=rngs)
-        for _ in range(n_blocks)
-    ])
-    self.output_layer = FinalLayer(hidden_size, self.out_dim, cond_dim, dtype=dtype, rngs=rngs)
-
-  def _check_inputs(self, x: Array, sigma: Array | None) -> None:
-    """Trace-time checks of static shapes (values cannot be checked under jit)."""
-    if x.ndim != 2:
-      raise ValueError(f"x must be 2-D int[B, L]; got shape {x.shape}.")
-    if not jnp.issubdtype(x.dtype, jnp.integer):
-      raise ValueError(f"x must hold integer token ids; got dtype {x.dtype}.")
-    b, l = x.shape
-    if l > self.max_len:
-      raise ValueError(f"sequence length L={l} exceeds max_len={self.max_len}.")
-    needs_sigma = self.time_conditioning or (self.absorbing and self.scale_by_sigma)
-    if sigma is None:
-      if needs_sigma:
-        raise ValueError(
-            "sigma is None but the model needs it (time_conditioning="
-            f"{self.time_conditioning}, absorbing={self.absorbing}, "
-            f"scale_by_sigma={self.scale_by_sigma}).")
-      return
-    if jnp.shape(sigma) != (b,):
-      raise ValueError(f"sigma must have shape [B] = ({b},); got shape {jnp.shape(sigma)}.")
-
-  def network_output(
-      self,
-      x: Array,
-      sigma: Array | None,
-      *,
-      deterministic: bool | None = None,
-      rngs: nnx.Rngs | Array | None = None,
-  ) -> Array:
-    """The raw output of the final layer, before log-score post-processing.
-
-    An autoregressive baseline (causal=True, time_conditioning=False) reads
-    this as next-token logits.
+    """SEDD's diffusion transformer: (x_t int32[B, L], sigma float[B]) -> log-score float32[B, L, D].
 
     Args:
-      x: int[B, L] token ids in [0, D).
-      sigma: float[B] total noise, or None when not time-conditioned.
-      deterministic: disable dropout; None follows the module's train/eval
-        mode (eval for a fresh model).
-      rngs: dropout keys: an nnx.Rngs or a jax key; None uses the stream given
-        at construction.
-    Returns:
-      float32[B, L, D].
+      vocab_size: number of real tokens V.
+      hidden_size: H.
+      n_blocks: number of transformer blocks.
+      n_heads: N; H must be divisible by N and K = H / N even (rotary pairs channels).
+      cond_dim: C, width of the sigma conditioning.
+      mlp_ratio: MLP hidden width as a multiple of H.
+      dropout: dropout rate on the residual branches (active only in training).
+      max_len: longest accepted sequence. Rotary needs no table; the check catches
+        configuration mistakes at trace time.
+      absorbing: True for the absorbing graph: D = V + 1 and the mask id is V.
+        False for the uniform graph: D = V.
+      scale_by_sigma: for the absorbing graph, subtract log(e^sigma - 1) + log(D - 1)
+        from the output (SEDD Sec. 5 / App. C.1, "scale by sigma"); ignored for
+        the uniform graph.
+      causal: causal self-attention (autoregressive baseline).
+      time_conditioning: if False there is no sigma embedding and the adaLN layers
+        read a zero conditioning vector, so their outputs are their (learned)
+        biases: shift, scale and gate become learned per-channel constants and the
+        blocks are plain pre-LN blocks. sigma may then be None (it is still
+        required when scale_by_sigma applies).
+      dtype: compute dtype (bfloat16 on accelerators); parameters are float32.
+      rngs: nnx.Rngs with a 'params' stream (or default) and a 'dropout' stream
+        (or default).
     """
-    self._check_inputs(x, sigma)
-    if rngs is not None and not isinstance(rngs, nnx.Rngs):
-      # One key for all layers would give every dropout the same mask; an Rngs
-      # hands each call its own fold of the key.
-      rngs = nnx.Rngs(dropout=rngs)
-    b = x.shape[0]
-    h = self.vocab_embed(x).astype(jnp.float32)  # (B, L, H)
-    if self.sigma_map is not None:
-      c = jax.nn.silu(self.sigma_map(jnp.asarray(sigma)))  # (B, C)
-    else:
-      c = jnp.zeros((b, self.cond_dim), jnp.float32)  # (B, C)
-    for block in self.blocks:
-      h = block(h, c, deterministic=deterministic, rngs=rngs)  # (B, L, H)
-    return self.output_layer(h, c)  # (B, L, D)
 
-  def __call__(
-      self,
-      x: Array,
-      sigma: Array | None,
-      *,
-      deterministic: bool | None = None,
-      rngs: nnx.Rngs | Array | None = None,
-  ) -> Array:
-    """Log-score of the reverse process.
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        hidden_size: int,
+        n_blocks: int,
+        n_heads: int,
+        cond_dim: int = 128,
+        mlp_ratio: int = 4,
+        dropout: float = 0.1,
+        max_len: int = 1024,
+        absorbing: bool,
+        scale_by_sigma: bool = True,
+        causal: bool = False,
+        time_conditioning: bool = True,
+        dtype: Any = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        if hidden_size % n_heads != 0:
+            raise ValueError(f"hidden_size={hidden_size} must be divisible by n_heads={n_heads}.")
+        head_dim = hidden_size // n_heads
+        if head_dim % 2 != 0:
+            raise ValueError(
+                f"head_dim = hidden_size / n_heads = {hidden_size} / {n_heads} = {head_dim} "
+                "must be even: rotary embedding rotates channel pairs."
+            )
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size={vocab_size} must be >= 1.")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout={dropout} must be in [0, 1).")
 
-    For the absorbing graph with scale_by_sigma (SEDD Sec. 5, App. C.1):
-      log s[l, y] = out[l, y] - log(e^sigma - 1) - log(D - 1),   y != x_l,
-    so at initialisation (out = 0) a masked position has
-      sum_{y != mask} s[l, y] = 1 / (e^sigma - 1),
-    the exact total ratio sum_y p_sigma(y) / p_sigma(mask) at a masked position
-    of a data point (whose survival probability is e^-sigma); the network then
-    only learns how that mass is shared among tokens. In every case
-    log s[l, x_l] = 0, the ratio of a state to itself.
+        self.vocab_size = vocab_size
+        self.out_dim = vocab_size + 1 if absorbing else vocab_size
+        self.hidden_size = hidden_size
+        self.n_heads = n_heads
+        self.max_len = max_len
+        self.absorbing = absorbing
+        self.scale_by_sigma = scale_by_sigma
+        self.causal = causal
+        self.time_conditioning = time_conditioning
+        self.cond_dim = cond_dim
+        self.dtype = dtype
 
-    Args:
-      x: int[B, L] token ids in [0, D).
-      sigma: float[B] total noise sigma_bar(t), or None when not
-        time-conditioned and no sigma scaling applies.
-      deterministic: disable dropout; None follows the module's train/eval
-        mode (eval for a fresh model).
-      rngs: dropout keys: an nnx.Rngs or a jax key; None uses the stream given
-        at construction.
-    Returns:
-      float32[B, L, D] log-score, 0 at the current token.
-    """
-    out = self.network_output(x, sigma, deterministic=deterministic, rngs=rngs)  # (B, L, D)
-    d = self.out_dim
-    if self.absorbing and self.scale_by_sigma:
-      # Computed stably, unlike the original's log(expm1) / exp - 1 switch which
-      # is fine in float32 only up to moderate sigma.
-      offset = log_expm1(jnp.asarray(sigma)) + math.log(d - 1)  # (B,)
-      out = out - offset[:, None, None]  # (B, L, D)
-    current = x[..., None] == jnp.arange(d)  # (B, L, D) bool
-    return jnp.where(current, 0.0, out)  # (B, L, D)
+        # D rows: the mask token of the absorbing graph needs an embedding too.
+        # Scaled like torch's kaiming_uniform on the [D, H] table (fan_in = H), as
+        # in the original.
+        emb_init = nnx.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform", in_axis=-1, out_axis=-2)
+        self.vocab_embed = nnx.Embed(
+            self.out_dim,
+            hidden_size,
+            dtype=jnp.float32,
+            param_dtype=jnp.float32,
+            embedding_init=_part(emb_init, ("vocab", "embed")),
+            rngs=rngs,
+        )
+        self.sigma_map = TimestepEmbedder(cond_dim, dtype=dtype, rngs=rngs) if time_conditioning else None
+        self.blocks = nnx.List(
+            [
+                DDiTBlock(
+                    hidden_size,
+                    n_heads,
+                    cond_dim,
+                    mlp_ratio=mlp_ratio,
+                    dropout=dropout,
+                    causal=causal,
+                    dtype=dtype,
+                    rngs=rngs,
+                )
+                for _ in range(n_blocks)
+            ]
+        )
+        self.output_layer = FinalLayer(hidden_size, self.out_dim, cond_dim, dtype=dtype, rngs=rngs)
+
+    def _check_inputs(self, x: Array, sigma: Array | None) -> None:
+        """Trace-time checks of static shapes (values cannot be checked under jit)."""
+        if x.ndim != 2:
+            raise ValueError(f"x must be 2-D int[B, L]; got shape {x.shape}.")
+        if not jnp.issubdtype(x.dtype, jnp.integer):
+            raise ValueError(f"x must hold integer token ids; got dtype {x.dtype}.")
+        b, l = x.shape
+        if l > self.max_len:
+            raise ValueError(f"sequence length L={l} exceeds max_len={self.max_len}.")
+        needs_sigma = self.time_conditioning or (self.absorbing and self.scale_by_sigma)
+        if sigma is None:
+            if needs_sigma:
+                raise ValueError(
+                    "sigma is None but the model needs it (time_conditioning="
+                    f"{self.time_conditioning}, absorbing={self.absorbing}, "
+                    f"scale_by_sigma={self.scale_by_sigma})."
+                )
+            return
+        if jnp.shape(sigma) != (b,):
+            raise ValueError(f"sigma must have shape [B] = ({b},); got shape {jnp.shape(sigma)}.")
+
+    def network_output(
+        self,
+        x: Array,
+        sigma: Array | None,
+        *,
+        deterministic: bool | None = None,
+        rngs: nnx.Rngs | Array | None = None,
+    ) -> Array:
+        """The raw output of the final layer, before log-score post-processing.
+
+        An autoregressive baseline (causal=True, time_conditioning=False) reads
+        this as next-token logits.
+
+        Args:
+          x: int[B, L] token ids in [0, D).
+          sigma: float[B] total noise, or None when not time-conditioned.
+          deterministic: disable dropout; None follows the module's train/eval
+            mode (eval for a fresh model).
+          rngs: dropout keys: an nnx.Rngs or a jax key; None uses the stream given
+            at construction.
+        Returns:
+          float32[B, L, D].
+        """
+        self._check_inputs(x, sigma)
+        if rngs is not None and not isinstance(rngs, nnx.Rngs):
+            # One key for all layers would give every dropout the same mask; an Rngs
+            # hands each call its own fold of the key.
+            rngs = nnx.Rngs(dropout=rngs)
+        b = x.shape[0]
+        h = self.vocab_embed(x).astype(jnp.float32)  # (B, L, H)
+        if self.sigma_map is not None:
+            c = jax.nn.silu(self.sigma_map(jnp.asarray(sigma)))  # (B, C)
+        else:
+            c = jnp.zeros((b, self.cond_dim), jnp.float32)  # (B, C)
+        for block in self.blocks:
+            h = block(h, c, deterministic=deterministic, rngs=rngs)  # (B, L, H)
+        return self.output_layer(h, c)  # (B, L, D)
+
+    def __call__(
+        self,
+        x: Array,
+        sigma: Array | None,
+        *,
+        deterministic: bool | None = None,
+        rngs: nnx.Rngs | Array | None = None,
+    ) -> Array:
+        """Log-score of the reverse process.
+
+        For the absorbing graph with scale_by_sigma (SEDD Sec. 5, App. C.1):
+          log s[l, y] = out[l, y] - log(e^sigma - 1) - log(D - 1),   y != x_l,
+        so at initialisation (out = 0) a masked position has
+          sum_{y != mask} s[l, y] = 1 / (e^sigma - 1),
+        the exact total ratio sum_y p_sigma(y) / p_sigma(mask) at a masked position
+        of a data point (whose survival probability is e^-sigma); the network then
+        only learns how that mass is shared among tokens. In every case
+        log s[l, x_l] = 0, the ratio of a state to itself.
+
+        Args:
+          x: int[B, L] token ids in [0, D).
+          sigma: float[B] total noise sigma_bar(t), or None when not
+            time-conditioned and no sigma scaling applies.
+          deterministic: disable dropout; None follows the module's train/eval
+            mode (eval for a fresh model).
+          rngs: dropout keys: an nnx.Rngs or a jax key; None uses the stream given
+            at construction.
+        Returns:
+          float32[B, L, D] log-score, 0 at the current token.
+        """
+        out = self.network_output(x, sigma, deterministic=deterministic, rngs=rngs)  # (B, L, D)
+        d = self.out_dim
+        if self.absorbing and self.scale_by_sigma:
+            # Computed stably, unlike the original's log(expm1) / exp - 1 switch which
+            # is fine in float32 only up to moderate sigma.
+            offset = log_expm1(jnp.asarray(sigma)) + math.log(d - 1)  # (B,)
+            out = out - offset[:, None, None]  # (B, L, D)
+        current = x[..., None] == jnp.arange(d)  # (B, L, D) bool
+        return jnp.where(current, 0.0, out)  # (B, L, D)
 
 
 def param_count(model: nnx.Module) -> int:
-  """Total number of parameters (nnx.Param leaves) of a model."""
-  return sum(int(p.size) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    """Total number of parameters (nnx.Param leaves) of a model."""
+    return sum(int(p.size) for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 def non_embedding_param_count(model: DDiT) -> int:
-  """Parameters outside the token embedding and the output projection.
+    """Parameters outside the token embedding and the output projection.
 
-  Both scale with the vocabulary, not with depth or width; excluding both gives
-  the "~90M non-embedding" of SEDD-small (12 blocks, H = 768).
-  """
-  n = param_count(model)
-  n -= int(model.vocab_embed.embedding.size)
-  n -= int(model.output_layer.linear.kernel.size)
-  if model.output_layer.linear.bias is not None:
-    n -= int(model.output_layer.linear.bias.size)
-  return n
+    Both scale with the vocabulary, not with depth or width; excluding both gives
+    the "~90M non-embedding" of SEDD-small (12 blocks, H = 768).
+    """
+    n = param_count(model)
+    n -= int(model.vocab_embed.embedding.size)
+    n -= int(model.output_layer.linear.kernel.size)
+    if model.output_layer.linear.bias is not None:
+        n -= int(model.output_layer.linear.bias.size)
+    return n

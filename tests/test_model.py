@@ -12,21 +12,21 @@ V, H, BLOCKS, HEADS, L = 11, 32, 2, 2, 8
 
 
 def make(absorbing=True, **kw):
-  kw.setdefault("max_len", 16)
-  kw.setdefault("rngs", nnx.Rngs(0))
-  return M.DDiT(vocab_size=V, hidden_size=H, n_blocks=BLOCKS, n_heads=HEADS, absorbing=absorbing, **kw)
+    kw.setdefault("max_len", 16)
+    kw.setdefault("rngs", nnx.Rngs(0))
+    return M.DDiT(vocab_size=V, hidden_size=H, n_blocks=BLOCKS, n_heads=HEADS, absorbing=absorbing, **kw)
 
 
 def perturb(model, seed=1, scale=0.3):
-  """Replaces every parameter by scaled normals so the zero-initialised layers
-  no longer hide the attention and MLP paths."""
-  # numpy draws: a jitted or eager jax.random version would compile anew for
-  # every model configuration, which dominates the run time on CPU.
-  rng = np.random.default_rng(seed)
-  state = nnx.state(model, nnx.Param)
-  new = jax.tree.map(lambda p: jnp.asarray(scale * rng.standard_normal(p.shape), p.dtype), state)
-  nnx.update(model, new)
-  return model
+    """Replaces every parameter by scaled normals so the zero-initialised layers
+    no longer hide the attention and MLP paths."""
+    # numpy draws: a jitted or eager jax.random version would compile anew for
+    # every model configuration, which dominates the run time on CPU.
+    rng = np.random.default_rng(seed)
+    state = nnx.state(model, nnx.Param)
+    new = jax.tree.map(lambda p: jnp.asarray(scale * rng.standard_normal(p.shape), p.dtype), state)
+    nnx.update(model, new)
+    return model
 
 
 # One compiled program per model configuration is much cheaper on CPU than
@@ -35,185 +35,187 @@ run = nnx.jit(lambda model, x, sigma: model(x, sigma))
 
 
 def tokens(seed, d, b=2):
-  return jax.random.randint(jax.random.key(seed), (b, L), 0, d, dtype=jnp.int32)
+    return jax.random.randint(jax.random.key(seed), (b, L), 0, d, dtype=jnp.int32)
 
 
 @pytest.mark.parametrize("absorbing", [True, False])
 def test_shape_dtype_and_zero_at_current_token(absorbing):
-  m = perturb(make(absorbing))
-  d = V + 1 if absorbing else V
-  assert m.out_dim == d
-  x = tokens(0, d)
-  out = run(m, x, jnp.array([0.3, 4.0]))
-  assert out.shape == (2, L, d) and out.dtype == jnp.float32
-  at_x = jnp.take_along_axis(out, x[..., None], axis=-1)
-  np.testing.assert_array_equal(np.asarray(at_x), 0.0)
-  assert bool(jnp.all(jnp.isfinite(out)))
-  # The perturbed network is non-trivial away from the current token.
-  assert float(jnp.abs(out).max()) > 1e-3
+    m = perturb(make(absorbing))
+    d = V + 1 if absorbing else V
+    assert m.out_dim == d
+    x = tokens(0, d)
+    out = run(m, x, jnp.array([0.3, 4.0]))
+    assert out.shape == (2, L, d) and out.dtype == jnp.float32
+    at_x = jnp.take_along_axis(out, x[..., None], axis=-1)
+    np.testing.assert_array_equal(np.asarray(at_x), 0.0)
+    assert bool(jnp.all(jnp.isfinite(out)))
+    # The perturbed network is non-trivial away from the current token.
+    assert float(jnp.abs(out).max()) > 1e-3
 
 
 def test_init_absorbing_total_ratio_at_mask():
-  """At init, sum_{y != mask} s_y = 1 / (e^sigma - 1): Lou et al. 2024, scale by sigma."""
-  m = make(True)
-  sig = np.array([1e-4, 0.5, 3.0, 20.0], np.float32)
-  x = jnp.full((4, L), V, jnp.int32).at[:, 1::2].set(3)  # masks at even positions
-  out = np.asarray(run(m, x, jnp.asarray(sig)), np.float64)
-  lse = np.log(np.exp(out[:, 0::2, :V]).sum(-1))  # (4, L/2)
-  want = -np.log(np.expm1(sig.astype(np.float64)))
-  np.testing.assert_allclose(lse, np.broadcast_to(want[:, None], lse.shape), rtol=1e-5, atol=1e-5)
-  for s in (1e-6, 20.0):
-    assert bool(jnp.all(jnp.isfinite(run(m, x, jnp.full(4, s)))))
+    """At init, sum_{y != mask} s_y = 1 / (e^sigma - 1): Lou et al. 2024, scale by sigma."""
+    m = make(True)
+    sig = np.array([1e-4, 0.5, 3.0, 20.0], np.float32)
+    x = jnp.full((4, L), V, jnp.int32).at[:, 1::2].set(3)  # masks at even positions
+    out = np.asarray(run(m, x, jnp.asarray(sig)), np.float64)
+    lse = np.log(np.exp(out[:, 0::2, :V]).sum(-1))  # (4, L/2)
+    want = -np.log(np.expm1(sig.astype(np.float64)))
+    np.testing.assert_allclose(lse, np.broadcast_to(want[:, None], lse.shape), rtol=1e-5, atol=1e-5)
+    for s in (1e-6, 20.0):
+        assert bool(jnp.all(jnp.isfinite(run(m, x, jnp.full(4, s)))))
 
 
 def test_init_uniform_is_zero():
-  m = make(False)
-  np.testing.assert_array_equal(np.asarray(run(m, tokens(0, V), jnp.array([0.1, 2.0]))), 0.0)
+    m = make(False)
+    np.testing.assert_array_equal(np.asarray(run(m, tokens(0, V), jnp.array([0.1, 2.0]))), 0.0)
 
 
 def test_log_expm1_accurate_and_finite():
-  s = np.geomspace(1e-6, 60.0, 200).astype(np.float32)
-  got = np.asarray(M.log_expm1(jnp.asarray(s)))
-  np.testing.assert_allclose(got, np.log(np.expm1(s.astype(np.float64))), rtol=2e-6, atol=2e-6)
-  g = jax.grad(lambda z: M.log_expm1(z).sum())(jnp.asarray(s))
-  assert bool(jnp.all(jnp.isfinite(g)))
+    s = np.geomspace(1e-6, 60.0, 200).astype(np.float32)
+    got = np.asarray(M.log_expm1(jnp.asarray(s)))
+    np.testing.assert_allclose(got, np.log(np.expm1(s.astype(np.float64))), rtol=2e-6, atol=2e-6)
+    g = jax.grad(lambda z: M.log_expm1(z).sum())(jnp.asarray(s))
+    assert bool(jnp.all(jnp.isfinite(g)))
 
 
 def test_timestep_embedding_cos_before_sin():
-  e = np.asarray(M.timestep_embedding(jnp.zeros(1)))
-  assert e.shape == (1, M.FREQ_DIM)
-  np.testing.assert_array_equal(e[0, :128], 1.0)
-  np.testing.assert_array_equal(e[0, 128:], 0.0)
+    e = np.asarray(M.timestep_embedding(jnp.zeros(1)))
+    assert e.shape == (1, M.FREQ_DIM)
+    np.testing.assert_array_equal(e[0, :128], 1.0)
+    np.testing.assert_array_equal(e[0, 128:], 0.0)
 
 
 def test_rotary_half_split_layout():
-  x = jnp.zeros((1, 1, 1, 4)).at[..., 0].set(1.0)  # channel 0 pairs with channel 2
-  p = 0.7
-  r = np.asarray(M.apply_rotary(x, jnp.array([p])))[0, 0, 0]
-  np.testing.assert_allclose(r, [np.cos(p), 0.0, np.sin(p), 0.0], atol=1e-6)
+    x = jnp.zeros((1, 1, 1, 4)).at[..., 0].set(1.0)  # channel 0 pairs with channel 2
+    p = 0.7
+    r = np.asarray(M.apply_rotary(x, jnp.array([p])))[0, 0, 0]
+    np.testing.assert_allclose(r, [np.cos(p), 0.0, np.sin(p), 0.0], atol=1e-6)
 
 
 def test_rotary_scores_depend_on_relative_position_only():
-  kq, kk = jax.random.split(jax.random.key(0))
-  q = jax.random.normal(kq, (1, 1, 1, 16))
-  k = jax.random.normal(kk, (1, 1, 1, 16))
+    kq, kk = jax.random.split(jax.random.key(0))
+    q = jax.random.normal(kq, (1, 1, 1, 16))
+    k = jax.random.normal(kk, (1, 1, 1, 16))
 
-  def score(m, n):
-    return float(jnp.sum(M.apply_rotary(q, jnp.array([m])) * M.apply_rotary(k, jnp.array([n]))))
+    def score(m, n):
+        return float(jnp.sum(M.apply_rotary(q, jnp.array([m])) * M.apply_rotary(k, jnp.array([n]))))
 
-  for m, n, s in [(0, 3, 5), (7, 2, 11), (4, 4, 100)]:
-    np.testing.assert_allclose(score(m, n), score(m + s, n + s), rtol=1e-4, atol=1e-4)
-  # and it does depend on the offset
-  assert abs(score(0, 1) - score(0, 3)) > 1e-3
+    for m, n, s in [(0, 3, 5), (7, 2, 11), (4, 4, 100)]:
+        np.testing.assert_allclose(score(m, n), score(m + s, n + s), rtol=1e-4, atol=1e-4)
+    # and it does depend on the offset
+    assert abs(score(0, 1) - score(0, 3)) > 1e-3
 
 
 def test_causal_ignores_future_tokens():
-  m = perturb(make(True, causal=True))
-  x = tokens(0, V + 1)
-  sig = jnp.array([0.5, 2.0])
-  out = run(m, x, sig)
-  i = 3
-  x2 = x.at[:, i + 1:].set((x[:, i + 1:] + 1) % (V + 1))
-  out2 = run(m, x2, sig)
-  np.testing.assert_allclose(np.asarray(out[:, :i + 1]), np.asarray(out2[:, :i + 1]), rtol=1e-5, atol=1e-5)
-  assert float(jnp.abs(out[:, i + 1:] - out2[:, i + 1:]).max()) > 1e-4
+    m = perturb(make(True, causal=True))
+    x = tokens(0, V + 1)
+    sig = jnp.array([0.5, 2.0])
+    out = run(m, x, sig)
+    i = 3
+    x2 = x.at[:, i + 1 :].set((x[:, i + 1 :] + 1) % (V + 1))
+    out2 = run(m, x2, sig)
+    np.testing.assert_allclose(
+        np.asarray(out[:, : i + 1]), np.asarray(out2[:, : i + 1]), rtol=1e-5, atol=1e-5
+    )
+    assert float(jnp.abs(out[:, i + 1 :] - out2[:, i + 1 :]).max()) > 1e-4
 
 
 def test_noncausal_sees_future_tokens():
-  m = perturb(make(True))
-  x = tokens(0, V + 1)
-  sig = jnp.array([0.5, 2.0])
-  x2 = x.at[:, 5].set((x[:, 5] + 1) % (V + 1))
-  diff = jnp.abs(run(m, x, sig)[:, 0] - run(m, x2, sig)[:, 0]).max()
-  assert float(diff) > 1e-4
+    m = perturb(make(True))
+    x = tokens(0, V + 1)
+    sig = jnp.array([0.5, 2.0])
+    x2 = x.at[:, 5].set((x[:, 5] + 1) % (V + 1))
+    diff = jnp.abs(run(m, x, sig)[:, 0] - run(m, x2, sig)[:, 0]).max()
+    assert float(diff) > 1e-4
 
 
 def test_dropout():
-  m = perturb(make(True, dropout=0.5))
-  x, sig = tokens(0, V + 1), jnp.array([0.5, 2.0])
-  ref = m(x, sig)
-  np.testing.assert_array_equal(np.asarray(ref), np.asarray(m(x, sig, deterministic=True)))
-  a = m(x, sig, deterministic=False, rngs=jax.random.key(1))
-  b = m(x, sig, deterministic=False, rngs=jax.random.key(1))
-  c = m(x, sig, deterministic=False, rngs=nnx.Rngs(dropout=2))
-  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  assert float(jnp.abs(a - c).max()) > 1e-4
-  assert float(jnp.abs(a - ref).max()) > 1e-4
-  # train()/eval() modes drive the same dropout layers.
-  m.train()
-  assert float(jnp.abs(m(x, sig) - ref).max()) > 1e-4
-  m.eval()
-  np.testing.assert_array_equal(np.asarray(m(x, sig)), np.asarray(ref))
+    m = perturb(make(True, dropout=0.5))
+    x, sig = tokens(0, V + 1), jnp.array([0.5, 2.0])
+    ref = m(x, sig)
+    np.testing.assert_array_equal(np.asarray(ref), np.asarray(m(x, sig, deterministic=True)))
+    a = m(x, sig, deterministic=False, rngs=jax.random.key(1))
+    b = m(x, sig, deterministic=False, rngs=jax.random.key(1))
+    c = m(x, sig, deterministic=False, rngs=nnx.Rngs(dropout=2))
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert float(jnp.abs(a - c).max()) > 1e-4
+    assert float(jnp.abs(a - ref).max()) > 1e-4
+    # train()/eval() modes drive the same dropout layers.
+    m.train()
+    assert float(jnp.abs(m(x, sig) - ref).max()) > 1e-4
+    m.eval()
+    np.testing.assert_array_equal(np.asarray(m(x, sig)), np.asarray(ref))
 
 
 def test_bfloat16_compute():
-  m16 = perturb(make(True, dtype=jnp.bfloat16))
-  m32 = perturb(make(True))
-  for p in jax.tree.leaves(nnx.state(m16, nnx.Param)):
-    assert p.dtype == jnp.float32
-  x, sig = tokens(0, V + 1), jnp.array([1e-3, 5.0])
-  out = run(m16, x, sig)
-  assert out.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(out)))
-  ref = run(m32, x, sig)
-  assert float(jnp.abs(out - ref).max()) < 0.1 * float(jnp.abs(ref).max())
+    m16 = perturb(make(True, dtype=jnp.bfloat16))
+    m32 = perturb(make(True))
+    for p in jax.tree.leaves(nnx.state(m16, nnx.Param)):
+        assert p.dtype == jnp.float32
+    x, sig = tokens(0, V + 1), jnp.array([1e-3, 5.0])
+    out = run(m16, x, sig)
+    assert out.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(out)))
+    ref = run(m32, x, sig)
+    assert float(jnp.abs(out - ref).max()) < 0.1 * float(jnp.abs(ref).max())
 
 
 def test_jit_matches_eager():
-  m = perturb(make(True))
-  x, sig = tokens(0, V + 1), jnp.array([0.5, 2.0])
-  eager = m(x, sig)
-  out = nnx.jit(lambda mod, a, b: mod(a, b))(m, x, sig)
-  np.testing.assert_allclose(np.asarray(out), np.asarray(eager), rtol=1e-5, atol=1e-5)
-  graphdef, state = nnx.split(m)
-  out2 = jax.jit(lambda st, a, b: nnx.merge(graphdef, st)(a, b))(state, x, sig)
-  np.testing.assert_allclose(np.asarray(out2), np.asarray(eager), rtol=1e-5, atol=1e-5)
+    m = perturb(make(True))
+    x, sig = tokens(0, V + 1), jnp.array([0.5, 2.0])
+    eager = m(x, sig)
+    out = nnx.jit(lambda mod, a, b: mod(a, b))(m, x, sig)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(eager), rtol=1e-5, atol=1e-5)
+    graphdef, state = nnx.split(m)
+    out2 = jax.jit(lambda st, a, b: nnx.merge(graphdef, st)(a, b))(state, x, sig)
+    np.testing.assert_allclose(np.asarray(out2), np.asarray(eager), rtol=1e-5, atol=1e-5)
 
 
 def test_no_time_conditioning():
-  m = perturb(make(False, causal=True, time_conditioning=False))
-  assert m.sigma_map is None
-  out = run(m, tokens(0, V), None)
-  assert out.shape == (2, L, V) and bool(jnp.all(jnp.isfinite(out)))
-  with pytest.raises(ValueError, match="sigma"):
-    make(True, time_conditioning=False)(tokens(0, V), None)  # scale_by_sigma needs it
+    m = perturb(make(False, causal=True, time_conditioning=False))
+    assert m.sigma_map is None
+    out = run(m, tokens(0, V), None)
+    assert out.shape == (2, L, V) and bool(jnp.all(jnp.isfinite(out)))
+    with pytest.raises(ValueError, match="sigma"):
+        make(True, time_conditioning=False)(tokens(0, V), None)  # scale_by_sigma needs it
 
 
 def test_logical_axis_names_without_mesh():
-  m = make(True)
-  specs = nnx.get_partition_spec(nnx.state(m, nnx.Param))
-  assert tuple(specs["vocab_embed"]["embedding"].get_value()) == ("vocab", "embed")
-  assert tuple(specs["blocks"][0]["attn_qkv"]["kernel"].get_value()) == ("embed", "qkv")
-  assert tuple(specs["blocks"][0]["mlp_in"]["kernel"].get_value()) == ("embed", "mlp")
-  assert tuple(specs["output_layer"]["linear"]["kernel"].get_value()) == ("embed", "vocab")
+    m = make(True)
+    specs = nnx.get_partition_spec(nnx.state(m, nnx.Param))
+    assert tuple(specs["vocab_embed"]["embedding"].get_value()) == ("vocab", "embed")
+    assert tuple(specs["blocks"][0]["attn_qkv"]["kernel"].get_value()) == ("embed", "qkv")
+    assert tuple(specs["blocks"][0]["mlp_in"]["kernel"].get_value()) == ("embed", "mlp")
+    assert tuple(specs["output_layer"]["linear"]["kernel"].get_value()) == ("embed", "vocab")
 
 
 def test_param_counts():
-  m = make(True)
-  d = V + 1
-  total = M.param_count(m)
-  assert total == sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(m, nnx.Param)))
-  assert M.non_embedding_param_count(m) == total - d * H - (H * d + d)
+    m = make(True)
+    d = V + 1
+    total = M.param_count(m)
+    assert total == sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(m, nnx.Param)))
+    assert M.non_embedding_param_count(m) == total - d * H - (H * d + d)
 
 
 def test_errors():
-  with pytest.raises(ValueError, match="hidden_size=30.*n_heads=4"):
-    M.DDiT(vocab_size=V, hidden_size=30, n_blocks=1, n_heads=4, absorbing=True, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match="even"):
-    M.DDiT(vocab_size=V, hidden_size=30, n_blocks=1, n_heads=2, absorbing=True, rngs=nnx.Rngs(0))
-  m = make(True, max_len=4)
-  with pytest.raises(ValueError, match="L=8.*max_len=4"):
-    m(tokens(0, V), jnp.ones(2))
-  with pytest.raises(ValueError, match="2-D"):
-    m(jnp.zeros((4,), jnp.int32), jnp.ones(1))
-  with pytest.raises(ValueError, match=r"sigma must have shape"):
-    m(jnp.zeros((2, 4), jnp.int32), jnp.ones((2, 1)))
+    with pytest.raises(ValueError, match="hidden_size=30.*n_heads=4"):
+        M.DDiT(vocab_size=V, hidden_size=30, n_blocks=1, n_heads=4, absorbing=True, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="even"):
+        M.DDiT(vocab_size=V, hidden_size=30, n_blocks=1, n_heads=2, absorbing=True, rngs=nnx.Rngs(0))
+    m = make(True, max_len=4)
+    with pytest.raises(ValueError, match="L=8.*max_len=4"):
+        m(tokens(0, V), jnp.ones(2))
+    with pytest.raises(ValueError, match="2-D"):
+        m(jnp.zeros((4,), jnp.int32), jnp.ones(1))
+    with pytest.raises(ValueError, match=r"sigma must have shape"):
+        m(jnp.zeros((2, 4), jnp.int32), jnp.ones((2, 1)))
 
 
 def test_gradients_finite_at_init_and_reach_output_layer():
-  m = make(True)
-  x, sig = tokens(0, V + 1), jnp.array([1e-4, 20.0])
-  loss = lambda mod: jnp.sum(jnp.exp(mod(x, sig, deterministic=False, rngs=jax.random.key(0))))
-  grads = nnx.jit(nnx.grad(loss))(m)
-  leaves = jax.tree.leaves(grads)
-  assert all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
-  assert float(jnp.abs(grads["output_layer"]["linear"]["kernel"].get_value()).max()) > 0
+    m = make(True)
+    x, sig = tokens(0, V + 1), jnp.array([1e-4, 20.0])
+    loss = lambda mod: jnp.sum(jnp.exp(mod(x, sig, deterministic=False, rngs=jax.random.key(0))))
+    grads = nnx.jit(nnx.grad(loss))(m)
+    leaves = jax.tree.leaves(grads)
+    assert all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
+    assert float(jnp.abs(grads["output_layer"]["linear"]["kernel"].get_value()).max()) > 0
