@@ -32,9 +32,10 @@ def _train(args, overrides: list[str]) -> int:
     unit = "char" if "val_bits_per_char" in result else "token"
     bound = result[f"val_bits_per_{unit}"]
     print()
-    print(f"step {result['step']}: validation DSE bound {bound:.3f} bits/{unit} "
-          f"(unigram entropy of the training data: {result['unigram_entropy_bits']:.3f} bits/token; "
-          f"perplexity bound {result['val_ppl_bound']:.2f})")
+    entropy = result.get(f"unigram_entropy_bits_per_{unit}", result["unigram_entropy_bits"])
+    print(f"step {result['step']}: validation bound {bound:.3f} bits/{unit}, against "
+          f"{entropy:.3f} bits/{unit} for the unigram law of the training data "
+          f"(perplexity bound {result['val_ppl_bound']:.2f} per token)")
     print("samples:")
     for s in result["samples"]:
         print("  " + s.replace("\n", "\n  "))

@@ -587,6 +587,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     if step != t.n_iters or not val:  # the loop evaluates at n_iters, unless the run had already ended
         val = val_figures(state["ema"])
     result = {"step": step, "stopped": False, "unigram_entropy_bits": entropy, **val}
+    if cpt:
+        result["unigram_entropy_bits_per_char"] = entropy / cpt
     result["samples"] = [
         decode(tokenizer, s) for s in generate(trainer, state["ema"], jax.random.key(config.seed), max(t.eval_samples, 1))
     ]

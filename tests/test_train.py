@@ -165,7 +165,7 @@ def test_own_text_file_prompts_and_bad_checkpoints(data_dir, tmp_path, capsys):
             f"--config.data.path={corpus}", f"--config.data.data_dir={data_dir}",
             "--config.training.n_iters=4", "--config.training.ckpt_every=2"]
     assert cli.main(args) == 0
-    assert "validation DSE bound" in capsys.readouterr().out
+    assert "for the unigram law of the training data" in capsys.readouterr().out
 
     # Prompts: prefix works; a character outside the vocabulary and a too-long prompt are clear errors.
     assert cli.main(["sample", "--workdir", str(workdir), "--prefix", "the cat", "--num_samples", "2", "--steps", "4"]) == 0
