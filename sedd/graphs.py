@@ -24,6 +24,7 @@ broadcastable against them ([B, 1]); vectors over states float[..., D].
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 
 import jax
@@ -68,11 +69,12 @@ def _entropy_term(log_score: jax.Array, log_ratio: jax.Array) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class Graph:
+class Graph(abc.ABC):
     """A forward CTMC with rate matrix Q. Subclasses give closed forms.
 
     Frozen dataclasses, so graphs are hashable and can be static arguments of
-    ``jax.jit``.
+    ``jax.jit``. The abstract methods are what a new graph must give in closed
+    form; reverse_rate and sample_rate follow from them.
     """
 
     vocab_size: int
@@ -82,39 +84,40 @@ class Graph:
             raise ValueError(f"vocab_size must be an integer >= 1, got {self.vocab_size!r}")
 
     @property
+    @abc.abstractmethod
     def dim(self) -> int:
         """D, the number of states of the chain."""
-        raise NotImplementedError
 
     @property
+    @abc.abstractmethod
     def absorb(self) -> bool:
         """Whether the chain has an absorbing mask state."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def rate(self, i: jax.Array) -> jax.Array:
         """Q[i, :], the rates out of state i (float[..., D])."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def transp_rate(self, i: jax.Array) -> jax.Array:
         """Q[:, i], the rates into state i (float[..., D])."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def transition(self, i: jax.Array, sigma: jax.Array) -> jax.Array:
         """exp(sigma Q)[i, :] = p_sigma(x_t = . | x_0 = i) (float[..., D])."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def transp_transition(self, i: jax.Array, sigma: jax.Array) -> jax.Array:
         """exp(sigma Q)[:, i] = p_sigma(x_t = i | x_0 = .) (float[..., D])."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def sample_transition(self, key: jax.Array, i: jax.Array, sigma: jax.Array) -> jax.Array:
         """x_t ~ p_sigma(. | x_0 = i), int32 of the shape of i."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def sample_limit(self, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
         """x ~ the limit law p_sigma as sigma -> infinity, int32[shape]."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def staggered_score(self, score: jax.Array, dsigma: jax.Array) -> jax.Array:
         """exp(-dsigma Q)^T s, the score mapped back by dsigma of noise.
 
@@ -128,8 +131,8 @@ class Graph:
         Returns:
           float[..., D].
         """
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def score_entropy(
         self, log_score: jax.Array, sigma: jax.Array, x: jax.Array, x0: jax.Array
     ) -> jax.Array:
@@ -150,7 +153,6 @@ class Graph:
         Returns:
           float[...] per-position loss in nats (not yet weighted by dsigma).
         """
-        raise NotImplementedError
 
     def reverse_rate(self, i: jax.Array, score: jax.Array) -> jax.Array:
         r"""The reverse-time rates out of i, Eq. (4) of Lou et al. 2024.
