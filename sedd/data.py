@@ -726,8 +726,13 @@ def load_dataset(config, tokenizer=None) -> TextData:
         from sedd.markov import load_markov
 
         return load_markov(config)
+    path = _cfg(config, "path", "")
+    if name == "shakespeare" and path:
+        # The plays are only the default text: `--config.data.path=my.txt` alone
+        # trains on the user's file or folder (any *.txt / *.jsonl).
+        name = "text"
     data_dir = _cfg(config, "data_dir", "") or default_data_dir()
-    builder = get_builder(name, _cfg(config, "path", ""), data_dir)
+    builder = get_builder(name, path, data_dir)
     cache_dir = (Path(data_dir) / "sedd_tokens" / builder.name / builder.builder_config.name
                  / str(builder.version))
     if tokenizer is None:

@@ -161,8 +161,7 @@ def test_own_text_file_prompts_and_bad_checkpoints(data_dir, tmp_path, capsys):
     corpus = tmp_path / "mine.txt"
     corpus.write_text("the cat sat on the mat. " * 400)
     workdir = tmp_path / "run"
-    args = ["train", "--config", "tiny", "--workdir", str(workdir), "--config.data.name=text",
-            f"--config.data.path={corpus}", f"--config.data.data_dir={data_dir}",
+    args = ["train", "--config", "tiny", "--workdir", str(workdir), f"--config.data.path={corpus}", f"--config.data.data_dir={data_dir}",
             "--config.training.n_iters=4", "--config.training.ckpt_every=2"]
     assert cli.main(args) == 0
     assert "for the unigram law of the training data" in capsys.readouterr().out
