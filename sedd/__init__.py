@@ -10,6 +10,14 @@ One module per concept of the paper:
   train     training loop, EMA, checkpoints
   sharding  device meshes and partition rules
   evaluate  likelihood bound, generative perplexity, entropy
+
+and around them:
+  categorical  categorical draws exact for small probabilities
+  markov       synthetic Markov-chain data with an exact law
+  ar           the autoregressive baseline (loss, KV-cache decoding)
+  config       get_config() files and --config.x=y overrides
+  bench        speed and memory benchmarks
+  cli          the `sedd` command
 """
 
 __version__ = "0.1.0"
