@@ -359,7 +359,7 @@ class MetricsWriter:
                 from tensorboardX import SummaryWriter  # optional: pip install tensorboardX
 
                 self.tb = SummaryWriter(str(workdir / "tensorboard"))
-            except ImportError:
+            except ImportError:  # no writer installed: metrics.jsonl only
                 pass
 
     def write(self, row: dict) -> None:
