@@ -18,18 +18,24 @@ adaptive LayerNorm (adaLN), with rotary position embeddings (Su et al. 2021,
 Shape letters used throughout this module:
   B batch, L sequence length, H hidden size, N attention heads, K head dim
   (H = N K), C conditioning width, F sinusoidal frequency features (256),
-  D output width = graph dim (vocab_size + 1 for the absorbing graph, where the
-  mask id is vocab_size; vocab_size for the uniform graph).
+  S length of the decoding cache, V vocabulary size, D output width `out_dim`
+  (the graph dim for diffusion: V + 1 for the absorbing graph, whose mask id is
+  V, V for the uniform graph; V next-token logits for the autoregressive baseline).
 
 Precision: parameters are always float32. `dtype` is the compute dtype of the
 matmuls and attention (bfloat16 on accelerators); LayerNorm, the adaLN
 modulation, the residual stream and the returned log-score stay float32, as in
-the original's autocast set-up.
+the original's autocast set-up. The sigma embedding is float32 throughout.
+
+Decoding: a causal model can run one chunk of positions at a time against a
+key/value cache kept in each block (`init_cache`, then `network_output(...,
+decode=True)`), the pattern of Flax's lm1b example. Both paths run the same
+block code; only where keys and values come from differs.
 
 Logical axis names carried by parameters (metadata `out_sharding`, read with
 `nnx.get_partition_spec(nnx.state(model))`; a mesh's rules map them to mesh
 axes). Eager sharding is off, so the model builds with no mesh set:
-  "vocab"  the output width D (embedding rows, output projection columns)
+  "vocab"  the token side: embedding rows and output projection columns D
   "embed"  the hidden size H (residual stream, LayerNorm scales)
   "cond"   the conditioning width C (output side only in the C x C layer,
            which is left replicated along its input)
@@ -183,24 +189,27 @@ class TimestepEmbedder(nnx.Module):
 
     Args:
       cond_dim: C.
-      dtype: compute dtype of the two matmuls.
       rngs: parameter initialisation keys.
     """
 
-    def __init__(self, cond_dim: int, *, dtype: Any = jnp.float32, rngs: nnx.Rngs):
-        self.fc1 = _linear(FREQ_DIM, cond_dim, ("freq", "cond"), dtype=dtype, rngs=rngs)
+    def __init__(self, cond_dim: int, *, rngs: nnx.Rngs):
+        # float32 whatever the model's compute dtype: the original computes the
+        # conditioning outside its bfloat16 autocast.
+        self.fc1 = _linear(FREQ_DIM, cond_dim, ("freq", "cond"), dtype=jnp.float32, rngs=rngs)
         # One logical name per spec: a mesh axis may shard only one dimension.
-        self.fc2 = _linear(cond_dim, cond_dim, (None, "cond"), dtype=dtype, rngs=rngs)
+        self.fc2 = _linear(cond_dim, cond_dim, (None, "cond"), dtype=jnp.float32, rngs=rngs)
 
     def __call__(self, sigma: Array) -> Array:
         """Args: sigma float[B]. Returns: float32[B, C]."""
         h = self.fc1(timestep_embedding(sigma))  # (B, C)
-        h = self.fc2(jax.nn.silu(h))  # (B, C)
-        return h.astype(jnp.float32)
+        return self.fc2(jax.nn.silu(h))  # (B, C)
 
 
 class DDiTBlock(nnx.Module):
     """One adaLN-modulated transformer block (Peebles & Xie 2023), rotary attention.
+
+    A causal block can also decode: after `init_cache`, `decode=True` runs the
+    new positions against the keys and values of the earlier ones.
 
     Args:
       hidden_size: H.
@@ -243,20 +252,36 @@ class DDiTBlock(nnx.Module):
         # deterministic=True: a fresh model is in eval mode; `model.train()` flips it.
         self.dropout1 = nnx.Dropout(dropout, deterministic=True, rngs=rngs)
         self.dropout2 = nnx.Dropout(dropout, deterministic=True, rngs=rngs)
+        # Set by `init_cache`; the layout of nnx.MultiHeadAttention's cache.
+        self.cached_key: nnx.Cache | None = nnx.data(None)
+        self.cached_value: nnx.Cache | None = nnx.data(None)
+        self.cache_index: nnx.Cache | None = nnx.data(None)
+
+    def init_cache(self, batch: int, max_len: int) -> None:
+        """An empty decoding cache: keys and values [B, S = max_len, N, K] in the
+        compute dtype, and the next position to write, 0."""
+        shape = (batch, max_len, self.n_heads, self.head_dim)
+        self.cached_key = nnx.Cache(jnp.zeros(shape, self.dtype))
+        self.cached_value = nnx.Cache(jnp.zeros(shape, self.dtype))
+        self.cache_index = nnx.Cache(jnp.array(0, jnp.int32))
 
     def __call__(
         self,
         x: Array,
         c: Array,
         *,
+        decode: bool = False,
         deterministic: bool | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> Array:
         """Applies the block.
 
         Args:
-          x: float32[B, L, H] residual stream.
+          x: float32[B, L, H] residual stream; with decode, at the L positions
+            from the cache index on.
           c: float32[B, C] conditioning (already passed through SiLU).
+          decode: write this chunk's keys and values into the cache, advance its
+            index by L and attend over the cache (causal blocks only).
           deterministic: disable dropout; None follows the module's train/eval mode.
           rngs: optional 'dropout' keys overriding the stored stream.
         Returns:
@@ -270,10 +295,14 @@ class DDiTBlock(nnx.Module):
         qkv = self.attn_qkv(y.astype(self.dtype))  # (B, L, 3H)
         qkv = qkv.reshape(b, l, 3, self.n_heads, self.head_dim)  # (B, L, 3, N, K)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # (B, L, N, K) each
-        pos = jnp.arange(l)
+        start = self._cache_start(b) if decode else 0
+        pos = start + jnp.arange(l)  # (L,)
         q = apply_rotary(q, pos).astype(self.dtype)  # (B, L, N, K)
         k = apply_rotary(k, pos).astype(self.dtype)  # (B, L, N, K)
-        att = jax.nn.dot_product_attention(q, k, v, is_causal=self.causal)  # (B, L, N, K)
+        if decode:
+            att = self._attend_cache(q, k, v, pos)  # (B, L, N, K)
+        else:
+            att = jax.nn.dot_product_attention(q, k, v, is_causal=self.causal)  # (B, L, N, K)
         att = self.attn_out(att.reshape(b, l, h))  # (B, L, H)
         att = self.dropout1(att, deterministic=deterministic, rngs=rngs).astype(jnp.float32)
         x = x + gate_a[:, None, :] * att  # (B, L, H)
@@ -283,6 +312,40 @@ class DDiTBlock(nnx.Module):
         y = self.mlp_out(jax.nn.gelu(y, approximate=True))  # (B, L, H)
         y = self.dropout2(y, deterministic=deterministic, rngs=rngs).astype(jnp.float32)
         return x + gate_m[:, None, :] * y  # (B, L, H)
+
+    def _cache_start(self, batch: int) -> Array:
+        """The position of the first new row: int32[] (trace-time checks first)."""
+        if not self.causal:
+            raise ValueError("decode needs a causal block: the cache holds no later positions.")
+        if self.cache_index is None:
+            raise ValueError("no decoding cache: call init_cache(batch, max_len) first.")
+        if self.cached_key.shape[0] != batch:
+            raise ValueError(f"the cache holds batch {self.cached_key.shape[0]}, the input {batch}.")
+        return self.cache_index[...]
+
+    def _attend_cache(self, q: Array, k: Array, v: Array, pos: Array) -> Array:
+        """Writes k, v at rows pos of the cache and attends causally over it.
+
+        Positions past the cache end are not caught under jit:
+        dynamic_update_slice clamps the start and overwrites the last rows, so
+        the caller keeps every position below S.
+
+        Args:
+          q, k: [B, L, N, K] rotary-embedded queries and keys, compute dtype.
+          v: [B, L, N, K] values.
+          pos: int32[L] consecutive positions from the cache index.
+        Returns:
+          [B, L, N, K] attention output.
+        """
+        start = (0, pos[0], 0, 0)
+        keys = jax.lax.dynamic_update_slice(self.cached_key[...], k, start)  # (B, S, N, K)
+        values = jax.lax.dynamic_update_slice(self.cached_value[...], v, start)  # (B, S, N, K)
+        self.cached_key[...] = keys
+        self.cached_value[...] = values
+        self.cache_index[...] = pos[-1] + 1
+        # Rows after a query's position are future or still empty.
+        visible = jnp.arange(keys.shape[1])[None, :] <= pos[:, None]  # (L, S)
+        return jax.nn.dot_product_attention(q, keys, values, mask=visible[None, None])  # (B, L, N, K)
 
 
 class FinalLayer(nnx.Module):
@@ -320,7 +383,8 @@ class DDiT(nnx.Module):
     """SEDD's diffusion transformer: (x_t int32[B, L], sigma float[B]) -> log-score float32[B, L, D].
 
     Args:
-      vocab_size: number of real tokens V.
+      num_tokens: rows of the embedding table, the ids an input may hold.
+      out_dim: D, the width of the output.
       hidden_size: H.
       n_blocks: number of transformer blocks.
       n_heads: N; H must be divisible by N and K = H / N even (rotary pairs channels).
@@ -329,11 +393,9 @@ class DDiT(nnx.Module):
       dropout: dropout rate on the residual branches (active only in training).
       max_len: longest accepted sequence. Rotary needs no table; the check catches
         configuration mistakes at trace time.
-      absorbing: True for the absorbing graph: D = V + 1 and the mask id is V.
-        False for the uniform graph: D = V.
-      scale_by_sigma: for the absorbing graph, subtract log(e^sigma - 1) + log(D - 1)
-        from the output (SEDD Sec. 5 / App. C.1, "scale by sigma"); ignored for
-        the uniform graph.
+      scale_by_sigma: subtract the absorbing graph's prior log(e^sigma - 1) +
+        log(D - 1) from the output (SEDD Sec. 5 / App. C.1, "scale by sigma");
+        for the absorbing graph only.
       causal: causal self-attention (autoregressive baseline).
       time_conditioning: if False there is no sigma embedding and the adaLN layers
         read a zero conditioning vector, so their outputs are their (learned)
@@ -348,7 +410,8 @@ class DDiT(nnx.Module):
     def __init__(
         self,
         *,
-        vocab_size: int,
+        num_tokens: int,
+        out_dim: int,
         hidden_size: int,
         n_blocks: int,
         n_heads: int,
@@ -356,8 +419,7 @@ class DDiT(nnx.Module):
         mlp_ratio: int = 4,
         dropout: float = 0.1,
         max_len: int = 1024,
-        absorbing: bool,
-        scale_by_sigma: bool = True,
+        scale_by_sigma: bool = False,
         causal: bool = False,
         time_conditioning: bool = True,
         dtype: Any = jnp.float32,
@@ -371,36 +433,36 @@ class DDiT(nnx.Module):
                 f"head_dim = hidden_size / n_heads = {hidden_size} / {n_heads} = {head_dim} "
                 "must be even: rotary embedding rotates channel pairs."
             )
-        if vocab_size < 1:
-            raise ValueError(f"vocab_size={vocab_size} must be >= 1.")
+        if num_tokens < 1 or out_dim < 1:
+            raise ValueError(f"num_tokens={num_tokens} and out_dim={out_dim} must be >= 1.")
+        if scale_by_sigma and out_dim < 2:
+            raise ValueError(f"scale_by_sigma takes log(out_dim - 1); out_dim={out_dim} must be >= 2.")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout={dropout} must be in [0, 1).")
 
-        self.vocab_size = vocab_size
-        self.out_dim = vocab_size + 1 if absorbing else vocab_size
+        self.num_tokens = num_tokens
+        self.out_dim = out_dim
         self.hidden_size = hidden_size
         self.n_heads = n_heads
         self.max_len = max_len
-        self.absorbing = absorbing
         self.scale_by_sigma = scale_by_sigma
         self.causal = causal
         self.time_conditioning = time_conditioning
         self.cond_dim = cond_dim
         self.dtype = dtype
 
-        # D rows: the mask token of the absorbing graph needs an embedding too.
-        # Scaled like torch's kaiming_uniform on the [D, H] table (fan_in = H), as
-        # in the original.
+        # Scaled like torch's kaiming_uniform on the [num_tokens, H] table
+        # (fan_in = H), as in the original.
         emb_init = nnx.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform", in_axis=-1, out_axis=-2)
         self.vocab_embed = nnx.Embed(
-            self.out_dim,
+            num_tokens,
             hidden_size,
             dtype=jnp.float32,
             param_dtype=jnp.float32,
             embedding_init=_part(emb_init, ("vocab", "embed")),
             rngs=rngs,
         )
-        self.sigma_map = TimestepEmbedder(cond_dim, dtype=dtype, rngs=rngs) if time_conditioning else None
+        self.sigma_map = TimestepEmbedder(cond_dim, rngs=rngs) if time_conditioning else None
         self.blocks = nnx.List(
             [
                 DDiTBlock(
@@ -416,7 +478,12 @@ class DDiT(nnx.Module):
                 for _ in range(n_blocks)
             ]
         )
-        self.output_layer = FinalLayer(hidden_size, self.out_dim, cond_dim, dtype=dtype, rngs=rngs)
+        self.output_layer = FinalLayer(hidden_size, out_dim, cond_dim, dtype=dtype, rngs=rngs)
+
+    def init_cache(self, batch: int, max_len: int | None = None) -> None:
+        """Empty decoding caches of S = max_len (default the model's) positions in every block."""
+        for block in self.blocks:
+            block.init_cache(batch, max_len or self.max_len)
 
     def _check_inputs(self, x: Array, sigma: Array | None) -> None:
         """Trace-time checks of static shapes (values cannot be checked under jit)."""
@@ -427,13 +494,11 @@ class DDiT(nnx.Module):
         b, l = x.shape
         if l > self.max_len:
             raise ValueError(f"sequence length L={l} exceeds max_len={self.max_len}.")
-        needs_sigma = self.time_conditioning or (self.absorbing and self.scale_by_sigma)
         if sigma is None:
-            if needs_sigma:
+            if self.time_conditioning or self.scale_by_sigma:
                 raise ValueError(
                     "sigma is None but the model needs it (time_conditioning="
-                    f"{self.time_conditioning}, absorbing={self.absorbing}, "
-                    f"scale_by_sigma={self.scale_by_sigma})."
+                    f"{self.time_conditioning}, scale_by_sigma={self.scale_by_sigma})."
                 )
             return
         if jnp.shape(sigma) != (b,):
@@ -444,6 +509,7 @@ class DDiT(nnx.Module):
         x: Array,
         sigma: Array | None,
         *,
+        decode: bool = False,
         deterministic: bool | None = None,
         rngs: nnx.Rngs | Array | None = None,
     ) -> Array:
@@ -453,8 +519,10 @@ class DDiT(nnx.Module):
         this as next-token logits.
 
         Args:
-          x: int[B, L] token ids in [0, D).
+          x: int[B, L] token ids in [0, num_tokens).
           sigma: float[B] total noise, or None when not time-conditioned.
+          decode: run x as the positions from the caches' index on, against the
+            caches of `init_cache` (causal models only); see DDiTBlock.
           deterministic: disable dropout; None follows the module's train/eval
             mode (eval for a fresh model).
           rngs: dropout keys: an nnx.Rngs or a jax key; None uses the stream given
@@ -474,7 +542,7 @@ class DDiT(nnx.Module):
         else:
             c = jnp.zeros((b, self.cond_dim), jnp.float32)  # (B, C)
         for block in self.blocks:
-            h = block(h, c, deterministic=deterministic, rngs=rngs)  # (B, L, H)
+            h = block(h, c, decode=decode, deterministic=deterministic, rngs=rngs)  # (B, L, H)
         return self.output_layer(h, c)  # (B, L, D)
 
     def __call__(
@@ -487,7 +555,7 @@ class DDiT(nnx.Module):
     ) -> Array:
         """Log-score of the reverse process.
 
-        For the absorbing graph with scale_by_sigma (SEDD Sec. 5, App. C.1):
+        With scale_by_sigma, for the absorbing graph (SEDD Sec. 5, App. C.1):
           log s[l, y] = out[l, y] - log(e^sigma - 1) - log(D - 1),   y != x_l,
         so at initialisation (out = 0) a masked position has
           sum_{y != mask} s[l, y] = 1 / (e^sigma - 1),
@@ -497,7 +565,7 @@ class DDiT(nnx.Module):
         log s[l, x_l] = 0, the ratio of a state to itself.
 
         Args:
-          x: int[B, L] token ids in [0, D).
+          x: int[B, L] token ids in [0, num_tokens).
           sigma: float[B] total noise sigma_bar(t), or None when not
             time-conditioned and no sigma scaling applies.
           deterministic: disable dropout; None follows the module's train/eval
@@ -509,7 +577,7 @@ class DDiT(nnx.Module):
         """
         out = self.network_output(x, sigma, deterministic=deterministic, rngs=rngs)  # (B, L, D)
         d = self.out_dim
-        if self.absorbing and self.scale_by_sigma:
+        if self.scale_by_sigma:
             # Computed stably, unlike the original's log(expm1) / exp - 1 switch which
             # is fine in float32 only up to moderate sigma.
             offset = log_expm1(jnp.asarray(sigma)) + math.log(d - 1)  # (B,)
@@ -535,3 +603,30 @@ def non_embedding_param_count(model: DDiT) -> int:
     if model.output_layer.linear.bias is not None:
         n -= int(model.output_layer.linear.bias.size)
     return n
+
+
+def matmul_params(model: DDiT) -> int:
+    """N, the weights of the matmuls every token meets: n (4 H^2 + 2 r H^2) + H D.
+
+    qkv 3H^2 and the attention output H^2 per block, the MLP 2 r H^2 (r the
+    MLP ratio), the output projection H D. Embedding lookups and the
+    per-sequence adaLN / sigma layers are left out. Works on an abstract model
+    (``nnx.eval_shape``).
+    """
+    h = model.hidden_size
+    mlp = model.blocks[0].mlp_in.kernel.shape[1]  # r H
+    return len(model.blocks) * (4 * h * h + 2 * mlp * h) + h * model.out_dim
+
+
+def flops_per_token(model: DDiT, seq_len: int, training: bool = True) -> float:
+    """Model FLOPs per token (not hardware FLOPs: no rematerialisation, no elementwise work).
+
+        forward  = 2 N + 4 n L H        (QK^T and AV: 2 L H each, per block)
+        training = 6 N + 12 n L H       (backward = 2 x forward; PaLM App. B)
+
+    with N = ``matmul_params(model)``. The attention term uses the full L for a
+    causal model too: ``jax.nn.dot_product_attention``'s XLA path computes the
+    whole score matrix and masks it.
+    """
+    forward = 2 * matmul_params(model) + 4 * len(model.blocks) * seq_len * model.hidden_size
+    return 3 * forward if training else forward

@@ -10,11 +10,16 @@ from sedd import model as M
 
 V, H, BLOCKS, HEADS, L = 11, 32, 2, 2, 8
 
+# The three ways sedd builds a DDiT: absorbing and uniform diffusion, and the
+# autoregressive baseline, which embeds BOS = V but predicts only the V tokens.
+ABSORBING = dict(num_tokens=V + 1, out_dim=V + 1, scale_by_sigma=True)
+UNIFORM = dict(num_tokens=V, out_dim=V)
+AR = dict(num_tokens=V + 1, out_dim=V, causal=True, time_conditioning=False)
 
-def make(absorbing=True, **kw):
-    kw.setdefault("max_len", 16)
-    kw.setdefault("rngs", nnx.Rngs(0))
-    return M.DDiT(vocab_size=V, hidden_size=H, n_blocks=BLOCKS, n_heads=HEADS, absorbing=absorbing, **kw)
+
+def make(kind=ABSORBING, **kw):
+    kw = {"max_len": 16, "rngs": nnx.Rngs(0), **kind, **kw}
+    return M.DDiT(hidden_size=H, n_blocks=BLOCKS, n_heads=HEADS, **kw)
 
 
 def perturb(model, seed=1, scale=0.3):
@@ -38,11 +43,10 @@ def tokens(seed, d, b=2):
     return jax.random.randint(jax.random.key(seed), (b, L), 0, d, dtype=jnp.int32)
 
 
-@pytest.mark.parametrize("absorbing", [True, False])
-def test_shape_dtype_and_zero_at_current_token(absorbing):
-    m = perturb(make(absorbing))
-    d = V + 1 if absorbing else V
-    assert m.out_dim == d
+@pytest.mark.parametrize("kind", [ABSORBING, UNIFORM])
+def test_shape_dtype_and_zero_at_current_token(kind):
+    m = perturb(make(kind))
+    d = kind["out_dim"]
     x = tokens(0, d)
     out = run(m, x, jnp.array([0.3, 4.0]))
     assert out.shape == (2, L, d) and out.dtype == jnp.float32
@@ -55,7 +59,7 @@ def test_shape_dtype_and_zero_at_current_token(absorbing):
 
 def test_init_absorbing_total_ratio_at_mask():
     """At init, sum_{y != mask} s_y = 1 / (e^sigma - 1): Lou et al. 2024, scale by sigma."""
-    m = make(True)
+    m = make()
     sig = np.array([1e-4, 0.5, 3.0, 20.0], np.float32)
     x = jnp.full((4, L), V, jnp.int32).at[:, 1::2].set(3)  # masks at even positions
     out = np.asarray(run(m, x, jnp.asarray(sig)), np.float64)
@@ -67,7 +71,7 @@ def test_init_absorbing_total_ratio_at_mask():
 
 
 def test_init_uniform_is_zero():
-    m = make(False)
+    m = make(UNIFORM)
     np.testing.assert_array_equal(np.asarray(run(m, tokens(0, V), jnp.array([0.1, 2.0]))), 0.0)
 
 
@@ -108,7 +112,7 @@ def test_rotary_scores_depend_on_relative_position_only():
 
 
 def test_causal_ignores_future_tokens():
-    m = perturb(make(True, causal=True))
+    m = perturb(make(causal=True))
     x = tokens(0, V + 1)
     sig = jnp.array([0.5, 2.0])
     out = run(m, x, sig)
@@ -122,7 +126,7 @@ def test_causal_ignores_future_tokens():
 
 
 def test_noncausal_sees_future_tokens():
-    m = perturb(make(True))
+    m = perturb(make())
     x = tokens(0, V + 1)
     sig = jnp.array([0.5, 2.0])
     x2 = x.at[:, 5].set((x[:, 5] + 1) % (V + 1))
@@ -131,7 +135,7 @@ def test_noncausal_sees_future_tokens():
 
 
 def test_dropout():
-    m = perturb(make(True, dropout=0.5))
+    m = perturb(make(dropout=0.5))
     x, sig = tokens(0, V + 1), jnp.array([0.5, 2.0])
     ref = m(x, sig)
     np.testing.assert_array_equal(np.asarray(ref), np.asarray(m(x, sig, deterministic=True)))
@@ -149,8 +153,8 @@ def test_dropout():
 
 
 def test_bfloat16_compute():
-    m16 = perturb(make(True, dtype=jnp.bfloat16))
-    m32 = perturb(make(True))
+    m16 = perturb(make(dtype=jnp.bfloat16))
+    m32 = perturb(make())
     for p in jax.tree.leaves(nnx.state(m16, nnx.Param)):
         assert p.dtype == jnp.float32
     x, sig = tokens(0, V + 1), jnp.array([1e-3, 5.0])
@@ -160,8 +164,18 @@ def test_bfloat16_compute():
     assert float(jnp.abs(out - ref).max()) < 0.1 * float(jnp.abs(ref).max())
 
 
+def test_bfloat16_keeps_sigma_map_float32():
+    m16 = perturb(make(dtype=jnp.bfloat16))
+    m32 = perturb(make())
+    sig = jnp.array([1e-3, 0.7, 5.0])
+    c16 = m16.sigma_map(sig)
+    assert c16.dtype == jnp.float32
+    # bfloat16 matmuls would be off by ~1e-3 relative.
+    np.testing.assert_allclose(np.asarray(c16), np.asarray(m32.sigma_map(sig)), rtol=1e-6, atol=1e-7)
+
+
 def test_jit_matches_eager():
-    m = perturb(make(True))
+    m = perturb(make())
     x, sig = tokens(0, V + 1), jnp.array([0.5, 2.0])
     eager = m(x, sig)
     out = nnx.jit(lambda mod, a, b: mod(a, b))(m, x, sig)
@@ -171,17 +185,42 @@ def test_jit_matches_eager():
     np.testing.assert_allclose(np.asarray(out2), np.asarray(eager), rtol=1e-5, atol=1e-5)
 
 
-def test_no_time_conditioning():
-    m = perturb(make(False, causal=True, time_conditioning=False))
+def test_autoregressive_shape_embeds_more_ids_than_it_outputs():
+    m = perturb(make(AR))
     assert m.sigma_map is None
-    out = run(m, tokens(0, V), None)
+    assert m.vocab_embed.embedding.shape == (V + 1, H)
+    assert m.output_layer.linear.kernel.shape == (H, V)
+    x = tokens(0, V + 1).at[:, 0].set(V)  # BOS = V is a valid input id
+    out = nnx.jit(lambda mod, a: mod.network_output(a, None))(m, x)
     assert out.shape == (2, L, V) and bool(jnp.all(jnp.isfinite(out)))
     with pytest.raises(ValueError, match="sigma"):
-        make(True, time_conditioning=False)(tokens(0, V), None)  # scale_by_sigma needs it
+        make(time_conditioning=False)(tokens(0, V), None)  # scale_by_sigma needs it
+
+
+def test_decode_matches_full_causal_pass():
+    """A 3-position prefill then single positions against the cache reproduce the full pass."""
+    m = perturb(make(AR))
+    x = tokens(0, V + 1)
+    full = np.asarray(nnx.jit(lambda mod, a: mod.network_output(a, None))(m, x))  # (B, L, V)
+    step = nnx.jit(lambda mod, a: mod.network_output(a, None, decode=True))
+    m.init_cache(2, L)
+    got = [step(m, x[:, :3])] + [step(m, x[:, i : i + 1]) for i in range(3, L)]
+    np.testing.assert_allclose(np.asarray(jnp.concatenate(got, axis=1)), full, rtol=1e-5, atol=1e-5)
+    assert int(m.blocks[0].cache_index[...]) == L
+
+
+def test_decode_errors():
+    x = tokens(0, V + 1)
+    with pytest.raises(ValueError, match="init_cache"):
+        make(AR).network_output(x, None, decode=True)
+    m = make(UNIFORM, time_conditioning=False)
+    m.init_cache(2)
+    with pytest.raises(ValueError, match="causal"):
+        m.network_output(x, None, decode=True)
 
 
 def test_logical_axis_names_without_mesh():
-    m = make(True)
+    m = make()
     specs = nnx.get_partition_spec(nnx.state(m, nnx.Param))
     assert tuple(specs["vocab_embed"]["embedding"].get_value()) == ("vocab", "embed")
     assert tuple(specs["blocks"][0]["attn_qkv"]["kernel"].get_value()) == ("embed", "qkv")
@@ -190,19 +229,28 @@ def test_logical_axis_names_without_mesh():
 
 
 def test_param_counts():
-    m = make(True)
-    d = V + 1
-    total = M.param_count(m)
-    assert total == sum(int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(m, nnx.Param)))
-    assert M.non_embedding_param_count(m) == total - d * H - (H * d + d)
+    """Counted by hand for D = 12, H = 32, C = 128, 2 blocks, MLP width 128."""
+    embed = 384  # 12 x 32 table
+    sigma_map = 49_408  # 256 x 128 + 128, then 128 x 128 + 128
+    # LayerNorms 2 x 32, qkv 32 x 96, attention out 32 x 32, MLP 32 x 128 + 128
+    # and 128 x 32 + 32, adaLN 128 x 192 + 192.
+    block = 37_280
+    final = 8_288  # LayerNorm 32, adaLN 128 x 64 + 64
+    projection = 396  # 32 x 12 + 12
+    m = make()
+    assert M.param_count(m) == embed + sigma_map + 2 * block + final + projection
+    assert M.non_embedding_param_count(m) == sigma_map + 2 * block + final
 
 
 def test_errors():
     with pytest.raises(ValueError, match="hidden_size=30.*n_heads=4"):
-        M.DDiT(vocab_size=V, hidden_size=30, n_blocks=1, n_heads=4, absorbing=True, rngs=nnx.Rngs(0))
+        M.DDiT(**ABSORBING, hidden_size=30, n_blocks=1, n_heads=4, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="even"):
-        M.DDiT(vocab_size=V, hidden_size=30, n_blocks=1, n_heads=2, absorbing=True, rngs=nnx.Rngs(0))
-    m = make(True, max_len=4)
+        M.DDiT(**ABSORBING, hidden_size=30, n_blocks=1, n_heads=2, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="out_dim=1"):
+        M.DDiT(num_tokens=1, out_dim=1, scale_by_sigma=True, hidden_size=8, n_blocks=1, n_heads=2,
+               rngs=nnx.Rngs(0))
+    m = make(max_len=4)
     with pytest.raises(ValueError, match="L=8.*max_len=4"):
         m(tokens(0, V), jnp.ones(2))
     with pytest.raises(ValueError, match="2-D"):
@@ -212,7 +260,7 @@ def test_errors():
 
 
 def test_gradients_finite_at_init_and_reach_output_layer():
-    m = make(True)
+    m = make()
     x, sig = tokens(0, V + 1), jnp.array([1e-4, 20.0])
     loss = lambda mod: jnp.sum(jnp.exp(mod(x, sig, deterministic=False, rngs=jax.random.key(0))))
     grads = nnx.jit(nnx.grad(loss))(m)

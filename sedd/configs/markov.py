@@ -7,7 +7,7 @@ judge model. Sized like `tiny` to train on a CPU in a few minutes:
   sedd train --config markov --config.model.kind=ar --workdir checkpoints/markov/ar
 """
 
-import shakespeare_char  # sibling file: sedd.config puts this folder on sys.path
+from sedd.configs import shakespeare_char
 
 
 def get_config():

@@ -32,7 +32,8 @@ import dataclasses
 
 import numpy as np
 
-from sedd.data import TokenData
+from sedd.data.packing import TokenData
+from sedd.data.tokenizers import MarkovTokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,43 +176,11 @@ def _table(v: int, k: int, seed: int, alpha: float) -> tuple[np.ndarray, np.ndar
 # ---------------------------------------------------------------- as a dataset
 
 
-class MarkovTokenizer:
-    """Ids 0..V-1 rendered as letters (a, b, ...; then base-V numbers); no EOS.
-
-    Saved with a run like the other tokenizers (``to_dict``), so a run
-    directory knows it was trained on synthetic data.
-    """
-
-    name = "markov"
-    eos_id = None
-
-    def __init__(self, vocab_size: int):
-        self.vocab_size = int(vocab_size)
-
-    def encode(self, text: str) -> np.ndarray:
-        if self.vocab_size > 26:
-            raise ValueError("MarkovTokenizer.encode reads letters; vocab_size > 26 has none")
-        ids = np.array([ord(ch) - ord("a") for ch in text], np.int32)
-        if ((ids < 0) | (ids >= self.vocab_size)).any():
-            raise ValueError(f"{text!r} has characters outside the first {self.vocab_size} letters")
-        return ids
-
-    def decode(self, ids, skip_eos: bool = False) -> str:
-        del skip_eos  # no EOS
-        ids = np.asarray(ids).reshape(-1).tolist()
-        if self.vocab_size <= 26:
-            return "".join(chr(ord("a") + i) if 0 <= i < self.vocab_size else "?" for i in ids)
-        return " ".join(str(i) if 0 <= i < self.vocab_size else "?" for i in ids)
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "vocab_size": self.vocab_size}
-
-
 class MarkovData(TokenData):
-    """A Markov chain as a ``sedd.data.TokenData`` (the interface of text datasets).
+    """A Markov chain as a ``sedd.data.packing.TokenData`` (the interface of text datasets).
 
     Splits are stationary streams drawn with split-specific seeds, so validation
-    never overlaps training. Batches go through ``sedd.data.PackedTokens``
+    never overlaps training. Batches go through ``sedd.data.packing.PackedTokens``
     (resumable, per-process), exactly as for text.
 
     Args:

@@ -6,7 +6,7 @@ copy of OpenWebText (a folder of .txt files or a .jsonl with a "text" field)
 and data.tokenizer_path the GPT-2 tokenizer files (see docs/data.md).
 """
 
-import shakespeare_char  # sibling file: sedd.config puts this folder on sys.path
+from sedd.configs import shakespeare_char
 
 
 def get_config():

@@ -1,6 +1,6 @@
 """A tiny model for tests and smoke runs: compiles and trains in seconds on a CPU."""
 
-import shakespeare_char  # sibling file: sedd.config puts this folder on sys.path
+from sedd.configs import shakespeare_char
 
 
 def get_config():

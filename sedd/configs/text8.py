@@ -4,7 +4,7 @@ Expects `text8.zip` at data.path (https://mattmahoney.net/dc/text8.zip).
 Sized like SEDD/MD4's text8 runs (12 x 768, L = 256) but trainable on one GPU.
 """
 
-import shakespeare_char  # sibling file: sedd.config puts this folder on sys.path
+from sedd.configs import shakespeare_char
 
 
 def get_config():

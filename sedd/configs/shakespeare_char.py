@@ -83,7 +83,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.mesh.tensor = 1  # tensor (model) parallel axis
     # Overrides of sedd.sharding.DEFAULT_RULES: pairs (logical axis name, mesh
     # axis or list of mesh axes or None), e.g. [("embed", None), ("mlp", "fsdp")].
-    c.mesh.rules = []
+    c.mesh.rules = ()
     c.mesh.distributed = "auto"  # jax.distributed: "auto" (when the environment is a multi-process job), "on", "off"
     c.mesh.coordinator_address = ""  # host:port of process 0; "" = $SEDD_COORDINATOR_ADDRESS or auto-detected
     c.mesh.num_processes = 0  # processes in the job; 0 = $SEDD_NUM_PROCESSES or auto-detected

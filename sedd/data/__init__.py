@@ -1,0 +1,95 @@
+"""Data: tokenizers, TFDS builders (array_record, no TensorFlow), packing, synthetic Markov data.
+
+Documents go through three stages:
+
+  1. A TFDS `GeneratorBasedBuilder` turns local files into array_record splits
+     of documents `{"text": bytes}` under a data directory (written once, read
+     with `builder.as_data_source(split)`; TensorFlow is never imported).
+  2. A tokenizer turns each document into ids; the documents of a split are
+     joined with the tokenizer's EOS separator into one int stream, cached as
+     `.npy` beside the TFDS files so later runs do not tokenize again.
+  3. `PackedTokens` cuts the stream into N = len(stream) // L sequences of
+     length L (the remainder is dropped) and serves batches int32[B, L], where
+     batch n is a pure function of (seed, n): resuming at step n reproduces
+     exactly the batches of an uninterrupted run.
+
+Letters: B global batch size, b = B / process_count per-process batch, L
+sequence length, N number of packed sequences in a split, V vocabulary size.
+See docs/data.md for the file formats each builder expects.
+
+Modules: tokenizers, builders (TFDS), packing (sequences and batches), text
+(cached token streams of a builder), markov (a chain with an exact law);
+`load_dataset` picks the one a config's data section names.
+"""
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sedd.data.builders import BUILDERS, VAL_FRACTION, default_data_dir, get_builder, read_documents
+from sedd.data.markov import MarkovChain, MarkovData, load_markov
+from sedd.data.packing import PackedTokens, TokenData, tokenize_documents, unigram_entropy_bits
+from sedd.data.text import TextData
+from sedd.data.tokenizers import (CharTokenizer, GPT2Tokenizer, get_tokenizer, load_tokenizer,
+                                  save_tokenizer, tokenizer_from_dict)
+
+__all__ = [
+    "BUILDERS", "DATASETS", "VAL_FRACTION", "CharTokenizer", "GPT2Tokenizer", "MarkovChain", "MarkovData",
+    "PackedTokens", "TextData", "TokenData", "default_data_dir", "get_builder", "get_tokenizer", "load_dataset",
+    "load_markov", "load_tokenizer", "read_documents", "save_tokenizer", "tokenize_documents",
+    "tokenizer_from_dict", "unigram_entropy_bits",
+]
+
+DATASETS = ("shakespeare", "text", "text8", "openwebtext", "tinystories", "markov")
+
+
+def _cfg(config, key: str, default: Any) -> Any:
+    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
+    return default if value is None else value
+
+
+def load_dataset(config, tokenizer=None) -> TextData:
+    """Builds (once) and loads the dataset a config's `data` section describes.
+
+    Args:
+      config: the `data` ConfigDict (or a dict) with fields
+        name: "shakespeare" | "text" | "text8" | "openwebtext" | "tinystories"
+          | "markov" (synthetic, sedd.data.markov; reads the data.markov section);
+          path: local file or folder, "" for the default;
+        tokenizer: "char" | "byte" | "gpt2"; tokenizer_path: GPT-2 files;
+        seq_len: L; data_dir: "" for $SEDD_DATA_DIR or ~/tensorflow_datasets.
+      tokenizer: a tokenizer restored from a run directory; by default a new one
+        (for "char", the vocabulary of all splits, so validation always encodes).
+    Returns:
+      TextData.
+    """
+    name = _cfg(config, "name", "shakespeare")
+    if name == "markov":  # synthetic data with a known law: drawn, not read from files
+        return load_markov(config)
+    path = _cfg(config, "path", "")
+    if name == "shakespeare" and path:
+        # The plays are only the default text: `--config.data.path=my.txt` alone
+        # trains on the user's file or folder (any *.txt / *.jsonl).
+        name = "text"
+    data_dir = _cfg(config, "data_dir", "") or default_data_dir()
+    builder = get_builder(name, path, data_dir)
+    cache_dir = (Path(data_dir) / "sedd_tokens" / builder.name / builder.builder_config.name
+                 / str(builder.version))
+    if tokenizer is None:
+        kind = _cfg(config, "tokenizer", "char")
+        if kind == "char":
+            # The vocabulary needs one pass over the corpus: keep it for later runs.
+            vocab = cache_dir / "char_vocab.json"
+            if not vocab.exists():
+                tok = CharTokenizer.from_text(doc for split in builder.info.splits.keys()
+                                              for doc in read_documents(builder, split))
+                vocab.parent.mkdir(parents=True, exist_ok=True)
+                tmp = vocab.with_suffix(f".{os.getpid()}.tmp")
+                save_tokenizer(tok, tmp)
+                os.replace(tmp, vocab)
+            tokenizer = load_tokenizer(vocab)
+        elif kind == "gpt2":
+            tokenizer = GPT2Tokenizer(_cfg(config, "tokenizer_path", ""))
+        else:
+            tokenizer = get_tokenizer(kind)
+    return TextData(builder, tokenizer, _cfg(config, "seq_len", 256), cache_dir)

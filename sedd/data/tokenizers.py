@@ -1,0 +1,208 @@
+"""Tokenizers: text <-> int ids. Each has `name`, `vocab_size`, `eos_id` (or
+None), `encode(text) -> int32[n]`, `decode(ids) -> str` and `to_dict()`, which
+a run directory saves as tokenizer.json and `tokenizer_from_dict` reads back.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+EOS_TEXT = "<|endoftext|>"  # how decode renders the separator (GPT-2's spelling)
+
+class CharTokenizer:
+    """One id per character, in sorted order; the separator is the last id.
+
+    The vocabulary is the sorted set of characters of the corpus, so it must be
+    saved with a run (`to_dict`) for prompts and samples to mean the same thing.
+    A dedicated EOS id (= len(chars)) rather than, say, the newline keeps document
+    boundaries apart from line breaks, which are common inside plays.
+    """
+
+    name = "char"
+
+    def __init__(self, chars: str):
+        if len(set(chars)) != len(chars):
+            raise ValueError("CharTokenizer: characters must be unique")
+        self.chars = "".join(sorted(chars))
+        self.eos_id = len(self.chars)
+        self.vocab_size = len(self.chars) + 1
+        codes = np.array([ord(c) for c in self.chars], np.int64)
+        # A dense code point -> id table makes encode one vectorised gather.
+        self._table = np.full(int(codes.max(initial=0)) + 1, -1, np.int32)
+        self._table[codes] = np.arange(len(codes), dtype=np.int32)
+
+    @classmethod
+    def from_text(cls, texts) -> "CharTokenizer":
+        """Vocabulary of all characters in a string or an iterable of strings."""
+        seen: set[str] = set()
+        for text in [texts] if isinstance(texts, str) else texts:
+            seen.update(text)
+        return cls("".join(seen))
+
+    def encode(self, text: str) -> np.ndarray:
+        """int32[len(text)] ids; raises ValueError on characters outside the vocabulary."""
+        codes = np.frombuffer(text.encode("utf-32-le"), np.uint32).astype(np.int64)
+        ids = np.where(codes < len(self._table),
+                       self._table[np.minimum(codes, len(self._table) - 1)], -1)
+        if (ids < 0).any():
+            unknown = sorted({chr(c) for c in codes[ids < 0]})
+            vocab = self.chars if len(self.chars) <= 120 else self.chars[:120] + "..."
+            raise ValueError(
+                f"characters {unknown!r} are not in the {self.vocab_size - 1}-character "
+                f"vocabulary of this run: {vocab!r}")
+        return ids.astype(np.int32)
+
+    def decode(self, ids, skip_eos: bool = False) -> str:
+        """Ids to text; EOS renders as EOS_TEXT (or nothing), other ids outside
+        the vocabulary (e.g. an absorbing graph's mask id) as U+FFFD."""
+        out = []
+        for i in np.asarray(ids).reshape(-1).tolist():
+            if i == self.eos_id:
+                out.append("" if skip_eos else EOS_TEXT)
+            else:
+                out.append(self.chars[i] if 0 <= i < len(self.chars) else "\ufffd")
+        return "".join(out)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "chars": self.chars}
+
+
+class ByteTokenizer:
+    """UTF-8 bytes: ids 0..255 are bytes, 256 is EOS (vocab 257)."""
+
+    name = "byte"
+    vocab_size = 257
+    eos_id = 256
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32)
+
+    def decode(self, ids, skip_eos: bool = False) -> str:
+        """Bytes to text; invalid UTF-8 (common in samples) becomes U+FFFD."""
+        out, chunk = [], bytearray()
+        for i in np.asarray(ids).reshape(-1).tolist():
+            if 0 <= i < 256:
+                chunk.append(i)
+                continue
+            out.append(chunk.decode("utf-8", errors="replace"))
+            chunk = bytearray()
+            out.append(("" if skip_eos else EOS_TEXT) if i == self.eos_id else "\ufffd")
+        out.append(chunk.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name}
+
+
+_GPT2_HELP = (
+    "GPT-2 BPE reads its vocabulary from local files (nothing is downloaded): "
+    "set data.tokenizer_path to a GPT-2 `tokenizer.json`, or to a folder holding "
+    "`vocab.json` and `merges.txt` (the files of the Hugging Face `gpt2` "
+    "repository), and `pip install tokenizers` (or sedd[gpt2]).")
+
+
+class GPT2Tokenizer:
+    """GPT-2 byte-level BPE (vocab 50257, EOS 50256) through the `tokenizers` package.
+
+    Args:
+      path: a `tokenizer.json`, or a folder with `tokenizer.json` or with
+        `vocab.json` + `merges.txt`.
+    Raises:
+      FileNotFoundError: no tokenizer files at path (says what to put where).
+      ImportError: `tokenizers` is not installed.
+    """
+
+    name = "gpt2"
+    vocab_size = 50257
+    eos_id = 50256
+
+    def __init__(self, path: str = ""):
+        self.path = str(path)
+        p = Path(path).expanduser()
+        if not path or not p.exists():
+            raise FileNotFoundError(f"GPT2Tokenizer: no tokenizer files at {path!r}. {_GPT2_HELP}")
+        try:
+            import tokenizers  # optional dependency: only GPT-2 runs need it
+        except ImportError as e:
+            raise ImportError(f"GPT2Tokenizer: the tokenizers package is missing. {_GPT2_HELP}") from e
+        if p.is_dir() and (p / "tokenizer.json").exists():
+            p = p / "tokenizer.json"
+        if p.is_file():
+            self._bpe = tokenizers.Tokenizer.from_file(str(p))
+        elif (p / "vocab.json").exists() and (p / "merges.txt").exists():
+            self._bpe = tokenizers.ByteLevelBPETokenizer(str(p / "vocab.json"), str(p / "merges.txt"))
+        else:
+            raise FileNotFoundError(f"GPT2Tokenizer: no tokenizer.json or vocab.json + merges.txt in {p}. "
+                                    f"{_GPT2_HELP}")
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self._bpe.encode(text, add_special_tokens=False).ids, np.int32)
+
+    def decode(self, ids, skip_eos: bool = False) -> str:
+        ids = [i for i in np.asarray(ids).reshape(-1).tolist()
+               if 0 <= i < self.vocab_size and not (skip_eos and i == self.eos_id)]
+        return self._bpe.decode(ids, skip_special_tokens=False)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "path": self.path}
+
+
+class MarkovTokenizer:
+    """Ids 0..V-1 rendered as letters (a, b, ...; then base-V numbers); no EOS.
+
+    Saved with a run like the other tokenizers (``to_dict``), so a run
+    directory knows it was trained on synthetic data.
+    """
+
+    name = "markov"
+    eos_id = None
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = int(vocab_size)
+
+    def encode(self, text: str) -> np.ndarray:
+        if self.vocab_size > 26:
+            raise ValueError("MarkovTokenizer.encode reads letters; vocab_size > 26 has none")
+        ids = np.array([ord(ch) - ord("a") for ch in text], np.int32)
+        if ((ids < 0) | (ids >= self.vocab_size)).any():
+            raise ValueError(f"{text!r} has characters outside the first {self.vocab_size} letters")
+        return ids
+
+    def decode(self, ids, skip_eos: bool = False) -> str:
+        del skip_eos  # no EOS
+        ids = np.asarray(ids).reshape(-1).tolist()
+        if self.vocab_size <= 26:
+            return "".join(chr(ord("a") + i) if 0 <= i < self.vocab_size else "?" for i in ids)
+        return " ".join(str(i) if 0 <= i < self.vocab_size else "?" for i in ids)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "vocab_size": self.vocab_size}
+
+
+TOKENIZERS = {"char": CharTokenizer, "byte": ByteTokenizer, "gpt2": GPT2Tokenizer, "markov": MarkovTokenizer}
+
+
+def get_tokenizer(name: str, **kwargs):
+    """Builds a tokenizer by name: char (chars=...), byte, gpt2 (path=...), markov (vocab_size=...)."""
+    if name not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer {name!r}; known: {sorted(TOKENIZERS)}")
+    return TOKENIZERS[name](**kwargs)
+
+
+def tokenizer_from_dict(d: dict):
+    """Inverse of `tokenizer.to_dict()`."""
+    d = dict(d)
+    return get_tokenizer(d.pop("name"), **d)
+
+
+def save_tokenizer(tokenizer, path) -> None:
+    """Write ``tokenizer.to_dict()`` as JSON to path (a run's tokenizer.json)."""
+    Path(path).write_text(json.dumps(tokenizer.to_dict()), encoding="utf-8")
+
+
+def load_tokenizer(path):
+    """The tokenizer saved at path by ``save_tokenizer``."""
+    return tokenizer_from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
