@@ -10,8 +10,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["sedd", "sedd.*"]),
-    # The default corpus ships inside the package (see sedd/corpus/README.md).
-    package_data={"sedd": ["corpus/*.tar.xz", "corpus/README.md"]},
+    # The default corpus (see sedd/data/corpus/README.md) and the configs
+    # (modules of sedd.configs, found by name) ship inside the package.
+    package_data={"sedd.data": ["corpus/*.tar.xz", "corpus/README.md"]},
     # Ranges tested on these machines: jax 0.10.2, flax 0.12.8, optax 0.2.8,
     # orbax-checkpoint 0.12.8, tensorflow-datasets 4.9.10, ml-collections 1.1.0.
     install_requires=[
@@ -26,7 +27,9 @@ setup(
         "tqdm>=4.66",  # progress bars
     ],
     extras_require={
-        "test": ["pytest>=8", "scipy>=1.13", "matplotlib>=3.8", "jupytext>=1.16"],
+        "test": ["pytest>=8", "scipy>=1.13", "matplotlib>=3.8", "jupytext>=1.16", "tokenizers>=0.20",
+                 "wheel"],  # builds the wheel offline in tests/test_runs.py
+        "gpt2": ["tokenizers>=0.20"],  # GPT-2 BPE from local vocabulary files
         "gpu": ["jax[cuda12]>=0.10,<0.11"],
         "plot": ["matplotlib>=3.8"],
     },

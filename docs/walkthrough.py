@@ -64,7 +64,7 @@ import numpy as np
 
 from sedd import config as config_lib
 from sedd import data as data_lib
-from sedd import evaluate, graphs, losses, sampling
+from sedd import evaluate, graphs, losses, runs, sampling
 from sedd import model as model_lib
 from sedd import noise as noise_lib
 from sedd import train as train_lib
@@ -112,9 +112,9 @@ print(f"jax {jax.__version__} on {jax.devices()[0].platform}")
 # ## 0. The data and the config
 #
 # The default corpus is the complete plays of Shakespeare, shipped inside the
-# package (`sedd/corpus`, see `docs/data.md`) and tokenised one character per
+# package (`sedd/data/corpus`, see `docs/data.md`) and tokenised one character per
 # token (`sedd.data.CharTokenizer`). We start from the `tiny` config
-# (`experiments/configs/tiny.py`) and override a few fields, exactly as
+# (`sedd/configs/tiny.py`) and override a few fields, exactly as
 # `sedd train --config tiny --config.model.hidden_size=...` would.
 
 # %%
@@ -132,8 +132,7 @@ else:
         "training.eval_batches": 4, "training.eval_samples": 1,
         "optim.lr": 2e-3, "optim.warmup": 100, "sampling.steps": 64,
     }
-config = config_lib.load_config("tiny")
-config_lib.apply_overrides(config, [f"--config.{k}={v}" for k, v in OVERRIDES.items()])
+config = config_lib.load_config("tiny", [f"--config.{k}={v}" for k, v in OVERRIDES.items()])
 
 dataset = data_lib.load_dataset(config.data)
 tok = dataset.tokenizer
@@ -404,7 +403,7 @@ lap("score entropy")
 # %%
 cfg = ml_collections.ConfigDict(config.to_dict())
 cfg.vocab_size = V  # train() sets this from the tokenizer; build_model reads it
-model = train_lib.build_model(cfg)
+model = runs.build_model(cfg)
 print(f"DDiT: {cfg.model.n_blocks} blocks, width {cfg.model.hidden_size}, {cfg.model.n_heads} heads; "
       f"{model_lib.param_count(model):,} parameters")
 x_t = absorbing.sample_transition(jax.random.key(2), x0, jnp.full((1, 1), 1.0))  # (1, L)
@@ -443,8 +442,9 @@ ax.set(xlabel="step", ylabel="DSE loss (bits / char)", title="training")
 ax.legend()
 save(fig, "training.png")
 
-_, _, trainer, params = train_lib.load_run(WORKDIR)  # the EMA weights of the last checkpoint
-score_fn, graph, sched = trainer.params_score_fn, trainer.graph, trainer.noise
+run = runs.load(WORKDIR)  # the EMA weights of the last checkpoint; no optimizer is built
+# One score function object and the weights as traced arguments: every call below reuses one compilation.
+score_fn, params, graph, sched = runs.params_score_fn(run.graphdef), (run.params, run.rest), run.graph, run.noise
 lap("training")
 
 # %% [markdown]
@@ -614,7 +614,7 @@ lap("likelihood bound")
 # * `docs/math.md`: notation, the closed forms and the analytic sampler
 #   derived, the bound, and where `sedd` deviates from the original code.
 # * `docs/index.md`: each concept of the paper and the function that computes it.
-# * `experiments/configs/`: the shipped configs; `sedd train --config shakespeare_char`
+# * `sedd/configs/`: the shipped configs; `sedd train --config shakespeare_char`
 #   trains the default model in about ten minutes on two cores.
 
 # %%

@@ -6,17 +6,16 @@ One module per concept of the paper:
   losses    denoising score entropy loss
   model     the DDiT transformer (Flax NNX)
   sampling  Euler (tau-leaping) and analytic (Tweedie) samplers
-  data      TFDS builders, tokenizers, packing
+  data      tokenizers, TFDS builders, packing, Markov data (a package)
   train     training loop, EMA, checkpoints
   sharding  device meshes and partition rules
   evaluate  likelihood bound, generative perplexity, entropy
 
 and around them:
   categorical  categorical draws exact for small probabilities
-  markov       synthetic Markov-chain data with an exact law
   ar           the autoregressive baseline (loss, KV-cache decoding)
-  config       get_config() files and --config.x=y overrides
-  bench        speed and memory benchmarks
+  runs         a run directory; a trained model loaded for inference
+  config       get_config() files and --config.x=y overrides; the shipped ones in configs/
   cli          the `sedd` command
 """
 

@@ -74,13 +74,25 @@ def override(config: ml_collections.ConfigDict, overrides: Sequence[str] = ()) -
                                         flag_values=values, lock_config=True, sys_argv=argv)
         values(argv)
     except (AttributeError, KeyError) as e:  # a missing key; ml_collections names the closest one
-        hint = re.search(r'Did you mean "([^"]+)" instead of "([^"]+)"', str(e))
-        hint = f"; did you mean {hint[1]!r} instead of {hint[2]!r}?" if hint else ""
-        keys = [a[len("--config."):].split("=")[0] for a in overrides if a.startswith("--config.")]
-        raise KeyError(f"unknown config key among {keys}{hint}") from None
+        raise KeyError(_unknown_key_message(config, overrides, str(e))) from None
     except flags.Error as e:
         raise ValueError(str(e)) from None
     return values.config
+
+
+def _unknown_key_message(config, overrides: Sequence[str], error: str) -> str:
+    """ "unknown config key 'a.bb'; did you mean 'a.b'?" from ml_collections' hint."""
+    keys = [arg[len("--config."):].split("=")[0] for arg in overrides if arg.startswith("--config.")]
+    for key in keys:
+        node, parts = config, key.split(".")
+        for i, part in enumerate(parts):
+            if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+                hint = re.search(r'Did you mean "([^"]+)" instead of "([^"]+)"', error)
+                if hint and hint[2] == part:
+                    return f"unknown config key {key!r}; did you mean {'.'.join([*parts[:i], hint[1]])!r}?"
+                return f"unknown config key {key!r}"
+            node = node[part]
+    return f"unknown config key among {keys}"
 
 
 def load_config(name_or_path: str = DEFAULT_CONFIG, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:

@@ -12,11 +12,11 @@ Three figures, each measured the same way for every model and sampler:
    ``sample_entropy_bits``, the unigram entropy of each sample. Low-entropy
    (repetitive) samples get flattering perplexities, so the two are always
    reported together.
-3. On synthetic data with a known law (``sedd.markov``) the judge is not
+3. On synthetic data with a known law (``sedd.data.markov``) the judge is not
    needed: the exact NLL of each sample and the true entropy of the data.
 
-``compare_samplers`` runs (2) and (3) for every predictor x step count and is
-what ``experiments/compare_samplers.py`` and ``sedd eval`` call.
+``experiments/compare_samplers.py`` reports (2) and (3) for every sampler x
+step count of a run.
 
 Letters: B sequences, L length, V vocabulary, D = graph.dim, R Monte Carlo
 repetitions, n points of the time grid.
@@ -24,27 +24,20 @@ repetitions, n points of the time grid.
 
 from __future__ import annotations
 
-import csv
 import functools
-import json
 import math
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
+from tqdm.auto import tqdm
 
-from sedd import losses
-from sedd.graphs import Graph
-
-ScoreFn = Callable[..., jax.Array]
-"""(x int32[B, L], sigma float[B]) -> log_score float[B, L, D]; or, with
-score_params, (params, x, sigma) -> log_score."""
-
-DEFAULT_STEPS = (8, 16, 32, 64, 128, 256, 1024)
-
+from sedd import ar, losses, runs
+from sedd.data import load_dataset, unigram_entropy_bits
+from sedd.graphs import Graph, ScoreFn
 
 # =========================================================================== the bound
 
@@ -128,36 +121,12 @@ def likelihood_bound(
                               SE_l(s_theta(x_t, sigma(t)), sigma(t), x_t, x0) dt
                             + KL(p_{sigma(1)}(. | x0) || p_base),
 
-    SE the per-position denoising score entropy of ``Graph.score_entropy``.
-    The first term is the path-space KL between the forward chain conditioned
-    on x0 and the model's reverse chain (the ELBO of continuous-time discrete
-    diffusion, Campbell et al. 2022); the second is ``prior_kl``.
-
-    Estimate. The t integral uses a stratified grid: n strata of [t_min, 1],
-    one point per stratum, t_i = t_min + (1 - t_min)(i + u)/n with one uniform
-    shift u per repetition, and a fresh x_t at every point. Each repetition is
-    an unbiased estimate of the integral over [t_min, 1]; ``num_samples`` = R
-    repetitions are averaged.
-
-    Standard error. With R >= 2, the spread of the R repetitions / sqrt(R)
-    (the honest error of a stratified estimate). With R = 1, the n points are
-    treated as independent draws of t: sd(values) / sqrt(n), which
-    overestimates the error (stratification only lowers the variance).
-
-    Tightness. With the exact score and p_base equal to the true marginal at
-    t = 1 the bound is an equality: the model's reverse chain is then the
-    time reversal of the forward chain, whose path law given x_0 = x0 is the
-    forward chain's given x0, so the path KL equals -log p_0(x0) - KL(prior)
-    exactly (tests/test_evaluate.py checks this within the Monte Carlo error).
-    Two small terms remain, both made negligible by the schedule:
-      - the prior: E_{x_1|x0}[log p_1(x_1) / p_base(x_1)], which vanishes as
-        sigma(1) grows (~e^{-sigma(1)}; Geometric with sigma_max = 20 gives
-        ~1e-8);
-      - the low-noise end: the integral starts at sigma(t_min), not at 0
-        (also at sigma_min > 0 for Geometric); the omitted piece is about
-        sigma(t_min) sum_l -log p(x0_l | x0_{-l}) nats, ~1e-4 for sigma_min = 1e-4,
-        and is left out because the model never saw sigma that small and the
-        scale-by-sigma output diverges at sigma = 0.
+    SE the per-position denoising score entropy of ``Graph.score_entropy``;
+    the second term is ``prior_kl``. The t integral over [t_min, 1] is
+    estimated on a stratified grid (n points, one uniform shift per
+    repetition, a fresh x_t at each point), averaged over R repetitions. The
+    derivation, the standard error and why the bound is tight at the exact
+    score: docs/math.md, "The likelihood bound".
 
     Args:
       key: a ``jax.random`` key (grid shift and x_t draws).
@@ -203,11 +172,6 @@ def likelihood_bound(
     return bound, stderr
 
 
-def likelihood_bound_with_stderr(*args, **kwargs) -> tuple[jax.Array, jax.Array]:
-    """``likelihood_bound(..., return_stderr=True)``: (bound float32[B], stderr float32[B])."""
-    return likelihood_bound(*args, return_stderr=True, **kwargs)
-
-
 def dataset_bound(
     key: jax.Array,
     score_fn: ScoreFn,
@@ -236,8 +200,6 @@ def dataset_bound(
       nats_per_seq, stderr_nats_per_token (from the per-sequence errors,
       independent across sequences), num_sequences, num_tokens.
     """
-    from tqdm.auto import tqdm
-
     total, var, n_seq, n_tok = 0.0, 0.0, 0, 0
     it = enumerate(batches)
     bar = tqdm(total=max_batches, desc="bound", disable=not progress, dynamic_ncols=True)
@@ -264,23 +226,21 @@ def dataset_bound(
 # =========================================================================== runs
 
 
-def load_judge(workdir: str | Path, tokenizer=None):
-    """The AR baseline of a run directory as a judge: (config, tokenizer, model).
+def load_judge(workdir: str | Path, tokenizer=None) -> runs.Run:
+    """The AR baseline of a run directory, as a judge of samples.
 
     Raises:
       FileNotFoundError: not a trained run.
       ValueError: the run is not an AR baseline, or its vocabulary differs from
         `tokenizer` (samples would be scored as other tokens).
     """
-    from sedd import train
-
-    config, judge_tok, trainer, params = train.load_run(workdir)
-    if config.model.kind != "ar":
-        raise ValueError(f"the judge {workdir} is a model.kind={config.model.kind!r} run; a judge must be "
+    judge = runs.load(workdir)
+    if not judge.is_ar:
+        raise ValueError(f"the judge {workdir} is a model.kind={judge.config.model.kind!r} run; a judge must be "
                          "an AR baseline (train one with --config.model.kind=ar)")
     if tokenizer is not None:
-        check_same_vocabulary(tokenizer, judge_tok, what=f"the judge {workdir}")
-    return config, judge_tok, trainer.model(params)
+        check_same_vocabulary(tokenizer, judge.tokenizer, what=f"the judge {workdir}")
+    return judge
 
 
 def check_same_vocabulary(tokenizer, other, what: str = "the judge") -> None:
@@ -326,28 +286,20 @@ def evaluate_run(
       the exact perplexity for AR), [bits_per_char], stderr_nats_per_token,
       num_sequences, num_tokens, split, kind [, true_nats_per_token].
     """
-    import ml_collections
-
-    from sedd import ar, data as data_lib, train
-
-    config, tokenizer, trainer, params = train.load_run(workdir)
-    if step is not None:
-        manager = train.checkpoint_manager(Path(workdir), read_only=True)
-        if step not in manager.all_steps():
-            raise FileNotFoundError(f"{workdir} has no checkpoint of step {step}; it has {manager.all_steps()}")
-        params = train.restore_state(manager, trainer.init_state(), step)["ema"]
+    run = runs.load(workdir, step=step)
+    config, tokenizer = run.config, run.tokenizer
     dcfg = ml_collections.ConfigDict(config.data.to_dict())
     for k, v in (data or {}).items():
         dcfg[k] = v
-    dataset = data_lib.load_dataset(dcfg, tokenizer=tokenizer)
+    dataset = load_dataset(dcfg, tokenizer=tokenizer)
     if dataset.tokenizer.to_dict() != tokenizer.to_dict():
         check_same_vocabulary(tokenizer, dataset.tokenizer, what="the evaluation data")
     if split not in dataset.splits:
         raise ValueError(f"split {split!r} not in {dataset.splits}")
     batches = dataset.eval_batches(batch_size, split=split)
     cpt = dataset.chars_per_token
-    if config.model.kind == "ar":
-        model = trainer.model(params)
+    if run.is_ar:
+        model = run.model
         total, n_tok, n_seq = 0.0, 0, 0
         for i, batch in enumerate(batches):
             if max_batches is not None and i >= max_batches:
@@ -357,39 +309,26 @@ def evaluate_run(
         out = losses.units(total / n_tok, cpt)
         out.update(nats_per_seq=total / n_seq, stderr_nats_per_token=0.0, num_sequences=n_seq, num_tokens=n_tok)
     else:
-        out = dataset_bound(jax.random.key(seed), _params_score_fn(trainer), trainer.graph, trainer.noise, batches, num_t,
-                            max_batches=max_batches, chars_per_token=cpt, score_params=params,
-                            progress=progress, **kwargs)
+        out = dataset_bound(jax.random.key(seed), runs.params_score_fn(run.graphdef), run.graph, run.noise, batches,
+                            num_t, max_batches=max_batches, chars_per_token=cpt,
+                            score_params=(run.params, run.rest), progress=progress, **kwargs)
     out.update(split=split, kind=config.model.kind, num_t=num_t, step=step)
     if hasattr(dataset, "true_nats_per_token"):
         out["true_nats_per_token"] = dataset.true_nats_per_token()
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _params_score_fn(trainer):
-    """(params, x, sigma) -> log-score; one object per trainer so compilations are reused."""
-    return lambda params, x, sigma: trainer.model(params)(x, sigma, deterministic=True)
-
-
 # =========================================================================== samples
 
 
-def sample_entropy_bits(samples, vocab_size: int | None = None) -> np.ndarray:
+def sample_entropy_bits(samples) -> np.ndarray:
     """Unigram entropy of each sample's own token frequencies: float64[B] bits.
 
     A sample that repeats a few tokens has low entropy; GPT-2 text of 1024
     tokens sits near 7.5-8 bits (5.2-5.6 nats), and sampler artefacts that
     lower gen-PPL (low temperature, float32 Gumbel) show up here.
     """
-    samples = np.atleast_2d(np.asarray(samples))
-    width = int(max(samples.max(initial=0) + 1, vocab_size or 0))
-    out = np.empty(samples.shape[0])
-    for i, row in enumerate(samples):
-        p = np.bincount(row, minlength=width)
-        p = p[p > 0] / row.size
-        out[i] = float(-(p * np.log2(p)).sum())
-    return out
+    return np.array([unigram_entropy_bits(row) for row in np.atleast_2d(np.asarray(samples))])
 
 
 def judge_nll(model, samples, batch_size: int = 64) -> np.ndarray:
@@ -399,11 +338,9 @@ def judge_nll(model, samples, batch_size: int = 64) -> np.ndarray:
       ValueError: a token id the judge cannot score (outside [0, V), e.g. a
         MASK left in a sample), or samples longer than the judge's max_len.
     """
-    from sedd import ar
-
     samples = np.asarray(samples)
-    if samples.min() < 0 or samples.max() >= model.vocab_size:
-        raise ValueError(f"samples hold ids outside the judge's vocabulary [0, {model.vocab_size})")
+    if samples.min() < 0 or samples.max() >= model.out_dim:
+        raise ValueError(f"samples hold ids outside the judge's vocabulary [0, {model.out_dim})")
     if samples.shape[1] > model.max_len:
         raise ValueError(f"samples of length {samples.shape[1]} exceed the judge's max_len {model.max_len}")
     out = []
@@ -433,197 +370,3 @@ def generative_perplexity(model, samples, batch_size: int = 64) -> dict:
         "entropy_bits": float(sample_entropy_bits(samples).mean()),
         "per_sample_nats": nats,
     }
-
-
-# =========================================================================== sampler comparison
-
-
-def check_steps(steps: Sequence) -> list[int]:
-    """A list of positive step counts, or a ValueError naming the bad entries."""
-    try:
-        steps = list(steps)
-    except TypeError:
-        raise ValueError(f"steps must be a list of positive integers, got {steps!r}") from None
-    bad = [s for s in steps if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1]
-    if bad or not steps:
-        raise ValueError(f"steps must be a non-empty list of positive integers; bad entries: {bad or steps}")
-    return [int(s) for s in steps]
-
-
-def compare_samplers(
-    workdir: str | Path,
-    predictors: Sequence[str] = ("euler", "analytic"),
-    steps: Sequence[int] = DEFAULT_STEPS,
-    num_samples: int = 16,
-    judge: str | Path | None = None,
-    seed: int = 0,
-    categorical: str | None = None,
-    warmup: bool = True,
-    out_dir: str | Path | None = None,
-    progress: bool = True,
-    include_ar: bool = True,
-) -> list[dict]:
-    """Sample with each predictor x step count; score and time the samples.
-
-    Per row: predictor, steps, network evaluations (steps + 1 with the final
-    denoise), wall time of the sampling call in seconds (after a compiling
-    warm-up call when ``warmup``), samples per second, the judge's gen-PPL and
-    per-token NLL, the mean unigram entropy of the samples in bits, and on
-    synthetic data the exact NLL of the samples in nats per token with the true
-    entropy of the data beside it. When the judge is an AR run, a last row
-    samples from the judge itself with its KV cache (L network calls of one
-    token each), the speed and quality baseline.
-
-    Writes into out_dir (default: the run directory) compare_samplers.csv,
-    compare_samplers.md and compare_samplers.png.
-
-    Args:
-      workdir: a trained diffusion run.
-      predictors: names in ``sedd.sampling.PREDICTORS``.
-      steps: positive step counts.
-      num_samples: samples per row.
-      judge: an AR run directory; None = workdir/ar when it exists. Required
-        unless the data is synthetic.
-      seed: sampling seed (the same for every row).
-      categorical: the categorical method (default: the run's config).
-      warmup: time a second call, so compilation is not counted.
-      out_dir: where the files go.
-      progress: show a progress bar.
-      include_ar: add the AR baseline row when the judge is an AR run.
-    Returns:
-      the rows, as dicts.
-    Raises:
-      FileNotFoundError: untrained workdir or judge; no judge for text data.
-      ValueError: bad steps, unknown predictor, a judge of another vocabulary,
-        a workdir that holds an AR run.
-    """
-    from tqdm.auto import tqdm
-
-    from sedd import ar, sampling, train
-
-    steps = check_steps(steps)
-    unknown = [p for p in predictors if p not in sampling.PREDICTORS]
-    if unknown or not predictors:
-        raise ValueError(f"unknown predictors {unknown or predictors}; expected some of {sorted(sampling.PREDICTORS)}")
-    workdir = Path(workdir)
-    config, tokenizer, trainer, params = train.load_run(workdir)
-    if config.model.kind == "ar":
-        raise ValueError(f"{workdir} holds an AR run; compare_samplers needs a diffusion run "
-                         "(pass the AR run as --judge)")
-    chain = None
-    if config.data.name == "markov":
-        from sedd.markov import chain_from_config
-
-        chain = chain_from_config(config.data)
-    if judge is None and (workdir / "ar" / "config.json").exists():
-        judge = workdir / "ar"
-    judge_model = None
-    if judge is not None:
-        _, _, judge_model = load_judge(judge, tokenizer)
-    elif chain is None:
-        raise FileNotFoundError(
-            f"no judge for {workdir}: pass --judge AR_RUN_DIR, or train the AR baseline into {workdir / 'ar'}:\n"
-            f"  sedd train --config CONFIG --config.model.kind=ar --workdir {workdir / 'ar'}")
-    categorical = categorical or config.sampling.categorical
-    length = config.data.seq_len
-    true_nats = chain.sequence_entropy(length) / length if chain is not None else None
-
-    def score(samples: np.ndarray) -> dict:
-        row = {"entropy_bits": float(sample_entropy_bits(samples, tokenizer.vocab_size).mean())}
-        if judge_model is not None:
-            g = generative_perplexity(judge_model, samples)
-            row.update(gen_ppl=g["gen_ppl"], judge_nats_per_token=g["judge_nats_per_token"])
-        if chain is not None:
-            row.update(exact_nats_per_token=float(-chain.log_prob(samples).mean() / length),
-                       true_nats_per_token=true_nats)
-        return row
-
-    def timed(fn) -> tuple[np.ndarray, float]:
-        if warmup:
-            jax.block_until_ready(fn())
-        start = time.perf_counter()
-        out = np.asarray(jax.block_until_ready(fn()))
-        return out, time.perf_counter() - start
-
-    rows = []
-    jobs = [(p, s) for p in predictors for s in steps]
-    key = jax.random.key(seed)
-    for p, s in tqdm(jobs, desc="compare", disable=not progress, dynamic_ncols=True):
-        samples, wall = timed(lambda: train.generate(trainer, params, key, num_samples, steps=s,
-                                                     predictor=p, categorical=categorical))
-        rows.append({"predictor": p, "steps": s, "network_evals": s + 1, "wall_s": wall,
-                     "samples_per_s": num_samples / wall, **score(samples)})
-    if include_ar and judge_model is not None:
-        samples, wall = timed(lambda: ar.sample(key, judge_model, num_samples, length, categorical=categorical))
-        rows.append({"predictor": "ar (kv cache)", "steps": length, "network_evals": length, "wall_s": wall,
-                     "samples_per_s": num_samples / wall, **score(samples)})
-    out_dir = Path(out_dir) if out_dir is not None else workdir
-    write_report(rows, out_dir, meta={"workdir": str(workdir), "judge": str(judge) if judge else None,
-                                      "num_samples": num_samples, "seed": seed, "categorical": categorical,
-                                      "seq_len": length})
-    return rows
-
-
-COLUMNS = ("predictor", "steps", "network_evals", "wall_s", "samples_per_s", "gen_ppl",
-           "judge_nats_per_token", "entropy_bits", "exact_nats_per_token", "true_nats_per_token")
-
-
-def write_report(rows: list[dict], out_dir: str | Path, meta: dict | None = None) -> dict[str, Path]:
-    """compare_samplers.{csv,md,png} in out_dir; returns their paths."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cols = [c for c in COLUMNS if any(c in r for r in rows)]
-    paths = {"csv": out_dir / "compare_samplers.csv", "md": out_dir / "compare_samplers.md",
-             "png": out_dir / "compare_samplers.png"}
-    with open(paths["csv"], "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-
-    def fmt(v):
-        return "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
-
-    lines = []
-    if meta:
-        lines.append("<!-- " + json.dumps(meta) + " -->")
-    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
-    paths["md"].write_text("\n".join(lines) + "\n")
-    _plot(rows, paths["png"])
-    return paths
-
-
-def _plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    quality = "exact_nats_per_token" if any("exact_nats_per_token" in r for r in rows) else "gen_ppl"
-    label = {"exact_nats_per_token": "exact NLL of samples (nats/token)", "gen_ppl": "judge gen-PPL"}[quality]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for name in dict.fromkeys(r["predictor"] for r in rows):
-        rs = [r for r in rows if r["predictor"] == name and quality in r]
-        if not rs:
-            continue
-        if name.startswith("ar"):
-            for ax, x in ((a, rs[0]["network_evals"]), (b, rs[0]["entropy_bits"])):
-                ax.scatter([x], [rs[0][quality]], marker="*", s=120, color="k", label=name, zorder=3)
-            continue
-        a.plot([r["steps"] for r in rs], [r[quality] for r in rs], "o-", label=name)
-        b.plot([r["entropy_bits"] for r in rs], [r[quality] for r in rs], "o-", label=name)
-    if quality == "exact_nats_per_token" and rows and rows[0].get("true_nats_per_token") is not None:
-        for ax in (a, b):
-            ax.axhline(rows[0]["true_nats_per_token"], ls="--", color="gray", label="data entropy")
-    a.set_xscale("log", base=2)
-    a.set_xlabel("sampling steps (network evaluations - 1)")
-    b.set_xlabel("unigram entropy of samples (bits)")
-    for ax in (a, b):
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    a.set_title("quality vs steps")
-    b.set_title("quality vs entropy")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -26,11 +26,17 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
 from sedd.categorical import sample_categorical
+
+ScoreFn = Callable[..., jax.Array]
+"""(x int32[B, L], sigma float[B]) -> log_score float32[B, L, D], the log of the
+ratios p_t(x with x_l = y) / p_t(x), 0 at y = x_l. With ``score_params`` the
+samplers and the bound call it as score_fn(score_params, x, sigma)."""
 
 
 def log_expm1(x: jax.Array) -> jax.Array:

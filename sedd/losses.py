@@ -22,10 +22,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from sedd.graphs import Graph
-
-ScoreFn = Callable[[jax.Array, jax.Array], jax.Array]
-"""(x int32[B, L], sigma float[B]) -> log_score float32[B, L, D]."""
+from sedd.graphs import Graph, ScoreFn
 
 
 def sample_times(

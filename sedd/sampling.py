@@ -54,10 +54,7 @@ import numpy as np
 
 from sedd.categorical import METHODS as CATEGORICAL_METHODS
 from sedd.categorical import sample_categorical
-from sedd.graphs import Graph
-
-ScoreFn = Callable[[jax.Array, jax.Array], jax.Array]
-"""(x int32[B, L], sigma float[B]) -> log_score float32[B, L, D]."""
+from sedd.graphs import Graph, ScoreFn
 
 Predictor = Callable[..., jax.Array]
 """(key, score_fn, graph, noise, x int32[B, L], t float[], dt float[], categorical)
@@ -276,12 +273,8 @@ def sample(
 
     Conditioning: where ``fixed_mask`` is True the state is set to
     ``fixed_tokens`` at the start, after every step and after the denoise
-    (prefix, suffix or any infill pattern). For the absorbing graph this is
-    exact: a clamped token is a clean token, which the score reads as such.
-    For the uniform graph it is an approximation: the score cannot tell a
-    clamped token from a noisy one and treats it as noisy, so the free
-    positions follow a law near, but not equal to, p_0(. | fixed)
-    (docs/sampling.md gives a measured figure).
+    (prefix, suffix or any infill pattern): exact for the absorbing graph, an
+    approximation for the uniform graph (docs/math.md, "Sampling").
 
     The loop is one ``jax.jit`` around a ``jax.lax.fori_loop`` with the key of
     step n equal to ``fold_in(key, n)``. score_fn, graph, noise, shape, steps
@@ -405,3 +398,54 @@ def sample(
         return_trajectory=bool(return_trajectory),
         trajectory_every=trajectory_every,
     )
+
+
+def text_conditioning(tokenizer, seq_len: int, num: int, prefix: str = "", suffix: str = "",
+                      infill: str = "", blank: str = "_") -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``fixed_mask`` and ``fixed_tokens`` of ``sample`` from text prompts, or (None, None) without any.
+
+    prefix fills the first positions and suffix the last. An infill template
+    fills positions 0, 1, ... with its characters, except `blank`, which marks
+    the positions to generate (character-level tokenizers only).
+
+    Args:
+      tokenizer: with ``encode(text) -> int[n]``.
+      seq_len: L, the model's sequence length.
+      num: B, rows of the result.
+      prefix, suffix: text (either may be empty); not with infill.
+      infill: a template such as "To be, or ______ to be".
+      blank: the character of the template that marks a free position.
+    Returns:
+      (bool[B, L], int32[B, L]) or (None, None).
+    Raises:
+      ValueError: text the tokenizer cannot encode, prompts longer than seq_len,
+        infill with prefix or suffix, or infill with a tokenizer that does not
+        map each character to one token.
+    """
+    if not (prefix or suffix or infill):
+        return None, None
+    mask = np.zeros(seq_len, bool)
+    tokens = np.zeros(seq_len, np.int32)
+    if infill:
+        if prefix or suffix:
+            raise ValueError("an infill template cannot be combined with a prefix or suffix (put them in the template)")
+        if len(infill) > seq_len:
+            raise ValueError(f"the infill template has {len(infill)} characters; the model's sequence length is {seq_len}")
+        for i, ch in enumerate(infill):
+            if ch != blank:
+                ids = tokenizer.encode(ch)
+                if len(ids) != 1:
+                    raise ValueError("infill templates need a character-level tokenizer (char, or byte with ASCII text)")
+                mask[i], tokens[i] = True, ids[0]
+    else:
+        pre = np.asarray(tokenizer.encode(prefix), np.int32) if prefix else np.zeros(0, np.int32)
+        suf = np.asarray(tokenizer.encode(suffix), np.int32) if suffix else np.zeros(0, np.int32)
+        if len(pre) + len(suf) > seq_len:
+            raise ValueError(
+                f"prefix ({len(pre)} tokens) + suffix ({len(suf)} tokens) is longer than the "
+                f"model's sequence length {seq_len}"
+            )
+        mask[: len(pre)], tokens[: len(pre)] = True, pre
+        if len(suf):
+            mask[seq_len - len(suf):], tokens[seq_len - len(suf):] = True, suf
+    return np.broadcast_to(mask, (num, seq_len)), np.broadcast_to(tokens, (num, seq_len))

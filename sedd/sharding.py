@@ -19,8 +19,8 @@ A one-device run is the mesh 1 x 1 x 1.
 The model's parameters carry logical axis names (see sedd/model.py: vocab,
 embed, cond, freq, qkv, heads, mlp, adaln); `rules` map each to mesh axes. A
 parameter dimension whose size does not divide by the size of its mesh axes is
-replicated instead (the tiny configs' 66-token vocabulary over 8 tensor shards,
-say), so every rule set works for every model; `describe` shows what happened.
+replicated instead (the tiny config's 86-row vocabulary over 8 tensor shards,
+say), so every rule set works for every model.
 
 Multi-host: each process runs this same program on its own devices;
 `initialize_distributed` connects them (`jax.distributed.initialize`), each
@@ -31,12 +31,12 @@ the global array with `jax.make_array_from_process_local_data`.
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Iterable, Sequence
 
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -110,10 +110,7 @@ def make_mesh(mesh_config, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """
     devices = list(jax.devices() if devices is None else devices)
     shape = mesh_shape(mesh_config, len(devices))
-    try:
-        # Topology-aware order on TPU/GPU (tensor axis on the fastest links).
-        from jax.experimental import mesh_utils
-
+    try:  # topology-aware order on TPU/GPU (tensor axis on the fastest links)
         grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
     except Exception:  # CPU and unusual topologies: plain order, process-major
         grid = np.asarray(devices, dtype=object).reshape(shape)
@@ -194,17 +191,6 @@ def param_shardings(tree, mesh: Mesh, rules=None):
     )
 
 
-def state_shardings(train_state, mesh: Mesh, rules=None):
-    """NamedShardings of a train state (sedd.train): params, opt_state, ema, step, key.
-
-    optax builds Adam's moments (and MultiSteps' accumulators) with
-    `tree_map(zeros_like, params)`, which keeps the nnx Variables and so their
-    logical names: a moment is sharded exactly like its parameter. Scalars and
-    the raw key are replicated.
-    """
-    return param_shardings(train_state, mesh, rules)
-
-
 def replicated(mesh: Mesh) -> NamedSharding:
     """A sharding that keeps a full copy of an array on every device of mesh."""
     return NamedSharding(mesh, P())
@@ -257,75 +243,41 @@ def place_global(batch, mesh: Mesh, rules=None) -> jax.Array:
     return jax.make_array_from_process_local_data(sharding, batch, batch.shape)
 
 
-def to_host(x) -> np.ndarray:
-    """A (possibly multi-process) jax.Array as one numpy array on every process."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
-
-
-def describe(tree, shardings) -> dict[str, str]:
-    """{path: "shape -> spec"} of every array leaf, for logs and tests."""
-    out = {}
-    for (path, x), s in zip(jax.tree_util.tree_leaves_with_path(tree), jax.tree.leaves(shardings)):
-        out[jax.tree_util.keystr(path)] = f"{tuple(np.shape(x))} -> {s.spec}"
-    return out
-
-
-def bytes_per_device(tree, shardings) -> int:
-    """Bytes of `tree` that each device holds under `shardings` (the largest shard)."""
-    total = 0
-    for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
-        shard = s.shard_shape(tuple(np.shape(x)))
-        total += math.prod(shard) * np.dtype(x.dtype).itemsize
-    return total
-
-
 # --------------------------------------------------------------------------- multi-host
 
 
-def _env_int(name: str) -> int | None:
-    v = os.environ.get(name, "")
-    return int(v) if v.strip() else None
-
-
 def initialize_distributed(config=None) -> bool:
-    """Connect the processes of a multi-host job with `jax.distributed.initialize`.
+    """Connect the processes of a multi-process job with `jax.distributed.initialize`.
 
-    Must run before anything touches a device. What decides (config.mesh):
-      distributed = "off": never.
-      distributed = "on": always; address, count and id from the config when
-        set there, else from $SEDD_COORDINATOR_ADDRESS / $SEDD_NUM_PROCESSES /
-        $SEDD_PROCESS_ID, else jax's own detection (SLURM, Open MPI, Cloud TPU).
-      distributed = "auto" (default): as "on" when a coordinator address is set
-        (config or $SEDD_COORDINATOR_ADDRESS or $JAX_COORDINATOR_ADDRESS), or the
-        job is a SLURM step or Open MPI job of more than one task, or a
-        multi-host TPU slice; otherwise a no-op (single process).
+    Must run before anything touches a device. config.mesh.distributed:
+      "off": never.
+      "on": always. coordinator_address, num_processes and process_id come
+        from the config where set there; jax detects the rest (SLURM, Open MPI,
+        Cloud TPU, $JAX_COORDINATOR_ADDRESS) and fails when it cannot.
+      "auto" (default): as "on" when the config sets a coordinator address or
+        jax detects a cluster; a single process otherwise.
 
     Returns:
       True when this call initialized jax.distributed.
     """
     m = config.mesh if config is not None and "mesh" in config else {}
-    get = lambda k, d: m[k] if k in m else d  # noqa: E731
-    mode = get("distributed", "auto")
+    mode = m.get("distributed", "auto")
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"mesh.distributed must be 'auto', 'on' or 'off', got {mode!r}")
     if mode == "off" or jax.distributed.is_initialized():
         return False
-    address = get("coordinator_address", "") or os.environ.get("SEDD_COORDINATOR_ADDRESS", "")
-    num = get("num_processes", 0) or _env_int("SEDD_NUM_PROCESSES")
-    pid = get("process_id", -1)
-    pid = pid if pid >= 0 else _env_int("SEDD_PROCESS_ID")
-    if mode == "auto":
-        multi_task = lambda v: (_env_int(v) or 1) > 1  # noqa: E731
-        cluster = (
-            multi_task("SLURM_STEP_NUM_TASKS")
-            or multi_task("OMPI_COMM_WORLD_SIZE")
-            or "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
-        )
-        if not (address or os.environ.get("JAX_COORDINATOR_ADDRESS") or cluster):
-            return False
-    jax.distributed.initialize(coordinator_address=address or None, num_processes=num, process_id=pid)
+    kwargs = {
+        "coordinator_address": m.get("coordinator_address") or None,
+        "num_processes": m.get("num_processes") or None,
+        "process_id": m.get("process_id") if m.get("process_id", -1) >= 0 else None,
+    }
+    try:
+        jax.distributed.initialize(**kwargs)
+    except (ValueError, RuntimeError):
+        # "auto" without a coordinator in the config: jax found no cluster
+        # (ValueError), or this process already ran JAX computations, as a
+        # notebook or a test suite does (RuntimeError): it stays one process.
+        if mode == "on" or kwargs["coordinator_address"]:
+            raise
+        return False
     return True

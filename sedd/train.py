@@ -1,28 +1,21 @@
-"""Training: state, the jitted step, and one linear `train(config, workdir)`.
-
-The run directory holds everything needed to resume or sample:
-  config.json      the resolved config of the run
-  tokenizer.json   the tokenizer (the char vocabulary is built from the data)
-  metrics.jsonl    one JSON object per logged step (units in the key names)
-  checkpoints/     orbax checkpoints of the train state
+r"""Training: the train state, the jitted step, and one linear ``train(config, workdir)``.
 
 The train state is a plain pytree (dict): step, params, opt_state, ema (the
 EMA of params, used for evaluation and sampling as in SEDD), key (raw key
 data) and bad_step (the first step whose loss or gradient was not finite, -1
 while none). A non-finite step leaves the state untouched, so a NaN can never
 reach a checkpoint; the loop stops with a message naming the step.
+
+The run directory it writes (config, tokenizer, metrics, checkpoints) is
+described in ``sedd.runs``, which also loads the trained model for inference.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import math
-import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -34,66 +27,23 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
+from sedd import ar, losses, runs
 from sedd import config as config_lib
-from sedd import data as data_lib
-from sedd import graphs, losses, noise as noise_lib
 from sedd import sharding as sharding_lib
-from sedd.model import DDiT, param_count
+from sedd.data import load_dataset, load_tokenizer, save_tokenizer
 
-# --------------------------------------------------------------------------- builders
-
-
-def build_graph(config) -> Any:
-    """The forward graph of ``config.graph.type`` over config.vocab_size tokens (sedd.graphs)."""
-    return graphs.get_graph(config.graph.type, config.vocab_size)
-
-
-def build_noise(config) -> Any:
-    """The noise schedule of ``config.noise`` (sedd.noise.LogLinear or Geometric)."""
-    n = config.noise
-    if n.type == "loglinear":
-        return noise_lib.LogLinear(n.eps)
-    if n.type == "geometric":
-        return noise_lib.Geometric(n.sigma_min, n.sigma_max)
-    raise ValueError(f"unknown noise.type {n.type!r}; expected one of {sorted(noise_lib.NOISES)}")
-
-
-def build_model(config, seed: int = 0) -> DDiT:
-    """The network of `config.model` for a vocabulary of config.vocab_size tokens."""
-    m = config.model
-    if m.kind not in ("ddit", "ar"):
-        raise ValueError(f"unknown model.kind {m.kind!r}; expected 'ddit' or 'ar'")
-    ar = m.kind == "ar"
-    return DDiT(
-        vocab_size=config.vocab_size,
-        hidden_size=m.hidden_size,
-        n_blocks=m.n_blocks,
-        n_heads=m.n_heads,
-        cond_dim=m.cond_dim,
-        mlp_ratio=m.mlp_ratio,
-        dropout=m.dropout,
-        max_len=config.data.seq_len,
-        # The AR baseline takes the extra id V as its beginning-of-sequence token (sedd.ar).
-        absorbing=config.graph.type == "absorbing" or ar,
-        scale_by_sigma=m.scale_by_sigma and not ar,
-        causal=ar,
-        time_conditioning=not ar,
-        dtype=jnp.dtype(m.dtype),
-        rngs=nnx.Rngs(params=seed, dropout=seed + 1),
-    )
+# =========================================================================== optimizer
 
 
 def learning_rate_schedule(optim, n_updates: int) -> optax.Schedule:
     """Linear warmup from 0, then constant or cosine decay to 10% of the peak."""
+    warmup = max(optim.warmup, 1)
     if optim.schedule == "constant":
         return optax.join_schedules(
-            [optax.linear_schedule(0.0, optim.lr, max(optim.warmup, 1)), optax.constant_schedule(optim.lr)],
-            [max(optim.warmup, 1)],
-        )
+            [optax.linear_schedule(0.0, optim.lr, warmup), optax.constant_schedule(optim.lr)], [warmup])
     if optim.schedule == "cosine":
         return optax.warmup_cosine_decay_schedule(
-            0.0, optim.lr, max(optim.warmup, 1), max(n_updates, optim.warmup + 1), end_value=0.1 * optim.lr
-        )
+            0.0, optim.lr, warmup, max(n_updates, optim.warmup + 1), end_value=0.1 * optim.lr)
     raise ValueError(f"unknown optim.schedule {optim.schedule!r}; expected 'constant' or 'cosine'")
 
 
@@ -111,73 +61,60 @@ def build_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedul
     return tx, schedule
 
 
-# --------------------------------------------------------------------------- state and steps
+# =========================================================================== state and step
 
 
 class Trainer:
-    """The pure functions of a run: init, train_step, eval_step, score_fn.
+    """The pure functions of a run: init_state, train_step, loss_step.
 
-    Holds the static parts (model graph, graph, noise, optimizer) so that the
-    jitted functions close over them and take only arrays.
-
-    Every jitted function carries the NamedShardings of the mesh (default: the
-    mesh of config.mesh over all devices; see sedd/sharding.py): one code path
-    for 1 device (a 1 x 1 x 1 mesh) and for a pod.
+    Holds the static parts (network structure, graph, noise, optimizer, mesh)
+    so that the jitted functions close over them and take only arrays. Every
+    jitted function carries the NamedShardings of the mesh (default: the mesh
+    of config.mesh over all devices; see sedd/sharding.py): one code path for
+    1 device (a 1 x 1 x 1 mesh) and for a pod.
     """
 
     def __init__(self, config, mesh: jax.sharding.Mesh | None = None):
         self.config = config
-        self.graph = build_graph(config)
-        self.noise = build_noise(config)
+        self.graph = runs.build_graph(config)
+        self.noise = runs.build_noise(config)
         self.tx, self.schedule = build_optimizer(config)
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(config.mesh)
-        self.rules = sharding_lib.make_rules(config.mesh.rules)
-        # Only the graph and the (tiny) dropout key state are kept from this
-        # build; init_state builds the parameters again inside jit, directly
-        # in their shards.
-        model = build_model(config, config.seed)
-        self.n_params = param_count(model)
-        self.graphdef, _, self.rest = nnx.split(model, nnx.Param, ...)
-        del model
+        rules = sharding_lib.make_rules(config.mesh.rules)
+        self.graphdef, abstract_params, self.rest = runs.split_model(config, config.seed)
+        self.n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(abstract_params))
         self.accum = config.training.accum_steps
         abstract = jax.eval_shape(self._init_state)
-        self.state_sharding = sharding_lib.state_shardings(abstract, self.mesh, self.rules)
-        self.param_sharding = self.state_sharding["params"]
-        self.batch_sharding = sharding_lib.batch_sharding(self.mesh, self.rules)
+        self.state_sharding = sharding_lib.param_shardings(abstract, self.mesh, rules)
+        self.batch_sharding = sharding_lib.batch_sharding(self.mesh, rules)
+        self.batch_divisor = sharding_lib.batch_divisor(self.mesh, rules)
+        self._rules = rules
         replicated = sharding_lib.replicated(self.mesh)
         self._init_jit = jax.jit(self._init_state, out_shardings=self.state_sharding)
-        self._abstract_state = jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, self.state_sharding
-        )
-        # One function object for the sampler's compile cache: weights go in
-        # as traced score_params, so new weights never recompile.
-        self.params_score_fn = lambda params, x, sigma: self.model(params)(x, sigma, deterministic=True)
+        self.abstract_state = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, self.state_sharding)
         self.train_step = jax.jit(
             self._train_step,
             in_shardings=(self.state_sharding, self.batch_sharding),
             out_shardings=(self.state_sharding, replicated),
             donate_argnums=0,
         )
-        self._eval_jit = jax.jit(self._eval_step, out_shardings=replicated)
-
-    def eval_step(self, params, batch, key: jax.Array) -> jax.Array:
-        """Per-sequence DSE loss (nats), float32[B], of a batch every process holds in full."""
-        return self._eval_jit(params, sharding_lib.place_global(batch, self.mesh, self.rules), key)
-
-    def shard_batch(self, local_batch) -> jax.Array:
-        """This process's rows of a training batch -> the global batch, split over the data axes."""
-        return sharding_lib.shard_batch(local_batch, self.mesh, self.rules)
+        self._loss_jit = jax.jit(lambda p, x, k: self._loss(p, k, x, train=False)[1], out_shardings=replicated)
 
     def init_state(self) -> dict:
         """A fresh train state, each array created directly in its shards."""
         return self._init_jit()
 
-    def abstract_state(self) -> dict:
-        """The train state as jax.ShapeDtypeStructs carrying their NamedShardings (restore targets)."""
-        return self._abstract_state
+    def shard_batch(self, local_batch) -> jax.Array:
+        """This process's rows of a training batch -> the global batch, split over the data axes."""
+        return sharding_lib.shard_batch(local_batch, self.mesh, self._rules)
+
+    def loss_step(self, params, batch, key: jax.Array) -> jax.Array:
+        """Per-sequence loss (nats), float32[B], dropout off, of a batch every process holds in full."""
+        return self._loss_jit(params, sharding_lib.place_global(batch, self.mesh, self._rules), key)
 
     def _init_state(self) -> dict:
-        params = nnx.state(build_model(self.config, self.config.seed), nnx.Param)
+        params = nnx.state(runs.build_model(self.config, self.config.seed), nnx.Param)
         return {
             "step": jnp.zeros((), jnp.int32),
             "params": params,
@@ -187,37 +124,39 @@ class Trainer:
             "bad_step": jnp.full((), -1, jnp.int32),
         }
 
-    def model(self, params) -> DDiT:
-        return nnx.merge(self.graphdef, params, self.rest)
-
-    def score_fn(self, params, dropout_key=None) -> Callable:
-        """(x, sigma) -> log-score of the network with these parameters."""
-        model = self.model(params)
-        if dropout_key is None:
-            return lambda x, sigma: model(x, sigma, deterministic=True)
-        return lambda x, sigma: model(x, sigma, deterministic=False, rngs=dropout_key)
-
     def _loss(self, params, key, batch, train: bool):
-        k_loss, k_drop = jax.random.split(key)
-        t = self.config.training
-        if self.config.model.kind == "ar":  # next-token cross-entropy, nats per sequence
-            from sedd import ar  # lazy: ar imports the model module only
+        r"""The training objective of a batch x0 [B, L], nats per sequence: (mean, per-sequence [B]).
 
-            model = self.model(params)
-            per_seq = ar.sequence_nll(model, batch, deterministic=not train, rngs=k_drop if train else None)
-            return per_seq.mean(), per_seq
-        per_seq = losses.loss_fn(
-            k_loss,
-            self.score_fn(params, k_drop if train else None),
-            self.graph,
-            self.noise,
-            batch,
-            sampling_eps=t.sampling_eps,
-            low_discrepancy=t.low_discrepancy,
-        )  # (B,) nats per sequence
-        return per_seq.mean(), per_seq
+        Diffusion, Eq. (9) of Lou et al. 2024 (denoising score entropy), one
+        Monte Carlo draw of t per sequence:
+
+            L(x0) = \sigma'(t) \sum_l \sum_{y \ne x_t^l} Q(y, x_t^l)
+                    ( s(x_t, t)_{l,y} - r_y \log s(x_t, t)_{l,y} + K(r_y) ),
+            t ~ U[\epsilon, 1],  x_t ~ p_{\bar\sigma(t)}(. | x0),
+            r_y = p_{\bar\sigma(t)}(y | x0^l) / p_{\bar\sigma(t)}(x_t^l | x0^l),
+
+        an upper bound on -log p(x0) in expectation (Thm. 3.6) up to the prior
+        term. AR baseline: -sum_l log p(x0^l | x0^{<l}) (sedd.ar).
+        """
+        k_loss, k_drop = jax.random.split(key)
+        model = nnx.merge(self.graphdef, params, self.rest)
+        kwargs = dict(deterministic=not train, rngs=k_drop if train else None)
+        if self.config.model.kind == "ar":
+            per_seq = ar.sequence_nll(model, batch, **kwargs)
+        else:
+            t = self.config.training
+            per_seq = losses.loss_fn(k_loss, lambda x, sigma: model(x, sigma, **kwargs), self.graph, self.noise,
+                                     batch, sampling_eps=t.sampling_eps, low_discrepancy=t.low_discrepancy)
+        return per_seq.mean(), per_seq  # (), (B,)
 
     def _train_step(self, state: dict, batch: jax.Array) -> tuple[dict, dict]:
+        r"""One AdamW update on the mean loss, then the EMA, unless the step is not finite.
+
+            g = \nabla_\theta mean_B L(x0),   \theta <- AdamW(\theta, clip(g)),
+            \bar\theta <- d \bar\theta + (1 - d) \theta,   d = min(ema, (1 + n) / (10 + n)),
+
+        n the number of updates so far (SEDD's EMA warm-up); key = fold_in(key, step).
+        """
         step = state["step"]
         key = jax.random.fold_in(jax.random.wrap_key_data(state["key"]), step)
         (loss, _), grads = jax.value_and_grad(self._loss, has_aux=True)(state["params"], key, batch, True)
@@ -225,17 +164,15 @@ class Trainer:
         updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
 
-        # EMA as SEDD: decay min(ema, (1 + n) / (10 + n)) after the n-th update;
-        # with gradient accumulation only the calls that update count.
+        # With gradient accumulation only the calls that update count.
         n_updates = (step + 1) // self.accum
         applied = (step + 1) % self.accum == 0
         decay = jnp.minimum(self.config.training.ema, (1.0 + n_updates) / (10.0 + n_updates))
         decay = jnp.where(applied, decay, 1.0)
         ema = jax.tree.map(lambda e, p: decay * e + (1 - decay) * p, state["ema"], params)
 
-        # A non-finite loss or gradient leaves the state as it was.
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
         new_state = {
             "step": step + 1,
             "params": keep(params, state["params"]),
@@ -244,106 +181,29 @@ class Trainer:
             "key": state["key"],
             "bad_step": jnp.where((state["bad_step"] < 0) & ~finite, step, state["bad_step"]),
         }
-        metrics = {
-            "loss_nats_per_token": loss / batch.shape[1],
-            "grad_norm": grad_norm,
-            "lr": self.schedule(n_updates),
-        }
+        metrics = {"loss_nats_per_token": loss / batch.shape[1], "grad_norm": grad_norm,
+                   "lr": self.schedule(n_updates)}
         return new_state, metrics
 
-    def _eval_step(self, params, batch: jax.Array, key: jax.Array) -> jax.Array:
-        """Per-sequence DSE loss (nats) of `params` on a batch, dropout off: float32[B]."""
-        return self._loss(params, key, batch, False)[1]
 
+def estimate_loss(trainer: Trainer, params, dataset, n_batches: int, batch_size: int, seed: int = 0) -> float:
+    """A quick estimate of the validation loss, nats per token: one draw of t per sequence.
 
-# --------------------------------------------------------------------------- run directory
-
-
-def _check_compatible(workdir: Path, config) -> None:
-    """A run directory with checkpoints must be resumed with a config of the same shapes."""
-    saved_path = workdir / "config.json"
-    if not saved_path.exists():
-        return
-    saved = json.loads(saved_path.read_text())
-    for section in ("model", "graph"):
-        if saved.get(section) != config[section].to_dict():
-            raise ValueError(
-                f"{workdir} holds a run with a different {section} config:\n  saved:   "
-                f"{saved.get(section)}\n  current: {config[section].to_dict()}\n"
-                "Use a new --workdir, or the saved config (the run directory was left as it is)."
-            )
-    for key in ("name", "path", "tokenizer", "seq_len"):
-        if saved.get("data", {}).get(key) != config.data[key]:
-            raise ValueError(
-                f"{workdir} holds a run with data.{key}={saved['data'].get(key)!r}, "
-                f"not {config.data[key]!r}; use a new --workdir (the run directory was left as it is)"
-            )
-
-
-def checkpoint_manager(workdir: Path, config=None, read_only: bool = False) -> ocp.CheckpointManager:
-    """The orbax manager of workdir/checkpoints, keeping what config.training asks for."""
-    t = config.training if config is not None else None
-    absl = logging.getLogger("absl")
-    level = absl.level
-    if read_only:  # orbax warns that a read-only manager is read-only: noise for `sedd sample`
-        absl.setLevel(logging.ERROR)
-    try:
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=t.max_to_keep if t else None,
-            keep_period=(t.keep_period or None) if t else None,
-            create=not read_only,
-            read_only=read_only,
-        )
-        return ocp.CheckpointManager(Path(workdir).absolute() / "checkpoints", options=options)
-    finally:
-        absl.setLevel(level)
-
-
-def restore_state(manager: ocp.CheckpointManager, target: dict, step: int | None = None) -> dict:
-    """Restore a train state onto the shapes, dtypes and shardings of `target`.
-
-    `target` is a train state or `Trainer.abstract_state()`; its leaves must
-    carry concrete NamedShardings. The checkpoint may come from another mesh:
-    orbax reads each device's shard of the new layout.
-
-    Raises:
-      RuntimeError: naming the checkpoint, when it is corrupt or does not fit.
+    The same fixed key at every evaluation, so the estimates of a run are
+    comparable with each other; ``sedd.evaluate.likelihood_bound`` gives the
+    bound itself, with a standard error.
     """
-    step = manager.latest_step() if step is None else step
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target)
-    try:
-        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
-    except Exception as e:  # orbax raises many types for unreadable or mismatched files
-        raise RuntimeError(
-            f"could not restore the checkpoint of step {step} in {manager.directory}: "
-            f"{type(e).__name__}: {str(e)[:500]}\nIt is corrupt or was written by an "
-            "incompatible config. The run directory was left as it is; move it away or "
-            "pass a new --workdir."
-        ) from e
-    return restored["state"]
+    total, count = 0.0, 0
+    key = jax.random.key(seed + 12345)
+    for i, batch in enumerate(dataset.eval_batches(batch_size)):
+        if i >= n_batches:
+            break
+        total += float(trainer.loss_step(params, jnp.asarray(batch), jax.random.fold_in(key, i)).sum())
+        count += batch.size
+    return total / max(count, 1)
 
 
-def load_run(workdir: str | Path, use_ema: bool = True):
-    """A trained run for sampling or evaluation: (config, tokenizer, trainer, params).
-
-    Raises:
-      FileNotFoundError: the directory holds no trained run.
-    """
-    workdir = Path(workdir)
-    if not (workdir / "config.json").exists():
-        raise FileNotFoundError(f"{workdir} is not a run directory (no config.json); train one with `sedd train`")
-    config = config_lib.from_json((workdir / "config.json").read_text())
-    tokenizer = data_lib.load_tokenizer(workdir / "tokenizer.json")
-    try:
-        mesh = sharding_lib.make_mesh(config.mesh)
-    except ValueError:  # trained on a mesh these devices cannot form: data parallel over all of them
-        mesh = sharding_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
-    trainer = Trainer(config, mesh)
-    manager = checkpoint_manager(workdir, read_only=True)
-    if manager.latest_step() is None:
-        raise FileNotFoundError(f"{workdir} holds no checkpoint yet; train first with `sedd train`")
-    state = restore_state(manager, trainer.abstract_state())
-    return config, tokenizer, trainer, state["ema" if use_ema else "params"]
+# =========================================================================== the loop's helpers
 
 
 class MetricsWriter:
@@ -352,15 +212,14 @@ class MetricsWriter:
     Inactive on processes other than 0."""
 
     def __init__(self, workdir: Path, active: bool = True):
-        self.file = open(workdir / "metrics.jsonl", "a") if active else None
+        self.file = open(workdir / runs.METRICS, "a") if active else None
         self.tb = None
         if active:
             try:
-                from tensorboardX import SummaryWriter  # optional: pip install tensorboardX
-
-                self.tb = SummaryWriter(str(workdir / "tensorboard"))
+                from tensorboardX import SummaryWriter  # optional dependency: pip install tensorboardX
             except ImportError:  # no writer installed: metrics.jsonl only
-                pass
+                SummaryWriter = None
+            self.tb = SummaryWriter(str(workdir / "tensorboard")) if SummaryWriter else None
 
     def write(self, row: dict) -> None:
         if self.file is None:
@@ -379,8 +238,14 @@ class MetricsWriter:
             self.tb.close()
 
 
-class _Stop:
-    """Turns SIGTERM / Ctrl-C into a flag the loop checks after each step."""
+class StopRequest:
+    """SIGTERM / Ctrl-C as a request to save and stop, agreed by all processes.
+
+    A signal reaches one process (a preempted host, a Ctrl-C in one terminal);
+    ``agreed()`` all-gathers the flags, so every process sees the request at
+    the same step, saves that step and leaves together. In a single process it
+    is the local flag; with several it costs one tiny all-gather per step.
+    """
 
     def __init__(self):
         self.requested = False
@@ -399,77 +264,26 @@ class _Stop:
             raise KeyboardInterrupt
         self.requested = True
 
+    def agreed(self) -> bool:
+        if jax.process_count() == 1:
+            return self.requested
+        return bool(multihost_utils.process_allgather(np.int32(self.requested)).max())
+
     def __exit__(self, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
 
 
-# --------------------------------------------------------------------------- evaluation helpers
-
-
-def evaluate(trainer: Trainer, params, dataset, n_batches: int, batch_size: int, seed: int = 0) -> float:
-    """Mean DSE loss in nats per token over the first n_batches validation batches.
-
-    One Monte Carlo draw of (t, x_t) per sequence with a fixed key, so the
-    figure is comparable across evaluations; `sedd.evaluate` gives the tighter
-    likelihood bound.
-    """
-    total, count = 0.0, 0
-    key = jax.random.key(seed + 12345)
-    for i, batch in enumerate(dataset.eval_batches(batch_size)):
-        if i >= n_batches:
-            break
-        per_seq = trainer.eval_step(params, jnp.asarray(batch), jax.random.fold_in(key, i))
-        total += float(per_seq.sum())
-        count += batch.size
-    return total / max(count, 1)
-
-
-def generate(trainer: Trainer, params, key, num_samples: int, steps: int | None = None, **kwargs) -> np.ndarray:
-    """Samples of the model: int32[num_samples, L] token ids.
-
-    Keyword arguments go to ``sampling.sample`` (conditioning, predictor, ...);
-    with return_trajectory=True the result is (samples, trajectory).
-    """
-    from sedd import sampling  # sampling depends on nothing here; kept lazy for start-up time
-
-    c = trainer.config
-    if c.model.kind == "ar":  # the AR baseline decodes with its KV cache
-        from sedd import ar
-
-        return np.asarray(ar.sample(key, trainer.model(params), num_samples, c.data.seq_len,
-                                    categorical=kwargs.pop("categorical", c.sampling.categorical)))
-    out = sampling.sample(
-            key,
-            trainer.params_score_fn,
-            trainer.graph,
-            trainer.noise,
-            (num_samples, c.data.seq_len),
-            steps or c.sampling.steps,
-            predictor=kwargs.pop("predictor", c.sampling.predictor),
-            eps=c.sampling.eps,
-            categorical=kwargs.pop("categorical", c.sampling.categorical),
-            score_params=params,
-            **kwargs,
-        )
-    return jax.tree.map(np.asarray, out)
-
-
-def decode(tokenizer, ids) -> str:
-    """One sequence of token ids (int[L]) as text."""
-    return tokenizer.decode([int(i) for i in ids])
-
-
-# --------------------------------------------------------------------------- the loop
+# =========================================================================== the loop
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = False) -> dict:
     """Train (or resume) the run in `workdir`; returns the final figures.
 
     Returns:
-      dict with step, val_nats_per_token, val_bits_per_token, val_bits_per_char
-      (when the data has a characters-per-token ratio), unigram_entropy_bits,
-      and samples (decoded strings).
+      dict with step, stopped, and after a finished run val_nats_per_token,
+      val_bits_per_token, val_ppl_bound, val_bits_per_char (character data),
+      unigram_entropy_bits[_per_char] and samples (decoded strings).
     """
     workdir = Path(workdir)
     t = config.training
@@ -483,10 +297,14 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     say = (lambda *a: None) if quiet else (lambda *a: tqdm.write(" ".join(str(x) for x in a)))
 
     # ---- data and tokenizer (the tokenizer is saved with the run)
-    _check_compatible(workdir, config)
-    tok_path = workdir / "tokenizer.json"
-    tokenizer = data_lib.load_tokenizer(tok_path) if tok_path.exists() else None
-    dataset = data_lib.load_dataset(config.data, tokenizer=tokenizer)
+    runs.check_compatible(workdir, config)
+    tok_path = workdir / runs.TOKENIZER
+    tokenizer = load_tokenizer(tok_path) if tok_path.exists() else None
+    if not lead:  # process 0 prepares the data files (once, on a shared disk) before the others read them
+        multihost_utils.sync_global_devices("sedd: data prepared")
+    dataset = load_dataset(config.data, tokenizer=tokenizer)
+    if lead and jax.process_count() > 1:
+        multihost_utils.sync_global_devices("sedd: data prepared")
     tokenizer = dataset.tokenizer
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = tokenizer.vocab_size
@@ -495,101 +313,92 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
         multihost_utils.sync_global_devices("sedd: run directory read")
     if lead:
         if not tok_path.exists():
-            data_lib.save_tokenizer(tokenizer, tok_path)
-        (workdir / "config.json").write_text(config_lib.to_json(config))
-    if t.batch_size % jax.process_count():
-        raise ValueError(f"training.batch_size={t.batch_size} must divide by the {jax.process_count()} processes")
-    shards = sharding_lib.batch_divisor(mesh, config.mesh.rules)
-    if t.batch_size % shards:
-        raise ValueError(
-            f"training.batch_size={t.batch_size} must divide by the {shards} batch shards of the mesh "
-            f"{dict(mesh.shape)}; change the batch size or config.mesh"
-        )
+            save_tokenizer(tokenizer, tok_path)
+        (workdir / runs.CONFIG).write_text(config_lib.to_json(config))
 
     # ---- model, optimizer, state; resume from the newest checkpoint if any
     trainer = Trainer(config, mesh)
-    manager = checkpoint_manager(workdir, config)
-    start = manager.latest_step()
-    if start is not None:  # onto this run's mesh, whatever mesh wrote it
-        state = restore_state(manager, trainer.abstract_state(), start)
-        say(f"resumed {workdir} at step {start}")
+    for divisor, what in ((jax.process_count(), "processes"), (trainer.batch_divisor, "batch shards of the mesh")):
+        if t.batch_size % divisor:
+            raise ValueError(f"training.batch_size={t.batch_size} must divide by the {divisor} {what} "
+                             f"(mesh {dict(mesh.shape)}); change the batch size or config.mesh")
+    manager = runs.checkpoint_manager(workdir, config)
+    if manager.latest_step() is not None:  # onto this run's mesh, whatever mesh wrote it
+        state = runs.restore(manager, trainer.abstract_state)
+        say(f"resumed {workdir} at step {manager.latest_step()}")
     else:
         state = trainer.init_state()
-    start = int(state["step"])
+    step = int(state["step"])
     entropy = dataset.unigram_entropy_bits()
     cpt = dataset.chars_per_token
-    say(
-        f"model: {trainer.n_params / 1e6:.2f}M parameters; data: {dataset.num_tokens('train'):,} train tokens, "
-        f"vocabulary {tokenizer.vocab_size}, unigram entropy {entropy:.3f} bits/token"
-    )
+    say(f"model: {trainer.n_params / 1e6:.2f}M parameters; data: {dataset.num_tokens('train'):,} train tokens, "
+        f"vocabulary {tokenizer.vocab_size}, unigram entropy {entropy:.3f} bits/token")
 
     def val_figures(params) -> dict:
-        nats = evaluate(trainer, params, dataset, t.eval_batches, t.batch_size, config.seed)
-        u = losses.units(nats, chars_per_token=cpt)
-        return {f"val_{k}": v for k, v in u.items()}
+        nats = estimate_loss(trainer, params, dataset, t.eval_batches, t.batch_size, config.seed)
+        return {f"val_{k}": v for k, v in losses.units(nats, chars_per_token=cpt).items()}
+
+    def model_run(state) -> runs.Run:
+        return runs.from_parts(config, tokenizer, trainer.graphdef, state["ema"], trainer.rest, step, mesh)
+
+    def check_finite(state) -> None:
+        bad = int(state["bad_step"])
+        if bad >= 0:
+            raise FloatingPointError(
+                f"non-finite loss or gradient at step {bad}; nothing after step {bad} was applied "
+                f"or saved. The last checkpoint is step {manager.latest_step()} in {workdir}. "
+                "Try a lower optim.lr or optim.grad_clip, or float32 compute (model.dtype).")
 
     # ---- the loop
-    batches = dataset.train_batches(
-        t.batch_size, seed=config.seed, start_step=start,
-        process_index=jax.process_index(), process_count=jax.process_count(),
-    )
-    writer = MetricsWriter(workdir, active=jax.process_index() == 0)
+    batches = dataset.train_batches(t.batch_size, seed=config.seed, start_step=step,
+                                    process_index=jax.process_index(), process_count=jax.process_count())
+    writer = MetricsWriter(workdir, active=lead)
     val = {}
     tokens_per_step = t.batch_size * config.data.seq_len
-    last_time, last_step = time.perf_counter(), start
-    step = start
+    last_time, last_step = time.perf_counter(), step
     stopped = False
-    with _Stop() as stop, tqdm(total=t.n_iters, initial=start, disable=quiet, desc="train", dynamic_ncols=True) as bar:
-        while step < t.n_iters:
-            state, metrics = trainer.train_step(state, trainer.shard_batch(next(batches)))
-            step += 1
-            bar.update(1)
-            boundary = step % t.log_every == 0 or step % t.ckpt_every == 0 or step == t.n_iters or stop.requested
-            if boundary:
-                bad = int(state["bad_step"])
-                if bad >= 0:
-                    writer.close()
-                    raise FloatingPointError(
-                        f"non-finite loss or gradient at step {bad}; nothing after step {bad} was applied "
-                        f"or saved. The last checkpoint is step {manager.latest_step()} in {workdir}. "
-                        "Try a lower optim.lr or optim.grad_clip, or float32 compute (model.dtype)."
-                    )
-            if step % t.log_every == 0 or step == t.n_iters:
-                now = time.perf_counter()
-                row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
-                row["loss_bits_per_token"] = row["loss_nats_per_token"] / math.log(2)
-                if cpt:
-                    row["loss_bits_per_char"] = row["loss_bits_per_token"] / cpt
-                row["tokens_per_s"] = (step - last_step) * tokens_per_step / max(now - last_time, 1e-9)
-                last_time, last_step = now, step
-                if step % t.eval_every == 0 or step == t.n_iters:
-                    val = val_figures(state["ema"])
-                    row.update(val)
-                bar.set_postfix(loss=f"{row['loss_bits_per_token']:.3f} bits/tok")
-                writer.write(row)
-            if step % t.eval_every == 0 and step < t.n_iters and t.eval_samples:
-                ids = generate(trainer, state["ema"], jax.random.key(step), t.eval_samples)
-                for s in ids:
-                    say(f"[step {step}] {decode(tokenizer, s)!r}")
-            if step % t.ckpt_every == 0 or step == t.n_iters or stop.requested:
-                if manager.latest_step() != step:
-                    manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
-            if stop.requested:
-                stopped = True
-                break
-    manager.wait_until_finished()
-    writer.close()
+    with StopRequest() as stop, tqdm(total=t.n_iters, initial=step, disable=quiet, desc="train",
+                                     dynamic_ncols=True) as bar:
+        try:
+            while step < t.n_iters:
+                state, metrics = trainer.train_step(state, trainer.shard_batch(next(batches)))
+                step += 1
+                bar.update(1)
+                stopped = stop.agreed()
+                if step % t.log_every == 0 or step == t.n_iters:
+                    check_finite(state)
+                    now = time.perf_counter()
+                    row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+                    row.update({f"loss_{k}": v for k, v in losses.units(row["loss_nats_per_token"], cpt).items()
+                                if k.startswith("bits")})
+                    row["tokens_per_s"] = (step - last_step) * tokens_per_step / max(now - last_time, 1e-9)
+                    last_time, last_step = now, step
+                    if step % t.eval_every == 0 or step == t.n_iters:
+                        val = val_figures(state["ema"])
+                        row.update(val)
+                    bar.set_postfix(loss=f"{row['loss_bits_per_token']:.3f} bits/tok")
+                    writer.write(row)
+                if step % t.eval_every == 0 and step < t.n_iters and t.eval_samples:
+                    for text in model_run(state).generate(jax.random.key(step), t.eval_samples):
+                        say(f"[step {step}] {text!r}")
+                final = stopped or step == t.n_iters
+                if manager.latest_step() != step and (final or manager.should_save(step)):
+                    check_finite(state)
+                    manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
+                if stopped:
+                    break
+        finally:
+            manager.wait_until_finished()
+            writer.close()
     if stopped:
         say(f"stopped at step {step}; checkpoint saved in {workdir}. Run the same command to resume.")
         return {"step": step, "stopped": True}
 
     # ---- final figures
-    if step != t.n_iters or not val:  # the loop evaluates at n_iters, unless the run had already ended
+    if not val:  # the run had already ended before this call
         val = val_figures(state["ema"])
     result = {"step": step, "stopped": False, "unigram_entropy_bits": entropy, **val}
     if cpt:
         result["unigram_entropy_bits_per_char"] = entropy / cpt
-    result["samples"] = [
-        decode(tokenizer, s) for s in generate(trainer, state["ema"], jax.random.key(config.seed), max(t.eval_samples, 1))
-    ]
+    result["samples"] = model_run(state).generate(jax.random.key(config.seed), max(t.eval_samples, 1))
     return result

@@ -1,4 +1,4 @@
-"""sedd.evaluate: the bound is tight at the exact score; gen-PPL, entropy, the comparison harness."""
+"""sedd.evaluate: the bound is tight at the exact score; gen-PPL, entropy."""
 
 import itertools
 import math
@@ -8,7 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sedd import evaluate, graphs, losses, noise as noise_lib
+from sedd import config as config_lib
+from sedd import evaluate, graphs, noise as noise_lib, runs, train
+from sedd.data import load_dataset
+from sedd.data.tokenizers import MarkovTokenizer
 
 
 def enumerate_law(vocab, length, seed=0):
@@ -68,8 +71,8 @@ def test_bound_is_an_upper_bound_for_a_wrong_score_and_prior_kl():
     noise = noise_lib.LogLinear(1e-3)
     flat = lambda x, sigma: jnp.where(jax.nn.one_hot(x, graph.dim, dtype=bool), 0.0,
                                       -graphs.log_expm1(sigma)[:, None, None] - math.log(3.0))
-    bound, err = evaluate.likelihood_bound_with_stderr(jax.random.key(1), flat, graph, noise, seqs, num_t=64,
-                                                       num_samples=2)
+    bound, err = evaluate.likelihood_bound(jax.random.key(1), flat, graph, noise, seqs, num_t=64, num_samples=2,
+                                           return_stderr=True)
     # A model that ignores context: each token at 1/3; its exact NLL is 2 log 3 per sequence.
     np.testing.assert_allclose(bound, 2 * math.log(3.0), atol=5 * float(err.max()) + 0.02)
     kl = evaluate.prior_kl(graph, noise, seqs)
@@ -91,22 +94,9 @@ def test_dataset_bound_units():
     assert out["ppl_bound"] == pytest.approx(math.exp(out["nats_per_token"]))
 
 
-def test_sample_entropy_and_steps_check():
+def test_sample_entropy_and_vocabulary_check():
     h = evaluate.sample_entropy_bits([[0, 0, 0, 0], [0, 1, 2, 3], [0, 0, 1, 1]])
     np.testing.assert_allclose(h, [0.0, 2.0, 1.0])
-    assert evaluate.check_steps([8, 16]) == [8, 16]
-    for bad in ([8, 0], [-1], [], [2.5]):
-        with pytest.raises(ValueError, match="positive"):
-            evaluate.check_steps(bad)
-
-
-def test_compare_samplers_errors_and_vocabulary(tmp_path):
-    from sedd.markov import MarkovTokenizer
-
-    with pytest.raises(FileNotFoundError, match="run directory"):
-        evaluate.compare_samplers(tmp_path / "nothing", steps=[4])
-    with pytest.raises(ValueError, match="positive"):
-        evaluate.compare_samplers(tmp_path / "nothing", steps=[4, 0])
     with pytest.raises(ValueError, match="another vocabulary"):
         evaluate.check_same_vocabulary(MarkovTokenizer(8), MarkovTokenizer(9))
 
@@ -117,25 +107,19 @@ def test_trained_bound_approaches_the_true_entropy(tmp_path):
 
     About 3 minutes on 2 CPU cores; figures of longer runs are in docs/evaluation.md.
     """
-    from sedd import config as config_lib, train
-
     c = config_lib.load_config("markov")
     c.data.markov.num_tokens = 200_000
     c.training.n_iters, c.training.eval_every, c.training.ckpt_every = 600, 600, 600
     c.training.keep_period = 300
     train.train(c, tmp_path / "run", quiet=True)
-    _, _, trainer, _ = train.load_run(tmp_path / "run")
-    manager = train.checkpoint_manager(tmp_path / "run", read_only=True)
-    from sedd import data as data_lib
-
-    ds = data_lib.load_dataset(c.data)
+    ds = load_dataset(c.data)
     x0 = jnp.asarray(next(ds.eval_batches(64)))
     true = ds.true_nats_per_token()
     figures = {}
     for step in (300, 600):
-        params = train.restore_state(manager, trainer.init_state(), step)["ema"]
-        b, e = evaluate.likelihood_bound(jax.random.key(0), evaluate._params_score_fn(trainer), trainer.graph,
-                                         trainer.noise, x0, num_t=64, return_stderr=True, score_params=params)
+        run = runs.load(tmp_path / "run", step=step)
+        b, e = evaluate.likelihood_bound(jax.random.key(0), run.score_fn, run.graph, run.noise, x0, num_t=64,
+                                         return_stderr=True)
         figures[step] = (float(b.mean()) / x0.shape[1], float(jnp.sqrt((e ** 2).sum())) / x0.size)
     print(figures, "true", true)
     assert figures[600][0] < figures[300][0]

@@ -1,4 +1,4 @@
-"""sedd.markov: exact law against brute force, and the dataset interface."""
+"""sedd.data.markov: exact law against brute force, and the dataset interface."""
 
 import itertools
 import math
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from sedd import data as data_lib
-from sedd.markov import MarkovChain, MarkovData, MarkovTokenizer
+from sedd.data.markov import MarkovChain, MarkovData
+from sedd.data.tokenizers import MarkovTokenizer
 
 
 def test_log_prob_is_a_law_and_entropy_matches_enumeration():

@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import os
 import socket
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import jax
@@ -22,7 +24,7 @@ import numpy as np
 import pytest
 
 from sedd import config as config_lib
-from sedd import sharding
+from sedd import runs, sharding
 from sedd import train as train_lib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,9 +81,11 @@ def test_train_reads_the_mesh_and_rejects_one_that_does_not_fit(tmp_path):
 
 
 def test_distributed_is_a_no_op_for_a_single_process(monkeypatch):
-    for v in ("SEDD_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE"):
+    for v in ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri", "TPU_WORKER_HOSTNAMES"):
         monkeypatch.delenv(v, raising=False)
     assert sharding.initialize_distributed(config_lib.load_config("tiny")) is False
+    with pytest.raises(ValueError, match="'auto', 'on' or 'off'"):
+        sharding.initialize_distributed(config_lib.load_config("tiny", ["--config.mesh.distributed=maybe"]))
 
 
 # --------------------------------------------------------------------------- 8 fake devices
@@ -90,7 +94,7 @@ _MESHES = """
 import json, tempfile
 import jax, numpy as np
 import orbax.checkpoint as ocp
-from sedd import config as C, sharding as S, train as T
+from sedd import config as C, runs, sharding as S, train as T
 
 cfg = C.load_config("tiny")
 cfg.vocab_size = 65  # D = 66: divides by 2, not by 8 (the replication fallback)
@@ -119,19 +123,20 @@ for shape in [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 1, 8)]:
         "batch": str(tr.shard_batch(batches[0]).sharding.spec),
     }
     if shape in [(1, 1, 1), (2, 2, 2)]:  # evaluation and sampling on sharded parameters
-        out["eval"][name] = float(tr.eval_step(st["ema"], batches[0], jax.random.key(0)).sum())
-        out["samples"][name] = T.generate(tr, st["ema"], jax.random.key(1), 8, steps=2).tolist()
+        out["eval"][name] = float(tr.loss_step(st["ema"], batches[0], jax.random.key(0)).sum())
+        run = runs.from_parts(cfg, None, tr.graphdef, st["ema"], tr.rest, mesh=mesh)
+        out["samples"][name] = run.sample(jax.random.key(1), 8, steps=2).tolist()
     trainers[shape], states[shape] = tr, st
 
 # A checkpoint written on the 2 x 2 x 2 mesh, restored onto 1 x 1 x 8 and onto one device.
 with tempfile.TemporaryDirectory() as d:
-    mgr = T.checkpoint_manager(d)
-    mgr.save(2, args=ocp.args.Composite(state=ocp.args.StandardSave(states[(2, 2, 2)])))
+    mgr = runs.checkpoint_manager(d, cfg)
+    mgr.save(2, args=ocp.args.Composite(state=ocp.args.PyTreeSave(states[(2, 2, 2)])), force=True)
     mgr.wait_until_finished()
     out["restore"] = {}
     for shape in [(1, 1, 8), (1, 1, 1)]:
         tr = trainers[shape]
-        r = T.restore_state(T.checkpoint_manager(d, read_only=True), tr.abstract_state())
+        r = runs.restore(runs.checkpoint_manager(d), tr.abstract_state)
         same = all(
             np.array_equal(np.asarray(a), np.asarray(b))
             for a, b in zip(jax.tree.leaves(r), jax.tree.leaves(states[(2, 2, 2)]))
@@ -246,10 +251,52 @@ def test_two_processes_train_like_one(tmp_path):
         np.testing.assert_allclose(o["val_nats_per_token"], one["val_nats_per_token"], rtol=2e-6)
         assert o["samples"] == one["samples"]
     # Both processes wrote their shards of one checkpoint through orbax.
-    assert train_lib.checkpoint_manager(tmp_path / "two", read_only=True).latest_step() == 3
-    # ... which this single process loads for sampling, although it cannot form the run's 2 x 2 x 1 mesh.
-    _, _, trainer, ema = train_lib.load_run(tmp_path / "two")
-    assert dict(trainer.mesh.shape) == {"data": jax.device_count(), "fsdp": 1, "tensor": 1}
-    _, _, _, ema_one = train_lib.load_run(tmp_path / "one")
+    assert runs.checkpoint_manager(tmp_path / "two").latest_step() == 3
+    # ... which this single process loads for sampling onto all of its devices: the run's 2 x -1 x 1 mesh
+    # when they can form it, else all of them on the data axis.
+    two = runs.load(tmp_path / "two")
+    assert two.mesh.devices.size == jax.device_count()
+    if jax.device_count() % 2:
+        assert dict(two.mesh.shape) == {"data": jax.device_count(), "fsdp": 1, "tensor": 1}
+    ema, ema_one = two.params, runs.load(tmp_path / "one").params
     for a, b in zip(jax.tree.leaves(ema), jax.tree.leaves(ema_one)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
+_STOP = """
+import json, sys
+pid, port, workdir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+from sedd import config as C, train as T
+cfg = C.load_config("tiny", ["--config.training.n_iters=100000", "--config.training.log_every=1",
+                             "--config.training.eval_every=100000", "--config.training.ckpt_every=100000",
+                             f"--config.mesh.coordinator_address=localhost:{port}",
+                             "--config.mesh.num_processes=2", f"--config.mesh.process_id={pid}"])
+res = T.train(cfg, workdir, quiet=True)
+print("RESULT " + json.dumps(res))
+"""
+
+
+def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path):
+    """A signal reaches one host only; both agree on it, save the same step and exit."""
+    port = str(_free_port())
+    procs = [_python(_STOP, 1, tmp_path, str(i), port, str(tmp_path / "run"), wait=False) for i in range(2)]
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+            assert all(p.poll() is None for p in procs), [p.stdout.read()[-3000:] for p in procs]
+            time.sleep(0.05)
+        procs[1].send_signal(signal.SIGTERM)  # the process that writes nothing
+        sent = time.time()
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+        waited = time.time() - sent
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], [o[-3000:] for o in outs]
+    results = [_result(o) for o in outs]
+    assert all(r["stopped"] for r in results)
+    assert results[0]["step"] == results[1]["step"] < 100000
+    assert runs.checkpoint_manager(tmp_path / "run").latest_step() == results[0]["step"]
+    assert waited < 60

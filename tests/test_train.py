@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from sedd import cli
+from sedd import cli, runs
 from sedd import config as config_lib
 from sedd import train as train_lib
 
@@ -26,10 +26,8 @@ def data_dir(tmp_path_factory):
 
 
 def tiny(data_dir, **overrides):
-    c = config_lib.load_config("tiny")
-    c.data.data_dir = data_dir
-    config_lib.apply_overrides(c, [f"--config.{k}={v}" for k, v in overrides.items()])
-    return c
+    overrides = {"data.data_dir": data_dir, **overrides}
+    return config_lib.load_config("tiny", [f"--config.{k}={v}" for k, v in overrides.items()])
 
 
 def read_metrics(workdir):
@@ -49,16 +47,17 @@ def test_tiny_run_end_to_end(graph, data_dir, tmp_path):
     assert "val_bits_per_char" in rows[-1] and np.isfinite(result["val_bits_per_char"])
     assert result["step"] == 6 and len(result["samples"][0]) > 0
     assert (tmp_path / "run" / "tokenizer.json").exists() and (tmp_path / "run" / "config.json").exists()
-    assert train_lib.checkpoint_manager(tmp_path / "run", read_only=True).latest_step() == 6
+    assert runs.checkpoint_manager(tmp_path / "run").latest_step() == 6
 
 
 def test_checkpoint_round_trip(data_dir, tmp_path):
     c = tiny(data_dir, **{"training.n_iters": 3, "training.ckpt_every": 3})
     train_lib.train(c, tmp_path / "run", quiet=True)
-    config, tokenizer, trainer, ema = train_lib.load_run(tmp_path / "run")
-    manager = train_lib.checkpoint_manager(tmp_path / "run", read_only=True)
-    state = train_lib.restore_state(manager, trainer.init_state())
-    assert int(state["step"]) == 3
+    run = runs.load(tmp_path / "run")
+    trainer = train_lib.Trainer(run.config)
+    state = runs.restore(runs.checkpoint_manager(tmp_path / "run"), trainer.abstract_state)
+    assert int(state["step"]) == 3 and run.step == 3
+    ema = run.params
     # The restored EMA is the saved one, and differs from the initial weights.
     for a, b in zip(jax.tree.leaves(ema), jax.tree.leaves(state["ema"])):
         np.testing.assert_array_equal(a, b)
@@ -87,7 +86,7 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(data_dir, tmp_path):
     run.send_signal(signal.SIGTERM)
     out = run.communicate(timeout=120)[0]
     assert run.returncode == 0, out
-    stopped_at = train_lib.checkpoint_manager(tmp_path / "b", read_only=True).latest_step()
+    stopped_at = runs.checkpoint_manager(tmp_path / "b").latest_step()
     assert stopped_at is not None and stopped_at < 16, out
     resumed = _cli_train(tmp_path / "b", data_dir)
     out = resumed.communicate(timeout=300)[0]
@@ -116,11 +115,11 @@ def test_every_key_the_code_reads_exists_in_every_shipped_config():
     default = _keys(configs["shakespeare_char"])
     read = set()
     pattern = re.compile(r"\b(?:config|c|self\.config|trainer\.config)\.(\w+)\.(\w+)")
-    for path in (ROOT / "sedd").glob("*.py"):
+    for path in (ROOT / "sedd").rglob("*.py"):
         read |= {f"{a}.{b}" for a, b in pattern.findall(path.read_text())}
     # Section aliases: `t = config.training`, `o = config.optim`, `m = config.model`, `n = config.noise`.
     aliases = {"t": "training", "o": "optim", "m": "model", "n": "noise"}
-    for path in (ROOT / "sedd").glob("train.py"):
+    for path in (ROOT / "sedd" / "train.py", ROOT / "sedd" / "runs.py"):
         for a, b in re.findall(r"\b([tomn])\.(\w+)\b", path.read_text()):
             if b not in ("items", "to_dict", "get"):
                 read.add(f"{aliases[a]}.{b}")
@@ -134,18 +133,21 @@ def test_every_key_the_code_reads_exists_in_every_shipped_config():
 
 
 def test_unknown_config_key_and_bad_value():
-    c = config_lib.load_config("tiny")
-    with pytest.raises(KeyError, match="training.n_iters"):
-        config_lib.apply_overrides(c, ["--config.training.n_iter=5"])
-    with pytest.raises(ValueError, match="expects a int"):
-        config_lib.apply_overrides(c, ["--config.training.n_iters=many"])
+    with pytest.raises(KeyError, match="'training.n_iter'; did you mean 'training.n_iters'"):
+        config_lib.load_config("tiny", ["--config.training.n_iter=5"])
+    with pytest.raises(ValueError, match="n_iters=many"):
+        config_lib.load_config("tiny", ["--config.training.n_iters=many"])
+    with pytest.raises(ValueError, match="overrides look like"):
+        config_lib.load_config("tiny", ["--steps=3"])
+    c = config_lib.load_config("tiny", ["--config.optim.lr=1", "--config.data.path=1e-3"])
+    assert c.optim.lr == 1.0 and isinstance(c.optim.lr, float) and c.data.path == "1e-3"
     with pytest.raises(FileNotFoundError, match="shipped configs"):
         config_lib.load_config("no_such_config")
 
 
 def test_cli_errors_are_clear(data_dir, tmp_path, capsys):
     assert cli.main(["train", "--config", "tiny", "--workdir", str(tmp_path / "r"), "--config.model.hiden_size=3"]) == 2
-    assert "unknown config key 'model.hiden_size'; did you mean model.hidden_size" in capsys.readouterr().err
+    assert "unknown config key 'model.hiden_size'; did you mean 'model.hidden_size'?" in capsys.readouterr().err
     missing = tmp_path / "nope.txt"
     assert cli.main(["train", "--config", "tiny", "--workdir", str(tmp_path / "r"), "--config.data.name=text",
                      f"--config.data.path={missing}", f"--config.data.data_dir={data_dir}"]) == 2

@@ -1,13 +1,13 @@
 r"""Benchmarks: training MFU, sampler overhead, diffusion vs AR latency, memory.
 
-Each benchmark is a library function returning a dict (printed as a table and
-written as JSON by ``main``); ``experiments/benchmarks/*.py`` and
-``sedd bench`` are thin wrappers around ``main``:
+Each benchmark is a function returning a dict, printed as a table and
+written as JSON (default: experiments/benchmarks/results/NAME_PLATFORM.json):
 
-  sedd bench train    [--quick] [--json PATH] ...   tokens/s, FLOPs/token, MFU
-  sedd bench sampler  [--quick] ...                 predictor step / forward pass
-  sedd bench ar       [--quick] ...                 diffusion vs AR time to L tokens
-  sedd bench memory   [--quick] ...                 compiled train-step bytes per config
+  python experiments/benchmarks/bench.py train    [--quick] [--json PATH] ...   tokens/s, FLOPs/token, MFU
+  python experiments/benchmarks/bench.py sampler  [--quick] ...   predictor step / forward pass
+  python experiments/benchmarks/bench.py ar       [--quick] ...   diffusion vs AR time to L tokens
+  python experiments/benchmarks/bench.py memory   [--quick] ...   compiled train-step bytes per config
+  python experiments/benchmarks/bench.py all      [--quick] ...
 
 Timing rules, because the machines these run on are shared and noisy:
   * every figure that is compared is measured in the same process, with the
@@ -17,20 +17,8 @@ Timing rules, because the machines these run on are shared and noisy:
   * every result carries ``machine()``: devices, CPU count, load average,
     jax version and XLA_FLAGS.
 
-FLOP counting (model FLOPs, not hardware FLOPs: rematerialisation and the
-elementwise work are not counted). With H hidden, n blocks, r mlp_ratio, D the
-output width and L the sequence length, the matmul weights a token meets are
-
-    N = n (4 H^2 + 2 r H^2) + H D        (qkv 3H^2, out H^2, MLP 2 r H^2; output H D)
-
-(embedding lookups and the per-sequence adaLN / sigma layers are left out) and
-
-    forward FLOPs / token  = 2 N + 4 n L H        (QK^T and AV: 2 L H each, per block)
-    training FLOPs / token = 6 N + 12 n L H       (backward = 2 x forward; PaLM App. B)
-
-The attention term uses the full L for the causal AR model too, because
-``jax.nn.dot_product_attention``'s XLA path computes the whole score matrix
-and masks it.
+FLOPs: model FLOPs per token of ``sedd.model.flops_per_token`` (6 N + 12 n L H
+for training, N the matmul weights a token meets).
 """
 
 from __future__ import annotations
@@ -38,7 +26,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import os
 import platform
 import statistics
@@ -50,8 +37,14 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "experiments" / "benchmarks" / "results"
+from sedd import ar, runs, sampling
+from sedd import config as config_lib
+from sedd import model as model_lib
+from sedd.train import Trainer
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 # --------------------------------------------------------------------------- machine and timing
 
@@ -122,13 +115,11 @@ def matmul_fn(n: int = 2048, dtype=jnp.float32) -> tuple[Callable[[], Any], floa
 # --------------------------------------------------------------------------- configs and FLOPs
 
 
-def bench_config(base: str = "shakespeare_char", vocab_size: int = 65, **model_overrides):
+def bench_config(base: str = "shakespeare_char", vocab_size: int = 85, **model_overrides):
     """A shipped config with vocab_size set (normally set from the tokenizer) and model overrides.
 
     Keys: hidden_size, n_blocks, n_heads, cond_dim, seq_len, batch_size, kind, dtype.
     """
-    from sedd import config as config_lib
-
     c = config_lib.load_config(base)
     c.vocab_size = vocab_size
     for k, v in model_overrides.items():
@@ -142,19 +133,13 @@ def bench_config(base: str = "shakespeare_char", vocab_size: int = 65, **model_o
 
 
 def matmul_params(config) -> int:
-    """N: weights of the per-token matmuls (see the module docstring)."""
-    m = config.model
-    h = m.hidden_size
-    d = config.vocab_size + 1 if (config.graph.type == "absorbing" or m.kind == "ar") else config.vocab_size
-    return m.n_blocks * (4 * h * h + 2 * m.mlp_ratio * h * h) + h * d
+    """N of ``sedd.model.matmul_params`` for a config's network."""
+    return model_lib.matmul_params(nnx.eval_shape(lambda: runs.build_model(config)))
 
 
 def flops_per_token(config, training: bool = True) -> float:
-    """Model FLOPs per token: 6 N + 12 n L H (training) or 2 N + 4 n L H (forward)."""
-    m = config.model
-    n_mat = matmul_params(config)
-    attn = 4 * m.n_blocks * config.data.seq_len * m.hidden_size
-    return 3 * (2 * n_mat + attn) if training else 2 * n_mat + attn
+    """``sedd.model.flops_per_token`` of a config's network at its sequence length."""
+    return model_lib.flops_per_token(nnx.eval_shape(lambda: runs.build_model(config)), config.data.seq_len, training)
 
 
 # --------------------------------------------------------------------------- training
@@ -167,8 +152,6 @@ def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = 
     same rounds too, which splits a step into forward, backward and
     optimizer/EMA time (the non-matmul share shows up as the gap to the peak).
     """
-    from sedd.train import Trainer
-
     trainer = Trainer(config)
     b, l = config.training.batch_size, config.data.seq_len
     batch = trainer.shard_batch(
@@ -255,18 +238,9 @@ def run_train(quick: bool, args) -> dict:
 
 
 def _diffusion_parts(config, seed: int = 0):
-    """(graph, noise, params, score_fn(params, x, sigma)) of an untrained diffusion model."""
-    from flax import nnx
-
-    from sedd.train import build_graph, build_model, build_noise
-
-    model = build_model(config, seed)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-
-    def score_fn(params, x, sigma):
-        return nnx.merge(graphdef, params, rest)(x, sigma, deterministic=True)
-
-    return build_graph(config), build_noise(config), params, score_fn
+    """(graph, noise, score_params, score_fn(score_params, x, sigma)) of an untrained diffusion model."""
+    graphdef, params, rest = nnx.split(runs.build_model(config, seed), nnx.Param, ...)
+    return runs.build_graph(config), runs.build_noise(config), (params, rest), runs.params_score_fn(graphdef)
 
 
 def bench_sampler(config, batch: int, repeats: int = 5, t: float = 0.5, steps: int = 128,
@@ -281,8 +255,6 @@ def bench_sampler(config, batch: int, repeats: int = 5, t: float = 0.5, steps: i
     ``key_impls`` adds rows for the precise path fed a key of another PRNG
     implementation (``jax.random.key(0, impl=...)``), for each predictor.
     """
-    from sedd import sampling
-
     graph, noise, params, score_fn = _diffusion_parts(config)
     l = config.data.seq_len
     key = jax.random.key(0)
@@ -335,7 +307,7 @@ def run_sampler(quick: bool, args) -> dict:
         repeats, loop_steps, predictors, key_impls = 2, 4, ["analytic"], ()
     else:
         cases = [
-            (bench_config(), args.batch),  # the default char model: H 256, 4 blocks, L 128, V 65
+            (bench_config(), args.batch),  # the default char model (sedd/configs/shakespeare_char.py), V 85
             (bench_config(vocab_size=50257, hidden_size=128, n_blocks=2, n_heads=2, cond_dim=64,
                           seq_len=128), args.batch_gpt2),
         ]
@@ -360,41 +332,12 @@ def run_sampler(quick: bool, args) -> dict:
 
 
 def ar_decode_fn(config, batch: int) -> tuple[Callable[[], Any], str]:
-    """A () -> tokens function generating L tokens with the AR baseline, and its method."""
-    from sedd import ar
-    from sedd.train import build_model
-
-    c = bench_config_copy(config, kind="ar")
-    model = build_model(c, 0)
-    if hasattr(ar, "sample") and hasattr(ar, "decode_step"):
-        key = jax.random.key(0)
-        return (lambda: ar.sample(key, model, batch, config.data.seq_len)), "KV cache (sedd.ar.sample)"
-    # No KV-cache decoder in this checkout: L full causal forward passes, an upper bound.
-    from flax import nnx
-
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    l = config.data.seq_len
-
-    @jax.jit
-    def decode(params, key):
-        m = nnx.merge(graphdef, params, rest)
-
-        def body(i, x):
-            logits = ar.next_token_logits(m, x)[:, i]
-            tok = jax.random.categorical(jax.random.fold_in(key, i), logits)
-            return x.at[:, i].set(tok.astype(jnp.int32))
-
-        return jax.lax.fori_loop(0, l, body, jnp.zeros((batch, l), jnp.int32))
-
-    return functools.partial(decode, params, jax.random.key(0)), "no KV cache (L full forward passes)"
-
-
-def bench_config_copy(config, **model_overrides):
-    """A resolved copy of config with fields of its model section replaced."""
+    """A () -> tokens function generating L tokens with the AR baseline (KV cache), and its method."""
     c = config.copy_and_resolve_references()
-    for k, v in model_overrides.items():
-        c.model[k] = v
-    return c
+    c.model.kind = "ar"
+    model = runs.build_model(c, 0)
+    key = jax.random.key(0)
+    return (lambda: ar.sample(key, model, batch, config.data.seq_len)), "KV cache (sedd.ar.sample)"
 
 
 def bench_diffusion_vs_ar(config, batch: int, steps_list: list[int], max_direct_steps: int,
@@ -408,8 +351,6 @@ def bench_diffusion_vs_ar(config, batch: int, steps_list: list[int], max_direct_
     median taken, so drift in load shows up in both. Crossover: the step count
     at which diffusion takes as long as AR, from that per-call time.
     """
-    from sedd import sampling
-
     graph, noise, params, score_fn = _diffusion_parts(config)
     l = config.data.seq_len
     key = jax.random.key(0)
@@ -484,11 +425,9 @@ def run_ar(quick: bool, args) -> dict:
 
 def train_step_memory(config) -> dict:
     """XLA's memory analysis of the compiled train step, from abstract inputs (nothing allocated)."""
-    from sedd.train import Trainer
-
     t0 = time.perf_counter()
     trainer = Trainer(config)
-    state = trainer.abstract_state()
+    state = trainer.abstract_state
     batch = jax.ShapeDtypeStruct((config.training.batch_size, config.data.seq_len), jnp.int32,
                                  sharding=trainer.batch_sharding)
     compiled = trainer.train_step.lower(state, batch).compile()
@@ -510,13 +449,12 @@ def train_step_memory(config) -> dict:
     return out
 
 
-SHIPPED_VOCAB = {"shakespeare_char": 65, "tiny": 65, "text8": 27, "owt_small": 50257, "markov": 8}
+# The vocabulary each config trains with (set from the tokenizer in a real run): the plays give 85 ids.
+SHIPPED_VOCAB = {"shakespeare_char": 85, "tiny": 85, "text8": 28, "owt_small": 50257, "markov": 8}
 
 
 def run_memory(quick: bool, args) -> dict:
     """Compiled train-step memory (argument, temporary, peak bytes) per config; dict with a table."""
-    from sedd import config as config_lib
-
     names = ["tiny"] if quick else (args.configs or config_lib.shipped_configs())
     results = {}
     for name in names:
@@ -553,8 +491,8 @@ RUNNERS = {"train": run_train, "sampler": run_sampler, "ar": run_ar, "memory": r
 
 
 def parser() -> argparse.ArgumentParser:
-    """The argument parser of ``sedd bench``."""
-    p = argparse.ArgumentParser(prog="sedd bench", description=__doc__.split("\n\n")[0])
+    """The argument parser of this script."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("which", choices=sorted(RUNNERS) + ["all"])
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of a few seconds")
     p.add_argument("--json", default="", help="output file, a folder with `all` "
@@ -612,7 +550,7 @@ def run(which: str, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`sedd bench WHICH [options]`: the entry point of the CLI and of experiments/benchmarks/*.py."""
+    """`python experiments/benchmarks/bench.py WHICH [options]`."""
     args = parser().parse_args(argv)
     for which in (sorted(RUNNERS) if args.which == "all" else [args.which]):
         run(which, args)

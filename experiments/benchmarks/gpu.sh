@@ -8,7 +8,7 @@ set -uo pipefail
 OUT="${1:-experiments/benchmarks/results}"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-B="python -m sedd.bench"
+B="python experiments/benchmarks/bench.py"
 
 # Training: SEDD small's body (12 x 768, L 1024) in bfloat16, MFU against a
 # bfloat16 8192^3 matmul timed in the same rounds.
@@ -20,7 +20,7 @@ timeout 90 $B sampler --batch 64 --batch_gpt2 32 --dtype bfloat16 --repeats 7 \
   --json "$OUT/sampler_gpu.json" || echo "sampler: failed or timed out"
 
 # Diffusion vs AR (KV cache) at SEDD small's size, L 1024, batch 1 and 64;
-# steps up to 256 timed, 1024 from the linear fit.
+# steps up to 256 timed, 1024 from the median time per network call.
 timeout 180 $B ar --width 768 --blocks 12 --seq_len 1024 --batch_sizes 1 64 --dtype bfloat16 \
   --max_direct_steps 256 --json "$OUT/diffusion_vs_ar_gpu.json" || echo "ar: failed or timed out"
 

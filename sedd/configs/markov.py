@@ -1,6 +1,6 @@
 """Synthetic data with a known law: a random order-2 Markov chain over 8 tokens.
 
-The exact entropy of the data is known (sedd.markov), so the likelihood bound
+The exact entropy of the data is known (sedd.data.markov), so the likelihood bound
 and the exact NLL of samples can be read against the truth, not against a
 judge model. Sized like `tiny` to train on a CPU in a few minutes:
   sedd train --config markov --workdir checkpoints/markov
@@ -11,13 +11,13 @@ from sedd.configs import shakespeare_char
 
 
 def get_config():
+    """The markov config: a small DDiT on a synthetic chain whose law is known exactly."""
     c = shakespeare_char.get_config()
     c.model.hidden_size = 64
     c.model.n_blocks = 2
     c.model.n_heads = 4
     c.model.cond_dim = 32
     c.data.name = "markov"
-    c.data.tokenizer = "markov"  # informational: the synthetic data brings its own tokenizer
     c.data.seq_len = 32
     c.data.markov.vocab_size = 8
     c.data.markov.order = 2

@@ -10,6 +10,7 @@ from sedd.configs import shakespeare_char
 
 
 def get_config():
+    """The owt_small config: SEDD small on OpenWebText with the GPT-2 tokenizer."""
     c = shakespeare_char.get_config()
     c.model.hidden_size = 768
     c.model.n_blocks = 12

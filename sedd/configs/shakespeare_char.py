@@ -9,6 +9,7 @@ import ml_collections
 
 
 def get_config() -> ml_collections.ConfigDict:
+    """The default config: a character-level DDiT of the bundled plays."""
     c = ml_collections.ConfigDict()
     c.seed = 0  # drives initialisation, data order, t and x_t draws, sampling
 
@@ -39,7 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.tokenizer_path = ""  # gpt2 only: tokenizer.json, or a folder with vocab.json + merges.txt
     c.data.seq_len = 128  # L, tokens per training sequence
     c.data.data_dir = ""  # "" = $SEDD_DATA_DIR, else ~/tensorflow_datasets
-    c.data.markov = ml_collections.ConfigDict()  # read only when data.name = "markov" (sedd.markov)
+    c.data.markov = ml_collections.ConfigDict()  # read only when data.name = "markov" (sedd.data.markov)
     c.data.markov.vocab_size = 8  # V, tokens of the synthetic chain
     c.data.markov.order = 2  # k, tokens of context of each transition
     c.data.markov.seed = 0  # seeds the transition table (the chain itself)
@@ -82,10 +83,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.mesh.fsdp = 1  # parameter sharding (ZeRO-3 style) axis
     c.mesh.tensor = 1  # tensor (model) parallel axis
     # Overrides of sedd.sharding.DEFAULT_RULES: pairs (logical axis name, mesh
-    # axis or list of mesh axes or None), e.g. [("embed", None), ("mlp", "fsdp")].
+    # axis or tuple of mesh axes or None), e.g. (("embed", None), ("mlp", "fsdp")).
     c.mesh.rules = ()
     c.mesh.distributed = "auto"  # jax.distributed: "auto" (when the environment is a multi-process job), "on", "off"
-    c.mesh.coordinator_address = ""  # host:port of process 0; "" = $SEDD_COORDINATOR_ADDRESS or auto-detected
-    c.mesh.num_processes = 0  # processes in the job; 0 = $SEDD_NUM_PROCESSES or auto-detected
-    c.mesh.process_id = -1  # this process's index; -1 = $SEDD_PROCESS_ID or auto-detected
+    c.mesh.coordinator_address = ""  # host:port of process 0; "" = detected by jax (SLURM, MPI, TPU, env)
+    c.mesh.num_processes = 0  # processes in the job; 0 = detected by jax
+    c.mesh.process_id = -1  # this process's index; -1 = detected by jax
     return c

@@ -8,6 +8,7 @@ from sedd.configs import shakespeare_char
 
 
 def get_config():
+    """The text8 config: a 12 x 768 DDiT on text8 characters."""
     c = shakespeare_char.get_config()
     c.model.hidden_size = 768
     c.model.n_blocks = 12

@@ -4,6 +4,7 @@ from sedd.configs import shakespeare_char
 
 
 def get_config():
+    """The tiny config: the default shrunk to compile and train in seconds."""
     c = shakespeare_char.get_config()
     c.model.hidden_size = 32
     c.model.n_blocks = 2

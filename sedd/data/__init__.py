@@ -30,11 +30,11 @@ from sedd.data.builders import BUILDERS, VAL_FRACTION, default_data_dir, get_bui
 from sedd.data.markov import MarkovChain, MarkovData, load_markov
 from sedd.data.packing import PackedTokens, TokenData, tokenize_documents, unigram_entropy_bits
 from sedd.data.text import TextData
-from sedd.data.tokenizers import (CharTokenizer, GPT2Tokenizer, get_tokenizer, load_tokenizer,
+from sedd.data.tokenizers import (EOS_TEXT, CharTokenizer, GPT2Tokenizer, get_tokenizer, load_tokenizer,
                                   save_tokenizer, tokenizer_from_dict)
 
 __all__ = [
-    "BUILDERS", "DATASETS", "VAL_FRACTION", "CharTokenizer", "GPT2Tokenizer", "MarkovChain", "MarkovData",
+    "BUILDERS", "DATASETS", "EOS_TEXT", "VAL_FRACTION", "CharTokenizer", "GPT2Tokenizer", "MarkovChain", "MarkovData",
     "PackedTokens", "TextData", "TokenData", "default_data_dir", "get_builder", "get_tokenizer", "load_dataset",
     "load_markov", "load_tokenizer", "read_documents", "save_tokenizer", "tokenize_documents",
     "tokenizer_from_dict", "unigram_entropy_bits",

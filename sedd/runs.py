@@ -1,0 +1,357 @@
+"""A run directory, and a trained model loaded from it for inference.
+
+A run directory holds everything needed to resume training or to use the model:
+
+  config.json      the resolved config (with config.vocab_size filled in)
+  tokenizer.json   the tokenizer (a character vocabulary is built from the data)
+  metrics.jsonl    one JSON object per logged step (units in the key names)
+  checkpoints/     orbax checkpoints of the train state (sedd.train), each a
+                   dict: step, params, opt_state, ema, key, bad_step
+
+``load(workdir)`` restores the parameters alone (the EMA by default, as SEDD
+samples and evaluates) from an abstract target onto this process's devices:
+it never builds an optimizer or a train state. The builders of the model,
+graph and noise of a config live here too, so training and inference build
+the same objects from the same config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from sedd import ar, graphs, noise as noise_lib, sampling
+from sedd import config as config_lib
+from sedd import sharding as sharding_lib
+from sedd.data import load_tokenizer
+from sedd.model import DDiT
+
+CONFIG = "config.json"
+TOKENIZER = "tokenizer.json"
+METRICS = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def build_graph(config) -> graphs.Graph:
+    """The forward graph of ``config.graph.type`` over config.vocab_size tokens."""
+    return graphs.get_graph(config.graph.type, config.vocab_size)
+
+
+def build_noise(config):
+    """The noise schedule of ``config.noise``: LogLinear(eps) or Geometric(sigma_min, sigma_max)."""
+    n = config.noise
+    kwargs = {"loglinear": {"eps": n.eps}, "geometric": {"sigma_min": n.sigma_min, "sigma_max": n.sigma_max}}
+    return noise_lib.get_noise(n.type, **kwargs.get(n.type, {}))
+
+
+def build_model(config, seed: int = 0) -> DDiT:
+    """The network of ``config.model`` for config.vocab_size = V tokens.
+
+    Diffusion (model.kind = "ddit"): inputs and outputs range over graph.dim
+    ids (V + 1 with the absorbing graph's mask, V for the uniform graph).
+    AR baseline (model.kind = "ar"): inputs V + 1 ids (BOS = V), outputs the
+    V next-token logits, causal attention, no time input (sedd.ar).
+    """
+    m, v = config.model, config.vocab_size
+    if m.kind not in ("ddit", "ar"):
+        raise ValueError(f"unknown model.kind {m.kind!r}; expected 'ddit' or 'ar'")
+    ar_model = m.kind == "ar"
+    dim = build_graph(config).dim
+    return DDiT(
+        num_tokens=v + 1 if ar_model else dim,
+        out_dim=v if ar_model else dim,
+        hidden_size=m.hidden_size,
+        n_blocks=m.n_blocks,
+        n_heads=m.n_heads,
+        cond_dim=m.cond_dim,
+        mlp_ratio=m.mlp_ratio,
+        dropout=m.dropout,
+        max_len=config.data.seq_len,
+        scale_by_sigma=m.scale_by_sigma and config.graph.type == "absorbing" and not ar_model,
+        causal=ar_model,
+        time_conditioning=not ar_model,
+        dtype=jnp.dtype(m.dtype),
+        rngs=nnx.Rngs(params=seed, dropout=seed + 1),
+    )
+
+
+# --------------------------------------------------------------------------- the directory
+
+
+def read_config(workdir: str | Path) -> ml_collections.ConfigDict:
+    """The config.json of a run directory.
+
+    Raises:
+      FileNotFoundError: workdir is not a run directory.
+    """
+    path = Path(workdir) / CONFIG
+    if not path.exists():
+        raise FileNotFoundError(f"{workdir} is not a run directory (no {CONFIG}); train one with `sedd train`")
+    return config_lib.from_json(path.read_text())
+
+
+def check_compatible(workdir: str | Path, config) -> None:
+    """A run directory that exists must be resumed with a config of the same model, graph and data.
+
+    Raises:
+      ValueError: naming the sections or keys that differ; the directory is left as it is.
+    """
+    if not (Path(workdir) / CONFIG).exists():
+        return
+    saved = json.loads((Path(workdir) / CONFIG).read_text())
+    for section in ("model", "graph"):
+        if saved.get(section) != config[section].to_dict():
+            raise ValueError(
+                f"{workdir} holds a run with a different {section} config:\n  saved:   "
+                f"{saved.get(section)}\n  current: {config[section].to_dict()}\n"
+                "Use a new --workdir, or the saved config (the run directory was left as it is)."
+            )
+    for key in ("name", "path", "tokenizer", "seq_len"):
+        if saved.get("data", {}).get(key) != config.data[key]:
+            raise ValueError(
+                f"{workdir} holds a run with data.{key}={saved['data'].get(key)!r}, "
+                f"not {config.data[key]!r}; use a new --workdir (the run directory was left as it is)"
+            )
+
+
+def checkpoint_manager(workdir: str | Path, config=None) -> ocp.CheckpointManager:
+    """The orbax manager of workdir/checkpoints.
+
+    With a config (training): saves every training.ckpt_every steps (orbax's
+    save policy; ``save(..., force=True)`` saves at any step) and keeps
+    max_to_keep, plus every keep_period-th. Without one: for reading, it
+    creates nothing.
+    """
+    policy = ocp.checkpoint_managers.save_decision_policy
+    if config is None:
+        options = ocp.CheckpointManagerOptions(create=False)
+    else:
+        t = config.training
+        options = ocp.CheckpointManagerOptions(
+            save_decision_policy=policy.FixedIntervalPolicy(t.ckpt_every),
+            max_to_keep=t.max_to_keep,
+            keep_period=t.keep_period or None,
+        )
+    return ocp.CheckpointManager(Path(workdir).absolute() / CHECKPOINTS, options=options)
+
+
+def restore(manager: ocp.CheckpointManager, target: dict, step: int | None = None) -> dict:
+    """Restore the entries of `target` from the train state saved at `step` (default: the newest).
+
+    `target` is a dict of some of the train state's entries (all of them, or
+    just {"ema": ...}) whose leaves are arrays or ``jax.ShapeDtypeStruct``s
+    carrying concrete NamedShardings: orbax reads each device's shard of that
+    layout, whatever mesh wrote the checkpoint. Entries not in `target` are
+    not read.
+
+    Raises:
+      RuntimeError: naming the checkpoint, when it is corrupt or does not fit.
+    """
+    step = manager.latest_step() if step is None else step
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target)
+    args = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+                                  partial_restore=True)
+    try:
+        return manager.restore(step, args=ocp.args.Composite(state=args))["state"]
+    except Exception as e:  # orbax raises many types for unreadable or mismatched files
+        raise RuntimeError(
+            f"could not restore the checkpoint of step {step} in {manager.directory}: "
+            f"{type(e).__name__}: {str(e)[:500]}\nIt is corrupt or was written by an "
+            "incompatible config. The run directory was left as it is; move it away or "
+            "pass a new --workdir."
+        ) from e
+
+
+def inference_mesh(config) -> jax.sharding.Mesh:
+    """The run's mesh when these devices can form it, else all devices on the data axis."""
+    try:
+        return sharding_lib.make_mesh(config.mesh)
+    except ValueError:
+        return sharding_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+
+
+# --------------------------------------------------------------------------- a loaded run
+
+
+@dataclasses.dataclass
+class Run:
+    """A trained model with everything needed to use it.
+
+    Attributes:
+      config: the run's config.
+      tokenizer: its tokenizer.
+      graph, noise: the forward process (None for an AR baseline).
+      graphdef, params, rest: the network split by ``nnx.split(model, nnx.Param, ...)``.
+      step: the training step of the weights.
+      mesh: the devices the parameters live on.
+    """
+
+    config: ml_collections.ConfigDict
+    tokenizer: Any
+    graph: graphs.Graph | None
+    noise: Any
+    graphdef: Any
+    params: Any
+    rest: Any
+    step: int
+    mesh: jax.sharding.Mesh
+
+    @property
+    def model(self) -> DDiT:
+        """The network with these parameters (dropout off)."""
+        return nnx.merge(self.graphdef, self.params, self.rest)
+
+    @property
+    def seq_len(self) -> int:
+        return self.config.data.seq_len
+
+    @property
+    def is_ar(self) -> bool:
+        return self.config.model.kind == "ar"
+
+    def score_fn(self, x: jax.Array, sigma: jax.Array) -> jax.Array:
+        """The log-score of the model: (x int32[B, L], sigma float[B]) -> float32[B, L, D]."""
+        return params_score_fn(self.graphdef)((self.params, self.rest), x, sigma)
+
+    def sample(self, key: jax.Array, num_samples: int, steps: int | None = None,
+               predictor: str | None = None, **sampler_options) -> np.ndarray:
+        """Token ids int32[num_samples, L] (with return_trajectory=True, (ids, trajectory)).
+
+        The options go to ``sedd.sampling.sample`` (fixed_mask / fixed_tokens,
+        categorical, ...); the config's sampling section gives the defaults.
+        """
+        s = self.config.sampling
+        num_samples = _positive_int("num_samples", num_samples)
+        if self.is_ar:  # the AR baseline decodes left to right with its KV cache
+            categorical = sampler_options.pop("categorical", s.categorical)
+            if sampler_options:
+                raise ValueError(f"the AR baseline takes no sampler options {sorted(sampler_options)}")
+            return np.asarray(ar.sample(key, self.model, num_samples, self.seq_len, categorical=categorical))
+        out = sampling.sample(
+            key, params_score_fn(self.graphdef), self.graph, self.noise,
+            (num_samples, self.seq_len), _positive_int("steps", steps or s.steps),
+            predictor=predictor or s.predictor, eps=s.eps,
+            categorical=sampler_options.pop("categorical", s.categorical),
+            score_params=(self.params, self.rest), **sampler_options,
+        )
+        return jax.tree.map(np.asarray, out)
+
+    def generate(self, key: jax.Array, num_samples: int, steps: int | None = None,
+                 predictor: str | None = None, prefix: str | None = None, suffix: str | None = None,
+                 infill: str | None = None, **sampler_options) -> list[str]:
+        """Texts written by the model, optionally around a prefix, a suffix or an infill template.
+
+        Args:
+          key: a ``jax.random`` key.
+          num_samples: number of texts.
+          steps: reverse steps (default: config.sampling.steps).
+          predictor: a name in ``sedd.sampling.PREDICTORS`` (default: the config's).
+          prefix, suffix: text the samples start / end with.
+          infill: a template whose '_' characters are generated (see
+            ``sedd.sampling.text_conditioning``); the texts are cut to its length.
+          sampler_options: more keyword options of ``sedd.sampling.sample``.
+        Returns:
+          num_samples strings.
+        """
+        mask, tokens = sampling.text_conditioning(self.tokenizer, self.seq_len, num_samples,
+                                                  prefix=prefix or "", suffix=suffix or "", infill=infill or "")
+        if mask is not None:
+            if self.is_ar:
+                raise ValueError("the AR baseline does not take prompts here")
+            sampler_options.update(fixed_mask=jnp.asarray(mask), fixed_tokens=jnp.asarray(tokens))
+        ids = self.sample(key, num_samples, steps, predictor, **sampler_options)
+        if infill:
+            ids = ids[:, : len(infill)]
+        return [self.decode(row) for row in ids]
+
+    def decode(self, ids) -> str:
+        """One sequence of token ids (int[L]) as text."""
+        return self.tokenizer.decode(np.asarray(ids).reshape(-1))
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+@functools.lru_cache(maxsize=None)
+def params_score_fn(graphdef):
+    """(state, x, sigma) -> log-score of the network `graphdef`, dropout off; state = (params, rest).
+
+    One function object per network structure: ``sedd.sampling.sample`` and
+    ``sedd.evaluate.likelihood_bound`` compile once per score function and
+    take the weights as traced ``score_params``, so new weights never recompile.
+    """
+    return lambda state, x, sigma: nnx.merge(graphdef, *state)(x, sigma, deterministic=True)
+
+
+def from_parts(config, tokenizer, model_or_graphdef, params, rest=None, step: int = 0,
+               mesh: jax.sharding.Mesh | None = None) -> Run:
+    """A Run around weights already in memory (during training, or in a notebook)."""
+    if rest is None:
+        model_or_graphdef, _, rest = nnx.split(model_or_graphdef, nnx.Param, ...)
+    ar_model = config.model.kind == "ar"
+    return Run(config=config, tokenizer=tokenizer, graph=None if ar_model else build_graph(config),
+               noise=None if ar_model else build_noise(config), graphdef=model_or_graphdef, params=params,
+               rest=rest, step=int(step), mesh=mesh if mesh is not None else inference_mesh(config))
+
+
+def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
+    """The trained model of a run directory, for sampling and evaluation.
+
+    Restores only the parameters (the EMA by default), from an abstract target,
+    onto the run's mesh when these devices can form it, else onto all devices
+    along the data axis. No optimizer or train state is built.
+
+    Args:
+      workdir: the run directory.
+      ema: the EMA weights (True, as SEDD evaluates) or the raw parameters.
+      step: a checkpoint's step (default: the newest).
+    Raises:
+      FileNotFoundError: not a run directory, no checkpoint yet, or no checkpoint of `step`.
+      RuntimeError: the checkpoint is corrupt or does not fit the config.
+    """
+    workdir = Path(workdir)
+    config = read_config(workdir)
+    tokenizer = load_tokenizer(workdir / TOKENIZER)
+    if not (workdir / CHECKPOINTS).is_dir():
+        raise FileNotFoundError(f"{workdir} holds no checkpoint yet; train first with `sedd train`")
+    manager = checkpoint_manager(workdir)
+    steps = manager.all_steps()
+    if not steps:
+        raise FileNotFoundError(f"{workdir} holds no checkpoint yet; train first with `sedd train`")
+    if step is not None and step not in steps:
+        raise FileNotFoundError(f"{workdir} has no checkpoint of step {step}; it has {sorted(steps)}")
+    mesh = inference_mesh(config)
+    graphdef, abstract, rest = split_model(config)
+    shardings = sharding_lib.param_shardings(abstract, mesh, sharding_lib.make_rules(config.mesh.rules))
+    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
+    which = "ema" if ema else "params"
+    step = max(steps) if step is None else step
+    params = restore(manager, {which: target}, step)[which]
+    return from_parts(config, tokenizer, graphdef, params, rest, step, mesh)
+
+
+def split_model(config, seed: int = 0):
+    """(graphdef, abstract params, rest) of the config's network, without computing its weights.
+
+    `rest` (the dropout RNG state) is concrete; the parameters are
+    ``jax.ShapeDtypeStruct``s, to restore into or to initialise in their shards.
+    """
+    graphdef, abstract, _ = nnx.split(nnx.eval_shape(lambda: build_model(config, seed)), nnx.Param, ...)
+    rest = jax.jit(lambda: nnx.split(build_model(config, seed), nnx.Param, ...)[2])()
+    return graphdef, abstract, rest

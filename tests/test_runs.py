@@ -1,0 +1,168 @@
+"""sedd.runs and the package as installed: inference without a trainer, the import graph, the wheel."""
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from sedd import cli, runs, train
+from sedd import config as config_lib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("runs")
+    config = config_lib.load_config("tiny", [f"--config.data.data_dir={tmp / 'data'}", "--config.training.n_iters=4",
+                                             "--config.training.ckpt_every=2", "--config.training.eval_every=4"])
+    train.train(config, tmp / "run", quiet=True)
+    return tmp / "run", str(tmp / "data")
+
+
+def test_inference_builds_no_optimizer(trained, monkeypatch, capsys):
+    workdir, data_dir = trained
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("inference built an optimizer or a train state")
+
+    for name in ("adamw", "adam", "chain", "clip_by_global_norm", "MultiSteps"):
+        monkeypatch.setattr(optax, name, refuse)
+    monkeypatch.setattr(train, "build_optimizer", refuse)
+    monkeypatch.setattr(train.Trainer, "__init__", refuse)
+
+    run = runs.load(workdir)
+    assert run.step == 4 and run.seq_len == 32
+    texts = run.generate(jax.random.key(0), 2, steps=4, prefix="ROMEO")
+    assert len(texts) == 2 and all(t.startswith("ROMEO") for t in texts)
+    assert run.generate(jax.random.key(0), 1, steps=4, infill="To be, or ____ to be")[0].startswith("To be, or ")
+    filled = run.generate(jax.random.key(0), 1, steps=4, infill="a_c")[0]  # cut to the template's length
+    assert filled[0] == "a" and filled[-1] == "c" and (len(filled) == 3 or "<|endoftext|>" in filled)
+    assert cli.main(["sample", "--workdir", str(workdir), "--steps", "4", "--num_samples", "1"]) == 0
+    assert cli.main(["eval", "--workdir", str(workdir), "--num_t", "2", "--batch_size", "4", "--max_batches", "1"]) == 0
+    assert "nats_per_token" in capsys.readouterr().out
+
+
+def test_load_restores_the_saved_weights_of_any_step(trained):
+    workdir, _ = trained
+    newest, older, raw = runs.load(workdir), runs.load(workdir, step=2), runs.load(workdir, ema=False)
+    assert (newest.step, older.step) == (4, 2)
+    leaves = lambda r: [np.asarray(x) for x in jax.tree.leaves(r.params)]  # noqa: E731
+    assert any(not np.array_equal(a, b) for a, b in zip(leaves(newest), leaves(older)))
+    assert any(not np.array_equal(a, b) for a, b in zip(leaves(newest), leaves(raw)))
+    # The full train state's EMA, restored through the trainer, is what load returns.
+    trainer = train.Trainer(newest.config)
+    state = runs.restore(runs.checkpoint_manager(workdir), trainer.abstract_state)
+    for a, b in zip(leaves(newest), jax.tree.leaves(state["ema"])):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    with pytest.raises(FileNotFoundError, match="no checkpoint of step 3"):
+        runs.load(workdir, step=3)
+    with pytest.raises(FileNotFoundError, match="not a run directory"):
+        runs.load(workdir / "nothing")
+
+
+def test_generate_rejects_bad_counts_with_the_name_of_the_value(trained):
+    run = runs.load(trained[0])
+    with pytest.raises(ValueError, match="num_samples must be a positive integer, got 0"):
+        run.generate(jax.random.key(0), 0)
+    with pytest.raises(ValueError, match="steps must be a positive integer, got -1"):
+        run.generate(jax.random.key(0), 1, steps=-1)
+
+
+# --------------------------------------------------------------------------- the import graph
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted((ROOT / "sedd").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(tree: ast.AST, package: str, modules) -> set[str]:
+    """The sedd modules a module's imports name (`from sedd import x` names sedd.x where that is a module)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        found |= {n for n in names if n in modules and n != package}
+    return found
+
+
+def test_no_import_cycle_and_no_function_level_import_of_sedd():
+    modules = _modules()
+    graph, hidden, optional = {}, [], []
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        graph[name] = _imports(tree, name, modules)
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, (ast.Import, ast.ImportFrom)):
+                        where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                        if _imports(node, name, modules):
+                            hidden.append(where)
+                        else:
+                            optional.append((where, lines[node.lineno - 1]))
+    assert not hidden, f"function-level imports of sedd modules hide the import graph: {hidden}"
+    # A function-level import keeps an optional dependency optional, and says so.
+    for where, line in optional:
+        assert "optional dependency" in line, f"{where}: {line.strip()}"
+
+    def visit(node, stack):
+        for dep in graph[node]:
+            assert dep not in stack, f"import cycle: {' -> '.join([*stack, dep])}"
+            if dep not in done:
+                visit(dep, [*stack, dep])
+        done.add(node)
+
+    done: set[str] = set()
+    for name in graph:
+        visit(name, [name])
+    assert graph["sedd.runs"] >= {"sedd.model", "sedd.sampling"} and "sedd.train" not in graph["sedd.runs"]
+    assert not any(m.startswith("experiments") for deps in graph.values() for m in deps)
+
+
+# --------------------------------------------------------------------------- the wheel
+
+
+def test_wheel_ships_configs_and_corpus_and_trains_when_installed(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "checkpoints", "build", "dist", "*.egg-info",
+                                                             "__pycache__", ".pytest_cache"))
+    # Offline: the build uses the setuptools and wheel of this environment (the [test] extra has both).
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path / "dist"), str(src)], check=True, capture_output=True, text=True, timeout=300)
+    wheel = next((tmp_path / "dist").glob("sedd-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {f"sedd/configs/{n}.py" for n in config_lib.shipped_configs()}
+    expected |= {"sedd/data/corpus/shakespeare_plays.tar.xz", "sedd/data/corpus/README.md"}
+    assert expected <= names, expected - names
+    assert not any(n.startswith(("experiments/", "tests/")) for n in names)
+
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, PYTHONPATH=str(site), SEDD_DATA_DIR=str(tmp_path / "data"), JAX_PLATFORMS="cpu")
+    code = ("import sys, sedd, sedd.cli; assert sedd.__file__.startswith(sys.argv[1]), sedd.__file__; "
+            "sys.exit(sedd.cli.main(['train', '--config', 'tiny', '--workdir', 'run', "
+            "'--config.training.n_iters=2', '--config.training.eval_every=2']))")
+    proc = subprocess.run([sys.executable, "-c", code, str(site)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "validation bound" in proc.stdout and (tmp_path / "run" / "checkpoints").is_dir()
