@@ -72,7 +72,12 @@ def prior_kl(graph: Graph, noise: Callable, x0: jax.Array) -> jax.Array:
     """
     sigma1, _ = noise(jnp.float32(1.0))
     q = graph.transition(x0, sigma1)  # (B, L, D)
-    base = graph.transition(jnp.arange(graph.vocab_size), sigma1).mean(0)  # (D,)
+    v = graph.vocab_size
+    # b in closed form, not as the mean of V rows (a [V, D] matrix: 10 GB at GPT-2's vocabulary).
+    if graph.absorb:  # e^{-sigma}/V on each token, 1 - e^{-sigma} on MASK
+        base = jnp.concatenate([jnp.full((v,), jnp.exp(-sigma1) / v), -jnp.expm1(-sigma1)[None]])  # (D,)
+    else:  # the uniform law is stationary
+        base = jnp.full((v,), 1.0 / v)  # (D,)
     terms = jnp.where(q > 0, q * (jnp.log(jnp.where(q > 0, q, 1.0)) - jnp.log(base)), 0.0)
     return terms.sum((-1, -2))
 

@@ -1,6 +1,5 @@
 """sedd.evaluate: the bound is tight at the exact score; gen-PPL, entropy."""
 
-import itertools
 import math
 
 import jax
@@ -13,33 +12,15 @@ from sedd import evaluate, graphs, noise as noise_lib, runs, train
 from sedd.data import load_dataset
 from sedd.data.tokenizers import MarkovTokenizer
 
+from reference import all_sequences, exact_score_fn
+
 
 def enumerate_law(vocab, length, seed=0):
     """All V^L sequences and a random law over them with full support."""
-    seqs = np.array(list(itertools.product(range(vocab), repeat=length)), np.int32)  # (N, L)
+    seqs = all_sequences(vocab, length).astype(np.int32)  # (N, L)
     probs = np.random.default_rng(seed).dirichlet(np.full(len(seqs), 0.5))
     probs = (probs + 1e-3) / (1 + len(seqs) * 1e-3)
     return jnp.asarray(seqs), jnp.asarray(probs, jnp.float32)
-
-
-def exact_score_fn(graph, seqs, probs):
-    """The true log-ratios log p_sigma(x with x_l = y) - log p_sigma(x), by enumeration."""
-    length = seqs.shape[1]
-
-    def score_fn(x, sigma):  # x (B, L), sigma (B,)
-        trans = graph.transition(seqs[None], sigma[:, None, None])  # (B, N, L, D)
-        here = jnp.take_along_axis(trans, jnp.broadcast_to(x[:, None, :, None], trans.shape[:3] + (1,)),
-                                   -1)[..., 0]  # (B, N, L): p(x_l | x0_l)
-        den = (probs * here.prod(-1)).sum(-1)  # (B,)
-        nums = []
-        for l in range(length):
-            others = jnp.prod(jnp.delete(here, l, axis=2), axis=-1)  # (B, N)
-            nums.append(jnp.einsum("n,bn,bnd->bd", probs, others, trans[:, :, l, :]))  # (B, D)
-        num = jnp.stack(nums, 1)  # (B, L, D)
-        log_score = jnp.log(num + 1e-38) - jnp.log(den)[:, None, None]
-        return jnp.where(jax.nn.one_hot(x, graph.dim, dtype=bool), 0.0, log_score)
-
-    return score_fn
 
 
 @pytest.mark.parametrize("graph", [graphs.Absorbing(3), graphs.Uniform(3)], ids=["absorbing", "uniform"])
@@ -81,6 +62,19 @@ def test_bound_is_an_upper_bound_for_a_wrong_score_and_prior_kl():
     assert np.all(np.asarray(kl_u) < 1e-6)
     with pytest.raises(ValueError, match="num_t"):
         evaluate.likelihood_bound(jax.random.key(0), flat, graph, noise, seqs, num_t=0)
+
+
+def test_prior_kl_equals_the_kl_to_the_mean_of_the_rows():
+    """prior_kl's closed-form base law against b = (1/V) sum_v exp(sigma(1) Q)[v, :], by brute force."""
+    x0 = jnp.array([[0, 2, 1], [3, 3, 0]])
+    for graph in (graphs.Absorbing(4), graphs.Uniform(4)):
+        for noise in (noise_lib.LogLinear(1e-3), noise_lib.Geometric(1e-4, 2.0)):
+            sigma1 = noise(jnp.float32(1.0))[0]
+            base = np.asarray(graph.transition(jnp.arange(4), sigma1), np.float64).mean(0)  # (D,)
+            q = np.asarray(graph.transition(x0, sigma1), np.float64)  # (B, L, D)
+            want = np.where(q > 0, q * (np.log(np.where(q > 0, q, 1.0)) - np.log(base)), 0.0).sum((-1, -2))
+            # atol: float32 cancels in q (log q - log b) where q ~ b (uniform, sigma(1) = 6.9: KL ~ 4e-6).
+            np.testing.assert_allclose(evaluate.prior_kl(graph, noise, x0), want, rtol=1e-5, atol=5e-7)
 
 
 def test_dataset_bound_units():
