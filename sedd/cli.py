@@ -1,9 +1,10 @@
-"""The `sedd` command: train | sample | eval. Thin: it parses and calls library functions.
+"""The `sedd` command: train | sample | eval | convert. Thin: it parses and calls library functions.
 
   sedd train  [--config FILE|NAME] [--workdir DIR] [--config.section.key=value ...]
   sedd sample --workdir DIR [--steps N] [--predictor P] [--num_samples K] [--seed S]
               [--prefix TEXT] [--suffix TEXT] [--infill TEMPLATE] [--output FILE] [--animate]
   sedd eval   --workdir DIR [--split S] [--num_t N] [--max_batches K] [--config.data.path=... ...]
+  sedd convert SRC DST [--no_ema] [--tokenizer_path PATH] [--dtype D]   (the original PyTorch SEDD weights)
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import jax
 import numpy as np
 
 from sedd import config as config_lib
-from sedd import evaluate, runs, train
+from sedd import convert, evaluate, runs, train
+from sedd.data import load_tokenizer
 from sedd.sampling import text_conditioning
 
 
@@ -38,7 +40,11 @@ def _train(args, overrides: list[str]) -> int:
     print("samples:")
     for s in result["samples"]:
         print("  " + s.replace("\n", "\n  "))
-    print(f"\nmore: sedd sample --workdir {workdir} --prefix 'ROMEO:'")
+    try:  # a prompt the run's vocabulary can write
+        load_tokenizer(workdir / runs.TOKENIZER).encode("ROMEO:")
+        print(f"\nmore: sedd sample --workdir {workdir} --prefix 'ROMEO:' --seed 1")
+    except ValueError:
+        print(f"\nmore: sedd sample --workdir {workdir} --seed 1")
     return 0
 
 
@@ -65,7 +71,7 @@ def _sample(args) -> int:
         texts = [run.decode(row) for row in ids]
     else:
         texts = run.generate(key, args.num_samples, args.steps, args.predictor,
-                             prefix=args.prefix, suffix=args.suffix, infill=args.infill)
+                             prefix=args.prefix, suffix=args.suffix, infill=args.infill, blank=args.blank)
     if args.output:
         Path(args.output).write_text("\n\n".join(texts) + "\n")
         print(f"wrote {len(texts)} samples to {args.output}")
@@ -77,7 +83,8 @@ def _sample(args) -> int:
 
 def run_conditioning(run: runs.Run, args):
     """fixed_mask / fixed_tokens of the CLI's --prefix / --suffix / --infill."""
-    return text_conditioning(run.tokenizer, run.seq_len, args.num_samples, args.prefix, args.suffix, args.infill)
+    return text_conditioning(run.tokenizer, run.seq_len, args.num_samples, args.prefix, args.suffix, args.infill,
+                             args.blank)
 
 
 def _eval(args, overrides: list[str]) -> int:
@@ -106,12 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("sample", help="write text with a trained model")
     p.add_argument("--workdir", required=True, help="run directory of a trained model")
     p.add_argument("--steps", type=int, default=None, help="reverse steps (default: the config's)")
-    p.add_argument("--predictor", default=None, help="analytic or euler (default: the config's)")
+    p.add_argument("--predictor", default=None, help="analytic or euler (default: the config's); on the absorbing "
+                   "graph with log-linear noise the two are one kernel and draw the same text")
     p.add_argument("--num_samples", type=int, default=4)
     p.add_argument("--seed", type=int, default=0, help="the same seed gives the same samples")
     p.add_argument("--prefix", default="", help="text the samples start with")
     p.add_argument("--suffix", default="", help="text the samples end with")
-    p.add_argument("--infill", default="", help="a template whose '_' characters are filled in")
+    p.add_argument("--infill", default="", help="a template whose --blank characters are filled in")
+    p.add_argument("--blank", default="_", help="the character of an infill template to fill in (default: _)")
     p.add_argument("--output", default="", help="write the samples to this file")
     p.add_argument("--animate", action="store_true", help="show the denoising of the first sample")
 
@@ -125,7 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max_batches", type=int, default=8, help="0 = the whole split")
     p.add_argument("--seed", type=int, default=0)
 
+    sub.add_parser("convert", add_help=False, help="the original PyTorch SEDD weights -> a run directory "
+                   "(`sedd convert --help`)")
+
     args, rest = parser.parse_known_args(argv)
+    if args.command == "convert":
+        return convert.main(rest)
     try:
         if args.command == "train":
             return _train(args, rest)

@@ -242,7 +242,7 @@ class Run:
             return np.asarray(ar.sample(key, self.model, num_samples, self.seq_len, categorical=categorical))
         out = sampling.sample(
             key, params_score_fn(self.graphdef), self.graph, self.noise,
-            (num_samples, self.seq_len), _positive_int("steps", steps or s.steps),
+            (num_samples, self.seq_len), _positive_int("steps", s.steps if steps is None else steps),
             predictor=predictor or s.predictor, eps=s.eps,
             categorical=sampler_options.pop("categorical", s.categorical),
             score_params=(self.params, self.rest), **sampler_options,
@@ -251,7 +251,7 @@ class Run:
 
     def generate(self, key: jax.Array, num_samples: int, steps: int | None = None,
                  predictor: str | None = None, prefix: str | None = None, suffix: str | None = None,
-                 infill: str | None = None, **sampler_options) -> list[str]:
+                 infill: str | None = None, blank: str = "_", **sampler_options) -> list[str]:
         """Texts written by the model, optionally around a prefix, a suffix or an infill template.
 
         Args:
@@ -260,14 +260,16 @@ class Run:
           steps: reverse steps (default: config.sampling.steps).
           predictor: a name in ``sedd.sampling.PREDICTORS`` (default: the config's).
           prefix, suffix: text the samples start / end with.
-          infill: a template whose '_' characters are generated (see
+          infill: a template whose `blank` characters are generated (see
             ``sedd.sampling.text_conditioning``); the texts are cut to its length.
+          blank: the character that marks a position to fill in an infill template.
           sampler_options: more keyword options of ``sedd.sampling.sample``.
         Returns:
           num_samples strings.
         """
         mask, tokens = sampling.text_conditioning(self.tokenizer, self.seq_len, num_samples,
-                                                  prefix=prefix or "", suffix=suffix or "", infill=infill or "")
+                                                  prefix=prefix or "", suffix=suffix or "", infill=infill or "",
+                                                  blank=blank)
         if mask is not None:
             if self.is_ar:
                 raise ValueError("the AR baseline does not take prompts here")

@@ -73,8 +73,12 @@ def test_generate_rejects_bad_counts_with_the_name_of_the_value(trained):
     run = runs.load(trained[0])
     with pytest.raises(ValueError, match="num_samples must be a positive integer, got 0"):
         run.generate(jax.random.key(0), 0)
-    with pytest.raises(ValueError, match="steps must be a positive integer, got -1"):
-        run.generate(jax.random.key(0), 1, steps=-1)
+    for steps in (0, -1):  # 0 is an error, not "the default"
+        with pytest.raises(ValueError, match=f"steps must be a positive integer, got {steps}"):
+            run.generate(jax.random.key(0), 1, steps=steps)
+    # Another blank character leaves '_' a real character of the template.
+    filled = run.generate(jax.random.key(0), 1, steps=4, infill="a_#", blank="#")[0]
+    assert filled.startswith("a_") and len(filled) >= 3
 
 
 # --------------------------------------------------------------------------- the import graph

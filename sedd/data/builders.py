@@ -8,7 +8,9 @@ builder expects.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -278,9 +280,12 @@ def get_builder(name: str, path: str = "", data_dir: str | None = None):
     try:
         builder = BUILDERS[name](path=path, data_dir=data_dir)
         if not builder.is_prepared():
-            print(f"preparing {name} ({builder.path}) as array_record files in {builder.data_dir}")
+            print(f"preparing {name} ({builder.path}) as array_record files in {builder.data_dir} "
+                  "(once; set data.data_dir or $SEDD_DATA_DIR to put them elsewhere)")
             tfds.display_progress_bar(False)
-            builder.download_and_prepare()
+            # TFDS prints "Downloading and preparing dataset ..." although nothing is downloaded.
+            with contextlib.redirect_stdout(io.StringIO()):
+                builder.download_and_prepare()
     finally:
         absl.setLevel(absl_level)
         tfds.display_progress_bar(True)
