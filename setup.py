@@ -28,8 +28,10 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "scipy>=1.13", "matplotlib>=3.8", "jupytext>=1.16", "tokenizers>=0.20",
+                 "safetensors>=0.4", "pyyaml>=6",
                  "wheel"],  # builds the wheel offline in tests/test_runs.py
         "gpt2": ["tokenizers>=0.20"],  # GPT-2 BPE from local vocabulary files
+        "convert": ["safetensors>=0.4", "pyyaml>=6", "tokenizers>=0.20"],  # sedd convert (no torch needed)
         "gpu": ["jax[cuda12]>=0.10,<0.11"],
         "plot": ["matplotlib>=3.8"],
     },

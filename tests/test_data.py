@@ -1,5 +1,6 @@
 """Tests for sedd.data: tokenizers, local TFDS builders, packing and batching."""
 
+import io
 import json
 import math
 import zipfile
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from sedd import data
+from sedd.data import text
 
 
 def _write(path, text):
@@ -229,3 +231,40 @@ def test_load_dataset_caches_tokens(tmp_path, monkeypatch):
     again = data.load_dataset(cfg, tokenizer=data.tokenizer_from_dict(ds.tokenizer.to_dict()))
     np.testing.assert_array_equal(next(again.train_batches(4, seed=1)), batch)
     assert again.unigram_entropy_bits() == pytest.approx(ds.unigram_entropy_bits())
+
+
+class _WideTokenizer:
+    """Ids above 65535, so the cache must be int32."""
+
+    name, vocab_size, eos_id = "wide", 70_000, 69_999
+
+    def encode(self, s):
+        return np.array([65_536 + ord(c) % 100 for c in s], np.int32)
+
+
+def test_token_cache_is_written_as_the_documents_arrive(tmp_path):
+    tok = data.get_tokenizer("byte")
+    docs = ["x" * 20_000, "yé" * 5_000, "", "z" * 30_000]
+    on_disk = []
+
+    def documents():  # records the bytes already written when each document is asked for
+        for doc in docs:
+            tmp = list(tmp_path.glob("*.tmp.npy"))
+            on_disk.append(tmp[0].stat().st_size if tmp else 0)
+            yield doc
+
+    stats = text.write_token_cache(tmp_path / "train.npy", documents(), tok)
+    expect = data.tokenize_documents(docs, tok)
+    got = np.load(tmp_path / "train.npy", mmap_mode="r")
+    assert got.dtype == np.uint16 and np.array_equal(got, expect)
+    assert stats == {"documents": 4, "chars": sum(map(len, docs)), "tokens": len(expect)}
+    # The tokens of documents 0..k-1 are on disk (up to one write buffer) before document k is read.
+    before = np.cumsum([0] + [len(data.tokenize_documents([d], tok)) for d in docs[:-1]])
+    assert all(size >= 2 * n - io.DEFAULT_BUFFER_SIZE for size, n in zip(on_disk, before))
+    assert on_disk[-1] > 2 * 35_000 and not list(tmp_path.glob("*.tmp.npy"))
+
+    text.write_token_cache(tmp_path / "wide.npy", iter(["ab", "c"]), _WideTokenizer())
+    wide = np.load(tmp_path / "wide.npy")
+    assert wide.dtype == np.int32 and wide.tolist() == [65_633, 65_634, 69_999, 65_635, 69_999]
+    text.write_token_cache(tmp_path / "empty.npy", iter([]), tok)
+    assert np.load(tmp_path / "empty.npy").shape == (0,)

@@ -2,7 +2,9 @@
 
 The documents of a split are joined with the tokenizer's EOS separator into one
 int stream, cached as `.npy` beside the TFDS files so later runs do not
-tokenize again.
+tokenize again. The stream is written to the file document by document, so
+tokenizing an OpenWebText-sized corpus needs the memory of one document, not
+of the corpus; training then reads the file memory-mapped.
 """
 
 from __future__ import annotations
@@ -42,23 +44,54 @@ class TextData(TokenData):
     def _load(self, split: str) -> None:
         npy, meta = self.cache_dir / f"{split}.npy", self.cache_dir / f"{split}.json"
         if not (npy.exists() and meta.exists()):
-            # Halve memory and cache where ids fit 16 bits; batches are cast to int32.
-            dtype = np.uint16 if self.tokenizer.vocab_size <= 65536 else np.int32
-            parts, stats = [], {"documents": 0, "chars": 0}
-            for doc in read_documents(self.builder, split):  # one document at a time
-                ids = tokenize_documents([doc], self.tokenizer, stream=self.builder.STREAM)
-                parts.append(ids.astype(dtype))
-                stats["documents"] += 1
-                stats["chars"] += len(doc)
-            tokens = np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
-            stats["tokens"] = len(tokens)
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-            # Write then rename, so concurrent processes never read a partial file.
-            tmp = npy.with_suffix(f".{os.getpid()}.tmp.npy")
-            np.save(tmp, tokens)
-            os.replace(tmp, npy)
+            stats = write_token_cache(npy, read_documents(self.builder, split), self.tokenizer,
+                                      stream=self.builder.STREAM)
             tmp = meta.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(stats))
             os.replace(tmp, meta)
         self._tokens[split] = np.load(npy, mmap_mode="r")
         self.stats[split] = json.loads(meta.read_text())
+
+
+def write_token_cache(path: Path, docs, tokenizer, stream: bool = False) -> dict[str, int]:
+    """Tokenizes documents straight into the .npy file `path`, one document in memory at a time.
+
+    The file holds the stream of ``tokenize_documents(docs, tokenizer, stream)``
+    as uint16 where ids fit 16 bits (half the memory and disk), else int32;
+    batches are cast to int32. The .npy header is written first for length 0
+    and rewritten in place at the end: numpy pads every header so that the
+    first dimension can grow to 21 digits without moving the data. The file is
+    written under a temporary name and renamed, so concurrent processes never
+    read a partial cache.
+
+    Args:
+      path: the .npy file to write.
+      docs: iterable of strings, consumed once.
+      tokenizer: any tokenizer of sedd.data.tokenizers.
+      stream: the documents are chunks of one text (no separators).
+    Returns:
+      {"documents", "chars", "tokens"} counts.
+    """
+    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 65536 else np.int32)
+
+    def header(n: int) -> dict:
+        return {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n,)}
+
+    stats = {"documents": 0, "chars": 0, "tokens": 0}
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
+    with open(tmp, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, header(0))
+        start = f.tell()
+        for doc in docs:
+            ids = tokenize_documents([doc], tokenizer, stream=stream).astype(dtype)
+            f.write(ids.tobytes())
+            stats["documents"] += 1
+            stats["chars"] += len(doc)
+            stats["tokens"] += len(ids)
+        f.seek(0)
+        np.lib.format.write_array_header_1_0(f, header(stats["tokens"]))
+        if f.tell() != start:  # a numpy that stops padding headers would shift the data
+            raise RuntimeError(f"the .npy header of {stats['tokens']} tokens does not fit in place; {tmp} is left")
+    os.replace(tmp, path)
+    return stats
