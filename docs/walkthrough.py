@@ -430,8 +430,8 @@ t0 = time.perf_counter()
 result = train_lib.train(config, WORKDIR, quiet=FAST)
 train_seconds = time.perf_counter() - t0
 rows = [json.loads(line) for line in (WORKDIR / "metrics.jsonl").read_text().splitlines()]
-print(f"trained {result['step']} steps in {train_seconds:.0f} s; validation DSE "
-      f"{result['val_bits_per_char']:.3f} bits/char (the unigram entropy is "
+print(f"trained {result['step']} steps in {train_seconds:.0f} s; validation bound "
+      f"{result['bound']['bits_per_char']:.3f} bits/char (the unigram entropy is "
       f"{result['unigram_entropy_bits']:.3f} bits/token)")
 print("sample at the end of training:", repr(result["samples"][0]))
 

@@ -30,13 +30,20 @@ def _train(args, overrides: list[str]) -> int:
     result = train.train(config, workdir)
     if result.get("stopped"):
         return 0
-    unit = "char" if "val_bits_per_char" in result else "token"
-    bound = result[f"val_bits_per_{unit}"]
-    print()
+    bound, t = result["bound"], config.training
+    unit = "char" if "bits_per_char" in bound else "token"
+    per = bound[f"bits_per_{unit}"] / bound["nats_per_token"]  # bits per nat of this unit
     entropy = result.get(f"unigram_entropy_bits_per_{unit}", result["unigram_entropy_bits"])
-    print(f"step {result['step']}: validation bound {bound:.3f} bits/{unit}, against "
-          f"{entropy:.3f} bits/{unit} for the unigram law of the training data "
-          f"(perplexity bound {result['val_ppl_bound']:.2f} per token)")
+    print()
+    if bound["kind"] == "ar":  # the AR baseline's figure is its exact NLL
+        print(f"step {result['step']}: validation NLL {bound[f'bits_per_{unit}']:.3f} bits/{unit}", end="")
+    else:
+        print(f"step {result['step']}: validation bound {bound[f'bits_per_{unit}']:.3f} "
+              f"+- {2 * bound['stderr_nats_per_token'] * per:.3f} bits/{unit} (2 standard errors; an upper bound "
+              f"on the NLL of the data)", end="")
+    print(f", against {entropy:.3f} bits/{unit} for the unigram law of the training data.\n"
+          f"`sedd eval --workdir {workdir} --batch_size {t.batch_size} --max_batches {t.eval_batches}` "
+          f"computes the same figure.")
     print("samples:")
     for s in result["samples"]:
         print("  " + s.replace("\n", "\n  "))

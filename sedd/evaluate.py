@@ -299,6 +299,19 @@ def evaluate_run(
     dataset = load_dataset(dcfg, tokenizer=tokenizer)
     if dataset.tokenizer.to_dict() != tokenizer.to_dict():
         check_same_vocabulary(tokenizer, dataset.tokenizer, what="the evaluation data")
+    out = run_figures(run, dataset, split, num_t, batch_size, max_batches, seed, progress, **kwargs)
+    out["step"] = step
+    return out
+
+
+def run_figures(run: runs.Run, dataset, split: str = "validation", num_t: int = 64, batch_size: int = 32,
+                max_batches: int | None = 8, seed: int = 0, progress: bool = True, **kwargs) -> dict:
+    """The likelihood figures of a loaded run on a split of a dataset (what ``evaluate_run`` and the end
+    of ``sedd.train.train`` report).
+
+    A diffusion run gets the bound of ``dataset_bound`` with its standard
+    error; an AR run its exact NLL. Arguments as ``evaluate_run``.
+    """
     if split not in dataset.splits:
         raise ValueError(f"split {split!r} not in {dataset.splits}")
     batches = dataset.eval_batches(batch_size, split=split)
@@ -317,7 +330,7 @@ def evaluate_run(
         out = dataset_bound(jax.random.key(seed), runs.params_score_fn(run.graphdef), run.graph, run.noise, batches,
                             num_t, max_batches=max_batches, chars_per_token=cpt,
                             score_params=(run.params, run.rest), progress=progress, **kwargs)
-    out.update(split=split, kind=config.model.kind, num_t=num_t, step=step)
+    out.update(split=split, kind=run.config.model.kind, num_t=num_t)
     if hasattr(dataset, "true_nats_per_token"):
         out["true_nats_per_token"] = dataset.true_nats_per_token()
     return out

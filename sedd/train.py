@@ -27,10 +27,12 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
-from sedd import ar, losses, runs
+from sedd import ar, evaluate, losses, runs
 from sedd import config as config_lib
 from sedd import sharding as sharding_lib
 from sedd.data import load_dataset, load_tokenizer, save_tokenizer
+
+BOUND_NUM_T = 64  # t-grid points of the bound reported at the end of a run, as `sedd eval` takes by default
 
 # =========================================================================== optimizer
 
@@ -281,8 +283,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     """Train (or resume) the run in `workdir`; returns the final figures.
 
     Returns:
-      dict with step, stopped, and after a finished run val_nats_per_token,
-      val_bits_per_token, val_ppl_bound, val_bits_per_char (character data),
+      dict with step, stopped, and after a finished run: bound (the figures of
+      ``sedd.evaluate.run_figures`` on the validation split: the likelihood
+      bound with its standard error, or an AR run's exact NLL; what `sedd eval
+      --batch_size B --max_batches training.eval_batches` prints), the last
+      quick estimate val_estimate_* (``estimate_loss``),
       unigram_entropy_bits[_per_char] and samples (decoded strings).
     """
     workdir = Path(workdir)
@@ -336,7 +341,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
 
     def val_figures(params) -> dict:
         nats = estimate_loss(trainer, params, dataset, t.eval_batches, t.batch_size, config.seed)
-        return {f"val_{k}": v for k, v in losses.units(nats, chars_per_token=cpt).items()}
+        return {f"val_estimate_{k}": v for k, v in losses.units(nats, chars_per_token=cpt).items()
+                if k != "ppl_bound"}
 
     def model_run(state) -> runs.Run:
         return runs.from_parts(config, tokenizer, trainer.graphdef, state["ema"], trainer.rest, step, mesh)
@@ -397,8 +403,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     # ---- final figures
     if not val:  # the run had already ended before this call
         val = val_figures(state["ema"])
-    result = {"step": step, "stopped": False, "unigram_entropy_bits": entropy, **val}
+    run = model_run(state)
+    bound = evaluate.run_figures(run, dataset, "validation", BOUND_NUM_T, t.batch_size, t.eval_batches,
+                                 progress=not quiet)
+    result = {"step": step, "stopped": False, "bound": bound, "unigram_entropy_bits": entropy, **val}
     if cpt:
         result["unigram_entropy_bits_per_char"] = entropy / cpt
-    result["samples"] = model_run(state).generate(jax.random.key(config.seed), max(t.eval_samples, 1))
+    result["samples"] = run.generate(jax.random.key(config.seed), max(t.eval_samples, 1))
     return result

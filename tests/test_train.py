@@ -44,7 +44,9 @@ def test_tiny_run_end_to_end(graph, data_dir, tmp_path):
     for r in rows:
         assert np.isfinite(r["loss_nats_per_token"]) and r["loss_nats_per_token"] > 0
         assert {"grad_norm", "lr", "tokens_per_s", "loss_bits_per_token", "loss_bits_per_char"} <= set(r)
-    assert "val_bits_per_char" in rows[-1] and np.isfinite(result["val_bits_per_char"])
+    assert "val_estimate_bits_per_char" in rows[-1] and np.isfinite(result["val_estimate_bits_per_char"])
+    bound = result["bound"]
+    assert bound["kind"] == "ddit" and bound["num_sequences"] == 2 * 8 and bound["stderr_nats_per_token"] > 0
     assert result["step"] == 6 and len(result["samples"][0]) > 0
     assert (tmp_path / "run" / "tokenizer.json").exists() and (tmp_path / "run" / "config.json").exists()
     assert runs.checkpoint_manager(tmp_path / "run").latest_step() == 6
