@@ -60,6 +60,9 @@ def test_ar_trains_with_the_same_trainer(tmp_path):
     c.training.eval_batches, c.training.eval_samples = 1, 1
     out = train.train(c, tmp_path / "ar", quiet=True)
     # An untrained AR model predicts ~uniformly: ~log 8 = 2.08 nats per token.
-    assert 1.0 < out["val_nats_per_token"] < 2.5
+    assert 1.0 < out["val_estimate_nats_per_token"] < 2.5
+    # The reported figure of an AR run is its exact NLL (no Monte Carlo error), here of the same 1 batch.
+    assert out["bound"]["kind"] == "ar" and out["bound"]["stderr_nats_per_token"] == 0.0
+    np.testing.assert_allclose(out["bound"]["nats_per_token"], out["val_estimate_nats_per_token"], rtol=1e-5)
     ids = runs.load(tmp_path / "ar").sample(jax.random.key(0), 2)  # through ar.sample
     assert ids.shape == (2, 16) and (ids < 8).all()
