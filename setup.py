@@ -12,7 +12,7 @@ setup(
     packages=find_packages(include=["sedd", "sedd.*"]),
     # The default corpus (see sedd/data/corpus/README.md) and the configs
     # (modules of sedd.configs, found by name) ship inside the package.
-    package_data={"sedd.data": ["corpus/*.tar.xz", "corpus/README.md"]},
+    package_data={"sedd.data": ["corpus/*.tar.xz", "corpus/README.md"], "sedd": ["static/*.html"]},
     # Ranges tested on these machines: jax 0.10.2, flax 0.12.8, optax 0.2.8,
     # orbax-checkpoint 0.12.8, tensorflow-datasets 4.9.10, ml-collections 1.1.0.
     install_requires=[
@@ -29,9 +29,12 @@ setup(
     extras_require={
         "test": ["pytest>=8", "scipy>=1.13", "matplotlib>=3.8", "jupytext>=1.16", "tokenizers>=0.20",
                  "safetensors>=0.4", "pyyaml>=6",
+                 "fastapi>=0.115", "uvicorn>=0.30", "sse-starlette>=2", "openai>=1.40", "httpx>=0.27",
+                 "selenium>=4.20",  # the playground test drives Debian's chromium (installed by .ci/run)
                  "wheel"],  # builds the wheel offline in tests/test_runs.py
         "gpt2": ["tokenizers>=0.20"],  # GPT-2 BPE from local vocabulary files
         "convert": ["safetensors>=0.4", "pyyaml>=6", "tokenizers>=0.20"],  # sedd convert (no torch needed)
+        "serve": ["fastapi>=0.115", "uvicorn>=0.30", "sse-starlette>=2"],  # sedd serve
         "gpu": ["jax[cuda12]>=0.10,<0.11"],
         "plot": ["matplotlib>=3.8"],
     },

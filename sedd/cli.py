@@ -1,10 +1,11 @@
-"""The `sedd` command: train | sample | eval | convert. Thin: it parses and calls library functions.
+"""The `sedd` command: train | sample | eval | convert | serve. Thin: it parses and calls library functions.
 
   sedd train  [--config FILE|NAME] [--workdir DIR] [--config.section.key=value ...]
   sedd sample --workdir DIR [--steps N] [--predictor P] [--num_samples K] [--seed S]
               [--prefix TEXT] [--suffix TEXT] [--infill TEMPLATE] [--output FILE] [--animate]
   sedd eval   --workdir DIR [--split S] [--num_t N] [--max_batches K] [--config.data.path=... ...]
   sedd convert SRC DST [--no_ema] [--tokenizer_path PATH] [--dtype D]   (the original PyTorch SEDD weights)
+  sedd serve  --workdir DIR [--host 127.0.0.1] [--port 8000] [...]       (needs sedd[serve])
 """
 
 from __future__ import annotations
@@ -144,9 +145,19 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("convert", add_help=False, help="the original PyTorch SEDD weights -> a run directory "
                    "(`sedd convert --help`)")
 
+    sub.add_parser("serve", add_help=False, help="an OpenAI-style completions server with a playground page "
+                   "(`sedd serve --help`; needs sedd[serve])")
+
     args, rest = parser.parse_known_args(argv)
     if args.command == "convert":
         return convert.main(rest)
+    if args.command == "serve":
+        try:
+            from sedd import serve  # optional dependency: FastAPI and uvicorn come with sedd[serve]
+        except ImportError as e:
+            print(f"sedd serve: error: it needs pip install 'sedd[serve]' ({e})", file=sys.stderr)
+            return 2
+        return serve.main(rest)
     try:
         if args.command == "train":
             return _train(args, rest)
