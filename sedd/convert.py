@@ -290,10 +290,10 @@ def _field(sec: Mapping, section: str, key: str, kind: type):
         raise ConversionError(f"the original's config has no {name}")
     value = sec[key]
     if kind is float and isinstance(value, str):
-        try:
+        try:  # YAML may keep "1e-4" a string
             value = float(value)
         except ValueError:
-            pass
+            pass  # not a number: the type check below names the field
     ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value, ok = float(value), True
