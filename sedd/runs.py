@@ -216,10 +216,12 @@ class Run:
 
     @property
     def seq_len(self) -> int:
+        """L, the length the model was trained on (every sample has it)."""
         return self.config.data.seq_len
 
     @property
     def is_ar(self) -> bool:
+        """True for the autoregressive baseline (model.kind = "ar"): no graph, no noise."""
         return self.config.model.kind == "ar"
 
     def score_fn(self, x: jax.Array, sigma: jax.Array) -> jax.Array:
