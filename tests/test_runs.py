@@ -19,17 +19,8 @@ from sedd import config as config_lib
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("runs")
-    config = config_lib.load_config("tiny", [f"--config.data.data_dir={tmp / 'data'}", "--config.training.n_iters=4",
-                                             "--config.training.ckpt_every=2", "--config.training.eval_every=4"])
-    train.train(config, tmp / "run", quiet=True)
-    return tmp / "run", str(tmp / "data")
-
-
-def test_inference_builds_no_optimizer(trained, monkeypatch, capsys):
-    workdir, data_dir = trained
+def test_inference_builds_no_optimizer(tiny_run, monkeypatch, capsys):
+    workdir, data_dir = tiny_run
 
     def refuse(*args, **kwargs):
         raise AssertionError("inference built an optimizer or a train state")
@@ -51,8 +42,8 @@ def test_inference_builds_no_optimizer(trained, monkeypatch, capsys):
     assert "nats_per_token" in capsys.readouterr().out
 
 
-def test_load_restores_the_saved_weights_of_any_step(trained):
-    workdir, _ = trained
+def test_load_restores_the_saved_weights_of_any_step(tiny_run):
+    workdir, _ = tiny_run
     newest, older, raw = runs.load(workdir), runs.load(workdir, step=2), runs.load(workdir, ema=False)
     assert (newest.step, older.step) == (4, 2)
     leaves = lambda r: [np.asarray(x) for x in jax.tree.leaves(r.params)]  # noqa: E731
@@ -69,8 +60,8 @@ def test_load_restores_the_saved_weights_of_any_step(trained):
         runs.load(workdir / "nothing")
 
 
-def test_generate_rejects_bad_counts_with_the_name_of_the_value(trained):
-    run = runs.load(trained[0])
+def test_generate_rejects_bad_counts_with_the_name_of_the_value(tiny_run):
+    run = runs.load(tiny_run[0])
     with pytest.raises(ValueError, match="num_samples must be a positive integer, got 0"):
         run.generate(jax.random.key(0), 0)
     for steps in (0, -1):  # 0 is an error, not "the default"

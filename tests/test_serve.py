@@ -19,8 +19,7 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from sedd import config as config_lib  # noqa: E402
-from sedd import runs, serve, train  # noqa: E402
+from sedd import runs, serve  # noqa: E402
 
 LIMITS = serve.Limits(max_steps=16, max_n=4, max_batch=8, max_queue=32, timeout_s=120, window_s=0.3,
                       max_body_bytes=2048)
@@ -28,13 +27,9 @@ NAME = "sedd-tiny"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tiny_run):
     """(base URL, run) of a server on a free localhost port, in a background thread."""
-    tmp = tmp_path_factory.mktemp("serve")
-    config = config_lib.load_config("tiny", [f"--config.data.data_dir={tmp / 'data'}", "--config.training.n_iters=4",
-                                             "--config.training.ckpt_every=4", "--config.training.eval_every=4"])
-    train.train(config, tmp / "run", quiet=True)
-    run = runs.load(tmp / "run")
+    run = runs.load(tiny_run[0])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
