@@ -70,6 +70,12 @@ def build_model(config, seed: int = 0) -> DDiT:
         raise ValueError(f"unknown model.kind {m.kind!r}; expected 'ddit' or 'ar'")
     ar_model = m.kind == "ar"
     dim = build_graph(config).dim
+    time_conditioning = m.get("time_conditioning", True)  # absent from run directories written before it
+    if not time_conditioning and not ar_model and not (config.graph.type == "absorbing" and m.scale_by_sigma):
+        raise ValueError(
+            "model.time_conditioning=False needs graph.type='absorbing' and model.scale_by_sigma=True (got "
+            f"graph.type={config.graph.type!r}, scale_by_sigma={m.scale_by_sigma}): only there is the score "
+            "p(x0 | unmasked) times the analytic factor 1 / (e^sigma - 1) that scale_by_sigma applies (RADD)")
     return DDiT(
         num_tokens=v + 1 if ar_model else dim,
         out_dim=v if ar_model else dim,
@@ -82,7 +88,7 @@ def build_model(config, seed: int = 0) -> DDiT:
         max_len=config.data.seq_len,
         scale_by_sigma=m.scale_by_sigma and config.graph.type == "absorbing" and not ar_model,
         causal=ar_model,
-        time_conditioning=not ar_model,
+        time_conditioning=time_conditioning and not ar_model,
         dtype=jnp.dtype(m.dtype),
         rngs=nnx.Rngs(params=seed, dropout=seed + 1),
     )

@@ -9,6 +9,7 @@ import zipfile
 from pathlib import Path
 
 import jax
+import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -157,3 +158,27 @@ def test_wheel_ships_configs_and_corpus_and_trains_when_installed(tmp_path):
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "validation bound" in proc.stdout and (tmp_path / "run" / "checkpoints").is_dir()
+
+
+def test_time_independent_model_scores_sigma_only_through_the_analytic_factor():
+    """model.time_conditioning=False (RADD): s(x, sigma) (e^sigma - 1) is the same for every sigma."""
+    config = ml_collections.ConfigDict(config_lib.load_config("tiny", ["--config.model.time_conditioning=False"]).to_dict())
+    config.vocab_size = 11
+    model = runs.build_model(config, seed=0)
+    assert model.sigma_map is None
+    graphdef, params, rest = runs.split_model(config, 0)
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(1), len(leaves))  # random weights: adaLN-zero would hide any sigma path
+    params = jax.tree.unflatten(tree, [0.3 * jax.random.normal(k, p.shape) for k, p in zip(keys, leaves)])
+    score = runs.params_score_fn(graphdef)
+    x = jax.random.randint(jax.random.key(2), (3, 16), 0, 12)  # id 11 = the mask
+    scaled = [np.exp(np.asarray(score((params, rest), x, np.full(3, s, np.float32)), np.float64)) * np.expm1(s)
+              for s in (0.05, 0.7, 4.0)]
+    masked = np.asarray(x) == 11
+    assert masked.any()
+    for other in scaled[1:]:  # the ratios out of a mask to the V tokens; the current-token entry is 1 by definition
+        np.testing.assert_allclose(other[masked][:, :11], scaled[0][masked][:, :11], rtol=2e-5)
+
+    config.graph.type = "uniform"
+    with pytest.raises(ValueError, match="time_conditioning=False needs graph.type='absorbing'"):
+        runs.build_model(config)

@@ -22,6 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.mlp_ratio = 4  # MLP hidden width as a multiple of H
     c.model.dropout = 0.0  # residual dropout; SEDD uses 0.1 at scale
     c.model.scale_by_sigma = True  # absorbing graph: SEDD's log(e^sigma - 1) output offset
+    c.model.time_conditioning = True  # False: no sigma input (RADD; absorbing graph with scale_by_sigma)
     c.model.dtype = "float32"  # compute dtype: "float32", or "bfloat16" on accelerators
 
     c.graph = ml_collections.ConfigDict()
