@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                    "(`sedd serve --help`; needs sedd[serve])")
 
     args, rest = parser.parse_known_args(argv)
+    warnings.showwarning = _show_warning
     if args.command == "convert":
         return convert.main(rest)
     if args.command == "serve":
@@ -170,6 +172,20 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"sedd {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # outside a training loop (which saves and stops instead): nothing to save
+        print(f"\nsedd {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """Our own warnings as one line, `sedd: warning: ...`; others as Python shows them."""
+    if Path(filename).resolve().is_relative_to(Path(__file__).resolve().parent):
+        print(f"sedd: warning: {message}", file=file or sys.stderr)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+_python_show_warning = warnings.showwarning
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ A run directory holds everything needed to resume training or to use the model:
   metrics.jsonl    one JSON object per logged step (units in the key names)
   checkpoints/     orbax checkpoints of the train state (sedd.train), each a
                    dict: step, params, opt_state, ema, key, bad_step
+  checkpoints_unreadable/  checkpoints a resumed run could not read, set
+                   aside (never deleted); see docs/reliability.md
 
 ``load(workdir)`` restores the parameters alone (the EMA by default, as SEDD
 samples and evaluates) from an abstract target onto this process's devices:
@@ -20,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -109,28 +113,68 @@ def read_config(workdir: str | Path) -> ml_collections.ConfigDict:
     return config_lib.from_json(path.read_text())
 
 
+MAY_CHANGE_ON_RESUME = (
+    "training.n_iters", "training.log_every", "training.eval_every", "training.ckpt_every",
+    "training.max_to_keep", "training.keep_period", "training.eval_batches", "training.eval_samples",
+    "sampling.*", "mesh.*", "data.data_dir",
+)
+"""Config keys a resumed run may change: when and what it logs, evaluates and saves, how long it
+runs, the mesh it runs on, where the prepared data lives. Any other key (the model, the
+graph, the noise, the data, the optimizer, the batch, the seed) is part of what was trained."""
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _may_change(key: str) -> bool:
+    return any(key == k or (k.endswith("*") and key.startswith(k[:-1])) for k in MAY_CHANGE_ON_RESUME)
+
+
+def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
+    """(key, saved value, current value) for every key of `current` that differs from `saved`.
+
+    A key absent from `saved` (a run written before the key existed) counts as
+    its shipped default. Keys only in `saved` (since removed) and vocab_size
+    (filled in from the data) are ignored.
+    """
+    saved, current = _flat(saved), _flat(current)
+    defaults = _flat(config_lib.load_config(config_lib.DEFAULT_CONFIG).to_dict())
+    missing = object()
+    changes = []
+    for key, now in sorted(current.items()):
+        was = saved.get(key, defaults.get(key, missing))
+        if key != "vocab_size" and was != now:
+            changes.append((key, "(absent)" if was is missing else was, now))
+    return changes
+
+
 def check_compatible(workdir: str | Path, config) -> None:
-    """A run directory that exists must be resumed with a config of the same model, graph and data.
+    """A run directory that exists must be resumed with the config it was trained with.
+
+    Only the keys of ``MAY_CHANGE_ON_RESUME`` may differ (e.g. a longer
+    training.n_iters).
 
     Raises:
-      ValueError: naming the sections or keys that differ; the directory is left as it is.
+      ValueError: naming every key that differs, with both values; the directory is left as it is.
     """
     if not (Path(workdir) / CONFIG).exists():
         return
     saved = json.loads((Path(workdir) / CONFIG).read_text())
-    for section in ("model", "graph"):
-        if saved.get(section) != config[section].to_dict():
-            raise ValueError(
-                f"{workdir} holds a run with a different {section} config:\n  saved:   "
-                f"{saved.get(section)}\n  current: {config[section].to_dict()}\n"
-                "Use a new --workdir, or the saved config (the run directory was left as it is)."
-            )
-    for key in ("name", "path", "tokenizer", "seq_len"):
-        if saved.get("data", {}).get(key) != config.data[key]:
-            raise ValueError(
-                f"{workdir} holds a run with data.{key}={saved['data'].get(key)!r}, "
-                f"not {config.data[key]!r}; use a new --workdir (the run directory was left as it is)"
-            )
+    refused = [c for c in config_changes(saved, config.to_dict()) if not _may_change(c[0])]
+    if refused:
+        lines = "\n".join(f"  {k}: saved {a!r}, now {b!r}" for k, a, b in refused)
+        raise ValueError(
+            f"{workdir} holds a run trained with a different config; these keys cannot change on resume:\n"
+            f"{lines}\nResume with the config and overrides the run was started with (only "
+            f"{', '.join(MAY_CHANGE_ON_RESUME)} may change), or use a new --workdir. "
+            "The run directory was left as it is.")
 
 
 def checkpoint_manager(workdir: str | Path, config=None) -> ocp.CheckpointManager:
@@ -150,6 +194,7 @@ def checkpoint_manager(workdir: str | Path, config=None) -> ocp.CheckpointManage
             save_decision_policy=policy.FixedIntervalPolicy(t.ckpt_every),
             max_to_keep=t.max_to_keep,
             keep_period=t.keep_period or None,
+            enable_async_checkpointing=False,
         )
     return ocp.CheckpointManager(Path(workdir).absolute() / CHECKPOINTS, options=options)
 
@@ -161,7 +206,8 @@ def restore(manager: ocp.CheckpointManager, target: dict, step: int | None = Non
     just {"ema": ...}) whose leaves are arrays or ``jax.ShapeDtypeStruct``s
     carrying concrete NamedShardings: orbax reads each device's shard of that
     layout, whatever mesh wrote the checkpoint. Entries not in `target` are
-    not read.
+    not read. A checkpoint holding a non-finite value is corrupt: training
+    never saves one.
 
     Raises:
       RuntimeError: naming the checkpoint, when it is corrupt or does not fit.
@@ -171,7 +217,12 @@ def restore(manager: ocp.CheckpointManager, target: dict, step: int | None = Non
     args = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
                                   partial_restore=True)
     try:
-        return manager.restore(step, args=ocp.args.Composite(state=args))["state"]
+        state = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
+        finite = all(bool(jnp.isfinite(x).all()) for x in jax.tree.leaves(state)
+                     if jnp.issubdtype(x.dtype, jnp.floating))
+        if not finite:
+            raise ValueError("it holds non-finite values, which training never saves")
+        return state
     except Exception as e:  # orbax raises many types for unreadable or mismatched files
         raise RuntimeError(
             f"could not restore the checkpoint of step {step} in {manager.directory}: "
@@ -179,6 +230,49 @@ def restore(manager: ocp.CheckpointManager, target: dict, step: int | None = Non
             "incompatible config. The run directory was left as it is; move it away or "
             "pass a new --workdir."
         ) from e
+
+
+def restore_newest(manager: ocp.CheckpointManager, target: dict,
+                   quarantine: str | Path | None = None) -> tuple[dict, int]:
+    """(state, step) of the newest checkpoint that reads whole, falling back to older ones.
+
+    Each unreadable checkpoint (truncated, corrupt, killed mid-write) is named
+    in a RuntimeWarning. With `quarantine` (training), it is also moved into
+    that folder (kept, never deleted) so the resumed run can save its step
+    again; without it nothing is touched.
+
+    Raises:
+      FileNotFoundError: there is no checkpoint.
+      RuntimeError: none reads whole; the message gives each one's error.
+    """
+    steps = sorted(manager.all_steps(), reverse=True)
+    if not steps:
+        raise FileNotFoundError(f"{manager.directory} holds no checkpoint")
+    skipped = []
+    for step in steps:
+        try:
+            state = restore(manager, target, step)
+        except RuntimeError as e:
+            skipped.append((step, e.__cause__))
+            continue
+        for bad, err in skipped:
+            where = ""
+            if quarantine is not None:
+                dest = Path(quarantine) / str(bad)
+                while dest.exists():
+                    dest = dest.with_name(dest.name + "_")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(Path(manager.directory) / str(bad)), dest)
+                where = f"; moved to {dest}"
+            warnings.warn(f"skipped the checkpoint of step {bad} in {manager.directory}: it cannot be read "
+                          f"({type(err).__name__}: {str(err)[:200]}){where}. Using step {step}.",
+                          RuntimeWarning, stacklevel=2)
+        if skipped and quarantine is not None:
+            manager.reload()
+        return state, step
+    errors = "\n".join(f"  step {s}: {type(e).__name__}: {str(e)[:300]}" for s, e in skipped)
+    raise RuntimeError(f"no checkpoint in {manager.directory} can be read:\n{errors}\n"
+                       "The run directory was left as it is; move it away or pass a new --workdir.")
 
 
 def inference_mesh(config) -> jax.sharding.Mesh:
@@ -333,7 +427,9 @@ def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
       step: a checkpoint's step (default: the newest).
     Raises:
       FileNotFoundError: not a run directory, no checkpoint yet, or no checkpoint of `step`.
-      RuntimeError: the checkpoint is corrupt or does not fit the config.
+      RuntimeError: the checkpoint of `step` (default: every checkpoint) is corrupt or does not
+        fit the config. With the default step an unreadable newest checkpoint is skipped with
+        a RuntimeWarning naming it.
     """
     workdir = Path(workdir)
     config = read_config(workdir)
@@ -351,8 +447,11 @@ def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
     shardings = sharding_lib.param_shardings(abstract, mesh, sharding_lib.make_rules(config.mesh.rules))
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
     which = "ema" if ema else "params"
-    step = max(steps) if step is None else step
-    params = restore(manager, {which: target}, step)[which]
+    if step is None:  # the newest checkpoint that reads whole
+        params, step = restore_newest(manager, {which: target})
+        params = params[which]
+    else:
+        params = restore(manager, {which: target}, step)[which]
     return from_parts(config, tokenizer, graphdef, params, rest, step, mesh)
 
 

@@ -2,7 +2,7 @@ r"""Training: the train state, the jitted step, and one linear ``train(config, w
 
 The train state is a plain pytree (dict): step, params, opt_state, ema (the
 EMA of params, used for evaluation and sampling as in SEDD), key (raw key
-data) and bad_step (the first step whose loss or gradient was not finite, -1
+data) and bad_step (the first step, counted from 1 as logged, whose loss or gradient was not finite, -1
 while none). A non-finite step leaves the state untouched, so a NaN can never
 reach a checkpoint; the loop stops with a message naming the step.
 
@@ -12,8 +12,14 @@ described in ``sedd.runs``, which also loads the trained model for inference.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
 import signal
+import socket
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -32,6 +38,7 @@ from sedd import config as config_lib
 from sedd import sharding as sharding_lib
 from sedd.data import load_dataset, load_tokenizer, save_tokenizer
 
+UNREADABLE = "checkpoints_unreadable"  # where a resumed run moves checkpoints it cannot read (kept, never deleted)
 BOUND_NUM_T = 64  # t-grid points of the bound reported at the end of a run, as `sedd eval` takes by default
 
 # =========================================================================== optimizer
@@ -181,7 +188,7 @@ class Trainer:
             "opt_state": keep(opt_state, state["opt_state"]),
             "ema": keep(ema, state["ema"]),
             "key": state["key"],
-            "bad_step": jnp.where((state["bad_step"] < 0) & ~finite, step, state["bad_step"]),
+            "bad_step": jnp.where((state["bad_step"] < 0) & ~finite, step + 1, state["bad_step"]),  # 1-based, as logged
         }
         metrics = {"loss_nats_per_token": loss / batch.shape[1], "grad_norm": grad_norm,
                    "lr": self.schedule(n_updates)}
@@ -247,24 +254,57 @@ class StopRequest:
     ``agreed()`` all-gathers the flags, so every process sees the request at
     the same step, saves that step and leaves together. In a single process it
     is the local flag; with several it costs one tiny all-gather per step.
+
+    The request is answered at once: Python's C-level handler writes the
+    signal's number to a wakeup socket even while the main thread is inside a
+    compiled call, and a small thread prints what will happen. A second Ctrl-C
+    is answered the same way and otherwise ignored, so it can never interrupt
+    the save; Ctrl-\\ (SIGQUIT) or SIGKILL end the process at once, keeping the
+    newest whole checkpoint.
     """
 
-    def __init__(self):
+    NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+
+    def __init__(self, say=None):
         self.requested = False
+        self.count = 0
+        self._say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self._old = {}
+        self._old_wakeup = None
+        self._sockets = None
 
     def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
+        try:
+            for sig in self.NAMES:
                 self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: no signal handling
-                pass
+        except ValueError:  # not the main thread: no signal handling
+            return self
+        read, write = socket.socketpair()
+        write.setblocking(False)
+        self._old_wakeup = signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
+        self._sockets = (read, write)
+        threading.Thread(target=self._answer, args=(read,), daemon=True, name="sedd-stop").start()
         return self
 
-    def _handle(self, signum, frame):
-        if self.requested:  # a second Ctrl-C stops at once
-            raise KeyboardInterrupt
+    def _handle(self, signum, frame):  # runs in the main thread, between bytecodes
         self.requested = True
+        if self._sockets is None:
+            self._answer_one(signum)
+
+    def _answer(self, read):  # the wakeup socket's reader: answers while the main thread is busy
+        while data := read.recv(64):
+            for signum in data:
+                if signum in self.NAMES:
+                    self._answer_one(signum)
+
+    def _answer_one(self, signum):
+        self.count += 1
+        if self.count == 1:
+            self._say(f"\n{self.NAMES[signum]}: saving a checkpoint at the end of this step, then stopping "
+                      "(Ctrl-C again does not interrupt the save; Ctrl-\\ quits now, losing the steps since the "
+                      "last checkpoint)")
+        else:
+            self._say(f"\n{self.NAMES[signum]} again: still saving, then stopping; the save is not interrupted")
 
     def agreed(self) -> bool:
         if jax.process_count() == 1:
@@ -272,8 +312,29 @@ class StopRequest:
         return bool(multihost_utils.process_allgather(np.int32(self.requested)).max())
 
     def __exit__(self, *exc):
+        if self._sockets is not None:
+            signal.set_wakeup_fd(self._old_wakeup)
+            for sock in self._sockets:
+                sock.close()
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+def _save_failed(e: Exception, manager: ocp.CheckpointManager) -> RuntimeError:
+    """A failed checkpoint save as one clear error naming what is still on disk."""
+    full = isinstance(e, OSError) and e.errno == errno.ENOSPC
+    if full or "No space left on device" in str(e):
+        detail = e.strerror if full and e.strerror != os.strerror(errno.ENOSPC) else ""  # our own check's figures
+        reason = f"the disk is full (no space left on device{': ' + detail if detail else ''})"
+        full = True
+    else:
+        reason = f"{type(e).__name__}: {str(e)[:500]}"
+    manager.reload()
+    newest = manager.latest_step()
+    kept = (f"the checkpoints on disk are intact, the newest is step {newest}" if newest is not None
+            else "there is no earlier checkpoint")
+    return RuntimeError(f"saving a checkpoint in {manager.directory} failed: {reason}. {kept[0].upper()}{kept[1:]}. "
+                        f"{'Free some space, then r' if full else 'R'}un the same command to resume.")
 
 
 # =========================================================================== the loop
@@ -328,9 +389,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
             raise ValueError(f"training.batch_size={t.batch_size} must divide by the {divisor} {what} "
                              f"(mesh {dict(mesh.shape)}); change the batch size or config.mesh")
     manager = runs.checkpoint_manager(workdir, config)
-    if manager.latest_step() is not None:  # onto this run's mesh, whatever mesh wrote it
-        state = runs.restore(manager, trainer.abstract_state)
-        say(f"resumed {workdir} at step {manager.latest_step()}")
+    if manager.all_steps():  # onto this run's mesh, whatever mesh wrote it; an unreadable newest one is set aside
+        state, at = runs.restore_newest(manager, trainer.abstract_state,
+                                        quarantine=workdir / UNREADABLE if lead else None)
+        if jax.process_count() > 1:  # process 0 has moved what nobody can read
+            multihost_utils.sync_global_devices("sedd: checkpoints restored")
+            manager.reload()
+        say(f"resumed {workdir} at step {at}")
     else:
         state = trainer.init_state()
     step = int(state["step"])
@@ -351,7 +416,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
         bad = int(state["bad_step"])
         if bad >= 0:
             raise FloatingPointError(
-                f"non-finite loss or gradient at step {bad}; nothing after step {bad} was applied "
+                f"non-finite loss or gradient at step {bad}; nothing from step {bad} on was applied "
                 f"or saved. The last checkpoint is step {manager.latest_step()} in {workdir}. "
                 "Try a lower optim.lr or optim.grad_clip, or float32 compute (model.dtype).")
 
@@ -363,15 +428,30 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     tokens_per_step = t.batch_size * config.data.seq_len
     last_time, last_step = time.perf_counter(), step
     stopped = False
-    with StopRequest() as stop, tqdm(total=t.n_iters, initial=step, disable=quiet, desc="train",
-                                     dynamic_ncols=True) as bar:
+
+    state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
+
+    def save(state) -> None:  # never a non-finite state; a failed save names what is still on disk
+        check_finite(state)
+        free = shutil.disk_usage(manager.directory).free
+        if free < 1.25 * state_bytes + 2**16:  # refuse before orbax half-writes a checkpoint
+            raise _save_failed(OSError(errno.ENOSPC, f"{free / 2**20:.1f} MiB free, a checkpoint needs about "
+                                                     f"{state_bytes / 2**20:.1f} MiB"), manager)
+        try:
+            manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
+        except Exception as e:
+            raise _save_failed(e, manager) from e
+
+    with StopRequest(say=None if not quiet else lambda msg: None) as stop, \
+            tqdm(total=t.n_iters, initial=step, disable=quiet, desc="train", dynamic_ncols=True) as bar:
+        failed = True
         try:
             while step < t.n_iters:
                 state, metrics = trainer.train_step(state, trainer.shard_batch(next(batches)))
                 step += 1
                 bar.update(1)
-                stopped = stop.agreed()
-                if step % t.log_every == 0 or step == t.n_iters:
+                stopped = stop.agreed()  # then save this step at once; evaluation and samples wait for the resume
+                if step % t.log_every == 0 or step == t.n_iters or stopped:
                     check_finite(state)
                     now = time.perf_counter()
                     row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
@@ -379,23 +459,27 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
                                 if k.startswith("bits")})
                     row["tokens_per_s"] = (step - last_step) * tokens_per_step / max(now - last_time, 1e-9)
                     last_time, last_step = now, step
-                    if step % t.eval_every == 0 or step == t.n_iters:
+                    if (step % t.eval_every == 0 or step == t.n_iters) and not stopped:
                         val = val_figures(state["ema"])
                         row.update(val)
                     bar.set_postfix(loss=f"{row['loss_bits_per_token']:.3f} bits/tok")
                     writer.write(row)
+                if stopped:
+                    save(state)
+                    break
                 if step % t.eval_every == 0 and step < t.n_iters and t.eval_samples:
                     for text in model_run(state).generate(jax.random.key(step), t.eval_samples):
                         say(f"[step {step}] {text!r}")
-                final = stopped or step == t.n_iters
-                if manager.latest_step() != step and (final or manager.should_save(step)):
-                    check_finite(state)
-                    manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
-                if stopped:
-                    break
+                if manager.latest_step() != step and (step == t.n_iters or manager.should_save(step)):
+                    save(state)
+            failed = False
         finally:
-            manager.wait_until_finished()
             writer.close()
+            try:
+                manager.wait_until_finished()
+            except Exception as e:
+                if not failed:  # else the error already in flight is the one to report
+                    raise _save_failed(e, manager) from e
     if stopped:
         say(f"stopped at step {step}; checkpoint saved in {workdir}. Run the same command to resume.")
         return {"step": step, "stopped": True}

@@ -183,19 +183,22 @@ def test_own_text_file_prompts_and_bad_checkpoints(data_dir, tmp_path, capsys):
     assert cli.main(["eval", "--workdir", str(workdir), "--num_t", "4", "--batch_size", "4", "--max_batches", "1"]) == 0
     assert "bits_per_char" in capsys.readouterr().out
 
-    # An incompatible config against an existing run: clear error, nothing touched.
+    # An incompatible config against an existing run: clear error naming the keys, nothing touched.
     before = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
     assert cli.main(args + ["--config.model.hidden_size=64"]) == 2
-    assert "different model config" in capsys.readouterr().err
+    assert "model.hidden_size: saved 32, now 64" in capsys.readouterr().err
     assert sorted(p.relative_to(workdir) for p in workdir.rglob("*")) == before
 
-    # A corrupt checkpoint: clear error naming it, the run directory left intact.
-    step_dir = workdir / "checkpoints" / "4"
-    for f in step_dir.rglob("*"):
-        if f.is_file():
-            f.write_bytes(b"garbage")
-    before = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
-    assert cli.main(["sample", "--workdir", str(workdir)]) == 2
-    err = capsys.readouterr().err
-    assert "could not restore the checkpoint of step 4" in err and "left as it is" in err
-    assert sorted(p.relative_to(workdir) for p in workdir.rglob("*")) == before
+    # A corrupt newest checkpoint is skipped with a warning naming it; with none readable, a clear
+    # error naming each. Sampling never touches the run directory.
+    for step in (4, 2):
+        for f in (workdir / "checkpoints" / str(step)).rglob("*"):
+            if f.is_file():
+                f.write_bytes(b"garbage")
+        before = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
+        code = cli.main(["sample", "--workdir", str(workdir), "--num_samples", "1", "--steps", "2"])
+        err = capsys.readouterr().err
+        assert "sedd: warning: skipped the checkpoint of step 4" in err and "Using step 2" in err if step == 4 else True
+        assert code == (0 if step == 4 else 2), err
+        assert sorted(p.relative_to(workdir) for p in workdir.rglob("*")) == before
+    assert "no checkpoint in" in err and "step 4:" in err and "step 2:" in err and "left as it is" in err

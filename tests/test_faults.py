@@ -1,0 +1,206 @@
+"""Faults a run survives: a corrupt checkpoint, a full disk, a NaN, a changed config, Ctrl-C twice.
+
+The repeated SIGKILL trials are `experiments/faults.py` (docs/reliability.md);
+these are the fast, deterministic cases.
+"""
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sedd import runs
+from sedd import config as config_lib
+from sedd import train as train_lib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("data"))
+
+
+def tiny(data_dir, **overrides):
+    overrides = {"data.data_dir": data_dir, "training.eval_samples": 0, **overrides}
+    return config_lib.load_config("tiny", [f"--config.{k}={v}" for k, v in overrides.items()])
+
+
+def saved_state(workdir) -> dict:
+    """The whole train state of the newest checkpoint of a run directory."""
+    trainer = train_lib.Trainer(runs.read_config(workdir))
+    return runs.restore(runs.checkpoint_manager(workdir), trainer.abstract_state)
+
+
+def assert_trees_equal(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.fixture(scope="module")
+def straight(data_dir, tmp_path_factory):
+    """An uninterrupted tiny run of 6 steps, checkpoints at 2, 4, 6 (the newest two kept)."""
+    workdir = tmp_path_factory.mktemp("straight") / "run"
+    train_lib.train(tiny(data_dir, **{"training.n_iters": 6, "training.ckpt_every": 2}), workdir, quiet=True)
+    return workdir
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_unreadable_newest_checkpoint_is_set_aside_and_the_run_resumes_from_the_previous(straight, tmp_path, damage):
+    workdir = tmp_path / "run"
+    shutil.copytree(straight, workdir)
+    for f in (workdir / "checkpoints" / "6").rglob("*"):
+        if f.is_file():
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2] if damage == "truncated" else b"garbage")
+    config = runs.read_config(workdir)
+
+    with pytest.warns(RuntimeWarning, match=r"skipped the checkpoint of step 6 .* Using step 4"):
+        result = train_lib.train(config, workdir, quiet=True)
+    assert result["step"] == 6
+    assert (workdir / train_lib.UNREADABLE / "6").is_dir()  # kept for inspection, never deleted
+    # Steps 5 and 6 were trained again from step 4's state: the same parameters as the straight run's.
+    assert_trees_equal(saved_state(workdir), saved_state(straight))
+
+
+def test_no_readable_checkpoint_is_a_clear_error_and_touches_nothing(straight, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(straight, workdir)
+    for f in (workdir / "checkpoints").rglob("*"):
+        if f.is_file() and f.stat().st_size > 1000:
+            f.write_bytes(b"")
+    before = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
+    with pytest.raises(RuntimeError, match=r"no checkpoint in .* can be read:\n  step 6: .*\n  step 4: "):
+        train_lib.train(runs.read_config(workdir), workdir, quiet=True)
+    assert sorted(p.relative_to(workdir) for p in workdir.rglob("*")) == before
+
+
+def test_full_disk_before_a_save_keeps_the_previous_checkpoint_and_says_so(data_dir, tmp_path, monkeypatch):
+    """The free space is checked before each save (here the disk reports too little from the second save on)."""
+    workdir = tmp_path / "run"
+    calls = []
+
+    def disk_usage(path):
+        calls.append(path)
+        usage = shutil._ntuple_diskusage(10**9, 10**9, 10**9) if len(calls) == 1 else (
+            shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+        return usage
+
+    monkeypatch.setattr(train_lib.shutil, "disk_usage", disk_usage)
+    with pytest.raises(RuntimeError, match=r"the disk is full .* the newest is step 2\. Free some space"):
+        train_lib.train(tiny(data_dir, **{"training.n_iters": 6, "training.ckpt_every": 2}), workdir, quiet=True)
+    assert runs.checkpoint_manager(workdir).all_steps() == [2]
+    assert runs.load(workdir).step == 2
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir()
+    try:
+        return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                              capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+def test_a_really_full_disk_during_a_save(data_dir, tmp_path, monkeypatch):
+    """A small tmpfs that fills up inside orbax's write (the free-space check is told there is room)."""
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "1200k"):
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        monkeypatch.setattr(train_lib.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 0, 10**9))
+        with pytest.raises(RuntimeError, match=r"the disk is full \(no space left on device\)\. .* newest is step 2"):
+            train_lib.train(tiny(data_dir, **{"training.n_iters": 6, "training.ckpt_every": 2}), disk / "run",
+                            quiet=True)
+        assert runs.load(disk / "run").step == 2  # the previous checkpoint reads whole
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_nan_at_step_k_stops_naming_it_and_no_non_finite_state_is_saved(data_dir, tmp_path, monkeypatch):
+    k = 6
+    train_step = train_lib.Trainer._train_step
+    loss = train_lib.Trainer._loss
+    traced_step = {}
+
+    def poisoned_step(self, state, batch):  # remember the traced step, for the loss below
+        traced_step["step"] = state["step"]
+        return train_step(self, state, batch)
+
+    def poisoned_loss(self, params, key, batch, train):
+        mean, per_seq = loss(self, params, key, batch, train)
+        if not train:
+            return mean, per_seq
+        nan = jnp.where(traced_step["step"] + 1 == k, jnp.nan, 0.0)  # the k-th step (1-based) is NaN
+        return mean + nan, per_seq + nan
+
+    monkeypatch.setattr(train_lib.Trainer, "_train_step", poisoned_step)
+    monkeypatch.setattr(train_lib.Trainer, "_loss", poisoned_loss)
+    config = tiny(data_dir, **{"training.n_iters": 10, "training.ckpt_every": 4, "training.log_every": 1})
+    with pytest.raises(FloatingPointError, match=rf"non-finite loss or gradient at step {k}; .* "
+                                                 r"The last checkpoint is step 4"):
+        train_lib.train(config, tmp_path / "run", quiet=True)
+    assert runs.checkpoint_manager(tmp_path / "run").all_steps() == [4]
+    state = saved_state(tmp_path / "run")  # restore() refuses non-finite values
+    assert int(state["step"]) == 4
+
+
+def test_resume_refuses_a_changed_config_naming_the_keys_but_allows_what_may_change(tmp_path):
+    config = config_lib.load_config("tiny")
+    (tmp_path / runs.CONFIG).write_text(config_lib.to_json(config))
+    runs.check_compatible(tmp_path, config_lib.load_config("tiny", [
+        "--config.training.n_iters=99", "--config.training.ckpt_every=3", "--config.sampling.steps=7",
+        "--config.mesh.data=1", f"--config.data.data_dir={tmp_path}"]))
+    changed = config_lib.load_config("tiny", ["--config.optim.lr=0.1", "--config.data.seq_len=16"])
+    with pytest.raises(ValueError) as e:
+        runs.check_compatible(tmp_path, changed)
+    msg = str(e.value)
+    assert "data.seq_len: saved 32, now 16" in msg and "optim.lr: saved 0.002, now 0.1" in msg
+    assert "training.n_iters" in msg  # the keys that may change are listed
+    # A run written before a key existed: the key counts as its shipped default.
+    saved = json.loads((tmp_path / runs.CONFIG).read_text())
+    del saved["model"]["time_conditioning"]
+    (tmp_path / runs.CONFIG).write_text(json.dumps(saved))
+    runs.check_compatible(tmp_path, config)
+    with pytest.raises(ValueError, match=r"model.time_conditioning: saved True, now False"):
+        runs.check_compatible(tmp_path, config_lib.load_config("tiny", ["--config.model.time_conditioning=False"]))
+
+
+def test_ctrl_c_is_answered_at_once_and_a_second_one_does_not_interrupt_the_save(data_dir, tmp_path):
+    """Signals sent to a real `sedd train` process, as a user's Ctrl-C would be."""
+    workdir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "sedd.cli", "train", "--config", "tiny", "--workdir", str(workdir),
+           f"--config.data.data_dir={data_dir}", "--config.training.n_iters=100000", "--config.training.log_every=1",
+           "--config.training.eval_every=100000", "--config.training.ckpt_every=100000"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in proc.stdout))
+    reader.start()
+    metrics = workdir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.05)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 0
+    reader.join()
+    out = "".join(line for _, line in lines)
+    answer = [t for t, line in lines if line.startswith("Ctrl-C: saving a checkpoint")]
+    assert answer and answer[0] - sent < 5.0, out  # answered at once (not after the step or a compile)
+    assert "Ctrl-C again: still saving" in out and "Traceback" not in out, out
+    stopped = int(out.split("stopped at step ")[1].split(";")[0])
+    assert runs.checkpoint_manager(workdir).all_steps() == [stopped]
+    assert max(json.loads(line)["step"] for line in metrics.read_text().splitlines()) == stopped  # nothing lost
