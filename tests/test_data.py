@@ -63,6 +63,14 @@ def test_byte_tokenizer_round_trip_non_ascii(tmp_path):
     assert data.load_tokenizer(tmp_path / "tok.json").decode(ids) == text
 
 
+def test_encode_many_equals_encode_of_each_text():
+    texts = ["naïve", "", "café — 東京", "\n", "abc"]
+    for tok in (data.CharTokenizer.from_text(texts), data.get_tokenizer("byte")):
+        many = tok.encode_many(texts)
+        assert len(many) == len(texts) and all(np.array_equal(m, tok.encode(t)) for m, t in zip(many, texts))
+        assert all(m.dtype == np.int32 for m in many) and tok.encode_many([]) == []
+
+
 def test_gpt2_tokenizer_without_files_says_what_to_provide(tmp_path):
     for path in (str(tmp_path / "nowhere"), ""):
         with pytest.raises(FileNotFoundError, match="vocab.json"):
@@ -242,7 +250,8 @@ class _WideTokenizer:
         return np.array([65_536 + ord(c) % 100 for c in s], np.int32)
 
 
-def test_token_cache_is_written_as_the_documents_arrive(tmp_path):
+def test_token_cache_is_written_as_the_documents_arrive(tmp_path, monkeypatch):
+    monkeypatch.setattr(data.builders, "RECORD_BYTES", 1000)  # documents are encoded in batches of this size
     tok = data.get_tokenizer("byte")
     docs = ["x" * 20_000, "yé" * 5_000, "", "z" * 30_000]
     on_disk = []
@@ -251,7 +260,7 @@ def test_token_cache_is_written_as_the_documents_arrive(tmp_path):
         for doc in docs:
             tmp = list(tmp_path.glob("*.tmp.npy"))
             on_disk.append(tmp[0].stat().st_size if tmp else 0)
-            yield doc
+            yield doc, True
 
     stats = text.write_token_cache(tmp_path / "train.npy", documents(), tok)
     expect = data.tokenize_documents(docs, tok)
@@ -263,7 +272,7 @@ def test_token_cache_is_written_as_the_documents_arrive(tmp_path):
     assert all(size >= 2 * n - io.DEFAULT_BUFFER_SIZE for size, n in zip(on_disk, before))
     assert on_disk[-1] > 2 * 35_000 and not list(tmp_path.glob("*.tmp.npy"))
 
-    text.write_token_cache(tmp_path / "wide.npy", iter(["ab", "c"]), _WideTokenizer())
+    text.write_token_cache(tmp_path / "wide.npy", iter([("ab", True), ("c", True)]), _WideTokenizer())
     wide = np.load(tmp_path / "wide.npy")
     assert wide.dtype == np.int32 and wide.tolist() == [65_633, 65_634, 69_999, 65_635, 69_999]
     text.write_token_cache(tmp_path / "empty.npy", iter([]), tok)

@@ -37,6 +37,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data = ml_collections.ConfigDict()
     c.data.name = "shakespeare"  # shakespeare | text | text8 | openwebtext | tinystories | markov
     c.data.path = ""  # a local file or folder ("" = the default); with name "shakespeare" it trains on your text
+    c.data.documents = "file"  # a .txt file holds: file = one document | lines = one per line | paragraphs
     c.data.tokenizer = "char"  # char | byte | gpt2
     c.data.tokenizer_path = ""  # gpt2 only: tokenizer.json, or a folder with vocab.json + merges.txt
     c.data.seq_len = 128  # L, tokens per training sequence

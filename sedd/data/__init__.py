@@ -2,9 +2,10 @@
 
 Documents go through three stages:
 
-  1. A TFDS `GeneratorBasedBuilder` turns local files into array_record splits
-     of documents `{"text": bytes}` under a data directory (written once, read
-     with `builder.as_data_source(split)`; TensorFlow is never imported).
+  1. A TFDS builder turns local files into array_record splits of records
+     `{"text": bytes, "ends": int64[k]}` (consecutive documents and where each
+     ends) under a data directory, streaming: written once in bounded memory,
+     read with `builder.as_data_source(split)`; TensorFlow is never imported.
   2. A tokenizer turns each document into ids; the documents of a split are
      joined with the tokenizer's EOS separator into one int stream, cached as
      `.npy` beside the TFDS files so later runs do not tokenize again.
@@ -17,7 +18,8 @@ Letters: B global batch size, b = B / process_count per-process batch, L
 sequence length, N number of packed sequences in a split, V vocabulary size.
 See docs/data.md for the file formats each builder expects.
 
-Modules: tokenizers, builders (TFDS), packing (sequences and batches), text
+Modules: tokenizers, builders (TFDS), zeroshot (the test sets of the paper's
+Table 1, with their detokenizers), packing (sequences and batches), text
 (cached token streams of a builder), markov (a chain with an exact law);
 `load_dataset` picks the one a config's data section names.
 """
@@ -26,7 +28,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sedd.data.builders import BUILDERS, VAL_FRACTION, default_data_dir, get_builder, read_documents
+from sedd.data import zeroshot  # registers the zero-shot builders in BUILDERS
+from sedd.data.builders import (BUILDERS, DOCUMENTS, VAL_FRACTION, default_data_dir, get_builder, read_documents,
+                                read_pieces)
 from sedd.data.markov import MarkovChain, MarkovData, load_markov
 from sedd.data.packing import PackedTokens, TokenData, tokenize_documents, unigram_entropy_bits
 from sedd.data.text import TextData
@@ -34,13 +38,13 @@ from sedd.data.tokenizers import (EOS_TEXT, CharTokenizer, GPT2Tokenizer, get_to
                                   save_tokenizer, tokenizer_from_dict)
 
 __all__ = [
-    "BUILDERS", "DATASETS", "EOS_TEXT", "VAL_FRACTION", "CharTokenizer", "GPT2Tokenizer", "MarkovChain", "MarkovData",
-    "PackedTokens", "TextData", "TokenData", "default_data_dir", "get_builder", "get_tokenizer", "load_dataset",
-    "load_markov", "load_tokenizer", "read_documents", "save_tokenizer", "tokenize_documents",
-    "tokenizer_from_dict", "unigram_entropy_bits",
+    "BUILDERS", "DATASETS", "DOCUMENTS", "EOS_TEXT", "VAL_FRACTION", "CharTokenizer", "GPT2Tokenizer",
+    "MarkovChain", "MarkovData", "PackedTokens", "TextData", "TokenData", "default_data_dir", "get_builder",
+    "get_tokenizer", "load_dataset", "load_markov", "load_tokenizer", "read_documents", "read_pieces",
+    "save_tokenizer", "tokenize_documents", "tokenizer_from_dict", "unigram_entropy_bits",
 ]
 
-DATASETS = ("shakespeare", "text", "text8", "openwebtext", "tinystories", "markov")
+DATASETS = ("shakespeare", "text", "text8", "openwebtext", "tinystories", "markov", *zeroshot.ZERO_SHOT)
 
 
 def _cfg(config, key: str, default: Any) -> Any:
@@ -54,8 +58,12 @@ def load_dataset(config, tokenizer=None) -> TextData:
     Args:
       config: the `data` ConfigDict (or a dict) with fields
         name: "shakespeare" | "text" | "text8" | "openwebtext" | "tinystories"
-          | "markov" (synthetic, sedd.data.markov; reads the data.markov section);
-          path: local file or folder, "" for the default;
+          | "markov" (synthetic, sedd.data.markov; reads the data.markov section)
+          | a zero-shot test set of sedd.data.zeroshot ("lambada", "wikitext2",
+          "ptb", "wikitext103", "lm1b");
+        path: local file or folder, "" for the default;
+        documents: how a .txt file is cut into documents: "file" (one),
+          "lines", "paragraphs"; "" for the builder's default;
         tokenizer: "char" | "byte" | "gpt2"; tokenizer_path: GPT-2 files;
         seq_len: L; data_dir: "" for $SEDD_DATA_DIR or ~/tensorflow_datasets.
       tokenizer: a tokenizer restored from a run directory; by default a new one
@@ -72,7 +80,7 @@ def load_dataset(config, tokenizer=None) -> TextData:
         # trains on the user's file or folder (any *.txt / *.jsonl).
         name = "text"
     data_dir = _cfg(config, "data_dir", "") or default_data_dir()
-    builder = get_builder(name, path, data_dir)
+    builder = get_builder(name, path, data_dir, _cfg(config, "documents", ""))
     cache_dir = (Path(data_dir) / "sedd_tokens" / builder.name / builder.builder_config.name
                  / str(builder.version))
     if tokenizer is None:
@@ -81,8 +89,8 @@ def load_dataset(config, tokenizer=None) -> TextData:
             # The vocabulary needs one pass over the corpus: keep it for later runs.
             vocab = cache_dir / "char_vocab.json"
             if not vocab.exists():
-                tok = CharTokenizer.from_text(doc for split in builder.info.splits.keys()
-                                              for doc in read_documents(builder, split))
+                tok = CharTokenizer.from_text(piece for split in builder.info.splits.keys()
+                                              for piece, _ in read_pieces(builder, split))
                 vocab.parent.mkdir(parents=True, exist_ok=True)
                 tmp = vocab.with_suffix(f".{os.getpid()}.tmp")
                 save_tokenizer(tok, tmp)

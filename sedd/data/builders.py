@@ -1,30 +1,58 @@
 """TFDS builders of local text (array_record files, read without TensorFlow).
 
-A `GeneratorBasedBuilder` turns local files into array_record splits of
-documents `{"text": bytes}` under a data directory, written once and read with
-`builder.as_data_source(split)`. See docs/data.md for the file formats each
-builder expects.
+A builder turns local files into array_record splits under a data directory,
+written once and read with `builder.as_data_source(split)`. Preparation
+streams: files are read in blocks of `BLOCK` bytes, and TFDS holds at most one
+shard (`SHARD_BYTES` of text) in memory while it writes it, so preparing a
+corpus needs the same memory whatever its size (docs/data.md, "Memory").
+
+A record is `{"text": utf-8 bytes, "ends": int64[k]}`: about `RECORD_BYTES` of
+text from consecutive documents, and the byte offsets in `text` where a
+document ends. Short documents share a record; a long one runs over several,
+ending in the record whose `ends` holds its end. `read_pieces` gives the text
+back as (piece, ends_document) pairs, `read_documents` as whole documents.
+See docs/data.md for the file formats each builder expects.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import io
+import itertools
 import json
 import logging
+import math
 import os
 import shutil
 import tarfile
+import warnings
 import zipfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, NamedTuple
 
+import numpy as np
 import tensorflow_datasets as tfds
 
 from sedd.data.tokenizers import EOS_TEXT
 
 VAL_FRACTION = 0.05  # share of each local corpus held out as validation
+BLOCK = 1 << 20  # bytes read from a file at a time (and the longest line piece)
+RECORD_BYTES = 1 << 20  # text per stored record
+SHARD_BYTES = 32 << 20  # text per array_record shard: what TFDS holds in memory while writing one
+DOCUMENTS = ("file", "lines", "paragraphs")  # how a .txt file is cut into documents (data.documents)
+MANIFEST = "sedd_manifest.json"  # beside the TFDS files: the source files a preparation read
+
+BUILDERS: dict[str, type] = {}
+
+
+def register(name: str) -> Callable[[type], type]:
+    """Class decorator: the builder of `data.name = name`."""
+    def add(cls):
+        BUILDERS[name] = cls
+        return cls
+    return add
 
 
 def default_data_dir() -> str:
@@ -57,6 +85,226 @@ def shakespeare_texts_dir(data_dir: str | None = None) -> Path:
     return target
 
 
+# ---------------------------------------------------------------- reading files in bounded pieces
+
+
+class Segment(NamedTuple):
+    """Bytes [start, end) of one file."""
+
+    path: Path
+    start: int
+    end: int
+
+
+def _char_start(data: bytes, k: int) -> int:
+    """k moved back to the start of the UTF-8 character holding byte k."""
+    j = k
+    while j > max(k - 3, 0) and (data[j] & 0xC0) == 0x80:  # 10xxxxxx: a continuation byte
+        j -= 1
+    return j
+
+
+def _chunks(f, start: int, end: int, by_line: bool, whole_lines: bool = False) -> Iterator[tuple[int, bytes, bool]]:
+    """(offset, chunk, ends_line) covering bytes [start, end) of an open binary file.
+
+    by_line: each chunk is one line with its "\\n"; otherwise chunks of about
+    BLOCK bytes that end at a line end where the block holds one. A line longer
+    than BLOCK comes in pieces cut at character boundaries, unless whole_lines
+    (a JSON line must be parsed whole).
+    """
+    f.seek(start)
+    pos, carry = start, b""
+    while pos < end:
+        block = f.read(min(BLOCK, end - pos))
+        if not block:
+            raise RuntimeError(f"{f.name} ends at byte {pos}, not {end} as when it was listed: "
+                               "it changed while being prepared")
+        pos += len(block)
+        data, offset = carry + block, pos - len(carry) - len(block)
+        if by_line:
+            lines = data.split(b"\n")
+            carry = lines.pop()
+            for line in lines:
+                yield offset, line + b"\n", True
+                offset += len(line) + 1
+        else:
+            nl = data.rfind(b"\n") + 1
+            carry = data[nl:]
+            if nl:
+                yield offset, data[:nl], True
+                offset += nl
+        if len(carry) > BLOCK and not whole_lines:
+            k = _char_start(carry, BLOCK)
+            yield offset, carry[:k], False
+            carry = carry[k:]
+    if carry:
+        yield pos - len(carry), carry, False
+
+
+class _Utf8Errors:
+    """Counts invalid UTF-8 in one segment, replaces it by U+FFFD and warns once at the end."""
+
+    def __init__(self, path: Path):
+        self.path, self.count, self.first = path, 0, -1
+
+    def check(self, chunk: bytes, offset: int) -> bytes:
+        try:
+            chunk.decode("utf-8")
+            return chunk
+        except UnicodeDecodeError as e:
+            text = chunk.decode("utf-8", errors="replace")
+            # "replace" puts one U+FFFD per invalid sequence; U+FFFD already in the file is not an error.
+            self.count += text.count("\ufffd") - chunk.count("\ufffd".encode())
+            if self.first < 0:
+                self.first = offset + e.start
+            return text.encode("utf-8")
+
+    def warn(self) -> None:
+        if self.count:
+            warnings.warn(f"{self.path}: {self.count} invalid UTF-8 sequence(s) replaced by U+FFFD, "
+                          f"the first at byte offset {self.first}", stacklevel=2)
+
+
+class _Document:
+    """The text of one document as fragments, without the whitespace around it.
+
+    Trailing whitespace is held back until more text follows it (so a document
+    ends stripped without being held whole); `end()` marks the end with None.
+    """
+
+    def __init__(self):
+        self.started, self.tail = False, b""
+
+    def add(self, chunk: bytes) -> tuple:
+        if not self.started:
+            chunk = chunk.lstrip()
+            if not chunk:
+                return ()
+            self.started = True
+        body = chunk.rstrip()
+        if not body:
+            self.tail += chunk
+            if len(self.tail) > BLOCK:  # a long run of whitespace is kept rather than held
+                out, self.tail = self.tail, b""
+                return (out,)
+            return ()
+        out, self.tail = self.tail + body, chunk[len(body):]
+        return (out,)
+
+    def end(self) -> tuple:
+        if not self.started:
+            return ()  # a blank document is dropped
+        self.started, self.tail = False, b""
+        return (None,)
+
+
+def _split_text(text: bytes) -> Iterator[bytes]:
+    """Pieces of at most RECORD_BYTES bytes, cut at character boundaries."""
+    start = 0
+    while len(text) - start > RECORD_BYTES:
+        k = start + _char_start(text[start:start + RECORD_BYTES + 1], RECORD_BYTES)
+        yield text[start:k]
+        start = k
+    yield text[start:]
+
+
+def text_fragments(seg: Segment, documents: str = "file", separator: bytes | None = None) -> Iterator[bytes | None]:
+    """The documents in bytes [start, end) of one file, as fragments of text; None ends a document.
+
+    A .jsonl file holds one JSON object per line with a "text" field, taken as
+    it is. In any other file, documents are (`documents`): the whole segment
+    ("file"), each line ("lines") or each run of non-blank lines
+    ("paragraphs"); a line equal to `separator` (TinyStories' `<|endoftext|>`)
+    also ends one. Documents are stripped of the ASCII whitespace around them,
+    and blank ones dropped. A document ends at the end of the segment.
+    Invalid UTF-8 is replaced by U+FFFD, with one warning per segment naming
+    the file, the count and the first offset.
+
+    Memory: one BLOCK, or one line of a .jsonl file.
+    """
+    if documents not in DOCUMENTS:
+        raise ValueError(f"data.documents must be one of {DOCUMENTS}, not {documents!r}")
+    bad = _Utf8Errors(seg.path)
+    with open(seg.path, "rb") as f:
+        if seg.path.suffix == ".jsonl":
+            for offset, line, _ in _chunks(f, seg.start, seg.end, by_line=True, whole_lines=True):
+                if not line.strip():
+                    continue
+                try:
+                    text = json.loads(bad.check(line, offset))["text"]
+                    if not isinstance(text, str):
+                        raise TypeError(f"its \"text\" is a {type(text).__name__}")
+                except (ValueError, KeyError, TypeError) as e:
+                    raise ValueError(f"{seg.path}, the line at byte offset {offset}: not a JSON object with a "
+                                     f"\"text\" string ({type(e).__name__}: {e})") from None
+                yield from _split_text(text.encode("utf-8", errors="replace"))
+                yield None
+        else:
+            doc = _Document()
+            by_line = documents != "file" or separator is not None
+            for offset, chunk, ends_line in _chunks(f, seg.start, seg.end, by_line):
+                chunk = bad.check(chunk, offset)
+                if separator is not None and ends_line and chunk.strip() == separator:
+                    yield from doc.end()
+                elif documents == "paragraphs" and ends_line and not chunk.strip():
+                    yield from doc.end()
+                else:
+                    yield from doc.add(chunk)
+                    if documents == "lines" and ends_line:
+                        yield from doc.end()
+            yield from doc.end()
+    bad.warn()
+
+
+def pack_records(fragments) -> Iterator[dict]:
+    """Records {"text", "ends"} of about RECORD_BYTES from fragments of text and None (a document's end)."""
+    text, ends = bytearray(), []
+    for frag in fragments:
+        if frag is None:
+            ends.append(len(text))
+        else:
+            text += frag
+            if len(text) >= RECORD_BYTES:
+                yield {"text": bytes(text), "ends": np.asarray(ends, np.int64)}
+                text, ends = bytearray(), []
+    if text or ends:
+        yield {"text": bytes(text), "ends": np.asarray(ends, np.int64)}
+
+
+def _shards(records: Iterator[dict], total_bytes: int) -> list[Callable]:
+    """One generator function per shard of about SHARD_BYTES, all drawing from one iterator.
+
+    TFDS needs the number of shards before writing; it is taken from the
+    input's size, and the last shard takes what is left. TFDS runs the
+    functions one after the other, in order, so each continues the stream.
+    """
+    n = max(1, math.ceil(total_bytes / SHARD_BYTES))
+    keys = itertools.count()
+
+    def shard(last: bool):
+        def examples():
+            size = 0
+            for rec in records:
+                yield next(keys), rec
+                size += len(rec["text"])
+                if not last and size >= SHARD_BYTES:
+                    return
+        return examples
+
+    return [shard(i == n - 1) for i in range(n)]
+
+
+def _non_empty(records: Iterator[dict], what: str) -> Iterator[dict]:
+    first = next(records, None)
+    if first is None:
+        raise ValueError(f"{what} is empty: no document in it")
+    yield first
+    yield from records
+
+
+# ---------------------------------------------------------------- splits of local files
+
+
 def _list_files(path: Path, patterns: tuple[str, ...]) -> list[Path]:
     if not path.exists():
         raise FileNotFoundError(f"no such file or folder: {path}")
@@ -68,140 +316,195 @@ def _list_files(path: Path, patterns: tuple[str, ...]) -> list[Path]:
     return files
 
 
-def _documents(path: Path, data: bytes, sep: bytes | None):
-    """Yields (start, end, is_json) byte ranges of the documents of one file.
-
-    A .jsonl file holds one JSON object per line with a "text" field; a text file
-    is one document, or several split at a separator line (TinyStories).
-    """
-    if path.suffix == ".jsonl":
-        start = 0
-        for line in data.splitlines(keepends=True):
-            if line.strip():
-                yield start, start + len(line), True
-            start += len(line)
-        return
-    start = 0
-    for piece in data.split(sep) if sep else [data]:
-        if piece.strip():
-            yield start, start + len(piece), False
-        start += len(piece) + (len(sep) if sep else 0)
-
-
-def _decode(raw: bytes, is_json: bool) -> str:
-    return json.loads(raw)["text"] if is_json else raw.decode("utf-8", errors="replace").strip()
+def _line_cut(path: Path, c: int) -> int:
+    """Where a split at byte c of a file is made: the start of the line holding c
+    (if it starts within BLOCK bytes before c; otherwise c, at a character
+    boundary); in a .jsonl file the end of that line, as a JSON line is never cut."""
+    with open(path, "rb") as f:
+        if path.suffix == ".jsonl":
+            if c == 0:
+                return 0
+            f.seek(c - 1)
+            return c - 1 + len(f.readline())
+        a = max(c - BLOCK, 0)
+        f.seek(a)
+        data = f.read(c - a + 4)
+    nl = data.rfind(b"\n", 0, c - a)
+    if nl >= 0:
+        return a + nl + 1
+    k = c - a  # no line start near: cut mid-line, after any continuation bytes of the character at c
+    while k < len(data) and (data[k] & 0xC0) == 0x80:
+        k += 1
+    return a + k
 
 
-def split_corpus(files: list[Path], split: str, val_fraction: float = VAL_FRACTION,
-                 sep: bytes | None = None) -> Iterator[str]:
-    """Documents of one split of local files; deterministic, streamed file by file.
+def plan_splits(files: list[Path], val_fraction: float = VAL_FRACTION) -> dict[str, list[Segment]]:
+    """The byte ranges of local files that make the train and validation splits.
 
     If the files include names containing "train" and "valid" (TinyStories ships
     `TinyStories-train.txt` and `TinyStories-valid.txt`), those define the splits.
-    Otherwise the files are read in sorted order and validation is the last
-    `val_fraction` of their bytes: documents starting after the cut are held out,
-    and the one document straddling it is cut in two at the start of the line
-    holding the cut (JSON lines are never cut), so that even a single file gives
-    a non-empty validation set.
-
-    Yields:
-      str documents of `split` ("train" or "validation"), in file order.
+    Otherwise the files are taken in sorted order and validation is the last
+    `val_fraction` of their bytes, cut at the start of the line holding the cut
+    (`_line_cut`), so that even a single file gives a non-empty validation set.
+    Reads at most BLOCK bytes of one file.
     """
-    named = {s: [f for f in files if k in f.name.lower()]
-             for s, k in (("train", "train"), ("validation", "valid"))}
+    whole = {f: f.stat().st_size for f in files}
+    named = {s: [f for f in files if k in f.name.lower()] for s, k in (("train", "train"), ("validation", "valid"))}
     if named["train"] and named["validation"]:
-        for f in named[split]:
-            data = f.read_bytes()
-            for a, b, is_json in _documents(f, data, sep):
-                yield _decode(data[a:b], is_json)
-        return
-    cut = (1 - val_fraction) * sum(f.stat().st_size for f in files)
+        return {s: [Segment(f, 0, whole[f]) for f in fs] for s, fs in named.items()}
+    cut = (1 - val_fraction) * sum(whole.values())
+    plan: dict[str, list[Segment]] = {"train": [], "validation": []}
     base = 0
-    for f in files:
-        size = f.stat().st_size
-        if (split == "train" and base >= cut) or (split != "train" and base + size <= cut):
-            base += size  # wholly in the other split: not even read
-            continue
-        data = f.read_bytes()
-        for a, b, is_json in _documents(f, data, sep):
-            if base + b <= cut or (is_json and base + a < cut):
-                piece = ("train", data[a:b])
-            elif base + a >= cut:
-                piece = ("validation", data[a:b])
-            else:  # straddles the cut: split at the start of the cut's line
-                c = a + int(cut - base)
-                nl = data.rfind(b"\n", a, c)
-                c = nl + 1 if nl >= 0 else c  # one long line: cut mid-line
-                while c < b and (data[c] & 0xC0) == 0x80:  # not inside a UTF-8 sequence
-                    c += 1
-                piece = ("train", data[a:c]) if split == "train" else ("validation", data[c:b])
-                is_json = False
-            if piece[0] == split and piece[1].strip():
-                yield _decode(piece[1], is_json)
-        base += len(data)
+    for f, size in whole.items():
+        if base + size <= cut:
+            plan["train"].append(Segment(f, 0, size))
+        elif base >= cut:
+            plan["validation"].append(Segment(f, 0, size))
+        else:
+            c = _line_cut(f, int(cut - base))
+            if c > 0:
+                plan["train"].append(Segment(f, 0, c))
+            if c < size:
+                plan["validation"].append(Segment(f, c, size))
+        base += size
+    return plan
 
 
-def _fingerprint(path: Path, files: list[Path]) -> str:
-    """Config name unique to a path and its files' sizes and times, so two
-    corpora (or an edited file) never share a cache directory."""
-    h = hashlib.sha1(str(path.resolve()).encode())
+def _manifest(files: list[Path]) -> dict[str, list[int]]:
+    out = {}
     for f in files:
         st = f.stat()
-        h.update(f"{f}|{st.st_size}|{st.st_mtime_ns}".encode())
-    return "p" + h.hexdigest()[:12]
+        out[str(f)] = [st.st_size, st.st_mtime_ns]
+    return out
 
 
-class TextFiles(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+def _hash(*parts) -> str:
+    return hashlib.sha1(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:8]
+
+
+class TextFiles(tfds.core.ShardBasedBuilder, skip_registration=True):
     """Any local .txt / .jsonl file, or a folder of them (searched recursively).
 
-    Build with `TextFiles(path=..., data_dir=...)`; the TFDS config name is a
-    hash of the path (see `_fingerprint`), so each corpus has its own cache.
-    Examples are `{"text": utf-8 bytes}`, one per document, in file order.
+    Build with `TextFiles(path=..., data_dir=..., documents=...)`. The TFDS
+    config name is `p<path hash>_<files hash>`: a hash of the path and of
+    `documents`, then of the files' names, sizes and modification times, so
+    each corpus has its own cache and an edited corpus is prepared again. A
+    path that no longer exists is read from its newest preparation, with a
+    warning.
     """
 
     name = "sedd_text_files"
-    VERSION = tfds.core.Version("1.0.0")
+    VERSION = tfds.core.Version("2.0.0")
+    RELEASE_NOTES = {"2.0.0": "prepared by streaming; records pack documents, with their ends"}
     PATTERNS = ("*.txt", "*.jsonl")  # files taken from a folder
-    SEPARATOR: bytes | None = None  # splits one file into several documents
-    SPLITS = ("train", "validation")
-    STREAM = False  # True: records are consecutive chunks of one text (no EOS between)
+    SEPARATOR: bytes | None = None  # a line that ends a document (TinyStories)
+    DOCUMENTS = "file"  # the default of data.documents
     # Nothing is downloaded, so no checksum file is looked for next to the code;
     # TFDS's lookup would also import `importlib_resources`, absent here.
     code_path = None
 
-    def __init__(self, path: str = "", data_dir: str | None = None, **kwargs):
+    def __init__(self, path: str = "", data_dir: str | None = None, documents: str = "", **kwargs):
+        data_dir = data_dir or default_data_dir()
+        self.documents = documents or self.DOCUMENTS
+        if self.documents not in DOCUMENTS:
+            raise ValueError(f"data.documents must be one of {DOCUMENTS} (or '' for the default), "
+                             f"not {documents!r}")
         self.path = Path(path or self.default_path(data_dir)).expanduser()
-        self.files = _list_files(self.path, self.PATTERNS)
-        super().__init__(data_dir=data_dir or default_data_dir(), file_format="array_record",
-                         config=tfds.core.BuilderConfig(
-                             name=_fingerprint(self.path, self.files),
-                             description=f"documents of {self.path}"), **kwargs)
+        self.root = Path(data_dir) / self.name
+        self.key = "p" + _hash(str(self.path.resolve()), self.documents, self.SEPARATOR and self.SEPARATOR.decode())
+        self.previous = self._newest_preparation()
+        try:
+            self.files = self.list_files()
+        except FileNotFoundError:
+            if self.previous is None:
+                raise
+            self.files = []  # the corpus is gone, its preparation is not: use it
+            info = json.loads((self.previous / MANIFEST).read_text())
+            warnings.warn(f"{self.path} is gone: using the data prepared from it on {info['prepared']} "
+                          f"({len(info['files'])} file(s)), in {self.previous}", stacklevel=2)
+            config = self.previous.parent.name
+        else:
+            config = f"{self.key}_{_hash(_manifest(self.files))}"
+        super().__init__(data_dir=data_dir, file_format="array_record",
+                         config=tfds.core.BuilderConfig(name=config, description=f"documents of {self.path}"),
+                         **kwargs)
 
-    def default_path(self, data_dir: str | None = None) -> str:
+    def default_path(self, data_dir: str) -> str:
         raise ValueError(f"{type(self).__name__} needs a path (data.path)")
 
+    def list_files(self) -> list[Path]:
+        return _list_files(self.path, self.PATTERNS)
+
+    def _newest_preparation(self) -> Path | None:
+        """The version folder of the newest complete preparation of this path, if any."""
+        done = [p.parent for p in self.root.glob(f"{self.key}_*/{self.VERSION}/{MANIFEST}")]
+        return max(done, key=lambda p: (p / MANIFEST).stat().st_mtime_ns) if done else None
+
     def _info(self):
-        # disable_shuffling keeps file order, which Text8's chunks depend on and
-        # which makes the validation iterator's order obvious.
-        return tfds.core.DatasetInfo(
-            builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
-            disable_shuffling=True)
+        features = tfds.features.FeaturesDict({
+            "text": tfds.features.Text(),  # utf-8 bytes of consecutive documents
+            "ends": tfds.features.Tensor(shape=(None,), dtype=np.int64),  # byte offsets where documents end
+        })
+        # Shuffling is off: records keep file order, which the documents cut across records need.
+        return tfds.core.DatasetInfo(builder=self, features=features, disable_shuffling=True)
 
-    def _split_generators(self, dl_manager):
+    def split_fragments(self) -> dict[str, tuple[int, Callable[[], Iterator]]]:
+        """Per split: its size in bytes and a function giving its fragments (see `text_fragments`)."""
+        files = [f for f in self.files if f.stat().st_size > 0]
+        empty = [f.name for f in self.files if f.stat().st_size == 0]
+        if not files:
+            raise ValueError(f"{self.path}: {'it is' if self.path.is_file() else 'all its files are'} empty")
+        if empty:
+            warnings.warn(f"{self.path}: skipping {len(empty)} empty file(s): "
+                          f"{', '.join(empty[:10])}{' ...' if len(empty) > 10 else ''}", stacklevel=2)
+        plan = plan_splits(files)
+
+        def fragments(segments):
+            return lambda: itertools.chain.from_iterable(
+                text_fragments(s, self.documents, self.SEPARATOR) for s in segments)
+        return {split: (sum(s.end - s.start for s in segs), fragments(segs)) for split, segs in plan.items()}
+
+    def _shard_iterators_per_split(self, dl_manager):
         del dl_manager  # everything is local
-        return {split: self._generate_examples(split) for split in self.SPLITS}
+        out = {}
+        for split, (size, fragments) in self.split_fragments().items():
+            records = _non_empty(pack_records(fragments()), f"the {split} split of {self.path}")
+            out[split] = _shards(records, size)
+        return out
 
-    def read_split(self, split: str) -> Iterator[str]:
-        return split_corpus(self.files, split, VAL_FRACTION, self.SEPARATOR)
+    def describe(self) -> str:
+        """How the files are read, for the line printed when preparing."""
+        if self.documents == "file" and any(f.suffix == ".txt" for f in self.files):
+            how = "each .txt file is one document" + (" (or split at separator lines)" if self.SEPARATOR else "")
+            return how + "; data.documents=lines or paragraphs splits them"
+        return {"lines": "each line is a document", "paragraphs": "documents are separated by blank lines",
+                "file": "one document per JSON line"}[self.documents]
 
-    def _generate_examples(self, split):
-        count = -1
-        for count, doc in enumerate(self.read_split(split)):
-            yield count, {"text": doc}
-        if count < 0:
-            raise ValueError(f"{self.path} is too small: its {split} split is empty")
+    def write_manifest(self) -> None:
+        """Records the files this preparation read (what a later run reports as changed or gone)."""
+        info = {"path": str(self.path), "documents": self.documents, "files": _manifest(self.files),
+                "prepared": datetime.datetime.now().isoformat(timespec="seconds")}
+        target = Path(self.data_dir) / MANIFEST
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(info))
+        os.replace(tmp, target)
+
+    def changes(self) -> str:
+        """What changed in the files since the newest earlier preparation of the same path ("" if none)."""
+        if self.previous is None:
+            return ""
+        old = json.loads((self.previous / MANIFEST).read_text())["files"]
+        new = _manifest(self.files)
+        parts = [(what, [Path(f).name for f in names]) for what, names in (
+            ("gone", sorted(set(old) - set(new))), ("new", sorted(set(new) - set(old))),
+            ("changed", sorted(f for f in set(old) & set(new) if old[f] != new[f])))]
+        return "; ".join(f"{what}: {', '.join(n[:5])}{' ...' if len(n) > 5 else ''}" for what, n in parts if n)
 
 
+register("text")(TextFiles)
+
+
+@register("shakespeare")
 class Shakespeare(TextFiles, skip_registration=True):
     """The embedded default corpus: the modern-spelling plays and poems of the
     `shakespeare` package (`*_gut.txt`, one document each). The First Folio
@@ -211,10 +514,11 @@ class Shakespeare(TextFiles, skip_registration=True):
     name = "sedd_shakespeare"
     PATTERNS = ("*_gut.txt",)
 
-    def default_path(self, data_dir: str | None = None) -> str:
+    def default_path(self, data_dir: str) -> str:
         return str(shakespeare_texts_dir(data_dir))
 
 
+@register("openwebtext")
 class OpenWebText(TextFiles, skip_registration=True):
     """OpenWebText from local files: a folder of .txt files, one document each
     (the extracted OpenWebText archive), or .jsonl files with a "text" field."""
@@ -222,6 +526,7 @@ class OpenWebText(TextFiles, skip_registration=True):
     name = "sedd_openwebtext"
 
 
+@register("tinystories")
 class TinyStories(TextFiles, skip_registration=True):
     """TinyStories from `TinyStories-train.txt` + `TinyStories-valid.txt` (stories
     separated by `<|endoftext|>` lines), or any such text file / .jsonl."""
@@ -230,22 +535,20 @@ class TinyStories(TextFiles, skip_registration=True):
     SEPARATOR = EOS_TEXT.encode()
 
 
+@register("text8")
 class Text8(TextFiles, skip_registration=True):
     """text8 (100M characters of Wikipedia, a-z and space) from a local text8.zip.
 
     Standard split: the first 90% of characters train, the next 5% validation,
-    the last 5% test (90M / 5M / 5M for the real file). Stored as 1M-character
-    chunks of one continuous stream, so packing puts no separator between them.
+    the last 5% test (90M / 5M / 5M for the real file). One continuous stream:
+    no document ends, so packing puts no separator anywhere.
     """
 
     name = "sedd_text8"
     PATTERNS = ("text8.zip",)
-    SPLITS = ("train", "validation", "test")
-    STREAM = True
-    CHUNK = 1_000_000
 
-    def default_path(self, data_dir: str | None = None) -> str:
-        for d in (os.environ.get("SEDD_DATA_DIR", ""), default_data_dir()):
+    def default_path(self, data_dir: str) -> str:
+        for d in (os.environ.get("SEDD_DATA_DIR", ""), data_dir, default_data_dir()):
             for p in (Path(d) / "text8.zip", Path(d) / "downloads" / "manual" / "text8.zip"):
                 if d and p.exists():
                     return str(p)
@@ -253,22 +556,35 @@ class Text8(TextFiles, skip_registration=True):
             "text8.zip not found: download http://mattmahoney.net/dc/text8.zip and "
             f"put it in {default_data_dir()} (or $SEDD_DATA_DIR), or set data.path to it")
 
-    def read_split(self, split: str) -> Iterator[str]:
+    def describe(self) -> str:
+        return "one stream of characters"
+
+    def split_fragments(self):
         with zipfile.ZipFile(self.files[0]) as z:
-            text = z.read(z.namelist()[0]).decode("ascii")
-        n = len(text)
-        a, b = {"train": (0, int(0.9 * n)), "validation": (int(0.9 * n), int(0.95 * n)),
-                "test": (int(0.95 * n), n)}[split]
-        for i in range(a, b, self.CHUNK):
-            yield text[i:min(i + self.CHUNK, b)]
+            n = z.infolist()[0].file_size
+        ranges = {"train": (0, int(0.9 * n)), "validation": (int(0.9 * n), int(0.95 * n)),
+                  "test": (int(0.95 * n), n)}
+
+        def fragments(a, b):
+            bad = _Utf8Errors(self.files[0])
+            with zipfile.ZipFile(self.files[0]) as z, z.open(z.namelist()[0]) as f:
+                f.seek(a)
+                for i in range(a, b, BLOCK):
+                    yield bad.check(f.read(min(BLOCK, b - i)), i)
+            bad.warn()
+        return {s: (b - a, lambda a=a, b=b: fragments(a, b)) for s, (a, b) in ranges.items()}
 
 
-BUILDERS = {"shakespeare": Shakespeare, "text": TextFiles, "text8": Text8,
-            "openwebtext": OpenWebText, "tinystories": TinyStories}
+def get_builder(name: str, path: str = "", data_dir: str | None = None, documents: str = ""):
+    """The prepared TFDS builder for a dataset name (preparing it on first use).
 
-
-def get_builder(name: str, path: str = "", data_dir: str | None = None):
-    """The prepared TFDS builder for a dataset name (building it on first use)."""
+    Args:
+      name: a key of BUILDERS.
+      path: local file or folder ("" for the dataset's default).
+      data_dir: where to prepare it ("" or None: `default_data_dir()`).
+      documents: for .txt files: "file", "lines" or "paragraphs" ("" for the
+        builder's default, "file"); see `text_fragments`.
+    """
     if name not in BUILDERS:
         synthetic = " ('markov' has no builder: load it with sedd.data.load_dataset)" if name == "markov" else ""
         raise ValueError(f"unknown dataset {name!r}; builders: {sorted(BUILDERS)}{synthetic}")
@@ -278,23 +594,48 @@ def get_builder(name: str, path: str = "", data_dir: str | None = None):
     absl_level = absl.level
     absl.setLevel(logging.ERROR)
     try:
-        builder = BUILDERS[name](path=path, data_dir=data_dir)
+        builder = BUILDERS[name](path=path, data_dir=data_dir, documents=documents)
         if not builder.is_prepared():
-            print(f"preparing {name} ({builder.path}) as array_record files in {builder.data_dir} "
-                  "(once; set data.data_dir or $SEDD_DATA_DIR to put them elsewhere)")
+            changed = builder.changes()
+            if changed:
+                print(f"{builder.path} changed since it was prepared ({changed}): preparing it again")
+            print(f"preparing {name} ({builder.path}; {builder.describe()}) as array_record files in "
+                  f"{builder.data_dir} (once; set data.data_dir or $SEDD_DATA_DIR to put them elsewhere)")
             tfds.display_progress_bar(False)
             # TFDS prints "Downloading and preparing dataset ..." although nothing is downloaded.
             with contextlib.redirect_stdout(io.StringIO()):
                 builder.download_and_prepare()
+        if builder.files and not (Path(builder.data_dir) / MANIFEST).exists():
+            builder.write_manifest()  # also after a process that prepared it died before writing it
     finally:
         absl.setLevel(absl_level)
         tfds.display_progress_bar(True)
     return builder
 
 
-def read_documents(builder, split: str) -> Iterator[str]:
-    """Documents of a split, in stored order, through the array_record data source."""
+def read_pieces(builder, split: str) -> Iterator[tuple[str, bool]]:
+    """(text, ends_document) pieces of a split's documents, in stored order, one record in memory.
+
+    Concatenating the pieces up to one whose flag is True gives a document.
+    """
     source = builder.as_data_source(split)
     for i in range(len(source)):
-        text = source[i]["text"]
-        yield text.decode("utf-8") if isinstance(text, bytes) else str(text)
+        rec = source[i]
+        text, start = rec["text"], 0
+        for end in rec["ends"].tolist():
+            yield text[start:end].decode("utf-8"), True
+            start = end
+        if start < len(text):
+            yield text[start:].decode("utf-8"), False
+
+
+def read_documents(builder, split: str) -> Iterator[str]:
+    """Whole documents of a split, in stored order (a stream without ends, text8's, is one document)."""
+    parts = []
+    for piece, ends in read_pieces(builder, split):
+        parts.append(piece)
+        if ends:
+            yield "".join(parts)
+            parts = []
+    if parts:
+        yield "".join(parts)

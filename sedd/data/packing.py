@@ -147,8 +147,10 @@ class TokenData:
     @property
     def chars_per_token(self) -> float:
         """Training characters per token (EOS counted as a token, with no
-        characters): bits/char = bits/token / chars_per_token."""
-        return self.stats["train"]["chars"] / max(self.stats["train"]["tokens"], 1)
+        characters): bits/char = bits/token / chars_per_token. Data without a
+        train split (a zero-shot test set) gives its first split's."""
+        stats = self.stats["train"] if "train" in self.stats else self.stats[self.splits[0]]
+        return stats["chars"] / max(stats["tokens"], 1)
 
     def unigram_entropy_bits(self, split: str = "train") -> float:
         """Entropy of the split's token frequencies, bits per token."""

@@ -1,6 +1,7 @@
 """Tokenizers: text <-> int ids. Each has `name`, `vocab_size`, `eos_id` (or
-None), `encode(text) -> int32[n]`, `decode(ids) -> str` and `to_dict()`, which
-a run directory saves as tokenizer.json and `tokenizer_from_dict` reads back.
+None), `encode(text) -> int32[n]`, `encode_many(texts) -> list[int32[n_i]]`,
+`decode(ids) -> str` and `to_dict()`, which a run directory saves as
+tokenizer.json and `tokenizer_from_dict` reads back.
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ class CharTokenizer:
                 f"vocabulary of this run: {vocab!r}")
         return ids.astype(np.int32)
 
+    def encode_many(self, texts: list[str]) -> list[np.ndarray]:
+        """`encode` of each text, in one call: ids are per character, so the joined text is encoded once."""
+        ends = np.cumsum([len(t) for t in texts])
+        return np.split(self.encode("".join(texts)), ends[:-1]) if texts else []
+
     def decode(self, ids, skip_eos: bool = False) -> str:
         """Ids to text; EOS renders as EOS_TEXT (or nothing), other ids outside
         the vocabulary (e.g. an absorbing graph's mask id) as U+FFFD."""
@@ -79,6 +85,12 @@ class ByteTokenizer:
 
     def encode(self, text: str) -> np.ndarray:
         return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32)
+
+    def encode_many(self, texts: list[str]) -> list[np.ndarray]:
+        """`encode` of each text, in one call: ids are per byte, so the joined text is encoded once."""
+        raw = [t.encode("utf-8") for t in texts]
+        ends = np.cumsum([len(r) for r in raw])
+        return np.split(np.frombuffer(b"".join(raw), np.uint8).astype(np.int32), ends[:-1]) if texts else []
 
     def decode(self, ids, skip_eos: bool = False) -> str:
         """Bytes to text; invalid UTF-8 (common in samples) becomes U+FFFD."""
@@ -141,6 +153,10 @@ class GPT2Tokenizer:
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self._bpe.encode(text, add_special_tokens=False).ids, np.int32)
 
+    def encode_many(self, texts: list[str]) -> list[np.ndarray]:
+        """`encode` of each text, through the tokenizers package's batch encoder (parallel, in Rust)."""
+        return [np.asarray(e.ids, np.int32) for e in self._bpe.encode_batch(texts, add_special_tokens=False)]
+
     def decode(self, ids, skip_eos: bool = False) -> str:
         ids = [i for i in np.asarray(ids).reshape(-1).tolist()
                if 0 <= i < self.vocab_size and not (skip_eos and i == self.eos_id)]
@@ -170,6 +186,9 @@ class MarkovTokenizer:
         if ((ids < 0) | (ids >= self.vocab_size)).any():
             raise ValueError(f"{text!r} has characters outside the first {self.vocab_size} letters")
         return ids
+
+    def encode_many(self, texts: list[str]) -> list[np.ndarray]:
+        return [self.encode(t) for t in texts]
 
     def decode(self, ids, skip_eos: bool = False) -> str:
         del skip_eos  # no EOS
