@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import warnings
@@ -22,6 +23,7 @@ import numpy as np
 from sedd import config as config_lib
 from sedd import convert, evaluate, runs, train
 from sedd.data import load_tokenizer
+from sedd.data.tokenizers import EOS_TEXT
 from sedd.sampling import text_conditioning
 
 
@@ -49,6 +51,7 @@ def _train(args, overrides: list[str]) -> int:
     print("samples:")
     for s in result["samples"]:
         print("  " + s.replace("\n", "\n  "))
+    _explain_separator(result["samples"])
     try:  # a prompt the run's vocabulary can write
         load_tokenizer(workdir / runs.TOKENIZER).encode("ROMEO:")
         print(f"\nmore: sedd sample --workdir {workdir} --prefix 'ROMEO:' --seed 1")
@@ -81,13 +84,22 @@ def _sample(args) -> int:
     else:
         texts = run.generate(key, args.num_samples, args.steps, args.predictor,
                              prefix=args.prefix, suffix=args.suffix, infill=args.infill, blank=args.blank)
-    if args.output:
-        Path(args.output).write_text("\n\n".join(texts) + "\n")
-        print(f"wrote {len(texts)} samples to {args.output}")
+    if args.output.endswith(".jsonl"):  # one JSON string per line: splits back into samples whatever they hold
+        Path(args.output).write_text("".join(json.dumps({"sample": i, "text": t}) + "\n" for i, t in enumerate(texts)))
+    elif args.output:
+        Path(args.output).write_text("".join(f"--- sample {i}\n{t}\n" for i, t in enumerate(texts)))
     else:
         for i, t in enumerate(texts):
             print(f"--- sample {i}\n{t}")
+    if args.output:
+        print(f"wrote {len(texts)} samples to {args.output}")
+    _explain_separator(texts)
     return 0
+
+
+def _explain_separator(texts: list[str]) -> None:
+    if any(EOS_TEXT in t for t in texts):
+        print(f"({EOS_TEXT} is the separator between training documents: the model ended one and began another)")
 
 
 def run_conditioning(run: runs.Run, args):
@@ -130,14 +142,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suffix", default="", help="text the samples end with")
     p.add_argument("--infill", default="", help="a template whose --blank characters are filled in")
     p.add_argument("--blank", default="_", help="the character of an infill template to fill in (default: _)")
-    p.add_argument("--output", default="", help="write the samples to this file")
+    p.add_argument("--output", default="", help="write the samples to this file: FILE.jsonl one JSON object per "
+                   "line ({\"sample\": i, \"text\": ...}); any other name, text with a '--- sample i' line before each")
     p.add_argument("--animate", action="store_true", help="show the denoising of the first sample")
 
     p = sub.add_parser("eval", help="likelihood bound of a trained run",
                        description="The likelihood bound of a trained run on a split of its data, or on other "
                        "data with --config.data.name=... --config.data.path=... (zero-shot).")
     p.add_argument("--workdir", required=True, help="run directory of a trained model")
-    p.add_argument("--split", default="validation")
+    p.add_argument("--split", default=None, help="validation (default where the data has it), test or train")
     p.add_argument("--num_t", type=int, default=64, help="points of the t grid of the bound")
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--max_batches", type=int, default=8, help="0 = the whole split")

@@ -259,7 +259,7 @@ def check_same_vocabulary(tokenizer, other, what: str = "the judge") -> None:
 
 def evaluate_run(
     workdir: str | Path,
-    split: str = "validation",
+    split: str | None = None,
     num_t: int = 64,
     batch_size: int = 32,
     max_batches: int | None = 8,
@@ -277,7 +277,8 @@ def evaluate_run(
 
     Args:
       workdir: the run directory.
-      split: "validation", "test" or "train".
+      split: "validation", "test" or "train"; None: "validation" where the data has one,
+        else its evaluation split (the zero-shot sets have only "test").
       num_t, kwargs: passed to ``likelihood_bound``.
       batch_size, max_batches: sequences per batch and batches (None = all).
       seed: the Monte Carlo seed.
@@ -299,6 +300,8 @@ def evaluate_run(
     dataset = load_dataset(dcfg, tokenizer=tokenizer)
     if dataset.tokenizer.to_dict() != tokenizer.to_dict():
         check_same_vocabulary(tokenizer, dataset.tokenizer, what="the evaluation data")
+    if split is None:
+        split = "validation" if "validation" in dataset.splits else [s for s in dataset.splits if s != "train"][0]
     out = run_figures(run, dataset, split, num_t, batch_size, max_batches, seed, progress, **kwargs)
     out["step"] = step
     return out
@@ -313,7 +316,7 @@ def run_figures(run: runs.Run, dataset, split: str = "validation", num_t: int = 
     error; an AR run its exact NLL. Arguments as ``evaluate_run``.
     """
     if split not in dataset.splits:
-        raise ValueError(f"split {split!r} not in {dataset.splits}")
+        raise ValueError(f"split {split!r} not in this data's splits {dataset.splits}; pass one of them")
     batches = dataset.eval_batches(batch_size, split=split)
     cpt = dataset.chars_per_token
     if run.is_ar:
