@@ -207,6 +207,8 @@ def dataset_bound(
     """
     total, var, n_seq, n_tok = 0.0, 0.0, 0, 0
     it = enumerate(batches)
+    if max_batches is None and hasattr(batches, "__len__"):
+        max_batches = len(batches)
     bar = tqdm(total=max_batches, desc="bound", disable=not progress, dynamic_ncols=True)
     for i, batch in it:
         if max_batches is not None and i >= max_batches:
@@ -317,6 +319,8 @@ def run_figures(run: runs.Run, dataset, split: str = "validation", num_t: int = 
     """
     if split not in dataset.splits:
         raise ValueError(f"split {split!r} not in this data's splits {dataset.splits}; pass one of them")
+    n_batches = -(-dataset.packed(split).num_sequences // batch_size)
+    max_batches = n_batches if max_batches is None else min(max_batches, n_batches)  # a bar with a total and ETA
     batches = dataset.eval_batches(batch_size, split=split)
     cpt = dataset.chars_per_token
     if run.is_ar:
