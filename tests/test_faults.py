@@ -204,3 +204,14 @@ def test_ctrl_c_is_answered_at_once_and_a_second_one_does_not_interrupt_the_save
     stopped = int(out.split("stopped at step ")[1].split(";")[0])
     assert runs.checkpoint_manager(workdir).all_steps() == [stopped]
     assert max(json.loads(line)["step"] for line in metrics.read_text().splitlines()) == stopped  # nothing lost
+
+
+@pytest.mark.slow
+def test_fault_injection_script_end_to_end(tmp_path):
+    """`experiments/faults.py` with one trial of each fault (minutes; `pytest -m slow`)."""
+    out = tmp_path / "table.md"
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "faults.py"), "--trials", "1", "--steps", "12",
+                           "--out", str(out)], capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and "fault" not in line]
+    assert len(rows) == 8 and all("| 1 | 1 |" in row or "skipped" in row for row in rows), rows
