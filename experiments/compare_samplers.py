@@ -1,14 +1,29 @@
-"""Compare samplers of a trained run: quality, entropy, cost per predictor x steps.
+"""Compare samplers of a trained run at matched NFE: quality, entropy, exact distances.
 
-  python experiments/compare_samplers.py --workdir checkpoints/markov \
-      --predictors euler,analytic --steps 8,16,32,64,128,256,1024 --num_samples 16
+  python experiments/compare_samplers.py --workdir /tmp/markov_run \\
+      --samplers analytic,analytic:cache=True,first_hitting,confidence \\
+      --steps 8,32,128 --num_samples 256
 
-For each predictor and step count: the judge's generative perplexity (an AR
-baseline run: --judge, default WORKDIR/ar), the unigram entropy of the samples,
-the exact NLL of the samples when the data is synthetic (data.name = "markov"),
-network evaluations and wall time. Writes compare_samplers.csv, .md and .png
-into the run directory (or --out). The figures come from sedd.evaluate; this
-file runs the grid and writes the report.
+A sampler is NAME[:KEY=VALUE[:KEY=VALUE...]] (a name in
+``sedd.sampling.PREDICTORS`` and keyword options of ``sedd.sampling.sample``:
+temperature, top_p, corrector_steps, cache, order, max_entropy, schedule,
+eta, ...). Each entry of --steps is an NFE budget: the sampler runs
+(budget - 1) // (1 + corrector_steps) steps (one call each, plus the
+corrector's, plus the final denoise), and the NFE it really made is reported
+(``sample(..., return_stats=True)``: calls per sequence; fewer with cache, or
+when an adaptive sampler finishes early).
+
+Per cell, on synthetic Markov data (data.name = "markov", exact law): the
+exact NLL of the samples in nats/token (and its standard error) beside the
+true entropy of the data, the exact KL of the samples' n-gram law
+(n = order + 1) to the chain's, the entropy of that n-gram law beside the
+chain's, and the unigram entropy of the samples; a "data" row does the same
+for exact draws of the chain (the floor of the KL at this sample size). On
+text: the judge's generative perplexity (an AR run: --judge, default
+WORKDIR/ar) and the unigram entropy; an "ar (kv cache)" row samples from the
+judge itself. Writes compare_samplers.csv, .md and .png into the run
+directory (or --out). The figures come from sedd.evaluate and
+sedd.data.markov; this file runs the grid and writes the report.
 """
 
 from __future__ import annotations
@@ -32,11 +47,14 @@ from sedd.data.markov import chain_from_config
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file backend)
 
-DEFAULT_STEPS = (8, 16, 32, 64, 128, 256, 1024)
+DEFAULT_STEPS = (16, 64, 128)
+DEFAULT_SAMPLERS = ("analytic", "analytic:top_p=0.9", "analytic:corrector_steps=1", "first_hitting",
+                    "confidence", "confidence:order=random", "entropy_bound:max_entropy=1.0", "remdm:eta=0.02",
+                    "remdm:schedule=loop:eta=0.02")
 
 
 def check_steps(steps: Sequence) -> list[int]:
-    """A list of positive step counts, or a ValueError naming the bad entries."""
+    """A list of positive step counts (NFE budgets), or a ValueError naming the bad entries."""
     try:
         steps = list(steps)
     except TypeError:
@@ -47,78 +65,108 @@ def check_steps(steps: Sequence) -> list[int]:
     return [int(s) for s in steps]
 
 
+def _value(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"True": True, "False": False}.get(text, text)
+
+
+def parse_sampler(spec: str) -> tuple[str, dict]:
+    """"remdm:schedule=loop:eta=0.02" -> ("remdm", {"schedule": "loop", "eta": 0.02})."""
+    name, *opts = spec.strip().split(":")
+    if name not in sampling.PREDICTORS:
+        raise ValueError(f"unknown sampler {name!r} in {spec!r}; expected one of {sorted(sampling.PREDICTORS)}")
+    options = {}
+    for o in opts:
+        if "=" not in o:
+            raise ValueError(f"sampler options are KEY=VALUE, got {o!r} in {spec!r}")
+        k, v = o.split("=", 1)
+        options[k] = _value(v)
+    return name, options
+
+
+def ngram_law(x: np.ndarray, vocab_size: int, n: int) -> np.ndarray:
+    """The pooled law of the n-grams of every window of the rows of x: float64[V^n]."""
+    x = np.asarray(x, np.int64)
+    idx = np.zeros((x.shape[0], x.shape[1] - n + 1), np.int64)
+    for j in range(n):
+        idx = idx * vocab_size + x[:, j: x.shape[1] - n + 1 + j]
+    return np.bincount(idx.ravel(), minlength=vocab_size**n) / idx.size
+
+
+def markov_figures(chain, x: np.ndarray) -> dict:
+    """Exact figures of samples x int[B, L] against the chain (nats)."""
+    length, n = x.shape[1], chain.order + 1
+    truth = (chain.stationary[:, None] * chain.transitions).ravel()  # p(x_0..x_k), base-V index
+    emp = ngram_law(x, chain.vocab_size, n)
+    seen = emp > 0
+    with np.errstate(divide="ignore"):
+        kl = float(np.sum(emp[seen] * (np.log(emp[seen]) - np.log(truth[seen]))))
+    nll = -chain.log_prob(x) / length  # (B,) nats/token
+    return {"exact_nats_per_token": float(nll.mean()),
+            "exact_nats_per_token_se": float(nll.std(ddof=1) / np.sqrt(len(nll))),
+            "true_nats_per_token": chain.sequence_entropy(length) / length,
+            "ngram_kl_nats": kl,
+            "ngram_entropy_nats": float(-np.sum(emp[seen] * np.log(emp[seen]))),
+            "true_ngram_entropy_nats": chain.sequence_entropy(n)}
+
+
 def compare_samplers(
     workdir: str | Path,
-    predictors: Sequence[str] = ("euler", "analytic"),
+    samplers: Sequence[str] = DEFAULT_SAMPLERS,
     steps: Sequence[int] = DEFAULT_STEPS,
     num_samples: int = 16,
     judge: str | Path | None = None,
     seed: int = 0,
     categorical: str | None = None,
-    warmup: bool = True,
     out_dir: str | Path | None = None,
     progress: bool = True,
     include_ar: bool = True,
+    time_calls: bool = False,
 ) -> list[dict]:
-    """Sample with each predictor x step count; score and time the samples.
-
-    Per row: predictor, steps, network evaluations (steps + 1 with the final
-    denoise), wall time of the sampling call in seconds (after a compiling
-    warm-up call when ``warmup``), samples per second, the judge's gen-PPL and
-    per-token NLL, the mean unigram entropy of the samples in bits, and on
-    synthetic data the exact NLL of the samples in nats per token with the true
-    entropy of the data beside it. When the judge is an AR run, a last row
-    samples from the judge itself with its KV cache (L network calls of one
-    token each), the speed and quality baseline.
-
-    Writes into out_dir (default: the run directory) compare_samplers.csv,
-    compare_samplers.md and compare_samplers.png.
+    """Sample with each sampler x NFE budget; score the samples.
 
     Args:
       workdir: a trained diffusion run.
-      predictors: names in ``sedd.sampling.PREDICTORS``.
-      steps: positive step counts.
-      num_samples: samples per row.
+      samplers: specs NAME[:KEY=VALUE...] (see the module docstring).
+      steps: NFE budgets (positive).
+      num_samples: samples per cell.
       judge: an AR run directory; None = workdir/ar when it exists. Required
         unless the data is synthetic.
-      seed: sampling seed (the same for every row).
+      seed: sampling seed (the same for every cell).
       categorical: the categorical method (default: the run's config).
-      warmup: time a second call, so compilation is not counted.
-      out_dir: where the files go.
+      out_dir: where the files go (default: the run directory).
       progress: show a progress bar.
-      include_ar: add the AR baseline row when the judge is an AR run.
+      include_ar: add the AR judge's own samples when the judge is an AR run.
+      time_calls: also time each cell (a second call after a compiling one).
     Returns:
       the rows, as dicts.
     Raises:
       FileNotFoundError: untrained workdir or judge; no judge for text data.
-      ValueError: bad steps, unknown predictor, a judge of another vocabulary,
-        a workdir that holds an AR run.
+      ValueError: bad budgets, an unknown sampler or option, a judge of
+        another vocabulary, a workdir that holds an AR run.
     """
     steps = check_steps(steps)
-    unknown = [p for p in predictors if p not in sampling.PREDICTORS]
-    if unknown or not predictors:
-        raise ValueError(f"unknown predictors {unknown or predictors}; expected some of {sorted(sampling.PREDICTORS)}")
+    specs = [(s, *parse_sampler(s)) for s in samplers]
     workdir = Path(workdir)
     run = runs.load(workdir)
     config, tokenizer = run.config, run.tokenizer
     if run.is_ar:
         raise ValueError(f"{workdir} holds an AR run; compare_samplers needs a diffusion run "
                          "(pass the AR run as --judge)")
-    chain = None
-    if config.data.name == "markov":
-        chain = chain_from_config(config.data)
+    chain = chain_from_config(config.data) if config.data.name == "markov" else None
     if judge is None and (workdir / "ar" / "config.json").exists():
         judge = workdir / "ar"
-    judge_model = None
-    if judge is not None:
-        judge_model = evaluate.load_judge(judge, tokenizer).model
-    elif chain is None:
+    judge_model = evaluate.load_judge(judge, tokenizer).model if judge is not None else None
+    if judge_model is None and chain is None:
         raise FileNotFoundError(
             f"no judge for {workdir}: pass --judge AR_RUN_DIR, or train the AR baseline into {workdir / 'ar'}:\n"
             f"  sedd train --config CONFIG --config.model.kind=ar --workdir {workdir / 'ar'}")
     categorical = categorical or config.sampling.categorical
     length = config.data.seq_len
-    true_nats = chain.sequence_entropy(length) / length if chain is not None else None
 
     def score(samples: np.ndarray) -> dict:
         row = {"entropy_bits": float(evaluate.sample_entropy_bits(samples).mean())}
@@ -126,44 +174,51 @@ def compare_samplers(
             g = evaluate.generative_perplexity(judge_model, samples)
             row.update(gen_ppl=g["gen_ppl"], judge_nats_per_token=g["judge_nats_per_token"])
         if chain is not None:
-            row.update(exact_nats_per_token=float(-chain.log_prob(samples).mean() / length),
-                       true_nats_per_token=true_nats)
+            row.update(markov_figures(chain, samples))
         return row
 
-    def timed(fn) -> tuple[np.ndarray, float]:
-        if warmup:
-            jax.block_until_ready(fn())
-        start = time.perf_counter()
-        out = np.asarray(jax.block_until_ready(fn()))
-        return out, time.perf_counter() - start
-
     rows = []
-    jobs = [(p, s) for p in predictors for s in steps]
     key = jax.random.key(seed)
-    for p, s in tqdm(jobs, desc="compare", disable=not progress, dynamic_ncols=True):
-        samples, wall = timed(lambda: run.sample(key, num_samples, steps=s, predictor=p, categorical=categorical))
-        rows.append({"predictor": p, "steps": s, "network_evals": s + 1, "wall_s": wall,
-                     "samples_per_s": num_samples / wall, **score(samples)})
+    jobs = [(spec, name, opts, budget) for spec, name, opts in specs for budget in steps]
+    for spec, name, opts, budget in tqdm(jobs, desc="compare", disable=not progress, dynamic_ncols=True):
+        n_steps = max(1, (budget - 1) // (1 + int(opts.get("corrector_steps", 0))))
+
+        def call():
+            return run.sample(key, num_samples, steps=n_steps, predictor=name, categorical=categorical,
+                              return_stats=True, **opts)
+
+        start = time.perf_counter()
+        samples, stats = call()
+        wall = time.perf_counter() - start
+        if time_calls:
+            start = time.perf_counter()
+            samples, stats = call()
+            wall = time.perf_counter() - start
+        rows.append({"sampler": spec, "budget": budget, "steps": n_steps,
+                     "nfe": float(np.mean(stats["nfe_per_sample"])), "nfe_batch": int(stats["nfe"]),
+                     "wall_s": wall if time_calls else None, **score(samples)})
+    if chain is not None:
+        rows.append({"sampler": "data", **score(chain.sample(num_samples, length, seed=seed + 1))})
     if include_ar and judge_model is not None:
-        samples, wall = timed(lambda: ar.sample(key, judge_model, num_samples, length, categorical=categorical))
-        rows.append({"predictor": "ar (kv cache)", "steps": length, "network_evals": length, "wall_s": wall,
-                     "samples_per_s": num_samples / wall, **score(samples)})
+        samples = np.asarray(ar.sample(key, judge_model, num_samples, length, categorical=categorical))
+        rows.append({"sampler": "ar (kv cache)", "nfe": float(length), **score(samples)})
     out_dir = Path(out_dir) if out_dir is not None else workdir
     write_report(rows, out_dir, meta={"workdir": str(workdir), "judge": str(judge) if judge else None,
                                       "num_samples": num_samples, "seed": seed, "categorical": categorical,
-                                      "seq_len": length})
+                                      "seq_len": length, "step": run.step})
     return rows
 
 
-COLUMNS = ("predictor", "steps", "network_evals", "wall_s", "samples_per_s", "gen_ppl",
-           "judge_nats_per_token", "entropy_bits", "exact_nats_per_token", "true_nats_per_token")
+COLUMNS = ("sampler", "budget", "steps", "nfe", "nfe_batch", "wall_s", "gen_ppl", "judge_nats_per_token",
+           "entropy_bits", "exact_nats_per_token", "exact_nats_per_token_se", "true_nats_per_token", "ngram_kl_nats",
+           "ngram_entropy_nats", "true_ngram_entropy_nats")
 
 
 def write_report(rows: list[dict], out_dir: str | Path, meta: dict | None = None) -> dict[str, Path]:
     """compare_samplers.{csv,md,png} in out_dir; returns their paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cols = [c for c in COLUMNS if any(c in r for r in rows)]
+    cols = [c for c in COLUMNS if any(r.get(c) is not None for r in rows)]
     paths = {"csv": out_dir / "compare_samplers.csv", "md": out_dir / "compare_samplers.md",
              "png": out_dir / "compare_samplers.png"}
     with open(paths["csv"], "w", newline="") as f:
@@ -185,34 +240,53 @@ def write_report(rows: list[dict], out_dir: str | Path, meta: dict | None = None
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Quality against steps and against sample entropy, one line per predictor."""
-    quality = "exact_nats_per_token" if any("exact_nats_per_token" in r for r in rows) else "gen_ppl"
-    label = {"exact_nats_per_token": "exact NLL of samples (nats/token)", "gen_ppl": "judge gen-PPL"}[quality]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for name in dict.fromkeys(r["predictor"] for r in rows):
-        rs = [r for r in rows if r["predictor"] == name and quality in r]
-        if not rs:
-            continue
-        if name.startswith("ar"):
-            for ax, x in ((a, rs[0]["network_evals"]), (b, rs[0]["entropy_bits"])):
-                ax.scatter([x], [rs[0][quality]], marker="*", s=120, color="k", label=name, zorder=3)
-            continue
-        a.plot([r["steps"] for r in rs], [r[quality] for r in rs], "o-", label=name)
-        b.plot([r["entropy_bits"] for r in rs], [r[quality] for r in rs], "o-", label=name)
-    if quality == "exact_nats_per_token" and rows and rows[0].get("true_nats_per_token") is not None:
-        for ax in (a, b):
-            ax.axhline(rows[0]["true_nats_per_token"], ls="--", color="gray", label="data entropy")
-    a.set_xscale("log", base=2)
-    a.set_xlabel("sampling steps (network evaluations - 1)")
-    b.set_xlabel("unigram entropy of samples (bits)")
-    for ax in (a, b):
-        ax.set_ylabel(label)
+    """Pareto views, one line per sampler: quality vs NFE, and quality vs entropy.
+
+    Markov data: exact NLL vs NFE, n-gram KL vs NFE, exact NLL vs n-gram
+    entropy. Text: gen-PPL vs NFE, gen-PPL vs unigram entropy.
+    """
+    markov = any("exact_nats_per_token" in r for r in rows)
+    if markov:
+        panels = [("nfe", "exact_nats_per_token", "NFE per sequence", "exact NLL of samples (nats/token)"),
+                  ("nfe", "ngram_kl_nats", "NFE per sequence", "KL(samples' n-gram law || chain's) (nats)"),
+                  ("ngram_entropy_nats", "exact_nats_per_token", "entropy of the samples' n-gram law (nats)",
+                   "exact NLL of samples (nats/token)")]
+    else:
+        panels = [("nfe", "gen_ppl", "NFE per sequence", "judge gen-PPL"),
+                  ("entropy_bits", "gen_ppl", "unigram entropy of samples (bits)", "judge gen-PPL")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 5.0))
+    names = list(dict.fromkeys(r["sampler"] for r in rows))
+    colors = plt.cm.tab20(np.linspace(0, 1, max(len(names), 2)))
+    for ax, (xk, yk, xl, yl) in zip(axes, panels):
+        for name, color in zip(names, colors):
+            rs = [r for r in rows if r["sampler"] == name and r.get(yk) is not None]
+            if name == "data" and xk == "nfe" and rs:  # exact draws have no NFE: a reference line
+                ax.axhline(rs[0][yk], ls=":", color="k", label="exact draws of the chain")
+                continue
+            rs = [r for r in rs if r.get(xk) is not None]
+            if not rs:
+                continue
+            if name in ("data", "ar (kv cache)"):
+                ax.scatter([rs[0][xk]], [rs[0][yk]], marker="*", s=140, color="k", label=name, zorder=3)
+                continue
+            ax.plot([r[xk] for r in rs], [r[yk] for r in rs], "o-", color=color, label=name, ms=4)
+        if yk == "exact_nats_per_token":
+            true = next(r["true_nats_per_token"] for r in rows if "true_nats_per_token" in r)
+            ax.axhline(true, ls="--", color="gray", label="true entropy")
+        if xk == "ngram_entropy_nats":
+            ax.axvline(next(r["true_ngram_entropy_nats"] for r in rows if "true_ngram_entropy_nats" in r),
+                       ls="--", color="gray")
+        if xk == "nfe":
+            ax.set_xscale("log", base=2)
+        if yk in ("ngram_kl_nats", "gen_ppl"):
+            ax.set_yscale("log")
+        ax.set_xlabel(xl)
+        ax.set_ylabel(yl)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    a.set_title("quality vs steps")
-    b.set_title("quality vs entropy")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), fontsize=7)
+    fig.tight_layout(rect=(0, 0.06 + 0.03 * (len(labels) // 5), 1, 1))
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
@@ -227,20 +301,22 @@ def int_list(text: str) -> list[int]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", required=True, help="a trained diffusion run directory")
-    p.add_argument("--predictors", default="euler,analytic", help="comma-separated predictor names")
-    p.add_argument("--steps", default=",".join(map(str, DEFAULT_STEPS)), help="comma-separated positive step counts")
-    p.add_argument("--num_samples", type=int, default=16, help="samples per row")
+    p.add_argument("--samplers", "--predictors", dest="samplers", default=",".join(DEFAULT_SAMPLERS),
+                   help="comma-separated NAME[:KEY=VALUE...] sampler specs")
+    p.add_argument("--steps", default=",".join(map(str, DEFAULT_STEPS)),
+                   help="comma-separated NFE budgets (positive integers)")
+    p.add_argument("--num_samples", type=int, default=16, help="samples per cell")
     p.add_argument("--judge", default=None, help="an AR run directory (default: WORKDIR/ar if it exists)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--categorical", default=None, help="precise | gumbel32 (default: the run's config)")
-    p.add_argument("--no_warmup", action="store_true", help="time the first (compiling) call")
+    p.add_argument("--time", action="store_true", help="time each cell (a second, compiled call)")
     p.add_argument("--out", default=None, help="output folder (default: the run directory)")
     args = p.parse_args(argv)
     try:
         rows = compare_samplers(
-            args.workdir, predictors=[s.strip() for s in args.predictors.split(",") if s.strip()],
-            steps=int_list(args.steps), num_samples=args.num_samples, judge=args.judge, seed=args.seed,
-            categorical=args.categorical, warmup=not args.no_warmup, out_dir=args.out)
+            args.workdir, samplers=[s for s in args.samplers.split(",") if s.strip()], steps=int_list(args.steps),
+            num_samples=args.num_samples, judge=args.judge, seed=args.seed, categorical=args.categorical,
+            out_dir=args.out, time_calls=args.time)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -27,9 +27,26 @@ Methods:
 JAX's own ``categorical(..., mode="high")`` pushes the limit to ~1e-14 at a
 similar cost; the race here is kept because the test suite can integrate its
 law exactly over the random bits (tests/test_noise_losses.py).
+
+Large D: a race over every entry needs 64 random bits per entry, and at a
+GPT-2 vocabulary (D = 50,258) making them cost five times a forward pass of a
+small model (docs/benchmarks.md). From ``TWO_LEVEL_MIN_DIM`` entries on,
+"precise" draws in two levels instead: cut the D entries into blocks of K
+(K a power of two near sqrt(D); 196 blocks of 256 and one of 82 at D = 50,258), race the
+block sums S_b, then race the entries of the chosen block:
+
+    P(d) = P(block b) P(d | b) = S_b / sum_b' S_b'  *  p_d / S_b = p_d / sum p,
+
+the same law, both races exact for small probabilities, with 2 (D / K + K)
+random words per draw instead of 2 D. The only rounding is that of the
+float32 block sums, a relative error (~1e-7), never an absolute floor: a
+token of probability 1e-12 keeps its rate. Below the threshold the flat race
+is kept, so draws at small D are bit-for-bit what they were.
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +54,9 @@ import jax.numpy as jnp
 METHODS = ("precise", "gumbel32")
 
 _TWO_M32 = 2.0**-32
+
+TWO_LEVEL_MIN_DIM = 4096
+"""From this many categories on, "precise" draws in two levels (see the module docstring)."""
 
 
 def exponential_from_bits(hi: jax.Array, lo: jax.Array) -> jax.Array:
@@ -52,6 +72,62 @@ def exponential_from_bits(hi: jax.Array, lo: jax.Array) -> jax.Array:
     return -jnp.log1p(-jnp.minimum(v, 1.0))
 
 
+def race(key: jax.Array, probs: jax.Array) -> jax.Array:
+    """argmax_d p_d / E_d with E_d ~ Exp(1): index d with probability p_d / sum(p). int32[...]."""
+    hi, lo = jax.random.bits(key, (2, *probs.shape), jnp.uint32)
+    exp_noise = exponential_from_bits(hi, lo)  # E ~ Exp(1), (..., D)
+    return jnp.argmax(probs / exp_noise, axis=-1).astype(jnp.int32)
+
+
+def block_size(dim: int) -> int:
+    """K of the two-level draw: the power of two nearest above sqrt(dim)."""
+    return 1 << max(0, math.ceil(math.log2(math.sqrt(dim))))
+
+
+def block_sums(probs: jax.Array, block: int | None = None) -> jax.Array:
+    """S_b, the sums of the blocks of K entries [b K, (b + 1) K) (the last may be shorter): float32[..., nb]."""
+    d = probs.shape[-1]
+    k = min(block or block_size(d), d)
+    full = d // k
+    # A strided window sum reads the entries in place; slicing off the short
+    # block and reshaping to (..., nb, K) makes XLA copy the array first (2x slower).
+    window = (1,) * (probs.ndim - 1) + (k,)
+    sums = jax.lax.reduce_window(probs, 0.0, jax.lax.add, window, window, "VALID")  # (..., full)
+    if full * k < d:
+        sums = jnp.concatenate([sums, probs[..., full * k:].sum(-1, keepdims=True)], -1)
+    return sums
+
+
+def sample_two_level(key: jax.Array, probs: jax.Array, block: int | None = None,
+                     sums: jax.Array | None = None) -> jax.Array:
+    r"""An exact draw ∝ probs in two exponential races: a block by its sum, then an entry inside it.
+
+        P(d) = S_{b(d)} / \sum_b S_b  \cdot  p_d / S_{b(d)} = p_d / \sum p,
+
+    S_b the sum of block b (``block_sums``). The second race reads the K
+    entries from min(b K, D - K) and zeroes those before b K, so nothing is
+    padded or copied. A block of sum 0 is never chosen, nor an entry of weight 0.
+
+    Args:
+      key: a ``jax.random`` key.
+      probs: float32[..., D] non-negative weights.
+      block: K, entries per block (default ``block_size(D)``).
+      sums: ``block_sums(probs, block)`` when the caller has them already.
+    Returns:
+      int32[...] indices in [0, D).
+    """
+    d = probs.shape[-1]
+    k = min(block or block_size(d), d)
+    if sums is None:
+        sums = block_sums(probs, k)
+    k_block, k_entry = jax.random.split(key)
+    first = race(k_block, sums) * k  # (...,) first index of the chosen block
+    start = jnp.minimum(first, d - k)
+    idx = start[..., None] + jnp.arange(k, dtype=jnp.int32)  # (..., K)
+    inside = jnp.where(idx >= first[..., None], jnp.take_along_axis(probs, idx, axis=-1), 0.0)
+    return start + race(k_entry, inside)
+
+
 def sample_categorical(key: jax.Array, probs: jax.Array, method: str = "precise") -> jax.Array:
     """One draw from the categorical ∝ probs along the last axis.
 
@@ -59,8 +135,9 @@ def sample_categorical(key: jax.Array, probs: jax.Array, method: str = "precise"
       key: a ``jax.random`` key.
       probs: float[..., D] non-negative, unnormalised weights. Small negative
         values from round-off are treated as 0.
-      method: "precise" (exponential race, exact for small probabilities) or
-        "gumbel32" (``jax.random.categorical``, float32 Gumbel-max).
+      method: "precise" (exponential race, exact for small probabilities; in
+        two levels from ``TWO_LEVEL_MIN_DIM`` entries) or "gumbel32"
+        (``jax.random.categorical``, float32 Gumbel-max).
 
     Returns:
       int32[...] the sampled indices.
@@ -70,6 +147,6 @@ def sample_categorical(key: jax.Array, probs: jax.Array, method: str = "precise"
     probs = jnp.maximum(probs.astype(jnp.float32), 0.0)
     if method == "gumbel32":
         return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)
-    hi, lo = jax.random.bits(key, (2, *probs.shape), jnp.uint32)
-    exp_noise = exponential_from_bits(hi, lo)  # E ~ Exp(1), (..., D)
-    return jnp.argmax(probs / exp_noise, axis=-1).astype(jnp.int32)
+    if probs.shape[-1] >= TWO_LEVEL_MIN_DIM:
+        return sample_two_level(key, probs)
+    return race(key, probs)

@@ -2,7 +2,8 @@
 
   sedd train  [--config FILE|NAME] [--workdir DIR] [--config.section.key=value ...]
   sedd sample --workdir DIR [--steps N] [--predictor P] [--num_samples K] [--seed S]
-              [--prefix TEXT] [--suffix TEXT] [--infill TEMPLATE] [--output FILE] [--animate]
+              [--prefix TEXT] [--suffix TEXT] [--infill TEMPLATE [--blank C]] [--temperature T] [--top_p P]
+              [--output FILE[.jsonl]] [--animate]
   sedd eval   --workdir DIR [--split S] [--num_t N] [--max_batches K] [--config.data.path=... ...]
   sedd convert SRC DST [--no_ema] [--tokenizer_path PATH] [--dtype D]   (the original PyTorch SEDD weights)
   sedd serve  --workdir DIR [--host 127.0.0.1] [--port 8000] [...]       (needs sedd[serve])
@@ -73,17 +74,19 @@ def _animate(run: runs.Run, trajectory, delay: float) -> None:
 def _sample(args) -> int:
     run = runs.load(args.workdir)
     key = jax.random.key(args.seed)
+    options = {k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p)) if v != 1.0}
     if args.animate:
         steps = args.steps if args.steps is not None else run.config.sampling.steps
         mask, tokens = run_conditioning(run, args)
-        options = {} if mask is None else {"fixed_mask": mask, "fixed_tokens": tokens}
+        if mask is not None:
+            options.update(fixed_mask=mask, fixed_tokens=tokens)
         ids, trajectory = run.sample(key, args.num_samples, steps, args.predictor, return_trajectory=True,
                                      trajectory_every=max(1, steps // 64), **options)
         _animate(run, trajectory, 4.0 / len(trajectory))
         texts = [run.decode(row) for row in ids]
     else:
         texts = run.generate(key, args.num_samples, args.steps, args.predictor,
-                             prefix=args.prefix, suffix=args.suffix, infill=args.infill, blank=args.blank)
+                             prefix=args.prefix, suffix=args.suffix, infill=args.infill, blank=args.blank, **options)
     if args.output.endswith(".jsonl"):  # one JSON string per line: splits back into samples whatever they hold
         Path(args.output).write_text("".join(json.dumps({"sample": i, "text": t}) + "\n" for i, t in enumerate(texts)))
     elif args.output:
@@ -134,14 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("sample", help="write text with a trained model")
     p.add_argument("--workdir", required=True, help="run directory of a trained model")
     p.add_argument("--steps", type=int, default=None, help="reverse steps (default: the config's)")
-    p.add_argument("--predictor", default=None, help="analytic or euler (default: the config's); on the absorbing "
-                   "graph with log-linear noise the two are one kernel and draw the same text")
+    p.add_argument("--predictor", default=None, help="a sampler of sedd.sampling.PREDICTORS: analytic, euler, "
+                   "first_hitting, confidence, entropy_bound, remdm (default: the config's); on the absorbing graph "
+                   "with log-linear noise analytic and euler are one kernel and draw the same text")
     p.add_argument("--num_samples", type=int, default=4)
     p.add_argument("--seed", type=int, default=0, help="the same seed gives the same samples")
     p.add_argument("--prefix", default="", help="text the samples start with")
     p.add_argument("--suffix", default="", help="text the samples end with")
     p.add_argument("--infill", default="", help="a template whose --blank characters are filled in")
     p.add_argument("--blank", default="_", help="the character of an infill template to fill in (default: _)")
+    p.add_argument("--temperature", type=float, default=1.0, help="on the denoiser's p(x0); 0 = argmax (default 1)")
+    p.add_argument("--top_p", type=float, default=1.0, help="nucleus of the denoiser's p(x0) (default 1: off)")
     p.add_argument("--output", default="", help="write the samples to this file: FILE.jsonl one JSON object per "
                    "line ({\"sample\": i, \"text\": ...}); any other name, text with a '--- sample i' line before each")
     p.add_argument("--animate", action="store_true", help="show the denoising of the first sample")

@@ -329,19 +329,33 @@ class Run:
         return params_score_fn(self.graphdef)((self.params, self.rest), x, sigma)
 
     def sample(self, key: jax.Array, num_samples: int, steps: int | None = None,
-               predictor: str | None = None, **sampler_options) -> np.ndarray:
-        """Token ids int32[num_samples, L] (with return_trajectory=True, (ids, trajectory)).
+               predictor: str | None = None, **sampler_options):
+        """Token ids int32[num_samples, L] (int32[num_samples, max_length] with max_length).
 
         The options go to ``sedd.sampling.sample`` (fixed_mask / fixed_tokens,
-        categorical, ...); the config's sampling section gives the defaults.
+        categorical, temperature, top_p, corrector_steps, cache, max_length,
+        block_length, the sampler's own options, ...); the config's sampling
+        section gives the defaults. With return_trajectory / return_stats the
+        result is the tuple ``sample`` returns, as NumPy arrays.
+
+        Raises:
+          ValueError: cache=True with a time-conditioned model (the cache is
+            exact only for model.time_conditioning=False, where the network
+            does not see sigma); an option the sampler cannot honour.
         """
         s = self.config.sampling
         num_samples = _positive_int("num_samples", num_samples)
         if self.is_ar:  # the AR baseline decodes left to right with its KV cache
             categorical = sampler_options.pop("categorical", s.categorical)
+            temperature = sampler_options.pop("temperature", 1.0)
             if sampler_options:
                 raise ValueError(f"the AR baseline takes no sampler options {sorted(sampler_options)}")
-            return np.asarray(ar.sample(key, self.model, num_samples, self.seq_len, categorical=categorical))
+            return np.asarray(ar.sample(key, self.model, num_samples, self.seq_len, temperature=temperature,
+                                        categorical=categorical))
+        if sampler_options.get("cache") and self.config.model.get("time_conditioning", True):
+            raise ValueError("cache=True reuses the network output across noise levels, which is exact only "
+                             "for a model without a time input; this run has model.time_conditioning=True "
+                             "(train with --config.model.time_conditioning=False for a cacheable model)")
         out = sampling.sample(
             key, params_score_fn(self.graphdef), self.graph, self.noise,
             (num_samples, self.seq_len), _positive_int("steps", s.steps if steps is None else steps),
@@ -361,15 +375,18 @@ class Run:
           num_samples: number of texts.
           steps: reverse steps (default: config.sampling.steps).
           predictor: a name in ``sedd.sampling.PREDICTORS`` (default: the config's).
-          prefix, suffix: text the samples start / end with.
+          prefix, suffix: text the samples start / end with (the suffix ends
+            the whole text, at max_length when that is given).
           infill: a template whose `blank` characters are generated (see
             ``sedd.sampling.text_conditioning``); the texts are cut to its length.
           blank: the character that marks a position to fill in an infill template.
-          sampler_options: more keyword options of ``sedd.sampling.sample``.
+          sampler_options: more keyword options of ``sedd.sampling.sample``
+            (temperature, top_p, max_length, block_length, ...).
         Returns:
           num_samples strings.
         """
-        mask, tokens = sampling.text_conditioning(self.tokenizer, self.seq_len, num_samples,
+        length = sampler_options.get("max_length") or self.seq_len
+        mask, tokens = sampling.text_conditioning(self.tokenizer, length, num_samples,
                                                   prefix=prefix or "", suffix=suffix or "", infill=infill or "",
                                                   blank=blank)
         if mask is not None:
@@ -377,6 +394,8 @@ class Run:
                 raise ValueError("the AR baseline does not take prompts here")
             sampler_options.update(fixed_mask=jnp.asarray(mask), fixed_tokens=jnp.asarray(tokens))
         ids = self.sample(key, num_samples, steps, predictor, **sampler_options)
+        if isinstance(ids, tuple):  # return_stats / return_trajectory: the samples come first
+            ids = ids[0]
         if infill:
             ids = ids[:, : len(infill)]
         return [self.decode(row) for row in ids]

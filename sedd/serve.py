@@ -14,13 +14,13 @@ prompt and suffix are always conditioned on exactly (the absorbing graph keeps
 fixed tokens fixed; see ``sedd.sampling.sample``).
 
 Requests go to an ``Engine``: one worker thread that runs the compiled
-sampler. Requests that can share a program (same steps, sampler, trajectory
-or not) that arrive within a short collection window run as one batch; every
-row has its own key ``fold_in(key(seed), row)``, so a seeded request gives the
-same text whatever it was batched with. Batch sizes are rounded up to a few
-sizes (``batch_size``) so a few compiled programs serve every load. The queue
-is bounded (503 when full) and a request waits at most ``timeout_s`` seconds
-(then 503).
+sampler. Requests that can share a program (same steps, sampler, temperature,
+top_p, trajectory or not) that arrive within a short collection window run as
+one batch; every row has its own key ``fold_in(key(seed), row)``, so a seeded
+request gives the same text whatever it was batched with. Batch sizes are
+rounded up to a few sizes (``batch_size``) so a few compiled programs serve
+every load. The queue is bounded (503 when full) and a request waits at most
+``timeout_s`` seconds (then 503).
 
 docs/serving.md shows how to call it with curl and the `openai` client.
 Shapes: B batch rows, L length, N steps.
@@ -151,6 +151,8 @@ class Plan:
     length: int  # M
     suffix_start: int  # P + M
     suffix_len: int  # S
+    temperature: float = 1.0  # on the denoiser (sedd.sampling.sample); 0 = argmax
+    top_p: float = 1.0  # nucleus of the denoiser
 
 
 def plan(run: runs.Run, req: CompletionRequest, limits: Limits) -> Plan:
@@ -160,15 +162,19 @@ def plan(run: runs.Run, req: CompletionRequest, limits: Limits) -> Plan:
       APIError: 400 naming the field at fault.
     """
     s = run.config.sampling
-    for name, value in (("temperature", req.temperature), ("top_p", req.top_p)):
-        if value != 1.0:
-            raise APIError(400, f"{name}={value} is not supported: the sampler has no {name} on the denoiser "
-                                f"yet, so only {name}=1.0 (the model's own distribution) is honoured", name,
-                           "unsupported_value")
     sampler = req.sampler or s.predictor
     if sampler not in sampling.PREDICTORS:
         raise APIError(400, f"unknown sampler {sampler!r}; expected one of {sorted(sampling.PREDICTORS)}",
                        "sampler", "unknown_sampler")
+    kind = "absorbing" if run.graph.absorb else "uniform"
+    if kind not in sampling.PREDICTORS[sampler].graphs:
+        raise APIError(400, f"sampler {sampler!r} does not run on this model's {kind} graph", "sampler",
+                       "unsupported_value")
+    for name, value in (("temperature", req.temperature), ("top_p", req.top_p)):
+        if value != 1.0 and not (run.graph.absorb and name in sampling.PREDICTORS[sampler].honours):
+            raise APIError(400, f"{name}={value} is not supported by sampler {sampler!r} on this model's "
+                                f"{kind} graph (it acts on the absorbing graph's denoiser); only {name}=1.0 is",
+                           name, "unsupported_value")
     steps = s.steps if req.steps is None else req.steps
     if steps > limits.max_steps:
         raise APIError(400, f"steps={steps} is over this server's limit of {limits.max_steps}", "steps",
@@ -196,16 +202,17 @@ def plan(run: runs.Run, req: CompletionRequest, limits: Limits) -> Plan:
     mask[:p], tokens[:p] = True, pre
     mask[q:q + len(suf)], tokens[q:q + len(suf)] = True, suf
     seed = secrets.randbits(32) if req.seed is None else req.seed
-    return Plan(req.n, steps, sampler, seed, mask, tokens, p, length, q, len(suf))
+    return Plan(req.n, steps, sampler, seed, mask, tokens, p, length, q, len(suf), float(req.temperature),
+                float(req.top_p))
 
 
 # --------------------------------------------------------------------------- the batched sampler
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "graph", "noise", "steps", "predictor", "eps",
-                                             "categorical", "trajectory"))
+                                             "categorical", "trajectory", "temperature", "top_p"))
 def _sample_rows(state, seeds, rows, mask, tokens, *, graphdef, graph, noise, steps, predictor, eps,
-                 categorical, trajectory):
+                 categorical, trajectory, temperature=1.0, top_p=1.0):
     """Each row sampled with its own key fold_in(key(seed), row): the same text in any batch.
 
     Args:
@@ -222,7 +229,8 @@ def _sample_rows(state, seeds, rows, mask, tokens, *, graphdef, graph, noise, st
         key = jax.random.fold_in(jax.random.key(seed), row)
         out = sampling.sample(key, score_fn, graph, noise, (1, length), steps, predictor, eps=eps,
                               fixed_mask=m[None], fixed_tokens=t[None], categorical=categorical,
-                              return_trajectory=trajectory, score_params=state)
+                              return_trajectory=trajectory, score_params=state, temperature=temperature,
+                              top_p=top_p)
         if trajectory:
             x, traj = out
             return x[0], traj[:, 0]  # (L,), (N + 1, L)
@@ -256,7 +264,7 @@ class Job:
     @property
     def program(self) -> tuple:
         """Jobs with equal programs can run in one batch."""
-        return (self.plan.steps, self.plan.sampler, self.trajectory)
+        return (self.plan.steps, self.plan.sampler, self.trajectory, self.plan.temperature, self.plan.top_p)
 
 
 class Busy(Exception):
@@ -365,7 +373,8 @@ class Engine:
         out = _sample_rows((run.params, run.rest), jnp.asarray(seeds, jnp.uint32), jnp.asarray(rows, jnp.uint32),
                            jnp.asarray(np.stack(masks)), jnp.asarray(np.stack(tokens)), graphdef=run.graphdef,
                            graph=run.graph, noise=run.noise, steps=first.steps, predictor=first.sampler,
-                           eps=float(s.eps), categorical=s.categorical, trajectory=batch[0].trajectory)
+                           eps=float(s.eps), categorical=s.categorical, trajectory=batch[0].trajectory,
+                           temperature=first.temperature, top_p=first.top_p)
         out = jax.tree.map(np.asarray, out)
         seconds = time.perf_counter() - t0
         ids, traj = out if batch[0].trajectory else (out, None)

@@ -117,8 +117,8 @@ BAD = [  # (body or raw bytes, status, code, param)
     ({"prompt": "a", "sampler": "no_such_sampler"}, 400, "unknown_sampler", "sampler"),
     ({"prompt": "caf\u00e9 \u4e2d"}, 400, "unencodable_text", "prompt"),
     ({"prompt": "a", "suffix": "\u4e2d"}, 400, "unencodable_text", "suffix"),
-    ({"prompt": "a", "temperature": 0.5}, 400, "unsupported_value", "temperature"),
-    ({"prompt": "a", "top_p": 0.9}, 400, "unsupported_value", "top_p"),
+    ({"prompt": "a", "temperature": 2.5}, 400, "invalid_value", "temperature"),
+    ({"prompt": "a", "top_p": 0.0}, 400, "invalid_value", "top_p"),
     ({"prompt": "a", "model": "gpt-4"}, 404, "model_not_found", "model"),
     ({"prompt": "a" * 3000}, 413, "request_too_large", None),
 ]

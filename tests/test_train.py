@@ -75,8 +75,12 @@ def _cli_train(workdir, data_dir, *extra):
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow
 def test_sigterm_then_resume_matches_an_uninterrupted_run(data_dir, tmp_path):
-    """Stop a run with SIGTERM; the same command resumes, and the losses equal a straight run's."""
+    """Stop a run with SIGTERM; the same command resumes, and the losses equal a straight run's.
+
+    Slow (three `sedd train` processes); the default suite has Ctrl-C sent to a real process and an
+    exact resume (tests/test_faults.py), and experiments/faults.py repeats SIGTERM and SIGKILL trials."""
     straight = _cli_train(tmp_path / "a", data_dir)
     assert straight.wait(timeout=300) == 0, straight.stdout.read()
 

@@ -246,14 +246,15 @@ def _diffusion_parts(config, seed: int = 0):
 def bench_sampler(config, batch: int, repeats: int = 5, t: float = 0.5, steps: int = 128,
                   loop_steps: int = 16, predictors: list[str] | None = None,
                   key_impls: tuple[str, ...] = ("rbg",)) -> dict:
-    """One predictor step divided by one plain forward pass, per predictor and categorical method.
+    """One sampler step divided by one plain forward pass, per sampler and categorical method.
 
-    The state is a draw of x_t at time t (about half the positions masked for
-    the absorbing graph), the step size that of a ``steps``-step grid. A
-    whole ``sample`` call of ``loop_steps`` steps is timed too and divided by
-    (loop_steps + 1) forward passes: the loop's own cost (no host round trips).
-    ``key_impls`` adds rows for the precise path fed a key of another PRNG
-    implementation (``jax.random.key(0, impl=...)``), for each predictor.
+    A step is ``sedd.sampling.one_step`` (the network call included), jitted
+    alone. The state is a draw of x_t at time t (about half the positions
+    masked for the absorbing graph), the step size that of a ``steps``-step
+    grid. A whole ``sample`` call of ``loop_steps`` steps is timed too and
+    divided by (loop_steps + 1) forward passes: the loop's own cost (no host
+    round trips). ``key_impls`` adds rows for euler / analytic's precise path
+    fed a key of another PRNG implementation (``jax.random.key(0, impl=...)``).
     """
     graph, noise, params, score_fn = _diffusion_parts(config)
     l = config.data.seq_len
@@ -265,18 +266,19 @@ def bench_sampler(config, batch: int, repeats: int = 5, t: float = 0.5, steps: i
     fwd = jax.jit(score_fn)
     fns = {"forward": lambda: fwd(params, x, sigma)}
     t_, dt = jnp.float32(t), jnp.float32(1.0 / steps)
-    names = predictors or sorted(sampling.PREDICTORS)
+    names = predictors or [p for p in sorted(sampling.PREDICTORS)
+                           if graph.absorb or "uniform" in sampling.PREDICTORS[p].graphs]
     for name in names:
-        pred = sampling.PREDICTORS[name]
 
         @jax.jit
-        def step(params, key, x, pred=pred, cat="precise"):
-            return pred(key, functools.partial(score_fn, params), graph, noise, x, t_, dt, cat)
+        def step(params, key, x, name=name, cat="precise"):
+            return sampling.one_step(key, functools.partial(score_fn, params), graph, noise, x, t_, dt,
+                                     predictor=name, categorical=cat)
 
         for cat in sampling.CATEGORICAL_METHODS:
             step_c = jax.jit(functools.partial(step.__wrapped__, cat=cat))
             fns[f"{name}/{cat}"] = functools.partial(step_c, params, key, x)
-        if key_impls:
+        if key_impls and name in ("analytic", "euler"):
             # The key's implementation is the caller's choice: threefry (default)
             # spends most of the precise path's time making random bits on CPU.
             for impl in key_impls:

@@ -115,6 +115,8 @@ def row_groups(num_rows: int) -> list[int]:
 
 
 def zero_shot(name: str) -> Callable[[type], type]:
+    """Class decorator: a zero-shot test set's builder, found by `data.name = name` (and in ZERO_SHOT)."""
+
     def add(cls):
         ZERO_SHOT[name] = cls
         return register(name)(cls)

@@ -1,0 +1,420 @@
+"""The samplers of sedd.sampling against exact laws, their options, and their NFE.
+
+Two exact test laws, both with exact score functions:
+  - P0, the seeded Dirichlet law over the 27 sequences of V = 3, L = 3 of
+    test_sampling.py (reference.exact_score_fn): a correlated law, for the
+    samplers that claim to be exact;
+  - PRODUCT, independent positions (L = 12, V = 12) with known per-position
+    laws p_l: the denoiser at a masked position is p_l whatever the rest, so
+    the nucleus, the confidence schedule and the entropies of each step are
+    known in closed form.
+An empirical law of n draws is held to the sampler's law within
+reference.tv_noise_bound (mean + 5 sd of the TV of n exact draws), plus the
+discretisation allowance of test_sampling.py where the sampler is exact only
+as the steps grow.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import reference
+from sedd import categorical, graphs, noise, sampling
+from test_independent_sampling import reference_law
+
+V, L = 3, 3
+N_SAMPLES = 20_000
+ABSORBING, UNIFORM = graphs.Absorbing(V), graphs.Uniform(V)
+LOGLINEAR, GEOMETRIC = noise.LogLinear(1e-3), noise.Geometric(1e-3, 15.0)
+X0 = reference.all_sequences(V, L)
+P0 = np.random.default_rng(0).dirichlet(np.ones(V**L))
+EXACT = {"absorbing": reference.exact_score_fn(ABSORBING, X0, P0),
+         "uniform": reference.exact_score_fn(UNIFORM, X0, P0)}
+NOISE_BOUND = reference.tv_noise_bound(P0, N_SAMPLES)
+MARGIN = 0.02  # test_sampling.py's allowance for 64 grid steps
+
+
+def time_independent(graph, exact, sigma0=1.0):
+    """A score that depends on sigma only through 1 / (e^sigma - 1) (RADD, Thm. 1), from an exact one.
+
+    At a masked position the token ratios are p(x0_l = y | unmasked) / (e^sigma - 1),
+    p(x0_l | unmasked) read once at sigma0 (it does not depend on sigma); every
+    other entry is 0 (the samplers read nothing else of an unmasked row).
+    """
+    def score_fn(x, sigma):
+        sigma = jnp.broadcast_to(sigma, x.shape[:1])
+        log_p = exact(x, jnp.full_like(sigma, sigma0)) + graphs.log_expm1(jnp.float32(sigma0))
+        out = log_p - graphs.log_expm1(sigma)[:, None, None]
+        keep = (x == graph.mask)[..., None] & ~jax.nn.one_hot(x, graph.dim, dtype=bool)
+        return jnp.where(keep, out, 0.0)
+
+    return score_fn
+
+
+TIME_INDEPENDENT = time_independent(ABSORBING, EXACT["absorbing"])
+
+# Independent positions: position l has its own law p_l over V2 tokens.
+V2, L2 = 12, 12
+PRODUCT_GRAPH = graphs.Absorbing(V2)
+_rng = np.random.default_rng(1)
+PRODUCT = np.stack([_rng.dirichlet(np.full(V2, a)) for a in np.geomspace(0.005, 1.0, L2)]) + 1e-12
+PRODUCT /= PRODUCT.sum(-1, keepdims=True)  # (L2, V2): entropies from 0 to 1.9 nats
+PRODUCT_ENTROPY = -(PRODUCT * np.log(np.where(PRODUCT > 0, PRODUCT, 1.0))).sum(-1)  # (L2,) nats
+
+
+def product_score(x, sigma):
+    """The exact absorbing score of the product law: log p_l(y) - log(e^sigma - 1) at a masked position."""
+    sigma = jnp.broadcast_to(sigma, x.shape[:1])
+    tokens = jnp.log(jnp.asarray(PRODUCT, jnp.float32))[None] - graphs.log_expm1(sigma)[:, None, None]
+    out = jnp.concatenate([tokens, jnp.zeros(tokens.shape[:2] + (1,))], -1)  # (B, L2, D)
+    keep = (x == PRODUCT_GRAPH.mask)[..., None] & ~jax.nn.one_hot(x, PRODUCT_GRAPH.dim, dtype=bool)
+    return jnp.where(keep, out, 0.0)
+
+
+def nucleus_sets(p, top_p):
+    """bool[L, V]: the smallest set of most probable tokens of each row with mass >= top_p."""
+    keep = np.zeros(p.shape, bool)
+    for l, row in enumerate(p):
+        order = np.argsort(-row)
+        before = np.cumsum(row[order]) - row[order]
+        keep[l, order[before < top_p]] = True
+    return keep
+
+
+def counted(score_fn):
+    """score_fn with a host counter of the calls the compiled program really makes."""
+    calls = []
+
+    def fn(x, sigma):
+        jax.debug.callback(lambda: calls.append(1))
+        return score_fn(x, sigma)
+
+    return fn, calls
+
+
+def draw(predictor, steps, n=N_SAMPLES, graph=ABSORBING, sched=LOGLINEAR, score_fn=None, seed=0, **kw):
+    """Samples and stats of sampling.sample; every draw checks its reported NFE against the calls counted."""
+    score_fn, calls = counted(score_fn or EXACT["absorbing" if graph.absorb else "uniform"])
+    out = sampling.sample(jax.random.key(seed), score_fn, graph, sched, (n, L), steps,
+                          predictor=predictor, return_stats=True, **kw)
+    jax.effects_barrier()
+    assert int(out[-1]["nfe"]) == len(calls), (predictor, kw, int(out[-1]["nfe"]), len(calls))
+    return tuple(np.asarray(a) if not isinstance(a, dict) else a for a in out)
+
+
+# --------------------------------------------------------------------------- exact laws
+
+
+@pytest.mark.parametrize(
+    "predictor, steps, options, margin",
+    [
+        ("first_hitting", L, {}, 0.0),
+        ("confidence", L, {"order": "random"}, 0.0),
+        ("remdm", 64, {"schedule": "cap", "eta": 0.02}, MARGIN),
+        pytest.param("remdm", 64, {"schedule": "rescale", "eta": 0.02}, MARGIN, marks=pytest.mark.slow),
+        pytest.param("remdm", 64, {"schedule": "loop", "eta": 0.02}, MARGIN, marks=pytest.mark.slow),
+    ],
+    ids=["first_hitting", "any_order_ar", "remdm_cap", "remdm_rescale", "remdm_loop"],
+)
+def test_exact_samplers_reproduce_p0(predictor, steps, options, margin):
+    """first_hitting and random-order unmasking one position a step are exact at L steps
+    (no allowance); ReMDM keeps MDLM's marginals and is held to the 64-step allowance."""
+    x, stats = draw(predictor, steps, **options)
+    dist = reference.tv(reference.empirical_law(x, V), P0)
+    print(f"{predictor} {options} steps={steps}: TV={dist:.4f} bound={NOISE_BOUND + margin:.4f} "
+          f"nfe={int(stats['nfe'])}")
+    assert dist < NOISE_BOUND + margin
+
+
+def test_cache_is_exact_and_saves_calls():
+    """A time-independent exact score: cache=True draws the law with at most L calls a sequence.
+
+    The calls a sequence needs are counted from its states as well: one at
+    each step (and the denoise) that starts from a state with a MASK that
+    differs from the state of the previous step.
+    """
+    steps = 64
+    x, traj, stats = draw("analytic", steps, score_fn=TIME_INDEPENDENT, cache=True, return_trajectory=True)
+    dist = reference.tv(reference.empirical_law(x, V), P0)
+    per_row = np.asarray(stats["nfe_per_sample"])
+    print(f"cache: TV={dist:.4f}, calls a sequence {per_row.mean():.2f} (max {per_row.max()}), {steps} steps")
+    assert dist < NOISE_BOUND + MARGIN
+    changed = np.concatenate([np.ones((1, len(x)), bool), (traj[1:] != traj[:-1]).any(-1)])  # (N + 1, n)
+    np.testing.assert_array_equal(per_row, ((traj == ABSORBING.mask).any(-1) & changed).sum(0))
+    # A sequence has at most L distinct states with a mask, so at most L calls.
+    assert per_row.max() <= L < steps
+
+
+@pytest.mark.slow
+def test_cache_draws_what_the_uncached_sampler_draws():
+    """Rescaling the cached output is exact up to float rounding: the same draws from the same key."""
+    plain, _ = draw("analytic", 64, score_fn=TIME_INDEPENDENT)
+    cached, stats = draw("analytic", 64, score_fn=TIME_INDEPENDENT, cache=True)
+    assert np.mean(np.all(cached == plain, axis=1)) > 0.999
+    _, one = draw("analytic", 64, n=1, score_fn=TIME_INDEPENDENT, cache=True)
+    assert int(one["nfe"]) <= L
+
+
+@pytest.mark.parametrize("graph_name", ["absorbing", "uniform"])
+def test_corrector_is_no_worse(graph_name):
+    """One forward-backward corrector step after each of 8 analytic steps: no farther from p0 than
+    the exact law of the 8-step scheme without it (test_independent_sampling.reference_law)."""
+    graph, sched = (ABSORBING, LOGLINEAR) if graph_name == "absorbing" else (UNIFORM, GEOMETRIC)
+    x, stats = draw("analytic", 8, graph=graph, sched=sched, corrector_steps=1)
+    with_corrector = reference.tv(reference.empirical_law(x, V), P0)
+    without = reference.tv(reference_law(graph_name, "analytic", 8), P0)
+    print(f"{graph_name} 8 steps: TV to p0 {without:.4f} without (exact), {with_corrector:.4f} with a corrector")
+    assert with_corrector < without + NOISE_BOUND
+    if not graph.absorb:
+        assert int(stats["nfe"]) == 8 * 2 + 1
+
+
+# --------------------------------------------------------------------------- options
+
+
+FAST = ("analytic", "confidence")  # the rest of the samplers share the code; they run with -m slow
+ALL = [p if p in FAST else pytest.param(p, marks=pytest.mark.slow) for p in sorted(sampling.PREDICTORS)]
+
+
+@pytest.mark.parametrize("predictor", ALL)
+def test_temperature_one_and_top_p_one_are_the_base_sampler(predictor):
+    base, _ = draw(predictor, 8, n=256)
+    same, _ = draw(predictor, 8, n=256, temperature=1.0, top_p=1.0)
+    np.testing.assert_array_equal(base, same)
+
+
+def test_large_vocabulary_steps_keep_the_law():
+    """At D >= TWO_LEVEL_MIN_DIM euler and analytic draw a masked position without the (B, L, D)
+    probabilities: P(unmask) = c S and y ∝ s_y, checked against the exact law of one step."""
+    v = categorical.TWO_LEVEL_MIN_DIM + 3
+    graph = graphs.Absorbing(v)
+    p = np.random.default_rng(2).dirichlet(np.full(v, 0.3))
+    sigma, dsigma = 1.0, 0.5  # one analytic step removing half the noise
+
+    def score_fn(x, s):
+        tokens = jnp.log(jnp.asarray(p, jnp.float32)) - graphs.log_expm1(s)[:, None, None]
+        tokens = jnp.broadcast_to(tokens, x.shape + (v,))
+        return jnp.concatenate([tokens, jnp.zeros(x.shape + (1,))], -1)
+
+    sched = noise.LogLinear(1e-3)
+    t = float(-np.expm1(-sigma) / (1 - 1e-3))  # sigma_bar(t) = sigma
+    t_next = float(-np.expm1(-(sigma - dsigma)) / (1 - 1e-3))
+    x = jnp.full((256, 8), graph.mask, jnp.int32)
+    out = np.asarray(jax.jit(lambda k: sampling.one_step(k, score_fn, graph, sched, x, t, t - t_next))(
+        jax.random.key(0))).ravel()
+    unmask = math.expm1(dsigma) / math.expm1(sigma)  # (e^dsigma - 1) sum_y s_y
+    n = out.size
+    print(f"large-D analytic step: unmasked {np.mean(out != graph.mask):.4f}, exact {unmask:.4f}")
+    assert abs(np.mean(out != graph.mask) - unmask) < 5 * math.sqrt(unmask * (1 - unmask) / n)
+    groups = np.arange(v) * 16 // v  # 16 groups of tokens: their law is p summed per group
+    got = np.bincount(groups[out[out != graph.mask]], minlength=16) / np.sum(out != graph.mask)
+    want = np.bincount(groups, weights=p, minlength=16)
+    assert reference.tv(got, want) < reference.tv_noise_bound(want, int(np.sum(out != graph.mask)))
+
+
+@pytest.mark.parametrize("predictor", ALL)
+def test_top_p_never_leaves_the_nucleus(predictor):
+    keep = nucleus_sets(PRODUCT, 0.6)
+    x, _ = sampling.sample(jax.random.key(3), product_score, PRODUCT_GRAPH, LOGLINEAR, (512, L2), 8,
+                           predictor=predictor, top_p=0.6, return_stats=True)
+    x = np.asarray(x)
+    assert x.max() < V2
+    inside = keep[np.arange(L2)[None, :], x]
+    assert inside.all(), f"{(~inside).sum()} tokens outside the nucleus"
+    if predictor != "confidence" and predictor in FAST:
+        return
+    # Temperature 0 takes the most probable token everywhere.
+    x = np.asarray(sampling.sample(jax.random.key(4), product_score, PRODUCT_GRAPH, LOGLINEAR, (64, L2), 8,
+                                   predictor=predictor, temperature=0.0))
+    np.testing.assert_array_equal(x, np.broadcast_to(PRODUCT.argmax(-1), x.shape))
+
+
+@pytest.mark.parametrize("order", ["confidence"] + [pytest.param(o, marks=pytest.mark.slow)
+                                                    for o in sampling.Confidence.ORDERS[1:]])
+def test_confidence_unmasks_its_scheduled_count(order):
+    steps = 5
+    x, traj = sampling.sample(jax.random.key(5), product_score, PRODUCT_GRAPH, LOGLINEAR, (64, L2), steps,
+                              predictor="confidence", order=order, return_trajectory=True)
+    masked = (np.asarray(traj) == PRODUCT_GRAPH.mask).sum(-1)  # (N + 1, B)
+    for n in range(steps):
+        want = -(-masked[n] // (steps - n))  # ceil(masked / steps left)
+        np.testing.assert_array_equal(masked[n] - masked[n + 1], want, err_msg=f"{order} step {n}")
+    assert masked[-1].max() == 0
+
+
+def test_entropy_bound_respects_its_bound():
+    bound, steps = 1.0, L2
+    x, traj, stats = sampling.sample(jax.random.key(6), product_score, PRODUCT_GRAPH, LOGLINEAR, (256, L2),
+                                     steps, predictor="entropy_bound", max_entropy=bound,
+                                     return_trajectory=True, return_stats=True)
+    traj = np.asarray(traj) == PRODUCT_GRAPH.mask  # (N + 1, B, L2) masked
+    for n in range(steps):
+        for b in range(traj.shape[1]):
+            new = traj[n, b] & ~traj[n + 1, b]
+            if not traj[n, b].any():
+                assert not new.any()
+                continue
+            h = PRODUCT_ENTROPY[new]
+            assert new.any() and h.sum() - h.max() <= bound + 1e-5, (n, b, h)
+            # The lowest-entropy masked positions are the ones taken.
+            assert h.max() <= PRODUCT_ENTROPY[traj[n, b] & ~new].min(initial=np.inf) + 1e-6
+    assert int(stats["nfe"]) < steps  # fewer calls than positions: several tokens a call
+
+
+# --------------------------------------------------------------------------- NFE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "predictor, steps, n, options, kind",
+    [
+        ("analytic", 16, 8, {}, "absorbing"),
+        ("analytic", 16, 1, {"cache": True}, "time_independent"),
+        ("euler", 8, 8, {"corrector_steps": 2}, "absorbing"),
+        ("analytic", 8, 8, {"corrector_steps": 1}, "uniform"),
+        ("first_hitting", 2, 4, {}, "absorbing"),
+        ("confidence", 2, 4, {}, "absorbing"),
+        ("entropy_bound", 8, 1, {"max_entropy": 2.0}, "absorbing"),
+        ("remdm", 16, 4, {"schedule": "loop"}, "absorbing"),
+    ],
+)
+def test_nfe_is_the_number_of_calls(predictor, steps, n, options, kind):
+    """More cases than the draws of the default tests (each of which checks its NFE in ``draw``)."""
+    graph, sched = (UNIFORM, GEOMETRIC) if kind == "uniform" else (ABSORBING, LOGLINEAR)
+    base = {"absorbing": EXACT["absorbing"], "uniform": EXACT["uniform"], "time_independent": TIME_INDEPENDENT}
+    x, traj, stats = draw(predictor, steps, n=n, graph=graph, sched=sched, score_fn=base[kind],
+                          return_trajectory=True, **options)
+    if predictor == "analytic" and kind != "uniform":
+        has_mask = (traj == graph.mask).any(-1)  # (N + 1, n): the states the steps and the denoise start from
+        if options.get("cache"):
+            has_mask &= np.concatenate([np.ones((1, n), bool), (traj[1:] != traj[:-1]).any(-1)])
+        np.testing.assert_array_equal(np.asarray(stats["nfe_per_sample"]), has_mask.sum(0))
+    if predictor == "first_hitting":
+        assert x.max() < V and int(stats["nfe"]) == steps + 1  # the denoise fills what 2 steps left
+
+
+# --------------------------------------------------------------------------- long texts
+
+
+def test_blocks_generate_past_the_window():
+    """max_length 8 from windows of 3 (2 new tokens a window): each window's new tokens follow p0
+    conditioned on the kept token, and a fixed first token is kept."""
+    n = N_SAMPLES
+    mask = np.zeros((n, 8), bool)
+    mask[:, 0] = True
+    tokens = np.ones((n, 8), np.int32)
+    x, stats = sampling.sample(jax.random.key(8), EXACT["absorbing"], ABSORBING, LOGLINEAR, (n, L), L,
+                               predictor="first_hitting", max_length=8, block_length=2, return_stats=True,
+                               fixed_mask=mask, fixed_tokens=tokens)
+    x = np.asarray(x)
+    assert x.shape == (n, 8) and x.max() < V and (x[:, 0] == 1).all()
+    assert int(stats["nfe"]) == 2 + 2 + 2 + 1  # windows [0, 3), [2, 5), [4, 7), [5, 8)
+    # Window [2, 5): position 2 kept, (3, 4) drawn from p0(x_1, x_2 | x_0 = x[:, 2]).
+    joint = P0.reshape(V, V, V)
+    for first in range(V):
+        rows = x[:, 2] == first
+        want = (joint[first] / joint[first].sum()).ravel()
+        got = np.bincount(x[rows, 3] * V + x[rows, 4], minlength=V * V) / rows.sum()
+        assert reference.tv(got, want) < reference.tv_noise_bound(want, int(rows.sum()))
+
+
+# --------------------------------------------------------------------------- categorical
+
+
+def test_two_level_draw_has_the_law():
+    p = np.random.default_rng(3).dirichlet(np.ones(60))
+    p[[3, 17, 59]] = 0.0
+    p /= p.sum()
+    draws = categorical.sample_two_level(jax.random.key(9), jnp.broadcast_to(jnp.asarray(p, jnp.float32),
+                                                                              (200_000, 60)), block=8)
+    freq = np.bincount(np.asarray(draws), minlength=60) / 200_000
+    print(f"two-level, D = 60, K = 8: TV {reference.tv(freq, p):.4f}, bound {reference.tv_noise_bound(p, 200_000):.4f}")
+    assert reference.tv(freq, p) < reference.tv_noise_bound(p, 200_000)
+    assert freq[[3, 17, 59]].sum() == 0  # a zero weight is never drawn, in a full or the short last block
+
+
+def test_large_vocabulary_draws_tiny_probabilities_at_their_rate():
+    """D = 4096 (the two-level path): 4095 tokens of probability 1e-7 against one of ~1.
+
+    Exact: they are drawn at 4095e-7 / (1 + 4095e-7) of the draws. float32
+    Gumbel-max draws each at 0.52 of its rate (test_noise_losses.gumbel32_rate),
+    7 standard deviations below at these counts. (The two levels keep the rate
+    because a block's race sees the block's sum; inside a block the race is
+    the flat one, exact to ~1e-12, test_noise_losses.py.)
+    """
+    d, tiny, chunks, rows = categorical.TWO_LEVEL_MIN_DIM, 1e-7, 8, 2**16
+
+    @jax.jit
+    def hits(key):
+        def chunk(k):
+            probs = jnp.broadcast_to(jnp.where(jnp.arange(d) == 0, 1.0, tiny), (rows, d))
+            return jnp.sum(categorical.sample_categorical(k, probs) != 0)
+        return jax.lax.map(chunk, jax.random.split(key, chunks)).sum()
+
+    n = chunks * rows
+    rate = (d - 1) * tiny / (1 + (d - 1) * tiny)
+    sd = math.sqrt(n * rate)
+    got = int(hits(jax.random.key(10)))
+    print(f"{got} draws of the 1e-7 tokens in {n}: expected {n * rate:.1f} +- {sd:.1f}, float32 Gumbel ~{0.52 * n * rate:.0f}")
+    assert abs(got - n * rate) < 5 * sd, (got, n * rate)
+    assert n * rate * (1 - 0.52) > 7 * sd  # the test would catch the float32 Gumbel bias
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(predictor="first_hitting", graph=UNIFORM), "absorbing graph"),
+        (dict(predictor="analytic", graph=UNIFORM, temperature=0.5), "absorbing graph only"),
+        (dict(predictor="analytic", graph=UNIFORM, top_p=0.9), "absorbing graph only"),
+        (dict(predictor="analytic", graph=UNIFORM, cache=True), "absorbing graph only"),
+        (dict(predictor="first_hitting", corrector_steps=1), "cannot honour corrector_steps"),
+        (dict(predictor="remdm", corrector_steps=1), "cannot honour corrector_steps"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(corrector_steps=-1), "corrector_steps"),
+        (dict(cache=1), "cache"),
+        (dict(order="random"), r"takes no option \['order'\]"),
+        (dict(predictor="confidence", order="left"), "unknown order"),
+        (dict(predictor="entropy_bound", max_entropy=-1.0), "max_entropy"),
+        (dict(predictor="remdm", schedule="cosine"), "unknown schedule"),
+        (dict(predictor="remdm", eta=2.0), "eta"),
+        (dict(predictor="remdm", t_on=0.01, t_off=0.05), "t_off < t_on"),
+        (dict(max_length=8, return_trajectory=True), "return_trajectory"),
+        (dict(max_length=2), "max_length"),
+        (dict(max_length=8, block_length=4), "block_length"),
+    ],
+)
+def test_option_errors(kwargs, match):
+    args = dict(graph=ABSORBING, predictor="analytic")
+    args.update(kwargs)
+    graph = args.pop("graph")
+    score_fn = EXACT["absorbing" if graph.absorb else "uniform"]
+    sched = LOGLINEAR if graph.absorb else GEOMETRIC
+    with pytest.raises(ValueError, match=match):
+        sampling.sample(jax.random.key(0), score_fn, graph, sched, (4, L), 3, **args)
+
+
+def test_a_predictor_function_takes_no_generic_option():
+    name = "test_function_predictor"
+
+    @sampling.register_predictor(name)
+    def stay(key, score_fn, graph, noise, x, t, dt, categorical):
+        score_fn(x, jnp.full(x.shape[:1], 1.0))
+        return x
+
+    try:
+        x, stats = sampling.sample(jax.random.key(0), EXACT["absorbing"], ABSORBING, LOGLINEAR, (4, L), 3,
+                                   predictor=name, denoise=False, return_stats=True)
+        assert int(stats["nfe"]) == 3  # one call a step, counted while tracing
+        with pytest.raises(ValueError, match="cannot honour temperature"):
+            sampling.sample(jax.random.key(0), EXACT["absorbing"], ABSORBING, LOGLINEAR, (4, L), 3,
+                            predictor=name, temperature=0.5)
+    finally:
+        del sampling.PREDICTORS[name]
