@@ -442,7 +442,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
         except Exception as e:
             raise _save_failed(e, manager) from e
 
-    with StopRequest(say=None if not quiet else lambda msg: None) as stop, \
+    with StopRequest(say=(lambda msg: None) if quiet else None) as stop, \
             tqdm(total=t.n_iters, initial=step, disable=quiet, desc="train", dynamic_ncols=True) as bar:
         failed = True
         try:

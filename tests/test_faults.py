@@ -4,16 +4,13 @@ The repeated SIGKILL trials are `experiments/faults.py` (docs/reliability.md);
 these are the fast, deterministic cases.
 """
 
-import errno
 import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 
 import jax

@@ -13,7 +13,6 @@ import random
 import time
 
 import jax
-import pytest
 
 from sedd import cli, runs
 from sedd.data.tokenizers import EOS_TEXT
