@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 import warnings
@@ -33,7 +34,8 @@ def _train(args, overrides: list[str]) -> int:
     workdir = Path(args.workdir or Path("checkpoints") / Path(args.config).stem)
     print(f"run directory: {workdir}")
     result = train.train(config, workdir)
-    if result.get("stopped"):
+    if result.get("stopped"):  # saved and stopping: a late second Ctrl-C must not interrupt the exit
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         return 0
     bound, t = result["bound"], config.training
     unit = "char" if "bits_per_char" in bound else "token"
