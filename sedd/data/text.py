@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sedd.data import builders
+import sedd.data.builders  # the module, not the package: RECORD_BYTES is read at call time
 from sedd.data.builders import read_pieces
 from sedd.data.packing import PackedTokens, TokenData
 
@@ -126,7 +126,7 @@ def write_token_cache(path: Path, pieces, tokenizer, groups: list[int] | None = 
 def _encoded(pieces, tokenizer):
     """(text, ends, ids) of each piece, encoded in batches of about a record's
     size (`encode_many`: one call for many short documents)."""
-    batch_chars = builders.RECORD_BYTES
+    batch_chars = sedd.data.builders.RECORD_BYTES
     encode_many = getattr(tokenizer, "encode_many", None) or (lambda texts: [tokenizer.encode(t) for t in texts])
     batch, size = [], 0
     for piece, ends in pieces:
