@@ -305,7 +305,7 @@ def evaluate_run(
     if split is None:
         split = "validation" if "validation" in dataset.splits else [s for s in dataset.splits if s != "train"][0]
     out = run_figures(run, dataset, split, num_t, batch_size, max_batches, seed, progress, **kwargs)
-    out["step"] = step
+    out["step"] = run.step  # the checkpoint evaluated (the newest readable one unless step was given)
     return out
 
 

@@ -402,6 +402,13 @@ class DDiT(nnx.Module):
         biases: shift, scale and gate become learned per-channel constants and the
         blocks are plain pre-LN blocks. sigma may then be None (it is still
         required when scale_by_sigma applies).
+      normalize: (absorbing graph, with scale_by_sigma) log-softmax the output
+        over the D - 1 tokens, so the network predicts a distribution
+        p_theta(x0 | x_t) and the score at a masked position is
+        p_theta(y | x_t) / (e^sigma - 1): the mean parameterization of MDLM
+        (SUBS, Sahoo et al. 2024) and RADD (Ou et al. 2024). With it the score
+        entropy at a masked position reduces exactly to the weighted cross-entropy
+        -log p_theta(x0 | x_t) / (e^sigma - 1) (see ``__call__``).
       dtype: compute dtype (bfloat16 on accelerators); parameters are float32.
       rngs: nnx.Rngs with a 'params' stream (or default) and a 'dropout' stream
         (or default).
@@ -422,6 +429,7 @@ class DDiT(nnx.Module):
         scale_by_sigma: bool = False,
         causal: bool = False,
         time_conditioning: bool = True,
+        normalize: bool = False,
         dtype: Any = jnp.float32,
         rngs: nnx.Rngs,
     ):
@@ -439,6 +447,9 @@ class DDiT(nnx.Module):
             raise ValueError(f"scale_by_sigma takes log(out_dim - 1); out_dim={out_dim} must be >= 2.")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout={dropout} must be in [0, 1).")
+        if normalize and not scale_by_sigma:
+            raise ValueError("normalize=True needs scale_by_sigma=True (the absorbing graph's analytic "
+                             "factor 1 / (e^sigma - 1) times the normalized p_theta(x0 | x_t)).")
 
         self.num_tokens = num_tokens
         self.out_dim = out_dim
@@ -448,6 +459,7 @@ class DDiT(nnx.Module):
         self.scale_by_sigma = scale_by_sigma
         self.causal = causal
         self.time_conditioning = time_conditioning
+        self.normalize = normalize
         self.cond_dim = cond_dim
         self.dtype = dtype
 
@@ -561,7 +573,18 @@ class DDiT(nnx.Module):
           sum_{y != mask} s[l, y] = 1 / (e^sigma - 1),
         the exact total ratio sum_y p_sigma(y) / p_sigma(mask) at a masked position
         of a data point (whose survival probability is e^-sigma); the network then
-        only learns how that mass is shared among tokens. In every case
+        only learns how that mass is shared among tokens. With normalize, out
+        over the D - 1 tokens is replaced by log_softmax(out) + log(D - 1), so the
+        mass is exactly 1 / (e^sigma - 1) at every step of training, not only at
+        initialisation: s[l, y] = p_theta(y | x_t) / (e^sigma - 1), and the score
+        entropy at a masked position (``Absorbing.score_entropy``) becomes
+
+          sum_y s_y - r log s_{x0} + K(r) = r (-log p_theta(x0 | x_t)),   r = 1 / (e^sigma - 1),
+
+        the cross-entropy of MDLM's SUBS objective and RADD's lambda-DCE, with the
+        same time weight. The mask column (never a move out of a token, and the
+        current state at a masked position) is set to -1e9, a finite
+        'impossible' that keeps gradients finite. In every case
         log s[l, x_l] = 0, the ratio of a state to itself.
 
         Args:
@@ -577,6 +600,9 @@ class DDiT(nnx.Module):
         """
         out = self.network_output(x, sigma, deterministic=deterministic, rngs=rngs)  # (B, L, D)
         d = self.out_dim
+        if self.normalize:
+            tokens = jax.nn.log_softmax(out[..., : d - 1], axis=-1) + math.log(d - 1)  # (B, L, D - 1)
+            out = jnp.concatenate([tokens, jnp.full_like(out[..., d - 1 :], -1e9)], axis=-1)  # (B, L, D)
         if self.scale_by_sigma:
             # Computed stably, unlike the original's log(expm1) / exp - 1 switch which
             # is fine in float32 only up to moderate sigma.

@@ -80,6 +80,11 @@ def build_model(config, seed: int = 0) -> DDiT:
             "model.time_conditioning=False needs graph.type='absorbing' and model.scale_by_sigma=True (got "
             f"graph.type={config.graph.type!r}, scale_by_sigma={m.scale_by_sigma}): only there is the score "
             "p(x0 | unmasked) times the analytic factor 1 / (e^sigma - 1) that scale_by_sigma applies (RADD)")
+    if m.get("normalize", False) and not ar_model and not (config.graph.type == "absorbing" and m.scale_by_sigma):
+        raise ValueError(
+            "model.normalize=True needs graph.type='absorbing' and model.scale_by_sigma=True (got "
+            f"graph.type={config.graph.type!r}, scale_by_sigma={m.scale_by_sigma}): the normalized output is "
+            "p(x0 | x_t), turned into the absorbing score by the factor 1 / (e^sigma - 1) (MDLM's SUBS)")
     return DDiT(
         num_tokens=v + 1 if ar_model else dim,
         out_dim=v if ar_model else dim,
@@ -93,6 +98,7 @@ def build_model(config, seed: int = 0) -> DDiT:
         scale_by_sigma=m.scale_by_sigma and config.graph.type == "absorbing" and not ar_model,
         causal=ar_model,
         time_conditioning=time_conditioning and not ar_model,
+        normalize=m.get("normalize", False) and not ar_model,
         dtype=jnp.dtype(m.dtype),
         rngs=nnx.Rngs(params=seed, dropout=seed + 1),
     )
@@ -137,15 +143,19 @@ def _may_change(key: str) -> bool:
     return any(key == k or (k.endswith("*") and key.startswith(k[:-1])) for k in MAY_CHANGE_ON_RESUME)
 
 
+BEFORE_IT_EXISTED = {"optim.adaln_lr_scale": 1.0}
+"""What a run written before a key existed did, where that is not the key's shipped default."""
+
+
 def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
     """(key, saved value, current value) for every key of `current` that differs from `saved`.
 
     A key absent from `saved` (a run written before the key existed) counts as
-    its shipped default. Keys only in `saved` (since removed) and vocab_size
+    what such runs did: ``BEFORE_IT_EXISTED``, else its shipped default. Keys only in `saved` (since removed) and vocab_size
     (filled in from the data) are ignored.
     """
     saved, current = _flat(saved), _flat(current)
-    defaults = _flat(config_lib.load_config(config_lib.DEFAULT_CONFIG).to_dict())
+    defaults = {**_flat(config_lib.load_config(config_lib.DEFAULT_CONFIG).to_dict()), **BEFORE_IT_EXISTED}
     missing = object()
     changes = []
     for key, now in sorted(current.items()):

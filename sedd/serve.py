@@ -220,7 +220,9 @@ def _sample_rows(state, seeds, rows, mask, tokens, *, graphdef, graph, noise, st
       seeds, rows: uint32[B] each.
       mask: bool[B, L]; tokens: int32[B, L] (``sedd.sampling.sample``'s fixed_mask / fixed_tokens).
     Returns:
-      int32[B, L]; with trajectory, also int32[B, N + 1, L] (the state before each step).
+      (int32[B, L], int32[B] network calls each row's sampler made (counted as
+      if it ran alone: under vmap a skipped call still runs, masked out)); with
+      trajectory, also int32[B, N + 1, L] (the state before each step) in the middle.
     """
     score_fn = runs.params_score_fn(graphdef)
     length = mask.shape[1]
@@ -230,11 +232,12 @@ def _sample_rows(state, seeds, rows, mask, tokens, *, graphdef, graph, noise, st
         out = sampling.sample(key, score_fn, graph, noise, (1, length), steps, predictor, eps=eps,
                               fixed_mask=m[None], fixed_tokens=t[None], categorical=categorical,
                               return_trajectory=trajectory, score_params=state, temperature=temperature,
-                              top_p=top_p)
+                              top_p=top_p, return_stats=True)
         if trajectory:
-            x, traj = out
-            return x[0], traj[:, 0]  # (L,), (N + 1, L)
-        return out[0]
+            x, traj, stats = out
+            return x[0], traj[:, 0], stats["nfe"]  # (L,), (N + 1, L), ()
+        x, stats = out
+        return x[0], stats["nfe"]
 
     return jax.vmap(one)(seeds, rows, mask, tokens)
 
@@ -377,16 +380,18 @@ class Engine:
                            temperature=first.temperature, top_p=first.top_p)
         out = jax.tree.map(np.asarray, out)
         seconds = time.perf_counter() - t0
-        ids, traj = out if batch[0].trajectory else (out, None)
+        ids, traj, nfe = out if batch[0].trajectory else (out[0], None, out[1])
         self.batches += 1
         program = (size, *batch[0].program)
-        info = {"batch_rows": used, "padded_rows": size, "seconds": seconds, "nfe": first.steps + 1,
+        info = {"batch_rows": used, "padded_rows": size, "seconds": seconds,
                 "compiled": program not in self.compiled}  # True: `seconds` includes compiling the program
         self.compiled.add(program)
         results, i = [], 0
         for job in batch:
             n = job.plan.n
-            results.append((ids[i:i + n], None if traj is None else traj[i:i + n], info))
+            # nfe: the most network calls any of the job's rows needed (measured by the sampler)
+            results.append((ids[i:i + n], None if traj is None else traj[i:i + n],
+                            {**info, "nfe": int(nfe[i:i + n].max())}))
             i += n
         return results
 
@@ -571,22 +576,29 @@ async def _frames(texts: Texts, p: Plan, req: CompletionRequest, traj: np.ndarra
                   head: dict, diffusion: dict, usage: dict):
     """The diffusing stream: N + 1 frames, the state before each of the N steps and then the final text.
 
-    Frame k (k < N) holds the state after k steps (k network calls); the last
-    frame holds the final text, after the N-th step and the denoise.
+    Frame k (k < N) holds the state after k steps and the network calls made
+    so far (a step of the absorbing graph whose state has no mask left makes
+    none); the last frame holds the final text, after the N-th step and the
+    denoise, and the sampler's own count.
     """
     prompt, suffix = req.prompt, req.suffix or ""
     steps = p.steps
+    if texts.mask_id is None:  # the uniform graph calls the network at every step
+        calls = np.arange(steps + 1)
+    else:  # the most calls any choice made before each frame
+        pending = (traj[:, :steps] == texts.mask_id).any(-1)  # (n, N): step j needed the network
+        calls = np.concatenate([[0], np.cumsum(pending, axis=1).max(0)])
     for k in range(steps):
         frame = []
         for i in range(p.n):
             text, masked = texts.frame(traj[i, k], p, prompt, suffix)
             frame.append({"index": i, "text": text, "masked": masked, "finish_reason": None})
         yield {"data": json.dumps({**head, "object": "text_completion.diffusion", "step": k, "steps": steps,
-                                   "nfe": k, "choices": frame})}
+                                   "nfe": int(calls[k]), "choices": frame})}
     final = [{"index": i, "text": prompt + c["text"] + suffix, "completion": c["text"], "masked": [],
               "finish_reason": c["finish_reason"]} for i, c in enumerate(choices)]
     yield {"data": json.dumps({**head, "object": "text_completion.diffusion", "step": steps, "steps": steps,
-                               "nfe": steps + 1, "choices": final, "usage": usage, "diffusion": diffusion})}
+                               "nfe": diffusion["nfe"], "choices": final, "usage": usage, "diffusion": diffusion})}
     yield {"data": "[DONE]"}
 
 

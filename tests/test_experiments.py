@@ -8,6 +8,7 @@ installed library) and run in this process, so jax is imported once.
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ def _load(relative: str):
 
 bench = _load("experiments/benchmarks/bench.py")
 compare = _load("experiments/compare_samplers.py")
+study = _load("experiments/default_run_study.py")
 
 FIELDS = {
     "train": ["mfu", "tokens_per_s", "flops_per_token", "peak_matmul_flops_per_s"],
@@ -76,3 +78,26 @@ def test_compare_samplers_checks_its_input(tmp_path):
     with pytest.raises(ValueError, match="positive"):
         compare.compare_samplers(tmp_path / "nothing", steps=[4, 0])
     assert compare.main(["--workdir", str(tmp_path / "nothing"), "--steps", "4"]) == 2
+
+
+TINY_STUDY = ["--config.model.hidden_size=32", "--config.model.n_blocks=1", "--config.model.n_heads=2",
+              "--config.model.cond_dim=16", "--config.data.seq_len=32", "--config.training.batch_size=4",
+              "--config.training.eval_batches=1", "--config.training.eval_samples=1", "--config.sampling.steps=4"]
+
+
+def test_default_run_study_markov(tmp_path, capsys):
+    overrides = [f"--override={o}" for o in [*TINY_STUDY, f"--config.data.data_dir={tmp_path / 'data'}"]]
+    argv = ["--out", str(tmp_path), "--corpus", "markov", "--candidates", "default,ar", "--steps", "4",
+            "--markov-lines", "50", "--no-plot", *overrides]
+    assert study.main(argv) == 0
+    for name, kind in (("default", "ddit"), ("ar", "ar")):
+        result = json.loads((tmp_path / "markov_seed0" / name / "study.json").read_text())
+        assert result["kind"] == kind and result["steps"] == 4 and result["curve"]
+        for key in ("minutes", "bound_bits_per_char", "bound_2se_bits_per_char", "rate_bits_per_char",
+                    "rate_nats_per_char", "samples_nll_nats_per_char"):
+            assert math.isfinite(result[key]), key
+        assert result["bound_bits_per_char"] > 0 and result["samples_scored_fraction"] > 0
+    assert "| default |" in (tmp_path / "study.md").read_text()
+    assert study.main(argv) == 0 and "done before" in capsys.readouterr().out  # a finished run is not retrained
+    with pytest.raises(ValueError, match="unknown candidate"):
+        study.pick_candidates("default,mdlm")

@@ -172,6 +172,12 @@ def test_resume_refuses_a_changed_config_naming_the_keys_but_allows_what_may_cha
     runs.check_compatible(tmp_path, config)
     with pytest.raises(ValueError, match=r"model.time_conditioning: saved True, now False"):
         runs.check_compatible(tmp_path, config_lib.load_config("tiny", ["--config.model.time_conditioning=False"]))
+    # ... unless such runs did something else: the plain AdamW of runs before optim.adaln_lr_scale.
+    del saved["optim"]["adaln_lr_scale"]
+    (tmp_path / runs.CONFIG).write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"optim.adaln_lr_scale: saved 1.0, now 0.1"):
+        runs.check_compatible(tmp_path, config)
+    runs.check_compatible(tmp_path, config_lib.load_config("tiny", ["--config.optim.adaln_lr_scale=1.0"]))
 
 
 def test_ctrl_c_is_answered_at_once_and_a_second_one_does_not_interrupt_the_save(data_dir, tmp_path):

@@ -267,3 +267,26 @@ def test_gradients_finite_at_init_and_reach_output_layer():
     leaves = jax.tree.leaves(grads)
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
     assert float(jnp.abs(grads["output_layer"]["linear"]["kernel"].get_value()).max()) > 0
+
+
+def test_normalize_turns_the_score_entropy_into_weighted_cross_entropy():
+    """normalize=True (MDLM's SUBS / RADD): at a masked position the tokens' scores
+    sum to r = 1 / (e^sigma - 1) and the absorbing score entropy equals
+    r * (-log p_theta(x0 | x_t)) exactly, the weighted cross-entropy."""
+    from sedd.graphs import Absorbing
+
+    m = perturb(make(normalize=True))
+    sig = jnp.array([0.01, 0.7, 5.0], jnp.float32)
+    x0 = tokens(3, V, b=3)
+    x = x0.at[:, ::2].set(V)  # masks at even positions
+    log_score = run(m, x, sig)  # (3, L, D)
+    r = 1.0 / np.expm1(np.asarray(sig, np.float64))
+    s = np.exp(np.asarray(log_score, np.float64))
+    np.testing.assert_allclose(s[:, ::2, :V].sum(-1), np.broadcast_to(r[:, None], (3, L // 2)), rtol=1e-5)
+    assert float(s[:, 1::2, V].max()) == 0.0  # never a move into the mask
+    se = np.asarray(Absorbing(V).score_entropy(log_score, sig[:, None], x, x0), np.float64)
+    log_p = np.log(np.take_along_axis(s[:, ::2], np.asarray(x0)[:, ::2, None], -1)[..., 0] / r[:, None])
+    np.testing.assert_allclose(se[:, ::2], r[:, None] * -log_p, rtol=2e-4, atol=1e-6)
+    np.testing.assert_array_equal(se[:, 1::2], 0.0)  # unmasked positions carry no loss
+    with pytest.raises(ValueError, match="normalize=True needs scale_by_sigma"):
+        make(UNIFORM, normalize=True)

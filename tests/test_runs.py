@@ -182,3 +182,6 @@ def test_time_independent_model_scores_sigma_only_through_the_analytic_factor():
     config.graph.type = "uniform"
     with pytest.raises(ValueError, match="time_conditioning=False needs graph.type='absorbing'"):
         runs.build_model(config)
+    config.model.time_conditioning, config.model.normalize = True, True
+    with pytest.raises(ValueError, match="model.normalize=True needs graph.type='absorbing'"):
+        runs.build_model(config)

@@ -206,3 +206,31 @@ def test_own_text_file_prompts_and_bad_checkpoints(data_dir, tmp_path, capsys):
         assert code == (0 if step == 4 else 2), err
         assert sorted(p.relative_to(workdir) for p in workdir.rglob("*")) == before
     assert "no checkpoint in" in err and "step 4:" in err and "step 2:" in err and "left as it is" in err
+
+
+def test_adaln_lr_scale_scales_only_the_adaln_kernels_updates():
+    """optim.adaln_lr_scale multiplies the AdamW update of the adaLN modulation kernels, nothing else."""
+    import ml_collections
+
+    config = ml_collections.ConfigDict(tiny("/nonexistent", **{"optim.weight_decay": 0.01}).to_dict())
+    config.vocab_size = 11
+    from flax import nnx
+
+    params = nnx.state(runs.build_model(config), nnx.Param)
+    grads = jax.tree.map(lambda p: np.full(p.shape, 0.5, np.float32), params)
+    mask = train_lib.is_adaln_kernel(params)
+    assert sum(jax.tree.leaves(mask)) == config.model.n_blocks + 1  # every block's and the final layer's
+    updates = {}
+    for scale in (1.0, 0.1):
+        config.optim.adaln_lr_scale = scale
+        tx, schedule = train_lib.build_optimizer(config)
+        state = tx.init(params)
+        for _ in range(3):  # past warmup's first step (lr 0): the clipped gradient then moves every weight
+            u, state = tx.update(grads, state, params)
+        updates[scale] = u
+    for m, a, b in zip(jax.tree.leaves(mask), jax.tree.leaves(updates[1.0]), jax.tree.leaves(updates[0.1])):
+        assert np.abs(np.asarray(a)).max() > 0
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a) * (0.1 if m else 1.0), rtol=1e-6)
+    config.optim.adaln_lr_scale = 0.0
+    with pytest.raises(ValueError, match="adaln_lr_scale must be > 0"):
+        train_lib.build_optimizer(config)

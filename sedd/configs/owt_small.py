@@ -29,6 +29,7 @@ def get_config():
     c.training.eval_every = 10_000
     c.training.ckpt_every = 5_000
     c.optim.lr = 3e-4
+    c.optim.adaln_lr_scale = 1.0  # the original's plain AdamW
     c.optim.warmup = 2500
     c.optim.schedule = "constant"
     c.sampling.steps = 1024

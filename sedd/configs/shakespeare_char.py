@@ -23,6 +23,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.dropout = 0.0  # residual dropout; SEDD uses 0.1 at scale
     c.model.scale_by_sigma = True  # absorbing graph: SEDD's log(e^sigma - 1) output offset
     c.model.time_conditioning = True  # False: no sigma input (RADD; absorbing graph with scale_by_sigma)
+    c.model.normalize = False  # True: log-softmax over tokens, score = p(x0 | x_t) / (e^sigma - 1) (MDLM SUBS)
     c.model.dtype = "float32"  # compute dtype: "float32", or "bfloat16" on accelerators
 
     c.graph = ml_collections.ConfigDict()
@@ -73,6 +74,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.optim.warmup = 100  # linear warmup, in optimizer updates
     c.optim.schedule = "cosine"  # after warmup: "constant" or "cosine" (to 10% of lr)
     c.optim.grad_clip = 1.0  # clip by global norm (0 = off)
+    c.optim.adaln_lr_scale = 0.1  # lr multiplier of the adaLN modulation kernels (1.0 = the original SEDD)
 
     c.sampling = ml_collections.ConfigDict()
     c.sampling.predictor = "analytic"  # "analytic" (Tweedie) or "euler" (tau-leaping)

@@ -1,0 +1,318 @@
+"""Which setting of the default run learns most per minute? A study against an AR baseline of the same size.
+
+Each candidate (a list of config overrides of the default config,
+``shakespeare_char``) is trained with `sedd train` for the same number of
+steps on each corpus, beside the autoregressive baseline of the same size; the
+step costs are close, so the same steps is about the same minutes, and the
+measured minutes are reported. The corpora:
+
+  plays    the default corpus (the bundled plays), no data overrides;
+  markov   text of a known law: 2,000 lines of 200 letters a-l drawn from
+           ``sedd.data.markov.MarkovChain(vocab_size=12, order=2, seed=s,
+           alpha=0.25)``, one corpus per seed s of --markov-seeds, trained
+           with data.documents=lines. The bound is set beside the chain's
+           entropy rate, and 16 samples of each model are scored exactly
+           under the chain.
+
+Per run, OUT/<corpus>/<candidate>/ holds the run directory, train.log and
+study.json (the bound as `sedd eval` computes it, the curve of the training
+loop's validation estimates against minutes, and the samples' exact NLL on
+markov). A run whose study.json exists is skipped, so a study can be resumed
+or extended with more candidates or seeds; an unfinished one is trained again
+from scratch, so that its minutes are one process's. OUT/study.md holds a
+table per corpus, OUT/study.png a panel per corpus.
+
+The figures of the docs:
+
+  python experiments/default_run_study.py --corpus both --markov-seeds 0,1
+
+At the default steps (the config's training.n_iters) a run takes about 10
+minutes on 2 CPU cores: 4 candidates x 3 corpora is about 2 hours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+
+from sedd import config as config_lib  # noqa: E402
+from sedd import evaluate, runs  # noqa: E402
+from sedd.data.markov import MarkovChain  # noqa: E402
+from sedd.data.tokenizers import EOS_TEXT  # noqa: E402
+
+CANDIDATES = {
+    "default": [],  # the shipped default (optim.adaln_lr_scale = 0.1)
+    "sedd_adamw": ["--config.optim.adaln_lr_scale=1.0"],  # the original SEDD's plain AdamW (the previous default)
+    "radd": ["--config.model.time_conditioning=False"],  # RADD's time-independent network
+    "subs": ["--config.model.normalize=True"],  # MDLM's SUBS: a normalized p(x0 | x_t)
+    "ar": ["--config.model.kind=ar"],  # the causal baseline of the same size
+}
+CORPORA = ("plays", "markov")
+MARKOV = {"vocab_size": 12, "order": 2, "alpha": 0.25}  # the chain of each seed
+MARKOV_LENGTH = 200  # letters per line (document) of the markov corpus
+LETTERS = "abcdefghijkl"  # token id i is written as LETTERS[i]
+NUM_SAMPLES = 16  # samples scored under the chain
+LN2 = math.log(2)
+
+
+# --------------------------------------------------------------------------- corpora
+
+
+def markov_chain(seed: int) -> MarkovChain:
+    """The chain of the markov corpus of this seed."""
+    return MarkovChain(seed=seed, **MARKOV)
+
+
+def write_markov_corpus(seed: int, lines: int, path: Path) -> Path:
+    """Write `lines` draws of the chain of `seed` (letters a-l, one sequence a line) to `path`."""
+    ids = markov_chain(seed).sample(lines, MARKOV_LENGTH, seed=seed + 1)  # (lines, MARKOV_LENGTH)
+    text = "".join("".join(LETTERS[i] for i in row) + "\n" for row in ids)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != text:  # an unchanged file keeps its prepared token cache
+        path.write_text(text)
+    return path
+
+
+def corpora(which: str, seeds: list[int], lines: int, out: Path) -> dict[str, tuple[list[str], int | None]]:
+    """Corpus name -> (its data overrides, the seed of its chain or None), writing the markov texts."""
+    if which not in (*CORPORA, "both"):
+        raise ValueError(f"unknown corpus {which!r}; choose one of {', '.join(CORPORA)} or both")
+    found = {}
+    if which in ("plays", "both"):
+        found["plays"] = ([], None)
+    if which in ("markov", "both"):
+        for s in seeds:
+            path = write_markov_corpus(s, lines, out.resolve() / f"markov_seed{s}.txt")
+            found[f"markov_seed{s}"] = ([f"--config.data.path={path}", "--config.data.documents=lines"], s)
+    return found
+
+
+# --------------------------------------------------------------------------- one run
+
+
+def train(workdir: Path, overrides: list[str]) -> float:
+    """`sedd train --workdir WORKDIR OVERRIDES` in a subprocess, its output in train.log; wall minutes.
+
+    Raises:
+      RuntimeError: the training failed (the end of its log is in the message).
+    """
+    if workdir.exists():  # unfinished: start again, so that the minutes are one process's
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    args = ["train", "--workdir", str(workdir), *overrides]
+    log = workdir / "train.log"
+    start = time.perf_counter()
+    with log.open("w") as f:
+        f.write("sedd " + " ".join(args) + "\n")
+        f.flush()
+        code = subprocess.call([sys.executable, "-c", "import sys, sedd.cli; sys.exit(sedd.cli.main())", *args],
+                               stdout=f, stderr=subprocess.STDOUT)
+    minutes = (time.perf_counter() - start) / 60
+    if code:
+        tail = "\n".join(log.read_text().splitlines()[-15:])
+        raise RuntimeError(f"sedd train failed (exit {code}); the end of {log}:\n{tail}")
+    return minutes
+
+
+def curve(workdir: Path) -> list[tuple[float, float]]:
+    """(minutes into the training loop, validation estimate in bits/char) at each evaluation of metrics.jsonl."""
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [(r["elapsed_s"] / 60, r["val_estimate_bits_per_char"]) for r in rows if "val_estimate_bits_per_char" in r]
+
+
+def sample_nll(run: runs.Run, chain: MarkovChain) -> tuple[float, float]:
+    """Exact NLL of the run's samples under the chain, nats/char, and the share of sample characters scored.
+
+    A sample is cut at every character that is not a letter a-l (document
+    separators, a mask left in a sample); each piece of at least k letters is
+    scored with ``log_prob``, whose first k letters cost their stationary law,
+    as for a window cut anywhere from the stream.
+    """
+    total, letters, chars = 0.0, 0, 0
+    for text in run.generate(jax.random.key(0), NUM_SAMPLES):
+        text = text.replace(EOS_TEXT, "\n")  # "<|endoftext|>" holds letters a-l (e, d, f) of its own
+        chars += len(text)
+        for piece in re.split(f"[^{LETTERS}]+", text):
+            if len(piece) >= chain.order:
+                total -= chain.log_prob(np.frombuffer(piece.encode(), np.uint8) - ord("a"))
+                letters += len(piece)
+    return total / max(letters, 1), letters / max(chars, 1)
+
+
+def unigram_entropy_nats(chain: MarkovChain) -> float:
+    """Entropy of the chain's stationary one-letter law, nats (the floor of a model that ignores context)."""
+    marginal = np.bincount(np.arange(chain.num_contexts) % chain.vocab_size, weights=chain.stationary)  # (V,)
+    return float(-(marginal * np.log(np.where(marginal > 0, marginal, 1.0))).sum())
+
+
+def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], steps: int,
+              chain_seed: int | None) -> dict:
+    """Train one candidate on one corpus (or read its study.json when it has one) and write its figures."""
+    workdir = out / corpus / candidate
+    result_file = workdir / "study.json"
+    if result_file.exists():
+        result = json.loads(result_file.read_text())
+        if result["overrides"] != overrides:
+            raise ValueError(f"{workdir} was trained with other overrides ({' '.join(result['overrides'])}); "
+                             "delete it or choose another --out")
+        print(f"{corpus}/{candidate}: done before, read from {result_file}")
+        return result
+    print(f"{corpus}/{candidate}: training {steps} steps ({' '.join(overrides) or 'the default'})", flush=True)
+    minutes = train(workdir, overrides)
+    figures = evaluate.evaluate_run(workdir, progress=False)  # evaluate_run's defaults are `sedd eval`'s
+    per = figures["bits_per_char"] / figures["nats_per_token"]  # bits/char per nat/token (EOS has no chars)
+    points = curve(workdir)
+    result = {
+        "corpus": corpus, "candidate": candidate, "overrides": overrides, "steps": steps, "kind": figures["kind"],
+        "minutes": minutes, "loop_minutes": points[-1][0] if points else minutes,
+        "bound_bits_per_char": figures["bits_per_char"],
+        "bound_2se_bits_per_char": 2 * figures["stderr_nats_per_token"] * per, "curve": points,
+    }
+    if chain_seed is not None:
+        chain = markov_chain(chain_seed)
+        nll, scored = sample_nll(runs.load(workdir), chain)
+        result.update(rate_nats_per_char=chain.entropy_rate(), rate_bits_per_char=chain.entropy_rate() / LN2,
+                      unigram_bits_per_char=unigram_entropy_nats(chain) / LN2,
+                      samples_nll_nats_per_char=nll, samples_scored_fraction=scored)
+    result_file.write_text(json.dumps(result, indent=2))
+    return result
+
+
+# --------------------------------------------------------------------------- report
+
+
+def table(corpus: str, results: list[dict]) -> str:
+    """A Markdown table of one corpus's runs."""
+    markov = "rate_bits_per_char" in results[0]
+    head = ["candidate", "kind", "steps", "minutes", "bound bits/char ± 2 s.e."]
+    if markov:
+        head += ["gap to rate, bits/char", "samples' NLL, nats/char", "rate, nats/char", "sample chars scored"]
+    lines = [f"### {corpus}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        row = [r["candidate"], r["kind"], str(r["steps"]), f"{r['minutes']:.1f}",
+               f"{r['bound_bits_per_char']:.3f} ± {r['bound_2se_bits_per_char']:.3f}"]
+        if markov:
+            row += [f"{r['bound_bits_per_char'] - r['rate_bits_per_char']:+.3f}",
+                    f"{r['samples_nll_nats_per_char']:.3f}", f"{r['rate_nats_per_char']:.3f}",
+                    f"{r['samples_scored_fraction']:.0%}"]
+        lines.append("| " + " | ".join(row) + " |")
+    if markov:
+        lines += ["", f"Entropy rate {results[0]['rate_bits_per_char']:.3f} bits/char, unigram entropy "
+                  f"{results[0]['unigram_bits_per_char']:.3f} bits/char. Samples are cut at the characters that "
+                  "are not letters a-l (document separators `<|endoftext|>`, newlines), which are dropped; "
+                  "pieces shorter than the order are not scored. The bound counts the separators."]
+    lines += ["", "Minutes: wall time of `sedd train` (start-up, compilation, evaluations and samples included). "
+              "AR: the exact NLL (its 2 s.e. is 0 here), not a bound."]
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, list[dict]], path: Path) -> None:
+    """One panel per corpus: validation estimate against minutes per candidate, the final bound as a marker."""
+    fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4.2), squeeze=False)
+    for ax, (corpus, rows) in zip(axes[0], results.items()):
+        for r in rows:
+            style = "--" if r["kind"] == "ar" else "-"
+            xs, ys = zip(*r["curve"]) if r["curve"] else ((), ())
+            (line,) = ax.plot(xs, ys, style, marker=".", label=r["candidate"])
+            ax.errorbar([r["loop_minutes"]], [r["bound_bits_per_char"]], yerr=[r["bound_2se_bits_per_char"]],
+                        fmt="o", color=line.get_color(), capsize=3)
+        if "rate_bits_per_char" in rows[0]:
+            ax.axhline(rows[0]["rate_bits_per_char"], color="k", lw=0.8, label="entropy rate")
+            ax.axhline(rows[0]["unigram_bits_per_char"], color="gray", lw=0.8, ls=":", label="unigram entropy")
+        ax.set(title=corpus, xlabel="minutes in the training loop", ylabel="bits/char")
+        ax.legend(fontsize=8)
+    fig.suptitle("validation estimate (lines) and final bound ± 2 s.e. (markers); AR dashed", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def candidate_steps(overrides: list[str], steps: int) -> int:
+    """The candidate's own training.n_iters if its overrides set one (a smaller batch takes more steps in
+    the same minutes), else `steps`."""
+    own = [o.split("=", 1)[1] for o in overrides if o.startswith("--config.training.n_iters=")]
+    return int(own[-1]) if own else steps
+
+
+def schedule(steps: int) -> list[str]:
+    """n_iters, and four evaluations with a metrics row at each."""
+    eval_every = max(1, steps // 4)
+    return [f"--config.training.n_iters={steps}", f"--config.training.eval_every={eval_every}",
+            f"--config.training.log_every={math.gcd(eval_every, 50)}"]
+
+
+def int_list(text: str) -> list[int]:
+    """'0,1' -> [0, 1]."""
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def pick_candidates(names: str | None) -> dict[str, list[str]]:
+    """The candidates named in a comma-separated list (None: all)."""
+    chosen = [n.strip() for n in names.split(",") if n.strip()] if names else list(CANDIDATES)
+    unknown = [n for n in chosen if n not in CANDIDATES]
+    if unknown or not chosen:
+        raise ValueError(f"unknown candidate(s) {unknown}; choose among {', '.join(CANDIDATES)}")
+    return {n: CANDIDATES[n] for n in chosen}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="experiments/results/default_run_study", help="output folder")
+    p.add_argument("--corpus", default="both", help=f"{' | '.join(CORPORA)} | both (default both)")
+    p.add_argument("--markov-seeds", default="0", help="comma-separated seeds of the markov chains (default 0)")
+    p.add_argument("--markov-lines", type=int, default=2000, help="sequences of each markov corpus")
+    p.add_argument("--candidates", default=None, help=f"comma-separated among {', '.join(CANDIDATES)} (default all)")
+    p.add_argument("--steps", type=int, default=None, help="training steps of every run (default: the default "
+                   "config's training.n_iters)")
+    p.add_argument("--override", action="append", default=[], help="a --config.X=Y override for every run "
+                   "(repeatable; write it as --override=--config.X=Y)")
+    p.add_argument("--no-plot", action="store_true", help="write no study.png")
+    args = p.parse_args(argv)
+    try:
+        candidates = pick_candidates(args.candidates)
+        steps = args.steps or config_lib.load_config().training.n_iters
+        if steps < 1 or args.markov_lines < 1:
+            raise ValueError("--steps and --markov-lines must be positive")
+        out = Path(args.out)
+        found = corpora(args.corpus, int_list(args.markov_seeds), args.markov_lines, out)
+        results = {}
+        for corpus, (data, seed) in found.items():
+            results[corpus] = []
+            for name, cand in candidates.items():
+                n = candidate_steps(cand, steps)
+                run_args = [*data, *cand, *schedule(n), *args.override]
+                results[corpus].append(study_run(out, corpus, name, run_args, n, seed))
+    except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report = "\n\n".join(table(corpus, rows) for corpus, rows in results.items())
+    (out / "study.md").write_text(report + "\n")
+    print(report)
+    if not args.no_plot:
+        plot(results, out / "study.png")
+    print(f"wrote {out}/study.md" + ("" if args.no_plot else ", study.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
