@@ -287,6 +287,8 @@ def main(argv=None) -> int:
     p.add_argument("--override", action="append", default=[], help="a --config.X=Y override for every run "
                    "(repeatable; write it as --override=--config.X=Y)")
     p.add_argument("--no-plot", action="store_true", help="write no study.png")
+    p.add_argument("--report", action="store_true", help="train nothing: the table and plot of the runs already "
+                   "finished under --out among those named")
     args = p.parse_args(argv)
     try:
         candidates = pick_candidates(args.candidates)
@@ -301,7 +303,12 @@ def main(argv=None) -> int:
             for name, cand in candidates.items():
                 n = candidate_steps(cand, steps)
                 run_args = [*data, *cand, *schedule(n), *args.override]
+                if args.report and not (out / corpus / name / "study.json").exists():
+                    continue
                 results[corpus].append(study_run(out, corpus, name, run_args, n, seed))
+        results = {corpus: rows for corpus, rows in results.items() if rows}
+        if not results:
+            raise ValueError(f"no finished run under {out} among those named")
     except (ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -69,11 +69,13 @@ def build_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedul
 
     optim.adaln_lr_scale multiplies the learning rate of the adaLN modulation
     kernels. Their input, the sigma conditioning c, is nearly the same vector
-    for every sequence of a batch, so their gradient c g^T is coherent and
-    Adam moves every modulation output (shift, scale, gate) by about
-    lr ||c||_1 per step, ~9 lr for the default's 64-wide c (a bias moves by
-    lr): the modulations learn ~10x faster than anything else, which at the
-    default lr kept attention from learning context-only text
+    for every sequence of a batch (cosine similarity 0.65 between sigma =
+    1e-3 and 6.9 at initialisation), so their gradient c g^T is coherent and
+    Adam moves every modulation output (shift, scale, gate) by up to
+    lr ||c||_1 per step, where a bias moves by lr. For the default's 64-wide c,
+    ||c||_1 is 2.6 at initialisation and 8.7 after 400 steps (the sigma MLP
+    grows it): the modulations learn up to ~10x faster than anything else,
+    which at the default lr kept attention from learning context-only text
     (docs/default_run.md). 1.0 is the original SEDD's plain AdamW.
     """
     o, t = config.optim, config.training

@@ -85,19 +85,35 @@ TINY_STUDY = ["--config.model.hidden_size=32", "--config.model.n_blocks=1", "--c
               "--config.training.eval_batches=1", "--config.training.eval_samples=1", "--config.sampling.steps=4"]
 
 
-def test_default_run_study_markov(tmp_path, capsys):
+def _study(tmp_path, candidates):
     overrides = [f"--override={o}" for o in [*TINY_STUDY, f"--config.data.data_dir={tmp_path / 'data'}"]]
-    argv = ["--out", str(tmp_path), "--corpus", "markov", "--candidates", "default,ar", "--steps", "4",
+    return ["--out", str(tmp_path), "--corpus", "markov", "--candidates", candidates, "--steps", "4",
             "--markov-lines", "50", "--no-plot", *overrides]
+
+
+def _check_study_run(tmp_path, name, kind):
+    result = json.loads((tmp_path / "markov_seed0" / name / "study.json").read_text())
+    assert result["kind"] == kind and result["steps"] == 4 and result["curve"]
+    for key in ("minutes", "bound_bits_per_char", "bound_2se_bits_per_char", "rate_bits_per_char",
+                "rate_nats_per_char", "samples_nll_nats_per_char"):
+        assert math.isfinite(result[key]), key
+    assert result["bound_bits_per_char"] > 0 and result["samples_scored_fraction"] > 0
+
+
+def test_default_run_study_markov(tmp_path, capsys):
+    """One tiny candidate end to end (a `sedd train` subprocess, the bound, the samples scored under the chain)."""
+    argv = _study(tmp_path, "default")
     assert study.main(argv) == 0
-    for name, kind in (("default", "ddit"), ("ar", "ar")):
-        result = json.loads((tmp_path / "markov_seed0" / name / "study.json").read_text())
-        assert result["kind"] == kind and result["steps"] == 4 and result["curve"]
-        for key in ("minutes", "bound_bits_per_char", "bound_2se_bits_per_char", "rate_bits_per_char",
-                    "rate_nats_per_char", "samples_nll_nats_per_char"):
-            assert math.isfinite(result[key]), key
-        assert result["bound_bits_per_char"] > 0 and result["samples_scored_fraction"] > 0
+    _check_study_run(tmp_path, "default", "ddit")
     assert "| default |" in (tmp_path / "study.md").read_text()
     assert study.main(argv) == 0 and "done before" in capsys.readouterr().out  # a finished run is not retrained
+    assert study.main([*_study(tmp_path, "default,ar"), "--report"]) == 0  # reports what is finished, trains nothing
+    assert not (tmp_path / "markov_seed0" / "ar").exists()
     with pytest.raises(ValueError, match="unknown candidate"):
         study.pick_candidates("default,mdlm")
+
+
+@pytest.mark.slow
+def test_default_run_study_ar_baseline(tmp_path):
+    assert study.main(_study(tmp_path, "ar")) == 0
+    _check_study_run(tmp_path, "ar", "ar")

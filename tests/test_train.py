@@ -1,7 +1,6 @@
 """End-to-end runs of the tiny config: training, checkpoints, resume, CLI, bad input."""
 
 import json
-import os
 import re
 import signal
 import subprocess
