@@ -151,8 +151,9 @@ def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
     """(key, saved value, current value) for every key of `current` that differs from `saved`.
 
     A key absent from `saved` (a run written before the key existed) counts as
-    what such runs did: ``BEFORE_IT_EXISTED``, else its shipped default. Keys only in `saved` (since removed) and vocab_size
-    (filled in from the data) are ignored.
+    what such runs did: its ``BEFORE_IT_EXISTED`` value, else its shipped
+    default. Keys only in `saved` (since removed) and vocab_size (filled in
+    from the data) are ignored.
     """
     saved, current = _flat(saved), _flat(current)
     defaults = {**_flat(config_lib.load_config(config_lib.DEFAULT_CONFIG).to_dict()), **BEFORE_IT_EXISTED}

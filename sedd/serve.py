@@ -220,9 +220,10 @@ def _sample_rows(state, seeds, rows, mask, tokens, *, graphdef, graph, noise, st
       seeds, rows: uint32[B] each.
       mask: bool[B, L]; tokens: int32[B, L] (``sedd.sampling.sample``'s fixed_mask / fixed_tokens).
     Returns:
-      (int32[B, L], int32[B] network calls each row's sampler made (counted as
-      if it ran alone: under vmap a skipped call still runs, masked out)); with
-      trajectory, also int32[B, N + 1, L] (the state before each step) in the middle.
+      (x, nfe), or with trajectory (x, traj, nfe): x int32[B, L]; traj
+      int32[B, N + 1, L], the state before each step; nfe int32[B], the network
+      calls each row's sampler made, counted as if it ran alone (under vmap a
+      skipped call still runs, its result unused).
     """
     score_fn = runs.params_score_fn(graphdef)
     length = mask.shape[1]
