@@ -229,6 +229,7 @@ def _losses(workdir: Path) -> list[float]:
     return [json.loads(l)["loss_nats_per_token"] for l in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # 45 s on 2 cores; two processes still train and stop together in the sigterm test below
 def test_two_processes_train_like_one(tmp_path):
     one = _python(_TRAIN, 1, tmp_path, "1", "0", "0", str(tmp_path / "one"))
     port = str(_free_port())

@@ -223,9 +223,9 @@ def test_adaln_lr_scale_scales_only_the_adaln_kernels_updates():
     for scale in (1.0, 0.1):
         config.optim.adaln_lr_scale = scale
         tx, schedule = train_lib.build_optimizer(config)
-        state = tx.init(params)
+        state, update = tx.init(params), jax.jit(tx.update)
         for _ in range(3):  # past warmup's first step (lr 0): the clipped gradient then moves every weight
-            u, state = tx.update(grads, state, params)
+            u, state = update(grads, state, params)
         updates[scale] = u
     for m, a, b in zip(jax.tree.leaves(mask), jax.tree.leaves(updates[1.0]), jax.tree.leaves(updates[0.1])):
         assert np.abs(np.asarray(a)).max() > 0
