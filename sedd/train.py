@@ -60,7 +60,7 @@ def is_adaln_kernel(params):
     """A bool pytree like `params`: True at the kernels of the adaLN modulation layers."""
     def test(path, _):
         names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
-        return "adaLN_modulation" in names and names[-1] in ("kernel", "value") and "kernel" in names
+        return "adaLN_modulation" in names and "kernel" in names
     return jax.tree_util.tree_map_with_path(test, params)
 
 
