@@ -76,7 +76,21 @@ def race(key: jax.Array, probs: jax.Array) -> jax.Array:
     """argmax_d p_d / E_d with E_d ~ Exp(1): index d with probability p_d / sum(p). int32[...]."""
     hi, lo = jax.random.bits(key, (2, *probs.shape), jnp.uint32)
     exp_noise = exponential_from_bits(hi, lo)  # E ~ Exp(1), (..., D)
-    return jnp.argmax(probs / exp_noise, axis=-1).astype(jnp.int32)
+    return first_argmax(probs / exp_noise)
+
+
+def first_argmax(w: jax.Array) -> jax.Array:
+    """``jnp.argmax(w, -1)`` (the first index of the maximum) for finite w: int32[...].
+
+    Two plain reductions, a max and a min over the indices where w equals
+    it, instead of one reduction over (value, index) pairs: XLA's CPU
+    backend vectorises the plain ones, and the race's draw ran 3x faster
+    (docs/serving.md). A row holding NaN gives the last index.
+    """
+    d = w.shape[-1]
+    top = jnp.max(w, axis=-1, keepdims=True)
+    first = jnp.min(jnp.where(w == top, jnp.arange(d, dtype=jnp.int32), d), axis=-1)
+    return jnp.minimum(first, d - 1)
 
 
 def block_size(dim: int) -> int:

@@ -105,12 +105,28 @@ class Context:
       temperature, top_p, cache: the generic options.
       options: dict of the sampler's own options.
       steps: N, the number of steps of the grid.
+      axis_name: the ``jax.vmap`` axis the sampler is mapped over, or None (see ``sample``).
     """
 
-    def __init__(self, score_fn, graph, noise, categorical, temperature, top_p, cache, options, steps):
+    def __init__(self, score_fn, graph, noise, categorical, temperature, top_p, cache, options, steps,
+                 axis_name=None):
         self.score_fn, self.graph, self.noise = score_fn, graph, noise
         self.categorical, self.temperature, self.top_p, self.cache = categorical, temperature, top_p, cache
-        self.options, self.steps = options, steps
+        self.options, self.steps, self.axis_name = options, steps, axis_name
+
+    def any(self, flags: jax.Array) -> jax.Array:
+        """bool[]: whether any row needs a call, over the whole mapped batch when ``axis_name`` is set.
+
+        Under ``jax.vmap`` a per-row predicate would turn ``lax.cond`` into a
+        select that runs both branches and broadcasts everything they close
+        over, the weights included, to one copy per row; reduced over the
+        mapped axis the predicate is the same for every row and the call
+        stays one batched call on unbatched weights.
+        """
+        found = jnp.any(flags)
+        if self.axis_name is not None:
+            found = jax.lax.psum(found.astype(jnp.int32), self.axis_name) > 0
+        return found
 
     def pending(self, x: jax.Array) -> jax.Array:
         """bool[B]: rows whose step needs the score (a MASK left; always, for the uniform graph)."""
@@ -147,16 +163,16 @@ class Context:
             need = need & jnp.any(x != cached_x, axis=-1)
             offset = log_expm1(sigma)[:, None, None]  # (B, 1, 1)
             cached_x, cached = jax.lax.cond(
-                jnp.any(need), lambda _: (x, call(None) + offset), lambda _: (cached_x, cached), None)
+                self.any(need), lambda _: (x, call(None) + offset), lambda _: (cached_x, cached), None)
             here = jax.nn.one_hot(x, self.graph.dim, dtype=bool)
             log_score = jnp.where(here, 0.0, cached - offset)  # (B, L, D)
             carry = dict(carry, cache=(cached_x, cached))
         elif self.graph.absorb:
             zeros = lambda _: jnp.zeros(x.shape + (self.graph.dim,), jnp.float32)  # noqa: E731
-            log_score = jax.lax.cond(jnp.any(need), call, zeros, None)
+            log_score = jax.lax.cond(self.any(need), call, zeros, None)
         else:
             log_score = call(None)
-        return log_score, dict(carry, nfe=carry["nfe"] + jnp.any(need).astype(jnp.int32),
+        return log_score, dict(carry, nfe=carry["nfe"] + self.any(need).astype(jnp.int32),
                                nfe_row=carry["nfe_row"] + need.astype(jnp.int32))
 
     def denoiser(self, logits: jax.Array) -> jax.Array:
@@ -699,11 +715,11 @@ def _denoise(ctx, key, carry, sigma, final):
     jax.jit,
     static_argnames=("score_fn", "graph", "noise", "shape", "sampler", "denoise", "categorical", "final",
                      "return_trajectory", "trajectory_every", "temperature", "top_p", "corrector_steps",
-                     "cache", "options"),
+                     "cache", "options", "axis_name"),
 )
 def _sample_loop(key, times, fixed_mask, fixed_tokens, score_params, *, score_fn, graph, noise, shape,
                  sampler, denoise, categorical, final, return_trajectory, trajectory_every, temperature,
-                 top_p, corrector_steps, cache, options):
+                 top_p, corrector_steps, cache, options, axis_name):
     """The whole sampler as one compiled program (see ``sample``).
 
     jit caches one executable per value of the static arguments, so repeated
@@ -715,7 +731,7 @@ def _sample_loop(key, times, fixed_mask, fixed_tokens, score_params, *, score_fn
     if score_params is not None:
         base_fn = score_fn
         score_fn = lambda x, sigma: base_fn(score_params, x, sigma)  # noqa: E731
-    ctx = Context(score_fn, graph, noise, categorical, temperature, top_p, cache, dict(options), steps)
+    ctx = Context(score_fn, graph, noise, categorical, temperature, top_p, cache, dict(options), steps, axis_name)
 
     def clamp(x):
         if fixed_mask is None:
@@ -828,6 +844,7 @@ def sample(
     return_stats: bool = False,
     max_length: int | None = None,
     block_length: int | None = None,
+    axis_name: Any = None,
     **sampler_options,
 ):
     r"""Draw sequences from the reverse diffusion, Sec. 4 of Lou et al. 2024.
@@ -884,6 +901,11 @@ def sample(
         window keeps its first L - block_length tokens from the text before
         it and generates the last block_length. The NFE add up.
       block_length: new tokens per window after the first (default L // 2).
+      axis_name: when ``sample`` runs under ``jax.vmap(..., axis_name=...)``
+        (one key per row, e.g. ``sedd serve``), that name: a network call is
+        then skipped only when no row of the mapped batch needs it, so the
+        call stays one batched call on unbatched weights; "nfe" counts the
+        calls of the mapped batch, "nfe_per_sample" those each row needed.
       **sampler_options: the sampler's own options: ``order`` (confidence),
         ``max_entropy`` (entropy_bound), ``schedule``, ``eta``, ``t_on``,
         ``t_off``, ``alpha_on`` (remdm); see each sampler's class.
@@ -973,7 +995,7 @@ def sample(
         _sample_loop, times=times, score_params=score_params, score_fn=score_fn, graph=graph, noise=noise,
         shape=shape, sampler=sampler, denoise=bool(denoise), categorical=categorical, final=final,
         return_trajectory=bool(return_trajectory), trajectory_every=trajectory_every, temperature=temperature,
-        top_p=top_p, corrector_steps=corrector_steps, cache=cache, options=options)
+        top_p=top_p, corrector_steps=corrector_steps, cache=cache, options=options, axis_name=axis_name)
     if out_shape != shape:
         x, stats = _sample_blocks(key, loop, shape, max_length, block_length, fixed_mask, fixed_tokens)
         return (x, stats) if return_stats else x

@@ -222,8 +222,8 @@ def _sample_rows(state, seeds, rows, mask, tokens, *, graphdef, graph, noise, st
     Returns:
       (x, nfe), or with trajectory (x, traj, nfe): x int32[B, L]; traj
       int32[B, N + 1, L], the state before each step; nfe int32[B], the network
-      calls each row's sampler made, counted as if it ran alone (under vmap a
-      skipped call still runs, its result unused).
+      calls each row's sampler made, counted as if it ran alone (the batch
+      skips a call only when no row needs it).
     """
     score_fn = runs.params_score_fn(graphdef)
     length = mask.shape[1]
@@ -233,14 +233,15 @@ def _sample_rows(state, seeds, rows, mask, tokens, *, graphdef, graph, noise, st
         out = sampling.sample(key, score_fn, graph, noise, (1, length), steps, predictor, eps=eps,
                               fixed_mask=m[None], fixed_tokens=t[None], categorical=categorical,
                               return_trajectory=trajectory, score_params=state, temperature=temperature,
-                              top_p=top_p, return_stats=True)
+                              top_p=top_p, return_stats=True, axis_name="rows")
         if trajectory:
             x, traj, stats = out
-            return x[0], traj[:, 0], stats["nfe"]  # (L,), (N + 1, L), ()
+            return x[0], traj[:, 0], stats["nfe_per_sample"][0]  # (L,), (N + 1, L), ()
         x, stats = out
-        return x[0], stats["nfe"]
+        return x[0], stats["nfe_per_sample"][0]
 
-    return jax.vmap(one)(seeds, rows, mask, tokens)
+    # axis_name: the network runs once a step on all rows with unbatched weights (not once per row).
+    return jax.vmap(one, axis_name="rows")(seeds, rows, mask, tokens)
 
 
 def batch_size(rows: int) -> int:

@@ -296,6 +296,28 @@ def test_nfe_is_the_number_of_calls(predictor, steps, n, options, kind):
         assert x.max() < V and int(stats["nfe"]) == steps + 1  # the denoise fills what 2 steps left
 
 
+def test_mapped_rows_draw_what_each_row_draws_alone():
+    """Under jax.vmap with axis_name (one key per row, as sedd serve batches requests), every row
+    draws exactly the sequence a lone call with its key draws, and counts the calls it needed;
+    "nfe" counts the calls of the mapped batch (one per step while any row has a mask)."""
+    keys = jax.random.split(jax.random.key(11), 6)
+    mask = np.zeros((6, L), bool)
+    mask[:3, 0] = True  # three rows have a fixed first token: they need fewer calls
+    tokens = np.ones((6, L), np.int32)
+
+    def one(key, m, t, axis_name):
+        x, stats = sampling.sample(key, EXACT["absorbing"], ABSORBING, LOGLINEAR, (1, L), 4, axis_name=axis_name,
+                                   fixed_mask=m[None], fixed_tokens=t[None], return_stats=True)
+        return x[0], stats["nfe"], stats["nfe_per_sample"][0]
+
+    x, nfe, per_row = jax.vmap(lambda k, m, t: one(k, m, t, "rows"), axis_name="rows")(keys, mask, tokens)
+    for b in range(6):
+        alone, alone_nfe, _ = one(keys[b], mask[b], tokens[b], None)
+        np.testing.assert_array_equal(x[b], alone)
+        assert int(per_row[b]) == int(alone_nfe)
+    assert (np.asarray(nfe) == int(per_row.max())).all()
+
+
 # --------------------------------------------------------------------------- long texts
 
 
@@ -322,6 +344,12 @@ def test_blocks_generate_past_the_window():
 
 
 # --------------------------------------------------------------------------- categorical
+
+
+def test_first_argmax_is_argmax_with_ties():
+    w = np.random.default_rng(4).integers(0, 4, (500, 7)).astype(np.float32)  # many ties
+    w[:3] = 0.0  # a row of equal entries
+    np.testing.assert_array_equal(categorical.first_argmax(jnp.asarray(w)), np.argmax(w, -1))
 
 
 def test_two_level_draw_has_the_law():
