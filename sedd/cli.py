@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from sedd import config as config_lib
-from sedd import convert, evaluate, runs, train
+from sedd import convert, evaluate, runs, sharding, train
 from sedd.data import load_tokenizer
 from sedd.data.tokenizers import EOS_TEXT
 from sedd.sampling import text_conditioning
@@ -33,6 +33,9 @@ def _train(args, overrides: list[str]) -> int:
     config = config_lib.load_config(args.config, overrides)
     workdir = Path(args.workdir or Path("checkpoints") / Path(args.config).stem)
     print(f"run directory: {workdir}")
+    sharding.initialize_distributed(config)  # both before anything touches a device
+    if n := sharding.split_cpu(config):
+        print(f"this CPU as {n} devices, the batch split over them (mesh.cpu_devices; 1 = one device)")
     result = train.train(config, workdir)
     if result.get("stopped"):  # saved and stopping: a late second Ctrl-C must not interrupt the exit
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -329,11 +329,12 @@ def run_figures(run: runs.Run, dataset, split: str = "validation", num_t: int = 
         for i, batch in enumerate(batches):
             if max_batches is not None and i >= max_batches:
                 break
-            total += float(ar.nll(model, jnp.asarray(batch)).sum())
+            total += float(ar.nll(model, run.place_rows(np.asarray(batch, np.int32))).sum())
             n_tok, n_seq = n_tok + batch.size, n_seq + batch.shape[0]
         out = losses.units(total / n_tok, cpt)
         out.update(nats_per_seq=total / n_seq, stderr_nats_per_token=0.0, num_sequences=n_seq, num_tokens=n_tok)
     else:
+        batches = map(run.place_rows, batches)  # each device takes its rows (the bound does not depend on it)
         out = dataset_bound(jax.random.key(seed), runs.params_score_fn(run.graphdef), run.graph, run.noise, batches,
                             num_t, max_batches=max_batches, chars_per_token=cpt,
                             score_params=(run.params, run.rest), progress=progress, **kwargs)

@@ -335,6 +335,17 @@ class Run:
         """True for the autoregressive baseline (model.kind = "ar"): no graph, no noise."""
         return self.config.model.kind == "ar"
 
+    def row_sharding(self, rows: int) -> jax.sharding.Sharding | None:
+        """How B = rows sequences split over the mesh's batch axes; None when B does not divide."""
+        rules = sharding_lib.make_rules(self.config.mesh.rules)
+        if rows % sharding_lib.batch_divisor(self.mesh, rules):
+            return None
+        return sharding_lib.batch_sharding(self.mesh, rules)
+
+    def place_rows(self, batch) -> jax.Array:
+        """A [B, ...] batch on the mesh, its rows split over the batch axes where B divides."""
+        return sharding_lib.place_global(batch, self.mesh, sharding_lib.make_rules(self.config.mesh.rules))
+
     def score_fn(self, x: jax.Array, sigma: jax.Array) -> jax.Array:
         """The log-score of the model: (x int32[B, L], sigma float[B]) -> float32[B, L, D]."""
         return params_score_fn(self.graphdef)((self.params, self.rest), x, sigma)
@@ -372,7 +383,7 @@ class Run:
             (num_samples, self.seq_len), _positive_int("steps", s.steps if steps is None else steps),
             predictor=predictor or s.predictor, eps=s.eps,
             categorical=sampler_options.pop("categorical", s.categorical),
-            score_params=(self.params, self.rest), **sampler_options,
+            score_params=(self.params, self.rest), sharding=self.row_sharding(num_samples), **sampler_options,
         )
         return jax.tree.map(np.asarray, out)
 

@@ -715,11 +715,11 @@ def _denoise(ctx, key, carry, sigma, final):
     jax.jit,
     static_argnames=("score_fn", "graph", "noise", "shape", "sampler", "denoise", "categorical", "final",
                      "return_trajectory", "trajectory_every", "temperature", "top_p", "corrector_steps",
-                     "cache", "options", "axis_name"),
+                     "cache", "options", "axis_name", "sharding"),
 )
 def _sample_loop(key, times, fixed_mask, fixed_tokens, score_params, *, score_fn, graph, noise, shape,
                  sampler, denoise, categorical, final, return_trajectory, trajectory_every, temperature,
-                 top_p, corrector_steps, cache, options, axis_name):
+                 top_p, corrector_steps, cache, options, axis_name, sharding):
     """The whole sampler as one compiled program (see ``sample``).
 
     jit caches one executable per value of the static arguments, so repeated
@@ -734,6 +734,8 @@ def _sample_loop(key, times, fixed_mask, fixed_tokens, score_params, *, score_fn
     ctx = Context(score_fn, graph, noise, categorical, temperature, top_p, cache, dict(options), steps, axis_name)
 
     def clamp(x):
+        if sharding is not None:  # the rows stay split over the devices, and with them the network's work
+            x = jax.lax.with_sharding_constraint(x, sharding)
         if fixed_mask is None:
             return x
         return jnp.where(fixed_mask, fixed_tokens, x)
@@ -845,6 +847,7 @@ def sample(
     max_length: int | None = None,
     block_length: int | None = None,
     axis_name: Any = None,
+    sharding: Any = None,
     **sampler_options,
 ):
     r"""Draw sequences from the reverse diffusion, Sec. 4 of Lou et al. 2024.
@@ -906,6 +909,12 @@ def sample(
         then skipped only when no row of the mapped batch needs it, so the
         call stays one batched call on unbatched weights; "nfe" counts the
         calls of the mapped batch, "nfe_per_sample" those each row needed.
+      sharding: optional ``jax.sharding.Sharding`` of the (B, L) state, kept
+        after every step: with the rows split over a mesh's data axis each
+        device samples its own rows (``sedd.runs.Run.sample`` passes it);
+        None leaves the placement to XLA, which with weights replicated over
+        several devices has each device compute every row. The draws do not
+        depend on it.
       **sampler_options: the sampler's own options: ``order`` (confidence),
         ``max_entropy`` (entropy_bound), ``schedule``, ``eta``, ``t_on``,
         ``t_off``, ``alpha_on`` (remdm); see each sampler's class.
@@ -995,7 +1004,8 @@ def sample(
         _sample_loop, times=times, score_params=score_params, score_fn=score_fn, graph=graph, noise=noise,
         shape=shape, sampler=sampler, denoise=bool(denoise), categorical=categorical, final=final,
         return_trajectory=bool(return_trajectory), trajectory_every=trajectory_every, temperature=temperature,
-        top_p=top_p, corrector_steps=corrector_steps, cache=cache, options=options, axis_name=axis_name)
+        top_p=top_p, corrector_steps=corrector_steps, cache=cache, options=options, axis_name=axis_name,
+        sharding=sharding)
     if out_shape != shape:
         x, stats = _sample_blocks(key, loop, shape, max_length, block_length, fixed_mask, fixed_tokens)
         return (x, stats) if return_stats else x

@@ -80,6 +80,41 @@ def test_train_reads_the_mesh_and_rejects_one_that_does_not_fit(tmp_path):
     assert not (tmp_path / "run").exists()  # failed before touching the run directory
 
 
+def test_auto_cpu_devices_divide_the_batch_within_the_cores():
+    assert sharding.auto_cpu_devices(32, 2) == 2
+    assert sharding.auto_cpu_devices(32, 6) == 4
+    assert sharding.auto_cpu_devices(30, 16) == 6  # at most MAX_AUTO_CPU_DEVICES = 8
+    assert sharding.auto_cpu_devices(7, 4) == 1
+    assert sharding.auto_cpu_devices(32, 1) == 1
+
+
+def test_split_cpu_acts_only_before_any_device_is_used(tmp_path):
+    """A fresh process gets the devices asked for; one whose devices exist (this one), or whose
+    XLA_FLAGS chose a count, is left as it is; a negative count is refused."""
+    config = config_lib.load_config("tiny")
+    jax.devices()
+    config.mesh.cpu_devices = 3
+    assert sharding.split_cpu(config) == 0 and jax.device_count() == len(jax.devices())
+    config.mesh.cpu_devices = -1
+    with pytest.raises(ValueError, match="mesh.cpu_devices"):
+        sharding.split_cpu(config)
+    code = """
+    import json, sys, jax
+    from sedd import config as C, sharding as S
+    c = C.load_config("tiny")
+    c.mesh.cpu_devices = int(sys.argv[1])
+    n = S.split_cpu(c)
+    print("RESULT " + json.dumps({"set": n, "devices": jax.device_count()}))
+    """
+    assert _python(code, 4, tmp_path, "3") == {"set": 0, "devices": 4}  # XLA_FLAGS chose 4
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), "3"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _result(proc.stdout) == {"set": 3, "devices": 3}
+
+
 def test_distributed_is_a_no_op_for_a_single_process(monkeypatch):
     for v in ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri", "TPU_WORKER_HOSTNAMES"):
         monkeypatch.delenv(v, raising=False)
@@ -94,7 +129,7 @@ _MESHES = """
 import json, tempfile
 import jax, numpy as np
 import orbax.checkpoint as ocp
-from sedd import config as C, runs, sharding as S, train as T
+from sedd import config as C, runs, sampling, sharding as S, train as T
 
 cfg = C.load_config("tiny")
 cfg.vocab_size = 65  # D = 66: divides by 2, not by 8 (the replication fallback)
@@ -122,10 +157,13 @@ for shape in [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 1, 8)]:
         "step": str(st["step"].sharding.spec),
         "batch": str(tr.shard_batch(batches[0]).sharding.spec),
     }
-    if shape in [(1, 1, 1), (2, 2, 2)]:  # evaluation and sampling on sharded parameters
+    if shape in [(1, 1, 1), (8, 1, 1), (2, 2, 2)]:  # evaluation and sampling on sharded parameters
         out["eval"][name] = float(tr.loss_step(st["ema"], batches[0], jax.random.key(0)).sum())
         run = runs.from_parts(cfg, None, tr.graphdef, st["ema"], tr.rest, mesh=mesh)
         out["samples"][name] = run.sample(jax.random.key(1), 8, steps=2).tolist()
+        x = sampling.sample(jax.random.key(1), runs.params_score_fn(tr.graphdef), run.graph, run.noise, (8, 32), 2,
+                            score_params=(run.params, run.rest), sharding=run.row_sharding(8))
+        out["specs"][name]["samples"] = str(x.sharding.spec)
     trainers[shape], states[shape] = tr, st
 
 # A checkpoint written on the 2 x 2 x 2 mesh, restored onto 1 x 1 x 8 and onto one device.
@@ -160,7 +198,8 @@ def test_every_mesh_gives_the_one_device_losses(meshes):
     assert ref[1] < ref[0]  # it trains
     for name, losses in meshes["losses"].items():
         np.testing.assert_allclose(losses, ref, rtol=2e-6, err_msg=name)
-    np.testing.assert_allclose(meshes["eval"]["2x2x2"], meshes["eval"]["1x1x1"], rtol=2e-6)
+    for name in ("8x1x1", "2x2x2"):
+        np.testing.assert_allclose(meshes["eval"][name], meshes["eval"]["1x1x1"], rtol=2e-6)
 
 
 def test_parameters_are_sharded_as_the_rules_say(meshes):
@@ -182,9 +221,13 @@ def test_parameters_are_sharded_as_the_rules_say(meshes):
 
 
 def test_sampling_runs_sharded_and_matches_one_device(meshes):
-    a, b = np.asarray(meshes["samples"]["1x1x1"]), np.asarray(meshes["samples"]["2x2x2"])
+    a = np.asarray(meshes["samples"]["1x1x1"])
     assert a.shape == (8, 32)
-    assert (a == b).mean() > 0.99  # a float rounding may flip a rare categorical draw
+    for name in ("8x1x1", "2x2x2"):
+        assert (a == np.asarray(meshes["samples"][name])).mean() > 0.99  # rounding may flip a rare draw
+    # Run.sample's rows stay split over the batch axes: each device samples its own rows.
+    assert meshes["specs"]["8x1x1"]["samples"] in ("P('data',)", "P(('data', 'fsdp'),)")  # fsdp has size 1
+    assert meshes["specs"]["2x2x2"]["samples"] == "P(('data', 'fsdp'),)"
 
 
 def test_checkpoint_restores_onto_another_mesh(meshes):

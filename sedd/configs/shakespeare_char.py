@@ -91,6 +91,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.mesh.rules = ()
     c.mesh.distributed = "auto"  # jax.distributed: "auto" (when the environment is a multi-process job), "on", "off"
     c.mesh.coordinator_address = ""  # host:port of process 0; "" = detected by jax (SLURM, MPI, TPU, env)
+    c.mesh.cpu_devices = 0  # sedd train on a CPU: this many devices (0 = auto: one a core; sedd.sharding.split_cpu)
     c.mesh.num_processes = 0  # processes in the job; 0 = detected by jax
     c.mesh.process_id = -1  # this process's index; -1 = detected by jax
     return c
