@@ -67,6 +67,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-steps", type=int, default=64)
     p.add_argument("--sample-repeats", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cpu-devices", type=int, default=0, help="sedd's mesh.cpu_devices: 0 = auto, as `sedd train` "
+                   "(one device a core); 1 = one device")
     p.add_argument("--json", default="", help="also write the figures here")
     return p
 
@@ -103,12 +105,16 @@ class Ours:
         import jax
         import numpy as np
 
-        from sedd import runs, sampling
+        from sedd import runs, sampling, sharding
         from sedd.train import Trainer
 
         self.jax, self.np, self.sampling, self.args = jax, np, sampling, args
         self.config = config = ours_config(args)
+        sharding.split_cpu(config)  # as `sedd train` does, before anything touches a device
+        self.devices = jax.device_count()
         self.trainer = Trainer(config)
+        mesh = self.trainer.mesh
+        self.rows = sharding.batch_sharding(mesh) if args.batch % sharding.batch_divisor(mesh) == 0 else None
         self.state = self.trainer.init_state()
         self.rng = np.random.default_rng(args.seed)
         self.score_fn = runs.params_score_fn(self.trainer.graphdef)  # one object: sample compiles once
@@ -141,7 +147,7 @@ class Ours:
             return self.sampling.sample(
                 key, self.score_fn, self.trainer.graph, self.trainer.noise, (args.batch, args.length),
                 args.sample_steps, predictor="analytic", denoise=True, eps=c.sampling.eps,
-                score_params=(self.state["params"], self.trainer.rest), return_stats=True)
+                score_params=(self.state["params"], self.trainer.rest), return_stats=True, sharding=self.rows)
 
         if self.nfe is None:  # compile
             jax.block_until_ready(once(jax.random.key(args.seed)))
@@ -172,6 +178,7 @@ def ours_config(args):
     c.optim.update(lr=3e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, warmup=2500,
                    schedule="constant", grad_clip=1.0)
     c.sampling.update(predictor="analytic", steps=args.sample_steps, eps=1e-5)
+    c.mesh.cpu_devices = args.cpu_devices
     return c
 
 
@@ -218,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python " + shlex.join([os.path.relpath(__file__, ROOT), *(argv if argv is not None else sys.argv[1:])])
     m = machine()
     print(f"\nH {args.hidden}, {args.blocks} blocks, {args.heads} heads, cond {args.cond_dim}, vocabulary "
-          f"{args.vocab}, L {args.length}, B {args.batch}, dropout {args.dropout}, {args.threads} threads; "
+          f"{args.vocab}, L {args.length}, B {args.batch}, dropout {args.dropout}, {args.threads} threads "
+          f"(sedd on {ours.devices} CPU device(s)); "
           f"medians of {args.rounds} interleaved rounds (ratios: median of per-round ratios); sedd's sampler "
           f"made {ours.nfe} network calls; load average {m['load_average_1_5_15min']}")
     print(table)
@@ -227,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(
             {"args": vars(args), "command": command, "rounds": rounds, "train_speedup": train_ratio,
              "fastest_step_speedup": best_ratio, "sample_speedup": sample_ratio, "nfe_ours": ours.nfe,
+             "devices_ours": ours.devices,
              "machine": m, "table": table}, indent=1))
     return 0
 
