@@ -1,8 +1,10 @@
 """The default: a character-level model of the embedded Shakespeare plays.
 
-Sized to train on 2 CPU cores in about 10 minutes (1,200 steps of 32 x 128
-characters, 1.05M parameters): the validation bound falls to ~3.0 bits/char,
-against 4.81 for the unigram law, and samples are word-like pseudo-verse.
+Sized to train on 2 CPU cores in about 9 minutes (1,500 steps of 32 x 128
+characters, 1.05M parameters, `sedd train` running one device a core): the
+validation bound falls to ~3.0 bits/char, against 4.81 for the unigram law,
+and samples are word-like pseudo-verse. docs/default_run.md has the study
+behind these settings.
 """
 
 import ml_collections
@@ -52,14 +54,14 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.training = ml_collections.ConfigDict()
     c.training.batch_size = 32  # global batch, summed over all devices and hosts
-    c.training.n_iters = 1200  # batches to train on
+    c.training.n_iters = 1500  # batches to train on
     c.training.accum_steps = 1  # batches per optimizer update (optax.MultiSteps)
     c.training.sampling_eps = 1e-3  # t ~ U[sampling_eps, 1]
     c.training.low_discrepancy = False  # stratified t over the batch (VDM/MD4); off as in SEDD
     c.training.ema = 0.995  # EMA decay cap; decay = min(ema, (1 + n) / (10 + n))
     c.training.log_every = 50  # steps between metrics.jsonl lines
-    c.training.eval_every = 400  # steps between validation bounds and samples
-    c.training.ckpt_every = 400  # steps between checkpoints
+    c.training.eval_every = 500  # steps between validation bounds and samples
+    c.training.ckpt_every = 500  # steps between checkpoints
     c.training.max_to_keep = 2  # checkpoints kept (the newest)
     c.training.keep_period = 0  # also keep every step divisible by this (0 = none)
     c.training.eval_batches = 8  # validation batches per evaluation
