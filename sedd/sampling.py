@@ -157,22 +157,24 @@ class Context:
         x = carry["x"]
         sigma = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32), x.shape[:1])  # (B,)
         need = self.pending(x)  # (B,)
-        call = lambda _: self.score_fn(x, sigma).astype(jnp.float32)  # noqa: E731
         if self.cache:
             cached_x, cached = carry["cache"]
             need = need & jnp.any(x != cached_x, axis=-1)
+        called = self.any(need)  # ()
+        call = lambda _: self.score_fn(x, sigma).astype(jnp.float32)  # noqa: E731
+        if self.cache:
             offset = log_expm1(sigma)[:, None, None]  # (B, 1, 1)
             cached_x, cached = jax.lax.cond(
-                self.any(need), lambda _: (x, call(None) + offset), lambda _: (cached_x, cached), None)
+                called, lambda _: (x, call(None) + offset), lambda _: (cached_x, cached), None)
             here = jax.nn.one_hot(x, self.graph.dim, dtype=bool)
             log_score = jnp.where(here, 0.0, cached - offset)  # (B, L, D)
             carry = dict(carry, cache=(cached_x, cached))
         elif self.graph.absorb:
             zeros = lambda _: jnp.zeros(x.shape + (self.graph.dim,), jnp.float32)  # noqa: E731
-            log_score = jax.lax.cond(self.any(need), call, zeros, None)
+            log_score = jax.lax.cond(called, call, zeros, None)
         else:
             log_score = call(None)
-        return log_score, dict(carry, nfe=carry["nfe"] + self.any(need).astype(jnp.int32),
+        return log_score, dict(carry, nfe=carry["nfe"] + called.astype(jnp.int32),
                                nfe_row=carry["nfe_row"] + need.astype(jnp.int32))
 
     def denoiser(self, logits: jax.Array) -> jax.Array:
