@@ -5,6 +5,7 @@ these are the fast, deterministic cases.
 """
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -117,10 +118,13 @@ def test_a_really_full_disk_during_a_save(data_dir, tmp_path, monkeypatch):
         pytest.skip("mounting a tmpfs needs root")
     try:
         monkeypatch.setattr(train_lib.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 0, 10**9))
-        with pytest.raises(RuntimeError, match=r"the disk is full \(no space left on device\)\. .* newest is step 2"):
+        with pytest.raises(RuntimeError, match=r"the disk is full \(no space left on device\)\. .* newest is step (\d)") as e:
             train_lib.train(tiny(data_dir, **{"training.n_iters": 6, "training.ckpt_every": 2}), disk / "run",
                             quiet=True)
-        assert runs.load(disk / "run").step == 2  # the previous checkpoint reads whole
+        # Where 1200k fills up (at step 4's save or step 6's) depends on how well orbax compresses the
+        # weights; the error names the newest checkpoint on disk, and that one reads whole.
+        newest = int(re.search(r"newest is step (\d)", str(e.value)).group(1))
+        assert newest in (2, 4) and runs.load(disk / "run").step == newest
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
 
