@@ -337,10 +337,7 @@ class Run:
 
     def row_sharding(self, rows: int) -> jax.sharding.Sharding | None:
         """How B = rows sequences split over the mesh's batch axes; None when B does not divide."""
-        rules = sharding_lib.make_rules(self.config.mesh.rules)
-        if rows % sharding_lib.batch_divisor(self.mesh, rules):
-            return None
-        return sharding_lib.batch_sharding(self.mesh, rules)
+        return sharding_lib.rows_sharding(rows, self.mesh, sharding_lib.make_rules(self.config.mesh.rules))
 
     def place_rows(self, batch) -> jax.Array:
         """A [B, ...] batch on the mesh, its rows split over the batch axes where B divides."""

@@ -235,6 +235,11 @@ def shard_batch(local_batch, mesh: Mesh, rules=None) -> jax.Array:
     return jax.make_array_from_process_local_data(batch_sharding(mesh, rules), local_batch)
 
 
+def rows_sharding(rows: int, mesh: Mesh, rules=None) -> NamedSharding | None:
+    """``batch_sharding`` for a [rows, ...] array, or None when rows does not divide by the batch shards."""
+    return None if rows % batch_divisor(mesh, rules) else batch_sharding(mesh, rules)
+
+
 def place_global(batch, mesh: Mesh, rules=None) -> jax.Array:
     """A [B, ...] array that every process holds in full (evaluation batches), split over the batch axes.
 
@@ -243,8 +248,7 @@ def place_global(batch, mesh: Mesh, rules=None) -> jax.Array:
     if isinstance(batch, jax.Array) and not batch.is_fully_addressable:
         return batch  # already a global array
     batch = np.asarray(batch)
-    n = batch_divisor(mesh, rules)
-    sharding = batch_sharding(mesh, rules) if batch.ndim and batch.shape[0] % n == 0 else replicated(mesh)
+    sharding = (rows_sharding(batch.shape[0], mesh, rules) if batch.ndim else None) or replicated(mesh)
     return jax.make_array_from_process_local_data(sharding, batch, batch.shape)
 
 

@@ -113,8 +113,7 @@ class Ours:
         sharding.split_cpu(config)  # as `sedd train` does, before anything touches a device
         self.devices = jax.device_count()
         self.trainer = Trainer(config)
-        mesh = self.trainer.mesh
-        self.rows = sharding.batch_sharding(mesh) if args.batch % sharding.batch_divisor(mesh) == 0 else None
+        self.rows = sharding.rows_sharding(args.batch, self.trainer.mesh)
         self.state = self.trainer.init_state()
         self.rng = np.random.default_rng(args.seed)
         self.score_fn = runs.params_score_fn(self.trainer.graphdef)  # one object: sample compiles once
