@@ -23,9 +23,14 @@ Shape letters used throughout this module:
   V, V for the uniform graph; V next-token logits for the autoregressive baseline).
 
 Precision: parameters are always float32. `dtype` is the compute dtype of the
-matmuls and attention (bfloat16 on accelerators); LayerNorm, the adaLN
-modulation, the residual stream and the returned log-score stay float32, as in
-the original's autocast set-up. The sigma embedding is float32 throughout.
+matmuls and attention; LayerNorm, the adaLN modulation, the residual stream
+and the returned log-score stay float32, as in the original's autocast set-up.
+The sigma embedding is float32 throughout. Below float32 (bfloat16), every
+product multiplies in `dtype` and accumulates and returns float32, in the
+backward pass too (`mixed_einsum`): that runs at twice float32's rate on GPUs
+and on CPUs with bfloat16 dot instructions (AVX512-BF16, as on this project's
+machines), where a bfloat16 product returned in bfloat16 runs no faster than
+float32.
 
 Decoding: a causal model can run one chunk of positions at a time against a
 key/value cache kept in each block (`init_cache`, then `network_output(...,
@@ -48,6 +53,7 @@ axes). Eager sharding is off, so the model builds with no mesh set:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -86,6 +92,118 @@ _zeros = nnx.initializers.zeros_init()
 _ones = nnx.initializers.ones_init()
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def mixed_einsum(spec: str, a: Array, b: Array, dtype: Any) -> Array:
+    """`jnp.einsum(spec, a, b)` multiplied in `dtype`, accumulated and returned in float32.
+
+    Mixed precision as autocast does it, both ways: the forward casts the
+    operands to `dtype`; the backward casts the float32 cotangent to `dtype`
+    too and multiplies in it, accumulating in float32, and returns each
+    operand's gradient in that operand's own dtype (a float32 weight gets a
+    float32 gradient, not one rounded to `dtype`). Left to itself, JAX's
+    transpose would multiply the float32 cotangent by the bfloat16 operand in
+    float32, at half the rate on CPUs with bfloat16 dot instructions (this
+    project's AVX512-BF16 machines) and on GPUs. Every index of `a` must appear
+    in `b` or in the output, as in a Linear layer and in attention.
+    """
+    return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _mixed_einsum_fwd(spec, a, b, dtype):
+    a_low, b_low = a.astype(dtype), b.astype(dtype)
+    out = jnp.einsum(spec, a_low, b_low, preferred_element_type=jnp.float32)
+    # Zero-size arrays carry the operands' dtypes to the backward pass.
+    return out, (a_low, b_low, jnp.zeros(0, a.dtype), jnp.zeros(0, b.dtype))
+
+
+def _mixed_einsum_bwd(spec, dtype, res, g):
+    a_low, b_low, a_like, b_like = res
+    ins, out = spec.split("->")
+    sa, sb = ins.split(",")
+    g = g.astype(dtype)
+    da = jnp.einsum(f"{out},{sb}->{sa}", g, b_low, preferred_element_type=jnp.float32)
+    db = jnp.einsum(f"{sa},{out}->{sb}", a_low, g, preferred_element_type=jnp.float32)
+    return da.astype(a_like.dtype), db.astype(b_like.dtype)
+
+
+mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
+
+
+def mixed_attention(q: Array, k: Array, v: Array, causal: bool, dtype: Any) -> Array:
+    """Softmax attention with both products in `dtype` (`mixed_einsum`), the softmax in float32.
+
+    `jax.nn.dot_product_attention`'s XLA path with the same inputs, except that
+    the value product accumulates and returns float32 and both products'
+    gradients multiply in `dtype` too.
+
+    Args:
+      q, k, v: [B, L, N, K].
+      causal: mask the future.
+      dtype: the products' dtype.
+    Returns:
+      float32[B, L, N, K].
+    """
+    # Head-major operands: XLA's CPU runtime multiplies bfloat16 into float32
+    # only when the batch axes lead (other layouts fail in its DotThunk).
+    q, k, v = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))  # (B, N, L, K)
+    logits = mixed_einsum("bnqk,bnsk->bnqs", q / math.sqrt(q.shape[-1]), k, dtype)  # (B, N, L, L)
+    if causal:
+        l = q.shape[2]
+        logits = jnp.where(jnp.tril(jnp.ones((l, l), bool)), logits, -jnp.inf)
+    att = _softmax_values(logits, v, dtype)  # (B, N, L, K)
+    return jnp.swapaxes(att, 1, 2)  # (B, L, N, K)
+
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _softmax_values(logits: Array, v: Array, dtype: Any) -> Array:
+    """softmax(logits) @ v, normalised after the product; float32[B, N, L, K].
+
+    With W = exp(logits - max) and S its row sums, the output is (W v) / S:
+    the division runs over (B, N, L, K), not over the L x L weights, and the
+    product multiplies W and v in `dtype`. The backward pass is softmax's, in
+    the same order: with g = dO / S and R = g v^T (a `dtype` product),
+    dlogits = W R - (W / S) rowsum(W R), where W is the rounded W of the
+    forward product, so the two terms cancel as exactly as softmax's own.
+    """
+    return _softmax_values_fwd(logits, v, dtype)[0]
+
+
+def _softmax_values_fwd(logits, v, dtype):
+    w = jnp.exp(logits - logits.max(axis=-1, keepdims=True))  # (B, N, L, L)
+    total = w.sum(axis=-1, keepdims=True)  # (B, N, L, 1)
+    w_low, v_low = w.astype(dtype), v.astype(dtype)
+    out = jnp.einsum("bnqs,bnsk->bnqk", w_low, v_low, preferred_element_type=jnp.float32) / total
+    return out, (w_low, v_low, total, jnp.zeros(0, v.dtype))
+
+
+def _softmax_values_bwd(dtype, res, d_out):
+    w_low, v_low, total, v_like = res
+    g = (d_out / total).astype(dtype)  # (B, N, L, K)
+    d_v = jnp.einsum("bnqs,bnqk->bnsk", w_low, g, preferred_element_type=jnp.float32)  # (B, N, L, K)
+    wr = w_low.astype(jnp.float32) * jnp.einsum("bnqk,bnsk->bnqs", g, v_low, preferred_element_type=jnp.float32)
+    d_logits = wr - w_low.astype(jnp.float32) / total * wr.sum(axis=-1, keepdims=True)  # (B, N, L, L)
+    return d_logits, d_v.astype(v_like.dtype)
+
+
+_softmax_values.defvjp(_softmax_values_fwd, _softmax_values_bwd)
+
+class _MixedDot:
+    """nnx.Linear's `dot_general` (with its `promote_dtype` a no-op): `mixed_einsum` over the last axis."""
+
+    def __init__(self, dtype: Any):
+        self.dtype = dtype
+
+    def __call__(self, lhs, rhs, dimension_numbers, precision=None, **unused):
+        assert dimension_numbers == (((lhs.ndim - 1,), (0,)), ((), ())), dimension_numbers
+        return mixed_einsum("...i,io->...o", lhs, rhs, self.dtype)
+
+
+def _no_promotion(arrays, dtype=None, inexact=True):
+    """nnx.Linear's `promote_dtype` for `_MixedDot`, which casts inside its own gradient rule."""
+    return arrays
+
+
 def _linear(
     n_in: int,
     n_out: int,
@@ -103,6 +221,8 @@ def _linear(
         use_bias=use_bias,
         dtype=dtype,
         param_dtype=jnp.float32,
+        # Below float32: multiply in dtype, accumulate and return float32 (mixed_einsum).
+        **({} if jnp.dtype(dtype) == jnp.float32 else {"dot_general": _MixedDot(dtype), "promote_dtype": _no_promotion}),
         kernel_init=_part(_zeros if zero else _torch_like, names),
         bias_init=_part(_zeros, (names[1],)),
         rngs=rngs,
@@ -297,12 +417,14 @@ class DDiTBlock(nnx.Module):
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # (B, L, N, K) each
         start = self._cache_start(b) if decode else 0
         pos = start + jnp.arange(l)  # (L,)
-        q = apply_rotary(q, pos).astype(self.dtype)  # (B, L, N, K)
-        k = apply_rotary(k, pos).astype(self.dtype)  # (B, L, N, K)
+        q = apply_rotary(q, pos)  # (B, L, N, K)
+        k = apply_rotary(k, pos)  # (B, L, N, K)
         if decode:
-            att = self._attend_cache(q, k, v, pos)  # (B, L, N, K)
-        else:
+            att = self._attend_cache(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype), pos)
+        elif jnp.dtype(self.dtype) == jnp.float32:
             att = jax.nn.dot_product_attention(q, k, v, is_causal=self.causal)  # (B, L, N, K)
+        else:
+            att = mixed_attention(q, k, v, self.causal, self.dtype)  # (B, L, N, K), float32
         att = self.attn_out(att.reshape(b, l, h))  # (B, L, H)
         att = self.dropout1(att, deterministic=deterministic, rngs=rngs).astype(jnp.float32)
         x = x + gate_a[:, None, :] * att  # (B, L, H)

@@ -61,6 +61,38 @@ def build_noise(config):
     return noise_lib.get_noise(n.type, **kwargs.get(n.type, {}))
 
 
+COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
+
+
+@functools.cache
+def cpu_has_bfloat16_dots() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (x86 AVX512-BF16 or AMX-BF16, read off /proc/cpuinfo)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def compute_dtype(name: str) -> jnp.dtype:
+    """`model.dtype` as a dtype; "auto" is bfloat16 where its products run fast, else float32.
+
+    Fast means a GPU or TPU, or a CPU with bfloat16 dot instructions, where
+    the model's bfloat16 products (float32 accumulation, `sedd.model.mixed_einsum`)
+    run at about twice float32's rate: 1.3-1.5x the default config's train
+    steps per second on this project's 2-core machines, at the same bound
+    (docs/default_run.md). Elsewhere bfloat16 would be converted in software,
+    so "auto" keeps float32. Parameters are float32 either way, so a run
+    trained in one dtype loads and samples in the other.
+    """
+    if name not in COMPUTE_DTYPES:
+        raise ValueError(f"model.dtype={name!r}: expected one of {', '.join(COMPUTE_DTYPES)}")
+    if name == "auto":
+        fast = jax.default_backend() != "cpu" or cpu_has_bfloat16_dots()
+        name = "bfloat16" if fast else "float32"
+    return jnp.dtype(name)
+
+
 def build_model(config, seed: int = 0) -> DDiT:
     """The network of ``config.model`` for config.vocab_size = V tokens.
 
@@ -99,7 +131,7 @@ def build_model(config, seed: int = 0) -> DDiT:
         causal=ar_model,
         time_conditioning=time_conditioning and not ar_model,
         normalize=m.get("normalize", False) and not ar_model,
-        dtype=jnp.dtype(m.dtype),
+        dtype=compute_dtype(m.dtype),
         rngs=nnx.Rngs(params=seed, dropout=seed + 1),
     )
 
@@ -122,10 +154,11 @@ def read_config(workdir: str | Path) -> ml_collections.ConfigDict:
 MAY_CHANGE_ON_RESUME = (
     "training.n_iters", "training.log_every", "training.eval_every", "training.ckpt_every",
     "training.max_to_keep", "training.keep_period", "training.eval_batches", "training.eval_samples",
-    "sampling.*", "mesh.*", "data.data_dir",
+    "sampling.*", "mesh.*", "data.data_dir", "model.dtype",
 )
 """Config keys a resumed run may change: when and what it logs, evaluates and saves, how long it
-runs, the mesh it runs on, where the prepared data lives. Any other key (the model, the
+runs, the mesh it runs on and its compute precision (parameters are float32 in any), where the
+prepared data lives. Any other key (the model, the
 graph, the noise, the data, the optimizer, the batch, the seed) is part of what was trained."""
 
 

@@ -162,7 +162,7 @@ def test_resume_refuses_a_changed_config_naming_the_keys_but_allows_what_may_cha
     (tmp_path / runs.CONFIG).write_text(config_lib.to_json(config))
     runs.check_compatible(tmp_path, config_lib.load_config("tiny", [
         "--config.training.n_iters=99", "--config.training.ckpt_every=3", "--config.sampling.steps=7",
-        "--config.mesh.data=1", f"--config.data.data_dir={tmp_path}"]))
+        "--config.mesh.data=1", f"--config.data.data_dir={tmp_path}", "--config.model.dtype=bfloat16"]))
     changed = config_lib.load_config("tiny", ["--config.optim.lr=0.1", "--config.data.seq_len=16"])
     with pytest.raises(ValueError) as e:
         runs.check_compatible(tmp_path, changed)

@@ -164,6 +164,67 @@ def test_bfloat16_compute():
     assert float(jnp.abs(out - ref).max()) < 0.1 * float(jnp.abs(ref).max())
 
 
+
+@pytest.mark.parametrize("spec, a_shape, b_shape", [
+    ("...i,io->...o", (2, 3, 8), (8, 5)),  # a Linear layer
+    ("bnqk,bnsk->bnqs", (2, 2, 4, 8), (2, 2, 4, 8)),  # attention logits
+    ("bnqs,bnsk->bnqk", (2, 2, 4, 4), (2, 2, 4, 8)),  # attention values
+])
+def test_mixed_einsum_is_einsum_to_bfloat16_rounding(spec, a_shape, b_shape):
+    ka, kb, kg = jax.random.split(jax.random.key(0), 3)
+    a, b = jax.random.normal(ka, a_shape), jax.random.normal(kb, b_shape)
+    w = jax.random.normal(kg, jnp.einsum(spec, a, b).shape)  # a fixed cotangent
+
+    def loss(f):
+        return lambda a, b: jnp.sum(w * f(a, b))
+
+    exact = jax.value_and_grad(loss(lambda a, b: jnp.einsum(spec, a, b, precision="highest")), (0, 1))(a, b)
+    mixed = jax.jit(jax.value_and_grad(loss(lambda a, b: M.mixed_einsum(spec, a, b, jnp.bfloat16)), (0, 1)))(a, b)
+    # float32 in, float32 out, and float32 gradients for float32 operands.
+    assert mixed[0].dtype == jnp.float32 and all(g.dtype == jnp.float32 for g in mixed[1])
+    for got, want in zip(jax.tree.leaves(mixed), jax.tree.leaves(exact)):
+        # bfloat16 keeps 8 significant bits: relative rounding 2^-8 per operand.
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.03 * float(jnp.abs(want).max()))
+        assert not np.array_equal(np.asarray(got), np.asarray(want))  # it did round
+    # In float32 it is einsum itself, gradients included.
+    f32 = jax.value_and_grad(loss(lambda a, b: M.mixed_einsum(spec, a, b, jnp.float32)), (0, 1))(a, b)
+    for got, want in zip(jax.tree.leaves(f32), jax.tree.leaves(exact)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_mixed_attention_is_dot_product_attention(causal):
+    q, k, v = jax.random.normal(jax.random.key(1), (3, 2, 5, 2, 8))  # (B, L, N, K) each
+    want = jax.nn.dot_product_attention(q, k, v, is_causal=causal)
+    got = M.mixed_attention(q, k, v, causal, jnp.float32)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    # Its own backward pass (softmax normalised after the value product) is softmax's.
+    w = jax.random.normal(jax.random.key(2), want.shape)
+    grads = [jax.grad(lambda q, k, v: jnp.sum(w * f(q, k, v)), (0, 1, 2))(q, k, v) for f in (
+        lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal),
+        lambda q, k, v: M.mixed_attention(q, k, v, causal, jnp.float32))]
+    for a, b in zip(*grads):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
+    low = jax.jit(M.mixed_attention, static_argnums=(3, 4))(q, k, v, causal, jnp.bfloat16)
+    assert low.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(low), np.asarray(want), atol=0.05)
+
+
+def test_bfloat16_gradients_track_float32():
+    """The whole network's parameter gradients in bfloat16 point where float32's do."""
+    m16, m32 = perturb(make(dtype=jnp.bfloat16)), perturb(make())
+    x, sig = tokens(0, V + 1), jnp.array([0.3, 2.0])
+
+    def grads(m):
+        graphdef, params, rest = nnx.split(m, nnx.Param, ...)
+        loss = lambda p: jnp.mean(jnp.exp(nnx.merge(graphdef, p, rest)(x, sig)))  # noqa: E731
+        return jax.jit(jax.grad(loss))(params)
+
+    g16, g32 = (jnp.concatenate([g.ravel() for g in jax.tree.leaves(grads(m))]) for m in (m16, m32))
+    assert g16.dtype == jnp.float32
+    cosine = float(g16 @ g32 / (jnp.linalg.norm(g16) * jnp.linalg.norm(g32)))
+    assert cosine > 0.99, cosine
+
 def test_bfloat16_keeps_sigma_map_float32():
     m16 = perturb(make(dtype=jnp.bfloat16))
     m32 = perturb(make())

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -148,6 +149,8 @@ def test_unknown_config_key_and_bad_value():
     assert c.optim.lr == 1.0 and isinstance(c.optim.lr, float) and c.data.path == "1e-3"
     with pytest.raises(FileNotFoundError, match="shipped configs"):
         config_lib.load_config("no_such_config")
+    with pytest.raises(ValueError, match="model.dtype='float16': expected one of auto, float32, bfloat16"):
+        runs.compute_dtype("float16")
 
 
 def test_cli_errors_are_clear(data_dir, tmp_path, capsys):
@@ -233,3 +236,26 @@ def test_adaln_lr_scale_scales_only_the_adaln_kernels_updates():
     config.optim.adaln_lr_scale = 0.0
     with pytest.raises(ValueError, match="adaln_lr_scale must be > 0"):
         train_lib.build_optimizer(config)
+
+
+def test_bfloat16_run_trains_evaluates_samples_and_serves(data_dir, tmp_path):
+    """model.dtype "auto" where it is bfloat16 (the default on bfloat16 CPUs and accelerators), end to end."""
+    if runs.compute_dtype("auto") != jnp.bfloat16:
+        pytest.skip("model.dtype 'auto' is float32 on this machine (no bfloat16 dot instructions)")
+    from sedd import serve
+
+    c = tiny(data_dir, **{"model.dtype": "auto", "training.n_iters": 2, "training.eval_every": 2,
+                          "training.ckpt_every": 2})
+    result = train_lib.train(c, tmp_path / "run", quiet=True)
+    assert np.isfinite(result["bound"]["bits_per_char"]) and result["bound"]["bits_per_char"] > 0
+    run = runs.load(tmp_path / "run")
+    assert run.model.dtype == jnp.bfloat16 and runs.read_config(tmp_path / "run").model.dtype == "auto"
+    x = run.sample(jax.random.key(0), 2, steps=4)
+    assert x.shape == (2, c.data.seq_len) and int(x.max()) < run.config.vocab_size
+    # The server's rows, vmapped over the batch with a reduced skip predicate.
+    length = c.data.seq_len
+    ids, nfe = serve._sample_rows(
+        (run.params, run.rest), jnp.zeros(3, jnp.uint32), jnp.arange(3, dtype=jnp.uint32),
+        jnp.zeros((3, length), bool), jnp.zeros((3, length), jnp.int32), graphdef=run.graphdef, graph=run.graph,
+        noise=run.noise, steps=4, predictor="analytic", eps=1e-5, categorical="precise", trajectory=False)
+    assert ids.shape == (3, length) and int(ids.max()) < run.config.vocab_size and int(nfe[0]) > 0

@@ -105,10 +105,14 @@ def median(xs: list[float]) -> float:
 
 
 def matmul_fn(n: int = 2048, dtype=jnp.float32) -> tuple[Callable[[], Any], float]:
-    """A jitted n x n x n matmul and its FLOPs (2 n^3): the device's practical peak."""
+    """A jitted n x n x n matmul and its FLOPs (2 n^3): the device's practical peak.
+
+    Accumulated and returned in float32 whatever ``dtype``, as the model's
+    products are (``sedd.model.mixed_einsum``).
+    """
     a = jax.random.normal(jax.random.key(0), (n, n), dtype)
     b = jax.random.normal(jax.random.key(1), (n, n), dtype)
-    f = jax.jit(jnp.matmul)
+    f = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
     return (lambda: f(a, b)), 2.0 * n**3
 
 
@@ -163,7 +167,7 @@ def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = 
         return metrics
 
     # The peak of the model's compute dtype: bfloat16 models against a bfloat16 matmul.
-    mm, mm_flops = matmul_fn(matmul_n, jnp.dtype(config.model.dtype))
+    mm, mm_flops = matmul_fn(matmul_n, runs.compute_dtype(config.model.dtype))
     fns = {"train_step": step, "matmul": mm}
     if profile:
         key = jax.random.key(2)

@@ -69,6 +69,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cpu-devices", type=int, default=0, help="sedd's mesh.cpu_devices: 0 = auto, as `sedd train` "
                    "(one device a core); 1 = one device")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="sedd's model.dtype: auto (as shipped: bfloat16 on a CPU with bfloat16 dot instructions)")
+    p.add_argument("--orig-autocast", action="store_true",
+                   help="run the original under CPU bfloat16 autocast (its own autocast is CUDA-only, so on a "
+                        "CPU it computes in float32 as shipped)")
     p.add_argument("--json", default="", help="also write the figures here")
     return p
 
@@ -78,7 +83,8 @@ def parser() -> argparse.ArgumentParser:
 
 def run_original(args) -> dict:
     """One run of bench_original.py: {train_tokens_per_s, sample_s, step_ms}."""
-    cmd = [args.python, args.bench, "--orig", args.orig, "--threads", str(args.threads),
+    wrapper = [str(HERE / "original_autocast.py")] if args.orig_autocast else []
+    cmd = [args.python, *wrapper, args.bench, "--orig", args.orig, "--threads", str(args.threads),
            "--hidden", str(args.hidden), "--cond-dim", str(args.cond_dim), "--blocks", str(args.blocks),
            "--heads", str(args.heads), "--vocab", str(args.vocab), "--length", str(args.length),
            "--batch", str(args.batch), "--warmup", str(args.warmup), "--steps", str(args.steps),
@@ -168,7 +174,7 @@ def ours_config(args):
     c.vocab_size = args.vocab
     c.seed = args.seed
     c.model.update(hidden_size=args.hidden, n_blocks=args.blocks, n_heads=args.heads, cond_dim=args.cond_dim,
-                   dropout=args.dropout, dtype="float32", scale_by_sigma=True)
+                   dropout=args.dropout, dtype=args.dtype, scale_by_sigma=True)
     c.graph.type, c.noise.type = "absorbing", "loglinear"
     c.data.seq_len = args.length
     c.training.batch_size = args.batch
