@@ -54,7 +54,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.training = ml_collections.ConfigDict()
     c.training.batch_size = 32  # global batch, summed over all devices and hosts
-    c.training.n_iters = 1500  # batches to train on
+    c.training.n_iters = 2000  # batches to train on
     c.training.accum_steps = 1  # batches per optimizer update (optax.MultiSteps)
     c.training.sampling_eps = 1e-3  # t ~ U[sampling_eps, 1]
     c.training.low_discrepancy = False  # stratified t over the batch (VDM/MD4); off as in SEDD
