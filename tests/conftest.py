@@ -1,11 +1,29 @@
 """Fixtures shared by test modules."""
 
+import os
+import shutil
+import tempfile
+
+import jax
 import pytest
 
 from sedd import config as config_lib
 from sedd import train
 
+# One persistent XLA compilation cache for the session, shared with the `sedd`
+# subprocesses the CLI tests start (they inherit the environment): the same
+# tiny programs are compiled by many tests, and on 2 CPU cores compiling is
+# most of a tiny test's time. A fresh folder per session, so nothing is
+# reused across code changes.
+_CACHE = tempfile.mkdtemp(prefix="sedd-test-xla-cache-")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.2"
+jax.config.update("jax_compilation_cache_dir", _CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_CACHE, ignore_errors=True)
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """A `tiny` run trained for 4 steps, checkpoints at steps 2 and 4: (workdir, data_dir).

@@ -196,11 +196,11 @@ def test_mixed_einsum_is_einsum_to_bfloat16_rounding(spec, a_shape, b_shape):
 def test_mixed_attention_is_dot_product_attention(causal):
     q, k, v = jax.random.normal(jax.random.key(1), (3, 2, 5, 2, 8))  # (B, L, N, K) each
     want = jax.nn.dot_product_attention(q, k, v, is_causal=causal)
-    got = M.mixed_attention(q, k, v, causal, jnp.float32)
+    got = jax.jit(M.mixed_attention, static_argnums=(3, 4))(q, k, v, causal, jnp.float32)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
     # Its own backward pass (softmax normalised after the value product) is softmax's.
     w = jax.random.normal(jax.random.key(2), want.shape)
-    grads = [jax.grad(lambda q, k, v: jnp.sum(w * f(q, k, v)), (0, 1, 2))(q, k, v) for f in (
+    grads = [jax.jit(jax.grad(lambda q, k, v: jnp.sum(w * f(q, k, v)), (0, 1, 2)))(q, k, v) for f in (
         lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal),
         lambda q, k, v: M.mixed_attention(q, k, v, causal, jnp.float32))]
     for a, b in zip(*grads):
