@@ -24,6 +24,8 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_CACHE, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """A `tiny` run trained for 4 steps, checkpoints at steps 2 and 4: (workdir, data_dir).
