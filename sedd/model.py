@@ -106,7 +106,7 @@ def mixed_einsum(spec: str, a: Array, b: Array, dtype: Any) -> Array:
     project's AVX512-BF16 machines) and on GPUs. Every index of `a` must appear
     in `b` or in the output, as in a Linear layer and in attention.
     """
-    return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+    return _mixed_einsum_fwd(spec, a, b, dtype)[0]
 
 
 def _mixed_einsum_fwd(spec, a, b, dtype):
@@ -130,11 +130,11 @@ mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
 
 
 def mixed_attention(q: Array, k: Array, v: Array, causal: bool, dtype: Any) -> Array:
-    """Softmax attention with both products in `dtype` (`mixed_einsum`), the softmax in float32.
+    """Softmax attention with both products in `dtype`, accumulated in float32, the softmax in float32.
 
-    `jax.nn.dot_product_attention`'s XLA path with the same inputs, except that
-    the value product accumulates and returns float32 and both products'
-    gradients multiply in `dtype` too.
+    What `jax.nn.dot_product_attention` computes, except that both products
+    (and their gradients) multiply in `dtype` and return float32, and the
+    softmax is normalised after the value product (`_softmax_values`).
 
     Args:
       q, k, v: [B, L, N, K].
@@ -152,7 +152,6 @@ def mixed_attention(q: Array, k: Array, v: Array, causal: bool, dtype: Any) -> A
         logits = jnp.where(jnp.tril(jnp.ones((l, l), bool)), logits, -jnp.inf)
     att = _softmax_values(logits, v, dtype)  # (B, N, L, K)
     return jnp.swapaxes(att, 1, 2)  # (B, L, N, K)
-
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -187,6 +186,7 @@ def _softmax_values_bwd(dtype, res, d_out):
 
 
 _softmax_values.defvjp(_softmax_values_fwd, _softmax_values_bwd)
+
 
 class _MixedDot:
     """nnx.Linear's `dot_general` (with its `promote_dtype` a no-op): `mixed_einsum` over the last axis."""
