@@ -26,7 +26,8 @@ original also gets ``torch.set_num_threads(N)``.
 Set-up once per machine: ../shared/bench-original/README.md. Then
 
     python experiments/benchmarks/vs_original.py --orig /tmp/sedd_orig \
-        --python /tmp/sedd-orig-venv/bin/python [--dropout 0.1] [--rounds 3] [--json PATH]
+        --python /tmp/sedd-orig-venv/bin/python [--dropout 0.1] [--rounds 3] [--json PATH] \
+        [--dtype auto|float32|bfloat16] [--orig-autocast]
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ class Ours:
         self.config = config = ours_config(args)
         sharding.split_cpu(config)  # as `sedd train` does, before anything touches a device
         self.devices = jax.device_count()
+        self.dtype = runs.compute_dtype(config.model.dtype).name
         self.trainer = Trainer(config)
         self.rows = sharding.rows_sharding(args.batch, self.trainer.mesh)
         self.state = self.trainer.init_state()
@@ -231,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     m = machine()
     print(f"\nH {args.hidden}, {args.blocks} blocks, {args.heads} heads, cond {args.cond_dim}, vocabulary "
           f"{args.vocab}, L {args.length}, B {args.batch}, dropout {args.dropout}, {args.threads} threads "
-          f"(sedd on {ours.devices} CPU device(s)); "
+          f"(sedd on {ours.devices} CPU device(s), model.dtype {args.dtype} = {ours.dtype}; the original in "
+          f"{'bfloat16 autocast' if args.orig_autocast else 'float32, as shipped on a CPU'}); "
           f"medians of {args.rounds} interleaved rounds (ratios: median of per-round ratios); sedd's sampler "
           f"made {ours.nfe} network calls; load average {m['load_average_1_5_15min']}")
     print(table)
