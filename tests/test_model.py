@@ -152,6 +152,23 @@ def test_dropout():
     np.testing.assert_array_equal(np.asarray(m(x, sig)), np.asarray(ref))
 
 
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_dropout_layer_rate_and_mean(rate):
+    """The 16-bit mask drops round(rate 2^16) / 2^16 of the elements and keeps the mean (1M draws: 5 s.e.)."""
+    layer = M.Dropout(rate, deterministic=False)
+    x = jnp.full((1024, 1024), 2.0)
+    y = np.asarray(layer(x, rngs=jax.random.key(0)))
+    drop = round(rate * 2**16) / 2**16
+    n = y.size
+    assert abs((y == 0).mean() - drop) < 5 * np.sqrt(drop * (1 - drop) / n)
+    np.testing.assert_allclose(y[y != 0], 2.0 / (1 - drop), rtol=1e-6)
+    assert abs(y.mean() - 2.0) < 5 * 2.0 * np.sqrt(drop / (1 - drop) / n)
+    # independent positions: neighbouring elements' masks are uncorrelated (the 16-bit halves of one word)
+    z = (y == 0).astype(float).reshape(-1)
+    assert abs(np.corrcoef(z[0::2], z[1::2])[0, 1]) < 5 / np.sqrt(n / 2)
+    np.testing.assert_array_equal(np.asarray(layer(x, deterministic=True)), np.asarray(x))
+
+
 def test_bfloat16_compute():
     m16 = perturb(make(dtype=jnp.bfloat16))
     m32 = perturb(make())
