@@ -267,7 +267,7 @@ class Job:
     trajectory: bool  # also return the states along the way (a diffusing request)
     future: concurrent.futures.Future
 
-    @property
+    @functools.cached_property
     def program(self) -> tuple:
         """Jobs with equal programs can run in one batch."""
         return (self.plan.steps, self.plan.sampler, self.trajectory, self.plan.temperature, self.plan.top_p)
@@ -307,6 +307,8 @@ class Engine:
         """Queue a job; its future gets (ids int32[n, L], trajectory int32[n, N + 1, L] or None, info dict)."""
         job = Job(plan, trajectory, concurrent.futures.Future())
         with self.cond:
+            if len(self.pending) >= self.limits.max_queue:  # purge the jobs given up on before refusing
+                self.pending = collections.deque(j for j in self.pending if not j.future.cancelled())
             if len(self.pending) >= self.limits.max_queue:
                 raise Busy(f"the server is busy: {len(self.pending)} requests are waiting "
                            f"(limit {self.limits.max_queue}); retry later")
@@ -322,27 +324,43 @@ class Engine:
             if self.stopping:
                 return None
             # Jobs whose callers gave up (timeout, closed connection) leave the queue unrun.
-            self.pending = collections.deque(j for j in self.pending if not j.future.cancelled())
+            while self.pending and self.pending[0].future.cancelled():
+                self.pending.popleft()
             if not self.pending:
                 return []
-            first = self.pending[0]
+            program = self.pending[0].program
             deadline = time.monotonic() + self.limits.window_s
             while not self.stopping:
-                rows = sum(j.plan.n for j in self.pending if j.program == first.program)
                 left = deadline - time.monotonic()
-                if rows >= self.limits.max_batch or left <= 0:
+                if self._rows_waiting(program) >= self.limits.max_batch or left <= 0:
                     break
                 self.cond.wait(left)
+            # The oldest jobs of the program, up to max_batch rows; the scan stops once the batch is full,
+            # so a long queue costs a batch nothing (one-at-a-time serving takes one job off its head).
             batch, rows, keep = [], 0, collections.deque()
-            for job in self.pending:
-                if job.program == first.program and rows + job.plan.n <= self.limits.max_batch:
+            while self.pending and rows < self.limits.max_batch:
+                job = self.pending.popleft()
+                if job.future.cancelled():
+                    continue
+                if job.program == program and rows + job.plan.n <= self.limits.max_batch:
                     batch.append(job)
                     rows += job.plan.n
                 else:
                     keep.append(job)
+            keep.extend(self.pending)
             self.pending = keep
         # A caller may give up between the purge and here.
         return [j for j in batch if j.future.set_running_or_notify_cancel()]
+
+    def _rows_waiting(self, program: tuple) -> int:
+        """Rows of the live waiting jobs of `program`, counted up to max_batch (call holding `cond`)."""
+        rows = 0
+        for job in self.pending:
+            if job.program == program and not job.future.cancelled():
+                rows += job.plan.n
+                if rows >= self.limits.max_batch:
+                    break
+        return rows
 
     def _loop(self) -> None:
         while True:

@@ -187,7 +187,10 @@ def test_a_full_queue_and_a_timeout_answer_503(server):
     c = TestClient(app)  # without `with`: the lifespan never starts the engine, so nothing is served
     r = c.post("/v1/completions", json={"prompt": "a", "steps": 2})
     assert r.status_code == 503 and r.json()["error"]["code"] == "timeout"
-    r = c.post("/v1/completions", json={"prompt": "a", "steps": 2})  # the timed-out job still fills the queue
+    r = c.post("/v1/completions", json={"prompt": "a", "steps": 2})  # a job given up on holds no place
+    assert r.status_code == 503 and r.json()["error"]["code"] == "timeout"
+    app.state.engine.submit(_plan(), False)  # a job still waiting fills the queue of one
+    r = c.post("/v1/completions", json={"prompt": "a", "steps": 2})
     assert r.status_code == 503 and r.json()["error"]["code"] == "server_busy"
 
 
