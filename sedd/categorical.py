@@ -14,13 +14,14 @@ down to ~2^-64: draw E_d ~ Exp(1) independently and return argmin_d E_d / p_d
 probability p_d / sum(p), this is exact; the only thing that matters is that
 *small* E are represented with full relative precision, which we ensure by
 building V = 1 - U from 64 random bits and taking E = -log1p(-V). Everything
-stays float32 (no ``jax_enable_x64``), and the cost is one extra uint32 per
-entry.
+stays float32 (no ``jax_enable_x64``), and the 64 bits are the two words of
+one threefry block (``sedd.rng.words``), the block ``jax.random.bits`` spends
+on a single uint32.
 
 Methods:
   "precise"  the exponential race above (default).
-  "gumbel32" ``jax.random.categorical`` on log p (its default "low" mode): about
-             half the random bits, but against a category of probability ~1
+  "gumbel32" ``jax.random.categorical`` on log p (its default "low" mode): 32
+             random bits an entry (a threefry block each, as the race's 64), but against a category of probability ~1
              it draws a 1e-7 category at 0.52 of its rate and a 1e-8 one at
              ~1e-4 of it (computed exactly over the float32 uniform grid).
 
@@ -51,6 +52,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from sedd import rng
+
 METHODS = ("precise", "gumbel32")
 
 _TWO_M32 = 2.0**-32
@@ -74,7 +77,7 @@ def exponential_from_bits(hi: jax.Array, lo: jax.Array) -> jax.Array:
 
 def race(key: jax.Array, probs: jax.Array) -> jax.Array:
     """argmax_d p_d / E_d with E_d ~ Exp(1): index d with probability p_d / sum(p). int32[...]."""
-    hi, lo = jax.random.bits(key, (2, *probs.shape), jnp.uint32)
+    hi, lo = rng.words(key, probs.shape)  # one threefry block an entry
     exp_noise = exponential_from_bits(hi, lo)  # E ~ Exp(1), (..., D)
     return first_argmax(probs / exp_noise)
 

@@ -32,6 +32,7 @@ FIELDS = {
     "sampler": ["ratio_to_forward", "forward_s"],
     "ar": ["crossover_steps", "ar_seconds", "rows"],
     "memory": None,
+    "rng": ["method", "ms", "speedup_over_jax"],
 }
 
 
