@@ -11,6 +11,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,6 +101,42 @@ def _check_study_run(tmp_path, name, kind):
                 "rate_nats_per_char", "samples_nll_nats_per_char"):
         assert math.isfinite(result[key]), key
     assert result["bound_bits_per_char"] > 0 and result["samples_scored_fraction"] > 0
+    if kind == "ddit":
+        cond = result["conditional"]
+        assert cond["kl_pq"] >= 0 and cond["kl_qp"] >= 0 and 0 <= cond["tail_mass"] <= 1
+
+
+def test_conditional_kl_is_zero_for_the_chains_own_conditional():
+    """conditional_kl against a network that returns the chain's exact conditional given both sides, and a flat one."""
+    import types
+
+    import jax.numpy as jnp
+
+    chain = study.markov_chain(0)
+    v, table, length, mask = chain.vocab_size, chain.transitions, 40, 99
+    encode = {c: [3 + i] for i, c in enumerate(study.LETTERS)}  # letter i is token 3 + i; tokens 0-2 are others
+
+    def exact(x, sigma):  # log-score over D = 20 tokens + MASK; the masked position's letters get log p(y | rest)
+        x = np.asarray(x)
+        out = np.zeros((*x.shape, 21))
+        out[..., :3] = -np.inf  # no mass off the letters
+        for i, pos in zip(*np.nonzero(x == mask)):
+            a, b, c, d = (x[i, pos + k] - 3 for k in (-2, -1, 1, 2))
+            ys = np.arange(v)
+            out[i, pos, 3:3 + v] = np.log(table[a * v + b, ys] * table[b * v + ys, c] * table[ys * v + c, d])
+            out[i, pos, 3 + v:20] = -np.inf
+        return jnp.asarray(out)
+
+    run = types.SimpleNamespace(config=types.SimpleNamespace(model=types.SimpleNamespace(kind="ddit")),
+                                graph=types.SimpleNamespace(absorb=True, mask=mask, vocab_size=20),
+                                tokenizer=types.SimpleNamespace(encode=lambda c: encode[c]), seq_len=length,
+                                score_fn=exact)
+    cond = study.conditional_kl(run, chain, sequences=8)
+    assert abs(cond["kl_pq"]) < 1e-6 and abs(cond["kl_qp"]) < 1e-6 and cond["off_letters"] < 1e-12  # float32
+    run.score_fn = lambda x, sigma: jnp.zeros((*x.shape, 21))  # flat over all 20 tokens
+    flat = study.conditional_kl(run, chain, sequences=8)
+    assert abs(flat["off_letters"] - 8 / 20) < 1e-6  # 3 other tokens and the 5 beyond the letters
+    assert flat["kl_pq"] > 0.3 and flat["kl_qp"] > flat["kl_pq"]  # a flat q pays most where p is near 0
 
 
 def test_default_run_study_markov(tmp_path, capsys):
