@@ -36,7 +36,7 @@ def _threefry_key(key: jax.Array) -> jax.Array | None:
     """The key's two uint32 words if it is a threefry key, else None."""
     if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
         return jax.random.key_data(key) if str(jax.random.key_impl(key)) == "threefry2x32" else None
-    return key if key.dtype == jnp.uint32 and key.shape[-1:] == (2,) else None  # a raw (legacy) key
+    return key if key.dtype == jnp.uint32 and key.shape == (2,) else None  # one raw (legacy) key
 
 
 def _counters(shape: tuple[int, ...]) -> jax.Array:
