@@ -133,7 +133,6 @@ from sedd import config as C, runs, sampling, sharding as S, train as T
 
 cfg = C.load_config("tiny")
 cfg.vocab_size = 65  # D = 66: divides by 2, not by 8 (the replication fallback)
-cfg.model.dropout = 0.1  # the masks too must not depend on the mesh (sedd.rng's counters)
 rng = np.random.default_rng(0)
 batches = [rng.integers(0, 65, (8, 32)).astype(np.int32) for _ in range(2)]
 out = {"losses": {}, "specs": {}, "eval": {}, "samples": {}}
@@ -166,6 +165,21 @@ for shape in [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 1, 8)]:
                             score_params=(run.params, run.rest), sharding=run.row_sharding(8))
         out["specs"][name]["samples"] = str(x.sharding.spec)
     trainers[shape], states[shape] = tr, st
+
+# Dropout masks and race words (sedd.rng) drawn into arrays split over a mesh equal the one-device draws.
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+from sedd import rng
+shape, key = (8, 4, 40), jax.random.key(3)
+draw = lambda k, x: (rng.uint16(k, x.shape) * x, *(w * x for w in rng.words(k, x.shape)))
+one = [np.asarray(a) for a in jax.jit(draw)(key, jnp.ones(shape, jnp.uint32))]
+out["rng"] = {}
+for shape_m, spec in [((2, 2, 2), P(("data", "fsdp"), None, "tensor")), ((1, 1, 8), P(None, None, "tensor"))]:
+    mesh = S.make_mesh(dict(zip(S.MESH_AXES, shape_m)), jax.devices())
+    x = jax.device_put(jnp.ones(shape, jnp.uint32), NamedSharding(mesh, spec))
+    split = jax.jit(draw)(key, x)
+    out["rng"]["x".join(map(str, shape_m))] = [bool(np.array_equal(a, np.asarray(b))) for a, b in zip(one, split)] + [
+        str(split[0].sharding.spec)]
 
 # A checkpoint written on the 2 x 2 x 2 mesh, restored onto 1 x 1 x 8 and onto one device.
 with tempfile.TemporaryDirectory() as d:
@@ -201,6 +215,14 @@ def test_every_mesh_gives_the_one_device_losses(meshes):
         np.testing.assert_allclose(losses, ref, rtol=2e-6, err_msg=name)
     for name in ("8x1x1", "2x2x2"):
         np.testing.assert_allclose(meshes["eval"][name], meshes["eval"]["1x1x1"], rtol=2e-6)
+
+
+def test_random_words_do_not_depend_on_the_mesh(meshes):
+    # sedd.rng numbers the elements with iotas, so a split draw (dropout's uint16 words, the race's two
+    # uint32 words) is the one-device draw, shard by shard (the partitioner keeps the input's split).
+    for name, (*same, spec) in meshes["rng"].items():
+        assert all(same), (name, same)
+        assert "tensor" in spec, (name, spec)
 
 
 def test_parameters_are_sharded_as_the_rules_say(meshes):
