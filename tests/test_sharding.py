@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _python(code: str, n_devices: int, tmp_path: Path, *args: str, wait: bool = True):
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n_devices}"
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n_devices}".strip()
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["SEDD_DATA_DIR"] = str(tmp_path / "data")
     env["JAX_PLATFORMS"] = "cpu"
