@@ -500,8 +500,8 @@ def run_rng(quick: bool, args) -> dict:
     key, x, drop = jax.random.key(0), jnp.ones(mask_shape, jnp.float32), round(0.1 * 2**16)
     masks = {
         "bernoulli": lambda k, x: jnp.where(jax.random.bernoulli(k, 0.9, x.shape), x / 0.9, 0.0),
-        "bits uint16": lambda k, x: jnp.where(jax.random.bits(k, x.shape, jnp.uint16) >= drop, x * 1.1, 0.0),
-        "sedd.rng.uint16": lambda k, x: jnp.where(rng.uint16(k, x.shape) >= drop, x * 1.1, 0.0),
+        "bits uint16": lambda k, x: jnp.where(jax.random.bits(k, x.shape, jnp.uint16) >= drop, x / 0.9, 0.0),
+        "sedd.rng.uint16": lambda k, x: jnp.where(rng.uint16(k, x.shape) >= drop, x / 0.9, 0.0),
     }
     races = {
         "bits (2, ...) uint32": lambda k: jax.random.bits(k, (2, *race_shape), jnp.uint32),
