@@ -29,12 +29,14 @@ setup(
     extras_require={
         "test": ["pytest>=8", "scipy>=1.13", "matplotlib>=3.8", "jupytext>=1.16", "tokenizers>=0.20",
                  "safetensors>=0.4", "pyyaml>=6",
-                 "fastapi>=0.115", "uvicorn[standard]>=0.30", "sse-starlette>=2", "openai>=1.40", "httpx>=0.27",
+                 "starlette>=0.37", "pydantic>=2.4", "uvicorn[standard]>=0.30", "sse-starlette>=2", "openai>=1.40",
+                 "httpx>=0.27",
                  "selenium>=4.20",  # the playground test drives Debian's chromium (installed by .ci/run)
                  "wheel"],  # builds the wheel offline in tests/test_runs.py
         "gpt2": ["tokenizers>=0.20"],  # GPT-2 BPE from local vocabulary files
         "convert": ["safetensors>=0.4", "pyyaml>=6", "tokenizers>=0.20"],  # sedd convert (no torch needed)
-        "serve": ["fastapi>=0.115", "uvicorn[standard]>=0.30", "sse-starlette>=2"],  # sedd serve (httptools: 2.3x the requests/s of h11)
+        # sedd serve: a bare Starlette app (FastAPI's layers cost ~18% of the requests/s), httptools (2.3x h11's)
+        "serve": ["starlette>=0.37", "pydantic>=2.4", "uvicorn[standard]>=0.30", "sse-starlette>=2"],
         "gpu": ["jax[cuda12]>=0.10,<0.11"],
         "plot": ["matplotlib>=3.8"],
     },

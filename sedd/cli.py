@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         return convert.main(rest)
     if args.command == "serve":
         try:
-            from sedd import serve  # optional dependency: FastAPI and uvicorn come with sedd[serve]
+            from sedd import serve  # optional dependency: Starlette and uvicorn come with sedd[serve]
         except ImportError as e:
             print(f"sedd serve: error: it needs pip install 'sedd[serve]' ({e})", file=sys.stderr)
             return 2

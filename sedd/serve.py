@@ -35,7 +35,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
-import inspect
+import gc
 import json
 import secrets
 import sys
@@ -51,11 +51,13 @@ import numpy as np
 
 # The optional extra `sedd[serve]`: only `sedd serve` imports this module, nothing else in sedd does.
 import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse
+from starlette.routing import Route
 
 from sedd import runs, sampling
 
@@ -288,6 +290,7 @@ class Engine:
     def __init__(self, run: runs.Run, limits: Limits):
         self.run, self.limits = run, limits
         self.pending: collections.deque[Job] = collections.deque()
+        self.rows = 0  # rows of the jobs in `pending` (those given up on included, until dropped)
         self.cond = threading.Condition()
         self.stopping = False
         self.batches = 0
@@ -309,11 +312,16 @@ class Engine:
         with self.cond:
             if len(self.pending) >= self.limits.max_queue:  # purge the jobs given up on before refusing
                 self.pending = collections.deque(j for j in self.pending if not j.future.cancelled())
+                self.rows = sum(j.plan.n for j in self.pending)
             if len(self.pending) >= self.limits.max_queue:
                 raise Busy(f"the server is busy: {len(self.pending)} requests are waiting "
                            f"(limit {self.limits.max_queue}); retry later")
             self.pending.append(job)
-            self.cond.notify_all()
+            self.rows += plan.n
+            # Wake the engine only when it may act: a first job to start a window on, or rows enough for a
+            # full batch. Waking it at every arrival cost a scan of the queue and a GIL hand-over each.
+            if len(self.pending) == 1 or self.rows >= self.limits.max_batch:
+                self.cond.notify_all()
         return job.future
 
     def _take(self) -> list[Job] | None:
@@ -325,14 +333,15 @@ class Engine:
                 return None
             # Jobs whose callers gave up (timeout, closed connection) leave the queue unrun.
             while self.pending and self.pending[0].future.cancelled():
-                self.pending.popleft()
+                self.rows -= self.pending.popleft().plan.n
             if not self.pending:
                 return []
             program = self.pending[0].program
             deadline = time.monotonic() + self.limits.window_s
             while not self.stopping:
                 left = deadline - time.monotonic()
-                if self._rows_waiting(program) >= self.limits.max_batch or left <= 0:
+                full = self.rows >= self.limits.max_batch and self._rows_waiting(program) >= self.limits.max_batch
+                if full or left <= 0:
                     break
                 self.cond.wait(left)
             # The oldest jobs of the program, up to max_batch rows; the scan stops once the batch is full,
@@ -341,10 +350,11 @@ class Engine:
             while self.pending and rows < self.limits.max_batch:
                 job = self.pending.popleft()
                 if job.future.cancelled():
-                    continue
-                if job.program == program and rows + job.plan.n <= self.limits.max_batch:
+                    self.rows -= job.plan.n
+                elif job.program == program and rows + job.plan.n <= self.limits.max_batch:
                     batch.append(job)
                     rows += job.plan.n
+                    self.rows -= job.plan.n
                 else:
                     keep.append(job)
             keep.extend(self.pending)
@@ -477,19 +487,19 @@ class Texts:
 # --------------------------------------------------------------------------- the app
 
 
-# FastAPI's native OpenTelemetry (0.160 and later) looks up its providers on every request, 12% of a
-# request's time under load; sedd serve exports no telemetry, so it is off where FastAPI has it.
-_NO_TELEMETRY = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
-                 if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
-
-
 def model_name(workdir: str | Path) -> str:
     """The model id `GET /v1/models` reports: sedd-<run directory name>."""
     return f"sedd-{Path(workdir).resolve().name}"
 
 
-def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits()) -> FastAPI:
-    """The ASGI app serving `run` (start and stop its engine with the app's lifespan)."""
+def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits()) -> Starlette:
+    """The ASGI app serving `run` (start and stop its engine with the app's lifespan).
+
+    A bare Starlette app: four routes whose bodies pydantic validates, with no
+    per-request dependency solving or middleware beyond Starlette's error
+    handling (FastAPI's layers took about a quarter of the server's CPU under
+    load; docs/serving.md).
+    """
     if run.is_ar:
         raise ValueError("sedd serve serves diffusion runs; this run is the AR baseline")
     if limits.max_batch < limits.max_n:
@@ -504,36 +514,18 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits()) -> 
         yield
         engine.stop()
 
-    app = FastAPI(title="sedd serve", lifespan=lifespan, **_NO_TELEMETRY)
-    app.state.engine, app.state.name = engine, name
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "model": name, "step": run.step, "queued": engine.queued,
+                             "batches": engine.batches})
 
-    @app.exception_handler(APIError)
-    async def api_error(request, e: APIError):
-        return e.response()
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": created,
+                                                         "owned_by": "sedd", "seq_len": run.seq_len, "step": run.step,
+                                                         "samplers": sorted(sampling.PREDICTORS)}]})
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request, e: StarletteHTTPException):
-        return APIError(e.status_code, str(e.detail)).response()
+    async def playground(request: Request) -> HTMLResponse:
+        return HTMLResponse(resources.files("sedd").joinpath("static/playground.html").read_text(encoding="utf-8"))
 
-    @app.exception_handler(Exception)
-    async def server_error(request, e: Exception):
-        return APIError(500, f"{type(e).__name__}: {e}", kind="server_error").response()
-
-    @app.get("/health")
-    async def health():
-        return {"status": "ok", "model": name, "step": run.step, "queued": engine.queued, "batches": engine.batches}
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "sedd",
-                                            "seq_len": run.seq_len, "step": run.step,
-                                            "samplers": sorted(sampling.PREDICTORS)}]}
-
-    @app.get("/", response_class=HTMLResponse)
-    async def playground():
-        return resources.files("sedd").joinpath("static/playground.html").read_text(encoding="utf-8")
-
-    @app.post("/v1/completions")
     async def completions(request: Request):
         body = await _read_body(request, limits.max_body_bytes)
         try:
@@ -571,9 +563,23 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits()) -> 
                for i, c in enumerate(choices)]
         if req.stream:
             return EventSourceResponse(_chunks(head, out), ping=600)
-        # A JSONResponse as is: FastAPI's encoder would walk this plain-JSON dict again (13% of a request's time).
         return JSONResponse({**head, "choices": out, "usage": usage, "diffusion": diffusion})
 
+    async def api_error(request, e: APIError) -> JSONResponse:
+        return e.response()
+
+    async def http_error(request, e: HTTPException) -> JSONResponse:  # no such route (404), wrong method (405)
+        return APIError(e.status_code, str(e.detail)).response()
+
+    async def server_error(request, e: Exception) -> JSONResponse:
+        return APIError(500, f"{type(e).__name__}: {e}", kind="server_error").response()
+
+    app = Starlette(
+        routes=[Route("/health", health), Route("/v1/models", models), Route("/", playground),
+                Route("/v1/completions", completions, methods=["POST"])],
+        exception_handlers={APIError: api_error, HTTPException: http_error, Exception: server_error},
+        lifespan=lifespan)
+    app.state.engine, app.state.name = engine, name
     return app
 
 
@@ -669,5 +675,10 @@ def main(argv: list[str] | None = None) -> int:
         app.state.engine.warmup(steps=args.warmup_steps)
         print(f"compiled the batch sizes up to {limits.max_batch} in {time.perf_counter() - t0:.1f} s")
     print(f"serving {name} (step {run.step}, length {run.seq_len}) on http://{args.host}:{args.port}/")
+    # JAX, the model and the compiled programs are millions of long-lived objects; a full collection walked
+    # them all, a 0.25 s pause of the whole server (GIL held) about every 5,000 requests under load. Frozen,
+    # the collector skips them (a full collection then takes ~1 ms).
+    gc.collect()
+    gc.freeze()
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -12,12 +12,12 @@ import httpx
 import numpy as np
 import pytest
 
-pytest.importorskip("fastapi")
+pytest.importorskip("starlette")
 pytest.importorskip("sse_starlette")
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
-from fastapi.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
 
 from sedd import runs, serve  # noqa: E402
 
@@ -179,6 +179,22 @@ def test_engine_batches_one_program_in_arrival_order_and_refuses_when_full(serve
     assert [j.future for j in engine._take()] == [futures[3]]
     assert engine.queued == 0
     assert serve.batch_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+
+
+def test_engine_waits_out_its_window_unless_the_rows_fill_a_batch(server):
+    _, run = server
+    engine = serve.Engine(run, serve.Limits(max_queue=8, max_batch=4, window_s=60.0))  # not started: no thread
+    taken = concurrent.futures.ThreadPoolExecutor(1).submit(engine._take)
+    first = engine.submit(_plan(2), False)  # opens the 60 s window
+    time.sleep(0.3)
+    assert not taken.done()  # 2 of 4 rows: the engine waits for more
+    engine.submit(_plan(1, 8), False)  # another program's row does not fill this batch
+    time.sleep(0.3)
+    assert not taken.done()
+    second = engine.submit(_plan(2), False)  # 4 rows of the program: the batch starts now, not in 60 s
+    batch = taken.result(timeout=10)
+    assert [j.future for j in batch] == [first, second]
+    assert engine.rows == 1 and engine.queued == 1  # the other program's job waits for the next batch
 
 
 def test_a_full_queue_and_a_timeout_answer_503(server):
