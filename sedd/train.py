@@ -170,7 +170,11 @@ class Trainer:
             r_y = p_{\bar\sigma(t)}(y | x0^l) / p_{\bar\sigma(t)}(x_t^l | x0^l),
 
         an upper bound on -log p(x0) in expectation (Thm. 3.6) up to the prior
-        term. AR baseline: -sum_l log p(x0^l | x0^{<l}) (sedd.ar).
+        term. With training.t_power = p > 0 a training step draws t from
+        q(t) ~ t^{-p} and weights L by U(t) / q(t) (the same expectation, a
+        gradient of less variance; sedd.losses.sample_times); the validation
+        estimate (train=False) keeps the uniform draw. AR baseline:
+        -sum_l log p(x0^l | x0^{<l}) (sedd.ar).
         """
         k_loss, k_drop = jax.random.split(key)
         model = nnx.merge(self.graphdef, params, self.rest)
@@ -180,7 +184,8 @@ class Trainer:
         else:
             t = self.config.training
             per_seq = losses.loss_fn(k_loss, lambda x, sigma: model(x, sigma, **kwargs), self.graph, self.noise,
-                                     batch, sampling_eps=t.sampling_eps, low_discrepancy=t.low_discrepancy)
+                                     batch, sampling_eps=t.sampling_eps, low_discrepancy=t.low_discrepancy,
+                                     t_power=t.get("t_power", 0.0) if train else 0.0)
         return per_seq.mean(), per_seq  # (), (B,)
 
     def _train_step(self, state: dict, batch: jax.Array) -> tuple[dict, dict]:

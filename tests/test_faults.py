@@ -182,6 +182,13 @@ def test_resume_refuses_a_changed_config_naming_the_keys_but_allows_what_may_cha
     with pytest.raises(ValueError, match=r"optim.adaln_lr_scale: saved 1.0, now 0.1"):
         runs.check_compatible(tmp_path, config)
     runs.check_compatible(tmp_path, config_lib.load_config("tiny", ["--config.optim.adaln_lr_scale=1.0"]))
+    # ... and the uniform t of runs before training.t_power.
+    del saved["training"]["t_power"]
+    (tmp_path / runs.CONFIG).write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"training.t_power: saved 0.0, now 0.5"):
+        runs.check_compatible(tmp_path, config_lib.load_config("tiny", ["--config.optim.adaln_lr_scale=1.0"]))
+    runs.check_compatible(tmp_path, config_lib.load_config(
+        "tiny", ["--config.optim.adaln_lr_scale=1.0", "--config.training.t_power=0.0"]))
 
 
 def test_ctrl_c_is_answered_at_once_and_a_second_one_does_not_interrupt_the_save(data_dir, tmp_path):

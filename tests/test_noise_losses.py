@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.integrate
+import scipy.stats
 
 import reference
 from sedd import graphs, losses, noise
@@ -60,12 +62,57 @@ def test_bad_schedules(make):
 
 
 def test_low_discrepancy_times():
-    t = losses.sample_times(jax.random.key(0), 8, 1e-3, low_discrepancy=True)
+    t, w = losses.sample_times(jax.random.key(0), 8, 1e-3, low_discrepancy=True)
     u = np.sort((np.asarray(t) - 1e-3) / (1 - 1e-3))
     # One point in each eighth of [0, 1).
     np.testing.assert_array_equal(np.floor(u * 8), np.arange(8))
-    iid = losses.sample_times(jax.random.key(0), 10_000)
+    np.testing.assert_array_equal(w, 1.0)
+    iid, _ = losses.sample_times(jax.random.key(0), 10_000)
     assert 1e-3 <= float(iid.min()) and float(iid.max()) <= 1.0
+
+
+@pytest.mark.parametrize("power", [0.3, 0.5, 0.8])
+def test_power_proposal_draws_its_law_and_weights_it_back_to_uniform(power):
+    """t ~ q(t) = t^-p / Z on [eps, 1] (its CDF, a KS test), and E_q[w f] = E_U[f] (exact integrals)."""
+    eps, n = 1e-3, 400_000
+    t, w = map(np.asarray, losses.sample_times(jax.random.key(1), n, eps, power=power))
+    t, w = t.astype(np.float64), w.astype(np.float64)
+    assert eps * (1 - 1e-6) <= t.min() and t.max() <= 1.0
+    assert scipy.stats.kstest(t, lambda x: (x ** (1 - power) - eps ** (1 - power)) / (1 - eps ** (1 - power))).pvalue > 1e-3
+    # The weights are U(t) / q(t): exact at every draw ...
+    z = sum(scipy.integrate.quad(lambda x: x ** -power, lo, hi)[0] for lo, hi in [(eps, 0.01), (0.01, 1.0)])
+    np.testing.assert_allclose(w, (1 / (1 - eps)) / (t ** -power / z), rtol=2e-5)
+    # ... so the weighted mean of f under q estimates f's uniform mean, for f like the loss's integrand.
+    for f in (lambda x: 1 / x, lambda x: x ** 2, lambda x: np.log(x)):
+        exact = sum(scipy.integrate.quad(f, lo, hi)[0] for lo, hi in [(eps, 0.01), (0.01, 1.0)]) / (1 - eps)
+        vals = w * f(t)
+        assert abs(vals.mean() - exact) < 4 * vals.std() / np.sqrt(n), f
+    # Stratified and power together: one draw in each eighth of the proposal's CDF.
+    t8, _ = losses.sample_times(jax.random.key(2), 8, eps, low_discrepancy=True, power=power)
+    cdf = (np.asarray(t8, np.float64) ** (1 - power) - eps ** (1 - power)) / (1 - eps ** (1 - power))
+    np.testing.assert_array_equal(np.floor(np.sort(cdf) * 8 + 1e-6), np.arange(8))
+
+
+@pytest.mark.parametrize("power", [-0.1, 1.0])
+def test_power_outside_its_range_is_refused(power):
+    with pytest.raises(ValueError, match="t_power"):
+        losses.sample_times(jax.random.key(0), 4, 1e-3, power=power)
+
+
+def test_power_proposal_weights_each_sequences_loss():
+    """The loss with t_power is the loss at the proposal's times, times their weights (unbiased by the test above)."""
+    graph, sched = graphs.Absorbing(3), noise.LogLinear()
+    x0 = jnp.tile(jnp.array([[0, 1, 2, 1]]), (64, 1))
+    score_fn = lambda x, sigma: jnp.full((*x.shape, graph.dim), jnp.log(0.3))  # noqa: E731  (far from exact)
+    key = jax.random.key(3)
+    t, w = losses.sample_times(jax.random.split(key)[0], 64, 1e-3, power=0.5)
+    at_t = losses.loss_per_position(key, score_fn, graph, sched, x0, t=t)
+    weighted = losses.loss_per_position(key, score_fn, graph, sched, x0, t_power=0.5)
+    assert float(jnp.abs(w - 1).max()) > 0.5  # the weights are not all 1
+    np.testing.assert_allclose(weighted, w[:, None] * at_t, rtol=1e-6)
+    uniform = losses.loss_per_position(key, score_fn, graph, sched, x0)  # t_power 0: SEDD's draw, unweighted
+    t0, _ = losses.sample_times(jax.random.split(key)[0], 64, 1e-3)
+    np.testing.assert_array_equal(uniform, losses.loss_per_position(key, score_fn, graph, sched, x0, t=t0))
 
 
 @pytest.mark.parametrize("graph", [graphs.Absorbing(5), graphs.Uniform(5)], ids=repr)

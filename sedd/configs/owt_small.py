@@ -30,6 +30,7 @@ def get_config():
     c.training.ckpt_every = 5_000
     c.optim.lr = 3e-4
     c.optim.adaln_lr_scale = 1.0  # the original's plain AdamW
+    c.training.t_power = 0.0  # the original's uniform t
     c.optim.warmup = 2500
     c.optim.schedule = "constant"
     c.sampling.steps = 1024

@@ -59,6 +59,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.training.accum_steps = 1  # batches per optimizer update (optax.MultiSteps)
     c.training.sampling_eps = 1e-3  # t ~ U[sampling_eps, 1]
     c.training.low_discrepancy = False  # stratified t over the batch (VDM/MD4); off as in SEDD
+    c.training.t_power = 0.5  # t ~ t^-p with importance weights (losses.sample_times); 0: uniform, as SEDD
     c.training.ema = 0.995  # EMA decay cap; decay = min(ema, (1 + n) / (10 + n))
     c.training.log_every = 50  # steps between metrics.jsonl lines
     c.training.eval_every = 500  # steps between validation bounds and samples
