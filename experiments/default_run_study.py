@@ -55,8 +55,9 @@ from sedd.data.markov import MarkovChain  # noqa: E402
 from sedd.data.tokenizers import EOS_TEXT  # noqa: E402
 
 CANDIDATES = {
-    "default": [],  # the shipped default (optim.adaln_lr_scale = 0.1)
-    "sedd_adamw": ["--config.optim.adaln_lr_scale=1.0"],  # the original SEDD's plain AdamW (the previous default)
+    "default": [],  # the shipped default (optim.adaln_lr_scale = 0.1, training.t_power = 0.5)
+    "uniform_t": ["--config.training.t_power=0.0"],  # SEDD's uniform t (the default before training.t_power)
+    "sedd_adamw": ["--config.optim.adaln_lr_scale=1.0", "--config.training.t_power=0.0"],  # the original's AdamW, t
     "radd": ["--config.model.time_conditioning=False"],  # RADD's time-independent network
     "subs": ["--config.model.normalize=True"],  # MDLM's SUBS: a normalized p(x0 | x_t)
     "ar": ["--config.model.kind=ar"],  # the causal baseline of the same size
