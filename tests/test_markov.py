@@ -51,3 +51,21 @@ def test_markov_dataset_has_the_text_data_interface():
     tok = data_lib.tokenizer_from_dict(ds.tokenizer.to_dict())
     assert isinstance(tok, MarkovTokenizer) and tok.decode([0, 1, 4]) == "abe"
     assert 0 < ds.true_nats_per_token() < math.log(5)
+
+
+@pytest.mark.parametrize("order", [1, 2, 3])
+def test_posteriors_match_enumeration_given_any_revealed_tokens(order):
+    chain = MarkovChain(vocab_size=3, order=order, seed=1, alpha=0.5)
+    length = 6
+    seqs = np.array(list(itertools.product(range(3), repeat=length)))
+    p = np.exp(chain.log_prob(seqs))
+    x = chain.sample(20, length, seed=2).astype(np.int64)
+    x[np.random.default_rng(0).random(x.shape) < 0.5] = -1  # hide about half the tokens
+    x[0] = -1  # nothing revealed: the stationary marginals
+    post = chain.posteriors(x)
+    for row, got in zip(x, post):
+        agrees = ((row < 0) | (seqs == row)).all(-1)  # the sequences the revealed tokens allow
+        want = np.stack([np.bincount(seqs[:, t], weights=p * agrees, minlength=3) for t in range(length)])
+        np.testing.assert_allclose(got, want / want.sum(-1, keepdims=True), atol=1e-12)
+    with pytest.raises(ValueError, match="hidden"):
+        chain.posteriors([[0, 5, 1]])

@@ -122,6 +122,57 @@ class MarkovChain:
         logp = np.where(valid, logp, -np.inf)
         return float(logp[0]) if one else logp
 
+    def posteriors(self, x) -> np.ndarray:
+        r"""The exact law of every token of a window given the tokens revealed in it.
+
+        The forward-backward recursion of the context chain (a hidden Markov
+        chain whose state s_t = (x_{t-k+1}, ..., x_t) is a context, revealed
+        tokens its evidence): with e_t(v) = 1 where position t may hold v,
+
+            alpha_t(s') = \sum_{s -> s'} alpha_{t-1}(s) P[s, v] e_t(v),   alpha_{k-1}(s) = pi(s) \prod_j e_j(s_j),
+            beta_t(s)   = \sum_v P[s, v] e_{t+1}(v) beta_{t+1}(s'),     beta_{L-1} = 1,
+
+        s' = (s_2, ..., s_k, v), and p(x_t = v | revealed) is proportional to
+        the alpha_t beta_t mass on the states whose last token is v (for
+        t >= k - 1; the k-th to last for the first positions). Each step is
+        normalised, so windows of any length stay in range. What a perfect
+        denoiser of an absorbing diffusion returns at a masked position.
+
+        Args:
+          x: int[B, L] token ids in [0, V), or -1 where the token is hidden; L >= k.
+        Returns:
+          float64[B, L, V]: each row a law; at a revealed position, one_hot(x).
+        """
+        x = np.atleast_2d(np.asarray(x, np.int64))
+        b, length = x.shape
+        v, k, c = self.vocab_size, self.order, self.num_contexts
+        if length < k:
+            raise ValueError(f"windows of length {length} are shorter than the order {k}")
+        if ((x < -1) | (x >= v)).any():
+            raise ValueError(f"token ids must be in [0, {v}) or -1 (hidden)")
+        e = np.where(x[..., None] < 0, 1.0, x[..., None] == np.arange(v)).astype(np.float64)  # (B, L, V)
+        table = self.transitions.reshape(v, c // v, v)  # P[(a, r), v], r the context's last k - 1 tokens
+        first = self.stationary.reshape((v,) * k).copy()  # pi over the first k tokens
+        first = first[None] * np.ones((b,) + (1,) * k)
+        for j in range(k):  # evidence on the first k tokens
+            first *= e[:, j].reshape((b,) + (1,) * j + (v,) + (1,) * (k - 1 - j))
+        alpha = np.empty((b, length, c))
+        alpha[:, k - 1] = first.reshape(b, c)
+        alpha[:, k - 1] /= alpha[:, k - 1].sum(-1, keepdims=True)
+        for t in range(k, length):
+            nxt = np.einsum("zar,arv->zrv", alpha[:, t - 1].reshape(b, v, c // v), table) * e[:, t, None, :]
+            alpha[:, t] = (nxt / nxt.sum((1, 2), keepdims=True)).reshape(b, c)
+        beta = np.ones((b, length, c))
+        for t in range(length - 2, k - 2, -1):
+            back = np.einsum("arv,zrv->zar", table, (e[:, t + 1, None, :] * beta[:, t + 1].reshape(b, c // v, v)))
+            beta[:, t] = (back / back.sum((1, 2), keepdims=True)).reshape(b, c)
+        joint = (alpha[:, k - 1:] * beta[:, k - 1:]).reshape(b, length - k + 1, *(v,) * k)
+        post = np.empty((b, length, v))
+        post[:, k - 1:] = joint.sum(axis=tuple(range(2, k + 1)))  # the last token of s_t
+        for j in range(k - 1):  # the first positions: token j of s_{k-1}
+            post[:, j] = joint[:, 0].sum(axis=tuple(i + 1 for i in range(k) if i != j))
+        return post / post.sum(-1, keepdims=True)
+
     # ------------------------------------------------------------ sampling
 
     def sample_stream(self, num_tokens: int, seed: int) -> np.ndarray:
