@@ -176,7 +176,7 @@ def _may_change(key: str) -> bool:
     return any(key == k or (k.endswith("*") and key.startswith(k[:-1])) for k in MAY_CHANGE_ON_RESUME)
 
 
-BEFORE_IT_EXISTED = {"optim.adaln_lr_scale": 1.0, "training.t_power": 0.0}
+BEFORE_IT_EXISTED = {"optim.adaln_lr_scale": 1.0, "training.t_power": 0.0, "optim.optimizer": "adamw"}
 """What a run written before a key existed did, where that is not the key's shipped default."""
 
 

@@ -187,8 +187,14 @@ def test_resume_refuses_a_changed_config_naming_the_keys_but_allows_what_may_cha
     (tmp_path / runs.CONFIG).write_text(json.dumps(saved))
     with pytest.raises(ValueError, match=r"training.t_power: saved 0.0, now 0.5"):
         runs.check_compatible(tmp_path, config_lib.load_config("tiny", ["--config.optim.adaln_lr_scale=1.0"]))
-    runs.check_compatible(tmp_path, config_lib.load_config(
-        "tiny", ["--config.optim.adaln_lr_scale=1.0", "--config.training.t_power=0.0"]))
+    old = ["--config.optim.adaln_lr_scale=1.0", "--config.training.t_power=0.0"]
+    runs.check_compatible(tmp_path, config_lib.load_config("tiny", old))
+    # ... and the AdamW of runs before optim.optimizer (the muon_lr_scale they never read counts as shipped).
+    del saved["optim"]["optimizer"], saved["optim"]["muon_lr_scale"]
+    (tmp_path / runs.CONFIG).write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"optim.optimizer: saved 'adamw', now 'muon'"):
+        runs.check_compatible(tmp_path, config_lib.load_config("tiny", old))
+    runs.check_compatible(tmp_path, config_lib.load_config("tiny", [*old, "--config.optim.optimizer=adamw"]))
 
 
 def test_ctrl_c_is_answered_at_once_and_a_second_one_does_not_interrupt_the_save(data_dir, tmp_path):

@@ -147,12 +147,15 @@ for shape in [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 1, 8)]:
         losses.append(float(m["loss_nats_per_token"]))
     name = "x".join(map(str, shape))
     out["losses"][name] = losses
-    p, mu = st["params"], st["opt_state"][1][0].mu
+    p = st["params"]
+    # The optimizer's first moment of blocks[0].mlp_in (Muon's or AdamW's, whichever holds it).
+    mu = next(x for path, x in jax.tree_util.tree_flatten_with_path(st["opt_state"])[0]
+              if ".mu['blocks'][0]['mlp_in']['kernel']" in jax.tree_util.keystr(path))
     out["specs"][name] = {
         "mlp_in": str(p["blocks"][0]["mlp_in"]["kernel"][...].sharding.spec),
         "attn_qkv": str(p["blocks"][0]["attn_qkv"]["kernel"][...].sharding.spec),
         "embedding": str(p["vocab_embed"]["embedding"][...].sharding.spec),
-        "mu_mlp_in": str(mu["blocks"][0]["mlp_in"]["kernel"][...].sharding.spec),
+        "mu_mlp_in": str(mu.sharding.spec),
         "ema_mlp_in": str(st["ema"]["blocks"][0]["mlp_in"]["kernel"][...].sharding.spec),
         "step": str(st["step"].sharding.spec),
         "batch": str(tr.shard_batch(batches[0]).sharding.spec),
@@ -227,10 +230,13 @@ def test_random_words_do_not_depend_on_the_mesh(meshes):
 
 def test_parameters_are_sharded_as_the_rules_say(meshes):
     s = meshes["specs"]
-    # One device and pure data parallelism: everything replicated, the batch split over data.
+    # One device and pure data parallelism: parameters replicated, the batch split over data.
     for name in ("1x1x1", "8x1x1"):
         assert s[name]["mlp_in"] == s[name]["embedding"] == "P()"
     assert s["8x1x1"]["batch"] == "P(('data', 'fsdp'),)"
+    # ZeRO-1: a replicated parameter's moments split along data on their longest dimension (mlp_in: 32 x 128).
+    assert s["1x1x1"]["mu_mlp_in"] == "P()"
+    assert s["8x1x1"]["mu_mlp_in"] == "P(None, 'data')"
     # embed -> fsdp, mlp/qkv -> tensor, vocab -> tensor; Adam moments and EMA follow their parameter.
     assert s["2x2x2"]["mlp_in"] == "P('fsdp', 'tensor')"
     assert s["2x2x2"]["attn_qkv"] == "P('fsdp', 'tensor')"

@@ -238,6 +238,58 @@ def test_adaln_lr_scale_scales_only_the_adaln_kernels_updates():
         train_lib.build_optimizer(config)
 
 
+def test_muon_orthogonalises_the_blocks_matrices_and_adamw_takes_the_rest():
+    """optim.optimizer = "muon": each block matrix moves by lr_muon 0.2 sqrt(max dim) NS(g), NS(g) ~ U V^T of
+    g = U S V^T; every other parameter by AdamW's, a step of about lr sign(g) for a constant g."""
+    import ml_collections
+    import optax
+    from flax import nnx
+
+    config = ml_collections.ConfigDict(tiny("/nonexistent", **{"optim.optimizer": "muon", "optim.muon_lr_scale": 3.0,
+                                                                 "optim.warmup": 1, "optim.schedule": "constant",
+                                                                 "optim.adaln_lr_scale": 1.0}).to_dict())
+    config.vocab_size = 11
+    params = nnx.state(runs.build_model(config), nnx.Param)
+    rng = np.random.default_rng(0)
+
+    def gradient(p):  # singular values spread over 1e-1..1e1 (a matrix), or normal entries
+        if p.ndim != 2:
+            return rng.normal(size=p.shape).astype(np.float32)
+        u, _ = np.linalg.qr(rng.normal(size=(p.shape[0], min(p.shape))))
+        v, _ = np.linalg.qr(rng.normal(size=(p.shape[1], min(p.shape))))
+        return (u * np.logspace(-1, 1, min(p.shape)) @ v.T).astype(np.float32)
+
+    grads = jax.tree.map(gradient, params)
+    specs = train_lib.muon_dimensions(params)
+    flat = jax.tree_util.tree_flatten_with_path(
+        specs, is_leaf=lambda s: s is None or isinstance(s, optax.contrib.MuonDimensionNumbers))[0]
+    is_muon = jax.tree.unflatten(jax.tree.structure(params), [s is not None for _, s in flat])
+    paths = [jax.tree_util.keystr(p) for p, s in flat if s is not None]
+    assert len(paths) == 4 * config.model.n_blocks and all("blocks" in p and "kernel" in p for p in paths)
+    tx, _ = train_lib.build_optimizer(config)
+    state, update = tx.init(params), jax.jit(tx.update)
+    for _ in range(2):  # the second step has the full lr (warmup 1)
+        u, state = update(grads, state, params)
+    lr = config.optim.lr
+    for m, g, d in zip(jax.tree.leaves(is_muon), jax.tree.leaves(grads), jax.tree.leaves(u)):
+        g, d = np.asarray(g), np.asarray(d)
+        if not m:
+            # (N)Adam's m / sqrt(v) with the same g twice: one step size for every element, about lr
+            # (optax's muon gives its AdamW Muon's Nesterov momentum: 1.157 lr at the second step).
+            big = np.abs(g) > 1e-2 * np.sqrt(np.mean(g**2))  # where Adam's eps is negligible beside the clipped g
+            np.testing.assert_allclose(d[big], -1.157 * lr * np.sign(g[big]), rtol=1e-3)
+            continue
+        step = -d / (3.0 * lr * 0.2 * np.sqrt(max(g.shape)))  # NS(mu) for the momentum mu, which is along g
+        singular = np.linalg.svd(step, compute_uv=False)
+        assert 0.5 < singular.min() and singular.max() < 1.3, singular  # orthogonalised: all directions alike
+        uu, _, vt = np.linalg.svd(g, full_matrices=False)
+        cos = (step * (uu @ vt)).sum() / np.linalg.norm(step) / np.linalg.norm(uu @ vt)
+        assert cos > 0.95, cos
+    config.optim.optimizer = "sgd"
+    with pytest.raises(ValueError, match="optim.optimizer='sgd': expected one of adamw, muon"):
+        train_lib.build_optimizer(config)
+
+
 def test_bfloat16_run_trains_evaluates_samples_and_serves(data_dir, tmp_path):
     """model.dtype "auto" where it is bfloat16 (the default on bfloat16 CPUs and accelerators), end to end."""
     if runs.compute_dtype("auto") != jnp.bfloat16:

@@ -182,7 +182,7 @@ def ours_config(args):
     c.training.batch_size = args.batch
     c.training.ema = 0.9999
     # configs/config.yaml of the original
-    c.optim.update(lr=3e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, warmup=2500,
+    c.optim.update(optimizer="adamw", lr=3e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, warmup=2500,
                    schedule="constant", grad_clip=1.0)
     c.sampling.update(predictor="analytic", steps=args.sample_steps, eps=1e-5)
     c.mesh.cpu_devices = args.cpu_devices

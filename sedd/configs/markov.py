@@ -33,7 +33,8 @@ def get_config():
     c.training.eval_samples = 0
     c.training.ema = 0.999  # the figures in docs/evaluation.md were measured with these two
     c.optim.lr = 1e-3
-    c.optim.adaln_lr_scale = 1.0  # plain AdamW, as docs/evaluation.md's and the README's figures were measured
+    c.optim.optimizer = "adamw"  # plain AdamW, as docs/evaluation.md's and the README's figures were measured
+    c.optim.adaln_lr_scale = 1.0
     c.training.t_power = 0.0  # uniform t, as those figures were measured
     c.optim.warmup = 100
     c.sampling.steps = 32

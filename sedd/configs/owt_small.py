@@ -29,7 +29,8 @@ def get_config():
     c.training.eval_every = 10_000
     c.training.ckpt_every = 5_000
     c.optim.lr = 3e-4
-    c.optim.adaln_lr_scale = 1.0  # the original's plain AdamW
+    c.optim.optimizer = "adamw"  # the original's plain AdamW
+    c.optim.adaln_lr_scale = 1.0
     c.training.t_power = 0.0  # the original's uniform t
     c.optim.warmup = 2500
     c.optim.schedule = "constant"
