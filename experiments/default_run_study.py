@@ -11,23 +11,25 @@ measured minutes are reported. The corpora:
            ``sedd.data.markov.MarkovChain(vocab_size=12, order=2, seed=s,
            alpha=0.25)``, one corpus per seed s of --markov-seeds, trained
            with data.documents=lines. The bound is set beside the chain's
-           entropy rate, and 16 samples of each model are scored exactly
-           under the chain.
+           entropy rate, 64 samples of each model are scored exactly
+           under the chain, and `reveal_profile` says where their excess
+           NLL is paid.
 
 Per run, OUT/<corpus>/<candidate>/ holds the run directory, train.log and
 study.json (the bound as `sedd eval` computes it, the curve of the training
 loop's validation estimates against minutes, and the samples' exact NLL on
 markov). A run whose study.json exists is skipped, so a study can be resumed
-or extended with more candidates or seeds; an unfinished one is trained again
-from scratch, so that its minutes are one process's. OUT/study.md holds a
+or extended with more candidates or seeds (a run folder copied in from another
+study counts if its config is the candidate's); an unfinished one is trained
+again from scratch, so that its minutes are one process's. OUT/study.md holds a
 table per corpus, OUT/study.png a panel per corpus.
 
 The figures of the docs:
 
-  python experiments/default_run_study.py --corpus both --markov-seeds 0,1
+  python experiments/default_run_study.py --corpus both --markov-seeds 0,1,2 --candidates default,adamw,ar
 
 At the default steps (the config's training.n_iters) a run takes about 10
-minutes on 2 CPU cores: 4 candidates x 3 corpora is about 2 hours.
+minutes on 2 CPU cores: 3 candidates x 4 corpora is about 2 hours.
 """
 
 from __future__ import annotations
@@ -54,10 +56,13 @@ from sedd import evaluate, runs  # noqa: E402
 from sedd.data.markov import MarkovChain  # noqa: E402
 from sedd.data.tokenizers import EOS_TEXT  # noqa: E402
 
+PREVIOUS = ["--config.optim.optimizer=adamw", "--config.model.n_heads=4", "--config.training.ema=0.995"]
 CANDIDATES = {
-    "default": [],  # the shipped default (optim.adaln_lr_scale = 0.1, training.t_power = 0.5)
-    "uniform_t": ["--config.training.t_power=0.0"],  # SEDD's uniform t (the default before training.t_power)
-    "sedd_adamw": ["--config.optim.adaln_lr_scale=1.0", "--config.training.t_power=0.0"],  # the original's AdamW, t
+    "default": [],  # the shipped default (Muon x 4, 8 heads, EMA 0.98, adaln_lr_scale 0.1, t_power 0.5)
+    "adamw": PREVIOUS,  # the default before optim.optimizer: AdamW everywhere, 4 heads, EMA 0.995
+    "uniform_t": [*PREVIOUS, "--config.training.t_power=0.0"],  # and SEDD's uniform t
+    "sedd_adamw": [*PREVIOUS, "--config.optim.adaln_lr_scale=1.0",
+                   "--config.training.t_power=0.0"],  # the original's AdamW and t
     "radd": ["--config.model.time_conditioning=False"],  # RADD's time-independent network
     "subs": ["--config.model.normalize=True"],  # MDLM's SUBS: a normalized p(x0 | x_t)
     "ar": ["--config.model.kind=ar"],  # the causal baseline of the same size
@@ -66,7 +71,7 @@ CORPORA = ("plays", "markov")
 MARKOV = {"vocab_size": 12, "order": 2, "alpha": 0.25}  # the chain of each seed
 MARKOV_LENGTH = 200  # letters per line (document) of the markov corpus
 LETTERS = "abcdefghijkl"  # token id i is written as LETTERS[i]
-NUM_SAMPLES = 16  # samples scored under the chain
+NUM_SAMPLES = 64  # samples scored under the chain
 LN2 = math.log(2)
 
 
@@ -135,23 +140,83 @@ def curve(workdir: Path) -> list[tuple[float, float]]:
     return [(r["elapsed_s"] / 60, r["val_estimate_bits_per_char"]) for r in rows if "val_estimate_bits_per_char" in r]
 
 
-def sample_nll(run: runs.Run, chain: MarkovChain) -> tuple[float, float]:
-    """Exact NLL of the run's samples under the chain, nats/char, and the share of sample characters scored.
+def sample_nll(run: runs.Run, chain: MarkovChain) -> tuple[float, float, float]:
+    """Exact NLL of the run's samples under the chain, nats/char, its standard error, and the share scored.
 
     A sample is cut at every character that is not a letter a-l (document
     separators, a mask left in a sample); each piece of at least k letters is
     scored with ``log_prob``, whose first k letters cost their stationary law,
-    as for a window cut anywhere from the stream.
+    as for a window cut anywhere from the stream. The NLL is the scored nats
+    over the scored letters; its standard error treats the samples as the
+    independent units (the delta method for a ratio of means).
     """
-    total, letters, chars = 0.0, 0, 0
+    nats, letters, chars = [], [], 0
     for text in run.generate(jax.random.key(0), NUM_SAMPLES):
         text = text.replace(EOS_TEXT, "\n")  # "<|endoftext|>" holds letters a-l (e, d, f) of its own
         chars += len(text)
-        for piece in re.split(f"[^{LETTERS}]+", text):
-            if len(piece) >= chain.order:
-                total -= chain.log_prob(np.frombuffer(piece.encode(), np.uint8) - ord("a"))
-                letters += len(piece)
-    return total / max(letters, 1), letters / max(chars, 1)
+        pieces = [p for p in re.split(f"[^{LETTERS}]+", text) if len(p) >= chain.order]
+        nats.append(sum(-chain.log_prob(np.frombuffer(p.encode(), np.uint8) - ord("a")) for p in pieces))
+        letters.append(sum(len(p) for p in pieces))
+    nats, letters = np.asarray(nats, np.float64), np.asarray(letters, np.float64)
+    nll = nats.sum() / max(letters.sum(), 1)
+    se = float(np.std(nats - nll * letters, ddof=1) / max(letters.mean(), 1) / math.sqrt(len(nats)))
+    return float(nll), se, float(letters.sum() / max(chars, 1))
+
+
+def reveal_profile(run: runs.Run, chain: MarkovChain, num_samples: int = NUM_SAMPLES, bins: int = 8,
+                   seed: int = 0) -> dict:
+    r"""Where a sample's excess NLL is paid: the model's any-order draw, each letter beside the chain's exact law.
+
+    The absorbing reverse process unmasks one position at a time, in a uniformly
+    random order (with the exact score, every sampler of the registry draws from
+    it). This draws num_samples windows of the run's length that way, letters
+    only: at the k-th step (k letters revealed, masked fraction m = 1 - k/L,
+    the network read at sigma_bar(t = m)) one masked position, uniformly, takes
+    a letter from the network's denoiser q (softmax of its token scores over
+    the letters a-l), set beside the chain's exact law p of that position given
+    the revealed letters (``MarkovChain.posteriors``). A sample's exact NLL
+    under the chain decomposes over the steps,
+
+        E_q[-log p(x)] = \sum_k E[CE(q_k, p_k)],   CE(q, p) = H(q) + KL(q || p),
+
+    so the mean of CE over the steps is the samples' NLL per letter with the
+    draw of each letter averaged out (``nll``, nats/char), and CE - H(p) in each
+    bin of the revealed fraction k/L says at which stage of the denoising the
+    excess over the chain's own uncertainty is paid. The absorbing graph only.
+
+    Returns:
+      {"nll", "excess", "kl_qp", "kl_pq", "tail_mass"} (the last four lists of
+      `bins` means, nats; tail_mass: q's mass on letters p gives < 1e-3), or
+      {} for an AR or uniform run.
+    """
+    if run.config.model.kind == "ar" or not run.graph.absorb:
+        return {}
+    v, length, b = chain.vocab_size, run.seq_len, num_samples
+    letters = np.asarray([run.tokenizer.encode(c)[0] for c in LETTERS[:v]])
+    score = jax.jit(run.score_fn)
+    rng = np.random.default_rng(seed)
+    x = np.full((b, length), -1)
+    sums = {name: np.zeros(bins) for name in ("excess", "kl_qp", "kl_pq", "tail_mass")}
+    counts, total = np.zeros(bins), np.zeros(b)
+    rows = np.arange(b)
+    for k in range(length):
+        pos = np.array([rng.choice(np.flatnonzero(row < 0)) for row in x])  # (B,) one masked position each
+        sigma = run.noise(jax.numpy.full((b,), 1 - k / length))[0]
+        tokens = np.where(x < 0, run.graph.mask, letters[np.maximum(x, 0)])
+        log_s = np.asarray(score(jax.numpy.asarray(tokens, jax.numpy.int32), sigma))[rows, pos][:, letters]
+        q = np.exp(log_s - log_s.max(-1, keepdims=True))
+        q /= q.sum(-1, keepdims=True)  # (B, V)
+        p = chain.posteriors(x)[rows, pos]  # (B, V)
+        log_p, log_q = np.log(np.maximum(p, 1e-300)), np.log(np.maximum(q, 1e-300))
+        ce, h_p = -(q * log_p).sum(-1), -(p * log_p).sum(-1)
+        i = min(k * bins // length, bins - 1)
+        for name, value in (("excess", ce - h_p), ("kl_qp", ce + (q * log_q).sum(-1)),
+                            ("kl_pq", (p * (log_p - log_q)).sum(-1)), ("tail_mass", (q * (p < 1e-3)).sum(-1))):
+            sums[name][i] += value.sum()
+        counts[i] += b
+        total += ce
+        x[rows, pos] = (q.cumsum(-1) < rng.random((b, 1))).sum(-1).clip(0, v - 1)  # a letter from q
+    return {"nll": float(total.mean() / length), **{n: (s / counts).tolist() for n, s in sums.items()}}
 
 
 def conditional_kl(run: runs.Run, chain: MarkovChain, sequences: int = 64, sigma: float = 1e-3) -> dict:
@@ -204,6 +269,24 @@ def unigram_entropy_nats(chain: MarkovChain) -> float:
     return float(-(marginal * np.log(np.where(marginal > 0, marginal, 1.0))).sum())
 
 
+def settings_changes(workdir: Path, overrides: list[str]) -> list[tuple[str, object, object]]:
+    """(key, the run's value, the value `overrides` give now) for each config key that differs.
+
+    The config is compared, not the override strings, so a run of the same settings spelled
+    differently (or trained before they became the default) is the same run; its corpus file
+    counts by its text and its prepared cache (data.data_dir) not at all, so runs can be copied
+    between study folders.
+    """
+    saved = json.loads((workdir / runs.CONFIG).read_text())
+    now = json.loads(config_lib.load_config(config_lib.DEFAULT_CONFIG, overrides).to_json())  # as saved
+
+    def same_text(a, b) -> bool:
+        return Path(a).is_file() and Path(b).is_file() and Path(a).read_text() == Path(b).read_text()
+
+    return [c for c in runs.config_changes(saved, now)
+            if c[0] != "data.data_dir" and not (c[0] == "data.path" and same_text(c[1], c[2]))]
+
+
 def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], steps: int,
               chain_seed: int | None) -> dict:
     """Train one candidate on one corpus (or read its study.json when it has one) and write its figures."""
@@ -211,12 +294,22 @@ def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], step
     result_file = workdir / "study.json"
     if result_file.exists():
         result = json.loads(result_file.read_text())
-        if result["overrides"] != overrides:
-            raise ValueError(f"{workdir} was trained with other overrides ({' '.join(result['overrides'])}); "
-                             "delete it or choose another --out")
+        if changes := settings_changes(workdir, overrides):
+            lines = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, a, b in changes)
+            raise ValueError(f"{workdir} was trained with other settings ({lines}); delete it or choose "
+                             "another --out")
+        result["candidate"] = candidate  # a run copied in from another candidate's folder
         print(f"{corpus}/{candidate}: done before, read from {result_file}")
-        if chain_seed is not None and "conditional" not in result:  # a figure added after the run: measured now
-            result["conditional"] = conditional_kl(runs.load(workdir), markov_chain(chain_seed))
+        missing = [] if chain_seed is None else [
+            k for k in ("conditional", "profile", "samples_nll_2se") if k not in result]
+        if missing:  # a figure added after the run (or, for the samples, their error bar): measured now
+            run, chain = runs.load(workdir), markov_chain(chain_seed)
+            for k in missing:
+                if k == "samples_nll_2se":
+                    nll, se, scored = sample_nll(run, chain)
+                    result.update(samples_nll_nats_per_char=nll, samples_nll_2se=2 * se, samples_scored_fraction=scored)
+                else:
+                    result[k] = {"conditional": conditional_kl, "profile": reveal_profile}[k](run, chain)
             result_file.write_text(json.dumps(result, indent=2))
         return result
     print(f"{corpus}/{candidate}: training {steps} steps ({' '.join(overrides) or 'the default'})", flush=True)
@@ -233,11 +326,11 @@ def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], step
     if chain_seed is not None:
         chain = markov_chain(chain_seed)
         run = runs.load(workdir)
-        nll, scored = sample_nll(run, chain)
+        nll, se, scored = sample_nll(run, chain)
         result.update(rate_nats_per_char=chain.entropy_rate(), rate_bits_per_char=chain.entropy_rate() / LN2,
                       unigram_bits_per_char=unigram_entropy_nats(chain) / LN2,
-                      samples_nll_nats_per_char=nll, samples_scored_fraction=scored,
-                      conditional=conditional_kl(run, chain))
+                      samples_nll_nats_per_char=nll, samples_nll_2se=2 * se, samples_scored_fraction=scored,
+                      conditional=conditional_kl(run, chain), profile=reveal_profile(run, chain))
     result_file.write_text(json.dumps(result, indent=2))
     return result
 
@@ -250,27 +343,44 @@ def table(corpus: str, results: list[dict]) -> str:
     markov = "rate_bits_per_char" in results[0]
     head = ["candidate", "kind", "steps", "minutes", "bound bits/char ± 2 s.e."]
     if markov:
-        head += ["gap to rate, bits/char", "samples' NLL, nats/char", "rate, nats/char", "sample chars scored",
-                 "one letter: KL(p‖q) / KL(q‖p), nats", "q on p < 1e-3"]
+        head += ["gap to rate, bits/char", "samples' NLL, nats/char ± 2 s.e.", "gap to rate, nats/char",
+                 "any-order NLL, nats/char", "sample chars scored", "one letter: KL(p‖q) / KL(q‖p), nats",
+                 "q on p < 1e-3"]
     lines = [f"### {corpus}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         row = [r["candidate"], r["kind"], str(r["steps"]), f"{r['minutes']:.1f}",
                f"{r['bound_bits_per_char']:.3f} ± {r['bound_2se_bits_per_char']:.3f}"]
         if markov:
+            se = f" ± {r['samples_nll_2se']:.3f}" if "samples_nll_2se" in r else ""
+            profile = r.get("profile") or {}
             row += [f"{r['bound_bits_per_char'] - r['rate_bits_per_char']:+.3f}",
-                    f"{r['samples_nll_nats_per_char']:.3f}", f"{r['rate_nats_per_char']:.3f}",
-                    f"{r['samples_scored_fraction']:.0%}"]
+                    f"{r['samples_nll_nats_per_char']:.3f}{se}",
+                    f"{r['samples_nll_nats_per_char'] - r['rate_nats_per_char']:+.3f}",
+                    f"{profile['nll']:.3f}" if profile else "", f"{r['samples_scored_fraction']:.0%}"]
             cond = r.get("conditional") or {}
             row += [f"{cond['kl_pq']:.3f} / {cond['kl_qp']:.3f}", f"{cond['tail_mass']:.1%}"] if cond else ["", ""]
         lines.append("| " + " | ".join(row) + " |")
     if markov:
-        lines += ["", f"Entropy rate {results[0]['rate_bits_per_char']:.3f} bits/char, unigram entropy "
-                  f"{results[0]['unigram_bits_per_char']:.3f} bits/char. Samples are cut at the characters that "
+        lines += ["", f"Entropy rate {results[0]['rate_bits_per_char']:.3f} bits/char = "
+                  f"{results[0]['rate_nats_per_char']:.3f} nats/char, unigram entropy "
+                  f"{results[0]['unigram_bits_per_char']:.3f} bits/char. Samples' NLL: {NUM_SAMPLES} samples of the "
+                  "run's own sampler (config.sampling), scored exactly under the chain; any-order NLL: the same "
+                  "law drawn one letter a step, each letter's cross-entropy against the chain's exact law "
+                  "averaged (`reveal_profile`, letters only). Samples are cut at the characters that "
                   "are not letters a-l (document separators `<|endoftext|>`, newlines), which are dropped; "
                   "pieces shorter than the order are not scored. The bound counts the separators. "
                   "One letter: the network's denoiser q at one masked letter with all the others given, against "
                   "the chain's p given both sides (`conditional_kl`); KL(q‖p) is what a sample pays, KL(p‖q) "
                   "what the bound pays (AR: not measured)."]
+        profiled = [r for r in results if r.get("profile")]
+        if profiled:
+            bins = len(profiled[0]["profile"]["excess"])
+            head = ["candidate", *(f"{i / bins:.3g}-{(i + 1) / bins:.3g}" for i in range(bins))]
+            lines += ["", "Excess of each sampled letter over the chain's own uncertainty, CE(q, p) - H(p) in "
+                      "nats, by the fraction of the window already revealed when it was drawn (`reveal_profile`):",
+                      "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            lines += ["| " + " | ".join([r["candidate"], *(f"{e:.3f}" for e in r["profile"]["excess"])]) + " |"
+                      for r in profiled]
     lines += ["", "Minutes: wall time of `sedd train` (start-up, compilation, evaluations and samples included). "
               "AR: the exact NLL (its 2 s.e. is 0 here), not a bound."]
     return "\n".join(lines)

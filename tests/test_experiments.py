@@ -9,6 +9,7 @@ installed library) and run in this process, so jax is imported once.
 import importlib.util
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,7 @@ FIELDS = {
     "ar": ["crossover_steps", "ar_seconds", "rows"],
     "memory": None,
     "rng": ["method", "ms", "speedup_over_jax"],
+    "optimizer": ["optimizer", "step_ms", "ratio_to_adamw"],
 }
 
 
@@ -139,6 +141,38 @@ def test_conditional_kl_is_zero_for_the_chains_own_conditional():
     assert flat["kl_pq"] > 0.3 and flat["kl_qp"] > flat["kl_pq"]  # a flat q pays most where p is near 0
 
 
+def test_reveal_profile_of_the_chains_own_law_pays_no_excess():
+    """reveal_profile against a network that returns the chain's exact law given the revealed letters."""
+    import types
+
+    import jax
+    import jax.numpy as jnp
+
+    chain = study.markov_chain(0)
+    v, length, mask = chain.vocab_size, 24, 99
+    encode = {c: [3 + i] for i, c in enumerate(study.LETTERS)}  # letter i is token 3 + i
+
+    def exact_numpy(x):
+        x = np.asarray(x)
+        hidden = np.where(x == mask, -1, x - 3)
+        out = np.full((*x.shape, 21), -np.inf, np.float32)
+        out[..., 3:3 + v] = np.log(np.maximum(chain.posteriors(hidden), 1e-30))
+        return out
+
+    def exact(x, sigma):
+        return jax.pure_callback(exact_numpy, jax.ShapeDtypeStruct((*x.shape, 21), jnp.float32), x)
+
+    run = types.SimpleNamespace(config=types.SimpleNamespace(model=types.SimpleNamespace(kind="ddit")),
+                                graph=types.SimpleNamespace(absorb=True, mask=mask, vocab_size=20),
+                                tokenizer=types.SimpleNamespace(encode=lambda c: encode[c]), seq_len=length,
+                                score_fn=exact, noise=lambda t: (t, t))
+    profile = study.reveal_profile(run, chain, num_samples=64, bins=4)
+    assert max(abs(e) for e in profile["excess"]) < 1e-4  # q = p at every step (float32 logs)
+    assert max(profile["kl_qp"]) < 1e-4 and max(profile["tail_mass"]) <= v * 1e-3  # p's own mass below 1e-3
+    # Then the mean cross-entropy is the window's entropy per letter, up to Monte Carlo error.
+    assert profile["nll"] == pytest.approx(chain.sequence_entropy(length) / length, abs=0.05)
+
+
 def test_default_run_study_markov(tmp_path, capsys):
     """One tiny candidate end to end (a `sedd train` subprocess, the bound, the samples scored under the chain)."""
     argv = _study(tmp_path, "default")
@@ -148,6 +182,14 @@ def test_default_run_study_markov(tmp_path, capsys):
     assert study.main(argv) == 0 and "done before" in capsys.readouterr().out  # a finished run is not retrained
     assert study.main([*_study(tmp_path, "default,ar"), "--report"]) == 0  # reports what is finished, trains nothing
     assert not (tmp_path / "markov_seed0" / "ar").exists()
+    moved = tmp_path / "moved"  # a finished run copied to another study folder is the same run there
+    shutil.copytree(tmp_path / "markov_seed0", moved / "markov_seed0")
+    argv_moved = [moved if a == str(tmp_path) else a for a in argv]
+    assert study.main([str(a) for a in argv_moved]) == 0 and "done before" in capsys.readouterr().out
+    shutil.copytree(tmp_path / "markov_seed0" / "default", tmp_path / "markov_seed0" / "adamw")
+    capsys.readouterr()
+    assert study.main(_study(tmp_path, "adamw")) != 0  # other settings: refused, named
+    assert "optim.optimizer: 'muon' there, 'adamw' now" in "".join(capsys.readouterr())
     with pytest.raises(ValueError, match="unknown candidate"):
         study.pick_candidates("default,mdlm")
 
