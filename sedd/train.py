@@ -12,6 +12,7 @@ described in ``sedd.runs``, which also loads the trained model for inference.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -300,7 +301,8 @@ class MetricsWriter:
     Inactive on processes other than 0."""
 
     def __init__(self, workdir: Path, active: bool = True):
-        self.file = open(workdir / runs.METRICS, "a") if active else None
+        self.path = workdir / runs.METRICS
+        self.file = open(self.path, "a") if active else None
         self.tb = None
         if active:
             try:
@@ -548,11 +550,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
                     try:
                         writer.write(row)
                     except OSError as e:  # a full disk meets the metrics file first (orbax writes in the background)
-                        try:
-                            manager.wait_until_finished()  # then say which checkpoint is whole
-                        except Exception:  # noqa: BLE001 (the disk's error is the one to report)
-                            pass
-                        raise _save_failed(e, manager, f"writing {workdir / runs.METRICS}") from e
+                        with contextlib.suppress(Exception):  # the disk's error is the one to report, once
+                            manager.wait_until_finished()  # orbax has settled: the newest step named is whole
+                        raise _save_failed(e, manager, f"writing {writer.path}") from e
                 if stopped:
                     save(state)
                     break
@@ -567,7 +567,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
                 writer.close()
             except OSError as e:
                 if not failed:
-                    raise _save_failed(e, manager, f"writing {workdir / runs.METRICS}") from e
+                    raise _save_failed(e, manager, f"writing {writer.path}") from e
             try:
                 manager.wait_until_finished()
             except Exception as e:

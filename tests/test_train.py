@@ -288,6 +288,9 @@ def test_muon_orthogonalises_the_blocks_matrices_and_adamw_takes_the_rest():
     config.optim.optimizer = "sgd"
     with pytest.raises(ValueError, match="optim.optimizer='sgd': expected one of adamw, muon"):
         train_lib.build_optimizer(config)
+    config.optim.optimizer, config.optim.muon_lr_scale = "muon", 0.0
+    with pytest.raises(ValueError, match="optim.muon_lr_scale must be > 0, got 0.0"):
+        train_lib.build_optimizer(config)
 
 
 def test_bfloat16_run_trains_evaluates_samples_and_serves(data_dir, tmp_path):
