@@ -58,11 +58,12 @@ from sedd.data.tokenizers import EOS_TEXT  # noqa: E402
 
 PREVIOUS = ["--config.optim.optimizer=adamw", "--config.model.n_heads=4", "--config.training.ema=0.995"]
 CANDIDATES = {
-    "default": [],  # the shipped default (Muon x 4, 8 heads, EMA 0.98, adaln_lr_scale 0.1, t_power 0.5)
+    "default": [],  # the shipped default (Muon x 4, 8 heads, EMA 0.98, adaln_lr_scale 0.1, t_power 0.5, EB sampler)
     "adamw": PREVIOUS,  # the default before optim.optimizer: AdamW everywhere, 4 heads, EMA 0.995
     "uniform_t": [*PREVIOUS, "--config.training.t_power=0.0"],  # and SEDD's uniform t
     "sedd_adamw": [*PREVIOUS, "--config.optim.adaln_lr_scale=1.0",
                    "--config.training.t_power=0.0"],  # the original's AdamW and t
+    "analytic": ["--config.sampling.predictor=analytic"],  # the default's training, SEDD's Tweedie sampler
     "radd": ["--config.model.time_conditioning=False"],  # RADD's time-independent network
     "subs": ["--config.model.normalize=True"],  # MDLM's SUBS: a normalized p(x0 | x_t)
     "ar": ["--config.model.kind=ar"],  # the causal baseline of the same size
@@ -140,8 +141,10 @@ def curve(workdir: Path) -> list[tuple[float, float]]:
     return [(r["elapsed_s"] / 60, r["val_estimate_bits_per_char"]) for r in rows if "val_estimate_bits_per_char" in r]
 
 
-def sample_nll(run: runs.Run, chain: MarkovChain) -> tuple[float, float, float]:
+def sample_nll(run: runs.Run, chain: MarkovChain, predictor: str | None = None) -> tuple[float, float, float]:
     """Exact NLL of the run's samples under the chain, nats/char, its standard error, and the share scored.
+
+    The samples are drawn by `predictor` (default: the run's config.sampling.predictor) with the run's steps.
 
     A sample is cut at every character that is not a letter a-l (document
     separators, a mask left in a sample); each piece of at least k letters is
@@ -151,7 +154,7 @@ def sample_nll(run: runs.Run, chain: MarkovChain) -> tuple[float, float, float]:
     independent units (the delta method for a ratio of means).
     """
     nats, letters, chars = [], [], 0
-    for text in run.generate(jax.random.key(0), NUM_SAMPLES):
+    for text in run.generate(jax.random.key(0), NUM_SAMPLES, predictor=predictor):
         text = text.replace(EOS_TEXT, "\n")  # "<|endoftext|>" holds letters a-l (e, d, f) of its own
         chars += len(text)
         pieces = [p for p in re.split(f"[^{LETTERS}]+", text) if len(p) >= chain.order]
@@ -164,31 +167,41 @@ def sample_nll(run: runs.Run, chain: MarkovChain) -> tuple[float, float, float]:
 
 
 def reveal_profile(run: runs.Run, chain: MarkovChain, num_samples: int = NUM_SAMPLES, bins: int = 8,
-                   seed: int = 0) -> dict:
-    r"""Where a sample's excess NLL is paid: the model's any-order draw, each letter beside the chain's exact law.
+                   seed: int = 0, order: str = "random") -> dict:
+    r"""Where a sample's excess NLL is paid: the model's draw one letter a step, each beside the chain's exact law.
 
     The absorbing reverse process unmasks one position at a time, in a uniformly
-    random order (with the exact score, every sampler of the registry draws from
-    it). This draws num_samples windows of the run's length that way, letters
-    only: at the k-th step (k letters revealed, masked fraction m = 1 - k/L,
-    the network read at sigma_bar(t = m)) one masked position, uniformly, takes
-    a letter from the network's denoiser q (softmax of its token scores over
-    the letters a-l), set beside the chain's exact law p of that position given
-    the revealed letters (``MarkovChain.posteriors``). A sample's exact NLL
-    under the chain decomposes over the steps,
+    random order (order="random"; with the exact score, every sampler of the
+    registry draws from it); order="surest" unmasks the masked position whose
+    denoiser has the least entropy (the EB-sampler's order, `entropy_bound`,
+    one position a step). This draws num_samples windows of the run's length
+    that way, letters only: at the k-th step (k letters revealed, masked
+    fraction m = 1 - k/L, the network read at sigma_bar(t = m)) one masked
+    position takes a letter from the network's denoiser q (softmax of its
+    token scores over the letters a-l), set beside the chain's exact law p of
+    that position given the revealed letters (``MarkovChain.posteriors``).
+    Either order is a function of the letters revealed so far, so both the
+    chain's law and the sampler's own law Q factor over the steps:
 
-        E_q[-log p(x)] = \sum_k E[CE(q_k, p_k)],   CE(q, p) = H(q) + KL(q || p),
+        E_Q[-log p(x)] = \sum_k E[CE(q_k, p_k)],   CE(q, p) = H(q) + KL(q || p),
+        H(Q) = \sum_k E[H(q_k)],                  KL(Q || P) = \sum_k E[KL(q_k || p_k)].
 
-    so the mean of CE over the steps is the samples' NLL per letter with the
-    draw of each letter averaged out (``nll``, nats/char), and CE - H(p) in each
-    bin of the revealed fraction k/L says at which stage of the denoising the
-    excess over the chain's own uncertainty is paid. The absorbing graph only.
+    The mean of CE over the steps is the samples' NLL per letter with the draw
+    of each letter averaged out (``nll``, nats/char); ``entropy`` and ``kl``
+    split it into the samples' own entropy and their divergence from the
+    chain's law, per letter, so an order that lowered the NLL by lowering the
+    samples' diversity would show it in ``entropy`` (below the rate) and not
+    in ``kl``. CE - H(p) in each bin of the revealed fraction k/L says at
+    which stage of the denoising the excess over the chain's own uncertainty
+    is paid. The absorbing graph only.
 
     Returns:
-      {"nll", "excess", "kl_qp", "kl_pq", "tail_mass"} (the last four lists of
-      `bins` means, nats; tail_mass: q's mass on letters p gives < 1e-3), or
-      {} for an AR or uniform run.
+      {"nll", "entropy", "kl", "excess", "kl_qp", "kl_pq", "tail_mass"} (the
+      last four lists of `bins` means, nats; tail_mass: q's mass on letters p
+      gives < 1e-3), or {} for an AR or uniform run.
     """
+    if order not in ("random", "surest"):
+        raise ValueError(f"order must be 'random' or 'surest', got {order!r}")
     if run.config.model.kind == "ar" or not run.graph.absorb:
         return {}
     v, length, b = chain.vocab_size, run.seq_len, num_samples
@@ -197,15 +210,20 @@ def reveal_profile(run: runs.Run, chain: MarkovChain, num_samples: int = NUM_SAM
     rng = np.random.default_rng(seed)
     x = np.full((b, length), -1)
     sums = {name: np.zeros(bins) for name in ("excess", "kl_qp", "kl_pq", "tail_mass")}
-    counts, total = np.zeros(bins), np.zeros(b)
+    counts, total, own, kl = np.zeros(bins), np.zeros(b), np.zeros(b), np.zeros(b)
     rows = np.arange(b)
     for k in range(length):
-        pos = np.array([rng.choice(np.flatnonzero(row < 0)) for row in x])  # (B,) one masked position each
         sigma = run.noise(jax.numpy.full((b,), 1 - k / length))[0]
         tokens = np.where(x < 0, run.graph.mask, letters[np.maximum(x, 0)])
-        log_s = np.asarray(score(jax.numpy.asarray(tokens, jax.numpy.int32), sigma))[rows, pos][:, letters]
-        q = np.exp(log_s - log_s.max(-1, keepdims=True))
-        q /= q.sum(-1, keepdims=True)  # (B, V)
+        log_s = np.asarray(score(jax.numpy.asarray(tokens, jax.numpy.int32), sigma))[..., letters]  # (B, L, V)
+        q_all = np.exp(log_s - log_s.max(-1, keepdims=True))
+        q_all /= q_all.sum(-1, keepdims=True)
+        if order == "random":
+            pos = np.array([rng.choice(np.flatnonzero(row < 0)) for row in x])  # (B,) one masked position each
+        else:
+            h_all = -(q_all * np.log(np.maximum(q_all, 1e-300))).sum(-1)
+            pos = np.where(x < 0, h_all, np.inf).argmin(-1)
+        q = q_all[rows, pos]  # (B, V)
         p = chain.posteriors(x)[rows, pos]  # (B, V)
         log_p, log_q = np.log(np.maximum(p, 1e-300)), np.log(np.maximum(q, 1e-300))
         ce, h_p = -(q * log_p).sum(-1), -(p * log_p).sum(-1)
@@ -215,8 +233,11 @@ def reveal_profile(run: runs.Run, chain: MarkovChain, num_samples: int = NUM_SAM
             sums[name][i] += value.sum()
         counts[i] += b
         total += ce
+        own -= (q * log_q).sum(-1)
+        kl += ce + (q * log_q).sum(-1)
         x[rows, pos] = (q.cumsum(-1) < rng.random((b, 1))).sum(-1).clip(0, v - 1)  # a letter from q
-    return {"nll": float(total.mean() / length), **{n: (s / counts).tolist() for n, s in sums.items()}}
+    return {"nll": float(total.mean() / length), "entropy": float(own.mean() / length),
+            "kl": float(kl.mean() / length), **{n: (s / counts).tolist() for n, s in sums.items()}}
 
 
 def conditional_kl(run: runs.Run, chain: MarkovChain, sequences: int = 64, sigma: float = 1e-3) -> dict:
@@ -275,7 +296,8 @@ def settings_changes(workdir: Path, overrides: list[str]) -> list[tuple[str, obj
     The config is compared, not the override strings, so a run of the same settings spelled
     differently (or trained before they became the default) is the same run; its corpus file
     counts by its text and its prepared cache (data.data_dir) not at all, so runs can be copied
-    between study folders.
+    between study folders. The sampling.* keys do not count either: training never reads them, and
+    the study draws a run's samples with the sampler the settings give now (`markov_figures`).
     """
     saved = json.loads((workdir / runs.CONFIG).read_text())
     now = json.loads(config_lib.load_config(config_lib.DEFAULT_CONFIG, overrides).to_json())  # as saved
@@ -284,7 +306,33 @@ def settings_changes(workdir: Path, overrides: list[str]) -> list[tuple[str, obj
         return Path(a).is_file() and Path(b).is_file() and Path(a).read_text() == Path(b).read_text()
 
     return [c for c in runs.config_changes(saved, now)
-            if c[0] != "data.data_dir" and not (c[0] == "data.path" and same_text(c[1], c[2]))]
+            if c[0] != "data.data_dir" and not c[0].startswith("sampling.")
+            and not (c[0] == "data.path" and same_text(c[1], c[2]))]
+
+
+def markov_figures(result: dict, workdir: Path, chain: MarkovChain, sampler: str) -> bool:
+    """Fill in the samples' figures of a markov run that `result` lacks (or drew with another sampler).
+
+    Returns whether anything was measured.
+    """
+    wanted = {"samples": result.get("samples_sampler") != sampler or "samples_nll_2se" not in result,
+              "conditional": "conditional" not in result,
+              "profile": "profile" not in result or bool(result["profile"]) and "kl" not in result["profile"],
+              "profile_surest": "profile_surest" not in result}
+    if not any(wanted.values()):
+        return False
+    run = runs.load(workdir)
+    if wanted["samples"]:
+        nll, se, scored = sample_nll(run, chain, sampler)
+        result.update(samples_sampler=sampler, samples_nll_nats_per_char=nll, samples_nll_2se=2 * se,
+                      samples_scored_fraction=scored)
+    if wanted["conditional"]:
+        result["conditional"] = conditional_kl(run, chain)
+    if wanted["profile"]:
+        result["profile"] = reveal_profile(run, chain)
+    if wanted["profile_surest"]:
+        result["profile_surest"] = reveal_profile(run, chain, order="surest")
+    return True
 
 
 def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], steps: int,
@@ -292,6 +340,7 @@ def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], step
     """Train one candidate on one corpus (or read its study.json when it has one) and write its figures."""
     workdir = out / corpus / candidate
     result_file = workdir / "study.json"
+    sampler = config_lib.load_config(config_lib.DEFAULT_CONFIG, overrides).sampling.predictor
     if result_file.exists():
         result = json.loads(result_file.read_text())
         if changes := settings_changes(workdir, overrides):
@@ -300,16 +349,8 @@ def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], step
                              "another --out")
         result["candidate"] = candidate  # a run copied in from another candidate's folder
         print(f"{corpus}/{candidate}: done before, read from {result_file}")
-        missing = [] if chain_seed is None else [
-            k for k in ("conditional", "profile", "samples_nll_2se") if k not in result]
-        if missing:  # a figure added after the run (or, for the samples, their error bar): measured now
-            run, chain = runs.load(workdir), markov_chain(chain_seed)
-            for k in missing:
-                if k == "samples_nll_2se":
-                    nll, se, scored = sample_nll(run, chain)
-                    result.update(samples_nll_nats_per_char=nll, samples_nll_2se=2 * se, samples_scored_fraction=scored)
-                else:
-                    result[k] = {"conditional": conditional_kl, "profile": reveal_profile}[k](run, chain)
+        # a figure added after the run, or samples of another sampler than the settings give now: measured now
+        if chain_seed is not None and markov_figures(result, workdir, markov_chain(chain_seed), sampler):
             result_file.write_text(json.dumps(result, indent=2))
         return result
     print(f"{corpus}/{candidate}: training {steps} steps ({' '.join(overrides) or 'the default'})", flush=True)
@@ -325,12 +366,9 @@ def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], step
     }
     if chain_seed is not None:
         chain = markov_chain(chain_seed)
-        run = runs.load(workdir)
-        nll, se, scored = sample_nll(run, chain)
         result.update(rate_nats_per_char=chain.entropy_rate(), rate_bits_per_char=chain.entropy_rate() / LN2,
-                      unigram_bits_per_char=unigram_entropy_nats(chain) / LN2,
-                      samples_nll_nats_per_char=nll, samples_nll_2se=2 * se, samples_scored_fraction=scored,
-                      conditional=conditional_kl(run, chain), profile=reveal_profile(run, chain))
+                      unigram_bits_per_char=unigram_entropy_nats(chain) / LN2)
+        markov_figures(result, workdir, chain, sampler)
     result_file.write_text(json.dumps(result, indent=2))
     return result
 
@@ -343,20 +381,22 @@ def table(corpus: str, results: list[dict]) -> str:
     markov = "rate_bits_per_char" in results[0]
     head = ["candidate", "kind", "steps", "minutes", "bound bits/char ± 2 s.e."]
     if markov:
-        head += ["gap to rate, bits/char", "samples' NLL, nats/char ± 2 s.e.", "gap to rate, nats/char",
-                 "any-order NLL, nats/char", "sample chars scored", "one letter: KL(p‖q) / KL(q‖p), nats",
-                 "q on p < 1e-3"]
+        head += ["gap to rate, bits/char", "sampler", "samples' NLL, nats/char ± 2 s.e.", "gap to rate, nats/char",
+                 "random order: NLL / H(Q) / KL(Q‖P)", "surest first: NLL / H(Q) / KL(Q‖P)", "sample chars scored",
+                 "one letter: KL(p‖q) / KL(q‖p), nats", "q on p < 1e-3"]
     lines = [f"### {corpus}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         row = [r["candidate"], r["kind"], str(r["steps"]), f"{r['minutes']:.1f}",
                f"{r['bound_bits_per_char']:.3f} ± {r['bound_2se_bits_per_char']:.3f}"]
         if markov:
             se = f" ± {r['samples_nll_2se']:.3f}" if "samples_nll_2se" in r else ""
-            profile = r.get("profile") or {}
+            orders = [r.get("profile") or {}, r.get("profile_surest") or {}]
             row += [f"{r['bound_bits_per_char'] - r['rate_bits_per_char']:+.3f}",
+                    "" if r["kind"] == "ar" else f"`{r.get('samples_sampler', '')}`",
                     f"{r['samples_nll_nats_per_char']:.3f}{se}",
                     f"{r['samples_nll_nats_per_char'] - r['rate_nats_per_char']:+.3f}",
-                    f"{profile['nll']:.3f}" if profile else "", f"{r['samples_scored_fraction']:.0%}"]
+                    *(f"{o['nll']:.3f} / {o['entropy']:.3f} / {o['kl']:.3f}" if "kl" in o else "" for o in orders),
+                    f"{r['samples_scored_fraction']:.0%}"]
             cond = r.get("conditional") or {}
             row += [f"{cond['kl_pq']:.3f} / {cond['kl_qp']:.3f}", f"{cond['tail_mass']:.1%}"] if cond else ["", ""]
         lines.append("| " + " | ".join(row) + " |")
@@ -364,9 +404,14 @@ def table(corpus: str, results: list[dict]) -> str:
         lines += ["", f"Entropy rate {results[0]['rate_bits_per_char']:.3f} bits/char = "
                   f"{results[0]['rate_nats_per_char']:.3f} nats/char, unigram entropy "
                   f"{results[0]['unigram_bits_per_char']:.3f} bits/char. Samples' NLL: {NUM_SAMPLES} samples of the "
-                  "run's own sampler (config.sampling), scored exactly under the chain; any-order NLL: the same "
-                  "law drawn one letter a step, each letter's cross-entropy against the chain's exact law "
-                  "averaged (`reveal_profile`, letters only). Samples are cut at the characters that "
+                  "sampler named (config.sampling.predictor of the settings, the run's steps), scored exactly "
+                  "under the chain. Random order / surest first: the model's law drawn one letter a step, in "
+                  "the absorbing process's random order (the law of `analytic` and `euler`) or lowest denoiser "
+                  "entropy first (`entropy_bound`'s order), each letter beside the chain's exact law "
+                  "(`reveal_profile`, letters only): the samples' NLL per letter with each draw averaged out, "
+                  "their own entropy H(Q) and their divergence KL(Q‖P) from the chain, nats/char "
+                  "(NLL = H(Q) + KL(Q‖P)); a sampler that bought its NLL with diversity would show H(Q) under "
+                  "the rate. Samples are cut at the characters that "
                   "are not letters a-l (document separators `<|endoftext|>`, newlines), which are dropped; "
                   "pieces shorter than the order are not scored. The bound counts the separators. "
                   "One letter: the network's denoiser q at one masked letter with all the others given, against "

@@ -591,16 +591,31 @@ class EntropyBound(Confidence):
     the draw ends within ``steps``: with steps >= L that floor is 1 and the
     bound holds at every step. Adaptive: steps left with nothing masked cost
     no network call.
+
+    The entropies are rounded to ``ENTROPY_GRID`` nats, and positions whose
+    rounded entropies tie go in a random order drawn from the row's key.
+    Rounding makes the order, and so the text, the same in any batch: a
+    network's output in a batch of 4 differs from its output alone in the
+    last bits (5e-7 here), and unrounded entropies of positions the network
+    cannot yet tell apart (all of them, at the first step) differ by as
+    little, so the batch decided which went first. Any order chosen from
+    the revealed tokens and independent randomness keeps the chain rule, so
+    the sampler is as exact as before with the exact score.
     """
 
     options = {"max_entropy": 1.0}
+    ENTROPY_GRID = 1e-2  # nats; far above float32 noise, far below the entropy gaps that order positions
 
     def check(self, options):
         if not (isinstance(options["max_entropy"], (int, float)) and options["max_entropy"] >= 0):
             raise ValueError(f"max_entropy must be a number >= 0, got {options['max_entropy']!r}")
 
+    def rounded_entropy(self, ctx, logits):
+        """float32[B, L]: H(q_l) rounded to ENTROPY_GRID nats, a multiple of it."""
+        return jnp.round(ctx.entropy(logits) / self.ENTROPY_GRID) * self.ENTROPY_GRID
+
     def count(self, ctx, masked, n, logits):
-        entropy = ctx.entropy(logits)  # (B, L)
+        entropy = self.rounded_entropy(ctx, logits)  # (B, L)
         ascending = jnp.sort(jnp.where(masked, entropy, jnp.inf), axis=-1)
         finite = jnp.where(jnp.isfinite(ascending), ascending, 0.0)
         before = jnp.cumsum(finite, axis=-1) - finite  # sum - max of each prefix
@@ -609,7 +624,9 @@ class EntropyBound(Confidence):
         return jnp.minimum(jnp.maximum(within.sum(-1), super().count(ctx, masked, n, logits)), m)
 
     def priority(self, ctx, key, logits, token, prob):
-        return -ctx.entropy(logits)
+        # ties of the rounded entropy broken at random (a jitter under a tenth of the grid)
+        jitter = 0.1 * self.ENTROPY_GRID * jax.random.uniform(key, token.shape)
+        return -self.rounded_entropy(ctx, logits) - jitter
 
 
 @register_sampler("remdm")

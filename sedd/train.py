@@ -34,7 +34,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
-from sedd import ar, evaluate, losses, runs
+from sedd import ar, evaluate, losses, runs, sampling
 from sedd import config as config_lib
 from sedd import sharding as sharding_lib
 from sedd.data import load_dataset, load_tokenizer, save_tokenizer
@@ -139,6 +139,18 @@ def build_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedul
 # =========================================================================== state and step
 
 
+def check_sampler(config, graph) -> None:
+    """Fail before training, not at its first evaluation, when config.sampling.predictor cannot sample the run."""
+    name = config.sampling.predictor
+    if name not in sampling.PREDICTORS:
+        raise ValueError(f"unknown sampling.predictor {name!r}; expected one of {sorted(sampling.PREDICTORS)}")
+    kind = "absorbing" if graph.absorb else "uniform"
+    if config.model.kind != "ar" and kind not in sampling.PREDICTORS[name].graphs:
+        raise ValueError(f"sampling.predictor={name!r} runs on the {' and '.join(sampling.PREDICTORS[name].graphs)} "
+                         f"graph, and graph.type={config.graph.type!r}: add --config.sampling.predictor=analytic "
+                         "(or euler)")
+
+
 class Trainer:
     """The pure functions of a run: init_state, train_step, loss_step.
 
@@ -156,6 +168,7 @@ class Trainer:
     def __init__(self, config, mesh: jax.sharding.Mesh | None = None, zero1: bool | None = None):
         self.config = config
         self.graph = runs.build_graph(config)
+        check_sampler(config, self.graph)
         self.noise = runs.build_noise(config)
         self.tx, self.schedule = build_optimizer(config)
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(config.mesh)

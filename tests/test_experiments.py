@@ -166,11 +166,15 @@ def test_reveal_profile_of_the_chains_own_law_pays_no_excess():
                                 graph=types.SimpleNamespace(absorb=True, mask=mask, vocab_size=20),
                                 tokenizer=types.SimpleNamespace(encode=lambda c: encode[c]), seq_len=length,
                                 score_fn=exact, noise=lambda t: (t, t))
-    profile = study.reveal_profile(run, chain, num_samples=64, bins=4)
-    assert max(abs(e) for e in profile["excess"]) < 1e-4  # q = p at every step (float32 logs)
-    assert max(profile["kl_qp"]) < 1e-4 and max(profile["tail_mass"]) <= v * 1e-3  # p's own mass below 1e-3
-    # Then the mean cross-entropy is the window's entropy per letter, up to Monte Carlo error.
-    assert profile["nll"] == pytest.approx(chain.sequence_entropy(length) / length, abs=0.05)
+    for order in ("random", "surest"):  # the chain rule holds in any order chosen from the letters revealed
+        profile = study.reveal_profile(run, chain, num_samples=64, bins=4, order=order)
+        assert max(abs(e) for e in profile["excess"]) < 1e-4  # q = p at every step (float32 logs)
+        assert max(profile["kl_qp"]) < 1e-4 and max(profile["tail_mass"]) <= v * 1e-3  # p's own mass below 1e-3
+        assert abs(profile["kl"]) < 1e-4 and profile["nll"] == pytest.approx(profile["entropy"] + profile["kl"])
+        # Then the mean cross-entropy is the window's entropy per letter, up to Monte Carlo error.
+        assert profile["nll"] == pytest.approx(chain.sequence_entropy(length) / length, abs=0.05), order
+    with pytest.raises(ValueError, match="order must be"):
+        study.reveal_profile(run, chain, order="left_to_right")
 
 
 def test_default_run_study_markov(tmp_path, capsys):

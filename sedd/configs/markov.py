@@ -38,4 +38,5 @@ def get_config():
     c.training.t_power = 0.0  # uniform t, as those figures were measured
     c.optim.warmup = 100
     c.sampling.steps = 32
+    c.sampling.predictor = "analytic"  # as the figures of docs/sampling.md and the README were drawn
     return c

@@ -29,4 +29,5 @@ def get_config():
     c.optim.schedule = "constant"
     c.optim.optimizer = "adamw"  # as SEDD's and MD4's text8 runs (Muon is measured on the CPU default only)
     c.sampling.steps = 256
+    c.sampling.predictor = "analytic"  # SEDD's Tweedie sampler, as the field's text8 samples
     return c
