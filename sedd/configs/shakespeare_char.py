@@ -1,6 +1,6 @@
 """The default: a character-level model of the embedded Shakespeare plays.
 
-Sized to train on 2 CPU cores in about 11 minutes (2,000 steps of 32 x 128
+Sized to train on 2 CPU cores in about 11-13 minutes (2,000 steps of 32 x 128
 characters, 1.05M parameters, Muon for the blocks' matrices, `sedd train`
 running one device a core, with bfloat16 products where the CPU has
 AVX512-BF16): the validation bound falls to ~2.71 bits/char, against 4.81
