@@ -174,7 +174,7 @@ def reveal_profile(run: runs.Run, chain: MarkovChain, num_samples: int = NUM_SAM
     random order (order="random"; with the exact score, every sampler of the
     registry draws from it); order="surest" unmasks the masked position whose
     denoiser has the least entropy (the EB-sampler's order, `entropy_bound`,
-    one position a step). This draws num_samples windows of the run's length
+    one position a step, without its 0.01-nat rounding of near-ties). This draws num_samples windows of the run's length
     that way, letters only: at the k-th step (k letters revealed, masked
     fraction m = 1 - k/L, the network read at sigma_bar(t = m)) one masked
     position takes a letter from the network's denoiser q (softmax of its
@@ -315,9 +315,10 @@ def markov_figures(result: dict, workdir: Path, chain: MarkovChain, sampler: str
 
     Returns whether anything was measured.
     """
+    profile = result.get("profile")  # {} for an AR run: nothing to measure
     wanted = {"samples": result.get("samples_sampler") != sampler or "samples_nll_2se" not in result,
               "conditional": "conditional" not in result,
-              "profile": "profile" not in result or bool(result["profile"]) and "kl" not in result["profile"],
+              "profile": profile is None or bool(profile) and "kl" not in profile,  # or one from before H(Q), KL
               "profile_surest": "profile_surest" not in result}
     if not any(wanted.values()):
         return False
