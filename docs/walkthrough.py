@@ -64,7 +64,7 @@ import numpy as np
 
 from sedd import config as config_lib
 from sedd import data as data_lib
-from sedd import evaluate, graphs, losses, runs, sampling
+from sedd import evaluate, graphs, kinds, losses, runs, sampling
 from sedd import model as model_lib
 from sedd import noise as noise_lib
 from sedd import train as train_lib
@@ -403,7 +403,7 @@ lap("score entropy")
 # %%
 cfg = ml_collections.ConfigDict(config.to_dict())
 cfg.vocab_size = V  # train() sets this from the tokenizer; build_model reads it
-model = runs.build_model(cfg)
+model = kinds.build_model(cfg)
 print(f"DDiT: {cfg.model.n_blocks} blocks, width {cfg.model.hidden_size}, {cfg.model.n_heads} heads; "
       f"{model_lib.param_count(model):,} parameters")
 x_t = absorbing.sample_transition(jax.random.key(2), x0, jnp.full((1, 1), 1.0))  # (1, L)
@@ -444,7 +444,7 @@ save(fig, "training.png")
 
 run = runs.load(WORKDIR)  # the EMA weights of the last checkpoint; no optimizer is built
 # One score function object and the weights as traced arguments: every call below reuses one compilation.
-score_fn, params, graph, sched = runs.params_score_fn(run.graphdef), (run.params, run.rest), run.graph, run.noise
+score_fn, params, graph, sched = kinds.params_score_fn(run.graphdef), (run.params, run.rest), run.graph, run.noise
 lap("training")
 
 # %% [markdown]
@@ -474,7 +474,7 @@ steps = config.sampling.steps
 n_show = 2 if FAST else 3
 for name in ("analytic", "euler"):  # the two of the paper; docs/sampling.md has the others
     ids = sampling.sample(jax.random.key(3), score_fn, graph, sched, (n_show, L), steps,
-                          predictor=name, score_params=params)
+                          predictor=name, score_params=params).tokens
     print(f"--- predictor {name!r}, {steps} steps")
     for row in np.asarray(ids):
         print("   ", show(row))
@@ -497,7 +497,7 @@ n_seq = 64 if FAST else 256
 tv = {name: [] for name in ("analytic", "euler")}  # the others are for the absorbing graph
 for name in tv:
     for n in step_grid:
-        ids = sampling.sample(jax.random.key(4), exact_uniform, uniform, geometric, (n_seq, 32), n, predictor=name)
+        ids = sampling.sample(jax.random.key(4), exact_uniform, uniform, geometric, (n_seq, 32), n, predictor=name).tokens
         freq = np.bincount(np.asarray(ids).reshape(-1), minlength=V) / ids.size
         tv[name].append(0.5 * np.abs(freq - pi).sum())
     print(f"{name:>9}: TV to the unigram law " + "  ".join(f"{n} steps {d:.3f}" for n, d in zip(step_grid, tv[name])))
@@ -514,18 +514,18 @@ lap("predictors with the exact score")
 
 # %% [markdown]
 # **Watching the denoising.** `sample(..., return_trajectory=True)` also
-# returns the state after every `trajectory_every` steps: masks are filled a
+# keeps the state after every `trajectory_every` steps (`.trajectory`): masks are filled a
 # few at a time, in no particular order, and the text is decided everywhere at
 # once rather than left to right.
 
 # %%
 every = max(steps // 8, 1)
-final, traj = sampling.sample(jax.random.key(5), score_fn, graph, sched, (1, L), steps,
-                              score_params=params, return_trajectory=True, trajectory_every=every)
-traj = np.asarray(traj)[:, 0]  # (S, L)
+drawn = sampling.sample(jax.random.key(5), score_fn, graph, sched, (1, L), steps,
+                        score_params=params, return_trajectory=True, trajectory_every=every)
+traj = np.asarray(drawn.trajectory)[:, 0]  # (S, L)
 for i, row in enumerate(traj):
     print(f"step {i * every:4d}: {show(row)}")
-print(f"denoised : {show(final[0])}")
+print(f"denoised : {show(drawn.tokens[0])}")
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
 axes[0].imshow(traj == absorbing.mask, aspect="auto", cmap="Greys", extent=(0, L, steps, 0))
 axes[0].set(xlabel="position", ylabel="step", title="still masked (black)")
@@ -553,7 +553,7 @@ fixed_mask[:, :quarter] = True
 fixed_mask[:, -quarter:] = True
 fixed_tokens = np.repeat(np.asarray(x0), n_show, axis=0)
 infilled = sampling.sample(jax.random.key(6), score_fn, graph, sched, (n_show, L), steps,
-                           fixed_mask=fixed_mask, fixed_tokens=fixed_tokens, score_params=params)
+                           fixed_mask=fixed_mask, fixed_tokens=fixed_tokens, score_params=params).tokens
 infilled = np.asarray(infilled)
 assert (infilled[fixed_mask] == fixed_tokens[fixed_mask]).all()
 print("original:", show(x0[0, :quarter]) + "[" + show(x0[0, quarter:-quarter]) + "]" + show(x0[0, -quarter:]))

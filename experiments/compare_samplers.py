@@ -41,7 +41,7 @@ import matplotlib
 import numpy as np
 from tqdm.auto import tqdm
 
-from sedd import ar, evaluate, runs, sampling
+from sedd import ar, evaluate, figures, runs, sampling
 from sedd.data.markov import chain_from_config
 
 matplotlib.use("Agg")
@@ -154,13 +154,13 @@ def compare_samplers(
     workdir = Path(workdir)
     run = runs.load(workdir)
     config, tokenizer = run.config, run.tokenizer
-    if run.is_ar:
-        raise ValueError(f"{workdir} holds an AR run; compare_samplers needs a diffusion run "
+    if run.kind.exact:
+        raise ValueError(f"{workdir} holds an AR run (model.kind={run.kind.name!r}); compare_samplers needs a diffusion run "
                          "(pass the AR run as --judge)")
     chain = chain_from_config(config.data) if config.data.name == "markov" else None
     if judge is None and (workdir / "ar" / "config.json").exists():
         judge = workdir / "ar"
-    judge_model = evaluate.load_judge(judge, tokenizer).model if judge is not None else None
+    judge_model = figures.load_judge(judge, tokenizer).model if judge is not None else None
     if judge_model is None and chain is None:
         raise FileNotFoundError(
             f"no judge for {workdir}: pass --judge AR_RUN_DIR, or train the AR baseline into {workdir / 'ar'}:\n"
@@ -188,12 +188,13 @@ def compare_samplers(
                               return_stats=True, **opts)
 
         start = time.perf_counter()
-        samples, stats = call()
+        out = call()
         wall = time.perf_counter() - start
         if time_calls:
             start = time.perf_counter()
-            samples, stats = call()
+            out = call()
             wall = time.perf_counter() - start
+        samples, stats = out.tokens, out.stats
         rows.append({"sampler": spec, "budget": budget, "steps": n_steps,
                      "nfe": float(np.mean(stats["nfe_per_sample"])), "nfe_batch": int(stats["nfe"]),
                      "wall_s": wall if time_calls else None, **score(samples)})

@@ -52,7 +52,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
 from sedd import config as config_lib  # noqa: E402
-from sedd import evaluate, runs  # noqa: E402
+from sedd import figures, runs  # noqa: E402
 from sedd.data.markov import MarkovChain  # noqa: E402
 from sedd.data.tokenizers import EOS_TEXT  # noqa: E402
 
@@ -356,14 +356,14 @@ def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], step
         return result
     print(f"{corpus}/{candidate}: training {steps} steps ({' '.join(overrides) or 'the default'})", flush=True)
     minutes = train(workdir, overrides)
-    figures = evaluate.evaluate_run(workdir, progress=False)  # evaluate_run's defaults are `sedd eval`'s
-    per = figures["bits_per_char"] / figures["nats_per_token"]  # bits/char per nat/token (EOS has no chars)
+    figs = figures.evaluate_run(workdir, progress=False)  # evaluate_run's defaults are `sedd eval`'s
+    per = figs["bits_per_char"] / figs["nats_per_token"]  # bits/char per nat/token (EOS has no chars)
     points = curve(workdir)
     result = {
-        "corpus": corpus, "candidate": candidate, "overrides": overrides, "steps": steps, "kind": figures["kind"],
+        "corpus": corpus, "candidate": candidate, "overrides": overrides, "steps": steps, "kind": figs["kind"],
         "minutes": minutes, "loop_minutes": points[-1][0] if points else minutes,
-        "bound_bits_per_char": figures["bits_per_char"],
-        "bound_2se_bits_per_char": 2 * figures["stderr_nats_per_token"] * per, "curve": points,
+        "bound_bits_per_char": figs["bits_per_char"],
+        "bound_2se_bits_per_char": 2 * figs["stderr_nats_per_token"] * per, "curve": points,
     }
     if chain_seed is not None:
         chain = markov_chain(chain_seed)

@@ -5,18 +5,27 @@ One module per concept of the paper:
   noise     noise schedules sigma_bar(t) (Geometric, LogLinear)
   losses    denoising score entropy loss
   model     the DDiT transformer (Flax NNX)
-  sampling  Euler (tau-leaping) and analytic (Tweedie) samplers
+  sampling  the sampler registry (Euler, analytic, first-hitting, confidence,
+            EB-sampler, ReMDM), one ``sample`` call returning ``Samples``
+  evaluate  likelihood bound, exact NLL, generative perplexity, entropy (pure)
   data      tokenizers, TFDS builders, packing, Markov data (a package)
   train     training loop, EMA, checkpoints
   sharding  device meshes and partition rules
-  evaluate  likelihood bound, generative perplexity, entropy
 
 and around them:
+  kinds        model kinds (SEDD's ddit, the AR baseline): network, loss, figure, sampler
+  kernels      the model's speed paths: bfloat16 products, dtype policy, dropout masks
   categorical  categorical draws exact for small probabilities
+  rng          random words from every bit of a threefry block
   ar           the autoregressive baseline (loss, KV-cache decoding)
   runs         a run directory; a trained model loaded for inference
-  config       get_config() files and --config.x=y overrides; the shipped ones in configs/
+  figures      a run's figures on a split; the judge of samples
+  config       get_config() files, --config.x=y overrides, migration of old runs; the shipped ones in configs/
+  convert      the original PyTorch checkpoints -> a run directory
+  serve        `sedd serve`: completions server and playground
   cli          the `sedd` command
+
+docs/architecture.md draws the rooms and what each may import.
 """
 
 __version__ = "0.1.0"

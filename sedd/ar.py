@@ -40,7 +40,7 @@ def _check(model: DDiT) -> None:
     if not model.causal or model.time_conditioning or model.num_tokens != model.out_dim + 1:
         raise ValueError(
             "an AR baseline is a DDiT with causal=True, time_conditioning=False, num_tokens=V + 1 "
-            "(BOS = V) and out_dim=V; build it with model.kind='ar' (sedd.runs.build_model)")
+            "(BOS = V) and out_dim=V; build it with model.kind='ar' (sedd.kinds.build_model)")
 
 
 def bos_id(model: DDiT) -> int:

@@ -87,8 +87,8 @@ def first_argmax(w: jax.Array) -> jax.Array:
 
     Two plain reductions, a max and a min over the indices where w equals
     it, instead of one reduction over (value, index) pairs: XLA's CPU
-    backend vectorises the plain ones, and the race's draw ran 3x faster
-    (docs/serving.md). A row holding NaN gives the last index.
+    backend vectorises the plain ones (the race's draw's figures are in
+    docs/serving.md). A row holding NaN gives the last index.
     """
     d = w.shape[-1]
     top = jnp.max(w, axis=-1, keepdims=True)
@@ -107,7 +107,7 @@ def block_sums(probs: jax.Array, block: int | None = None) -> jax.Array:
     k = min(block or block_size(d), d)
     full = d // k
     # A strided window sum reads the entries in place; slicing off the short
-    # block and reshaping to (..., nb, K) makes XLA copy the array first (2x slower).
+    # block and reshaping to (..., nb, K) makes XLA copy the array first.
     window = (1,) * (probs.ndim - 1) + (k,)
     sums = jax.lax.reduce_window(probs, 0.0, jax.lax.add, window, window, "VALID")  # (..., full)
     if full * k < d:

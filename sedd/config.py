@@ -6,6 +6,10 @@ modules of ``sedd.configs`` (found by name from any install); any other file
 with a ``get_config()`` works too. Overrides go through ml_collections' own
 flag parser on a locked config, which checks each value against the field's
 type and answers a misspelt key with "did you mean".
+
+A run directory's config.json is upgraded once, by ``migrate``, where it is
+read (``sedd.runs.read_config``), so the rest of sedd reads every key as a
+plain attribute and a missing key is an error, never a silent default.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import importlib.util
 import json
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import ml_collections
 from absl import flags
@@ -109,3 +113,52 @@ def to_json(config: ml_collections.ConfigDict) -> str:
 def from_json(text: str) -> ml_collections.ConfigDict:
     """The inverse of ``to_json``: a ConfigDict from its JSON text."""
     return ml_collections.ConfigDict(json.loads(text))
+
+
+BEFORE_IT_EXISTED: dict[str, Any] = {
+    "data.documents": "file",  # 5b0c4df: a .txt file was one document
+    "model.time_conditioning": True,  # d359873: the network always saw sigma
+    "model.normalize": False,  # 0847391: the unnormalized score output
+    "optim.adaln_lr_scale": 1.0,  # 0847391: the adaLN kernels at AdamW's full rate
+    "optim.optimizer": "adamw",  # f517b71: AdamW for every parameter
+    "training.t_power": 0.0,  # 8f7e58b: t uniform on [sampling_eps, 1]
+}
+"""What a run written before a key existed did, for the keys added since the first configs (4cea325)
+that change what is trained or sampled; each is pinned even where it is today's default, so a new
+default never changes an old run. Any other missing key takes the shipped default: mesh.* choose
+devices and processes, not what is computed (runs before mesh.cpu_devices used one CPU device, runs
+before mesh.distributed one process), data.markov.* came with data.name = "markov", and
+optim.muon_lr_scale is read only by Muon, which the shipped configs offered from that key on."""
+
+
+def migrate(saved: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """A saved config (a run directory's config.json) with the keys of today's configs.
+
+    Each key of the shipped default config that `saved` lacks (the run was
+    written before the key existed) gets its ``BEFORE_IT_EXISTED`` value, else
+    its shipped default. Keys only in `saved` (since removed) are dropped;
+    vocab_size, filled in from the data at training, is kept. The values
+    `saved` has are kept as they are.
+
+    Args:
+      saved: the config as saved: nested dicts (config.json parsed) or a ConfigDict.
+    Returns:
+      a ConfigDict with the default config's keys, and vocab_size where `saved` has it.
+    """
+    if isinstance(saved, ml_collections.ConfigDict):
+        saved = saved.to_dict()
+
+    def fill(have: Mapping[str, Any], default: dict, prefix: str) -> dict:
+        out = {}
+        for key, value in default.items():
+            if isinstance(value, dict):
+                section = have.get(key)
+                out[key] = fill(section if isinstance(section, Mapping) else {}, value, f"{prefix}{key}.")
+            else:
+                out[key] = have[key] if key in have else BEFORE_IT_EXISTED.get(f"{prefix}{key}", value)
+        return out
+
+    config = fill(saved, load_config(DEFAULT_CONFIG).to_dict(), "")
+    if "vocab_size" in saved:
+        config["vocab_size"] = saved["vocab_size"]
+    return ml_collections.ConfigDict(config)

@@ -72,7 +72,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from sedd import config as config_lib
-from sedd import runs
+from sedd import kinds, runs
 from sedd.data import GPT2Tokenizer, save_tokenizer
 from sedd.model import ROTARY_BASE
 
@@ -311,7 +311,7 @@ def config_from_original(orig: Mapping, tokenizer_path: str = "", dtype: str = "
       dtype: model.dtype, the compute dtype ("float32", or "bfloat16" as the
         original's autocast on accelerators).
     Returns:
-      a config for `sedd.runs.build_model` with vocab_size set.
+      a config for `sedd.kinds.build_model` with vocab_size set.
     Raises:
       ConversionError: naming an unknown, missing or inconsistent field.
     """
@@ -435,7 +435,7 @@ def _path_name(path) -> str:
 
 def abstract_params(config) -> nnx.State:
     """The parameters of the config's network as ``jax.ShapeDtypeStruct``s (nothing is computed)."""
-    _, params, _ = nnx.split(nnx.eval_shape(lambda: runs.build_model(config)), nnx.Param, ...)
+    _, params, _ = nnx.split(nnx.eval_shape(lambda: kinds.build_model(config)), nnx.Param, ...)
     return params
 
 

@@ -6,7 +6,8 @@ Three figures, each measured the same way for every model and sampler:
    Thm. 3.6 / Eq. (13) of Lou et al. 2024, in nats per sequence, with its
    Monte Carlo standard error; ``dataset_bound`` and ``evaluate_run`` average
    it over a split and report nats/token, bits/token (bits/char) and the
-   perplexity bound exp(nats/token).
+   perplexity bound exp(nats/token); ``dataset_nll`` does the same for a
+   model with an exact likelihood.
 2. ``generative_perplexity``: exp of the mean per-token NLL of samples under a
    judge model (by default the autoregressive baseline of ``sedd.ar``), and
    ``sample_entropy_bits``, the unigram entropy of each sample. Low-entropy
@@ -15,6 +16,9 @@ Three figures, each measured the same way for every model and sampler:
 3. On synthetic data with a known law (``sedd.data.markov``) the judge is not
    needed: the exact NLL of each sample and the true entropy of the data.
 
+Pure: these functions take score functions, models and batches. The figures
+of a run directory (its kind's figure on a split, a judge loaded from its
+directory) are one floor up, in ``sedd.figures``;
 ``experiments/compare_samplers.py`` reports (2) and (3) for every sampler x
 step count of a run.
 
@@ -26,17 +30,15 @@ from __future__ import annotations
 
 import functools
 import math
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from tqdm.auto import tqdm
 
-from sedd import ar, losses, runs
-from sedd.data import load_dataset, unigram_entropy_bits
+from sedd import ar, losses
+from sedd.data import unigram_entropy_bits
 from sedd.graphs import Graph, ScoreFn
 
 # =========================================================================== the bound
@@ -177,6 +179,33 @@ def likelihood_bound(
     return bound, stderr
 
 
+def _dataset_figures(per_sequence: Callable, batches: Iterable, max_batches: int | None,
+                     chars_per_token: float | None, progress: bool, desc: str) -> dict:
+    """Average per-sequence nats over batches: ``per_sequence(i, x0) -> (nats float[B], stderr float[B] or None)``."""
+    total, var, n_seq, n_tok = 0.0, 0.0, 0, 0
+    if max_batches is None and hasattr(batches, "__len__"):
+        max_batches = len(batches)
+    bar = tqdm(total=max_batches, desc=desc, disable=not progress, dynamic_ncols=True)
+    for i, batch in enumerate(batches):
+        if max_batches is not None and i >= max_batches:
+            break
+        x0 = jnp.asarray(batch, jnp.int32)
+        nats, err = per_sequence(i, x0)
+        total += float(nats.sum())
+        if err is not None:
+            var += float((err.astype(jnp.float32) ** 2).sum())
+        n_seq += x0.shape[0]
+        n_tok += x0.size
+        bar.update(1)
+    bar.close()
+    if n_tok == 0:
+        raise ValueError("no batches to evaluate")
+    out = losses.units(total / n_tok, chars_per_token)
+    out.update(nats_per_seq=total / n_seq, stderr_nats_per_token=math.sqrt(var) / n_tok,
+               num_sequences=n_seq, num_tokens=n_tok)
+    return out
+
+
 def dataset_bound(
     key: jax.Array,
     score_fn: ScoreFn,
@@ -203,145 +232,28 @@ def dataset_bound(
     Returns:
       dict with nats_per_token, bits_per_token, ppl_bound, [bits_per_char],
       nats_per_seq, stderr_nats_per_token (from the per-sequence errors,
-      independent across sequences), num_sequences, num_tokens.
+      independent across sequences), num_sequences, num_tokens, and exact =
+      False.
     """
-    total, var, n_seq, n_tok = 0.0, 0.0, 0, 0
-    it = enumerate(batches)
-    if max_batches is None and hasattr(batches, "__len__"):
-        max_batches = len(batches)
-    bar = tqdm(total=max_batches, desc="bound", disable=not progress, dynamic_ncols=True)
-    for i, batch in it:
-        if max_batches is not None and i >= max_batches:
-            break
-        x0 = jnp.asarray(batch, jnp.int32)
-        bound, err = likelihood_bound(jax.random.fold_in(key, i), score_fn, graph, noise, x0, num_t,
-                                      return_stderr=True, score_params=score_params, **kwargs)
-        total += float(bound.sum())
-        var += float((err.astype(jnp.float32) ** 2).sum())
-        n_seq += x0.shape[0]
-        n_tok += x0.size
-        bar.update(1)
-    bar.close()
-    if n_tok == 0:
-        raise ValueError("no batches to evaluate")
-    out = losses.units(total / n_tok, chars_per_token)
-    out.update(nats_per_seq=total / n_seq, stderr_nats_per_token=math.sqrt(var) / n_tok,
-               num_sequences=n_seq, num_tokens=n_tok)
-    return out
+    def per_sequence(i, x0):
+        return likelihood_bound(jax.random.fold_in(key, i), score_fn, graph, noise, x0, num_t,
+                                return_stderr=True, score_params=score_params, **kwargs)
+
+    return {**_dataset_figures(per_sequence, batches, max_batches, chars_per_token, progress, "bound"),
+            "exact": False}
 
 
-# =========================================================================== runs
-
-
-def load_judge(workdir: str | Path, tokenizer=None) -> runs.Run:
-    """The AR baseline of a run directory, as a judge of samples.
-
-    Raises:
-      FileNotFoundError: not a trained run.
-      ValueError: the run is not an AR baseline, or its vocabulary differs from
-        `tokenizer` (samples would be scored as other tokens).
-    """
-    judge = runs.load(workdir)
-    if not judge.is_ar:
-        raise ValueError(f"the judge {workdir} is a model.kind={judge.config.model.kind!r} run; a judge must be "
-                         "an AR baseline (train one with --config.model.kind=ar)")
-    if tokenizer is not None:
-        check_same_vocabulary(tokenizer, judge.tokenizer, what=f"the judge {workdir}")
-    return judge
-
-
-def check_same_vocabulary(tokenizer, other, what: str = "the judge") -> None:
-    """Raise ValueError unless two tokenizers map ids to the same strings."""
-    if tokenizer.to_dict() != other.to_dict() or tokenizer.vocab_size != other.vocab_size:
-        raise ValueError(
-            f"{what} has another vocabulary ({other.to_dict().get('name')}, {other.vocab_size} ids) than "
-            f"the model ({tokenizer.to_dict().get('name')}, {tokenizer.vocab_size} ids); token ids would "
-            "mean different strings. Train the judge on the same data and tokenizer.")
-
-
-def evaluate_run(
-    workdir: str | Path,
-    split: str | None = None,
-    num_t: int = 64,
-    batch_size: int = 32,
-    max_batches: int | None = 8,
-    seed: int = 0,
-    data: dict | None = None,
-    progress: bool = True,
-    step: int | None = None,
-    **kwargs,
-) -> dict:
-    """The likelihood figures of a trained run on a split of a dataset.
-
-    For a diffusion run, the bound of ``likelihood_bound`` (EMA weights); for
-    an AR run (model.kind = "ar") the exact NLL. On synthetic data the true
-    entropy of the data (``true_nats_per_token``) is added.
+def dataset_nll(nll: Callable, batches: Iterable, *, max_batches: int | None = None,
+                chars_per_token: float | None = None, progress: bool = False) -> dict:
+    """The exact NLL of a model over a split, in the units of ``dataset_bound`` (stderr 0, exact = True).
 
     Args:
-      workdir: the run directory.
-      split: "validation", "test" or "train"; None: "validation" where the data has one,
-        else its evaluation split (the zero-shot sets have only "test").
-      num_t, kwargs: passed to ``likelihood_bound``.
-      batch_size, max_batches: sequences per batch and batches (None = all).
-      seed: the Monte Carlo seed.
-      data: overrides of the run's data config (e.g. {"name": "text", "path":
-        "other.txt"} for zero-shot evaluation on other text with the run's
-        tokenizer).
-      progress: show a progress bar.
-      step: evaluate this checkpoint (EMA weights) instead of the newest.
-    Returns:
-      dict: nats_per_token, bits_per_token, ppl_bound (a bound for diffusion,
-      the exact perplexity for AR), [bits_per_char], stderr_nats_per_token,
-      num_sequences, num_tokens, split, kind [, true_nats_per_token].
+      nll: x0 int32[B, L] -> float[B] nats per sequence (e.g. an AR model's ``sedd.ar.nll``).
+      batches, max_batches, chars_per_token, progress: as ``dataset_bound``.
     """
-    run = runs.load(workdir, step=step)
-    config, tokenizer = run.config, run.tokenizer
-    dcfg = ml_collections.ConfigDict(config.data.to_dict())
-    for k, v in (data or {}).items():
-        dcfg[k] = v
-    dataset = load_dataset(dcfg, tokenizer=tokenizer)
-    if dataset.tokenizer.to_dict() != tokenizer.to_dict():
-        check_same_vocabulary(tokenizer, dataset.tokenizer, what="the evaluation data")
-    if split is None:
-        split = "validation" if "validation" in dataset.splits else [s for s in dataset.splits if s != "train"][0]
-    out = run_figures(run, dataset, split, num_t, batch_size, max_batches, seed, progress, **kwargs)
-    out["step"] = run.step  # the checkpoint evaluated (the newest readable one unless step was given)
-    return out
-
-
-def run_figures(run: runs.Run, dataset, split: str = "validation", num_t: int = 64, batch_size: int = 32,
-                max_batches: int | None = 8, seed: int = 0, progress: bool = True, **kwargs) -> dict:
-    """The likelihood figures of a loaded run on a split of a dataset (what ``evaluate_run`` and the end
-    of ``sedd.train.train`` report).
-
-    A diffusion run gets the bound of ``dataset_bound`` with its standard
-    error; an AR run its exact NLL. Arguments as ``evaluate_run``.
-    """
-    if split not in dataset.splits:
-        raise ValueError(f"split {split!r} not in this data's splits {dataset.splits}; pass one of them")
-    n_batches = -(-dataset.packed(split).num_sequences // batch_size)
-    max_batches = n_batches if max_batches is None else min(max_batches, n_batches)  # a bar with a total and ETA
-    batches = dataset.eval_batches(batch_size, split=split)
-    cpt = dataset.chars_per_token
-    if run.is_ar:
-        model = run.model
-        total, n_tok, n_seq = 0.0, 0, 0
-        for i, batch in enumerate(batches):
-            if max_batches is not None and i >= max_batches:
-                break
-            total += float(ar.nll(model, run.place_rows(np.asarray(batch, np.int32))).sum())
-            n_tok, n_seq = n_tok + batch.size, n_seq + batch.shape[0]
-        out = losses.units(total / n_tok, cpt)
-        out.update(nats_per_seq=total / n_seq, stderr_nats_per_token=0.0, num_sequences=n_seq, num_tokens=n_tok)
-    else:
-        batches = map(run.place_rows, batches)  # each device takes its rows (the bound does not depend on it)
-        out = dataset_bound(jax.random.key(seed), runs.params_score_fn(run.graphdef), run.graph, run.noise, batches,
-                            num_t, max_batches=max_batches, chars_per_token=cpt,
-                            score_params=(run.params, run.rest), progress=progress, **kwargs)
-    out.update(split=split, kind=run.config.model.kind, num_t=num_t)
-    if hasattr(dataset, "true_nats_per_token"):
-        out["true_nats_per_token"] = dataset.true_nats_per_token()
-    return out
+    figures = _dataset_figures(lambda i, x0: (nll(x0), None), batches, max_batches,
+                               chars_per_token, progress, "nll")
+    return {**figures, "exact": True}
 
 
 # =========================================================================== samples

@@ -27,10 +27,10 @@ matmuls and attention; LayerNorm, the adaLN modulation, the residual stream
 and the returned log-score stay float32, as in the original's autocast set-up.
 The sigma embedding is float32 throughout. Below float32 (bfloat16), every
 product multiplies in `dtype` and accumulates and returns float32, in the
-backward pass too (`mixed_einsum`): that runs at twice float32's rate on GPUs
-and on CPUs with bfloat16 dot instructions (AVX512-BF16, as on this project's
-machines), where a bfloat16 product returned in bfloat16 runs no faster than
-float32.
+backward pass too (`sedd.kernels.mixed_einsum`, `sedd.kernels.mixed_attention`);
+in float32 the products are nnx.Linear's own and `jax.nn.dot_product_attention`.
+Dropout is `sedd.kernels.Dropout`, nnx.Dropout with masks from 16 random bits
+an element. What each speed path is for: `sedd.kernels`.
 
 Decoding: a causal model can run one chunk of positions at a time against a
 key/value cache kept in each block (`init_cache`, then `network_output(...,
@@ -53,7 +53,6 @@ axes). Eager sharding is off, so the model builds with no mesh set:
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -61,7 +60,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sedd import rng
+from sedd import kernels
 from sedd.graphs import log_expm1  # one stable log(e^sigma - 1) for the package
 
 Array = jax.Array
@@ -93,118 +92,6 @@ _zeros = nnx.initializers.zeros_init()
 _ones = nnx.initializers.ones_init()
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
-def mixed_einsum(spec: str, a: Array, b: Array, dtype: Any) -> Array:
-    """`jnp.einsum(spec, a, b)` multiplied in `dtype`, accumulated and returned in float32.
-
-    Mixed precision as autocast does it, both ways: the forward casts the
-    operands to `dtype`; the backward casts the float32 cotangent to `dtype`
-    too and multiplies in it, accumulating in float32, and returns each
-    operand's gradient in that operand's own dtype (a float32 weight gets a
-    float32 gradient, not one rounded to `dtype`). Left to itself, JAX's
-    transpose would multiply the float32 cotangent by the bfloat16 operand in
-    float32, at half the rate on CPUs with bfloat16 dot instructions (this
-    project's AVX512-BF16 machines) and on GPUs. Every index of `a` must appear
-    in `b` or in the output, as in a Linear layer and in attention.
-    """
-    return _mixed_einsum_fwd(spec, a, b, dtype)[0]
-
-
-def _mixed_einsum_fwd(spec, a, b, dtype):
-    a_low, b_low = a.astype(dtype), b.astype(dtype)
-    out = jnp.einsum(spec, a_low, b_low, preferred_element_type=jnp.float32)
-    # Zero-size arrays carry the operands' dtypes to the backward pass.
-    return out, (a_low, b_low, jnp.zeros(0, a.dtype), jnp.zeros(0, b.dtype))
-
-
-def _mixed_einsum_bwd(spec, dtype, res, g):
-    a_low, b_low, a_like, b_like = res
-    ins, out = spec.split("->")
-    sa, sb = ins.split(",")
-    g = g.astype(dtype)
-    da = jnp.einsum(f"{out},{sb}->{sa}", g, b_low, preferred_element_type=jnp.float32)
-    db = jnp.einsum(f"{sa},{out}->{sb}", a_low, g, preferred_element_type=jnp.float32)
-    return da.astype(a_like.dtype), db.astype(b_like.dtype)
-
-
-mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
-
-
-def mixed_attention(q: Array, k: Array, v: Array, causal: bool, dtype: Any) -> Array:
-    """Softmax attention with both products in `dtype`, accumulated in float32, the softmax in float32.
-
-    What `jax.nn.dot_product_attention` computes, except that both products
-    (and their gradients) multiply in `dtype` and return float32, and the
-    softmax is normalised after the value product (`_softmax_values`).
-
-    Args:
-      q, k, v: [B, L, N, K].
-      causal: mask the future.
-      dtype: the products' dtype.
-    Returns:
-      float32[B, L, N, K].
-    """
-    # Head-major operands: XLA's CPU runtime multiplies bfloat16 into float32
-    # only when the batch axes lead (other layouts fail in its DotThunk).
-    q, k, v = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))  # (B, N, L, K)
-    logits = mixed_einsum("bnqk,bnsk->bnqs", q / math.sqrt(q.shape[-1]), k, dtype)  # (B, N, L, L)
-    if causal:
-        l = q.shape[2]
-        logits = jnp.where(jnp.tril(jnp.ones((l, l), bool)), logits, -jnp.inf)
-    att = _softmax_values(logits, v, dtype)  # (B, N, L, K)
-    return jnp.swapaxes(att, 1, 2)  # (B, L, N, K)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _softmax_values(logits: Array, v: Array, dtype: Any) -> Array:
-    """softmax(logits) @ v, normalised after the product; float32[B, N, L, K].
-
-    With W = exp(logits - max) and S its row sums, the output is (W v) / S:
-    the division runs over (B, N, L, K), not over the L x L weights, and the
-    product multiplies W and v in `dtype`. The backward pass is softmax's, in
-    the same order: with g = dO / S and R = g v^T (a `dtype` product),
-    dlogits = W R - (W / S) rowsum(W R), where W is the rounded W of the
-    forward product, so the two terms cancel as exactly as softmax's own.
-    """
-    return _softmax_values_fwd(logits, v, dtype)[0]
-
-
-def _softmax_values_fwd(logits, v, dtype):
-    w = jnp.exp(logits - logits.max(axis=-1, keepdims=True))  # (B, N, L, L)
-    total = w.sum(axis=-1, keepdims=True)  # (B, N, L, 1)
-    w_low, v_low = w.astype(dtype), v.astype(dtype)
-    out = jnp.einsum("bnqs,bnsk->bnqk", w_low, v_low, preferred_element_type=jnp.float32) / total
-    return out, (w_low, v_low, total, jnp.zeros(0, v.dtype))
-
-
-def _softmax_values_bwd(dtype, res, d_out):
-    w_low, v_low, total, v_like = res
-    g = (d_out / total).astype(dtype)  # (B, N, L, K)
-    d_v = jnp.einsum("bnqs,bnqk->bnsk", w_low, g, preferred_element_type=jnp.float32)  # (B, N, L, K)
-    wr = w_low.astype(jnp.float32) * jnp.einsum("bnqk,bnsk->bnqs", g, v_low, preferred_element_type=jnp.float32)
-    d_logits = wr - w_low.astype(jnp.float32) / total * wr.sum(axis=-1, keepdims=True)  # (B, N, L, L)
-    return d_logits, d_v.astype(v_like.dtype)
-
-
-_softmax_values.defvjp(_softmax_values_fwd, _softmax_values_bwd)
-
-
-class _MixedDot:
-    """nnx.Linear's `dot_general` (with its `promote_dtype` a no-op): `mixed_einsum` over the last axis."""
-
-    def __init__(self, dtype: Any):
-        self.dtype = dtype
-
-    def __call__(self, lhs, rhs, dimension_numbers, precision=None, **unused):
-        assert dimension_numbers == (((lhs.ndim - 1,), (0,)), ((), ())), dimension_numbers
-        return mixed_einsum("...i,io->...o", lhs, rhs, self.dtype)
-
-
-def _no_promotion(arrays, dtype=None, inexact=True):
-    """nnx.Linear's `promote_dtype` for `_MixedDot`, which casts inside its own gradient rule."""
-    return arrays
-
-
 def _linear(
     n_in: int,
     n_out: int,
@@ -222,8 +109,8 @@ def _linear(
         use_bias=use_bias,
         dtype=dtype,
         param_dtype=jnp.float32,
-        # Below float32: multiply in dtype, accumulate and return float32 (mixed_einsum).
-        **({} if jnp.dtype(dtype) == jnp.float32 else {"dot_general": _MixedDot(dtype), "promote_dtype": _no_promotion}),
+        # Below float32: multiply in dtype, accumulate and return float32 (kernels.mixed_einsum).
+        **kernels.linear_kwargs(dtype),
         kernel_init=_part(_zeros if zero else _torch_like, names),
         bias_init=_part(_zeros, (names[1],)),
         rngs=rngs,
@@ -242,38 +129,6 @@ def _layer_norm(h: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
         scale_init=_part(_ones, ("embed",)),
         rngs=rngs,
     )
-
-
-class Dropout(nnx.Dropout):
-    """nnx.Dropout whose mask costs a quarter of the random bits: 16 an element, four from a threefry block.
-
-    On a CPU, drawing the masks (threefry) was most of what dropout cost a
-    training step: ``jax.random.bernoulli`` and ``jax.random.bits`` run a
-    threefry block (64 bits) for every element, ``sedd.rng.uint16`` one for
-    four; at the original SEDD's sizes a (8, 256, 256) mask costs 0.64 ms of
-    one core instead of 1.85 (docs/benchmarks.md). An element is kept when its 16 bits are at
-    least ``round(rate * 2**16)``, so the drop rate is that over 2**16 (0.1 ->
-    0.1000061), and kept elements are divided by the exact keep probability,
-    so the output's mean is the input's, as with nnx.Dropout.
-    """
-
-    def __call__(self, inputs: Array, *, deterministic: bool | None = None, rngs=None) -> Array:
-        drop = round(self.rate * 2**16)
-        deterministic = self.deterministic if deterministic is None else deterministic
-        # nnx.Dropout's own path: off, broadcast masks, rates 16 bits cannot draw, and its errors.
-        if deterministic is None or deterministic or self.broadcast_dims or not 0 < drop < 2**16:
-            return super().__call__(inputs, deterministic=deterministic, rngs=rngs)
-        rngs = self.rngs if rngs is None else rngs
-        if isinstance(rngs, nnx.Rngs):
-            key = rngs[self.rng_collection]()
-        elif isinstance(rngs, nnx.RngStream):
-            key = rngs()
-        elif isinstance(rngs, jax.Array):
-            key = rngs
-        else:
-            raise TypeError(f"Dropout needs a key, an nnx.RngStream or nnx.Rngs to draw its mask; got {type(rngs)}")
-        keep = rng.uint16(key, inputs.shape, out_sharding=jax.typeof(inputs).sharding) >= drop
-        return jnp.where(keep, inputs * (2**16 / (2**16 - drop)), jnp.zeros_like(inputs))
 
 
 def modulate(x: Array, shift: Array, scale: Array) -> Array:
@@ -403,8 +258,8 @@ class DDiTBlock(nnx.Module):
         # the "adaLN-Zero" choice of Peebles & Xie 2023.
         self.adaLN_modulation = _linear(cond_dim, 6 * h, ("cond", "adaln"), zero=True, dtype=dtype, rngs=rngs)
         # deterministic=True: a fresh model is in eval mode; `model.train()` flips it.
-        self.dropout1 = Dropout(dropout, deterministic=True, rngs=rngs)
-        self.dropout2 = Dropout(dropout, deterministic=True, rngs=rngs)
+        self.dropout1 = kernels.Dropout(dropout, deterministic=True, rngs=rngs)
+        self.dropout2 = kernels.Dropout(dropout, deterministic=True, rngs=rngs)
         # Set by `init_cache`; the layout of nnx.MultiHeadAttention's cache.
         self.cached_key: nnx.Cache | None = nnx.data(None)
         self.cached_value: nnx.Cache | None = nnx.data(None)
@@ -457,7 +312,7 @@ class DDiTBlock(nnx.Module):
         elif jnp.dtype(self.dtype) == jnp.float32:
             att = jax.nn.dot_product_attention(q, k, v, is_causal=self.causal)  # (B, L, N, K)
         else:
-            att = mixed_attention(q, k, v, self.causal, self.dtype)  # (B, L, N, K), float32
+            att = kernels.mixed_attention(q, k, v, self.causal, self.dtype)  # (B, L, N, K), float32
         att = self.attn_out(att.reshape(b, l, h))  # (B, L, H)
         att = self.dropout1(att, deterministic=deterministic, rngs=rngs).astype(jnp.float32)
         x = x + gate_a[:, None, :] * att  # (B, L, H)

@@ -12,15 +12,15 @@ A run directory holds everything needed to resume training or to use the model:
 
 ``load(workdir)`` restores the parameters alone (the EMA by default, as SEDD
 samples and evaluates) from an abstract target onto this process's devices:
-it never builds an optimizer or a train state. The builders of the model,
-graph and noise of a config live here too, so training and inference build
-the same objects from the same config.
+it never builds an optimizer or a train state. The network, graph and noise
+of a config are built by its model kind (``sedd.kinds``), the same objects
+for training and inference; a run's config.json is migrated to today's keys
+once, where it is read (``read_config``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import shutil
 import warnings
@@ -34,8 +34,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from sedd import ar, graphs, noise as noise_lib, sampling
 from sedd import config as config_lib
+from sedd import kinds, sampling
 from sedd import sharding as sharding_lib
 from sedd.data import load_tokenizer
 from sedd.model import DDiT
@@ -46,101 +46,11 @@ METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 
 
-# --------------------------------------------------------------------------- builders
-
-
-def build_graph(config) -> graphs.Graph:
-    """The forward graph of ``config.graph.type`` over config.vocab_size tokens."""
-    return graphs.get_graph(config.graph.type, config.vocab_size)
-
-
-def build_noise(config):
-    """The noise schedule of ``config.noise``: LogLinear(eps) or Geometric(sigma_min, sigma_max)."""
-    n = config.noise
-    kwargs = {"loglinear": {"eps": n.eps}, "geometric": {"sigma_min": n.sigma_min, "sigma_max": n.sigma_max}}
-    return noise_lib.get_noise(n.type, **kwargs.get(n.type, {}))
-
-
-COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
-
-
-@functools.cache
-def cpu_has_bfloat16_dots() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (x86 AVX512-BF16 or AMX-BF16, read off /proc/cpuinfo)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def compute_dtype(name: str) -> jnp.dtype:
-    """`model.dtype` as a dtype; "auto" is bfloat16 where its products run fast, else float32.
-
-    Fast means a GPU or TPU, or a CPU with bfloat16 dot instructions, where
-    the model's bfloat16 products (float32 accumulation, `sedd.model.mixed_einsum`)
-    run at about twice float32's rate: 1.3-1.5x the default config's train
-    steps per second on this project's 2-core machines, at the same bound
-    (docs/default_run.md). Elsewhere bfloat16 would be converted in software,
-    so "auto" keeps float32. Parameters are float32 either way, so a run
-    trained in one dtype loads and samples in the other.
-    """
-    if name not in COMPUTE_DTYPES:
-        raise ValueError(f"model.dtype={name!r}: expected one of {', '.join(COMPUTE_DTYPES)}")
-    if name == "auto":
-        fast = jax.default_backend() != "cpu" or cpu_has_bfloat16_dots()
-        name = "bfloat16" if fast else "float32"
-    return jnp.dtype(name)
-
-
-def build_model(config, seed: int = 0) -> DDiT:
-    """The network of ``config.model`` for config.vocab_size = V tokens.
-
-    Diffusion (model.kind = "ddit"): inputs and outputs range over graph.dim
-    ids (V + 1 with the absorbing graph's mask, V for the uniform graph).
-    AR baseline (model.kind = "ar"): inputs V + 1 ids (BOS = V), outputs the
-    V next-token logits, causal attention, no time input (sedd.ar).
-    """
-    m, v = config.model, config.vocab_size
-    if m.kind not in ("ddit", "ar"):
-        raise ValueError(f"unknown model.kind {m.kind!r}; expected 'ddit' or 'ar'")
-    ar_model = m.kind == "ar"
-    dim = build_graph(config).dim
-    time_conditioning = m.get("time_conditioning", True)  # absent from run directories written before it
-    if not time_conditioning and not ar_model and not (config.graph.type == "absorbing" and m.scale_by_sigma):
-        raise ValueError(
-            "model.time_conditioning=False needs graph.type='absorbing' and model.scale_by_sigma=True (got "
-            f"graph.type={config.graph.type!r}, scale_by_sigma={m.scale_by_sigma}): only there is the score "
-            "p(x0 | unmasked) times the analytic factor 1 / (e^sigma - 1) that scale_by_sigma applies (RADD)")
-    if m.get("normalize", False) and not ar_model and not (config.graph.type == "absorbing" and m.scale_by_sigma):
-        raise ValueError(
-            "model.normalize=True needs graph.type='absorbing' and model.scale_by_sigma=True (got "
-            f"graph.type={config.graph.type!r}, scale_by_sigma={m.scale_by_sigma}): the normalized output is "
-            "p(x0 | x_t), turned into the absorbing score by the factor 1 / (e^sigma - 1) (MDLM's SUBS)")
-    return DDiT(
-        num_tokens=v + 1 if ar_model else dim,
-        out_dim=v if ar_model else dim,
-        hidden_size=m.hidden_size,
-        n_blocks=m.n_blocks,
-        n_heads=m.n_heads,
-        cond_dim=m.cond_dim,
-        mlp_ratio=m.mlp_ratio,
-        dropout=m.dropout,
-        max_len=config.data.seq_len,
-        scale_by_sigma=m.scale_by_sigma and config.graph.type == "absorbing" and not ar_model,
-        causal=ar_model,
-        time_conditioning=time_conditioning and not ar_model,
-        normalize=m.get("normalize", False) and not ar_model,
-        dtype=compute_dtype(m.dtype),
-        rngs=nnx.Rngs(params=seed, dropout=seed + 1),
-    )
-
-
 # --------------------------------------------------------------------------- the directory
 
 
 def read_config(workdir: str | Path) -> ml_collections.ConfigDict:
-    """The config.json of a run directory.
+    """The config.json of a run directory, migrated to today's keys (``sedd.config.migrate``).
 
     Raises:
       FileNotFoundError: workdir is not a run directory.
@@ -148,7 +58,7 @@ def read_config(workdir: str | Path) -> ml_collections.ConfigDict:
     path = Path(workdir) / CONFIG
     if not path.exists():
         raise FileNotFoundError(f"{workdir} is not a run directory (no {CONFIG}); train one with `sedd train`")
-    return config_lib.from_json(path.read_text())
+    return config_lib.migrate(json.loads(path.read_text()))
 
 
 MAY_CHANGE_ON_RESUME = (
@@ -176,20 +86,16 @@ def _may_change(key: str) -> bool:
     return any(key == k or (k.endswith("*") and key.startswith(k[:-1])) for k in MAY_CHANGE_ON_RESUME)
 
 
-BEFORE_IT_EXISTED = {"optim.adaln_lr_scale": 1.0, "training.t_power": 0.0, "optim.optimizer": "adamw"}
-"""What a run written before a key existed did, where that is not the key's shipped default."""
-
-
 def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
     """(key, saved value, current value) for every key of `current` that differs from `saved`.
 
     A key absent from `saved` (a run written before the key existed) counts as
-    what such runs did: its ``BEFORE_IT_EXISTED`` value, else its shipped
+    what such runs did: its ``sedd.config.BEFORE_IT_EXISTED`` value, else its shipped
     default. Keys only in `saved` (since removed) and vocab_size (filled in
     from the data) are ignored.
     """
     saved, current = _flat(saved), _flat(current)
-    defaults = {**_flat(config_lib.load_config(config_lib.DEFAULT_CONFIG).to_dict()), **BEFORE_IT_EXISTED}
+    defaults = {**_flat(config_lib.load_config(config_lib.DEFAULT_CONFIG).to_dict()), **config_lib.BEFORE_IT_EXISTED}
     missing = object()
     changes = []
     for key, now in sorted(current.items()):
@@ -337,7 +243,7 @@ class Run:
     Attributes:
       config: the run's config.
       tokenizer: its tokenizer.
-      graph, noise: the forward process (None for an AR baseline).
+      kind: its model kind (``sedd.kinds``): network, figure and sampler.
       graphdef, params, rest: the network split by ``nnx.split(model, nnx.Param, ...)``.
       step: the training step of the weights.
       mesh: the devices the parameters live on.
@@ -345,8 +251,7 @@ class Run:
 
     config: ml_collections.ConfigDict
     tokenizer: Any
-    graph: graphs.Graph | None
-    noise: Any
+    kind: kinds.Kind
     graphdef: Any
     params: Any
     rest: Any
@@ -354,19 +259,29 @@ class Run:
     mesh: jax.sharding.Mesh
 
     @property
+    def net(self) -> kinds.Net:
+        """The network as (graphdef, params, rest)."""
+        return kinds.Net(self.graphdef, self.params, self.rest)
+
+    @property
     def model(self) -> DDiT:
         """The network with these parameters (dropout off)."""
         return nnx.merge(self.graphdef, self.params, self.rest)
 
     @property
-    def seq_len(self) -> int:
-        """L, the length the model was trained on (every sample has it)."""
-        return self.config.data.seq_len
+    def graph(self):
+        """The forward graph of a diffusion run (AttributeError for a kind without one)."""
+        return self.kind.graph
 
     @property
-    def is_ar(self) -> bool:
-        """True for the autoregressive baseline (model.kind = "ar"): no graph, no noise."""
-        return self.config.model.kind == "ar"
+    def noise(self):
+        """The noise schedule of a diffusion run (AttributeError for a kind without one)."""
+        return self.kind.noise
+
+    @property
+    def seq_len(self) -> int:
+        """L, the length the model was trained on."""
+        return self.config.data.seq_len
 
     def row_sharding(self, rows: int) -> jax.sharding.Sharding | None:
         """How B = rows sequences split over the mesh's batch axes; None when B does not divide."""
@@ -378,43 +293,30 @@ class Run:
 
     def score_fn(self, x: jax.Array, sigma: jax.Array) -> jax.Array:
         """The log-score of the model: (x int32[B, L], sigma float[B]) -> float32[B, L, D]."""
-        return params_score_fn(self.graphdef)((self.params, self.rest), x, sigma)
+        return kinds.params_score_fn(self.graphdef)((self.params, self.rest), x, sigma)
 
     def sample(self, key: jax.Array, num_samples: int, steps: int | None = None,
-               predictor: str | None = None, **sampler_options):
-        """Token ids int32[num_samples, L] (int32[num_samples, max_length] with max_length).
+               predictor: str | None = None, **sampler_options) -> sampling.Samples:
+        """num_samples sequences drawn by the run's kind, as NumPy arrays in a ``sedd.sampling.Samples``.
 
-        The options go to ``sedd.sampling.sample`` (fixed_mask / fixed_tokens,
-        categorical, temperature, top_p, corrector_steps, cache, max_length,
-        block_length, the sampler's own options, ...); the config's sampling
-        section gives the defaults. With return_trajectory / return_stats the
-        result is the tuple ``sample`` returns, as NumPy arrays.
+        Its tokens are int32[num_samples, L] (int32[num_samples, max_length]
+        with max_length). The options go to the kind's sampler
+        (``sedd.sampling.sample``'s keywords for a diffusion run: fixed_mask /
+        fixed_tokens, categorical, temperature, top_p, corrector_steps, cache,
+        return_trajectory, return_stats, the sampler's own options; and
+        max_length, block_length for ``sedd.sampling.sample_long``); the
+        config's sampling section gives the defaults. The rows are split over
+        the mesh's data axis where num_samples divides.
 
         Raises:
-          ValueError: cache=True with a time-conditioned model (the cache is
-            exact only for model.time_conditioning=False, where the network
-            does not see sigma); an option the sampler cannot honour.
+          ValueError: num_samples or steps not a positive integer; an option
+            the kind or the sampler cannot honour.
         """
-        s = self.config.sampling
         num_samples = _positive_int("num_samples", num_samples)
-        if self.is_ar:  # the AR baseline decodes left to right with its KV cache
-            categorical = sampler_options.pop("categorical", s.categorical)
-            temperature = sampler_options.pop("temperature", 1.0)
-            if sampler_options:
-                raise ValueError(f"the AR baseline takes no sampler options {sorted(sampler_options)}")
-            return np.asarray(ar.sample(key, self.model, num_samples, self.seq_len, temperature=temperature,
-                                        categorical=categorical))
-        if sampler_options.get("cache") and self.config.model.get("time_conditioning", True):
-            raise ValueError("cache=True reuses the network output across noise levels, which is exact only "
-                             "for a model without a time input; this run has model.time_conditioning=True "
-                             "(train with --config.model.time_conditioning=False for a cacheable model)")
-        out = sampling.sample(
-            key, params_score_fn(self.graphdef), self.graph, self.noise,
-            (num_samples, self.seq_len), _positive_int("steps", s.steps if steps is None else steps),
-            predictor=predictor or s.predictor, eps=s.eps,
-            categorical=sampler_options.pop("categorical", s.categorical),
-            score_params=(self.params, self.rest), sharding=self.row_sharding(num_samples), **sampler_options,
-        )
+        if steps is not None:
+            steps = _positive_int("steps", steps)
+        out = self.kind.sample(key, self.net, num_samples, steps, predictor, self.row_sharding(num_samples),
+                               **sampler_options)
         return jax.tree.map(np.asarray, out)
 
     def generate(self, key: jax.Array, num_samples: int, steps: int | None = None,
@@ -432,8 +334,8 @@ class Run:
           infill: a template whose `blank` characters are generated (see
             ``sedd.sampling.text_conditioning``); the texts are cut to its length.
           blank: the character that marks a position to fill in an infill template.
-          sampler_options: more keyword options of ``sedd.sampling.sample``
-            (temperature, top_p, max_length, block_length, ...).
+          sampler_options: more keyword options of ``sample`` (temperature,
+            top_p, max_length, block_length, ...).
         Returns:
           num_samples strings.
         """
@@ -442,12 +344,8 @@ class Run:
                                                   prefix=prefix or "", suffix=suffix or "", infill=infill or "",
                                                   blank=blank)
         if mask is not None:
-            if self.is_ar:
-                raise ValueError("the AR baseline does not take prompts here")
             sampler_options.update(fixed_mask=jnp.asarray(mask), fixed_tokens=jnp.asarray(tokens))
-        ids = self.sample(key, num_samples, steps, predictor, **sampler_options)
-        if isinstance(ids, tuple):  # return_stats / return_trajectory: the samples come first
-            ids = ids[0]
+        ids = self.sample(key, num_samples, steps, predictor, **sampler_options).tokens
         if infill:
             ids = ids[:, : len(infill)]
         return [self.decode(row) for row in ids]
@@ -463,26 +361,13 @@ def _positive_int(name: str, value) -> int:
     return int(value)
 
 
-@functools.lru_cache(maxsize=None)
-def params_score_fn(graphdef):
-    """(state, x, sigma) -> log-score of the network `graphdef`, dropout off; state = (params, rest).
-
-    One function object per network structure: ``sedd.sampling.sample`` and
-    ``sedd.evaluate.likelihood_bound`` compile once per score function and
-    take the weights as traced ``score_params``, so new weights never recompile.
-    """
-    return lambda state, x, sigma: nnx.merge(graphdef, *state)(x, sigma, deterministic=True)
-
-
 def from_parts(config, tokenizer, model_or_graphdef, params, rest=None, step: int = 0,
                mesh: jax.sharding.Mesh | None = None) -> Run:
     """A Run around weights already in memory (during training, or in a notebook)."""
     if rest is None:
         model_or_graphdef, _, rest = nnx.split(model_or_graphdef, nnx.Param, ...)
-    ar_model = config.model.kind == "ar"
-    return Run(config=config, tokenizer=tokenizer, graph=None if ar_model else build_graph(config),
-               noise=None if ar_model else build_noise(config), graphdef=model_or_graphdef, params=params,
-               rest=rest, step=int(step), mesh=mesh if mesh is not None else inference_mesh(config))
+    return Run(config=config, tokenizer=tokenizer, kind=kinds.get(config), graphdef=model_or_graphdef,
+               params=params, rest=rest, step=int(step), mesh=mesh if mesh is not None else inference_mesh(config))
 
 
 def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
@@ -532,6 +417,7 @@ def split_model(config, seed: int = 0):
     `rest` (the dropout RNG state) is concrete; the parameters are
     ``jax.ShapeDtypeStruct``s, to restore into or to initialise in their shards.
     """
-    graphdef, abstract, _ = nnx.split(nnx.eval_shape(lambda: build_model(config, seed)), nnx.Param, ...)
-    rest = jax.jit(lambda: nnx.split(build_model(config, seed), nnx.Param, ...)[2])()
+    kind = kinds.get(config)
+    graphdef, abstract, _ = nnx.split(nnx.eval_shape(lambda: kind.network(seed)), nnx.Param, ...)
+    rest = jax.jit(lambda: nnx.split(kind.network(seed), nnx.Param, ...)[2])()
     return graphdef, abstract, rest

@@ -44,7 +44,7 @@ ValueError, never ignored):
 
 Every draw counts its network evaluations (NFE): a step whose network call
 can be skipped (nothing masked, or nothing changed under ``cache``) costs
-none. ``sample(..., return_stats=True)`` returns them.
+none. ``sample(..., return_stats=True)`` returns them in ``Samples.stats``.
 
 Adding a stateless predictor is one function and the decorator::
 
@@ -70,6 +70,7 @@ Shapes: B batch, L length, D = graph.dim, V = graph.vocab_size, N steps.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable
 
@@ -105,14 +106,13 @@ class Context:
       temperature, top_p, cache: the generic options.
       options: dict of the sampler's own options.
       steps: N, the number of steps of the grid.
-      axis_name: the ``jax.vmap`` axis the sampler is mapped over, or None (see ``sample``).
+      axis_name: the ``jax.vmap`` axis the sampler is mapped over, or None (``Options.axis_name``).
     """
 
-    def __init__(self, score_fn, graph, noise, categorical, temperature, top_p, cache, options, steps,
-                 axis_name=None):
-        self.score_fn, self.graph, self.noise = score_fn, graph, noise
-        self.categorical, self.temperature, self.top_p, self.cache = categorical, temperature, top_p, cache
-        self.options, self.steps, self.axis_name = options, steps, axis_name
+    def __init__(self, score_fn, graph, noise, options: "Options", steps: int):
+        self.score_fn, self.graph, self.noise, self.steps = score_fn, graph, noise, steps
+        self.categorical, self.temperature, self.top_p = options.categorical, options.temperature, options.top_p
+        self.cache, self.axis_name, self.options = options.cache, options.axis_name, dict(options.own)
 
     def any(self, flags: jax.Array) -> jax.Array:
         """bool[]: whether any row needs a call, over the whole mapped batch when ``axis_name`` is set.
@@ -427,7 +427,8 @@ def _absorbing_jump(ctx: Context, key: jax.Array, x: jax.Array, log_score: jax.A
     (an exponential race of the two weights, exact when c S is tiny), then
     y ∝ s_y by the two-level race of ``sedd.categorical``, whose block sums
     give S too: one pass over the D entries instead of three, which at
-    D = 50,258 is the difference between 1.4x and ~1.1x a forward pass. Used
+    GPT-2's D = 50,258 is most of the step's cost beside the network
+    (docs/benchmarks.md has the figures). Used
     from ``categorical.TWO_LEVEL_MIN_DIM`` states on with "precise"; below,
     the general form is kept and draws are unchanged.
 
@@ -730,46 +731,39 @@ def _denoise(ctx, key, carry, sigma, final):
     return dict(carry, x=sample_categorical(key, probs, ctx.categorical))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("score_fn", "graph", "noise", "shape", "sampler", "denoise", "categorical", "final",
-                     "return_trajectory", "trajectory_every", "temperature", "top_p", "corrector_steps",
-                     "cache", "options", "axis_name", "sharding"),
-)
-def _sample_loop(key, times, fixed_mask, fixed_tokens, score_params, *, score_fn, graph, noise, shape,
-                 sampler, denoise, categorical, final, return_trajectory, trajectory_every, temperature,
-                 top_p, corrector_steps, cache, options, axis_name, sharding):
-    """The whole sampler as one compiled program (see ``sample``).
+def _start(ctx: Context, sampler: Sampler, x: jax.Array, times: jax.Array) -> dict:
+    """The loop's carry at its start: the state x, the NFE counters, the sampler's state and the cache."""
+    carry = {"x": x, "nfe": jnp.int32(0), "nfe_row": jnp.zeros(x.shape[:1], jnp.int32),
+             "state": sampler.init(ctx, x, times), "cache": None}
+    if ctx.cache:
+        carry["cache"] = (jnp.full(x.shape, -1, jnp.int32), jnp.zeros(x.shape + (ctx.graph.dim,), jnp.float32))
+    return carry
 
-    jit caches one executable per value of the static arguments, so repeated
-    calls with the same score_fn, graph, noise, shape, step count and options
-    trace once; key, times, conditioning and score_params are traced.
-    Returns (x, trajectory or None, stats).
+
+@functools.partial(jax.jit, static_argnames=("score_fn", "graph", "noise", "shape", "sampler", "denoise", "options"))
+def _sample_loop(key, times, fixed_mask, fixed_tokens, score_params, *, score_fn, graph, noise, shape, sampler,
+                 denoise, options):
+    """The whole sampler as one compiled program (see ``sample``); returns (x, trajectory or None, stats).
+
+    jit caches one executable per value of the static arguments; key, times,
+    conditioning and score_params are traced.
     """
     steps = times.shape[0] - 1
     if score_params is not None:
         base_fn = score_fn
         score_fn = lambda x, sigma: base_fn(score_params, x, sigma)  # noqa: E731
-    ctx = Context(score_fn, graph, noise, categorical, temperature, top_p, cache, dict(options), steps, axis_name)
+    ctx = Context(score_fn, graph, noise, options, steps)
+    every = options.trajectory_every
 
     def clamp(x):
-        if sharding is not None:  # the rows stay split over the devices, and with them the network's work
-            x = jax.lax.with_sharding_constraint(x, sharding)
-        if fixed_mask is None:
-            return x
-        return jnp.where(fixed_mask, fixed_tokens, x)
+        return x if fixed_mask is None else jnp.where(fixed_mask, fixed_tokens, x)
 
     k_limit, k_steps, k_final = jax.random.split(key, 3)
     x = clamp(graph.sample_limit(k_limit, shape).astype(jnp.int32))  # (B, L)
-    carry = {"x": x, "nfe": jnp.int32(0), "nfe_row": jnp.zeros(shape[:1], jnp.int32),
-             "state": sampler.init(ctx, x, times), "cache": None}
-    if cache:
-        carry["cache"] = (jnp.full(shape, -1, jnp.int32), jnp.zeros(shape + (graph.dim,), jnp.float32))
-
-    n_saved = steps // trajectory_every + 1
+    carry = _start(ctx, sampler, x, times)
     traj = None
-    if return_trajectory:
-        traj = jnp.zeros((n_saved, *shape), jnp.int32).at[0].set(x)  # (S, B, L)
+    if options.return_trajectory:
+        traj = jnp.zeros((steps // every + 1, *shape), jnp.int32).at[0].set(x)  # (S, B, L)
 
     def body(n, loop_carry):
         carry, traj = loop_carry
@@ -777,22 +771,160 @@ def _sample_loop(key, times, fixed_mask, fixed_tokens, score_params, *, score_fn
         key_n = jax.random.fold_in(k_steps, n)
         carry = sampler.step(ctx, key_n, carry, n, t, t_next)
         carry["x"] = clamp(carry["x"].astype(jnp.int32))
-        for c in range(corrector_steps):
+        for c in range(options.corrector_steps):
             carry = corrector_step(ctx, jax.random.fold_in(key_n, c + 1), carry, t_next, t - t_next)
             carry["x"] = clamp(carry["x"].astype(jnp.int32))
         if traj is not None:
             # Slot (n + 1) // every is in range for every n; it is written with
             # the new state only when n + 1 is a multiple of `every`.
-            slot = (n + 1) // trajectory_every
-            save = (n + 1) % trajectory_every == 0
-            traj = traj.at[slot].set(jnp.where(save, carry["x"], traj[slot]))
+            slot = (n + 1) // every
+            traj = traj.at[slot].set(jnp.where((n + 1) % every == 0, carry["x"], traj[slot]))
         return carry, traj
 
     carry, traj = jax.lax.fori_loop(0, steps, body, (carry, traj))
     if denoise:
-        carry = _denoise(ctx, k_final, carry, sampler.denoise_sigma(ctx, carry, times[-1]), final)
+        carry = _denoise(ctx, k_final, carry, sampler.denoise_sigma(ctx, carry, times[-1]), options.final)
         carry["x"] = clamp(carry["x"].astype(jnp.int32))
     return carry["x"], traj, {"nfe": carry["nfe"], "nfe_per_sample": carry["nfe_row"]}
+
+
+# --------------------------------------------------------------------------- options, result, entry points
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How to sample beyond the sampler's name and step count: one frozen value, checked by ``sample``.
+
+    ``Options.make(**values)`` takes these fields and the sampler's own
+    options by name; ``sample`` takes the same keywords. Hashable: the
+    compiled loop is cached per value.
+
+    Attributes:
+      categorical: "precise" (exact for small probabilities, default) or "gumbel32".
+      final: "sample" draws the denoised token; "argmax" takes the most likely one.
+      temperature: >= 0, on the denoiser at masked positions (absorbing); 0 = argmax.
+      top_p: in (0, 1], the nucleus of the denoiser (absorbing).
+      corrector_steps: forward-backward corrector steps after each step (euler, analytic).
+      cache: reuse the network output while no token changes (absorbing; exact
+        for a time-independent model, model.time_conditioning=False).
+      time_grid: optional float[N + 1] strictly decreasing times in (0, 1]
+        replacing the default grid linspace(1, eps, N + 1); traced, so not
+        part of the value's equality or hash.
+      return_trajectory: keep the states after every ``trajectory_every`` steps.
+      trajectory_every: the spacing of the kept states.
+      return_stats: count the network evaluations.
+      axis_name: set when ``sample`` runs under ``jax.vmap(..., axis_name=...)``
+        (one key per row, as ``sedd serve`` does): a network call is then
+        skipped only when no row of the mapped batch needs it, so it stays
+        one batched call on unbatched weights; "nfe" counts the calls of the
+        mapped batch, "nfe_per_sample" those each row needed.
+      own: the sampler's own options as sorted (name, value) pairs: ``order``
+        (confidence), ``max_entropy`` (entropy_bound), ``schedule``, ``eta``,
+        ``t_on``, ``t_off``, ``alpha_on`` (remdm); see each sampler's class.
+    """
+
+    categorical: str = "precise"
+    final: str = "sample"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    corrector_steps: int = 0
+    cache: bool = False
+    time_grid: Any = dataclasses.field(default=None, compare=False)
+    return_trajectory: bool = False
+    trajectory_every: int = 1
+    return_stats: bool = False
+    axis_name: Any = None
+    own: tuple = ()
+
+    @classmethod
+    def make(cls, **values) -> Options:
+        """Options from keywords: the fields above, and any other name as one of the sampler's own options."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"own"}
+        own = {k: values.pop(k) for k in list(values) if k not in names}
+        return cls(**values, own=tuple(sorted(own.items())))
+
+    def updated(self, **values) -> Options:
+        """These options with some fields or own options replaced."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "own"}
+        return Options.make(**{**fields, **dict(self.own), **values})
+
+    def checked(self, predictor: str, graph: Graph, denoise: bool = True) -> Options:
+        """These options with the sampler's defaults filled in, each value checked against sampler and graph.
+
+        Raises:
+          ValueError: an unknown predictor, categorical method or final; an
+            option the sampler or graph cannot honour; an unknown or bad
+            sampler option.
+        """
+        if predictor not in PREDICTORS:
+            raise ValueError(f"unknown predictor {predictor!r}; expected one of {sorted(PREDICTORS)}")
+        sampler = PREDICTORS[predictor]
+        if self.categorical not in CATEGORICAL_METHODS:
+            raise ValueError(f"unknown categorical method {self.categorical!r}; expected one of {CATEGORICAL_METHODS}")
+        if self.final not in FINALS:
+            raise ValueError(f"unknown final {self.final!r}; expected one of {FINALS}")
+        if self.final == "argmax" and not denoise:
+            raise ValueError("final='argmax' acts in the denoise step; it needs denoise=True")
+        _check_int("trajectory_every", self.trajectory_every, 1)
+        kind = "absorbing" if graph.absorb else "uniform"
+        if kind not in sampler.graphs:
+            raise ValueError(f"sampler {predictor!r} runs on the {' and '.join(sampler.graphs)} graph, "
+                             f"not the {kind} graph")
+        t, p, cache = self.temperature, self.top_p, self.cache
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
+            raise ValueError(f"temperature must be a number >= 0, got {t!r}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+        corrector_steps = _check_int("corrector_steps", self.corrector_steps, 0)
+        if not isinstance(cache, bool):
+            raise ValueError(f"cache must be True or False, got {cache!r}")
+        wanted = {"temperature": t != 1, "top_p": p != 1, "corrector_steps": corrector_steps > 0, "cache": cache}
+        for name, used in wanted.items():
+            if used and name not in sampler.honours:
+                raise ValueError(f"sampler {predictor!r} cannot honour {name}; it takes "
+                                 f"{sorted(sampler.honours) or 'none of the generic options'}")
+        for name in ("temperature", "top_p", "cache"):
+            if wanted[name] and not graph.absorb:
+                why = ("it needs the absorbing score's p(x0 | unmasked) times 1 / (e^sigma - 1)" if name == "cache"
+                       else "it acts on the denoiser p(x0 | x_t), which the absorbing score gives directly")
+                raise ValueError(f"{name} is for the absorbing graph only: {why}")
+        own = dict(self.own)
+        unknown = sorted(set(own) - set(sampler.options))
+        if unknown:
+            raise ValueError(f"sampler {predictor!r} takes no option {unknown}; its own options are "
+                             f"{sorted(sampler.options) or 'none'}, the generic ones {list(GENERIC_OPTIONS)}")
+        merged = {**sampler.options, **own}
+        sampler.check(merged)
+        return dataclasses.replace(self, temperature=float(t), top_p=float(p), corrector_steps=corrector_steps,
+                                   own=tuple(sorted(merged.items())))
+
+
+def _options(options: Options | None, values: dict) -> Options:
+    """``sample``'s options argument and its option keywords as one value (the keywords win)."""
+    if options is None:
+        return Options.make(**values)
+    if not isinstance(options, Options):
+        raise ValueError(f"options must be a sedd.sampling.Options, got {type(options).__name__}")
+    return options.updated(**values) if values else options
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["tokens", "trajectory", "stats"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class Samples:
+    """What ``sample`` returns, whatever was asked for.
+
+    Attributes:
+      tokens: int32[B, L] the samples.
+      trajectory: int32[N // trajectory_every + 1, B, L], the start after
+        conditioning, then the state every trajectory_every steps, before the
+        denoise; None unless ``return_trajectory``.
+      stats: {"nfe": int32[] network calls made on the batch, "nfe_per_sample":
+        int32[B] the calls each row needed}; None unless ``return_stats``.
+    """
+
+    tokens: Any
+    trajectory: Any = None
+    stats: Any = None
 
 
 def _is_concrete(a) -> bool:
@@ -805,70 +937,56 @@ def _check_int(name: str, value, low: int) -> int:
     return int(value)
 
 
-def _check_options(sampler_name: str, sampler: Sampler, graph: Graph, temperature, top_p, corrector_steps,
-                   cache, options: dict) -> tuple:
-    """The validated generic and sampler options; a ValueError for one that cannot be honoured."""
-    kind = "absorbing" if graph.absorb else "uniform"
-    if kind not in sampler.graphs:
-        raise ValueError(f"sampler {sampler_name!r} runs on the {' and '.join(sampler.graphs)} graph, "
-                         f"not the {kind} graph")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
-        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    corrector_steps = _check_int("corrector_steps", corrector_steps, 0)
-    if not isinstance(cache, bool):
-        raise ValueError(f"cache must be True or False, got {cache!r}")
-    wanted = {"temperature": temperature != 1, "top_p": top_p != 1, "corrector_steps": corrector_steps > 0,
-              "cache": cache}
-    for name, used in wanted.items():
-        if used and name not in sampler.honours:
-            raise ValueError(f"sampler {sampler_name!r} cannot honour {name}; it takes "
-                             f"{sorted(sampler.honours) or 'none of the generic options'}")
-    for name in ("temperature", "top_p", "cache"):
-        if wanted[name] and not graph.absorb:
-            why = ("it needs the absorbing score's p(x0 | unmasked) times 1 / (e^sigma - 1)" if name == "cache"
-                   else "it acts on the denoiser p(x0 | x_t), which the absorbing score gives directly")
-            raise ValueError(f"{name} is for the absorbing graph only: {why}")
-    unknown = sorted(set(options) - set(sampler.options))
-    if unknown:
-        raise ValueError(f"sampler {sampler_name!r} takes no option {unknown}; its own options are "
-                         f"{sorted(sampler.options) or 'none'}, the generic ones {list(GENERIC_OPTIONS)}")
-    merged = {**sampler.options, **options}
-    sampler.check(merged)
-    return float(temperature), float(top_p), corrector_steps, cache, tuple(sorted(merged.items()))
+def _check_shape(shape) -> tuple[int, int]:
+    try:
+        shape = tuple(int(s) for s in shape)
+    except TypeError:
+        raise ValueError(f"shape must be a 2-D (B, L) tuple, got {shape!r}") from None
+    if len(shape) != 2 or min(shape) < 1:
+        raise ValueError(f"shape must be a 2-D (B, L) tuple of positive sizes, got {shape!r}")
+    return shape
 
 
-def sample(
-    key: jax.Array,
-    score_fn: ScoreFn,
-    graph: Graph,
-    noise: Callable,
-    shape: tuple[int, int],
-    steps: int,
-    predictor: str = "analytic",
-    denoise: bool = True,
-    eps: float = 1e-5,
-    fixed_mask: jax.Array | None = None,
-    fixed_tokens: jax.Array | None = None,
-    *,
-    categorical: str = "precise",
-    final: str = "sample",
-    time_grid: Any = None,
-    return_trajectory: bool = False,
-    trajectory_every: int = 1,
-    score_params: Any = None,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    corrector_steps: int = 0,
-    cache: bool = False,
-    return_stats: bool = False,
-    max_length: int | None = None,
-    block_length: int | None = None,
-    axis_name: Any = None,
-    sharding: Any = None,
-    **sampler_options,
-):
+def _time_grid(time_grid, steps: int, eps: float) -> jax.Array:
+    """float32[N + 1]: the default grid linspace(1, eps, N + 1), or the given one after its checks."""
+    if time_grid is None:
+        if not 0 < eps < 1:
+            raise ValueError(f"eps must be in (0, 1), got {eps!r}")
+        return jnp.asarray(np.linspace(1.0, eps, steps + 1), jnp.float32)
+    times = jnp.asarray(time_grid, jnp.float32)
+    if times.shape != (steps + 1,):
+        raise ValueError(f"time_grid must have shape (steps + 1,) = ({steps + 1},), got {times.shape}")
+    if _is_concrete(times):
+        grid = np.asarray(times)
+        if not (np.all(np.diff(grid) < 0) and grid[-1] > 0 and grid[0] <= 1):
+            raise ValueError(f"time_grid must be strictly decreasing within (0, 1], got {grid.tolist()}")
+    return times
+
+
+def _conditioning(fixed_mask, fixed_tokens, shape: tuple[int, int], graph: Graph):
+    """fixed_mask / fixed_tokens as bool / int32 arrays of `shape` (or None, None), tokens in the vocabulary."""
+    if (fixed_mask is None) != (fixed_tokens is None):
+        raise ValueError("fixed_mask and fixed_tokens must be given together")
+    if fixed_mask is None:
+        return None, None
+    fixed_mask, fixed_tokens = jnp.asarray(fixed_mask, bool), jnp.asarray(fixed_tokens, jnp.int32)
+    for name, arr in (("fixed_mask", fixed_mask), ("fixed_tokens", fixed_tokens)):
+        if arr.shape != shape:
+            raise ValueError(f"{name} must have the sample shape {shape}, got {arr.shape}")
+    # Checked eagerly; inside a caller's jit the arrays are tracers and the check is skipped.
+    if _is_concrete(fixed_mask) and _is_concrete(fixed_tokens):
+        tokens = np.asarray(fixed_tokens)[np.asarray(fixed_mask)]
+        bad = tokens[(tokens < 0) | (tokens >= graph.vocab_size)]
+        if bad.size:
+            raise ValueError(f"fixed_tokens must lie in [0, vocab_size={graph.vocab_size}) where fixed_mask "
+                             f"is True, got {bad[:5].tolist()}")
+    return fixed_mask, fixed_tokens
+
+
+def sample(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, shape: tuple[int, int], steps: int,
+           predictor: str = "analytic", denoise: bool = True, eps: float = 1e-5, fixed_mask: jax.Array | None = None,
+           fixed_tokens: jax.Array | None = None, *, score_params: Any = None, options: Options | None = None,
+           **option_values) -> Samples:
     r"""Draw sequences from the reverse diffusion, Sec. 4 of Lou et al. 2024.
 
     x starts at ``graph.sample_limit``; each step t -> t - dt applies the
@@ -887,6 +1005,8 @@ def sample(
     and reused (score_fn is compared by identity: pass the same function
     object, not a fresh lambda). Whatever score_fn closes over is baked into
     the program as a constant; for weights that change, pass ``score_params``.
+    Where the rows are computed (a mesh's data axis) is the score function's
+    business: ``sedd.runs.Run`` passes one that constrains its input's rows.
 
     Args:
       key: a ``jax.random`` key.
@@ -900,159 +1020,72 @@ def sample(
       predictor: a name in ``PREDICTORS`` (see the module docstring).
       denoise: apply the final denoising step.
       eps: the last time of the default grid linspace(1, eps, N + 1), in (0, 1).
-      fixed_mask: bool[B, L] (bool[B, max_length] with max_length), True where
-        the token is given; or None.
-      fixed_tokens: int[...] of fixed_mask's shape, tokens in [0, vocab_size)
-        at the fixed positions; given iff fixed_mask is.
-      categorical: "precise" (exact for small probabilities, default) or "gumbel32".
-      final: "sample" draws the denoised token; "argmax" takes the most likely one.
-      time_grid: optional float[N + 1] strictly decreasing times in (0, 1]
-        replacing the default grid.
-      return_trajectory: also return the states after every
-        ``trajectory_every`` steps.
+      fixed_mask: bool[B, L], True where the token is given; or None.
+      fixed_tokens: int[B, L], tokens in [0, vocab_size) at the fixed
+        positions; given iff fixed_mask is.
       score_params: optional pytree passed to score_fn as its first argument, traced.
-      temperature: >= 0, on the denoiser at masked positions (absorbing); 0 = argmax.
-      top_p: in (0, 1], the nucleus of the denoiser (absorbing).
-      corrector_steps: forward-backward corrector steps after each step (euler, analytic).
-      cache: reuse the network output while no token changes (absorbing; exact
-        for a time-independent model, model.time_conditioning=False).
-      return_stats: also return {"nfe": int32[] network calls made on the
-        batch, "nfe_per_sample": int32[B] the calls each row needed}.
-      max_length: generate int32[B, max_length] > L by semi-autoregressive
-        windows of L (MDLM, BD3-LM): the first window whole, then each next
-        window keeps its first L - block_length tokens from the text before
-        it and generates the last block_length. The NFE add up.
-      block_length: new tokens per window after the first (default L // 2).
-      axis_name: when ``sample`` runs under ``jax.vmap(..., axis_name=...)``
-        (one key per row, e.g. ``sedd serve``), that name: a network call is
-        then skipped only when no row of the mapped batch needs it, so the
-        call stays one batched call on unbatched weights; "nfe" counts the
-        calls of the mapped batch, "nfe_per_sample" those each row needed.
-      sharding: optional ``jax.sharding.Sharding`` of the (B, L) state, kept
-        after every step: with the rows split over a mesh's data axis each
-        device samples its own rows (``sedd.runs.Run.sample`` passes it);
-        None leaves the placement to XLA, which with weights replicated over
-        several devices has each device compute every row. The draws do not
-        depend on it.
-      **sampler_options: the sampler's own options: ``order`` (confidence),
-        ``max_entropy`` (entropy_bound), ``schedule``, ``eta``, ``t_on``,
-        ``t_off``, ``alpha_on`` (remdm); see each sampler's class.
+      options: an ``Options``; **option_values: its fields and the sampler's
+        own options by keyword (they win over ``options``): categorical,
+        final, temperature, top_p, corrector_steps, cache, time_grid,
+        return_trajectory, trajectory_every, return_stats, axis_name, ...
 
     Returns:
-      int32[B, L] samples; with return_trajectory, (samples, trajectory) where
-      trajectory is int32[N // trajectory_every + 1, B, L] (the start after
-      conditioning, then every trajectory_every steps, before the denoise);
-      with return_stats the stats dict is appended: (samples, stats) or
-      (samples, trajectory, stats).
+      ``Samples``: .tokens int32[B, L]; .trajectory and .stats when asked for.
 
     Raises:
-      ValueError: on steps < 1, an unknown predictor, categorical method or
-        final, a shape that is not 2-D, eps outside (0, 1), a bad time grid,
-        bad conditioning arrays, an option the sampler or graph cannot honour,
-        or an unknown sampler option.
+      ValueError: on steps < 1, a shape that is not 2-D, eps outside (0, 1), a
+        bad time grid, bad conditioning arrays, or options that
+        ``Options.checked`` refuses.
     """
-    steps = _check_int("steps", steps, 1)
-    if predictor not in PREDICTORS:
-        raise ValueError(f"unknown predictor {predictor!r}; expected one of {sorted(PREDICTORS)}")
-    sampler = PREDICTORS[predictor]
-    if categorical not in CATEGORICAL_METHODS:
-        raise ValueError(
-            f"unknown categorical method {categorical!r}; expected one of {CATEGORICAL_METHODS}"
-        )
-    if final not in FINALS:
-        raise ValueError(f"unknown final {final!r}; expected one of {FINALS}")
-    if final == "argmax" and not denoise:
-        raise ValueError("final='argmax' acts in the denoise step; it needs denoise=True")
-    try:
-        shape = tuple(int(s) for s in shape)
-    except TypeError:
-        raise ValueError(f"shape must be a 2-D (B, L) tuple, got {shape!r}") from None
-    if len(shape) != 2 or min(shape) < 1:
-        raise ValueError(f"shape must be a 2-D (B, L) tuple of positive sizes, got {shape!r}")
-    trajectory_every = _check_int("trajectory_every", trajectory_every, 1)
-    temperature, top_p, corrector_steps, cache, options = _check_options(
-        predictor, sampler, graph, temperature, top_p, corrector_steps, cache, sampler_options)
-
-    if time_grid is None:
-        if not 0 < eps < 1:
-            raise ValueError(f"eps must be in (0, 1), got {eps!r}")
-        times = jnp.asarray(np.linspace(1.0, eps, steps + 1), jnp.float32)  # (N + 1,)
-    else:
-        times = jnp.asarray(time_grid, jnp.float32)
-        if times.shape != (steps + 1,):
-            raise ValueError(
-                f"time_grid must have shape (steps + 1,) = ({steps + 1},), got {times.shape}"
-            )
-        if _is_concrete(times):
-            grid = np.asarray(times)
-            if not (np.all(np.diff(grid) < 0) and grid[-1] > 0 and grid[0] <= 1):
-                raise ValueError(
-                    f"time_grid must be strictly decreasing within (0, 1], got {grid.tolist()}"
-                )
-
-    out_shape = shape
-    if max_length is not None or block_length is not None:
-        if return_trajectory:
-            raise ValueError("return_trajectory is not available with max_length (one trajectory per window)")
-        max_length = _check_int("max_length", shape[1] if max_length is None else max_length, shape[1])
-        block_length = _check_int("block_length", shape[1] // 2 if block_length is None else block_length, 1)
-        if block_length > shape[1]:
-            raise ValueError(f"block_length must be <= the window L = {shape[1]}, got {block_length}")
-        out_shape = (shape[0], max_length)
-
-    if (fixed_mask is None) != (fixed_tokens is None):
-        raise ValueError("fixed_mask and fixed_tokens must be given together")
-    if fixed_mask is not None:
-        fixed_mask = jnp.asarray(fixed_mask, bool)
-        fixed_tokens = jnp.asarray(fixed_tokens, jnp.int32)
-        for name, arr in (("fixed_mask", fixed_mask), ("fixed_tokens", fixed_tokens)):
-            if arr.shape != out_shape:
-                raise ValueError(f"{name} must have the sample shape {out_shape}, got {arr.shape}")
-        # Checked eagerly; inside a caller's jit the arrays are tracers and
-        # the check is skipped.
-        if _is_concrete(fixed_mask) and _is_concrete(fixed_tokens):
-            tokens = np.asarray(fixed_tokens)[np.asarray(fixed_mask)]
-            bad = tokens[(tokens < 0) | (tokens >= graph.vocab_size)]
-            if bad.size:
-                raise ValueError(
-                    f"fixed_tokens must lie in [0, vocab_size={graph.vocab_size}) where "
-                    f"fixed_mask is True, got {bad[:5].tolist()}"
-                )
-
-    loop = functools.partial(
-        _sample_loop, times=times, score_params=score_params, score_fn=score_fn, graph=graph, noise=noise,
-        shape=shape, sampler=sampler, denoise=bool(denoise), categorical=categorical, final=final,
-        return_trajectory=bool(return_trajectory), trajectory_every=trajectory_every, temperature=temperature,
-        top_p=top_p, corrector_steps=corrector_steps, cache=cache, options=options, axis_name=axis_name,
-        sharding=sharding)
-    if out_shape != shape:
-        x, stats = _sample_blocks(key, loop, shape, max_length, block_length, fixed_mask, fixed_tokens)
-        return (x, stats) if return_stats else x
-    x, traj, stats = loop(key, fixed_mask=fixed_mask, fixed_tokens=fixed_tokens)
-    out = (x, traj) if return_trajectory else (x,)
-    if return_stats:
-        out = out + (stats,)
-    return out[0] if len(out) == 1 else out
+    opts = _options(options, option_values).checked(predictor, graph, bool(denoise))
+    shape, steps = _check_shape(shape), _check_int("steps", steps, 1)
+    times = _time_grid(opts.time_grid, steps, eps)
+    fixed_mask, fixed_tokens = _conditioning(fixed_mask, fixed_tokens, shape, graph)
+    x, traj, stats = _sample_loop(key, times, fixed_mask, fixed_tokens, score_params, score_fn=score_fn, graph=graph,
+                                  noise=noise, shape=shape, sampler=PREDICTORS[predictor], denoise=bool(denoise),
+                                  options=dataclasses.replace(opts, time_grid=None))
+    return Samples(x, traj, stats if opts.return_stats else None)
 
 
-def _sample_blocks(key, loop, shape, max_length, block_length, fixed_mask, fixed_tokens):
-    r"""Semi-autoregressive generation past the window L (MDLM Sec. 3.5; BD3-LM, Arriola et al. 2025).
+def sample_long(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, shape: tuple[int, int],
+                steps: int, max_length: int, block_length: int | None = None, fixed_mask: jax.Array | None = None,
+                fixed_tokens: jax.Array | None = None, **sample_args) -> Samples:
+    r"""Text of ``max_length`` >= L tokens by semi-autoregressive windows of L (MDLM Sec. 3.5; BD3-LM).
 
     Window w covers positions [s_w, s_w + L): s_0 = 0, then each window
     starts block_length after the previous one (the last is moved back to
     end at max_length). Its positions before the previous window's end are
-    fixed to the text already drawn; the rest are drawn by the sampler, with
+    fixed to the text already drawn; the rest are drawn by ``sample``, with
     the caller's own fixed positions kept. Every window is the same compiled
     program (the conditioning is traced); window w uses fold_in(key, w).
 
+    Args:
+      key, score_fn, graph, noise, steps: as in ``sample``.
+      shape: (B, L), L the window (the model's length).
+      max_length: the length of the text, >= L.
+      block_length: new tokens per window after the first, in [1, L] (default L // 2).
+      fixed_mask, fixed_tokens: as in ``sample``, of shape (B, max_length).
+      **sample_args: the other arguments of ``sample`` (predictor, denoise,
+        eps, score_params, options and option keywords); no trajectory.
     Returns:
-      (int32[B, max_length], stats with the NFE summed over the windows).
+      ``Samples`` with tokens int32[B, max_length] and, when asked for, the
+      stats with the NFE summed over the windows.
     """
-    b, length = shape
+    b, length = _check_shape(shape)
+    call_args = {k: sample_args.pop(k) for k in ("predictor", "denoise", "eps", "score_params") if k in sample_args}
+    opts = _options(sample_args.pop("options", None), sample_args)
+    if opts.return_trajectory:
+        raise ValueError("return_trajectory is not available with max_length (one trajectory per window)")
+    max_length = _check_int("max_length", max_length, length)
+    block_length = _check_int("block_length", length // 2 if block_length is None else block_length, 1)
+    if block_length > length:
+        raise ValueError(f"block_length must be <= the window L = {length}, got {block_length}")
+    fixed_mask, fixed_tokens = _conditioning(fixed_mask, fixed_tokens, (b, max_length), graph)
     out = jnp.zeros((b, max_length), jnp.int32)
     user_mask = jnp.zeros((b, max_length), bool) if fixed_mask is None else fixed_mask
     user_tokens = jnp.zeros((b, max_length), jnp.int32) if fixed_tokens is None else fixed_tokens
     nfe, nfe_row = jnp.int32(0), jnp.zeros((b,), jnp.int32)
+    window_opts = opts.updated(return_stats=True)
     done, start, w = 0, 0, 0
     while done < max_length:
         start = min(start, max_length - length)
@@ -1060,41 +1093,26 @@ def _sample_blocks(key, loop, shape, max_length, block_length, fixed_mask, fixed
         drawn = jnp.arange(start, start + length) < done  # (L,) already generated
         mask = user_mask[:, window] | drawn[None, :]
         tokens = jnp.where(drawn[None, :], out[:, window], user_tokens[:, window])
-        x, _, stats = loop(jax.random.fold_in(key, w), fixed_mask=mask, fixed_tokens=tokens)
-        out = out.at[:, window].set(x)
-        nfe, nfe_row = nfe + stats["nfe"], nfe_row + stats["nfe_per_sample"]
+        got = sample(jax.random.fold_in(key, w), score_fn, graph, noise, (b, length), steps, fixed_mask=mask,
+                     fixed_tokens=tokens, options=window_opts, **call_args)
+        out = out.at[:, window].set(got.tokens)
+        nfe, nfe_row = nfe + got.stats["nfe"], nfe_row + got.stats["nfe_per_sample"]
         done, start, w = start + length, start + block_length, w + 1
-    return out, {"nfe": nfe, "nfe_per_sample": nfe_row}
-
-
-def euler_predictor(key, score_fn, graph, noise, x, t, dt, categorical="precise"):
-    """One ``Euler`` step as a plain function of (key, score_fn, graph, noise, x, t, dt): int32[B, L]."""
-    return one_step(key, score_fn, graph, noise, x, t, dt, "euler", categorical)
-
-
-def analytic_predictor(key, score_fn, graph, noise, x, t, dt, categorical="precise"):
-    """One ``Analytic`` step as a plain function of (key, score_fn, graph, noise, x, t, dt): int32[B, L]."""
-    return one_step(key, score_fn, graph, noise, x, t, dt, "analytic", categorical)
+    return Samples(out, None, {"nfe": nfe, "nfe_per_sample": nfe_row} if opts.return_stats else None)
 
 
 def one_step(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, x: jax.Array, t, dt,
-             predictor: str = "analytic", categorical: str = "precise", **options) -> jax.Array:
+             predictor: str = "analytic", **option_values) -> jax.Array:
     """One step of a registered sampler from x at time t to t - dt (its state freshly initialised).
 
     For benchmarks and tests of a single step; traceable (jit it with the
-    strings static). Returns int32[B, L].
+    strings static). Options as ``sample``'s keywords. Returns int32[B, L].
     """
+    opts = Options.make(**option_values).checked(predictor, graph)
     sampler = PREDICTORS[predictor]
-    temperature, top_p, corrector_steps, cache, opts = _check_options(
-        predictor, sampler, graph, options.pop("temperature", 1.0), options.pop("top_p", 1.0), 0,
-        options.pop("cache", False), options)
     times = jnp.stack([jnp.asarray(t, jnp.float32), jnp.asarray(t - dt, jnp.float32)])
-    ctx = Context(score_fn, graph, noise, categorical, temperature, top_p, cache, dict(opts), 1)
-    carry = {"x": x, "nfe": jnp.int32(0), "nfe_row": jnp.zeros(x.shape[:1], jnp.int32),
-             "state": sampler.init(ctx, x, times), "cache": None}
-    if cache:
-        carry["cache"] = (jnp.full(x.shape, -1, jnp.int32), jnp.zeros(x.shape + (graph.dim,), jnp.float32))
-    return sampler.step(ctx, key, carry, jnp.int32(0), times[0], times[1])["x"]
+    ctx = Context(score_fn, graph, noise, opts, 1)
+    return sampler.step(ctx, key, _start(ctx, sampler, x, times), jnp.int32(0), times[0], times[1])["x"]
 
 
 def text_conditioning(tokenizer, seq_len: int, num: int, prefix: str = "", suffix: str = "",

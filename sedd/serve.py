@@ -59,7 +59,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
-from sedd import runs, sampling
+from sedd import kinds, runs, sampling
 
 MASK_CHAR = "\u2591"  # "░": how a masked position shows in the text of a diffusing frame
 
@@ -223,25 +223,22 @@ def _sample_rows(state, seeds, rows, mask, tokens, *, graphdef, graph, noise, st
       seeds, rows: uint32[B] each.
       mask: bool[B, L]; tokens: int32[B, L] (``sedd.sampling.sample``'s fixed_mask / fixed_tokens).
     Returns:
-      (x, nfe), or with trajectory (x, traj, nfe): x int32[B, L]; traj
-      int32[B, N + 1, L], the state before each step; nfe int32[B], the network
-      calls each row's sampler made, counted as if it ran alone (the batch
-      skips a call only when no row needs it).
+      (x, traj, nfe): x int32[B, L]; traj int32[B, N + 1, L], the state before
+      each step, or None without trajectory; nfe int32[B], the network calls
+      each row's sampler made, counted as if it ran alone (the batch skips a
+      call only when no row needs it).
     """
-    score_fn = runs.params_score_fn(graphdef)
+    score_fn = kinds.params_score_fn(graphdef)
     length = mask.shape[1]
 
     def one(seed, row, m, t):  # one row as a batch of 1: (1, L)
         key = jax.random.fold_in(jax.random.key(seed), row)
         out = sampling.sample(key, score_fn, graph, noise, (1, length), steps, predictor, eps=eps,
-                              fixed_mask=m[None], fixed_tokens=t[None], categorical=categorical,
-                              return_trajectory=trajectory, score_params=state, temperature=temperature,
+                              fixed_mask=m[None], fixed_tokens=t[None], score_params=state,
+                              categorical=categorical, return_trajectory=trajectory, temperature=temperature,
                               top_p=top_p, return_stats=True, axis_name="rows")
-        if trajectory:
-            x, traj, stats = out
-            return x[0], traj[:, 0], stats["nfe_per_sample"][0]  # (L,), (N + 1, L), ()
-        x, stats = out
-        return x[0], stats["nfe_per_sample"][0]
+        traj = None if out.trajectory is None else out.trajectory[:, 0]  # (N + 1, L)
+        return out.tokens[0], traj, out.stats["nfe_per_sample"][0]  # (L,), ..., ()
 
     # axis_name: the network runs once a step on all rows with unbatched weights (not once per row).
     return jax.vmap(one, axis_name="rows")(seeds, rows, mask, tokens)
@@ -411,7 +408,7 @@ class Engine:
                            temperature=first.temperature, top_p=first.top_p)
         out = jax.tree.map(np.asarray, out)
         seconds = time.perf_counter() - t0
-        ids, traj, nfe = out if batch[0].trajectory else (out[0], None, out[1])
+        ids, traj, nfe = out
         self.batches += 1
         program = (size, *batch[0].program)
         info = {"batch_rows": used, "padded_rows": size, "seconds": seconds,
@@ -500,8 +497,8 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits()) -> 
     handling (FastAPI's layers took about a quarter of the server's CPU under
     load; docs/serving.md).
     """
-    if run.is_ar:
-        raise ValueError("sedd serve serves diffusion runs; this run is the AR baseline")
+    if not run.kind.serves:
+        raise ValueError(f"sedd serve serves diffusion runs; this run's model.kind is {run.kind.name!r}")
     if limits.max_batch < limits.max_n:
         raise ValueError(f"max_batch={limits.max_batch} must be at least max_n={limits.max_n}")
     engine = Engine(run, limits)
@@ -675,9 +672,9 @@ def main(argv: list[str] | None = None) -> int:
         app.state.engine.warmup(steps=args.warmup_steps)
         print(f"compiled the batch sizes up to {limits.max_batch} in {time.perf_counter() - t0:.1f} s")
     print(f"serving {name} (step {run.step}, length {run.seq_len}) on http://{args.host}:{args.port}/")
-    # JAX, the model and the compiled programs are millions of long-lived objects; a full collection walked
-    # them all, a 0.25 s pause of the whole server (GIL held) about every 5,000 requests under load. Frozen,
-    # the collector skips them (a full collection then takes ~1 ms).
+    # JAX, the model and the compiled programs are millions of long-lived objects; a full collection walks
+    # them all, pausing the whole server (GIL held) under load (docs/serving.md). Frozen, the collector
+    # skips them.
     gc.collect()
     gc.freeze()
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

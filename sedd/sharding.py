@@ -25,8 +25,8 @@ replicated instead (the tiny config's 86-row vocabulary over 8 tensor shards,
 say), so every rule set works for every model.
 
 One CPU: `split_cpu` makes a host's cores several JAX devices, so that the
-"data" axis spreads the batch over them (`sedd train` calls it; 1.25x the
-steps per second of one device on 2 cores, docs/scaling.md).
+"data" axis spreads the batch over them (`sedd train` calls it; the speed-up
+is measured in docs/scaling.md).
 
 Multi-host: each process runs this same program on its own devices;
 `initialize_distributed` connects them (`jax.distributed.initialize`), each
@@ -209,10 +209,9 @@ def optimizer_shardings(tree, shardings, mesh: Mesh):
     dimensions is split along "data" on its longest dimension that divides,
     and XLA gathers the update into the replicated parameters. For Muon
     (optim.optimizer) this splits the Newton-Schulz products of every matrix
-    over the devices (on 2 CPU devices it takes 2-4% off the default's Muon
-    step, 1.20x AdamW's); an AdamW step only gains a gather (2-4% slower), so
-    the Trainer splits Muon's state and not AdamW's unless asked
-    (docs/scaling.md).
+    over the devices; an AdamW step, elementwise, only gains a gather, so
+    the Trainer splits Muon's state and not AdamW's unless asked (the
+    figures, from ``bench.py optimizer``, are in docs/scaling.md).
     Leaves already sharded (by "fsdp" or "tensor") keep their sharding.
 
     Args:
@@ -318,8 +317,7 @@ def split_cpu(config) -> int:
     XLA runs a small model's many small ops one after another, each split
     over all cores, and the cores wait at every op's end; one device per
     core, each with its share of the batch along the "data" axis, keeps them
-    busy instead (1.25x the steps per second of the default config on 2
-    cores, docs/scaling.md). The arithmetic is that of any data-parallel run:
+    busy instead (measured in docs/scaling.md). The arithmetic is that of any data-parallel run:
     the same global batch and gradient, summed in another order.
 
     ``mesh.cpu_devices``: 0 (auto) takes the largest divisor of
@@ -337,7 +335,7 @@ def split_cpu(config) -> int:
     Raises:
       ValueError: on a negative ``mesh.cpu_devices``.
     """
-    want = int(config.mesh.get("cpu_devices", 0)) if "mesh" in config else 0
+    want = int(config.mesh.cpu_devices)
     if want < 0:
         raise ValueError(f"mesh.cpu_devices must be >= 0 (0 = auto), got {want}")
     if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
@@ -359,7 +357,7 @@ def split_cpu(config) -> int:
 # --------------------------------------------------------------------------- multi-host
 
 
-def initialize_distributed(config=None) -> bool:
+def initialize_distributed(config) -> bool:
     """Connect the processes of a multi-process job with `jax.distributed.initialize`.
 
     Must run before anything touches a device. config.mesh.distributed:
@@ -370,19 +368,21 @@ def initialize_distributed(config=None) -> bool:
       "auto" (default): as "on" when the config sets a coordinator address or
         jax detects a cluster; a single process otherwise.
 
+    Args:
+      config: the run's config; only its mesh section is read.
     Returns:
       True when this call initialized jax.distributed.
     """
-    m = config.mesh if config is not None and "mesh" in config else {}
-    mode = m.get("distributed", "auto")
+    m = config.mesh
+    mode = m.distributed
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"mesh.distributed must be 'auto', 'on' or 'off', got {mode!r}")
     if mode == "off" or jax.distributed.is_initialized():
         return False
     kwargs = {
-        "coordinator_address": m.get("coordinator_address") or None,
-        "num_processes": m.get("num_processes") or None,
-        "process_id": m.get("process_id") if m.get("process_id", -1) >= 0 else None,
+        "coordinator_address": m.coordinator_address or None,  # "", 0 and -1: detected by jax
+        "num_processes": m.num_processes or None,
+        "process_id": m.process_id if m.process_id >= 0 else None,
     }
     try:
         jax.distributed.initialize(**kwargs)

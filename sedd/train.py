@@ -34,7 +34,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
-from sedd import ar, evaluate, losses, runs, sampling
+from sedd import figures, kinds, losses, runs
 from sedd import config as config_lib
 from sedd import sharding as sharding_lib
 from sedd.data import load_dataset, load_tokenizer, save_tokenizer
@@ -93,33 +93,30 @@ def build_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedul
     the schedule. Every other parameter takes AdamW with optim.lr. An
     orthogonalised step moves every direction of W's row and column spaces by
     the same amount, where Adam's follows the few directions the noisy
-    gradient is largest in; on the default run it reached in 2,000 steps what
-    AdamW had not in 2,600 (docs/default_run.md).
+    gradient is largest in (docs/default_run.md compares the two).
 
     optim.adaln_lr_scale multiplies the learning rate of the adaLN modulation
     kernels. Their input, the sigma conditioning c, is nearly the same vector
-    for every sequence of a batch (cosine similarity 0.65 between sigma =
-    1e-3 and 6.9 at initialisation), so their gradient c g^T is coherent and
+    for every sequence of a batch, so their gradient c g^T is coherent and
     Adam moves every modulation output (shift, scale, gate) by up to
-    lr ||c||_1 per step, where a bias moves by lr. For the default's 64-wide c,
-    ||c||_1 is 2.6 at initialisation and 8.7 after 400 steps (the sigma MLP
-    grows it): the modulations learn up to ~10x faster than anything else,
-    which at the default lr kept attention from learning context-only text
-    (docs/default_run.md). 1.0 is the original SEDD's plain AdamW.
+    lr ||c||_1 per step, where a bias moves by lr: with ||c||_1 of several
+    units the modulations learn several times faster than anything else,
+    which can keep attention from learning context-only text (the figures
+    are in docs/default_run.md). 1.0 is the original SEDD's plain AdamW.
     """
     o, t = config.optim, config.training
     if t.accum_steps < 1:
         raise ValueError(f"training.accum_steps must be >= 1, got {t.accum_steps}")
-    adaln_scale = o.get("adaln_lr_scale", 1.0)
+    adaln_scale = o.adaln_lr_scale
     if not adaln_scale > 0:
         raise ValueError(f"optim.adaln_lr_scale must be > 0, got {adaln_scale!r}")
     schedule = learning_rate_schedule(o, t.n_iters // t.accum_steps)
     parts = [optax.clip_by_global_norm(o.grad_clip)] if o.grad_clip > 0 else []
-    name = o.get("optimizer", "adamw")
+    name = o.optimizer
     if name == "adamw":
         parts.append(optax.adamw(schedule, b1=o.beta1, b2=o.beta2, eps=o.eps, weight_decay=o.weight_decay))
     elif name == "muon":
-        muon_scale = o.get("muon_lr_scale", 1.0)
+        muon_scale = o.muon_lr_scale
         if not muon_scale > 0:
             raise ValueError(f"optim.muon_lr_scale must be > 0, got {muon_scale!r}")
         parts.append(optax.contrib.muon(
@@ -139,18 +136,6 @@ def build_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedul
 # =========================================================================== state and step
 
 
-def check_sampler(config, graph) -> None:
-    """Fail before training, not at its first evaluation, when config.sampling.predictor cannot sample the run."""
-    name = config.sampling.predictor
-    if name not in sampling.PREDICTORS:
-        raise ValueError(f"unknown sampling.predictor {name!r}; expected one of {sorted(sampling.PREDICTORS)}")
-    kind = "absorbing" if graph.absorb else "uniform"
-    if config.model.kind != "ar" and kind not in sampling.PREDICTORS[name].graphs:
-        raise ValueError(f"sampling.predictor={name!r} runs on the {' and '.join(sampling.PREDICTORS[name].graphs)} "
-                         f"graph, and graph.type={config.graph.type!r}: add --config.sampling.predictor=analytic "
-                         "(or euler)")
-
-
 class Trainer:
     """The pure functions of a run: init_state, train_step, loss_step.
 
@@ -167,9 +152,8 @@ class Trainer:
 
     def __init__(self, config, mesh: jax.sharding.Mesh | None = None, zero1: bool | None = None):
         self.config = config
-        self.graph = runs.build_graph(config)
-        check_sampler(config, self.graph)
-        self.noise = runs.build_noise(config)
+        self.kind = kinds.get(config)
+        self.kind.check_sampler(config.sampling.predictor)  # before training, not at its first evaluation
         self.tx, self.schedule = build_optimizer(config)
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(config.mesh)
         rules = sharding_lib.make_rules(config.mesh.rules)
@@ -179,7 +163,7 @@ class Trainer:
         abstract = jax.eval_shape(self._init_state)
         self.state_sharding = sharding_lib.param_shardings(abstract, self.mesh, rules)
         if zero1 is None:
-            zero1 = config.optim.get("optimizer", "adamw") == "muon"
+            zero1 = config.optim.optimizer == "muon"
         if zero1:
             self.state_sharding["opt_state"] = sharding_lib.optimizer_shardings(
                 abstract["opt_state"], self.state_sharding["opt_state"], self.mesh)
@@ -211,7 +195,7 @@ class Trainer:
         return self._loss_jit(params, sharding_lib.place_global(batch, self.mesh, self._rules), key)
 
     def _init_state(self) -> dict:
-        params = nnx.state(runs.build_model(self.config, self.config.seed), nnx.Param)
+        params = nnx.state(self.kind.network(self.config.seed), nnx.Param)
         return {
             "step": jnp.zeros((), jnp.int32),
             "params": params,
@@ -222,33 +206,13 @@ class Trainer:
         }
 
     def _loss(self, params, key, batch, train: bool):
-        r"""The training objective of a batch x0 [B, L], nats per sequence: (mean, per-sequence [B]).
+        """The kind's training objective of a batch x0 [B, L], nats per sequence: (mean, per-sequence [B]).
 
-        Diffusion, Eq. (9) of Lou et al. 2024 (denoising score entropy), one
-        Monte Carlo draw of t per sequence:
-
-            L(x0) = \sigma'(t) \sum_l \sum_{y \ne x_t^l} Q(y, x_t^l)
-                    ( s(x_t, t)_{l,y} - r_y \log s(x_t, t)_{l,y} + K(r_y) ),
-            t ~ U[\epsilon, 1],  x_t ~ p_{\bar\sigma(t)}(. | x0),
-            r_y = p_{\bar\sigma(t)}(y | x0^l) / p_{\bar\sigma(t)}(x_t^l | x0^l),
-
-        an upper bound on -log p(x0) in expectation (Thm. 3.6) up to the prior
-        term. With training.t_power = p > 0 a training step draws t from
-        q(t) ~ t^{-p} and weights L by U(t) / q(t) (the same expectation, a
-        gradient of less variance; sedd.losses.sample_times); the validation
-        estimate (train=False) keeps the uniform draw. AR baseline:
-        -sum_l log p(x0^l | x0^{<l}) (sedd.ar).
+        Dropout (train) draws from its own key; the loss's draws (t, x_t) from the other.
         """
         k_loss, k_drop = jax.random.split(key)
         model = nnx.merge(self.graphdef, params, self.rest)
-        kwargs = dict(deterministic=not train, rngs=k_drop if train else None)
-        if self.config.model.kind == "ar":
-            per_seq = ar.sequence_nll(model, batch, **kwargs)
-        else:
-            t = self.config.training
-            per_seq = losses.loss_fn(k_loss, lambda x, sigma: model(x, sigma, **kwargs), self.graph, self.noise,
-                                     batch, sampling_eps=t.sampling_eps, low_discrepancy=t.low_discrepancy,
-                                     t_power=t.get("t_power", 0.0) if train else 0.0)
+        per_seq = self.kind.loss(k_loss, model, batch, train, rngs=k_drop if train else None)
         return per_seq.mean(), per_seq  # (), (B,)
 
     def _train_step(self, state: dict, batch: jax.Array) -> tuple[dict, dict]:
@@ -440,7 +404,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
 
     Returns:
       dict with step, stopped, and after a finished run: bound (the figures of
-      ``sedd.evaluate.run_figures`` on the validation split: the likelihood
+      ``sedd.figures.run_figures`` on the validation split: the likelihood
       bound with its standard error, or an AR run's exact NLL; what `sedd eval
       --batch_size B --max_batches training.eval_batches` prints), the last
       quick estimate val_estimate_* (``estimate_loss``),
@@ -594,7 +558,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     if not val:  # the run had already ended before this call
         val = val_figures(state["ema"])
     run = model_run(state)
-    bound = evaluate.run_figures(run, dataset, "validation", BOUND_NUM_T, t.batch_size, t.eval_batches,
+    bound = figures.run_figures(run, dataset, "validation", BOUND_NUM_T, t.batch_size, t.eval_batches,
                                  progress=not quiet)
     result = {"step": step, "stopped": False, "bound": bound, "unigram_entropy_bits": entropy, **val}
     if cpt:

@@ -64,5 +64,5 @@ def test_ar_trains_with_the_same_trainer(tmp_path):
     # The reported figure of an AR run is its exact NLL (no Monte Carlo error), here of the same 1 batch.
     assert out["bound"]["kind"] == "ar" and out["bound"]["stderr_nats_per_token"] == 0.0
     np.testing.assert_allclose(out["bound"]["nats_per_token"], out["val_estimate_nats_per_token"], rtol=1e-5)
-    ids = runs.load(tmp_path / "ar").sample(jax.random.key(0), 2)  # through ar.sample
+    ids = runs.load(tmp_path / "ar").sample(jax.random.key(0), 2).tokens  # through ar.sample
     assert ids.shape == (2, 16) and (ids < 8).all()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sedd import config as config_lib
-from sedd import evaluate, graphs, noise as noise_lib, runs, train
+from sedd import evaluate, figures, graphs, noise as noise_lib, runs, train
 from sedd.data import load_dataset
 from sedd.data.tokenizers import MarkovTokenizer
 
@@ -92,7 +92,7 @@ def test_sample_entropy_and_vocabulary_check():
     h = evaluate.sample_entropy_bits([[0, 0, 0, 0], [0, 1, 2, 3], [0, 0, 1, 1]])
     np.testing.assert_allclose(h, [0.0, 2.0, 1.0])
     with pytest.raises(ValueError, match="another vocabulary"):
-        evaluate.check_same_vocabulary(MarkovTokenizer(8), MarkovTokenizer(9))
+        figures.check_same_vocabulary(MarkovTokenizer(8), MarkovTokenizer(9))
 
 
 @pytest.mark.slow

@@ -147,7 +147,7 @@ def run_sampler(kind, predictor, fixed=()):
             mask[:, l], tokens[:, l] = True, token
         kwargs = dict(fixed_mask=mask, fixed_tokens=tokens)
     x = sampling.sample(jax.random.key(1), EXACT[kind], graph, schedule, shape, STEPS,
-                        predictor=predictor, **kwargs)
+                        predictor=predictor, **kwargs).tokens
     assert x.shape == shape and x.dtype == jnp.int32
     return np.asarray(x)
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from sedd import kernels
 from sedd import model as M
 
 V, H, BLOCKS, HEADS, L = 11, 32, 2, 2, 8
@@ -155,7 +156,7 @@ def test_dropout():
 @pytest.mark.parametrize("rate", [0.1, 0.5])
 def test_dropout_layer_rate_and_mean(rate):
     """The 16-bit mask drops round(rate 2^16) / 2^16 of the elements and keeps the mean (1M draws: 5 s.e.)."""
-    layer = M.Dropout(rate, deterministic=False)
+    layer = kernels.Dropout(rate, deterministic=False)
     x = jnp.full((1024, 1024), 2.0)
     y = np.asarray(layer(x, rngs=jax.random.key(0)))
     drop = round(rate * 2**16) / 2**16
@@ -196,7 +197,7 @@ def test_mixed_einsum_is_einsum_to_bfloat16_rounding(spec, a_shape, b_shape):
         return lambda a, b: jnp.sum(w * f(a, b))
 
     exact = jax.value_and_grad(loss(lambda a, b: jnp.einsum(spec, a, b, precision="highest")), (0, 1))(a, b)
-    mixed = jax.jit(jax.value_and_grad(loss(lambda a, b: M.mixed_einsum(spec, a, b, jnp.bfloat16)), (0, 1)))(a, b)
+    mixed = jax.jit(jax.value_and_grad(loss(lambda a, b: kernels.mixed_einsum(spec, a, b, jnp.bfloat16)), (0, 1)))(a, b)
     # float32 in, float32 out, and float32 gradients for float32 operands.
     assert mixed[0].dtype == jnp.float32 and all(g.dtype == jnp.float32 for g in mixed[1])
     for got, want in zip(jax.tree.leaves(mixed), jax.tree.leaves(exact)):
@@ -204,7 +205,7 @@ def test_mixed_einsum_is_einsum_to_bfloat16_rounding(spec, a_shape, b_shape):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=0.03 * float(jnp.abs(want).max()))
         assert not np.array_equal(np.asarray(got), np.asarray(want))  # it did round
     # In float32 it is einsum itself, gradients included.
-    f32 = jax.value_and_grad(loss(lambda a, b: M.mixed_einsum(spec, a, b, jnp.float32)), (0, 1))(a, b)
+    f32 = jax.value_and_grad(loss(lambda a, b: kernels.mixed_einsum(spec, a, b, jnp.float32)), (0, 1))(a, b)
     for got, want in zip(jax.tree.leaves(f32), jax.tree.leaves(exact)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
@@ -213,16 +214,16 @@ def test_mixed_einsum_is_einsum_to_bfloat16_rounding(spec, a_shape, b_shape):
 def test_mixed_attention_is_dot_product_attention(causal):
     q, k, v = jax.random.normal(jax.random.key(1), (3, 2, 5, 2, 8))  # (B, L, N, K) each
     want = jax.nn.dot_product_attention(q, k, v, is_causal=causal)
-    got = jax.jit(M.mixed_attention, static_argnums=(3, 4))(q, k, v, causal, jnp.float32)
+    got = jax.jit(kernels.mixed_attention, static_argnums=(3, 4))(q, k, v, causal, jnp.float32)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
     # Its own backward pass (softmax normalised after the value product) is softmax's.
     w = jax.random.normal(jax.random.key(2), want.shape)
     grads = [jax.jit(jax.grad(lambda q, k, v: jnp.sum(w * f(q, k, v)), (0, 1, 2)))(q, k, v) for f in (
         lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal),
-        lambda q, k, v: M.mixed_attention(q, k, v, causal, jnp.float32))]
+        lambda q, k, v: kernels.mixed_attention(q, k, v, causal, jnp.float32))]
     for a, b in zip(*grads):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
-    low = jax.jit(M.mixed_attention, static_argnums=(3, 4))(q, k, v, causal, jnp.bfloat16)
+    low = jax.jit(kernels.mixed_attention, static_argnums=(3, 4))(q, k, v, causal, jnp.bfloat16)
     assert low.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(low), np.asarray(want), atol=0.05)
 

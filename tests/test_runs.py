@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 
-from sedd import cli, runs, train
+from sedd import cli, kinds, runs, train
 from sedd import config as config_lib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,13 +164,13 @@ def test_time_independent_model_scores_sigma_only_through_the_analytic_factor():
     """model.time_conditioning=False (RADD): s(x, sigma) (e^sigma - 1) is the same for every sigma."""
     config = ml_collections.ConfigDict(config_lib.load_config("tiny", ["--config.model.time_conditioning=False"]).to_dict())
     config.vocab_size = 11
-    model = runs.build_model(config, seed=0)
+    model = kinds.build_model(config, seed=0)
     assert model.sigma_map is None
     graphdef, params, rest = runs.split_model(config, 0)
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(1), len(leaves))  # random weights: adaLN-zero would hide any sigma path
     params = jax.tree.unflatten(tree, [0.3 * jax.random.normal(k, p.shape) for k, p in zip(keys, leaves)])
-    score = runs.params_score_fn(graphdef)
+    score = kinds.params_score_fn(graphdef)
     x = jax.random.randint(jax.random.key(2), (3, 16), 0, 12)  # id 11 = the mask
     scaled = [np.exp(np.asarray(score((params, rest), x, np.full(3, s, np.float32)), np.float64)) * np.expm1(s)
               for s in (0.05, 0.7, 4.0)]
@@ -181,7 +181,7 @@ def test_time_independent_model_scores_sigma_only_through_the_analytic_factor():
 
     config.graph.type = "uniform"
     with pytest.raises(ValueError, match="time_conditioning=False needs graph.type='absorbing'"):
-        runs.build_model(config)
+        kinds.build_model(config)
     config.model.time_conditioning, config.model.normalize = True, True
     with pytest.raises(ValueError, match="model.normalize=True needs graph.type='absorbing'"):
-        runs.build_model(config)
+        kinds.build_model(config)

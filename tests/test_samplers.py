@@ -101,8 +101,9 @@ def draw(predictor, steps, n=N_SAMPLES, graph=ABSORBING, sched=LOGLINEAR, score_
     out = sampling.sample(jax.random.key(seed), score_fn, graph, sched, (n, L), steps,
                           predictor=predictor, return_stats=True, **kw)
     jax.effects_barrier()
-    assert int(out[-1]["nfe"]) == len(calls), (predictor, kw, int(out[-1]["nfe"]), len(calls))
-    return tuple(np.asarray(a) if not isinstance(a, dict) else a for a in out)
+    assert int(out.stats["nfe"]) == len(calls), (predictor, kw, int(out.stats["nfe"]), len(calls))
+    traj = () if out.trajectory is None else (np.asarray(out.trajectory),)
+    return (np.asarray(out.tokens), *traj, out.stats)
 
 
 # --------------------------------------------------------------------------- exact laws
@@ -218,8 +219,8 @@ def test_large_vocabulary_steps_keep_the_law():
 @pytest.mark.parametrize("predictor", ALL)
 def test_top_p_never_leaves_the_nucleus(predictor):
     keep = nucleus_sets(PRODUCT, 0.6)
-    x, _ = sampling.sample(jax.random.key(3), product_score, PRODUCT_GRAPH, LOGLINEAR, (512, L2), 8,
-                           predictor=predictor, top_p=0.6, return_stats=True)
+    x = sampling.sample(jax.random.key(3), product_score, PRODUCT_GRAPH, LOGLINEAR, (512, L2), 8,
+                        predictor=predictor, top_p=0.6).tokens
     x = np.asarray(x)
     assert x.max() < V2
     inside = keep[np.arange(L2)[None, :], x]
@@ -228,7 +229,7 @@ def test_top_p_never_leaves_the_nucleus(predictor):
         return
     # Temperature 0 takes the most probable token everywhere.
     x = np.asarray(sampling.sample(jax.random.key(4), product_score, PRODUCT_GRAPH, LOGLINEAR, (64, L2), 8,
-                                   predictor=predictor, temperature=0.0))
+                                   predictor=predictor, temperature=0.0).tokens)
     np.testing.assert_array_equal(x, np.broadcast_to(PRODUCT.argmax(-1), x.shape))
 
 
@@ -236,8 +237,8 @@ def test_top_p_never_leaves_the_nucleus(predictor):
                                                     for o in sampling.Confidence.ORDERS[1:]])
 def test_confidence_unmasks_its_scheduled_count(order):
     steps = 5
-    x, traj = sampling.sample(jax.random.key(5), product_score, PRODUCT_GRAPH, LOGLINEAR, (64, L2), steps,
-                              predictor="confidence", order=order, return_trajectory=True)
+    traj = sampling.sample(jax.random.key(5), product_score, PRODUCT_GRAPH, LOGLINEAR, (64, L2), steps,
+                           predictor="confidence", order=order, return_trajectory=True).trajectory
     masked = (np.asarray(traj) == PRODUCT_GRAPH.mask).sum(-1)  # (N + 1, B)
     for n in range(steps):
         want = -(-masked[n] // (steps - n))  # ceil(masked / steps left)
@@ -247,9 +248,10 @@ def test_confidence_unmasks_its_scheduled_count(order):
 
 def test_entropy_bound_respects_its_bound():
     bound, steps = 1.0, L2
-    x, traj, stats = sampling.sample(jax.random.key(6), product_score, PRODUCT_GRAPH, LOGLINEAR, (256, L2),
-                                     steps, predictor="entropy_bound", max_entropy=bound,
-                                     return_trajectory=True, return_stats=True)
+    out = sampling.sample(jax.random.key(6), product_score, PRODUCT_GRAPH, LOGLINEAR, (256, L2),
+                          steps, predictor="entropy_bound", max_entropy=bound,
+                          return_trajectory=True, return_stats=True)
+    traj, stats = out.trajectory, out.stats
     traj = np.asarray(traj) == PRODUCT_GRAPH.mask  # (N + 1, B, L2) masked
     for n in range(steps):
         for b in range(traj.shape[1]):
@@ -306,8 +308,9 @@ def test_mapped_rows_draw_what_each_row_draws_alone():
     tokens = np.ones((6, L), np.int32)
 
     def one(key, m, t, axis_name):
-        x, stats = sampling.sample(key, EXACT["absorbing"], ABSORBING, LOGLINEAR, (1, L), 4, axis_name=axis_name,
-                                   fixed_mask=m[None], fixed_tokens=t[None], return_stats=True)
+        out = sampling.sample(key, EXACT["absorbing"], ABSORBING, LOGLINEAR, (1, L), 4, axis_name=axis_name,
+                              fixed_mask=m[None], fixed_tokens=t[None], return_stats=True)
+        x, stats = out.tokens, out.stats
         return x[0], stats["nfe"], stats["nfe_per_sample"][0]
 
     x, nfe, per_row = jax.vmap(lambda k, m, t: one(k, m, t, "rows"), axis_name="rows")(keys, mask, tokens)
@@ -328,9 +331,9 @@ def test_blocks_generate_past_the_window():
     mask = np.zeros((n, 8), bool)
     mask[:, 0] = True
     tokens = np.ones((n, 8), np.int32)
-    x, stats = sampling.sample(jax.random.key(8), EXACT["absorbing"], ABSORBING, LOGLINEAR, (n, L), L,
-                               predictor="first_hitting", max_length=8, block_length=2, return_stats=True,
-                               fixed_mask=mask, fixed_tokens=tokens)
+    out = sampling.sample_long(jax.random.key(8), EXACT["absorbing"], ABSORBING, LOGLINEAR, (n, L), L, 8, 2,
+                               predictor="first_hitting", return_stats=True, fixed_mask=mask, fixed_tokens=tokens)
+    x, stats = out.tokens, out.stats
     x = np.asarray(x)
     assert x.shape == (n, 8) and x.max() < V and (x[:, 0] == 1).all()
     assert int(stats["nfe"]) == 2 + 2 + 2 + 1  # windows [0, 3), [2, 5), [4, 7), [5, 8)
@@ -415,7 +418,10 @@ def test_large_vocabulary_draws_tiny_probabilities_at_their_rate():
         (dict(predictor="remdm", eta=2.0), "eta"),
         (dict(predictor="remdm", t_on=0.01, t_off=0.05), "t_off < t_on"),
         (dict(max_length=8, return_trajectory=True), "return_trajectory"),
-        (dict(max_length=2), "max_length"),
+        (dict(max_length=2), "max_length must be an integer >= "),
+        (dict(options={"temperature": 0.5}), "options must be a sedd.sampling.Options"),
+        (dict(predictor="first_hitting", options=sampling.Options(corrector_steps=1)),
+         "cannot honour corrector_steps"),
         (dict(max_length=8, block_length=4), "block_length"),
     ],
 )
@@ -426,7 +432,10 @@ def test_option_errors(kwargs, match):
     score_fn = EXACT["absorbing" if graph.absorb else "uniform"]
     sched = LOGLINEAR if graph.absorb else GEOMETRIC
     with pytest.raises(ValueError, match=match):
-        sampling.sample(jax.random.key(0), score_fn, graph, sched, (4, L), 3, **args)
+        if "max_length" in args:  # long generation is its own entry point
+            sampling.sample_long(jax.random.key(0), score_fn, graph, sched, (4, L), 3, **args)
+        else:
+            sampling.sample(jax.random.key(0), score_fn, graph, sched, (4, L), 3, **args)
 
 
 def test_a_predictor_function_takes_no_generic_option():
@@ -438,8 +447,8 @@ def test_a_predictor_function_takes_no_generic_option():
         return x
 
     try:
-        x, stats = sampling.sample(jax.random.key(0), EXACT["absorbing"], ABSORBING, LOGLINEAR, (4, L), 3,
-                                   predictor=name, denoise=False, return_stats=True)
+        stats = sampling.sample(jax.random.key(0), EXACT["absorbing"], ABSORBING, LOGLINEAR, (4, L), 3,
+                                predictor=name, denoise=False, return_stats=True).stats
         assert int(stats["nfe"]) == 3  # one call a step, counted while tracing
         with pytest.raises(ValueError, match="cannot honour temperature"):
             sampling.sample(jax.random.key(0), EXACT["absorbing"], ABSORBING, LOGLINEAR, (4, L), 3,

@@ -1,7 +1,6 @@
 """End-to-end runs of the tiny config: training, checkpoints, resume, CLI, bad input."""
 
 import json
-import re
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sedd import cli, runs
+from sedd import cli, kernels, kinds, runs
 from sedd import config as config_lib
 from sedd import train as train_lib
 
@@ -116,40 +115,6 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(data_dir, tmp_path):
     np.testing.assert_allclose([b[s] for s in a], [a[s] for s in a], rtol=1e-6)
 
 
-def _keys(c, prefix=""):
-    """Every dotted key of a config, sections included."""
-    out = set()
-    for k, v in c.items():
-        out.add(f"{prefix}{k}")
-        if hasattr(v, "items"):
-            out |= _keys(v, f"{prefix}{k}.")
-    return out
-
-
-def test_every_key_the_code_reads_exists_in_every_shipped_config():
-    names = config_lib.shipped_configs()
-    assert {"shakespeare_char", "tiny", "text8", "owt_small"} <= set(names)
-    configs = {n: config_lib.load_config(n) for n in names}
-    default = _keys(configs["shakespeare_char"])
-    read = set()
-    pattern = re.compile(r"\b(?:config|c|self\.config|trainer\.config)\.(\w+)\.(\w+)")
-    for path in (ROOT / "sedd").rglob("*.py"):
-        read |= {f"{a}.{b}" for a, b in pattern.findall(path.read_text())}
-    # Section aliases: `t = config.training`, `o = config.optim`, `m = config.model`, `n = config.noise`.
-    aliases = {"t": "training", "o": "optim", "m": "model", "n": "noise"}
-    for path in (ROOT / "sedd" / "train.py", ROOT / "sedd" / "runs.py"):
-        for a, b in re.findall(r"\b([tomn])\.(\w+)\b", path.read_text()):
-            if b not in ("items", "to_dict", "get"):
-                read.add(f"{aliases[a]}.{b}")
-    methods = {"to_dict", "get", "items", "keys", "values", "lock", "unlock", "copy_and_resolve_references"}
-    read = {k for k in read if k.split(".")[0] in {k2.split(".")[0] for k2 in default}
-            and k.split(".")[-1] not in methods}
-    missing = read - default
-    assert not missing, f"the code reads keys no config defines: {sorted(missing)}"
-    for name, c in configs.items():
-        assert _keys(c) == default, f"{name} differs from the default config: {_keys(c) ^ default}"
-
-
 def test_unknown_config_key_and_bad_value():
     with pytest.raises(KeyError, match="'training.n_iter'; did you mean 'training.n_iters'"):
         config_lib.load_config("tiny", ["--config.training.n_iter=5"])
@@ -162,7 +127,7 @@ def test_unknown_config_key_and_bad_value():
     with pytest.raises(FileNotFoundError, match="shipped configs"):
         config_lib.load_config("no_such_config")
     with pytest.raises(ValueError, match="model.dtype='float16': expected one of auto, float32, bfloat16"):
-        runs.compute_dtype("float16")
+        kernels.compute_dtype("float16")
 
 
 def test_cli_errors_are_clear(data_dir, tmp_path, capsys):
@@ -230,7 +195,7 @@ def test_adaln_lr_scale_scales_only_the_adaln_kernels_updates():
     config.vocab_size = 11
     from flax import nnx
 
-    params = nnx.state(runs.build_model(config), nnx.Param)
+    params = nnx.state(kinds.build_model(config), nnx.Param)
     grads = jax.tree.map(lambda p: np.full(p.shape, 0.5, np.float32), params)
     mask = train_lib.is_adaln_kernel(params)
     assert sum(jax.tree.leaves(mask)) == config.model.n_blocks + 1  # every block's and the final layer's
@@ -261,7 +226,7 @@ def test_muon_orthogonalises_the_blocks_matrices_and_adamw_takes_the_rest():
                                                                  "optim.warmup": 1, "optim.schedule": "constant",
                                                                  "optim.adaln_lr_scale": 1.0}).to_dict())
     config.vocab_size = 11
-    params = nnx.state(runs.build_model(config), nnx.Param)
+    params = nnx.state(kinds.build_model(config), nnx.Param)
     rng = np.random.default_rng(0)
 
     def gradient(p):  # singular values spread over 1e-1..1e1 (a matrix), or normal entries
@@ -307,7 +272,7 @@ def test_muon_orthogonalises_the_blocks_matrices_and_adamw_takes_the_rest():
 
 def test_bfloat16_run_trains_evaluates_samples_and_serves(data_dir, tmp_path):
     """model.dtype "auto" where it is bfloat16 (the default on bfloat16 CPUs and accelerators), end to end."""
-    if runs.compute_dtype("auto") != jnp.bfloat16:
+    if kernels.compute_dtype("auto") != jnp.bfloat16:
         pytest.skip("model.dtype 'auto' is float32 on this machine (no bfloat16 dot instructions)")
     from sedd import serve
 
@@ -317,11 +282,11 @@ def test_bfloat16_run_trains_evaluates_samples_and_serves(data_dir, tmp_path):
     assert np.isfinite(result["bound"]["bits_per_char"]) and result["bound"]["bits_per_char"] > 0
     run = runs.load(tmp_path / "run")
     assert run.model.dtype == jnp.bfloat16 and runs.read_config(tmp_path / "run").model.dtype == "auto"
-    x = run.sample(jax.random.key(0), 2, steps=4)
+    x = run.sample(jax.random.key(0), 2, steps=4).tokens
     assert x.shape == (2, c.data.seq_len) and int(x.max()) < run.config.vocab_size
     # The server's rows, vmapped over the batch with a reduced skip predicate.
     length = c.data.seq_len
-    ids, nfe = serve._sample_rows(
+    ids, _, nfe = serve._sample_rows(
         (run.params, run.rest), jnp.zeros(3, jnp.uint32), jnp.arange(3, dtype=jnp.uint32),
         jnp.zeros((3, length), bool), jnp.zeros((3, length), jnp.int32), graphdef=run.graphdef, graph=run.graph,
         noise=run.noise, steps=4, predictor="analytic", eps=1e-5, categorical="precise", trajectory=False)

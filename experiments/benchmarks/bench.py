@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sedd import ar, runs, sampling
+from sedd import ar, kernels, kinds, sampling
 from sedd import config as config_lib
 from sedd import model as model_lib
 from sedd.train import Trainer
@@ -110,7 +110,7 @@ def matmul_fn(n: int = 2048, dtype=jnp.float32) -> tuple[Callable[[], Any], floa
     """A jitted n x n x n matmul and its FLOPs (2 n^3): the device's practical peak.
 
     Accumulated and returned in float32 whatever ``dtype``, as the model's
-    products are (``sedd.model.mixed_einsum``).
+    products are (``sedd.kernels.mixed_einsum``).
     """
     a = jax.random.normal(jax.random.key(0), (n, n), dtype)
     b = jax.random.normal(jax.random.key(1), (n, n), dtype)
@@ -140,12 +140,12 @@ def bench_config(base: str = "shakespeare_char", vocab_size: int = 85, **model_o
 
 def matmul_params(config) -> int:
     """N of ``sedd.model.matmul_params`` for a config's network."""
-    return model_lib.matmul_params(nnx.eval_shape(lambda: runs.build_model(config)))
+    return model_lib.matmul_params(nnx.eval_shape(lambda: kinds.build_model(config)))
 
 
 def flops_per_token(config, training: bool = True) -> float:
     """``sedd.model.flops_per_token`` of a config's network at its sequence length."""
-    return model_lib.flops_per_token(nnx.eval_shape(lambda: runs.build_model(config)), config.data.seq_len, training)
+    return model_lib.flops_per_token(nnx.eval_shape(lambda: kinds.build_model(config)), config.data.seq_len, training)
 
 
 # --------------------------------------------------------------------------- training
@@ -169,7 +169,7 @@ def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = 
         return metrics
 
     # The peak of the model's compute dtype: bfloat16 models against a bfloat16 matmul.
-    mm, mm_flops = matmul_fn(matmul_n, runs.compute_dtype(config.model.dtype))
+    mm, mm_flops = matmul_fn(matmul_n, kernels.compute_dtype(config.model.dtype))
     fns = {"train_step": step, "matmul": mm}
     if profile:
         key = jax.random.key(2)
@@ -245,8 +245,8 @@ def run_train(quick: bool, args) -> dict:
 
 def _diffusion_parts(config, seed: int = 0):
     """(graph, noise, score_params, score_fn(score_params, x, sigma)) of an untrained diffusion model."""
-    graphdef, params, rest = nnx.split(runs.build_model(config, seed), nnx.Param, ...)
-    return runs.build_graph(config), runs.build_noise(config), (params, rest), runs.params_score_fn(graphdef)
+    graphdef, params, rest = nnx.split(kinds.build_model(config, seed), nnx.Param, ...)
+    return kinds.build_graph(config), kinds.build_noise(config), (params, rest), kinds.params_score_fn(graphdef)
 
 
 def bench_sampler(config, batch: int, repeats: int = 5, t: float = 0.5, steps: int = 128,
@@ -343,7 +343,7 @@ def ar_decode_fn(config, batch: int) -> tuple[Callable[[], Any], str]:
     """A () -> tokens function generating L tokens with the AR baseline (KV cache), and its method."""
     c = config.copy_and_resolve_references()
     c.model.kind = "ar"
-    model = runs.build_model(c, 0)
+    model = kinds.build_model(c, 0)
     key = jax.random.key(0)
     return (lambda: ar.sample(key, model, batch, config.data.seq_len)), "KV cache (sedd.ar.sample)"
 

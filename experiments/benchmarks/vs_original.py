@@ -112,19 +112,20 @@ class Ours:
         import jax
         import numpy as np
 
-        from sedd import runs, sampling, sharding
+        from sedd import kernels, kinds, sampling, sharding
         from sedd.train import Trainer
 
         self.jax, self.np, self.sampling, self.args = jax, np, sampling, args
         self.config = config = ours_config(args)
         sharding.split_cpu(config)  # as `sedd train` does, before anything touches a device
         self.devices = jax.device_count()
-        self.dtype = runs.compute_dtype(config.model.dtype).name
+        self.dtype = kernels.compute_dtype(config.model.dtype).name
         self.trainer = Trainer(config)
         self.rows = sharding.rows_sharding(args.batch, self.trainer.mesh)
         self.state = self.trainer.init_state()
         self.rng = np.random.default_rng(args.seed)
-        self.score_fn = runs.params_score_fn(self.trainer.graphdef)  # one object: sample compiles once
+        # One object, so sample compiles once; the rows stay split over the devices at every network call.
+        self.score_fn = kinds.params_score_fn(self.trainer.graphdef, self.rows)
         self.nfe = None
 
     def _batch(self):
@@ -152,16 +153,17 @@ class Ours:
 
         def once(key):
             return self.sampling.sample(
-                key, self.score_fn, self.trainer.graph, self.trainer.noise, (args.batch, args.length),
+                key, self.score_fn, self.trainer.kind.graph, self.trainer.kind.noise, (args.batch, args.length),
                 args.sample_steps, predictor="analytic", denoise=True, eps=c.sampling.eps,
-                score_params=(self.state["params"], self.trainer.rest), return_stats=True, sharding=self.rows)
+                score_params=(self.state["params"], self.trainer.rest), return_stats=True)
 
         if self.nfe is None:  # compile
             jax.block_until_ready(once(jax.random.key(args.seed)))
         times = []
         for r in range(args.sample_repeats):
             t0 = time.perf_counter()
-            x, stats = jax.block_until_ready(once(jax.random.key(args.seed + 1 + r)))
+            out = jax.block_until_ready(once(jax.random.key(args.seed + 1 + r)))
+            x, stats = out.tokens, out.stats
             times.append(time.perf_counter() - t0)
         assert int(x.max()) < args.vocab, "denoised samples must hold no mask"
         self.nfe = int(stats["nfe"])

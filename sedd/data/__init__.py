@@ -26,7 +26,8 @@ Table 1, with their detokenizers), packing (sequences and batches), text
 
 import os
 from pathlib import Path
-from typing import Any
+
+import ml_collections
 
 from sedd.data import zeroshot  # registers the zero-shot builders in BUILDERS
 from sedd.data.builders import (BUILDERS, DOCUMENTS, VAL_FRACTION, default_data_dir, get_builder, read_documents,
@@ -38,8 +39,8 @@ from sedd.data.tokenizers import (EOS_TEXT, CharTokenizer, GPT2Tokenizer, get_to
                                   save_tokenizer, tokenizer_from_dict)
 
 __all__ = [
-    "BUILDERS", "DATASETS", "DOCUMENTS", "EOS_TEXT", "VAL_FRACTION", "CharTokenizer", "GPT2Tokenizer",
-    "MarkovChain", "MarkovData", "PackedTokens", "TextData", "TokenData", "default_data_dir", "get_builder",
+    "BUILDERS", "DATASETS", "DATA_DEFAULTS", "DOCUMENTS", "EOS_TEXT", "VAL_FRACTION", "CharTokenizer", "GPT2Tokenizer",
+    "MarkovChain", "MarkovData", "PackedTokens", "TextData", "TokenData", "data_section", "default_data_dir", "get_builder",
     "get_tokenizer", "load_dataset", "load_markov", "load_tokenizer", "read_documents", "read_pieces",
     "save_tokenizer", "tokenize_documents", "tokenizer_from_dict", "unigram_entropy_bits",
 ]
@@ -47,9 +48,16 @@ __all__ = [
 DATASETS = ("shakespeare", "text", "text8", "openwebtext", "tinystories", "markov", *zeroshot.ZERO_SHOT)
 
 
-def _cfg(config, key: str, default: Any) -> Any:
-    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
-    return default if value is None else value
+DATA_DEFAULTS = {"name": "shakespeare", "path": "", "data_dir": "", "documents": "", "tokenizer": "char",
+                 "tokenizer_path": "", "seq_len": 256}
+"""What ``load_dataset`` takes for a key its section lacks or holds as None: a notebook's or a test's
+partial dict ("" is the builder's own default). A shipped config's data section has every key."""
+
+
+def data_section(config) -> ml_collections.ConfigDict:
+    """A data section (a ConfigDict or a partial dict) completed with ``DATA_DEFAULTS``, read by attribute."""
+    given = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
+    return ml_collections.ConfigDict({**DATA_DEFAULTS, **{k: v for k, v in given.items() if v is not None}})
 
 
 def load_dataset(config, tokenizer=None) -> TextData:
@@ -71,20 +79,21 @@ def load_dataset(config, tokenizer=None) -> TextData:
     Returns:
       TextData.
     """
-    name = _cfg(config, "name", "shakespeare")
+    config = data_section(config)
+    name = config.name
     if name == "markov":  # synthetic data with a known law: drawn, not read from files
         return load_markov(config)
-    path = _cfg(config, "path", "")
+    path = config.path
     if name == "shakespeare" and path:
         # The plays are only the default text: `--config.data.path=my.txt` alone
         # trains on the user's file or folder (any *.txt / *.jsonl).
         name = "text"
-    data_dir = _cfg(config, "data_dir", "") or default_data_dir()
-    builder = get_builder(name, path, data_dir, _cfg(config, "documents", ""))
+    data_dir = config.data_dir or default_data_dir()
+    builder = get_builder(name, path, data_dir, config.documents)
     cache_dir = (Path(data_dir) / "sedd_tokens" / builder.name / builder.builder_config.name
                  / str(builder.version))
     if tokenizer is None:
-        kind = _cfg(config, "tokenizer", "char")
+        kind = config.tokenizer
         if kind == "char":
             # The vocabulary needs one pass over the corpus: keep it for later runs.
             vocab = cache_dir / "char_vocab.json"
@@ -97,7 +106,7 @@ def load_dataset(config, tokenizer=None) -> TextData:
                 os.replace(tmp, vocab)
             tokenizer = load_tokenizer(vocab)
         elif kind == "gpt2":
-            tokenizer = GPT2Tokenizer(_cfg(config, "tokenizer_path", ""))
+            tokenizer = GPT2Tokenizer(config.tokenizer_path)
         else:
             tokenizer = get_tokenizer(kind)
-    return TextData(builder, tokenizer, _cfg(config, "seq_len", 256), cache_dir)
+    return TextData(builder, tokenizer, config.seq_len, cache_dir)

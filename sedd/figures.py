@@ -1,0 +1,113 @@
+"""The figures of a trained run: its likelihood on a split of a dataset, and the judge of its samples.
+
+One floor above ``sedd.evaluate`` (pure math on score functions and
+batches) and ``sedd.runs`` (a run directory): what ``sedd eval`` and the end
+of ``sedd train`` report. Each run's figure is its kind's
+(``sedd.kinds.Kind.likelihood``): the score-entropy bound of a diffusion
+model, with its standard error, or the exact NLL of an AR baseline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import ml_collections
+
+from sedd import runs
+from sedd.data import load_dataset
+
+
+def load_judge(workdir: str | Path, tokenizer=None) -> runs.Run:
+    """A run whose likelihood is exact (an AR baseline), as a judge of samples.
+
+    Raises:
+      FileNotFoundError: not a trained run.
+      ValueError: the run's likelihood is a bound, not exact, or its
+        vocabulary differs from `tokenizer` (samples would be scored as other tokens).
+    """
+    judge = runs.load(workdir)
+    if not judge.kind.exact:
+        raise ValueError(f"the judge {workdir} is a model.kind={judge.kind.name!r} run; a judge must be "
+                         "an AR baseline (train one with --config.model.kind=ar)")
+    if tokenizer is not None:
+        check_same_vocabulary(tokenizer, judge.tokenizer, what=f"the judge {workdir}")
+    return judge
+
+
+def check_same_vocabulary(tokenizer, other, what: str = "the judge") -> None:
+    """Raise ValueError unless two tokenizers map ids to the same strings."""
+    if tokenizer.to_dict() != other.to_dict() or tokenizer.vocab_size != other.vocab_size:
+        raise ValueError(
+            f"{what} has another vocabulary ({other.to_dict().get('name')}, {other.vocab_size} ids) than "
+            f"the model ({tokenizer.to_dict().get('name')}, {tokenizer.vocab_size} ids); token ids would "
+            "mean different strings. Train the judge on the same data and tokenizer.")
+
+
+def evaluate_run(
+    workdir: str | Path,
+    split: str | None = None,
+    num_t: int = 64,
+    batch_size: int = 32,
+    max_batches: int | None = 8,
+    seed: int = 0,
+    data: dict | None = None,
+    progress: bool = True,
+    step: int | None = None,
+    **kwargs,
+) -> dict:
+    """The likelihood figures of a trained run on a split of a dataset (``sedd eval``).
+
+    The figure of the run's kind (EMA weights): the bound of
+    ``sedd.evaluate.likelihood_bound`` for a diffusion run, the exact NLL for
+    an AR run. On synthetic data the true entropy of the data
+    (``true_nats_per_token``) is added.
+
+    Args:
+      workdir: the run directory.
+      split: "validation", "test" or "train"; None: "validation" where the data has one,
+        else its evaluation split (the zero-shot sets have only "test").
+      num_t, kwargs: passed to ``likelihood_bound``.
+      batch_size, max_batches: sequences per batch and batches (None = all).
+      seed: the Monte Carlo seed.
+      data: overrides of the run's data config (e.g. {"name": "text", "path":
+        "other.txt"} for zero-shot evaluation on other text with the run's
+        tokenizer).
+      progress: show a progress bar.
+      step: evaluate this checkpoint (EMA weights) instead of the newest.
+    Returns:
+      dict: nats_per_token, bits_per_token, ppl_bound (a bound for diffusion,
+      the exact perplexity for AR), [bits_per_char], stderr_nats_per_token,
+      num_sequences, num_tokens, exact, split, kind, num_t, step
+      [, true_nats_per_token].
+    """
+    run = runs.load(workdir, step=step)
+    config, tokenizer = run.config, run.tokenizer
+    dcfg = ml_collections.ConfigDict(config.data.to_dict())
+    for k, v in (data or {}).items():
+        dcfg[k] = v
+    dataset = load_dataset(dcfg, tokenizer=tokenizer)
+    if dataset.tokenizer.to_dict() != tokenizer.to_dict():
+        check_same_vocabulary(tokenizer, dataset.tokenizer, what="the evaluation data")
+    if split is None:
+        split = "validation" if "validation" in dataset.splits else [s for s in dataset.splits if s != "train"][0]
+    out = run_figures(run, dataset, split, num_t, batch_size, max_batches, seed, progress, **kwargs)
+    out["step"] = run.step  # the checkpoint evaluated (the newest readable one unless step was given)
+    return out
+
+
+def run_figures(run: runs.Run, dataset, split: str = "validation", num_t: int = 64, batch_size: int = 32,
+                max_batches: int | None = 8, seed: int = 0, progress: bool = True, **kwargs) -> dict:
+    """The likelihood figures of a loaded run on a split of a dataset (what ``evaluate_run`` and the end
+    of ``sedd.train.train`` report): its kind's figure. Arguments as ``evaluate_run``."""
+    if split not in dataset.splits:
+        raise ValueError(f"split {split!r} not in this data's splits {dataset.splits}; pass one of them")
+    n_batches = -(-dataset.packed(split).num_sequences // batch_size)
+    max_batches = n_batches if max_batches is None else min(max_batches, n_batches)  # a bar with a total and ETA
+    batches = map(run.place_rows, dataset.eval_batches(batch_size, split=split))  # each device takes its rows
+    out = run.kind.likelihood(jax.random.key(seed), run.net, batches, num_t, max_batches=max_batches,
+                              chars_per_token=dataset.chars_per_token, progress=progress, **kwargs)
+    out.update(split=split, kind=run.kind.name, num_t=num_t)
+    if hasattr(dataset, "true_nats_per_token"):
+        out["true_nats_per_token"] = dataset.true_nats_per_token()
+    return out

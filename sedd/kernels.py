@@ -1,0 +1,246 @@
+"""The speed paths behind the model's plain behaviour, and the dtype policy that picks them.
+
+`sedd.model` reads as the DiT of the paper; what here makes it fast changes
+no result beyond bfloat16's rounding, and float32 never passes through it
+(nnx.Linear's own product, ``jax.nn.dot_product_attention``). Each piece and
+why it exists:
+
+  compute_dtype(name)   "auto" | "float32" | "bfloat16" -> a dtype. "auto" is
+                        bfloat16 where bfloat16 products run in hardware (a GPU
+                        or TPU, a CPU with AVX512-BF16 or AMX-BF16); on other
+                        CPUs XLA would convert bfloat16 in software.
+  mixed_einsum          a product in bfloat16 accumulated and returned in float32,
+                        both passes, as autocast does it. On XLA's CPU a bfloat16
+                        product returned in bfloat16 is no faster than float32;
+                        returned in float32 it runs on the bfloat16 dot
+                        instructions. JAX's own transpose would run the backward
+                        products in float32, hence the custom gradient rule.
+  linear_kwargs(dtype)  the nnx.Linear hooks that make its product `mixed_einsum`.
+  mixed_attention       softmax attention from two `mixed_einsum`-style products,
+                        laid out head-major (the layout XLA's CPU runtime accepts
+                        for bfloat16 into float32) and normalised after the value
+                        product, so the division runs over (B, N, L, K), not the
+                        (B, N, L, L) weights.
+  Dropout               nnx.Dropout with masks from 16 random bits an element,
+                        four elements from each threefry block (``sedd.rng.uint16``):
+                        a quarter of the threefry work of ``jax.random.bernoulli``,
+                        whose masks were most of what dropout cost on a CPU.
+
+Shape letters: B batch, L sequence length, N attention heads, K head dim.
+Measured speeds, with the commands that measure them: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sedd import rng
+
+Array = jax.Array
+
+# --------------------------------------------------------------------------- the dtype policy
+
+COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
+
+
+@functools.cache
+def cpu_has_bfloat16_dots() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (x86 AVX512-BF16 or AMX-BF16, read off /proc/cpuinfo)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def compute_dtype(name: str) -> jnp.dtype:
+    """`model.dtype` as a dtype; "auto" is bfloat16 where its products run fast, else float32.
+
+    Fast means a GPU or TPU, or a CPU with bfloat16 dot instructions, where
+    the model's bfloat16 products (float32 accumulation, `mixed_einsum`)
+    outrun float32's. Elsewhere bfloat16 would be converted in software, so
+    "auto" keeps float32. Parameters are float32 either way, so a run
+    trained in one dtype loads and samples in the other.
+
+    Args:
+      name: one of COMPUTE_DTYPES.
+    Returns:
+      jnp.float32 or jnp.bfloat16.
+    """
+    if name not in COMPUTE_DTYPES:
+        raise ValueError(f"model.dtype={name!r}: expected one of {', '.join(COMPUTE_DTYPES)}")
+    if name == "auto":
+        fast = jax.default_backend() != "cpu" or cpu_has_bfloat16_dots()
+        name = "bfloat16" if fast else "float32"
+    return jnp.dtype(name)
+
+
+# --------------------------------------------------------------------------- mixed-precision products
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def mixed_einsum(spec: str, a: Array, b: Array, dtype: Any) -> Array:
+    """`jnp.einsum(spec, a, b)` multiplied in `dtype`, accumulated and returned in float32.
+
+    Mixed precision as autocast does it, both ways: the forward casts the
+    operands to `dtype`; the backward casts the float32 cotangent to `dtype`
+    too and multiplies in it, accumulating in float32, and returns each
+    operand's gradient in that operand's own dtype (a float32 weight gets a
+    float32 gradient, not one rounded to `dtype`). Left to itself, JAX's
+    transpose would multiply the float32 cotangent by the bfloat16 operand in
+    float32, so the backward products would run at float32's rate. Every
+    index of `a` must appear in `b` or in the output, as in a Linear layer
+    and in attention.
+    """
+    return _mixed_einsum_fwd(spec, a, b, dtype)[0]
+
+
+def _mixed_einsum_fwd(spec, a, b, dtype):
+    a_low, b_low = a.astype(dtype), b.astype(dtype)
+    out = jnp.einsum(spec, a_low, b_low, preferred_element_type=jnp.float32)
+    # Zero-size arrays carry the operands' dtypes to the backward pass.
+    return out, (a_low, b_low, jnp.zeros(0, a.dtype), jnp.zeros(0, b.dtype))
+
+
+def _mixed_einsum_bwd(spec, dtype, res, g):
+    a_low, b_low, a_like, b_like = res
+    ins, out = spec.split("->")
+    sa, sb = ins.split(",")
+    g = g.astype(dtype)
+    da = jnp.einsum(f"{out},{sb}->{sa}", g, b_low, preferred_element_type=jnp.float32)
+    db = jnp.einsum(f"{sa},{out}->{sb}", a_low, g, preferred_element_type=jnp.float32)
+    return da.astype(a_like.dtype), db.astype(b_like.dtype)
+
+
+mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
+
+
+class _MixedDot:
+    """nnx.Linear's `dot_general` (with its `promote_dtype` a no-op): `mixed_einsum` over the last axis."""
+
+    def __init__(self, dtype: Any):
+        self.dtype = dtype
+
+    def __call__(self, lhs, rhs, dimension_numbers, precision=None, **unused):
+        assert dimension_numbers == (((lhs.ndim - 1,), (0,)), ((), ())), dimension_numbers
+        return mixed_einsum("...i,io->...o", lhs, rhs, self.dtype)
+
+
+def _no_promotion(arrays, dtype=None, inexact=True):
+    """nnx.Linear's `promote_dtype` for `_MixedDot`, which casts inside its own gradient rule."""
+    return arrays
+
+
+def linear_kwargs(dtype: Any) -> dict[str, Any]:
+    """nnx.Linear keyword arguments for compute dtype `dtype`.
+
+    None in float32, which keeps nnx.Linear's own product; below float32 its
+    product becomes `mixed_einsum` (multiply in `dtype`, accumulate and
+    return float32) and its input casts are left to that product's rule.
+    """
+    if jnp.dtype(dtype) == jnp.float32:
+        return {}
+    return {"dot_general": _MixedDot(dtype), "promote_dtype": _no_promotion}
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def mixed_attention(q: Array, k: Array, v: Array, causal: bool, dtype: Any) -> Array:
+    """Softmax attention with both products in `dtype`, accumulated in float32, the softmax in float32.
+
+    What `jax.nn.dot_product_attention` computes, except that both products
+    (and their gradients) multiply in `dtype` and return float32, and the
+    softmax is normalised after the value product (`_softmax_values`).
+
+    Args:
+      q, k, v: [B, L, N, K].
+      causal: mask the future.
+      dtype: the products' dtype.
+    Returns:
+      float32[B, L, N, K].
+    """
+    # Head-major operands: XLA's CPU runtime multiplies bfloat16 into float32
+    # only when the batch axes lead (other layouts fail in its DotThunk).
+    q, k, v = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))  # (B, N, L, K)
+    logits = mixed_einsum("bnqk,bnsk->bnqs", q / math.sqrt(q.shape[-1]), k, dtype)  # (B, N, L, L)
+    if causal:
+        l = q.shape[2]
+        logits = jnp.where(jnp.tril(jnp.ones((l, l), bool)), logits, -jnp.inf)
+    att = _softmax_values(logits, v, dtype)  # (B, N, L, K)
+    return jnp.swapaxes(att, 1, 2)  # (B, L, N, K)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _softmax_values(logits: Array, v: Array, dtype: Any) -> Array:
+    """softmax(logits) @ v, normalised after the product; float32[B, N, L, K].
+
+    With W = exp(logits - max) and S its row sums, the output is (W v) / S:
+    the division runs over (B, N, L, K), not over the L x L weights, and the
+    product multiplies W and v in `dtype`. The backward pass is softmax's, in
+    the same order: with g = dO / S and R = g v^T (a `dtype` product),
+    dlogits = W R - (W / S) rowsum(W R), where W is the rounded W of the
+    forward product, so the two terms cancel as exactly as softmax's own.
+    """
+    return _softmax_values_fwd(logits, v, dtype)[0]
+
+
+def _softmax_values_fwd(logits, v, dtype):
+    w = jnp.exp(logits - logits.max(axis=-1, keepdims=True))  # (B, N, L, L)
+    total = w.sum(axis=-1, keepdims=True)  # (B, N, L, 1)
+    w_low, v_low = w.astype(dtype), v.astype(dtype)
+    out = jnp.einsum("bnqs,bnsk->bnqk", w_low, v_low, preferred_element_type=jnp.float32) / total
+    return out, (w_low, v_low, total, jnp.zeros(0, v.dtype))
+
+
+def _softmax_values_bwd(dtype, res, d_out):
+    w_low, v_low, total, v_like = res
+    g = (d_out / total).astype(dtype)  # (B, N, L, K)
+    d_v = jnp.einsum("bnqs,bnqk->bnsk", w_low, g, preferred_element_type=jnp.float32)  # (B, N, L, K)
+    wr = w_low.astype(jnp.float32) * jnp.einsum("bnqk,bnsk->bnqs", g, v_low, preferred_element_type=jnp.float32)
+    d_logits = wr - w_low.astype(jnp.float32) / total * wr.sum(axis=-1, keepdims=True)  # (B, N, L, L)
+    return d_logits, d_v.astype(v_like.dtype)
+
+
+_softmax_values.defvjp(_softmax_values_fwd, _softmax_values_bwd)
+
+
+# --------------------------------------------------------------------------- dropout
+
+
+class Dropout(nnx.Dropout):
+    """nnx.Dropout whose mask costs a quarter of the random bits: 16 an element, four from a threefry block.
+
+    ``jax.random.bernoulli`` and ``jax.random.bits`` run a threefry block (64
+    bits) for every element, ``sedd.rng.uint16`` one for four, and on a CPU
+    the blocks are most of what dropout costs. An element is kept when its 16
+    bits are at least ``round(rate * 2**16)``, so the drop rate is that over
+    2**16 (0.1 -> 0.1000061), and kept elements are divided by the exact
+    keep probability, so the output's mean is the input's, as with
+    nnx.Dropout.
+    """
+
+    def __call__(self, inputs: Array, *, deterministic: bool | None = None, rngs=None) -> Array:
+        drop = round(self.rate * 2**16)
+        deterministic = self.deterministic if deterministic is None else deterministic
+        # nnx.Dropout's own path: off, broadcast masks, rates 16 bits cannot draw, and its errors.
+        if deterministic is None or deterministic or self.broadcast_dims or not 0 < drop < 2**16:
+            return super().__call__(inputs, deterministic=deterministic, rngs=rngs)
+        rngs = self.rngs if rngs is None else rngs
+        if isinstance(rngs, nnx.Rngs):
+            key = rngs[self.rng_collection]()
+        elif isinstance(rngs, nnx.RngStream):
+            key = rngs()
+        elif isinstance(rngs, jax.Array):
+            key = rngs
+        else:
+            raise TypeError(f"Dropout needs a key, an nnx.RngStream or nnx.Rngs to draw its mask; got {type(rngs)}")
+        keep = rng.uint16(key, inputs.shape, out_sharding=jax.typeof(inputs).sharding) >= drop
+        return jnp.where(keep, inputs * (2**16 / (2**16 - drop)), jnp.zeros_like(inputs))

@@ -1,0 +1,318 @@
+r"""Model kinds: what a run's network is, and how it is trained, scored and sampled.
+
+``get(config)`` reads ``config.model.kind``, the one place in sedd that does,
+and returns the kind's object; training, evaluation, serving and the CLI ask
+that object and never which kind they hold (md4's ``get_model`` is the
+pattern: each model class owns its loss and its sampling step).
+
+  "ddit"  SEDD (Lou et al. 2024): the DDiT over graph.dim ids with adaLN time
+          conditioning; the denoising score entropy loss; the likelihood
+          bound; every sampler of ``sedd.sampling``.
+  "ar"    the autoregressive baseline (``sedd.ar``): the same DDiT, causal,
+          without a time input; the next-token NLL, exact; ancestral
+          sampling with a KV cache.
+
+A new kind is one subclass of ``Kind`` registered with ``@register(name)``.
+What it owns:
+
+  network(seed)                        the DDiT of the config's sizes
+  loss(key, model, x0, train, rngs)    the training objective, nats per sequence, float32[B]
+  check_sampler(name)                  refuse, before training, a sampler it cannot use
+  likelihood(key, net, batches, ...)   its figure on a split: a bound, or an exact NLL
+  sample(key, net, num_samples, ...)   its sampler entry point, a ``sedd.sampling.Samples``
+
+and what it can do: ``exact`` (its likelihood is the exact NLL, so it can
+judge samples) and ``serves`` (``sedd serve`` streams its denoising).
+
+The builders of the forward process (``build_graph``, ``build_noise``) and of
+the network (``build_model``) live here too, so training and inference build
+the same objects from the same config. ``net`` below is a network split by
+``nnx.split(model, nnx.Param, ...)``: a ``Net(graphdef, params, rest)``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from sedd import ar, evaluate, graphs, losses, sampling
+from sedd import noise as noise_lib
+from sedd.kernels import compute_dtype
+from sedd.model import DDiT
+
+KINDS: dict[str, type[Kind]] = {}
+"""model.kind -> its ``Kind`` subclass; fill it with ``register``."""
+
+
+def register(name: str) -> Callable:
+    """Decorator of a ``Kind`` subclass: make it ``model.kind = name``."""
+
+    def add(cls):
+        if name in KINDS:
+            raise ValueError(f"model kind {name!r} is already registered")
+        cls.name = name
+        KINDS[name] = cls
+        return cls
+
+    return add
+
+
+def get(config) -> Kind:
+    """The kind of ``config.model.kind``, built for this config (config.vocab_size filled in).
+
+    Raises:
+      ValueError: an unknown kind, naming the registered ones.
+    """
+    name = config.model.kind
+    if name not in KINDS:
+        raise ValueError(f"unknown model.kind {name!r}; expected one of {', '.join(repr(k) for k in KINDS)}")
+    return KINDS[name](config)
+
+
+def build_graph(config) -> graphs.Graph:
+    """The forward graph of ``config.graph.type`` over config.vocab_size tokens."""
+    return graphs.get_graph(config.graph.type, config.vocab_size)
+
+
+def build_noise(config):
+    """The noise schedule of ``config.noise``: LogLinear(eps) or Geometric(sigma_min, sigma_max)."""
+    n = config.noise
+    kwargs = {"loglinear": {"eps": n.eps}, "geometric": {"sigma_min": n.sigma_min, "sigma_max": n.sigma_max}}
+    return noise_lib.get_noise(n.type, **kwargs.get(n.type, {}))
+
+
+def build_model(config, seed: int = 0) -> DDiT:
+    """The network of ``config.model`` (its kind's ``network``) for config.vocab_size tokens."""
+    return get(config).network(seed)
+
+
+class Net(NamedTuple):
+    """A network split by ``nnx.split(model, nnx.Param, ...)``: structure, parameters, the rest (RNG state)."""
+
+    graphdef: Any
+    params: Any
+    rest: Any
+
+    @property
+    def state(self) -> tuple:
+        """(params, rest): what ``params_score_fn(graphdef)`` takes as its first argument."""
+        return self.params, self.rest
+
+    @property
+    def model(self) -> DDiT:
+        """The merged network."""
+        return nnx.merge(self.graphdef, self.params, self.rest)
+
+
+@functools.lru_cache(maxsize=None)
+def params_score_fn(graphdef, rows: jax.sharding.Sharding | None = None):
+    """(state, x, sigma) -> log-score of the network `graphdef`, dropout off; state = (params, rest).
+
+    One function object per network structure (and row placement):
+    ``sedd.sampling.sample`` and ``sedd.evaluate.likelihood_bound`` compile
+    once per score function and take the weights as traced ``score_params``,
+    so new weights never recompile. With `rows` (a sharding of the (B, L)
+    input) the rows stay split over the mesh's data axis at every call, so
+    each device computes its own rows; without it, with weights replicated
+    over several devices, every device would compute every row.
+    """
+    if rows is None:
+        return lambda state, x, sigma: nnx.merge(graphdef, *state)(x, sigma, deterministic=True)
+    return lambda state, x, sigma: nnx.merge(graphdef, *state)(
+        jax.lax.with_sharding_constraint(x, rows), sigma, deterministic=True)
+
+
+def _network(config, seed: int, **arch) -> DDiT:
+    """The DDiT of config.model's sizes, with the kind's inputs, outputs and attention in `arch`."""
+    m = config.model
+    return DDiT(hidden_size=m.hidden_size, n_blocks=m.n_blocks, n_heads=m.n_heads, cond_dim=m.cond_dim,
+                mlp_ratio=m.mlp_ratio, dropout=m.dropout, max_len=config.data.seq_len,
+                dtype=compute_dtype(m.dtype), rngs=nnx.Rngs(params=seed, dropout=seed + 1), **arch)
+
+
+class Kind:
+    """A kind of model: its network, loss, likelihood figure and sampler (see the module docstring).
+
+    Attributes:
+      name: its model.kind.
+      exact: its likelihood figure is the exact NLL (it can judge samples).
+      serves: ``sedd serve`` can serve it.
+      config: the run's config.
+    """
+
+    name: ClassVar[str]
+    exact: ClassVar[bool] = False
+    serves: ClassVar[bool] = False
+
+    def __init__(self, config):
+        self.config = config
+
+    def network(self, seed: int = 0) -> DDiT:
+        """The network of the config, initialised from `seed`."""
+        raise NotImplementedError
+
+    def loss(self, key: jax.Array, model: DDiT, x0: jax.Array, train: bool, rngs=None) -> jax.Array:
+        """The training objective of x0 int32[B, L]: float32[B] nats per sequence (dropout from rngs when train)."""
+        raise NotImplementedError
+
+    def check_sampler(self, name: str) -> None:
+        """Raise a ValueError, before any training, when config.sampling.predictor = name cannot sample the run."""
+        if name not in sampling.PREDICTORS:
+            raise ValueError(f"unknown sampling.predictor {name!r}; expected one of {sorted(sampling.PREDICTORS)}")
+
+    def likelihood(self, key: jax.Array, net: Net, batches, num_t: int, *, max_batches=None,
+                   chars_per_token=None, progress: bool = False, **kwargs) -> dict:
+        """The figures of ``sedd.evaluate.dataset_bound`` (or its exact counterpart) on batches of a split."""
+        raise NotImplementedError
+
+    def sample(self, key: jax.Array, net: Net, num_samples: int, steps: int | None = None,
+               predictor: str | None = None, rows: jax.sharding.Sharding | None = None,
+               **options) -> sampling.Samples:
+        """num_samples sequences; the config's sampling section gives the defaults; rows: their placement."""
+        raise NotImplementedError
+
+
+@register("ddit")
+class Diffusion(Kind):
+    """SEDD: a DDiT log-score network over the forward graph's ids, trained by score entropy.
+
+    Attributes:
+      graph, noise: the forward process of the config.
+    """
+
+    serves = True
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.graph = build_graph(config)
+        self.noise = build_noise(config)
+
+    def network(self, seed: int = 0) -> DDiT:
+        """Inputs and outputs range over graph.dim ids (V + 1 with the absorbing graph's MASK, V for uniform).
+
+        Raises:
+          ValueError: model.time_conditioning=False or model.normalize=True
+            without the absorbing graph's scale_by_sigma, where neither is defined.
+        """
+        m, g = self.config.model, self.config.graph
+        absorbing_scaled = g.type == "absorbing" and m.scale_by_sigma
+        if not m.time_conditioning and not absorbing_scaled:
+            raise ValueError(
+                "model.time_conditioning=False needs graph.type='absorbing' and model.scale_by_sigma=True (got "
+                f"graph.type={g.type!r}, scale_by_sigma={m.scale_by_sigma}): only there is the score "
+                "p(x0 | unmasked) times the analytic factor 1 / (e^sigma - 1) that scale_by_sigma applies (RADD)")
+        if m.normalize and not absorbing_scaled:
+            raise ValueError(
+                "model.normalize=True needs graph.type='absorbing' and model.scale_by_sigma=True (got "
+                f"graph.type={g.type!r}, scale_by_sigma={m.scale_by_sigma}): the normalized output is "
+                "p(x0 | x_t), turned into the absorbing score by the factor 1 / (e^sigma - 1) (MDLM's SUBS)")
+        dim = self.graph.dim
+        return _network(self.config, seed, num_tokens=dim, out_dim=dim, scale_by_sigma=absorbing_scaled,
+                        causal=False, time_conditioning=m.time_conditioning, normalize=m.normalize)
+
+    def loss(self, key, model, x0, train, rngs=None):
+        r"""Eq. (9) of Lou et al. 2024 (denoising score entropy), one Monte Carlo draw of t per sequence.
+
+            L(x0) = \sigma'(t) \sum_l \sum_{y \ne x_t^l} Q(y, x_t^l)
+                    ( s(x_t, t)_{l,y} - r_y \log s(x_t, t)_{l,y} + K(r_y) ),
+            t ~ U[\epsilon, 1],  x_t ~ p_{\bar\sigma(t)}(. | x0),
+            r_y = p_{\bar\sigma(t)}(y | x0^l) / p_{\bar\sigma(t)}(x_t^l | x0^l),
+
+        an upper bound on -log p(x0) in expectation (Thm. 3.6) up to the prior
+        term. With training.t_power = p > 0 a training step draws t from
+        q(t) ~ t^{-p} and weights L by U(t) / q(t) (the same expectation, a
+        gradient of less variance; ``sedd.losses.sample_times``); the
+        validation estimate (train=False) keeps the uniform draw.
+        """
+        t = self.config.training
+        return losses.loss_fn(key, lambda x, sigma: model(x, sigma, deterministic=not train, rngs=rngs),
+                              self.graph, self.noise, x0, sampling_eps=t.sampling_eps,
+                              low_discrepancy=t.low_discrepancy, t_power=t.t_power if train else 0.0)
+
+    def check_sampler(self, name):
+        super().check_sampler(name)
+        supported = sampling.PREDICTORS[name].graphs
+        if ("absorbing" if self.graph.absorb else "uniform") not in supported:
+            raise ValueError(f"sampling.predictor={name!r} runs on the {' and '.join(supported)} graph, and "
+                             f"graph.type={self.config.graph.type!r}: add --config.sampling.predictor=analytic "
+                             "(or euler)")
+
+    def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False,
+                   **kwargs):
+        """The score-entropy bound of ``sedd.evaluate.dataset_bound``, with its standard error."""
+        return evaluate.dataset_bound(key, params_score_fn(net.graphdef), self.graph, self.noise, batches, num_t,
+                                      max_batches=max_batches, chars_per_token=chars_per_token,
+                                      score_params=net.state, progress=progress, **kwargs)
+
+    def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):
+        """``sedd.sampling.sample`` (``sample_long`` with max_length / block_length) on this network.
+
+        Raises:
+          ValueError: cache=True with a time-conditioned model (the cache is
+            exact only for model.time_conditioning=False, where the network
+            does not see sigma); an option the sampler cannot honour.
+        """
+        s = self.config.sampling
+        if options.get("cache") and self.config.model.time_conditioning:
+            raise ValueError("cache=True reuses the network output across noise levels, which is exact only "
+                             "for a model without a time input; this run has model.time_conditioning=True "
+                             "(train with --config.model.time_conditioning=False for a cacheable model)")
+        options.setdefault("categorical", s.categorical)
+        args = dict(predictor=predictor or s.predictor, eps=s.eps, score_params=net.state, **options)
+        shape = (num_samples, self.config.data.seq_len)
+        steps = s.steps if steps is None else steps
+        score_fn = params_score_fn(net.graphdef, rows)
+        if "max_length" in options or "block_length" in options:
+            long = {k: args.pop(k, None) for k in ("max_length", "block_length")}
+            long["max_length"] = long["max_length"] or shape[1]
+            return sampling.sample_long(key, score_fn, self.graph, self.noise, shape, steps, **long, **args)
+        return sampling.sample(key, score_fn, self.graph, self.noise, shape, steps, **args)
+
+
+@register("ar")
+class Autoregressive(Kind):
+    """The AR baseline: a causal DDiT without a time input, trained on the next-token NLL (``sedd.ar``)."""
+
+    exact = True
+
+    def network(self, seed=0):
+        """Inputs V + 1 ids (BOS = V), outputs the V next-token logits, causal attention, no time input."""
+        v = self.config.vocab_size
+        return _network(self.config, seed, num_tokens=v + 1, out_dim=v, scale_by_sigma=False, causal=True,
+                        time_conditioning=False, normalize=False)
+
+    def loss(self, key, model, x0, train, rngs=None):
+        """-sum_l log p(x0^l | x0^{<l}), the exact NLL (``sedd.ar.sequence_nll``)."""
+        return ar.sequence_nll(model, x0, deterministic=not train, rngs=rngs)
+
+    def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False,
+                   **kwargs):
+        """The exact NLL of ``sedd.evaluate.dataset_nll`` (num_t and key unused: nothing is estimated)."""
+        model = net.model
+        return evaluate.dataset_nll(lambda x0: ar.nll(model, x0), batches, max_batches=max_batches,
+                                    chars_per_token=chars_per_token, progress=progress)
+
+    def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):
+        """L ancestral steps with the KV cache (``sedd.ar.sample``); steps and predictor do not apply.
+
+        Raises:
+          ValueError: an option other than categorical, temperature and
+            return_stats, or a prompt (fixed_mask).
+        """
+        categorical = options.pop("categorical", self.config.sampling.categorical)
+        temperature = options.pop("temperature", 1.0)
+        return_stats = options.pop("return_stats", False)
+        if "fixed_mask" in options:
+            raise ValueError("the AR baseline does not take prompts here")
+        if options:
+            raise ValueError(f"the AR baseline takes no sampler options {sorted(options)}")
+        length = self.config.data.seq_len
+        tokens = ar.sample(key, net.model, num_samples, length, temperature=temperature, categorical=categorical)
+        stats = None
+        if return_stats:  # one network call a position, each on one position of every row
+            stats = {"nfe": jnp.int32(length), "nfe_per_sample": jnp.full((num_samples,), length, jnp.int32)}
+        return sampling.Samples(tokens, None, stats)
