@@ -34,7 +34,7 @@ setup(
                  "selenium>=4.20",  # the playground test drives Debian's chromium (installed by .ci/run)
                  "wheel"],  # builds the wheel offline in tests/test_runs.py
         "gpt2": ["tokenizers>=0.20"],  # GPT-2 BPE from local vocabulary files
-        "convert": ["safetensors>=0.4", "pyyaml>=6", "tokenizers>=0.20"],  # sedd convert (no torch needed)
+        "convert": ["pyyaml>=6", "tokenizers>=0.20"],  # sedd convert (no torch; safetensors read by our own reader)
         # sedd serve: a bare Starlette app (FastAPI's layers cost ~18% of the requests/s), httptools (2.3x h11's)
         "serve": ["starlette>=0.37", "pydantic>=2.4", "uvicorn[standard]>=0.30", "sse-starlette>=2"],
         "gpu": ["jax[cuda12]>=0.10,<0.11"],

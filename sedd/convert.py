@@ -43,9 +43,12 @@ Reading .bin / .pth without torch. `torch.save` writes a zip archive:
 every storage a persistent id ("storage", torch.<Type>Storage, key, location,
 numel) whose bytes are the zip member <name>/data/<key> (raw, in the byte order
 of <name>/byteorder, little-endian when absent). A pickle can name any Python
-callable, so it is read by an unpickler that resolves only the names a state
-dict needs (below) and refuses every other name before resolving it: a
-malicious file fails with `UnsafePickleError` and runs nothing.
+callable, so it is first scanned opcode by opcode (`_scan_pickle`: only what
+a state dict's pickle does, within bounds), then read by an unpickler that
+resolves only the names a state dict needs (below) to immutable values: a
+malicious file fails with `UnsafePickleError` or `ConversionError` and runs
+nothing. Every file is read as hostile; docs/reliability.md lists what is
+refused and how.
 """
 
 from __future__ import annotations
@@ -53,15 +56,23 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import io
 import json
+import math
+import os
 import pickle
+import pickletools
 import re
+import reprlib
 import shutil
 import struct
 import sys
+import types
+import uuid
 import zipfile
+import zlib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -92,22 +103,69 @@ class UnsafePickleError(ConversionError):
 
 # =========================================================================== torch's zip format
 
+# What a file may declare, each far above what the original's checkpoints
+# hold (sedd-medium's data.pkl: 251 tensors, 28 kB, 8,000 opcodes; its
+# training checkpoint with the EMA and AdamW state: ~1,250 tensors, 100 kB,
+# 36,000 opcodes): beyond a bound a file is refused before anything is
+# allocated for it.
+MAX_PICKLE_BYTES = 8 << 20  # data.pkl
+MAX_PICKLE_OPCODES = 1 << 19  # each makes at most one object of ~100 bytes; a tensor takes ~30
+MAX_PICKLE_CALLS = 1 << 17  # REDUCE calls: two per tensor (the tensor, its backward hooks)
+MAX_STRING_CHARS = 1 << 16  # one str in a pickle
+MAX_TUPLE_NESTING = 16  # a state dict nests tuples 2 deep; hashing a tuple recurses in C
+MAX_TENSOR_DIMS = 8
+MAX_HEADER_BYTES = 1 << 20  # a safetensors header (JSON; sedd-medium's is ~25 kB)
+MAX_TEXT_BYTES = 256 << 10  # config.json / .hydra/config.yaml (Hydra's is ~3 kB)
+MAX_TOKENIZER_BYTES = 64 << 20  # each GPT-2 tokenizer file (tokenizer.json is 1.4 MB)
 
-# torch.<Name>Storage -> the element type of its bytes. UntypedStorage holds raw bytes.
-_STORAGE_DTYPES = {
+# torch.<Name>Storage -> the element type of its bytes (numbers only: never an object dtype).
+# UntypedStorage holds raw bytes.
+_STORAGE_DTYPES = types.MappingProxyType({name: np.dtype(t) for name, t in {
     "DoubleStorage": np.float64, "FloatStorage": np.float32, "HalfStorage": np.float16,
     "BFloat16Storage": ml_dtypes.bfloat16, "LongStorage": np.int64, "IntStorage": np.int32,
     "ShortStorage": np.int16, "CharStorage": np.int8, "ByteStorage": np.uint8,
     "BoolStorage": np.bool_, "UntypedStorage": np.uint8,
-}
+}.items()})
 
 
-@dataclasses.dataclass(frozen=True)
-class _StorageType:
-    """Stands for the class torch.<name> inside a persistent id: no torch object is built."""
+class _StorageType(NamedTuple):
+    """Stands for the class torch.<name> inside a persistent id: an immutable name, no torch object.
+
+    A tuple: no ``__dict__`` and no ``__setstate__``, so a pickle's BUILD cannot
+    give it attributes; its dtype is looked up by name in `_STORAGE_DTYPES`.
+    """
 
     name: str
-    dtype: np.dtype
+
+
+class _Callable(NamedTuple):
+    """An allowed callable as a pickle's GLOBAL sees it: immutable, unlike a function (whose
+    ``__defaults__`` a BUILD could rewrite for the whole process)."""
+
+    name: str
+    fn: Callable
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+class _OrderedDict(collections.OrderedDict):
+    """collections.OrderedDict as a state dict pickles it; BUILD's state (torch's `_metadata`, module
+    versions) is checked and dropped."""
+
+    def __setstate__(self, state):
+        if not (isinstance(state, dict) and all(isinstance(k, str) for k in state)):
+            raise ConversionError(f"an OrderedDict's state is {type(state).__name__}, not attributes by name")
+
+
+def _ordered_dict(*args) -> _OrderedDict:
+    if args:  # torch's pickle calls OrderedDict() and then sets the items
+        raise ConversionError(f"OrderedDict called with {len(args)} argument(s); a state dict calls it with none")
+    return _OrderedDict()
+
+
+def _is_index(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62
 
 
 def _rebuild_tensor(storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None,
@@ -115,19 +173,21 @@ def _rebuild_tensor(storage, storage_offset, size, stride, requires_grad=False, 
     """torch._utils._rebuild_tensor_v2, for numpy: a read-only strided view of the storage.
 
     Element (i_0, ..., i_k) is storage[offset + sum_j i_j stride_j]; every index
-    the view can reach is checked to lie inside the storage first.
+    the view can reach is checked to lie inside the storage first, and the view
+    may not hold more elements than the storage (no broadcast views in a state dict).
     """
     del requires_grad, backward_hooks, metadata  # autograd state, meaningless here
     if not isinstance(storage, np.ndarray):
         raise ConversionError(f"a tensor's storage is {type(storage).__name__}, not a storage id")
-    size, stride = tuple(size), tuple(stride)
-    ints = (storage_offset, *size, *stride)
-    if len(size) != len(stride) or not all(isinstance(v, int) and v >= 0 for v in ints):
-        raise ConversionError(f"malformed tensor: offset {storage_offset}, size {size}, stride {stride}")
-    if 0 in size:
+    if not (isinstance(size, tuple) and isinstance(stride, tuple) and len(size) == len(stride) <= MAX_TENSOR_DIMS
+            and all(map(_is_index, (storage_offset, *size, *stride)))):
+        raise ConversionError(f"malformed tensor: offset {_brief(storage_offset)}, size {_brief(size)}, "
+                              f"stride {_brief(stride)}")
+    numel = math.prod(size)
+    if numel == 0:
         return np.zeros(size, storage.dtype)
     last = storage_offset + sum((n - 1) * s for n, s in zip(size, stride))
-    if last >= storage.size:
+    if last >= storage.size or numel > storage.size:
         raise ConversionError(f"a tensor of size {size}, stride {stride} at offset {storage_offset} "
                               f"reads past its storage of {storage.size} elements")
     base = storage[storage_offset:]
@@ -137,17 +197,175 @@ def _rebuild_tensor(storage, storage_offset, size, stride, requires_grad=False, 
 def _rebuild_parameter(data, requires_grad=True, backward_hooks=None) -> np.ndarray:
     """torch._utils._rebuild_parameter: an nn.Parameter is its data here."""
     del requires_grad, backward_hooks
+    if not isinstance(data, np.ndarray):
+        raise ConversionError(f"a parameter's data is {type(data).__name__}, not a tensor")
     return data
 
 
 # The only names a state dict (or the original's training checkpoint: model,
 # EMA list, AdamW state, step) pickles. Everything else is refused.
-_ALLOWED = {
-    ("collections", "OrderedDict"): collections.OrderedDict,
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
-    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-    **{("torch", name): _StorageType(name, np.dtype(dtype)) for name, dtype in _STORAGE_DTYPES.items()},
-}
+_ALLOWED = types.MappingProxyType({
+    ("collections", "OrderedDict"): _Callable("collections.OrderedDict", _ordered_dict),
+    ("torch._utils", "_rebuild_tensor_v2"): _Callable("torch._utils._rebuild_tensor_v2", _rebuild_tensor),
+    ("torch._utils", "_rebuild_parameter"): _Callable("torch._utils._rebuild_parameter", _rebuild_parameter),
+    **{("torch", name): _StorageType(name) for name in _STORAGE_DTYPES},
+})
+
+# The opcodes of protocol 2, torch.save's default, that Python's pickler writes
+# for a state dict, a training checkpoint and an optimizer's state.
+_OPCODES = frozenset({
+    "PROTO", "STOP", "MARK", "GLOBAL", "REDUCE", "BUILD", "BINPERSID", "BINPUT", "LONG_BINPUT", "BINGET",
+    "LONG_BINGET", "EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "SETITEM",
+    "SETITEMS", "APPEND", "APPENDS", "NONE", "NEWTRUE", "NEWFALSE", "BININT", "BININT1", "BININT2", "LONG1",
+    "BINFLOAT", "BINUNICODE",
+})
+# The kinds of object a GLOBAL pushes: they may only be called or named in a storage id, never kept.
+_NAMES = ("OrderedDict class", "storage type", "function")
+# What BUILD (torch's `_metadata` of a state dict), SETITEM(S) and APPEND(S) may apply to.
+_TARGETS = {"BUILD": ("OrderedDict",), "SETITEM": ("dict", "OrderedDict"), "SETITEMS": ("dict", "OrderedDict"),
+            "APPEND": ("list",), "APPENDS": ("list",)}
+# Opcodes that push one object, by kind; the rest are handled one by one in `_scan_pickle`.
+_PUSHES = {"EMPTY_DICT": "dict", "EMPTY_LIST": "list", "NONE": "value", "NEWTRUE": "value", "NEWFALSE": "value",
+           "BININT": "value", "BININT1": "value", "BININT2": "value", "LONG1": "value", "BINFLOAT": "value",
+           "BINUNICODE": "value"}
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 80, 80
+
+
+def _brief(x) -> str:
+    """A short repr of a value read from a file, whatever its size or depth."""
+    return _REPR.repr(x)
+
+
+def _scan_pickle(data: bytes, where: str) -> None:
+    """Refuses a pickle unlike a state dict's, from its opcodes alone, before any of it is unpickled.
+
+    Python's C unpickler sizes its memo to the largest index it is given
+    (LONG_BINPUT 2**27: 2 GB) and trusts declared lengths; BUILD sets the
+    attributes of any object. The scan follows the kind of each object on the
+    stack (`pickletools.genops`; nothing is built) and admits only `_OPCODES`;
+    names of `_ALLOWED`, each called or (a storage type) named in a storage
+    id, never kept as a value; memo indices up to the number of puts so far;
+    BUILD on an OrderedDict only (torch's `_metadata`); and bounded strings,
+    opcodes, calls and tuple nesting.
+
+    Raises:
+      UnsafePickleError: a name outside the allow-list.
+      ConversionError: anything else a state dict does not do.
+    """
+    stack: list[tuple[str, int]] = []  # (kind, tuple nesting) of each object on the unpickler's stack
+    marks: list[int] = []  # stack heights at each MARK
+    memo: dict[int, tuple[str, int]] = {}
+    puts = calls = 0
+
+    def pop(n: int) -> list[tuple[str, int]]:
+        if len(stack) - (marks[-1] if marks else 0) < n:
+            raise ConversionError(f"{where}: malformed pickle: {op.name} at byte {pos} pops an empty stack")
+        items = stack[len(stack) - n:]
+        del stack[len(stack) - n:]
+        return items
+
+    def pop_mark() -> list[tuple[str, int]]:
+        if not marks:
+            raise ConversionError(f"{where}: malformed pickle: {op.name} at byte {pos} without a MARK")
+        start = marks.pop()
+        items = stack[start:]
+        del stack[start:]
+        return items
+
+    def values(items, storage_id=False):
+        """items, checked to be values: a name is only called (REDUCE) or, a storage type, named in a storage id."""
+        for kind, _ in items:
+            if (kind in _NAMES and not (storage_id and kind == "storage type")) or kind == "storage id":
+                raise ConversionError(f"{where}: {op.name} at byte {pos} uses a {kind} as a value; a state dict's "
+                                      "pickle only calls its names or puts a storage type in a storage id")
+        return items
+
+    def push_tuple(items):
+        item_kinds = [kind for kind, _ in values(items, storage_id=True)]
+        depth = 1 + max((d for _, d in items), default=0)
+        if depth > MAX_TUPLE_NESTING:
+            raise ConversionError(f"{where}: tuples nested {depth} deep at byte {pos}; a state dict nests 2")
+        stack.append(("storage id" if "storage type" in item_kinds else "tuple", depth))
+
+    try:
+        for i, (op, arg, pos) in enumerate(pickletools.genops(data)):
+            name = op.name
+            if name not in _OPCODES:
+                raise ConversionError(f"{where}: the pickle uses opcode {name} at byte {pos}, which a state dict "
+                                      "never does; refused before anything was unpickled")
+            if i >= MAX_PICKLE_OPCODES:
+                raise ConversionError(f"{where}: the pickle has more than {MAX_PICKLE_OPCODES} opcodes")
+            if name == "PROTO":
+                if i != 0 or arg != 2:
+                    raise ConversionError(f"{where}: pickle protocol {arg} at byte {pos}; torch.save writes 2")
+            elif i == 0:
+                raise ConversionError(f"{where}: the pickle does not start with protocol 2 as torch.save writes it")
+            elif name in _PUSHES:
+                if name == "BINUNICODE" and len(arg) > MAX_STRING_CHARS:
+                    raise ConversionError(f"{where}: a string of {len(arg)} characters at byte {pos}")
+                stack.append((_PUSHES[name], 0))
+            elif name == "MARK":
+                marks.append(len(stack))
+            elif name == "GLOBAL":
+                module, _, attr = arg.partition(" ")
+                if (module, attr) not in _ALLOWED:
+                    raise UnsafePickleError(
+                        f"{where}: the pickle asks for {module}.{attr}, which a state dict never needs; refused "
+                        "before anything ran. Only tensors, storages and plain containers are read. If the file "
+                        "is trusted, re-save its state dict with safetensors.")
+                stack.append(({"collections": "OrderedDict class", "torch": "storage type"}.get(module, "function"), 0))
+            elif name in ("BINPUT", "LONG_BINPUT"):
+                if arg > puts:  # Python's pickler numbers its memo 0, 1, 2, ...
+                    raise ConversionError(f"{where}: memo index {arg} at byte {pos} after {puts} puts")
+                puts += 1
+                memo[arg] = pop(1)[0]
+                stack.append(memo[arg])
+            elif name in ("BINGET", "LONG_BINGET"):
+                if arg not in memo:
+                    raise ConversionError(f"{where}: memo index {arg} at byte {pos} was never put")
+                stack.append(memo[arg])
+            elif name == "EMPTY_TUPLE":
+                push_tuple([])
+            elif name == "TUPLE":
+                push_tuple(pop_mark())
+            elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+                push_tuple(pop(int(name[-1])))
+            elif name == "BINPERSID":
+                if pop(1)[0][0] != "storage id":
+                    raise ConversionError(f"{where}: BINPERSID at byte {pos} of something other than a storage id")
+                stack.append(("storage", 0))
+            elif name == "REDUCE":
+                calls += 1
+                if calls > MAX_PICKLE_CALLS:
+                    raise ConversionError(f"{where}: the pickle makes more than {MAX_PICKLE_CALLS} calls")
+                (fn, _), (args, _) = pop(2)
+                if fn not in ("OrderedDict class", "function") or args != "tuple":
+                    raise ConversionError(f"{where}: REDUCE at byte {pos} calls a {fn} with a {args}")
+                stack.append(("OrderedDict" if fn == "OrderedDict class" else "tensor", 0))
+            elif name in ("BUILD", "SETITEM", "SETITEMS", "APPEND", "APPENDS"):
+                values(pop_mark() if name in ("SETITEMS", "APPENDS") else pop({"SETITEM": 2}.get(name, 1)))
+                target = pop(1)[0]
+                if target[0] not in _TARGETS[name]:
+                    raise ConversionError(f"{where}: {name} at byte {pos} on a {target[0]}; in a state dict's pickle "
+                                          f"it applies to {' or '.join(_TARGETS[name])} only")
+                stack.append(target)
+            elif name == "STOP":
+                values(pop(1))
+                if stack or marks or pos + 1 != len(data):
+                    raise ConversionError(f"{where}: malformed pickle: STOP at byte {pos} of {len(data)} leaves "
+                                          f"{len(stack)} object(s) and {len(marks)} mark(s)")
+    except ConversionError:
+        raise
+    except (ValueError, struct.error, OverflowError) as e:  # genops: unknown opcode, truncated argument, bad UTF-8
+        raise ConversionError(f"{where}: malformed pickle: {e}") from None
+
+
+# Exceptions of unpickling a malformed (but scanned) pickle: wrong argument types or counts, a memo miss.
+_MALFORMED = (pickle.UnpicklingError, EOFError, TypeError, ValueError, AttributeError, KeyError, IndexError,
+              OverflowError, MemoryError, RecursionError, struct.error)
 
 
 class _StateDictUnpickler(pickle.Unpickler):
@@ -160,114 +378,218 @@ class _StateDictUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         try:
             return _ALLOWED[(module, name)]
-        except KeyError:
-            raise UnsafePickleError(
-                f"{self._archive.path}: the pickle asks for {module}.{name}, which a state dict never "
-                "needs; refused before anything ran. Only tensors, storages and plain containers are "
-                "read. If the file is trusted, re-save its state dict with safetensors."
-            ) from None
+        except KeyError:  # the scan refuses these first; this is the second lock
+            raise UnsafePickleError(f"{self._archive.path}: the pickle asks for {module}.{name}, which a state "
+                                    "dict never needs; refused before anything ran") from None
 
     def persistent_load(self, pid):
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
-            raise ConversionError(f"{self._archive.path}: unknown persistent id {pid!r:.200}")
-        _, storage_type, key, _location, numel = pid
-        if not isinstance(storage_type, _StorageType) or not isinstance(key, str) or not isinstance(numel, int):
-            raise ConversionError(f"{self._archive.path}: malformed storage id {pid!r:.200}")
-        return self._archive.storage(key, storage_type.dtype, numel)
+            raise ConversionError(f"{self._archive.path}: unknown persistent id {_brief(pid)}")
+        _, storage_type, key, location, numel = pid
+        if not (isinstance(storage_type, _StorageType) and isinstance(key, str) and isinstance(location, str)
+                and _is_index(numel)):
+            raise ConversionError(f"{self._archive.path}: malformed storage id {_brief(pid)}")
+        return self._archive.storage(key, storage_type.name, numel)
 
 
 class _TorchArchive:
-    """The zip archive torch.save writes: <prefix>/data.pkl + <prefix>/data/<key> storages."""
+    """The zip archive torch.save writes: <prefix>/data.pkl + <prefix>/data/<key> storages.
+
+    torch stores every member uncompressed (so that storages can be memory
+    mapped); a compressed, encrypted or misplaced member is refused before a
+    byte of it is read, which bounds every read by the size of the file.
+    """
 
     def __init__(self, path: Path):
         self.path = path
         with open(path, "rb") as f:
             head = f.read(4)
+            self.size = os.fstat(f.fileno()).st_size
         if head != b"PK\x03\x04":
             legacy = head[:2] == b"\x80\x02"
             raise ConversionError(
                 f"{path} is not a zip archive written by torch.save"
                 + (" (it is the legacy format of torch < 1.6: re-save it with a recent torch)" if legacy else ""))
-        self.zip = zipfile.ZipFile(path)
-        pickles = [n for n in self.zip.namelist() if n.endswith("data.pkl") and n.count("/") == 1]
-        if len(pickles) != 1:
-            raise ConversionError(f"{path}: expected one <name>/data.pkl in the archive, found {pickles}")
-        self.prefix = pickles[0][: -len("data.pkl")]
-        has_order = self.prefix + "byteorder" in self.zip.namelist()  # older torch writes none: little-endian
-        order = self.zip.read(self.prefix + "byteorder").decode().strip() if has_order else "little"
-        if order not in ("little", "big"):
-            raise ConversionError(f"{path}: unknown byte order {order!r}")
-        self.byteorder = "<" if order == "little" else ">"
-        self._storages: dict[str, np.ndarray] = {}
+        try:
+            self.zip = zipfile.ZipFile(path)
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, struct.error, NotImplementedError,
+                OSError) as e:  # OSError: a seek to a negative offset
+            raise ConversionError(f"{path} is not a readable zip archive: {e}") from None
+        self.prefix, self.byteorder = "", "<"  # of <prefix>data.pkl and <prefix>byteorder, set by `load`
+        self._storages: dict[str, tuple[str, np.ndarray]] = {}  # key -> (storage type's name, its array)
 
-    def storage(self, key: str, dtype: np.dtype, numel: int) -> np.ndarray:
-        """Storage `key` as a read-only 1-D array, memory-mapped when the member is stored uncompressed."""
+    def _member(self, name: str) -> tuple[zipfile.ZipInfo, int]:
+        """A member's entry and the offset of its bytes in the file, checked to be stored as torch stores it."""
+        try:
+            info = self.zip.getinfo(name)
+        except KeyError:
+            raise ConversionError(f"{self.path}: no member {name!r} in the archive") from None
+        if info.flag_bits & 0x1:
+            raise ConversionError(f"{self.path}: member {name!r} is encrypted; torch.save encrypts nothing")
+        if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+            raise ConversionError(f"{self.path}: member {name!r} is compressed (method {info.compress_type}); "
+                                  "torch.save stores every member uncompressed")
+        if not 0 <= info.header_offset < self.size:
+            raise ConversionError(f"{self.path}: member {name!r} has its header at byte {info.header_offset}, outside "
+                                  f"the {self.size}-byte file")
+        with open(self.path, "rb") as f:
+            f.seek(info.header_offset)
+            header = f.read(30)
+            if len(header) < 30 or header[:4] != b"PK\x03\x04":
+                raise ConversionError(f"{self.path}: member {name!r} has no local header at byte {info.header_offset}")
+            name_len, extra_len = struct.unpack("<HH", header[26:30])
+            stored_name = f.read(name_len)
+        if stored_name != info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437"):
+            raise ConversionError(f"{self.path}: member {name!r} is named {_brief(stored_name)} in its local header")
+        offset = info.header_offset + 30 + name_len + extra_len
+        if offset + info.file_size > self.size:
+            raise ConversionError(f"{self.path}: member {name!r} claims {info.file_size} bytes at byte {offset}, "
+                                  f"past the end of the {self.size}-byte file")
+        return info, offset
+
+    def _read(self, name: str, limit: int) -> bytes:
+        info, offset = self._member(name)
+        if info.file_size > limit:
+            raise ConversionError(f"{self.path}: member {name!r} holds {info.file_size} bytes, more than the "
+                                  f"{limit} a state dict's needs")
+        with open(self.path, "rb") as f:
+            f.seek(offset)
+            data = f.read(info.file_size)
+        if zlib.crc32(data) != info.CRC:
+            raise ConversionError(f"{self.path}: member {name!r} fails its CRC check (a damaged file)")
+        return data
+
+    def storage(self, key: str, type_name: str, numel: int) -> np.ndarray:
+        """Storage `key` as a read-only 1-D memory map of its member, numel elements of the named type."""
         if key in self._storages:
-            return self._storages[key]
-        dtype = np.dtype(dtype)
+            seen, array = self._storages[key]
+            if (seen, array.size) != (type_name, numel):
+                raise ConversionError(f"{self.path}: storage {key!r} is named as {seen} of {array.size} and as "
+                                      f"{type_name} of {numel}")
+            return array
+        dtype = _STORAGE_DTYPES[type_name]  # by name, from the allow-list: never from an object of the file
         if self.byteorder == ">" and dtype.itemsize > 1:
             dtype = dtype.newbyteorder(">")
-        try:
-            info = self.zip.getinfo(f"{self.prefix}data/{key}")
-        except KeyError:
-            raise ConversionError(f"{self.path}: the pickle names storage {key!r}, absent from the archive") from None
+        info, offset = self._member(f"{self.prefix}data/{key}")
         if info.file_size != numel * dtype.itemsize:
             raise ConversionError(f"{self.path}: storage {key!r} holds {info.file_size} bytes, not "
                                   f"{numel} x {dtype.itemsize}")
-        if info.compress_type == zipfile.ZIP_STORED:  # torch's own choice: map, do not read
-            with open(self.path, "rb") as f:
-                f.seek(info.header_offset)
-                header = f.read(30)
-            name_len, extra_len = struct.unpack("<HH", header[26:30])
-            offset = info.header_offset + 30 + name_len + extra_len
-            array = (np.memmap(self.path, dtype, mode="r", offset=offset, shape=(numel,)) if numel
-                     else np.zeros(0, dtype))
-        else:
-            array = np.frombuffer(self.zip.read(info), dtype)
-        self._storages[key] = array
+        array = np.memmap(self.path, dtype, mode="r", offset=offset, shape=(numel,)) if numel else np.zeros(0, dtype)
+        self._storages[key] = (type_name, array)
         return array
 
     def load(self) -> Any:
-        with self.zip, self.zip.open(self.prefix + "data.pkl") as f:  # the storages outlive it as memory maps
-            return _StateDictUnpickler(f, self).load()
+        with self.zip:  # the storages outlive it as memory maps
+            pickles = [n for n in self.zip.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
+            if len(pickles) != 1:
+                raise ConversionError(f"{self.path}: expected one <name>/data.pkl in the archive, found "
+                                      f"{_brief(pickles)}")
+            self.prefix = pickles[0][: -len("data.pkl")]
+            order = "little"  # older torch writes no byteorder member
+            if self.prefix + "byteorder" in self.zip.namelist():
+                order = self._read(self.prefix + "byteorder", 16).decode("ascii", "replace").strip()
+            if order not in ("little", "big"):
+                raise ConversionError(f"{self.path}: unknown byte order {_brief(order)}")
+            self.byteorder = "<" if order == "little" else ">"
+            data = self._read(pickles[0], MAX_PICKLE_BYTES)
+            _scan_pickle(data, str(self.path))
+            try:
+                return _StateDictUnpickler(io.BytesIO(data), self).load()
+            except ConversionError as e:  # the rebuild functions' messages do not know the file
+                if str(e).startswith(str(self.path)):
+                    raise
+                raise type(e)(f"{self.path}: {e}") from None
+            except _MALFORMED as e:
+                raise ConversionError(f"{self.path}: malformed pickle: {type(e).__name__}: {_brief(str(e))}") from None
 
 
 def load_torch(path: str | Path) -> Any:
     """The object a `torch.save` zip archive holds, with tensors as (memory-mapped) numpy arrays.
 
     No torch is needed and no code in the file runs: the pickle may name only
-    tensor rebuilders, storage types and OrderedDict.
+    tensor rebuilders, storage types and OrderedDict, and is scanned
+    (`_scan_pickle`) before it is unpickled.
 
     Raises:
       UnsafePickleError: the pickle names anything else (e.g. os.system).
-      ConversionError: not such an archive, or a malformed one.
+      ConversionError: not such an archive, or a malformed one, or one past a bound.
     """
     return _TorchArchive(Path(path)).load()
 
 
+_SAFETENSORS_DTYPES = types.MappingProxyType({
+    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype(ml_dtypes.bfloat16),
+    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
+    "U8": np.dtype("u1"), "BOOL": np.dtype("?")})
+
+
 def load_safetensors(path: str | Path) -> dict[str, np.ndarray]:
-    """The tensors of a .safetensors file, by name, as numpy arrays."""
-    try:
-        from safetensors import safe_open  # optional dependency: only this format needs it
-    except ImportError as e:
-        raise ImportError(f"reading {path} needs the safetensors package: pip install safetensors") from e
-    out = {}
-    with safe_open(str(path), framework="numpy") as f:
-        for name in f.keys():
-            out[name] = f.get_tensor(name)
-    return out
+    """The tensors of a .safetensors file, by name, as read-only memory-mapped numpy arrays.
+
+    The layout (8-byte little-endian header length, a JSON header of
+    {name: {dtype, shape, data_offsets}}, then the bytes) is read here, every
+    entry checked against the file before anything is mapped: no package is needed.
+
+    Raises:
+      ConversionError: naming the entry that lies about its dtype, shape or bytes.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 2 <= n <= min(MAX_HEADER_BYTES, size - 8):
+            raise ConversionError(f"{path}: not a safetensors file (its header would be {n} bytes of a "
+                                  f"{size}-byte file; at most {MAX_HEADER_BYTES})")
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, RecursionError) as e:
+            raise ConversionError(f"{path}: the safetensors header is not JSON: {_brief(str(e))}") from None
+    if not isinstance(header, dict):
+        raise ConversionError(f"{path}: the safetensors header is not a mapping")
+    metadata = header.pop("__metadata__", {})
+    if not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise ConversionError(f"{path}: __metadata__ of the safetensors header is not a mapping of strings")
+    start, spans, out = 8 + n, [], {}
+    for name, entry in header.items():
+        ok = isinstance(entry, dict) and set(entry) == {"dtype", "shape", "data_offsets"}
+        dtype = _SAFETENSORS_DTYPES.get(entry["dtype"]) if ok and isinstance(entry["dtype"], str) else None
+        shape, offsets = (entry["shape"], entry["data_offsets"]) if ok else (None, None)
+        if not (dtype is not None and isinstance(shape, list) and len(shape) <= MAX_TENSOR_DIMS
+                and all(map(_is_index, shape)) and isinstance(offsets, list) and len(offsets) == 2
+                and all(map(_is_index, offsets)) and offsets[0] <= offsets[1] <= size - start):
+            raise ConversionError(f"{path}: tensor {_brief(name)} has a malformed entry {_brief(entry)} "
+                                  f"(dtype one of {sorted(_SAFETENSORS_DTYPES)}, data inside the file's "
+                                  f"{size - start} data bytes)")
+        numel = math.prod(shape)
+        if offsets[1] - offsets[0] != numel * dtype.itemsize:
+            raise ConversionError(f"{path}: tensor {_brief(name)} of shape {shape} and dtype {entry['dtype']} "
+                                  f"needs {numel * dtype.itemsize} bytes, its offsets give {offsets[1] - offsets[0]}")
+        spans.append((offsets[0], offsets[1], name))
+        out[name] = (dtype, tuple(shape), offsets[0], numel)
+    spans.sort()
+    for (_, end, a), (begin, _, b) in zip(spans, spans[1:]):
+        if begin < end:
+            raise ConversionError(f"{path}: tensors {_brief(a)} and {_brief(b)} overlap")
+    return {name: (np.memmap(path, dtype, mode="r", offset=start + begin, shape=(numel,)).reshape(shape) if numel
+                   else np.zeros(shape, dtype))
+            for name, (dtype, shape, begin, numel) in out.items()}
 
 
 # =========================================================================== the original's config
 
 # The sections the original's code reads to build and run the model (SEDD
 # reads tokens, graph.type and model.*; sampling reads noise.*). They are
-# checked strictly; the rest (training, optim, data, eval, sampling, ngpus,
-# ...) configures training only and is kept in converted.json.
+# checked strictly and are what converted.json keeps (with training.ema); the
+# rest (training, optim, data, eval, sampling, ngpus, ...) configures training
+# only and is dropped.
 _MODEL_KEYS = {"name", "type", "hidden_size", "cond_dim", "length", "n_blocks", "n_heads", "scale_by_sigma", "dropout"}
 _GRAPH_KEYS = {"type", "file", "report_all"}
 _NOISE_KEYS = {"type", "sigma_min", "sigma_max"}
 _GRAPHS = {"absorb": "absorbing", "uniform": "uniform"}
+# Upper bounds on the model's sizes, checked before anything is built from them;
+# sedd-medium has hidden_size 1024, 24 blocks, 16 heads, cond_dim 128, length 1024.
+_SIZE_BOUNDS = {"hidden_size": 1 << 14, "n_blocks": 256, "n_heads": 256, "cond_dim": 1 << 14, "length": 1 << 17}
 # The original's LogLinearNoise has eps = 1e-3 built in; its config has no field for it.
 _LOGLINEAR_EPS = 1e-3
 
@@ -332,7 +654,11 @@ def config_from_original(orig: Mapping, tokenizer_path: str = "", dtype: str = "
     noise_type = _field(noise, "noise", "type", str)
     if noise_type not in ("geometric", "loglinear"):
         raise ConversionError(f"noise.type = {noise_type!r}; the original knows 'geometric' and 'loglinear'")
-    hidden, heads = _field(model, "model", "hidden_size", int), _field(model, "model", "n_heads", int)
+    sizes = {key: _field(model, "model", key, int) for key in _SIZE_BOUNDS}
+    for key, value in sizes.items():
+        if not 1 <= value <= _SIZE_BOUNDS[key]:
+            raise ConversionError(f"model.{key} = {value} in the original's config is outside [1, {_SIZE_BOUNDS[key]}]")
+    hidden, heads = sizes["hidden_size"], sizes["n_heads"]
     scale_by_sigma = _field(model, "model", "scale_by_sigma", bool)
     if scale_by_sigma and graph_type != "absorb":
         raise ConversionError("model.scale_by_sigma = true with graph.type = 'uniform': the original "
@@ -344,8 +670,8 @@ def config_from_original(orig: Mapping, tokenizer_path: str = "", dtype: str = "
     c.model.kind = "ddit"
     c.model.hidden_size = hidden
     c.model.n_heads = heads
-    c.model.n_blocks = _field(model, "model", "n_blocks", int)
-    c.model.cond_dim = _field(model, "model", "cond_dim", int)
+    c.model.n_blocks = sizes["n_blocks"]
+    c.model.cond_dim = sizes["cond_dim"]
     c.model.mlp_ratio = 4  # fixed in the original's DDiTBlock
     c.model.dropout = _field(model, "model", "dropout", float)
     c.model.scale_by_sigma = scale_by_sigma
@@ -357,35 +683,85 @@ def config_from_original(orig: Mapping, tokenizer_path: str = "", dtype: str = "
     c.noise.eps = _LOGLINEAR_EPS
     c.data.tokenizer = "gpt2"
     c.data.tokenizer_path = str(tokenizer_path)
-    c.data.seq_len = _field(model, "model", "length", int)
-    ema = orig.get("training", {}).get("ema") if isinstance(orig.get("training"), Mapping) else None
-    if ema is not None:
-        c.training.ema = float(ema)
-    for key, value in (("n_blocks", c.model.n_blocks), ("cond_dim", c.model.cond_dim), ("length", c.data.seq_len)):
-        if value < 1:
-            raise ConversionError(f"model.{key} = {value} must be >= 1")
+    c.data.seq_len = sizes["length"]
+    training = orig.get("training")
+    if isinstance(training, Mapping) and training.get("ema") is not None:
+        c.training.ema = _field(training, "training", "ema", float)
+        if not 0.0 <= c.training.ema < 1.0:
+            raise ConversionError(f"training.ema = {c.training.ema} in the original's config must be in [0, 1)")
     if not 0.0 <= c.model.dropout < 1.0:
         raise ConversionError(f"model.dropout = {c.model.dropout} must be in [0, 1)")
+    for key in ("sigma_min", "sigma_max"):
+        if not 0.0 < c.noise[key] < math.inf:
+            raise ConversionError(f"noise.{key} = {c.noise[key]} in the original's config must be positive and finite")
     c = ml_collections.ConfigDict(c.to_dict())
     c.vocab_size = tokens
     return c
 
 
 def read_original_config(path: str | Path) -> dict:
-    """config.json (JSON) or .hydra/config.yaml (YAML) of the original, as a dict."""
+    """The sections of config.json (JSON) or .hydra/config.yaml (YAML) that the conversion reads.
+
+    Returns:
+      {"tokens", "model", "graph", "noise"} and training.ema where present, each
+      value a scalar: what converted.json keeps of the original's config.
+    Raises:
+      ConversionError: too large, not JSON / YAML, a YAML alias, or a section
+        that is not a mapping of scalars.
+    """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    if path.stat().st_size > MAX_TEXT_BYTES:
+        raise ConversionError(f"{path} holds {path.stat().st_size} bytes; a config has at most {MAX_TEXT_BYTES}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConversionError(f"{path} is not UTF-8 text: {e}") from None
     if path.suffix in (".yaml", ".yml"):
-        try:
-            import yaml  # optional dependency: only Hydra run directories need it
-        except ImportError as e:
-            raise ImportError(f"reading {path} needs PyYAML: pip install pyyaml") from e
-        data = yaml.safe_load(text)
+        data = _load_yaml(text, path)
     else:
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as e:
+            raise ConversionError(f"{path} is not JSON: {_brief(str(e))}") from None
     if not isinstance(data, dict):
         raise ConversionError(f"{path} does not hold a config mapping")
-    return data
+    if set(data) == {"config"} and isinstance(data["config"], dict):  # a mixin wrapping its init kwargs
+        data = data["config"]
+    kept = {key: data[key] for key in ("tokens", "model", "graph", "noise") if key in data}
+    if isinstance(data.get("training"), dict) and "ema" in data["training"]:
+        kept["training"] = {"ema": data["training"]["ema"]}
+    scalar = (str, int, float, bool, type(None))
+    for name, value in kept.items():
+        fields = value.items() if isinstance(value, dict) else [("", value)]
+        for key, v in fields:
+            if not isinstance(v, scalar):
+                where = f"{name}.{key}" if key else name
+                raise ConversionError(f"{where} in {path} is a {type(v).__name__}, not a number, string or bool")
+    return kept
+
+
+def _load_yaml(text: str, path: Path):
+    """YAML with PyYAML's safe loader, aliases refused: Hydra writes none, and a few of them nest into gigabytes."""
+    try:
+        import yaml  # optional dependency: only Hydra run directories need it
+    except ImportError as e:
+        raise ImportError(f"reading {path} needs PyYAML: pip install pyyaml") from e
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise ConversionError(f"{path}: a YAML alias (*{_brief(event.anchor)}) at line "
+                                      f"{event.start_mark.line + 1}; a Hydra config has none, and aliases are "
+                                      "refused (a few can expand to gigabytes)")
+            return super().compose_node(parent, index)
+
+    try:
+        return yaml.load(text, NoAliasLoader)  # noqa: S506 (a SafeLoader)
+    except ConversionError:
+        raise
+    except (yaml.YAMLError, RecursionError, ValueError, OverflowError) as e:
+        raise ConversionError(f"{path} is not YAML a config can hold: {' '.join(str(e).split())[:300]}") from None
 
 
 # =========================================================================== state dict -> parameters
@@ -440,13 +816,27 @@ def abstract_params(config) -> nnx.State:
 
 
 _FLOATS = {np.dtype(t) for t in (np.float16, np.float32, np.float64, ml_dtypes.bfloat16)}
+_TENSORS = (np.ndarray, jax.Array, jax.ShapeDtypeStruct)
+
+
+def _tensor_problem(name: str, x, shape: tuple[int, ...]) -> str | None:
+    """Why x cannot be the float tensor of this shape, or None; checked before a byte of it is read."""
+    if not isinstance(x, _TENSORS):
+        return f"{name!r} is a {type(x).__name__}, not a tensor"
+    if tuple(x.shape) != tuple(shape):
+        return f"tensor {name!r} has shape {tuple(x.shape)}, the config needs {tuple(shape)}"
+    if np.dtype(x.dtype) not in _FLOATS:
+        return f"tensor {name!r} has dtype {x.dtype}, not a float type"
+    return None
 
 
 def _check_rotary(inv_freq, head_dim: int) -> str | None:
     """A problem with the rotary buffer, or None: it must be base^{-2j/K}, j < K/2, base 10000."""
-    if tuple(inv_freq.shape) != (head_dim // 2,):
+    if isinstance(inv_freq, _TENSORS) and tuple(inv_freq.shape) != (head_dim // 2,):
         return (f"{ROTARY_KEY} has shape {tuple(inv_freq.shape)}, not ({head_dim // 2},): the checkpoint's "
                 f"head size is not hidden_size / n_heads = {head_dim} of the config")
+    if problem := _tensor_problem(ROTARY_KEY, inv_freq, (head_dim // 2,)):
+        return problem
     if isinstance(inv_freq, jax.ShapeDtypeStruct):
         return None
     want = 1.0 / ROTARY_BASE ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
@@ -482,11 +872,8 @@ def convert_params(state_dict: Mapping[str, Any], config) -> nnx.State:
             problems.append(f"missing tensor {src!r} (for {dst})")
             continue
         x = state_dict[src]
-        want = targets[dst].shape[::-1] if transpose else targets[dst].shape
-        if tuple(x.shape) != tuple(want):
-            problems.append(f"tensor {src!r} has shape {tuple(x.shape)}, the config needs {tuple(want)}")
-        elif np.dtype(x.dtype) not in _FLOATS:
-            problems.append(f"tensor {src!r} has dtype {x.dtype}, not a float type")
+        if problem := _tensor_problem(src, x, targets[dst].shape[::-1] if transpose else targets[dst].shape):
+            problems.append(problem)
         elif isinstance(x, jax.ShapeDtypeStruct):
             out[dst] = jax.ShapeDtypeStruct(targets[dst].shape, jnp.float32)
         else:
@@ -500,7 +887,7 @@ def convert_params(state_dict: Mapping[str, Any], config) -> nnx.State:
             problems.append(problem)
     unexpected = [k for k in state_dict if k not in used]
     if unexpected:
-        problems.append(f"tensor(s) {unexpected[:10]}{' ...' if len(unexpected) > 10 else ''} are not part of "
+        problems.append(f"tensor(s) {_brief(unexpected)} are not part of "
                         f"the original's SEDD with n_blocks = {config.model.n_blocks}")
     if problems:
         raise ConversionError("the checkpoint does not fit the config:\n  " + "\n  ".join(problems[:20]))
@@ -520,7 +907,7 @@ class Source:
     """What a conversion reads.
 
     Attributes:
-      config: the original's config dict.
+      config: the sections of the original's config that are read (`read_original_config`).
       config_file, weights_file: where they came from.
       weights: the state dict of the chosen weights (name -> array).
       raw: the raw (non-EMA) state dict where the source has both, else None.
@@ -588,24 +975,37 @@ def _state_dict(obj, where: str) -> Mapping[str, Any]:
     return obj
 
 
+def _step(value, where: str) -> int:
+    """A training checkpoint's step: an int (or a 0-d integer tensor) that fits the int32 of our checkpoint."""
+    if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu":
+        value = int(value)
+    if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31):
+        raise ConversionError(f"{where}['step'] = {_brief(value)} is not a training step (an integer in [0, 2**31))")
+    return value
+
+
 def read_source(src: str | Path, ema: bool = True) -> Source:
-    """The config and weights of a source (see `locate`), EMA weights by default for a training checkpoint."""
+    """The config and weights of a source (see `locate`), EMA weights by default for a training checkpoint.
+
+    The config is read and checked first, so that every size in it is bounded
+    before the weights are read against it.
+    """
     config_file, weights_file = locate(src)
     config = read_original_config(config_file)
+    n_blocks = config_from_original(config).model.n_blocks
     if weights_file.suffix == ".safetensors":
         return Source(config, config_file, weights_file, load_safetensors(weights_file), None, 0, "published")
     obj = load_torch(weights_file)
     if not (isinstance(obj, Mapping) and "model" in obj and "ema" in obj):  # a bare state dict
         return Source(config, config_file, weights_file, _state_dict(obj, str(weights_file)), None, 0, "published")
     model = _state_dict(obj["model"], f"{weights_file}['model']")
-    step = obj.get("step", 0)
-    step = int(step) if isinstance(step, (int, np.integer)) else int(np.asarray(step).reshape(()))
+    step = _step(obj.get("step", 0), str(weights_file))
     if not ema:
         return Source(config, config_file, weights_file, model, model, step, "model")
     shadow = obj["ema"].get("shadow_params") if isinstance(obj["ema"], Mapping) else None
     if not isinstance(shadow, (list, tuple)):
         raise ConversionError(f"{weights_file}['ema'] has no shadow_params list; use --no_ema for the raw weights")
-    names = [src_name for src_name, _, _ in parameter_map(_n_blocks(config))]
+    names = [src_name for src_name, _, _ in parameter_map(n_blocks)]
     if len(shadow) != len(names):
         raise ConversionError(f"{weights_file}: the EMA holds {len(shadow)} tensors, the config's model has "
                               f"{len(names)} parameters")
@@ -613,12 +1013,6 @@ def read_source(src: str | Path, ema: bool = True) -> Source:
     if ROTARY_KEY in model:
         weights[ROTARY_KEY] = model[ROTARY_KEY]
     return Source(config, config_file, weights_file, weights, model, step, "ema")
-
-
-def _n_blocks(orig: Mapping) -> int:
-    if set(orig) == {"config"}:
-        orig = orig["config"]
-    return _field(_section(orig, "model", _MODEL_KEYS), "model", "n_blocks", int)
 
 
 def _tokenizer_files(path: Path) -> list[Path]:
@@ -632,6 +1026,25 @@ def _tokenizer_files(path: Path) -> list[Path]:
     return []
 
 
+def _read_gpt2(path: Path) -> GPT2Tokenizer:
+    """GPT2Tokenizer of path, any failure to parse its files a ConversionError."""
+    try:
+        return GPT2Tokenizer(str(path))
+    except (FileNotFoundError, ImportError):
+        raise
+    except Exception as e:  # the tokenizers package raises a bare Exception for a malformed file
+        raise ConversionError(f"{path}: not a readable GPT-2 tokenizer: {_brief(str(e))}") from None
+
+
+def _check_destination(dst: Path) -> None:
+    if dst.exists() and not dst.is_dir():
+        raise ConversionError(f"{dst} is a file; choose a new directory (it was left as it is)")
+    held = sorted(p.name for p in dst.iterdir()) if dst.is_dir() else []
+    if held:
+        raise ConversionError(f"{dst} already holds {_brief(held)}; choose a new or empty directory (it was "
+                              "left as it is)")
+
+
 # =========================================================================== conversion
 
 
@@ -641,7 +1054,7 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
 
     Args:
       src: a published folder, an original training run directory, or a weights file (see `locate`).
-      dst: the new run directory; it must not hold a run yet.
+      dst: the new run directory; it must not exist, or be empty.
       ema: a training checkpoint's EMA weights (True, as the original samples) or its raw weights.
       tokenizer_path: GPT-2's tokenizer.json, or a folder with it or with
         vocab.json + merges.txt; default: those files inside src. Copied into dst/gpt2.
@@ -649,15 +1062,15 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
     Returns:
       dict: parameters, step, weights (published / ema / model), source files.
     Raises:
-      ConversionError, UnsafePickleError, FileNotFoundError, ImportError;
-      dst is not created unless everything was read and checked.
+      ConversionError, UnsafePickleError, FileNotFoundError, ImportError.
+      dst is written whole or not at all: into a folder beside it, renamed to
+      dst once everything was read, checked and written.
     """
-    dst = Path(dst).expanduser()
+    dst = Path(dst).expanduser().absolute()
     if not Path(src).expanduser().exists():
         raise FileNotFoundError(f"no such source {src}: give the published folder (config.json + "
                                 "pytorch_model.bin or model.safetensors) or an original training run directory")
-    if (dst / runs.CONFIG).exists() or (dst / runs.CHECKPOINTS).exists():
-        raise ConversionError(f"{dst} already holds a run; choose a new directory (it was left as it is)")
+    _check_destination(dst)
     tok_src = Path(tokenizer_path or src).expanduser()
     if not tokenizer_path and tok_src.is_file():  # a weights file: look beside it
         tok_src = tok_src.parent
@@ -667,29 +1080,46 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
             f"no GPT-2 tokenizer files at {tok_src}: pass --tokenizer_path pointing to GPT-2's tokenizer.json, or "
             "to a folder holding vocab.json and merges.txt (the files of the Hugging Face `gpt2` repository); "
             "nothing is downloaded")
-    GPT2Tokenizer(str(tok_files[0] if len(tok_files) == 1 else tok_src))  # readable, or a clear error
+    for f in tok_files:
+        if f.stat().st_size > MAX_TOKENIZER_BYTES:
+            raise ConversionError(f"{f} holds {f.stat().st_size} bytes; GPT-2's tokenizer files are far under "
+                                  f"{MAX_TOKENIZER_BYTES}")
+    _read_gpt2(tok_files[0] if len(tok_files) == 1 else tok_src)  # readable, or a clear error
 
     source = read_source(src, ema)
-    tok_dir = (dst / TOKENIZER_DIR).absolute()
+    tok_dir = dst / TOKENIZER_DIR
     config = config_from_original(source.config, str(tok_dir), dtype)
     weights = convert_params(source.weights, config)
     raw = weights if source.raw is None or source.raw is source.weights else convert_params(source.raw, config)
-
-    dst.mkdir(parents=True, exist_ok=True)
-    tok_dir.mkdir(exist_ok=True)
-    for f in tok_files:  # a lone JSON file is GPT-2's tokenizer.json, whatever its name
-        shutil.copyfile(f, tok_dir / ("tokenizer.json" if len(tok_files) == 1 else f.name))
-    save_tokenizer(GPT2Tokenizer(str(tok_dir)), dst / runs.TOKENIZER)
-    (dst / runs.CONFIG).write_text(config_lib.to_json(config))
     summary = {"source": str(Path(src).absolute()), "config_file": str(source.config_file.absolute()),
                "weights_file": str(source.weights_file.absolute()), "weights": source.kind, "step": source.step,
                "parameters": count_parameters(weights), "original_config": source.config}
-    (dst / PROVENANCE).write_text(json.dumps(summary, indent=2, sort_keys=True, default=str))
-    state = {"step": jnp.asarray(source.step, jnp.int32), "params": raw, "ema": weights}
-    manager = runs.checkpoint_manager(dst, config)
-    manager.save(source.step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
-    manager.wait_until_finished()
-    manager.close()
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.parent / f".{dst.name}.converting-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        (tmp / TOKENIZER_DIR).mkdir()
+        for f in tok_files:  # a lone JSON file is GPT-2's tokenizer.json, whatever its name
+            shutil.copyfile(f, tmp / TOKENIZER_DIR / ("tokenizer.json" if len(tok_files) == 1 else f.name))
+        tokenizer = _read_gpt2(tmp / TOKENIZER_DIR)
+        tokenizer.path = str(tok_dir)  # where the copy is once tmp is renamed to dst
+        save_tokenizer(tokenizer, tmp / runs.TOKENIZER)
+        (tmp / runs.CONFIG).write_text(config_lib.to_json(config))
+        (tmp / PROVENANCE).write_text(json.dumps(summary, indent=2, sort_keys=True, default=str))
+        state = {"step": jnp.asarray(source.step, jnp.int32), "params": raw, "ema": weights}
+        manager = runs.checkpoint_manager(tmp, config)
+        manager.save(source.step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
+        manager.wait_until_finished()
+        manager.close()
+        try:
+            os.rename(tmp, dst)  # atomic; replaces an empty dst, refuses one that gained files meanwhile
+        except OSError as e:
+            raise ConversionError(f"{dst} could not take the converted run ({e.strerror}); it was left as it "
+                                  "is") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return summary
 
 
