@@ -93,8 +93,7 @@ def load_dataset(config, tokenizer=None) -> TextData:
     cache_dir = (Path(data_dir) / "sedd_tokens" / builder.name / builder.builder_config.name
                  / str(builder.version))
     if tokenizer is None:
-        kind = config.tokenizer
-        if kind == "char":
+        if config.tokenizer == "char":
             # The vocabulary needs one pass over the corpus: keep it for later runs.
             vocab = cache_dir / "char_vocab.json"
             if not vocab.exists():
@@ -105,8 +104,8 @@ def load_dataset(config, tokenizer=None) -> TextData:
                 save_tokenizer(tok, tmp)
                 os.replace(tmp, vocab)
             tokenizer = load_tokenizer(vocab)
-        elif kind == "gpt2":
+        elif config.tokenizer == "gpt2":
             tokenizer = GPT2Tokenizer(config.tokenizer_path)
         else:
-            tokenizer = get_tokenizer(kind)
+            tokenizer = get_tokenizer(config.tokenizer)
     return TextData(builder, tokenizer, config.seq_len, cache_dir)
