@@ -97,7 +97,7 @@ def ngram_law(x: np.ndarray, vocab_size: int, n: int) -> np.ndarray:
     return np.bincount(idx.ravel(), minlength=vocab_size**n) / idx.size
 
 
-def markov_figures(chain, x: np.ndarray) -> dict:
+def chain_figures(chain, x: np.ndarray) -> dict:
     """Exact figures of samples x int[B, L] against the chain (nats)."""
     length, n = x.shape[1], chain.order + 1
     truth = (chain.stationary[:, None] * chain.transitions).ravel()  # p(x_0..x_k), base-V index
@@ -174,7 +174,7 @@ def compare_samplers(
             g = evaluate.generative_perplexity(judge_model, samples)
             row.update(gen_ppl=g["gen_ppl"], judge_nats_per_token=g["judge_nats_per_token"])
         if chain is not None:
-            row.update(markov_figures(chain, samples))
+            row.update(chain_figures(chain, samples))
         return row
 
     rows = []

@@ -297,7 +297,7 @@ def settings_changes(workdir: Path, overrides: list[str]) -> list[tuple[str, obj
     differently (or trained before they became the default) is the same run; its corpus file
     counts by its text and its prepared cache (data.data_dir) not at all, so runs can be copied
     between study folders. The sampling.* keys do not count either: training never reads them, and
-    the study draws a run's samples with the sampler the settings give now (`markov_figures`).
+    the study draws a run's samples with the sampler the settings give now (`fill_sample_figures`).
     """
     saved = json.loads((workdir / runs.CONFIG).read_text())
     now = json.loads(config_lib.load_config(config_lib.DEFAULT_CONFIG, overrides).to_json())  # as saved
@@ -310,7 +310,7 @@ def settings_changes(workdir: Path, overrides: list[str]) -> list[tuple[str, obj
             and not (c[0] == "data.path" and same_text(c[1], c[2]))]
 
 
-def markov_figures(result: dict, workdir: Path, chain: MarkovChain, sampler: str) -> bool:
+def fill_sample_figures(result: dict, workdir: Path, chain: MarkovChain, sampler: str) -> bool:
     """Fill in the samples' figures of a markov run that `result` lacks (or drew with another sampler).
 
     Returns whether anything was measured.
@@ -351,7 +351,7 @@ def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], step
         result["candidate"] = candidate  # a run copied in from another candidate's folder
         print(f"{corpus}/{candidate}: done before, read from {result_file}")
         # a figure added after the run, or samples of another sampler than the settings give now: measured now
-        if chain_seed is not None and markov_figures(result, workdir, markov_chain(chain_seed), sampler):
+        if chain_seed is not None and fill_sample_figures(result, workdir, markov_chain(chain_seed), sampler):
             result_file.write_text(json.dumps(result, indent=2))
         return result
     print(f"{corpus}/{candidate}: training {steps} steps ({' '.join(overrides) or 'the default'})", flush=True)
@@ -369,7 +369,7 @@ def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], step
         chain = markov_chain(chain_seed)
         result.update(rate_nats_per_char=chain.entropy_rate(), rate_bits_per_char=chain.entropy_rate() / LN2,
                       unigram_bits_per_char=unigram_entropy_nats(chain) / LN2)
-        markov_figures(result, workdir, chain, sampler)
+        fill_sample_figures(result, workdir, chain, sampler)
     result_file.write_text(json.dumps(result, indent=2))
     return result
 

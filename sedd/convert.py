@@ -239,6 +239,19 @@ def _brief(x) -> str:
     return _REPR.repr(x)
 
 
+def _check_opcode(i: int, name: str, arg, pos: int, where: str) -> None:
+    """Opcode i of a pickle (at byte pos) is one a state dict uses, within the count, after protocol 2."""
+    if name not in _OPCODES:
+        raise ConversionError(f"{where}: the pickle uses opcode {name} at byte {pos}, which a state dict "
+                              "never does; refused before anything was unpickled")
+    if i >= MAX_PICKLE_OPCODES:
+        raise ConversionError(f"{where}: the pickle has more than {MAX_PICKLE_OPCODES} opcodes")
+    if name == "PROTO" and (i != 0 or arg != 2):
+        raise ConversionError(f"{where}: pickle protocol {arg} at byte {pos}; torch.save writes 2")
+    if name != "PROTO" and i == 0:
+        raise ConversionError(f"{where}: the pickle does not start with protocol 2 as torch.save writes it")
+
+
 def _scan_pickle(data: bytes, where: str) -> None:
     """Refuses a pickle unlike a state dict's, from its opcodes alone, before any of it is unpickled.
 
@@ -293,17 +306,8 @@ def _scan_pickle(data: bytes, where: str) -> None:
     try:
         for i, (op, arg, pos) in enumerate(pickletools.genops(data)):
             name = op.name
-            if name not in _OPCODES:
-                raise ConversionError(f"{where}: the pickle uses opcode {name} at byte {pos}, which a state dict "
-                                      "never does; refused before anything was unpickled")
-            if i >= MAX_PICKLE_OPCODES:
-                raise ConversionError(f"{where}: the pickle has more than {MAX_PICKLE_OPCODES} opcodes")
-            if name == "PROTO":
-                if i != 0 or arg != 2:
-                    raise ConversionError(f"{where}: pickle protocol {arg} at byte {pos}; torch.save writes 2")
-            elif i == 0:
-                raise ConversionError(f"{where}: the pickle does not start with protocol 2 as torch.save writes it")
-            elif name in _PUSHES:
+            _check_opcode(i, name, arg, pos, where)
+            if name in _PUSHES:
                 if name == "BINUNICODE" and len(arg) > MAX_STRING_CHARS:
                     raise ConversionError(f"{where}: a string of {len(arg)} characters at byte {pos}")
                 stack.append((_PUSHES[name], 0))
