@@ -1055,8 +1055,8 @@ def sample_long(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable
     Window w covers positions [s_w, s_w + L): s_0 = 0, then each window
     starts block_length after the previous one (the last is moved back to
     end at max_length). Its positions before the previous window's end are
-    fixed to the text already drawn; the rest are drawn by ``sample``, with
-    the caller's own fixed positions kept. Every window is the same compiled
+    fixed to the text already drawn; the rest are drawn by ``sample``'s loop,
+    with the caller's own fixed positions kept. Every window is the same compiled
     program (the conditioning is traced); window w uses fold_in(key, w).
 
     Args:
@@ -1072,8 +1072,10 @@ def sample_long(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable
       stats with the NFE summed over the windows.
     """
     b, length = _check_shape(shape)
-    call_args = {k: sample_args.pop(k) for k in ("predictor", "denoise", "eps", "score_params") if k in sample_args}
-    opts = _options(sample_args.pop("options", None), sample_args)
+    predictor, denoise = sample_args.pop("predictor", "analytic"), bool(sample_args.pop("denoise", True))
+    eps, score_params = sample_args.pop("eps", 1e-5), sample_args.pop("score_params", None)
+    opts = _options(sample_args.pop("options", None), sample_args).checked(predictor, graph, denoise)
+    times = _time_grid(opts.time_grid, _check_int("steps", steps, 1), eps)  # checked once: every window shares them
     if opts.return_trajectory:
         raise ValueError("return_trajectory is not available with max_length (one trajectory per window)")
     max_length = _check_int("max_length", max_length, length)
@@ -1085,7 +1087,9 @@ def sample_long(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable
     user_mask = jnp.zeros((b, max_length), bool) if fixed_mask is None else fixed_mask
     user_tokens = jnp.zeros((b, max_length), jnp.int32) if fixed_tokens is None else fixed_tokens
     nfe, nfe_row = jnp.int32(0), jnp.zeros((b,), jnp.int32)
-    window_opts = opts.updated(return_stats=True)
+    loop = functools.partial(_sample_loop, score_fn=score_fn, graph=graph, noise=noise, shape=(b, length),
+                             sampler=PREDICTORS[predictor], denoise=denoise,
+                             options=dataclasses.replace(opts, time_grid=None))
     done, start, w = 0, 0, 0
     while done < max_length:
         start = min(start, max_length - length)
@@ -1093,10 +1097,9 @@ def sample_long(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable
         drawn = jnp.arange(start, start + length) < done  # (L,) already generated
         mask = user_mask[:, window] | drawn[None, :]
         tokens = jnp.where(drawn[None, :], out[:, window], user_tokens[:, window])
-        got = sample(jax.random.fold_in(key, w), score_fn, graph, noise, (b, length), steps, fixed_mask=mask,
-                     fixed_tokens=tokens, options=window_opts, **call_args)
-        out = out.at[:, window].set(got.tokens)
-        nfe, nfe_row = nfe + got.stats["nfe"], nfe_row + got.stats["nfe_per_sample"]
+        x, _, stats = loop(jax.random.fold_in(key, w), times, mask, tokens, score_params)
+        out = out.at[:, window].set(x)
+        nfe, nfe_row = nfe + stats["nfe"], nfe_row + stats["nfe_per_sample"]
         done, start, w = start + length, start + block_length, w + 1
     return Samples(out, None, {"nfe": nfe, "nfe_per_sample": nfe_row} if opts.return_stats else None)
 
