@@ -105,7 +105,7 @@ def decode_step(model: DDiT, token: jax.Array) -> jax.Array:
 @functools.partial(nnx.jit, static_argnames=("num_samples", "length", "categorical"))
 def _sample(model, key, temperature, prompt, prompt_len, *, num_samples, length, categorical):
     model = nnx.clone(model)  # the cache stays off the caller's model
-    model.init_cache(num_samples, length)
+    model.init_cache(num_samples, min(length, model.max_len))  # past max_len: a ring, a sliding window
 
     def step(pos, carry):
         model, prev, toks = carry
@@ -131,11 +131,15 @@ def sample(
 ) -> jax.Array:
     """Ancestral sampling with the KV cache: L network calls of one position each.
 
+    Past the model's max_len the cache is a ring of max_len rows
+    (``DDiTBlock._attend_cache``): each token is drawn given the max_len - 1
+    before it, a sliding window.
+
     Args:
       key: a ``jax.random`` key.
       model: the AR DDiT.
       num_samples: B.
-      length: L <= model.max_len.
+      length: L >= 1 tokens (any length; the context is at most max_len).
       temperature: divides the logits (1 = the model's law).
       prompt: optional int[B, P] prefix (P <= L) kept as given.
       categorical: method of ``sedd.categorical.sample_categorical``.
@@ -143,8 +147,8 @@ def sample(
       int32[B, L] tokens in [0, V).
     """
     _check(model)
-    if length < 1 or length > model.max_len:
-        raise ValueError(f"length must be in [1, max_len={model.max_len}], got {length}")
+    if length < 1:
+        raise ValueError(f"length must be >= 1, got {length}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if prompt is None:

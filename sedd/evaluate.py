@@ -85,9 +85,11 @@ def prior_kl(graph: Graph, noise: Callable, x0: jax.Array) -> jax.Array:
 
 
 @functools.partial(
-    jax.jit, static_argnames=("score_fn", "graph", "noise", "num_t", "num_samples", "t_min", "t_batch")
+    jax.jit, static_argnames=("score_fn", "graph", "noise", "num_t", "num_samples", "t_min", "t_batch",
+                              "per_position")
 )
-def _dse_integrals(key, x0, score_params, *, score_fn, graph, noise, num_t, num_samples, t_min, t_batch):
+def _dse_integrals(key, x0, score_params, *, score_fn, graph, noise, num_t, num_samples, t_min, t_batch,
+                   per_position):
     """R independent stratified estimates of int_{t_min}^1 E[sigma' SE] dt: float32[R, B]."""
     call = score_fn if score_params is None else functools.partial(score_fn, score_params)
     r, n, b = num_samples, num_t, x0.shape[0]
@@ -97,9 +99,7 @@ def _dse_integrals(key, x0, score_params, *, score_fn, graph, noise, num_t, num_
 
     def integrand(args):
         t_i, k_i = args
-        per_pos = losses.loss_per_position(
-            jax.random.wrap_key_data(k_i), call, graph, noise, x0, t=jnp.full((b,), t_i)
-        )  # (B, L)
+        per_pos = per_position(jax.random.wrap_key_data(k_i), call, graph, noise, x0, t=jnp.full((b,), t_i))  # (B, L)
         return per_pos.sum(-1)  # (B,)
 
     keys = jax.random.key_data(jax.random.split(key, r * n))
@@ -121,6 +121,7 @@ def likelihood_bound(
     return_stderr: bool = False,
     score_params: Any = None,
     t_batch: int | None = None,
+    per_position: Callable = losses.loss_per_position,
 ):
     r"""Upper bound on -log p_theta(x0), nats per sequence (Thm. 3.6 / Eq. (13), Lou et al. 2024).
 
@@ -152,6 +153,10 @@ def likelihood_bound(
         change do not recompile).
       t_batch: grid points evaluated together in one score_fn call (memory vs
         speed); None = one at a time.
+      per_position: the integrand at one t, (key, score_fn, graph, noise, x0,
+        t=float[B]) -> float[B, L]: ``losses.loss_per_position`` (SEDD), or a
+        block model's (``sedd.block.loss_per_position``, whose score_fn also
+        reads x0). Static: pass the same object to reuse the compilation.
     Returns:
       float32[B] nats per sequence, or (bound, stderr) with return_stderr.
     """
@@ -164,7 +169,7 @@ def likelihood_bound(
         raise ValueError(f"x0 must be int[B, L], got shape {x0.shape}")
     values = _dse_integrals(
         key, x0, score_params, score_fn=score_fn, graph=graph, noise=noise, num_t=num_t,
-        num_samples=num_samples, t_min=float(t_min), t_batch=t_batch,
+        num_samples=num_samples, t_min=float(t_min), t_batch=t_batch, per_position=per_position,
     )  # (R, n, B)
     per_rep = values.mean(1)  # (R, B)
     bound = per_rep.mean(0)

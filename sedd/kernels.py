@@ -153,7 +153,7 @@ def linear_kwargs(dtype: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- attention
 
 
-def mixed_attention(q: Array, k: Array, v: Array, causal: bool, dtype: Any) -> Array:
+def mixed_attention(q: Array, k: Array, v: Array, causal: bool, dtype: Any, mask: Array | None = None) -> Array:
     """Softmax attention with both products in `dtype`, accumulated in float32, the softmax in float32.
 
     What `jax.nn.dot_product_attention` computes, except that both products
@@ -164,6 +164,7 @@ def mixed_attention(q: Array, k: Array, v: Array, causal: bool, dtype: Any) -> A
       q, k, v: [B, L, N, K].
       causal: mask the future.
       dtype: the products' dtype.
+      mask: optional bool[L, L], True = attend (with causal too, both apply).
     Returns:
       float32[B, L, N, K].
     """
@@ -174,6 +175,8 @@ def mixed_attention(q: Array, k: Array, v: Array, causal: bool, dtype: Any) -> A
     if causal:
         l = q.shape[2]
         logits = jnp.where(jnp.tril(jnp.ones((l, l), bool)), logits, -jnp.inf)
+    if mask is not None:
+        logits = jnp.where(mask, logits, -jnp.inf)
     att = _softmax_values(logits, v, dtype)  # (B, N, L, K)
     return jnp.swapaxes(att, 1, 2)  # (B, L, N, K)
 

@@ -11,6 +11,10 @@ pattern: each model class owns its loss and its sampling step).
   "ar"    the autoregressive baseline (``sedd.ar``): the same DDiT, causal,
           without a time input; the next-token NLL, exact; ancestral
           sampling with a KV cache.
+  "block" block diffusion (``sedd.block``; BD3-LM, Arriola et al. 2025): SEDD
+          inside blocks of model.block_size tokens, autoregressive across
+          them; the sum of the blocks' bounds; block-by-block sampling with
+          a KV cache of the clean blocks, text of any length.
 
 A new kind is one subclass of ``Kind`` registered with ``@register(name)``.
 What it owns:
@@ -39,7 +43,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sedd import ar, evaluate, graphs, losses, sampling
+from sedd import ar, block, evaluate, graphs, losses, sampling
 from sedd import noise as noise_lib
 from sedd.kernels import compute_dtype
 from sedd.model import DDiT
@@ -191,8 +195,10 @@ class Diffusion(Kind):
         self.graph = build_graph(config)
         self.noise = build_noise(config)
 
-    def network(self, seed: int = 0) -> DDiT:
+    def network(self, seed: int = 0, **arch) -> DDiT:
         """Inputs and outputs range over graph.dim ids (V + 1 with the absorbing graph's MASK, V for uniform).
+
+        arch: more DDiT arguments (a subclass's attention).
 
         Raises:
           ValueError: model.time_conditioning=False or model.normalize=True
@@ -212,7 +218,7 @@ class Diffusion(Kind):
                 "p(x0 | x_t), turned into the absorbing score by the factor 1 / (e^sigma - 1) (MDLM's SUBS)")
         dim = self.graph.dim
         return _network(self.config, seed, num_tokens=dim, out_dim=dim, scale_by_sigma=absorbing_scaled,
-                        causal=False, time_conditioning=m.time_conditioning, normalize=m.normalize)
+                        causal=False, time_conditioning=m.time_conditioning, normalize=m.normalize, **arch)
 
     def loss(self, key, model, x0, train, rngs=None):
         r"""Eq. (9) of Lou et al. 2024 (denoising score entropy), one Monte Carlo draw of t per sequence.
@@ -266,7 +272,7 @@ class Diffusion(Kind):
         shape = (num_samples, self.config.data.seq_len)
         steps = s.steps if steps is None else steps
         score_fn = params_score_fn(net.graphdef, rows)
-        if "max_length" in options or "block_length" in options:
+        if {"max_length", "block_length", "stop_id"} & set(options):
             long = {k: args.pop(k, None) for k in ("max_length", "block_length")}
             long["max_length"] = long["max_length"] or shape[1]
             return sampling.sample_long(key, score_fn, self.graph, self.noise, shape, steps, **long, **args)
@@ -316,3 +322,71 @@ class Autoregressive(Kind):
         if return_stats:  # one network call a position, each on one position of every row
             stats = {"nfe": jnp.int32(length), "nfe_per_sample": jnp.full((num_samples,), length, jnp.int32)}
         return sampling.Samples(tokens, None, stats)
+
+
+@register("block")
+class BlockDiffusion(Diffusion):
+    """Block diffusion (``sedd.block``): the DDiT over [x_t ; x_0] with block-causal attention.
+
+    Attributes:
+      block_size: b = model.block_size, dividing data.seq_len.
+    """
+
+    serves = False  # sedd serve samples SEDD's way; block runs are sampled by sedd sample and Run.generate
+
+    def __init__(self, config):
+        super().__init__(config)
+        b, length = config.model.block_size, config.data.seq_len
+        if not (isinstance(b, int) and 1 <= b <= length and length % b == 0):
+            raise ValueError(f"model.block_size={b!r} must be a positive divisor of data.seq_len={length} "
+                             "(b = 1: autoregressive over single-token blocks; b = seq_len: SEDD)")
+        if not self.graph.absorb:
+            raise ValueError(f"model.kind='block' needs graph.type='absorbing' (got {config.graph.type!r}): "
+                             "each block is drawn from all-MASK given the clean blocks before it")
+        self.block_size = b
+
+    def network(self, seed=0):
+        """SEDD's network whose blocks decode b positions at a time against the clean blocks' cache."""
+        return super().network(seed, block_size=self.block_size)
+
+    def loss(self, key, model, x0, train, rngs=None):
+        r"""Eq. (2) of ``sedd.block``: each block's score entropy at its own t, given the clean blocks before it."""
+        t = self.config.training
+        block_fn = lambda x_t, x, sigma: block.log_score(  # noqa: E731
+            model, x_t, x, sigma, self.block_size, deterministic=not train, rngs=rngs)
+        return block.loss_per_position(key, block_fn, self.graph, self.noise, x0, sampling_eps=t.sampling_eps,
+                                       low_discrepancy=t.low_discrepancy, t_power=t.t_power if train else 0.0,
+                                       block_size=self.block_size).sum(-1)
+
+    def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False,
+                   **kwargs):
+        """The sum of the blocks' bounds, Eq. (2) of ``sedd.block``, with its standard error."""
+        return evaluate.dataset_bound(key, block.params_block_fn(net.graphdef, self.block_size), self.graph,
+                                      self.noise, batches, num_t, max_batches=max_batches,
+                                      chars_per_token=chars_per_token, score_params=net.state, progress=progress,
+                                      per_position=block.per_position_fn(self.block_size), **kwargs)
+
+    def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):
+        """``sedd.block.sample``: block by block with the KV cache; max_length tokens (default data.seq_len).
+
+        steps are per block. rows is not used: the rows stay where the
+        weights are.
+
+        Raises:
+          ValueError: block_length (a block model's blocks are model.block_size),
+            cache=True with a time-conditioned model, a suffix or infill
+            pattern, an option the sampler cannot honour.
+        """
+        s = self.config.sampling
+        if options.get("block_length") is not None:
+            raise ValueError(f"block_length is for a SEDD run's windows; this block model draws blocks of "
+                             f"model.block_size={self.block_size}")
+        options.pop("block_length", None)
+        if options.get("cache") and self.config.model.time_conditioning:
+            raise ValueError("cache=True reuses the network output across noise levels, which is exact only "
+                             "for a model without a time input; this run has model.time_conditioning=True")
+        options.setdefault("categorical", s.categorical)
+        length = options.pop("max_length", None) or self.config.data.seq_len
+        scorer = block.network_scorer(net.graphdef, self.config.data.seq_len)
+        return block.sample(key, scorer, net.state, self.graph, self.noise, (num_samples, length), self.block_size,
+                            s.steps if steps is None else steps, predictor or s.predictor, eps=s.eps, **options)

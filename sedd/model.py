@@ -58,6 +58,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from sedd import kernels
@@ -136,13 +137,53 @@ def modulate(x: Array, shift: Array, scale: Array) -> Array:
 
     Args:
       x: float[B, L, H] normalised activations.
-      shift: float[B, H].
-      scale: float[B, H].
+      shift: float[B, H], or float[B, L, H] per position (``per_position``).
+      scale: as shift.
     Returns:
       float[B, L, H]; the identity when shift = scale = 0, so a zero-initialised
       adaLN layer starts every block as a plain pre-LN block.
     """
-    return x * (1.0 + scale[:, None, :]) + shift[:, None, :]
+    return x * (1.0 + _rows(scale)) + _rows(shift)
+
+
+def _rows(a: Array) -> Array:
+    """float[B, X] -> float[B, 1, X] (one value for every position); float[B, L, X] as it is."""
+    return a[:, None, :] if a.ndim == 2 else a
+
+
+def per_position(mod: Array, length: int) -> Array:
+    """Conditioning outputs of G groups, float[B, G, X], repeated over each group's length / G positions.
+
+    The noise groups of ``DDiT.network_output``: group g covers positions
+    [g length / G, (g + 1) length / G). float[B, X] (one group) stays as it is.
+    Returns float[B, X] or float[B, length, X].
+    """
+    if mod.ndim == 2:
+        return mod
+    return jnp.repeat(mod, length // mod.shape[1], axis=1, total_repeat_length=length)
+
+
+def block_diffusion_mask(length: int, block_size: int) -> np.ndarray:
+    r"""The attention mask of the block-diffusion forward over [x_t ; x_0] (2 length rows): bool[2L, 2L].
+
+    BD3-LM (Arriola et al. 2025, Sec. 3.2). With blocks of b positions and
+    blk(p) = p // b on each half, a query may attend to
+
+        x_t^q -> x_t^k   blk(k) = blk(q)     (its own noisy block)
+        x_t^q -> x_0^k   blk(k) < blk(q)     (the clean blocks before it)
+        x_0^q -> x_0^k   blk(k) <= blk(q)    (clean blocks, block-causally)
+
+    and never x_0 -> x_t. So the output at x_t's block i depends on x_t's
+    block i and x_0's blocks < i only, which is what a sampler with the clean
+    blocks' keys and values in a cache computes; the x_0 half's rows are
+    those keys and values. True = attend.
+    """
+    blk = np.arange(length) // block_size
+    own = blk[:, None] == blk[None, :]
+    before = blk[:, None] > blk[None, :]
+    top = np.concatenate([own, before], axis=1)  # x_t queries
+    bottom = np.concatenate([np.zeros_like(own), own | before], axis=1)  # x_0 queries
+    return np.concatenate([top, bottom], axis=0)
 
 
 def timestep_embedding(sigma: Array, dim: int = FREQ_DIM, max_period: float = 10000.0) -> Array:
@@ -216,8 +257,9 @@ class TimestepEmbedder(nnx.Module):
 class DDiTBlock(nnx.Module):
     """One adaLN-modulated transformer block (Peebles & Xie 2023), rotary attention.
 
-    A causal block can also decode: after `init_cache`, `decode=True` runs the
-    new positions against the keys and values of the earlier ones.
+    A causal or block-causal block can also decode: after `init_cache`,
+    `decode=True` runs the new positions against the keys and values of the
+    earlier ones.
 
     Args:
       hidden_size: H.
@@ -226,6 +268,9 @@ class DDiTBlock(nnx.Module):
       mlp_ratio: MLP hidden width as a multiple of H.
       dropout: dropout rate on both residual branches.
       causal: causal self-attention (for an autoregressive baseline).
+      block_size: decoding unit of a block-diffusion model: a decoded position
+        sees the cached positions of its own and earlier blocks (causal is
+        block_size 1); None for neither, a model that cannot decode.
       dtype: compute dtype of matmuls and attention.
       rngs: parameter keys and the 'dropout' stream.
     """
@@ -239,6 +284,7 @@ class DDiTBlock(nnx.Module):
         mlp_ratio: int = 4,
         dropout: float = 0.1,
         causal: bool = False,
+        block_size: int | None = None,
         dtype: Any = jnp.float32,
         rngs: nnx.Rngs,
     ):
@@ -246,6 +292,7 @@ class DDiTBlock(nnx.Module):
         self.n_heads = n_heads
         self.head_dim = h // n_heads
         self.causal = causal
+        self.block_size = 1 if causal else block_size
         self.dtype = dtype
         self.norm1 = _layer_norm(h, rngs)
         # Packed as (3, N, K) along the output axis, the original's layout.
@@ -278,7 +325,10 @@ class DDiTBlock(nnx.Module):
         x: Array,
         c: Array,
         *,
+        positions: Array | None = None,
+        mask: Array | None = None,
         decode: bool = False,
+        commit: bool = True,
         deterministic: bool | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> Array:
@@ -287,74 +337,100 @@ class DDiTBlock(nnx.Module):
         Args:
           x: float32[B, L, H] residual stream; with decode, at the L positions
             from the cache index on.
-          c: float32[B, C] conditioning (already passed through SiLU).
-          decode: write this chunk's keys and values into the cache, advance its
-            index by L and attend over the cache (causal blocks only).
+          c: float32[B, C] conditioning (already passed through SiLU), or
+            float32[B, G, C], one for each of G equal groups of positions.
+          positions: int[L] rotary positions (default 0 .. L - 1; ignored with decode).
+          mask: bool[L, L] attention mask, True = attend (default: none, or
+            causal); not with decode.
+          decode: write this chunk's keys and values into the cache and attend
+            over it (causal or block-causal blocks only; see `_attend_cache`).
+          commit: with decode, keep this chunk in the cache and advance its
+            index by L; False scores the chunk against the cache and leaves
+            the cache as it was (a block still being denoised).
           deterministic: disable dropout; None follows the module's train/eval mode.
           rngs: optional 'dropout' keys overriding the stored stream.
         Returns:
           float32[B, L, H].
         """
         b, l, h = x.shape
-        mod = self.adaLN_modulation(c).astype(jnp.float32)  # (B, 6H)
-        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = jnp.split(mod, 6, axis=-1)  # 6 x (B, H)
+        mod = per_position(self.adaLN_modulation(c).astype(jnp.float32), l)  # (B, 6H) or (B, L, 6H)
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = jnp.split(mod, 6, axis=-1)
 
         y = modulate(self.norm1(x.astype(jnp.float32)), shift_a, scale_a)  # (B, L, H)
         qkv = self.attn_qkv(y.astype(self.dtype))  # (B, L, 3H)
         qkv = qkv.reshape(b, l, 3, self.n_heads, self.head_dim)  # (B, L, 3, N, K)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # (B, L, N, K) each
-        start = self._cache_start(b) if decode else 0
-        pos = start + jnp.arange(l)  # (L,)
+        if decode:
+            pos = self._cache_start(b) + jnp.arange(l)  # (L,)
+        else:
+            pos = jnp.arange(l) if positions is None else jnp.asarray(positions)
         q = apply_rotary(q, pos)  # (B, L, N, K)
         k = apply_rotary(k, pos)  # (B, L, N, K)
         if decode:
-            att = self._attend_cache(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype), pos)
+            att = self._attend_cache(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype), pos, commit)
         elif jnp.dtype(self.dtype) == jnp.float32:
-            att = jax.nn.dot_product_attention(q, k, v, is_causal=self.causal)  # (B, L, N, K)
+            att = jax.nn.dot_product_attention(q, k, v, mask=None if mask is None else mask[None, None],
+                                               is_causal=self.causal)  # (B, L, N, K)
         else:
-            att = kernels.mixed_attention(q, k, v, self.causal, self.dtype)  # (B, L, N, K), float32
+            att = kernels.mixed_attention(q, k, v, self.causal, self.dtype, mask=mask)  # (B, L, N, K), float32
         att = self.attn_out(att.reshape(b, l, h))  # (B, L, H)
         att = self.dropout1(att, deterministic=deterministic, rngs=rngs).astype(jnp.float32)
-        x = x + gate_a[:, None, :] * att  # (B, L, H)
+        x = x + _rows(gate_a) * att  # (B, L, H)
 
         y = modulate(self.norm2(x), shift_m, scale_m)  # (B, L, H)
         y = self.mlp_in(y.astype(self.dtype))  # (B, L, mlp_ratio H)
         y = self.mlp_out(jax.nn.gelu(y, approximate=True))  # (B, L, H)
         y = self.dropout2(y, deterministic=deterministic, rngs=rngs).astype(jnp.float32)
-        return x + gate_m[:, None, :] * y  # (B, L, H)
+        return x + _rows(gate_m) * y  # (B, L, H)
 
     def _cache_start(self, batch: int) -> Array:
         """The position of the first new row: int32[] (trace-time checks first)."""
-        if not self.causal:
-            raise ValueError("decode needs a causal block: the cache holds no later positions.")
+        if self.block_size is None:
+            raise ValueError("decode needs a causal or block-causal block: with full attention every "
+                             "position sees later ones, which no cache holds.")
         if self.cache_index is None:
             raise ValueError("no decoding cache: call init_cache(batch, max_len) first.")
         if self.cached_key.shape[0] != batch:
             raise ValueError(f"the cache holds batch {self.cached_key.shape[0]}, the input {batch}.")
         return self.cache_index[...]
 
-    def _attend_cache(self, q: Array, k: Array, v: Array, pos: Array) -> Array:
-        """Writes k, v at rows pos of the cache and attends causally over it.
+    def _attend_cache(self, q: Array, k: Array, v: Array, pos: Array, commit: bool) -> Array:
+        """Writes k, v into the cache at rows pos mod S and attends over it, (block-)causally.
 
-        Positions past the cache end are not caught under jit:
-        dynamic_update_slice clamps the start and overwrites the last rows, so
-        the caller keeps every position below S.
+        The cache is a ring of S rows: position p lives in row p mod S, so
+        past S the newest positions overwrite the oldest, and a query sees the
+        last S positions (a sliding window; rotary scores depend on position
+        differences only, so the absolute positions may pass S). A query at
+        position p sees a row holding position r when blk(r) <= blk(p),
+        blk = . // block_size: its own and earlier positions for a causal
+        block (block_size 1), its whole block and earlier ones for a block
+        model. A chunk must not wrap around the ring's end: the caller keeps
+        pos mod S + L <= S (chunks aligned to a divisor of S), which is not
+        caught under jit.
 
         Args:
           q, k: [B, L, N, K] rotary-embedded queries and keys, compute dtype.
           v: [B, L, N, K] values.
           pos: int32[L] consecutive positions from the cache index.
+          commit: store the written rows and advance the index past pos.
         Returns:
           [B, L, N, K] attention output.
         """
-        start = (0, pos[0], 0, 0)
-        keys = jax.lax.dynamic_update_slice(self.cached_key[...], k, start)  # (B, S, N, K)
-        values = jax.lax.dynamic_update_slice(self.cached_value[...], v, start)  # (B, S, N, K)
-        self.cached_key[...] = keys
-        self.cached_value[...] = values
-        self.cache_index[...] = pos[-1] + 1
-        # Rows after a query's position are future or still empty.
-        visible = jnp.arange(keys.shape[1])[None, :] <= pos[:, None]  # (L, S)
+        size, l = self.cached_key.shape[1], pos.shape[0]
+        first = pos[0]
+        row0 = first % size
+        keys = jax.lax.dynamic_update_slice(self.cached_key[...], k, (0, row0, 0, 0))  # (B, S, N, K)
+        values = jax.lax.dynamic_update_slice(self.cached_value[...], v, (0, row0, 0, 0))  # (B, S, N, K)
+        if commit:
+            self.cached_key[...] = keys
+            self.cached_value[...] = values
+            self.cache_index[...] = pos[-1] + 1
+        rows = jnp.arange(size)
+        new = (rows >= row0) & (rows < row0 + l)  # (S,) rows of this chunk
+        held = jnp.where(new, first + rows - row0, -1)  # (S,) position in each new row
+        unit = self.block_size
+        seen = held[None, :] // unit <= pos[:, None] // unit  # (L, S) within the chunk
+        visible = jnp.where(new[None, :], seen, (rows < jnp.minimum(first, size))[None, :])  # older rows: all
         return jax.nn.dot_product_attention(q, keys, values, mask=visible[None, None])  # (B, L, N, K)
 
 
@@ -382,9 +458,9 @@ class FinalLayer(nnx.Module):
         self.dtype = dtype
 
     def __call__(self, x: Array, c: Array) -> Array:
-        """Args: x float32[B, L, H]; c float32[B, C]. Returns: float32[B, L, D]."""
-        mod = self.adaLN_modulation(c).astype(jnp.float32)  # (B, 2H)
-        shift, scale = jnp.split(mod, 2, axis=-1)  # 2 x (B, H)
+        """Args: x float32[B, L, H]; c float32[B, C] or [B, G, C] (groups). Returns: float32[B, L, D]."""
+        mod = per_position(self.adaLN_modulation(c).astype(jnp.float32), x.shape[1])  # (B, 2H) or (B, L, 2H)
+        shift, scale = jnp.split(mod, 2, axis=-1)
         y = modulate(self.norm_final(x.astype(jnp.float32)), shift, scale)  # (B, L, H)
         return self.linear(y.astype(self.dtype)).astype(jnp.float32)  # (B, L, D)
 
@@ -407,6 +483,9 @@ class DDiT(nnx.Module):
         log(D - 1) from the output (SEDD Sec. 5 / App. C.1, "scale by sigma");
         for the absorbing graph only.
       causal: causal self-attention (autoregressive baseline).
+      block_size: b of a block-diffusion model (``sedd.block``): decoding
+        runs blocks of b positions against the cached clean blocks before
+        them; None (default) for SEDD's full attention or the causal baseline.
       time_conditioning: if False there is no sigma embedding and the adaLN layers
         read a zero conditioning vector, so their outputs are their (learned)
         biases: shift, scale and gate become learned per-channel constants and the
@@ -438,6 +517,7 @@ class DDiT(nnx.Module):
         max_len: int = 1024,
         scale_by_sigma: bool = False,
         causal: bool = False,
+        block_size: int | None = None,
         time_conditioning: bool = True,
         normalize: bool = False,
         dtype: Any = jnp.float32,
@@ -457,6 +537,8 @@ class DDiT(nnx.Module):
             raise ValueError(f"scale_by_sigma takes log(out_dim - 1); out_dim={out_dim} must be >= 2.")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout={dropout} must be in [0, 1).")
+        if block_size is not None and (causal or block_size < 1):
+            raise ValueError(f"block_size={block_size} needs causal=False and block_size >= 1.")
         if normalize and not scale_by_sigma:
             raise ValueError("normalize=True needs scale_by_sigma=True (the absorbing graph's analytic "
                              "factor 1 / (e^sigma - 1) times the normalized p_theta(x0 | x_t)).")
@@ -468,6 +550,7 @@ class DDiT(nnx.Module):
         self.max_len = max_len
         self.scale_by_sigma = scale_by_sigma
         self.causal = causal
+        self.block_size = block_size
         self.time_conditioning = time_conditioning
         self.normalize = normalize
         self.cond_dim = cond_dim
@@ -494,6 +577,7 @@ class DDiT(nnx.Module):
                     mlp_ratio=mlp_ratio,
                     dropout=dropout,
                     causal=causal,
+                    block_size=block_size,
                     dtype=dtype,
                     rngs=rngs,
                 )
@@ -507,15 +591,17 @@ class DDiT(nnx.Module):
         for block in self.blocks:
             block.init_cache(batch, max_len or self.max_len)
 
-    def _check_inputs(self, x: Array, sigma: Array | None) -> None:
+    def _check_inputs(self, x: Array, sigma: Array | None, positions) -> None:
         """Trace-time checks of static shapes (values cannot be checked under jit)."""
         if x.ndim != 2:
             raise ValueError(f"x must be 2-D int[B, L]; got shape {x.shape}.")
         if not jnp.issubdtype(x.dtype, jnp.integer):
             raise ValueError(f"x must hold integer token ids; got dtype {x.dtype}.")
         b, l = x.shape
-        if l > self.max_len:
+        if positions is None and l > self.max_len:
             raise ValueError(f"sequence length L={l} exceeds max_len={self.max_len}.")
+        if positions is not None and jnp.shape(positions) != (l,):
+            raise ValueError(f"positions must have shape [L] = ({l},); got shape {jnp.shape(positions)}.")
         if sigma is None:
             if self.time_conditioning or self.scale_by_sigma:
                 raise ValueError(
@@ -523,15 +609,21 @@ class DDiT(nnx.Module):
                     f"{self.time_conditioning}, scale_by_sigma={self.scale_by_sigma})."
                 )
             return
-        if jnp.shape(sigma) != (b,):
-            raise ValueError(f"sigma must have shape [B] = ({b},); got shape {jnp.shape(sigma)}.")
+        shape = jnp.shape(sigma)
+        if not (shape == (b,) or (len(shape) == 2 and shape[0] == b and shape[1] >= 1 and l % shape[1] == 0)):
+            raise ValueError(f"sigma must have shape [B] = ({b},), or [B, G] with G dividing L = {l} "
+                             f"(a noise level per group of positions); got shape {shape}.")
 
     def network_output(
         self,
         x: Array,
         sigma: Array | None,
         *,
+        positions: Array | None = None,
+        mask: Array | None = None,
+        keep: int | None = None,
         decode: bool = False,
+        commit: bool = True,
         deterministic: bool | None = None,
         rngs: nnx.Rngs | Array | None = None,
     ) -> Array:
@@ -542,30 +634,45 @@ class DDiT(nnx.Module):
 
         Args:
           x: int[B, L] token ids in [0, num_tokens).
-          sigma: float[B] total noise, or None when not time-conditioned.
+          sigma: float[B] total noise, or float[B, G]: G groups of L / G
+            consecutive positions, each with its own noise (the blocks of a
+            block-diffusion model); or None when not time-conditioned.
+          positions: int[L] rotary positions (default 0 .. L - 1); with them
+            L may exceed max_len (the [x_t ; x_0] input of ``sedd.block``).
+          mask: bool[L, L] attention mask, True = attend (default: full, or causal).
+          keep: only the first `keep` positions go through the final layer
+            (with sigma groups, `keep` a multiple of L / G).
           decode: run x as the positions from the caches' index on, against the
-            caches of `init_cache` (causal models only); see DDiTBlock.
+            caches of `init_cache` (causal and block models only); see DDiTBlock.
+          commit: with decode, keep x's keys and values in the caches (False:
+            score x against them and leave them as they were).
           deterministic: disable dropout; None follows the module's train/eval
             mode (eval for a fresh model).
           rngs: dropout keys: an nnx.Rngs or a jax key; None uses the stream given
             at construction.
         Returns:
-          float32[B, L, D].
+          float32[B, L, D], or float32[B, keep, D].
         """
-        self._check_inputs(x, sigma)
+        self._check_inputs(x, sigma, positions)
         if rngs is not None and not isinstance(rngs, nnx.Rngs):
             # One key for all layers would give every dropout the same mask; an Rngs
             # hands each call its own fold of the key.
             rngs = nnx.Rngs(dropout=rngs)
-        b = x.shape[0]
+        b, l = x.shape
         h = self.vocab_embed(x).astype(jnp.float32)  # (B, L, H)
         if self.sigma_map is not None:
-            c = jax.nn.silu(self.sigma_map(jnp.asarray(sigma)))  # (B, C)
+            sigma = jnp.asarray(sigma)
+            c = jax.nn.silu(self.sigma_map(sigma.reshape(-1))).reshape(*sigma.shape, -1)  # (B, C) or (B, G, C)
         else:
             c = jnp.zeros((b, self.cond_dim), jnp.float32)  # (B, C)
         for block in self.blocks:
-            h = block(h, c, decode=decode, deterministic=deterministic, rngs=rngs)  # (B, L, H)
-        return self.output_layer(h, c)  # (B, L, D)
+            h = block(h, c, positions=positions, mask=mask, decode=decode, commit=commit,
+                      deterministic=deterministic, rngs=rngs)  # (B, L, H)
+        if keep is not None:
+            if c.ndim == 3:
+                c = c[:, : keep * c.shape[1] // l]  # the groups of the kept positions
+            h = h[:, :keep]
+        return self.output_layer(h, c)  # (B, L or keep, D)
 
     def __call__(
         self,
@@ -574,8 +681,30 @@ class DDiT(nnx.Module):
         *,
         deterministic: bool | None = None,
         rngs: nnx.Rngs | Array | None = None,
+        **attention,
     ) -> Array:
-        """Log-score of the reverse process.
+        """Log-score of the reverse process: ``log_score`` of the ``network_output``.
+
+        Args:
+          x: int[B, L] token ids in [0, num_tokens).
+          sigma: float[B] total noise sigma_bar(t), or None when not
+            time-conditioned and no sigma scaling applies.
+          deterministic: disable dropout; None follows the module's train/eval
+            mode (eval for a fresh model).
+          rngs: dropout keys: an nnx.Rngs or a jax key; None uses the stream given
+            at construction.
+          **attention: positions, mask, decode, commit of ``network_output``.
+        Returns:
+          float32[B, L, D] log-score, 0 at the current token.
+        """
+        out = self.network_output(x, sigma, deterministic=deterministic, rngs=rngs, **attention)  # (B, L, D)
+        return self.log_score(out, x, sigma)
+
+    def log_score(self, out: Array, x: Array, sigma: Array | None) -> Array:
+        """The log-score of the network output `out` float32[B, L, D] at x int[B, L] and noise sigma.
+
+        sigma is float[B], or float[B, L] (a noise level per position), or
+        None when scale_by_sigma does not apply.
 
         With scale_by_sigma, for the absorbing graph (SEDD Sec. 5, App. C.1):
           log s[l, y] = out[l, y] - log(e^sigma - 1) - log(D - 1),   y != x_l,
@@ -597,18 +726,9 @@ class DDiT(nnx.Module):
         'impossible' that keeps gradients finite. In every case
         log s[l, x_l] = 0, the ratio of a state to itself.
 
-        Args:
-          x: int[B, L] token ids in [0, num_tokens).
-          sigma: float[B] total noise sigma_bar(t), or None when not
-            time-conditioned and no sigma scaling applies.
-          deterministic: disable dropout; None follows the module's train/eval
-            mode (eval for a fresh model).
-          rngs: dropout keys: an nnx.Rngs or a jax key; None uses the stream given
-            at construction.
         Returns:
           float32[B, L, D] log-score, 0 at the current token.
         """
-        out = self.network_output(x, sigma, deterministic=deterministic, rngs=rngs)  # (B, L, D)
         d = self.out_dim
         if self.normalize:
             tokens = jax.nn.log_softmax(out[..., : d - 1], axis=-1) + math.log(d - 1)  # (B, L, D - 1)
@@ -616,8 +736,8 @@ class DDiT(nnx.Module):
         if self.scale_by_sigma:
             # Computed stably, unlike the original's log(expm1) / exp - 1 switch which
             # is fine in float32 only up to moderate sigma.
-            offset = log_expm1(jnp.asarray(sigma)) + math.log(d - 1)  # (B,)
-            out = out - offset[:, None, None]  # (B, L, D)
+            offset = log_expm1(jnp.asarray(sigma)) + math.log(d - 1)  # (B,) or (B, L)
+            out = out - _rows(offset[..., None])  # (B, L, D)
         current = x[..., None] == jnp.arange(d)  # (B, L, D) bool
         return jnp.where(current, 0.0, out)  # (B, L, D)
 

@@ -538,20 +538,34 @@ class Confidence(_Absorbing):
     (N >= L) this is any-order autoregressive sampling, exact with the exact
     score (Zheng et al. 2024, Prop. 3.1; Ou et al. 2024); the other orders
     are heuristics. The network sees sigma_bar(t_n).
+
+    With ``threshold`` = tau > 0 (Fast-dLLM's parallel decoding, Wu et al.
+    2025, arXiv 2505.22618, Sec. 3.3) a step also unmasks every position
+    whose candidate has q_l(y_l) >= tau: k_n = max(ceil(masked / (N - n)),
+    #{l masked : q_l(y_l) >= tau}), so a sure block is written in few calls
+    and at least one position is taken a step (with order "confidence", the
+    positions over tau are the first taken).
     """
 
-    options = {"order": "confidence"}
+    options = {"order": "confidence", "threshold": 0.0}
     ORDERS = ("confidence", "margin", "entropy", "random")
 
     def check(self, options):
         if options["order"] not in self.ORDERS:
             raise ValueError(f"unknown order {options['order']!r}; expected one of {self.ORDERS}")
+        tau = options.get("threshold", 0.0)
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 <= tau <= 1:
+            raise ValueError(f"threshold must be a probability in [0, 1] (0: off), got {tau!r}")
 
-    def count(self, ctx, masked, n, logits):
-        """int32[B]: positions to unmask this step."""
+    def count(self, ctx, masked, n, logits, prob=None):
+        """int32[B]: positions to unmask this step (prob: the candidates' q_l(y_l), for the threshold)."""
         left = ctx.steps - n
         m = masked.sum(-1)
-        return (m + left - 1) // left
+        k = (m + left - 1) // left
+        tau = ctx.options.get("threshold", 0.0)
+        if tau > 0 and prob is not None:
+            k = jnp.maximum(k, (masked & (prob >= tau)).sum(-1))
+        return k
 
     def priority(self, ctx, key, logits, token, prob):
         """float[B, L]: higher goes first."""
@@ -573,7 +587,7 @@ class Confidence(_Absorbing):
         token, prob = ctx.draw(k_tok, logits)  # (B, L) each
         masked = x == ctx.graph.mask
         priority = jnp.where(masked, self.priority(ctx, k_order, logits, token, prob), -jnp.inf)
-        unmask = masked & (_rank(priority) < self.count(ctx, masked, n, logits)[:, None])
+        unmask = masked & (_rank(priority) < self.count(ctx, masked, n, logits, prob)[:, None])
         return dict(carry, x=jnp.where(unmask, token, x))
 
 
@@ -615,7 +629,7 @@ class EntropyBound(Confidence):
         """float32[B, L]: H(q_l) rounded to ENTROPY_GRID nats, a multiple of it."""
         return jnp.round(ctx.entropy(logits) / self.ENTROPY_GRID) * self.ENTROPY_GRID
 
-    def count(self, ctx, masked, n, logits):
+    def count(self, ctx, masked, n, logits, prob=None):
         entropy = self.rounded_entropy(ctx, logits)  # (B, L)
         ascending = jnp.sort(jnp.where(masked, entropy, jnp.inf), axis=-1)
         finite = jnp.where(jnp.isfinite(ascending), ascending, 0.0)
@@ -1066,12 +1080,18 @@ def sample_long(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable
       block_length: new tokens per window after the first, in [1, L] (default L // 2).
       fixed_mask, fixed_tokens: as in ``sample``, of shape (B, max_length).
       **sample_args: the other arguments of ``sample`` (predictor, denoise,
-        eps, score_params, options and option keywords); no trajectory.
+        eps, score_params, options and option keywords; no trajectory), and
+        stop_id: a token id that ends the text: no window is drawn after the
+        one in which every row has written it, and the positions not drawn
+        hold stop_id.
     Returns:
       ``Samples`` with tokens int32[B, max_length] and, when asked for, the
       stats with the NFE summed over the windows.
     """
     b, length = _check_shape(shape)
+    stop_id = sample_args.pop("stop_id", None)
+    if stop_id is not None and not 0 <= int(stop_id) < graph.vocab_size:
+        raise ValueError(f"stop_id must be a token id in [0, {graph.vocab_size}), got {stop_id!r}")
     predictor, denoise = sample_args.pop("predictor", "analytic"), bool(sample_args.pop("denoise", True))
     eps, score_params = sample_args.pop("eps", 1e-5), sample_args.pop("score_params", None)
     opts = _options(sample_args.pop("options", None), sample_args).checked(predictor, graph, denoise)
@@ -1101,6 +1121,9 @@ def sample_long(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable
         out = out.at[:, window].set(x)
         nfe, nfe_row = nfe + stats["nfe"], nfe_row + stats["nfe_per_sample"]
         done, start, w = start + length, start + block_length, w + 1
+        if stop_id is not None and done < max_length and bool(jnp.all(jnp.any(out[:, :done] == stop_id, axis=1))):
+            out = out.at[:, done:].set(jnp.int32(stop_id))
+            break
     return Samples(out, None, {"nfe": nfe, "nfe_per_sample": nfe_row} if opts.return_stats else None)
 
 

@@ -335,7 +335,9 @@ def test_errors():
     with pytest.raises(ValueError, match="2-D"):
         m(jnp.zeros((4,), jnp.int32), jnp.ones(1))
     with pytest.raises(ValueError, match=r"sigma must have shape"):
-        m(jnp.zeros((2, 4), jnp.int32), jnp.ones((2, 1)))
+        m(jnp.zeros((2, 4), jnp.int32), jnp.ones((2, 3)))  # 3 groups do not divide L = 4
+    with pytest.raises(ValueError, match=r"sigma must have shape"):
+        m(jnp.zeros((2, 4), jnp.int32), jnp.ones((3,)))
 
 
 def test_gradients_finite_at_init_and_reach_output_layer():

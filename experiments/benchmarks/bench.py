@@ -6,6 +6,7 @@ written as JSON (default: experiments/benchmarks/results/NAME_PLATFORM.json):
   python experiments/benchmarks/bench.py train    [--quick] [--json PATH] ...   tokens/s, FLOPs/token, MFU
   python experiments/benchmarks/bench.py sampler  [--quick] ...   predictor step / forward pass
   python experiments/benchmarks/bench.py ar       [--quick] ...   diffusion vs AR time to L tokens
+  python experiments/benchmarks/bench.py block    [--quick] [--workdirs RUN ...] ...   AR, SEDD, block models: N tokens
   python experiments/benchmarks/bench.py memory   [--quick] ...   compiled train-step bytes per config
   python experiments/benchmarks/bench.py rng      [--quick] ...   dropout masks and race words, JAX's and sedd.rng's
   python experiments/benchmarks/bench.py optimizer [--quick] ...  the default's step: AdamW, Muon, with and without ZeRO-1
@@ -428,6 +429,123 @@ def run_ar(quick: bool, args) -> dict:
     return {"benchmark": "diffusion_vs_ar", "results": results, "table": table}
 
 
+# --------------------------------------------------------------------------- block diffusion
+
+
+def _writers(config, length: int, batch: int, block_sizes: list[int], sedd_steps: list[int], runs_given: dict,
+             per_step: int) -> dict:
+    """name -> (() -> Samples with stats, positions a network call runs on, sampler described).
+
+    With runs_given (kind -> a loaded ``sedd.runs.Run``) the trained weights
+    and the threshold sampler; without, random weights and the confidence
+    sampler at b / per_step steps a block (per_step tokens a step).
+    """
+    key = jax.random.key(0)
+    out = {}
+    if "ar" in runs_given:
+        ar_model = runs_given["ar"].net.model
+    else:
+        c = config.copy_and_resolve_references()
+        c.model.kind = "ar"
+        ar_model = kinds.build_model(c, 0)
+
+    def ar_fn():
+        tokens = ar.sample(key, ar_model, batch, length)
+        return sampling.Samples(tokens, None, {"nfe": jnp.int32(length)})
+
+    out["AR, KV cache"] = (ar_fn, 1, "ancestral")
+    if "ddit" in runs_given or not runs_given:
+        run = runs_given.get("ddit")
+        kind, net = (run.kind, run.net) if run else _random_net(config, "ddit")
+        for steps in sedd_steps:
+            fn = functools.partial(kind.sample, key, net, batch, steps, "analytic", max_length=length,
+                                   return_stats=True)
+            out[f"SEDD b=L, {steps} steps"] = (fn, config.data.seq_len, f"analytic, windows of L, {steps} steps")
+    for b in block_sizes:
+        run = runs_given.get(f"block{b}")
+        if runs_given and run is None:
+            continue
+        kind, net = (run.kind, run.net) if run else _random_net(config, "block", b)
+        if run:
+            options, what = dict(predictor="confidence", threshold=0.9), "confidence, threshold 0.9, <= b steps"
+            steps = b
+        else:
+            options, what = dict(predictor="confidence"), f"confidence, {per_step} tokens a step"
+            steps = max(b // per_step, 1)
+        fn = functools.partial(kind.sample, key, net, batch, steps, max_length=length, return_stats=True, **options)
+        out[f"block b={b}"] = (fn, b, what)
+    return out
+
+
+def _random_net(config, kind_name: str, block_size: int | None = None):
+    """(kind, Net) of random weights, every parameter nonzero (the zero-initialised layers too)."""
+    c = config.copy_and_resolve_references()
+    c.model.kind = kind_name
+    if block_size:
+        c.model.block_size = block_size
+    kind = kinds.get(c)
+    model = kind.network(0)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    leaves = jax.tree.leaves(params)
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    params = jax.tree.unflatten(jax.tree.structure(params),
+                                [p + 0.02 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)])
+    return kind, kinds.Net(graphdef, params, rest)
+
+
+def bench_block(config, length: int, batch: int, block_sizes: list[int], sedd_steps: list[int], repeats: int,
+                runs_given: dict, per_step: int = 4) -> dict:
+    """Seconds to write `length` tokens at `batch` for AR, SEDD and block models, interleaved, with NFE and FLOPs."""
+    writers = _writers(config, length, batch, block_sizes, sedd_steps, runs_given, per_step)
+    nfe = {name: int(fn().stats["nfe"]) for name, (fn, _, _) in writers.items()}  # also compiles
+    times = interleaved({name: fn for name, (fn, _, _) in writers.items()}, repeats, warmup=0)
+    window = config.data.seq_len
+    forward = flops_per_token(config, training=False)  # one position against a context of L
+    ar_s = median(times["AR, KV cache"])
+    rows = []
+    for name, (_, positions, what) in writers.items():
+        sec = median(times[name])
+        rows.append({"model": name, "sampler": what, "seconds": sec, "times_s": times[name],
+                     "tokens_per_s": batch * length / sec, "nfe": nfe[name], "nfe_per_token": nfe[name] / length,
+                     "flops_per_token": nfe[name] * positions * forward / length,
+                     "speedup_vs_ar": paired_ratio(times["AR, KV cache"], times[name])})
+    return {"model": dict(config.model.to_dict(), vocab_size=config.vocab_size, window=window),
+            "length": length, "batch": batch, "trained": bool(runs_given), "ar_seconds": ar_s, "rows": rows}
+
+
+def run_block(quick: bool, args) -> dict:
+    """Block diffusion vs AR vs SEDD: time to write N tokens at batch 1 and 16; dict with a table."""
+    runs_given = {}
+    for path in args.workdirs or []:
+        from sedd import runs as runs_lib  # a run directory per model: its kind names it
+        run = runs_lib.load(path)
+        name = run.kind.name if run.kind.name != "block" else f"block{run.kind.block_size}"
+        runs_given[name] = run
+    if quick:
+        config = bench_config("tiny")
+        lengths, batches, block_sizes, sedd_steps, repeats = [64], [1], [4, 8], [8], 1
+    elif runs_given:
+        config = next(iter(runs_given.values())).config
+        lengths, batches, block_sizes, sedd_steps = [args.length], args.batch_sizes, [4, 8, 16], args.steps
+        repeats = args.repeats
+    else:
+        config = bench_config(hidden_size=args.width, n_heads=max(args.width // 64, 1), n_blocks=args.blocks,
+                              cond_dim=64, seq_len=args.seq_len)
+        if args.width >= 768:  # GPT-2 small's vocabulary too
+            config.vocab_size = 50257
+        lengths, batches, block_sizes, sedd_steps = [args.length], args.batch_sizes, [4, 8, 16], args.steps
+        repeats = args.repeats
+    if args.dtype:
+        config.model.dtype = args.dtype
+    results = [bench_block(config, n, b, block_sizes, sedd_steps, repeats, runs_given)
+               for n in lengths for b in batches]
+    rows = [[r["batch"], row["model"], row["sampler"], f"{row['seconds']:.2f}", f"{row['tokens_per_s']:.0f}",
+             f"{row['nfe']}", f"{row['nfe_per_token']:.3f}", f"{row['flops_per_token'] / 1e6:.2f}",
+             f"{row['speedup_vs_ar']:.2f}"] for r in results for row in r["rows"]]
+    table = format_table(["B", "model", "sampler", "s", "tok/s", "NFE", "NFE/tok", "MFLOP/tok", "vs AR"], rows)
+    return {"benchmark": "block" + ("_trained" if runs_given else ""), "results": results, "table": table}
+
+
 # --------------------------------------------------------------------------- memory
 
 
@@ -582,8 +700,8 @@ def format_table(header: list, rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-RUNNERS = {"train": run_train, "sampler": run_sampler, "ar": run_ar, "memory": run_memory, "rng": run_rng,
-           "optimizer": run_optimizer}
+RUNNERS = {"train": run_train, "sampler": run_sampler, "ar": run_ar, "block": run_block, "memory": run_memory,
+           "rng": run_rng, "optimizer": run_optimizer}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -603,16 +721,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--matmul_n", type=int, default=2048, help="train: size of the peak-rate matmul")
     p.add_argument("--batch", type=int, default=16, help="sampler: batch of the char model")
     p.add_argument("--batch_gpt2", type=int, default=4, help="sampler: batch of the V=50257 model")
-    p.add_argument("--steps", type=int, nargs="+", default=[16, 32, 64, 128, 256, 1024], help="ar: step counts")
+    p.add_argument("--steps", type=int, nargs="+", default=None,
+                   help="ar: step counts (default 16 .. 1024); block: SEDD's (default 64 128)")
     p.add_argument("--max_direct_steps", type=int, default=128,
                    help="ar: step counts above this are predicted from a linear fit, not timed")
     p.add_argument("--configs", nargs="*", default=None, help="memory: config names (default: all shipped)")
+    p.add_argument("--length", type=int, default=1024, help="block: tokens to write")
+    p.add_argument("--workdirs", nargs="*", default=None,
+                   help="block: trained run directories (an AR, a SEDD and block runs) instead of random weights")
     return p
 
 
 _DEFAULTS = {
     "train": {"width": 512, "blocks": 2, "seq_len": 128, "batch_sizes": [32]},
-    "ar": {"width": 128, "blocks": 2, "seq_len": 128, "batch_sizes": [1, 64]},
+    "ar": {"width": 128, "blocks": 2, "seq_len": 128, "batch_sizes": [1, 64], "steps": [16, 32, 64, 128, 256, 1024]},
+    "block": {"width": 128, "blocks": 4, "seq_len": 128, "batch_sizes": [1, 16], "steps": [64, 128]},
 }
 
 

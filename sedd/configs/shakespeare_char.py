@@ -20,7 +20,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.seed = 0  # drives initialisation, data order, t and x_t draws, sampling
 
     c.model = ml_collections.ConfigDict()
-    c.model.kind = "ddit"  # "ddit" (diffusion transformer) or "ar" (causal baseline)
+    c.model.kind = "ddit"  # "ddit" (diffusion transformer), "ar" (causal baseline) or "block" (block diffusion)
+    c.model.block_size = 16  # model.kind = "block": tokens per block, a divisor of data.seq_len
     c.model.hidden_size = 128  # H, the width of the residual stream
     c.model.n_blocks = 4  # transformer blocks
     c.model.n_heads = 8  # attention heads; H / n_heads must be even (rotary)

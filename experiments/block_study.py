@@ -1,0 +1,123 @@
+r"""The block-diffusion study: bound, samples' quality and speed of AR, SEDD and block runs of one corpus.
+
+    python experiments/block_study.py --ar RUN --runs RUN [RUN ...] [--out DIR]
+
+For each run: its bound (or the AR run's exact NLL) on the validation split
+(``sedd.figures.evaluate_run``, the figure of `sedd eval`); num_samples texts
+of L characters with each of its samplers, judged by the AR run
+(``sedd.evaluate.generative_perplexity``: nats per character of the judge,
+and the samples' unigram entropy); and the seconds to write `length`
+characters at batch 1 and 16, timed interleaved with the AR run in one
+process (``experiments/benchmarks/bench.py``'s ``interleaved``). Writes
+block_study.{json,md,png} into --out: the table, and the plot of quality
+(judge nats/char) against tokens/s at batch 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "benchmarks"))
+from bench import format_table, interleaved, machine, median, paired_ratio  # noqa: E402
+
+from sedd import ar, evaluate, figures, runs, sampling  # noqa: E402
+
+# (label, predictor, options, steps): steps per block for a block run, in all for SEDD
+SAMPLERS = {
+    "ddit": [("EB 128", "entropy_bound", {}, 128), ("analytic 128", "analytic", {}, 128)],
+    "block": [("EB", "entropy_bound", {}, None), ("threshold 0.9", "confidence", {"threshold": 0.9}, None)],
+}
+
+
+def _name(run: runs.Run) -> str:
+    return f"block b={run.kind.block_size}" if run.kind.name == "block" else run.kind.name
+
+
+def _writer(run: runs.Run, predictor, options, steps, batch: int, length: int, key):
+    if run.kind.name == "ar":
+        return lambda: sampling.Samples(ar.sample(key, run.net.model, batch, length))
+    steps = steps or run.kind.block_size
+    return lambda: run.kind.sample(key, run.net, batch, steps, predictor, max_length=length, return_stats=True,
+                                   **options)
+
+
+def study(ar_dir: str, run_dirs: list[str], num_samples: int, length: int, repeats: int, eval_batches: int) -> dict:
+    """The rows of the study (one per run and sampler) and the machine."""
+    judge = figures.load_judge(ar_dir)
+    key = jax.random.key(0)
+    rows = []
+    for workdir in [ar_dir, *run_dirs]:
+        run = runs.load(workdir)
+        bound = figures.evaluate_run(workdir, num_t=64, batch_size=32, max_batches=eval_batches)
+        samplers = [("ancestral", None, {}, None)] if run.kind.name == "ar" else SAMPLERS[run.kind.name]
+        for label, predictor, options, steps in samplers:
+            samples = np.asarray(_writer(run, predictor, options, steps, num_samples, run.seq_len, key)().tokens)
+            quality = evaluate.generative_perplexity(judge.model, samples)
+            row = {"model": _name(run), "workdir": str(workdir), "sampler": label,
+                   "bits_per_char": bound["bits_per_char"], "exact": bound["exact"],
+                   "judge_nats_per_char": quality["judge_nats_per_token"],
+                   "entropy_bits": float(evaluate.sample_entropy_bits(samples).mean())}
+            for batch in (1, 16):
+                fns = {"ar": _writer(judge, None, {}, None, batch, length, key),
+                       "this": _writer(run, predictor, options, steps, batch, length, key)}
+                out = fns["this"]()
+                nfe = length if run.kind.name == "ar" else int(out.stats["nfe"])
+                times = interleaved(fns, repeats)
+                row[f"tokens_per_s_b{batch}"] = batch * length / median(times["this"])
+                row[f"vs_ar_b{batch}"] = paired_ratio(times["ar"], times["this"])
+                row[f"nfe_b{batch}"] = nfe
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return {"rows": rows, "machine": machine(), "length": length, "num_samples": num_samples}
+
+
+def write(result: dict, out: Path) -> None:
+    """block_study.json, .md (the table) and .png (quality against tokens/s at batch 1)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "block_study.json").write_text(json.dumps(result, indent=1, default=float))
+    header = ["model", "sampler", "bound bits/char", "judge nats/char", "entropy bits", "tok/s B=1", "x AR B=1",
+              "NFE B=1", "tok/s B=16", "x AR B=16"]
+    rows = [[r["model"], r["sampler"], f"{r['bits_per_char']:.3f}" + (" (exact)" if r["exact"] else ""),
+             f"{r['judge_nats_per_char']:.3f}", f"{r['entropy_bits']:.2f}", f"{r['tokens_per_s_b1']:.0f}",
+             f"{r['vs_ar_b1']:.2f}", r["nfe_b1"], f"{r['tokens_per_s_b16']:.0f}", f"{r['vs_ar_b16']:.2f}"]
+            for r in result["rows"]]
+    table = format_table(header, rows)
+    (out / "block_study.md").write_text(table + "\n")
+    print(table)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in result["rows"]:
+        ax.scatter(r["tokens_per_s_b1"], r["judge_nats_per_char"])
+        ax.annotate(f"{r['model']}, {r['sampler']}", (r["tokens_per_s_b1"], r["judge_nats_per_char"]), fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"characters/s writing {result['length']} at batch 1 (log)")
+    ax.set_ylabel("AR judge's NLL of the samples (nats/char)")
+    ax.set_title("block diffusion: quality against speed")
+    fig.tight_layout()
+    fig.savefig(out / "block_study.png", dpi=120)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ar", required=True, help="the AR run (the judge and the speed baseline)")
+    p.add_argument("--runs", nargs="+", required=True, help="SEDD and block runs of the same data")
+    p.add_argument("--num_samples", type=int, default=16)
+    p.add_argument("--length", type=int, default=1024, help="characters written for the speed columns")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--eval_batches", type=int, default=8)
+    p.add_argument("--out", default="block_study")
+    args = p.parse_args(argv)
+    write(study(args.ar, args.runs, args.num_samples, args.length, args.repeats, args.eval_batches), Path(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,338 @@
+r"""Block diffusion: SEDD inside blocks of b tokens, autoregressive across them (BD3-LM).
+
+Arriola et al. 2025 (ICLR, "Block Diffusion", kuleshov-group/bd3lms) split a
+sequence of L tokens into B = L / b blocks x^1 .. x^B and factor its law by
+the chain rule over blocks,
+
+    log p_theta(x) = sum_i log p_theta(x^i | x^{<i}),                          (1)
+
+each factor a discrete diffusion over the b tokens of block i whose network
+also reads the clean blocks before it. SEDD's bound (Lou et al. 2024, Thm. 3.6)
+applied to each factor bounds the whole:
+
+    -log p_theta(x) <= sum_i [ int_0^1 E_{x_t^i} sum_{l in block i} sigma'(t)
+                               SE_l(s_theta(x_t^i, x^{<i}, t), sigma(t), x_t^i, x^i) dt
+                               + KL(p_1(. | x^i) || p_base) ].                  (2)
+
+b = L is SEDD; b = 1 is an autoregressive model whose factor is one masked
+token given the clean ones before it.
+
+Training (``loss_per_position``, ``log_score``): one network call scores every
+block at once on the 2L tokens [x_t ; x_0] with the attention mask of
+``sedd.model.block_diffusion_mask``: noisy block i sees itself and the clean
+blocks < i, the clean half attends block-causally (the keys and values a
+sampler will have cached). Each block has its own t (an unbiased one-draw
+estimate of (2) per block), the clean half the noise 0; with time
+conditioning each block's adaLN reads its own sigma.
+
+Sampling (``sample``): block by block, each from all-MASK by any sampler of
+``sedd.sampling`` that runs on the absorbing graph, the network run on the b
+positions of the current block against a cache of the clean blocks' keys and
+values (``Scorer``); after the block is drawn one more call on the clean block
+writes it into the cache (its "commit"). The cache is a ring of L rows
+(``DDiTBlock._attend_cache``): text past the model's length keeps the last
+L - b tokens as context, a sliding window. A prompt is prefilled as clean
+blocks; the block holding its end is drawn with the prompt's positions fixed.
+
+Letters: B batch (not blocks, in shapes), L length, b block size, n_b = L / b
+blocks, T the length of the text drawn, S the cache's rows, D = graph.dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from sedd import losses, sampling
+from sedd.graphs import Graph
+from sedd.model import DDiT, block_diffusion_mask
+
+# =========================================================================== training and the bound
+
+
+def log_score(model: DDiT, x_t: jax.Array, x0: jax.Array, sigma: jax.Array, block_size: int, *,
+              deterministic: bool | None = True, rngs=None) -> jax.Array:
+    """The log-score at x_t's positions, each block given x0's blocks before it: float32[B, L, D].
+
+    One forward over [x_t ; x0] (2L positions, the same rotary positions on
+    both halves) with ``block_diffusion_mask``; only x_t's half goes through
+    the final layer.
+
+    Args:
+      model: a DDiT built with block_size (``sedd.kinds`` "block").
+      x_t: int[B, L] noisy tokens; x0: int[B, L] clean tokens.
+      sigma: float[B, n_b] the noise of each block (or float[B], one for all).
+      block_size: b, dividing L.
+      deterministic, rngs: dropout control, as in ``DDiT.network_output``.
+    """
+    b, length = x_t.shape
+    blocks = length // block_size
+    sigma = jnp.broadcast_to(sigma if jnp.ndim(sigma) == 2 else jnp.asarray(sigma)[:, None], (b, blocks))
+    noise_groups = jnp.concatenate([sigma, jnp.zeros_like(sigma)], axis=1)  # (B, 2 n_b): x0's blocks at 0
+    positions = np.concatenate([np.arange(length), np.arange(length)])
+    out = model.network_output(jnp.concatenate([x_t, x0], axis=1), noise_groups, positions=positions,
+                               mask=block_diffusion_mask(length, block_size), keep=length,
+                               deterministic=deterministic, rngs=rngs)  # (B, L, D)
+    return model.log_score(out, x_t, jnp.repeat(sigma, block_size, axis=1))
+
+
+def loss_per_position(key: jax.Array, block_fn: Callable, graph: Graph, noise: Callable, x0: jax.Array,
+                      t: jax.Array | None = None, sampling_eps: float = 1e-3, low_discrepancy: bool = False,
+                      t_power: float = 0.0, *, block_size: int) -> jax.Array:
+    r"""One Monte Carlo draw of sigma'(t_i) SE at every position, t_i drawn per block: float32[B, L] nats.
+
+    The integrand of (2): block i is noised to x_t^i ~ p_{sigma(t_i)}(. | x^i)
+    at its own t_i (``losses.sample_times`` over the B n_b blocks, with its
+    importance weights), and scored given the clean blocks before it. Summed
+    over L it is an unbiased estimate of (2) without the prior terms.
+
+    Args:
+      key: a ``jax.random`` key (t and x_t).
+      block_fn: (x_t, x0, sigma float[B, n_b]) -> log-score float[B, L, D] (``log_score``).
+      graph: the forward process (absorbing).
+      noise: the schedule.
+      x0: int32[B, L] clean tokens.
+      t: optional float[B] (every block of a row at that t, unweighted) or float[B, n_b].
+      sampling_eps, low_discrepancy, t_power: as ``losses.loss_per_position``.
+      block_size: b, dividing L.
+    """
+    k_t, k_x = jax.random.split(key)
+    b, length = x0.shape
+    blocks = length // block_size
+    if t is None:
+        t, weight = losses.sample_times(k_t, b * blocks, sampling_eps, low_discrepancy, t_power)
+        t, weight = t.reshape(b, blocks), weight.reshape(b, blocks)
+    else:
+        t = jnp.broadcast_to(t if jnp.ndim(t) == 2 else jnp.asarray(t)[:, None], (b, blocks))
+        weight = jnp.ones_like(t)
+    sigma, dsigma = noise(t)  # (B, n_b) each
+    at_positions = lambda a: jnp.repeat(a, block_size, axis=1)  # noqa: E731  (B, n_b) -> (B, L)
+    x_t = graph.sample_transition(k_x, x0, at_positions(sigma))  # (B, L)
+    scores = block_fn(x_t, x0, sigma)  # (B, L, D)
+    entropy = graph.score_entropy(scores, at_positions(sigma), x_t, x0)  # (B, L)
+    return at_positions(weight * dsigma) * entropy
+
+
+@functools.lru_cache(maxsize=None)
+def per_position_fn(block_size: int) -> Callable:
+    """``loss_per_position`` for blocks of block_size, as the one static integrand of ``evaluate.likelihood_bound``."""
+    return functools.partial(loss_per_position, block_size=block_size)
+
+
+@functools.lru_cache(maxsize=None)
+def params_block_fn(graphdef, block_size: int) -> Callable:
+    """(state, x_t, x0, sigma) -> ``log_score`` of the network `graphdef` (dropout off); state = (params, rest)."""
+    return lambda state, x_t, x0, sigma: log_score(nnx.merge(graphdef, *state), x_t, x0, sigma, block_size)
+
+
+# =========================================================================== sampling
+
+
+class Scorer(NamedTuple):
+    """What the block sampler asks of a model: a context of clean blocks, scored against and extended.
+
+    Each field is a function, traced inside the sampler's program; ``params``
+    are the model's (traced) weights, ``ctx`` the context's pytree:
+
+      init(params, batch) -> ctx                       no clean block yet
+      score(params, ctx, x, sigma) -> log-score         x int32[B, b] the current block, sigma float[B];
+                                                        float32[B, b, D], the block given the context
+      commit(params, ctx, x) -> ctx                     the clean block x appended
+
+    ``network_scorer`` is the model's, with its KV cache as the context; a
+    test's exact law is another (tests/test_block.py).
+    """
+
+    init: Callable
+    score: Callable
+    commit: Callable
+
+
+def _with_cache(model: DDiT, ctx) -> DDiT:
+    keys, values, index = ctx
+    for layer, k, v in zip(model.blocks, keys, values):
+        layer.cached_key, layer.cached_value = nnx.Cache(k), nnx.Cache(v)
+        layer.cache_index = nnx.Cache(index)
+    return model
+
+
+@functools.lru_cache(maxsize=None)
+def network_scorer(graphdef, window: int) -> Scorer:
+    """The block network `graphdef` with a KV cache of `window` rows (the model's length L) as its context.
+
+    The context is (keys, values, index): per layer the rotary-embedded keys
+    and the values of the committed positions, float[B, S, N, K] in the
+    compute dtype, and the next position, int32[]. ``score`` runs the block
+    with ``decode=True, commit=False`` (the cache is read, not changed);
+    ``commit`` runs the clean block at noise 0 with ``commit=True``. Exactly
+    what the x_0 half of the training forward computes (tests/test_block.py).
+    """
+
+    def init(state, batch):
+        model = nnx.merge(graphdef, *state)
+        layer = model.blocks[0]
+        shape = (batch, window, layer.n_heads, layer.head_dim)
+        zeros = tuple(jnp.zeros(shape, layer.dtype) for _ in model.blocks)
+        return zeros, zeros, jnp.int32(0)
+
+    def score(state, ctx, x, sigma):
+        model = _with_cache(nnx.merge(graphdef, *state), ctx)
+        return model(x, sigma, decode=True, commit=False, deterministic=True)
+
+    def commit(state, ctx, x):
+        model = _with_cache(nnx.merge(graphdef, *state), ctx)
+        model.network_output(x, jnp.zeros(x.shape[:1], jnp.float32), decode=True, deterministic=True)
+        layers = model.blocks
+        return (tuple(m.cached_key[...] for m in layers), tuple(m.cached_value[...] for m in layers),
+                layers[0].cache_index[...])
+
+    return Scorer(init, score, commit)
+
+
+@functools.lru_cache(maxsize=None)
+def _context_score_fn(scorer: Scorer) -> Callable:
+    """``sedd.sampling``'s score_fn((params, ctx), x, sigma) of a scorer: one object per scorer (jit's cache key)."""
+    return lambda params_ctx, x, sigma: scorer.score(params_ctx[0], params_ctx[1], x, sigma)
+
+
+@functools.partial(jax.jit, static_argnames=("scorer", "graph", "noise", "block_size", "sampler", "denoise",
+                                             "options", "blocks", "stop_id"))
+def _draw_blocks(key, times, params, ctx, text, fixed, first, *, scorer, graph, noise, block_size, sampler,
+                 denoise, options, blocks, stop_id):
+    """Blocks first .. first + blocks - 1 of `text` drawn and committed, in one program.
+
+    Returns (ctx, text, nfe int32[], nfe_row int32[B], drawn int32[] blocks
+    drawn, trajectory of the last block or None). With stop_id the loop ends
+    after the block where every row has written it.
+    """
+    rows, b = text.shape[0], block_size
+    score_fn = _context_score_fn(scorer)
+
+    def draw(i, ctx, text):
+        start = (first + i) * b
+        mask = jax.lax.dynamic_slice(fixed, (0, start), (rows, b))
+        given = jax.lax.dynamic_slice(text, (0, start), (rows, b))
+        x, traj, stats = sampling._sample_loop(
+            jax.random.fold_in(key, first + i), times, mask, given, (params, ctx), score_fn=score_fn, graph=graph,
+            noise=noise, shape=(rows, b), sampler=sampler, denoise=denoise, options=options)
+        return scorer.commit(params, ctx, x), jax.lax.dynamic_update_slice(text, x, (0, start)), traj, stats
+
+    def body(carry):
+        i, ctx, text, nfe, nfe_row, stopped = carry
+        ctx, text, _, stats = draw(i, ctx, text)
+        if stop_id is not None:
+            block = jax.lax.dynamic_slice(text, (0, (first + i) * b), (rows, b))
+            stopped = stopped | jnp.any(block == stop_id, axis=1)
+        # the commit is one more network call on the block, for every row
+        return i + 1, ctx, text, nfe + stats["nfe"] + 1, nfe_row + stats["nfe_per_sample"] + 1, stopped
+
+    zero = (jnp.int32(0), jnp.zeros((rows,), jnp.int32))
+    if options.return_trajectory:  # one block: its states along the way
+        ctx, text, traj, stats = draw(0, ctx, text)
+        return ctx, text, stats["nfe"] + 1, stats["nfe_per_sample"] + 1, jnp.int32(1), traj
+    carry = (jnp.int32(0), ctx, text, *zero, jnp.zeros((rows,), bool))
+    carry = jax.lax.while_loop(lambda c: (c[0] < blocks) & ~jnp.all(c[5]), body, carry)
+    return carry[1], carry[2], carry[3], carry[4], carry[0], None
+
+
+def _prefix_lengths(fixed_mask, shape) -> np.ndarray:
+    """The prompt length of each row of a prefix-shaped fixed_mask (int[B]); a ValueError for any other pattern."""
+    mask = np.asarray(fixed_mask, bool)
+    if mask.shape != shape:
+        raise ValueError(f"fixed_mask must have the text's shape {shape}, got {mask.shape}")
+    lengths = mask.sum(1)
+    if not np.array_equal(mask, np.arange(shape[1])[None, :] < lengths[:, None]):
+        raise ValueError("a block model takes a prefix only (fixed positions at the start of each row): it "
+                         "never saw text after a block, so a suffix or an infill pattern cannot be honoured")
+    return lengths
+
+
+def sample(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Callable, shape: tuple[int, int],
+           block_size: int, steps: int, predictor: str = "analytic", denoise: bool = True, eps: float = 1e-5,
+           fixed_mask=None, fixed_tokens=None, *, options: sampling.Options | None = None,
+           **option_values) -> sampling.Samples:
+    r"""Text of T tokens drawn block by block: each block by ``sedd.sampling``'s loop, then committed.
+
+    Block i is drawn from all-MASK by ``predictor`` in ``steps`` steps (plus
+    the denoise) with the key fold_in(key, i), its network calls on the b
+    positions of the block against the scorer's context; then the clean
+    block is committed (one more call). The whole text is one compiled
+    program (a ``while_loop`` over blocks); with ``stop_id`` it ends after the
+    block in which every row has written that token, and the blocks not drawn
+    hold stop_id.
+
+    Args:
+      key: a ``jax.random`` key.
+      scorer: the model as a ``Scorer`` (``network_scorer``).
+      params: its weights (traced).
+      graph: the absorbing graph; noise: the schedule.
+      shape: (B, T), T >= 1 (rounded up to whole blocks for the draw, cut after).
+      block_size: b.
+      steps: sampler steps per block.
+      predictor, denoise, eps: as ``sedd.sampling.sample``.
+      fixed_mask, fixed_tokens: bool / int[B, T], a prompt: True on each row's
+        first P_row positions only.
+      options, **option_values: as ``sedd.sampling.sample`` (temperature, top_p,
+        return_stats, return_trajectory, the sampler's own options, ...), and
+        stop_id: a token id that ends the text (None: draw all T).
+    Returns:
+      ``Samples``: tokens int32[B, T]; with return_trajectory the states of
+      the whole text along the way (every block's steps in turn, a block not
+      yet drawn all MASK); stats with the NFE (the commits counted).
+
+    Raises:
+      ValueError: a graph other than absorbing, a fixed pattern other than a
+        prefix, and what ``sedd.sampling.sample`` refuses.
+    """
+    if not graph.absorb:
+        raise ValueError("block diffusion samples on the absorbing graph (each block starts all-MASK)")
+    stop_id = option_values.pop("stop_id", None)
+    opts = sampling._options(options, option_values).checked(predictor, graph, bool(denoise))
+    (rows, length), steps = sampling._check_shape(shape), sampling._check_int("steps", steps, 1)
+    times = sampling._time_grid(opts.time_grid, steps, eps)
+    b = sampling._check_int("block_size", block_size, 1)
+    if stop_id is not None and not 0 <= int(stop_id) < graph.vocab_size:
+        raise ValueError(f"stop_id must be a token id in [0, {graph.vocab_size}), got {stop_id!r}")
+    blocks = -(-length // b)
+    padded = blocks * b
+    fixed = np.zeros((rows, padded), bool)
+    text = jnp.zeros((rows, padded), jnp.int32)
+    if fixed_mask is not None or fixed_tokens is not None:
+        mask, tokens = sampling._conditioning(fixed_mask, fixed_tokens, (rows, length), graph)
+        fixed[:, :length] = _prefix_lengths(mask, (rows, length))[:, None] > np.arange(length)[None, :]
+        text = text.at[:, :length].set(jnp.where(mask, tokens, 0))
+    run = functools.partial(_draw_blocks, times=times, params=params, fixed=jnp.asarray(fixed), scorer=scorer,
+                            graph=graph, noise=noise, block_size=b, sampler=sampling.PREDICTORS[predictor],
+                            denoise=bool(denoise), options=dataclasses.replace(opts, time_grid=None),
+                            stop_id=None if stop_id is None else int(stop_id))
+    ctx = scorer.init(params, rows)
+    if opts.return_trajectory:
+        text, traj, nfe, nfe_row = _trajectory(run, key, ctx, text, blocks, b, graph.mask)
+    else:
+        ctx, text, nfe, nfe_row, drawn, _ = run(key, ctx=ctx, text=text, first=jnp.int32(0), blocks=blocks)
+        traj = None
+        if stop_id is not None:  # the blocks never drawn
+            text = jnp.where(jnp.arange(padded)[None, :] < drawn * b, text, jnp.int32(stop_id))
+    stats = {"nfe": nfe, "nfe_per_sample": nfe_row} if opts.return_stats else None
+    return sampling.Samples(text[:, :length], None if traj is None else traj[..., :length], stats)
+
+
+def _trajectory(run, key, ctx, text, blocks, b, mask_id):
+    """Every block drawn by its own call, its states placed into the whole text: (text, traj, nfe, nfe_row)."""
+    frames, nfe, nfe_row = [], 0, 0
+    rows, padded = text.shape
+    for i in range(blocks):
+        ctx, text, n, n_row, _, traj = run(key, ctx=ctx, text=text, first=jnp.int32(i), blocks=1)
+        later = jnp.arange(padded) >= (i + 1) * b
+        base = jnp.where(later[None, :], jnp.int32(mask_id), text)  # (B, T): the blocks before, then MASK
+        for frame in traj:
+            frames.append(jax.lax.dynamic_update_slice(base, frame, (0, i * b)))
+        nfe, nfe_row = nfe + n, nfe_row + n_row
+    frames.append(text)
+    return text, jnp.stack(frames), nfe, nfe_row

@@ -1,0 +1,304 @@
+"""Block diffusion (sedd.block, model.kind = "block") against exact laws, its own uncached forward, and SEDD.
+
+The exact law: a seeded Dirichlet law P0 over the 81 sequences of V = 3, L = 4.
+Its exact block scorer gives, for block i, the exact absorbing score of the
+law of block i given the clean blocks before it (enumerated); with it the
+block sampler must draw P0 (any b) and the block bound must equal -log P0.
+"""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import reference
+from sedd import block, evaluate, graphs, kinds, sampling
+from sedd import config as config_lib
+from sedd import noise as noise_lib
+from sedd.graphs import log_expm1
+from sedd.model import DDiT
+
+V, L = 3, 4
+GRAPH = graphs.Absorbing(V)
+MASK = GRAPH.mask
+SEQS = reference.all_sequences(V, L)
+P0 = np.random.default_rng(3).dirichlet(np.ones(V**L))
+N_SAMPLES = 20_000
+
+
+def exact_block_scores(prefix, start, x, sigma, b):
+    r"""The exact log-score of block [start, start + b) at state x given the clean prefix: float32[B, b, D].
+
+    w_n = P0(n) [seqs_n agrees with the prefix before start]; with
+    k(a, z) = e^{-sigma} [z = a] + (1 - e^{-sigma}) [z = MASK],
+    p_sigma(x) = sum_n w_n prod_l k(seqs_nl, x_l), and s[l, y] = p_sigma(x with x_l = y) / p_sigma(x).
+    """
+    seqs, probs = jnp.asarray(SEQS, jnp.int32), jnp.asarray(P0, jnp.float32)
+    before = jnp.arange(L) < start  # (L,)
+    agree = jnp.all((seqs[None] == prefix[:, None]) | ~before, axis=-1)  # (B, N)
+    w = probs[None] * agree  # (B, N)
+    part = jax.lax.dynamic_slice(seqs, (0, start), (len(SEQS), b))  # (N, b)
+    keep = jnp.exp(-sigma)[:, None, None]  # (B, 1, 1)
+    k = jnp.where(part[None] == x[:, None], keep, 0.0) + jnp.where(x[:, None] == MASK, 1 - keep, 0.0)  # (B, N, b)
+    others = jnp.stack([jnp.prod(jnp.delete(k, l, axis=2, assume_unique_indices=True), axis=2)
+                        for l in range(b)], axis=2)  # (B, N, b): prod over l' != l
+    tokens = jnp.einsum("bn,bnl,nly->bly", w, others * keep, jax.nn.one_hot(part, V))  # (B, b, V)
+    to_mask = jnp.einsum("bn,bnl->bl", w, others)[..., None] * (1 - keep)  # (B, b, 1)
+    num = jnp.concatenate([tokens, to_mask], axis=-1)  # (B, b, D)
+    den = jnp.einsum("bn,bn->b", w, jnp.prod(k, axis=2))[:, None, None]  # (B, 1, 1): p_sigma(x)
+    tiny = jnp.finfo(jnp.float32).tiny
+    out = jnp.log(jnp.maximum(num, tiny)) - jnp.log(jnp.maximum(den, tiny))
+    return jnp.where(jax.nn.one_hot(x, V + 1, dtype=bool), 0.0, out)
+
+
+def exact_scorer(b):
+    """P0 as a ``block.Scorer``: the context is (the clean prefix int32[B, L], its length)."""
+    init = lambda params, batch: (jnp.zeros((batch, L), jnp.int32), jnp.int32(0))  # noqa: E731
+
+    def score(params, ctx, x, sigma):
+        return exact_block_scores(ctx[0], ctx[1], x, jnp.broadcast_to(sigma, x.shape[:1]), b)
+
+    def commit(params, ctx, x):
+        return jax.lax.dynamic_update_slice(ctx[0], x, (0, ctx[1])), ctx[1] + b
+
+    return block.Scorer(init, score, commit)
+
+
+def exact_block_fn(b):
+    """(x_t, x0, sigma float[B, n_b]) -> every block's exact log-score given x0's blocks before it."""
+    def block_fn(x_t, x0, sigma):
+        return jnp.concatenate([exact_block_scores(x0, i * b, x_t[:, i * b:(i + 1) * b], sigma[:, i], b)
+                                for i in range(L // b)], axis=1)
+    return block_fn
+
+
+# --------------------------------------------------------------------------- exact laws
+
+
+@pytest.mark.parametrize("b, predictor, steps", [(1, "analytic", 1), (2, "first_hitting", 2), (2, "confidence", 2),
+                                                 (4, "first_hitting", 4)])
+def test_block_sampler_draws_the_exact_law(b, predictor, steps):
+    """With P0's exact block scores the block sampler draws P0: b = 1 is P0's AR chain rule, b = L SEDD's sampler.
+
+    first_hitting and random-order unmasking are exact at one position a step
+    (sedd.sampling); a single masked position is drawn exactly by the analytic
+    denoise. TV within the noise bound of N_SAMPLES exact draws.
+    """
+    options = {"order": "random"} if predictor == "confidence" else {}
+    out = block.sample(jax.random.key(b), exact_scorer(b), None, GRAPH, noise_lib.LogLinear(1e-3), (N_SAMPLES, L),
+                       b, steps, predictor, **options)
+    law = reference.empirical_law(np.asarray(out.tokens), V)
+    dist = reference.tv(law, P0)
+    assert dist < reference.tv_noise_bound(P0, N_SAMPLES), (b, predictor, dist)
+
+
+def test_a_prompt_is_kept_and_the_rest_drawn_from_the_conditional_law():
+    """A 3-token prompt (ending inside block 2 of b = 2): the last token is drawn from P0(x_3 | x_0..2)."""
+    prompt = np.array([1, 0, 2, 0])
+    mask = np.broadcast_to(np.arange(L) < 3, (N_SAMPLES, L))
+    out = block.sample(jax.random.key(0), exact_scorer(2), None, GRAPH, noise_lib.LogLinear(1e-3), (N_SAMPLES, L), 2,
+                       2, "first_hitting", fixed_mask=mask, fixed_tokens=np.broadcast_to(prompt, (N_SAMPLES, L)))
+    x = np.asarray(out.tokens)
+    assert (x[:, :3] == prompt[:3]).all()
+    rows = reference.seq_index(np.array([[1, 0, 2, y] for y in range(V)]), V)
+    want = P0[rows] / P0[rows].sum()
+    got = np.bincount(x[:, 3], minlength=V) / len(x)
+    assert reference.tv(got, want) < reference.tv_bound(V, N_SAMPLES, 1e-6)
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_block_bound_is_tight_at_the_exact_score(b):
+    """Eq. (2) of sedd.block with the exact block scores: the bound equals -log P0(x) within its error."""
+    noise = noise_lib.Geometric(1e-4, 20.0)
+    bound, err = evaluate.likelihood_bound(jax.random.key(0), exact_block_fn(b), GRAPH, noise, SEQS, num_t=128,
+                                           num_samples=16, return_stderr=True, t_batch=16,
+                                           per_position=block.per_position_fn(b))
+    bound, err, nll = np.asarray(bound), np.asarray(err), -np.log(P0)
+    z = (bound - nll) / err
+    assert np.all(np.abs(z) < 4.5), (z, bound, nll)
+    assert abs(float(np.mean(bound - nll))) < 3 * float(err.mean())
+
+
+def _network(block_size, length=8, seed=0, **kw):
+    """A DDiT of the block kind with random (nonzero) weights everywhere, over V + 1 ids."""
+    model = DDiT(num_tokens=V + 1, out_dim=V + 1, hidden_size=16, n_blocks=2, n_heads=2, cond_dim=8, dropout=0.0,
+                 max_len=length, scale_by_sigma=True, block_size=block_size, rngs=nnx.Rngs(seed), **kw)
+    params = nnx.state(model, nnx.Param)
+    keys = jax.random.split(jax.random.key(seed + 1), len(jax.tree.leaves(params)))
+    leaves = [p + 0.3 * jax.random.normal(k, p.shape) for p, k in zip(jax.tree.leaves(params), keys)]
+    nnx.update(model, jax.tree.unflatten(jax.tree.structure(params), leaves))
+    return model
+
+
+def test_b1_bound_is_the_exact_nll_of_the_conditional_model():
+    """b = 1, normalized, no time input: the bound is sum_i -log p_theta(x_i | x_<i) (the masked token's law).
+
+    Each factor's integrand is sigma' e^{-sigma} (-log p_theta): over t it
+    integrates to (e^{-sigma(0)} - e^{-sigma(1)}) NLL, 1 - 1e-4 here.
+    """
+    length = 6
+    model = _network(1, length, normalize=True, time_conditioning=False)
+    x0 = jnp.asarray(np.random.default_rng(0).integers(0, V, (16, length)), jnp.int32)
+    masked = jnp.full_like(x0, MASK)
+    sigma = jnp.ones((16, length))
+    p = block.log_score(model, masked, x0, sigma, 1)[..., :V] + log_expm1(1.0)  # log p_theta(. | x0_<i)
+    nll = -np.asarray(jnp.take_along_axis(p, x0[..., None], -1)[..., 0].sum(-1))
+    graphdef, state = nnx.split(model)
+    fn = lambda s, x_t, x, sig: block.log_score(nnx.merge(graphdef, s), x_t, x, sig, 1)  # noqa: E731
+    noise = noise_lib.Geometric(1e-4, 20.0)
+    bound, err = evaluate.likelihood_bound(jax.random.key(1), fn, GRAPH, noise, x0, num_t=128, num_samples=16,
+                                           return_stderr=True, t_batch=16, score_params=state,
+                                           per_position=block.per_position_fn(1))
+    z = (np.asarray(bound) - nll) / np.asarray(err)
+    assert np.all(np.abs(z) < 4.5), (z, bound, nll)
+
+
+# --------------------------------------------------------------------------- the network's cache
+
+
+def _uncached_scorer(graphdef, b, length):
+    """The KV cache's reference: every call runs [x_t ; x_0] through the training forward (sedd.block.log_score).
+
+    The context is the clean text so far and its length; the block being
+    drawn sits in x_t at its place, every other x_t position MASK (their
+    outputs are not read: block i's output depends on x_t's block i and x0's
+    blocks < i only).
+    """
+    def score(state, ctx, x, sigma):
+        text, start = ctx
+        x_t = jax.lax.dynamic_update_slice(jnp.full_like(text, MASK), x, (0, start))
+        scores = block.log_score(nnx.merge(graphdef, *state), x_t, text, sigma, b)
+        return jax.lax.dynamic_slice(scores, (0, start, 0), (x.shape[0], b, scores.shape[2]))
+
+    return block.Scorer(lambda params, batch: (jnp.zeros((batch, length), jnp.int32), jnp.int32(0)), score,
+                        lambda params, ctx, x: (jax.lax.dynamic_update_slice(ctx[0], x, (0, ctx[1])), ctx[1] + b))
+
+
+@pytest.mark.parametrize("time_conditioning", [True, False])
+def test_kv_cache_gives_the_uncached_scores_and_samples(time_conditioning):
+    length, b = 8, 2
+    model = _network(b, length, time_conditioning=time_conditioning)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    state = (params, rest)
+    cached, uncached = block.network_scorer(graphdef, length), _uncached_scorer(graphdef, b, length)
+    rng = np.random.default_rng(0)
+    text = jnp.asarray(rng.integers(0, V, (3, length)), jnp.int32)
+    ctx_c, ctx_u = cached.init(state, 3), uncached.init(state, 3)
+    for i in range(length // b):
+        x = jnp.where(rng.random((3, b)) < 0.5, MASK, text[:, i * b:(i + 1) * b])
+        sigma = jnp.asarray(rng.uniform(0.1, 3.0, 3), jnp.float32)
+        got, want = cached.score(state, ctx_c, x, sigma), uncached.score(state, ctx_u, x, sigma)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
+        clean = text[:, i * b:(i + 1) * b]
+        ctx_c, ctx_u = cached.commit(state, ctx_c, clean), uncached.commit(state, ctx_u, clean)
+    noise = noise_lib.LogLinear(1e-3)
+    for predictor in ("analytic", "entropy_bound"):
+        draws = [block.sample(jax.random.key(5), s, state, GRAPH, noise, (4, length), b, 4, predictor).tokens
+                 for s in (cached, uncached)]
+        np.testing.assert_array_equal(*draws)
+
+
+def test_b_equal_l_is_sedds_sampler():
+    """One block of L: the block sampler draws what sedd.sampling.sample draws with the same network and key."""
+    length = 8
+    model = _network(length, length)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    noise = noise_lib.LogLinear(1e-3)
+    key = jax.random.key(2)
+    got = block.sample(key, block.network_scorer(graphdef, length), (params, rest), GRAPH, noise, (6, length),
+                       length, 8, "analytic").tokens
+    want = sampling.sample(jax.random.fold_in(key, 0), kinds.params_score_fn(graphdef), GRAPH, noise, (6, length), 8,
+                           "analytic", score_params=(params, rest)).tokens
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_past_the_window_and_stop_id():
+    """Text of 3 L tokens through a ring cache of L rows; stop_id ends it and fills the rest."""
+    length, b = 8, 2
+    model = _network(b, length)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    scorer = block.network_scorer(graphdef, length)
+    out = block.sample(jax.random.key(0), scorer, (params, rest), GRAPH, noise_lib.LogLinear(1e-3),
+                       (2, 3 * length + 1), b, 2, "analytic", return_stats=True)
+    assert out.tokens.shape == (2, 25) and int(np.asarray(out.tokens).max()) < V
+    # 13 blocks, each: 2 steps (the first always calls), the denoise (skipped when nothing is masked), the commit
+    assert 13 * 2 <= int(out.stats["nfe"]) <= 13 * 4
+    stopped = block.sample(jax.random.key(0), scorer, (params, rest), GRAPH, noise_lib.LogLinear(1e-3),
+                           (2, 3 * length), b, 2, "analytic", stop_id=0, return_stats=True)
+    x = np.asarray(stopped.tokens)
+    assert (x == 0).any(1).all()
+    end = max(int(np.argmax(row == 0)) // b + 1 for row in x) * b  # the block in which the last row stopped
+    assert (x[:, end:] == 0).all()
+    assert int(stopped.stats["nfe"]) <= end // b * 4  # no block drawn after it
+
+
+def test_block_outputs_see_only_their_block_and_the_clean_blocks_before():
+    """Changing x_t outside block i, or x0 at blocks >= i, leaves block i's log-score as it was."""
+    length, b = 8, 2
+    model = _network(b, length)
+    rng = np.random.default_rng(1)
+    x_t = jnp.asarray(rng.integers(0, V + 1, (2, length)), jnp.int32)
+    x0 = jnp.asarray(rng.integers(0, V, (2, length)), jnp.int32)
+    sigma = jnp.asarray(rng.uniform(0.5, 2.0, (2, length // b)), jnp.float32)
+    base = np.asarray(block.log_score(model, x_t, x0, sigma, b))
+    i = 2  # block 2: positions 4, 5
+    other_t = x_t.at[:, [0, 1, 6, 7]].set((x_t[:, [0, 1, 6, 7]] + 1) % (V + 1))
+    later_0 = x0.at[:, 4:].set((x0[:, 4:] + 1) % V)
+    for args in ((other_t, x0), (x_t, later_0)):
+        got = np.asarray(block.log_score(model, *args, sigma, b))
+        np.testing.assert_allclose(got[:, i * b:(i + 1) * b], base[:, i * b:(i + 1) * b], atol=1e-5)
+    earlier_0 = x0.at[:, :2].set((x0[:, :2] + 1) % V)  # and it does read the clean blocks before it
+    assert not np.allclose(np.asarray(block.log_score(model, x_t, earlier_0, sigma, b))[:, 4:6], base[:, 4:6])
+
+
+# --------------------------------------------------------------------------- the kind, end to end
+
+
+def test_kind_errors():
+    config = config_lib.load_config("tiny", ["--config.model.kind=block", "--config.model.block_size=5"])
+    config.vocab_size = 5
+    with pytest.raises(ValueError, match="block_size=5 must be a positive divisor of data.seq_len=32"):
+        kinds.get(config)
+    config = config_lib.load_config("tiny", ["--config.model.kind=block", "--config.graph.type=uniform"])
+    config.vocab_size = 5
+    with pytest.raises(ValueError, match="absorbing"):
+        kinds.get(config)
+
+
+@pytest.fixture(scope="module")
+def block_run(tmp_path_factory):
+    """`sedd train --config tiny --config.model.kind=block --config.model.block_size=8` (the CLI, 20 steps)."""
+    tmp = tmp_path_factory.mktemp("block_run")
+    cmd = [sys.executable, "-m", "sedd.cli", "train", "--config", "tiny", "--config.model.kind=block",
+           "--config.model.block_size=8", f"--config.data.data_dir={tmp / 'data'}", "--workdir", str(tmp / "run")]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "validation bound" in done.stdout
+    return tmp / "run"
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "sedd.cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd)
+
+
+def test_block_run_samples_past_its_length_and_evaluates(block_run, tmp_path):
+    out = tmp_path / "samples.jsonl"
+    done = _cli("sample", "--workdir", block_run, "--max_length", 256, "--num_samples", 2, "--output", out,
+                cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    texts = [json.loads(line)["text"] for line in out.read_text().splitlines()]
+    assert len(texts) == 2 and all(len(t) >= 200 for t in texts)  # 256 characters (an <|endoftext|> is 13)
+    done = _cli("sample", "--workdir", block_run, "--prefix", "ROMEO:", "--num_samples", 1, cwd=tmp_path)
+    assert done.returncode == 0 and "ROMEO:" in done.stdout, done.stderr[-2000:]
+    done = _cli("sample", "--workdir", block_run, "--suffix", "END", cwd=tmp_path)
+    assert done.returncode == 2 and "prefix only" in done.stderr
+    done = _cli("eval", "--workdir", block_run, "--batch_size", 8, "--max_batches", 2, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = dict((k.strip(), v) for k, v in (line.split(":", 1) for line in done.stdout.splitlines() if ":" in line))
+    assert figures["kind"].strip() == "block" and 0 < float(figures["bits_per_char"]) < 12, done.stdout
