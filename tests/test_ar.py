@@ -47,7 +47,11 @@ def test_sequence_nll_and_sampling():
     assert s.shape == (4, 12) and s.dtype == jnp.int32
     assert (np.asarray(s[:, :2]) == [1, 2]).all() and (np.asarray(s) < 7).all()
     with pytest.raises(ValueError, match="length"):
-        ar.sample(jax.random.key(1), model, 4, 13)
+        ar.sample(jax.random.key(1), model, 4, 0)
+    # past max_len = 12 the cache is a ring (a sliding window): the first 12 tokens are those of a 12-token draw
+    long = np.asarray(ar.sample(jax.random.key(1), model, 4, 30, prompt=jnp.array([[1, 2]] * 4)))
+    assert long.shape == (4, 30) and (long < 7).all()
+    np.testing.assert_array_equal(long[:, :12], np.asarray(s))
 
 
 def test_ar_trains_with_the_same_trainer(tmp_path):
