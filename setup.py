@@ -1,9 +1,9 @@
-"""Install sedd: Score Entropy Discrete Diffusion in JAX."""
+"""Install the distribution sedd-jax: the `sedd` package and command (Score Entropy Discrete Diffusion in JAX)."""
 
 from setuptools import find_packages, setup
 
 setup(
-    name="sedd",
+    name="sedd-jax",  # the import name and the command are `sedd`; PyPI's `sedd` is an unrelated project
     version="0.1.0",
     description="Score Entropy Discrete Diffusion (Lou, Meng & Ermon 2024) in JAX/Flax.",
     long_description=open("README.md", encoding="utf-8").read(),

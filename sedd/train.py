@@ -34,13 +34,15 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
-from sedd import figures, kinds, losses, runs
+from sedd import figures, kernels, kinds, losses, runs
 from sedd import config as config_lib
 from sedd import sharding as sharding_lib
 from sedd.data import load_dataset, load_tokenizer, save_tokenizer
+from sedd.data.tokenizers import EOS_TEXT
 
 UNREADABLE = "checkpoints_unreadable"  # where a resumed run moves checkpoints it cannot read (kept, never deleted)
 BOUND_NUM_T = 64  # t-grid points of the bound reported at the end of a run, as `sedd eval` takes by default
+PACE_STEPS = 10  # plain steps timed, after the first (which compiles), for the steps/s and ETA line
 
 # =========================================================================== optimizer
 
@@ -378,6 +380,67 @@ class StopRequest:
             signal.signal(sig, old)
 
 
+def dtype_line(name: str) -> str:
+    """The dtype the model computes in on this machine for model.dtype = `name`, and why: one line."""
+    dtype = kernels.compute_dtype(name).name
+    if name != "auto":
+        return f"compute dtype {dtype} (model.dtype={name!r})"
+    backend = jax.default_backend()
+    if backend != "cpu":
+        why = f"a {backend.upper()} multiplies bfloat16 in hardware"
+    elif kernels.cpu_has_bfloat16_dots():
+        why = "this CPU has AVX512-BF16 or AMX-BF16"
+    else:
+        why = "no AVX512-BF16 or AMX-BF16 on this CPU, so bfloat16 would run in software"
+    return f"compute dtype {dtype} (model.dtype='auto': {why}; --config.model.dtype=float32|bfloat16 sets it)"
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as "42 s", "13 min 5 s" or "2 h 7 min"."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+class Pace:
+    """The loop's steps/s once compiled, and the time the steps left will take: one line, once.
+
+    The first step of a run includes compilation, so a rate counted from the
+    start (tqdm's) gives an ETA far too long at first. The timed window opens
+    after the first step and again after any step that also evaluated, sampled
+    or saved, and closes `window` plain steps later. The device is waited on
+    at the window's two ends only, so the steps run as they do untimed.
+    """
+
+    def __init__(self, n_iters: int, window: int = PACE_STEPS, active: bool = True):
+        self.n_iters, self.window = n_iters, window
+        self.done = not active
+        self.opened = None  # (step, seconds) at which the window opened
+
+    def update(self, step: int, state: dict, busy: bool) -> str | None:
+        """After `step`, which compiled, evaluated, sampled or saved if `busy`; the line when the window closes."""
+        if self.done:
+            return None
+        if busy or self.opened is None:
+            self.done = step + self.window > self.n_iters  # too few steps left to time
+            if not self.done:
+                jax.block_until_ready(state["step"])
+                self.opened = (step, time.perf_counter())
+            return None
+        start, opened_at = self.opened
+        if step - start < self.window:
+            return None
+        jax.block_until_ready(state["step"])
+        rate = (step - start) / (time.perf_counter() - opened_at)
+        self.done = True
+        left = self.n_iters - step
+        return (f"speed: {rate:.3g} steps/s (steps {start + 1}-{step}, compilation excluded); the {left:,} steps "
+                f"left take about {format_duration(left / rate)}, evaluations and the final bound not counted")
+
+
 def _save_failed(e: Exception, manager: ocp.CheckpointManager, what: str = "") -> RuntimeError:
     """A failed checkpoint save (or `what` else failed to write) as one clear error naming what is still on
     disk."""
@@ -460,8 +523,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     step = int(state["step"])
     entropy = dataset.unigram_entropy_bits()
     cpt = dataset.chars_per_token
+    per_char = ""
+    if cpt:  # the figure the end of the run compares with, per character
+        eos = f"; {EOS_TEXT} between documents is a token of none" if tokenizer.eos_id is not None else ""
+        per_char = f" = {entropy / cpt:.3f} bits/char ({cpt:.4f} characters per token{eos})"
     say(f"model: {trainer.n_params / 1e6:.2f}M parameters; data: {dataset.num_tokens('train'):,} train tokens, "
-        f"vocabulary {tokenizer.vocab_size}, unigram entropy {entropy:.3f} bits/token")
+        f"vocabulary {tokenizer.vocab_size}, unigram entropy {entropy:.3f} bits/token{per_char}")
+    say(dtype_line(config.model.dtype))
 
     def val_figures(params) -> dict:
         nats = estimate_loss(trainer, params, dataset, t.eval_batches, t.batch_size, config.seed)
@@ -487,6 +555,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     tokens_per_step = t.batch_size * config.data.seq_len
     last_time, last_step = time.perf_counter(), step
     loop_start = last_time
+    pace = Pace(t.n_iters, active=not quiet)
+    first_step = step + 1  # compiles
     stopped = False
 
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
@@ -536,8 +606,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
                 if step % t.eval_every == 0 and step < t.n_iters and t.eval_samples:
                     for text in model_run(state).generate(jax.random.key(step), t.eval_samples):
                         say(f"[step {step}] {text!r}")
-                if manager.latest_step() != step and (step == t.n_iters or manager.should_save(step)):
+                saving = manager.latest_step() != step and (step == t.n_iters or manager.should_save(step))
+                if saving:
                     save(state)
+                if line := pace.update(step, state, busy=step == first_step or step % t.eval_every == 0 or saving):
+                    say(line)
             failed = False
         finally:
             try:

@@ -140,7 +140,7 @@ def test_wheel_ships_configs_and_corpus_and_trains_when_installed(tmp_path):
     # Offline: the build uses the setuptools and wheel of this environment (the [test] extra has both).
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(tmp_path / "dist"), str(src)], check=True, capture_output=True, text=True, timeout=300)
-    wheel = next((tmp_path / "dist").glob("sedd-*.whl"))
+    wheel = next((tmp_path / "dist").glob("sedd_jax-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = {f"sedd/configs/{n}.py" for n in config_lib.shipped_configs()}
     expected |= {"sedd/data/corpus/shakespeare_plays.tar.xz", "sedd/data/corpus/README.md"}

@@ -1,6 +1,7 @@
 """End-to-end runs of the tiny config: training, checkpoints, resume, CLI, bad input."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -185,6 +186,46 @@ def test_own_text_file_prompts_and_bad_checkpoints(data_dir, tmp_path, capsys):
         assert code == (0 if step == 4 else 2), err
         assert sorted(p.relative_to(workdir) for p in workdir.rglob("*")) == before
     assert "no checkpoint in" in err and "step 4:" in err and "step 2:" in err and "left as it is" in err
+
+
+def test_train_names_its_dtype_times_its_steps_and_marks_its_samples(data_dir, tmp_path, capsys):
+    """`sedd train` says which dtype "auto" chose and why, then its steps/s and ETA once compiled; its
+    samples are marked as `sedd sample` marks them."""
+    args = ["train", "--config", "tiny", "--workdir", str(tmp_path / "run"), f"--config.data.data_dir={data_dir}",
+            "--config.model.dtype=auto", "--config.training.n_iters=13", "--config.training.eval_every=100",
+            "--config.training.ckpt_every=100"]
+    assert cli.main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert train_lib.dtype_line("auto") in lines, lines
+    speed = [line for line in lines if line.startswith("speed: ")]
+    assert len(speed) == 1, lines
+    rate = re.fullmatch(r"speed: (\S+) steps/s \(steps 2-11, compilation excluded\); the 2 steps left take about "
+                        r"\d+ s, evaluations and the final bound not counted", speed[0])
+    assert rate and float(rate[1]) > 0, speed
+    assert lines.index(speed[0]) < lines.index("--- sample 0")
+
+
+def test_dtype_line_says_what_auto_chose_and_why(monkeypatch):
+    if jax.default_backend() != "cpu":
+        pytest.skip("the CPU's reasons")
+    monkeypatch.setattr(kernels, "cpu_has_bfloat16_dots", lambda: True)
+    assert train_lib.dtype_line("auto").startswith(
+        "compute dtype bfloat16 (model.dtype='auto': this CPU has AVX512-BF16 or AMX-BF16;")
+    monkeypatch.setattr(kernels, "cpu_has_bfloat16_dots", lambda: False)
+    assert train_lib.dtype_line("auto").startswith(
+        "compute dtype float32 (model.dtype='auto': no AVX512-BF16 or AMX-BF16 on this CPU")
+    assert train_lib.dtype_line("bfloat16") == "compute dtype bfloat16 (model.dtype='bfloat16')"
+
+
+def test_pace_times_plain_steps_only():
+    state = {"step": jnp.zeros((), jnp.int32)}
+    pace = train_lib.Pace(n_iters=30, window=3)
+    said = {s: pace.update(s, state, busy=s in (1, 4)) for s in range(1, 31)}  # 1 compiles, 4 evaluates
+    assert [s for s, line in said.items() if line] == [7], said
+    assert said[7].startswith("speed: ") and "(steps 5-7, compilation excluded); the 23 steps left" in said[7]
+    assert not any(train_lib.Pace(n_iters=5, window=10).update(s, state, busy=s == 1) for s in range(1, 6))
+    assert train_lib.Pace(30, active=False).update(1, state, busy=True) is None
+    assert [train_lib.format_duration(s) for s in (42.4, 785, 7620)] == ["42 s", "13 min 5 s", "2 h 7 min"]
 
 
 def test_adaln_lr_scale_scales_only_the_adaln_kernels_updates():

@@ -113,7 +113,7 @@ _GPT2_HELP = (
     "GPT-2 BPE reads its vocabulary from local files (nothing is downloaded): "
     "set data.tokenizer_path to a GPT-2 `tokenizer.json`, or to a folder holding "
     "`vocab.json` and `merges.txt` (the files of the Hugging Face `gpt2` "
-    "repository), and `pip install tokenizers` (or sedd[gpt2]).")
+    "repository), and `pip install tokenizers` (the sedd-jax[gpt2] extra).")
 
 
 class GPT2Tokenizer:
