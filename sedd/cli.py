@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -24,7 +25,8 @@ import numpy as np
 
 from sedd import config as config_lib
 from sedd import convert, figures, runs, sharding, train
-from sedd.data import load_tokenizer
+from sedd.data import BUILDERS, default_data_dir, load_tokenizer
+from sedd.data.builders import MANIFEST
 from sedd.data.tokenizers import EOS_TEXT
 from sedd.sampling import text_conditioning
 
@@ -54,9 +56,8 @@ def _train(args, overrides: list[str]) -> int:
     print(f", against {entropy:.3f} bits/{unit} for the unigram law of the training data.\n"
           f"`sedd eval --workdir {workdir} --batch_size {t.batch_size} --max_batches {t.eval_batches}` "
           f"computes the same figure.")
-    print("samples:")
-    for s in result["samples"]:
-        print("  " + s.replace("\n", "\n  "))
+    for i, s in enumerate(result["samples"]):  # marked as `sedd sample` marks them
+        print(f"--- sample {i}\n{s}")
     _explain_separator(result["samples"])
     try:  # a prompt the run's vocabulary can write
         load_tokenizer(workdir / runs.TOKENIZER).encode("ROMEO:")
@@ -80,6 +81,10 @@ def _sample(args) -> int:
     run = runs.load(args.workdir)
     key = jax.random.key(args.seed)
     options = {k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p)) if v != 1.0}
+    if args.max_length is not None:
+        options["max_length"] = args.max_length
+    if args.stop:
+        options["stop"] = True
     if args.animate:
         steps = args.steps if args.steps is not None else run.config.sampling.steps
         mask, tokens = run_conditioning(run, args)
@@ -112,20 +117,75 @@ def _explain_separator(texts: list[str]) -> None:
 
 def run_conditioning(run: runs.Run, args):
     """fixed_mask / fixed_tokens of the CLI's --prefix / --suffix / --infill."""
-    return text_conditioning(run.tokenizer, run.seq_len, args.num_samples, args.prefix, args.suffix, args.infill,
-                             args.blank)
+    return text_conditioning(run.tokenizer, args.max_length or run.seq_len, args.num_samples, args.prefix,
+                             args.suffix, args.infill, args.blank)
 
 
 def _eval(args, overrides: list[str]) -> int:
-    data = None
-    if overrides:  # --config.data.path=other.txt: the bound on other text, zero-shot
-        config = config_lib.override(runs.read_config(args.workdir), overrides)
-        data = config.data.to_dict()
+    data = eval_data(args.workdir, overrides)
     result = figures.evaluate_run(args.workdir, split=args.split, num_t=args.num_t, batch_size=args.batch_size,
-                                    max_batches=args.max_batches or None, seed=args.seed, data=data)
+                                  max_batches=args.max_batches or None, seed=args.seed, data=data)
     for k, v in result.items():
         print(f"{k:>24}: {v:.4f}" if isinstance(v, float) else f"{k:>24}: {v}")
     return 0
+
+
+def eval_data(workdir: str | Path, overrides: list[str]) -> dict:
+    """The data section `sedd eval` evaluates on: the run's, with `--config.data.*` overrides, made safe to follow.
+
+    A run directory may come from someone else, and its data.path and
+    data.data_dir name files to read and a folder to write token caches in.
+    A value the command line does not give is followed only as far as this
+    user's own preparation of the data reaches:
+
+    - data.data_dir: the run's when it is a folder owned by this user that
+      already holds sedd's preparation of the dataset
+      (``<data_dir>/<builder name>``, as `sedd train` leaves it); else this
+      user's default (``sedd.data.default_data_dir``), with a warning.
+    - data.path: the run's only when that folder holds a preparation of the
+      same path (its ``sedd_manifest.json`` names it): the file was read
+      before, by this user; else refused, naming the flag that reads it.
+
+    Raises:
+      ValueError: the run names a data.path this policy does not follow.
+    """
+    config = runs.read_config(workdir)
+    if overrides:  # --config.data.path=other.txt: the bound on other text, zero-shot
+        config = config_lib.override(config, overrides)
+    data = config.data.to_dict()
+    given = {arg[len("--config.data."):].split("=")[0] for arg in overrides if arg.startswith("--config.data.")}
+    if data["name"] == "markov":  # drawn from the config's chain: no file is read or written
+        return data
+    name = "text" if data["name"] == "shakespeare" and data["path"] else data["name"]
+    builder = BUILDERS[name].name if name in BUILDERS else None  # an unknown name is load_dataset's error
+    folder = Path(data["data_dir"] or default_data_dir()).expanduser() / str(builder)
+    if "data_dir" not in given and data["data_dir"] and not (builder and _owned_folder(folder)):
+        warnings.warn(f"the run's data.data_dir {data['data_dir']!r} holds no preparation of {name!r} of yours; "
+                      f"using {default_data_dir()} instead (--config.data.data_dir=DIR to choose)", stacklevel=2)
+        data["data_dir"] = ""
+        folder = Path(default_data_dir()).expanduser() / str(builder)
+    if data["path"] and "path" not in given and not _prepared_from(folder, data["path"]):
+        raise ValueError(f"the run names data.path={data['path']!r}, which was not prepared in {folder}; sedd eval "
+                         "reads a file a run names only where this user prepared it before. Pass "
+                         "--config.data.path=... to evaluate on that file or another")
+    return data
+
+
+def _owned_folder(path: Path) -> bool:
+    """Whether path is a folder of this user (any folder where the OS has no owners)."""
+    return path.is_dir() and (not hasattr(os, "getuid") or path.stat().st_uid == os.getuid())
+
+
+def _prepared_from(folder: Path, path: str) -> bool:
+    """Whether a preparation in folder (``<config>/<version>/sedd_manifest.json``) read `path`."""
+    want = Path(path).expanduser().resolve()
+    for manifest in folder.glob(f"*/*/{MANIFEST}") if _owned_folder(folder) else ():
+        try:
+            if Path(json.loads(manifest.read_text())["path"]).resolve() == want:
+                return True
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,11 +215,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top_p", type=float, default=1.0, help="nucleus of the denoiser's p(x0) (default 1: off)")
     p.add_argument("--output", default="", help="write the samples to this file: FILE.jsonl one JSON object per "
                    "line ({\"sample\": i, \"text\": ...}); any other name, text with a '--- sample i' line before each")
+    p.add_argument("--max_length", type=int, default=None,
+                   help="tokens of text (default: the model's length); past it a SEDD run draws overlapping "
+                   "windows, a block run more blocks")
+    p.add_argument("--stop", action="store_true", help="end each text at its first <|endoftext|> (a block run "
+                   "stops drawing once every text has one)")
     p.add_argument("--animate", action="store_true", help="show the denoising of the first sample")
 
     p = sub.add_parser("eval", help="likelihood bound of a trained run",
                        description="The likelihood bound of a trained run on a split of its data, or on other "
-                       "data with --config.data.name=... --config.data.path=... (zero-shot).")
+                       "data with --config.data.name=... --config.data.path=... (zero-shot). A run's own data.path "
+                       "and data_dir are followed only where this user prepared that data (docs/reliability.md).")
     p.add_argument("--workdir", required=True, help="run directory of a trained model")
     p.add_argument("--split", default=None, help="validation (default where the data has it), test or train")
     p.add_argument("--num_t", type=int, default=64, help="points of the t grid of the bound")

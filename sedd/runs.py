@@ -37,7 +37,7 @@ from flax import nnx
 from sedd import config as config_lib
 from sedd import kinds, sampling
 from sedd import sharding as sharding_lib
-from sedd.data import load_tokenizer
+from sedd.data import tokenizer_from_dict
 from sedd.model import DDiT
 
 CONFIG = "config.json"
@@ -49,16 +49,129 @@ CHECKPOINTS = "checkpoints"
 # --------------------------------------------------------------------------- the directory
 
 
+class RunError(ValueError):
+    """A run directory that cannot be used as it is: a file missing, unreadable, or holding values out of bounds.
+
+    Raised for what a received (possibly tampered) directory holds, so a
+    command can answer it in one line; a bug in sedd raises anything else.
+    """
+
+
+MAX_CONFIG_BYTES = 256 << 10  # config.json (a trained run's is ~2 kB)
+MAX_TOKENIZER_BYTES = 64 << 20  # tokenizer.json, and each GPT-2 file it names (GPT-2's tokenizer.json is 1.4 MB)
+SIZE_BOUNDS = {
+    "model.hidden_size": (1, 1 << 14), "model.cond_dim": (1, 1 << 14), "model.n_blocks": (1, 256),
+    "model.n_heads": (1, 256), "model.mlp_ratio": (1, 64), "data.seq_len": (1, 1 << 17),
+    "vocab_size": (2, 1 << 20), "sampling.steps": (1, 1 << 16),
+}
+"""[low, high] of each size a run's config gives, checked before anything is built from it (the
+bounds of ``sedd.convert`` for the same sizes; sedd-medium has hidden_size 1024, 24 blocks, 16 heads,
+length 1024, GPT-2's 50,257 tokens)."""
+MAX_PARAMETERS = 1 << 33  # the network's weights, estimated from the sizes above (GPT-2 XL has 1.6e9)
+
+
 def read_config(workdir: str | Path) -> ml_collections.ConfigDict:
-    """The config.json of a run directory, migrated to today's keys (``sedd.config.migrate``).
+    """The config.json of a run directory, migrated to today's keys (``sedd.config.migrate``) and checked.
+
+    Every value must have the type of the shipped config's value of its key
+    (an integer for a float), and every size of ``SIZE_BOUNDS`` lie in its
+    bounds, before anything is built from it.
 
     Raises:
       FileNotFoundError: workdir is not a run directory.
+      RunError: config.json cannot be read, is not a config, or holds a
+        value of the wrong type or out of bounds (the message names the key).
     """
     path = Path(workdir) / CONFIG
     if not path.exists():
         raise FileNotFoundError(f"{workdir} is not a run directory (no {CONFIG}); train one with `sedd train`")
-    return config_lib.migrate(json.loads(path.read_text()))
+    try:
+        saved = json.loads(_read_bounded(path, MAX_CONFIG_BYTES))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise RunError(f"{path}: not a readable config: {type(e).__name__}: {str(e)[:200]}") from None
+    if not isinstance(saved, dict):
+        raise RunError(f"{path}: a config is a JSON object of sections, not a {type(saved).__name__}")
+    config = config_lib.migrate(saved)
+    _check_config(config, path)
+    return config
+
+
+def _read_bounded(path: Path, limit: int) -> str:
+    """The UTF-8 text of a regular file of at most `limit` bytes (RunError otherwise)."""
+    if not path.is_file():
+        raise RunError(f"{path} is not a regular file")
+    size = path.stat().st_size
+    if size > limit:
+        raise RunError(f"{path} holds {size} bytes; at most {limit} are read")
+    return path.read_text(encoding="utf-8")
+
+
+def _check_config(config: ml_collections.ConfigDict, path: Path) -> None:
+    """Raise RunError naming the first key whose value has the wrong type or lies outside its bounds."""
+    default = _flat(config_lib.load_config(config_lib.DEFAULT_CONFIG).to_dict())
+    values = _flat(config.to_dict())
+    for key, value in values.items():
+        want = type(default.get(key, 0 if key == "vocab_size" else value))
+        ok = isinstance(value, want) and (want is bool or not isinstance(value, bool))
+        if want is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif want in (list, tuple):  # JSON has lists where a ConfigDict has tuples
+            ok = isinstance(value, (list, tuple))
+        if not ok:
+            raise RunError(f"{path}: {key} = {value!r} is a {type(value).__name__}; a run's config holds a "
+                           f"{want.__name__} there")
+    if "vocab_size" not in values:
+        raise RunError(f"{path}: vocab_size is missing (a trained run's config holds it)")
+    for key, (low, high) in SIZE_BOUNDS.items():
+        if not low <= values[key] <= high:
+            raise RunError(f"{path}: {key} = {values[key]} is outside [{low}, {high}]")
+    m = config.model
+    # Embedding and output (V + 1 rows each at most), and per block attention (4 H^2), MLP (2 r H^2), adaLN (6 C H).
+    estimate = 2 * (config.vocab_size + 1) * m.hidden_size + m.n_blocks * (
+        (4 + 2 * m.mlp_ratio) * m.hidden_size ** 2 + 6 * m.cond_dim * m.hidden_size)
+    if estimate > MAX_PARAMETERS:
+        raise RunError(f"{path}: model.n_blocks = {m.n_blocks}, hidden_size = {m.hidden_size}, mlp_ratio = "
+                       f"{m.mlp_ratio}, cond_dim = {m.cond_dim} and vocab_size = {config.vocab_size} make about "
+                       f"{estimate:.2e} weights; at most {MAX_PARAMETERS:.2e} are built")
+
+
+def read_tokenizer(workdir: str | Path, vocab_size: int):
+    """The tokenizer.json of a run directory, refused unless its vocabulary is the model's (config vocab_size).
+
+    A GPT-2 tokenizer names files elsewhere; each must be a regular file of
+    at most ``MAX_TOKENIZER_BYTES``.
+
+    Raises:
+      RunError: tokenizer.json cannot be read or built, or its vocabulary
+        differs from the model's.
+    """
+    path = Path(workdir) / TOKENIZER
+    try:
+        saved = json.loads(_read_bounded(path, MAX_TOKENIZER_BYTES))
+        if not (isinstance(saved, dict) and isinstance(saved.get("name"), str)):
+            raise RunError("a tokenizer is a JSON object with a \"name\"")
+        if saved["name"] == "gpt2":
+            _check_gpt2_files(Path(str(saved.get("path", ""))).expanduser())
+        tokenizer = tokenizer_from_dict(saved)
+    except FileNotFoundError as e:
+        raise RunError(f"{path}: {e}") from None
+    except Exception as e:  # noqa: BLE001  the tokenizers package raises a bare Exception for a bad file
+        message = e.args[0] if isinstance(e, RunError) and e.args else f"{type(e).__name__}: {str(e)[:200]}"
+        raise RunError(f"{path}: not a tokenizer this package can read: {message}") from None
+    if tokenizer.vocab_size != vocab_size:
+        raise RunError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens and the model (config.json "
+                       f"vocab_size) {vocab_size}; ids would mean other strings")
+    return tokenizer
+
+
+def _check_gpt2_files(path: Path) -> None:
+    """A GPT-2 tokenizer's files are regular files of bounded size (not a device, a FIFO, a huge file)."""
+    files = [path] if not path.is_dir() else [f for f in (path / n for n in ("tokenizer.json", "vocab.json",
+                                                                                "merges.txt")) if f.exists()]
+    for f in files:
+        if f.exists() and not (f.is_file() and f.stat().st_size <= MAX_TOKENIZER_BYTES):
+            raise RunError(f"the GPT-2 tokenizer file {f} is not a regular file of at most {MAX_TOKENIZER_BYTES} "
+                           "bytes")
 
 
 MAY_CHANGE_ON_RESUME = (
@@ -304,7 +417,9 @@ class Run:
         (``sedd.sampling.sample``'s keywords for a diffusion run: fixed_mask /
         fixed_tokens, categorical, temperature, top_p, corrector_steps, cache,
         return_trajectory, return_stats, the sampler's own options; and
-        max_length, block_length for ``sedd.sampling.sample_long``); the
+        max_length, block_length for ``sedd.sampling.sample_long``; and
+        stop=True, which ends the drawing once every text holds the
+        tokenizer's end-of-text token, the rest filled with it); the
         config's sampling section gives the defaults. The rows are split over
         the mesh's data axis where num_samples divides.
 
@@ -315,6 +430,11 @@ class Run:
         num_samples = _positive_int("num_samples", num_samples)
         if steps is not None:
             steps = _positive_int("steps", steps)
+        if sampler_options.pop("stop", False):  # end at the document separator
+            if getattr(self.tokenizer, "eos_id", None) is None:
+                raise ValueError(f"stop=True ends a text at the tokenizer's end-of-text token, and the "
+                                 f"{self.tokenizer.name!r} tokenizer of this run has none")
+            sampler_options["stop_id"] = int(self.tokenizer.eos_id)
         out = self.kind.sample(key, self.net, num_samples, steps, predictor, self.row_sharding(num_samples),
                                **sampler_options)
         return jax.tree.map(np.asarray, out)
@@ -335,7 +455,8 @@ class Run:
             ``sedd.sampling.text_conditioning``); the texts are cut to its length.
           blank: the character that marks a position to fill in an infill template.
           sampler_options: more keyword options of ``sample`` (temperature,
-            top_p, max_length, block_length, ...).
+            top_p, max_length, block_length, stop, ...); with stop each
+            text ends before its first end-of-text token.
         Returns:
           num_samples strings.
         """
@@ -345,9 +466,13 @@ class Run:
                                                   blank=blank)
         if mask is not None:
             sampler_options.update(fixed_mask=jnp.asarray(mask), fixed_tokens=jnp.asarray(tokens))
+        stop = bool(sampler_options.get("stop"))
         ids = self.sample(key, num_samples, steps, predictor, **sampler_options).tokens
         if infill:
             ids = ids[:, : len(infill)]
+        if stop:  # each text up to its first end-of-text token
+            eos = int(self.tokenizer.eos_id)
+            ids = [row[: int(np.argmax(row == eos))] if (row == eos).any() else row for row in ids]
         return [self.decode(row) for row in ids]
 
     def decode(self, ids) -> str:
@@ -383,13 +508,15 @@ def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
       step: a checkpoint's step (default: the newest).
     Raises:
       FileNotFoundError: not a run directory, no checkpoint yet, or no checkpoint of `step`.
+      RunError: config.json or tokenizer.json cannot be read, holds values
+        out of bounds, or their vocabularies differ (``read_config``, ``read_tokenizer``).
       RuntimeError: the checkpoint of `step` (default: every checkpoint) is corrupt or does not
         fit the config. With the default step an unreadable newest checkpoint is skipped with
         a RuntimeWarning naming it.
     """
     workdir = Path(workdir)
     config = read_config(workdir)
-    tokenizer = load_tokenizer(workdir / TOKENIZER)
+    tokenizer = read_tokenizer(workdir, config.vocab_size)
     if not (workdir / CHECKPOINTS).is_dir():
         raise FileNotFoundError(f"{workdir} holds no checkpoint yet; train first with `sedd train`")
     manager = checkpoint_manager(workdir)

@@ -14,16 +14,24 @@ prompt and suffix are always conditioned on exactly (the absorbing graph keeps
 fixed tokens fixed; see ``sedd.sampling.sample``).
 
 Requests go to an ``Engine``: one worker thread that runs the compiled
-sampler. Requests that can share a program (same steps, sampler, temperature,
-top_p, trajectory or not) that arrive within a short collection window run as
-one batch; every row has its own key ``fold_in(key(seed), row)``, so a seeded
-request gives the same text whatever it was batched with. Batch sizes are
-rounded up to a few sizes (``batch_size``) so a few compiled programs serve
-every load. The queue is bounded (503 when full) and a request waits at most
-``timeout_s`` seconds (then 503).
+sampler. Requests that can share a program (same steps and sampler, and the
+same kind of answer: plain, diffusing frames, or streamed as it settles) that
+arrive within a short collection window run as one batch; every row has its
+own key ``fold_in(key(seed), row)`` and its own temperature and top_p (traced
+values, so no value compiles a program), and a seeded request gives the same
+text whatever it was batched with. Batch sizes are rounded up to a few sizes
+(``batch_size``) so a few compiled programs serve every load, and at most
+``Limits.max_programs`` are kept. The queue is bounded (503 when full), a
+request waits at most ``timeout_s`` seconds (then 503), and one whose client
+hung up is dropped before it runs.
 
-docs/serving.md shows how to call it with curl and the `openai` client.
-Shapes: B batch rows, L length, N steps.
+What a request meets before any of that (``Gate``): a Host header that must
+name this server (localhost by default: a page of another site cannot reach
+it through DNS rebinding), an optional API key (``Authorization: Bearer``),
+a JSON body (``Content-Type: application/json``, so a page cannot post to it
+cross-origin without a preflight) that arrives within ``body_timeout_s``.
+docs/serving.md shows how to call it and what to set before exposing it.
+Shapes: B batch rows, L length, N steps, V vocabulary, D = graph.dim.
 """
 
 from __future__ import annotations
@@ -36,7 +44,11 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import itertools
 import json
+import logging
+import math
+import os
 import secrets
 import sys
 import threading
@@ -44,6 +56,7 @@ import time
 import uuid
 from importlib import resources
 from pathlib import Path
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -56,20 +69,33 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from sedd import kinds, runs, sampling
 
 MASK_CHAR = "\u2591"  # "░": how a masked position shows in the text of a diffusing frame
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")  # the Host names answered by default
+API_KEY_ENV = "SEDD_API_KEY"  # read when --api_key is not given (a key on the command line shows in `ps`)
+
+logger = logging.getLogger("sedd.serve")
 
 
 # --------------------------------------------------------------------------- limits and errors
 
 
+def _check_number(name: str, value, low: float, strict: bool, integer: bool) -> None:
+    """Raise ValueError unless value is a finite number (an integer when asked) >= low (> low when strict)."""
+    types = (int,) if integer else (int, float)
+    ok = isinstance(value, types) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < low or (strict and value == low):
+        what = "an integer" if integer else "a finite number"
+        raise ValueError(f"{name} must be {what} {'>' if strict else '>='} {low:g}, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """What the server accepts and how it batches.
+    """What the server accepts and how it batches; each value is checked when the Limits are made.
 
     Attributes:
       max_steps: most denoising steps a request may ask for.
@@ -79,6 +105,11 @@ class Limits:
       timeout_s: most seconds a request waits for its result; then 503.
       window_s: how long the engine waits for more requests to batch with the first.
       max_body_bytes: largest request body; beyond it 413.
+      max_programs: compiled programs kept (one per batch size, steps, sampler
+        and kind of answer); beyond it the least recently used is dropped.
+      header_timeout_s: seconds a connection may take to send a request's
+        headers (from its opening or its previous answer); then it is closed.
+      body_timeout_s: seconds a request's body may take to arrive; then 408.
     """
 
     max_steps: int = 1024
@@ -88,19 +119,37 @@ class Limits:
     timeout_s: float = 120.0
     window_s: float = 0.005
     max_body_bytes: int = 65536
+    max_programs: int = 64
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+
+    def __post_init__(self):
+        for name in ("max_steps", "max_n", "max_batch", "max_queue", "max_body_bytes", "max_programs"):
+            _check_number(name, getattr(self, name), 1, strict=False, integer=True)
+        for name in ("timeout_s", "header_timeout_s", "body_timeout_s"):
+            _check_number(name, getattr(self, name), 0, strict=True, integer=False)
+        _check_number("window_s", self.window_s, 0, strict=False, integer=False)
 
 
 class APIError(Exception):
     """An error answered in OpenAI's JSON shape: {"error": {"message", "type", "param", "code"}}."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
+                 kind: str = "invalid_request_error", headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers
+
+    def response_body(self) -> dict:
+        """The error object: {"message", "type", "param", "code"}."""
+        return {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
 
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status)
+        return JSONResponse({"error": self.response_body()}, status_code=self.status, headers=self.headers)
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
 
 
 def _validation_error(e: ValidationError) -> APIError:
@@ -212,36 +261,149 @@ def plan(run: runs.Run, req: CompletionRequest, limits: Limits) -> Plan:
 # --------------------------------------------------------------------------- the batched sampler
 
 
+_LISTENERS: dict[int, Callable[[np.ndarray], None]] = {}
+"""Batch id -> what receives its states while it runs (``_deliver``); set by ``Engine.run_batch``."""
+_BATCH_IDS = itertools.count()
+
+
+def _deliver(batch_id, states) -> None:
+    """The host end of the per-call hook: hand states int32[B, L] to the listener of the running batch.
+
+    Runs on XLA's thread inside the compiled program, so it never raises (an
+    exception here would fail the whole batch).
+    """
+    listener = _LISTENERS.get(int(batch_id))
+    if listener is None:
+        return
+    try:
+        listener(np.asarray(states))
+    except Exception:  # noqa: BLE001  a failing listener (a closed event loop) must not fail the batch
+        logger.exception("sedd serve: a stream's listener failed")
+
+
+def _anywhere(flag: jax.Array) -> jax.Array:
+    """bool[]: whether any row of the vmapped batch ("rows") has `flag`: one branch for the whole batch."""
+    return jax.lax.psum(flag.astype(jnp.int32), "rows") > 0
+
+
+def _nucleus(q: jax.Array, top_p: jax.Array) -> jax.Array:
+    """q restricted to its top_p nucleus and renormalised (float32[..., V]): ``sedd.sampling.nucleus``'s set.
+
+    A token y is kept when the mass of the tokens more probable than it,
+    f(q_y) with f(t) = sum_z q_z [q_z > t], is under top_p; f decreases, so
+    the kept tokens are those with q_y >= t*, the least t with f(t) < top_p.
+    t* is found by bisection on the bits of a float32 (their integer order is
+    the order of non-negative floats; 32 halvings make it exact) instead of
+    a sort of V per position, which XLA's CPU backend runs about 7x slower.
+    """
+    bits = jax.lax.bitcast_convert_type(q, jnp.int32)
+    lo = jnp.zeros(q.shape[:-1] + (1,), jnp.int32)  # f(0) = 1 >= top_p
+    hi = jnp.max(bits, axis=-1, keepdims=True)  # f(max q) = 0 < top_p
+
+    def halve(_, bounds):
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        above = jnp.where(q > jax.lax.bitcast_convert_type(mid, jnp.float32), q, 0.0)  # (..., V)
+        under = jnp.sum(above, axis=-1, keepdims=True) < top_p
+        return jnp.where(under, lo, mid), jnp.where(under, mid, hi)
+
+    _, hi = jax.lax.fori_loop(0, 32, halve, (lo, hi))
+    kept = jnp.where(q >= jax.lax.bitcast_convert_type(hi, jnp.float32), q, 0.0)
+    return kept / kept.sum(-1, keepdims=True)
+
+
+def _tempered(log_score: jax.Array, x: jax.Array, temperature: jax.Array, top_p: jax.Array, graph) -> jax.Array:
+    r"""The log-score with this row's temperature T and nucleus top_p applied to the denoiser at masked positions.
+
+    The law of ``sedd.sampling.Context.score``, with T and top_p traced: at a
+    masked position the token log-scores l_y (y < V) become
+
+        l'_y = logsumexp(l) + log q_y,   q ∝ softmax(l / T) on its top_p nucleus   (T = 0: one-hot of the argmax),
+
+    which keeps the step's unmasking mass sum_y e^{l_y} and shares it as q
+    (``Context.denoiser``; the nucleus by ``_nucleus``), so a sampler run at
+    T = 1, top_p = 1 on l' draws what it would have drawn from q. Rows at
+    T = 1, top_p = 1 keep their log-score as it is, and when no row of the
+    batch asks for either (or for a top_p < 1) nothing of it is computed.
+
+    Args:
+      log_score: float[1, L, D] this row's network output; x: int32[1, L] its state.
+      temperature, top_p: float32[] this row's values.
+    Returns:
+      float[1, L, D], log_score's dtype.
+    """
+    v = graph.vocab_size
+    asks = (temperature != 1) | (top_p < 1)  # ()
+
+    def shaped(log_score):
+        logits = log_score[..., :v].astype(jnp.float32)  # (1, L, V)
+        argmax = jax.nn.one_hot(jnp.argmax(logits, -1), v, dtype=jnp.float32)
+        scaled = logits / jnp.where(temperature == 0, 1.0, temperature)
+        q = jnp.where(temperature == 0, argmax, jax.nn.softmax(scaled, -1))
+        q = jax.lax.cond(_anywhere(top_p < 1), lambda q: jnp.where(top_p < 1, _nucleus(q, top_p), q),
+                         lambda q: q, q)
+        mass = jax.nn.logsumexp(logits, axis=-1, keepdims=True)  # (1, L, 1)
+        tokens = jnp.where(q > 0, mass + jnp.log(jnp.where(q > 0, q, 1.0)), -jnp.inf)
+        out = jnp.concatenate([tokens, log_score[..., v:].astype(jnp.float32)], -1)  # (1, L, D)
+        return jnp.where((x == graph.mask)[..., None] & asks, out, log_score).astype(log_score.dtype)
+
+    return jax.lax.cond(_anywhere(asks), shaped, lambda s: s, log_score)
+
+
+@functools.lru_cache(maxsize=None)
+def _serving_score(graphdef, graph, live: bool):
+    """The score function of a served row: (params, x, sigma) -> log-score, params = (state, T, top_p, batch id).
+
+    The network of ``sedd.kinds.params_score_fn``, its output tempered per row
+    (``_tempered``; the absorbing graph only: the server refuses T != 1 and
+    top_p != 1 elsewhere). With `live`, each call first hands the states of
+    all rows of the batch to the host (``_deliver``): one callback a call, the
+    rows gathered over the vmapped axis, whatever the batch size.
+    """
+    network = kinds.params_score_fn(graphdef)
+
+    def score_fn(params, x, sigma):
+        state, temperature, top_p, batch_id = params
+        if live:
+            jax.debug.callback(_deliver, batch_id, jax.lax.all_gather(x[0], "rows"))  # (B, L)
+        log_score = network(state, x, sigma)
+        return _tempered(log_score, x, temperature, top_p, graph) if graph.absorb else log_score
+
+    return score_fn
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "graph", "noise", "steps", "predictor", "eps",
-                                             "categorical", "trajectory", "temperature", "top_p"))
-def _sample_rows(state, seeds, rows, mask, tokens, *, graphdef, graph, noise, steps, predictor, eps,
-                 categorical, trajectory, temperature=1.0, top_p=1.0):
-    """Each row sampled with its own key fold_in(key(seed), row): the same text in any batch.
+                                             "categorical", "trajectory", "live"))
+def _sample_rows(state, seeds, rows, mask, tokens, temperature, top_p, batch_id, *, graphdef, graph, noise, steps,
+                 predictor, eps, categorical, trajectory, live):
+    """Each row sampled with its own key fold_in(key(seed), row), temperature and top_p: the same text in any batch.
 
     Args:
       state: (params, rest) of the network.
       seeds, rows: uint32[B] each.
       mask: bool[B, L]; tokens: int32[B, L] (``sedd.sampling.sample``'s fixed_mask / fixed_tokens).
+      temperature, top_p: float32[B], traced: one program serves every value.
+      batch_id: int32[], the batch's key in ``_LISTENERS`` (with `live`).
     Returns:
       (x, traj, nfe): x int32[B, L]; traj int32[B, N + 1, L], the state before
       each step, or None without trajectory; nfe int32[B], the network calls
       each row's sampler made, counted as if it ran alone (the batch skips a
       call only when no row needs it).
     """
-    score_fn = kinds.params_score_fn(graphdef)
+    score_fn = _serving_score(graphdef, graph, live)
     length = mask.shape[1]
 
-    def one(seed, row, m, t):  # one row as a batch of 1: (1, L)
+    def one(seed, row, m, t, temp, p):  # one row as a batch of 1: (1, L)
         key = jax.random.fold_in(jax.random.key(seed), row)
         out = sampling.sample(key, score_fn, graph, noise, (1, length), steps, predictor, eps=eps,
-                              fixed_mask=m[None], fixed_tokens=t[None], score_params=state,
-                              categorical=categorical, return_trajectory=trajectory, temperature=temperature,
-                              top_p=top_p, return_stats=True, axis_name="rows")
+                              fixed_mask=m[None], fixed_tokens=t[None], score_params=(state, temp, p, batch_id),
+                              categorical=categorical, return_trajectory=trajectory, return_stats=True,
+                              axis_name="rows")
         traj = None if out.trajectory is None else out.trajectory[:, 0]  # (N + 1, L)
         return out.tokens[0], traj, out.stats["nfe_per_sample"][0]  # (L,), ..., ()
 
     # axis_name: the network runs once a step on all rows with unbatched weights (not once per row).
-    return jax.vmap(one, axis_name="rows")(seeds, rows, mask, tokens)
+    return jax.vmap(one, axis_name="rows")(seeds, rows, mask, tokens, temperature, top_p)
 
 
 def batch_size(rows: int) -> int:
@@ -260,16 +422,22 @@ def batch_sizes(max_batch: int) -> list[int]:
 
 @dataclasses.dataclass
 class Job:
-    """A request waiting for the engine; `future` receives its result."""
+    """A request waiting for the engine; `future` receives its result.
+
+    `progress`, when given, is called as progress(i, ids) with the state
+    int32[L] of the job's row i at each network call of its batch, from XLA's
+    thread while the batch runs (it must be quick and thread-safe).
+    """
 
     plan: Plan
     trajectory: bool  # also return the states along the way (a diffusing request)
     future: concurrent.futures.Future
+    progress: Callable[[int, np.ndarray], None] | None = None
 
     @functools.cached_property
     def program(self) -> tuple:
-        """Jobs with equal programs can run in one batch."""
-        return (self.plan.steps, self.plan.sampler, self.trajectory, self.plan.temperature, self.plan.top_p)
+        """Jobs with equal programs can run in one batch (temperature and top_p are per row)."""
+        return (self.plan.steps, self.plan.sampler, self.trajectory, self.progress is not None)
 
 
 class Busy(Exception):
@@ -282,6 +450,8 @@ class Engine:
     The oldest waiting job always runs next, so none waits behind others for
     ever; jobs arriving within `window_s` of it with the same program join its
     batch (up to max_batch rows), padded to one of a few sizes (``batch_size``).
+    The compiled programs are kept in least-recently-used order, at most
+    `max_programs` of them (``programs``); ``compiles`` counts the compilations.
     """
 
     def __init__(self, run: runs.Run, limits: Limits):
@@ -291,7 +461,8 @@ class Engine:
         self.cond = threading.Condition()
         self.stopping = False
         self.batches = 0
-        self.compiled: set[tuple] = set()
+        self.programs: collections.OrderedDict[tuple, jax.stages.Compiled] = collections.OrderedDict()
+        self.compiles = 0
         self.thread = threading.Thread(target=self._loop, name="sedd-serve-engine", daemon=True)
 
     def start(self) -> None:
@@ -303,9 +474,10 @@ class Engine:
             self.cond.notify_all()
         self.thread.join(timeout=30)
 
-    def submit(self, plan: Plan, trajectory: bool) -> concurrent.futures.Future:
+    def submit(self, plan: Plan, trajectory: bool,
+               progress: Callable[[int, np.ndarray], None] | None = None) -> concurrent.futures.Future:
         """Queue a job; its future gets (ids int32[n, L], trajectory int32[n, N + 1, L] or None, info dict)."""
-        job = Job(plan, trajectory, concurrent.futures.Future())
+        job = Job(plan, trajectory, concurrent.futures.Future(), progress)
         with self.cond:
             if len(self.pending) >= self.limits.max_queue:  # purge the jobs given up on before refusing
                 self.pending = collections.deque(j for j in self.pending if not j.future.cancelled())
@@ -320,7 +492,6 @@ class Engine:
             if len(self.pending) == 1 or self.rows >= self.limits.max_batch:
                 self.cond.notify_all()
         return job.future
-
     def _take(self) -> list[Job] | None:
         """The next batch: the oldest job and the jobs of its program that came within the window."""
         with self.cond:
@@ -387,33 +558,41 @@ class Engine:
 
     def run_batch(self, batch: list[Job]) -> list[tuple]:
         """Sample the rows of all jobs of the batch in one call of the compiled program."""
-        run, first = self.run, batch[0].plan
-        seeds, rows, masks, tokens = [], [], [], []
+        run = self.run
+        seeds, rows, masks, tokens, temperature, top_p = [], [], [], [], [], []
+        live = {}  # batch row -> (job, its row) for the jobs that watch their rows
         for job in batch:
             for i in range(job.plan.n):
+                if job.progress is not None:
+                    live[len(seeds)] = (job, i)
                 seeds.append(job.plan.seed)
                 rows.append(i)
                 masks.append(job.plan.mask)
                 tokens.append(job.plan.tokens)
+                temperature.append(job.plan.temperature)
+                top_p.append(job.plan.top_p)
         used = len(seeds)
         size = batch_size(used)
-        for _ in range(size - used):
+        for _ in range(size - used):  # padding rows: row 0's conditioning at T = 1, top_p = 1
             seeds.append(0), rows.append(0), masks.append(masks[0]), tokens.append(tokens[0])
-        s = run.config.sampling
+            temperature.append(1.0), top_p.append(1.0)
+        batch_id = next(_BATCH_IDS) & 0x7FFFFFFF
+        args = ((run.params, run.rest), jnp.asarray(seeds, jnp.uint32), jnp.asarray(rows, jnp.uint32),
+                jnp.asarray(np.stack(masks)), jnp.asarray(np.stack(tokens)), jnp.asarray(temperature, jnp.float32),
+                jnp.asarray(top_p, jnp.float32), jnp.int32(batch_id))
         t0 = time.perf_counter()
-        out = _sample_rows((run.params, run.rest), jnp.asarray(seeds, jnp.uint32), jnp.asarray(rows, jnp.uint32),
-                           jnp.asarray(np.stack(masks)), jnp.asarray(np.stack(tokens)), graphdef=run.graphdef,
-                           graph=run.graph, noise=run.noise, steps=first.steps, predictor=first.sampler,
-                           eps=float(s.eps), categorical=s.categorical, trajectory=batch[0].trajectory,
-                           temperature=first.temperature, top_p=first.top_p)
-        out = jax.tree.map(np.asarray, out)
+        program, compiled = self._program((size, *batch[0].program), args)
+        if live:
+            _LISTENERS[batch_id] = lambda states: [job.progress(i, states[k]) for k, (job, i) in live.items()]
+        try:
+            out = jax.tree.map(np.asarray, program(*args))  # the listener is called while this runs
+        finally:
+            _LISTENERS.pop(batch_id, None)
         seconds = time.perf_counter() - t0
         ids, traj, nfe = out
         self.batches += 1
-        program = (size, *batch[0].program)
         info = {"batch_rows": used, "padded_rows": size, "seconds": seconds,
-                "compiled": program not in self.compiled}  # True: `seconds` includes compiling the program
-        self.compiled.add(program)
+                "compiled": compiled}  # True: `seconds` includes compiling the program
         results, i = [], 0
         for job in batch:
             n = job.plan.n
@@ -422,6 +601,27 @@ class Engine:
                             {**info, "nfe": int(nfe[i:i + n].max())}))
             i += n
         return results
+
+    def _program(self, key: tuple, args: tuple) -> tuple[jax.stages.Compiled, bool]:
+        """(the compiled program of key = (rows, steps, sampler, trajectory, live), whether it was compiled now).
+
+        Compiled ahead of time and kept here, not in jit's own cache, so that
+        dropping the least recently used beyond ``max_programs`` frees it.
+        """
+        program = self.programs.get(key)
+        if program is not None:
+            self.programs.move_to_end(key)
+            return program, False
+        _, steps, sampler, trajectory, live = key
+        run, s = self.run, self.run.config.sampling
+        program = _sample_rows.lower(*args, graphdef=run.graphdef, graph=run.graph, noise=run.noise, steps=steps,
+                                     predictor=sampler, eps=float(s.eps), categorical=s.categorical,
+                                     trajectory=trajectory, live=live).compile()
+        self.programs[key] = program
+        self.compiles += 1
+        while len(self.programs) > self.limits.max_programs:
+            self.programs.popitem(last=False)
+        return program, True
 
     def warmup(self, steps: int | None = None, sampler: str | None = None, trajectory: bool = False) -> None:
         """Compile the program of every batch size (``batch_sizes(max_batch)``) before serving."""
@@ -481,6 +681,70 @@ class Texts:
         return "".join(out), masked
 
 
+def settles(run: runs.Run, sampler: str) -> bool:
+    """Whether a completion position, once unmasked, keeps its token until the end of the sampling.
+
+    True on the absorbing graph for every sampler but ReMDM, which masks
+    decoded tokens again; on the uniform graph no token is settled before the
+    end. Where it holds, ``Streamed`` can send text while the sampling runs.
+    """
+    return run.graph.absorb and not isinstance(sampling.PREDICTORS[sampler], sampling.ReMDM)
+
+
+class Streamed:
+    """The text of each choice of a `stream: true` request, sent as it can no longer change.
+
+    With a sampler that ``settles``, the longest prefix of the completion
+    without a mask is final; its text, cut at an end-of-text token or a
+    `stop` string, is sent except for the last len(longest stop) - 1
+    characters (a stop string could still begin there) and a trailing U+FFFD
+    (a character whose bytes are not all unmasked yet). So the chunks a choice
+    receives always concatenate to its final text.
+    """
+
+    def __init__(self, texts: Texts, p: Plan, stop: list[str]):
+        self.texts, self.p, self.stop = texts, p, [s for s in stop if s]
+        self.sent = [""] * p.n
+        self.done = [False] * p.n
+        self.hold = max((len(s) for s in self.stop), default=1) - 1
+
+    def update(self, i: int, ids: np.ndarray) -> str:
+        """The text choice i adds with its state ids int[L] (often ""); it is then counted as sent."""
+        if self.done[i]:
+            return ""
+        p, tx = self.p, self.texts
+        span = ids[p.start:p.start + p.length]
+        masked = span == tx.mask_id
+        final = not masked.any()  # no mask left: the denoise changes nothing, this is the answer
+        span = span[: int(np.argmax(masked))] if not final else span
+        if tx.eos_id is not None and (span == tx.eos_id).any():
+            span, final = span[: int(np.argmax(span == tx.eos_id))], True
+        text = tx.tok.decode(span) if len(span) else ""
+        cut = min((text.find(s) for s in self.stop if s in text), default=None)
+        safe = len(text) if final else len(text.rstrip("\ufffd")) - self.hold
+        if cut is not None and cut <= safe:  # any earlier stop string would lie inside the text: found
+            text, final = text[:cut], True
+        elif not final:
+            text = text[:max(safe, 0)]
+        self.done[i] = final
+        return self._extend(i, text)
+
+    def rest(self, i: int, text: str) -> str:
+        """What choice i still has to send of its final text."""
+        self.done[i] = True
+        return self._extend(i, text)
+
+    def _extend(self, i: int, text: str) -> str:
+        sent = self.sent[i]
+        if len(text) <= len(sent):
+            return ""
+        if not text.startswith(sent):  # cannot happen with a sampler that settles; never send text twice
+            logger.warning("sedd serve: a streamed choice changed after it was sent (%r, then %r)", sent, text)
+            return ""
+        self.sent[i] = text
+        return text[len(sent):]
+
+
 # --------------------------------------------------------------------------- the app
 
 
@@ -489,18 +753,107 @@ def model_name(workdir: str | Path) -> str:
     return f"sedd-{Path(workdir).resolve().name}"
 
 
-def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits()) -> Starlette:
+def host_name(host: str) -> str:
+    """The name of a Host header without its port, lower case: "[::1]:8000" -> "::1", "LocalHost." -> "localhost"."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    if host.count(":") == 1:
+        host = host.split(":")[0]
+    return host.rstrip(".")
+
+
+class Gate:
+    """ASGI middleware: refuse, before any route, a request this server must not answer.
+
+    - A Host header that is not in `hosts` (421): a page of another site that
+      rebinds its own name to 127.0.0.1 sends its name, not ours. "*" admits any.
+    - With `api_key`, a /v1/ request without ``Authorization: Bearer <api_key>``
+      (401, as OpenAI answers a wrong key). The playground page and /health
+      stay open.
+    """
+
+    def __init__(self, app, hosts: tuple[str, ...] = LOCAL_HOSTS, api_key: str | None = None):
+        self.app = app
+        self.hosts = frozenset(host_name(h) for h in hosts)
+        self.bearer = None if api_key is None else f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            refusal = self.refusal(scope)
+            if refusal is not None:
+                await refusal.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope) -> APIError | None:
+        headers = dict(scope["headers"])  # ASGI gives the names lower case
+        if "*" not in self.hosts:
+            host = headers.get(b"host", b"").decode("latin-1")
+            if host_name(host) not in self.hosts:
+                return APIError(421, f"this server does not answer requests for the host {host!r}; it answers "
+                                     f"{', '.join(sorted(self.hosts))} (start it with --allowed_hosts to add "
+                                     "names)", None, "host_not_allowed")
+        if self.bearer is not None and scope["path"].startswith("/v1/"):
+            given = headers.get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.bearer):
+                return APIError(401, "incorrect or missing API key: send the key this server was started with as "
+                                     "`Authorization: Bearer <key>`", None, "invalid_api_key",
+                                headers={"WWW-Authenticate": "Bearer"})
+        return None
+
+
+def _guarded(endpoint):
+    """The endpoint with its errors answered in OpenAI's shape and the connection kept usable.
+
+    An ``APIError`` is answered as it is; any other exception is a fault of
+    the server: logged with its traceback, answered 500 with a reference to
+    the log line and no internal text. (Starlette's own handler of a 500
+    re-raises after answering, which closes a keep-alive connection.)
+    """
+
+    @functools.wraps(endpoint)
+    async def run(request: Request):
+        try:
+            return await endpoint(request)
+        except APIError as e:
+            return e.response()
+        except ClientGone:
+            return Response(status_code=204)  # nobody reads it
+        except Exception:  # noqa: BLE001  the server's fault: logged, answered, the server keeps serving
+            return _internal_error(f"{request.method} {request.url.path}").response()
+
+    return run
+
+
+def _internal_error(what: str) -> APIError:
+    """Log the exception being handled with its traceback; the 500 the client gets instead of its text."""
+    ref = uuid.uuid4().hex[:12]
+    logger.exception("sedd serve: internal error %s on %s", ref, what)
+    return APIError(500, f"the server failed on this request (reference {ref} in its log)", None,
+                    "internal_error", kind="server_error")
+
+
+def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
+               allowed_hosts: tuple[str, ...] = LOCAL_HOSTS, api_key: str | None = None) -> Starlette:
     """The ASGI app serving `run` (start and stop its engine with the app's lifespan).
 
-    A bare Starlette app: four routes whose bodies pydantic validates, with no
-    per-request dependency solving or middleware beyond Starlette's error
-    handling (FastAPI's layers took about a quarter of the server's CPU under
-    load; docs/serving.md).
+    A bare Starlette app: four routes whose bodies pydantic validates, behind
+    ``Gate`` (Host allow-list, optional API key), with no per-request
+    dependency solving (FastAPI's layers took about a quarter of the server's
+    CPU under load; docs/serving.md). The header timeout is the HTTP server's
+    business: ``main`` gives uvicorn ``header_timeout_protocol``.
+
+    Args:
+      allowed_hosts: the names a request's Host header may give ("*": any).
+      api_key: when given, every /v1/ request must carry ``Authorization: Bearer <api_key>``.
     """
     if not run.kind.serves:
         raise ValueError(f"sedd serve serves diffusion runs; this run's model.kind is {run.kind.name!r}")
     if limits.max_batch < limits.max_n:
         raise ValueError(f"max_batch={limits.max_batch} must be at least max_n={limits.max_n}")
+    if api_key is not None and not api_key:
+        raise ValueError("api_key must not be empty")
     engine = Engine(run, limits)
     texts = Texts(run)
     created = int(time.time())
@@ -513,7 +866,8 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits()) -> 
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "model": name, "step": run.step, "queued": engine.queued,
-                             "batches": engine.batches})
+                             "batches": engine.batches, "programs": len(engine.programs),
+                             "compiles": engine.compiles})
 
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": created,
@@ -524,7 +878,7 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits()) -> 
         return HTMLResponse(resources.files("sedd").joinpath("static/playground.html").read_text(encoding="utf-8"))
 
     async def completions(request: Request):
-        body = await _read_body(request, limits.max_body_bytes)
+        body = await _read_body(request, limits)
         try:
             req = CompletionRequest.model_validate_json(body)
         except ValidationError as e:
@@ -533,74 +887,173 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits()) -> 
             raise APIError(404, f"the model {req.model!r} does not exist; this server serves {name!r}", "model",
                            "model_not_found")
         p = plan(run, req, limits)
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        cid, now = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        head = {"id": cid, "object": "text_completion", "created": now, "model": name}
+        progress, queue = None, None
+        if req.stream and not req.diffusing and settles(run, p.sampler):
+            queue, loop = asyncio.Queue(), asyncio.get_running_loop()
+            progress = lambda i, ids: loop.call_soon_threadsafe(queue.put_nowait, (i, ids.copy()))  # noqa: E731
         try:
-            future = engine.submit(p, trajectory=req.diffusing)
+            future = engine.submit(p, trajectory=req.diffusing, progress=progress)
         except Busy as e:
             raise APIError(503, str(e), None, "server_busy", kind="server_error") from None
-        try:
-            ids, traj, info = await asyncio.wait_for(asyncio.wrap_future(future), limits.timeout_s)
-        except asyncio.CancelledError:  # the client went away: its job need not run
-            future.cancel()
-            raise
-        except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
-            future.cancel()
-            raise APIError(503, f"the request waited more than {limits.timeout_s:g} s; the server is busy, retry "
-                                "later", None, "timeout", kind="server_error") from None
-        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        if req.stream and not req.diffusing:
+            return EventSourceResponse(_stream(texts, p, stop, head, future, queue, limits.timeout_s), ping=600)
+        ids, traj, info = await _result(request, future, limits.timeout_s)
         choices = [dict(zip(("text", "finish_reason"), texts.completion(row, p, stop))) for row in ids]
-        cid, now = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        diffusion = {"steps": p.steps, "sampler": p.sampler, "seed": p.seed, **info,
-                     "tokens_per_second": p.n * p.length / max(info["seconds"], 1e-9)}
-        usage = {"prompt_tokens": p.start + p.suffix_len, "completion_tokens": p.n * p.length,
-                 "total_tokens": p.start + p.suffix_len + p.n * p.length}
-        head = {"id": cid, "object": "text_completion", "created": now, "model": name}
+        diffusion = _diffusion(p, info)
         if req.diffusing:
-            return EventSourceResponse(_frames(texts, p, req, traj, choices, head, diffusion, usage), ping=600)
+            return EventSourceResponse(_frames(texts, p, req, traj, choices, head, diffusion, _usage(p)), ping=600)
         out = [{"index": i, "text": c["text"], "logprobs": None, "finish_reason": c["finish_reason"]}
                for i, c in enumerate(choices)]
-        if req.stream:
-            return EventSourceResponse(_chunks(head, out), ping=600)
-        return JSONResponse({**head, "choices": out, "usage": usage, "diffusion": diffusion})
-
-    async def api_error(request, e: APIError) -> JSONResponse:
-        return e.response()
+        return JSONResponse({**head, "choices": out, "usage": _usage(p), "diffusion": diffusion})
 
     async def http_error(request, e: HTTPException) -> JSONResponse:  # no such route (404), wrong method (405)
         return APIError(e.status_code, str(e.detail)).response()
 
-    async def server_error(request, e: Exception) -> JSONResponse:
-        return APIError(500, f"{type(e).__name__}: {e}", kind="server_error").response()
-
     app = Starlette(
-        routes=[Route("/health", health), Route("/v1/models", models), Route("/", playground),
-                Route("/v1/completions", completions, methods=["POST"])],
-        exception_handlers={APIError: api_error, HTTPException: http_error, Exception: server_error},
-        lifespan=lifespan)
+        routes=[Route("/health", _guarded(health)), Route("/v1/models", _guarded(models)),
+                Route("/", _guarded(playground)), Route("/v1/completions", _guarded(completions), methods=["POST"])],
+        exception_handlers={HTTPException: http_error}, lifespan=lifespan)
     app.state.engine, app.state.name = engine, name
+    app.add_middleware(Gate, hosts=tuple(allowed_hosts), api_key=api_key)
     return app
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 once it is over `limit` bytes (by its header or as it arrives)."""
+def _diffusion(p: Plan, info: dict) -> dict:
+    """The response's `diffusion` object: steps, sampler, seed, the batch's figures, tokens/s."""
+    return {"steps": p.steps, "sampler": p.sampler, "seed": p.seed, **info,
+            "tokens_per_second": p.n * p.length / max(info["seconds"], 1e-9)}
+
+
+def _usage(p: Plan) -> dict:
+    return {"prompt_tokens": p.start + p.suffix_len, "completion_tokens": p.n * p.length,
+            "total_tokens": p.start + p.suffix_len + p.n * p.length}
+
+
+async def _read_body(request: Request, limits: Limits) -> bytes:
+    """The JSON body: 415 unless it is sent as application/json, 413 over max_body_bytes, 408 if it stalls.
+
+    Refusing other content types means a page of another site cannot post
+    here with a "simple" request (text/plain needs no CORS preflight).
+
+    Raises:
+      APIError: 415, 413 (by its header or as it arrives), or 408 when the
+        whole body has not arrived within body_timeout_s (the connection is
+        then closed).
+      ClientGone: the client left while sending it.
+    """
+    ctype = request.headers.get("content-type", "")
+    if ctype.split(";", 1)[0].strip().lower() != "application/json":
+        raise APIError(415, f"the body must be JSON sent with Content-Type: application/json (got {ctype!r})",
+                       None, "unsupported_media_type")
+    limit = limits.max_body_bytes
     too_big = APIError(413, f"the request body is over this server's limit of {limit} bytes", None,
                        "request_too_large")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_big
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limits.body_timeout_s
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
+    while True:
+        try:
+            message = await asyncio.wait_for(request.receive(), max(deadline - loop.time(), 0.0))
+        except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
+            raise APIError(408, f"the request body did not arrive within {limits.body_timeout_s:g} s", None,
+                           "request_timeout", headers={"Connection": "close"}) from None
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        size += len(message.get("body", b""))
         if size > limit:
             raise too_big
-        chunks.append(chunk)
-    return b"".join(chunks)
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
-async def _chunks(head: dict, choices: list[dict]):
-    """OpenAI's streamed completion: chunks whose texts concatenate to each choice's text, then [DONE]."""
-    for c in choices:
-        yield {"data": json.dumps({**head, "choices": [c]})}
-    yield {"data": "[DONE]"}
+async def _result(request: Request, future: concurrent.futures.Future, timeout_s: float) -> tuple:
+    """The engine's result for a job, or its job dropped when the client hangs up or the wait times out.
+
+    A plain HTTP request's task is not cancelled when its client leaves, so
+    the disconnect is watched for (the ASGI receive after the body).
+
+    Raises:
+      ClientGone: the client hung up (the job is dropped if it has not started).
+      APIError: 503 after timeout_s.
+    """
+    waiter = asyncio.wrap_future(future)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({waiter, gone}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if waiter in done:
+        return waiter.result()
+    future.cancel()  # a job that has not started leaves the queue unrun
+    waiter.cancel()
+    if gone in done:
+        raise ClientGone()
+    raise APIError(503, f"the request waited more than {timeout_s:g} s; the server is busy, retry later", None,
+                   "timeout", kind="server_error")
+
+
+async def _disconnect(request: Request) -> None:
+    """Return when the client has closed the connection."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _stream(texts: Texts, p: Plan, stop: list[str], head: dict, future: concurrent.futures.Future,
+                  queue: asyncio.Queue | None, timeout_s: float):
+    """OpenAI's streamed completion, sent as the text settles: chunks that concatenate to each choice's text.
+
+    With a `queue` (a sampler that ``settles``), the states the engine hands
+    over at each network call become chunks of new settled text while the
+    sampling runs; the last chunk of each choice holds the rest and its
+    finish_reason, then [DONE]. A failure after the stream has begun is an
+    event {"error": ...}. A client that hangs up (sse-starlette then cancels
+    this generator) or a timeout drops the job if it has not started.
+    """
+    streamed = Streamed(texts, p, stop)
+    waiter = asyncio.wrap_future(future)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+
+    def chunk(i, text, reason=None):
+        return {"data": json.dumps({**head, "choices": [{"index": i, "text": text, "logprobs": None,
+                                                         "finish_reason": reason}]})}
+
+    try:
+        while not waiter.done():
+            wanted = {waiter} if queue is None else {waiter, asyncio.ensure_future(queue.get())}
+            done, pending = await asyncio.wait(wanted, timeout=deadline - loop.time(),
+                                               return_when=asyncio.FIRST_COMPLETED)
+            for task in pending - {waiter}:
+                task.cancel()
+            if not done:
+                error = APIError(503, f"the request waited more than {timeout_s:g} s; the server is busy, retry "
+                                      "later", None, "timeout", kind="server_error")
+                yield {"data": json.dumps({"error": error.response_body()})}
+                return
+            for task in done - {waiter}:
+                i, ids = task.result()
+                text = streamed.update(i, ids)
+                if text:
+                    yield chunk(i, text)
+        try:
+            ids, _, _ = waiter.result()
+        except Exception:  # noqa: BLE001  the engine failed: the client hears of it, the log has the traceback
+            yield {"data": json.dumps({"error": _internal_error("a streamed completion").response_body()})}
+            return
+        for i, row in enumerate(ids):
+            text, reason = texts.completion(row, p, stop)
+            yield chunk(i, streamed.rest(i, text), reason)
+        yield {"data": "[DONE]"}
+    finally:
+        future.cancel()  # no effect once it has run
+        waiter.cancel()
 
 
 async def _frames(texts: Texts, p: Plan, req: CompletionRequest, traj: np.ndarray, choices: list[dict],
@@ -636,20 +1089,80 @@ async def _frames(texts: Texts, p: Plan, req: CompletionRequest, traj: np.ndarra
 # --------------------------------------------------------------------------- entry point
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`sedd serve --workdir RUN [--host 127.0.0.1] [--port 8000] [limits ...]`."""
+def header_timeout_protocol(seconds: float):
+    """uvicorn's httptools protocol, closing a connection whose request headers take over `seconds`.
+
+    The clock runs from the connection's opening and from each answer's end
+    to the end of the next request's headers; uvicorn itself waits for
+    headers for ever once a byte of them has arrived. Returns None where
+    httptools is missing (uvicorn then uses h11, without this timeout).
+    """
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # optional dependency: httptools
+    except ImportError:
+        return None
+
+    class HeaderTimeout(HttpToolsProtocol):
+        _timer = None
+
+        def _arm(self):
+            self._disarm()
+            self._timer = self.loop.call_later(seconds, self._late)
+
+        def _disarm(self):
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _late(self):
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._arm()
+
+        def on_headers_complete(self):
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_response_complete(self):
+            waiting = bool(self.pipeline)  # a pipelined request whose headers are in runs next
+            super().on_response_complete()
+            if not waiting and not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc):
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderTimeout
+
+
+def _parser() -> argparse.ArgumentParser:
     d = Limits()
     parser = argparse.ArgumentParser(prog="sedd serve", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", required=True, help="the run directory to serve")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost only)")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--allowed_hosts", default="",
+                        help="comma-separated names a request's Host header may give, besides localhost, "
+                             "127.0.0.1, ::1 and a --host other than 0.0.0.0 / :: ('*': any; see docs/serving.md)")
+    parser.add_argument("--api_key", default=None,
+                        help=f"require `Authorization: Bearer KEY` on /v1/ (default: ${API_KEY_ENV}, else none)")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
     parser.add_argument("--model_name", default=None, help="the model id (default: sedd-<run directory name>)")
     parser.add_argument("--max_steps", type=int, default=d.max_steps, help="most steps a request may ask for")
     parser.add_argument("--max_n", type=int, default=d.max_n, help="most completions per request")
     parser.add_argument("--max_batch", type=int, default=d.max_batch, help="most rows in one batch")
     parser.add_argument("--max_queue", type=int, default=d.max_queue, help="most waiting requests (then 503)")
+    parser.add_argument("--max_programs", type=int, default=d.max_programs,
+                        help="compiled programs kept (the least recently used is dropped beyond)")
     parser.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds a request may wait (then 503)")
+    parser.add_argument("--header_timeout", type=float, default=d.header_timeout_s,
+                        help="seconds a connection may take to send a request's headers (then it is closed)")
+    parser.add_argument("--body_timeout", type=float, default=d.body_timeout_s,
+                        help="seconds a request's body may take to arrive (then 408)")
     parser.add_argument("--window_ms", type=float, default=d.window_s * 1e3,
                         help="collection window of a batch, in milliseconds (0: no batching wait)")
     parser.add_argument("--max_body", type=int, default=d.max_body_bytes, help="largest request body, bytes")
@@ -657,12 +1170,49 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", action="store_true",
                         help="compile every batch size of the warm-up steps and the default sampler before serving")
     parser.add_argument("--warmup_steps", type=int, default=None, help="steps to compile (default: the run's)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _options(args) -> tuple[Limits, tuple[str, ...], str | None]:
+    """(limits, allowed hosts, API key) of the command line, each value checked.
+
+    Raises:
+      ValueError: naming the option and the value refused.
+    """
+    if not 1 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port} is not a TCP port (1 to 65535)")
+    for flag, value, low, strict in (("--timeout", args.timeout, 0, True), ("--window_ms", args.window_ms, 0, False),
+                                     ("--header_timeout", args.header_timeout, 0, True),
+                                     ("--body_timeout", args.body_timeout, 0, True)):
+        _check_number(flag, value, low, strict, integer=False)
+    for flag in ("max_steps", "max_n", "max_batch", "max_queue", "max_programs", "max_body"):
+        _check_number(f"--{flag}", getattr(args, flag), 1, strict=False, integer=True)
+    if args.max_batch < args.max_n:
+        raise ValueError(f"--max_batch {args.max_batch} must be at least --max_n {args.max_n}")
+    if args.warmup_steps is not None and not 1 <= args.warmup_steps <= args.max_steps:
+        raise ValueError(f"--warmup_steps {args.warmup_steps} must be in [1, --max_steps {args.max_steps}]")
+    if args.step is not None and args.step < 0:
+        raise ValueError(f"--step {args.step} is not a training step")
     limits = Limits(max_steps=args.max_steps, max_n=args.max_n, max_batch=args.max_batch, max_queue=args.max_queue,
-                    timeout_s=args.timeout, window_s=args.window_ms / 1e3, max_body_bytes=args.max_body)
+                    timeout_s=args.timeout, window_s=args.window_ms / 1e3, max_body_bytes=args.max_body,
+                    max_programs=args.max_programs, header_timeout_s=args.header_timeout,
+                    body_timeout_s=args.body_timeout)
+    hosts = [*LOCAL_HOSTS, *(h.strip() for h in args.allowed_hosts.split(",") if h.strip())]
+    if args.host not in ("0.0.0.0", "::", ""):
+        hosts.append(args.host)
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    if key is not None and (not key or any(c.isspace() for c in key)):
+        raise ValueError("--api_key must be a non-empty key without spaces")
+    return limits, tuple(dict.fromkeys(hosts)), key
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`sedd serve --workdir RUN [--host 127.0.0.1] [--port 8000] [limits ...]`; returns the exit code."""
+    args = _parser().parse_args(argv)
     try:
+        limits, hosts, key = _options(args)
         run = runs.load(args.workdir, step=args.step)
-        app = create_app(run, args.model_name or model_name(args.workdir), limits)
+        app = create_app(run, args.model_name or model_name(args.workdir), limits, hosts, key)
     except (FileNotFoundError, RuntimeError, ValueError) as e:
         print(f"sedd serve: error: {e}", file=sys.stderr)
         return 2
@@ -671,11 +1221,17 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         app.state.engine.warmup(steps=args.warmup_steps)
         print(f"compiled the batch sizes up to {limits.max_batch} in {time.perf_counter() - t0:.1f} s")
-    print(f"serving {name} (step {run.step}, length {run.seq_len}) on http://{args.host}:{args.port}/")
+    access = "an API key is required" if key else "no API key: whoever can reach the port can use it"
+    print(f"serving {name} (step {run.step}, length {run.seq_len}) on http://{args.host}:{args.port}/ "
+          f"for the hosts {', '.join(hosts)}; {access}")
+    protocol = header_timeout_protocol(limits.header_timeout_s)
+    if protocol is None:
+        print("sedd serve: warning: without httptools (pip install 'uvicorn[standard]') there is no header timeout",
+              file=sys.stderr)
     # JAX, the model and the compiled programs are millions of long-lived objects; a full collection walks
     # them all, pausing the whole server (GIL held) under load (docs/serving.md). Frozen, the collector
     # skips them.
     gc.collect()
     gc.freeze()
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, http=protocol or "auto")
     return 0

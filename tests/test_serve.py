@@ -72,6 +72,57 @@ def test_openai_client_non_streaming_and_streaming(server):
     assert {ch.finish_reason for k in chunks for ch in k.choices} - {None} <= {"length", "stop"}
 
 
+class _SlowListeners(dict):
+    """serve._LISTENERS whose listeners take 50 ms a call: the sampling of a streamed batch lasts a while."""
+
+    def get(self, key, default=None):
+        listener = super().get(key, default)
+        if listener is None:
+            return None
+
+        def slow(states):
+            listener(states)
+            time.sleep(0.05)
+
+        return slow
+
+
+def test_stream_sends_text_as_it_settles_while_sampling_runs(server, monkeypatch):
+    """Issue 34: `stream: true` arrived as one chunk after sampling ended; now positions settled so far are sent."""
+    base, run = server
+    monkeypatch.setattr(serve, "_LISTENERS", _SlowListeners())
+    body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 24, "n": 2, "steps": 16, "seed": 7,
+            "sampler": "analytic"}
+    arrived = []
+    with httpx.stream("POST", f"{base}/v1/completions", json={**body, "stream": True}, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                arrived.append((time.monotonic(), line[len("data:"):].strip()))
+    assert arrived[-1][1] == "[DONE]"
+    chunks = [(t, json.loads(d)) for t, d in arrived[:-1]]
+    last = max(t for t, c in chunks if c["choices"][0]["finish_reason"] is not None)
+    early = [c for t, c in chunks if c["choices"][0]["text"] and t < last - 0.1]  # sent while the sampling ran
+    assert len(early) > 1
+    plain = httpx.post(f"{base}/v1/completions", json=body, timeout=120).json()
+    for i in range(2):
+        streamed = "".join(c["choices"][0]["text"] for _, c in chunks if c["choices"][0]["index"] == i)
+        assert streamed == plain["choices"][i]["text"]
+
+
+def test_streamed_text_holds_back_what_a_stop_string_could_still_cut(server):
+    _, run = server
+    texts = serve.Texts(run)
+    p = serve.plan(run, serve.CompletionRequest(prompt="a", max_tokens=8, steps=2, seed=0), serve.Limits())
+    mask, ids = texts.mask_id, run.tokenizer.encode("aROMEO: x")
+    state = np.full(run.seq_len, mask, np.int32)
+    streamed = serve.Streamed(texts, p, ["EO:", "MEO"])
+    state[:5] = ids[:5]  # "a" + "ROME" settled
+    assert streamed.update(0, state) == "RO"  # "ME" could begin "MEO"
+    state[5:7] = ids[5:7]  # "O:" settles: the first stop string wins, the choice is done
+    assert streamed.update(0, state) == "" and streamed.done[0]
+    assert streamed.rest(0, texts.completion(run.tokenizer.encode("aROMEO: x" + "a" * 23), p, ["EO:", "MEO"])[0]) == ""
+
+
 def _events(response):
     """The JSON events of an SSE response, and whether it ended with [DONE]."""
     data = [line[len("data:"):].strip() for line in response.iter_lines() if line.startswith("data:")]
@@ -200,7 +251,7 @@ def test_engine_waits_out_its_window_unless_the_rows_fill_a_batch(server):
 def test_a_full_queue_and_a_timeout_answer_503(server):
     _, run = server
     app = serve.create_app(run, NAME, serve.Limits(max_queue=1, timeout_s=0.2))
-    c = TestClient(app)  # without `with`: the lifespan never starts the engine, so nothing is served
+    c = TestClient(app, base_url="http://localhost")  # without `with`: the lifespan never starts the engine
     r = c.post("/v1/completions", json={"prompt": "a", "steps": 2})
     assert r.status_code == 503 and r.json()["error"]["code"] == "timeout"
     r = c.post("/v1/completions", json={"prompt": "a", "steps": 2})  # a job given up on holds no place

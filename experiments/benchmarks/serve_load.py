@@ -2,6 +2,7 @@
 
   python experiments/benchmarks/serve_load.py --workdir RUN [--concurrency 64] [--requests 256] [--steps 8]
   python experiments/benchmarks/serve_load.py --workdir RUN --engine_only    (no HTTP: the batching alone)
+  python experiments/benchmarks/serve_load.py --workdir RUN --hostile 100    (distinct temperatures mixed in)
 
 Starts the server twice on a free localhost port, each time compiled up front
 (--warmup): once as configured (batching within a 5 ms window, up to 64 rows)
@@ -11,6 +12,14 @@ untimed round, then the timed one; distinct seeds) and the script prints
 requests/s, p50/p95 latency, lost requests and the mean batch size. The
 clients share the machine with the server, so they are as lean as an HTTP
 client can be (``Connection``).
+
+With --hostile N the batched server is started once and sent N ordinary
+requests alone, then the same N mixed with N requests of distinct
+temperatures and top_p (0.5 + i 1e-6, 0.95 - i 1e-6: each a new program
+when they were static jit arguments); it prints the ordinary requests'
+p50/p95 latency in each round and the programs the server compiled
+(`/health`'s "compiles") during each; --rounds alternates the two, and the
+medians of their p95 are compared.
 """
 
 import argparse
@@ -63,16 +72,22 @@ class Connection:
             self.writer.close()
 
 
-async def load(host: str, port: int, concurrency: int, requests: int, body: dict) -> dict:
-    """`requests` completions (seeds 0, 1, ...) from `concurrency` clients, one connection each."""
+async def load(host: str, port: int, concurrency: int, requests: int, body: dict,
+               bodies: list[dict] | None = None) -> dict:
+    """`requests` completions (seeds 0, 1, ...) from `concurrency` clients, one connection each.
+
+    With `bodies`, those are sent instead (in order, each with its own seed),
+    and the figures are of the ones without a "temperature" (the ordinary ones).
+    """
+    bodies = bodies or [body] * requests
     latencies, rows, lost = [], [], []
-    todo = iter(range(requests))
+    todo = iter(enumerate(bodies))
 
     async def client():
         conn = Connection(host, port)
         try:
-            for i in todo:
-                data = json.dumps({**body, "seed": i}).encode()
+            for i, one in todo:
+                data = json.dumps({**one, "seed": i}).encode()
                 t0 = time.perf_counter()
                 try:
                     status, answer = await conn.post("/v1/completions", data)
@@ -84,8 +99,9 @@ async def load(host: str, port: int, concurrency: int, requests: int, body: dict
                 if status != 200:
                     lost.append(f"{status}: {answer[:200]!r}")
                     continue
-                latencies.append(time.perf_counter() - t0)
-                rows.append(json.loads(answer)["diffusion"]["batch_rows"])
+                if "temperature" not in one:
+                    latencies.append(time.perf_counter() - t0)
+                    rows.append(json.loads(answer)["diffusion"]["batch_rows"])
         finally:
             conn.close()
 
@@ -93,7 +109,7 @@ async def load(host: str, port: int, concurrency: int, requests: int, body: dict
     await asyncio.gather(*(client() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
     lat = np.asarray(latencies) * 1e3
-    return {"requests": requests, "ok": len(latencies), "lost": len(lost), "first_lost": lost[:3],
+    return {"requests": len(bodies), "ok": len(latencies), "lost": len(lost), "first_lost": lost[:3],
             "seconds": round(wall, 2), "requests_per_s": round(len(latencies) / wall, 1),
             "p50_ms": round(float(np.percentile(lat, 50)), 1) if len(lat) else None,
             "p95_ms": round(float(np.percentile(lat, 95)), 1) if len(lat) else None,
@@ -109,7 +125,8 @@ def run_async(coroutine):
     return uvloop.run(coroutine)
 
 
-def serve_and_load(args, extra: list[str]) -> dict:
+def serve_and_load(args, extra: list[str], rounds=None) -> dict:
+    """Start the server with `extra` flags and run the load: `rounds(port, body)` (a dict of figures) or the default."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-c", "import sys; from sedd import serve; sys.exit(serve.main(sys.argv[1:]))",
@@ -133,10 +150,37 @@ def serve_and_load(args, extra: list[str]) -> dict:
         # An untimed round of the same size first: the first seconds after start-up serve at as little as
         # half the rate of the next (measured on the 2-core development machine).
         run_async(load("127.0.0.1", port, args.concurrency, args.requests, body))
+        if rounds is not None:
+            return rounds(port, body)
         return run_async(load("127.0.0.1", port, args.concurrency, args.requests, body))
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+def hostile_mix(args) -> dict:
+    """Ordinary requests alone, then mixed with as many of distinct temperatures: their latency, programs compiled."""
+    n = args.hostile
+
+    def compiles(port):
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["compiles"]
+
+    def rounds(port, body):
+        hostile = [{**body, "temperature": 0.5 + i * 1e-6, "top_p": 0.95 - i * 1e-6} for i in range(n)]
+        mixed = [b for pair in zip([body] * n, hostile) for b in pair]  # interleaved
+        out = {"ordinary_alone": [], "with_hostile": []}
+        for _ in range(args.rounds):  # alternated, so that a drift of the machine's load hits both
+            for name, bodies in (("ordinary_alone", [body] * n), ("with_hostile", mixed)):
+                before = compiles(port)
+                figures = run_async(load("127.0.0.1", port, args.concurrency, len(bodies), body, bodies))
+                out[name].append({**figures, "programs_compiled": compiles(port) - before})
+        for name in ("ordinary_alone", "with_hostile"):
+            out[f"{name}_p95_ms_median"] = float(np.median([r["p95_ms"] for r in out[name]]))
+            out[f"{name}_programs_compiled"] = sum(r["programs_compiled"] for r in out[name])
+        out["p95_ratio"] = round(out["with_hostile_p95_ms_median"] / out["ordinary_alone_p95_ms_median"], 2)
+        return out
+
+    return serve_and_load(args, ["--max_batch", str(args.max_batch), "--window_ms", "5"], rounds)
 
 
 def engine_only(args) -> dict:
@@ -175,7 +219,15 @@ def main() -> int:
     p.add_argument("--max_tokens", type=int, default=None)
     p.add_argument("--max_batch", type=int, default=64)
     p.add_argument("--engine_only", action="store_true", help="time the batched engine alone, without HTTP")
+    p.add_argument("--hostile", type=int, default=0,
+                   help="N ordinary requests alone, then mixed with N of distinct temperatures (batched server)")
+    p.add_argument("--rounds", type=int, default=5, help="with --hostile: alternated rounds of each")
     args = p.parse_args()
+    if args.hostile:
+        results = hostile_mix(args)
+        print(json.dumps(results, indent=1))
+        rounds = results["ordinary_alone"] + results["with_hostile"]
+        return 0 if all(r["lost"] == 0 for r in rounds) else 1
     if args.engine_only:
         print(json.dumps(engine_only(args), indent=1))
         return 0

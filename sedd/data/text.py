@@ -73,7 +73,7 @@ def write_token_cache(path: Path, pieces, tokenizer, groups: list[int] | None = 
     and rewritten in place at the end: numpy pads every header so that the
     first dimension can grow to 21 digits without moving the data. The file is
     written under a temporary name and renamed, so concurrent processes never
-    read a partial cache.
+    read a partial cache; after a failure the temporary file is removed.
 
     Args:
       path: the .npy file to write.
@@ -97,29 +97,33 @@ def write_token_cache(path: Path, pieces, tokenizer, groups: list[int] | None = 
     eos = np.zeros(0, dtype) if tokenizer.eos_id is None else np.array([tokenizer.eos_id], dtype)
     stats = {"documents": 0, "chars": 0, "tokens": 0}
     tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
-    with open(tmp, "wb") as f:
-        np.lib.format.write_array_header_1_0(f, header(0))
-        start = f.tell()
-        bounds = iter(np.cumsum(groups)) if groups else iter(())
-        bound, group_start = next(bounds, -1), 0
-        for piece, ends, ids in _encoded(pieces, tokenizer):
-            ids = np.asarray(ids, dtype)
-            f.write(ids.tobytes())
-            if ends:
-                f.write(eos.tobytes())
-            stats["documents"] += bool(ends)
-            stats["chars"] += len(piece)
-            stats["tokens"] += len(ids) + (len(eos) if ends else 0)
-            if stats["documents"] == bound:  # the end of a group: drop its last tokens short of seq_len
-                stats["tokens"] = group_start + (stats["tokens"] - group_start) // seq_len * seq_len
-                f.seek(start + stats["tokens"] * dtype.itemsize)
-                bound, group_start = next(bounds, -1), stats["tokens"]
-        f.truncate(start + stats["tokens"] * dtype.itemsize)
-        f.seek(0)
-        np.lib.format.write_array_header_1_0(f, header(stats["tokens"]))
-        if f.tell() != start:  # a numpy that stops padding headers would shift the data
-            raise RuntimeError(f"the .npy header of {stats['tokens']} tokens does not fit in place; {tmp} is left")
-    os.replace(tmp, path)
+    try:  # a failure (text the tokenizer cannot encode, a full disk) leaves no temporary file behind
+        with open(tmp, "wb") as f:
+            np.lib.format.write_array_header_1_0(f, header(0))
+            start = f.tell()
+            bounds = iter(np.cumsum(groups)) if groups else iter(())
+            bound, group_start = next(bounds, -1), 0
+            for piece, ends, ids in _encoded(pieces, tokenizer):
+                ids = np.asarray(ids, dtype)
+                f.write(ids.tobytes())
+                if ends:
+                    f.write(eos.tobytes())
+                stats["documents"] += bool(ends)
+                stats["chars"] += len(piece)
+                stats["tokens"] += len(ids) + (len(eos) if ends else 0)
+                if stats["documents"] == bound:  # the end of a group: drop its last tokens short of seq_len
+                    stats["tokens"] = group_start + (stats["tokens"] - group_start) // seq_len * seq_len
+                    f.seek(start + stats["tokens"] * dtype.itemsize)
+                    bound, group_start = next(bounds, -1), stats["tokens"]
+            f.truncate(start + stats["tokens"] * dtype.itemsize)
+            f.seek(0)
+            np.lib.format.write_array_header_1_0(f, header(stats["tokens"]))
+            if f.tell() != start:  # a numpy that stops padding headers would shift the data
+                raise RuntimeError(f"the .npy header of {stats['tokens']} tokens does not fit in place")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return stats
 
 

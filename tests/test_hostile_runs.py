@@ -1,0 +1,165 @@
+"""Run directories received from someone else (issue 33, findings 4, 7 and 8): each tampering reproduced.
+
+`sedd sample` and `sedd serve` answer a tampered directory with one line and
+exit code 2 before anything is built from it; `sedd eval` follows a run's
+data paths only where this user prepared that data; a failed token cache
+leaves no temporary file.
+"""
+
+import json
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from sedd import cli, runs
+from sedd.data import CharTokenizer
+from sedd.data.text import write_token_cache
+
+
+@pytest.fixture
+def copy_run(tiny_run, tmp_path):
+    """A writable copy of the tiny run: (workdir, its config dict)."""
+    workdir = tmp_path / "received"
+    shutil.copytree(tiny_run[0], workdir)
+    return workdir, json.loads((workdir / runs.CONFIG).read_text())
+
+
+def _set(config: dict, key: str, value) -> dict:
+    node = config
+    *path, last = key.split(".")
+    for part in path:
+        node = node[part]
+    node[last] = value
+    return config
+
+
+CONFIG_VALUES = [  # (key, value, what the one line says)
+    ("model.n_blocks", 100_000, "model.n_blocks = 100000 is outside [1, 256]"),  # was a hang building shapes
+    ("data.seq_len", 10**9, "data.seq_len = 1000000000 is outside [1, 131072]"),  # was an abort inside XLA
+    ("data.seq_len", 10**8, "data.seq_len = 100000000 is outside"),  # serve started, then answered 500
+    ("model.hidden_size", 2**20, "model.hidden_size = 1048576 is outside"),
+    ("model.n_heads", 0, "model.n_heads = 0 is outside [1, 256]"),
+    ("sampling.steps", 10**9, "sampling.steps = 1000000000 is outside"),
+    ("vocab_size", 10**7, "vocab_size = 10000000 is outside"),
+    ("model.n_blocks", "2", "model.n_blocks = '2' is a str; a run's config holds a int there"),
+    ("model.n_blocks", True, "model.n_blocks = True is a bool"),
+    ("model.dropout", "0.1", "model.dropout = '0.1' is a str"),
+    ("graph.type", ["absorbing"], "graph.type = ['absorbing'] is a list"),
+    ("model.hidden_size", 16384, "make about"),  # every size in bounds, the product not
+]
+
+
+@pytest.mark.parametrize("key,value,message", CONFIG_VALUES)
+def test_a_config_value_out_of_bounds_is_one_line_before_anything_is_built(copy_run, capsys, key, value, message):
+    workdir, config = copy_run
+    if message == "make about":
+        _set(config, "model.n_blocks", 256)
+    (workdir / runs.CONFIG).write_text(json.dumps(_set(config, key, value)))
+    t0 = time.monotonic()
+    assert cli.main(["sample", "--workdir", str(workdir), "--steps", "2", "--num_samples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sedd sample: error: ") and message in err and err.count("\n") == 1, err
+    assert time.monotonic() - t0 < 10
+
+
+BAD_FILES = [  # (file, content or a maker, what the line says)
+    (runs.CONFIG, "[1, 2]", "not a list"),
+    (runs.CONFIG, "{not json", "not a readable config: JSONDecodeError"),
+    (runs.CONFIG, " " * 300_000 + "{}", "at most 262144 are read"),
+    (runs.CONFIG, '{"model": ' * 20_000 + "1" + "}" * 20_000, "not a readable config: RecursionError"),
+    (runs.CONFIG, b"\xff\xfe{}", "UnicodeDecodeError"),
+    (runs.CONFIG, "dir", "is not a regular file"),  # was IsADirectoryError
+    (runs.TOKENIZER, "dir", "is not a regular file"),
+    (runs.TOKENIZER, "{not json", "not a tokenizer this package can read: JSONDecodeError"),
+    (runs.TOKENIZER, "[]", 'a tokenizer is a JSON object with a "name"'),
+    (runs.TOKENIZER, '{"name": "nope"}', "unknown tokenizer 'nope'"),
+    (runs.TOKENIZER, '{"name": "char", "chars": 5}', "TypeError"),  # was a TypeError traceback
+    (runs.TOKENIZER, '{"name": "char"}', "TypeError"),
+    (runs.TOKENIZER, '{"name": "markov", "vocab_size": "x"}', "ValueError"),
+    (runs.TOKENIZER, '{"name": "gpt2", "path": "/dev/zero"}', "is not a regular file"),  # would read for ever
+    (runs.TOKENIZER, "gpt2 garbage", "not a tokenizer this package can read"),  # the tokenizers package's Exception
+    (runs.TOKENIZER, "many symbols", "the tokenizer has 369 tokens and the model (config.json vocab_size) 85"),
+]
+
+
+@pytest.mark.parametrize("name,content,message", BAD_FILES, ids=[m[:40] for _, _, m in BAD_FILES])
+def test_a_tampered_file_is_one_line_naming_it(copy_run, capsys, tmp_path, name, content, message):
+    workdir, _ = copy_run
+    target = workdir / name
+    if content == "dir":
+        target.unlink()
+        target.mkdir()
+    elif content == "gpt2 garbage":
+        (tmp_path / "tokenizer.json").write_text('{"model": {"type": "nonsense"}}')
+        target.write_text(json.dumps({"name": "gpt2", "path": str(tmp_path / "tokenizer.json")}))
+        pytest.importorskip("tokenizers")
+    elif content == "many symbols":  # 368 characters against the model's 85 (was accepted; it wrote garbage)
+        target.write_text(json.dumps({"name": "char", "chars": "".join(chr(0x100 + i) for i in range(368))}))
+    else:
+        target.write_bytes(content if isinstance(content, bytes) else content.encode())
+    assert cli.main(["sample", "--workdir", str(workdir), "--steps", "2", "--num_samples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sedd sample: error: ") and message in err and err.count("\n") == 1, err
+    assert str(target) in err
+
+
+def test_serve_refuses_a_tampered_run_in_one_line(copy_run, capsys):
+    pytest.importorskip("starlette")
+    from sedd import serve
+
+    workdir, config = copy_run
+    (workdir / runs.CONFIG).write_text(json.dumps(_set(config, "data.seq_len", 10**8)))
+    assert serve.main(["--workdir", str(workdir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sedd serve: error: ") and "data.seq_len = 100000000 is outside" in err
+    assert err.count("\n") == 1
+
+
+def test_a_bug_in_sedd_still_shows_its_traceback(tiny_run, monkeypatch):
+    """Only what a run directory holds becomes one line; an error of sedd's own code is not hidden."""
+    def broken(*args, **kwargs):
+        raise TypeError("a bug in sedd")
+
+    monkeypatch.setattr(runs, "load", broken)
+    with pytest.raises(TypeError, match="a bug in sedd"):
+        cli.main(["sample", "--workdir", str(tiny_run[0])])
+
+
+def test_eval_follows_a_runs_data_paths_only_where_this_user_prepared_them(copy_run, tmp_path, monkeypatch, capsys):
+    """Finding 8: `sedd eval` read a local file a run named and wrote its tokens under a folder the run chose."""
+    workdir, config = copy_run
+    monkeypatch.setenv("SEDD_DATA_DIR", str(tmp_path / "mine"))
+    assert cli.eval_data(workdir, []) == config["data"]  # trained here: its prepared data is followed
+    secret, elsewhere = tmp_path / "secret.txt", tmp_path / "theirs"
+    secret.write_text("the password is hunter2\n" * 50)
+    (workdir / runs.CONFIG).write_text(json.dumps(_set(_set(config, "data.path", str(secret)), "data.data_dir",
+                                                       str(elsewhere))))
+    assert cli.main(["eval", "--workdir", str(workdir), "--num_t", "2", "--max_batches", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "holds no preparation of 'text' of yours" in err and f"data.path='{secret}'" in err
+    assert "--config.data.path=" in err.splitlines()[-1]
+    assert not elsewhere.exists() and not (tmp_path / "mine").exists()  # nothing read, nothing written
+    # The user names the file: read it, with the caches in the user's own folder.
+    data = cli.eval_data(workdir, [f"--config.data.path={secret}"])
+    assert data["path"] == str(secret) and data["data_dir"] == ""
+    # A received run of the default corpus: its data_dir is replaced by the user's own, with a warning.
+    (workdir / runs.CONFIG).write_text(json.dumps(_set(_set(config, "data.path", ""), "data.data_dir",
+                                                       str(elsewhere))))
+    with pytest.warns(UserWarning, match="holds no preparation of 'shakespeare' of yours"):
+        assert cli.eval_data(workdir, [])["data_dir"] == ""
+    assert not elsewhere.exists()
+
+
+def test_a_failed_token_cache_leaves_no_temporary_file(tmp_path):
+    """Finding 8: an error while tokenizing left `train.NNN.tmp.npy` behind."""
+    tokenizer = CharTokenizer("ab")
+    pieces = [("abab", True), ("abc", True)]  # "c" is not in the vocabulary
+    with pytest.raises(ValueError, match="not in the 2-character vocabulary"):
+        write_token_cache(tmp_path / "train.npy", iter(pieces), tokenizer)
+    assert list(tmp_path.iterdir()) == []
+    stats = write_token_cache(tmp_path / "train.npy", iter(pieces[:1]), tokenizer)
+    assert stats["tokens"] == 5 and [p.name for p in tmp_path.iterdir()] == ["train.npy"]
+    assert np.load(tmp_path / "train.npy").tolist() == [0, 1, 0, 1, 2]
+
