@@ -27,7 +27,8 @@ setup(
         "tqdm>=4.66",  # progress bars
     ],
     extras_require={
-        "test": ["pytest>=8", "scipy>=1.13", "matplotlib>=3.8", "jupytext>=1.16", "tokenizers>=0.20",
+        "test": ["pytest>=8", "pytest-xdist>=3",  # the README's test command runs two workers (-n 2)
+                 "scipy>=1.13", "matplotlib>=3.8", "jupytext>=1.16", "tokenizers>=0.20",
                  "safetensors>=0.4", "pyyaml>=6",
                  "starlette>=0.37", "pydantic>=2.4", "uvicorn[standard]>=0.30", "sse-starlette>=2", "openai>=1.40",
                  "httpx>=0.27",

@@ -15,11 +15,15 @@ from sedd import train
 # tiny programs are compiled by many tests, and on 2 CPU cores compiling is
 # most of a tiny test's time. A fresh folder per session, so nothing is
 # reused across code changes.
-_CACHE = tempfile.mkdtemp(prefix="sedd-test-xla-cache-")
+# With pytest-xdist the workers inherit the controller's folder (the environment), so they share it too.
+_OWN = "SEDD_TEST_XLA_CACHE" not in os.environ
+_CACHE = os.environ.setdefault("SEDD_TEST_XLA_CACHE", tempfile.mkdtemp(prefix="sedd-test-xla-cache-"))
 # And XLA's cheaper backend optimisation for the tests (and, through the environment, their subprocesses):
 # the programs here are tiny, so compiling is their cost (about 30% less of test_train.py's time), and every
 # figure a test compares is computed under the same flags. Set before the first computation creates the backend.
-os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]))
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):  # an xdist worker has it
+    os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""),
+                                                     "--xla_backend_optimization_level=0"]))
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.2"
 jax.config.update("jax_compilation_cache_dir", _CACHE)
@@ -27,7 +31,8 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    shutil.rmtree(_CACHE, ignore_errors=True)
+    if _OWN:
+        shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -329,6 +329,7 @@ def test_bfloat16_run_trains_evaluates_samples_and_serves(data_dir, tmp_path):
     length = c.data.seq_len
     ids, _, nfe = serve._sample_rows(
         (run.params, run.rest), jnp.zeros(3, jnp.uint32), jnp.arange(3, dtype=jnp.uint32),
-        jnp.zeros((3, length), bool), jnp.zeros((3, length), jnp.int32), graphdef=run.graphdef, graph=run.graph,
-        noise=run.noise, steps=4, predictor="analytic", eps=1e-5, categorical="precise", trajectory=False)
+        jnp.zeros((3, length), bool), jnp.zeros((3, length), jnp.int32), jnp.ones(3), jnp.ones(3),
+        jnp.zeros((), jnp.int32), graphdef=run.graphdef, graph=run.graph, noise=run.noise, steps=4,
+        predictor="analytic", eps=1e-5, categorical="precise", trajectory=False, live=False)
     assert ids.shape == (3, length) and int(ids.max()) < run.config.vocab_size and int(nfe[0]) > 0
