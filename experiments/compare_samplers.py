@@ -13,6 +13,10 @@ corrector's, plus the final denoise), and the NFE it really made is reported
 (``sample(..., return_stats=True)``: calls per sequence; fewer with cache, or
 when an adaptive sampler finishes early).
 
+A block run (model.kind = "block", n_b = seq_len / block_size blocks) takes
+each budget for the whole sequence: budget // n_b - 2 steps a block (at least
+one), its calls on one block's positions each.
+
 Per cell, on synthetic Markov data (data.name = "markov", exact law): the
 exact NLL of the samples in nats/token (and its standard error) beside the
 true entropy of the data, the exact KL of the samples' n-gram law
@@ -180,8 +184,11 @@ def compare_samplers(
     rows = []
     key = jax.random.key(seed)
     jobs = [(spec, name, opts, budget) for spec, name, opts in specs for budget in steps]
+    blocks = length // config.model.block_size if run.kind.name == "block" else 1
     for spec, name, opts, budget in tqdm(jobs, desc="compare", disable=not progress, dynamic_ncols=True):
-        n_steps = max(1, (budget - 1) // (1 + int(opts.get("corrector_steps", 0))))
+        # A block run's steps are per block, each block closed by a denoise and a commit (two calls).
+        per_block = budget // blocks - (2 if blocks > 1 else 1)
+        n_steps = max(1, per_block // (1 + int(opts.get("corrector_steps", 0))))
 
         def call():
             return run.sample(key, num_samples, steps=n_steps, predictor=name, categorical=categorical,

@@ -208,8 +208,11 @@ def _draw_blocks(key, times, params, ctx, text, fixed, first, *, scorer, graph, 
     """Blocks first .. first + blocks - 1 of `text` drawn and committed, in one program.
 
     Returns (ctx, text, nfe int32[], nfe_row int32[B], drawn int32[] blocks
-    drawn, trajectory of the last block or None). With stop_id the loop ends
-    after the block where every row has written it.
+    drawn, frames). With options.return_trajectory, frames int32[blocks S + 1,
+    B, T] is the whole text at each of the S = steps + 1 states of each
+    block's sampler in turn (the blocks before it clean, the blocks after it
+    MASK), then the text; every block is drawn. Otherwise frames is None, and
+    with stop_id the loop ends after the block where every row has written it.
     """
     rows, b = text.shape[0], block_size
     score_fn = _context_score_fn(scorer)
@@ -221,24 +224,63 @@ def _draw_blocks(key, times, params, ctx, text, fixed, first, *, scorer, graph, 
         x, traj, stats = sampling._sample_loop(
             jax.random.fold_in(key, first + i), times, mask, given, (params, ctx), score_fn=score_fn, graph=graph,
             noise=noise, shape=(rows, b), sampler=sampler, denoise=denoise, options=options)
-        return scorer.commit(params, ctx, x), jax.lax.dynamic_update_slice(text, x, (0, start)), traj, stats
+        # the commit is one more network call on the block, for every row
+        nfe, nfe_row = stats["nfe"] + 1, stats["nfe_per_sample"] + 1
+        return scorer.commit(params, ctx, x), jax.lax.dynamic_update_slice(text, x, (0, start)), traj, nfe, nfe_row
+
+    if options.return_trajectory:
+        def step(carry, i):
+            ctx, text = carry
+            ctx, text, traj, nfe, nfe_row = draw(i, ctx, text)
+            return (ctx, text), (traj, nfe, nfe_row)
+
+        (ctx, text), (trajs, nfe, nfe_row) = jax.lax.scan(step, (ctx, text), jnp.arange(blocks))  # trajs (n, S, B, b)
+        pos = jnp.arange(text.shape[1])
+
+        def place(i, traj):  # block i's states in the whole text: (S, B, T)
+            start = (first + i) * b
+            base = jnp.where(pos[None, :] < start, text, jnp.int32(graph.mask))
+            return jax.vmap(lambda state: jax.lax.dynamic_update_slice(base, state, (0, start)))(traj)
+
+        frames = jax.vmap(place)(jnp.arange(blocks), trajs).reshape(-1, *text.shape)
+        frames = jnp.concatenate([frames, text[None]])
+        return ctx, text, nfe.sum(), nfe_row.sum(0), jnp.int32(blocks), frames
 
     def body(carry):
         i, ctx, text, nfe, nfe_row, stopped = carry
-        ctx, text, _, stats = draw(i, ctx, text)
+        ctx, text, _, n, n_row = draw(i, ctx, text)
         if stop_id is not None:
             block = jax.lax.dynamic_slice(text, (0, (first + i) * b), (rows, b))
             stopped = stopped | jnp.any(block == stop_id, axis=1)
-        # the commit is one more network call on the block, for every row
-        return i + 1, ctx, text, nfe + stats["nfe"] + 1, nfe_row + stats["nfe_per_sample"] + 1, stopped
+        return i + 1, ctx, text, nfe + n, nfe_row + n_row, stopped
 
-    zero = (jnp.int32(0), jnp.zeros((rows,), jnp.int32))
-    if options.return_trajectory:  # one block: its states along the way
-        ctx, text, traj, stats = draw(0, ctx, text)
-        return ctx, text, stats["nfe"] + 1, stats["nfe_per_sample"] + 1, jnp.int32(1), traj
-    carry = (jnp.int32(0), ctx, text, *zero, jnp.zeros((rows,), bool))
+    carry = (jnp.int32(0), ctx, text, jnp.int32(0), jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), bool))
     carry = jax.lax.while_loop(lambda c: (c[0] < blocks) & ~jnp.all(c[5]), body, carry)
     return carry[1], carry[2], carry[3], carry[4], carry[0], None
+
+
+def draw(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Callable, fixed: jax.Array,
+         text: jax.Array, times: jax.Array, *, block_size: int, predictor: str, denoise: bool,
+         options: sampling.Options, stop_id: int | None = None) -> tuple:
+    """``sample``'s traced core: every block of `text` drawn from all-MASK and committed, from an empty context.
+
+    For callers that are themselves traced (``sedd serve`` maps it over rows).
+
+    Args:
+      key, scorer, params, graph, noise: as ``sample``.
+      fixed: bool[B, T] the prompt's positions (a prefix), T a multiple of b;
+        text: int32[B, T] the prompt's tokens there.
+      times: float[steps + 1] the sampler's time grid.
+      block_size, predictor, denoise, options, stop_id: as ``sample`` (options
+        checked, its time_grid unset).
+    Returns:
+      (text int32[B, T], frames as ``_draw_blocks``'s or None, nfe int32[], nfe_row int32[B], drawn int32[]).
+    """
+    ctx, text, nfe, nfe_row, drawn, frames = _draw_blocks(
+        key, times, params, scorer.init(params, text.shape[0]), text, fixed, jnp.int32(0), scorer=scorer,
+        graph=graph, noise=noise, block_size=block_size, sampler=sampling.PREDICTORS[predictor],
+        denoise=bool(denoise), options=options, blocks=text.shape[1] // block_size, stop_id=stop_id)
+    return text, frames, nfe, nfe_row, drawn
 
 
 def _prefix_lengths(fixed_mask, shape) -> np.ndarray:
@@ -307,32 +349,11 @@ def sample(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Cal
         mask, tokens = sampling._conditioning(fixed_mask, fixed_tokens, (rows, length), graph)
         fixed[:, :length] = _prefix_lengths(mask, (rows, length))[:, None] > np.arange(length)[None, :]
         text = text.at[:, :length].set(jnp.where(mask, tokens, 0))
-    run = functools.partial(_draw_blocks, times=times, params=params, fixed=jnp.asarray(fixed), scorer=scorer,
-                            graph=graph, noise=noise, block_size=b, sampler=sampling.PREDICTORS[predictor],
-                            denoise=bool(denoise), options=dataclasses.replace(opts, time_grid=None),
-                            stop_id=None if stop_id is None else int(stop_id))
-    ctx = scorer.init(params, rows)
-    if opts.return_trajectory:
-        text, traj, nfe, nfe_row = _trajectory(run, key, ctx, text, blocks, b, graph.mask)
-    else:
-        ctx, text, nfe, nfe_row, drawn, _ = run(key, ctx=ctx, text=text, first=jnp.int32(0), blocks=blocks)
-        traj = None
-        if stop_id is not None:  # the blocks never drawn
-            text = jnp.where(jnp.arange(padded)[None, :] < drawn * b, text, jnp.int32(stop_id))
+    text, traj, nfe, nfe_row, drawn = draw(
+        key, scorer, params, graph, noise, jnp.asarray(fixed), text, times, block_size=b, predictor=predictor,
+        denoise=bool(denoise), options=dataclasses.replace(opts, time_grid=None),
+        stop_id=None if stop_id is None else int(stop_id))
+    if stop_id is not None and traj is None:  # the blocks never drawn
+        text = jnp.where(jnp.arange(padded)[None, :] < drawn * b, text, jnp.int32(stop_id))
     stats = {"nfe": nfe, "nfe_per_sample": nfe_row} if opts.return_stats else None
     return sampling.Samples(text[:, :length], None if traj is None else traj[..., :length], stats)
-
-
-def _trajectory(run, key, ctx, text, blocks, b, mask_id):
-    """Every block drawn by its own call, its states placed into the whole text: (text, traj, nfe, nfe_row)."""
-    frames, nfe, nfe_row = [], 0, 0
-    rows, padded = text.shape
-    for i in range(blocks):
-        ctx, text, n, n_row, _, traj = run(key, ctx=ctx, text=text, first=jnp.int32(i), blocks=1)
-        later = jnp.arange(padded) >= (i + 1) * b
-        base = jnp.where(later[None, :], jnp.int32(mask_id), text)  # (B, T): the blocks before, then MASK
-        for frame in traj:
-            frames.append(jax.lax.dynamic_update_slice(base, frame, (0, i * b)))
-        nfe, nfe_row = nfe + n, nfe_row + n_row
-    frames.append(text)
-    return text, jnp.stack(frames), nfe, nfe_row

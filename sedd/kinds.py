@@ -145,12 +145,14 @@ class Kind:
       name: its model.kind.
       exact: its likelihood figure is the exact NLL (it can judge samples).
       serves: ``sedd serve`` can serve it.
+      prefix_only: it conditions on a prompt before the text only (no suffix, no infill).
       config: the run's config.
     """
 
     name: ClassVar[str]
     exact: ClassVar[bool] = False
     serves: ClassVar[bool] = False
+    prefix_only: ClassVar[bool] = False
 
     def __init__(self, config):
         self.config = config
@@ -332,7 +334,8 @@ class BlockDiffusion(Diffusion):
       block_size: b = model.block_size, dividing data.seq_len.
     """
 
-    serves = False  # sedd serve samples SEDD's way; block runs are sampled by sedd sample and Run.generate
+    serves = True
+    prefix_only = True  # a prompt before the text only: the model never saw text after a block
 
     def __init__(self, config):
         super().__init__(config)

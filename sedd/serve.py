@@ -62,7 +62,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# The optional extra `sedd[serve]`: only `sedd serve` imports this module, nothing else in sedd does.
+# The optional extra `sedd-jax[serve]`: only `sedd serve` imports this module, nothing else in sedd does.
 import uvicorn
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
@@ -72,7 +72,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from sedd import kinds, runs, sampling
+from sedd import block, kinds, runs, sampling
 
 MASK_CHAR = "\u2591"  # "░": how a masked position shows in the text of a diffusing frame
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")  # the Host names answered by default
@@ -240,6 +240,9 @@ def plan(run: runs.Run, req: CompletionRequest, limits: Limits) -> Plan:
         except ValueError as e:
             raise APIError(400, f"{name}: {e}", name, "unencodable_text") from None
     pre, suf, L = encoded["prompt"], encoded["suffix"], run.seq_len
+    if len(suf) and run.kind.prefix_only:
+        raise APIError(400, f"a suffix cannot be honoured by this {run.kind.name} model: it writes text after "
+                            "a prompt only (it never saw text after a block)", "suffix", "unsupported_value")
     room = L - len(pre) - len(suf)
     if room < 1:
         raise APIError(400, f"prompt ({len(pre)} tokens) + suffix ({len(suf)} tokens) leave no room in the "
@@ -406,6 +409,87 @@ def _sample_rows(state, seeds, rows, mask, tokens, temperature, top_p, batch_id,
     return jax.vmap(one, axis_name="rows")(seeds, rows, mask, tokens, temperature, top_p)
 
 
+class _Placed:
+    """A block run's listener: the whole text of each row, the current block's states placed into it.
+
+    A block run's network calls see only the block being drawn; the host keeps
+    the rest (the prompt, the blocks committed, MASK after) and hands the
+    listener the whole state int32[B, L] at each call, as a SEDD run does.
+    """
+
+    def __init__(self, listener: Callable[[np.ndarray], None], text: np.ndarray):
+        self.listener, self.text = listener, text
+
+    def place(self, start: int, states: np.ndarray) -> None:
+        self.text[:, start:start + states.shape[1]] = states
+        self.listener(self.text.copy())
+
+
+def _deliver_block(batch_id, start, states) -> None:
+    """``_deliver`` for a block run: states int32[B, b] of the block that starts at position `start`."""
+    listener = _LISTENERS.get(int(batch_id))
+    if listener is None:
+        return
+    try:
+        listener.place(int(start), np.asarray(states))
+    except Exception:  # noqa: BLE001  as in _deliver
+        logger.exception("sedd serve: a stream's listener failed")
+
+
+@functools.lru_cache(maxsize=None)
+def _serving_scorer(graphdef, graph, window: int, live: bool) -> block.Scorer:
+    """``_serving_score`` for a block run: ``block.network_scorer`` with params = (state, T, top_p, batch id).
+
+    The score of the current block is tempered per row; with `live`, each
+    call (a sampler step or the commit of the clean block) first hands the
+    block's states of all rows to the host (``_deliver_block``).
+    """
+    base = block.network_scorer(graphdef, window)
+
+    def tell(batch_id, ctx, x):
+        start = jax.lax.all_gather(ctx[2], "rows")[0] % window  # the block's first position, the same on every row
+        jax.debug.callback(_deliver_block, batch_id, start, jax.lax.all_gather(x[0], "rows"))  # (B, b)
+
+    def score(params, ctx, x, sigma):
+        state, temperature, top_p, batch_id = params
+        if live:
+            tell(batch_id, ctx, x)
+        return _tempered(base.score(state, ctx, x, sigma), x, temperature, top_p, graph)
+
+    def commit(params, ctx, x):
+        if live:
+            tell(params[3], ctx, x)
+        return base.commit(params[0], ctx, x)
+
+    return block.Scorer(lambda params, batch: base.init(params[0], batch), score, commit)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "graph", "noise", "steps", "predictor", "eps",
+                                             "categorical", "trajectory", "live", "block_size"))
+def _sample_block_rows(state, seeds, rows, mask, tokens, temperature, top_p, batch_id, *, graphdef, graph, noise,
+                       steps, predictor, eps, categorical, trajectory, live, block_size):
+    """``_sample_rows`` for a block run (``sedd.block.draw`` per row, blocks of block_size).
+
+    The prompt is a prefix (``plan`` refuses a suffix). With trajectory, traj
+    is int32[B, F, L]: the whole text at each state of each block's sampler
+    in turn, then the text (``sedd.block._draw_blocks``'s frames).
+    """
+    length = mask.shape[1]
+    scorer = _serving_scorer(graphdef, graph, length, live)
+    options = sampling.Options.make(categorical=categorical, return_trajectory=trajectory, return_stats=True,
+                                    axis_name="rows").checked(predictor, graph, True)
+    times = sampling._time_grid(None, steps, eps)
+
+    def one(seed, row, m, t, temp, p):  # one row as a batch of 1: (1, L)
+        key = jax.random.fold_in(jax.random.key(seed), row)
+        text, frames, _, nfe_row, _ = block.draw(
+            key, scorer, (state, temp, p, batch_id), graph, noise, m[None], jnp.where(m, t, 0)[None], times,
+            block_size=block_size, predictor=predictor, denoise=True, options=options)
+        return text[0], None if frames is None else frames[:, 0], nfe_row[0]
+
+    return jax.vmap(one, axis_name="rows")(seeds, rows, mask, tokens, temperature, top_p)
+
+
 def batch_size(rows: int) -> int:
     """The rows a batch is padded to: a power of two up to 8, then a multiple of 8.
 
@@ -456,6 +540,7 @@ class Engine:
 
     def __init__(self, run: runs.Run, limits: Limits):
         self.run, self.limits = run, limits
+        self.block_size = run.kind.block_size if run.kind.prefix_only else None  # a block run's programs
         self.pending: collections.deque[Job] = collections.deque()
         self.rows = 0  # rows of the jobs in `pending` (those given up on included, until dropped)
         self.cond = threading.Condition()
@@ -583,7 +668,11 @@ class Engine:
         t0 = time.perf_counter()
         program, compiled = self._program((size, *batch[0].program), args)
         if live:
-            _LISTENERS[batch_id] = lambda states: [job.progress(i, states[k]) for k, (job, i) in live.items()]
+            listener = lambda states: [job.progress(i, states[k]) for k, (job, i) in live.items()]  # noqa: E731
+            if self.block_size:  # the host holds the whole text; the calls see one block
+                texts = np.where(np.stack(masks), np.stack(tokens), run.graph.mask).astype(np.int32)
+                listener = _Placed(listener, texts)
+            _LISTENERS[batch_id] = listener
         try:
             out = jax.tree.map(np.asarray, program(*args))  # the listener is called while this runs
         finally:
@@ -606,7 +695,8 @@ class Engine:
         """(the compiled program of key = (rows, steps, sampler, trajectory, live), whether it was compiled now).
 
         Compiled ahead of time and kept here, not in jit's own cache, so that
-        dropping the least recently used beyond ``max_programs`` frees it.
+        dropping the least recently used beyond ``max_programs`` frees it
+        (with JAX's caches, cleared then).
         """
         program = self.programs.get(key)
         if program is not None:
@@ -614,13 +704,20 @@ class Engine:
             return program, False
         _, steps, sampler, trajectory, live = key
         run, s = self.run, self.run.config.sampling
-        program = _sample_rows.lower(*args, graphdef=run.graphdef, graph=run.graph, noise=run.noise, steps=steps,
-                                     predictor=sampler, eps=float(s.eps), categorical=s.categorical,
-                                     trajectory=trajectory, live=live).compile()
+        rows_fn, extra = _sample_rows, {}
+        if self.block_size:
+            rows_fn, extra = _sample_block_rows, {"block_size": self.block_size}
+        program = rows_fn.lower(*args, graphdef=run.graphdef, graph=run.graph, noise=run.noise, steps=steps,
+                                predictor=sampler, eps=float(s.eps), categorical=s.categorical,
+                                trajectory=trajectory, live=live, **extra).compile()
         self.programs[key] = program
         self.compiles += 1
-        while len(self.programs) > self.limits.max_programs:
-            self.programs.popitem(last=False)
+        if len(self.programs) > self.limits.max_programs:
+            while len(self.programs) > self.limits.max_programs:
+                self.programs.popitem(last=False)
+            # JAX's own trace and lowering caches keep what a dropped program was built from (~18 MiB a
+            # program of the tiny run); the kept programs are ours and are not touched by clearing them.
+            jax.clear_caches()
         return program, True
 
     def warmup(self, steps: int | None = None, sampler: str | None = None, trajectory: bool = False) -> None:
@@ -872,7 +969,13 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": created,
                                                          "owned_by": "sedd", "seq_len": run.seq_len, "step": run.step,
+                                                         "kind": run.kind.name, "block_size": engine.block_size,
+                                                         "sampler": run.config.sampling.predictor,
+                                                         "steps": run.config.sampling.steps,
                                                          "samplers": sorted(sampling.PREDICTORS)}]})
+
+    async def favicon(request: Request) -> Response:  # no icon: answered, so a browser's request is not a 404
+        return Response(status_code=204)
 
     async def playground(request: Request) -> HTMLResponse:
         return HTMLResponse(resources.files("sedd").joinpath("static/playground.html").read_text(encoding="utf-8"))
@@ -904,7 +1007,8 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
         choices = [dict(zip(("text", "finish_reason"), texts.completion(row, p, stop))) for row in ids]
         diffusion = _diffusion(p, info)
         if req.diffusing:
-            return EventSourceResponse(_frames(texts, p, req, traj, choices, head, diffusion, _usage(p)), ping=600)
+            return EventSourceResponse(_frames(texts, p, req, traj, choices, head, diffusion, _usage(p),
+                                               engine.block_size), ping=600)
         out = [{"index": i, "text": c["text"], "logprobs": None, "finish_reason": c["finish_reason"]}
                for i, c in enumerate(choices)]
         return JSONResponse({**head, "choices": out, "usage": _usage(p), "diffusion": diffusion})
@@ -914,7 +1018,8 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
 
     app = Starlette(
         routes=[Route("/health", _guarded(health)), Route("/v1/models", _guarded(models)),
-                Route("/", _guarded(playground)), Route("/v1/completions", _guarded(completions), methods=["POST"])],
+                Route("/", _guarded(playground)), Route("/favicon.ico", _guarded(favicon)),
+                Route("/v1/completions", _guarded(completions), methods=["POST"])],
         exception_handlers={HTTPException: http_error}, lifespan=lifespan)
     app.state.engine, app.state.name = engine, name
     app.add_middleware(Gate, hosts=tuple(allowed_hosts), api_key=api_key)
@@ -1057,28 +1162,42 @@ async def _stream(texts: Texts, p: Plan, stop: list[str], head: dict, future: co
 
 
 async def _frames(texts: Texts, p: Plan, req: CompletionRequest, traj: np.ndarray, choices: list[dict],
-                  head: dict, diffusion: dict, usage: dict):
+                  head: dict, diffusion: dict, usage: dict, block_size: int | None = None):
     """The diffusing stream: N + 1 frames, the state before each of the N steps and then the final text.
 
     Frame k (k < N) holds the state after k steps and the network calls made
     so far (a step of the absorbing graph whose state has no mask left makes
     none); the last frame holds the final text, after the N-th step and the
-    denoise, and the sampler's own count.
+    denoise, and the sampler's own count. A block run (`block_size`) sends
+    the N + 1 states of each block that holds completion positions in turn
+    (the last before its denoise; a commit of the clean block is one more
+    call), "step" and "steps" counting those frames and "block" naming the block.
     """
     prompt, suffix = req.prompt, req.suffix or ""
-    steps = p.steps
+    steps, blocks = p.steps, None
     if texts.mask_id is None:  # the uniform graph calls the network at every step
         calls = np.arange(steps + 1)
-    else:  # the most calls any choice made before each frame
+    elif block_size is None:  # the most calls any choice made before each frame
         pending = (traj[:, :steps] == texts.mask_id).any(-1)  # (n, N): step j needed the network
         calls = np.concatenate([[0], np.cumsum(pending, axis=1).max(0)])
+    else:
+        per = steps + 1  # states of one block's sampler
+        blocks = np.arange(traj.shape[1] - 1) // per  # the block each frame draws
+        own = np.arange(traj.shape[2])[None, :] // block_size == blocks[:, None]  # (F, L): its positions
+        pending = ((traj[:, :-1] == texts.mask_id) & own[None]).any(-1)  # (n, F): the frame made a call
+        commits = (np.arange(len(blocks)) % per == per - 1).astype(int)  # after a block's last state
+        calls = np.concatenate([[0], np.cumsum(pending + commits[None], axis=1).max(0)])
+        kept = np.flatnonzero(((blocks + 1) * block_size > p.start) & (blocks * block_size < p.start + p.length))
+        traj, calls, blocks = traj[:, kept], calls[kept], blocks[kept]
+        steps = len(kept)
     for k in range(steps):
         frame = []
         for i in range(p.n):
             text, masked = texts.frame(traj[i, k], p, prompt, suffix)
             frame.append({"index": i, "text": text, "masked": masked, "finish_reason": None})
+        where = {} if blocks is None else {"block": int(blocks[k])}
         yield {"data": json.dumps({**head, "object": "text_completion.diffusion", "step": k, "steps": steps,
-                                   "nfe": int(calls[k]), "choices": frame})}
+                                   **where, "nfe": int(calls[k]), "choices": frame})}
     final = [{"index": i, "text": prompt + c["text"] + suffix, "completion": c["text"], "masked": [],
               "finish_reason": c["finish_reason"]} for i, c in enumerate(choices)]
     yield {"data": json.dumps({**head, "object": "text_completion.diffusion", "step": steps, "steps": steps,

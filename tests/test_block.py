@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import jax
+import ml_collections
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -259,11 +260,13 @@ def test_block_outputs_see_only_their_block_and_the_clean_blocks_before():
 
 
 def test_kind_errors():
-    config = config_lib.load_config("tiny", ["--config.model.kind=block", "--config.model.block_size=5"])
+    config = ml_collections.ConfigDict(
+        config_lib.load_config("tiny", ["--config.model.kind=block", "--config.model.block_size=5"]).to_dict())
     config.vocab_size = 5
     with pytest.raises(ValueError, match="block_size=5 must be a positive divisor of data.seq_len=32"):
         kinds.get(config)
-    config = config_lib.load_config("tiny", ["--config.model.kind=block", "--config.graph.type=uniform"])
+    config = ml_collections.ConfigDict(
+        config_lib.load_config("tiny", ["--config.model.kind=block", "--config.graph.type=uniform"]).to_dict())
     config.vocab_size = 5
     with pytest.raises(ValueError, match="absorbing"):
         kinds.get(config)
@@ -286,18 +289,97 @@ def _cli(*args, cwd):
                           cwd=cwd)
 
 
-def test_block_run_samples_past_its_length_and_evaluates(block_run, tmp_path):
+def test_block_run_samples_past_its_length_and_evaluates(block_run, tmp_path, capsys):
+    from sedd import cli
+
     out = tmp_path / "samples.jsonl"
-    done = _cli("sample", "--workdir", block_run, "--max_length", 256, "--num_samples", 2, "--output", out,
-                cwd=tmp_path)
+    done = _cli("sample", "--workdir", block_run, "--max_length", 256, "--prefix", "ROMEO:", "--num_samples", 2,
+                "--output", out, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     texts = [json.loads(line)["text"] for line in out.read_text().splitlines()]
-    assert len(texts) == 2 and all(len(t) >= 200 for t in texts)  # 256 characters (an <|endoftext|> is 13)
-    done = _cli("sample", "--workdir", block_run, "--prefix", "ROMEO:", "--num_samples", 1, cwd=tmp_path)
-    assert done.returncode == 0 and "ROMEO:" in done.stdout, done.stderr[-2000:]
-    done = _cli("sample", "--workdir", block_run, "--suffix", "END", cwd=tmp_path)
-    assert done.returncode == 2 and "prefix only" in done.stderr
+    # 256 characters (an <|endoftext|> is 13) after the prompt, 8 times the model's length of 32
+    assert len(texts) == 2 and all(t.startswith("ROMEO:") and len(t) >= 200 for t in texts), texts
+    assert cli.main(["sample", "--workdir", str(block_run), "--suffix", "END"]) == 2
+    assert "prefix only" in capsys.readouterr().err
     done = _cli("eval", "--workdir", block_run, "--batch_size", 8, "--max_batches", 2, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     figures = dict((k.strip(), v) for k, v in (line.split(":", 1) for line in done.stdout.splitlines() if ":" in line))
     assert figures["kind"].strip() == "block" and 0 < float(figures["bits_per_char"]) < 12, done.stdout
+
+
+def test_block_run_is_served_to_the_openai_client_streamed_block_by_block(block_run, monkeypatch):
+    """`sedd serve` on a block run: the openai client, a stream sent while the blocks are drawn, the diffusing view."""
+    openai = pytest.importorskip("openai")
+    uvicorn = pytest.importorskip("uvicorn")
+    httpx = pytest.importorskip("httpx")
+    import socket
+    import threading
+    import time
+
+    from sedd import runs, serve
+
+    run = runs.load(block_run)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    limits = serve.Limits(max_steps=16, max_n=4, max_batch=8, window_s=0.1)
+    server = uvicorn.Server(uvicorn.Config(serve.create_app(run, "sedd-block", limits), host="127.0.0.1",
+                                           port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+        model = httpx.get(f"{base}/v1/models").json()["data"][0]
+        assert (model["kind"], model["block_size"]) == ("block", 8)
+        args = dict(model="sedd-block", prompt="ROMEO:", max_tokens=12, n=2, seed=3,
+                    extra_body={"steps": 4, "sampler": "analytic"})
+        out = c.completions.create(**args, temperature=0.8)  # a traced temperature: any value, one program
+        assert len(out.choices) == 2 and out.choices[0].text != out.choices[1].text
+        for choice in out.choices:
+            assert len(choice.text) == 12 if choice.finish_reason == "length" else len(choice.text) < 12
+            run.tokenizer.encode(choice.text)
+        again = c.completions.create(**args, temperature=0.8)
+        assert [ch.text for ch in again.choices] == [ch.text for ch in out.choices]
+        compiles = httpx.get(f"{base}/health").json()["compiles"]
+        c.completions.create(**args, temperature=0.8 + 1e-6)
+        assert httpx.get(f"{base}/health").json()["compiles"] == compiles
+
+        # Streamed: each call's block placed into the text on the host, the settled prefix sent at once.
+        slow_place = serve._Placed.place
+        monkeypatch.setattr(serve._Placed, "place", lambda self, start, states: (slow_place(self, start, states),
+                                                                                time.sleep(0.03)))
+        arrived = []
+        with httpx.stream("POST", f"{base}/v1/completions", timeout=120,
+                          json={**{k: v for k, v in args.items() if k != "extra_body"}, **args["extra_body"],
+                                "temperature": 0.8, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:") and "[DONE]" not in line:
+                    arrived.append((time.monotonic(), json.loads(line[len("data:"):])))
+        last = max(t for t, k in arrived if k["choices"][0]["finish_reason"] is not None)
+        assert len([k for t, k in arrived if k["choices"][0]["text"] and t < last - 0.05]) > 1
+        streamed = ["".join(k["choices"][0]["text"] for _, k in arrived if k["choices"][0]["index"] == i)
+                    for i in range(2)]
+        assert streamed == [ch.text for ch in out.choices]
+
+        # Diffusing: the states of the blocks holding the completion (6..17: blocks 0, 1, 2), then the text.
+        body = {"prompt": "ROMEO:", "max_tokens": 12, "n": 1, "seed": 3, "steps": 4, "sampler": "analytic",
+                "temperature": 0.8, "diffusing": True}
+        r = httpx.post(f"{base}/v1/completions", json=body, timeout=120)
+        frames = [json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data:")
+                  and "[DONE]" not in line]
+        assert [f.get("block") for f in frames[:-1]] == [0] * 5 + [1] * 5 + [2] * 5
+        assert frames[0]["choices"][0]["text"] == "ROMEO:" + serve.MASK_CHAR * 12 and frames[0]["nfe"] == 0
+        assert frames[-1]["choices"][0]["completion"] == out.choices[0].text
+        nfe = [f["nfe"] for f in frames]
+        assert nfe == sorted(nfe) and 0 < nfe[-2] <= nfe[-1]
+        # what a block model cannot do: a clear 400
+        with pytest.raises(openai.BadRequestError, match="suffix"):
+            c.completions.create(model="sedd-block", prompt="ROMEO:", suffix="END", max_tokens=4)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
