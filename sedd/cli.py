@@ -6,7 +6,7 @@
               [--output FILE[.jsonl]] [--animate]
   sedd eval   --workdir DIR [--split S] [--num_t N] [--max_batches K] [--config.data.path=... ...]
   sedd convert SRC DST [--no_ema] [--tokenizer_path PATH] [--dtype D]   (the original PyTorch SEDD weights)
-  sedd serve  --workdir DIR [--host 127.0.0.1] [--port 8000] [...]       (needs sedd[serve])
+  sedd serve  --workdir DIR [--host 127.0.0.1] [--port 8000] [...]       (needs sedd-jax[serve])
 """
 
 from __future__ import annotations
@@ -67,12 +67,30 @@ def _train(args, overrides: list[str]) -> int:
     return 0
 
 
-def _animate(run: runs.Run, trajectory, delay: float) -> None:
-    """Redraw the first sample in place as it is denoised (masks shown as '_')."""
+def animation_labels(frames: int, every: int, steps: int) -> list[str]:
+    """The label of each of `frames` trajectory frames kept every `every` of `steps` sampler steps.
+
+    One sampler run keeps steps // every + 1 states: the start, then the
+    state after every `every` steps; frame n shows step n * every of the run.
+    A block run's trajectory is that for each block in turn (steps per
+    block), then the finished text.
+    """
+    per = steps // every + 1
+    if frames == per:
+        return [f"[step {n * every}/{steps}]" for n in range(frames)]
+    blocks = (frames - 1) // per
+    if frames < per or (frames - 1) % per:  # a shape neither of the above: count the frames
+        return [f"[frame {n}/{frames - 1}]" for n in range(frames)]
+    return [f"[block {n // per + 1}/{blocks}, step {n % per * every}/{steps}]" for n in range(frames - 1)] + \
+        [f"[{blocks} blocks of {steps} steps: done]"]
+
+
+def _animate(run: runs.Run, trajectory, every: int, steps: int, delay: float) -> None:
+    """Redraw the first sample in place as it is denoised (masks shown as '_'), each frame labelled with its step."""
     mask_id = run.graph.dim - 1 if run.graph.absorb else -1
-    for n, frame in enumerate(trajectory):
+    for label, frame in zip(animation_labels(len(trajectory), every, steps), trajectory):
         text = "".join("_" if i == mask_id else run.tokenizer.decode([i]) for i in np.asarray(frame[0]).tolist())
-        sys.stdout.write("\x1b[2J\x1b[H" + f"[{n}/{len(trajectory) - 1}]\n" + text + "\n")
+        sys.stdout.write("\x1b[2J\x1b[H" + label + "\n" + text + "\n")
         sys.stdout.flush()
         time.sleep(delay)
 
@@ -90,9 +108,10 @@ def _sample(args) -> int:
         mask, tokens = run_conditioning(run, args)
         if mask is not None:
             options.update(fixed_mask=mask, fixed_tokens=tokens)
+        every = max(1, steps // 64)  # 65 to 128 frames from 64 steps up, shown in about 4 s in all
         out = run.sample(key, args.num_samples, steps, args.predictor, return_trajectory=True,
-                         trajectory_every=max(1, steps // 64), **options)
-        _animate(run, out.trajectory, 4.0 / len(out.trajectory))
+                         trajectory_every=every, **options)
+        _animate(run, out.trajectory, every, steps, 4.0 / len(out.trajectory))
         texts = [run.decode(row) for row in out.tokens]
     else:
         texts = run.generate(key, args.num_samples, args.steps, args.predictor,
@@ -123,11 +142,35 @@ def run_conditioning(run: runs.Run, args):
 
 def _eval(args, overrides: list[str]) -> int:
     data = eval_data(args.workdir, overrides)
+    if n := split_cpu_for_eval(args.workdir, args.batch_size):  # stderr: stdout is the table of figures
+        print(f"this CPU as {n} devices, each batch split over them as in sedd train (mesh.cpu_devices)",
+              file=sys.stderr)
     result = figures.evaluate_run(args.workdir, split=args.split, num_t=args.num_t, batch_size=args.batch_size,
                                   max_batches=args.max_batches or None, seed=args.seed, data=data)
     for k, v in result.items():
         print(f"{k:>24}: {v:.4f}" if isinstance(v, float) else f"{k:>24}: {v}")
     return 0
+
+
+def split_cpu_for_eval(workdir: str | Path, batch_size: int) -> int:
+    """Split this CPU into devices as `sedd train` does (``sedd.sharding.split_cpu``), for batches of batch_size.
+
+    The bound's batches are split by rows over the devices (``Run.place_rows``),
+    each row's figures computed as on one device, so the bound is the one
+    device's up to the order of its sums, in about the time `sedd train` took
+    for it. The run's mesh.cpu_devices decides; auto (0), or a count that does
+    not divide batch_size or exceeds the cores, takes the largest divisor of
+    batch_size that fits the cores (at most ``MAX_AUTO_CPU_DEVICES``). Before
+    any device is used; returns the count set, 0 if none.
+    """
+    config = runs.read_config(workdir)
+    config.training.batch_size = batch_size
+    want = config.mesh.cpu_devices
+    # A received run's count is not trusted: a huge one would make as many devices, rows that do not divide
+    # would run on every device, and a negative one is no reason to refuse the bound.
+    if want < 0 or (want > 1 and (want > sharding.available_cores() or batch_size % want)):
+        config.mesh.cpu_devices = 0
+    return sharding.split_cpu(config)
 
 
 def eval_data(workdir: str | Path, overrides: list[str]) -> dict:
@@ -237,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                    "(`sedd convert --help`)")
 
     sub.add_parser("serve", add_help=False, help="an OpenAI-style completions server with a playground page "
-                   "(`sedd serve --help`; needs sedd[serve])")
+                   "(`sedd serve --help`; needs sedd-jax[serve])")
 
     args, rest = parser.parse_known_args(argv)
     warnings.showwarning = _show_warning
@@ -245,9 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         return convert.main(rest)
     if args.command == "serve":
         try:
-            from sedd import serve  # optional dependency: Starlette and uvicorn come with sedd[serve]
-        except ImportError as e:
-            print(f"sedd serve: error: it needs pip install 'sedd[serve]' ({e})", file=sys.stderr)
+            from sedd import serve  # optional dependency: Starlette and uvicorn come with sedd-jax[serve]
+        except ImportError as e:  # the distribution is sedd-jax: PyPI's `sedd` is an unrelated package
+            print(f"sedd serve: error: it needs the serve extra: pip install 'sedd-jax[serve]' "
+                  f"(pip install -e '.[serve]' in a clone) ({e})", file=sys.stderr)
             return 2
         return serve.main(rest)
     try:

@@ -528,7 +528,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
         eos = f"; {EOS_TEXT} between documents is a token of none" if tokenizer.eos_id is not None else ""
         per_char = f" = {entropy / cpt:.3f} bits/char ({cpt:.4f} characters per token{eos})"
     say(f"model: {trainer.n_params / 1e6:.2f}M parameters; data: {dataset.num_tokens('train'):,} train tokens, "
-        f"vocabulary {tokenizer.vocab_size}, unigram entropy {entropy:.3f} bits/token{per_char}")
+        f"vocabulary {tokenizer.vocab_size}, unigram entropy of the train split {entropy:.3f} bits/token{per_char}")
     say(dtype_line(config.model.dtype))
 
     def val_figures(params) -> dict:

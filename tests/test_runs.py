@@ -1,6 +1,7 @@
 """sedd.runs and the package as installed: inference without a trainer, the import graph, the wheel."""
 
 import ast
+import json
 import os
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from sedd import cli, kinds, runs, train
+from sedd import cli, figures, kinds, runs, sharding, train
 from sedd import config as config_lib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +42,56 @@ def test_inference_builds_no_optimizer(tiny_run, monkeypatch, capsys):
     assert cli.main(["sample", "--workdir", str(workdir), "--steps", "4", "--num_samples", "1"]) == 0
     assert cli.main(["eval", "--workdir", str(workdir), "--num_t", "2", "--batch_size", "4", "--max_batches", "1"]) == 0
     assert "nats_per_token" in capsys.readouterr().out
+
+
+def test_animate_labels_frames_with_the_steps_of_the_run(tiny_run, monkeypatch, capsys):
+    """`sedd sample --animate` labels each frame with the sampler step it shows, out of the run's steps
+    (a 128-step run keeps a frame every 2 steps: [step 0/128] .. [step 128/128], not [0/64] .. [64/64])."""
+    workdir, _ = tiny_run
+    monkeypatch.setattr(cli.time, "sleep", lambda s: None)
+    assert cli.main(["sample", "--workdir", str(workdir), "--steps", "128", "--num_samples", "1", "--animate"]) == 0
+    labels = [line.rsplit("\x1b[H", 1)[1] for line in capsys.readouterr().out.splitlines() if "\x1b[H" in line]
+    assert labels == [f"[step {k}/128]" for k in range(0, 129, 2)], labels
+    assert cli.main(["sample", "--workdir", str(workdir), "--num_samples", "1", "--animate"]) == 0  # the config's 8
+    labels = [line.rsplit("\x1b[H", 1)[1] for line in capsys.readouterr().out.splitlines() if "\x1b[H" in line]
+    assert labels == [f"[step {k}/8]" for k in range(9)], labels
+    # A block run's frames: each block's steps in turn, then the finished text.
+    assert cli.animation_labels(2 * 3 + 1, 2, 4) == ["[block 1/2, step 0/4]", "[block 1/2, step 2/4]",
+                                                     "[block 1/2, step 4/4]", "[block 2/2, step 0/4]",
+                                                     "[block 2/2, step 2/4]", "[block 2/2, step 4/4]",
+                                                     "[2 blocks of 4 steps: done]"]
+    assert cli.animation_labels(65, 2, 129)[-1] == "[step 128/129]"  # the last kept state, not the 129th step
+
+
+def test_eval_splits_the_cpu_as_train_does_and_gives_the_same_bound(tiny_run, tmp_path, monkeypatch):
+    """`sedd eval` makes the CPU the run's mesh.cpu_devices devices, as `sedd train` does (a fresh process:
+    the split must come before any device is used), and gives the one-device bound up to float rounding."""
+    workdir = tmp_path / "run"
+    shutil.copytree(tiny_run[0], workdir)
+    config = json.loads((workdir / runs.CONFIG).read_text())
+    config["mesh"]["cpu_devices"] = 2  # 2 on any machine of 2 cores or more (more than the cores is auto)
+    (workdir / runs.CONFIG).write_text(json.dumps(config))
+    args = ["--num_t", "4", "--batch_size", "4", "--max_batches", "2"]
+    one = figures.evaluate_run(workdir, num_t=4, batch_size=4, max_batches=2, progress=False)  # this process's devices
+    done = subprocess.run([sys.executable, "-m", "sedd.cli", "eval", "--workdir", str(workdir), *args],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert ("this CPU as 2 devices" in done.stderr) == (sharding.available_cores() >= 2), done.stderr[-2000:]
+    split = dict((k.strip(), v.strip()) for k, v in (line.split(":", 1) for line in done.stdout.splitlines()))
+    for key in ("nats_per_token", "stderr_nats_per_token"):  # printed to 4 decimals
+        assert float(split[key]) == pytest.approx(one[key], abs=1.5e-4), (key, split[key], one[key])
+    assert split["num_sequences"] == str(one["num_sequences"]) == "8"
+
+    # A received run's count is honoured only where it fits: dividing the batch, at most the cores; else auto.
+    counts = []
+    monkeypatch.setattr(cli.sharding, "available_cores", lambda: 4)
+    monkeypatch.setattr(cli.sharding, "split_cpu", lambda c: counts.append(c.mesh.cpu_devices) or 0)
+    given = (0, 1, 2, 4, 3, 8, 10**6, -1)
+    for n in given:
+        config["mesh"]["cpu_devices"] = n
+        (workdir / runs.CONFIG).write_text(json.dumps(config))
+        assert cli.split_cpu_for_eval(workdir, 4) == 0
+    assert counts == [0, 1, 2, 4, 0, 0, 0, 0], dict(zip(given, counts))
 
 
 def test_load_restores_the_saved_weights_of_any_step(tiny_run):
