@@ -67,6 +67,10 @@ CANDIDATES = {
     "radd": ["--config.model.time_conditioning=False"],  # RADD's time-independent network
     "subs": ["--config.model.normalize=True"],  # MDLM's SUBS: a normalized p(x0 | x_t)
     "ar": ["--config.model.kind=ar"],  # the causal baseline of the same size
+    # block diffusion (docs/block_diffusion.md): SEDD inside blocks of b letters, AR across them
+    "block16": ["--config.model.kind=block", "--config.model.block_size=16"],
+    "block4": ["--config.model.kind=block", "--config.model.block_size=4"],
+    "block1": ["--config.model.kind=block", "--config.model.block_size=1"],
 }
 CORPORA = ("plays", "markov")
 MARKOV = {"vocab_size": 12, "order": 2, "alpha": 0.25}  # the chain of each seed
@@ -198,11 +202,11 @@ def reveal_profile(run: runs.Run, chain: MarkovChain, num_samples: int = NUM_SAM
     Returns:
       {"nll", "entropy", "kl", "excess", "kl_qp", "kl_pq", "tail_mass"} (the
       last four lists of `bins` means, nats; tail_mass: q's mass on letters p
-      gives < 1e-3), or {} for an AR or uniform run.
+      gives < 1e-3), or {} for an AR, block or uniform run.
     """
     if order not in ("random", "surest"):
         raise ValueError(f"order must be 'random' or 'surest', got {order!r}")
-    if run.config.model.kind == "ar" or not run.graph.absorb:
+    if run.config.model.kind != "ddit" or not run.graph.absorb:  # the whole-sequence denoiser of SEDD's network
         return {}
     v, length, b = chain.vocab_size, run.seq_len, num_samples
     letters = np.asarray([run.tokenizer.encode(c)[0] for c in LETTERS[:v]])
@@ -255,9 +259,9 @@ def conditional_kl(run: runs.Run, chain: MarkovChain, sequences: int = 64, sigma
     the letters the chain gives less than 1e-3. The absorbing graph only.
 
     Returns:
-      {"kl_pq", "kl_qp", "tail_mass", "off_letters"} in nats (means), or {} for an AR or uniform run.
+      {"kl_pq", "kl_qp", "tail_mass", "off_letters"} in nats (means), or {} for an AR, block or uniform run.
     """
-    if run.config.model.kind == "ar" or not run.graph.absorb:
+    if run.config.model.kind != "ddit" or not run.graph.absorb:  # the whole-sequence denoiser of SEDD's network
         return {}
     v, length = chain.vocab_size, run.seq_len
     letters = np.asarray([run.tokenizer.encode(c)[0] for c in LETTERS[:v]])
