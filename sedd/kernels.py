@@ -1,9 +1,9 @@
 """The speed paths behind the model's plain behaviour, and the dtype policy that picks them.
 
 `sedd.model` reads as the DiT of the paper; what here makes it fast changes
-no result beyond bfloat16's rounding, and float32 never passes through it
-(nnx.Linear's own product, ``jax.nn.dot_product_attention``). Each piece and
-why it exists:
+no result beyond bfloat16's rounding (in float32 the Linear layers keep
+nnx.Linear's own product; attention takes `mixed_attention` in every dtype).
+Each piece and why it exists:
 
   compute_dtype(name)   "auto" | "float32" | "bfloat16" -> a dtype. "auto" is
                         bfloat16 where bfloat16 products run in hardware (a GPU
@@ -20,7 +20,9 @@ why it exists:
                         laid out head-major (the layout XLA's CPU runtime accepts
                         for bfloat16 into float32) and normalised after the value
                         product, so the division runs over (B, N, L, K), not the
-                        (B, N, L, L) weights.
+                        (B, N, L, L) weights. In float32 too: on a CPU it runs
+                        the training step faster than ``jax.nn.dot_product_attention``
+                        (docs/benchmarks.md).
   Dropout               nnx.Dropout with masks from 16 random bits an element,
                         four elements from each threefry block (``sedd.rng.uint16``):
                         a quarter of the threefry work of ``jax.random.bernoulli``,

@@ -36,6 +36,7 @@ FIELDS = {
     "memory": None,
     "rng": ["method", "ms", "speedup_over_jax"],
     "optimizer": ["optimizer", "step_ms", "ratio_to_adamw"],
+    "profile": ["ms_per_step_per_thread", "threads", "step_ms_traced"],
 }
 
 
@@ -47,6 +48,8 @@ def test_benchmark_quick(which, tmp_path, capsys):
     assert result["quick"] and result["machine"]["cpu_count"] >= 1 and result["machine"]["devices"]
     header, rule = capsys.readouterr().out.split("\n")[1:3]
     assert set(rule.replace(" ", "")) == {"-"} and len(rule) == len(header)  # the table was printed
+    if which == "profile":  # the trace was read and its ops matched to the compiled step's
+        assert result["results"][0]["ms_per_step_per_thread"]["products"] > 0
     if which == "memory":
         tiny = result["results"]["tiny"]
         assert tiny["peak_bytes_estimate"] > 0 and tiny["state_bytes"] > 0

@@ -10,6 +10,7 @@ written as JSON (default: experiments/benchmarks/results/NAME_PLATFORM.json):
   python experiments/benchmarks/bench.py memory   [--quick] ...   compiled train-step bytes per config
   python experiments/benchmarks/bench.py rng      [--quick] ...   dropout masks and race words, JAX's and sedd.rng's
   python experiments/benchmarks/bench.py optimizer [--quick] ...  the default's step: AdamW, Muon, with and without ZeRO-1
+  python experiments/benchmarks/bench.py profile  [--quick] [--dtype D] ...  the default's step: op time by kind (jax.profiler)
   python experiments/benchmarks/bench.py all      [--quick] ...
 
 Timing rules, because the machines these run on are shared and noisy:
@@ -31,8 +32,10 @@ import functools
 import json
 import os
 import platform
+import re
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -691,6 +694,71 @@ def run_optimizer(quick: bool, args) -> dict:
 # --------------------------------------------------------------------------- entry point
 
 
+# --------------------------------------------------------------------------- where a training step's time goes
+
+
+def _op_kinds(hlo_text: str) -> dict[str, str]:
+    """Each instruction of a compiled module's text -> its kind: "dot" (a product, alone or
+    fused), "attention LxL" (a product or elementwise op whose output ends in (L, L)), "elementwise"."""
+    kinds_of = {}
+    bodies = {m.group(1): m.group(2) for m in re.finditer(r"\n%?([\w.\-]+) [^\n]*\{\n(.*?)\n\}", hlo_text, re.S)}
+    for m in re.finditer(r"%([\w.\-]+) = (\S+) (\w+)\(.*?\), (.*)", hlo_text):
+        name, shape, op, rest = m.groups()
+        calls = re.search(r"calls=%([\w.\-]+)", rest)
+        body = bodies.get(calls.group(1), "") if calls else ""
+        product = op in ("dot", "dot_general") or " dot(" in body
+        square = re.search(r"\[(?:\d+,)+(\d+),(\d+)\]", shape)
+        lxl = square is not None and square.group(1) == square.group(2) and shape.count(",") >= 2
+        kinds_of[name] = ("attention LxL " if lxl else "") + ("products" if product else "elementwise")
+    return kinds_of
+
+
+def run_profile(quick: bool, args) -> dict:
+    """Op time of the default's compiled train step by kind, per device thread (jax.profiler)."""
+    from jax._src.profiler import ProfileData  # the trace reader jax ships; no TensorBoard needed
+
+    c = bench_config("tiny" if quick else "shakespeare_char", dtype=args.dtype or "auto")
+    trainer = Trainer(c)
+    b, l = c.training.batch_size, c.data.seq_len
+    batch = trainer.shard_batch(np.asarray(jax.random.randint(jax.random.key(1), (b, l), 0, c.vocab_size), np.int32))
+    state = trainer.init_state()
+    steps = 2 if quick else args.repeats
+    for _ in range(3):
+        state, m = trainer.train_step(state, batch)
+    jax.block_until_ready(m)
+    kinds_of = _op_kinds(trainer.train_step.lower(state, batch).compile().as_text())
+    with tempfile.TemporaryDirectory() as d:
+        t0 = time.perf_counter()
+        with jax.profiler.trace(d):
+            for _ in range(steps):
+                state, m = trainer.train_step(state, batch)
+            jax.block_until_ready(m)
+        step_ms = (time.perf_counter() - t0) / steps * 1e3
+        trace = ProfileData.from_file(str(next(Path(d).rglob("*.xplane.pb"))))
+    per_thread: dict[str, dict[str, float]] = {}
+    for plane in trace.planes:
+        for line in plane.lines:
+            if not line.name.startswith("tf_XLAEigen"):  # XLA's compute threads
+                continue
+            row = per_thread.setdefault(line.name, {})
+            for ev in line.events:
+                if ev.name.startswith(("ThunkExecutor", "end: ", "Threadpool")):
+                    continue  # the enclosing program, and markers of no duration
+                kind = kinds_of.get(ev.name)
+                if kind is None:
+                    kind = "waiting for the other device" if ev.name.startswith(("Rendezvous", "Wait")) else \
+                        "collectives" if ev.name.split(".")[0] in ("all-reduce", "all-gather") else "other"
+                row[kind] = row.get(kind, 0.0) + ev.duration_ns / 1e6 / steps
+    names = sorted({k for row in per_thread.values() for k in row})
+    totals = {k: statistics.mean(row.get(k, 0.0) for row in per_thread.values()) for k in names}
+    busy = sum(totals.values())
+    rows = [[k, f"{v:.1f}", f"{100 * v / busy:.0f}%"] for k, v in sorted(totals.items(), key=lambda kv: -kv[1])]
+    table = format_table(["op kind", "ms a step, a thread", "share"], rows)
+    table += f"\n{len(per_thread)} compute threads; a step took {step_ms:.0f} ms while traced"
+    return {"benchmark": "profile", "config": c.model.to_dict(), "table": table,
+            "results": [{"step_ms_traced": step_ms, "ms_per_step_per_thread": totals, "threads": len(per_thread)}]}
+
+
 def format_table(header: list, rows: list[list]) -> str:
     """Right-aligned plain-text table of header and rows."""
     cells = [[str(h) for h in header]] + [[str(c) for c in r] for r in rows]
@@ -701,7 +769,7 @@ def format_table(header: list, rows: list[list]) -> str:
 
 
 RUNNERS = {"train": run_train, "sampler": run_sampler, "ar": run_ar, "block": run_block, "memory": run_memory,
-           "rng": run_rng, "optimizer": run_optimizer}
+           "rng": run_rng, "optimizer": run_optimizer, "profile": run_profile}
 
 
 def parser() -> argparse.ArgumentParser:
