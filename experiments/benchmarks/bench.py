@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sedd import ar, kernels, kinds, sampling
+from sedd import ar, kernels, kinds, sampling, sharding
 from sedd import config as config_lib
 from sedd import model as model_lib
 from sedd.train import Trainer
@@ -657,7 +657,6 @@ def run_optimizer(quick: bool, args) -> dict:
     Run alone (`python experiments/benchmarks/bench.py optimizer`): the CPU can only be split before
     anything touches a device, so after another benchmark of `all` it runs on the devices it finds.
     """
-    from sedd import sharding  # noqa: PLC0415
 
     base, batch_size = ("tiny", 8) if quick else ("shakespeare_char", 32)
     config = bench_config(base, batch_size=batch_size)
@@ -718,6 +717,7 @@ def run_profile(quick: bool, args) -> dict:
     from jax._src.profiler import ProfileData  # the trace reader jax ships; no TensorBoard needed
 
     c = bench_config("tiny" if quick else "shakespeare_char", dtype=args.dtype or "auto")
+    sharding.split_cpu(c)  # one device a core, as `sedd train` runs a CPU (a no-op once a device was used)
     trainer = Trainer(c)
     b, l = c.training.batch_size, c.data.seq_len
     batch = trainer.shard_batch(np.asarray(jax.random.randint(jax.random.key(1), (b, l), 0, c.vocab_size), np.int32))
@@ -754,7 +754,8 @@ def run_profile(quick: bool, args) -> dict:
     busy = sum(totals.values())
     rows = [[k, f"{v:.1f}", f"{100 * v / busy:.0f}%"] for k, v in sorted(totals.items(), key=lambda kv: -kv[1])]
     table = format_table(["op kind", "ms a step, a thread", "share"], rows)
-    table += f"\n{len(per_thread)} compute threads; a step took {step_ms:.0f} ms while traced"
+    table += (f"\n{jax.device_count()} device(s), {len(per_thread)} compute threads; "
+              f"a step took {step_ms:.0f} ms while traced")
     return {"benchmark": "profile", "config": c.model.to_dict(), "table": table,
             "results": [{"step_ms_traced": step_ms, "ms_per_step_per_thread": totals, "threads": len(per_thread)}]}
 
