@@ -18,8 +18,8 @@ Timing rules, because the machines these run on are shared and noisy:
     candidates interleaved round by round (order reversed every other round),
     and the ratio is the median of the per-round ratios;
   * the first call of each function (tracing + compilation) is never timed;
-  * every result carries ``machine()``: devices, CPU count, load average,
-    jax version and XLA_FLAGS.
+  * every result carries ``machine()``: devices, CPU count, the CPU's model and
+    whether it has AVX512-BF16, load average, jax version and XLA_FLAGS.
 
 FLOPs: model FLOPs per token of ``sedd.model.flops_per_token`` (6 N + 12 n L H
 for training, N the matmul weights a token meets).
@@ -55,6 +55,17 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # --------------------------------------------------------------------------- machine and timing
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the platform's processor string where there is none."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine() -> dict:
     """What the figures were measured on."""
     dev = jax.devices()
@@ -63,6 +74,8 @@ def machine() -> dict:
     except OSError:
         load = None
     return {
+        "cpu_model": cpu_model(),
+        "cpu_has_bfloat16_dots": kernels.cpu_has_bfloat16_dots(),  # AVX512-BF16 / AMX-BF16: "auto" is bfloat16
         "platform": dev[0].platform,
         "device_kind": dev[0].device_kind,
         "devices": [str(d) for d in dev],
@@ -820,8 +833,9 @@ def run(which: str, args) -> dict:
     result["quick"] = bool(args.quick)
     result["wall_s"] = time.perf_counter() - t0
     m = result["machine"]
+    bf16 = "with" if m["cpu_has_bfloat16_dots"] else "without"
     print(f"== {result['benchmark']} on {m['platform']} ({m['device_kind']}; {m['device_count']} device(s); "
-          f"{m['cpu_count']} CPUs; load {m['load_average_1_5_15min']}; jax {m['jax']}; "
+          f"{m['cpu_count']} CPUs, {m['cpu_model']}, {bf16} AVX512-BF16; load {m['load_average_1_5_15min']}; jax {m['jax']}; "
           f"XLA_FLAGS={m['xla_flags']!r}); {result['wall_s']:.0f} s")
     print(result["table"])
     name = f"{result['benchmark']}_{m['platform']}{'_quick' if args.quick else ''}.json"

@@ -238,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(sedd on {ours.devices} CPU device(s), model.dtype {args.dtype} = {ours.dtype}; the original in "
           f"{'bfloat16 autocast' if args.orig_autocast else 'float32, as shipped on a CPU'}); "
           f"medians of {args.rounds} interleaved rounds (ratios: median of per-round ratios); sedd's sampler "
-          f"made {ours.nfe} network calls; load average {m['load_average_1_5_15min']}")
+          f"made {ours.nfe} network calls; load average {m['load_average_1_5_15min']}; {m['cpu_count']} CPUs, "
+          f"{m['cpu_model']}, {'with' if m['cpu_has_bfloat16_dots'] else 'without'} AVX512-BF16")
     print(table)
     print(f"\n{command}")
     if args.json:
