@@ -69,8 +69,13 @@ def override(config: ml_collections.ConfigDict, overrides: Sequence[str] = ()) -
         that is not a config override.
     """
     argv = ["sedd", *overrides]
+    value_next = False  # after `--config.a.b`, its value
     for arg in overrides:
-        if arg.startswith("-") and not arg.startswith("--config."):
+        if value_next:
+            value_next = False
+        elif arg.startswith("--config.") and arg != "--config.":
+            value_next = "=" not in arg
+        else:  # absl would take it as a positional argument and drop it without a word
             raise ValueError(f"unexpected argument {arg!r}; overrides look like --config.training.n_iters=100")
     values = flags.FlagValues()
     try:

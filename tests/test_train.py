@@ -123,6 +123,10 @@ def test_unknown_config_key_and_bad_value():
         config_lib.load_config("tiny", ["--config.training.n_iters=many"])
     with pytest.raises(ValueError, match="overrides look like"):
         config_lib.load_config("tiny", ["--steps=3"])
+    for stray in (["optim.lr=1"], ["--config.optim.lr", "1", "2"], ["--config."]):  # were dropped without a word
+        with pytest.raises(ValueError, match=f"unexpected argument '{stray[-1]}'"):
+            config_lib.load_config("tiny", stray)
+    assert config_lib.load_config("tiny", ["--config.optim.lr", "1"]).optim.lr == 1.0  # the two-argument form
     c = config_lib.load_config("tiny", ["--config.optim.lr=1", "--config.data.path=1e-3"])
     assert c.optim.lr == 1.0 and isinstance(c.optim.lr, float) and c.data.path == "1e-3"
     with pytest.raises(FileNotFoundError, match="shipped configs"):
