@@ -228,7 +228,7 @@ def apply_rotary(x: Array, positions: Array, base: float = ROTARY_BASE) -> Array
     half = k // 2
     # Positions known at trace time (training, evaluation, a sampler's steps) give a
     # constant table: XLA would otherwise fuse cos and sin into the rotation and
-    # compute them again for every (B, N) element, ~6% of a CPU training step.
+    # compute them again for every (B, N) element (docs/benchmarks.md, float32 step).
     xp = np if isinstance(positions, np.ndarray) else jnp
     inv_freq = 1.0 / (base ** (xp.arange(half, dtype=np.float32) * np.float32(2.0) / np.float32(k)))  # (K/2,)
     angles = xp.asarray(positions).astype(np.float32)[:, None] * inv_freq[None, :]  # (L, K/2)
@@ -784,8 +784,8 @@ def flops_per_token(model: DDiT, seq_len: int, training: bool = True) -> float:
         training = 6 N + 12 n L H       (backward = 2 x forward; PaLM App. B)
 
     with N = ``matmul_params(model)``. The attention term uses the full L for a
-    causal model too: ``jax.nn.dot_product_attention``'s XLA path computes the
-    whole score matrix and masks it.
+    causal model too: ``sedd.kernels.mixed_attention`` computes the whole score
+    matrix and masks it.
     """
     forward = 2 * matmul_params(model) + 4 * len(model.blocks) * seq_len * model.hidden_size
     return 3 * forward if training else forward
