@@ -710,8 +710,8 @@ def run_optimizer(quick: bool, args) -> dict:
 
 
 def _op_kinds(hlo_text: str) -> dict[str, str]:
-    """Each instruction of a compiled module's text -> its kind: "dot" (a product, alone or
-    fused), "attention LxL" (a product or elementwise op whose output ends in (L, L)), "elementwise"."""
+    """Each instruction of a compiled module's text -> its kind: "products" (a dot, alone or fused)
+    or "elementwise", prefixed "attention LxL " where the output ends in two equal dimensions (L, L)."""
     kinds_of = {}
     bodies = {m.group(1): m.group(2) for m in re.finditer(r"\n%?([\w.\-]+) [^\n]*\{\n(.*?)\n\}", hlo_text, re.S)}
     for m in re.finditer(r"%([\w.\-]+) = (\S+) (\w+)\(.*?\), (.*)", hlo_text):
