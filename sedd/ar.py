@@ -48,6 +48,12 @@ def bos_id(model: DDiT) -> int:
     return model.num_tokens - 1
 
 
+def _inputs(model: DDiT, x: jax.Array) -> jax.Array:
+    """The network input of targets x int[B, L]: BOS, then x shifted right by one."""
+    _check(model)
+    return jnp.concatenate([jnp.full((x.shape[0], 1), bos_id(model), x.dtype), x[:, :-1]], axis=1)  # (B, L)
+
+
 def next_token_logits(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None) -> jax.Array:
     """Logits of x_l given x_{<l} at every position, one full forward pass.
 
@@ -58,22 +64,33 @@ def next_token_logits(model: DDiT, x: jax.Array, *, deterministic: bool | None =
     Returns:
       float32[B, L, V]: row l scores x_l.
     """
-    _check(model)
-    b = x.shape[0]
-    inputs = jnp.concatenate([jnp.full((b, 1), bos_id(model), x.dtype), x[:, :-1]], axis=1)  # (B, L)
-    return model.network_output(inputs, None, deterministic=deterministic, rngs=rngs)  # (B, L, V)
+    return model.network_output(_inputs(model, x), None, deterministic=deterministic, rngs=rngs)  # (B, L, V)
 
 
-def token_nll(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None) -> jax.Array:
-    """-log p_theta(x_l | x_{<l}) at every position: float32[B, L] nats."""
-    logits = next_token_logits(model, x, deterministic=deterministic, rngs=rngs)  # (B, L, V)
+def _nll(logits: jax.Array, x: jax.Array) -> jax.Array:
+    """-log softmax(logits)[x] at every position: float32[...]."""
     logp = jax.nn.log_softmax(logits, axis=-1)
     return -jnp.take_along_axis(logp, x[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
-def sequence_nll(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None) -> jax.Array:
-    """-log p_theta(x) in nats per sequence, float32[B]: the training loss of model.kind="ar"."""
-    return token_nll(model, x, deterministic=deterministic, rngs=rngs).sum(-1)
+def token_nll(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None,
+              chunk: int = 0) -> jax.Array:
+    """-log p_theta(x_l | x_{<l}) at every position: float32[B, L] nats.
+
+    chunk > 0 computes the logits `chunk` positions at a time, fused with the
+    loss and recomputed for the gradient (``DDiT.output_rows``): the same
+    numbers without a [B, L, V] array (training.loss_chunk).
+    """
+    if chunk:
+        h, c = model.features(_inputs(model, x), None, deterministic=deterministic, rngs=rngs)
+        return model.output_rows(h, c, _nll, x, chunk=chunk)  # (B, L)
+    return _nll(next_token_logits(model, x, deterministic=deterministic, rngs=rngs), x)  # (B, L)
+
+
+def sequence_nll(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None,
+                 chunk: int = 0) -> jax.Array:
+    """-log p_theta(x) in nats per sequence, float32[B]: the training loss of model.kind="ar" (chunk: ``token_nll``)."""
+    return token_nll(model, x, deterministic=deterministic, rngs=rngs, chunk=chunk).sum(-1)
 
 
 @nnx.jit

@@ -123,6 +123,7 @@ def from_json(text: str) -> ml_collections.ConfigDict:
 BEFORE_IT_EXISTED: dict[str, Any] = {
     "data.documents": "file",  # 5b0c4df: a .txt file was one document
     "model.time_conditioning": True,  # d359873: the network always saw sigma
+    "model.vocab_multiple": 1,  # the vocabulary tables unpadded (their shapes in the checkpoints)
     "model.normalize": False,  # 0847391: the unnormalized score output
     "optim.adaln_lr_scale": 1.0,  # 0847391: the adaLN kernels at AdamW's full rate
     "optim.optimizer": "adamw",  # f517b71: AdamW for every parameter

@@ -680,6 +680,7 @@ def config_from_original(orig: Mapping, tokenizer_path: str = "", dtype: str = "
     c.model.dropout = _field(model, "model", "dropout", float)
     c.model.scale_by_sigma = scale_by_sigma
     c.model.dtype = dtype
+    c.model.vocab_multiple = 1  # the original's tables, unpadded
     c.graph.type = _GRAPHS[graph_type]
     c.noise.type = noise_type
     c.noise.sigma_min = _field(noise, "noise", "sigma_min", float)

@@ -27,6 +27,10 @@ Each piece and why it exists:
                         four elements from each threefry block (``sedd.rng.uint16``):
                         a quarter of the threefry work of ``jax.random.bernoulli``,
                         whose masks were most of what dropout cost on a CPU.
+  chunked_rows          a per-position reduction of a large intermediate (the
+                        loss of the [B, L, V] output) run over chunks of
+                        positions, each recomputed for its gradient, so the
+                        whole intermediate is never live (training.loss_chunk).
 
 Shape letters: B batch, L sequence length, N attention heads, K head dim.
 Measured speeds, with the commands that measure them: docs/benchmarks.md.
@@ -37,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -150,6 +154,43 @@ def linear_kwargs(dtype: Any) -> dict[str, Any]:
     if jnp.dtype(dtype) == jnp.float32:
         return {}
     return {"dot_general": _MixedDot(dtype), "promote_dtype": _no_promotion}
+
+
+# --------------------------------------------------------------------------- chunked rows
+
+
+def chunked_rows(fn: Callable[..., Array], chunk: int, shared: Any, *rows: Array) -> Array:
+    """fn(shared, *rows) -> float[B, L], computed `chunk` positions at a time, each recomputed for its gradient.
+
+    The pattern of fused linear cross-entropy (Liger Kernel; Wijmans et al.
+    2025, Cut Cross-Entropy): fn maps a chunk of positions to one value a
+    position through a large intermediate (the [B, Lc, V] logits of an
+    output projection); `jax.lax.scan` runs the chunks one after another and
+    `jax.checkpoint` keeps only each chunk's inputs for the backward pass,
+    which computes the intermediate again. The live intermediate is then
+    [B, chunk, V] in both passes, at the price of one more forward of fn.
+
+    Args:
+      fn: (shared, *row_chunks) -> float[B, Lc], row_chunks [B, Lc, ...].
+      chunk: positions a chunk, dividing L; 0 or >= L calls fn once on everything.
+      shared: a pytree every chunk reads whole (weights).
+      rows: arrays [B, L, ...], cut along axis 1.
+    Returns:
+      float[B, L], equal to fn(shared, *rows).
+
+    Raises:
+      ValueError: chunk does not divide L.
+    """
+    b, l = rows[0].shape[:2]
+    if chunk <= 0 or chunk >= l:
+        return fn(shared, *rows)
+    if l % chunk:
+        raise ValueError(f"training.loss_chunk={chunk} must divide the sequence length L={l} (0: no chunks)")
+    n = l // chunk
+    cut = lambda a: jnp.moveaxis(a.reshape(b, n, chunk, *a.shape[2:]), 1, 0)  # noqa: E731  (n, B, Lc, ...)
+    body = jax.checkpoint(fn)
+    _, out = jax.lax.scan(lambda carry, xs: (carry, body(shared, *xs)), None, tuple(cut(r) for r in rows))
+    return jnp.moveaxis(out, 0, 1).reshape(b, l)  # (B, L)
 
 
 # --------------------------------------------------------------------------- attention

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sedd import ar, block, evaluate, graphs, losses, sampling
+from sedd import sharding as sharding_lib
 from sedd import noise as noise_lib
 from sedd.kernels import compute_dtype
 from sedd.model import DDiT
@@ -126,8 +127,12 @@ def params_score_fn(graphdef, rows: jax.sharding.Sharding | None = None):
     """
     if rows is None:
         return lambda state, x, sigma: nnx.merge(graphdef, *state)(x, sigma, deterministic=True)
-    return lambda state, x, sigma: nnx.merge(graphdef, *state)(
-        jax.lax.with_sharding_constraint(x, rows), sigma, deterministic=True)
+
+    def score(state, x, sigma):
+        with sharding_lib.split_rows(rows):  # the activations' rows too, at every block (an fsdp mesh)
+            return nnx.merge(graphdef, *state)(jax.lax.with_sharding_constraint(x, rows), sigma, deterministic=True)
+
+    return score
 
 
 def _network(config, seed: int, **arch) -> DDiT:
@@ -135,7 +140,31 @@ def _network(config, seed: int, **arch) -> DDiT:
     m = config.model
     return DDiT(hidden_size=m.hidden_size, n_blocks=m.n_blocks, n_heads=m.n_heads, cond_dim=m.cond_dim,
                 mlp_ratio=m.mlp_ratio, dropout=m.dropout, max_len=config.data.seq_len,
-                dtype=compute_dtype(m.dtype), rngs=nnx.Rngs(params=seed, dropout=seed + 1), **arch)
+                dtype=compute_dtype(m.dtype), vocab_multiple=m.vocab_multiple, remat=m.remat,
+                rngs=nnx.Rngs(params=seed, dropout=seed + 1), **arch)
+
+
+def chunked_entropy(model: DDiT, graph: graphs.Graph, chunk: int, **net) -> Callable:
+    r"""(x_t, sigma, x0) -> float32[B, L]: the network's score entropy at x_t, `chunk` positions at a time.
+
+    ``graph.score_entropy(model(x_t, sigma), sigma, x_t, x0)`` without the
+    [B, L, D] log-score: the blocks run once over all L positions, then the
+    final layer, the log-score and its score entropy run on chunks of
+    positions, each chunk's output computed again for the gradient
+    (``DDiT.output_rows``). Every form of ``DDiT.log_score`` (scale_by_sigma,
+    normalize, a time-independent network) and both graphs reduce position by
+    position, which is all the chunks need. net: dropout arguments of the network.
+    """
+
+    def entropy(x_t, sigma, x0):
+        h, c = model.features(x_t, sigma, **net)  # (B, L, H), (B, C)
+
+        def fn(out, x, x0):  # (B, Lc, D), (B, Lc), (B, Lc) -> (B, Lc)
+            return graph.score_entropy(model.log_score(out, x, sigma), sigma[:, None], x, x0)
+
+        return model.output_rows(h, c, fn, x_t, x0, chunk=chunk)  # (B, L)
+
+    return entropy
 
 
 class Kind:
@@ -237,9 +266,11 @@ class Diffusion(Kind):
         validation estimate (train=False) keeps the uniform draw.
         """
         t = self.config.training
-        return losses.loss_fn(key, lambda x, sigma: model(x, sigma, deterministic=not train, rngs=rngs),
-                              self.graph, self.noise, x0, sampling_eps=t.sampling_eps,
-                              low_discrepancy=t.low_discrepancy, t_power=t.t_power if train else 0.0)
+        net = dict(deterministic=not train, rngs=rngs)
+        entropy = chunked_entropy(model, self.graph, t.loss_chunk, **net) if t.loss_chunk else None
+        return losses.loss_fn(key, lambda x, sigma: model(x, sigma, **net), self.graph, self.noise, x0,
+                              sampling_eps=t.sampling_eps, low_discrepancy=t.low_discrepancy,
+                              t_power=t.t_power if train else 0.0, entropy_fn=entropy)
 
     def check_sampler(self, name):
         super().check_sampler(name)
@@ -294,8 +325,8 @@ class Autoregressive(Kind):
                         time_conditioning=False, normalize=False)
 
     def loss(self, key, model, x0, train, rngs=None):
-        """-sum_l log p(x0^l | x0^{<l}), the exact NLL (``sedd.ar.sequence_nll``)."""
-        return ar.sequence_nll(model, x0, deterministic=not train, rngs=rngs)
+        """-sum_l log p(x0^l | x0^{<l}), the exact NLL (``sedd.ar.sequence_nll``; training.loss_chunk)."""
+        return ar.sequence_nll(model, x0, deterministic=not train, rngs=rngs, chunk=self.config.training.loss_chunk)
 
     def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False,
                    **kwargs):
@@ -343,6 +374,9 @@ class BlockDiffusion(Diffusion):
         if not (isinstance(b, int) and 1 <= b <= length and length % b == 0):
             raise ValueError(f"model.block_size={b!r} must be a positive divisor of data.seq_len={length} "
                              "(b = 1: autoregressive over single-token blocks; b = seq_len: SEDD)")
+        if config.training.loss_chunk:
+            raise ValueError(f"training.loss_chunk={config.training.loss_chunk} is not implemented for "
+                             "model.kind='block' (its noise levels differ from block to block): set it to 0")
         if not self.graph.absorb:
             raise ValueError(f"model.kind='block' needs graph.type='absorbing' (got {config.graph.type!r}): "
                              "each block is drawn from all-MASK given the clean blocks before it")

@@ -80,6 +80,7 @@ def loss_per_position(
     sampling_eps: float = 1e-3,
     low_discrepancy: bool = False,
     t_power: float = 0.0,
+    entropy_fn: Callable | None = None,
 ) -> jax.Array:
     """One Monte Carlo draw of sigma(t) * SE at every position: float32[B, L] nats.
 
@@ -94,6 +95,11 @@ def loss_per_position(
       low_discrepancy: stratify the draw of t over the batch.
       t_power: draw t from q(t) ~ t^{-t_power} with importance weights
         (``sample_times``); 0 draws it uniformly.
+      entropy_fn: (x_t, sigma, x0) -> float32[B, L], the score entropy of
+        the network at x_t, in place of score_fn's log-score followed by
+        ``graph.score_entropy`` (the same numbers, computed without the
+        [B, L, D] log-score: ``sedd.kinds.chunked_entropy``); score_fn is
+        then unused.
     Returns:
       float32[B, L]: summing over L gives nats per sequence (an unbiased
       estimate of the uniform-t loss whatever t_power).
@@ -105,8 +111,11 @@ def loss_per_position(
         weight = jnp.ones_like(t)
     sigma, dsigma = noise(t)  # (B,), (B,)
     x_t = graph.sample_transition(k_x, x0, sigma[:, None])  # (B, L)
-    log_score = score_fn(x_t, sigma)  # (B, L, D)
-    entropy = graph.score_entropy(log_score, sigma[:, None], x_t, x0)  # (B, L)
+    if entropy_fn is not None:
+        entropy = entropy_fn(x_t, sigma, x0)  # (B, L)
+    else:
+        log_score = score_fn(x_t, sigma)  # (B, L, D)
+        entropy = graph.score_entropy(log_score, sigma[:, None], x_t, x0)  # (B, L)
     return (weight * dsigma)[:, None] * entropy
 
 

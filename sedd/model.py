@@ -55,6 +55,7 @@ axes). Eager sharding is off, so the model builds with no mesh set:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -64,6 +65,7 @@ import numpy as np
 from flax import nnx
 
 from sedd import kernels
+from sedd.sharding import constrain_rows
 from sedd.graphs import log_expm1  # one stable log(e^sigma - 1) for the package
 
 Array = jax.Array
@@ -74,6 +76,20 @@ FREQ_DIM = 256
 ROTARY_BASE = 10000.0
 # LayerNorm epsilon of torch's F.layer_norm default, which the original uses.
 LN_EPS = 1e-5
+# model.remat: what the backward pass of a block keeps from its forward pass (jax.checkpoint
+# policies). "none": everything (no recomputation); "dots": the outputs of the weight matmuls
+# (not the attention products, which have batch dimensions), the rest recomputed; "blocks": only
+# each block's input, the whole block recomputed.
+REMAT_POLICIES = {
+    "none": None,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "blocks": jax.checkpoint_policies.nothing_saveable,
+}
+
+
+def padded(n: int, multiple: int) -> int:
+    """n rounded up to a multiple of `multiple`: the rows of a vocabulary table a mesh axis can split."""
+    return -(-n // multiple) * multiple
 
 
 def _part(init, names: tuple[str, ...]):
@@ -445,19 +461,26 @@ class FinalLayer(nnx.Module):
       out_dim: D.
       cond_dim: C.
       dtype: compute dtype of the matmuls.
+      vocab_multiple: the projection has D rounded up to a multiple of this
+        many columns (``padded``); the output has D.
       rngs: parameter keys.
     """
 
     def __init__(
-        self, hidden_size: int, out_dim: int, cond_dim: int, *, dtype: Any = jnp.float32, rngs: nnx.Rngs
+        self, hidden_size: int, out_dim: int, cond_dim: int, *, dtype: Any = jnp.float32, vocab_multiple: int = 1,
+        rngs: nnx.Rngs
     ):
+        self.out_dim = out_dim
         self.norm_final = _layer_norm(hidden_size, rngs)
         self.adaLN_modulation = _linear(
             cond_dim, 2 * hidden_size, ("cond", "adaln"), zero=True, dtype=dtype, rngs=rngs
         )
         # Zero init: the network starts with output 0, so the log-score starts at
         # the scale-by-sigma prior alone (see DDiT.__call__).
-        self.linear = _linear(hidden_size, out_dim, ("embed", "vocab"), zero=True, dtype=dtype, rngs=rngs)
+        # Padded to a multiple of vocab_multiple columns so a mesh axis can split them;
+        # the padding is sliced off the output, so its columns get no gradient and stay 0.
+        self.linear = _linear(hidden_size, padded(out_dim, vocab_multiple), ("embed", "vocab"), zero=True,
+                              dtype=dtype, rngs=rngs)
         self.dtype = dtype
 
     def __call__(self, x: Array, c: Array) -> Array:
@@ -465,7 +488,8 @@ class FinalLayer(nnx.Module):
         mod = per_position(self.adaLN_modulation(c).astype(jnp.float32), x.shape[1])  # (B, 2H) or (B, L, 2H)
         shift, scale = jnp.split(mod, 2, axis=-1)
         y = modulate(self.norm_final(x.astype(jnp.float32)), shift, scale)  # (B, L, H)
-        return self.linear(y.astype(self.dtype)).astype(jnp.float32)  # (B, L, D)
+        out = self.linear(y.astype(self.dtype)).astype(jnp.float32)  # (B, L, D padded)
+        return out[..., : self.out_dim] if out.shape[-1] != self.out_dim else out  # (B, L, D)
 
 
 class DDiT(nnx.Module):
@@ -502,6 +526,15 @@ class DDiT(nnx.Module):
         entropy at a masked position reduces exactly to the weighted cross-entropy
         -log p_theta(x0 | x_t) / (e^sigma - 1) (see ``__call__``).
       dtype: compute dtype (bfloat16 on accelerators); parameters are float32.
+      vocab_multiple: the embedding's rows and the output projection's columns
+        are num_tokens and D rounded up to a multiple of this (``padded``; 128
+        lets a mesh axis of up to 128 devices split GPT-2's 50,258), so that
+        ``tensor`` or ``fsdp`` can split them. The padding rows are never
+        looked up and the padding columns are sliced off the output, so
+        outputs, losses and samplers see D; 1 (default) pads nothing.
+      remat: what a block's backward pass keeps of its forward pass, a key of
+        ``REMAT_POLICIES``: "none" (default), "dots" (the weight matmuls'
+        outputs) or "blocks" (the block's input only; the rest recomputed).
       rngs: nnx.Rngs with a 'params' stream (or default) and a 'dropout' stream
         (or default).
     """
@@ -524,6 +557,8 @@ class DDiT(nnx.Module):
         time_conditioning: bool = True,
         normalize: bool = False,
         dtype: Any = jnp.float32,
+        vocab_multiple: int = 1,
+        remat: str = "none",
         rngs: nnx.Rngs,
     ):
         if hidden_size % n_heads != 0:
@@ -545,6 +580,10 @@ class DDiT(nnx.Module):
         if normalize and not scale_by_sigma:
             raise ValueError("normalize=True needs scale_by_sigma=True (the absorbing graph's analytic "
                              "factor 1 / (e^sigma - 1) times the normalized p_theta(x0 | x_t)).")
+        if not (isinstance(vocab_multiple, int) and vocab_multiple >= 1):
+            raise ValueError(f"vocab_multiple={vocab_multiple!r} must be an integer >= 1 (1: no padding).")
+        if remat not in REMAT_POLICIES:
+            raise ValueError(f"remat={remat!r} must be one of {', '.join(map(repr, REMAT_POLICIES))}.")
 
         self.num_tokens = num_tokens
         self.out_dim = out_dim
@@ -558,12 +597,13 @@ class DDiT(nnx.Module):
         self.normalize = normalize
         self.cond_dim = cond_dim
         self.dtype = dtype
+        self.remat = remat
 
         # Scaled like torch's kaiming_uniform on the [num_tokens, H] table
         # (fan_in = H), as in the original.
         emb_init = nnx.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform", in_axis=-1, out_axis=-2)
         self.vocab_embed = nnx.Embed(
-            num_tokens,
+            padded(num_tokens, vocab_multiple),
             hidden_size,
             dtype=jnp.float32,
             param_dtype=jnp.float32,
@@ -587,7 +627,8 @@ class DDiT(nnx.Module):
                 for _ in range(n_blocks)
             ]
         )
-        self.output_layer = FinalLayer(hidden_size, out_dim, cond_dim, dtype=dtype, rngs=rngs)
+        self.output_layer = FinalLayer(hidden_size, out_dim, cond_dim, dtype=dtype, vocab_multiple=vocab_multiple,
+                                       rngs=rngs)
 
     def init_cache(self, batch: int, max_len: int | None = None) -> None:
         """Empty decoding caches of S = max_len (default the model's) positions in every block."""
@@ -656,26 +697,106 @@ class DDiT(nnx.Module):
         Returns:
           float32[B, L, D], or float32[B, keep, D].
         """
+        h, c = self.features(x, sigma, positions=positions, mask=mask, decode=decode, commit=commit,
+                             deterministic=deterministic, rngs=rngs)  # (B, L, H), (B, C) or (B, G, C)
+        if keep is not None:
+            if c.ndim == 3:
+                c = c[:, : keep * c.shape[1] // x.shape[1]]  # the groups of the kept positions
+            h = h[:, :keep]
+        return self.output_layer(h, c)  # (B, L or keep, D)
+
+    def features(
+        self,
+        x: Array,
+        sigma: Array | None,
+        *,
+        positions: Array | None = None,
+        mask: Array | None = None,
+        decode: bool = False,
+        commit: bool = True,
+        deterministic: bool | None = None,
+        rngs: nnx.Rngs | Array | None = None,
+    ) -> tuple[Array, Array]:
+        """The residual stream after the last block and the conditioning: what ``output_layer`` reads.
+
+        Arguments as ``network_output``. With ``remat`` other than "none" the
+        blocks run as one scan, each under ``jax.checkpoint`` with its policy
+        (not when decoding: a cache is inference); their dropout masks then
+        come from one key drawn for each block, other masks than without
+        remat, of the same law.
+
+        Returns:
+          (float32[B, L, H], float32[B, C] or float32[B, G, C]).
+        """
         self._check_inputs(x, sigma, positions)
         if rngs is not None and not isinstance(rngs, nnx.Rngs):
             # One key for all layers would give every dropout the same mask; an Rngs
             # hands each call its own fold of the key.
             rngs = nnx.Rngs(dropout=rngs)
-        b, l = x.shape
-        h = self.vocab_embed(x).astype(jnp.float32)  # (B, L, H)
+        b = x.shape[0]
+        h = constrain_rows(self.vocab_embed(x).astype(jnp.float32))  # (B, L, H), rows split over a mesh
         if self.sigma_map is not None:
             sigma = jnp.asarray(sigma)
             c = jax.nn.silu(self.sigma_map(sigma.reshape(-1))).reshape(*sigma.shape, -1)  # (B, C) or (B, G, C)
         else:
             c = jnp.zeros((b, self.cond_dim), jnp.float32)  # (B, C)
-        for block in self.blocks:
-            h = block(h, c, positions=positions, mask=mask, decode=decode, commit=commit,
-                      deterministic=deterministic, rngs=rngs)  # (B, L, H)
-        if keep is not None:
-            if c.ndim == 3:
-                c = c[:, : keep * c.shape[1] // l]  # the groups of the kept positions
-            h = h[:, :keep]
-        return self.output_layer(h, c)  # (B, L or keep, D)
+
+        def run(block, h, rngs):
+            return constrain_rows(block(h, c, positions=positions, mask=mask, decode=decode, commit=commit,
+                                        deterministic=deterministic, rngs=rngs))  # (B, L, H)
+
+        if self.remat == "none" or decode:
+            for block in self.blocks:
+                h = run(block, h, rngs)  # (B, L, H)
+            return h, c
+
+        # The blocks as one jax.lax.scan over their stacked weights, each under jax.checkpoint:
+        # the backward loop recomputes a block just before its gradient, so one block's
+        # intermediates are live at a time. (Unrolled, XLA's CPU compiler drops the
+        # checkpoint's optimization barriers and merges the recomputation into the forward
+        # pass, which then keeps every block's intermediates; a loop cannot be merged.)
+        graphdef, _, other = nnx.split(self.blocks[0], nnx.Param, ...)
+        stacked = jax.tree.map(lambda *p: jnp.stack(p), *(nnx.state(blk, nnx.Param) for blk in self.blocks))
+        drop = self.blocks[0].dropout1
+        if drop.rate > 0 and not (drop.deterministic if deterministic is None else deterministic):
+            # Dropout keys drawn here, one a block, from which its two dropout layers draw in turn.
+            keys = jnp.stack([jax.random.key_data(rngs.dropout() if rngs is not None else blk.dropout1.rngs())
+                              for blk in self.blocks])  # (n_blocks, ...)
+        else:
+            keys = None
+
+        @functools.partial(jax.checkpoint, policy=REMAT_POLICIES[self.remat])
+        def step(h, params, key):
+            rngs = None if key is None else nnx.Rngs(dropout=jax.random.wrap_key_data(key))
+            return run(nnx.merge(graphdef, params, other), h, rngs)  # (B, L, H)
+
+        h, _ = jax.lax.scan(lambda h, xs: (step(h, *xs), None), h, (stacked, keys))
+        return h, c
+
+    def output_rows(self, h: Array, c: Array, fn, *rows: Array, chunk: int = 0) -> Array:
+        """fn(out, *row_chunks) over the final layer's output `out`, `chunk` positions at a time.
+
+        The fused output projection and loss of a large vocabulary: the output
+        float32[B, Lc, D] of Lc = chunk positions is computed, reduced by fn to
+        one value a position, and dropped; the backward pass computes it again
+        (``sedd.kernels.chunked_rows``). So no [B, L, D] array is ever live,
+        and the result equals fn(output_layer(h, c), *rows).
+
+        Args:
+          h: float32[B, L, H] and c: float32[B, C], from ``features``.
+          fn: (float32[B, Lc, D], *[B, Lc, ...]) -> float[B, Lc].
+          rows: arrays [B, L, ...] cut into chunks beside the output.
+          chunk: positions a chunk, a divisor of L; 0 or L computes the whole
+            output at once.
+        Returns:
+          float[B, L].
+        """
+        if c.ndim != 2:
+            raise ValueError("output_rows takes one conditioning vector a sequence, c of shape [B, C]; "
+                             f"got {c.shape}")
+        graphdef, state = nnx.split(self.output_layer)
+        return kernels.chunked_rows(lambda shared, h, *r: fn(nnx.merge(graphdef, shared[0])(h, shared[1]), *r),
+                                    chunk, (state, c), h, *rows)
 
     def __call__(
         self,

@@ -214,7 +214,8 @@ class Trainer:
         """
         k_loss, k_drop = jax.random.split(key)
         model = nnx.merge(self.graphdef, params, self.rest)
-        per_seq = self.kind.loss(k_loss, model, batch, train, rngs=k_drop if train else None)
+        with sharding_lib.split_rows(self.batch_sharding):  # activations split by rows, weights gathered
+            per_seq = self.kind.loss(k_loss, model, batch, train, rngs=k_drop if train else None)
         return per_seq.mean(), per_seq  # (), (B,)
 
     def _train_step(self, state: dict, batch: jax.Array) -> tuple[dict, dict]:

@@ -280,6 +280,9 @@ cfg.training.ckpt_every = 1000
 cfg.training.eval_batches = 1
 cfg.training.eval_samples = 2
 cfg.sampling.steps = 2
+# The memory paths of big configs: blocks recomputed (a scan), the loss 8 positions at a time,
+# the vocabulary padded to 128 rows (86 -> 128, which fsdp = 2 splits).
+cfg.model.remat, cfg.training.loss_chunk, cfg.model.vocab_multiple = "blocks", 8, 128
 if n_proc > 1:
     cfg.mesh.coordinator_address = f"localhost:{port}"
     cfg.mesh.num_processes = n_proc
@@ -304,6 +307,7 @@ def _losses(workdir: Path) -> list[float]:
 
 @pytest.mark.slow  # 45 s on 2 cores; two processes still train and stop together in the sigterm test below
 def test_two_processes_train_like_one(tmp_path):
+    """2 processes x 2 devices, data = 2 x fsdp = 2, with remat, the chunked loss and the padded vocabulary."""
     one = _python(_TRAIN, 1, tmp_path, "1", "0", "0", str(tmp_path / "one"))
     port = str(_free_port())
     procs = [

@@ -3,11 +3,13 @@ r"""Benchmarks: training MFU, sampler overhead, diffusion vs AR latency, memory.
 Each benchmark is a function returning a dict, printed as a table and
 written as JSON (default: experiments/benchmarks/results/NAME_PLATFORM.json):
 
-  python experiments/benchmarks/bench.py train    [--quick] [--json PATH] ...   tokens/s, FLOPs/token, MFU
+  python experiments/benchmarks/bench.py train    [--quick] [--json PATH] [--config NAME --batch_sizes B] ...
+                                                   tokens/s, FLOPs/token, MFU, peak memory (a GPU's)
   python experiments/benchmarks/bench.py sampler  [--quick] ...   predictor step / forward pass
   python experiments/benchmarks/bench.py ar       [--quick] ...   diffusion vs AR time to L tokens
   python experiments/benchmarks/bench.py block    [--quick] [--workdirs RUN ...] ...   AR, SEDD, block models: N tokens
-  python experiments/benchmarks/bench.py memory   [--quick] ...   compiled train-step bytes per config
+  python experiments/benchmarks/bench.py memory   [--quick] [--config NAME] [--mesh data=8,fsdp=1] [--device_gib 80]
+                                                   [--config.KEY=VALUE ...]   compiled train-step bytes a device, a plan
   python experiments/benchmarks/bench.py rng      [--quick] ...   dropout masks and race words, JAX's and sedd.rng's
   python experiments/benchmarks/bench.py optimizer [--quick] ...  the default's step: AdamW, Muon, with and without ZeRO-1
   python experiments/benchmarks/bench.py profile  [--quick] [--dtype D] ...  the default's step: op time by kind (jax.profiler)
@@ -196,13 +198,15 @@ def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = 
         fns["forward_backward"] = lambda: fwd_bwd(holder["state"]["params"])
     t_compile = _timed(step)
     times = interleaved(fns, repeats)
+    stats = jax.local_devices()[0].memory_stats() or {}  # None on a CPU
     fpt = flops_per_token(config, training=True)
     tokens = b * l
     step_s = median(times["train_step"])
     peak = [mm_flops / t for t in times["matmul"]]
     achieved = [tokens * fpt / t for t in times["train_step"]]
     out = {
-        "model": dict(config.model.to_dict(), vocab_size=config.vocab_size, seq_len=l, batch_size=b),
+        "model": dict(config.model.to_dict(), vocab_size=config.vocab_size, seq_len=l, batch_size=b,
+                      loss_chunk=config.training.loss_chunk),
         "n_params": trainer.n_params,
         "matmul_params_N": matmul_params(config),
         "flops_per_token": fpt,
@@ -214,6 +218,7 @@ def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = 
         "peak_matmul_flops_per_s": median(peak),
         "matmul_n": matmul_n,
         "mfu": statistics.median(a / p for a, p in zip(achieved, peak)),
+        "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
         "times_s": times,
     }
     if profile:
@@ -232,6 +237,14 @@ def run_train(quick: bool, args) -> dict:
     if quick:
         cases = [bench_config("tiny", batch_size=8)]
         repeats, mm_n = 1, 512
+    elif args.configs:  # a shipped config's own step (its remat, loss chunks, padding), per batch size
+        cases = []
+        for name in args.configs:
+            for b in args.batch_sizes:
+                c = memory_config(name, args.overrides)
+                c.training.batch_size = b
+                cases.append(c)
+        repeats, mm_n = args.repeats, args.matmul_n
     else:
         cases = [
             bench_config(hidden_size=args.width, n_heads=args.width // 64, n_blocks=args.blocks,
@@ -249,11 +262,13 @@ def run_train(quick: bool, args) -> dict:
              f"{r['achieved_flops_per_s'] / 1e9:.1f}", f"{r['peak_matmul_flops_per_s'] / 1e9:.1f}",
              f"{r['mfu']:.2f}", f"{r.get('forward_mfu', float('nan')):.2f}",
              f"{r.get('forward_backward_mfu', float('nan')):.2f}",
-             f"{r.get('forward_backward_share_of_step', float('nan')):.2f}"]
+             f"{r.get('forward_backward_share_of_step', float('nan')):.2f}",
+             r["model"]["remat"], r["model"]["loss_chunk"],
+             "-" if r["peak_bytes_in_use"] is None else f"{r['peak_bytes_in_use'] / 2**30:.1f}"]
             for r in results]
     table = format_table(
         ["H", "blocks", "L", "B", "params", "MFLOP/tok", "tok/s", "GFLOP/s", "peak GFLOP/s", "MFU",
-         "fwd MFU", "fwd+bwd MFU", "fwd+bwd/step"], rows)
+         "fwd MFU", "fwd+bwd MFU", "fwd+bwd/step", "remat", "loss_chunk", "peak GiB"], rows)
     return {"benchmark": "train", "results": results, "table": table}
 
 
@@ -565,10 +580,14 @@ def run_block(quick: bool, args) -> dict:
 # --------------------------------------------------------------------------- memory
 
 
-def train_step_memory(config) -> dict:
-    """XLA's memory analysis of the compiled train step, from abstract inputs (nothing allocated)."""
+def train_step_memory(config, mesh: jax.sharding.Mesh | None = None) -> dict:
+    """XLA's memory analysis of the compiled train step, one device's bytes, from abstract inputs (nothing allocated).
+
+    On a mesh of several devices the compiled program is one device's part of
+    the SPMD step, so every figure is per device.
+    """
     t0 = time.perf_counter()
-    trainer = Trainer(config)
+    trainer = Trainer(config, mesh)
     state = trainer.abstract_state
     batch = jax.ShapeDtypeStruct((config.training.batch_size, config.data.seq_len), jnp.int32,
                                  sharding=trainer.batch_sharding)
@@ -586,34 +605,132 @@ def train_step_memory(config) -> dict:
         "n_params": trainer.n_params,
         "state_bytes": int(state_bytes),
         "devices": len(trainer.mesh.devices.flat),
+        "mesh": dict(trainer.mesh.shape),
         "compile_s": time.perf_counter() - t0,
     })
     return out
 
 
 # The vocabulary each config trains with (set from the tokenizer in a real run): the plays give 85 ids.
-SHIPPED_VOCAB = {"shakespeare_char": 85, "tiny": 85, "text8": 28, "owt_small": 50257, "markov": 8}
+SHIPPED_VOCAB = {"shakespeare_char": 85, "tiny": 85, "text8": 28, "owt_small": 50257, "owt_1b3": 50257, "markov": 8}
+
+# What the memory plan varies, cheapest first: accumulation (fewer sequences a call) costs
+# nothing in compute; remat costs a forward pass of what it recomputes ("dots" less than "blocks").
+REMAT_ORDER = ("none", "dots", "blocks")
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """"data=8,fsdp=1" -> {"data": 8, "fsdp": 1, "tensor": 1} (axes not named are 1).
+
+    Raises:
+      ValueError: an axis that is not data, fsdp or tensor, or a size that is not a positive integer.
+    """
+    sizes = {a: 1 for a in sharding.MESH_AXES}
+    for part in filter(None, text.split(",")):
+        name, _, value = part.partition("=")
+        if name not in sizes or not value.isdigit() or int(value) < 1:
+            raise ValueError(f"--mesh {text!r}: {part!r} is not AXIS=SIZE with AXIS one of "
+                             f"{', '.join(sharding.MESH_AXES)} and SIZE a positive integer")
+        sizes[name] = int(value)
+    return sizes
+
+
+def memory_config(name: str, overrides=(), mesh: dict | None = None):
+    """Config `name` with `overrides` (``--config.KEY=VALUE``), its shipped vocabulary, and the mesh sizes.
+
+    Without `mesh` the config runs on the local devices along ``data``, whatever mesh it names.
+    """
+    c = config_lib.load_config(name, list(overrides))
+    c.unlock()
+    c.vocab_size = c.data.markov.vocab_size if c.data.name == "markov" else SHIPPED_VOCAB.get(name, 65)
+    # Without a mesh, all local devices on the data axis (a config's own mesh may need more devices).
+    for axis, size in (mesh or {"data": -1, "fsdp": 1, "tensor": 1}).items():
+        c.mesh[axis] = size
+    return c
+
+
+def memory_plan(config, device_gib: float | None) -> dict:
+    """The config's step on its mesh, and with a device size the cheapest (accum_steps, remat) that fits.
+
+    Settings are tried in the order of their cost, accum_steps 1, 2, 4, ... (the
+    per-call batch divided by it, so the update sees the same sequences) and
+    within each remat none, dots, blocks, and the first whose peak fits is the
+    plan; none fits when one sequence a device with remat = blocks does not.
+    """
+    rows = [dict(train_step_memory(config), accum_steps=config.training.accum_steps, remat=config.model.remat,
+                 batch_size=config.training.batch_size, loss_chunk=config.training.loss_chunk, shipped=True)]
+    fit = None
+    if device_gib:
+        limit = device_gib * 2**30
+        shards = int(np.prod([config.mesh[a] for a in sharding.BATCH_AXES]))
+        accum, batch = config.training.accum_steps, config.training.batch_size
+        while fit is None and batch % shards == 0 and batch >= shards:
+            for remat in REMAT_ORDER:
+                c = ml_collections_copy(config)
+                c.training.accum_steps, c.training.batch_size, c.model.remat = accum, batch, remat
+                if (accum, batch, remat) == (config.training.accum_steps, config.training.batch_size,
+                                             config.model.remat):
+                    row = rows[0]
+                else:
+                    row = dict(train_step_memory(c), accum_steps=accum, remat=remat, batch_size=batch,
+                               loss_chunk=c.training.loss_chunk, shipped=False)
+                    rows.append(row)
+                print(f"  accum_steps={accum} batch_size={batch} remat={remat}: "
+                      f"{row['peak_bytes_estimate'] / 2**30:.2f} GiB a device", flush=True)
+                if row["peak_bytes_estimate"] <= limit:
+                    fit = row
+                    break
+            if batch % 2:
+                break
+            accum, batch = accum * 2, batch // 2
+    return {"rows": rows, "fit": fit, "device_gib": device_gib}
+
+
+def ml_collections_copy(config):
+    """A deep copy of a ConfigDict, unlocked."""
+    c = config_lib.from_json(config_lib.to_json(config))
+    c.unlock()
+    return c
 
 
 def run_memory(quick: bool, args) -> dict:
-    """Compiled train-step memory (argument, temporary, peak bytes) per config; dict with a table."""
+    """Compiled train-step memory (argument, temporary, peak bytes) per config and mesh; dict with a table.
+
+    With --mesh the step is compiled for that mesh on as many CPU devices
+    (``main`` makes them before JAX starts), and with --device_gib the plan
+    searches the cheapest setting that fits (``memory_plan``).
+    """
     names = ["tiny"] if quick else (args.configs or config_lib.shipped_configs())
-    results = {}
-    for name in names:
-        c = config_lib.load_config(name)
-        c.vocab_size = SHIPPED_VOCAB.get(name, 65)
-        if name == "markov":
-            c.vocab_size = c.data.markov.vocab_size
-        m = train_step_memory(c)
-        m.update(batch_size=c.training.batch_size, seq_len=c.data.seq_len, dtype=c.model.dtype,
-                 vocab_size=c.vocab_size)
-        results[name] = m
+    mesh = parse_mesh(args.mesh) if args.mesh else None
+    results, rows = {}, []
     gib = lambda x: f"{x / 2**30:.3f}"  # noqa: E731
-    rows = [[n, f"{r['n_params'] / 1e6:.2f}M", r["batch_size"], r["seq_len"], r["dtype"],
-             gib(r.get("argument_size_in_bytes", 0)), gib(r.get("temp_size_in_bytes", 0)),
-             gib(r.get("peak_bytes_estimate", 0)), f"{r['compile_s']:.0f}"] for n, r in results.items()]
-    table = format_table(["config", "params", "B", "L", "dtype", "args GiB", "temp GiB", "peak GiB/device",
-                          "compile s"], rows)
+    for name in names:
+        c = memory_config(name, args.overrides, mesh)
+        plan = memory_plan(c, args.device_gib)
+        for r in plan["rows"]:
+            r.update(seq_len=c.data.seq_len, dtype=c.model.dtype, vocab_size=c.vocab_size)
+        results[name] = plan
+        for r in plan["rows"]:
+            per_device = r["batch_size"] // int(np.prod([r["mesh"][a] for a in sharding.BATCH_AXES]))
+            mark = ("fits" if r is plan["fit"] else "") if args.device_gib else ""
+            rows.append([name, ",".join(f"{a}={n}" for a, n in r["mesh"].items() if n > 1) or "1 device",
+                         f"{r['n_params'] / 1e6:.2f}M", r["batch_size"], per_device, r["seq_len"], r["dtype"],
+                         r["remat"], r["loss_chunk"], r["accum_steps"], gib(r.get("argument_size_in_bytes", 0)),
+                         gib(r.get("temp_size_in_bytes", 0)), gib(r.get("peak_bytes_estimate", 0)),
+                         f"{r['compile_s']:.0f}", mark])
+        if args.device_gib and plan["fit"] is None:
+            print(f"{name}: no setting fits {args.device_gib} GiB a device, even one sequence a device with "
+                  "remat=blocks: add devices (fsdp splits the weights and optimizer state) or shorten L")
+        elif args.device_gib:
+            f, shipped = plan["fit"], plan["rows"][0]
+            fits = shipped["peak_bytes_estimate"] <= args.device_gib * 2**30
+            print(f"{name}: as configured (remat={shipped['remat']}, accum_steps={shipped['accum_steps']}) "
+                  f"{shipped['peak_bytes_estimate'] / 2**30:.1f} GiB a device, "
+                  f"{'within' if fits else 'over'} {args.device_gib} GiB; the cheapest setting that fits: "
+                  f"--config.training.batch_size={f['batch_size']} --config.training.accum_steps={f['accum_steps']} "
+                  f"--config.model.remat={f['remat']} ({f['peak_bytes_estimate'] / 2**30:.1f} GiB)")
+    table = format_table(["config", "mesh", "params", "B", "B/device", "L", "dtype", "remat", "loss_chunk",
+                          "accum", "args GiB", "temp GiB", "peak GiB/device", "compile s", ""], rows)
     return {"benchmark": "memory", "results": results, "table": table}
 
 
@@ -808,6 +925,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max_direct_steps", type=int, default=128,
                    help="ar: step counts above this are predicted from a linear fit, not timed")
     p.add_argument("--configs", nargs="*", default=None, help="memory: config names (default: all shipped)")
+    p.add_argument("--config", dest="configs", action="append",
+                   help="memory, train: a shipped config's own step (repeatable)")
+    p.add_argument("--mesh", default="", help="memory: mesh sizes, e.g. data=8,fsdp=1 (on as many fake CPU devices)")
+    p.add_argument("--device_gib", type=float, default=None,
+                   help="memory: a device's memory; find the cheapest accum_steps / remat that fits")
     p.add_argument("--length", type=int, default=1024, help="block: tokens to write")
     p.add_argument("--workdirs", nargs="*", default=None,
                    help="block: trained run directories (an AR, a SEDD and block runs) instead of random weights")
@@ -853,7 +975,15 @@ def run(which: str, args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """`python experiments/benchmarks/bench.py WHICH [options]`."""
-    args = parser().parse_args(argv)
+    args, rest = parser().parse_known_args(argv)
+    args.overrides = [a for a in rest if a.startswith("--config.")]
+    if len(args.overrides) != len(rest):
+        parser().error(f"unrecognized arguments: {' '.join(a for a in rest if not a.startswith('--config.'))}")
+    if args.overrides and args.which not in ("memory", "train"):
+        parser().error("--config.KEY=VALUE overrides are for `memory` and `train --config NAME`")
+    if args.mesh:  # fake CPU devices for the mesh, before JAX starts a backend
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_num_cpu_devices", int(np.prod(list(parse_mesh(args.mesh).values()))))
     for which in (sorted(RUNNERS) if args.which == "all" else [args.which]):
         run(which, args)
     return 0

@@ -18,6 +18,13 @@ def get_config():
     c.model.cond_dim = 128
     c.model.dropout = 0.1
     c.model.dtype = "bfloat16"
+    # Memory: sized for 8 devices of 40 GB or more, 64 sequences a device (mesh.data = -1 takes
+    # them all): the loss 128 positions at a time, the weight matmuls' outputs kept and the rest
+    # of each block recomputed, the vocabulary padded to 50,304 rows. 34.9 GiB a device on
+    # `bench.py memory --config owt_small --mesh data=8` (docs/scaling.md), 151.9 before.
+    c.model.remat = "dots"
+    c.model.vocab_multiple = 128
+    c.training.loss_chunk = 128
     c.data.name = "openwebtext"
     c.data.path = "openwebtext"
     c.data.tokenizer = "gpt2"

@@ -31,6 +31,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.scale_by_sigma = True  # absorbing graph: SEDD's log(e^sigma - 1) output offset
     c.model.time_conditioning = True  # False: no sigma input (RADD; absorbing graph with scale_by_sigma)
     c.model.normalize = False  # True: log-softmax over tokens, score = p(x0 | x_t) / (e^sigma - 1) (MDLM SUBS)
+    c.model.remat = "none"  # what a block's backward keeps: "none" (all), "dots" (weight matmul outputs), "blocks" (its input)
+    c.model.vocab_multiple = 1  # pad the embedding rows and output columns to a multiple (128: splittable by a mesh)
     c.model.dtype = "auto"  # compute dtype: "auto" (bfloat16 where it runs fast: GPU, TPU, AVX512-BF16 CPU), "float32", "bfloat16"
 
     c.graph = ml_collections.ConfigDict()
@@ -61,6 +63,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.training.batch_size = 32  # global batch, summed over all devices and hosts
     c.training.n_iters = 2000  # batches to train on
     c.training.accum_steps = 1  # batches per optimizer update (optax.MultiSteps)
+    c.training.loss_chunk = 0  # >0: the output layer and loss this many positions at a time (no [B, L, V] array)
     c.training.sampling_eps = 1e-3  # t ~ U[sampling_eps, 1]
     c.training.low_discrepancy = False  # stratified t over the batch (VDM/MD4); off as in SEDD
     c.training.t_power = 0.5  # t ~ t^-p with importance weights (losses.sample_times); 0: uniform, as SEDD
