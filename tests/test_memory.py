@@ -219,3 +219,19 @@ def test_memory_plan_picks_the_cheapest_setting_that_fits():
     assert all(peak > out["limit"] for _, _, peak in tried[:-1]) and tried[-1][2] <= out["limit"], out
     assert out["fit"] == tried[-1][:2], out
     assert out["nothing"] is None
+
+
+def test_bad_plan_arguments_are_named(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "experiments/benchmarks/bench.py"
+    spec = importlib.util.spec_from_file_location("bench_for_args", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit):
+        bench.main(["memory", "--mesh", "data=8,pipe=2"])
+    assert "'pipe=2' is not AXIS=SIZE with AXIS one of data, fsdp, tensor" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["memory", "--device_gib", "0"])
+    assert "--device_gib must be a positive size in GiB, got 0.0" in capsys.readouterr().err

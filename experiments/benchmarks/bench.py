@@ -666,7 +666,7 @@ def memory_plan(config, device_gib: float | None) -> dict:
         accum, batch = config.training.accum_steps, config.training.batch_size
         while fit is None and batch % shards == 0 and batch >= shards:
             for remat in REMAT_ORDER:
-                c = ml_collections_copy(config)
+                c = config_lib.from_json(config_lib.to_json(config))  # a copy
                 c.training.accum_steps, c.training.batch_size, c.model.remat = accum, batch, remat
                 if (accum, batch, remat) == (config.training.accum_steps, config.training.batch_size,
                                              config.model.remat):
@@ -684,13 +684,6 @@ def memory_plan(config, device_gib: float | None) -> dict:
                 break
             accum, batch = accum * 2, batch // 2
     return {"rows": rows, "fit": fit, "device_gib": device_gib}
-
-
-def ml_collections_copy(config):
-    """A deep copy of a ConfigDict, unlocked."""
-    c = config_lib.from_json(config_lib.to_json(config))
-    c.unlock()
-    return c
 
 
 def run_memory(quick: bool, args) -> dict:
@@ -982,8 +975,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.overrides and args.which not in ("memory", "train"):
         parser().error("--config.KEY=VALUE overrides are for `memory` and `train --config NAME`")
     if args.mesh:  # fake CPU devices for the mesh, before JAX starts a backend
+        try:
+            sizes = parse_mesh(args.mesh)
+        except ValueError as e:
+            parser().error(str(e))
         jax.config.update("jax_platforms", "cpu")
-        jax.config.update("jax_num_cpu_devices", int(np.prod(list(parse_mesh(args.mesh).values()))))
+        jax.config.update("jax_num_cpu_devices", int(np.prod(list(sizes.values()))))
+    if args.device_gib is not None and not args.device_gib > 0:
+        parser().error(f"--device_gib must be a positive size in GiB, got {args.device_gib}")
     for which in (sorted(RUNNERS) if args.which == "all" else [args.which]):
         run(which, args)
     return 0
