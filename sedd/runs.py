@@ -62,7 +62,7 @@ MAX_TOKENIZER_BYTES = 64 << 20  # tokenizer.json, and each GPT-2 file it names (
 SIZE_BOUNDS = {
     "model.hidden_size": (1, 1 << 14), "model.cond_dim": (1, 1 << 14), "model.n_blocks": (1, 256),
     "model.n_heads": (1, 256), "model.mlp_ratio": (1, 64), "data.seq_len": (1, 1 << 17),
-    "vocab_size": (2, 1 << 20), "sampling.steps": (1, 1 << 16),
+    "vocab_size": (2, 1 << 20), "sampling.steps": (1, 1 << 16), "model.vocab_multiple": (1, 1 << 12),
 }
 """[low, high] of each size a run's config gives, checked before anything is built from it (the
 bounds of ``sedd.convert`` for the same sizes; sedd-medium has hidden_size 1024, 24 blocks, 16 heads,
@@ -126,8 +126,9 @@ def _check_config(config: ml_collections.ConfigDict, path: Path) -> None:
         if not low <= values[key] <= high:
             raise RunError(f"{path}: {key} = {values[key]} is outside [{low}, {high}]")
     m = config.model
-    # Embedding and output (V + 1 rows each at most), and per block attention (4 H^2), MLP (2 r H^2), adaLN (6 C H).
-    estimate = 2 * (config.vocab_size + 1) * m.hidden_size + m.n_blocks * (
+    rows = -(-(config.vocab_size + 1) // m.vocab_multiple) * m.vocab_multiple  # model.padded, without the model
+    # Embedding and output (V + 1 rows each at most, padded), and per block attention (4 H^2), MLP (2 r H^2), adaLN (6 C H).
+    estimate = 2 * rows * m.hidden_size + m.n_blocks * (
         (4 + 2 * m.mlp_ratio) * m.hidden_size ** 2 + 6 * m.cond_dim * m.hidden_size)
     if estimate > MAX_PARAMETERS:
         raise RunError(f"{path}: model.n_blocks = {m.n_blocks}, hidden_size = {m.hidden_size}, mlp_ratio = "

@@ -48,6 +48,8 @@ CONFIG_VALUES = [  # (key, value, what the one line says)
     ("model.dropout", "0.1", "model.dropout = '0.1' is a str"),
     ("graph.type", ["absorbing"], "graph.type = ['absorbing'] is a list"),
     ("model.hidden_size", 16384, "make about"),  # every size in bounds, the product not
+    ("model.vocab_multiple", 10**9, "model.vocab_multiple = 1000000000 is outside [1, 4096]"),  # a table of 1e9 rows
+    ("model.remat", "everything", "remat='everything' must be one of 'none', 'dots', 'blocks'"),
 ]
 
 
