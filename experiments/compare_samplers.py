@@ -1,8 +1,17 @@
-"""Compare samplers of a trained run at matched NFE: quality, entropy, exact distances.
+"""Compare samplers of trained runs at matched NFE: quality, entropy, exact distances.
 
   python experiments/compare_samplers.py --workdir /tmp/markov_run \\
       --samplers analytic,analytic:cache=True,first_hitting,confidence \\
       --steps 8,32,128 --num_samples 256
+
+  python experiments/compare_samplers.py --workdirs checkpoints/sedd-small checkpoints/mdlm-owt \\
+      checkpoints/duo --judge checkpoints/gpt2-judge --out /tmp/peers --steps 64,256
+
+--workdirs puts several runs (a converted MDLM, BD3-LM or DUO beside SEDD, or
+runs of one model family) in one table and plot, each row named "RUN:
+SAMPLER"; each run gets the samplers its kind and graph support (the others
+are skipped, with a line saying so: the uniform graph has no masks to order,
+so no first_hitting or confidence there), all with the same judge and seed.
 
 A sampler is NAME[:KEY=VALUE[:KEY=VALUE...]] (a name in
 ``sedd.sampling.PREDICTORS`` and keyword options of ``sedd.sampling.sample``:
@@ -130,6 +139,8 @@ def compare_samplers(
     progress: bool = True,
     include_ar: bool = True,
     time_calls: bool = False,
+    skip_unsupported: bool = False,
+    write: bool = True,
 ) -> list[dict]:
     """Sample with each sampler x NFE budget; score the samples.
 
@@ -146,6 +157,9 @@ def compare_samplers(
       progress: show a progress bar.
       include_ar: add the AR judge's own samples when the judge is an AR run.
       time_calls: also time each cell (a second call after a compiling one).
+      skip_unsupported: drop (with a printed line) the samplers the run's kind
+        refuses (``Kind.check_sampler``) instead of failing on them.
+      write: write the report files (``compare_runs`` writes one for all runs).
     Returns:
       the rows, as dicts.
     Raises:
@@ -161,6 +175,15 @@ def compare_samplers(
     if run.kind.exact:
         raise ValueError(f"{workdir} holds an AR run (model.kind={run.kind.name!r}); compare_samplers needs a diffusion run "
                          "(pass the AR run as --judge)")
+    if skip_unsupported:
+        kept = []
+        for spec in specs:
+            try:
+                run.kind.check_sampler(spec[1])
+                kept.append(spec)
+            except ValueError as e:
+                print(f"{workdir}: skipping {spec[0]}: {e}")
+        specs = kept
     chain = chain_from_config(config.data) if config.data.name == "markov" else None
     if judge is None and (workdir / "ar" / "config.json").exists():
         judge = workdir / "ar"
@@ -210,14 +233,44 @@ def compare_samplers(
     if include_ar and judge_model is not None:
         samples = np.asarray(ar.sample(key, judge_model, num_samples, length, categorical=categorical))
         rows.append({"sampler": "ar (kv cache)", "nfe": float(length), **score(samples)})
-    out_dir = Path(out_dir) if out_dir is not None else workdir
-    write_report(rows, out_dir, meta={"workdir": str(workdir), "judge": str(judge) if judge else None,
-                                      "num_samples": num_samples, "seed": seed, "categorical": categorical,
-                                      "seq_len": length, "step": run.step})
+    if write:
+        out_dir = Path(out_dir) if out_dir is not None else workdir
+        write_report(rows, out_dir, meta={"workdir": str(workdir), "judge": str(judge) if judge else None,
+                                          "num_samples": num_samples, "seed": seed, "categorical": categorical,
+                                          "seq_len": length, "step": run.step})
     return rows
 
 
-COLUMNS = ("sampler", "budget", "steps", "nfe", "nfe_batch", "wall_s", "gen_ppl", "judge_nats_per_token",
+def compare_runs(workdirs: Sequence[str | Path], out_dir: str | Path, samplers: Sequence[str] = DEFAULT_SAMPLERS,
+                 **options) -> list[dict]:
+    """`compare_samplers` on each run (the samplers its kind supports), in one report in out_dir.
+
+    Rows are named "RUN: SAMPLER" (RUN the directory's name) and carry a "run"
+    column; the judge's own samples ("ar (kv cache)") and a Markov chain's
+    exact draws ("data") appear once. options: those of `compare_samplers`.
+    Raises:
+      ValueError: fewer than one run, or two runs of one directory name.
+    """
+    names = [Path(w).name for w in workdirs]
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"--workdirs needs one or more runs of distinct directory names, got {names}")
+    rows, include_ar = [], options.pop("include_ar", True)
+    for i, (workdir, name) in enumerate(zip(workdirs, names)):
+        got = compare_samplers(workdir, samplers, skip_unsupported=True, write=False,
+                               include_ar=include_ar and i == 0, **options)
+        for row in got:
+            if row["sampler"] in ("data", "ar (kv cache)"):
+                if i:
+                    continue
+            else:
+                row["sampler"] = f"{name}: {row['sampler']}"
+            rows.append({"run": name, **row})
+    write_report(rows, out_dir, meta={"workdirs": [str(w) for w in workdirs], "samplers": list(samplers),
+                                      **{k: str(v) for k, v in options.items() if k in ("judge", "seed")}})
+    return rows
+
+
+COLUMNS = ("run", "sampler", "budget", "steps", "nfe", "nfe_batch", "wall_s", "gen_ppl", "judge_nats_per_token",
            "entropy_bits", "exact_nats_per_token", "exact_nats_per_token_se", "true_nats_per_token", "ngram_kl_nats",
            "ngram_entropy_nats", "true_ngram_entropy_nats")
 
@@ -308,7 +361,9 @@ def int_list(text: str) -> list[int]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workdir", required=True, help="a trained diffusion run directory")
+    runs_arg = p.add_mutually_exclusive_group(required=True)
+    runs_arg.add_argument("--workdir", help="a trained diffusion run directory")
+    runs_arg.add_argument("--workdirs", nargs="+", help="several runs in one report (needs --out)")
     p.add_argument("--samplers", "--predictors", dest="samplers", default=",".join(DEFAULT_SAMPLERS),
                    help="comma-separated NAME[:KEY=VALUE...] sampler specs")
     p.add_argument("--steps", default=",".join(map(str, DEFAULT_STEPS)),
@@ -320,11 +375,16 @@ def main(argv=None) -> int:
     p.add_argument("--time", action="store_true", help="time each cell (a second, compiled call)")
     p.add_argument("--out", default=None, help="output folder (default: the run directory)")
     args = p.parse_args(argv)
+    if args.workdirs and not args.out:
+        p.error("--workdirs writes one report for all runs: give --out DIR")
     try:
-        rows = compare_samplers(
-            args.workdir, samplers=[s for s in args.samplers.split(",") if s.strip()], steps=int_list(args.steps),
-            num_samples=args.num_samples, judge=args.judge, seed=args.seed, categorical=args.categorical,
-            out_dir=args.out, time_calls=args.time)
+        samplers = [s for s in args.samplers.split(",") if s.strip()]
+        options = dict(steps=int_list(args.steps), num_samples=args.num_samples, judge=args.judge, seed=args.seed,
+                       categorical=args.categorical, time_calls=args.time)
+        if args.workdirs:
+            rows = compare_runs(args.workdirs, args.out, samplers, **options)
+        else:
+            rows = compare_samplers(args.workdir, samplers=samplers, out_dir=args.out, **options)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@
               [--prefix TEXT] [--suffix TEXT] [--infill TEMPLATE [--blank C]] [--temperature T] [--top_p P]
               [--output FILE[.jsonl]] [--animate]
   sedd eval   --workdir DIR [--split S] [--num_t N] [--max_batches K] [--config.data.path=... ...]
-  sedd convert SRC DST [--no_ema] [--tokenizer_path PATH] [--dtype D]   (the original PyTorch SEDD weights)
+  sedd convert SRC DST [--no_ema] [--tokenizer_path PATH] [--dtype D]   (SEDD's, MDLM's, BD3-LM's, DUO's weights)
   sedd serve  --workdir DIR [--host 127.0.0.1] [--port 8000] [...]       (needs sedd-jax[serve])
 """
 

@@ -1,4 +1,4 @@
-r"""The original PyTorch SEDD checkpoints -> a run directory.
+r"""The original PyTorch SEDD checkpoints, and MDLM's, BD3-LM's and DUO's, -> a run directory.
 
 Sources (louaaron/Score-Entropy-Discrete-Diffusion, Lou, Meng & Ermon 2024):
 
@@ -11,6 +11,17 @@ Sources (louaaron/Score-Entropy-Discrete-Diffusion, Lou, Meng & Ermon 2024):
                       "ema": {"decay", "num_updates", "shadow_params"},
                       "optimizer", "step"}; shadow_params is a list in
                       `model.parameters()` order
+
+The field's other checkpoints of SEDD's network (the same state-dict names
+under "backbone."; docs/pretrained.md, section 6, `_config_from_peer`):
+
+  MDLM, BD3-LM        Hugging Face folders: config.json (model_type "mdlm" /
+                      "bd3lm", flat fields) + model.safetensors; a network fed
+                      sigma = 0 gets its sigma embedding folded into the adaLN
+                      biases (`fold_sigma_map`)
+  DUO                 the Lightning checkpoint (.ckpt) its trainer saves,
+                      read with inert stand-ins for the classes it pickles
+                      (`load_torch(opaque=True)`, `_lightning_source`)
 
 The destination is an ordinary run directory (sedd.runs): config.json,
 tokenizer.json, the GPT-2 tokenizer files under gpt2/, converted.json (where
@@ -85,7 +96,7 @@ from flax import nnx
 from sedd import config as config_lib
 from sedd import kinds, runs
 from sedd.data import GPT2Tokenizer, save_tokenizer
-from sedd.model import ROTARY_BASE
+from sedd.model import FREQ_DIM, ROTARY_BASE, timestep_embedding
 
 GPT2_TOKENS = 50257  # the original trains only with GPT-2's tokenizer (its data.py)
 TOKENIZER_DIR = "gpt2"  # where a converted run keeps its copy of the tokenizer files
@@ -239,9 +250,9 @@ def _brief(x) -> str:
     return _REPR.repr(x)
 
 
-def _check_opcode(i: int, name: str, arg, pos: int, where: str) -> None:
+def _check_opcode(i: int, name: str, arg, pos: int, where: str, opaque: bool = False) -> None:
     """Opcode i of a pickle (at byte pos) is one a state dict uses, within the count, after protocol 2."""
-    if name not in _OPCODES:
+    if name not in _OPCODES and not (opaque and name == "NEWOBJ"):
         raise ConversionError(f"{where}: the pickle uses opcode {name} at byte {pos}, which a state dict "
                               "never does; refused before anything was unpickled")
     if i >= MAX_PICKLE_OPCODES:
@@ -252,8 +263,14 @@ def _check_opcode(i: int, name: str, arg, pos: int, where: str) -> None:
         raise ConversionError(f"{where}: the pickle does not start with protocol 2 as torch.save writes it")
 
 
-def _scan_pickle(data: bytes, where: str) -> None:
+def _scan_pickle(data: bytes, where: str, opaque: bool = False) -> None:
     """Refuses a pickle unlike a state dict's, from its opcodes alone, before any of it is unpickled.
+
+    opaque: a Lightning checkpoint's pickle (`load_torch`), which also names
+    the classes of its hyper-parameters and trainer state: any other name is
+    admitted as an inert stand-in (`_Opaque`) that NEWOBJ, REDUCE, BUILD and
+    SETITEM(S) / APPEND(S) may build and fill, and a string may be as long as
+    the pickle (a tokenizer's vocabulary); every other rule stands.
 
     Python's C unpickler sizes its memo to the largest index it is given
     (LONG_BINPUT 2**27: 2 GB) and trusts declared lengths; BUILD sets the
@@ -291,6 +308,8 @@ def _scan_pickle(data: bytes, where: str) -> None:
     def values(items, storage_id=False):
         """items, checked to be values: a name is only called (REDUCE) or, a storage type, named in a storage id."""
         for kind, _ in items:
+            if kind == "opaque class":  # an inert stand-in (typing.Any as OmegaConf's ref_type)
+                continue
             if (kind in _NAMES and not (storage_id and kind == "storage type")) or kind == "storage id":
                 raise ConversionError(f"{where}: {op.name} at byte {pos} uses a {kind} as a value; a state dict's "
                                       "pickle only calls its names or puts a storage type in a storage id")
@@ -306,15 +325,18 @@ def _scan_pickle(data: bytes, where: str) -> None:
     try:
         for i, (op, arg, pos) in enumerate(pickletools.genops(data)):
             name = op.name
-            _check_opcode(i, name, arg, pos, where)
+            _check_opcode(i, name, arg, pos, where, opaque)
             if name in _PUSHES:
-                if name == "BINUNICODE" and len(arg) > MAX_STRING_CHARS:
+                if name == "BINUNICODE" and len(arg) > MAX_STRING_CHARS and not opaque:
                     raise ConversionError(f"{where}: a string of {len(arg)} characters at byte {pos}")
                 stack.append((_PUSHES[name], 0))
             elif name == "MARK":
                 marks.append(len(stack))
             elif name == "GLOBAL":
                 module, _, attr = arg.partition(" ")
+                if (module, attr) not in _ALLOWED and opaque:
+                    stack.append(("opaque class", 0))
+                    continue
                 if (module, attr) not in _ALLOWED:
                     raise UnsafePickleError(
                         f"{where}: the pickle asks for {module}.{attr}, which a state dict never needs; refused "
@@ -346,13 +368,18 @@ def _scan_pickle(data: bytes, where: str) -> None:
                 if calls > MAX_PICKLE_CALLS:
                     raise ConversionError(f"{where}: the pickle makes more than {MAX_PICKLE_CALLS} calls")
                 (fn, _), (args, _) = pop(2)
-                if fn not in ("OrderedDict class", "function") or args != "tuple":
+                if fn not in ("OrderedDict class", "function", "opaque class") or args != "tuple":
                     raise ConversionError(f"{where}: REDUCE at byte {pos} calls a {fn} with a {args}")
-                stack.append(("OrderedDict" if fn == "OrderedDict class" else "tensor", 0))
+                stack.append(({"OrderedDict class": "OrderedDict", "function": "tensor"}.get(fn, "object"), 0))
+            elif name == "NEWOBJ":  # admitted in opaque mode only (_check_opcode)
+                (cls, _), (args, _) = pop(2)
+                if cls != "opaque class" or args != "tuple":
+                    raise ConversionError(f"{where}: NEWOBJ at byte {pos} builds a {cls} from a {args}")
+                stack.append(("object", 0))
             elif name in ("BUILD", "SETITEM", "SETITEMS", "APPEND", "APPENDS"):
                 values(pop_mark() if name in ("SETITEMS", "APPENDS") else pop({"SETITEM": 2}.get(name, 1)))
                 target = pop(1)[0]
-                if target[0] not in _TARGETS[name]:
+                if target[0] not in _TARGETS[name] and not (opaque and target[0] == "object"):
                     raise ConversionError(f"{where}: {name} at byte {pos} on a {target[0]}; in a state dict's pickle "
                                           f"it applies to {' or '.join(_TARGETS[name])} only")
                 stack.append(target)
@@ -372,14 +399,52 @@ _MALFORMED = (pickle.UnpicklingError, EOFError, TypeError, ValueError, Attribute
               OverflowError, MemoryError, RecursionError, struct.error)
 
 
-class _StateDictUnpickler(pickle.Unpickler):
-    """An unpickler that resolves only `_ALLOWED` names and reads storages from the archive."""
+class _Opaque:
+    """An object of a class a Lightning checkpoint names but that is never imported (OmegaConf's
+    DictConfig and nodes, Lightning's loop state, a tokenizer): NEWOBJ and REDUCE keep its arguments,
+    BUILD its state, SETITEM(S) and APPEND(S) its items. No code of the named class runs; only
+    `_plain_config` reads these, by name. Each name gets its own subclass (`_opaque_class`)."""
 
-    def __init__(self, file, archive: "_TorchArchive"):
+    opaque_name = "?"
+
+    def __new__(cls, *args):
+        obj = object.__new__(cls)
+        obj.args, obj.state, obj.items = args, None, []
+        return obj
+
+    def __init__(self, *args):
+        pass
+
+    def __setstate__(self, state):
+        self.state = state
+
+    def __setitem__(self, key, value):
+        self.items.append((key, value))
+
+    def append(self, value):
+        self.items.append(value)
+
+    def extend(self, values):
+        self.items.extend(values)
+
+
+def _opaque_class(module: str, name: str) -> type:
+    return type("Opaque", (_Opaque,), {"opaque_name": f"{module}.{name}"})
+
+
+class _StateDictUnpickler(pickle.Unpickler):
+    """An unpickler that resolves only `_ALLOWED` names (others to inert `_Opaque` classes in opaque mode)
+    and reads storages from the archive."""
+
+    def __init__(self, file, archive: "_TorchArchive", opaque: bool = False):
         super().__init__(file)
         self._archive = archive
+        self._opaque = opaque
+        self._classes: dict[tuple[str, str], type] = {}
 
     def find_class(self, module: str, name: str):
+        if (module, name) not in _ALLOWED and self._opaque:
+            return self._classes.setdefault((module, name), _opaque_class(module, name))
         try:
             return _ALLOWED[(module, name)]
         except KeyError:  # the scan refuses these first; this is the second lock
@@ -482,7 +547,7 @@ class _TorchArchive:
         self._storages[key] = (type_name, array)
         return array
 
-    def load(self) -> Any:
+    def load(self, opaque: bool = False) -> Any:
         with self.zip:  # the storages outlive it as memory maps
             pickles = [n for n in self.zip.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
             if len(pickles) != 1:
@@ -496,9 +561,9 @@ class _TorchArchive:
                 raise ConversionError(f"{self.path}: unknown byte order {_brief(order)}")
             self.byteorder = "<" if order == "little" else ">"
             data = self._read(pickles[0], MAX_PICKLE_BYTES)
-            _scan_pickle(data, str(self.path))
+            _scan_pickle(data, str(self.path), opaque)
             try:
-                return _StateDictUnpickler(io.BytesIO(data), self).load()
+                return _StateDictUnpickler(io.BytesIO(data), self, opaque).load()
             except ConversionError as e:  # the rebuild functions' messages do not know the file
                 if str(e).startswith(str(self.path)):
                     raise
@@ -507,18 +572,19 @@ class _TorchArchive:
                 raise ConversionError(f"{self.path}: malformed pickle: {type(e).__name__}: {_brief(str(e))}") from None
 
 
-def load_torch(path: str | Path) -> Any:
+def load_torch(path: str | Path, opaque: bool = False) -> Any:
     """The object a `torch.save` zip archive holds, with tensors as (memory-mapped) numpy arrays.
 
     No torch is needed and no code in the file runs: the pickle may name only
     tensor rebuilders, storage types and OrderedDict, and is scanned
-    (`_scan_pickle`) before it is unpickled.
+    (`_scan_pickle`) before it is unpickled. opaque=True (a Lightning
+    checkpoint) admits any other name as an inert `_Opaque` stand-in.
 
     Raises:
       UnsafePickleError: the pickle names anything else (e.g. os.system).
       ConversionError: not such an archive, or a malformed one, or one past a bound.
     """
-    return _TorchArchive(Path(path)).load()
+    return _TorchArchive(Path(path)).load(opaque)
 
 
 _SAFETENSORS_DTYPES = types.MappingProxyType({
@@ -628,8 +694,126 @@ def _field(sec: Mapping, section: str, key: str, kind: type):
     return value
 
 
+# A Hugging Face config.json's fields that load code or describe the file, not the model: dropped on reading.
+_HF_METADATA = frozenset({"architectures", "auto_map", "transformers_version", "torch_dtype", "return_dict",
+                          "_name_or_path"})
+# The model fields of kuleshov-group's published configs (MDLMConfig, BD3LMConfig), by model_type.
+_HF_FIELDS = {"vocab_size", "model_length", "hidden_dim", "cond_dim", "n_blocks", "n_heads", "dropout",
+              "time_conditioning", "model_type"}
+_PEERS = {"mdlm": _HF_FIELDS, "duo": _HF_FIELDS,
+          "bd3lm": _HF_FIELDS | {"block_size", "cross_attn", "adaln", "attn_backend", "causal", "var_min",
+                                 "sampling_eps_min", "sampling_eps_max"}}
+PEER_PREFIX = "backbone."  # the backbone's tensors inside MDLM's and BD3-LM's published state dicts
+BD3LM_BUFFERS = ("sampling_eps_min", "sampling_eps_max")  # BD3-LM's clipped noise interval, outside the backbone
+
+
+class Layout(NamedTuple):
+    """How a source's state dict maps onto our network (`layout_of`).
+
+    family: "sedd", "mdlm" or "bd3lm"; prefix: of the backbone's tensors;
+    fold_sigma: the source feeds sigma = 0 to its sigma embedding
+    (`fold_sigma_map`); buffers: names outside the backbone read separately.
+    """
+
+    family: str
+    prefix: str = ""
+    fold_sigma: bool = False
+    buffers: tuple[str, ...] = ()
+
+
+def layout_of(orig: Mapping) -> Layout:
+    """The layout of a source by its config: a Hugging Face model_type, or the original SEDD's Hydra config."""
+    if "model_type" not in orig:
+        return Layout("sedd")
+    family = orig["model_type"]
+    if family not in _PEERS:
+        raise ConversionError(f"model_type = {_brief(family)} in config.json; sedd convert reads the original SEDD "
+                              f"(a training config) and the Hugging Face models of types {sorted(_PEERS)}")
+    fold = not _field(orig, "", "time_conditioning", bool)
+    return Layout(family, PEER_PREFIX, fold, BD3LM_BUFFERS if family == "bd3lm" else ())
+
+
+def _config_from_peer(orig: Mapping, tokenizer_path: str, dtype: str) -> ml_collections.ConfigDict:
+    """Our config of MDLM's (kuleshov-group/mdlm-owt), BD3-LM's (bd3lm-owt-block_size*) or DUO's model.
+
+    orig: a Hugging Face config.json (MDLM, BD3-LM), or the same fields read
+    from a DUO Lightning checkpoint (`_lightning_source`). All three are SEDD's
+    DDiT with the log-linear schedule (eps 1e-3) over GPT-2's tokenizer. MDLM
+    and BD3-LM: the absorbing graph over GPT-2's 50,257 tokens + MASK (id
+    50,257), the output MDLM's SUBS (``model.normalize`` with
+    ``scale_by_sigma``); BD3-LM is our block kind (``sedd.block``) over [x_t ;
+    x_0] with its block size. DUO: the uniform graph over GPT-2's tokens + its
+    [PAD], the output x0's law (``model.normalize`` without ``scale_by_sigma``).
+    """
+    family = orig["model_type"]
+    unknown = sorted(set(orig) - _PEERS[family])
+    if unknown:
+        raise ConversionError(f"unknown field(s) {unknown} in the {family} config.json; known: "
+                              f"{sorted(_PEERS[family])}")
+    vocab = _field(orig, "", "vocab_size", int)
+    if vocab != GPT2_TOKENS + 1:
+        raise ConversionError(f"vocab_size = {vocab} in the {family} config.json; its published models are "
+                              f"GPT-2's {GPT2_TOKENS} tokens + MASK = {GPT2_TOKENS + 1}")
+    names = {"hidden_size": "hidden_dim", "n_blocks": "n_blocks", "n_heads": "n_heads", "cond_dim": "cond_dim",
+             "length": "model_length"}
+    sizes = {ours: _field(orig, "", theirs, int) for ours, theirs in names.items()}
+    for key, value in sizes.items():
+        if not 1 <= value <= _SIZE_BOUNDS[key]:
+            raise ConversionError(f"{names[key]} = {value} in the {family} config.json is outside "
+                                  f"[1, {_SIZE_BOUNDS[key]}]")
+    hidden, heads = sizes["hidden_size"], sizes["n_heads"]
+    if hidden % heads or (hidden // heads) % 2:
+        raise ConversionError(f"hidden_dim = {hidden} and n_heads = {heads} give no even head size")
+    time_conditioning = _field(orig, "", "time_conditioning", bool)
+    if family == "duo" and not time_conditioning:
+        raise ConversionError("algo.time_conditioning = false in the duo config: a uniform-state network "
+                              "needs sigma (DUO trains with true)")
+    c = config_lib.load_config("owt_small")
+    c.model.kind = "ddit"
+    if family == "bd3lm":
+        for key, want in (("cross_attn", True), ("adaln", True), ("causal", False)):
+            if orig.get(key, want) is not want:
+                raise ConversionError(f"{key} = {_brief(orig[key])} in the bd3lm config.json; a block-diffusion "
+                                      f"model has {key} = {want} (as the published ones)")
+        if time_conditioning:
+            raise ConversionError("time_conditioning = true in the bd3lm config.json: BD3-LM feeds the mean "
+                                  "sigma of all blocks, which our block kind does not; the published models "
+                                  "have false")
+        block = _field(orig, "", "block_size", int)
+        if not (1 <= block <= sizes["length"] and sizes["length"] % block == 0):
+            raise ConversionError(f"block_size = {block} in the bd3lm config.json must divide model_length = "
+                                  f"{sizes['length']}")
+        c.model.kind, c.model.block_size = "block", block
+    c.model.hidden_size, c.model.n_heads, c.model.n_blocks = hidden, heads, sizes["n_blocks"]
+    c.model.cond_dim = sizes["cond_dim"]
+    c.model.mlp_ratio = 4
+    c.model.dropout = _field(orig, "", "dropout", float)
+    if not 0.0 <= c.model.dropout < 1.0:
+        raise ConversionError(f"dropout = {c.model.dropout} in the {family} config.json must be in [0, 1)")
+    # MDLM, BD3-LM: SUBS, a log-softmax over the tokens (the MASK logit is never a prediction); DUO: a
+    # log-softmax over all V = 50,258 ids (GPT-2's + its [PAD], every one a state of the uniform graph).
+    c.model.scale_by_sigma = family != "duo"
+    c.model.normalize = True
+    c.model.time_conditioning = time_conditioning  # False: sigma_map folded into the adaLN biases
+    c.model.dtype = dtype
+    c.model.vocab_multiple = 1
+    c.graph.type = "uniform" if family == "duo" else "absorbing"
+    c.noise.type = "loglinear"
+    c.noise.eps = _LOGLINEAR_EPS  # MDLM's LogLinearNoise: move chance (1 - 1e-3) t
+    c.training.loss_chunk = 0 if family == "bd3lm" else c.training.loss_chunk
+    c.data.tokenizer = "gpt2"
+    c.data.tokenizer_path = str(tokenizer_path)
+    c.data.seq_len = sizes["length"]
+    c = ml_collections.ConfigDict(c.to_dict())
+    c.vocab_size = GPT2_TOKENS + (family == "duo")  # DUO's [PAD] (id 50,257) is a token of its graph
+    return c
+
+
 def config_from_original(orig: Mapping, tokenizer_path: str = "", dtype: str = "float32") -> ml_collections.ConfigDict:
     """Our config (owt_small with the original's model, graph, noise and length) of an original config dict.
+
+    A Hugging Face config.json of MDLM or BD3-LM (its model_type) is read by
+    `_config_from_peer`.
 
     Args:
       orig: the original's config (config.json or .hydra/config.yaml, parsed).
@@ -643,6 +827,8 @@ def config_from_original(orig: Mapping, tokenizer_path: str = "", dtype: str = "
     """
     if set(orig) == {"config"} and isinstance(orig["config"], Mapping):  # a mixin wrapping its init kwargs
         orig = orig["config"]
+    if layout_of(orig).family != "sedd":
+        return _config_from_peer(orig, tokenizer_path, dtype)
     model = _section(orig, "model", _MODEL_KEYS)
     graph = _section(orig, "graph", _GRAPH_KEYS)
     noise = _section(orig, "noise", _NOISE_KEYS)
@@ -732,7 +918,10 @@ def read_original_config(path: str | Path) -> dict:
         raise ConversionError(f"{path} does not hold a config mapping")
     if set(data) == {"config"} and isinstance(data["config"], dict):  # a mixin wrapping its init kwargs
         data = data["config"]
-    kept = {key: data[key] for key in ("tokens", "model", "graph", "noise") if key in data}
+    if "model_type" in data:  # a Hugging Face config of MDLM / BD3-LM: flat; its code-loading fields dropped
+        kept = {key: value for key, value in data.items() if key not in _HF_METADATA}
+    else:
+        kept = {key: data[key] for key in ("tokens", "model", "graph", "noise") if key in data}
     if isinstance(data.get("training"), dict) and "ema" in data["training"]:
         kept["training"] = {"ema": data["training"]["ema"]}
     scalar = (str, int, float, bool, type(None))
@@ -772,18 +961,21 @@ def _load_yaml(text: str, path: Path):
 # =========================================================================== state dict -> parameters
 
 
-def parameter_map(n_blocks: int) -> list[tuple[str, str, bool]]:
+def parameter_map(n_blocks: int, sigma_map: bool = True) -> list[tuple[str, str, bool]]:
     """(original name, our name, transposed) of every parameter, in the original's `model.parameters()` order.
 
     The order is that of module registration in the original's SEDD:
     vocab_embed, sigma_map, (rotary_emb: a buffer only), blocks, output_layer;
     inside a block norm1, attn_qkv, attn_out, norm2, mlp, adaLN_modulation;
     inside the final layer norm_final, linear, adaLN_modulation. The EMA's
-    shadow_params list follows it.
+    shadow_params list follows it. MDLM's, BD3-LM's and DUO's backbones have the
+    same names and order. sigma_map=False leaves out the sigma embedding (a
+    time-independent network of ours, `fold_sigma_map`).
     """
     linear = lambda src, dst: [(f"{src}.weight", f"{dst}.kernel", True), (f"{src}.bias", f"{dst}.bias", False)]
     out = [("vocab_embed.embedding", "vocab_embed.embedding", False)]
-    out += linear("sigma_map.mlp.0", "sigma_map.fc1") + linear("sigma_map.mlp.2", "sigma_map.fc2")
+    if sigma_map:
+        out += linear("sigma_map.mlp.0", "sigma_map.fc1") + linear("sigma_map.mlp.2", "sigma_map.fc2")
     for i in range(n_blocks):
         b = f"blocks.{i}"
         out += [(f"{b}.norm1.weight", f"{b}.norm1.scale", False),
@@ -852,8 +1044,29 @@ def _check_rotary(inv_freq, head_dim: int) -> str | None:
     return None
 
 
-def convert_params(state_dict: Mapping[str, Any], config) -> nnx.State:
-    """Our parameters of the config's network from the original's state dict.
+def fold_sigma_map(sd: Mapping[str, np.ndarray], n_blocks: int) -> dict[str, np.ndarray]:
+    """The adaLN biases of a network always fed sigma = 0, with its constant conditioning folded in.
+
+    MDLM and BD3-LM train time-independent networks by feeding sigma = 0: the
+    sigma embedding still runs and every adaLN layer reads the constant
+    c0 = silu(sigma_map(0)), so W c + b is the constant W c0 + b. Ours with
+    model.time_conditioning = False has no sigma embedding and feeds c = 0 (the
+    output is the bias): the same network when each bias becomes b + W c0
+    (computed in float64). sd: the source tensors (already checked for shape);
+    returns {source name: new bias} of the blocks' and the final layer's adaLN.
+    """
+    f64 = lambda name: np.asarray(sd[name], np.float64)  # noqa: E731
+    silu = lambda h: h / (1.0 + np.exp(-h))  # noqa: E731
+    emb = np.asarray(timestep_embedding(jnp.zeros(1)), np.float64)[0]  # [1, .., 1, 0, .., 0]
+    h = silu(f64("sigma_map.mlp.0.weight") @ emb + f64("sigma_map.mlp.0.bias"))
+    c0 = silu(f64("sigma_map.mlp.2.weight") @ h + f64("sigma_map.mlp.2.bias"))  # (C,)
+    layers = [f"blocks.{i}.adaLN_modulation" for i in range(n_blocks)] + ["output_layer.adaLN_modulation"]
+    return {f"{m}.bias": (f64(f"{m}.weight") @ c0 + f64(f"{m}.bias")).astype(np.float32) for m in layers}
+
+
+def convert_params(state_dict: Mapping[str, Any], config, prefix: str = "", fold_sigma: bool = False,
+                   buffers: tuple[str, ...] = ()) -> nnx.State:
+    """Our parameters of the config's network from a state dict (the original's, or a backbone's under `prefix`).
 
     Every target parameter is written exactly once, from the one source tensor
     `parameter_map` names for it, with the right shape; every source tensor is
@@ -861,42 +1074,79 @@ def convert_params(state_dict: Mapping[str, Any], config) -> nnx.State:
     float32 jax arrays) or ``jax.ShapeDtypeStruct``s (returned as such:
     converting shapes alone checks a configuration without any weights).
 
+    Args:
+      state_dict: name -> tensor.
+      config: the network's config.
+      prefix: of every backbone tensor's name ("backbone." in MDLM, BD3-LM, DUO).
+      fold_sigma: the source feeds sigma = 0 to a sigma embedding our
+        time-independent network lacks: its tensors are read and folded into
+        the adaLN biases (`fold_sigma_map`).
+      buffers: names (without prefix) outside the backbone that the caller reads
+        itself (BD3-LM's clipped schedule), accepted here as used.
     Raises:
       ConversionError: naming every missing, unexpected, misshapen or
         non-float tensor.
     """
     abstract = abstract_params(config)
     targets = {_path_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(abstract)[0]}
-    plan = parameter_map(config.model.n_blocks)
+    n_blocks = config.model.n_blocks
+    plan = parameter_map(n_blocks, sigma_map=not fold_sigma)
     if sorted(dst for _, dst, _ in plan) != sorted(targets):  # a change in sedd.model not mirrored here
         raise ConversionError(f"internal: the parameter map does not cover the network exactly: "
                               f"{sorted(set(targets) ^ {dst for _, dst, _ in plan})}")
     problems, out = [], {}
+    sd = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+    outside = [k for k in state_dict if not k.startswith(prefix) and k not in buffers]
+    if fold_sigma:  # read (shape-checked) but not mapped: folded into the adaLN biases below
+        cond, freq = config.model.cond_dim, FREQ_DIM
+        for src, shape in (("sigma_map.mlp.0.weight", (cond, freq)), ("sigma_map.mlp.0.bias", (cond,)),
+                           ("sigma_map.mlp.2.weight", (cond, cond)), ("sigma_map.mlp.2.bias", (cond,))):
+            if src not in sd:
+                problems.append(f"missing tensor {prefix + src!r} (the sigma embedding, folded into the adaLN biases)")
+            elif problem := _tensor_problem(prefix + src, sd[src], shape):
+                problems.append(problem)
     for src, dst, transpose in plan:
-        if src not in state_dict:
-            problems.append(f"missing tensor {src!r} (for {dst})")
+        if src not in sd:
+            problems.append(f"missing tensor {prefix + src!r} (for {dst})")
             continue
-        x = state_dict[src]
-        if problem := _tensor_problem(src, x, targets[dst].shape[::-1] if transpose else targets[dst].shape):
+        x = sd[src]
+        if problem := _tensor_problem(prefix + src, x, targets[dst].shape[::-1] if transpose else targets[dst].shape):
             problems.append(problem)
         elif isinstance(x, jax.ShapeDtypeStruct):
             out[dst] = jax.ShapeDtypeStruct(targets[dst].shape, jnp.float32)
         else:
             x = np.asarray(x, np.float32)  # native float32, read out of the memory map
-            out[dst] = jnp.asarray(x.T if transpose else x)
-    used = {src for src, _, _ in plan}
-    if ROTARY_KEY in state_dict:
+            out[dst] = x.T if transpose else x
+    used = {src for src, _, _ in plan} | ({f"sigma_map.mlp.{i}.{w}" for i in (0, 2) for w in ("weight", "bias")}
+                                          if fold_sigma else set())
+    if ROTARY_KEY in sd:
         used.add(ROTARY_KEY)
-        problem = _check_rotary(state_dict[ROTARY_KEY], config.model.hidden_size // config.model.n_heads)
+        problem = _check_rotary(sd[ROTARY_KEY], config.model.hidden_size // config.model.n_heads)
         if problem:
             problems.append(problem)
-    unexpected = [k for k in state_dict if k not in used]
+    unexpected = [prefix + k for k in sd if k not in used] + outside
     if unexpected:
         problems.append(f"tensor(s) {_brief(unexpected)} are not part of "
-                        f"the original's SEDD with n_blocks = {config.model.n_blocks}")
+                        f"the network with n_blocks = {n_blocks}")
     if problems:
         raise ConversionError("the checkpoint does not fit the config:\n  " + "\n  ".join(problems[:20]))
-    return jax.tree_util.tree_map_with_path(lambda p, _: out[_path_name(p)], abstract)
+    if fold_sigma and not any(isinstance(x, jax.ShapeDtypeStruct) for x in out.values()):
+        out.update(fold_sigma_map(sd, n_blocks))  # the adaLN layers' names are the same on both sides
+    as_array = lambda x: x if isinstance(x, jax.ShapeDtypeStruct) else jnp.asarray(x)  # noqa: E731
+    return jax.tree_util.tree_map_with_path(lambda p, _: as_array(out[_path_name(p)]), abstract)
+
+
+def _scalar_buffer(sd: Mapping[str, Any], name: str) -> float:
+    """A 0-d float buffer of a state dict (BD3-LM's sampling_eps_min / _max), finite, in [0, 1]."""
+    x = sd.get(name)
+    if x is None:
+        raise ConversionError(f"missing tensor {name!r} (BD3-LM's clipped noise interval)")
+    if not (isinstance(x, np.ndarray) and x.size == 1 and np.dtype(x.dtype) in _FLOATS):
+        raise ConversionError(f"tensor {name!r} is {_brief(x)}, not one float")
+    value = float(np.asarray(x, np.float64).reshape(()))
+    if not 0.0 <= value <= 1.0:
+        raise ConversionError(f"{name} = {value} is outside [0, 1]")
+    return value
 
 
 def count_parameters(params) -> int:
@@ -989,12 +1239,101 @@ def _step(value, where: str) -> int:
     return value
 
 
+MAX_CONFIG_DEPTH = 16  # OmegaConf containers nested in a Lightning checkpoint's hyper_parameters.config
+
+
+def _plain_config(node, where: str, depth: int = 0):
+    """A Lightning checkpoint's OmegaConf DictConfig (`_Opaque` stand-ins) as plain dicts, lists and scalars.
+
+    A DictConfig's pickled state holds "_content", a dict of nodes (or None, or
+    an interpolation string); a ListConfig's a list; a value node's "_val".
+    Anything else is refused by its class name.
+    """
+    if depth > MAX_CONFIG_DEPTH:
+        raise ConversionError(f"{where} nests deeper than {MAX_CONFIG_DEPTH}")
+    if isinstance(node, _Opaque):
+        state = node.state if isinstance(node.state, dict) else {}
+        name = node.opaque_name
+        if name in ("omegaconf.dictconfig.DictConfig", "omegaconf.listconfig.ListConfig"):
+            node = state.get("_content")
+        elif name.startswith("omegaconf.nodes."):
+            node = state.get("_val")
+        else:
+            raise ConversionError(f"{where} holds a {_brief(name)}, not an OmegaConf config")
+    if isinstance(node, dict):
+        return {str(k): _plain_config(v, f"{where}.{k}", depth + 1) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_plain_config(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(node)]
+    if node is None or isinstance(node, (str, int, float, bool)):
+        return node
+    raise ConversionError(f"{where} holds a {type(node).__name__}, not a config value")
+
+
+def _lightning_source(path: Path, ema: bool) -> Source:
+    """A DUO training checkpoint (PyTorch Lightning's .ckpt, as s-sahoo/duo's trainer saves it).
+
+    torch.save of {"state_dict": the module's (backbone.*), "ema":
+    {"shadow_params": [the backbone's parameters in order]}, "hyper_parameters":
+    {"config": the Hydra config, an OmegaConf DictConfig}, "global_step",
+    optimizer and loop state}; read with inert stand-ins for every class
+    (`load_torch(opaque=True)`). The model's fields come from the Hydra config
+    (algo.*, model.*, noise.*), the vocabulary from the embedding's rows.
+    """
+    obj = load_torch(path, opaque=True)
+    if not (isinstance(obj, dict) and isinstance(obj.get("state_dict"), Mapping)):
+        raise ConversionError(f"{path} is not a Lightning checkpoint (a dict with a state_dict)")
+    hp = obj.get("hyper_parameters")
+    if not (isinstance(hp, dict) and "config" in hp):
+        raise ConversionError(f"{path} has no hyper_parameters.config (the Hydra config its trainer saves)")
+    hydra = _plain_config(hp["config"], "hyper_parameters.config")
+    algo, model, noise = (hydra.get(k) if isinstance(hydra, dict) else None for k in ("algo", "model", "noise"))
+    if not all(isinstance(x, dict) for x in (algo, model, noise)):
+        raise ConversionError(f"{path}: hyper_parameters.config lacks an algo, model or noise section")
+    if algo.get("name") not in ("duo", "duo_base"):
+        raise ConversionError(f"{path}: algo.name = {_brief(algo.get('name'))}; sedd convert reads DUO's Lightning "
+                              "checkpoints (MDLM and BD3-LM: their Hugging Face folders, config.json + "
+                              "model.safetensors)")
+    for key, want in (("parameterization", "mean"), ("causal_attention", False)):
+        if algo.get(key, want) != want:
+            raise ConversionError(f"{path}: algo.{key} = {_brief(algo.get(key))}; DUO's models have {want!r}")
+    if noise.get("type") != "log-linear" or float(noise.get("eps", _LOGLINEAR_EPS)) != _LOGLINEAR_EPS:
+        raise ConversionError(f"{path}: noise = {_brief(noise)}; DUO's log-linear schedule with eps "
+                              f"{_LOGLINEAR_EPS} is the one our loglinear noise is")
+    state = _state_dict(obj["state_dict"], f"{path}['state_dict']")
+    embedding = state.get(PEER_PREFIX + "vocab_embed.embedding")
+    if not isinstance(embedding, np.ndarray) or embedding.ndim != 2:
+        raise ConversionError(f"{path}: state_dict has no tensor {PEER_PREFIX}vocab_embed.embedding")
+    config = {"model_type": "duo", "vocab_size": int(embedding.shape[0]),
+              "time_conditioning": algo.get("time_conditioning", True),
+              **{theirs: model[ours] for theirs, ours in (
+                  ("hidden_dim", "hidden_size"), ("n_blocks", "n_blocks"), ("n_heads", "n_heads"),
+                  ("cond_dim", "cond_dim"), ("model_length", "length"), ("dropout", "dropout")) if ours in model}}
+    n_blocks = config_from_original(config).model.n_blocks  # checks every field and size first
+    step = _step(obj.get("global_step", 0), str(path))
+    if not ema:
+        return Source(config, path, path, state, state, step, "model")
+    shadow = obj.get("ema", {}).get("shadow_params") if isinstance(obj.get("ema"), dict) else None
+    if not isinstance(shadow, (list, tuple)):
+        raise ConversionError(f"{path}['ema'] has no shadow_params list; use --no_ema for the raw weights")
+    names = [PEER_PREFIX + name for name, _, _ in parameter_map(n_blocks)]
+    if len(shadow) != len(names):
+        raise ConversionError(f"{path}: the EMA holds {len(shadow)} tensors, the config's model has "
+                              f"{len(names)} parameters")
+    weights = dict(zip(names, shadow))
+    if PEER_PREFIX + ROTARY_KEY in state:
+        weights[PEER_PREFIX + ROTARY_KEY] = state[PEER_PREFIX + ROTARY_KEY]
+    return Source(config, path, path, weights, state, step, "ema")
+
+
 def read_source(src: str | Path, ema: bool = True) -> Source:
     """The config and weights of a source (see `locate`), EMA weights by default for a training checkpoint.
 
     The config is read and checked first, so that every size in it is bounded
-    before the weights are read against it.
+    before the weights are read against it. A .ckpt file is a DUO Lightning
+    checkpoint (`_lightning_source`), its config inside it.
     """
+    if Path(src).expanduser().suffix == ".ckpt" and Path(src).expanduser().is_file():
+        return _lightning_source(Path(src).expanduser(), ema)
     config_file, weights_file = locate(src)
     config = read_original_config(config_file)
     n_blocks = config_from_original(config).model.n_blocks
@@ -1031,10 +1370,10 @@ def _tokenizer_files(path: Path) -> list[Path]:
     return []
 
 
-def _read_gpt2(path: Path) -> GPT2Tokenizer:
+def _read_gpt2(path: Path, pad: bool = False) -> GPT2Tokenizer:
     """GPT2Tokenizer of path, any failure to parse its files a ConversionError."""
     try:
-        return GPT2Tokenizer(str(path))
+        return GPT2Tokenizer(str(path), pad=pad)
     except (FileNotFoundError, ImportError):
         raise
     except Exception as e:  # the tokenizers package raises a bare Exception for a malformed file
@@ -1094,11 +1433,17 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
     source = read_source(src, ema)
     tok_dir = dst / TOKENIZER_DIR
     config = config_from_original(source.config, str(tok_dir), dtype)
-    weights = convert_params(source.weights, config)
-    raw = weights if source.raw is None or source.raw is source.weights else convert_params(source.raw, config)
+    layout = layout_of(source.config)
+    read = lambda sd: convert_params(sd, config, layout.prefix, layout.fold_sigma, layout.buffers)  # noqa: E731
+    weights = read(source.weights)
+    raw = weights if source.raw is None or source.raw is source.weights else read(source.raw)
     summary = {"source": str(Path(src).absolute()), "config_file": str(source.config_file.absolute()),
                "weights_file": str(source.weights_file.absolute()), "weights": source.kind, "step": source.step,
-               "parameters": count_parameters(weights), "original_config": source.config}
+               "parameters": count_parameters(weights), "family": layout.family, "original_config": source.config}
+    if layout.fold_sigma:
+        summary["folded"] = "the source feeds sigma = 0: its sigma embedding is folded into the adaLN biases"
+    for name in layout.buffers:  # BD3-LM's clipped schedule: kept for the record (our bound runs t over [eps, 1])
+        summary[name] = _scalar_buffer(source.weights, name)
 
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.parent / f".{dst.name}.converting-{uuid.uuid4().hex[:8]}"
@@ -1107,7 +1452,7 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
         (tmp / TOKENIZER_DIR).mkdir()
         for f in tok_files:  # a lone JSON file is GPT-2's tokenizer.json, whatever its name
             shutil.copyfile(f, tmp / TOKENIZER_DIR / ("tokenizer.json" if len(tok_files) == 1 else f.name))
-        tokenizer = _read_gpt2(tmp / TOKENIZER_DIR)
+        tokenizer = _read_gpt2(tmp / TOKENIZER_DIR, pad=config.vocab_size == GPT2_TOKENS + 1)
         tokenizer.path = str(tok_dir)  # where the copy is once tmp is renamed to dst
         save_tokenizer(tokenizer, tmp / runs.TOKENIZER)
         (tmp / runs.CONFIG).write_text(config_lib.to_json(config))
@@ -1132,10 +1477,11 @@ def main(argv: list[str] | None = None) -> int:
     """`sedd convert SRC DST [--no_ema] [--tokenizer_path PATH] [--dtype D]`; returns the exit code."""
     p = argparse.ArgumentParser(
         prog="sedd convert",
-        description="Convert the original PyTorch SEDD weights (the published folder with config.json + "
-                    "pytorch_model.bin or model.safetensors, or an original training run directory) into a "
-                    "run directory for sedd sample / sedd eval. torch is not needed; see docs/pretrained.md.")
-    p.add_argument("src", help="published folder, original training run directory, or a weights file")
+        description="Convert PyTorch weights into a run directory for sedd sample / eval / serve: the original "
+                    "SEDD's (the published folder with config.json + pytorch_model.bin or model.safetensors, or "
+                    "an original training run directory), MDLM's and BD3-LM's Hugging Face folders, or a DUO "
+                    "Lightning checkpoint (.ckpt). torch is not needed; see docs/pretrained.md.")
+    p.add_argument("src", help="published folder, original training run directory, a weights file, or a DUO .ckpt")
     p.add_argument("dst", help="the new run directory")
     p.add_argument("--no_ema", action="store_true", help="a training checkpoint's raw weights instead of its EMA")
     p.add_argument("--tokenizer_path", default=None,

@@ -242,11 +242,12 @@ class Diffusion(Kind):
                 "model.time_conditioning=False needs graph.type='absorbing' and model.scale_by_sigma=True (got "
                 f"graph.type={g.type!r}, scale_by_sigma={m.scale_by_sigma}): only there is the score "
                 "p(x0 | unmasked) times the analytic factor 1 / (e^sigma - 1) that scale_by_sigma applies (RADD)")
-        if m.normalize and not absorbing_scaled:
+        if m.normalize and not (absorbing_scaled or g.type == "uniform"):
             raise ValueError(
-                "model.normalize=True needs graph.type='absorbing' and model.scale_by_sigma=True (got "
-                f"graph.type={g.type!r}, scale_by_sigma={m.scale_by_sigma}): the normalized output is "
-                "p(x0 | x_t), turned into the absorbing score by the factor 1 / (e^sigma - 1) (MDLM's SUBS)")
+                "model.normalize=True needs graph.type='absorbing' with model.scale_by_sigma=True, or "
+                f"graph.type='uniform' (got graph.type={g.type!r}, scale_by_sigma={m.scale_by_sigma}): the "
+                "normalized output is p(x0 | x_t), turned into the absorbing score by the factor "
+                "1 / (e^sigma - 1) (MDLM's SUBS) or into the uniform one by the forward kernel (DUO)")
         dim = self.graph.dim
         return _network(self.config, seed, num_tokens=dim, out_dim=dim, scale_by_sigma=absorbing_scaled,
                         causal=False, time_conditioning=m.time_conditioning, normalize=m.normalize, **arch)

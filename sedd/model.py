@@ -518,13 +518,17 @@ class DDiT(nnx.Module):
         biases: shift, scale and gate become learned per-channel constants and the
         blocks are plain pre-LN blocks. sigma may then be None (it is still
         required when scale_by_sigma applies).
-      normalize: (absorbing graph, with scale_by_sigma) log-softmax the output
-        over the D - 1 tokens, so the network predicts a distribution
-        p_theta(x0 | x_t) and the score at a masked position is
-        p_theta(y | x_t) / (e^sigma - 1): the mean parameterization of MDLM
-        (SUBS, Sahoo et al. 2024) and RADD (Ou et al. 2024). With it the score
-        entropy at a masked position reduces exactly to the weighted cross-entropy
-        -log p_theta(x0 | x_t) / (e^sigma - 1) (see ``__call__``).
+      normalize: the network predicts a distribution over the clean token (the
+        mean parameterization) and ``log_score`` turns it into the score.
+        With scale_by_sigma (absorbing graph): a log-softmax over the D - 1
+        tokens, p_theta(x0 | x_t), and the score at a masked position
+        p_theta(y | x_t) / (e^sigma - 1): MDLM's SUBS (Sahoo et al. 2024) and
+        RADD (Ou et al. 2024); the score entropy at a masked position reduces
+        exactly to the weighted cross-entropy -log p_theta(x0 | x_t) / (e^sigma - 1).
+        Without it (uniform graph): a log-softmax over all D, w, and the score
+        xbar_y / xbar_{x_l} with xbar = D alpha w + 1 - alpha, alpha = e^-sigma:
+        the uniform-state models of UDLM (Schiff et al. 2025) and DUO (Sahoo
+        et al. 2025). See ``log_score``.
       dtype: compute dtype (bfloat16 on accelerators); parameters are float32.
       vocab_multiple: the embedding's rows and the output projection's columns
         are num_tokens and D rounded up to a multiple of this (``padded``; 128
@@ -577,9 +581,6 @@ class DDiT(nnx.Module):
             raise ValueError(f"dropout={dropout} must be in [0, 1).")
         if block_size is not None and (causal or block_size < 1):
             raise ValueError(f"block_size={block_size} needs causal=False and block_size >= 1.")
-        if normalize and not scale_by_sigma:
-            raise ValueError("normalize=True needs scale_by_sigma=True (the absorbing graph's analytic "
-                             "factor 1 / (e^sigma - 1) times the normalized p_theta(x0 | x_t)).")
         if not (isinstance(vocab_multiple, int) and vocab_multiple >= 1):
             raise ValueError(f"vocab_multiple={vocab_multiple!r} must be an integer >= 1 (1: no padding).")
         if remat not in REMAT_POLICIES:
@@ -850,11 +851,23 @@ class DDiT(nnx.Module):
         'impossible' that keeps gradients finite. In every case
         log s[l, x_l] = 0, the ratio of a state to itself.
 
+        With normalize and no scale_by_sigma (the uniform graph, whose forward
+        kernel is q_sigma(y | z) = alpha [y = z] + (1 - alpha) / D, alpha =
+        e^-sigma), w = softmax(out) over all D, and
+
+          log s[l, y] = log xbar_y - log xbar_{x_l},   xbar = D alpha w + 1 - alpha,
+
+        the ratio sum_z w_z q(y | z) / sum_z w_z q(x_l | z) of the forward
+        marginals at position l with the clean token drawn from w: the
+        posterior of DUO's sampler and UDLM's bound (w the network's x0,
+        ``tests/test_convert_peers.py`` checks the ratio against brute-force
+        marginals).
+
         Returns:
           float32[B, L, D] log-score, 0 at the current token.
         """
         d = self.out_dim
-        if self.normalize:
+        if self.normalize and self.scale_by_sigma:
             tokens = jax.nn.log_softmax(out[..., : d - 1], axis=-1) + math.log(d - 1)  # (B, L, D - 1)
             out = jnp.concatenate([tokens, jnp.full_like(out[..., d - 1 :], -1e9)], axis=-1)  # (B, L, D)
         if self.scale_by_sigma:
@@ -863,7 +876,23 @@ class DDiT(nnx.Module):
             offset = log_expm1(jnp.asarray(sigma)) + math.log(d - 1)  # (B,) or (B, L)
             out = out - _rows(offset[..., None])  # (B, L, D)
         current = x[..., None] == jnp.arange(d)  # (B, L, D) bool
+        if self.normalize and not self.scale_by_sigma:
+            out = _uniform_mean_log_score(out, current, _rows(jnp.asarray(sigma)[..., None]))
         return jnp.where(current, 0.0, out)  # (B, L, D)
+
+
+def _uniform_mean_log_score(out: Array, current: Array, sigma: Array) -> Array:
+    """log xbar_y - log xbar_{x_l}, xbar = D e^-sigma softmax(out) + 1 - e^-sigma (``DDiT.log_score``).
+
+    out float32[B, L, D], current bool[B, L, D] (one-hot of x), sigma [B, 1, 1]
+    or [B, L, 1]; computed in log space: log xbar = logaddexp(log D - sigma +
+    log w, log(1 - e^-sigma)), finite as sigma -> 0 (then log s = log w_y - log w_x).
+    """
+    d = out.shape[-1]
+    log_w = jax.nn.log_softmax(out.astype(jnp.float32), axis=-1)
+    log_xbar = jnp.logaddexp(math.log(d) - sigma + log_w, jnp.log(-jnp.expm1(-sigma)))  # (B, L, D)
+    at_x = jnp.sum(jnp.where(current, log_xbar, 0.0), axis=-1, keepdims=True)  # (B, L, 1)
+    return log_xbar - at_x
 
 
 def param_count(model: nnx.Module) -> int:

@@ -476,6 +476,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     """
     workdir = Path(workdir)
     t = config.training
+    for key in ("log_every", "eval_every", "ckpt_every"):  # steps between logs, evaluations, checkpoints
+        if not (isinstance(t[key], int) and t[key] >= 1):
+            raise ValueError(f"training.{key}={t[key]!r} must be an integer >= 1 (steps between "
+                             f"{key.split('_')[0]}s; training.n_iters={t.n_iters} for once at the end)")
 
     # ---- processes and mesh: a multi-host job connects before any device is
     # touched; a mesh that does not fit the devices fails here, before data is read

@@ -95,8 +95,14 @@ def original_config(graph="absorb", noise="loglinear", tokens=GPT2, **model) -> 
 # --------------------------------------------------------------------------- the original's forward pass
 
 
-def original_forward(sd: dict, x: np.ndarray, sigma: np.ndarray, n_heads: int, scale_by_sigma: bool):
+def original_forward(sd: dict, x: np.ndarray, sigma: np.ndarray, n_heads: int, scale_by_sigma: bool,
+                     positions: np.ndarray | None = None, mask: np.ndarray | None = None, raw: bool = False):
     """SEDD.forward of model/transformer.py in float64 NumPy: (log-score [B, L, D], the scale-by-sigma offset).
+
+    positions (rotary, default 0..L-1) and mask (bool [L, L], query x key;
+    default all True) give BD3-LM's forward over [x_t ; x_0]; raw: the
+    network's logits as they are (no 0 written at the current token), as
+    MDLM, BD3-LM and DUO read them.
 
     c = SiLU(mlp(cos/sin embedding of sigma)); each block
       x += gate_msa * attn_out(attention(rotary(qkv(modulate(LN(x) w1, shift_msa, scale_msa)))))
@@ -126,7 +132,8 @@ def original_forward(sd: dict, x: np.ndarray, sigma: np.ndarray, n_heads: int, s
     c = silu(linear(silu(linear(np.concatenate([np.cos(args), np.sin(args)], -1), "sigma_map.mlp.0")),
                     "sigma_map.mlp.2"))  # (B, C)
     k = hidden // n_heads
-    angles = np.arange(length)[:, None] * (1.0 / 10000.0 ** (np.arange(0, k, 2) / k))[None]
+    positions = np.arange(length) if positions is None else positions
+    angles = positions[:, None] * (1.0 / 10000.0 ** (np.arange(0, k, 2) / k))[None]
     angles = np.concatenate([angles, angles], -1)[None, :, None, :]  # (1, L, 1, K)
 
     def rotary(q):
@@ -141,6 +148,8 @@ def original_forward(sd: dict, x: np.ndarray, sigma: np.ndarray, n_heads: int, s
         qkv = linear(y, p + "attn_qkv", bias=False).reshape(b, length, 3, n_heads, k)
         q, kk, v = rotary(qkv[:, :, 0]), rotary(qkv[:, :, 1]), qkv[:, :, 2]
         logits = np.einsum("blnk,bmnk->bnlm", q, kk) / np.sqrt(k)
+        if mask is not None:
+            logits = np.where(mask, logits, -np.inf)
         att = np.exp(logits - logits.max(-1, keepdims=True))
         att /= att.sum(-1, keepdims=True)
         o = np.einsum("bnlm,bmnk->blnk", att, v).reshape(b, length, hidden)
@@ -153,7 +162,8 @@ def original_forward(sd: dict, x: np.ndarray, sigma: np.ndarray, n_heads: int, s
     if scale_by_sigma:
         offset = -(np.log(np.expm1(sigma)) + np.log(out.shape[-1] - 1))[:, None, None]
     out = out + offset
-    np.put_along_axis(out, x[..., None], 0.0, axis=-1)
+    if not raw:
+        np.put_along_axis(out, x[..., None], 0.0, axis=-1)
     return out, offset
 
 
@@ -170,6 +180,15 @@ class View:
 _STORAGE_NAMES = {np.dtype(np.float32): "FloatStorage", np.dtype(np.float64): "DoubleStorage",
                   np.dtype(np.float16): "HalfStorage", np.dtype(ml_dtypes.bfloat16): "BFloat16Storage",
                   np.dtype(np.int64): "LongStorage"}
+
+
+class Obj:
+    """An object pickled as Python's protocol 2 pickles a class instance: GLOBAL module name, an empty
+    argument tuple, NEWOBJ, then its state and BUILD (OmegaConf's DictConfig and nodes in a Lightning
+    checkpoint); call=True pickles it as REDUCE of the name on `args` instead."""
+
+    def __init__(self, module, name, state=None, args=(), call=False):
+        self.module, self.name, self.state, self.args, self.call = module, name, state, tuple(args), call
 
 
 class TorchPickle:
@@ -212,7 +231,14 @@ class TorchPickle:
         self.out += b"tR"  # TUPLE, REDUCE
 
     def emit(self, x):
-        if isinstance(x, (np.ndarray, View)):
+        if isinstance(x, Obj):
+            self.glob(x.module, x.name)
+            self.emit(x.args)
+            self.out += b"R" if x.call else b"\x81"  # REDUCE / NEWOBJ
+            if x.state is not None:
+                self.emit(x.state)
+                self.out += b"b"  # BUILD
+        elif isinstance(x, (np.ndarray, View)):
             self.tensor(x)
         elif isinstance(x, dict) and getattr(x, "ordered", False):
             self.ordered_dict(list(x.items()))

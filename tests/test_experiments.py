@@ -6,6 +6,7 @@ quote. The scripts are loaded from experiments/ (they are not part of the
 installed library) and run in this process, so jax is imported once.
 """
 
+import csv
 import importlib.util
 import json
 import math
@@ -110,6 +111,34 @@ def _check_study_run(tmp_path, name, kind):
     if kind == "ddit":
         cond = result["conditional"]
         assert cond["kl_pq"] >= 0 and cond["kl_qp"] >= 0 and 0 <= cond["tail_mass"] <= 1
+
+
+def test_compare_runs_puts_each_run_with_the_samplers_its_graph_supports_in_one_report(tmp_path, capsys):
+    """--workdirs: an absorbing and a uniform run of one chain, one table; first_hitting skipped on the uniform."""
+    from sedd import config as config_lib
+    from sedd import train
+    tiny = ["--config.model.hidden_size=16", "--config.model.n_blocks=1", "--config.model.n_heads=2",
+            "--config.model.cond_dim=8", "--config.data.seq_len=8", "--config.training.batch_size=4",
+            "--config.training.n_iters=1", "--config.training.eval_batches=1",
+            "--config.sampling.predictor=analytic", "--config.training.ckpt_every=1"]
+    for graph in ("absorbing", "uniform"):
+        train.train(config_lib.load_config("markov", [*tiny, f"--config.graph.type={graph}"]), tmp_path / graph,
+                    quiet=True)
+    argv = ["--workdirs", str(tmp_path / "absorbing"), str(tmp_path / "uniform"), "--samplers",
+            "analytic,first_hitting", "--steps", "4", "--num_samples", "4", "--out", str(tmp_path / "out")]
+    assert compare.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "uniform: skipping first_hitting" in out
+    with open(tmp_path / "out" / "compare_samplers.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["run"], r["sampler"]) for r in rows] == [
+        ("absorbing", "absorbing: analytic"), ("absorbing", "absorbing: first_hitting"),
+        ("absorbing", "data"), ("uniform", "uniform: analytic")]
+    assert all(float(r["exact_nats_per_token"]) > 0 for r in rows)
+    assert (tmp_path / "out" / "compare_samplers.png").stat().st_size > 0
+    with pytest.raises(SystemExit):  # several runs need --out: a usage error
+        compare.main(argv[:-2])
+    assert "give --out DIR" in capsys.readouterr().err
 
 
 def test_conditional_kl_is_zero_for_the_chains_own_conditional():

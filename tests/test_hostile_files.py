@@ -273,7 +273,7 @@ def test_build_cannot_give_a_storage_type_a_dtype_and_poisons_nothing(tmp_path, 
                                          b"N}X\x0c\x00\x00\x00__defaults__)s\x86b"), {})}
     for scan in (True, False):  # the opcode scan, then the unpickler alone (the second lock)
         if not scan:
-            monkeypatch.setattr(convert, "_scan_pickle", lambda data, where: None)
+            monkeypatch.setattr(convert, "_scan_pickle", lambda data, where, opaque=False: None)
         for name, (payload, storages) in exploits.items():
             with pytest.raises(convert.ConversionError, match="BUILD at byte" if scan else "malformed pickle"):
                 convert.load_torch(write_archive(tmp_path / f"{name}.pth", payload, storages))

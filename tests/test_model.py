@@ -369,5 +369,4 @@ def test_normalize_turns_the_score_entropy_into_weighted_cross_entropy():
     log_p = np.log(np.take_along_axis(s[:, ::2], np.asarray(x0)[:, ::2, None], -1)[..., 0] / r[:, None])
     np.testing.assert_allclose(se[:, ::2], r[:, None] * -log_p, rtol=2e-4, atol=1e-6)
     np.testing.assert_array_equal(se[:, 1::2], 0.0)  # unmasked positions carry no loss
-    with pytest.raises(ValueError, match="normalize=True needs scale_by_sigma"):
-        make(UNIFORM, normalize=True)
+    # Without scale_by_sigma normalize is the uniform graph's x0 output (DUO), tested in test_convert_peers.py.

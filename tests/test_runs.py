@@ -234,5 +234,8 @@ def test_time_independent_model_scores_sigma_only_through_the_analytic_factor():
     with pytest.raises(ValueError, match="time_conditioning=False needs graph.type='absorbing'"):
         kinds.build_model(config)
     config.model.time_conditioning, config.model.normalize = True, True
-    with pytest.raises(ValueError, match="model.normalize=True needs graph.type='absorbing'"):
+    kinds.build_model(config)  # the uniform graph's x0 output (DUO)
+    config.graph.type, config.model.scale_by_sigma = "absorbing", False
+    with pytest.raises(ValueError, match="model.normalize=True needs graph.type='absorbing' with "
+                                         "model.scale_by_sigma=True, or graph.type='uniform'"):
         kinds.build_model(config)

@@ -131,6 +131,8 @@ def test_unknown_config_key_and_bad_value():
     assert c.optim.lr == 1.0 and isinstance(c.optim.lr, float) and c.data.path == "1e-3"
     with pytest.raises(FileNotFoundError, match="shipped configs"):
         config_lib.load_config("no_such_config")
+    with pytest.raises(ValueError, match=r"training.eval_every=0 must be an integer >= 1"):  # was a ZeroDivisionError
+        train_lib.train(config_lib.load_config("tiny", ["--config.training.eval_every=0"]), "/nonexistent/never/made")
     with pytest.raises(ValueError, match="model.dtype='float16': expected one of auto, float32, bfloat16"):
         kernels.compute_dtype("float16")
 

@@ -30,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.dropout = 0.0  # residual dropout; SEDD uses 0.1 at scale
     c.model.scale_by_sigma = True  # absorbing graph: SEDD's log(e^sigma - 1) output offset
     c.model.time_conditioning = True  # False: no sigma input (RADD; absorbing graph with scale_by_sigma)
-    c.model.normalize = False  # True: log-softmax over tokens, score = p(x0 | x_t) / (e^sigma - 1) (MDLM SUBS)
+    c.model.normalize = False  # True: the network predicts p(x0 | x_t) (absorbing: MDLM SUBS; uniform: DUO)
     c.model.remat = "none"  # what a block's backward keeps: "none" (all), "dots" (weight matmul outputs), "blocks" (its input)
     c.model.vocab_multiple = 1  # pad the embedding rows and output columns to a multiple (128: splittable by a mesh)
     c.model.dtype = "auto"  # compute dtype: "auto" (bfloat16 where it runs fast: GPU, TPU, AVX512-BF16 CPU), "float32", "bfloat16"

@@ -122,6 +122,9 @@ class GPT2Tokenizer:
     Args:
       path: a `tokenizer.json`, or a folder with `tokenizer.json` or with
         `vocab.json` + `merges.txt`.
+      pad: one more id, 50257, the [PAD] that DUO's tokenizer adds (a state of
+        its uniform graph, so a converted DUO model's vocabulary is 50,258);
+        never produced by `encode`, dropped by `decode`.
     Raises:
       FileNotFoundError: no tokenizer files at path (says what to put where).
       ImportError: `tokenizers` is not installed.
@@ -131,8 +134,10 @@ class GPT2Tokenizer:
     vocab_size = 50257
     eos_id = 50256
 
-    def __init__(self, path: str = ""):
+    def __init__(self, path: str = "", pad: bool = False):
         self.path = str(path)
+        self.pad = bool(pad)
+        self.vocab_size = GPT2Tokenizer.vocab_size + self.pad
         p = Path(path).expanduser()
         if not path or not p.exists():
             raise FileNotFoundError(f"GPT2Tokenizer: no tokenizer files at {path!r}. {_GPT2_HELP}")
@@ -159,11 +164,11 @@ class GPT2Tokenizer:
 
     def decode(self, ids, skip_eos: bool = False) -> str:
         ids = [i for i in np.asarray(ids).reshape(-1).tolist()
-               if 0 <= i < self.vocab_size and not (skip_eos and i == self.eos_id)]
+               if 0 <= i < GPT2Tokenizer.vocab_size and not (skip_eos and i == self.eos_id)]  # [PAD] dropped
         return self._bpe.decode(ids, skip_special_tokens=False)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "path": self.path}
+        return {"name": self.name, "path": self.path, **({"pad": True} if self.pad else {})}
 
 
 class MarkovTokenizer:
