@@ -198,6 +198,10 @@ def test_a_tampered_mdlm_folder_is_refused_naming_what_is_wrong(tmp_path, gpt2_f
     (lambda t, c: t.pop("sampling_eps_max"), "missing tensor 'sampling_eps_max'"),
     (lambda t, c: t.update(sampling_eps_min=np.array(3.0, np.float32)), "sampling_eps_min = 3.0"),
     (lambda t, c: t.update(noise_schedule=np.ones(2, np.float32)), "'noise_schedule'"),
+    (lambda t, c: t.pop("backbone.blocks.0.adaLN_modulation.bias"),
+     "missing tensor 'backbone.blocks.0.adaLN_modulation.bias'"),
+    (lambda t, c: t.update({"backbone.output_layer.linear.weight": np.zeros((GPT2, 32), np.float32)}),
+     f"'backbone.output_layer.linear.weight' has shape ({GPT2}, 32)"),
 ])
 def test_a_tampered_bd3lm_folder_is_refused_naming_what_is_wrong(tmp_path, gpt2_files, tamper, message):
     config = peer_config("bd3lm")
@@ -213,11 +217,12 @@ def test_a_tampered_bd3lm_folder_is_refused_naming_what_is_wrong(tmp_path, gpt2_
     assert _written(tmp_path) == []
 
 
-def test_a_peer_pickle_naming_a_global_is_refused_and_runs_nothing(tmp_path, gpt2_files):
+@pytest.mark.parametrize("family", ["mdlm", "bd3lm"])
+def test_a_peer_pickle_naming_a_global_is_refused_and_runs_nothing(tmp_path, gpt2_files, family):
     import zipfile
     src = tmp_path / "src"
     src.mkdir()
-    (src / "config.json").write_text(json.dumps(peer_config("mdlm")))
+    (src / "config.json").write_text(json.dumps(peer_config(family)))
     payload = b"\x80\x02cos\nsystem\nX\x05\x00\x00\x00touch\x85R."  # os.system("touch"): never called
     with zipfile.ZipFile(src / "pytorch_model.bin", "w") as z:
         z.writestr("pytorch_model/data.pkl", payload)
