@@ -235,6 +235,9 @@ _NAMES = ("OrderedDict class", "storage type", "function")
 # What BUILD (torch's `_metadata` of a state dict), SETITEM(S) and APPEND(S) may apply to.
 _TARGETS = {"BUILD": ("OrderedDict",), "SETITEM": ("dict", "OrderedDict"), "SETITEMS": ("dict", "OrderedDict"),
             "APPEND": ("list",), "APPENDS": ("list",)}
+# What REDUCE and NEWOBJ may call, by kind, and the kind of what they push (opaque: `_Opaque` stand-ins).
+_CALLS = {"REDUCE": {"OrderedDict class": "OrderedDict", "function": "tensor", "opaque class": "object"},
+          "NEWOBJ": {"opaque class": "object"}}
 # Opcodes that push one object, by kind; the rest are handled one by one in `_scan_pickle`.
 _PUSHES = {"EMPTY_DICT": "dict", "EMPTY_LIST": "list", "NONE": "value", "NEWTRUE": "value", "NEWFALSE": "value",
            "BININT": "value", "BININT1": "value", "BININT2": "value", "LONG1": "value", "BINFLOAT": "value",
@@ -266,11 +269,9 @@ def _check_opcode(i: int, name: str, arg, pos: int, where: str, opaque: bool = F
 def _scan_pickle(data: bytes, where: str, opaque: bool = False) -> None:
     """Refuses a pickle unlike a state dict's, from its opcodes alone, before any of it is unpickled.
 
-    opaque: a Lightning checkpoint's pickle (`load_torch`), which also names
-    the classes of its hyper-parameters and trainer state: any other name is
-    admitted as an inert stand-in (`_Opaque`) that NEWOBJ, REDUCE, BUILD and
-    SETITEM(S) / APPEND(S) may build and fill, and a string may be as long as
-    the pickle (a tokenizer's vocabulary); every other rule stands.
+    opaque (a Lightning checkpoint): any other name is an inert `_Opaque`
+    that NEWOBJ / REDUCE build and BUILD, SETITEM(S), APPEND(S) fill, and a
+    string may be as long as the pickle; every other rule stands.
 
     Python's C unpickler sizes its memo to the largest index it is given
     (LONG_BINPUT 2**27: 2 GB) and trusts declared lengths; BUILD sets the
@@ -334,15 +335,13 @@ def _scan_pickle(data: bytes, where: str, opaque: bool = False) -> None:
                 marks.append(len(stack))
             elif name == "GLOBAL":
                 module, _, attr = arg.partition(" ")
-                if (module, attr) not in _ALLOWED and opaque:
-                    stack.append(("opaque class", 0))
-                    continue
-                if (module, attr) not in _ALLOWED:
+                if (module, attr) not in _ALLOWED and not opaque:
                     raise UnsafePickleError(
                         f"{where}: the pickle asks for {module}.{attr}, which a state dict never needs; refused "
                         "before anything ran. Only tensors, storages and plain containers are read. If the file "
                         "is trusted, re-save its state dict with safetensors.")
-                stack.append(({"collections": "OrderedDict class", "torch": "storage type"}.get(module, "function"), 0))
+                kind = {"collections": "OrderedDict class", "torch": "storage type"}.get(module, "function")
+                stack.append((kind if (module, attr) in _ALLOWED else "opaque class", 0))
             elif name in ("BINPUT", "LONG_BINPUT"):
                 if arg > puts:  # Python's pickler numbers its memo 0, 1, 2, ...
                     raise ConversionError(f"{where}: memo index {arg} at byte {pos} after {puts} puts")
@@ -363,19 +362,14 @@ def _scan_pickle(data: bytes, where: str, opaque: bool = False) -> None:
                 if pop(1)[0][0] != "storage id":
                     raise ConversionError(f"{where}: BINPERSID at byte {pos} of something other than a storage id")
                 stack.append(("storage", 0))
-            elif name == "REDUCE":
+            elif name in _CALLS:  # NEWOBJ: admitted in opaque mode only (_check_opcode)
                 calls += 1
                 if calls > MAX_PICKLE_CALLS:
                     raise ConversionError(f"{where}: the pickle makes more than {MAX_PICKLE_CALLS} calls")
                 (fn, _), (args, _) = pop(2)
-                if fn not in ("OrderedDict class", "function", "opaque class") or args != "tuple":
-                    raise ConversionError(f"{where}: REDUCE at byte {pos} calls a {fn} with a {args}")
-                stack.append(({"OrderedDict class": "OrderedDict", "function": "tensor"}.get(fn, "object"), 0))
-            elif name == "NEWOBJ":  # admitted in opaque mode only (_check_opcode)
-                (cls, _), (args, _) = pop(2)
-                if cls != "opaque class" or args != "tuple":
-                    raise ConversionError(f"{where}: NEWOBJ at byte {pos} builds a {cls} from a {args}")
-                stack.append(("object", 0))
+                if fn not in _CALLS[name] or args != "tuple":
+                    raise ConversionError(f"{where}: {name} at byte {pos} calls a {fn} with a {args}")
+                stack.append((_CALLS[name][fn], 0))
             elif name in ("BUILD", "SETITEM", "SETITEMS", "APPEND", "APPENDS"):
                 values(pop_mark() if name in ("SETITEMS", "APPENDS") else pop({"SETITEM": 2}.get(name, 1)))
                 target = pop(1)[0]
