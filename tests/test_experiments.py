@@ -113,19 +113,39 @@ def _check_study_run(tmp_path, name, kind):
         assert cond["kl_pq"] >= 0 and cond["kl_qp"] >= 0 and 0 <= cond["tail_mass"] <= 1
 
 
+def _untrained_markov_run(workdir: Path, graph: str) -> Path:
+    """A run directory of the tiny markov config with its initial weights (as `sedd train` or `sedd convert`
+    writes one: config.json, tokenizer.json, a checkpoint of step, params, ema): no training to wait for."""
+    import ml_collections
+    import orbax.checkpoint as ocp
+    from flax import nnx
+
+    from sedd import config as config_lib
+    from sedd import kinds, runs
+    from sedd.data import save_tokenizer
+    from sedd.data.tokenizers import MarkovTokenizer
+    config = config_lib.load_config("markov", [
+        "--config.model.hidden_size=16", "--config.model.n_blocks=1", "--config.model.n_heads=2",
+        "--config.model.cond_dim=8", "--config.data.seq_len=8", f"--config.graph.type={graph}",
+        "--config.sampling.predictor=analytic"])
+    config = ml_collections.ConfigDict(config.to_dict())  # unlocked, as train() fills vocab_size in
+    config.vocab_size = config.data.markov.vocab_size
+    workdir.mkdir(parents=True)
+    (workdir / runs.CONFIG).write_text(config_lib.to_json(config))
+    save_tokenizer(MarkovTokenizer(config.vocab_size), workdir / runs.TOKENIZER)
+    _, params, _ = nnx.split(kinds.build_model(config), nnx.Param, ...)
+    manager = runs.checkpoint_manager(workdir, config)
+    manager.save(0, args=ocp.args.Composite(state=ocp.args.PyTreeSave({"step": np.int32(0), "params": params,
+                                                                        "ema": params})), force=True)
+    manager.wait_until_finished()
+    return workdir
+
+
 def test_compare_runs_puts_each_run_with_the_samplers_its_graph_supports_in_one_report(tmp_path, capsys):
     """--workdirs: an absorbing and a uniform run of one chain, one table; first_hitting skipped on the uniform."""
-    from sedd import config as config_lib
-    from sedd import train
-    tiny = ["--config.model.hidden_size=16", "--config.model.n_blocks=1", "--config.model.n_heads=2",
-            "--config.model.cond_dim=8", "--config.data.seq_len=8", "--config.training.batch_size=4",
-            "--config.training.n_iters=1", "--config.training.eval_batches=1",
-            "--config.sampling.predictor=analytic", "--config.training.ckpt_every=1"]
-    for graph in ("absorbing", "uniform"):
-        train.train(config_lib.load_config("markov", [*tiny, f"--config.graph.type={graph}"]), tmp_path / graph,
-                    quiet=True)
-    argv = ["--workdirs", str(tmp_path / "absorbing"), str(tmp_path / "uniform"), "--samplers",
-            "analytic,first_hitting", "--steps", "4", "--num_samples", "4", "--out", str(tmp_path / "out")]
+    dirs = [str(_untrained_markov_run(tmp_path / graph, graph)) for graph in ("absorbing", "uniform")]
+    argv = ["--workdirs", *dirs, "--samplers", "analytic,first_hitting", "--steps", "4", "--num_samples", "4",
+            "--out", str(tmp_path / "out")]
     assert compare.main(argv) == 0
     out = capsys.readouterr().out
     assert "uniform: skipping first_hitting" in out

@@ -129,7 +129,7 @@ _MESHES = """
 import json, tempfile
 import jax, numpy as np
 import orbax.checkpoint as ocp
-from sedd import config as C, kinds, runs, sampling, sharding as S, train as T
+from sedd import config as C, runs, sharding as S, train as T
 
 cfg = C.load_config("tiny")
 cfg.vocab_size = 65  # D = 66: divides by 2, not by 8 (the replication fallback)
@@ -163,10 +163,10 @@ for shape in [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 1, 8)]:
     if shape in [(1, 1, 1), (8, 1, 1), (2, 2, 2)]:  # evaluation and sampling on sharded parameters
         out["eval"][name] = float(tr.loss_step(st["ema"], batches[0], jax.random.key(0)).sum())
         run = runs.from_parts(cfg, None, tr.graphdef, st["ema"], tr.rest, mesh=mesh)
-        out["samples"][name] = run.sample(jax.random.key(1), 8, steps=2).tokens.tolist()
-        # The rows stay split over the data axis through the loop: the score function constrains its input.
-        x = sampling.sample(jax.random.key(1), kinds.params_score_fn(tr.graphdef, run.row_sharding(8)), run.graph,
-                            run.noise, (8, 32), 2, score_params=(run.params, run.rest)).tokens
+        # What Run.sample runs (before its NumPy copy): the rows stay split over the data axis through the
+        # loop, the score function constraining its input.
+        x = run.kind.sample(jax.random.key(1), run.net, 8, 2, None, run.row_sharding(8)).tokens
+        out["samples"][name] = np.asarray(x).tolist()
         out["specs"][name]["samples"] = str(x.sharding.spec)
     trainers[shape], states[shape] = tr, st
 
