@@ -1234,15 +1234,22 @@ def _step(value, where: str) -> int:
 
 
 MAX_CONFIG_DEPTH = 16  # OmegaConf containers nested in a Lightning checkpoint's hyper_parameters.config
+MAX_CONFIG_NODES = 1 << 16  # values visited (a pickle's memo can share one container many times over)
 
 
-def _plain_config(node, where: str, depth: int = 0):
+def _plain_config(node, where: str, depth: int = 0, budget: list | None = None):
     """A Lightning checkpoint's OmegaConf DictConfig (`_Opaque` stand-ins) as plain dicts, lists and scalars.
 
     A DictConfig's pickled state holds "_content", a dict of nodes (or None, or
     an interpolation string); a ListConfig's a list; a value node's "_val".
-    Anything else is refused by its class name.
+    Anything else is refused by its class name. At most MAX_CONFIG_DEPTH deep
+    and MAX_CONFIG_NODES values in all (a container shared by memo counts each
+    time it is reached, so nothing grows past the budget).
     """
+    budget = [MAX_CONFIG_NODES] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ConversionError(f"{where}: the config holds more than {MAX_CONFIG_NODES} values")
     if depth > MAX_CONFIG_DEPTH:
         raise ConversionError(f"{where} nests deeper than {MAX_CONFIG_DEPTH}")
     if isinstance(node, _Opaque):
@@ -1255,9 +1262,11 @@ def _plain_config(node, where: str, depth: int = 0):
         else:
             raise ConversionError(f"{where} holds a {_brief(name)}, not an OmegaConf config")
     if isinstance(node, dict):
-        return {str(k): _plain_config(v, f"{where}.{k}", depth + 1) for k, v in node.items()}
+        if not all(isinstance(k, str) for k in node):
+            raise ConversionError(f"{where} has a key that is not a string")
+        return {k: _plain_config(v, f"{where}.{k}", depth + 1, budget) for k, v in node.items()}
     if isinstance(node, (list, tuple)):
-        return [_plain_config(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(node)]
+        return [_plain_config(v, f"{where}[{i}]", depth + 1, budget) for i, v in enumerate(node)]
     if node is None or isinstance(node, (str, int, float, bool)):
         return node
     raise ConversionError(f"{where} holds a {type(node).__name__}, not a config value")

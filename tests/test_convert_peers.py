@@ -373,3 +373,28 @@ def test_a_duo_checkpoint_with_a_wrong_tensor_or_a_called_global_runs_nothing_an
     assert not marker.exists() and not (tmp_path / "run").exists()
     with pytest.raises(convert.UnsafePickleError, match="os.system"):  # a state dict's reader admits no stand-ins
         convert.load_torch(path)
+
+
+def test_a_duo_config_sharing_one_container_many_times_is_refused_at_once(tmp_path, gpt2_files):
+    """15 levels of 64 references to the level below (memo BINGETs): 64^15 paths, a few kB of pickle."""
+    import struct
+    import time
+    import zipfile
+
+    def text(t):
+        return b"X" + struct.pack("<I", len(t)) + t.encode()
+
+    pkl = bytearray(b"\x80\x02}(" + text("scratch") + b"}(" + text("l0") + b"}q\x00")  # level 0: {}, memo 0
+    for level in range(1, 16):  # each level a value of the scratch dict, then memo `level`
+        pkl += text(f"l{level}") + b"}("
+        for i in range(64):
+            pkl += text(f"k{i}") + b"h" + bytes([level - 1])  # BINGET level - 1
+        pkl += b"uq" + bytes([level])  # SETITEMS, BINPUT level
+    pkl += b"u" + text("state_dict") + b"}" + text("hyper_parameters") + b"}(" + text("config") + b"h\x0fu" + b"u."
+    path = tmp_path / "duo.ckpt"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("duo/data.pkl", pkl)
+    start = time.perf_counter()
+    with pytest.raises(convert.ConversionError, match="more than 65536 values"):
+        convert.convert(path, tmp_path / "run", tokenizer_path=gpt2_files)
+    assert time.perf_counter() - start < 30 and not (tmp_path / "run").exists()
