@@ -559,15 +559,18 @@ _LEAVES = (type(None), bool, int, float, str)
 _DTYPES = set(convert._STORAGE_DTYPES.values())
 
 
-def _well_formed(obj) -> str | None:
-    """None if obj holds only plain containers, scalars and numeric arrays whose every byte reads; else why."""
+def _well_formed(obj, opaque: bool = False) -> str | None:
+    """None if obj holds only plain containers, scalars and numeric arrays whose every byte reads (and, opaque,
+    inert stand-ins holding the same); else why."""
     seen, todo = set(), [obj]
     while todo:
         x = todo.pop()
         if id(x) in seen:
             continue
         seen.add(id(x))
-        if isinstance(x, np.ndarray):
+        if opaque and isinstance(x, convert._Opaque):
+            todo.extend([x.args, x.state, x.items])
+        elif isinstance(x, np.ndarray):
             if x.dtype not in _DTYPES or x.dtype.hasobject:
                 return f"an array of dtype {x.dtype}"
             x.tobytes()  # every element the view reaches is inside its storage
@@ -643,8 +646,10 @@ def _mutations(base: bytes, rng, n: int):
         yield category, bytes(data)
 
 
-def fuzz(folder: str, n: int, seed: int) -> dict:
-    """n mutated pickles of fuzz_base (and n // 10 mutated archives) through load_torch: the outcome counts."""
+def fuzz(folder: str, n: int, seed: int, opaque: bool = False) -> dict:
+    """n mutated pickles of fuzz_base (and n // 10 mutated archives) through load_torch: the outcome counts.
+
+    opaque: read as a Lightning checkpoint is (every name an inert stand-in)."""
     folder = Path(folder)
     base, storages = torch_pickle(fuzz_base())
     want = _plain(fuzz_base())
@@ -653,14 +658,14 @@ def fuzz(folder: str, n: int, seed: int) -> dict:
 
     def attempt(category, path, expected=None):
         try:
-            obj = convert.load_torch(path)
+            obj = convert.load_torch(path, opaque=opaque)
         except convert.ConversionError:
             counts[category, "refused"] += 1
             return
         except Exception as e:  # noqa: BLE001 (any other type is the failure this test looks for)
             failures.append(f"{category}: {type(e).__name__}: {str(e)[:200]}")
             return
-        problem = _well_formed(obj) if expected is None else (None if _same(obj, expected) else "differs")
+        problem = _well_formed(obj, opaque) if expected is None else (None if _same(obj, expected) else "differs")
         if problem:
             failures.append(f"{category}: loaded {problem}")
         counts[category, "loaded"] += 1
@@ -692,4 +697,14 @@ def test_fuzzed_pickles_end_in_a_clean_refusal_or_a_correct_load(tmp_path):
     total = sum(result["counts"].values())
     assert total == 1 + 6000 + 600, result["counts"]
     assert result["counts"]["integers|loaded"] > 100  # the mutations reach the unpickler, not only the scan
+    assert result["rss_growth_mb"] < RSS_GROWTH_MB, result
+
+
+def test_fuzzed_pickles_read_as_a_lightning_checkpoint_end_cleanly_and_call_nothing(tmp_path):
+    """The same mutations through the stand-in reader (DUO's .ckpt): a refusal or a load of inert stand-ins,
+    never another exception, a crash or a call (the forbidden names the mutations insert load as stand-ins)."""
+    result = isolated("fuzz", str(tmp_path), 2000, 1, True)
+    assert result["n_failures"] == 0, result["failures"]
+    assert result["counts"]["the base|loaded"] == 1
+    assert sum(v for k, v in result["counts"].items() if k.endswith("|loaded")) > 100
     assert result["rss_growth_mb"] < RSS_GROWTH_MB, result
