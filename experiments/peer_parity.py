@@ -99,7 +99,7 @@ def _randomize(model, torch) -> None:
             p.copy_(torch.randn(p.shape, generator=gen) * scale + (1.0 if "norm" in name else 0.0))
 
 
-def _subs(logits, x, torch):
+def _subs(logits, torch):
     """MDLM's / BD3-LM's `_subs_parameterization` at the masked positions: log p_theta(x0 | x_t) over V."""
     logits = logits.clone()
     logits[..., GPT2] += -1e6  # neg_infinity at the mask index
@@ -139,7 +139,7 @@ def export(args) -> None:
             "time_conditioning": False, "torch_dtype": "float32", "transformers_version": "4.38.2",
             "vocab_size": v}))
         with torch.no_grad():  # Diffusion._process_sigma: time_conditioning false feeds zeros
-            arrays["mdlm"] = _subs(m(xt, torch.zeros(2)), xt, torch).numpy()
+            arrays["mdlm"] = _subs(m(xt, torch.zeros(2)), torch).numpy()
 
     if args.bd3lms:
         sys.path.insert(0, args.bd3lms)
@@ -154,7 +154,7 @@ def export(args) -> None:
             b.sampling_eps_max.fill_(0.8)
         b.save_pretrained(str(out / "bd3lm"))  # its own writer: config.json + model.safetensors
         with torch.no_grad():
-            arrays["bd3lm"] = _subs(b(input_ids=torch.cat([xt, x0], 1), timesteps=sigma), xt, torch).numpy()
+            arrays["bd3lm"] = _subs(b(input_ids=torch.cat([xt, x0], 1), timesteps=sigma), torch).numpy()
 
     if args.duo:
         import omegaconf
@@ -188,6 +188,7 @@ def export(args) -> None:
 
 
 def compare(out: Path, tokenizer: Path, families: list[str]) -> dict:
+    import jax
     import jax.numpy as jnp
 
     from sedd import block, convert, runs
@@ -210,9 +211,8 @@ def compare(out: Path, tokenizer: Path, families: list[str]) -> dict:
             got, want = ours[masked][:, :GPT2], theirs["bd3lm"][masked][:, :GPT2]
         else:  # DUO: recover w from our log-score, log xbar_y = log(D alpha w_y + 1 - alpha) up to a constant
             x = theirs["duo_x"]
-            out_ = run.model.network_output(jnp.asarray(x), jnp.asarray(sigma), deterministic=True)
-            got = np.asarray(out_ - jnp.max(out_, -1, keepdims=True))
-            got = got - np.log(np.exp(got).sum(-1, keepdims=True))
+            logits = run.model.network_output(jnp.asarray(x), jnp.asarray(sigma), deterministic=True)
+            got = np.asarray(jax.nn.log_softmax(logits, -1))
             want = theirs["duo"]
             ls = np.asarray(run.score_fn(jnp.asarray(x), jnp.asarray(sigma)), np.float64)
             d, alpha = ls.shape[-1], np.exp(-sigma)[:, None, None]
