@@ -835,11 +835,11 @@ def _op_kinds(hlo_text: str) -> dict[str, str]:
     return kinds_of
 
 
-def run_profile(quick: bool, args) -> dict:
-    """Op time of the default's compiled train step by kind, per device thread (jax.profiler)."""
+def run_profile(quick: bool, args, config=None) -> dict:
+    """Op time of the default's compiled train step (or `config`'s) by kind, per device thread (jax.profiler)."""
     from jax._src.profiler import ProfileData  # the trace reader jax ships; no TensorBoard needed
 
-    c = bench_config("tiny" if quick else "shakespeare_char", dtype=args.dtype or "auto")
+    c = config or bench_config("tiny" if quick else "shakespeare_char", dtype=args.dtype or "auto")
     sharding.split_cpu(c)  # one device a core, as `sedd train` runs a CPU (a no-op once a device was used)
     trainer = Trainer(c)
     b, l = c.training.batch_size, c.data.seq_len
@@ -849,7 +849,10 @@ def run_profile(quick: bool, args) -> dict:
     for _ in range(3):
         state, m = trainer.train_step(state, batch)
     jax.block_until_ready(m)
-    kinds_of = _op_kinds(trainer.train_step.lower(state, batch).compile().as_text())
+    compiled = trainer.train_step.lower(state, batch).compile()
+    kinds_of = _op_kinds(compiled.as_text())
+    cost = compiled.cost_analysis()
+    flops = (cost[0] if isinstance(cost, list) else cost or {}).get("flops", float("nan"))  # all devices' programs
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
         with jax.profiler.trace(d):
@@ -878,9 +881,10 @@ def run_profile(quick: bool, args) -> dict:
     rows = [[k, f"{v:.1f}", f"{100 * v / busy:.0f}%"] for k, v in sorted(totals.items(), key=lambda kv: -kv[1])]
     table = format_table(["op kind", "ms a step, a thread", "share"], rows)
     table += (f"\n{jax.device_count()} device(s), {len(per_thread)} compute threads; "
-              f"a step took {step_ms:.0f} ms while traced")
+              f"a step took {step_ms:.0f} ms while traced; XLA counts {flops / 1e9:.1f} GFLOP a step")
     return {"benchmark": "profile", "config": c.model.to_dict(), "table": table,
-            "results": [{"step_ms_traced": step_ms, "ms_per_step_per_thread": totals, "threads": len(per_thread)}]}
+            "results": [{"step_ms_traced": step_ms, "ms_per_step_per_thread": totals, "threads": len(per_thread),
+                         "flops_per_step": flops}]}
 
 
 def format_table(header: list, rows: list[list]) -> str:

@@ -28,6 +28,9 @@ Set-up once per machine: ../shared/bench-original/README.md. Then
     python experiments/benchmarks/vs_original.py --orig /tmp/sedd_orig \
         --python /tmp/sedd-orig-venv/bin/python [--dropout 0.1] [--rounds 3] [--json PATH] \
         [--dtype auto|float32|bfloat16] [--orig-autocast]
+
+``--profile`` runs only ours: where its step's time goes at the same sizes
+(``bench.py profile``'s table), the original not run.
 """
 
 from __future__ import annotations
@@ -76,6 +79,9 @@ def parser() -> argparse.ArgumentParser:
                    help="run the original under CPU bfloat16 autocast (its own autocast is CUDA-only, so on a "
                         "CPU it computes in float32 as shipped)")
     p.add_argument("--json", default="", help="also write the figures here")
+    p.add_argument("--profile", action="store_true",
+                   help="only ours: where its training step's time goes at these sizes (bench.py profile), "
+                        "then exit; the original is not run")
     return p
 
 
@@ -199,8 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads < (os.cpu_count() or 1) and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, range(args.threads))  # before jax creates its thread pool
     sys.path.insert(0, str(HERE))
-    from bench import format_table, machine  # noqa: E402 (after the pinning above)
+    from bench import format_table, machine, run_profile  # noqa: E402 (after the pinning above)
 
+    if args.profile:
+        args.repeats = args.steps
+        config = ours_config(args)
+        print(run_profile(False, args, config=config)["table"])
+        return 0
     ours = Ours(args)
     rounds = []
     for r in range(args.rounds):
