@@ -852,7 +852,7 @@ def run_profile(quick: bool, args, config=None) -> dict:
     compiled = trainer.train_step.lower(state, batch).compile()
     kinds_of = _op_kinds(compiled.as_text())
     cost = compiled.cost_analysis()
-    flops = (cost[0] if isinstance(cost, list) else cost or {}).get("flops", float("nan"))  # all devices' programs
+    flops = (cost[0] if isinstance(cost, list) else cost or {}).get("flops", float("nan"))  # one device's program (SPMD)
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
         with jax.profiler.trace(d):
@@ -881,7 +881,7 @@ def run_profile(quick: bool, args, config=None) -> dict:
     rows = [[k, f"{v:.1f}", f"{100 * v / busy:.0f}%"] for k, v in sorted(totals.items(), key=lambda kv: -kv[1])]
     table = format_table(["op kind", "ms a step, a thread", "share"], rows)
     table += (f"\n{jax.device_count()} device(s), {len(per_thread)} compute threads; "
-              f"a step took {step_ms:.0f} ms while traced; XLA counts {flops / 1e9:.1f} GFLOP a step")
+              f"a step took {step_ms:.0f} ms while traced; XLA counts {flops / 1e9:.1f} GFLOP a step a device")
     return {"benchmark": "profile", "config": c.model.to_dict(), "table": table,
             "results": [{"step_ms_traced": step_ms, "ms_per_step_per_thread": totals, "threads": len(per_thread),
                          "flops_per_step": flops}]}
