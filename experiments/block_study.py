@@ -11,6 +11,15 @@ characters at batch 1 and 16, timed interleaved with the AR run in one
 process (``experiments/benchmarks/bench.py``'s ``interleaved``). Writes
 block_study.{json,md,png} into --out: the table, and the plot of quality
 (judge nats/char) against speed relative to AR at batch 1.
+
+Runs of a Markov corpus of ``experiments/default_run_study.py`` (text of a
+known law) take ``--markov-seed S``, the seed of its chain: each sampler's
+samples are then also scored exactly under the chain (nats/char with 2
+standard errors, ``default_run_study.texts_nll``), the figure the issue's
+targets name, and the plot shows that instead of the judge's:
+
+    python experiments/block_study.py --markov-seed 2 --num_samples 64 --out STUDY/markov_seed2/speed \
+        --ar STUDY/markov_seed2/ar --runs STUDY/markov_seed2/{default,block16,block4,block1}
 """
 
 from __future__ import annotations
@@ -24,7 +33,9 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import format_table, interleaved, machine, median, paired_ratio  # noqa: E402
+from default_run_study import markov_chain, texts_nll  # noqa: E402
 
 from sedd import ar, evaluate, figures, runs, sampling  # noqa: E402
 
@@ -47,9 +58,11 @@ def _writer(run: runs.Run, predictor, options, steps, batch: int, length: int, k
                                    **options)
 
 
-def study(ar_dir: str, run_dirs: list[str], num_samples: int, length: int, repeats: int, eval_batches: int) -> dict:
-    """The rows of the study (one per run and sampler) and the machine."""
+def study(ar_dir: str, run_dirs: list[str], num_samples: int, length: int, repeats: int, eval_batches: int,
+          markov_seed: int | None = None) -> dict:
+    """The rows of the study (one per run and sampler) and the machine; with markov_seed, the samples' exact NLL."""
     judge = figures.load_judge(ar_dir)
+    chain = None if markov_seed is None else markov_chain(markov_seed)
     key = jax.random.key(0)
     rows = []
     for workdir in [ar_dir, *run_dirs]:
@@ -63,6 +76,9 @@ def study(ar_dir: str, run_dirs: list[str], num_samples: int, length: int, repea
                    "bits_per_char": bound["bits_per_char"], "exact": bound["exact"],
                    "judge_nats_per_char": quality["judge_nats_per_token"],
                    "entropy_bits": float(evaluate.sample_entropy_bits(samples).mean())}
+            if chain is not None:
+                nll, se, scored = texts_nll([run.decode(s) for s in samples], chain)
+                row.update(exact_nats_per_char=nll, exact_2se=2 * se, scored_share=scored)
             for batch in (1, 16):
                 fns = {"ar": _writer(judge, None, {}, None, batch, length, key),
                        "this": _writer(run, predictor, options, steps, batch, length, key)}
@@ -74,7 +90,10 @@ def study(ar_dir: str, run_dirs: list[str], num_samples: int, length: int, repea
                 row[f"nfe_b{batch}"] = nfe
             rows.append(row)
             print(json.dumps(row), flush=True)
-    return {"rows": rows, "machine": machine(), "length": length, "num_samples": num_samples}
+    result = {"rows": rows, "machine": machine(), "length": length, "num_samples": num_samples}
+    if chain is not None:
+        result.update(markov_seed=markov_seed, rate_nats_per_char=chain.entropy_rate())
+    return result
 
 
 def write(result: dict, out: Path) -> None:
@@ -87,19 +106,29 @@ def write(result: dict, out: Path) -> None:
              f"{r['judge_nats_per_char']:.3f}", f"{r['entropy_bits']:.2f}", f"{r['tokens_per_s_b1']:.0f}",
              f"{r['vs_ar_b1']:.2f}", r["nfe_b1"], f"{r['tokens_per_s_b16']:.0f}", f"{r['vs_ar_b16']:.2f}"]
             for r in result["rows"]]
+    if "markov_seed" in result:  # the exact NLL beside the judge's
+        header.insert(4, "exact NLL nats/char")
+        for row, r in zip(rows, result["rows"]):
+            row.insert(4, f"{r['exact_nats_per_char']:.3f} +- {r['exact_2se']:.3f}")
     table = format_table(header, rows)
     (out / "block_study.md").write_text(table + "\n")
     print(table)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    quality = "exact_nats_per_char" if "markov_seed" in result else "judge_nats_per_char"
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in result["rows"]:
-        ax.scatter(r["vs_ar_b1"], r["judge_nats_per_char"])
-        ax.annotate(f"{r['model']}, {r['sampler']}", (r["vs_ar_b1"], r["judge_nats_per_char"]), fontsize=7)
+        ax.scatter(r["vs_ar_b1"], r[quality])
+        ax.annotate(f"{r['model']}, {r['sampler']}", (r["vs_ar_b1"], r[quality]), fontsize=7)
     ax.set_xscale("log")
     ax.set_xlabel(f"speed writing {result['length']} characters at batch 1, x the AR run's (log; timed interleaved)")
-    ax.set_ylabel("AR judge's NLL of the samples (nats/char)")
+    if "markov_seed" in result:
+        ax.axhline(result["rate_nats_per_char"], color="gray", lw=0.8, ls=":", label="the chain's entropy rate")
+        ax.legend(fontsize=7)
+        ax.set_ylabel(f"samples' exact NLL under chain {result['markov_seed']} (nats/char)")
+    else:
+        ax.set_ylabel("AR judge's NLL of the samples (nats/char)")
     ax.set_title("block diffusion: quality against speed")
     fig.tight_layout()
     fig.savefig(out / "block_study.png", dpi=120)
@@ -114,8 +143,11 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--eval_batches", type=int, default=8)
     p.add_argument("--out", default="block_study")
+    p.add_argument("--markov-seed", type=int, default=None,
+                   help="runs of default_run_study.py's markov corpus of this chain seed: score samples exactly")
     args = p.parse_args(argv)
-    write(study(args.ar, args.runs, args.num_samples, args.length, args.repeats, args.eval_batches), Path(args.out))
+    write(study(args.ar, args.runs, args.num_samples, args.length, args.repeats, args.eval_batches,
+                args.markov_seed), Path(args.out))
     return 0
 
 

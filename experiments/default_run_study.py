@@ -148,17 +148,24 @@ def curve(workdir: Path) -> list[tuple[float, float]]:
 def sample_nll(run: runs.Run, chain: MarkovChain, predictor: str | None = None) -> tuple[float, float, float]:
     """Exact NLL of the run's samples under the chain, nats/char, its standard error, and the share scored.
 
-    The samples are drawn by `predictor` (default: the run's config.sampling.predictor) with the run's steps.
+    The NUM_SAMPLES samples are drawn by `predictor` (default: the run's
+    config.sampling.predictor) with the run's steps and scored by ``texts_nll``.
+    """
+    return texts_nll(run.generate(jax.random.key(0), NUM_SAMPLES, predictor=predictor), chain)
 
-    A sample is cut at every character that is not a letter a-l (document
+
+def texts_nll(texts: list[str], chain: MarkovChain) -> tuple[float, float, float]:
+    """Exact NLL of texts of letters a-l under the chain, nats/char, its standard error, and the share scored.
+
+    A text is cut at every character that is not a letter a-l (document
     separators, a mask left in a sample); each piece of at least k letters is
     scored with ``log_prob``, whose first k letters cost their stationary law,
     as for a window cut anywhere from the stream. The NLL is the scored nats
-    over the scored letters; its standard error treats the samples as the
+    over the scored letters; its standard error treats the texts as the
     independent units (the delta method for a ratio of means).
     """
     nats, letters, chars = [], [], 0
-    for text in run.generate(jax.random.key(0), NUM_SAMPLES, predictor=predictor):
+    for text in texts:
         text = text.replace(EOS_TEXT, "\n")  # "<|endoftext|>" holds letters a-l (e, d, f) of its own
         chars += len(text)
         pieces = [p for p in re.split(f"[^{LETTERS}]+", text) if len(p) >= chain.order]

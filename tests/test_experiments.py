@@ -194,6 +194,22 @@ def test_conditional_kl_is_zero_for_the_chains_own_conditional():
     assert flat["kl_pq"] > 0.3 and flat["kl_qp"] > flat["kl_pq"]  # a flat q pays most where p is near 0
 
 
+def test_texts_nll_is_the_chains_exact_nll_of_the_letters():
+    """texts_nll: the chain's -log p over the letters, cut at anything else (a separator, an end-of-text)."""
+    from sedd.data.tokenizers import EOS_TEXT
+
+    chain = study.markov_chain(0)
+    ids = chain.sample(6, 40, seed=3)  # (6, 40)
+    words = ["".join(study.LETTERS[i] for i in row) for row in ids]
+    nll, se, scored = study.texts_nll(words, chain)
+    assert nll == pytest.approx(-chain.log_prob(ids).sum() / ids.size, rel=1e-12) and scored == 1 and se > 0
+    # A text of two documents is its two pieces, each paying its first k letters' stationary law.
+    joined = [words[0] + EOS_TEXT + words[1]]
+    nll2, _, scored2 = study.texts_nll(joined, chain)
+    assert nll2 == pytest.approx(-chain.log_prob(ids[:2]).sum() / 80, rel=1e-12)
+    assert scored2 == pytest.approx(80 / len(joined[0].replace(EOS_TEXT, "\n")))
+
+
 def test_reveal_profile_of_the_chains_own_law_pays_no_excess():
     """reveal_profile against a network that returns the chain's exact law given the revealed letters."""
     import types
@@ -255,3 +271,21 @@ def test_default_run_study_markov(tmp_path, capsys):
 def test_default_run_study_ar_baseline(tmp_path):
     assert study.main(_study(tmp_path, "ar")) == 0
     _check_study_run(tmp_path, "ar", "ar")
+
+
+@pytest.mark.slow
+def test_block_study_on_a_markov_corpus(tmp_path):
+    """block_study.py on tiny AR and block runs of a markov corpus: the exact NLL of every sampler's samples."""
+    block_study = _load("experiments/block_study.py")
+    assert study.main(_study(tmp_path, "ar,block4")) == 0
+    runs_dir = tmp_path / "markov_seed0"
+    result = block_study.study(str(runs_dir / "ar"), [str(runs_dir / "block4")], num_samples=4, length=64,
+                               repeats=1, eval_batches=1, markov_seed=0)
+    assert [r["sampler"] for r in result["rows"]] == ["ancestral", "EB", "threshold 0.9"]
+    for row in result["rows"]:
+        assert row["exact_nats_per_char"] > 0 and row["exact_2se"] >= 0 and 0 < row["scored_share"] <= 1
+        assert row["vs_ar_b1"] > 0 and row["nfe_b16"] >= 1
+    assert result["rate_nats_per_char"] == pytest.approx(study.markov_chain(0).entropy_rate())
+    block_study.write(result, tmp_path / "out")
+    assert "exact NLL nats/char" in (tmp_path / "out" / "block_study.md").read_text()
+    assert (tmp_path / "out" / "block_study.png").stat().st_size > 0
