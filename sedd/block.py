@@ -28,11 +28,17 @@ conditioning each block's adaLN reads its own sigma.
 Sampling (``sample``): block by block, each from all-MASK by any sampler of
 ``sedd.sampling`` that runs on the absorbing graph, the network run on the b
 positions of the current block against a cache of the clean blocks' keys and
-values (``Scorer``); after the block is drawn one more call on the clean block
-writes it into the cache (its "commit"). The cache is a ring of L rows
-(``DDiTBlock._attend_cache``): text past the model's length keeps the last
-L - b tokens as context, a sliding window. A prompt is prefilled as clean
-blocks; the block holding its end is drawn with the prompt's positions fixed.
+values (``Scorer``). A drawn block is written into the cache (its "commit") by
+the call that starts the next block: one call on 2b positions, the clean block
+and the next block all-MASK, the attention of the training forward (the MASK
+block sees the clean one, not the reverse), keeps the clean block's keys and
+values and gives the next block's first score, which the sampler's first step
+takes instead of a call of its own (``sedd.sampling``'s ``prime``). So a block
+costs its sampler's calls, not one more; only the last block's commit is a
+call of its own. The cache is a ring (``DDiTBlock._attend_cache``): text past
+the model's length keeps the last L - b tokens as context, a sliding window.
+A prompt is prefilled as clean blocks; the block holding its end is drawn
+with the prompt's positions fixed.
 
 Letters: B batch (not blocks, in shapes), L length, b block size, n_b = L / b
 blocks, T the length of the text drawn, S the cache's rows, D = graph.dim.
@@ -144,6 +150,9 @@ class Scorer(NamedTuple):
       score(params, ctx, x, sigma) -> log-score         x int32[B, b] the current block, sigma float[B];
                                                         float32[B, b, D], the block given the context
       commit(params, ctx, x) -> ctx                     the clean block x appended
+      commit_score(params, ctx, clean, x, sigma)        both in one call: (commit(params, ctx, clean),
+          -> (ctx, log-score)                           score(params, that ctx, x, sigma)); or None:
+                                                        each block's commit a call, its first score another
 
     ``network_scorer`` is the model's, with its KV cache as the context; a
     test's exact law is another (tests/test_block.py).
@@ -152,6 +161,9 @@ class Scorer(NamedTuple):
     init: Callable
     score: Callable
     commit: Callable
+    commit_score: Callable | None = None
+
+
 
 
 def _with_cache(model: DDiT, ctx) -> DDiT:
@@ -168,16 +180,18 @@ def network_scorer(graphdef, window: int) -> Scorer:
 
     The context is (keys, values, index): per layer the rotary-embedded keys
     and the values of the committed positions, float[B, S, N, K] in the
-    compute dtype, and the next position, int32[]. ``score`` runs the block
-    with ``decode=True, commit=False`` (the cache is read, not changed);
-    ``commit`` runs the clean block at noise 0 with ``commit=True``. Exactly
-    what the x_0 half of the training forward computes (tests/test_block.py).
+    compute dtype (a ring of S = window + b rows), and the next position,
+    int32[]. ``score`` runs the block with ``decode=True, commit=False`` (the
+    cache is read, not changed); ``commit`` runs the clean block at noise 0
+    with ``commit=True``; ``commit_score`` runs [clean ; x] with the noise
+    levels [0, sigma] and keeps the first b positions. Exactly what the x_0
+    half of the training forward computes (tests/test_block.py).
     """
 
     def init(state, batch):
         model = nnx.merge(graphdef, *state)
         layer = model.blocks[0]
-        shape = (batch, window, layer.n_heads, layer.head_dim)
+        shape = (batch, window + layer.block_size, layer.n_heads, layer.head_dim)
         zeros = tuple(jnp.zeros(shape, layer.dtype) for _ in model.blocks)
         return zeros, zeros, jnp.int32(0)
 
@@ -185,14 +199,27 @@ def network_scorer(graphdef, window: int) -> Scorer:
         model = _with_cache(nnx.merge(graphdef, *state), ctx)
         return model(x, sigma, decode=True, commit=False, deterministic=True)
 
-    def commit(state, ctx, x):
-        model = _with_cache(nnx.merge(graphdef, *state), ctx)
-        model.network_output(x, jnp.zeros(x.shape[:1], jnp.float32), decode=True, deterministic=True)
+    def context(model):
         layers = model.blocks
         return (tuple(m.cached_key[...] for m in layers), tuple(m.cached_value[...] for m in layers),
                 layers[0].cache_index[...])
 
-    return Scorer(init, score, commit)
+    def commit(state, ctx, x):
+        model = _with_cache(nnx.merge(graphdef, *state), ctx)
+        model.network_output(x, jnp.zeros(x.shape[:1], jnp.float32), decode=True, deterministic=True)
+        return context(model)
+
+    def commit_score(state, ctx, clean, x, sigma):
+        model = _with_cache(nnx.merge(graphdef, *state), ctx)
+        b = x.shape[1]
+        both = jnp.concatenate([clean, x], axis=1)  # (B, 2b)
+        sigmas = jnp.stack([jnp.zeros_like(sigma), sigma], axis=1).astype(jnp.float32)  # (B, 2) a level a block
+        h, c = model.features(both, sigmas, decode=True, commit=b, deterministic=True)  # (B, 2b, H), (B, 2, C)
+        c = c[:, 1:] if c.ndim == 3 else c  # the new block's group (without time conditioning: (B, C) zeros)
+        out = model.output_layer(h[:, b:], c)  # (B, b, D): the final layer on the new block only
+        return context(model), model.log_score(out, x, sigma)
+
+    return Scorer(init, score, commit, commit_score)
 
 
 @functools.lru_cache(maxsize=None)
@@ -216,25 +243,48 @@ def _draw_blocks(key, times, params, ctx, text, fixed, first, *, scorer, graph, 
     """
     rows, b = text.shape[0], block_size
     score_fn = _context_score_fn(scorer)
+    sigma0 = jnp.broadcast_to(noise(times[0])[0], (rows,)).astype(jnp.float32)  # a sampler's first call's noise
 
-    def draw(i, ctx, text):
-        start = (first + i) * b
-        mask = jax.lax.dynamic_slice(fixed, (0, start), (rows, b))
-        given = jax.lax.dynamic_slice(text, (0, start), (rows, b))
+    def block_of(i, a):
+        return jax.lax.dynamic_slice(a, (0, (first + i) * b), (rows, b))
+
+    def draw(i, ctx, text, prime):
+        """Block i drawn against ctx; prime: (its start state, sigma0, their score) or None."""
         x, traj, stats = sampling._sample_loop(
-            jax.random.fold_in(key, first + i), times, mask, given, (params, ctx), score_fn=score_fn, graph=graph,
-            noise=noise, shape=(rows, b), sampler=sampler, denoise=denoise, options=options)
-        # the commit is one more network call on the block, for every row
-        nfe, nfe_row = stats["nfe"] + 1, stats["nfe_per_sample"] + 1
-        return scorer.commit(params, ctx, x), jax.lax.dynamic_update_slice(text, x, (0, start)), traj, nfe, nfe_row
+            jax.random.fold_in(key, first + i), times, block_of(i, fixed), block_of(i, text), (params, ctx),
+            score_fn=score_fn, graph=graph, noise=noise, shape=(rows, b), sampler=sampler, denoise=denoise,
+            options=options, prime=prime)
+        return x, jax.lax.dynamic_update_slice(text, x, (0, (first + i) * b)), traj, stats
+
+    def advance(i, ctx, text, clean):
+        """One call: the clean block before block i committed, block i's start state scored (its prime)."""
+        if scorer.commit_score is None:  # the commit alone; the sampler's first step makes its own call
+            return scorer.commit(params, ctx, clean), None
+        start = jnp.where(block_of(i, fixed), block_of(i, text), jnp.int32(graph.mask))  # (B, b)
+        ctx, score = scorer.commit_score(params, ctx, clean, start, sigma0)
+        return ctx, (start, sigma0, score)
+
+    def next_block(i, ctx, text, clean):
+        """Block i >= 1 of this call: the pending block committed with its prime, then drawn; 1 + its NFE."""
+        ctx, prime = advance(i, ctx, text, clean)
+        x, text, traj, stats = draw(i, ctx, text, prime)
+        return ctx, x, text, traj, stats["nfe"] + 1, stats["nfe_per_sample"] + 1
+
+    # Block 0 against the context as it is; every later one after the call that commits its predecessor;
+    # the last block's commit is a call of its own.
+    x, text, traj0, stats = draw(0, ctx, text, None)
+    nfe, nfe_row = stats["nfe"], stats["nfe_per_sample"]
 
     if options.return_trajectory:
         def step(carry, i):
-            ctx, text = carry
-            ctx, text, traj, nfe, nfe_row = draw(i, ctx, text)
-            return (ctx, text), (traj, nfe, nfe_row)
+            ctx, text, clean = carry
+            ctx, x, text, traj, n, n_row = next_block(i, ctx, text, clean)
+            return (ctx, text, x), (traj, n, n_row)
 
-        (ctx, text), (trajs, nfe, nfe_row) = jax.lax.scan(step, (ctx, text), jnp.arange(blocks))  # trajs (n, S, B, b)
+        (ctx, text, x), (trajs, n, n_row) = jax.lax.scan(step, (ctx, text, x), jnp.arange(1, blocks))
+        trajs = jnp.concatenate([traj0[None], trajs])  # (blocks, S, B, b)
+        ctx = scorer.commit(params, ctx, x)
+        nfe, nfe_row = nfe + n.sum() + 1, nfe_row + n_row.sum(0) + 1
         pos = jnp.arange(text.shape[1])
 
         def place(i, traj):  # block i's states in the whole text: (S, B, T)
@@ -244,19 +294,19 @@ def _draw_blocks(key, times, params, ctx, text, fixed, first, *, scorer, graph, 
 
         frames = jax.vmap(place)(jnp.arange(blocks), trajs).reshape(-1, *text.shape)
         frames = jnp.concatenate([frames, text[None]])
-        return ctx, text, nfe.sum(), nfe_row.sum(0), jnp.int32(blocks), frames
+        return ctx, text, nfe, nfe_row, jnp.int32(blocks), frames
+
+    def stops(x):
+        return jnp.zeros((rows,), bool) if stop_id is None else jnp.any(x == stop_id, axis=1)
 
     def body(carry):
-        i, ctx, text, nfe, nfe_row, stopped = carry
-        ctx, text, _, n, n_row = draw(i, ctx, text)
-        if stop_id is not None:
-            block = jax.lax.dynamic_slice(text, (0, (first + i) * b), (rows, b))
-            stopped = stopped | jnp.any(block == stop_id, axis=1)
-        return i + 1, ctx, text, nfe + n, nfe_row + n_row, stopped
+        i, ctx, text, clean, nfe, nfe_row, stopped = carry
+        ctx, x, text, _, n, n_row = next_block(i, ctx, text, clean)
+        return i + 1, ctx, text, x, nfe + n, nfe_row + n_row, stopped | stops(x)
 
-    carry = (jnp.int32(0), ctx, text, jnp.int32(0), jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), bool))
-    carry = jax.lax.while_loop(lambda c: (c[0] < blocks) & ~jnp.all(c[5]), body, carry)
-    return carry[1], carry[2], carry[3], carry[4], carry[0], None
+    carry = (jnp.int32(1), ctx, text, x, nfe, nfe_row, stops(x))
+    i, ctx, text, x, nfe, nfe_row, _ = jax.lax.while_loop(lambda c: (c[0] < blocks) & ~jnp.all(c[6]), body, carry)
+    return scorer.commit(params, ctx, x), text, nfe + 1, nfe_row + 1, i, None
 
 
 def draw(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Callable, fixed: jax.Array,

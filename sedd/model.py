@@ -335,9 +335,11 @@ class DDiTBlock(nnx.Module):
         self.cache_index: nnx.Cache | None = nnx.data(None)
 
     def init_cache(self, batch: int, max_len: int) -> None:
-        """An empty decoding cache: keys and values [B, S = max_len, N, K] in the
-        compute dtype, and the next position to write, 0."""
-        shape = (batch, max_len, self.n_heads, self.head_dim)
+        """An empty decoding cache of a window of max_len positions: keys and values
+        [B, S = max_len + u, N, K] in the compute dtype (u = block_size, the decoding
+        unit: a ring of one unit more than the window, ``_attend_cache``), and the
+        next position to write, 0."""
+        shape = (batch, max_len + (self.block_size or 0), self.n_heads, self.head_dim)
         self.cached_key = nnx.Cache(jnp.zeros(shape, self.dtype))
         self.cached_value = nnx.Cache(jnp.zeros(shape, self.dtype))
         self.cache_index = nnx.Cache(jnp.array(0, jnp.int32))
@@ -350,7 +352,7 @@ class DDiTBlock(nnx.Module):
         positions: Array | None = None,
         mask: Array | None = None,
         decode: bool = False,
-        commit: bool = True,
+        commit: bool | int = True,
         deterministic: bool | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> Array:
@@ -368,7 +370,8 @@ class DDiTBlock(nnx.Module):
             over it (causal or block-causal blocks only; see `_attend_cache`).
           commit: with decode, keep this chunk in the cache and advance its
             index by L; False scores the chunk against the cache and leaves
-            the cache as it was (a block still being denoised).
+            the cache as it was (a block still being denoised); an int n
+            keeps the first n positions only.
           deterministic: disable dropout; None follows the module's train/eval mode.
           rngs: optional 'dropout' keys overriding the stored stream.
         Returns:
@@ -413,43 +416,56 @@ class DDiTBlock(nnx.Module):
             raise ValueError(f"the cache holds batch {self.cached_key.shape[0]}, the input {batch}.")
         return self.cache_index[...]
 
-    def _attend_cache(self, q: Array, k: Array, v: Array, pos: Array, commit: bool) -> Array:
-        """Writes k, v into the cache at rows pos mod S and attends over it, (block-)causally.
+    def _attend_cache(self, q: Array, k: Array, v: Array, pos: Array, commit: bool | int) -> Array:
+        """Writes k, v into the cache at rows pos mod S and attends over it, (block-)causally, in a window.
 
-        The cache is a ring of S rows: position p lives in row p mod S, so
-        past S the newest positions overwrite the oldest, and a query sees the
-        last S positions (a sliding window; rotary scores depend on position
-        differences only, so the absolute positions may pass S). A query at
-        position p sees a row holding position r when blk(r) <= blk(p),
-        blk = . // block_size: its own and earlier positions for a causal
-        block (block_size 1), its whole block and earlier ones for a block
-        model. A chunk must not wrap around the ring's end: the caller keeps
-        pos mod S + L <= S (chunks aligned to a divisor of S), which is not
-        caught under jit.
+        The cache is a ring of S = W + u rows (W the window, u = block_size
+        the decoding unit, 1 for a causal block): position p lives in row
+        p mod S, so past S the newest positions overwrite the oldest, and the
+        absolute positions may pass S (rotary scores depend on position
+        differences only). A query at position p in the unit starting at
+        s = u floor(p / u) sees a held position r when
+
+            floor(r / u) <= floor(p / u)      its own unit and earlier ones (causal: r <= p),
+            r >= s + u - W                    the last W positions up to its unit's end,
+
+        so a unit sees the W - u positions before it, whatever else the chunk
+        holds: a chunk of two units (the clean block committed and the next
+        one scored in one call, ``sedd.block``) gives each unit the context it
+        has alone, which is what the extra u rows are for.
 
         Args:
           q, k: [B, L, N, K] rotary-embedded queries and keys, compute dtype.
           v: [B, L, N, K] values.
           pos: int32[L] consecutive positions from the cache index.
-          commit: store the written rows and advance the index past pos.
+          commit: store the chunk's rows and advance the index past pos (True);
+            False leaves the cache as it was; an int n stores the first n rows
+            and advances the index by n.
         Returns:
           [B, L, N, K] attention output.
         """
         size, l = self.cached_key.shape[1], pos.shape[0]
-        first = pos[0]
-        row0 = first % size
-        keys = jax.lax.dynamic_update_slice(self.cached_key[...], k, (0, row0, 0, 0))  # (B, S, N, K)
-        values = jax.lax.dynamic_update_slice(self.cached_value[...], v, (0, row0, 0, 0))  # (B, S, N, K)
-        if commit:
-            self.cached_key[...] = keys
-            self.cached_value[...] = values
-            self.cache_index[...] = pos[-1] + 1
-        rows = jnp.arange(size)
-        new = (rows >= row0) & (rows < row0 + l)  # (S,) rows of this chunk
-        held = jnp.where(new, first + rows - row0, -1)  # (S,) position in each new row
+        if l > size:
+            raise ValueError(f"a decoded chunk of {l} positions exceeds the cache's {size} rows "
+                             f"(a window of {size - self.block_size} and one unit of {self.block_size})")
         unit = self.block_size
-        seen = held[None, :] // unit <= pos[:, None] // unit  # (L, S) within the chunk
-        visible = jnp.where(new[None, :], seen, (rows < jnp.minimum(first, size))[None, :])  # older rows: all
+        window = size - unit
+        rows_new = pos % size  # (L,) the chunk's rows (a chunk may wrap around the ring's end)
+        keys = self.cached_key[...].at[:, rows_new].set(k)  # (B, S, N, K)
+        values = self.cached_value[...].at[:, rows_new].set(v)  # (B, S, N, K)
+        keep = l if commit is True else int(commit)
+        if keep == l:
+            self.cached_key[...], self.cached_value[...] = keys, values
+        elif keep:
+            self.cached_key[...] = self.cached_key[...].at[:, rows_new[:keep]].set(k[:, :keep])
+            self.cached_value[...] = self.cached_value[...].at[:, rows_new[:keep]].set(v[:, :keep])
+        if keep:
+            self.cache_index[...] = pos[keep - 1] + 1
+        last = pos[-1]
+        held = last - (last - jnp.arange(size)) % size  # (S,) the position in each row; < 0: never written
+        own = pos // unit  # (L,)
+        visible = ((held[None, :] >= 0) & (held[None, :] // unit <= own[:, None])
+                   & (held[None, :] >= (own[:, None] + 1) * unit - window))  # (L, S)
         return jax.nn.dot_product_attention(q, keys, values, mask=visible[None, None])  # (B, L, N, K)
 
 
@@ -632,18 +648,19 @@ class DDiT(nnx.Module):
                                        rngs=rngs)
 
     def init_cache(self, batch: int, max_len: int | None = None) -> None:
-        """Empty decoding caches of S = max_len (default the model's) positions in every block."""
+        """Empty decoding caches of a window of max_len (default the model's) positions in every block."""
         for block in self.blocks:
             block.init_cache(batch, max_len or self.max_len)
 
-    def _check_inputs(self, x: Array, sigma: Array | None, positions) -> None:
-        """Trace-time checks of static shapes (values cannot be checked under jit)."""
+    def _check_inputs(self, x: Array, sigma: Array | None, positions, decode: bool = False) -> None:
+        """Trace-time checks of static shapes (values cannot be checked under jit); a decoded chunk's
+        length is checked against its cache (``DDiTBlock._attend_cache``)."""
         if x.ndim != 2:
             raise ValueError(f"x must be 2-D int[B, L]; got shape {x.shape}.")
         if not jnp.issubdtype(x.dtype, jnp.integer):
             raise ValueError(f"x must hold integer token ids; got dtype {x.dtype}.")
         b, l = x.shape
-        if positions is None and l > self.max_len:
+        if positions is None and not decode and l > self.max_len:
             raise ValueError(f"sequence length L={l} exceeds max_len={self.max_len}.")
         if positions is not None and jnp.shape(positions) != (l,):
             raise ValueError(f"positions must have shape [L] = ({l},); got shape {jnp.shape(positions)}.")
@@ -668,7 +685,7 @@ class DDiT(nnx.Module):
         mask: Array | None = None,
         keep: int | None = None,
         decode: bool = False,
-        commit: bool = True,
+        commit: bool | int = True,
         deterministic: bool | None = None,
         rngs: nnx.Rngs | Array | None = None,
     ) -> Array:
@@ -690,7 +707,8 @@ class DDiT(nnx.Module):
           decode: run x as the positions from the caches' index on, against the
             caches of `init_cache` (causal and block models only); see DDiTBlock.
           commit: with decode, keep x's keys and values in the caches (False:
-            score x against them and leave them as they were).
+            score x against them and leave them as they were; an int n: keep
+            the first n positions').
           deterministic: disable dropout; None follows the module's train/eval
             mode (eval for a fresh model).
           rngs: dropout keys: an nnx.Rngs or a jax key; None uses the stream given
@@ -714,7 +732,7 @@ class DDiT(nnx.Module):
         positions: Array | None = None,
         mask: Array | None = None,
         decode: bool = False,
-        commit: bool = True,
+        commit: bool | int = True,
         deterministic: bool | None = None,
         rngs: nnx.Rngs | Array | None = None,
     ) -> tuple[Array, Array]:
@@ -729,7 +747,7 @@ class DDiT(nnx.Module):
         Returns:
           (float32[B, L, H], float32[B, C] or float32[B, G, C]).
         """
-        self._check_inputs(x, sigma, positions)
+        self._check_inputs(x, sigma, positions, decode)
         if rngs is not None and not isinstance(rngs, nnx.Rngs):
             # One key for all layers would give every dropout the same mask; an Rngs
             # hands each call its own fold of the key.

@@ -151,11 +151,30 @@ class Context:
         absorbing score of RADD, Ou et al. 2024, Thm. 1: p(x0 | unmasked)
         / (e^sigma - 1); a model trained with model.time_conditioning=False).
 
+        With a ``prime`` in the carry, (x', sigma', log-score) computed by the
+        caller (``sedd.block`` scores a block's start state in the call that
+        commits the block before it), a call at exactly x' and sigma' (every
+        row, over the mapped batch too) takes that log-score and is not counted.
+
         Returns:
           (float32[B, L, D] log-score, carry with nfe (int32[]) and nfe_row (int32[B]) updated).
         """
         x = carry["x"]
         sigma = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32), x.shape[:1])  # (B,)
+        if carry.get("prime") is None:
+            return self._evaluate(carry, x, sigma)
+        prime_x, prime_sigma, prime_score = carry["prime"]
+        hit = ~self.any(jnp.any(x != prime_x, axis=-1) | (sigma != prime_sigma))  # ()
+
+        def primed(carry):
+            if self.cache:
+                carry = dict(carry, cache=(x, prime_score + log_expm1(sigma)[:, None, None]))
+            return prime_score.astype(jnp.float32), carry
+
+        return jax.lax.cond(hit, primed, lambda carry: self._evaluate(carry, x, sigma), carry)
+
+    def _evaluate(self, carry: dict, x: jax.Array, sigma: jax.Array) -> tuple[jax.Array, dict]:
+        """``evaluate`` without a prime: sigma float[B]."""
         need = self.pending(x)  # (B,)
         if self.cache:
             cached_x, cached = carry["cache"]
@@ -745,10 +764,10 @@ def _denoise(ctx, key, carry, sigma, final):
     return dict(carry, x=sample_categorical(key, probs, ctx.categorical))
 
 
-def _start(ctx: Context, sampler: Sampler, x: jax.Array, times: jax.Array) -> dict:
-    """The loop's carry at its start: the state x, the NFE counters, the sampler's state and the cache."""
+def _start(ctx: Context, sampler: Sampler, x: jax.Array, times: jax.Array, prime=None) -> dict:
+    """The loop's carry at its start: the state x, the NFE counters, the sampler's state, the cache, the prime."""
     carry = {"x": x, "nfe": jnp.int32(0), "nfe_row": jnp.zeros(x.shape[:1], jnp.int32),
-             "state": sampler.init(ctx, x, times), "cache": None}
+             "state": sampler.init(ctx, x, times), "cache": None, "prime": prime}
     if ctx.cache:
         carry["cache"] = (jnp.full(x.shape, -1, jnp.int32), jnp.zeros(x.shape + (ctx.graph.dim,), jnp.float32))
     return carry
@@ -756,11 +775,13 @@ def _start(ctx: Context, sampler: Sampler, x: jax.Array, times: jax.Array) -> di
 
 @functools.partial(jax.jit, static_argnames=("score_fn", "graph", "noise", "shape", "sampler", "denoise", "options"))
 def _sample_loop(key, times, fixed_mask, fixed_tokens, score_params, *, score_fn, graph, noise, shape, sampler,
-                 denoise, options):
+                 denoise, options, prime=None):
     """The whole sampler as one compiled program (see ``sample``); returns (x, trajectory or None, stats).
 
     jit caches one executable per value of the static arguments; key, times,
-    conditioning and score_params are traced.
+    conditioning, score_params and prime are traced. prime: None, or
+    (x' int32[B, L], sigma' float32[B], log-score float32[B, L, D]) the score
+    at one state, computed by the caller (``Context.evaluate``).
     """
     steps = times.shape[0] - 1
     if score_params is not None:
@@ -774,7 +795,7 @@ def _sample_loop(key, times, fixed_mask, fixed_tokens, score_params, *, score_fn
 
     k_limit, k_steps, k_final = jax.random.split(key, 3)
     x = clamp(graph.sample_limit(k_limit, shape).astype(jnp.int32))  # (B, L)
-    carry = _start(ctx, sampler, x, times)
+    carry = _start(ctx, sampler, x, times, prime)
     traj = None
     if options.return_trajectory:
         traj = jnp.zeros((steps // every + 1, *shape), jnp.int32).at[0].set(x)  # (S, B, L)

@@ -22,7 +22,7 @@ from sedd import block, evaluate, graphs, kinds, sampling
 from sedd import config as config_lib
 from sedd import noise as noise_lib
 from sedd.graphs import log_expm1
-from sedd.model import DDiT
+from sedd.model import DDiT, block_diffusion_mask
 
 V, L = 3, 4
 GRAPH = graphs.Absorbing(V)
@@ -201,6 +201,67 @@ def test_kv_cache_gives_the_uncached_scores_and_samples(time_conditioning, predi
     draws = [block.sample(jax.random.key(5), s, state, GRAPH, noise, (4, length), b, 4, predictor).tokens
              for s in (cached, uncached)]
     np.testing.assert_array_equal(*draws)
+
+
+def _windowed_log_score(model, x_t, x0, sigma, b, window):
+    """block.log_score with the sliding window of a ring cache: a query in the block starting at s sees the
+    positions >= s + b - window only (on both halves), so every clean block's keys are those it was committed
+    with, as far back as its own window reached."""
+    batch, length = x_t.shape
+    pos = np.arange(length)
+    band = pos[None, :] >= (pos[:, None] // b + 1) * b - window  # (T, T) by position
+    mask = block_diffusion_mask(length, b) & np.tile(band, (2, 2))
+    blocks = length // b
+    groups = jnp.concatenate([jnp.broadcast_to(sigma[:, None], (batch, blocks)), jnp.zeros((batch, blocks))], 1)
+    out = model.network_output(jnp.concatenate([x_t, x0], axis=1), groups, positions=np.concatenate([pos, pos]),
+                               mask=mask, keep=length)
+    return model.log_score(out, x_t, sigma)
+
+
+def test_the_cache_past_its_window_is_the_windowed_forward():
+    """3 L tokens through the ring: each block's score, alone or in the call that commits the block before it,
+    is the training forward's with every query limited to the L - b positions before its block."""
+    length, b = 8, 2
+    model = _network(b, length)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    state = (params, rest)
+    scorer = block.network_scorer(graphdef, length)
+    rng = np.random.default_rng(1)
+    total = 3 * length
+    text = jnp.asarray(rng.integers(0, V, (3, total)), jnp.int32)
+    ctx = fused_ctx = scorer.init(state, 3)
+    for start in range(0, total, b):
+        x = jnp.where(rng.random((3, b)) < 0.5, MASK, text[:, start:start + b])
+        sigma = jnp.asarray(rng.uniform(0.1, 3.0, 3), jnp.float32)
+        x_t = jnp.full_like(text, MASK).at[:, start:start + b].set(x)
+        want = np.asarray(_windowed_log_score(model, x_t, text, sigma, b, length)[:, start:start + b])
+        np.testing.assert_allclose(np.asarray(scorer.score(state, ctx, x, sigma)), want, atol=2e-5, rtol=1e-5)
+        if start:
+            fused_ctx, fused = scorer.commit_score(state, fused_ctx, text[:, start - b:start], x, sigma)
+            np.testing.assert_allclose(np.asarray(fused), want, atol=2e-5, rtol=1e-5)
+            assert int(fused_ctx[2]) == start  # the clean block kept, the scored one not
+        ctx = scorer.commit(state, ctx, text[:, start:start + b])
+    with pytest.raises(ValueError, match="exceeds the cache's 10 rows"):
+        scorer.score(state, ctx, text[:, :11], jnp.ones((3,)))
+
+
+@pytest.mark.parametrize("predictor", ["entropy_bound", "analytic", "confidence"])
+def test_a_blocks_commit_and_its_first_score_are_one_call(predictor):
+    """With commit_score each block's first sampler call comes with its predecessor's commit: the same draws as
+    committing and scoring apart (past the window too), with one call fewer a block after the first."""
+    length, b = 8, 2
+    model = _network(b, length)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    fused = block.network_scorer(graphdef, length)
+    apart = block.Scorer(fused.init, fused.score, fused.commit)  # no commit_score
+    noise = noise_lib.LogLinear(1e-3)
+    outs = [block.sample(jax.random.key(3), s, (params, rest), GRAPH, noise, (3, 2 * length + 2), b, 2, predictor,
+                         return_stats=True) for s in (fused, apart)]
+    np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
+    blocks = (2 * length + 2) // b
+    assert int(outs[0].stats["nfe"]) == int(outs[1].stats["nfe"]) - (blocks - 1)
+    np.testing.assert_array_equal(np.asarray(outs[0].stats["nfe_per_sample"]),
+                                  np.asarray(outs[1].stats["nfe_per_sample"]) - (blocks - 1))
 
 
 def test_b_equal_l_is_sedds_sampler():
