@@ -204,10 +204,10 @@ def test_texts_nll_is_the_chains_exact_nll_of_the_letters():
     nll, se, scored = study.texts_nll(words, chain)
     assert nll == pytest.approx(-chain.log_prob(ids).sum() / ids.size, rel=1e-12) and scored == 1 and se > 0
     # A text of two documents is its two pieces, each paying its first k letters' stationary law.
-    joined = [words[0] + EOS_TEXT + words[1]]
+    joined = [words[0] + EOS_TEXT + words[1], words[2]]
     nll2, _, scored2 = study.texts_nll(joined, chain)
-    assert nll2 == pytest.approx(-chain.log_prob(ids[:2]).sum() / 80, rel=1e-12)
-    assert scored2 == pytest.approx(80 / len(joined[0].replace(EOS_TEXT, "\n")))
+    assert nll2 == pytest.approx(-chain.log_prob(ids[:3]).sum() / 120, rel=1e-12)
+    assert scored2 == pytest.approx(120 / (len(joined[0].replace(EOS_TEXT, "\n")) + 40))
 
 
 def test_reveal_profile_of_the_chains_own_law_pays_no_excess():
