@@ -188,21 +188,19 @@ def network_scorer(graphdef, window: int) -> Scorer:
     half of the training forward computes (tests/test_block.py).
     """
 
-    def init(state, batch):
-        model = nnx.merge(graphdef, *state)
-        layer = model.blocks[0]
-        shape = (batch, window + layer.block_size, layer.n_heads, layer.head_dim)
-        zeros = tuple(jnp.zeros(shape, layer.dtype) for _ in model.blocks)
-        return zeros, zeros, jnp.int32(0)
-
-    def score(state, ctx, x, sigma):
-        model = _with_cache(nnx.merge(graphdef, *state), ctx)
-        return model(x, sigma, decode=True, commit=False, deterministic=True)
-
     def context(model):
         layers = model.blocks
         return (tuple(m.cached_key[...] for m in layers), tuple(m.cached_value[...] for m in layers),
                 layers[0].cache_index[...])
+
+    def init(state, batch):
+        model = nnx.merge(graphdef, *state)
+        model.init_cache(batch, window)  # the model's own ring: window + b rows
+        return context(model)
+
+    def score(state, ctx, x, sigma):
+        model = _with_cache(nnx.merge(graphdef, *state), ctx)
+        return model(x, sigma, decode=True, commit=False, deterministic=True)
 
     def commit(state, ctx, x):
         model = _with_cache(nnx.merge(graphdef, *state), ctx)
