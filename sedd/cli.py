@@ -286,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _show_warning
     if args.command == "convert":
         return convert.main(rest)
+    if not sharding.accelerator_installed():  # before JAX's CPU backend starts its threads
+        sharding.keep_freed_memory()
     if args.command == "serve":
         try:
             from sedd import serve  # optional dependency: Starlette and uvicorn come with sedd-jax[serve]

@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import re
+import resource
 import statistics
 import sys
 import tempfile
@@ -853,6 +854,13 @@ def run_profile(quick: bool, args, config=None) -> dict:
     kinds_of = _op_kinds(compiled.as_text())
     cost = compiled.cost_analysis()
     flops = (cost[0] if isinstance(cost, list) else cost or {}).get("flops", float("nan"))  # one device's program (SPMD)
+    usage, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    for _ in range(steps):  # untraced: the step's own time, and what the kernel took of it
+        state, m = trainer.train_step(state, batch)
+    jax.block_until_ready(m)
+    plain_ms, after = (time.perf_counter() - t0) / steps * 1e3, resource.getrusage(resource.RUSAGE_SELF)
+    kernel_ms = (after.ru_stime - usage.ru_stime) / steps * 1e3
+    faults = (after.ru_minflt - usage.ru_minflt) / steps
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
         with jax.profiler.trace(d):
@@ -881,10 +889,13 @@ def run_profile(quick: bool, args, config=None) -> dict:
     rows = [[k, f"{v:.1f}", f"{100 * v / busy:.0f}%"] for k, v in sorted(totals.items(), key=lambda kv: -kv[1])]
     table = format_table(["op kind", "ms a step, a thread", "share"], rows)
     table += (f"\n{jax.device_count()} device(s), {len(per_thread)} compute threads; "
-              f"a step took {step_ms:.0f} ms while traced; XLA counts {flops / 1e9:.1f} GFLOP a step a device")
+              f"a step took {step_ms:.0f} ms while traced; XLA counts {flops / 1e9:.1f} GFLOP a step a device"
+              f"\nuntraced: {plain_ms:.0f} ms a step, {kernel_ms:.0f} ms of it in the kernel, {faults:,.0f} page faults "
+              f"a step (freed memory {'kept' if KEPT_MEMORY else 'returned'}: sharding.keep_freed_memory)")
     return {"benchmark": "profile", "config": c.model.to_dict(), "table": table,
             "results": [{"step_ms_traced": step_ms, "ms_per_step_per_thread": totals, "threads": len(per_thread),
-                         "flops_per_step": flops}]}
+                         "flops_per_step": flops, "step_ms": plain_ms, "kernel_ms_per_step": kernel_ms,
+                         "page_faults_per_step": faults, "freed_memory_kept": KEPT_MEMORY}]}
 
 
 def format_table(header: list, rows: list[list]) -> str:
@@ -895,6 +906,9 @@ def format_table(header: list, rows: list[list]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
+
+KEPT_MEMORY = False
+"""Whether this process kept freed memory (`sharding.keep_freed_memory`, run as a script)."""
 
 RUNNERS = {"train": run_train, "sampler": run_sampler, "ar": run_ar, "block": run_block, "memory": run_memory,
            "rng": run_rng, "optimizer": run_optimizer, "profile": run_profile}
@@ -993,4 +1007,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if not sharding.accelerator_installed():  # as `sedd train` does, before JAX's CPU backend starts
+        KEPT_MEMORY = sharding.keep_freed_memory()
     sys.exit(main())

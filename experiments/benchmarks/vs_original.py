@@ -123,7 +123,9 @@ class Ours:
 
         self.jax, self.np, self.sampling, self.args = jax, np, sampling, args
         self.config = config = ours_config(args)
-        sharding.split_cpu(config)  # as `sedd train` does, before anything touches a device
+        if not sharding.accelerator_installed():  # as `sedd train` does, before anything touches a device
+            sharding.keep_freed_memory()
+        sharding.split_cpu(config)
         self.devices = jax.device_count()
         self.dtype = kernels.compute_dtype(config.model.dtype).name
         self.trainer = Trainer(config)
