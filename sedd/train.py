@@ -43,6 +43,7 @@ from sedd.data.tokenizers import EOS_TEXT
 UNREADABLE = "checkpoints_unreadable"  # where a resumed run moves checkpoints it cannot read (kept, never deleted)
 BOUND_NUM_T = 64  # t-grid points of the bound reported at the end of a run, as `sedd eval` takes by default
 PACE_STEPS = 10  # plain steps timed, after the first (which compiles), for the steps/s and ETA line
+PACE_SETTLE = 4  # plain steps let run before they are timed: the first runs still grow the heap
 
 # =========================================================================== optimizer
 
@@ -411,23 +412,29 @@ class Pace:
 
     The first step of a run includes compilation, so a rate counted from the
     start (tqdm's) gives an ETA far too long at first. The timed window opens
-    after the first step and again after any step that also evaluated, sampled
-    or saved, and closes `window` plain steps later. The device is waited on
-    at the window's two ends only, so the steps run as they do untimed.
+    `settle` plain steps after the first step, and again after any step that
+    also evaluated, sampled or saved, and closes `window` plain steps later
+    (the first runs after a compilation still fault fresh memory in while the
+    heap grows to its size, `sedd.sharding.keep_freed_memory`). The device is
+    waited on at the window's two ends only, so the steps run as they do
+    untimed.
     """
 
-    def __init__(self, n_iters: int, window: int = PACE_STEPS, active: bool = True):
-        self.n_iters, self.window = n_iters, window
+    def __init__(self, n_iters: int, window: int = PACE_STEPS, active: bool = True, settle: int = PACE_SETTLE):
+        self.n_iters, self.window, self.settle = n_iters, window, settle
         self.done = not active
+        self.opens_after = None  # the step after which the window opens
         self.opened = None  # (step, seconds) at which the window opened
 
     def update(self, step: int, state: dict, busy: bool) -> str | None:
         """After `step`, which compiled, evaluated, sampled or saved if `busy`; the line when the window closes."""
         if self.done:
             return None
-        if busy or self.opened is None:
-            self.done = step + self.window > self.n_iters  # too few steps left to time
-            if not self.done:
+        if busy or self.opens_after is None:
+            self.opens_after, self.opened = step + self.settle, None
+            self.done = self.opens_after + self.window >= self.n_iters  # no step left to time and predict
+        if self.opened is None:
+            if step >= self.opens_after and not self.done:
                 jax.block_until_ready(state["step"])
                 self.opened = (step, time.perf_counter())
             return None

@@ -198,14 +198,14 @@ def test_train_names_its_dtype_times_its_steps_and_marks_its_samples(data_dir, t
     """`sedd train` says which dtype "auto" chose and why, then its steps/s and ETA once compiled; its
     samples are marked as `sedd sample` marks them."""
     args = ["train", "--config", "tiny", "--workdir", str(tmp_path / "run"), f"--config.data.data_dir={data_dir}",
-            "--config.model.dtype=auto", "--config.training.n_iters=13", "--config.training.eval_every=100",
+            "--config.model.dtype=auto", "--config.training.n_iters=17", "--config.training.eval_every=100",
             "--config.training.ckpt_every=100"]
     assert cli.main(args) == 0
     lines = capsys.readouterr().out.splitlines()
     assert train_lib.dtype_line("auto") in lines, lines
     speed = [line for line in lines if line.startswith("speed: ")]
     assert len(speed) == 1, lines
-    rate = re.fullmatch(r"speed: (\S+) steps/s \(steps 2-11, compilation excluded\); the 2 steps left take about "
+    rate = re.fullmatch(r"speed: (\S+) steps/s \(steps 6-15, compilation excluded\); the 2 steps left take about "
                         r"\d+ s, evaluations and the final bound not counted", speed[0])
     assert rate and float(rate[1]) > 0, speed
     assert lines.index(speed[0]) < lines.index("--- sample 0")
@@ -225,11 +225,19 @@ def test_dtype_line_says_what_auto_chose_and_why(monkeypatch):
 
 def test_pace_times_plain_steps_only():
     state = {"step": jnp.zeros((), jnp.int32)}
-    pace = train_lib.Pace(n_iters=30, window=3)
+    pace = train_lib.Pace(n_iters=30, window=3, settle=0)
     said = {s: pace.update(s, state, busy=s in (1, 4)) for s in range(1, 31)}  # 1 compiles, 4 evaluates
     assert [s for s, line in said.items() if line] == [7], said
     assert said[7].startswith("speed: ") and "(steps 5-7, compilation excluded); the 23 steps left" in said[7]
-    assert not any(train_lib.Pace(n_iters=5, window=10).update(s, state, busy=s == 1) for s in range(1, 6))
+    pace = train_lib.Pace(n_iters=30, window=3, settle=2)  # the window opens 2 plain steps after a busy one
+    said = {s: pace.update(s, state, busy=s in (1, 4)) for s in range(1, 31)}
+    assert [s for s, line in said.items() if line] == [9], said
+    assert "(steps 7-9, compilation excluded); the 21 steps left" in said[9]
+    for n_iters, lines in ((8, []), (9, [8])):  # the window is steps 6-8: a line only where steps are left after it
+        pace = train_lib.Pace(n_iters=n_iters, window=3, settle=4)
+        assert [s for s in range(1, n_iters + 1) if pace.update(s, state, busy=s == 1)] == lines
+    pace = train_lib.Pace(n_iters=5, window=10)
+    assert not any([pace.update(s, state, busy=s == 1) for s in range(1, 6)])
     assert train_lib.Pace(30, active=False).update(1, state, busy=True) is None
     assert [train_lib.format_duration(s) for s in (42.4, 785, 7620)] == ["42 s", "13 min 5 s", "2 h 7 min"]
 
