@@ -38,8 +38,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
+import importlib.metadata
+import importlib.util
 import math
 import os
+import platform
 from typing import Any, Iterable, Sequence
 
 import jax
@@ -407,9 +411,6 @@ def keep_freed_memory() -> bool:
     on a C library other than glibc, or where the environment sets
     ``SEDD_PLAIN_MALLOC`` (to keep glibc's defaults: memory handed back).
     """
-    import ctypes
-    import platform
-
     if os.environ.get("SEDD_PLAIN_MALLOC") or platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
@@ -421,9 +422,6 @@ def keep_freed_memory() -> bool:
 
 def accelerator_installed() -> bool:
     """Whether JAX may find an accelerator (a PJRT plugin, libtpu), told without starting a backend."""
-    import importlib.metadata
-    import importlib.util
-
     platforms = (os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or "").lower()
     if platforms and all(p.strip() == "cpu" for p in platforms.split(",")):
         return False
