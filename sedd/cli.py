@@ -286,8 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _show_warning
     if args.command == "convert":
         return convert.main(rest)
-    if not sharding.accelerator_installed():  # before JAX's CPU backend starts its threads
-        sharding.keep_freed_memory()
+    sharding.keep_freed_memory()  # before JAX's CPU backend starts its threads
     if args.command == "serve":
         try:
             from sedd import serve  # optional dependency: Starlette and uvicorn come with sedd-jax[serve]

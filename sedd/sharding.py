@@ -407,11 +407,13 @@ def keep_freed_memory() -> bool:
     Only a process that computes on the CPU gains, and only a call made
     before JAX's CPU backend starts (a thread keeps the arena it first
     allocated from): `sedd train`, `eval`, `sample` and `serve` call it
-    first, where no accelerator plugin is installed. A no-op returning False
-    on a C library other than glibc, or where the environment sets
-    ``SEDD_PLAIN_MALLOC`` (to keep glibc's defaults: memory handed back).
+    first. A no-op returning False where an accelerator plugin is installed
+    (`accelerator_installed`), on a C library other than glibc, or where the
+    environment sets ``SEDD_PLAIN_MALLOC`` (to keep glibc's defaults: memory
+    handed back).
     """
-    if os.environ.get("SEDD_PLAIN_MALLOC") or platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if (os.environ.get("SEDD_PLAIN_MALLOC") or platform.system() != "Linux" or platform.libc_ver()[0] != "glibc"
+            or accelerator_installed()):
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")

@@ -1007,6 +1007,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if not sharding.accelerator_installed():  # as `sedd train` does, before JAX's CPU backend starts
-        KEPT_MEMORY = sharding.keep_freed_memory()
+    KEPT_MEMORY = sharding.keep_freed_memory()  # as `sedd train` does, before JAX's CPU backend starts
     sys.exit(main())
