@@ -56,16 +56,17 @@ from sedd import figures, runs  # noqa: E402
 from sedd.data.markov import MarkovChain  # noqa: E402
 from sedd.data.tokenizers import EOS_TEXT  # noqa: E402
 
-PREVIOUS = ["--config.optim.optimizer=adamw", "--config.model.n_heads=4", "--config.training.ema=0.995"]
+SCORE = ["--config.model.normalize=False", "--config.training.n_iters=2000"]  # the default before SUBS
+PREVIOUS = [*SCORE, "--config.optim.optimizer=adamw", "--config.model.n_heads=4", "--config.training.ema=0.995"]
 CANDIDATES = {
-    "default": [],  # the shipped default (Muon x 4, 8 heads, EMA 0.98, adaln_lr_scale 0.1, t_power 0.5, EB sampler)
+    "default": [],  # the shipped default (SUBS, Muon x 4, 8 heads, EMA 0.98, adaln_lr_scale 0.1, t_power 0.5, EB sampler)
+    "score": SCORE,  # the default before SUBS: SEDD's unnormalized score output, 2,000 steps
     "adamw": PREVIOUS,  # the default before optim.optimizer: AdamW everywhere, 4 heads, EMA 0.995
     "uniform_t": [*PREVIOUS, "--config.training.t_power=0.0"],  # and SEDD's uniform t
     "sedd_adamw": [*PREVIOUS, "--config.optim.adaln_lr_scale=1.0",
                    "--config.training.t_power=0.0"],  # the original's AdamW and t
     "analytic": ["--config.sampling.predictor=analytic"],  # the default's training, SEDD's Tweedie sampler
     "radd": ["--config.model.time_conditioning=False"],  # RADD's time-independent network
-    "subs": ["--config.model.normalize=True"],  # MDLM's SUBS: a normalized p(x0 | x_t)
     "ar": ["--config.model.kind=ar"],  # the causal baseline of the same size
     # block diffusion (docs/block_diffusion.md): SEDD inside blocks of b letters, AR across them
     "block16": ["--config.model.kind=block", "--config.model.block_size=16"],

@@ -859,6 +859,7 @@ def config_from_original(orig: Mapping, tokenizer_path: str = "", dtype: str = "
     c.model.mlp_ratio = 4  # fixed in the original's DDiTBlock
     c.model.dropout = _field(model, "model", "dropout", float)
     c.model.scale_by_sigma = scale_by_sigma
+    c.model.normalize = False  # the original's score output
     c.model.dtype = dtype
     c.model.vocab_multiple = 1  # the original's tables, unpadded
     c.graph.type = _GRAPHS[graph_type]

@@ -247,7 +247,8 @@ class Diffusion(Kind):
                 "model.normalize=True needs graph.type='absorbing' with model.scale_by_sigma=True, or "
                 f"graph.type='uniform' (got graph.type={g.type!r}, scale_by_sigma={m.scale_by_sigma}): the "
                 "normalized output is p(x0 | x_t), turned into the absorbing score by the factor "
-                "1 / (e^sigma - 1) (MDLM's SUBS) or into the uniform one by the forward kernel (DUO)")
+                "1 / (e^sigma - 1) (MDLM's SUBS) or into the uniform one by the forward kernel (DUO); "
+                "--config.model.normalize=False gives SEDD's unnormalized score, which needs neither")
         dim = self.graph.dim
         return _network(self.config, seed, num_tokens=dim, out_dim=dim, scale_by_sigma=absorbing_scaled,
                         causal=False, time_conditioning=m.time_conditioning, normalize=m.normalize, **arch)

@@ -54,9 +54,9 @@ def _assert_same(a, b, rtol=1e-5):
 
 
 FORMS = {
-    "absorbing": [],
-    "absorbing_unscaled": ["--config.model.scale_by_sigma=False"],
-    "uniform": ["--config.graph.type=uniform", "--config.model.scale_by_sigma=False"],
+    "absorbing": ["--config.model.normalize=False"],
+    "absorbing_unscaled": ["--config.model.scale_by_sigma=False", "--config.model.normalize=False"],
+    "uniform": ["--config.graph.type=uniform", "--config.model.scale_by_sigma=False", "--config.model.normalize=False"],
     "subs": ["--config.model.normalize=True"],
     "time_independent": ["--config.model.time_conditioning=False"],
     "ar": ["--config.model.kind=ar"],

@@ -185,7 +185,7 @@ def ours_config(args):
     c.vocab_size = args.vocab
     c.seed = args.seed
     c.model.update(hidden_size=args.hidden, n_blocks=args.blocks, n_heads=args.heads, cond_dim=args.cond_dim,
-                   dropout=args.dropout, dtype=args.dtype, scale_by_sigma=True)
+                   dropout=args.dropout, dtype=args.dtype, scale_by_sigma=True, normalize=False)
     c.graph.type, c.noise.type = "absorbing", "loglinear"
     c.data.seq_len = args.length
     c.training.batch_size = args.batch

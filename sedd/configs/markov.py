@@ -36,6 +36,7 @@ def get_config():
     c.optim.optimizer = "adamw"  # plain AdamW, as docs/evaluation.md's and the README's figures were measured
     c.optim.adaln_lr_scale = 1.0
     c.training.t_power = 0.0  # uniform t, as those figures were measured
+    c.model.normalize = False  # SEDD's score output, as those figures were measured
     c.optim.warmup = 100
     c.sampling.steps = 32
     c.sampling.predictor = "analytic"  # as the figures of docs/sampling.md and the README were drawn

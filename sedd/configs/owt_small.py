@@ -39,6 +39,7 @@ def get_config():
     c.optim.optimizer = "adamw"  # the original's plain AdamW
     c.optim.adaln_lr_scale = 1.0
     c.training.t_power = 0.0  # the original's uniform t
+    c.model.normalize = False  # the original's score output
     c.optim.warmup = 2500
     c.optim.schedule = "constant"
     c.sampling.steps = 1024

@@ -31,6 +31,7 @@ def get_config():
     c.optim.warmup = 2500
     c.optim.schedule = "constant"
     c.optim.optimizer = "adamw"  # as SEDD's and MD4's text8 runs (Muon is measured on the CPU default only)
+    c.model.normalize = False  # SEDD's score output, as its text8 runs
     c.sampling.steps = 256
     c.sampling.predictor = "analytic"  # SEDD's Tweedie sampler, as the field's text8 samples
     return c
