@@ -237,5 +237,6 @@ def test_time_independent_model_scores_sigma_only_through_the_analytic_factor():
     kinds.build_model(config)  # the uniform graph's x0 output (DUO)
     config.graph.type, config.model.scale_by_sigma = "absorbing", False
     with pytest.raises(ValueError, match="model.normalize=True needs graph.type='absorbing' with "
-                                         "model.scale_by_sigma=True, or graph.type='uniform'"):
+                                         "model.scale_by_sigma=True, or graph.type='uniform'") as refused:
         kinds.build_model(config)
+    assert "--config.model.normalize=False gives SEDD's unnormalized score" in str(refused.value)
