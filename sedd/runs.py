@@ -282,9 +282,7 @@ def restore(manager: ocp.CheckpointManager, target: dict, step: int | None = Non
                                   partial_restore=True)
     try:
         state = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
-        finite = all(bool(jnp.isfinite(x).all()) for x in jax.tree.leaves(state)
-                     if jnp.issubdtype(x.dtype, jnp.floating))
-        if not finite:
+        if not bool(_all_finite([x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)])):
             raise ValueError("it holds non-finite values, which training never saves")
         return state
     except Exception as e:  # orbax raises many types for unreadable or mismatched files
@@ -294,6 +292,12 @@ def restore(manager: ocp.CheckpointManager, target: dict, step: int | None = Non
             "incompatible config. The run directory was left as it is; move it away or "
             "pass a new --workdir."
         ) from e
+
+
+@jax.jit
+def _all_finite(leaves: list) -> jax.Array:
+    """Whether every element of every array is finite: one program and one transfer, not two a leaf."""
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves] or [jnp.bool_(True)]))
 
 
 def restore_newest(manager: ocp.CheckpointManager, target: dict,

@@ -157,6 +157,19 @@ def test_nan_at_step_k_stops_naming_it_and_no_non_finite_state_is_saved(data_dir
     assert int(state["step"]) == 4
 
 
+@pytest.mark.parametrize("bad", [jnp.nan, -jnp.inf])
+def test_a_checkpoint_holding_a_non_finite_value_is_refused(tmp_path, bad):
+    import orbax.checkpoint as ocp
+
+    state = {"ema": {"w": jnp.ones((3, 4)).at[2, 1].set(bad), "b": jnp.zeros(4)}, "step": jnp.int32(7)}
+    manager = runs.checkpoint_manager(tmp_path, config_lib.load_config("tiny"))
+    manager.save(7, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
+    manager.wait_until_finished()
+    assert runs.restore(runs.checkpoint_manager(tmp_path), {"step": state["step"]})["step"] == 7  # only the step
+    with pytest.raises(RuntimeError, match="step 7 .* non-finite values, which training never saves"):
+        runs.restore(runs.checkpoint_manager(tmp_path), state)
+
+
 def test_resume_refuses_a_changed_config_naming_the_keys_but_allows_what_may_change(tmp_path):
     config = config_lib.load_config("tiny")
     (tmp_path / runs.CONFIG).write_text(config_lib.to_json(config))

@@ -195,17 +195,18 @@ def test_large_vocabulary_steps_keep_the_law():
     p = np.random.default_rng(2).dirichlet(np.full(v, 0.3))
     sigma, dsigma = 1.0, 0.5  # one analytic step removing half the noise
 
-    def score_fn(x, s):
-        tokens = jnp.log(jnp.asarray(p, jnp.float32)) - graphs.log_expm1(s)[:, None, None]
-        tokens = jnp.broadcast_to(tokens, x.shape + (v,))
-        return jnp.concatenate([tokens, jnp.zeros(x.shape + (1,))], -1)
+    def step(key, log_p, x):  # p and x arguments, not constants: XLA would fold the (B, L, D) scores for ~15 s
+        def score_fn(x, s):
+            tokens = jnp.broadcast_to(log_p - graphs.log_expm1(s)[:, None, None], x.shape + (v,))
+            return jnp.concatenate([tokens, jnp.zeros(x.shape + (1,))], -1)
+
+        return sampling.one_step(key, score_fn, graph, sched, x, t, t - t_next)
 
     sched = noise.LogLinear(1e-3)
     t = float(-np.expm1(-sigma) / (1 - 1e-3))  # sigma_bar(t) = sigma
     t_next = float(-np.expm1(-(sigma - dsigma)) / (1 - 1e-3))
     x = jnp.full((256, 8), graph.mask, jnp.int32)
-    out = np.asarray(jax.jit(lambda k: sampling.one_step(k, score_fn, graph, sched, x, t, t - t_next))(
-        jax.random.key(0))).ravel()
+    out = np.asarray(jax.jit(step)(jax.random.key(0), jnp.log(jnp.asarray(p, jnp.float32)), x)).ravel()
     unmask = math.expm1(dsigma) / math.expm1(sigma)  # (e^dsigma - 1) sum_y s_y
     n = out.size
     print(f"large-D analytic step: unmasked {np.mean(out != graph.mask):.4f}, exact {unmask:.4f}")
