@@ -255,23 +255,28 @@ def _draw_blocks(key, times, params, ctx, text, fixed, first, *, scorer, graph, 
         return x, jax.lax.dynamic_update_slice(text, x, (0, (first + i) * b)), traj, stats
 
     def advance(i, ctx, text, clean):
-        """One call: the clean block before block i committed, block i's start state scored (its prime)."""
+        """Block i's start. For i >= 1 one call commits the clean block before it and scores block i's start
+        state (its prime); block 0 starts against the context as it is, with no call and a prime that never
+        hits (noise -1). One sampler loop serves every block: the program compiles it once."""
+        later = i > 0
         if scorer.commit_score is None:  # the commit alone; the sampler's first step makes its own call
-            return scorer.commit(params, ctx, clean), None
+            return jax.lax.cond(later, lambda c: scorer.commit(params, c, clean), lambda c: c, ctx), None, later
         start = jnp.where(block_of(i, fixed), block_of(i, text), jnp.int32(graph.mask))  # (B, b)
-        ctx, score = scorer.commit_score(params, ctx, clean, start, sigma0)
-        return ctx, (start, sigma0, score)
+        shape = jax.eval_shape(scorer.commit_score, params, ctx, clean, start, sigma0)[1]
+        ctx, score = jax.lax.cond(later, lambda c: scorer.commit_score(params, c, clean, start, sigma0),
+                                  lambda c: (c, jnp.zeros(shape.shape, shape.dtype)), ctx)
+        return ctx, (start, jnp.where(later, sigma0, -1.0), score), later
 
     def next_block(i, ctx, text, clean):
-        """Block i >= 1 of this call: the pending block committed with its prime, then drawn; 1 + its NFE."""
-        ctx, prime = advance(i, ctx, text, clean)
+        """Block i of this call, after `clean` (block i - 1) is committed with its prime: NFE + 1 for i >= 1."""
+        ctx, prime, later = advance(i, ctx, text, clean)
         x, text, traj, stats = draw(i, ctx, text, prime)
-        return ctx, x, text, traj, stats["nfe"] + 1, stats["nfe_per_sample"] + 1
+        n = later.astype(jnp.int32)
+        return ctx, x, text, traj, stats["nfe"] + n, stats["nfe_per_sample"] + n
 
-    # Block 0 against the context as it is; every later one after the call that commits its predecessor;
-    # the last block's commit is a call of its own.
-    x, text, traj0, stats = draw(0, ctx, text, None)
-    nfe, nfe_row = stats["nfe"], stats["nfe_per_sample"]
+    # Every block after the call that commits its predecessor (block 0 against the context as it is); the
+    # last block's commit is a call of its own.
+    none_yet = jnp.zeros((rows, b), jnp.int32)  # the "clean block" before block 0: never committed
 
     if options.return_trajectory:
         def step(carry, i):
@@ -279,10 +284,9 @@ def _draw_blocks(key, times, params, ctx, text, fixed, first, *, scorer, graph, 
             ctx, x, text, traj, n, n_row = next_block(i, ctx, text, clean)
             return (ctx, text, x), (traj, n, n_row)
 
-        (ctx, text, x), (trajs, n, n_row) = jax.lax.scan(step, (ctx, text, x), jnp.arange(1, blocks))
-        trajs = jnp.concatenate([traj0[None], trajs])  # (blocks, S, B, b)
-        ctx = scorer.commit(params, ctx, x)
-        nfe, nfe_row = nfe + n.sum() + 1, nfe_row + n_row.sum(0) + 1
+        (ctx, text, x), (trajs, n, n_row) = jax.lax.scan(step, (ctx, text, none_yet), jnp.arange(blocks))
+        ctx = scorer.commit(params, ctx, x)  # trajs: (blocks, S, B, b)
+        nfe, nfe_row = n.sum() + 1, n_row.sum(0) + 1
         pos = jnp.arange(text.shape[1])
 
         def place(i, traj):  # block i's states in the whole text: (S, B, T)
@@ -302,7 +306,8 @@ def _draw_blocks(key, times, params, ctx, text, fixed, first, *, scorer, graph, 
         ctx, x, text, _, n, n_row = next_block(i, ctx, text, clean)
         return i + 1, ctx, text, x, nfe + n, nfe_row + n_row, stopped | stops(x)
 
-    carry = (jnp.int32(1), ctx, text, x, nfe, nfe_row, stops(x))
+    carry = (jnp.int32(0), ctx, text, none_yet, jnp.int32(0), jnp.zeros((rows,), jnp.int32),
+             jnp.zeros((rows,), bool))
     i, ctx, text, x, nfe, nfe_row, _ = jax.lax.while_loop(lambda c: (c[0] < blocks) & ~jnp.all(c[6]), body, carry)
     return scorer.commit(params, ctx, x), text, nfe + 1, nfe_row + 1, i, None
 

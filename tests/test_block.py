@@ -6,9 +6,9 @@ law of block i given the clean blocks before it (enumerated); with it the
 block sampler must draw P0 (any b) and the block bound must equal -log P0.
 """
 
+import contextlib
+import io
 import json
-import subprocess
-import sys
 
 import jax
 import ml_collections
@@ -361,37 +361,36 @@ def test_kind_errors():
 
 @pytest.fixture(scope="module")
 def block_run(tmp_path_factory):
-    """`sedd train --config tiny --config.model.kind=block --config.model.block_size=8` (the CLI, 20 steps)."""
+    """`sedd train --config tiny --config.model.kind=block --config.model.block_size=8` (the CLI, 20 steps).
+
+    In this process (a subprocess would import jax and compile again: the CLI in a subprocess is
+    tests/test_runs.py's)."""
+    from sedd import cli
+
     tmp = tmp_path_factory.mktemp("block_run")
-    cmd = [sys.executable, "-m", "sedd.cli", "train", "--config", "tiny", "--config.model.kind=block",
-           "--config.model.block_size=8", f"--config.data.data_dir={tmp / 'data'}", "--workdir", str(tmp / "run")]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "validation bound" in done.stdout
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["train", "--config", "tiny", "--config.model.kind=block", "--config.model.block_size=8",
+                         f"--config.data.data_dir={tmp / 'data'}", "--workdir", str(tmp / "run")])
+    assert code == 0 and "validation bound" in out.getvalue(), out.getvalue()[-3000:]
     return tmp / "run"
-
-
-def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "sedd.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd)
 
 
 def test_block_run_samples_past_its_length_and_evaluates(block_run, tmp_path, capsys):
     from sedd import cli
 
     out = tmp_path / "samples.jsonl"
-    done = _cli("sample", "--workdir", block_run, "--max_length", 256, "--prefix", "ROMEO:", "--num_samples", 2,
-                "--output", out, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert cli.main(["sample", "--workdir", str(block_run), "--max_length", "256", "--prefix", "ROMEO:",
+                     "--num_samples", "2", "--output", str(out)]) == 0, capsys.readouterr().err[-2000:]
     texts = [json.loads(line)["text"] for line in out.read_text().splitlines()]
     # 256 characters (an <|endoftext|> is 13) after the prompt, 8 times the model's length of 32
     assert len(texts) == 2 and all(t.startswith("ROMEO:") and len(t) >= 200 for t in texts), texts
     assert cli.main(["sample", "--workdir", str(block_run), "--suffix", "END"]) == 2
     assert "prefix only" in capsys.readouterr().err
-    done = _cli("eval", "--workdir", block_run, "--batch_size", 8, "--max_batches", 2, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    figures = dict((k.strip(), v) for k, v in (line.split(":", 1) for line in done.stdout.splitlines() if ":" in line))
-    assert figures["kind"].strip() == "block" and 0 < float(figures["bits_per_char"]) < 12, done.stdout
+    assert cli.main(["eval", "--workdir", str(block_run), "--batch_size", "8", "--max_batches", "2"]) == 0
+    stdout = capsys.readouterr().out
+    figures = dict((k.strip(), v) for k, v in (line.split(":", 1) for line in stdout.splitlines() if ":" in line))
+    assert figures["kind"].strip() == "block" and 0 < float(figures["bits_per_char"]) < 12, stdout
 
 
 def test_block_run_is_served_to_the_openai_client_streamed_block_by_block(block_run, monkeypatch):
