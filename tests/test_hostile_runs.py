@@ -143,8 +143,9 @@ def test_eval_follows_a_runs_data_paths_only_where_this_user_prepared_them(copy_
     assert "holds no preparation of 'text' of yours" in err and f"data.path='{secret}'" in err
     assert "--config.data.path=" in err.splitlines()[-1]
     assert not elsewhere.exists() and not (tmp_path / "mine").exists()  # nothing read, nothing written
-    # The user names the file: read it, with the caches in the user's own folder.
-    data = cli.eval_data(workdir, [f"--config.data.path={secret}"])
+    # The user names the file: read it, with the caches in the user's own folder (and a warning saying so).
+    with pytest.warns(UserWarning, match=f"data_dir '{elsewhere}' holds no preparation of 'text' of yours"):
+        data = cli.eval_data(workdir, [f"--config.data.path={secret}"])
     assert data["path"] == str(secret) and data["data_dir"] == ""
     # A received run of the default corpus: its data_dir is replaced by the user's own, with a warning.
     (workdir / runs.CONFIG).write_text(json.dumps(_set(_set(config, "data.path", ""), "data.data_dir",

@@ -389,6 +389,7 @@ pid, port, workdir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 from sedd import config as C, train as T
 cfg = C.load_config("tiny", ["--config.training.n_iters=100000", "--config.training.log_every=1",
                              "--config.training.eval_every=100000", "--config.training.ckpt_every=100000",
+                             "--config.model.n_blocks=1",  # the signal does not depend on depth: a faster compile
                              f"--config.mesh.coordinator_address=localhost:{port}",
                              "--config.mesh.num_processes=2", f"--config.mesh.process_id={pid}"])
 res = T.train(cfg, workdir, quiet=True)
