@@ -361,7 +361,8 @@ def test_kind_errors():
 
 @pytest.fixture(scope="module")
 def block_run(tmp_path_factory):
-    """`sedd train --config tiny --config.model.kind=block --config.model.block_size=8` (the CLI, 20 steps).
+    """`sedd train --config tiny --config.model.kind=block --config.model.block_size=8` of one block (the CLI, 20
+    steps).
 
     In this process (a subprocess would import jax and compile again: the CLI in a subprocess is
     tests/test_runs.py's)."""
@@ -371,6 +372,7 @@ def block_run(tmp_path_factory):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = cli.main(["train", "--config", "tiny", "--config.model.kind=block", "--config.model.block_size=8",
+                         "--config.model.n_blocks=1",  # the cache's layers: the network tests above use two
                          f"--config.data.data_dir={tmp / 'data'}", "--workdir", str(tmp / "run")])
     assert code == 0 and "validation bound" in out.getvalue(), out.getvalue()[-3000:]
     return tmp / "run"

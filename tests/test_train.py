@@ -156,7 +156,8 @@ def test_own_text_file_prompts_and_bad_checkpoints(data_dir, tmp_path, capsys):
     corpus.write_text("the cat sat on the mat. " * 400)
     workdir = tmp_path / "run"
     args = ["train", "--config", "tiny", "--workdir", str(workdir), f"--config.data.path={corpus}", f"--config.data.data_dir={data_dir}",
-            "--config.training.n_iters=4", "--config.training.ckpt_every=2"]
+            "--config.training.n_iters=4", "--config.training.ckpt_every=2",
+            "--config.model.n_blocks=1"]  # one block: a user's file and its prompts do not depend on depth
     assert cli.main(args) == 0
     assert "for the unigram law of the training data" in capsys.readouterr().out
 
@@ -199,7 +200,7 @@ def test_train_names_its_dtype_times_its_steps_and_marks_its_samples(data_dir, t
     samples are marked as `sedd sample` marks them."""
     args = ["train", "--config", "tiny", "--workdir", str(tmp_path / "run"), f"--config.data.data_dir={data_dir}",
             "--config.model.dtype=auto", "--config.training.n_iters=17", "--config.training.eval_every=100",
-            "--config.training.ckpt_every=100"]
+            "--config.training.ckpt_every=100", "--config.model.n_blocks=1"]
     assert cli.main(args) == 0
     lines = capsys.readouterr().out.splitlines()
     assert train_lib.dtype_line("auto") in lines, lines
