@@ -262,9 +262,13 @@ def _draw_blocks(key, times, params, ctx, text, fixed, first, *, scorer, graph, 
         if scorer.commit_score is None:  # the commit alone; the sampler's first step makes its own call
             return jax.lax.cond(later, lambda c: scorer.commit(params, c, clean), lambda c: c, ctx), None, later
         start = jnp.where(block_of(i, fixed), block_of(i, text), jnp.int32(graph.mask))  # (B, b)
-        shape = jax.eval_shape(scorer.commit_score, params, ctx, clean, start, sigma0)[1]
-        ctx, score = jax.lax.cond(later, lambda c: scorer.commit_score(params, c, clean, start, sigma0),
-                                  lambda c: (c, jnp.zeros(shape.shape, shape.dtype)), ctx)
+
+        def commit_score(c):  # the score in float32, as the sampler reads it
+            c, score = scorer.commit_score(params, c, clean, start, sigma0)
+            return c, score.astype(jnp.float32)
+
+        as_is = lambda c: (c, jnp.zeros((rows, b, graph.dim), jnp.float32))  # noqa: E731  (block 0)
+        ctx, score = jax.lax.cond(later, commit_score, as_is, ctx)
         return ctx, (start, jnp.where(later, sigma0, -1.0), score), later
 
     def next_block(i, ctx, text, clean):
