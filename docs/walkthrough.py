@@ -542,7 +542,7 @@ lap("trajectory")
 # the absorbing graph this is exact conditioning, because a clamped token is a
 # clean token and the score reads it as one: the free positions are drawn from
 # $p_\theta(x_{\text{free}} \mid x_{\text{fixed}})$ (Sec. 4.2, "arbitrary prompting").
-# For the uniform graph it is only an approximation (see `sedd/sampling.py`).
+# For the uniform graph it is only an approximation (see `sedd/sampling/loop.py`).
 # Here the first and last quarters come from the validation text and the
 # model fills the middle.
 

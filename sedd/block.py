@@ -57,6 +57,7 @@ from flax import nnx
 
 from sedd import losses, sampling
 from sedd.graphs import Graph
+from sedd.sampling import rows as rows_lib
 from sedd.model import DDiT, block_diffusion_mask
 
 # =========================================================================== training and the bound
@@ -221,15 +222,15 @@ def network_scorer(graphdef, window: int) -> Scorer:
 
 
 @functools.lru_cache(maxsize=None)
-def _context_score_fn(scorer: Scorer) -> Callable:
+def context_score_fn(scorer: Scorer) -> Callable:
     """``sedd.sampling``'s score_fn((params, ctx), x, sigma) of a scorer: one object per scorer (jit's cache key)."""
     return lambda params_ctx, x, sigma: scorer.score(params_ctx[0], params_ctx[1], x, sigma)
 
 
 @functools.partial(jax.jit, static_argnames=("scorer", "graph", "noise", "block_size", "sampler", "denoise",
                                              "options", "blocks", "stop_id"))
-def _draw_blocks(key, times, params, ctx, text, fixed, first, *, scorer, graph, noise, block_size, sampler,
-                 denoise, options, blocks, stop_id):
+def draw_blocks(key, times, params, ctx, text, fixed, first, shaping=None, *, scorer, graph, noise, block_size,
+                sampler, denoise, options, blocks, stop_id):
     """Blocks first .. first + blocks - 1 of `text` drawn and committed, in one program.
 
     Returns (ctx, text, nfe int32[], nfe_row int32[B], drawn int32[] blocks
@@ -238,9 +239,10 @@ def _draw_blocks(key, times, params, ctx, text, fixed, first, *, scorer, graph, 
     block's sampler in turn (the blocks before it clean, the blocks after it
     MASK), then the text; every block is drawn. Otherwise frames is None, and
     with stop_id the loop ends after the block where every row has written it.
+    shaping: None, or traced (temperature, top_p) (``sedd.sampling.run_loop``).
     """
     rows, b = text.shape[0], block_size
-    score_fn = _context_score_fn(scorer)
+    score_fn = context_score_fn(scorer)
     sigma0 = jnp.broadcast_to(noise(times[0])[0], (rows,)).astype(jnp.float32)  # a sampler's first call's noise
 
     def block_of(i, a):
@@ -248,10 +250,10 @@ def _draw_blocks(key, times, params, ctx, text, fixed, first, *, scorer, graph, 
 
     def draw(i, ctx, text, prime):
         """Block i drawn against ctx; prime: (its start state, sigma0, their score) or None."""
-        x, traj, stats = sampling._sample_loop(
+        x, traj, stats = sampling.run_loop(
             jax.random.fold_in(key, first + i), times, block_of(i, fixed), block_of(i, text), (params, ctx),
             score_fn=score_fn, graph=graph, noise=noise, shape=(rows, b), sampler=sampler, denoise=denoise,
-            options=options, prime=prime)
+            options=options, prime=prime, shaping=shaping)
         return x, jax.lax.dynamic_update_slice(text, x, (0, (first + i) * b)), traj, stats
 
     def advance(i, ctx, text, clean):
@@ -318,7 +320,7 @@ def _draw_blocks(key, times, params, ctx, text, fixed, first, *, scorer, graph, 
 
 def draw(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Callable, fixed: jax.Array,
          text: jax.Array, times: jax.Array, *, block_size: int, predictor: str, denoise: bool,
-         options: sampling.Options, stop_id: int | None = None) -> tuple:
+         options: sampling.Options, stop_id: int | None = None, shaping: tuple | None = None) -> tuple:
     """``sample``'s traced core: every block of `text` drawn from all-MASK and committed, from an empty context.
 
     For callers that are themselves traced (``sedd serve`` maps it over rows).
@@ -330,12 +332,13 @@ def draw(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Calla
       times: float[steps + 1] the sampler's time grid.
       block_size, predictor, denoise, options, stop_id: as ``sample`` (options
         checked, its time_grid unset).
+      shaping: None, or traced (temperature, top_p) (``sedd.sampling.run_loop``).
     Returns:
-      (text int32[B, T], frames as ``_draw_blocks``'s or None, nfe int32[], nfe_row int32[B], drawn int32[]).
+      (text int32[B, T], frames as ``draw_blocks``'s or None, nfe int32[], nfe_row int32[B], drawn int32[]).
     """
-    ctx, text, nfe, nfe_row, drawn, frames = _draw_blocks(
-        key, times, params, scorer.init(params, text.shape[0]), text, fixed, jnp.int32(0), scorer=scorer,
-        graph=graph, noise=noise, block_size=block_size, sampler=sampling.PREDICTORS[predictor],
+    ctx, text, nfe, nfe_row, drawn, frames = draw_blocks(
+        key, times, params, scorer.init(params, text.shape[0]), text, fixed, jnp.int32(0), shaping, scorer=scorer,
+        graph=graph, noise=noise, block_size=block_size, sampler=sampling.get_sampler(predictor),
         denoise=bool(denoise), options=options, blocks=text.shape[1] // block_size, stop_id=stop_id)
     return text, frames, nfe, nfe_row, drawn
 
@@ -392,10 +395,10 @@ def sample(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Cal
     if not graph.absorb:
         raise ValueError("block diffusion samples on the absorbing graph (each block starts all-MASK)")
     stop_id = option_values.pop("stop_id", None)
-    opts = sampling._options(options, option_values).checked(predictor, graph, bool(denoise))
-    (rows, length), steps = sampling._check_shape(shape), sampling._check_int("steps", steps, 1)
-    times = sampling._time_grid(opts.time_grid, steps, eps)
-    b = sampling._check_int("block_size", block_size, 1)
+    opts = sampling.options_from(options, option_values).checked(predictor, graph, bool(denoise))
+    (rows, length), steps = sampling.check_shape(shape), sampling.check_int("steps", steps, 1)
+    times = sampling.time_grid(opts.time_grid, steps, eps)
+    b = sampling.check_int("block_size", block_size, 1)
     if stop_id is not None and not 0 <= int(stop_id) < graph.vocab_size:
         raise ValueError(f"stop_id must be a token id in [0, {graph.vocab_size}), got {stop_id!r}")
     blocks = -(-length // b)
@@ -403,7 +406,7 @@ def sample(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Cal
     fixed = np.zeros((rows, padded), bool)
     text = jnp.zeros((rows, padded), jnp.int32)
     if fixed_mask is not None or fixed_tokens is not None:
-        mask, tokens = sampling._conditioning(fixed_mask, fixed_tokens, (rows, length), graph)
+        mask, tokens = sampling.conditioning(fixed_mask, fixed_tokens, (rows, length), graph)
         fixed[:, :length] = _prefix_lengths(mask, (rows, length))[:, None] > np.arange(length)[None, :]
         text = text.at[:, :length].set(jnp.where(mask, tokens, 0))
     text, traj, nfe, nfe_row, drawn = draw(
@@ -414,3 +417,86 @@ def sample(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Cal
         text = jnp.where(jnp.arange(padded)[None, :] < drawn * b, text, jnp.int32(stop_id))
     stats = {"nfe": nfe, "nfe_per_sample": nfe_row} if opts.return_stats else None
     return sampling.Samples(text[:, :length], None if traj is None else traj[..., :length], stats)
+
+
+# =========================================================================== serving: rows drawn alone in one program
+
+
+@functools.lru_cache(maxsize=None)
+def serving_scorer(graphdef, window: int, live: bool) -> Scorer:
+    """``network_scorer`` with params = (state, batch id): with `live` each call first hands its block to the host.
+
+    Each call (a sampler step, or the commit of the clean block) ``observe``s
+    the states of the current block of all rows, at its first position in the
+    text (the cache's next row); the host places them into the whole text
+    (``sedd.sampling.rows.Placed``). Each commit is a call of its own, so the
+    host sees every clean block before the next one starts.
+    """
+    base = network_scorer(graphdef, window)
+
+    def tell(batch_id, ctx, x):
+        if live:  # the block's first position, the same on every row
+            rows_lib.observe(batch_id, jax.lax.all_gather(ctx[2], rows_lib.AXIS)[0] % window, x)
+
+    def score(params, ctx, x, sigma):
+        tell(params[1], ctx, x)
+        return base.score(params[0], ctx, x, sigma)
+
+    def commit(params, ctx, x):
+        tell(params[1], ctx, x)
+        return base.commit(params[0], ctx, x)
+
+    return Scorer(lambda params, batch: base.init(params[0], batch), score, commit)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "graph", "noise", "steps", "predictor", "eps",
+                                             "categorical", "trajectory", "live", "block_size"))
+def sample_rows(state, seeds, row_ids, mask, tokens, temperature, top_p, batch_id, *, graphdef, graph, noise,
+                steps, predictor, eps, categorical, trajectory, live, block_size):
+    """``RowsProgram.fn`` of a block model: ``draw`` per row, its T and top_p traced (``sedd.sampling.rows.map_rows``).
+
+    The prompt is a prefix. With trajectory, frames is int32[B, F, L]: the
+    whole text at each state of each block's sampler in turn, then the text
+    (``draw_blocks``'s frames).
+    """
+    length = mask.shape[1]
+    scorer = serving_scorer(graphdef, length, live)
+    options = sampling.Options.make(categorical=categorical, return_trajectory=trajectory, return_stats=True,
+                                    axis_name=rows_lib.AXIS).checked(predictor, graph, True)
+    times = sampling.time_grid(None, steps, eps)
+
+    def one(key, m, t, temp, p):  # (1, L)
+        text, frames, _, nfe_row, _ = draw(key, scorer, (state, batch_id), graph, noise, m[None],
+                                           jnp.where(m, t, 0)[None], times, block_size=block_size,
+                                           predictor=predictor, denoise=True, options=options, shaping=(temp, p))
+        return text[0], None if frames is None else frames[:, 0], nfe_row[0]
+
+    return rows_lib.map_rows(one, seeds, row_ids, mask, tokens, temperature, top_p)
+
+
+def serving_frames(traj: np.ndarray, start: int, length: int, steps: int, *, block_size: int, mask_id: int):
+    """``RowsProgram.frames`` of a block model: the frames of the blocks that hold completion positions.
+
+    ``sample_rows`` gives the steps + 1 states of each block's sampler in
+    turn (the last before its denoise) and then the text; a frame's calls
+    count the sampler steps that had a mask in its block and the commit of
+    each clean block (one call after a block's last state). Returns the kept
+    frames, the most calls any row made before each, and {"block": i}, the block each draws.
+    """
+    per = steps + 1  # states of one block's sampler
+    blocks = np.arange(traj.shape[1] - 1) // per  # the block each frame draws
+    own = np.arange(traj.shape[2])[None, :] // block_size == blocks[:, None]  # (F, L): its positions
+    pending = ((traj[:, :-1] == mask_id) & own[None]).any(-1)  # (n, F): the frame made a call
+    commits = (np.arange(len(blocks)) % per == per - 1).astype(int)  # after a block's last state
+    calls = np.concatenate([[0], np.cumsum(pending + commits[None], axis=1).max(0)])
+    kept = np.flatnonzero(((blocks + 1) * block_size > start) & (blocks * block_size < start + length))
+    return traj[:, kept], calls[kept], [{"block": int(i)} for i in blocks[kept]]
+
+
+def rows_program(graphdef, graph: Graph, noise: Callable, *, block_size: int, steps: int, predictor: str,
+                 eps: float, categorical: str, trajectory: bool, live: bool) -> rows_lib.RowsProgram:
+    """The ``sedd.sampling.rows.RowsProgram`` of the block network `graphdef`."""
+    static = dict(graphdef=graphdef, graph=graph, noise=noise, steps=steps, predictor=predictor, eps=eps,
+                  categorical=categorical, trajectory=trajectory, live=live, block_size=block_size)
+    return rows_lib.RowsProgram(sample_rows, static,
+                                functools.partial(serving_frames, block_size=block_size, mask_id=graph.mask))

@@ -22,11 +22,17 @@ What it owns:
   network(seed)                        the DDiT of the config's sizes
   loss(key, model, x0, train, rngs)    the training objective, nats per sequence, float32[B]
   check_sampler(name)                  refuse, before training, a sampler it cannot use
+  check_options(sampler, **options)    refuse options (temperature, top_p, ...) it cannot honour
   likelihood(key, net, batches, ...)   its figure on a split: a bound, or an exact NLL
   sample(key, net, num_samples, ...)   its sampler entry point, a ``sedd.sampling.Samples``
+  rows_program(graphdef, ...)          what ``sedd serve`` runs: a ``sedd.sampling.rows.RowsProgram``
+  settles(sampler)                     whether an unmasked position keeps its token (text can stream)
 
 and what it can do: ``exact`` (its likelihood is the exact NLL, so it can
-judge samples) and ``serves`` (``sedd serve`` streams its denoising).
+judge samples), ``serves`` (``sedd serve`` streams its denoising) and
+``conditions`` (the prompt patterns it honours: prefix, suffix, infill).
+Whether a sampler runs on a graph is decided by ``sedd.sampling.check_graph``
+alone; a kind adds only what is its own.
 
 The builders of the forward process (``build_graph``, ``build_noise``) and of
 the network (``build_model``) live here too, so training and inference build
@@ -173,15 +179,15 @@ class Kind:
     Attributes:
       name: its model.kind.
       exact: its likelihood figure is the exact NLL (it can judge samples).
-      serves: ``sedd serve`` can serve it.
-      prefix_only: it conditions on a prompt before the text only (no suffix, no infill).
+      serves: ``sedd serve`` can serve it (``rows_program``).
+      conditions: the prompt patterns it honours, of "prefix", "suffix", "infill".
       config: the run's config.
     """
 
     name: ClassVar[str]
     exact: ClassVar[bool] = False
     serves: ClassVar[bool] = False
-    prefix_only: ClassVar[bool] = False
+    conditions: ClassVar[tuple[str, ...]] = ("prefix", "suffix", "infill")
 
     def __init__(self, config):
         self.config = config
@@ -195,9 +201,37 @@ class Kind:
         raise NotImplementedError
 
     def check_sampler(self, name: str) -> None:
-        """Raise a ValueError, before any training, when config.sampling.predictor = name cannot sample the run."""
+        """Raise a ValueError, before any training, when config.sampling.predictor = name cannot sample the run.
+
+        Raises:
+          sedd.sampling.UnknownSampler: a name that is not registered.
+        """
         if name not in sampling.PREDICTORS:
-            raise ValueError(f"unknown sampling.predictor {name!r}; expected one of {sorted(sampling.PREDICTORS)}")
+            raise sampling.UnknownSampler(f"unknown sampling.predictor {name!r}; expected one of "
+                                          f"{sorted(sampling.PREDICTORS)}")
+
+    def check_options(self, sampler: str, **options) -> None:
+        """Raise a ValueError when `sampler` cannot run on this kind with these options (temperature, top_p, ...)."""
+        self.check_sampler(sampler)
+
+    def settles(self, sampler: str) -> bool:
+        """Whether a position, once unmasked by `sampler`, keeps its token to the end (text can be sent early)."""
+        return False
+
+    def describe(self) -> dict:
+        """What ``sedd serve``'s model list says of the kind: {"kind": name, "block_size": b or None}."""
+        return {"kind": self.name, "block_size": None}
+
+    def rows_program(self, graphdef, *, steps: int, sampler: str, trajectory: bool,
+                     live: bool) -> sampling.rows.RowsProgram:
+        """The batched program ``sedd serve`` runs (``sedd.sampling.rows``): each row alone, its T and top_p traced.
+
+        Args:
+          graphdef: the network's structure (its weights are the program's first argument).
+          steps, sampler: the sampler and its steps.
+          trajectory: also return the frames along the way; live: hand the states to the host at each call.
+        """
+        raise NotImplementedError(f"model.kind={self.name!r} is not served")
 
     def likelihood(self, key: jax.Array, net: Net, batches, num_t: int, *, max_batches=None,
                    chars_per_token=None, progress: bool = False, **kwargs) -> dict:
@@ -276,11 +310,35 @@ class Diffusion(Kind):
 
     def check_sampler(self, name):
         super().check_sampler(name)
-        supported = sampling.PREDICTORS[name].graphs
-        if ("absorbing" if self.graph.absorb else "uniform") not in supported:
+        try:
+            sampling.check_graph(name, self.graph)
+        except ValueError:
+            supported = sampling.PREDICTORS[name].graphs
             raise ValueError(f"sampling.predictor={name!r} runs on the {' and '.join(supported)} graph, and "
                              f"graph.type={self.config.graph.type!r}: add --config.sampling.predictor=analytic "
-                             "(or euler)")
+                             "(or euler)") from None
+
+    def check_options(self, sampler, **options):
+        """``sedd.sampling.Options.checked``: the sampler on this graph with these options; and the cache's rule."""
+        self._check_cache(options)
+        sampling.Options.make(**options).checked(sampler, self.graph)
+
+    def _check_cache(self, options: dict) -> None:
+        """cache=True is exact only for a model without a time input: refuse it otherwise."""
+        if options.get("cache") and self.config.model.time_conditioning:
+            raise ValueError("cache=True reuses the network output across noise levels, which is exact only "
+                             "for a model without a time input; this run has model.time_conditioning=True "
+                             "(train with --config.model.time_conditioning=False for a cacheable model)")
+
+    def settles(self, sampler):
+        """On the absorbing graph every sampler but one that masks decoded tokens again; never on the uniform."""
+        return self.graph.absorb and sampling.get_sampler(sampler).settles
+
+    def rows_program(self, graphdef, *, steps, sampler, trajectory, live):
+        s = self.config.sampling
+        return sampling.rows.full_sequence_program(
+            params_score_fn(graphdef), self.graph, self.noise, steps=steps, predictor=sampler, eps=float(s.eps),
+            categorical=s.categorical, trajectory=trajectory, live=live)
 
     def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False,
                    **kwargs):
@@ -298,10 +356,7 @@ class Diffusion(Kind):
             does not see sigma); an option the sampler cannot honour.
         """
         s = self.config.sampling
-        if options.get("cache") and self.config.model.time_conditioning:
-            raise ValueError("cache=True reuses the network output across noise levels, which is exact only "
-                             "for a model without a time input; this run has model.time_conditioning=True "
-                             "(train with --config.model.time_conditioning=False for a cacheable model)")
+        self._check_cache(options)
         options.setdefault("categorical", s.categorical)
         args = dict(predictor=predictor or s.predictor, eps=s.eps, score_params=net.state, **options)
         shape = (num_samples, self.config.data.seq_len)
@@ -368,7 +423,7 @@ class BlockDiffusion(Diffusion):
     """
 
     serves = True
-    prefix_only = True  # a prompt before the text only: the model never saw text after a block
+    conditions = ("prefix",)  # a prompt before the text only: the model never saw text after a block
 
     def __init__(self, config):
         super().__init__(config)
@@ -383,6 +438,15 @@ class BlockDiffusion(Diffusion):
             raise ValueError(f"model.kind='block' needs graph.type='absorbing' (got {config.graph.type!r}): "
                              "each block is drawn from all-MASK given the clean blocks before it")
         self.block_size = b
+
+    def describe(self):
+        return {"kind": self.name, "block_size": self.block_size}
+
+    def rows_program(self, graphdef, *, steps, sampler, trajectory, live):
+        s = self.config.sampling
+        return block.rows_program(graphdef, self.graph, self.noise, block_size=self.block_size, steps=steps,
+                                  predictor=sampler, eps=float(s.eps), categorical=s.categorical,
+                                  trajectory=trajectory, live=live)
 
     def network(self, seed=0):
         """SEDD's network whose blocks decode b positions at a time against the clean blocks' cache."""
@@ -421,9 +485,7 @@ class BlockDiffusion(Diffusion):
             raise ValueError(f"block_length is for a SEDD run's windows; this block model draws blocks of "
                              f"model.block_size={self.block_size}")
         options.pop("block_length", None)
-        if options.get("cache") and self.config.model.time_conditioning:
-            raise ValueError("cache=True reuses the network output across noise levels, which is exact only "
-                             "for a model without a time input; this run has model.time_conditioning=True")
+        self._check_cache(options)
         options.setdefault("categorical", s.categorical)
         length = options.pop("max_length", None) or self.config.data.seq_len
         scorer = block.network_scorer(net.graphdef, self.config.data.seq_len)

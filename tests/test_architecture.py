@@ -94,3 +94,115 @@ def test_an_unknown_kind_names_the_registered_ones():
     c.model.kind = "diffusion"
     with pytest.raises(ValueError, match="unknown model.kind 'diffusion'; expected one of 'ddit', 'ar'"):
         kinds.get(c)
+
+
+def _imported_modules(tree) -> dict[str, str]:
+    """Local name -> module, for every ``import sedd.x as y`` / ``from sedd import x`` / ``from sedd.x import y`` of a module."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("sedd"):
+                    names[a.asname or a.name.split(".")[0]] = a.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sedd"):
+            for a in node.names:
+                names[a.asname or a.name] = f"{node.module}.{a.name}"
+    return names
+
+
+def test_no_module_uses_another_modules_private_name():
+    """No module of sedd/ imports or reaches another module's underscore name (a shared helper is public)."""
+    found = []
+    for path, tree in _modules():
+        where = path.relative_to(SEDD.parent)
+        modules = _imported_modules(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sedd"):
+                found += [f"{where}:{node.lineno} from {node.module} import {a.name}" for a in node.names
+                          if a.name.startswith("_")]
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                    and isinstance(node.value, ast.Name) and node.value.id in modules:
+                found.append(f"{where}:{node.lineno} {node.value.id}.{node.attr}")
+    assert not found, found
+
+
+def test_files_are_short():
+    """One concept a file: no file of sedd/ over 800 lines."""
+    long = [f"{path.relative_to(SEDD.parent)} {len(path.read_text().splitlines())} lines"
+            for path, _ in _modules() if len(path.read_text().splitlines()) > 800]
+    assert not long, long
+
+
+def test_serve_names_no_kind_and_no_sampler():
+    """`sedd serve` asks the run's kind; no kind's or sampler's name, class or property appears in it."""
+    names = set(kinds.KINDS) | set(sampling.PREDICTORS) | {"prefix_only", "block_size", "ReMDM", "block"}
+    names |= {type(s).__name__ for s in sampling.PREDICTORS.values()} | {k.__name__ for k in kinds.KINDS.values()}
+    found = []
+    for path in sorted((SEDD / "serve").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                found.append(f"{path.name}:{node.lineno} the string {node.value!r}")
+            if isinstance(node, ast.Name) and node.id in names or isinstance(node, ast.Attribute) and node.attr in names:
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "isinstance" \
+                    and any(m in ast.unparse(node.args[1]) for m in ("sampling.", "kinds.", "block.")):
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                mods += [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) else []
+                found += [f"{path.name}:{node.lineno} imports {m}" for m in mods
+                          if m in ("sedd.block", "sedd.ar", "sedd.model", "sedd.kinds")]
+    assert not found, found
+
+
+class _LeftToRight(sampling.AbsorbingSampler):
+    """A toy sampler, registered by a test: unmask the leftmost ceil(masked / steps left) masked positions."""
+
+    def step(self, ctx, key, carry, n, t, t_next):
+        log_score, carry = ctx.evaluate(carry, ctx.noise(t)[0])
+        x = carry["x"]
+        token, _ = ctx.draw(key, log_score[..., : ctx.graph.vocab_size])  # (B, L)
+        masked = x == ctx.graph.mask
+        order = jax.numpy.cumsum(masked, axis=-1)  # 1 at the leftmost masked position, 2 at the next, ...
+        k = (masked.sum(-1) + ctx.steps - n - 1) // (ctx.steps - n)  # (B,)
+        return dict(carry, x=jax.numpy.where(masked & (order <= k[:, None]), token, x))
+
+
+@pytest.fixture
+def toy_sampler():
+    name = "toy_left_to_right"
+    sampling.register_sampler(name)(_LeftToRight)
+    try:
+        yield name
+    finally:
+        del sampling.PREDICTORS[name]
+
+
+@pytest.mark.parametrize("kind", ["ddit", "block"])
+def test_a_sampler_registered_here_is_driven_by_every_kind_and_served(kind, toy_sampler):
+    """A new sampler touches its own module only: the kinds drive it and `sedd serve` serves it, unchanged."""
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from sedd import serve
+    from test_golden import _cached_run
+
+    run = _cached_run(kind)
+    out = run.sample(jax.random.key(0), 2, steps=4, predictor=toy_sampler, return_trajectory=True)
+    tokens, traj = np.asarray(out.tokens), np.asarray(out.trajectory)
+    assert tokens.shape == (2, run.seq_len) and tokens.max() < run.config.vocab_size  # no mask left
+    mask = run.graph.mask
+    for state in traj.reshape(-1, run.seq_len):  # left to right: no token after a masked position of its part
+        part = state.reshape(-1, run.config.model.block_size)[0] if kind == "block" else state
+        assert not np.any((part[1:] != mask) & np.cumsum(part == mask)[:-1].astype(bool)), part
+    app = serve.create_app(run, "toy", serve.Limits(max_steps=8, window_s=0.0))
+    with TestClient(app, base_url="http://localhost") as client:
+        body = {"prompt": "ab", "max_tokens": 6, "steps": 3, "sampler": toy_sampler, "seed": 1, "n": 2}
+        r = client.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        texts = [c["text"] for c in r.json()["choices"]]
+        assert all(len(t) == 6 for t in texts), texts
+        frames = [e for e in client.post("/v1/completions", json={**body, "diffusing": True}).text.split("\n")
+                  if e.startswith("data:") and "[DONE]" not in e]
+        assert len(frames) > 1

@@ -5,6 +5,7 @@ localhost port in a background thread, behind the header-timeout protocol
 `sedd serve` runs; raw sockets where a client must misbehave.
 """
 
+import dataclasses
 import concurrent.futures
 import json
 import logging
@@ -97,7 +98,11 @@ def test_traced_temperature_is_the_samplers_law(temperature, top_p):
     x = jnp.asarray([[[7, 1, 7, 7, 2]]] * 3, jnp.int32)  # MASK = 7 at positions 0, 2, 3
     temps = jnp.asarray([temperature, 1.0, temperature], jnp.float32)  # row 1 as it is
     tops = jnp.asarray([top_p, 1.0, top_p], jnp.float32)
-    ours = jax.vmap(lambda s, xx, t, p: serve._tempered(s, xx, t, p, graph), axis_name="rows")(log_score, x, temps, tops)
+    def tempered(s, xx, t, p):  # the traced (T, top_p) of one row, as the served rows apply them
+        traced = sampling.Context(None, graph, noise.LogLinear(1e-3), sampling.Options(axis_name="rows"), 4, (t, p))
+        return traced.tempered(s, xx)
+
+    ours = jax.vmap(tempered, axis_name="rows")(log_score, x, temps, tops)
     ctx = sampling.Context(None, graph, noise.LogLinear(1e-3), sampling.Options(temperature=temperature, top_p=top_p), 4)
     plain = sampling.Context(None, graph, noise.LogLinear(1e-3), sampling.Options(), 4)
     for row, c in ((0, ctx), (1, plain), (2, ctx)):
@@ -110,7 +115,7 @@ def test_the_program_cache_is_bounded(server):
     run = app.state.engine.run
     engine = serve.Engine(run, serve.Limits(max_programs=2, max_n=1, max_batch=1))  # not started: no thread
     plan = serve.plan(run, serve.CompletionRequest(**BODY, seed=0), engine.limits)
-    job = lambda steps: serve.Job(serve.dataclasses.replace(plan, steps=steps), False,  # noqa: E731
+    job = lambda steps: serve.Job(dataclasses.replace(plan, steps=steps), False,  # noqa: E731
                                   concurrent.futures.Future())
     for steps in (2, 3, 2, 4):
         engine.run_batch([job(steps)])

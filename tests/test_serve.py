@@ -21,6 +21,7 @@ uvicorn = pytest.importorskip("uvicorn")
 from starlette.testclient import TestClient  # noqa: E402
 
 from sedd import runs, serve  # noqa: E402
+from sedd.sampling import rows as rows_lib  # noqa: E402
 
 LIMITS = serve.Limits(max_steps=16, max_n=4, max_batch=8, max_queue=32, timeout_s=120, window_s=0.3,
                       max_body_bytes=2048)
@@ -74,15 +75,15 @@ def test_openai_client_non_streaming_and_streaming(server):
 
 
 class _SlowListeners(dict):
-    """serve._LISTENERS whose listeners take 50 ms a call: the sampling of a streamed batch lasts a while."""
+    """sedd.sampling.rows.LISTENERS whose listeners take 50 ms a call: the sampling of a streamed batch lasts a while."""
 
     def get(self, key, default=None):
         listener = super().get(key, default)
         if listener is None:
             return None
 
-        def slow(states):
-            listener(states)
+        def slow(*update):
+            listener(*update)
             time.sleep(0.05)
 
         return slow
@@ -91,7 +92,7 @@ class _SlowListeners(dict):
 def test_stream_sends_text_as_it_settles_while_sampling_runs(server, monkeypatch):
     """Issue 34: `stream: true` arrived as one chunk after sampling ended; now positions settled so far are sent."""
     base, run = server
-    monkeypatch.setattr(serve, "_LISTENERS", _SlowListeners())
+    monkeypatch.setattr(rows_lib, "LISTENERS", _SlowListeners())
     body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 24, "n": 2, "steps": 16, "seed": 7,
             "sampler": "analytic"}
     arrived = []

@@ -330,7 +330,6 @@ def test_bfloat16_run_trains_evaluates_samples_and_serves(data_dir, tmp_path):
     """model.dtype "auto" where it is bfloat16 (the default on bfloat16 CPUs and accelerators), end to end."""
     if kernels.compute_dtype("auto") != jnp.bfloat16:
         pytest.skip("model.dtype 'auto' is float32 on this machine (no bfloat16 dot instructions)")
-    from sedd import serve
 
     c = tiny(data_dir, **{"model.dtype": "auto", "training.n_iters": 2, "training.eval_every": 2,
                           "training.ckpt_every": 2})
@@ -342,9 +341,9 @@ def test_bfloat16_run_trains_evaluates_samples_and_serves(data_dir, tmp_path):
     assert x.shape == (2, c.data.seq_len) and int(x.max()) < run.config.vocab_size
     # The server's rows, vmapped over the batch with a reduced skip predicate.
     length = c.data.seq_len
-    ids, _, nfe = serve._sample_rows(
+    program = run.kind.rows_program(run.graphdef, steps=4, sampler="analytic", trajectory=False, live=False)
+    ids, _, nfe = program.fn(
         (run.params, run.rest), jnp.zeros(3, jnp.uint32), jnp.arange(3, dtype=jnp.uint32),
         jnp.zeros((3, length), bool), jnp.zeros((3, length), jnp.int32), jnp.ones(3), jnp.ones(3),
-        jnp.zeros((), jnp.int32), graphdef=run.graphdef, graph=run.graph, noise=run.noise, steps=4,
-        predictor="analytic", eps=1e-5, categorical="precise", trajectory=False, live=False)
+        jnp.zeros((), jnp.int32), **program.static)
     assert ids.shape == (3, length) and int(ids.max()) < run.config.vocab_size and int(nfe[0]) > 0

@@ -198,7 +198,7 @@ class _Document:
         return (None,)
 
 
-def _split_text(text: bytes) -> Iterator[bytes]:
+def split_text(text: bytes) -> Iterator[bytes]:
     """Pieces of at most RECORD_BYTES bytes, cut at character boundaries."""
     start = 0
     while len(text) - start > RECORD_BYTES:
@@ -237,7 +237,7 @@ def text_fragments(seg: Segment, documents: str = "file", separator: bytes | Non
                 except (ValueError, KeyError, TypeError) as e:
                     raise ValueError(f"{seg.path}, the line at byte offset {offset}: not a JSON object with a "
                                      f"\"text\" string ({type(e).__name__}: {e})") from None
-                yield from _split_text(text.encode("utf-8", errors="replace"))
+                yield from split_text(text.encode("utf-8", errors="replace"))
                 yield None
         else:
             doc = _Document()

@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Callable, Iterator
 
-from sedd.data.builders import TextFiles, _split_text, register
+from sedd.data.builders import TextFiles, split_text, register
 
 # ---------------------------------------------------------------- detokenizers
 
@@ -192,7 +192,7 @@ class ZeroShot(TextFiles, skip_registration=True):
         def fragments(files):
             for f in files:
                 for row in self.rows(f):
-                    yield from _split_text(self.detokenize(row).encode("utf-8"))
+                    yield from split_text(self.detokenize(row).encode("utf-8"))
                     yield None
         return {s: (sum(f.stat().st_size for f in fs), lambda fs=fs: fragments(fs)) for s, fs in by_split.items()}
 

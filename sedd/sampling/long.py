@@ -1,0 +1,85 @@
+"""Text longer than the model: semi-autoregressive windows of the sampling core (MDLM Sec. 3.5; BD3-LM).
+
+Shapes: B batch, L the window (the model's length), T the text's length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from sedd.graphs import Graph, ScoreFn
+from sedd.sampling.loop import Samples, check_int, check_shape, conditioning, options_from, run_loop, time_grid
+from sedd.sampling.samplers import get_sampler
+
+
+def sample_long(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, shape: tuple[int, int],
+                steps: int, max_length: int, block_length: int | None = None, fixed_mask: jax.Array | None = None,
+                fixed_tokens: jax.Array | None = None, **sample_args) -> Samples:
+    r"""Text of ``max_length`` >= L tokens by semi-autoregressive windows of L (MDLM Sec. 3.5; BD3-LM).
+
+    Window w covers positions [s_w, s_w + L): s_0 = 0, then each window
+    starts block_length after the previous one (the last is moved back to
+    end at max_length). Its positions before the previous window's end are
+    fixed to the text already drawn; the rest are drawn by ``sample``'s loop,
+    with the caller's own fixed positions kept. Every window is the same compiled
+    program (the conditioning is traced); window w uses fold_in(key, w).
+
+    Args:
+      key, score_fn, graph, noise, steps: as in ``sample``.
+      shape: (B, L), L the window (the model's length).
+      max_length: the length of the text, >= L.
+      block_length: new tokens per window after the first, in [1, L] (default L // 2).
+      fixed_mask, fixed_tokens: as in ``sample``, of shape (B, max_length).
+      **sample_args: the other arguments of ``sample`` (predictor, denoise,
+        eps, score_params, options and option keywords; no trajectory), and
+        stop_id: a token id that ends the text: no window is drawn after the
+        one in which every row has written it, and the positions not drawn
+        hold stop_id.
+    Returns:
+      ``Samples`` with tokens int32[B, max_length] and, when asked for, the
+      stats with the NFE summed over the windows.
+    """
+    b, length = check_shape(shape)
+    stop_id = sample_args.pop("stop_id", None)
+    if stop_id is not None and not 0 <= int(stop_id) < graph.vocab_size:
+        raise ValueError(f"stop_id must be a token id in [0, {graph.vocab_size}), got {stop_id!r}")
+    predictor, denoise = sample_args.pop("predictor", "analytic"), bool(sample_args.pop("denoise", True))
+    eps, score_params = sample_args.pop("eps", 1e-5), sample_args.pop("score_params", None)
+    opts = options_from(sample_args.pop("options", None), sample_args).checked(predictor, graph, denoise)
+    times = time_grid(opts.time_grid, check_int("steps", steps, 1), eps)  # checked once: every window shares them
+    if opts.return_trajectory:
+        raise ValueError("return_trajectory is not available with max_length (one trajectory per window)")
+    max_length = check_int("max_length", max_length, length)
+    block_length = check_int("block_length", length // 2 if block_length is None else block_length, 1)
+    if block_length > length:
+        raise ValueError(f"block_length must be <= the window L = {length}, got {block_length}")
+    fixed_mask, fixed_tokens = conditioning(fixed_mask, fixed_tokens, (b, max_length), graph)
+    out = jnp.zeros((b, max_length), jnp.int32)
+    user_mask = jnp.zeros((b, max_length), bool) if fixed_mask is None else fixed_mask
+    user_tokens = jnp.zeros((b, max_length), jnp.int32) if fixed_tokens is None else fixed_tokens
+    nfe, nfe_row = jnp.int32(0), jnp.zeros((b,), jnp.int32)
+    loop = functools.partial(run_loop, score_fn=score_fn, graph=graph, noise=noise, shape=(b, length),
+                             sampler=get_sampler(predictor), denoise=denoise,
+                             options=dataclasses.replace(opts, time_grid=None))
+    done, start, w = 0, 0, 0
+    while done < max_length:
+        start = min(start, max_length - length)
+        window = slice(start, start + length)
+        drawn = jnp.arange(start, start + length) < done  # (L,) already generated
+        mask = user_mask[:, window] | drawn[None, :]
+        tokens = jnp.where(drawn[None, :], out[:, window], user_tokens[:, window])
+        x, _, stats = loop(jax.random.fold_in(key, w), times, mask, tokens, score_params)
+        out = out.at[:, window].set(x)
+        nfe, nfe_row = nfe + stats["nfe"], nfe_row + stats["nfe_per_sample"]
+        done, start, w = start + length, start + block_length, w + 1
+        if stop_id is not None and done < max_length and bool(jnp.all(jnp.any(out[:, :done] == stop_id, axis=1))):
+            out = out.at[:, done:].set(jnp.int32(stop_id))
+            break
+    return Samples(out, None, {"nfe": nfe, "nfe_per_sample": nfe_row} if opts.return_stats else None)
+
+

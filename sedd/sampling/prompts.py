@@ -1,0 +1,58 @@
+"""Text prompts as the sampling core's conditioning: a prefix, a suffix or an infill template."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def text_conditioning(tokenizer, seq_len: int, num: int, prefix: str = "", suffix: str = "",
+                      infill: str = "", blank: str = "_") -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``fixed_mask`` and ``fixed_tokens`` of ``sample`` from text prompts, or (None, None) without any.
+
+    prefix fills the first positions and suffix the last. An infill template
+    fills positions 0, 1, ... with its characters, except `blank`, which marks
+    the positions to generate (character-level tokenizers only).
+
+    Args:
+      tokenizer: with ``encode(text) -> int[n]``.
+      seq_len: L, the model's sequence length.
+      num: B, rows of the result.
+      prefix, suffix: text (either may be empty); not with infill.
+      infill: a template such as "To be, or ______ to be".
+      blank: the character of the template that marks a free position.
+    Returns:
+      (bool[B, L], int32[B, L]) or (None, None).
+    Raises:
+      ValueError: text the tokenizer cannot encode, prompts longer than seq_len,
+        infill with prefix or suffix, or infill with a tokenizer that does not
+        map each character to one token, or a blank that is not one character.
+    """
+    if infill and len(blank) != 1:
+        raise ValueError(f"the blank of an infill template must be one character, got {blank!r}")
+    if not (prefix or suffix or infill):
+        return None, None
+    mask = np.zeros(seq_len, bool)
+    tokens = np.zeros(seq_len, np.int32)
+    if infill:
+        if prefix or suffix:
+            raise ValueError("an infill template cannot be combined with a prefix or suffix (put them in the template)")
+        if len(infill) > seq_len:
+            raise ValueError(f"the infill template has {len(infill)} characters; the model's sequence length is {seq_len}")
+        for i, ch in enumerate(infill):
+            if ch != blank:
+                ids = tokenizer.encode(ch)
+                if len(ids) != 1:
+                    raise ValueError("infill templates need a character-level tokenizer (char, or byte with ASCII text)")
+                mask[i], tokens[i] = True, ids[0]
+    else:
+        pre = np.asarray(tokenizer.encode(prefix), np.int32) if prefix else np.zeros(0, np.int32)
+        suf = np.asarray(tokenizer.encode(suffix), np.int32) if suffix else np.zeros(0, np.int32)
+        if len(pre) + len(suf) > seq_len:
+            raise ValueError(
+                f"prefix ({len(pre)} tokens) + suffix ({len(suf)} tokens) is longer than the "
+                f"model's sequence length {seq_len}"
+            )
+        mask[: len(pre)], tokens[: len(pre)] = True, pre
+        if len(suf):
+            mask[seq_len - len(suf):], tokens[seq_len - len(suf):] = True, suf
+    return np.broadcast_to(mask, (num, seq_len)), np.broadcast_to(tokens, (num, seq_len))

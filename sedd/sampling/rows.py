@@ -1,0 +1,205 @@
+"""Rows sampled alone in one batched program, and their states handed to the host while it runs.
+
+A server batches requests that ask for different things: each row of a
+batch has its own key fold_in(key(seed), row), its own temperature and
+top_p (traced values: one compiled program serves every value), and a row's
+text is the same whatever it was batched with. ``map_rows`` runs a one-row
+draw that way, under ``jax.vmap`` with the axis ``AXIS``, so that the
+network runs once a step on all rows with unbatched weights (``Context.any``).
+
+While a batch runs, the states its network calls see can be handed to the
+host: ``observe`` (traced, in a score function) sends the states of all rows
+of the batch, the positions [start, start + n) of the text, to the listener
+registered for the batch with ``listening``. ``Placed`` keeps the whole text
+of each row on the host and writes each update into it.
+
+What a model kind gives ``sedd serve`` is a ``RowsProgram``: the compiled
+draw and how to count the network calls behind each frame of a trajectory.
+``full_sequence_program`` is the full-sequence SEDD one; ``sedd.block`` has
+the block model's.
+
+Shapes: B batch rows, L length, N steps, F frames.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sedd.sampling.loop import Options, run_loop, time_grid
+from sedd.sampling.samplers import get_sampler
+
+AXIS = "rows"
+"""The ``jax.vmap`` axis of ``map_rows``: samplers reduce their "does any row need a call" over it."""
+
+LISTENERS: dict[int, Callable[[int, np.ndarray], None]] = {}
+"""Batch id -> listener(start, states int32[B, n]) of a running batch; set with ``listening``."""
+
+logger = logging.getLogger("sedd.sampling")
+
+
+def deliver(batch_id, start, states) -> None:
+    """The host end of ``observe``: hand states int32[B, n] at position `start` to the batch's listener.
+
+    Runs on XLA's thread inside the compiled program, so it never raises (an
+    exception here would fail the whole batch).
+    """
+    listener = LISTENERS.get(int(batch_id))
+    if listener is None:
+        return
+    try:
+        listener(int(start), np.asarray(states))
+    except Exception:  # noqa: BLE001  a failing listener (a closed event loop) must not fail the batch
+        logger.exception("a listener of a running batch failed")
+
+
+def observe(batch_id: jax.Array, start: jax.Array, x: jax.Array) -> None:
+    """Traced, under ``map_rows``: send the states of every row of the batch (x int32[1, n] is this row's).
+
+    One callback a call, the rows gathered over ``AXIS``, whatever the batch size.
+    """
+    jax.debug.callback(deliver, batch_id, start, jax.lax.all_gather(x[0], AXIS))  # (B, n)
+
+
+@contextlib.contextmanager
+def listening(batch_id: int, listener: Callable[[int, np.ndarray], None]):
+    """Register listener(start, states) for the batch `batch_id` while the block runs."""
+    LISTENERS[batch_id] = listener
+    try:
+        yield
+    finally:
+        LISTENERS.pop(batch_id, None)
+
+
+class Placed:
+    """A listener that keeps the whole text of each row: each update is written at its place, then handed on.
+
+    A call may see part of the text only (a block model's calls see one
+    block); the host keeps the rest (the prompt, what is drawn, MASK after),
+    so `listener` always receives whole states int32[B, L].
+    """
+
+    def __init__(self, listener: Callable[[np.ndarray], None], text: np.ndarray):
+        self.listener, self.text = listener, text
+
+    def __call__(self, start: int, states: np.ndarray) -> None:
+        self.place(start, states)
+
+    def place(self, start: int, states: np.ndarray) -> None:
+        self.text[:, start:start + states.shape[1]] = states
+        self.listener(self.text.copy())
+
+
+def map_rows(draw_row: Callable, seeds: jax.Array, rows: jax.Array, *per_row) -> tuple:
+    """draw_row(key, *row_args) on every row, each row a batch of one, under ``jax.vmap`` over ``AXIS``.
+
+    Args:
+      draw_row: (key, *args of one row) -> pytree; runs traced.
+      seeds, rows: uint32[B]: row b's key is fold_in(key(seeds[b]), rows[b]).
+      per_row: arrays of leading dimension B, mapped with the rows.
+    """
+
+    def one(seed, row, *args):
+        return draw_row(jax.random.fold_in(jax.random.key(seed), row), *args)
+
+    return jax.vmap(one, axis_name=AXIS)(seeds, rows, *per_row)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowsProgram:
+    """A model kind's batched sampler, as ``sedd serve`` runs it.
+
+    Attributes:
+      fn: a jitted function, called with (state, seeds uint32[B], rows
+        uint32[B], mask bool[B, L], tokens int32[B, L], temperature
+        float32[B], top_p float32[B], batch_id int32[]) and the keywords
+        `static` -> (ids int32[B, L], frames int32[B, F, L] or None, nfe
+        int32[B]): each row drawn alone (``map_rows``), the prompt's
+        positions fixed; nfe the network calls each row needed. With `live`
+        its calls ``observe`` their states.
+      static: its static keyword arguments.
+      frames: (frames int[n, F, L], start, length, steps) -> (frames int[n, F', L],
+        calls int[F'], labels): the frames that show the completion positions
+        [start, start + length), the network calls made before each, and
+        labels, None (each frame is the whole draw) or F' dicts naming the
+        part of the text each frame draws (a block model: {"block": i}).
+    """
+
+    fn: Callable
+    static: dict
+    frames: Callable
+
+    def compile(self, *args) -> jax.stages.Compiled:
+        """The program compiled ahead of time for these arguments' shapes (its owner keeps and drops it)."""
+        return self.fn.lower(*args, **self.static).compile()
+
+
+@functools.lru_cache(maxsize=None)
+def _observed(score_fn: Callable, live: bool) -> Callable:
+    """score_fn with params = (state, batch id): with `live` each call first ``observe``s its states."""
+
+    def fn(params, x, sigma):
+        state, batch_id = params
+        if live:
+            observe(batch_id, jnp.int32(0), x)
+        return score_fn(state, x, sigma)
+
+    return fn
+
+
+@functools.partial(jax.jit, static_argnames=("score_fn", "graph", "noise", "steps", "predictor", "eps",
+                                             "categorical", "trajectory", "live"))
+def sample_rows(state, seeds, rows, mask, tokens, temperature, top_p, batch_id, *, score_fn, graph, noise, steps,
+                predictor, eps, categorical, trajectory, live):
+    """``RowsProgram.fn`` of full-sequence sampling: ``run_loop`` per row, its T and top_p traced (``map_rows``).
+
+    score_fn: (state, x, sigma) -> log-score, a stable object (jit's cache key).
+    Returns (ids, traj, nfe): traj int32[B, N + 1, L], the state before each
+    step, or None without trajectory; nfe int32[B], the calls each row's
+    sampler made, counted as if it ran alone (the batch skips a call only
+    when no row needs it).
+    """
+    fn = _observed(score_fn, live)
+    length = mask.shape[1]
+    options = Options.make(categorical=categorical, return_trajectory=trajectory, return_stats=True,
+                           axis_name=AXIS).checked(predictor, graph, True)
+    times = time_grid(None, steps, eps)
+
+    def one(key, m, t, temp, p):  # (1, L)
+        x, traj, stats = run_loop(key, times, m[None], t[None], (state, batch_id), score_fn=fn, graph=graph,
+                                  noise=noise, shape=(1, length), sampler=get_sampler(predictor), denoise=True,
+                                  options=options, shaping=(temp, p))
+        traj = None if traj is None else traj[:, 0]  # (N + 1, L)
+        return x[0], traj, stats["nfe_per_sample"][0]  # (L,), ..., ()
+
+    return map_rows(one, seeds, rows, mask, tokens, temperature, top_p)
+
+
+def full_sequence_frames(traj: np.ndarray, start: int, length: int, steps: int, *, mask_id: int | None):
+    """``RowsProgram.frames`` of full-sequence sampling: the N states before each step, the calls before each.
+
+    The calls are the most any row made: a step of the absorbing graph whose
+    state has no mask left makes none; the uniform graph (mask_id None) calls
+    the network at every step.
+    """
+    if mask_id is None:
+        return traj[:, :steps], np.arange(steps), None
+    pending = (traj[:, :steps] == mask_id).any(-1)  # (n, N): step j needed the network
+    calls = np.concatenate([[0], np.cumsum(pending, axis=1).max(0)])
+    return traj[:, :steps], calls[:steps], None
+
+
+def full_sequence_program(score_fn: Callable, graph, noise, *, steps: int, predictor: str, eps: float,
+                          categorical: str, trajectory: bool, live: bool) -> RowsProgram:
+    """The ``RowsProgram`` of a full-sequence SEDD network (score_fn: (state, x, sigma) -> log-score)."""
+    static = dict(score_fn=score_fn, graph=graph, noise=noise, steps=steps, predictor=predictor, eps=eps,
+                  categorical=categorical, trajectory=trajectory, live=live)
+    mask_id = graph.mask if graph.absorb else None
+    return RowsProgram(sample_rows, static, functools.partial(full_sequence_frames, mask_id=mask_id))

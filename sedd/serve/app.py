@@ -1,0 +1,380 @@
+"""`sedd serve`'s HTTP app: the routes, the gate in front of them, and the answers' shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import json
+import logging
+import secrets
+import time
+import uuid
+from importlib import resources
+from pathlib import Path
+
+from pydantic import ValidationError
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from sedd import runs, sampling
+from sedd.serve.api import APIError, ClientGone, CompletionRequest, Limits, Plan, plan, validation_error
+from sedd.serve.engine import Busy, Engine
+from sedd.serve.texts import Streamed, Texts
+
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")  # the Host names answered by default
+
+logger = logging.getLogger("sedd.serve")
+
+
+def model_name(workdir: str | Path) -> str:
+    """The model id `GET /v1/models` reports: sedd-<run directory name>."""
+    return f"sedd-{Path(workdir).resolve().name}"
+
+
+def host_name(host: str) -> str:
+    """The name of a Host header without its port, lower case: "[::1]:8000" -> "::1", "LocalHost." -> "localhost"."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    if host.count(":") == 1:
+        host = host.split(":")[0]
+    return host.rstrip(".")
+
+
+class Gate:
+    """ASGI middleware: refuse, before any route, a request this server must not answer.
+
+    - A Host header that is not in `hosts` (421): a page of another site that
+      rebinds its own name to 127.0.0.1 sends its name, not ours. "*" admits any.
+    - With `api_key`, a /v1/ request without ``Authorization: Bearer <api_key>``
+      (401, as OpenAI answers a wrong key). The playground page and /health
+      stay open.
+    """
+
+    def __init__(self, app, hosts: tuple[str, ...] = LOCAL_HOSTS, api_key: str | None = None):
+        self.app = app
+        self.hosts = frozenset(host_name(h) for h in hosts)
+        self.bearer = None if api_key is None else f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            refusal = self.refusal(scope)
+            if refusal is not None:
+                await refusal.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope) -> APIError | None:
+        headers = dict(scope["headers"])  # ASGI gives the names lower case
+        if "*" not in self.hosts:
+            host = headers.get(b"host", b"").decode("latin-1")
+            if host_name(host) not in self.hosts:
+                return APIError(421, f"this server does not answer requests for the host {host!r}; it answers "
+                                     f"{', '.join(sorted(self.hosts))} (start it with --allowed_hosts to add "
+                                     "names)", None, "host_not_allowed")
+        if self.bearer is not None and scope["path"].startswith("/v1/"):
+            given = headers.get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.bearer):
+                return APIError(401, "incorrect or missing API key: send the key this server was started with as "
+                                     "`Authorization: Bearer <key>`", None, "invalid_api_key",
+                                headers={"WWW-Authenticate": "Bearer"})
+        return None
+
+
+def _guarded(endpoint):
+    """The endpoint with its errors answered in OpenAI's shape and the connection kept usable.
+
+    An ``APIError`` is answered as it is; any other exception is a fault of
+    the server: logged with its traceback, answered 500 with a reference to
+    the log line and no internal text. (Starlette's own handler of a 500
+    re-raises after answering, which closes a keep-alive connection.)
+    """
+
+    @functools.wraps(endpoint)
+    async def run(request: Request):
+        try:
+            return await endpoint(request)
+        except APIError as e:
+            return e.response()
+        except ClientGone:
+            return Response(status_code=204)  # nobody reads it
+        except Exception:  # noqa: BLE001  the server's fault: logged, answered, the server keeps serving
+            return _internal_error(f"{request.method} {request.url.path}").response()
+
+    return run
+
+
+def _internal_error(what: str) -> APIError:
+    """Log the exception being handled with its traceback; the 500 the client gets instead of its text."""
+    ref = uuid.uuid4().hex[:12]
+    logger.exception("sedd serve: internal error %s on %s", ref, what)
+    return APIError(500, f"the server failed on this request (reference {ref} in its log)", None,
+                    "internal_error", kind="server_error")
+
+
+def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
+               allowed_hosts: tuple[str, ...] = LOCAL_HOSTS, api_key: str | None = None) -> Starlette:
+    """The ASGI app serving `run` (start and stop its engine with the app's lifespan).
+
+    A bare Starlette app: four routes whose bodies pydantic validates, behind
+    ``Gate`` (Host allow-list, optional API key), with no per-request
+    dependency solving (FastAPI's layers took about a quarter of the server's
+    CPU under load; docs/serving.md). The header timeout is the HTTP server's
+    business: ``main`` gives uvicorn ``header_timeout_protocol``.
+
+    Args:
+      allowed_hosts: the names a request's Host header may give ("*": any).
+      api_key: when given, every /v1/ request must carry ``Authorization: Bearer <api_key>``.
+    """
+    if not run.kind.serves:
+        raise ValueError(f"sedd serve serves diffusion runs; this run's model.kind is {run.kind.name!r}")
+    if limits.max_batch < limits.max_n:
+        raise ValueError(f"max_batch={limits.max_batch} must be at least max_n={limits.max_n}")
+    if api_key is not None and not api_key:
+        raise ValueError("api_key must not be empty")
+    engine = Engine(run, limits)
+    texts = Texts(run)
+    created = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        engine.start()
+        yield
+        engine.stop()
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "model": name, "step": run.step, "queued": engine.queued,
+                             "batches": engine.batches, "programs": len(engine.programs),
+                             "compiles": engine.compiles})
+
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": created,
+                                                         "owned_by": "sedd", "seq_len": run.seq_len, "step": run.step,
+                                                         **run.kind.describe(),
+                                                         "sampler": run.config.sampling.predictor,
+                                                         "steps": run.config.sampling.steps,
+                                                         "samplers": sorted(sampling.PREDICTORS)}]})
+
+    async def favicon(request: Request) -> Response:  # no icon: answered, so a browser's request is not a 404
+        return Response(status_code=204)
+
+    async def playground(request: Request) -> HTMLResponse:
+        return HTMLResponse(resources.files("sedd").joinpath("static/playground.html").read_text(encoding="utf-8"))
+
+    async def completions(request: Request):
+        body = await _read_body(request, limits)
+        try:
+            req = CompletionRequest.model_validate_json(body)
+        except ValidationError as e:
+            raise validation_error(e) from None
+        if req.model is not None and req.model != name:
+            raise APIError(404, f"the model {req.model!r} does not exist; this server serves {name!r}", "model",
+                           "model_not_found")
+        p = plan(run, req, limits)
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        cid, now = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        head = {"id": cid, "object": "text_completion", "created": now, "model": name}
+        progress, queue = None, None
+        if req.stream and not req.diffusing and run.kind.settles(p.sampler):
+            queue, loop = asyncio.Queue(), asyncio.get_running_loop()
+            progress = lambda i, ids: loop.call_soon_threadsafe(queue.put_nowait, (i, ids.copy()))  # noqa: E731
+        try:
+            future = engine.submit(p, trajectory=req.diffusing, progress=progress)
+        except Busy as e:
+            raise APIError(503, str(e), None, "server_busy", kind="server_error") from None
+        if req.stream and not req.diffusing:
+            return EventSourceResponse(_stream(texts, p, stop, head, future, queue, limits.timeout_s), ping=600)
+        ids, traj, info = await _result(request, future, limits.timeout_s)
+        choices = [dict(zip(("text", "finish_reason"), texts.completion(row, p, stop))) for row in ids]
+        diffusion = _diffusion(p, info)
+        if req.diffusing:
+            return EventSourceResponse(_frames(texts, p, req, engine.read_frames(p, traj), choices, head, diffusion,
+                                               _usage(p)), ping=600)
+        out = [{"index": i, "text": c["text"], "logprobs": None, "finish_reason": c["finish_reason"]}
+               for i, c in enumerate(choices)]
+        return JSONResponse({**head, "choices": out, "usage": _usage(p), "diffusion": diffusion})
+
+    async def http_error(request, e: HTTPException) -> JSONResponse:  # no such route (404), wrong method (405)
+        return APIError(e.status_code, str(e.detail)).response()
+
+    app = Starlette(
+        routes=[Route("/health", _guarded(health)), Route("/v1/models", _guarded(models)),
+                Route("/", _guarded(playground)), Route("/favicon.ico", _guarded(favicon)),
+                Route("/v1/completions", _guarded(completions), methods=["POST"])],
+        exception_handlers={HTTPException: http_error}, lifespan=lifespan)
+    app.state.engine, app.state.name = engine, name
+    app.add_middleware(Gate, hosts=tuple(allowed_hosts), api_key=api_key)
+    return app
+
+
+def _diffusion(p: Plan, info: dict) -> dict:
+    """The response's `diffusion` object: steps, sampler, seed, the batch's figures, tokens/s."""
+    return {"steps": p.steps, "sampler": p.sampler, "seed": p.seed, **info,
+            "tokens_per_second": p.n * p.length / max(info["seconds"], 1e-9)}
+
+
+def _usage(p: Plan) -> dict:
+    return {"prompt_tokens": p.start + p.suffix_len, "completion_tokens": p.n * p.length,
+            "total_tokens": p.start + p.suffix_len + p.n * p.length}
+
+
+async def _read_body(request: Request, limits: Limits) -> bytes:
+    """The JSON body: 415 unless it is sent as application/json, 413 over max_body_bytes, 408 if it stalls.
+
+    Refusing other content types means a page of another site cannot post
+    here with a "simple" request (text/plain needs no CORS preflight).
+
+    Raises:
+      APIError: 415, 413 (by its header or as it arrives), or 408 when the
+        whole body has not arrived within body_timeout_s (the connection is
+        then closed).
+      ClientGone: the client left while sending it.
+    """
+    ctype = request.headers.get("content-type", "")
+    if ctype.split(";", 1)[0].strip().lower() != "application/json":
+        raise APIError(415, f"the body must be JSON sent with Content-Type: application/json (got {ctype!r})",
+                       None, "unsupported_media_type")
+    limit = limits.max_body_bytes
+    too_big = APIError(413, f"the request body is over this server's limit of {limit} bytes", None,
+                       "request_too_large")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limits.body_timeout_s
+    chunks, size = [], 0
+    while True:
+        try:
+            message = await asyncio.wait_for(request.receive(), max(deadline - loop.time(), 0.0))
+        except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
+            raise APIError(408, f"the request body did not arrive within {limits.body_timeout_s:g} s", None,
+                           "request_timeout", headers={"Connection": "close"}) from None
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        size += len(message.get("body", b""))
+        if size > limit:
+            raise too_big
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _result(request: Request, future: concurrent.futures.Future, timeout_s: float) -> tuple:
+    """The engine's result for a job, or its job dropped when the client hangs up or the wait times out.
+
+    A plain HTTP request's task is not cancelled when its client leaves, so
+    the disconnect is watched for (the ASGI receive after the body).
+
+    Raises:
+      ClientGone: the client hung up (the job is dropped if it has not started).
+      APIError: 503 after timeout_s.
+    """
+    waiter = asyncio.wrap_future(future)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({waiter, gone}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if waiter in done:
+        return waiter.result()
+    future.cancel()  # a job that has not started leaves the queue unrun
+    waiter.cancel()
+    if gone in done:
+        raise ClientGone()
+    raise APIError(503, f"the request waited more than {timeout_s:g} s; the server is busy, retry later", None,
+                   "timeout", kind="server_error")
+
+
+async def _disconnect(request: Request) -> None:
+    """Return when the client has closed the connection."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _stream(texts: Texts, p: Plan, stop: list[str], head: dict, future: concurrent.futures.Future,
+                  queue: asyncio.Queue | None, timeout_s: float):
+    """OpenAI's streamed completion, sent as the text settles: chunks that concatenate to each choice's text.
+
+    With a `queue` (a sampler that ``settles``), the states the engine hands
+    over at each network call become chunks of new settled text while the
+    sampling runs; the last chunk of each choice holds the rest and its
+    finish_reason, then [DONE]. A failure after the stream has begun is an
+    event {"error": ...}. A client that hangs up (sse-starlette then cancels
+    this generator) or a timeout drops the job if it has not started.
+    """
+    streamed = Streamed(texts, p, stop)
+    waiter = asyncio.wrap_future(future)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+
+    def chunk(i, text, reason=None):
+        return {"data": json.dumps({**head, "choices": [{"index": i, "text": text, "logprobs": None,
+                                                         "finish_reason": reason}]})}
+
+    try:
+        while not waiter.done():
+            wanted = {waiter} if queue is None else {waiter, asyncio.ensure_future(queue.get())}
+            done, pending = await asyncio.wait(wanted, timeout=deadline - loop.time(),
+                                               return_when=asyncio.FIRST_COMPLETED)
+            for task in pending - {waiter}:
+                task.cancel()
+            if not done:
+                error = APIError(503, f"the request waited more than {timeout_s:g} s; the server is busy, retry "
+                                      "later", None, "timeout", kind="server_error")
+                yield {"data": json.dumps({"error": error.response_body()})}
+                return
+            for task in done - {waiter}:
+                i, ids = task.result()
+                text = streamed.update(i, ids)
+                if text:
+                    yield chunk(i, text)
+        try:
+            ids, _, _ = waiter.result()
+        except Exception:  # noqa: BLE001  the engine failed: the client hears of it, the log has the traceback
+            yield {"data": json.dumps({"error": _internal_error("a streamed completion").response_body()})}
+            return
+        for i, row in enumerate(ids):
+            text, reason = texts.completion(row, p, stop)
+            yield chunk(i, streamed.rest(i, text), reason)
+        yield {"data": "[DONE]"}
+    finally:
+        future.cancel()  # no effect once it has run
+        waiter.cancel()
+
+
+async def _frames(texts: Texts, p: Plan, req: CompletionRequest, frames: tuple, choices: list[dict], head: dict,
+                  diffusion: dict, usage: dict):
+    """The diffusing stream: the frames of the sampling, then the final text.
+
+    `frames` is (traj int[n, F, L], calls int[F], labels: F dicts or None), the
+    kind's reading of its trajectory (``Engine.read_frames``): for a
+    full-sequence run the N + 1 states, the state after k steps and the
+    network calls made so far (a step of the absorbing graph whose state has
+    no mask left makes none); for a run that draws part of the text at a
+    time, the frames of the parts that hold completion positions, "step" and
+    "steps" counting those frames and the labels naming the part. The last frame
+    holds the final text, after the last step and the denoise, and the
+    sampler's own count.
+    """
+    prompt, suffix = req.prompt, req.suffix or ""
+    traj, calls, labels = frames
+    steps = len(calls)
+    for k in range(steps):
+        frame = []
+        for i in range(p.n):
+            text, masked = texts.frame(traj[i, k], p, prompt, suffix)
+            frame.append({"index": i, "text": text, "masked": masked, "finish_reason": None})
+        where = {} if labels is None else labels[k]
+        yield {"data": json.dumps({**head, "object": "text_completion.diffusion", "step": k, "steps": steps,
+                                   **where, "nfe": int(calls[k]), "choices": frame})}
+    final = [{"index": i, "text": prompt + c["text"] + suffix, "completion": c["text"], "masked": [],
+              "finish_reason": c["finish_reason"]} for i, c in enumerate(choices)]
+    yield {"data": json.dumps({**head, "object": "text_completion.diffusion", "step": steps, "steps": steps,
+                               "nfe": diffusion["nfe"], "choices": final, "usage": usage, "diffusion": diffusion})}
+    yield {"data": "[DONE]"}

@@ -1,0 +1,166 @@
+"""`sedd serve`'s command line: its options checked, the run loaded, uvicorn started."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+
+import uvicorn
+
+from sedd import runs
+from sedd.serve.api import Limits, check_number
+from sedd.serve.app import LOCAL_HOSTS, create_app, model_name
+
+API_KEY_ENV = "SEDD_API_KEY"  # read when --api_key is not given (a key on the command line shows in `ps`)
+DESCRIPTION = "`sedd serve`: an OpenAI-style completions server for a run directory, and its playground page."
+
+
+def header_timeout_protocol(seconds: float):
+    """uvicorn's httptools protocol, closing a connection whose request headers take over `seconds`.
+
+    The clock runs from the connection's opening and from each answer's end
+    to the end of the next request's headers; uvicorn itself waits for
+    headers for ever once a byte of them has arrived. Returns None where
+    httptools is missing (uvicorn then uses h11, without this timeout).
+    """
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # optional dependency: httptools
+    except ImportError:
+        return None
+
+    class HeaderTimeout(HttpToolsProtocol):
+        _timer = None
+
+        def _arm(self):
+            self._disarm()
+            self._timer = self.loop.call_later(seconds, self._late)
+
+        def _disarm(self):
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _late(self):
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._arm()
+
+        def on_headers_complete(self):
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_response_complete(self):
+            waiting = bool(self.pipeline)  # a pipelined request whose headers are in runs next
+            super().on_response_complete()
+            if not waiting and not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc):
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderTimeout
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = Limits()
+    parser = argparse.ArgumentParser(prog="sedd serve", description=DESCRIPTION)
+    parser.add_argument("--workdir", required=True, help="the run directory to serve")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--allowed_hosts", default="",
+                        help="comma-separated names a request's Host header may give, besides localhost, "
+                             "127.0.0.1, ::1 and a --host other than 0.0.0.0 / :: ('*': any; see docs/serving.md)")
+    parser.add_argument("--api_key", default=None,
+                        help=f"require `Authorization: Bearer KEY` on /v1/ (default: ${API_KEY_ENV}, else none)")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
+    parser.add_argument("--model_name", default=None, help="the model id (default: sedd-<run directory name>)")
+    parser.add_argument("--max_steps", type=int, default=d.max_steps, help="most steps a request may ask for")
+    parser.add_argument("--max_n", type=int, default=d.max_n, help="most completions per request")
+    parser.add_argument("--max_batch", type=int, default=d.max_batch, help="most rows in one batch")
+    parser.add_argument("--max_queue", type=int, default=d.max_queue, help="most waiting requests (then 503)")
+    parser.add_argument("--max_programs", type=int, default=d.max_programs,
+                        help="compiled programs kept (the least recently used is dropped beyond)")
+    parser.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds a request may wait (then 503)")
+    parser.add_argument("--header_timeout", type=float, default=d.header_timeout_s,
+                        help="seconds a connection may take to send a request's headers (then it is closed)")
+    parser.add_argument("--body_timeout", type=float, default=d.body_timeout_s,
+                        help="seconds a request's body may take to arrive (then 408)")
+    parser.add_argument("--window_ms", type=float, default=d.window_s * 1e3,
+                        help="collection window of a batch, in milliseconds (0: no batching wait)")
+    parser.add_argument("--max_body", type=int, default=d.max_body_bytes, help="largest request body, bytes")
+    parser.add_argument("--log_level", default="info", help="uvicorn's log level (warning: no line per request)")
+    parser.add_argument("--warmup", action="store_true",
+                        help="compile every batch size of the warm-up steps and the default sampler before serving")
+    parser.add_argument("--warmup_steps", type=int, default=None, help="steps to compile (default: the run's)")
+    return parser
+
+
+def _options(args) -> tuple[Limits, tuple[str, ...], str | None]:
+    """(limits, allowed hosts, API key) of the command line, each value checked.
+
+    Raises:
+      ValueError: naming the option and the value refused.
+    """
+    if not 1 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port} is not a TCP port (1 to 65535)")
+    for flag, value, low, strict in (("--timeout", args.timeout, 0, True), ("--window_ms", args.window_ms, 0, False),
+                                     ("--header_timeout", args.header_timeout, 0, True),
+                                     ("--body_timeout", args.body_timeout, 0, True)):
+        check_number(flag, value, low, strict, integer=False)
+    for flag in ("max_steps", "max_n", "max_batch", "max_queue", "max_programs", "max_body"):
+        check_number(f"--{flag}", getattr(args, flag), 1, strict=False, integer=True)
+    if args.max_batch < args.max_n:
+        raise ValueError(f"--max_batch {args.max_batch} must be at least --max_n {args.max_n}")
+    if args.warmup_steps is not None and not 1 <= args.warmup_steps <= args.max_steps:
+        raise ValueError(f"--warmup_steps {args.warmup_steps} must be in [1, --max_steps {args.max_steps}]")
+    if args.step is not None and args.step < 0:
+        raise ValueError(f"--step {args.step} is not a training step")
+    limits = Limits(max_steps=args.max_steps, max_n=args.max_n, max_batch=args.max_batch, max_queue=args.max_queue,
+                    timeout_s=args.timeout, window_s=args.window_ms / 1e3, max_body_bytes=args.max_body,
+                    max_programs=args.max_programs, header_timeout_s=args.header_timeout,
+                    body_timeout_s=args.body_timeout)
+    hosts = [*LOCAL_HOSTS, *(h.strip() for h in args.allowed_hosts.split(",") if h.strip())]
+    if args.host not in ("0.0.0.0", "::", ""):
+        hosts.append(args.host)
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    if key is not None and (not key or any(c.isspace() for c in key)):
+        raise ValueError("--api_key must be a non-empty key without spaces")
+    return limits, tuple(dict.fromkeys(hosts)), key
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`sedd serve --workdir RUN [--host 127.0.0.1] [--port 8000] [limits ...]`; returns the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        limits, hosts, key = _options(args)
+        run = runs.load(args.workdir, step=args.step)
+        app = create_app(run, args.model_name or model_name(args.workdir), limits, hosts, key)
+    except (FileNotFoundError, RuntimeError, ValueError) as e:
+        print(f"sedd serve: error: {e}", file=sys.stderr)
+        return 2
+    name = app.state.name
+    if args.warmup:
+        t0 = time.perf_counter()
+        app.state.engine.warmup(steps=args.warmup_steps)
+        print(f"compiled the batch sizes up to {limits.max_batch} in {time.perf_counter() - t0:.1f} s")
+    access = "an API key is required" if key else "no API key: whoever can reach the port can use it"
+    print(f"serving {name} (step {run.step}, length {run.seq_len}) on http://{args.host}:{args.port}/ "
+          f"for the hosts {', '.join(hosts)}; {access}")
+    protocol = header_timeout_protocol(limits.header_timeout_s)
+    if protocol is None:
+        print("sedd serve: warning: without httptools (pip install 'uvicorn[standard]') there is no header timeout",
+              file=sys.stderr)
+    # JAX, the model and the compiled programs are millions of long-lived objects; a full collection walks
+    # them all, pausing the whole server (GIL held) under load (docs/serving.md). Frozen, the collector
+    # skips them.
+    gc.collect()
+    gc.freeze()
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, http=protocol or "auto")
+    return 0
