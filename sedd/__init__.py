@@ -14,6 +14,8 @@ One module per concept of the paper:
 
 and around them:
   kinds        model kinds (SEDD's ddit, the AR baseline): network, loss, figure, sampler
+  ddit_block   the DDiT's transformer block and its decoding cache (a ring of keys and values)
+  layers       the DDiT's building blocks: sigma and rotary embeddings, adaLN, its layers
   kernels      the model's speed paths: bfloat16 products, dtype policy, dropout masks
   categorical  categorical draws exact for small probabilities
   rng          random words from every bit of a threefry block
