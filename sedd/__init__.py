@@ -17,6 +17,8 @@ and around them:
   kinds        model kinds (SEDD's ddit, the AR baseline, block diffusion): network, loss,
                figure, sampler, serving program
   block        block diffusion: the [x_t ; x_0] loss, the KV-cached block sampler
+  ddit_block   the DDiT's transformer block and its decoding cache (a ring of keys and values)
+  layers       the DDiT's building blocks: sigma and rotary embeddings, adaLN, its layers
   kernels      the model's speed paths: bfloat16 products, dtype policy, dropout masks
   categorical  categorical draws exact for small probabilities
   rng          random words from every bit of a threefry block

@@ -15,12 +15,27 @@ adaptive LayerNorm (adaLN), with rotary position embeddings (Su et al. 2021,
   each block: x += gate_a * Drop(Attn(modulate(LN(x), shift_a, scale_a)))
               x += gate_m * Drop(MLP (modulate(LN(x), shift_m, scale_m)))
 
+Where each piece lives (each name below is importable from ``sedd.model`` too,
+as it was before the building blocks had modules of their own):
+  sedd.layers       FREQ_DIM, ROTARY_BASE, LN_EPS, padded, modulate, per_position,
+                    timestep_embedding, apply_rotary, TimestepEmbedder, FinalLayer
+                    (its helpers linear, layer_norm, partitioned and
+                    broadcast_positions are new: import them from sedd.layers)
+  sedd.ddit_block   DDiTBlock: adaLN attention and MLP, and its decoding cache
+                    (a ring of keys and values)
+  sedd.graphs       log_expm1
+  this module       DDiT (features, output_layer, network_output, log_score,
+                    output_rows, init_cache), REMAT_POLICIES, block_diffusion_mask,
+                    param_count, non_embedding_param_count, matmul_params,
+                    flops_per_token
+
 Shape letters used throughout this module:
   B batch, L sequence length, H hidden size, N attention heads, K head dim
   (H = N K), C conditioning width, F sinusoidal frequency features (256),
-  S length of the decoding cache, V vocabulary size, D output width `out_dim`
-  (the graph dim for diffusion: V + 1 for the absorbing graph, whose mask id is
-  V, V for the uniform graph; V next-token logits for the autoregressive baseline).
+  G groups of positions with a noise level each, V vocabulary size, D output
+  width `out_dim` (the graph dim for diffusion: V + 1 for the absorbing graph,
+  whose mask id is V, V for the uniform graph; V next-token logits for the
+  autoregressive baseline).
 
 Precision: parameters are always float32. `dtype` is the compute dtype of the
 matmuls and attention; LayerNorm, the adaLN modulation, the residual stream
@@ -35,9 +50,9 @@ Dropout is `sedd.kernels.Dropout`, nnx.Dropout with masks from 16 random bits
 an element. What each speed path is for: `sedd.kernels`.
 
 Decoding: a causal model can run one chunk of positions at a time against a
-key/value cache kept in each block (`init_cache`, then `network_output(...,
-decode=True)`), the pattern of Flax's lm1b example. Both paths run the same
-block code; only where keys and values come from differs.
+key/value cache kept in each block (``sedd.ddit_block``; `init_cache`, then
+`network_output(..., decode=True)`), the pattern of Flax's lm1b example. Both
+paths run the same block code; only where keys and values come from differs.
 
 Logical axis names carried by parameters (metadata `out_sharding`, read with
 `nnx.get_partition_spec(nnx.state(model))`; a mesh's rules map them to mesh
@@ -65,17 +80,27 @@ import numpy as np
 from flax import nnx
 
 from sedd import kernels
-from sedd.sharding import constrain_rows
+from sedd.ddit_block import DDiTBlock
 from sedd.graphs import log_expm1  # one stable log(e^sigma - 1) for the package
+# The building blocks, used here or re-exported: the names sedd.model has always offered.
+from sedd.layers import (
+    FREQ_DIM,
+    LN_EPS,
+    ROTARY_BASE,
+    FinalLayer,
+    TimestepEmbedder,
+    apply_rotary,
+    broadcast_positions,
+    modulate,
+    padded,
+    partitioned,
+    per_position,
+    timestep_embedding,
+)
+from sedd.sharding import constrain_rows
 
 Array = jax.Array
 
-# Width of the sinusoidal sigma embedding, as in the original.
-FREQ_DIM = 256
-# Rotary base of RoFormer (Su et al. 2021) and of the original.
-ROTARY_BASE = 10000.0
-# LayerNorm epsilon of torch's F.layer_norm default, which the original uses.
-LN_EPS = 1e-5
 # model.remat: what the backward pass of a block keeps from its forward pass (jax.checkpoint
 # policies). "none": everything (no recomputation); "dots": the outputs of the weight matmuls
 # (not the attention products, which have batch dimensions), the rest recomputed; "blocks": only
@@ -85,100 +110,6 @@ REMAT_POLICIES = {
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "blocks": jax.checkpoint_policies.nothing_saveable,
 }
-
-
-def padded(n: int, multiple: int) -> int:
-    """n rounded up to a multiple of `multiple`: the rows of a vocabulary table a mesh axis can split."""
-    return -(-n // multiple) * multiple
-
-
-def _part(init, names: tuple[str, ...]):
-    """Attaches logical axis names to an initializer without sharding eagerly.
-
-    Eager sharding would need a mesh (and rules mapping these logical names onto
-    it) at construction time; keeping the names as metadata lets the same model
-    build unsharded on one CPU and be placed on a mesh later by
-    `jax.jit(..., out_shardings=...)`.
-    """
-    return nnx.with_partitioning(init, names, eager_sharding=False)
-
-
-# torch's default nn.Linear / nn.Embedding-with-kaiming_uniform(a=sqrt(5)) init,
-# U(-1/sqrt(fan_in), 1/sqrt(fan_in)), whose variance is 1 / (3 fan_in); the
-# original DDiT uses it everywhere it does not zero-initialise.
-_torch_like = nnx.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
-_zeros = nnx.initializers.zeros_init()
-_ones = nnx.initializers.ones_init()
-
-
-def _linear(
-    n_in: int,
-    n_out: int,
-    names: tuple[str | None, str],
-    *,
-    use_bias: bool = True,
-    zero: bool = False,
-    dtype: Any = jnp.float32,
-    rngs: nnx.Rngs,
-) -> nnx.Linear:
-    """A float32-parameter Linear layer with logical axis names on its kernel and bias."""
-    return nnx.Linear(
-        n_in,
-        n_out,
-        use_bias=use_bias,
-        dtype=dtype,
-        param_dtype=jnp.float32,
-        # Below float32: multiply in dtype, accumulate and return float32 (kernels.mixed_einsum).
-        **kernels.linear_kwargs(dtype),
-        kernel_init=_part(_zeros if zero else _torch_like, names),
-        bias_init=_part(_zeros, (names[1],)),
-        rngs=rngs,
-    )
-
-
-def _layer_norm(h: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
-    """Weight-only LayerNorm computed in float32 (the original has no bias)."""
-    return nnx.LayerNorm(
-        h,
-        epsilon=LN_EPS,
-        use_bias=False,
-        use_scale=True,
-        dtype=jnp.float32,
-        param_dtype=jnp.float32,
-        scale_init=_part(_ones, ("embed",)),
-        rngs=rngs,
-    )
-
-
-def modulate(x: Array, shift: Array, scale: Array) -> Array:
-    """adaLN modulation of Peebles & Xie 2023: x (1 + scale) + shift.
-
-    Args:
-      x: float[B, L, H] normalised activations.
-      shift: float[B, H], or float[B, L, H] per position (``per_position``).
-      scale: as shift.
-    Returns:
-      float[B, L, H]; the identity when shift = scale = 0, so a zero-initialised
-      adaLN layer starts every block as a plain pre-LN block.
-    """
-    return x * (1.0 + _rows(scale)) + _rows(shift)
-
-
-def _rows(a: Array) -> Array:
-    """float[B, X] -> float[B, 1, X] (one value for every position); float[B, L, X] as it is."""
-    return a[:, None, :] if a.ndim == 2 else a
-
-
-def per_position(mod: Array, length: int) -> Array:
-    """Conditioning outputs of G groups, float[B, G, X], repeated over each group's length / G positions.
-
-    The noise groups of ``DDiT.network_output``: group g covers positions
-    [g length / G, (g + 1) length / G). float[B, X] (one group) stays as it is.
-    Returns float[B, X] or float[B, length, X].
-    """
-    if mod.ndim == 2:
-        return mod
-    return jnp.repeat(mod, length // mod.shape[1], axis=1, total_repeat_length=length)
 
 
 def block_diffusion_mask(length: int, block_size: int) -> np.ndarray:
@@ -202,310 +133,6 @@ def block_diffusion_mask(length: int, block_size: int) -> np.ndarray:
     top = np.concatenate([own, before], axis=1)  # x_t queries
     bottom = np.concatenate([np.zeros_like(own), own | before], axis=1)  # x_0 queries
     return np.concatenate([top, bottom], axis=0)
-
-
-def timestep_embedding(sigma: Array, dim: int = FREQ_DIM, max_period: float = 10000.0) -> Array:
-    """Sinusoidal embedding of the noise level (DiT's timestep embedding).
-
-    emb = [cos(sigma w_0), ..., cos(sigma w_{F/2-1}), sin(sigma w_0), ..., sin(sigma w_{F/2-1})],
-    w_k = max_period^{-k / (F/2)}; cos comes before sin, as in the original.
-
-    Args:
-      sigma: float[B] total noise levels.
-      dim: F, the (even) embedding width.
-      max_period: the longest period of the sinusoids.
-    Returns:
-      float32[B, F].
-    """
-    half = dim // 2
-    freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / half)  # (F/2,)
-    args = sigma.astype(jnp.float32)[:, None] * freqs[None, :]  # (B, F/2)
-    return jnp.concatenate([jnp.cos(args), jnp.sin(args)], axis=-1)  # (B, F)
-
-
-def apply_rotary(x: Array, positions: Array, base: float = ROTARY_BASE) -> Array:
-    """Rotary position embedding (Su et al. 2021, RoFormer), half-split layout.
-
-    Channel j is paired with channel j + K/2 and the pair is rotated by the angle
-    p theta_j, theta_j = base^{-2j/K}, at position p:
-      (x_j, x_{j+K/2}) -> (x_j cos - x_{j+K/2} sin, x_{j+K/2} cos + x_j sin).
-    Because R(m)^T R(n) = R(n - m), the score <R(m) q, R(n) k> depends on the
-    positions only through n - m. The half-split layout (rather than interleaved
-    pairs) matches the original's weights.
-
-    Args:
-      x: float[B, L, N, K] queries or keys, K even.
-      positions: int or float[L] position of each row.
-      base: the rotary base.
-    Returns:
-      float32[B, L, N, K], rotated.
-    """
-    k = x.shape[-1]
-    half = k // 2
-    # Positions known at trace time (training, evaluation, a sampler's steps) give a
-    # constant table: XLA would otherwise fuse cos and sin into the rotation and
-    # compute them again for every (B, N) element (docs/benchmarks.md, float32 step).
-    xp = np if isinstance(positions, np.ndarray) else jnp
-    inv_freq = 1.0 / (base ** (xp.arange(half, dtype=np.float32) * np.float32(2.0) / np.float32(k)))  # (K/2,)
-    angles = xp.asarray(positions).astype(np.float32)[:, None] * inv_freq[None, :]  # (L, K/2)
-    cos = xp.cos(angles)[None, :, None, :]  # (1, L, 1, K/2)
-    sin = xp.sin(angles)[None, :, None, :]  # (1, L, 1, K/2)
-    x = x.astype(jnp.float32)
-    x1, x2 = x[..., :half], x[..., half:]  # (B, L, N, K/2) each
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)  # (B, L, N, K)
-
-
-class TimestepEmbedder(nnx.Module):
-    """sigma -> cond: sinusoidal(F) -> Linear(F, C) -> SiLU -> Linear(C, C).
-
-    Args:
-      cond_dim: C.
-      rngs: parameter initialisation keys.
-    """
-
-    def __init__(self, cond_dim: int, *, rngs: nnx.Rngs):
-        # float32 whatever the model's compute dtype: the original computes the
-        # conditioning outside its bfloat16 autocast.
-        self.fc1 = _linear(FREQ_DIM, cond_dim, ("freq", "cond"), dtype=jnp.float32, rngs=rngs)
-        # One logical name per spec: a mesh axis may shard only one dimension.
-        self.fc2 = _linear(cond_dim, cond_dim, (None, "cond"), dtype=jnp.float32, rngs=rngs)
-
-    def __call__(self, sigma: Array) -> Array:
-        """Args: sigma float[B]. Returns: float32[B, C]."""
-        h = self.fc1(timestep_embedding(sigma))  # (B, C)
-        return self.fc2(jax.nn.silu(h))  # (B, C)
-
-
-class DDiTBlock(nnx.Module):
-    """One adaLN-modulated transformer block (Peebles & Xie 2023), rotary attention.
-
-    A causal or block-causal block can also decode: after `init_cache`,
-    `decode=True` runs the new positions against the keys and values of the
-    earlier ones.
-
-    Args:
-      hidden_size: H.
-      n_heads: N; K = H / N must be even for rotary.
-      cond_dim: C.
-      mlp_ratio: MLP hidden width as a multiple of H.
-      dropout: dropout rate on both residual branches.
-      causal: causal self-attention (for an autoregressive baseline).
-      block_size: decoding unit of a block-diffusion model: a decoded position
-        sees the cached positions of its own and earlier blocks (causal is
-        block_size 1); None for neither, a model that cannot decode.
-      dtype: compute dtype of matmuls and attention.
-      rngs: parameter keys and the 'dropout' stream.
-    """
-
-    def __init__(
-        self,
-        hidden_size: int,
-        n_heads: int,
-        cond_dim: int,
-        *,
-        mlp_ratio: int = 4,
-        dropout: float = 0.1,
-        causal: bool = False,
-        block_size: int | None = None,
-        dtype: Any = jnp.float32,
-        rngs: nnx.Rngs,
-    ):
-        h = hidden_size
-        self.n_heads = n_heads
-        self.head_dim = h // n_heads
-        self.causal = causal
-        self.block_size = 1 if causal else block_size
-        self.dtype = dtype
-        self.norm1 = _layer_norm(h, rngs)
-        # Packed as (3, N, K) along the output axis, the original's layout.
-        self.attn_qkv = _linear(h, 3 * h, ("embed", "qkv"), use_bias=False, dtype=dtype, rngs=rngs)
-        self.attn_out = _linear(h, h, ("heads", "embed"), use_bias=False, dtype=dtype, rngs=rngs)
-        self.norm2 = _layer_norm(h, rngs)
-        self.mlp_in = _linear(h, mlp_ratio * h, ("embed", "mlp"), dtype=dtype, rngs=rngs)
-        self.mlp_out = _linear(mlp_ratio * h, h, ("mlp", "embed"), dtype=dtype, rngs=rngs)
-        # Zero init makes every block the identity map at start (gates are 0),
-        # the "adaLN-Zero" choice of Peebles & Xie 2023.
-        self.adaLN_modulation = _linear(cond_dim, 6 * h, ("cond", "adaln"), zero=True, dtype=dtype, rngs=rngs)
-        # deterministic=True: a fresh model is in eval mode; `model.train()` flips it.
-        self.dropout1 = kernels.Dropout(dropout, deterministic=True, rngs=rngs)
-        self.dropout2 = kernels.Dropout(dropout, deterministic=True, rngs=rngs)
-        # Set by `init_cache`; the layout of nnx.MultiHeadAttention's cache.
-        self.cached_key: nnx.Cache | None = nnx.data(None)
-        self.cached_value: nnx.Cache | None = nnx.data(None)
-        self.cache_index: nnx.Cache | None = nnx.data(None)
-
-    def init_cache(self, batch: int, max_len: int) -> None:
-        """An empty decoding cache of a window of max_len positions: keys and values
-        [B, S = max_len + u, N, K] in the compute dtype (u = block_size, the decoding
-        unit: a ring of one unit more than the window, ``_attend_cache``), and the
-        next position to write, 0."""
-        shape = (batch, max_len + (self.block_size or 0), self.n_heads, self.head_dim)
-        self.cached_key = nnx.Cache(jnp.zeros(shape, self.dtype))
-        self.cached_value = nnx.Cache(jnp.zeros(shape, self.dtype))
-        self.cache_index = nnx.Cache(jnp.array(0, jnp.int32))
-
-    def __call__(
-        self,
-        x: Array,
-        c: Array,
-        *,
-        positions: Array | None = None,
-        mask: Array | None = None,
-        decode: bool = False,
-        commit: bool | int = True,
-        deterministic: bool | None = None,
-        rngs: nnx.Rngs | None = None,
-    ) -> Array:
-        """Applies the block.
-
-        Args:
-          x: float32[B, L, H] residual stream; with decode, at the L positions
-            from the cache index on.
-          c: float32[B, C] conditioning (already passed through SiLU), or
-            float32[B, G, C], one for each of G equal groups of positions.
-          positions: int[L] rotary positions (default 0 .. L - 1; ignored with decode).
-          mask: bool[L, L] attention mask, True = attend (default: none, or
-            causal); not with decode.
-          decode: write this chunk's keys and values into the cache and attend
-            over it (causal or block-causal blocks only; see `_attend_cache`).
-          commit: with decode, keep this chunk in the cache and advance its
-            index by L; False scores the chunk against the cache and leaves
-            the cache as it was (a block still being denoised); an int n
-            keeps the first n positions only.
-          deterministic: disable dropout; None follows the module's train/eval mode.
-          rngs: optional 'dropout' keys overriding the stored stream.
-        Returns:
-          float32[B, L, H].
-        """
-        b, l, h = x.shape
-        mod = per_position(self.adaLN_modulation(c).astype(jnp.float32), l)  # (B, 6H) or (B, L, 6H)
-        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = jnp.split(mod, 6, axis=-1)
-
-        y = modulate(self.norm1(x.astype(jnp.float32)), shift_a, scale_a)  # (B, L, H)
-        qkv = self.attn_qkv(y.astype(self.dtype))  # (B, L, 3H)
-        qkv = qkv.reshape(b, l, 3, self.n_heads, self.head_dim)  # (B, L, 3, N, K)
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # (B, L, N, K) each
-        if decode:
-            pos = self._cache_start(b) + jnp.arange(l)  # (L,)
-        else:
-            pos = np.arange(l) if positions is None else positions  # numpy when known at trace time
-        q = apply_rotary(q, pos)  # (B, L, N, K)
-        k = apply_rotary(k, pos)  # (B, L, N, K)
-        if decode:
-            att = self._attend_cache(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype), pos, commit)
-        else:
-            att = kernels.mixed_attention(q, k, v, self.causal, self.dtype, mask=mask)  # (B, L, N, K), float32
-        att = self.attn_out(att.reshape(b, l, h))  # (B, L, H)
-        att = self.dropout1(att, deterministic=deterministic, rngs=rngs).astype(jnp.float32)
-        x = x + _rows(gate_a) * att  # (B, L, H)
-
-        y = modulate(self.norm2(x), shift_m, scale_m)  # (B, L, H)
-        y = self.mlp_in(y.astype(self.dtype))  # (B, L, mlp_ratio H)
-        y = self.mlp_out(jax.nn.gelu(y, approximate=True))  # (B, L, H)
-        y = self.dropout2(y, deterministic=deterministic, rngs=rngs).astype(jnp.float32)
-        return x + _rows(gate_m) * y  # (B, L, H)
-
-    def _cache_start(self, batch: int) -> Array:
-        """The position of the first new row: int32[] (trace-time checks first)."""
-        if self.block_size is None:
-            raise ValueError("decode needs a causal or block-causal block: with full attention every "
-                             "position sees later ones, which no cache holds.")
-        if self.cache_index is None:
-            raise ValueError("no decoding cache: call init_cache(batch, max_len) first.")
-        if self.cached_key.shape[0] != batch:
-            raise ValueError(f"the cache holds batch {self.cached_key.shape[0]}, the input {batch}.")
-        return self.cache_index[...]
-
-    def _attend_cache(self, q: Array, k: Array, v: Array, pos: Array, commit: bool | int) -> Array:
-        """Writes k, v into the cache at rows pos mod S and attends over it, (block-)causally, in a window.
-
-        The cache is a ring of S = W + u rows (W the window, u = block_size
-        the decoding unit, 1 for a causal block): position p lives in row
-        p mod S, so past S the newest positions overwrite the oldest, and the
-        absolute positions may pass S (rotary scores depend on position
-        differences only). A query at position p in the unit starting at
-        s = u floor(p / u) sees a held position r when
-
-            floor(r / u) <= floor(p / u)      its own unit and earlier ones (causal: r <= p),
-            r >= s + u - W                    the last W positions up to its unit's end,
-
-        so a unit sees the W - u positions before it, whatever else the chunk
-        holds: a chunk of two units (the clean block committed and the next
-        one scored in one call, ``sedd.block``) gives each unit the context it
-        has alone, which is what the extra u rows are for.
-
-        Args:
-          q, k: [B, L, N, K] rotary-embedded queries and keys, compute dtype.
-          v: [B, L, N, K] values.
-          pos: int32[L] consecutive positions from the cache index.
-          commit: store the chunk's rows and advance the index past pos (True);
-            False leaves the cache as it was; an int n stores the first n rows
-            and advances the index by n.
-        Returns:
-          [B, L, N, K] attention output.
-        """
-        size, l = self.cached_key.shape[1], pos.shape[0]
-        if l > size:
-            raise ValueError(f"a decoded chunk of {l} positions exceeds the cache's {size} rows "
-                             f"(a window of {size - self.block_size} and one unit of {self.block_size})")
-        unit = self.block_size
-        window = size - unit
-        rows_new = pos % size  # (L,) the chunk's rows (a chunk may wrap around the ring's end)
-        keys = self.cached_key[...].at[:, rows_new].set(k)  # (B, S, N, K)
-        values = self.cached_value[...].at[:, rows_new].set(v)  # (B, S, N, K)
-        keep = l if commit is True else int(commit)
-        if keep == l:
-            self.cached_key[...], self.cached_value[...] = keys, values
-        elif keep:
-            self.cached_key[...] = self.cached_key[...].at[:, rows_new[:keep]].set(k[:, :keep])
-            self.cached_value[...] = self.cached_value[...].at[:, rows_new[:keep]].set(v[:, :keep])
-        if keep:
-            self.cache_index[...] = pos[keep - 1] + 1
-        last = pos[-1]
-        held = last - (last - jnp.arange(size)) % size  # (S,) the position in each row; < 0: never written
-        own = pos // unit  # (L,)
-        visible = ((held[None, :] >= 0) & (held[None, :] // unit <= own[:, None])
-                   & (held[None, :] >= (own[:, None] + 1) * unit - window))  # (L, S)
-        return jax.nn.dot_product_attention(q, keys, values, mask=visible[None, None])  # (B, L, N, K)
-
-
-class FinalLayer(nnx.Module):
-    """LayerNorm, adaLN (shift, scale) and a zero-initialised projection to D.
-
-    Args:
-      hidden_size: H.
-      out_dim: D.
-      cond_dim: C.
-      dtype: compute dtype of the matmuls.
-      vocab_multiple: the projection has D rounded up to a multiple of this
-        many columns (``padded``); the output has D.
-      rngs: parameter keys.
-    """
-
-    def __init__(
-        self, hidden_size: int, out_dim: int, cond_dim: int, *, dtype: Any = jnp.float32, vocab_multiple: int = 1,
-        rngs: nnx.Rngs
-    ):
-        self.out_dim = out_dim
-        self.norm_final = _layer_norm(hidden_size, rngs)
-        self.adaLN_modulation = _linear(
-            cond_dim, 2 * hidden_size, ("cond", "adaln"), zero=True, dtype=dtype, rngs=rngs
-        )
-        # Zero init: the network starts with output 0, so the log-score starts at
-        # the scale-by-sigma prior alone (see DDiT.__call__).
-        # Padded to a multiple of vocab_multiple columns so a mesh axis can split them;
-        # the padding is sliced off the output, so its columns get no gradient and stay 0.
-        self.linear = _linear(hidden_size, padded(out_dim, vocab_multiple), ("embed", "vocab"), zero=True,
-                              dtype=dtype, rngs=rngs)
-        self.dtype = dtype
-
-    def __call__(self, x: Array, c: Array) -> Array:
-        """Args: x float32[B, L, H]; c float32[B, C] or [B, G, C] (groups). Returns: float32[B, L, D]."""
-        mod = per_position(self.adaLN_modulation(c).astype(jnp.float32), x.shape[1])  # (B, 2H) or (B, L, 2H)
-        shift, scale = jnp.split(mod, 2, axis=-1)
-        y = modulate(self.norm_final(x.astype(jnp.float32)), shift, scale)  # (B, L, H)
-        out = self.linear(y.astype(self.dtype)).astype(jnp.float32)  # (B, L, D padded)
-        return out[..., : self.out_dim] if out.shape[-1] != self.out_dim else out  # (B, L, D)
 
 
 class DDiT(nnx.Module):
@@ -624,7 +251,7 @@ class DDiT(nnx.Module):
             hidden_size,
             dtype=jnp.float32,
             param_dtype=jnp.float32,
-            embedding_init=_part(emb_init, ("vocab", "embed")),
+            embedding_init=partitioned(emb_init, ("vocab", "embed")),
             rngs=rngs,
         )
         self.sigma_map = TimestepEmbedder(cond_dim, rngs=rngs) if time_conditioning else None
@@ -892,10 +519,10 @@ class DDiT(nnx.Module):
             # Computed stably, unlike the original's log(expm1) / exp - 1 switch which
             # is fine in float32 only up to moderate sigma.
             offset = log_expm1(jnp.asarray(sigma)) + math.log(d - 1)  # (B,) or (B, L)
-            out = out - _rows(offset[..., None])  # (B, L, D)
+            out = out - broadcast_positions(offset[..., None])  # (B, L, D)
         current = x[..., None] == jnp.arange(d)  # (B, L, D) bool
         if self.normalize and not self.scale_by_sigma:
-            out = _uniform_mean_log_score(out, current, _rows(jnp.asarray(sigma)[..., None]))
+            out = _uniform_mean_log_score(out, current, broadcast_positions(jnp.asarray(sigma)[..., None]))
         return jnp.where(current, 0.0, out)  # (B, L, D)
 
 
