@@ -1,0 +1,133 @@
+r"""Speculative sampling: a drafter proposes k tokens, the target checks them in one call, its law exactly.
+
+Leviathan, Kalman & Matias 2023 (arXiv 2211.17192, Alg. 1) and Chen et al.
+2023 (arXiv 2302.01318, Alg. 2). The target is an autoregressive law
+p(x_l | x_<l) (an AR network with its KV cache, or any exact conditional).
+From a prefix x_<s a drafter proposes y_0 .. y_{k-1}, where y_i was drawn from
+
+    q_i(.) = q(y_i = . | x_<s, y_<i),                                          (1)
+
+the law of the i-th drafted token given the prefix and the drafted tokens
+before it only. One call of the target scores the k + 1 positions s .. s + k
+given x_<s and the drafts, p_i(.) = p(x_{s+i} = . | x_<s, y_<i), and
+
+    y_i is accepted with probability min(1, p_i(y_i) / q_i(y_i)), i = 0, 1, ..;
+    at the first rejection j, x_{s+j} ~ max(0, p_j - q_j) / Z_j and the round ends;
+    when all k are accepted, x_{s+k} ~ p_k (one token more, from the same call).  (2)
+
+Each token written has the law p given the tokens before it, whatever q is
+(Leviathan et al., Thm. 3.5: P(x = y) = min(p, q) + (1 - sum min(p, q))
+(p - q)^+ / Z = p), so the text has the target's law exactly; a round writes
+between 1 and k + 1 tokens for one call of the target.
+
+What q must be, (1): the law each drafted token was drawn from given the
+prefix and the drafted tokens *before* it. A drafter that draws the k tokens
+independently given the prefix (a block drafted in one step), or left to
+right, gives (1) directly. A sampler that commits a later position first and
+then draws an earlier one given it does not: its law for y_i depends on
+y_>i, and the left-to-right conditionals of its joint law are what (1)
+needs (tests/test_speculative.py checks both: the exact conditionals keep the
+law, the per-position laws of such a sampler do not).
+
+Temperature and top-p apply to the target's conditionals (and so to the
+text): the caller passes p already shaped.
+
+Shapes: B batch, k drafted tokens a round, V vocabulary, T the text's buffer.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from sedd.categorical import sample_categorical
+
+
+def verify(key: jax.Array, p: jax.Array, q: jax.Array, drafted: jax.Array,
+           categorical: str = "precise") -> tuple[jax.Array, jax.Array]:
+    """One round's check, (2): how many drafts are kept, and the tokens the round writes.
+
+    Args:
+      key: a ``jax.random`` key.
+      p: float[B, k + 1, V] the target's law at the k drafted positions and the one after.
+      q: float[B, k, V] the drafter's law (1) of each drafted token.
+      drafted: int[B, k] the drafted tokens.
+      categorical: the method of the redraw (``sedd.categorical.sample_categorical``).
+    Returns:
+      (accepted int32[B] in [0, k], tokens int32[B, k + 1]): tokens[:, :accepted]
+      are the drafts kept, tokens[:, accepted] the redrawn (or extra) token;
+      the round writes accepted + 1 tokens, the rest of the row is unused.
+    """
+    p, q = p.astype(jnp.float32), q.astype(jnp.float32)
+    b, k = drafted.shape
+    k_accept, k_draw = jax.random.split(key)
+    p_y = jnp.take_along_axis(p[:, :k], drafted[..., None], axis=-1)[..., 0]  # (B, k)
+    q_y = jnp.take_along_axis(q, drafted[..., None], axis=-1)[..., 0]  # (B, k)
+    u = jax.random.uniform(k_accept, (b, k))
+    keep = u * q_y < p_y  # u < p / q without dividing (q_y > 0: y was drawn from q)
+    accepted = jnp.sum(jnp.cumprod(keep, axis=1), axis=1).astype(jnp.int32)  # (B,) leading accepts
+    residual = jnp.concatenate([jnp.maximum(p[:, :k] - q, 0.0), p[:, k:]], axis=1)  # (B, k + 1, V)
+    at = jnp.take_along_axis(residual, accepted[:, None, None], axis=1)[:, 0]  # (B, V)
+    # Z_j > 0 whenever y_j can be rejected; where p_j = q_j exactly (a rejection of probability 0) p_j stands in.
+    base = jnp.take_along_axis(p, accepted[:, None, None], axis=1)[:, 0]
+    at = jnp.where(jnp.sum(at, -1, keepdims=True) > 0, at, base)
+    new = sample_categorical(k_draw, at, categorical).astype(jnp.int32)  # (B,)
+    pos = jnp.arange(k + 1)[None, :]
+    padded = jnp.concatenate([drafted.astype(jnp.int32), jnp.zeros((b, 1), jnp.int32)], axis=1)
+    tokens = jnp.where(pos < accepted[:, None], padded, jnp.where(pos == accepted[:, None], new[:, None], 0))
+    return accepted, tokens
+
+
+@functools.partial(jax.jit, static_argnames=("target", "drafter", "length", "k", "categorical"))
+def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Array, prompt_len: jax.Array, *,
+           target: Callable, drafter: Callable, length: int, k: int, categorical: str = "precise") -> tuple:
+    """Text of `length` tokens by rounds of (2), every row at its own position, in one compiled program.
+
+    Args:
+      key: a ``jax.random`` key; round r uses fold_in(key, r).
+      target_state, drafter_state: pytrees the two functions read and return (a KV cache; None).
+      prompt: int32[B, length] the given tokens at positions < prompt_len.
+      prompt_len: int32[B] (0: no prompt).
+      target: (state, text int32[B, T], start int32[B], k) -> (p float[B, k + 1, V], state): the
+        target's law at positions start .. start + k of `text` given text[:, :start + i]
+        (T = length + k + 1; the positions at and after start hold the drafts). Its state is
+        told where the text now ends by the next call's `start` (a KV cache rolls back to it).
+      drafter: (key, state, text, start, k) -> (drafted int32[B, k], q float[B, k, V], state),
+        q the law (1) of each draft.
+      length: L; k: drafts a round; categorical: the method of the redraws.
+    Returns:
+      (text int32[B, L], stats): stats["rounds"] int32[] target calls made (the batch's);
+      stats["rounds_per_sample"] int32[B]; stats["accepted_at"] int32[k]: rows in which the
+      draft at position i of a round was accepted, summed over rounds (the acceptance by position
+      is accepted_at / rounds_per_sample summed over rows).
+    """
+    b = prompt.shape[0]
+    text = jnp.zeros((b, length + k + 1), jnp.int32).at[:, :length].set(prompt)
+    start = jnp.asarray(prompt_len, jnp.int32)  # (B,) the first position to write
+
+    def round_(carry):
+        r, text, start, t_state, d_state, rounds_row, accepted_at = carry
+        key_r = jax.random.fold_in(key, r)
+        k_draft, k_verify = jax.random.split(key_r)
+        drafted, q, d_state = drafter(k_draft, d_state, text, start, k)
+        window = jnp.arange(k)[None, :] + start[:, None]  # (B, k)
+        proposed = text.at[jnp.arange(b)[:, None], window].set(drafted.astype(jnp.int32))
+        p, t_state = target(t_state, proposed, start, k)
+        accepted, tokens = verify(k_verify, p, q, drafted, categorical)
+        live = start < length  # (B,) rows still writing
+        written = jnp.arange(k + 1)[None, :] + start[:, None]  # (B, k + 1)
+        keep = live[:, None] & (jnp.arange(k + 1)[None, :] <= accepted[:, None])
+        text = text.at[jnp.arange(b)[:, None], written].set(
+            jnp.where(keep, tokens, jnp.take_along_axis(text, written, axis=1)))
+        counted = live[:, None] & (jnp.arange(k)[None, :] < accepted[:, None])
+        return (r + 1, text, jnp.where(live, start + accepted + 1, start), t_state, d_state,
+                rounds_row + live.astype(jnp.int32), accepted_at + counted.sum(0).astype(jnp.int32))
+
+    carry = (jnp.int32(0), text, start, target_state, drafter_state, jnp.zeros((b,), jnp.int32),
+             jnp.zeros((k,), jnp.int32))
+    r, text, _, _, _, rounds_row, accepted_at = jax.lax.while_loop(
+        lambda c: jnp.any(c[2] < length), round_, carry)
+    return text[:, :length], {"rounds": r, "rounds_per_sample": rounds_row, "accepted_at": accepted_at}

@@ -1,0 +1,228 @@
+"""Speculative sampling keeps the target's law exactly, whatever the drafter: checked over all V^L sequences.
+
+The target is a random law P over V^L = 3^6 sequences, its conditionals
+p(x_l | x_<l) computed exactly from P. Draws of ``sedd.speculative.decode``
+are held within a TV bound from the sample size (``reference.tv_noise_bound``)
+of the exact law, for drafters that propose well, badly and in the wrong
+order; and a drafter whose q is not the law (1) of ``sedd.speculative``
+shows the test can fail.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import reference
+from sedd import sampling, speculative
+
+V, L, N = 3, 6, 100_000
+SEQS = reference.all_sequences(V, L)  # (V^L, L)
+
+
+def _joint(seed: int, concentration: float) -> np.ndarray:
+    return np.random.default_rng(seed).dirichlet(np.full(V ** L, concentration))
+
+
+def _conditionals(joint: np.ndarray) -> np.ndarray:
+    """float64[L, V^(L-1), V]: p(x_l = v | prefix id of x_<l) (base-V id; rows past V^l unused)."""
+    out = np.full((L, V ** (L - 1), V), 1.0 / V)
+    for l in range(L):
+        marg = joint.reshape((V ** l, V, -1)).sum(-1)  # (V^l, V): P(x_<l, x_l)
+        total = marg.sum(-1, keepdims=True)
+        out[l, : V ** l] = np.where(total > 0, marg / np.where(total > 0, total, 1.0), 1.0 / V)
+    return out
+
+
+def _ahead(joint: np.ndarray, k: int) -> np.ndarray:
+    """float64[L, k, V^(L-1), V]: P(x_{s+i} = v | x_<s), the position i ahead of a prefix of length s."""
+    out = np.full((L, k, V ** (L - 1), V), 1.0 / V)
+    for s in range(L):
+        for i in range(k):
+            if s + i >= L:
+                continue
+            marg = joint.reshape((V ** s, V ** i, V, -1)).sum((1, 3))  # (V^s, V)
+            total = marg.sum(-1, keepdims=True)
+            out[s, i, : V ** s] = np.where(total > 0, marg / np.where(total > 0, total, 1.0), 1.0 / V)
+    return out
+
+
+def _prefix_ids(text: jax.Array) -> jax.Array:
+    """int32[B, T + 1]: the base-V id of text[:, :l] at column l."""
+    ids = [jnp.zeros(text.shape[:1], jnp.int32)]
+    for l in range(text.shape[1]):
+        ids.append(ids[-1] * V + text[:, l])
+    return jnp.stack(ids, 1)
+
+
+def _lookup(table: jax.Array, positions: jax.Array, ids: jax.Array) -> jax.Array:
+    """table[l, id] for each row's positions (B, n) and prefix ids; uniform past L (the tail is discarded)."""
+    inside = positions < L
+    got = table[jnp.minimum(positions, L - 1), jnp.where(inside, ids, 0) % V ** (L - 1)]  # (B, n, V)
+    return jnp.where(inside[..., None], got, 1.0 / V)
+
+
+def _target(cond: jax.Array):
+    """The target of ``decode``: its exact conditionals at start .. start + k."""
+
+    def target(state, text, start, k):
+        positions = start[:, None] + jnp.arange(k + 1)[None, :]  # (B, k + 1)
+        ids = jnp.take_along_axis(_prefix_ids(text), positions, axis=1)
+        return _lookup(cond, positions, ids), state
+
+    return target
+
+
+def _left_to_right(cond: jax.Array):
+    """A drafter drawing y_0, y_1, ... in turn from the conditionals `cond` (of any law): q is (1) as drawn."""
+
+    def drafter(key, state, text, start, k):
+        qs, ys = [], []
+        for i in range(k):
+            pos = start + i
+            ids = jnp.take_along_axis(_prefix_ids(text), pos[:, None], axis=1)
+            q = _lookup(cond, pos[:, None], ids)[:, 0]  # (B, V)
+            y = jax.random.categorical(jax.random.fold_in(key, i), jnp.log(q)).astype(jnp.int32)
+            text = text.at[jnp.arange(text.shape[0]), pos].set(y)
+            qs.append(q), ys.append(y)
+        return jnp.stack(ys, 1), jnp.stack(qs, 1), state
+
+    return drafter
+
+
+def _one_step(ahead: jax.Array):
+    """A block drafted in one step: each y_i ~ its law given the prefix alone, independently (q_i is that law)."""
+
+    def drafter(key, state, text, start, k):
+        ids = jnp.take_along_axis(_prefix_ids(text), start[:, None], axis=1)[:, 0]  # (B,)
+        inside = (start[:, None] + jnp.arange(k)[None, :]) < L  # (B, k)
+        q = ahead[jnp.minimum(start, L - 1)[:, None], jnp.arange(k)[None, :], (ids % V ** (L - 1))[:, None]]
+        q = jnp.where(inside[..., None], q, 1.0 / V)  # (B, k, V)
+        y = jax.random.categorical(key, jnp.log(q)).astype(jnp.int32)
+        return y, q, state
+
+    return drafter
+
+
+def _last_first(cond: jax.Array, ahead: jax.Array, right_q: bool):
+    """k = 2 drafted in the wrong order: y_1 ~ D(x_{s+1} | x_<s) first, then y_0 ~ D(x_s | x_<s, x_{s+1} = y_1).
+
+    Its joint is D's; (1) asks for D's left-to-right conditionals, D(y_0 | x_<s) and D(y_1 | x_<s, y_0)
+    (right_q); the laws the sampler drew from, D(y_0 | x_<s, y_1) and D(y_1 | x_<s), are not (1).
+    """
+
+    def drafter(key, state, text, start, k):
+        assert k == 2
+        rows = jnp.arange(text.shape[0])
+        s = jnp.minimum(start, L - 1)
+        ids = jnp.take_along_axis(_prefix_ids(text), start[:, None], axis=1)[:, 0] % V ** (L - 1)
+        inside0, inside1 = start < L, start + 1 < L
+        m0 = jnp.where(inside0[:, None], ahead[s, 0, ids], 1.0 / V)  # D(x_s | prefix)
+        m1 = jnp.where(inside1[:, None], ahead[s, 1, ids], 1.0 / V)  # D(x_{s+1} | prefix)
+        k1, k0 = jax.random.split(key)
+        y1 = jax.random.categorical(k1, jnp.log(m1)).astype(jnp.int32)
+        # D(x_s = v | prefix, x_{s+1} = y1) ∝ D(x_s = v | prefix) D(x_{s+1} = y1 | prefix, x_s = v)
+        after = (ids[:, None] * V + jnp.arange(V)[None, :]) % V ** (L - 1)  # (B, V): the prefix then v
+        nxt = jnp.where(inside1[:, None, None], cond[jnp.minimum(s + 1, L - 1)[:, None], after], 1.0 / V)  # (B, V, V)
+        joint0 = m0 * nxt[rows, :, y1]  # (B, V) over v
+        post0 = joint0 / joint0.sum(-1, keepdims=True)
+        y0 = jax.random.categorical(k0, jnp.log(post0)).astype(jnp.int32)
+        if right_q:
+            q0, q1 = m0, nxt[rows, y0]  # D(y_0 | prefix), D(y_1 | prefix, y_0)
+        else:
+            q0, q1 = post0, m1
+        return jnp.stack([y0, y1], 1), jnp.stack([q0, q1], 1), state
+
+    return drafter
+
+
+def _adversary(cond: np.ndarray) -> np.ndarray:
+    """Conditionals that put 0.98 on the token the target finds least likely: acceptance near 0."""
+    worst = np.eye(V)[np.argmin(cond, -1)]
+    return 0.98 * worst + 0.02 * (1 - worst) / (V - 1)
+
+
+def _draws(target, drafter, k: int, seed: int = 0) -> tuple[np.ndarray, dict]:
+    prompt = jnp.zeros((N, L), jnp.int32)
+    text, stats = speculative.decode(jax.random.key(seed), None, None, prompt, jnp.zeros((N,), jnp.int32),
+                                     target=target, drafter=drafter, length=L, k=k)
+    return np.asarray(text), jax.tree.map(np.asarray, stats)
+
+
+@functools.lru_cache(maxsize=None)
+def _laws():
+    p = _joint(0, 0.3)  # the target
+    d = _joint(1, 0.1)  # another law, for drafters that propose something else
+    return p, d
+
+
+def _shaped(joint: np.ndarray, temperature: float, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The conditionals of the joint with temperature and nucleus applied, and the joint they define."""
+    cond = _conditionals(joint)
+    logits = np.log(np.maximum(cond, 1e-300)) / temperature
+    shaped = np.asarray(sampling.nucleus(jax.nn.softmax(jnp.asarray(logits, jnp.float32), -1), top_p), np.float64)
+    law = np.ones(len(SEQS))
+    for l in range(L):
+        ids = reference.seq_index(SEQS[:, :l], V) if l else np.zeros(len(SEQS), int)
+        law *= shaped[l, ids, SEQS[:, l]]
+    return shaped, law / law.sum()
+
+
+CASES = {
+    "perfect": lambda p, d: (_left_to_right(jnp.asarray(_conditionals(p), jnp.float32)), 3),
+    "useless": lambda p, d: (_left_to_right(jnp.asarray(_adversary(_conditionals(p)), jnp.float32)), 3),
+    "other_left_to_right": lambda p, d: (_left_to_right(jnp.asarray(_conditionals(d), jnp.float32)), 3),
+    "one_step_block": lambda p, d: (_one_step(jnp.asarray(_ahead(d, 3), jnp.float32)), 3),
+    "last_first_exact_q": lambda p, d: (_last_first(jnp.asarray(_conditionals(d), jnp.float32),
+                                                    jnp.asarray(_ahead(d, 2), jnp.float32), True), 2),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_speculative_sampling_draws_the_targets_law(case):
+    """Whatever the drafter, the text has the target's law: TV to the exact law within the sample's noise."""
+    p, d = _laws()
+    drafter, k = CASES[case](p, d)
+    text, stats = _draws(_target(jnp.asarray(_conditionals(p), jnp.float32)), drafter, k)
+    distance = reference.tv(reference.empirical_law(text, V), p)
+    assert distance < reference.tv_noise_bound(p, N), (case, distance)
+    per_round = L / stats["rounds_per_sample"].mean()  # tokens a target call
+    acceptance = stats["accepted_at"] / stats["rounds_per_sample"].sum()
+    if case == "perfect":  # q = p: every draft accepted, k + 1 tokens a call until the end
+        assert acceptance.min() > 0.6 and per_round > 2.5, (acceptance, per_round)
+    if case == "useless":
+        assert acceptance[0] < 0.3 and acceptance[1:].max() < 0.1 and per_round < 1.3, (acceptance, per_round)
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0.7, 1.0), (1.0, 0.9), (0.7, 0.9)])
+def test_temperature_and_top_p_shape_the_target_law(temperature, top_p):
+    """With the target's conditionals tempered and cut to their nucleus, the text has the shaped AR law."""
+    p, d = _laws()
+    shaped, law = _shaped(p, temperature, top_p)
+    text, _ = _draws(_target(jnp.asarray(shaped, jnp.float32)), _one_step(jnp.asarray(_ahead(d, 3), jnp.float32)), 3)
+    assert reference.tv(reference.empirical_law(text, V), law) < reference.tv_noise_bound(law, N)
+
+
+def test_a_q_that_is_not_the_left_to_right_law_breaks_exactness():
+    """The same wrong-order drafter with the laws it drew from as q (not (1)): far from the target's law."""
+    p, d = _laws()
+    target = _target(jnp.asarray(_conditionals(p), jnp.float32))
+    drafter = _last_first(jnp.asarray(_conditionals(d), jnp.float32), jnp.asarray(_ahead(d, 2), jnp.float32), False)
+    text, _ = _draws(target, drafter, 2)
+    assert reference.tv(reference.empirical_law(text, V), p) > 2 * reference.tv_noise_bound(p, N)  # 0.088 vs 0.030
+
+
+def test_verify_counts_and_writes_by_hand():
+    """verify on laws with a known outcome: all accepted plus the extra token; a sure rejection redrawn."""
+    k, v = 3, 4
+    p = jnp.tile(jax.nn.one_hot(jnp.asarray([2, 1, 3, 0]), v)[None], (2, 1, 1))  # (B, k + 1, V) certain
+    q = jnp.tile(jax.nn.one_hot(jnp.asarray([2, 1, 0]), v)[None], (2, 1, 1))
+    drafted = jnp.asarray([[2, 1, 0], [2, 1, 0]])
+    accepted, tokens = speculative.verify(jax.random.key(0), p, q, drafted)
+    assert accepted.tolist() == [2, 2] and tokens[:, :3].tolist() == [[2, 1, 3], [2, 1, 3]]
+    accepted, tokens = speculative.verify(jax.random.key(0), p, p[:, :k], jnp.asarray([[2, 1, 3]] * 2))
+    assert accepted.tolist() == [3, 3] and tokens.tolist() == [[2, 1, 3, 0]] * 2
