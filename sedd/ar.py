@@ -34,6 +34,7 @@ from flax import nnx
 
 from sedd.categorical import sample_categorical
 from sedd.model import DDiT
+from sedd.sampling import nucleus
 
 
 def _check(model: DDiT) -> None:
@@ -180,3 +181,67 @@ def sample(
     model.eval()
     return _sample(model, key, jnp.float32(temperature), prompt, jnp.int32(prompt_len),
                    num_samples=int(num_samples), length=int(length), categorical=categorical)
+
+
+# --------------------------------------------------------------------------- the target of speculative sampling
+
+
+def speculative_target(graphdef, *, temperature: float = 1.0, top_p: float = 1.0) -> tuple:
+    r"""(prefill, target) of the AR network `graphdef` for ``sedd.speculative.decode``, each row its own KV cache.
+
+    ``target(state, text, start, k)`` scores the k + 1 positions start ..
+    start + k in one call: their inputs x_{start-1} (BOS at 0) and the k
+    drafts, against the cache of the positions before start. The cache is
+    rolled back by setting its index to `start` (the rows of rejected drafts
+    are overwritten by this call, before any query can see them), so after a
+    round it holds exactly what a cache built from scratch on the accepted
+    text holds (tests/test_speculative.py). Each row runs with its own cache
+    and index (``jax.vmap`` over the rows), so rows accept different numbers
+    of drafts. The law returned is the network's next-token law with
+    temperature T and nucleus top_p (the law of the text).
+
+    Returns:
+      prefill(params_state, prompt int32[B, P]) -> state: the caches after the
+        prompt's P positions (P the same for every row, >= 0; decode's
+        prompt_len must then be P).
+      target: as ``sedd.speculative.decode`` takes it; state = ((params, rest), caches).
+    """
+    def row_model(params_state, cache):
+        return nnx.merge(graphdef, *params_state).with_cache(cache)
+
+    def prefill(params_state, prompt):
+        model = nnx.merge(graphdef, *params_state)
+        b, p = prompt.shape
+        model.init_cache(1)
+        empty = model.cache()
+
+        def one(row):  # (P,)
+            m = row_model(params_state, empty)
+            if p:
+                m.network_output(_inputs(m, row[None]), None, decode=True, deterministic=True)
+            return m.cache()
+
+        return params_state, jax.vmap(one)(prompt)
+
+    def target(state, text, start, k):
+        params_state, caches = state
+
+        def one(cache, row, s):  # (S...), (T,), ()
+            m = row_model(params_state, cache)
+            keys, values, _ = m.cache()
+            m.with_cache((keys, values, s))  # roll back: the positions from `start` on are written now
+            prev = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)], bos_id(m))
+            inputs = jnp.concatenate([prev[None], jax.lax.dynamic_slice(row, (s,), (k,))])[None]  # (1, k + 1)
+            logits = m.network_output(inputs, None, decode=True, deterministic=True)[0]  # (k + 1, V)
+            if temperature == 0:
+                probs = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
+            else:
+                probs = jax.nn.softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+            if top_p < 1:
+                probs = nucleus(probs, top_p)
+            return probs, m.cache()
+
+        probs, caches = jax.vmap(one)(caches, text, start)
+        return probs, (params_state, caches)
+
+    return prefill, target

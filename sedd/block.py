@@ -165,16 +165,6 @@ class Scorer(NamedTuple):
     commit_score: Callable | None = None
 
 
-
-
-def _with_cache(model: DDiT, ctx) -> DDiT:
-    keys, values, index = ctx
-    for layer, k, v in zip(model.blocks, keys, values):
-        layer.cached_key, layer.cached_value = nnx.Cache(k), nnx.Cache(v)
-        layer.cache_index = nnx.Cache(index)
-    return model
-
-
 @functools.lru_cache(maxsize=None)
 def network_scorer(graphdef, window: int) -> Scorer:
     """The block network `graphdef` with a KV cache of `window` rows (the model's length L) as its context.
@@ -189,34 +179,29 @@ def network_scorer(graphdef, window: int) -> Scorer:
     half of the training forward computes (tests/test_block.py).
     """
 
-    def context(model):
-        layers = model.blocks
-        return (tuple(m.cached_key[...] for m in layers), tuple(m.cached_value[...] for m in layers),
-                layers[0].cache_index[...])
-
     def init(state, batch):
         model = nnx.merge(graphdef, *state)
         model.init_cache(batch, window)  # the model's own ring: window + b rows
-        return context(model)
+        return model.cache()
 
     def score(state, ctx, x, sigma):
-        model = _with_cache(nnx.merge(graphdef, *state), ctx)
+        model = nnx.merge(graphdef, *state).with_cache(ctx)
         return model(x, sigma, decode=True, commit=False, deterministic=True)
 
     def commit(state, ctx, x):
-        model = _with_cache(nnx.merge(graphdef, *state), ctx)
+        model = nnx.merge(graphdef, *state).with_cache(ctx)
         model.network_output(x, jnp.zeros(x.shape[:1], jnp.float32), decode=True, deterministic=True)
-        return context(model)
+        return model.cache()
 
     def commit_score(state, ctx, clean, x, sigma):
-        model = _with_cache(nnx.merge(graphdef, *state), ctx)
+        model = nnx.merge(graphdef, *state).with_cache(ctx)
         b = x.shape[1]
         both = jnp.concatenate([clean, x], axis=1)  # (B, 2b)
         sigmas = jnp.stack([jnp.zeros_like(sigma), sigma], axis=1).astype(jnp.float32)  # (B, 2) a level a block
         h, c = model.features(both, sigmas, decode=True, commit=b, deterministic=True)  # (B, 2b, H), (B, 2, C)
         c = c[:, 1:] if c.ndim == 3 else c  # the new block's group (without time conditioning: (B, C) zeros)
         out = model.output_layer(h[:, b:], c)  # (B, b, D): the final layer on the new block only
-        return context(model), model.log_score(out, x, sigma)
+        return model.cache(), model.log_score(out, x, sigma)
 
     return Scorer(init, score, commit, commit_score)
 

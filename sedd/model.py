@@ -279,6 +279,20 @@ class DDiT(nnx.Module):
         for block in self.blocks:
             block.init_cache(batch, max_len or self.max_len)
 
+    def cache(self) -> tuple:
+        """The decoding caches as a pytree: (keys, values, index), per block the rotary-embedded keys and the
+        values float[B, S, N, K] (``init_cache``), and the next position, int32[] (the same in every block)."""
+        return (tuple(m.cached_key[...] for m in self.blocks), tuple(m.cached_value[...] for m in self.blocks),
+                self.blocks[0].cache_index[...])
+
+    def with_cache(self, cache: tuple) -> "DDiT":
+        """This model with its decoding caches set to `cache` (``cache()``'s pytree); returns self."""
+        keys, values, index = cache
+        for block, k, v in zip(self.blocks, keys, values):
+            block.cached_key, block.cached_value = nnx.Cache(k), nnx.Cache(v)
+            block.cache_index = nnx.Cache(index)
+        return self
+
     def _check_inputs(self, x: Array, sigma: Array | None, positions, decode: bool = False) -> None:
         """Trace-time checks of static shapes (values cannot be checked under jit); a decoded chunk's
         length is checked against its cache (``DDiTBlock._attend_cache``)."""

@@ -131,3 +131,32 @@ def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Ar
     r, text, _, _, _, rounds_row, accepted_at = jax.lax.while_loop(
         lambda c: jnp.any(c[2] < length), round_, carry)
     return text[:, :length], {"rounds": r, "rounds_per_sample": rounds_row, "accepted_at": accepted_at}
+
+
+def ngram_drafter(vocab_size: int, n: int = 2) -> Callable:
+    """The prompt-lookup drafter (Saxena 2023): after the latest earlier occurrence of the last n tokens.
+
+    For a row at position s it finds the largest j with text[j:j + n] =
+    text[s - n:s] and j + n < s, and proposes y_i = text[j + n + i] while that
+    lies before s (else the token before it again); with no match, the last
+    token repeated. Deterministic given the text, so q_i = one_hot(y_i), (1):
+    a draft is kept with probability p_i(y_i). Costs no network call.
+    """
+
+    def drafter(key, state, text, start, k):
+        b, t = text.shape
+        j = jnp.arange(t)  # candidate match starts
+        last = jnp.stack([jnp.take_along_axis(text, jnp.maximum(start - n + i, 0)[:, None], 1)[:, 0]
+                          for i in range(n)], 1)  # (B, n)
+        match = jnp.ones((b, t), bool)
+        for i in range(n):
+            match &= jnp.take_along_axis(text, jnp.minimum(j + i, t - 1)[None, :].repeat(b, 0), 1) == last[:, i:i + 1]
+        match &= (j[None, :] + n < start[:, None]) & (start[:, None] >= n)
+        found = jnp.any(match, 1)
+        at = jnp.max(jnp.where(match, j[None, :], -1), 1) + n  # (B,) where the continuation starts
+        ahead = at[:, None] + jnp.arange(k)[None, :]  # (B, k)
+        source = jnp.where(found[:, None] & (ahead < start[:, None]), ahead, jnp.maximum(start - 1, 0)[:, None])
+        drafted = jnp.take_along_axis(text, source, 1).astype(jnp.int32)  # (B, k)
+        return drafted, jax.nn.one_hot(drafted, vocab_size, dtype=jnp.float32), state
+
+    return drafter

@@ -226,3 +226,63 @@ def test_verify_counts_and_writes_by_hand():
     assert accepted.tolist() == [2, 2] and tokens[:, :3].tolist() == [[2, 1, 3], [2, 1, 3]]
     accepted, tokens = speculative.verify(jax.random.key(0), p, p[:, :k], jnp.asarray([[2, 1, 3]] * 2))
     assert accepted.tolist() == [3, 3] and tokens.tolist() == [[2, 1, 3, 0]] * 2
+
+
+# --------------------------------------------------------------------------- an AR network as the target
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny_ar():
+    """A tiny AR network over V = 3 tokens, L = 6 (weights perturbed), and its exact law over all 3^6 sequences."""
+    import ml_collections
+    from flax import nnx
+
+    from sedd import ar, kinds
+    from sedd import config as config_lib
+
+    config = config_lib.load_config("tiny", ["--config.model.kind=ar", "--config.model.n_blocks=1",
+                                             f"--config.data.seq_len={L}"])
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.vocab_size = V
+    graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(5), len(leaves))
+    params = jax.tree.unflatten(tree, [w + 0.5 * jax.random.normal(k, w.shape, w.dtype) for w, k in zip(leaves, keys)])
+    nll = np.asarray(ar.nll(nnx.merge(graphdef, params, rest), jnp.asarray(SEQS)), np.float64)
+    law = np.exp(-nll)
+    return graphdef, (params, rest), law / law.sum()
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "other_law"])
+def test_an_ar_network_as_target_keeps_its_law(drafter):
+    """The AR network with its KV cache as the target, rolled back after each round: the text has its exact law."""
+    from sedd import ar
+
+    graphdef, state, law = _tiny_ar()
+    prefill, target = ar.speculative_target(graphdef)
+    k = 3
+    draft = (speculative.ngram_drafter(V, 2) if drafter == "ngram"
+             else _left_to_right(jnp.asarray(_conditionals(_laws()[1]), jnp.float32)))
+    n = N // 2
+    prompt = jnp.zeros((n, L), jnp.int32)
+    text, stats = speculative.decode(jax.random.key(1), prefill(state, prompt[:, :0]), None, prompt,
+                                     jnp.zeros((n,), jnp.int32), target=target, drafter=draft, length=L, k=k)
+    assert reference.tv(reference.empirical_law(np.asarray(text), V), law) < reference.tv_noise_bound(law, n)
+    assert stats["rounds_per_sample"].mean() < L - 0.5  # drafts were kept: fewer target calls than tokens
+
+
+def test_rollback_leaves_the_cache_of_the_accepted_text():
+    """After a round that kept 1 of 3 drafts, the cache equals one built from scratch on the accepted text."""
+    from sedd import ar
+
+    graphdef, state, _ = _tiny_ar()
+    prefill, target = ar.speculative_target(graphdef)
+    text = jnp.asarray([[0, 2, 1, 1, 0, 2, 0, 0, 0, 0]], jnp.int32)  # x_0, x_1, then drafts 1, 1, 0 at 2..4
+    _, after = target(prefill(state, text[:, :2]), text, jnp.asarray([2]), 3)  # scores positions 2..5
+    accepted = text.at[0, 3].set(2)  # d_0 = 1 kept at position 2, position 3 redrawn as 2: start' = 4
+    fresh = prefill(state, accepted[:, :4])
+    for a, b in zip(jax.tree.leaves(after[1][:2]), jax.tree.leaves(fresh[1][:2])):  # keys, values
+        np.testing.assert_array_equal(np.asarray(a)[:, :, :4], np.asarray(b)[:, :, :4])  # the rows before 4
+    p_rolled, _ = target(after, accepted, jnp.asarray([4]), 3)
+    p_fresh, _ = target(fresh, accepted, jnp.asarray([4]), 3)
+    np.testing.assert_allclose(np.asarray(p_rolled), np.asarray(p_fresh), rtol=1e-6, atol=1e-7)
