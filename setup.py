@@ -38,7 +38,11 @@ setup(
         "convert": ["pyyaml>=6", "tokenizers>=0.20"],  # sedd convert (no torch; safetensors read by our own reader)
         # sedd serve: a bare Starlette app (FastAPI's layers cost ~18% of the requests/s), httptools (2.3x h11's)
         "serve": ["starlette>=0.37", "pydantic>=2.4", "uvicorn[standard]>=0.30", "sse-starlette>=2"],
-        "gpu": ["jax[cuda12]>=0.10,<0.11"],
+        # One GPU: jax's CUDA 12 wheels with the flax of the CPU-tested pair. Pinned because not every
+        # pair imports: flax 0.12.8 fails under jax 0.11.2 (`jax.experimental.hijax` has no
+        # `HiPrimitive`); jax 0.10.2 + flax 0.12.8 (this pin, the test suite's) and jax 0.11.2 + flax
+        # 0.12.10 (an H200 image's) import and run. tests/test_gpu_script.py checks the pins.
+        "gpu": ["jax[cuda12]==0.10.2", "flax==0.12.8"],
         "plot": ["matplotlib>=3.8"],
     },
     entry_points={"console_scripts": ["sedd = sedd.cli:main"]},

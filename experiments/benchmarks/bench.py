@@ -13,6 +13,9 @@ written as JSON (default: experiments/benchmarks/results/NAME_PLATFORM.json):
   python experiments/benchmarks/bench.py rng      [--quick] ...   dropout masks and race words, JAX's and sedd.rng's
   python experiments/benchmarks/bench.py optimizer [--quick] ...  the default's step: AdamW, Muon, with and without ZeRO-1
   python experiments/benchmarks/bench.py profile  [--quick] [--dtype D] ...  the default's step: op time by kind (jax.profiler)
+  python experiments/benchmarks/bench.py decode   [--quick] [--trace] ...  batch-1 decode: ms a network call (AR with
+                                                   KV cache and its variants, block models), a GPU trace's kernels a call
+  python experiments/benchmarks/bench.py gpu_summary --json DIR   the table of experiments/benchmarks/gpu.sh's JSON files
   python experiments/benchmarks/bench.py all      [--quick] ...
 
 Timing rules, because the machines these run on are shared and noisy:
@@ -138,6 +141,36 @@ def matmul_fn(n: int = 2048, dtype=jnp.float32) -> tuple[Callable[[], Any], floa
     return (lambda: f(a, b)), 2.0 * n**3
 
 
+def matmul_loop_fn(n: int = 2048, iters: int = 8, dtype=jnp.float32) -> tuple[Callable[[], Any], float]:
+    """`iters` back-to-back n x n x n products in one jitted call, and their FLOPs (2 n^3 iters).
+
+    The chip's matmul rate without the dispatch of a call in it (one product a
+    call reads 365-444 TFLOP/s on an H200 whose cuBLAS runs ~790): a
+    ``fori_loop`` whose each product multiplies the last one's output (in
+    `dtype`, accumulated in float32 inside the product, as torch's bf16 matmul
+    does) by b, scaled by 1 / sqrt(n) so that the values stay of order one; the
+    chain keeps XLA from hoisting or dropping any product.
+    """
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
+    b = (jax.random.normal(jax.random.key(1), (n, n), jnp.float32) / np.sqrt(n)).astype(dtype)
+    f = jax.jit(lambda a, b: jax.lax.fori_loop(0, iters, lambda i, x: jnp.matmul(x, b, preferred_element_type=dtype), a))
+    return (lambda: f(a, b)), 2.0 * n**3 * iters
+
+
+# Dense (no sparsity) bfloat16 tensor rates of the vendors' datasheets, FLOP/s, by a word of device_kind.
+DATASHEET_BF16_FLOPS = {"H200": (989e12, "H200 SXM datasheet, dense bf16 989 TFLOP/s"),
+                        "H100": (989e12, "H100 SXM datasheet, dense bf16 989 TFLOP/s"),
+                        "A100": (312e12, "A100 datasheet, dense bf16 312 TFLOP/s")}
+
+
+def datasheet_bf16(device_kind: str) -> tuple[float | None, str]:
+    """(the datasheet's dense bf16 FLOP/s, its name) of a device kind, (None, "") where not known (CPUs)."""
+    for word, (rate, name) in DATASHEET_BF16_FLOPS.items():
+        if word in device_kind:
+            return rate, name
+    return None, ""
+
+
 # --------------------------------------------------------------------------- configs and FLOPs
 
 
@@ -171,12 +204,15 @@ def flops_per_token(config, training: bool = True) -> float:
 # --------------------------------------------------------------------------- training
 
 
-def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = True) -> dict:
+def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = True, peak_iters: int = 0) -> dict:
     """Tokens/s and MFU of ``Trainer.train_step`` against a matmul timed in the same rounds.
 
     With ``profile`` the loss forward and forward+backward are timed in the
     same rounds too, which splits a step into forward, backward and
     optimizer/EMA time (the non-matmul share shows up as the gap to the peak).
+    With ``peak_iters`` the peak is `matmul_loop_fn`'s (that many products a
+    call) and the single product is timed beside it; MFU is also given
+    against the datasheet's rate where the device is known (``mfu_datasheet``).
     """
     trainer = Trainer(config)
     b, l = config.training.batch_size, config.data.seq_len
@@ -189,8 +225,14 @@ def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = 
         return metrics
 
     # The peak of the model's compute dtype: bfloat16 models against a bfloat16 matmul.
-    mm, mm_flops = matmul_fn(matmul_n, kernels.compute_dtype(config.model.dtype))
-    fns = {"train_step": step, "matmul": mm}
+    dtype = kernels.compute_dtype(config.model.dtype)
+    if peak_iters:
+        mm, mm_flops = matmul_loop_fn(matmul_n, peak_iters, dtype)
+        one, one_flops = matmul_fn(matmul_n, dtype)
+        fns = {"train_step": step, "matmul": mm, "matmul_one_call": one}
+    else:
+        mm, mm_flops = matmul_fn(matmul_n, dtype)
+        fns = {"train_step": step, "matmul": mm}
     if profile:
         key = jax.random.key(2)
         fwd = jax.jit(lambda p: trainer._loss(p, key, batch, True)[0])
@@ -205,7 +247,9 @@ def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = 
     step_s = median(times["train_step"])
     peak = [mm_flops / t for t in times["matmul"]]
     achieved = [tokens * fpt / t for t in times["train_step"]]
+    sheet, sheet_name = datasheet_bf16(jax.devices()[0].device_kind)
     out = {
+        "attention": kernels.attention_implementation(),
         "model": dict(config.model.to_dict(), vocab_size=config.vocab_size, seq_len=l, batch_size=b,
                       loss_chunk=config.training.loss_chunk),
         "n_params": trainer.n_params,
@@ -218,10 +262,18 @@ def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = 
         "achieved_flops_per_s": median(achieved),
         "peak_matmul_flops_per_s": median(peak),
         "matmul_n": matmul_n,
+        "peak_iters": peak_iters,
+        "peak_how": (f"{peak_iters} chained {matmul_n}^3 products in one jitted call" if peak_iters
+                     else f"one {matmul_n}^3 product a jitted call"),
         "mfu": statistics.median(a / p for a, p in zip(achieved, peak)),
+        "datasheet_flops_per_s": sheet,
+        "datasheet": sheet_name,
+        "mfu_datasheet": median(achieved) / sheet if sheet else None,
         "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
         "times_s": times,
     }
+    if peak_iters:
+        out["peak_one_call_flops_per_s"] = median([one_flops / t for t in times["matmul_one_call"]])
     if profile:
         out["forward_share_of_step"] = paired_ratio(times["forward"], times["train_step"])
         out["forward_backward_share_of_step"] = paired_ratio(times["forward_backward"], times["train_step"])
@@ -254,22 +306,37 @@ def run_train(quick: bool, args) -> dict:
         ]
         repeats, mm_n = args.repeats, args.matmul_n
     results = []
-    for c in cases:
-        if args.dtype:
-            c.model.dtype = args.dtype
-        results.append(bench_train(c, repeats=repeats, matmul_n=mm_n, profile=not quick))
-    rows = [[r["model"]["hidden_size"], r["model"]["n_blocks"], r["model"]["seq_len"], r["model"]["batch_size"],
+    saved = kernels.ATTENTION
+    try:
+        for c in cases:
+            if args.dtype:
+                c.model.dtype = args.dtype
+            for attention in args.attention or [saved]:  # chosen when the step is traced
+                kernels.ATTENTION = attention
+                results.append(bench_train(c, repeats=repeats, matmul_n=mm_n,
+                                           profile=not (quick or args.no_profile), peak_iters=args.peak_iters))
+                results[-1]["attention_setting"] = attention
+    finally:
+        kernels.ATTENTION = saved
+    rows = [[r["attention_setting"] + ("" if r["attention"] == r["attention_setting"] else f" ({r['attention']})"),
+             r["model"]["hidden_size"], r["model"]["n_blocks"], r["model"]["seq_len"], r["model"]["batch_size"],
              f"{r['n_params'] / 1e6:.2f}M", f"{r['flops_per_token'] / 1e6:.1f}", f"{r['tokens_per_s']:.0f}",
              f"{r['achieved_flops_per_s'] / 1e9:.1f}", f"{r['peak_matmul_flops_per_s'] / 1e9:.1f}",
-             f"{r['mfu']:.2f}", f"{r.get('forward_mfu', float('nan')):.2f}",
+             f"{r['mfu']:.2f}", "-" if r["mfu_datasheet"] is None else f"{r['mfu_datasheet']:.2f}",
+             f"{r.get('forward_mfu', float('nan')):.2f}",
              f"{r.get('forward_backward_mfu', float('nan')):.2f}",
              f"{r.get('forward_backward_share_of_step', float('nan')):.2f}",
              r["model"]["remat"], r["model"]["loss_chunk"],
              "-" if r["peak_bytes_in_use"] is None else f"{r['peak_bytes_in_use'] / 2**30:.1f}"]
             for r in results]
     table = format_table(
-        ["H", "blocks", "L", "B", "params", "MFLOP/tok", "tok/s", "GFLOP/s", "peak GFLOP/s", "MFU",
+        ["attention", "H", "blocks", "L", "B", "params", "MFLOP/tok", "tok/s", "GFLOP/s", "peak GFLOP/s", "MFU",
+         "MFU datasheet",
          "fwd MFU", "fwd+bwd MFU", "fwd+bwd/step", "remat", "loss_chunk", "peak GiB"], rows)
+    r0 = results[0]
+    table += (f"\npeak: {r0['peak_how']}" + (f" ({r0['peak_one_call_flops_per_s'] / 1e9:.1f} GFLOP/s with one product"
+                                             " a call)" if r0["peak_iters"] else "")
+              + (f"; datasheet: {r0['datasheet']}" if r0["datasheet"] else ""))
     return {"benchmark": "train", "results": results, "table": table}
 
 
@@ -576,6 +643,253 @@ def run_block(quick: bool, args) -> dict:
              f"{row['speedup_vs_ar']:.2f}"] for r in results for row in r["rows"]]
     table = format_table(["B", "model", "sampler", "s", "tok/s", "NFE", "NFE/tok", "MFLOP/tok", "vs AR"], rows)
     return {"benchmark": "block" + ("_trained" if runs_given else ""), "results": results, "table": table}
+
+
+# --------------------------------------------------------------------------- batch-1 decode: ms a network call
+
+
+def stored_in_compute_dtype(model):
+    """A copy of `model` whose product weights (the Linear kernels of `kernels.mixed_einsum`) are stored in
+    their compute dtype.
+
+    `mixed_einsum` casts each float32 weight to bfloat16 at every call; a decode
+    step is a pass over the weights, so stored cast it reads half the bytes
+    (unless XLA hoists the casts out of the loop). The products see the same
+    values, so the tokens are the same.
+    """
+    model = nnx.clone(model)
+    linears = [node for _, node in nnx.iter_graph(model)
+               if isinstance(node, nnx.Linear) and isinstance(node.dot_general, kernels._MixedDot)]
+    for node in linears:
+        node.kernel = nnx.Param(node.kernel[...].astype(node.dot_general.dtype))
+    return model
+
+
+def _ar_decode(model, key, temperature, *, num_samples: int, length: int, unroll: int = 1):
+    """``sedd.ar.sample`` (no prompt, the precise categorical) with its loop unrolled `unroll` times: the same
+    tokens, a loop iteration of `unroll` network calls."""
+    from sedd.categorical import sample_categorical  # noqa: PLC0415
+
+    model = nnx.clone(model)
+    model.init_cache(num_samples, min(length, model.max_len))
+
+    def step(pos, carry):
+        model, prev, toks = carry
+        logits = ar.decode_step(model, prev)  # (B, V)
+        probs = jax.nn.softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+        tok = sample_categorical(jax.random.fold_in(key, pos), probs, "precise").astype(jnp.int32)
+        return model, tok, toks.at[:, pos].set(tok)
+
+    bos = jnp.full((num_samples,), ar.bos_id(model), jnp.int32)
+    toks = jnp.zeros((num_samples, length), jnp.int32)
+    return nnx.fori_loop(0, length, step, (model, bos, toks), unroll=unroll)[2]  # (B, L)
+
+
+ar_decode = nnx.jit(_ar_decode, static_argnames=("num_samples", "length", "unroll"))
+
+
+def _union_ns(intervals: list[tuple[float, float]]) -> float:
+    """Total length of the union of (start, end) intervals."""
+    total, end = 0.0, -float("inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def trace_calls(fn: Callable[[], Any], calls: int, top: int = 20, keep: str | None = None) -> dict:
+    """One traced run of fn (compiled first) under jax.profiler, summarised per network call.
+
+    Device planes (a GPU's streams): per line, events (kernels, copies) a call,
+    their summed and their union time a call, the span, and the `top` names by
+    time. Host threads: per line the `top` event names by time and count (the
+    launches, the thunks of XLA's runtime, the while loop's). `keep`: a path to
+    copy the .xplane.pb to (gzip), for TensorBoard / xprof.
+    """
+    from jax._src.profiler import ProfileData  # noqa: PLC0415
+
+    jax.block_until_ready(fn())
+    with tempfile.TemporaryDirectory() as d:
+        t0 = time.perf_counter()
+        try:  # no Python tracer: its events would be most of the trace
+            options = jax.profiler.ProfileOptions()
+            options.python_tracer_level = 0
+        except Exception:  # noqa: BLE001  (an older or newer jax)
+            options = None
+        with jax.profiler.trace(d, profiler_options=options):
+            jax.block_until_ready(fn())
+        wall = time.perf_counter() - t0
+        pb = next(Path(d).rglob("*.xplane.pb"))
+        if keep:
+            import gzip  # noqa: PLC0415
+            Path(keep).parent.mkdir(parents=True, exist_ok=True)
+            Path(keep).write_bytes(gzip.compress(pb.read_bytes()))
+        data = ProfileData.from_file(str(pb))
+    out = {"calls": calls, "wall_ms_per_call_traced": wall / calls * 1e3, "device": [], "host": []}
+    for plane in data.planes:
+        is_device = plane.name.startswith("/device:")
+        if not (is_device or plane.name.startswith("/host:CPU")):
+            continue
+        for line in plane.lines:
+            evs = [(ev.name, ev.start_ns, ev.duration_ns) for ev in line.events]
+            if not evs:
+                continue
+            by_name: dict[str, list[float]] = {}
+            for name, _, dur in evs:
+                by_name.setdefault(name, []).append(dur)
+            names = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+            row = {"plane": plane.name, "line": line.name, "events_per_call": len(evs) / calls,
+                   "sum_ms_per_call": sum(e[2] for e in evs) / calls / 1e6,
+                   "top": [{"name": n[:120], "count_per_call": len(v) / calls, "ms_per_call": sum(v) / calls / 1e6,
+                            "mean_us": sum(v) / len(v) / 1e3} for n, v in names]}
+            if is_device:
+                row["busy_ms_per_call"] = _union_ns([(a, a + d) for _, a, d in evs]) / calls / 1e6
+                row["span_ms"] = (max(a + d for _, a, d in evs) - min(a for _, a, _ in evs)) / 1e6
+            (out["device"] if is_device else out["host"]).append(row)
+    out["host"] = sorted(out["host"], key=lambda r: -r["sum_ms_per_call"])[:6]
+    return out
+
+
+def _hlo_loop_ops(hlo_text: str) -> dict:
+    """Opcode counts of the largest while-loop body of a compiled module's text (what a loop iteration runs)."""
+    bodies = {m.group(1): m.group(2) for m in re.finditer(r"\n%?([\w.\-]+) [^\n]*\{\n(.*?)\n\}", hlo_text, re.S)}
+    loops = re.findall(r"while\(.*?body=%?([\w.\-]+)", hlo_text)
+    best: dict[str, int] = {}
+    for name in loops:
+        ops: dict[str, int] = {}
+        for m in re.finditer(r"= \S+ ([\w\-]+)\(", bodies.get(name, "")):
+            ops[m.group(1)] = ops.get(m.group(1), 0) + 1
+        if sum(ops.values()) > sum(best.values()):
+            best = ops
+    return dict(sorted(best.items(), key=lambda kv: -kv[1]))
+
+
+def _ar_hlo(model, length: int, unroll: int = 1) -> str:
+    """The compiled text of `ar_decode` (as jax.jit of the split model)."""
+    graphdef, state = nnx.split(model)
+    f = jax.jit(lambda state, key, t: _ar_decode(nnx.merge(graphdef, state), key, t, num_samples=1, length=length,
+                                                 unroll=unroll))
+    return f.lower(state, jax.random.key(0), jnp.float32(1.0)).compile().as_text()
+
+
+def run_decode(quick: bool, args) -> dict:
+    """Batch-1 decode, ms a network call: AR with KV cache (as shipped, its loop unrolled, its weights stored in
+    bfloat16) and block models (b = 4 and 16 at 4 tokens a call), interleaved; with --trace a jax.profiler trace
+    of the AR and block-4 calls (kernels a call, their time, the host's)."""
+    if quick:
+        config = bench_config("tiny")
+        length, repeats, unrolls = 32, 1, args.unroll
+    else:
+        config = bench_config(hidden_size=args.width, n_heads=max(args.width // 64, 1), n_blocks=args.blocks,
+                              cond_dim=128, seq_len=args.seq_len)
+        config.vocab_size = args.vocab or (50257 if args.width >= 768 else config.vocab_size)
+        length, repeats, unrolls = args.length, args.repeats, args.unroll
+    if args.dtype:
+        config.model.dtype = args.dtype
+    batch, key, one = 1, jax.random.key(0), jnp.float32(1.0)
+    c = config.copy_and_resolve_references()
+    c.model.kind = "ar"
+    ar_model = kinds.build_model(c, 0)
+    # Random nonzero weights (the zero-initialised output layer would make every draw uniform).
+    graphdef, params, rest = nnx.split(ar_model, nnx.Param, ...)
+    leaves = jax.tree.leaves(params)
+    ks = jax.random.split(jax.random.key(1), len(leaves))
+    params = jax.tree.unflatten(jax.tree.structure(params),
+                                [p + 0.02 * jax.random.normal(k, p.shape) for p, k in zip(leaves, ks)])
+    ar_model = nnx.merge(graphdef, params, rest)
+    ar_model.eval()
+    ar_low = stored_in_compute_dtype(ar_model)
+    fns: dict[str, tuple[Callable[[], Any], int]] = {
+        "AR, KV cache (sedd.ar.sample)": (lambda: ar.sample(key, ar_model, batch, length), length)}
+    for u in unrolls:
+        fns[f"AR, loop unrolled x{u}"] = (
+            functools.partial(ar_decode, ar_model, key, one, num_samples=batch, length=length, unroll=u), length)
+    fns["AR, weights stored bf16"] = (
+        functools.partial(ar_decode, ar_low, key, one, num_samples=batch, length=length, unroll=1), length)
+    if unrolls:
+        u = max(unrolls)
+        fns[f"AR, weights stored bf16, unrolled x{u}"] = (
+            functools.partial(ar_decode, ar_low, key, one, num_samples=batch, length=length, unroll=u), length)
+    base = "AR, KV cache (sedd.ar.sample)"
+    ref = np.asarray(fns[base][0]())
+    results = []
+
+    def measure(group: dict) -> None:
+        """Times a group of writers, interleaved; each result is printed as it comes (a timeout keeps them)."""
+        same = {}
+        for name, (fn, _) in group.items():
+            out = np.asarray(fn() if not name.startswith("block") else fn().tokens)  # also compiles
+            if name.startswith("AR"):
+                same[name] = bool(np.array_equal(out, ref))
+        times = interleaved({name: fn for name, (fn, _) in group.items()}, repeats, warmup=0)
+        for name, (_, calls) in group.items():
+            sec = median(times[name])
+            results.append({"what": name, "calls": calls, "seconds": sec, "ms_per_call": sec / calls * 1e3,
+                            "tokens_per_s": batch * length / sec, "same_tokens_as_ar_sample": same.get(name),
+                            "ratio_to_ar_sample": paired_ratio(times[name], times[base]) if base in group else None,
+                            "times_s": times[name]})
+            print(f"decode: {name}: {sec / calls * 1e3:.4f} ms a call ({calls} calls, {sec:.3f} s; "
+                  f"same tokens: {same.get(name)})", flush=True)
+
+    measure(fns)
+    per_step, blocks = 4, {}
+    for b in ([] if args.no_block else args.block_sizes):
+        kind, net = _random_net(config, "block", b)
+        steps = max(b // per_step, 1)
+        fn = functools.partial(kind.sample, key, net, batch, steps, predictor="confidence", max_length=length,
+                               return_stats=True)
+        nfe = int(fn().stats["nfe"])  # also compiles
+        blocks[f"block b={b}, {min(per_step, b)} tokens a call"] = (fn, nfe)
+    if blocks:
+        measure(blocks)
+    fns.update(blocks)
+    out = {"benchmark": "decode", "results": results,
+           "model": dict(config.model.to_dict(), vocab_size=config.vocab_size, seq_len=config.data.seq_len),
+           "length": length, "batch": batch}
+    # The weights a call reads: the floor of a call at the device's copy rate.
+    n = model_lib.matmul_params(ar_model)
+    out["weight_bytes_float32"], out["weight_bytes_bfloat16"] = 4 * n, 2 * n
+    try:
+        if not (args.trace and args.dump):
+            raise RuntimeError("the loop body's HLO is read with --trace --dump only")
+        text = _ar_hlo(ar_model, length)
+        out["hlo_loop_body_ops"] = _hlo_loop_ops(text)
+        out["hlo_loop_body_ops_total"] = sum(out["hlo_loop_body_ops"].values())
+        out["hlo_converts_in_loop"] = out["hlo_loop_body_ops"].get("convert", 0)
+        if args.dump:
+            Path(args.dump).mkdir(parents=True, exist_ok=True)
+            (Path(args.dump) / "ar_decode_hlo.txt").write_text(text)
+    except Exception as e:  # a summary, not a result: never fail the timings for it
+        out["hlo_error"] = repr(e)[:400]
+    if args.trace:
+        out["trace"] = {}
+        for name, (fn, calls) in fns.items():
+            if name in (base, "AR, weights stored bf16") or name.startswith("block b=4"):
+                try:
+                    keep = str(Path(args.dump) / f"{name.split(',')[0].replace(' ', '_').replace('=', '')}.xplane.pb.gz") \
+                        if args.dump else None
+                    out["trace"][name] = trace_calls(fn, calls, keep=keep)
+                except Exception as e:
+                    out["trace"][name] = {"error": repr(e)[:400]}
+    rows = [[r["what"], r["calls"], f"{r['seconds']:.3f}", f"{r['ms_per_call']:.3f}", f"{r['tokens_per_s']:.0f}",
+             "" if r["ratio_to_ar_sample"] is None else f"{r['ratio_to_ar_sample']:.2f}",
+             "" if r["same_tokens_as_ar_sample"] is None else str(r["same_tokens_as_ar_sample"])] for r in results]
+    table = format_table(["batch 1", "calls", "s", "ms a call", "tok/s", "time / ar.sample", "same tokens"], rows)
+    table += (f"\nweights a call: {out['weight_bytes_float32'] / 1e9:.3f} GB float32, "
+              f"{out['weight_bytes_bfloat16'] / 1e9:.3f} GB bfloat16; the AR loop body: "
+              f"{out.get('hlo_loop_body_ops_total', '?')} HLO ops, {out.get('hlo_converts_in_loop', '?')} converts")
+    for name, tr in out.get("trace", {}).items():
+        if "error" in tr:
+            table += f"\ntrace of {name}: {tr['error']}"
+            continue
+        for row in tr["device"]:
+            table += (f"\ntrace of {name}, {row['line']}: {row['events_per_call']:.0f} events a call, "
+                      f"{row['sum_ms_per_call']:.3f} ms summed, {row['busy_ms_per_call']:.3f} ms busy a call "
+                      f"(traced wall {tr['wall_ms_per_call_traced']:.3f} ms a call)")
+    out["table"] = table
+    return out
 
 
 # --------------------------------------------------------------------------- memory
@@ -898,6 +1212,37 @@ def run_profile(quick: bool, args, config=None) -> dict:
                          "page_faults_per_step": faults, "freed_memory_kept": KEPT_MEMORY}]}
 
 
+def gpu_summary(folder: str) -> str:
+    """The table of experiments/benchmarks/gpu.sh: decode ms a call (each XLA_FLAGS variant), the training step's
+    tokens/s and MFU against the measured matmul rate and the datasheet's, from the JSON files in `folder`."""
+    rows = []
+    for path in sorted(Path(folder).glob("decode*.json")):
+        r = json.loads(path.read_text())
+        flags = r["machine"]["xla_flags"] or "(none)"
+        for row in r["results"]:
+            rows.append([path.stem, flags[:60], row["what"], f"{row['ms_per_call']:.3f}", f"{row['tokens_per_s']:.0f}",
+                         "" if row.get("same_tokens_as_ar_sample") is None else row["same_tokens_as_ar_sample"]])
+    out = ["decode, batch 1 (ms a network call)",
+           format_table(["file", "XLA_FLAGS", "what", "ms a call", "tok/s", "same tokens"], rows) if rows else "(none)"]
+    rows = []
+    for path in sorted(Path(folder).glob("train*.json")):
+        for r in json.loads(path.read_text())["results"]:
+            rows.append([path.stem, r.get("attention_setting", r["attention"]) + (
+                "" if r["attention"] == r.get("attention_setting", r["attention"]) else f" ({r['attention']})"),
+                r["model"]["batch_size"], f"{r['step_s'] * 1e3:.1f}",
+                         f"{r['tokens_per_s']:.0f}", f"{r['achieved_flops_per_s'] / 1e12:.1f}",
+                         f"{r['peak_matmul_flops_per_s'] / 1e12:.1f}",
+                         "-" if r.get("peak_one_call_flops_per_s") is None else
+                         f"{r['peak_one_call_flops_per_s'] / 1e12:.1f}", f"{r['mfu']:.3f}",
+                         "-" if r.get("mfu_datasheet") is None else f"{r['mfu_datasheet']:.3f}",
+                         "-" if r["peak_bytes_in_use"] is None else f"{r['peak_bytes_in_use'] / 2**30:.1f}"])
+    out += ["", "training step (MFU: model FLOPs 6N + 12 n L H a token)",
+            format_table(["file", "attention", "B", "ms a step", "tok/s", "TFLOP/s", "matmul loop TFLOP/s",
+                          "one-call matmul TFLOP/s", "MFU vs loop", "MFU vs datasheet", "peak GiB"], rows)
+            if rows else "(none)"]
+    return "\n".join(out)
+
+
 def format_table(header: list, rows: list[list]) -> str:
     """Right-aligned plain-text table of header and rows."""
     cells = [[str(h) for h in header]] + [[str(c) for c in r] for r in rows]
@@ -911,13 +1256,13 @@ KEPT_MEMORY = False
 """Whether this process kept freed memory (`sharding.keep_freed_memory`, run as a script)."""
 
 RUNNERS = {"train": run_train, "sampler": run_sampler, "ar": run_ar, "block": run_block, "memory": run_memory,
-           "rng": run_rng, "optimizer": run_optimizer, "profile": run_profile}
+           "rng": run_rng, "optimizer": run_optimizer, "profile": run_profile, "decode": run_decode}
 
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser of this script."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("which", choices=sorted(RUNNERS) + ["all"])
+    p.add_argument("which", choices=sorted(RUNNERS) + ["all", "gpu_summary"])
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of a few seconds")
     p.add_argument("--json", default="", help="output file, a folder with `all` "
                    "(default: experiments/benchmarks/results/NAME_PLATFORM.json)")
@@ -944,6 +1289,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--length", type=int, default=1024, help="block: tokens to write")
     p.add_argument("--workdirs", nargs="*", default=None,
                    help="block: trained run directories (an AR, a SEDD and block runs) instead of random weights")
+    p.add_argument("--attention", nargs="+", default=None, choices=kernels.ATTENTION_IMPLEMENTATIONS,
+                   help="train: attention paths to time, one result each (sedd.kernels.ATTENTION; cudnn: a GPU's)")
+    p.add_argument("--peak_iters", type=int, default=0,
+                   help="train: the peak from this many chained matmul_n^3 products a jitted call (0: one a call)")
+    p.add_argument("--no_profile", action="store_true", help="train: time the step and the peak only")
+    p.add_argument("--vocab", type=int, default=None, help="decode: V (default 50257 at width >= 768)")
+    p.add_argument("--unroll", type=int, nargs="*", default=None, help="decode: unroll factors of the AR loop")
+    p.add_argument("--block_sizes", type=int, nargs="*", default=None, help="decode: block models' b (default 4 16)")
+    p.add_argument("--no_block", action="store_true", help="decode: AR only")
+    p.add_argument("--trace", action="store_true", help="decode: a jax.profiler trace of the AR and block calls")
+    p.add_argument("--dump", default="", help="decode: a folder for the AR loop's HLO and the traces (.xplane.pb.gz)")
     return p
 
 
@@ -951,6 +1307,7 @@ _DEFAULTS = {
     "train": {"width": 512, "blocks": 2, "seq_len": 128, "batch_sizes": [32]},
     "ar": {"width": 128, "blocks": 2, "seq_len": 128, "batch_sizes": [1, 64], "steps": [16, 32, 64, 128, 256, 1024]},
     "block": {"width": 128, "blocks": 4, "seq_len": 128, "batch_sizes": [1, 16], "steps": [64, 128]},
+    "decode": {"width": 128, "blocks": 2, "seq_len": 128, "unroll": [2, 4], "block_sizes": [4, 16]},
 }
 
 
@@ -1001,6 +1358,9 @@ def main(argv: list[str] | None = None) -> int:
         jax.config.update("jax_num_cpu_devices", int(np.prod(list(sizes.values()))))
     if args.device_gib is not None and not args.device_gib > 0:
         parser().error(f"--device_gib must be a positive size in GiB, got {args.device_gib}")
+    if args.which == "gpu_summary":
+        print(gpu_summary(args.json or str(RESULTS_DIR)))
+        return 0
     for which in (sorted(RUNNERS) if args.which == "all" else [args.which]):
         run(which, args)
     return 0
