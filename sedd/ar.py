@@ -27,11 +27,13 @@ Letters: B batch, L length, V vocabulary.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sedd import speculative
 from sedd.categorical import sample_categorical
 from sedd.model import DDiT
 from sedd.sampling import nucleus
@@ -186,6 +188,7 @@ def sample(
 # --------------------------------------------------------------------------- the target of speculative sampling
 
 
+@functools.lru_cache(maxsize=None)
 def speculative_target(graphdef, *, temperature: float = 1.0, top_p: float = 1.0) -> tuple:
     r"""(prefill, target) of the AR network `graphdef` for ``sedd.speculative.decode``, each row its own KV cache.
 
@@ -245,3 +248,84 @@ def speculative_target(graphdef, *, temperature: float = 1.0, top_p: float = 1.0
         return probs, (params_state, caches)
 
     return prefill, target
+
+
+@functools.lru_cache(maxsize=None)
+def speculative_drafter(graphdef, *, temperature: float = 1.0) -> tuple:
+    r"""(prefill, drafter) of a (smaller) AR network for ``sedd.speculative.decode``: k tokens left to right.
+
+    Each round rolls the row's cache back to `start` (as ``speculative_target``)
+    and runs k + 1 one-position steps: step i feeds the input at position
+    start + i and draws y_i from the network's law at temperature T, so
+    q_i = that law given the prefix and y_<i, (1) of ``sedd.speculative``;
+    the last step only feeds y_{k-1}, so that the cache holds every position
+    a round can accept (all k and the extra token).
+
+    Returns:
+      prefill(params_state, prompt int32[B, P]) -> state; drafter as ``decode`` takes it.
+    """
+    prefill, _ = speculative_target(graphdef)
+
+    def drafter(key, state, text, start, k):
+        params_state, caches = state
+
+        def one(key, cache, row, s):
+            m = nnx.merge(graphdef, *params_state).with_cache(cache)
+            keys, values, _ = m.cache()
+            m.with_cache((keys, values, s))
+            prev = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)], bos_id(m))
+            ys, qs = [], []
+            for i in range(k + 1):
+                logits = decode_step(m, prev[None])[0]  # (V,)
+                if i == k:
+                    break
+                q = jax.nn.softmax(logits.astype(jnp.float32) / temperature)
+                prev = jax.random.categorical(jax.random.fold_in(key, i), jnp.log(q)).astype(jnp.int32)
+                ys.append(prev), qs.append(q)
+            return jnp.stack(ys), jnp.stack(qs), m.cache()
+
+        keys = jax.random.split(key, text.shape[0])
+        drafted, q, caches = jax.vmap(one)(keys, caches, text, start)
+        return drafted, q, (params_state, caches)
+
+    return prefill, drafter
+
+
+def speculative_sample(key: jax.Array, graphdef, state, num_samples: int, length: int, k: int = 4,
+                       draft: Any = "ngram", temperature: float = 1.0, top_p: float = 1.0,
+                       prompt: jax.Array | None = None) -> tuple[jax.Array, dict]:
+    """Text of the AR network (graphdef, state) by speculative sampling (``sedd.speculative``): its law exactly.
+
+    Args:
+      key: a ``jax.random`` key.
+      graphdef, state: the target network, state = (params, rest).
+      num_samples, length: B, L (L at most the model's length).
+      k: drafts a round.
+      draft: "ngram" (prompt lookup, no network), or (graphdef, state) of a
+        smaller AR network over the same vocabulary (its calls are counted).
+      temperature, top_p: on the target's law, so the text's.
+      prompt: optional int32[B, P], the same P for every row.
+    Returns:
+      (int32[B, L], stats): "nfe" the target's calls (the batch's), "nfe_per_sample",
+      "draft_calls" the drafter's network calls a row, "accepted_at" int32[k]
+      (rows whose draft at position i was kept, summed over rounds).
+    """
+    prefill, target = speculative_target(graphdef, temperature=temperature, top_p=top_p)
+    p = 0 if prompt is None else int(prompt.shape[1])
+    given = jnp.zeros((num_samples, p), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
+    vocab = nnx.merge(graphdef, *state).out_dim
+    if isinstance(draft, str):
+        if draft != "ngram":
+            raise ValueError(f"draft must be 'ngram' or an AR network (graphdef, state), got {draft!r}")
+        drafter, d_state = speculative.ngram_drafter(vocab), None
+    else:
+        d_prefill, drafter = speculative_drafter(draft[0])
+        if nnx.merge(draft[0], *draft[1]).out_dim != vocab:
+            raise ValueError("the draft network's vocabulary differs from the target's")
+        d_state = d_prefill(draft[1], given)
+    text = jnp.zeros((num_samples, length), jnp.int32).at[:, :p].set(given)
+    out, stats = speculative.decode(key, prefill(state, given), d_state, text, jnp.full((num_samples,), p, jnp.int32),
+                                    target=target, drafter=drafter, length=length, k=k)
+    rounds = stats["rounds_per_sample"]
+    return out, {"nfe": stats["rounds"], "nfe_per_sample": rounds,
+                 "draft_calls": rounds * (0 if isinstance(draft, str) else k + 1), "accepted_at": stats["accepted_at"]}

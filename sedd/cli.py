@@ -103,6 +103,9 @@ def _sample(args) -> int:
         options["max_length"] = args.max_length
     if args.stop:
         options["stop"] = True
+    if args.draft:  # speculative sampling of an AR run: prompt lookup, or a smaller AR run's drafts
+        options["draft"] = args.draft if args.draft == "ngram" else runs.load(args.draft)
+        options["draft_k"] = args.draft_k
     if args.animate:
         steps = args.steps if args.steps is not None else run.config.sampling.steps
         mask, tokens = run_conditioning(run, args)
@@ -264,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stop", action="store_true", help="end each text at its first <|endoftext|> (a block run "
                    "stops drawing once every text has one)")
     p.add_argument("--animate", action="store_true", help="show the denoising of the first sample")
+    p.add_argument("--draft", default="", help="an AR run only: speculative sampling, the run's own law in fewer "
+                   "calls, with drafts from 'ngram' (prompt lookup) or a smaller AR run's directory")
+    p.add_argument("--draft_k", type=int, default=4, help="drafts a round with --draft (default 4)")
 
     p = sub.add_parser("eval", help="likelihood bound of a trained run",
                        description="The likelihood bound of a trained run on a split of its data, or on other "

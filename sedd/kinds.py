@@ -395,23 +395,50 @@ class Autoregressive(Kind):
     def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):
         """L ancestral steps with the KV cache (``sedd.ar.sample``); steps and predictor do not apply.
 
+        With draft: speculative sampling (``sedd.ar.speculative_sample``), the
+        same law in fewer calls of this network: draft="ngram" (prompt
+        lookup) or a ``Net`` of a smaller AR network; draft_k drafts a round
+        (default 4); temperature and top_p on this network's law; a prefix
+        (fixed_mask) is taken there.
+
         Raises:
           ValueError: an option other than categorical, temperature and
-            return_stats, or a prompt (fixed_mask).
+            return_stats (and, with draft, draft_k, top_p, a prefix), or a
+            prompt without draft.
         """
         categorical = options.pop("categorical", self.config.sampling.categorical)
         temperature = options.pop("temperature", 1.0)
         return_stats = options.pop("return_stats", False)
+        length = self.config.data.seq_len
+        if options.get("draft") is not None:
+            return self._speculative(key, net, num_samples, length, return_stats, temperature, **options)
+        options.pop("draft", None)
         if "fixed_mask" in options:
-            raise ValueError("the AR baseline does not take prompts here")
+            raise ValueError("the AR baseline takes a prompt with draft= only (speculative sampling)")
         if options:
             raise ValueError(f"the AR baseline takes no sampler options {sorted(options)}")
-        length = self.config.data.seq_len
         tokens = ar.sample(key, net.model, num_samples, length, temperature=temperature, categorical=categorical)
         stats = None
         if return_stats:  # one network call a position, each on one position of every row
             stats = {"nfe": jnp.int32(length), "nfe_per_sample": jnp.full((num_samples,), length, jnp.int32)}
         return sampling.Samples(tokens, None, stats)
+
+    def _speculative(self, key, net, num_samples, length, return_stats, temperature, *, draft, draft_k=4,
+                     top_p=1.0, fixed_mask=None, fixed_tokens=None):
+        """``sample`` with draft: speculative sampling, the prompt a prefix of the same length in every row."""
+        prompt = None
+        if fixed_mask is not None:
+            mask = jnp.asarray(fixed_mask, bool)
+            p = int(mask[0].sum())
+            if not bool(jnp.all(mask == (jnp.arange(mask.shape[1]) < p)[None, :])):
+                raise ValueError("speculative sampling takes a prefix of the same length in every row")
+            prompt = jnp.asarray(fixed_tokens, jnp.int32)[:, :p]
+        if not (isinstance(draft_k, int) and 1 <= draft_k <= length):
+            raise ValueError(f"draft_k must be an integer in [1, {length}], got {draft_k!r}")
+        drafter = draft if isinstance(draft, str) else (draft.graphdef, draft.state)
+        tokens, stats = ar.speculative_sample(key, net.graphdef, net.state, num_samples, length, draft_k, drafter,
+                                              temperature=temperature, top_p=top_p, prompt=prompt)
+        return sampling.Samples(tokens, None, stats if return_stats else None)
 
 
 @register("block")

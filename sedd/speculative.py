@@ -133,6 +133,7 @@ def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Ar
     return text[:, :length], {"rounds": r, "rounds_per_sample": rounds_row, "accepted_at": accepted_at}
 
 
+@functools.lru_cache(maxsize=None)
 def ngram_drafter(vocab_size: int, n: int = 2) -> Callable:
     """The prompt-lookup drafter (Saxena 2023): after the latest earlier occurrence of the last n tokens.
 

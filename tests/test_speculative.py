@@ -286,3 +286,20 @@ def test_rollback_leaves_the_cache_of_the_accepted_text():
     p_rolled, _ = target(after, accepted, jnp.asarray([4]), 3)
     p_fresh, _ = target(fresh, accepted, jnp.asarray([4]), 3)
     np.testing.assert_allclose(np.asarray(p_rolled), np.asarray(p_fresh), rtol=1e-6, atol=1e-7)
+
+
+def test_an_ar_run_samples_with_drafts_from_itself_and_from_ngrams():
+    """Run.sample(draft=...): a drafter equal to the target keeps nearly every draft, k + 1 tokens a call."""
+    from test_golden import _cached_run
+
+    run = _cached_run("ar")
+    for draft in ("ngram", run):
+        out = run.sample(jax.random.key(0), 3, draft=draft, draft_k=3, return_stats=True)
+        assert out.tokens.shape == (3, run.seq_len) and out.tokens.max() < run.config.vocab_size
+        calls = out.stats["nfe_per_sample"].mean()
+        if draft is run:  # p = q up to rounding: every round writes k + 1 = 4 tokens
+            assert calls <= run.seq_len / 4 + 1, calls
+        else:
+            assert calls <= run.seq_len, calls
+    prompt = run.generate(jax.random.key(1), 2, prefix="ab", draft="ngram")
+    assert all(t.startswith("ab") for t in prompt)
