@@ -249,3 +249,14 @@ def tv_noise_bound(p, n: int, reps: int = 400, sds: float = 5.0, seed: int = 0) 
     counts = np.random.default_rng(seed).multinomial(n, p, size=reps)  # (reps, cells)
     tvs = 0.5 * np.abs(counts / n - p).sum(-1)
     return float(tvs.mean() + sds * tvs.std())
+
+
+def perturbed(params, scale: float, seed: int):
+    """params with N(0, scale^2) noise added to every leaf: a network whose output depends on its input.
+
+    Zero-initialised output layers make a fresh network's every score the same; tests that compare draws
+    or laws of a network perturb its weights first.
+    """
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return jax.tree.unflatten(tree, [p + scale * jax.random.normal(k, p.shape, p.dtype) for p, k in zip(leaves, keys)])

@@ -25,6 +25,7 @@ import pytest
 
 from flax import nnx
 
+import reference
 from sedd import config as config_lib
 from sedd import kinds, runs, sampling
 from sedd.data.tokenizers import CharTokenizer
@@ -52,10 +53,7 @@ def _run(name: str) -> runs.Run:
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = tokenizer.vocab_size
     graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(7), len(leaves))
-    leaves = [p + 0.3 * jax.random.normal(k, p.shape, p.dtype) for p, k in zip(leaves, keys)]
-    return runs.from_parts(config, tokenizer, graphdef, jax.tree.unflatten(tree, leaves), rest)
+    return runs.from_parts(config, tokenizer, graphdef, reference.perturbed(params, 0.3, 7), rest)
 
 
 def _conditions(name: str) -> dict:

@@ -26,6 +26,7 @@ from flax import nnx
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+import reference
 from sedd import ar, kernels, kinds
 from sedd import config as config_lib
 
@@ -154,11 +155,7 @@ def test_decode_variants_give_ar_sample_tokens(dtype):
     c = _tiny("ar", dtype)
     model = kinds.build_model(c, 0)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    leaves = jax.tree.leaves(params)
-    keys = jax.random.split(jax.random.key(1), len(leaves))
-    params = jax.tree.unflatten(jax.tree.structure(params),
-                                [p + 0.3 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)])
-    model = nnx.merge(graphdef, params, rest)
+    model = nnx.merge(graphdef, reference.perturbed(params, 0.3, 1), rest)
     key, length = jax.random.key(3), 20
     ref = np.asarray(ar.sample(key, model, 2, length))
     assert len(np.unique(ref)) > 3  # not a constant draw

@@ -245,9 +245,7 @@ def _tiny_ar():
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = V
     graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(5), len(leaves))
-    params = jax.tree.unflatten(tree, [w + 0.5 * jax.random.normal(k, w.shape, w.dtype) for w, k in zip(leaves, keys)])
+    params = reference.perturbed(params, 0.5, 5)
     nll = np.asarray(ar.nll(nnx.merge(graphdef, params, rest), jnp.asarray(SEQS)), np.float64)
     law = np.exp(-nll)
     return graphdef, (params, rest), law / law.sum()

@@ -1,17 +1,10 @@
 r"""Reverse-time sampling: samplers (a registry), the final denoiser, conditioning.
 
-The forward chain noises x_0 to the limit law by time 1. Sampling runs it
-backwards on a grid 1 = t_0 > t_1 > ... > t_N = eps (Sec. 4 of Lou et al. 2024):
-
-    x <- graph.sample_limit                    (all MASK, or uniform tokens)
-    for n in 0 .. N-1:   x, state <- sampler.step(x, state, t_n -> t_{n+1})
-                         (then corrector_steps corrector steps at t_{n+1})
-    x <- denoise(x, eps)                       (remove the noise left at eps)
-
-and, when conditioning, the fixed positions are overwritten with their tokens
-at the start, after every step and after the denoise. The whole loop is one
-compiled program; a sampler may carry state across steps (its own times,
-the cached network output) in the loop's carry.
+Sampling runs the forward chain backwards from its limit law on a time grid,
+one sampler step at a time, with the conditioning re-imposed after each step,
+then removes the noise left (Sec. 4 of Lou et al. 2024): ``loop.py`` writes
+the loop out; it is one compiled program (``run_loop``), and a sampler may
+carry state across steps (its own times, the cached network output).
 
 Samplers, registered by name in ``PREDICTORS`` (the math is in each class):
 
