@@ -30,6 +30,8 @@ from sedd.data.builders import MANIFEST
 from sedd.data.tokenizers import EOS_TEXT
 from sedd.sampling import text_conditioning
 
+MASK_CHAR = "\u2591"  # "░": a masked position in --animate's frames, as serve and the playground draw it
+
 
 def _train(args, overrides: list[str]) -> int:
     config = config_lib.load_config(args.config, overrides)
@@ -86,10 +88,11 @@ def animation_labels(frames: int, every: int, steps: int) -> list[str]:
 
 
 def _animate(run: runs.Run, trajectory, every: int, steps: int, delay: float) -> None:
-    """Redraw the first sample in place as it is denoised (masks shown as '_'), each frame labelled with its step."""
+    """Redraw the first sample in place as it is denoised (masks shown as MASK_CHAR, not --infill's blank "_"),
+    each frame labelled with its step."""
     mask_id = run.graph.dim - 1 if run.graph.absorb else -1
     for label, frame in zip(animation_labels(len(trajectory), every, steps), trajectory):
-        text = "".join("_" if i == mask_id else run.tokenizer.decode([i]) for i in np.asarray(frame[0]).tolist())
+        text = "".join(MASK_CHAR if i == mask_id else run.tokenizer.decode([i]) for i in np.asarray(frame[0]).tolist())
         sys.stdout.write("\x1b[2J\x1b[H" + label + "\n" + text + "\n")
         sys.stdout.flush()
         time.sleep(delay)

@@ -53,8 +53,11 @@ def test_animate_labels_frames_with_the_steps_of_the_run(tiny_run, monkeypatch, 
     labels = [line.rsplit("\x1b[H", 1)[1] for line in capsys.readouterr().out.splitlines() if "\x1b[H" in line]
     assert labels == [f"[step {k}/128]" for k in range(0, 129, 2)], labels
     assert cli.main(["sample", "--workdir", str(workdir), "--num_samples", "1", "--animate"]) == 0  # the config's 8
-    labels = [line.rsplit("\x1b[H", 1)[1] for line in capsys.readouterr().out.splitlines() if "\x1b[H" in line]
+    frames = capsys.readouterr().out.split("\x1b[2J\x1b[H")[1:]
+    labels = [frame.split("\n", 1)[0] for frame in frames]
     assert labels == [f"[step {k}/8]" for k in range(9)], labels
+    texts = [frame.split("\n")[1] for frame in frames]  # a mask is the playground's glyph, never --infill's blank
+    assert set(texts[0]) == {"\u2591"} and "\u2591" not in texts[-1] and "_" not in texts[0], texts
     # A block run's frames: each block's steps in turn, then the finished text.
     assert cli.animation_labels(2 * 3 + 1, 2, 4) == ["[block 1/2, step 0/4]", "[block 1/2, step 2/4]",
                                                      "[block 1/2, step 4/4]", "[block 2/2, step 0/4]",

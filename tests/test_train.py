@@ -207,7 +207,8 @@ def test_train_names_its_dtype_times_its_steps_and_marks_its_samples(data_dir, t
     speed = [line for line in lines if line.startswith("speed: ")]
     assert len(speed) == 1, lines
     rate = re.fullmatch(r"speed: (\S+) steps/s \(steps 6-15, compilation excluded\); the 2 steps left take about "
-                        r"\d+ s, evaluations and the final bound not counted", speed[0])
+                        r"\d+ s, evaluations and the final bound not counted \(re-estimated at each evaluation\)",
+                        speed[0])
     assert rate and float(rate[1]) > 0, speed
     assert lines.index(speed[0]) < lines.index("--- sample 0")
 
@@ -241,6 +242,32 @@ def test_pace_times_plain_steps_only():
     assert not any([pace.update(s, state, busy=s == 1) for s in range(1, 6)])
     assert train_lib.Pace(30, active=False).update(1, state, busy=True) is None
     assert [train_lib.format_duration(s) for s in (42.4, 785, 7620)] == ["42 s", "13 min 5 s", "2 h 7 min"]
+
+
+def test_pace_re_estimates_the_time_left_as_the_pace_changes():
+    """On a fake clock: 1 s a step for the first 300 steps, then 0.25 s; the time left the pace gives follows
+    the new pace within about a hundred steps, and evaluations (busy steps, 30 s each) are not counted."""
+    now = [0.0]
+    state = {"step": jnp.zeros((), jnp.int32)}
+    pace = train_lib.Pace(n_iters=1000, window=10, settle=4, clock=lambda: now[0])
+    said, left = {}, {}
+    for step in range(1, 1001):
+        now[0] += (1.0 if step <= 300 else 0.25) + (30.0 if step % 250 == 0 else 0.0)
+        said[step] = pace.update(step, state, busy=step == 1 or step % 250 == 0)
+        left[step] = pace.left(step)
+    first = [(s, line) for s, line in said.items() if line]
+    assert [s for s, _ in first] == [15] and "the 985 steps left take about 16 min 25 s" in first[0][1], first
+    assert left[14] is None and left[1000] is None
+
+    def seconds(line):  # "12 min 30 s" -> 750
+        m = re.search(r"steps left take about (?:(\d+) min )?(\d+) s,", line)
+        return 60 * int(m[1] or 0) + int(m[2])
+
+    assert left[250].startswith("speed: 1 steps/s lately; the 750 steps left take about 12 min 30 s,"), left[250]
+    # The estimate over the truth (0.25 s a step) 100, 200 and 450 steps after the change: a moving average
+    # whose newest 10-step window weighs 0.1 keeps 0.9^k of the old pace after k windows.
+    ratios = [seconds(left[s]) / (0.25 * (1000 - s)) for s in (400, 500, 750)]
+    assert 1.8 < ratios[0] < 2.4 and 1.2 < ratios[1] < 1.5 and 0.98 < ratios[2] < 1.05, ratios
 
 
 def test_adaln_lr_scale_scales_only_the_adaln_kernels_updates():
