@@ -24,13 +24,12 @@ import jax
 import numpy as np
 
 from sedd import config as config_lib
-from sedd import convert, figures, runs, sharding, train
+from sedd import convert, figures, runs, sampling, sharding, train
 from sedd.data import BUILDERS, default_data_dir, load_tokenizer
 from sedd.data.builders import MANIFEST
 from sedd.data.tokenizers import EOS_TEXT
 from sedd.sampling import text_conditioning
 
-MASK_CHAR = "\u2591"  # "░": a masked position in --animate's frames, as serve and the playground draw it
 
 
 def _train(args, overrides: list[str]) -> int:
@@ -88,11 +87,12 @@ def animation_labels(frames: int, every: int, steps: int) -> list[str]:
 
 
 def _animate(run: runs.Run, trajectory, every: int, steps: int, delay: float) -> None:
-    """Redraw the first sample in place as it is denoised (masks shown as MASK_CHAR, not --infill's blank "_"),
+    """Redraw the first sample in place as it is denoised (masks as sampling.MASK_CHAR, not --infill's blank "_"),
     each frame labelled with its step."""
     mask_id = run.graph.dim - 1 if run.graph.absorb else -1
     for label, frame in zip(animation_labels(len(trajectory), every, steps), trajectory):
-        text = "".join(MASK_CHAR if i == mask_id else run.tokenizer.decode([i]) for i in np.asarray(frame[0]).tolist())
+        ids = np.asarray(frame[0]).tolist()
+        text = "".join(sampling.MASK_CHAR if i == mask_id else run.tokenizer.decode([i]) for i in ids)
         sys.stdout.write("\x1b[2J\x1b[H" + label + "\n" + text + "\n")
         sys.stdout.flush()
         time.sleep(delay)

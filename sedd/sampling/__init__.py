@@ -90,7 +90,7 @@ from sedd.sampling.absorbing import AbsorbingSampler, Confidence, EntropyBound, 
 from sedd.sampling.loop import (FINALS, Options, Samples, check_int, check_shape, conditioning, denoise_step,
                                 one_step, options_from, run_loop, sample, start_carry, time_grid)
 from sedd.sampling.long import sample_long
-from sedd.sampling.prompts import text_conditioning
+from sedd.sampling.prompts import MASK_CHAR, text_conditioning
 from sedd.sampling import rows
 
 __all__ = [
@@ -98,5 +98,6 @@ __all__ = [
     "FunctionPredictor", "Sampler", "UnknownSampler", "check_graph", "corrector_step", "get_sampler",
     "register_predictor", "register_sampler", "AbsorbingSampler", "Confidence", "EntropyBound", "FirstHitting",
     "ReMDM", "FINALS", "Options", "Samples", "check_int", "check_shape", "conditioning", "denoise_step", "one_step",
-    "options_from", "run_loop", "sample", "start_carry", "time_grid", "sample_long", "text_conditioning", "rows",
+    "options_from", "run_loop", "sample", "start_carry", "time_grid", "sample_long", "MASK_CHAR", "text_conditioning",
+    "rows",
 ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+MASK_CHAR = "\u2591"  # "░": how a masked position is drawn in text (sedd serve's frames, the playground, --animate)
+
 
 def text_conditioning(tokenizer, seq_len: int, num: int, prefix: str = "", suffix: str = "",
                       infill: str = "", blank: str = "_") -> tuple[np.ndarray | None, np.ndarray | None]:

@@ -7,9 +7,9 @@ import logging
 import numpy as np
 
 from sedd import runs
+from sedd.sampling.prompts import MASK_CHAR
 from sedd.serve.api import Plan
 
-MASK_CHAR = "\u2591"  # "░": how a masked position shows in the text of a diffusing frame
 
 logger = logging.getLogger("sedd.serve")
 
