@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -173,6 +173,62 @@ def _check_gpt2_files(path: Path) -> None:
         if f.exists() and not (f.is_file() and f.stat().st_size <= MAX_TOKENIZER_BYTES):
             raise RunError(f"the GPT-2 tokenizer file {f} is not a regular file of at most {MAX_TOKENIZER_BYTES} "
                            "bytes")
+
+
+RUN_ENTRIES = (CONFIG, TOKENIZER, METRICS, CHECKPOINTS, "checkpoints_unreadable", "tensorboard")
+"""What a run directory holds that training writes, moves or deletes: none of them may be a symbolic link."""
+
+
+def check_run_links(workdir: str | Path) -> None:
+    """Refuse a run directory whose files or folders of ``RUN_ENTRIES``, or a checkpoint, are symbolic links.
+
+    Training writes config.json and metrics.jsonl, deletes old checkpoints and
+    moves unreadable ones aside: through a link, each would reach outside the
+    run (a received run's `checkpoints_unreadable -> ~/elsewhere` once had a
+    resume move a whole checkpoint folder there). The run directory itself
+    may be a link: the command line names it.
+
+    Raises:
+      RunError: naming the link and where it points; nothing was touched.
+    """
+    workdir = Path(workdir)
+    ckpts = workdir / CHECKPOINTS
+    found = [workdir / n for n in RUN_ENTRIES]
+    if ckpts.is_dir() and not ckpts.is_symlink():
+        found += sorted(ckpts.iterdir())
+    for path in found:
+        if path.is_symlink():
+            raise RunError(f"{path} is a symbolic link (to {os.readlink(path)}); a run directory's files and "
+                           "checkpoints are written, moved and deleted in place, so links out of it are refused. "
+                           "Replace the link by a folder (or move the run away) and run again; nothing was touched")
+
+
+def move_inside(src: Path, folder: Path) -> Path:
+    """Move src into folder (as folder/<src name>, `_` appended while taken), both inside src's run directory.
+
+    The run directory is src's grandparent (``<run>/checkpoints/<step>``);
+    neither src nor folder, nor the parents followed, may be a symbolic link,
+    and folder must resolve to a child of the run directory: a move never
+    reaches outside the run. A rename, never a copy.
+
+    Raises:
+      RunError: a link or a folder outside the run; nothing was moved.
+    """
+    run = src.parent.parent
+    for path in (src, src.parent, folder):
+        if path.is_symlink():
+            raise RunError(f"{path} is a symbolic link (to {os.readlink(path)}); an unreadable checkpoint is moved "
+                           "only inside its run directory, so nothing was moved")
+    if folder.resolve().parent != run.resolve() or src.resolve().parent.parent != run.resolve():
+        raise RunError(f"{folder} is not a folder of the run directory {run}; nothing was moved")
+    folder.mkdir(exist_ok=True)
+    if folder.is_symlink() or not folder.is_dir():  # made by someone else between the check and here
+        raise RunError(f"{folder} is not a folder of the run directory {run}; nothing was moved")
+    dest = folder / src.name
+    while dest.exists() or dest.is_symlink():
+        dest = dest.with_name(dest.name + "_")
+    os.rename(src, dest)  # both in the run: one file system, a rename that follows no link
+    return dest
 
 
 MAY_CHANGE_ON_RESUME = (
@@ -326,11 +382,7 @@ def restore_newest(manager: ocp.CheckpointManager, target: dict,
         for bad, err in skipped:
             where = ""
             if quarantine is not None:
-                dest = Path(quarantine) / str(bad)
-                while dest.exists():
-                    dest = dest.with_name(dest.name + "_")
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(Path(manager.directory) / str(bad)), dest)
+                dest = move_inside(Path(manager.directory) / str(bad), Path(quarantine))
                 where = f"; moved to {dest}"
             warnings.warn(f"skipped the checkpoint of step {bad} in {manager.directory}: it cannot be read "
                           f"({type(err).__name__}: {str(err)[:200]}){where}. Using step {step}.",
