@@ -35,7 +35,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from sedd import config as config_lib
-from sedd import kinds, sampling
+from sedd import kinds, sampling, validate
 from sedd import sharding as sharding_lib
 from sedd.data import tokenizer_from_dict
 from sedd.model import DDiT
@@ -574,6 +574,10 @@ def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
     workdir = Path(workdir)
     config = read_config(workdir)
     tokenizer = read_tokenizer(workdir, config.vocab_size)
+    try:  # a received run's length in bounds may still be quadratic memory past this machine's
+        validate.check_memory(config, 1)
+    except ValueError as e:
+        raise RunError(f"{workdir / CONFIG}: {e}") from None
     if not (workdir / CHECKPOINTS).is_dir():
         raise FileNotFoundError(f"{workdir} holds no checkpoint yet; train first with `sedd train`")
     manager = checkpoint_manager(workdir)

@@ -7,13 +7,17 @@ Findings 4 and 6: sizes and values of a received run's config. Finding 3:
 streams nobody reads.
 """
 
+import argparse
+import importlib
 import json
 import os
 import shutil
 
 import pytest
 
-from sedd import cli, runs
+from sedd import cli, runs, validate
+
+serve_main = importlib.import_module("sedd.serve.main")  # sedd.serve.main is also the name of its function
 
 
 def _tiny_args(data_dir: str) -> list[str]:
@@ -78,3 +82,281 @@ def test_the_quarantine_move_never_follows_a_link_out_of_the_run(received):
     (workdir / "checkpoints_unreadable").unlink()  # a real folder: the move happens, inside the run
     dest = runs.move_inside(workdir / runs.CHECKPOINTS / "4", workdir / "checkpoints_unreadable")
     assert dest == workdir / "checkpoints_unreadable" / "4" and (dest / "planted.txt").exists()
+
+
+# --------------------------------------------------------------------------- finding 7: every option of every subcommand
+
+
+
+class Reached(Exception):
+    """The command's work was reached: every value was admitted."""
+
+
+def _parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each `sedd` subcommand's parser, as `sedd` builds it (serve's own; convert's is the converter's)."""
+    seen = []
+
+    def capture(self, *a, **k):
+        seen.append(self)
+        raise Reached
+
+    real = validate.OneLineParser.parse_known_args
+    validate.OneLineParser.parse_known_args = capture
+    try:
+        with pytest.raises(Reached):
+            cli.main(["sample"])
+    finally:
+        validate.OneLineParser.parse_known_args = real
+    sub = next(a for a in seen[0]._actions if isinstance(a, argparse._SubParsersAction))
+    parsers = {name: p for name, p in sub.choices.items() if name not in ("convert", "serve")}
+    return {**parsers, "serve": serve_main._parser()}
+
+
+def _options() -> list[tuple[str, str, str]]:
+    """(command, flag, kind) of every option of every subcommand: kind "number" or a path kind of validate.PATHS."""
+    out = []
+    for command, parser in _parsers().items():
+        for action in parser._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            if action.type in (int, float):
+                out.append((command, action.option_strings[0], "number"))
+            elif action.dest in validate.PATHS.get(command, {}):
+                out.append((command, action.option_strings[0], validate.PATHS[command][action.dest]))
+    return out
+
+
+OPTIONS = _options()
+NUMBERS = ["nan", "inf", "-inf", "0", "-1", str(10**12), str(2**64), "1e300", "0.5"]
+ACCEPTED = {  # (command, flag, value) that are valid values and reach the command's work
+    ("sample", "--seed", "0"), ("sample", "--seed", str(10**12)), ("eval", "--seed", str(10**12)), ("sample", "--temperature", "0"), ("sample", "--temperature", "0.5"),
+    ("sample", "--top_p", "0.5"), ("eval", "--max_batches", "0"), ("eval", "--seed", "0"),
+    ("serve", "--step", "0"), ("serve", "--window_ms", "0"), ("serve", "--window_ms", "0.5"),
+    ("serve", "--timeout", "0.5"), ("serve", "--header_timeout", "0.5"), ("serve", "--body_timeout", "0.5"),
+}
+
+
+def test_every_numeric_option_has_a_bound():
+    """A new option of a numeric type without a bound in sedd.validate.CLI_BOUNDS fails here."""
+    numbers = [(c, f) for c, f, kind in OPTIONS if kind == "number"]
+    assert len(numbers) >= 20
+    for command, flag in numbers:
+        assert flag[2:] in validate.CLI_BOUNDS[command], (command, flag)
+    assert {(c, f) for c, f, k in OPTIONS if k != "number"} >= {("sample", "--output"), ("train", "--workdir")}
+
+
+@pytest.fixture
+def stubbed(monkeypatch, tmp_path):
+    """Every command's work replaced by raising Reached; a run directory to name; a FIFO."""
+    for name in ("_sample", "_eval", "_train"):
+        monkeypatch.setattr(cli, name, lambda *a, **k: (_ for _ in ()).throw(Reached()))
+    monkeypatch.setattr(serve_main.runs, "load", lambda *a, **k: (_ for _ in ()).throw(Reached()))
+    (tmp_path / "run").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    return tmp_path
+
+
+def _outcome(argv, capsys, said: list | None = None) -> str:
+    try:
+        rc = cli.main(argv)
+    except Reached:
+        return "reached"
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith(f"sedd {argv[0]}: error: "), (argv, rc, err)
+    if said is not None:
+        said.append(err)
+    return "refused"
+
+
+@pytest.mark.parametrize("command,flag,kind", OPTIONS, ids=[f"{c}{f}" for c, f, _ in OPTIONS])
+def test_every_option_refuses_hostile_values_in_one_line_before_any_work(stubbed, capsys, command, flag, kind):
+    base = [command] + (["--workdir", str(stubbed / "run")] if command != "train" and flag != "--workdir" else [])
+    if kind == "number":
+        for value in NUMBERS:
+            got = _outcome([*base, flag, value], capsys)
+            assert got == ("reached" if (command, flag, value) in ACCEPTED else "refused"), (command, flag, value)
+        return
+    valid = {"run": "dir", "new_run": "dir"}.get(kind)
+    for name, path in (("dir", stubbed / "run"), ("fifo", stubbed / "fifo"), ("full", "/dev/full")):
+        got = _outcome([*base, flag, str(path)], capsys)
+        assert got == ("reached" if name == valid else "refused"), (command, flag, name)
+
+
+def test_the_findings_of_the_report_one_by_one(stubbed, capsys):
+    """Issue 53 finding 7, each as it was reported: one line and exit 2, before any sampling."""
+    run = ["--workdir", str(stubbed / "run")]
+    for argv, message in [
+        (["sample", *run, "--temperature", "nan"], "--temperature must be a finite number in [0, 2]"),
+        (["sample", *run, "--num_samples", "1000000000"], "--num_samples must be an integer in [1, 65536]"),
+        (["sample", *run, "--steps", str(10**12)], "--steps must be an integer in [1, 65536]"),
+        (["sample", *run, "--seed", str(2**64)], "--seed must be an integer in [0, 9223372036854775807]"),
+        (["sample", *run, "--output", str(stubbed / "run")], "is a directory; the samples are written"),
+        (["sample", *run, "--output", str(stubbed / "fifo")], "is not a regular file (a FIFO"),
+        (["sample", *run, "--output", "/dev/full"], "is not a regular file"),
+        (["sample", *run, "--max_length", "0"], "--max_length must be an integer in [1, 1048576]"),
+        (["eval", *run, "--batch_size", "0"], "--batch_size must be an integer in [1, 65536]"),
+        (["serve", *run, "--window_ms", "1e300"], "--window_ms must be a finite number in [0, 60000]"),
+        (["sample", *run, "--steps", "nan"], "argument --steps: invalid int value: 'nan'"),
+    ]:
+        said = []
+        assert _outcome(argv, capsys, said) == "refused"
+        assert message in said[0], (argv, said)
+
+
+def test_a_window_the_engine_cannot_wait_is_refused_by_the_limits_and_health_tells_a_dead_engine():
+    from sedd import serve
+    with pytest.raises(ValueError, match="window_s must be at most 60"):
+        serve.Limits(window_s=1e297)  # was: the engine thread's OverflowError, then 503s while /health said ok
+
+
+# --------------------------------------------------------------------------- finding 1: a tokenizer that froze the server
+
+tokenizers = pytest.importorskip("tokenizers")
+
+
+def _hostile_tokenizer_json(path) -> str:
+    """A Hugging Face tokenizer.json whose Split pre-tokenizer is `(a+)+c`, as `sedd convert` used to copy one."""
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({c: i for i, c in enumerate("abc ")}, unk_token="a"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(pattern=tokenizers.Regex("(a+)+c"), behavior="isolated")
+    tok.save(str(path))
+    return str(path)
+
+
+def test_a_tokenizer_with_a_catastrophic_regex_is_refused_when_a_run_is_read(copy_run_dir, capsys):
+    workdir = copy_run_dir
+    hostile = _hostile_tokenizer_json(workdir.parent / "hostile.json")
+    (workdir / runs.TOKENIZER).write_text(json.dumps({"name": "gpt2", "path": hostile}))
+    assert cli.main(["sample", "--workdir", str(workdir), "--steps", "2", "--num_samples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sedd sample: error: ") and err.count("\n") == 1, err
+    assert "repeats a group that holds a repetition" in err and "'(a+)+c'" in err, err
+
+
+@pytest.fixture
+def hostile_gpt2(tmp_path, monkeypatch):
+    """A GPT2Tokenizer of the hostile file, built past the regex check (as one loaded before it existed)."""
+    from sedd.data import tokenizers as tok_lib
+    path = _hostile_tokenizer_json(tmp_path / "hostile.json")
+    monkeypatch.setattr(tok_lib, "check_regexes", lambda tree, where: None)
+    return tok_lib.GPT2Tokenizer(path)
+
+
+def test_the_tokenizers_panic_is_a_named_value_error_and_encoding_releases_the_gil(hostile_gpt2):
+    import threading
+    import time
+    with pytest.raises(ValueError, match="the tokenizer failed on this text: PanicException"):
+        hostile_gpt2.encode("a" * 40)  # was pyo3_runtime.PanicException, a BaseException: a traceback, a 500
+    ticks, t0 = [], time.monotonic()
+    thread = threading.Thread(target=lambda: [hostile_gpt2.encode("a" * 22) for _ in range(3)])
+    thread.start()
+    while thread.is_alive():  # the main thread keeps running while another encodes
+        ticks.append(time.monotonic())
+        time.sleep(0.01)
+    assert time.monotonic() - t0 > 0.2 and len(ticks) > (time.monotonic() - t0) / 0.01 / 4, len(ticks)
+
+
+@pytest.fixture
+def copy_run_dir(tiny_run, tmp_path):
+    workdir = tmp_path / "received"
+    shutil.copytree(tiny_run[0], workdir)
+    return workdir
+
+
+class _Tokenizer:
+    """The run's char tokenizer, except that a prompt of "a"s goes to `slow` (hostile or sleeping)."""
+
+    max_token_chars = 4  # as a BPE's: the length check before encoding admits 4 L characters
+
+    def __init__(self, inner, slow):
+        self.inner, self.slow = inner, slow
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def encode(self, text):
+        return self.slow(text) if text.startswith("aaaa") else self.inner.encode(text)
+
+
+def _serve(app):
+    """(port, stop) of app served by uvicorn on a free loopback port, in a thread."""
+    import socket
+    import threading
+    import time
+    uvicorn = pytest.importorskip("uvicorn")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+
+    def stop():
+        server.should_exit = True
+        thread.join(timeout=30)
+
+    return port, stop
+
+
+def _post(port, body: dict, timeout: float = 30) -> tuple[int, dict]:
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    return r.status, json.loads(r.read())
+
+
+def _health_seconds(port) -> float:
+    import http.client
+    import time
+    t0 = time.monotonic()
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/health")
+    assert c.getresponse().status == 200
+    return time.monotonic() - t0
+
+
+def test_serve_answers_health_while_a_hostile_prompt_encodes_and_names_the_panic(tiny_run, hostile_gpt2,
+                                                                                  monkeypatch):
+    import dataclasses
+    import threading
+    import time
+
+    from sedd import serve
+    from sedd.serve import app as app_lib
+    run = runs.load(tiny_run[0])
+
+    def sleepy(text):  # a tokenizer that takes 3 s (and releases the GIL, as the batch encoder does)
+        time.sleep(3)
+        return run.tokenizer.encode("a")
+
+    def either(text):
+        return hostile_gpt2.encode(text) if len(text) > 30 else sleepy(text)
+
+    hostile = dataclasses.replace(run, tokenizer=_Tokenizer(run.tokenizer, either))
+    monkeypatch.setattr(app_lib, "PLAN_TIMEOUT_S", 1.5)
+    limits = serve.Limits(max_steps=8, max_n=2, max_batch=4, timeout_s=30, window_s=0.0)
+    port, stop = _serve(serve.create_app(hostile, "sedd-tiny", limits))
+    try:
+        status, body = _post(port, {"prompt": "a" * 40, "max_tokens": 2, "steps": 2})  # the panic: a 400
+        assert status == 400 and body["error"]["code"] == "unencodable_text", body
+        assert "PanicException" in body["error"]["message"]
+        answers = []
+        slow = threading.Thread(target=lambda: answers.append(_post(port, {"prompt": "aaaa", "steps": 2})))
+        slow.start()
+        time.sleep(0.3)
+        assert _health_seconds(port) < 1.0  # the event loop is free while the prompt encodes
+        slow.join(timeout=30)
+        status, body = answers[0]
+        assert status == 503 and "encoding the prompt took more than 1.5 s" in body["error"]["message"], body
+        big = "R" * (4 * run.seq_len + 1)  # over the length in characters: refused before any encoding
+        status, body = _post(port, {"prompt": big})
+        assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
+        assert _post(port, {"prompt": "ROMEO:", "max_tokens": 4, "steps": 2})[0] == 200
+    finally:
+        stop()

@@ -16,13 +16,15 @@ from sedd import runs, sampling
 # --------------------------------------------------------------------------- limits and errors
 
 
-def check_number(name: str, value, low: float, strict: bool, integer: bool) -> None:
-    """Raise ValueError unless value is a finite number (an integer when asked) >= low (> low when strict)."""
+def check_number(name: str, value, low: float, strict: bool, integer: bool, high: float = math.inf) -> None:
+    """Raise ValueError unless value is a finite number (an integer when asked) >= low (> low when strict), <= high."""
     types = (int,) if integer else (int, float)
     ok = isinstance(value, types) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or value < low or (strict and value == low):
         what = "an integer" if integer else "a finite number"
         raise ValueError(f"{name} must be {what} {'>' if strict else '>='} {low:g}, got {value!r}")
+    if value > high:
+        raise ValueError(f"{name} must be at most {high:g}, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,9 +60,9 @@ class Limits:
     def __post_init__(self):
         for name in ("max_steps", "max_n", "max_batch", "max_queue", "max_body_bytes", "max_programs"):
             check_number(name, getattr(self, name), 1, strict=False, integer=True)
-        for name in ("timeout_s", "header_timeout_s", "body_timeout_s"):
-            check_number(name, getattr(self, name), 0, strict=True, integer=False)
-        check_number("window_s", self.window_s, 0, strict=False, integer=False)
+        for name in ("timeout_s", "header_timeout_s", "body_timeout_s"):  # a day at most: wait() overflows past ~1e9
+            check_number(name, getattr(self, name), 0, strict=True, integer=False, high=86_400.0)
+        check_number("window_s", self.window_s, 0, strict=False, integer=False, high=60.0)
 
 
 class APIError(Exception):
@@ -167,13 +169,20 @@ def plan(run: runs.Run, req: CompletionRequest, limits: Limits) -> Plan:
                        "steps_over_limit")
     if req.n > limits.max_n:
         raise APIError(400, f"n={req.n} is over this server's limit of {limits.max_n}", "n", "n_over_limit")
+    L = run.seq_len
+    per_token = getattr(run.tokenizer, "max_token_chars", 1)  # a character is at least one token of the others
+    for name, text in (("prompt", req.prompt), ("suffix", req.suffix or "")):  # before any encoding
+        if len(text) > L * per_token:
+            raise APIError(400, f"{name} of {len(text)} characters is more than the model's sequence length of "
+                                f"{L} tokens can hold (a token is at most {per_token} characters)", name,
+                           "context_length_exceeded")
     encoded = {}
     for name, text in (("prompt", req.prompt), ("suffix", req.suffix or "")):
         try:
             encoded[name] = np.asarray(run.tokenizer.encode(text), np.int32) if text else np.zeros(0, np.int32)
         except ValueError as e:
             raise APIError(400, f"{name}: {e}", name, "unencodable_text") from None
-    pre, suf, L = encoded["prompt"], encoded["suffix"], run.seq_len
+    pre, suf = encoded["prompt"], encoded["suffix"]
     if len(suf) and "suffix" not in run.kind.conditions:
         raise APIError(400, f"a suffix cannot be honoured by this {run.kind.name} model: it writes text after "
                             "a prompt only", "suffix", "unsupported_value")

@@ -28,6 +28,11 @@ from sedd.serve.engine import Busy, Engine
 from sedd.serve.texts import Streamed, Texts
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")  # the Host names answered by default
+PLAN_TIMEOUT_S = 10.0
+"""Seconds a request's prompt and suffix may take to encode (a tokenizer from someone else may be slow);
+then 503. Encoding runs on a thread of its own, never on the event loop, so /health and the other
+requests are answered meanwhile."""
+PLAN_THREADS = 2  # encodings at once; one a tokenizer never returns from holds its thread, not the server
 
 logger = logging.getLogger("sedd.serve")
 
@@ -140,6 +145,7 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
         raise ValueError("api_key must not be empty")
     engine = Engine(run, limits)
     texts = Texts(run)
+    planner = concurrent.futures.ThreadPoolExecutor(PLAN_THREADS, thread_name_prefix="sedd-serve-plan")
     created = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -147,8 +153,11 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
         engine.start()
         yield
         engine.stop()
+        planner.shutdown(wait=False, cancel_futures=True)
 
     async def health(request: Request) -> JSONResponse:
+        if engine.failed:  # every completion would wait for nothing: say so, not "ok"
+            return JSONResponse({"status": "engine_failed", "model": name}, status_code=503)
         return JSONResponse({"status": "ok", "model": name, "step": run.step, "queued": engine.queued,
                              "batches": engine.batches, "programs": len(engine.programs),
                              "compiles": engine.compiles})
@@ -176,7 +185,7 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
         if req.model is not None and req.model != name:
             raise APIError(404, f"the model {req.model!r} does not exist; this server serves {name!r}", "model",
                            "model_not_found")
-        p = plan(run, req, limits)
+        p = await _planned(planner, run, req, limits)
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         cid, now = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "object": "text_completion", "created": now, "model": name}
@@ -211,6 +220,22 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
     app.state.engine, app.state.name = engine, name
     app.add_middleware(Gate, hosts=tuple(allowed_hosts), api_key=api_key)
     return app
+
+
+async def _planned(planner: concurrent.futures.Executor, run: runs.Run, req: CompletionRequest,
+                   limits: Limits) -> Plan:
+    """``plan`` (the prompt encoded) on the planner's threads, within PLAN_TIMEOUT_S.
+
+    Raises:
+      APIError: plan's 400s; 503 when the encoding takes too long (the
+        thread finishes on its own; the request no longer waits for it).
+    """
+    try:
+        return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(planner, plan, run, req, limits),
+                                      PLAN_TIMEOUT_S)
+    except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
+        raise APIError(503, f"encoding the prompt took more than {PLAN_TIMEOUT_S:g} s; the run's tokenizer is too "
+                            "slow for this text", "prompt", "timeout", kind="server_error") from None
 
 
 def _diffusion(p: Plan, info: dict) -> dict:
