@@ -95,7 +95,8 @@ def _animate(run: runs.Run, trajectory, every: int, steps: int, delay: float) ->
 
 
 def _sample(args) -> int:
-    validate.check_memory(runs.read_config(args.workdir), args.num_samples, f"--num_samples {args.num_samples}: ")
+    if args.num_samples > 1:  # (one sequence is runs.load's check)
+        validate.check_memory(runs.read_config(args.workdir), args.num_samples, f"--num_samples {args.num_samples}: ")
     run = runs.load(args.workdir)
     key = jax.random.key(args.seed)
     options = {k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p)) if v != 1.0}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -67,6 +68,14 @@ SIZE_BOUNDS = {
 """[low, high] of each size a run's config gives, checked before anything is built from it (the
 bounds of ``sedd.convert`` for the same sizes; sedd-medium has hidden_size 1024, 24 blocks, 16 heads,
 length 1024, GPT-2's 50,257 tokens)."""
+VALUE_BOUNDS = {
+    "noise.sigma_min": validate.Bound(0, 1e4, integer=False, open_low=True),
+    "noise.sigma_max": validate.Bound(0, 1e4, integer=False, open_low=True, why="SEDD's configs take 20"),
+    "noise.eps": validate.Bound(0, 1, integer=False, open_low=True),
+    "sampling.eps": validate.Bound(0, 1, integer=False, open_low=True),
+    "model.dropout": validate.Bound(0, 1, integer=False),
+}
+"""Bounds of the floats of a run's config that the sampler computes with (any other float must be finite)."""
 MAX_PARAMETERS = 1 << 33  # the network's weights, estimated from the sizes above (GPT-2 XL has 1.6e9)
 
 
@@ -120,11 +129,26 @@ def _check_config(config: ml_collections.ConfigDict, path: Path) -> None:
         if not ok:
             raise RunError(f"{path}: {key} = {value!r} is a {type(value).__name__}; a run's config holds a "
                            f"{want.__name__} there")
+        if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN and Infinity parse
+            raise RunError(f"{path}: {key} = {value!r} is not a finite number")
     if "vocab_size" not in values:
         raise RunError(f"{path}: vocab_size is missing (a trained run's config holds it)")
     for key, (low, high) in SIZE_BOUNDS.items():
         if not low <= values[key] <= high:
             raise RunError(f"{path}: {key} = {values[key]} is outside [{low}, {high}]")
+    for key, bound in VALUE_BOUNDS.items():
+        try:
+            if key in values:
+                bound.check(key, values[key])
+        except ValueError as e:
+            raise RunError(f"{path}: {e}") from None
+    rules = config.mesh.rules
+    try:  # pairs [logical name, mesh axes]; a received [5] was a TypeError from deep inside the mesh code
+        if not all(isinstance(r, (list, tuple)) and len(r) == 2 and isinstance(r[0], str) for r in rules):
+            raise ValueError("each rule is a pair [logical name, mesh axes]")
+        sharding_lib.make_rules(rules)
+    except (TypeError, ValueError) as e:
+        raise RunError(f"{path}: mesh.rules = {rules!r}: {e}") from None
     m = config.model
     rows = -(-(config.vocab_size + 1) // m.vocab_multiple) * m.vocab_multiple  # model.padded, without the model
     # Embedding and output (V + 1 rows each at most, padded), and per block attention (4 H^2), MLP (2 r H^2), adaLN (6 C H).

@@ -181,7 +181,7 @@ def memory_estimate(config, rows: int = 1) -> int:
     """Bytes of memory drawing `rows` sequences of the config's length takes, about (float32).
 
     The weights (three copies while they are restored and placed) and per row
-    one layer's attention scores (n_heads x L^2: quadratic in the length), the
+    one layer's attention scores and softmax (2 n_heads L^2: quadratic in the length), the
     scores of the output (3 x L x padded vocabulary) and the activations
     (16 x L x hidden_size). A tiny run of L = 16,384 measured 4.6 GB peak
     against 4.3 GB estimated (issue 53).
@@ -190,7 +190,7 @@ def memory_estimate(config, rows: int = 1) -> int:
     vocab = -(-(config.vocab_size + 1) // m.vocab_multiple) * m.vocab_multiple
     weights = 2 * vocab * m.hidden_size + m.n_blocks * (
         (4 + 2 * m.mlp_ratio) * m.hidden_size ** 2 + 6 * m.cond_dim * m.hidden_size)
-    per_row = m.n_heads * L * L + 3 * L * vocab + 16 * L * m.hidden_size
+    per_row = 2 * m.n_heads * L * L + 3 * L * vocab + 16 * L * m.hidden_size  # scores and their softmax
     return 4 * (3 * weights + rows * per_row)
 
 

@@ -360,3 +360,51 @@ def test_serve_answers_health_while_a_hostile_prompt_encodes_and_names_the_panic
         assert _post(port, {"prompt": "ROMEO:", "max_tokens": 4, "steps": 2})[0] == 200
     finally:
         stop()
+
+
+# --------------------------------------------------------------------------- findings 4 and 6: a received run's config
+
+
+def _tamper(workdir, **changes) -> None:
+    config = json.loads((workdir / runs.CONFIG).read_text())
+    for key, value in changes.items():
+        node = config
+        *path, last = key.split("__")
+        for part in path:
+            node = node[part]
+        node[last] = value
+    (workdir / runs.CONFIG).write_text(json.dumps(config))  # Infinity and NaN as JSON's extension writes them
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"mesh__rules": [5]}, "mesh.rules = [5]: each rule is a pair [logical name, mesh axes]"),  # was a TypeError
+    ({"mesh__rules": [["embed", "nowhere"]]}, "'nowhere' is not a mesh axis"),
+    ({"noise__type": "geometric", "noise__sigma_max": float("inf")}, "noise.sigma_max = inf is not a finite number"),
+    ({"noise__type": "geometric", "noise__sigma_max": 1e9}, "noise.sigma_max must be a finite number in (0, 10000]"),
+    ({"noise__eps": float("nan")}, "noise.eps = nan is not a finite number"),
+    ({"sampling__eps": 0.0}, "sampling.eps must be a finite number in (0, 1]"),
+    ({"optim__lr": float("-inf")}, "optim.lr = -inf is not a finite number"),
+])
+def test_a_received_runs_values_are_finite_and_in_range(copy_run_dir, capsys, changes, message):
+    """Finding 6: mesh.rules [5] was a TypeError traceback; sigma_max = Infinity sampled all <|endoftext|>."""
+    _tamper(copy_run_dir, **changes)
+    assert cli.main(["sample", "--workdir", str(copy_run_dir), "--steps", "2", "--num_samples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sedd sample: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_a_received_runs_length_is_bounded_by_this_machines_memory(copy_run_dir, capsys, monkeypatch):
+    """Finding 4: data.seq_len = 16,384 (in bounds) peaked at 4.6 GB for one sample; the estimate is in the error."""
+    monkeypatch.setattr(validate, "available_memory", lambda: 2 << 30)
+    _tamper(copy_run_dir, data__seq_len=32_768)
+    assert cli.main(["sample", "--workdir", str(copy_run_dir), "--steps", "1", "--num_samples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sedd sample: error: {copy_run_dir / runs.CONFIG}: data.seq_len = 32768 with model.n_heads"
+                          " = 2") and "needs about 16.1 GiB" in err, err
+    assert "this machine has 2.0 GiB" in err and err.count("\n") == 1, err
+    _tamper(copy_run_dir, data__seq_len=32)  # and --num_samples by the same estimate
+    assert cli.main(["sample", "--workdir", str(copy_run_dir), "--steps", "1", "--num_samples", "65536"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sedd sample: error: --num_samples 65536: data.seq_len = 32") and "GiB" in err, err
+    _tamper(copy_run_dir, data__seq_len=16_384)
+    assert 4.0e9 < validate.memory_estimate(runs.read_config(copy_run_dir)) < 5.0e9  # measured 4.6 GB (issue 53)
