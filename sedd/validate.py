@@ -24,6 +24,8 @@ import stat
 import sys
 from pathlib import Path
 
+import jax
+
 MAX_SEED = 2**63  # jax.random.key takes a C long: 2**63 and above overflow
 MAX_STEPS = 1 << 16  # a run's sampling.steps (sedd.runs.SIZE_BOUNDS) and serve's --max_steps
 MAX_ROWS = 1 << 16  # samples drawn at once, before the memory estimate of the run's own sizes
@@ -82,6 +84,7 @@ CLI_BOUNDS: dict[str, dict[str, Bound]] = {
         "timeout": Bound(0, MAX_SECONDS, integer=False, open_low=True),
         "header_timeout": Bound(0, MAX_SECONDS, integer=False, open_low=True),
         "body_timeout": Bound(0, MAX_SECONDS, integer=False, open_low=True),
+        "send_timeout": Bound(0, MAX_SECONDS, integer=False, open_low=True),
         "window_ms": Bound(0, 60_000, integer=False, why="milliseconds a batch waits for more requests"),
         "max_body": Bound(1, 1 << 30, why="bytes"),
         "warmup_steps": Bound(1, MAX_STEPS),
@@ -197,8 +200,6 @@ def memory_estimate(config, rows: int = 1) -> int:
 def available_memory() -> int:
     """Bytes this machine can give a computation: the default device's limit, else the physical memory."""
     try:
-        import jax
-
         stats = jax.devices()[0].memory_stats() or {}
     except Exception:  # noqa: BLE001  no device statistics on this backend: the host's memory
         stats = {}

@@ -132,7 +132,7 @@ ACCEPTED = {  # (command, flag, value) that are valid values and reach the comma
     ("sample", "--seed", "0"), ("sample", "--seed", str(10**12)), ("eval", "--seed", str(10**12)), ("sample", "--temperature", "0"), ("sample", "--temperature", "0.5"),
     ("sample", "--top_p", "0.5"), ("eval", "--max_batches", "0"), ("eval", "--seed", "0"),
     ("serve", "--step", "0"), ("serve", "--window_ms", "0"), ("serve", "--window_ms", "0.5"),
-    ("serve", "--timeout", "0.5"), ("serve", "--header_timeout", "0.5"), ("serve", "--body_timeout", "0.5"),
+    ("serve", "--timeout", "0.5"), ("serve", "--send_timeout", "0.5"), ("serve", "--header_timeout", "0.5"), ("serve", "--body_timeout", "0.5"),
 }
 
 
@@ -279,17 +279,23 @@ class _Tokenizer:
         return self.slow(text) if text.startswith("aaaa") else self.inner.encode(text)
 
 
-def _serve(app):
-    """(port, stop) of app served by uvicorn on a free loopback port, in a thread."""
+def _serve(app, sndbuf: int = 0):
+    """(port, stop) of app served by uvicorn on a free loopback port, in a thread.
+
+    sndbuf: the kernel's send buffer of every connection (accepted sockets
+    inherit it from the listening one); 0 leaves Linux's, which grows to MBs.
+    """
     import socket
     import threading
     import time
     uvicorn = pytest.importorskip("uvicorn")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    sock = socket.socket()
+    if sndbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
@@ -299,6 +305,7 @@ def _serve(app):
     def stop():
         server.should_exit = True
         thread.join(timeout=30)
+        sock.close()
 
     return port, stop
 
@@ -408,3 +415,97 @@ def test_a_received_runs_length_is_bounded_by_this_machines_memory(copy_run_dir,
     assert err.startswith("sedd sample: error: --num_samples 65536: data.seq_len = 32") and "GiB" in err, err
     _tamper(copy_run_dir, data__seq_len=16_384)
     assert 4.0e9 < validate.memory_estimate(runs.read_config(copy_run_dir)) < 5.0e9  # measured 4.6 GB (issue 53)
+
+
+# --------------------------------------------------------------------------- finding 3: streams nobody reads
+
+
+def test_a_stream_whose_client_reads_nothing_is_dropped_after_the_send_timeout(tiny_run):
+    """Finding 3: a client that asks for a diffusing stream and never reads held its trajectory for ever.
+
+    The ASGI app called directly, its `send` never returning once the first
+    event is out (as uvicorn's send waits for a client that reads nothing
+    once the socket's and asyncio's buffers are full).
+    """
+    import asyncio
+    import time
+
+    from sedd import serve
+    run = runs.load(tiny_run[0])
+    limits = serve.Limits(max_steps=64, max_n=4, max_batch=4, timeout_s=60, window_s=0.0, send_timeout_s=0.5)
+    app = serve.create_app(run, "sedd-tiny", limits)
+    body = json.dumps({"n": 4, "steps": 16, "diffusing": True, "seed": 1}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"localhost"), (b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    sent, peak = [], []
+
+    async def one_client():
+        bodies = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            if bodies:
+                return bodies.pop()
+            await asyncio.Event().wait()  # connected, silent: never a disconnect
+
+        async def send(message):
+            sent.append(message["type"])
+            peak.append(app.state.streams())
+            if sent.count("http.response.body") > 1:
+                await asyncio.Event().wait()  # the client reads nothing more
+
+        t0 = time.monotonic()
+        await asyncio.wait_for(app(scope, receive, send), 60)
+        return time.monotonic() - t0
+
+    app.state.engine.start()
+    try:
+        seconds = asyncio.run(one_client())
+    finally:
+        app.state.engine.stop()
+    assert sent[:2] == ["http.response.start", "http.response.body"] and max(peak) == 1
+    assert app.state.streams() == 0  # its events' generator closed: the trajectory it held is freed
+    assert seconds < 30
+
+
+def test_idle_clients_of_diffusing_streams_leave_the_server_answering(tiny_run, caplog):
+    """Finding 3 over real sockets: clients ask for diffusing streams of about 300 kB and never read; /health is
+    answered in under 1 s meanwhile, and every stream is dropped (its client still connected)."""
+    import logging
+    import socket
+    import statistics
+    import time
+
+    from sedd import serve
+    caplog.set_level(logging.WARNING, logger="sedd.serve")
+    run = runs.load(tiny_run[0])
+    limits = serve.Limits(max_steps=256, max_n=8, max_batch=24, timeout_s=120, window_s=0.5, send_timeout_s=2.0)
+    app = serve.create_app(run, "sedd-tiny", limits)
+    port, stop = _serve(app, sndbuf=4096)  # else Linux's buffer, grown to MBs, would take the whole stream
+    body = json.dumps({"n": 8, "steps": 256, "diffusing": True, "seed": 1}).encode()
+    request = (f"POST /v1/completions HTTP/1.1\r\nHost: localhost:{port}\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    idle = []
+    try:
+        for _ in range(3):  # one batch of 24 rows: 257 frames of 8 rows, about 300 kB a stream
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", port))
+            s.sendall(request)
+            idle.append(s)
+        deadline = time.monotonic() + 120
+        while app.state.streams() < 3 and time.monotonic() < deadline:  # sampled, the streams begun
+            time.sleep(0.05)
+        assert app.state.streams() == 3
+        assert statistics.median(_health_seconds(port) for _ in range(3)) < 1.0  # answered while they wait
+        while app.state.streams() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert app.state.streams() == 0  # each dropped, with its trajectory, though its client is still connected
+        dropped = [r for r in caplog.records if "read nothing of its stream" in r.getMessage()]
+        assert len(dropped) == 3, [r.getMessage() for r in caplog.records]
+        assert _health_seconds(port) < 1.0 and _post(port, {"prompt": "ROMEO:", "max_tokens": 4, "steps": 2})[0] == 200
+    finally:
+        for s in idle:
+            s.close()
+        stop()

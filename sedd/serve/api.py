@@ -44,6 +44,9 @@ class Limits:
       header_timeout_s: seconds a connection may take to send a request's
         headers (from its opening or its previous answer); then it is closed.
       body_timeout_s: seconds a request's body may take to arrive; then 408.
+      send_timeout_s: seconds one event of a stream may take to be sent (a
+        client that reads nothing); then the stream is dropped with what it
+        holds (the trajectory of a diffusing request).
     """
 
     max_steps: int = 1024
@@ -56,11 +59,13 @@ class Limits:
     max_programs: int = 64
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
+    send_timeout_s: float = 30.0
 
     def __post_init__(self):
         for name in ("max_steps", "max_n", "max_batch", "max_queue", "max_body_bytes", "max_programs"):
             check_number(name, getattr(self, name), 1, strict=False, integer=True)
-        for name in ("timeout_s", "header_timeout_s", "body_timeout_s"):  # a day at most: wait() overflows past ~1e9
+        # At most a day: a threading wait of ~1e9 s or more overflows (a window of 1e297 s killed the engine).
+        for name in ("timeout_s", "header_timeout_s", "body_timeout_s", "send_timeout_s"):
             check_number(name, getattr(self, name), 0, strict=True, integer=False, high=86_400.0)
         check_number("window_s", self.window_s, 0, strict=False, integer=False, high=60.0)
 

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from pydantic import ValidationError
-from sse_starlette.sse import EventSourceResponse
+from sse_starlette.sse import EventSourceResponse, SendTimeoutError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -146,6 +146,12 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
     engine = Engine(run, limits)
     texts = Texts(run)
     planner = concurrent.futures.ThreadPoolExecutor(PLAN_THREADS, thread_name_prefix="sedd-serve-plan")
+    streams = [0]  # streams open now (app.state.streams())
+
+    def sse(events) -> _SendBounded:
+        """A stream of events, dropped with what it holds when one event waits send_timeout_s to be sent."""
+        return _SendBounded(EventSourceResponse(_counted(events, streams), ping=600,
+                                                send_timeout=limits.send_timeout_s), limits.send_timeout_s)
     created = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -198,13 +204,12 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
         except Busy as e:
             raise APIError(503, str(e), None, "server_busy", kind="server_error") from None
         if req.stream and not req.diffusing:
-            return EventSourceResponse(_stream(texts, p, stop, head, future, queue, limits.timeout_s), ping=600)
+            return sse(_stream(texts, p, stop, head, future, queue, limits.timeout_s))
         ids, traj, info = await _result(request, future, limits.timeout_s)
         choices = [dict(zip(("text", "finish_reason"), texts.completion(row, p, stop))) for row in ids]
         diffusion = _diffusion(p, info)
         if req.diffusing:
-            return EventSourceResponse(_frames(texts, p, req, engine.read_frames(p, traj), choices, head, diffusion,
-                                               _usage(p)), ping=600)
+            return sse(_frames(texts, p, req, engine.read_frames(p, traj), choices, head, diffusion, _usage(p)))
         out = [{"index": i, "text": c["text"], "logprobs": None, "finish_reason": c["finish_reason"]}
                for i, c in enumerate(choices)]
         return JSONResponse({**head, "choices": out, "usage": _usage(p), "diffusion": diffusion})
@@ -218,6 +223,7 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
                 Route("/v1/completions", _guarded(completions), methods=["POST"])],
         exception_handlers={HTTPException: http_error}, lifespan=lifespan)
     app.state.engine, app.state.name = engine, name
+    app.state.streams = lambda: streams[0]
     app.add_middleware(Gate, hosts=tuple(allowed_hosts), api_key=api_key)
     return app
 
@@ -236,6 +242,47 @@ async def _planned(planner: concurrent.futures.Executor, run: runs.Run, req: Com
     except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
         raise APIError(503, f"encoding the prompt took more than {PLAN_TIMEOUT_S:g} s; the run's tokenizer is too "
                             "slow for this text", "prompt", "timeout", kind="server_error") from None
+
+
+class _SendBounded:
+    """An ASGI response whose send timeout (sse-starlette's SendTimeoutError) ends it quietly, with a log line.
+
+    A client that opens a stream and reads nothing fills its socket, then the
+    server's buffer for it (asyncio pauses writing past 64 KiB); the next
+    send then waits. After send_timeout_s the response ends: its events'
+    generator is closed, and what it held (a diffusing request's trajectory,
+    n x (N + 1) x L tokens) is freed. The connection is closed once its
+    buffered bytes are read or the socket fails.
+    """
+
+    def __init__(self, response, timeout_s: float):
+        self.response, self.timeout_s = response, timeout_s
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await self.response(scope, receive, send)
+        except BaseException as e:  # anyio's task group may wrap it in an exception group
+            if not _only(e, SendTimeoutError):
+                raise
+            logger.warning("sedd serve: a client read nothing of its stream for %g s; the stream was dropped",
+                           self.timeout_s)
+
+
+def _only(e: BaseException, kind: type) -> bool:
+    """Whether e is a `kind`, or an exception group of nothing else."""
+    inner = getattr(e, "exceptions", None)
+    return isinstance(e, kind) or (inner is not None and all(_only(x, kind) for x in inner))
+
+
+async def _counted(events, count: list):
+    """The events of an async generator, counted in count[0] while it is open; closed with this one."""
+    count[0] += 1
+    try:
+        async for event in events:
+            yield event
+    finally:
+        count[0] -= 1
+        await events.aclose()
 
 
 def _diffusion(p: Plan, info: dict) -> dict:

@@ -92,6 +92,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds a connection may take to send a request's headers (then it is closed)")
     parser.add_argument("--body_timeout", type=float, default=d.body_timeout_s,
                         help="seconds a request's body may take to arrive (then 408)")
+    parser.add_argument("--send_timeout", type=float, default=d.send_timeout_s,
+                        help="seconds one event of a stream may take to be sent (then the stream is dropped)")
     parser.add_argument("--window_ms", type=float, default=d.window_s * 1e3,
                         help="collection window of a batch, in milliseconds (0: no batching wait)")
     parser.add_argument("--max_body", type=int, default=d.max_body_bytes, help="largest request body, bytes")
@@ -116,7 +118,7 @@ def _options(args) -> tuple[Limits, tuple[str, ...], str | None]:
     limits = Limits(max_steps=args.max_steps, max_n=args.max_n, max_batch=args.max_batch, max_queue=args.max_queue,
                     timeout_s=args.timeout, window_s=args.window_ms / 1e3, max_body_bytes=args.max_body,
                     max_programs=args.max_programs, header_timeout_s=args.header_timeout,
-                    body_timeout_s=args.body_timeout)
+                    body_timeout_s=args.body_timeout, send_timeout_s=args.send_timeout)
     hosts = [*LOCAL_HOSTS, *(h.strip() for h in args.allowed_hosts.split(",") if h.strip())]
     if args.host not in ("0.0.0.0", "::", ""):
         hosts.append(args.host)
