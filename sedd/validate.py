@@ -151,9 +151,9 @@ def check_path(flag: str, path: str, kind: str) -> None:
         return
     if kind in ("run", "new_run"):
         if st is not None and not stat.S_ISDIR(st.st_mode):
-            raise ValueError(f"{flag} {path} is not a directory")
+            raise ValueError(f"{flag} {path} is not a run directory (not a folder)")
         if st is None and kind == "run":
-            raise ValueError(f"{flag} {path} does not exist; it names the run directory of a trained model")
+            raise ValueError(f"{flag} {path} is not a run directory (it does not exist); train one with `sedd train`")
         return
     if st is not None:  # output
         if not stat.S_ISREG(st.st_mode):

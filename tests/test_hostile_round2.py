@@ -509,3 +509,35 @@ def test_idle_clients_of_diffusing_streams_leave_the_server_answering(tiny_run, 
         for s in idle:
             s.close()
         stop()
+
+
+GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+@pytest.mark.parametrize("regex,refused", [
+    (GPT2_REGEX, False), (LLAMA3_REGEX, False), ("(ab)+", False), ("[(a+)]+", False), (r"\(a+\)+", False),
+    ("(a+)+c", True), ("(a|aa)+c", True), ("(?:a*)*", True), ("((a+))+", True), ("(a+){2,}", True),
+    ("x" * 1001, True),
+])
+def test_the_regex_check_passes_the_pre_tokenizers_we_read_and_refuses_nested_repetition(regex, refused):
+    from sedd.data.tokenizers import regex_risk
+    assert bool(regex_risk(regex)) == refused, regex_risk(regex)
+
+
+def test_a_byte_level_bpe_with_gpt2s_split_regex_loads_and_encodes_as_before(tmp_path):
+    """The tokenizer.json of a BPE whose pre-tokenizer is a Split of GPT-2's regex, as current files hold."""
+    from sedd.data import GPT2Tokenizer
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["the cat sat on the mat, and the dog ate 1,234 bones."] * 20, vocab_size=300,
+                            min_frequency=1, special_tokens=["<|endoftext|>"], show_progress=False)
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.Sequence([
+        tokenizers.pre_tokenizers.Split(tokenizers.Regex(GPT2_REGEX), behavior="isolated"),
+        tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    bpe.save(str(tmp_path / "tokenizer.json"))
+    tok = GPT2Tokenizer(str(tmp_path / "tokenizer.json"))
+    text = "the dog sat on 1,234 mats."
+    want = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode(text).ids
+    assert tok.encode(text).tolist() == want and tok.decode(want) == text
+    assert tok.max_token_chars >= max(len(tok.decode([i])) for i in want)
