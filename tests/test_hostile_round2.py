@@ -541,3 +541,40 @@ def test_a_byte_level_bpe_with_gpt2s_split_regex_loads_and_encodes_as_before(tmp
     want = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json")).encode(text).ids
     assert tok.encode(text).tolist() == want and tok.decode(want) == text
     assert tok.max_token_chars >= max(len(tok.decode([i])) for i in want)
+
+
+# --------------------------------------------------------------------------- finding 8: Host headers and stop strings
+
+
+def _asgi_status(app, headers: list[tuple[bytes, bytes]], path: str = "/v1/models", body: bytes = b"") -> int:
+    """The status of one request through the ASGI app, its headers given raw (a Host header twice)."""
+    import asyncio
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST" if body else "GET",
+             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": headers, "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    status = []
+
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+
+    asyncio.run(app(scope, receive, send))
+    return status[0]
+
+
+def test_host_headers_that_name_no_allowed_host_and_too_many_stop_strings_are_refused(tiny_run):
+    from sedd import serve
+    app = serve.create_app(runs.load(tiny_run[0]), "sedd-tiny")
+    for hosts, status in [([b"localhost"], 200), ([b"localhost:8000"], 200), ([b"[::1]:8000"], 200),
+                          ([b"evil.example", b"localhost"], 421),  # two Host headers: the last used to win
+                          ([b"localhost", b"evil.example"], 421), ([b"[::1]evil.example"], 421),
+                          ([b"localhost:evil"], 421), ([b"localhost:80:80"], 421)]:
+        assert _asgi_status(app, [(b"host", h) for h in hosts]) == status, hosts
+    json_headers = [(b"host", b"localhost"), (b"content-type", b"application/json")]
+    body = json.dumps({"prompt": "ROMEO:", "stop": ["x"] * 10_000}).encode()  # 15,000 cost 5 s of CPU
+    assert _asgi_status(app, json_headers, "/v1/completions", body) == 400
+    body = json.dumps({"prompt": "ROMEO:", "stop": "x" * 2000}).encode()
+    assert _asgi_status(app, json_headers, "/v1/completions", body) == 400

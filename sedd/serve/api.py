@@ -7,7 +7,7 @@ import math
 import secrets
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.responses import JSONResponse
 
 from sedd import runs, sampling
@@ -107,6 +107,10 @@ def validation_error(e: ValidationError) -> APIError:
 # --------------------------------------------------------------------------- the request
 
 
+MAX_STOPS = 16
+MAX_STOP_CHARS = 1024
+
+
 class CompletionRequest(BaseModel):
     """The body of POST /v1/completions: OpenAI's fields, plus steps, sampler and diffusing."""
 
@@ -126,6 +130,16 @@ class CompletionRequest(BaseModel):
     steps: int | None = Field(None, ge=1)
     sampler: str | None = None
     diffusing: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _few_short_stops(cls, stop):
+        """At most MAX_STOPS stop strings of at most MAX_STOP_CHARS characters (15,000 cost 5 s of CPU)."""
+        items = [stop] if isinstance(stop, str) else stop or []
+        if len(items) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in items):
+            raise ValueError(f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters each "
+                             "(OpenAI takes 4)")
+        return stop
 
 
 @dataclasses.dataclass

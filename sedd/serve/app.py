@@ -43,13 +43,21 @@ def model_name(workdir: str | Path) -> str:
 
 
 def host_name(host: str) -> str:
-    """The name of a Host header without its port, lower case: "[::1]:8000" -> "::1", "LocalHost." -> "localhost"."""
+    """The name of a Host header without its port, lower case: "[::1]:8000" -> "::1", "LocalHost." -> "localhost".
+
+    Anything after the name but a port (`[::1]evil.example`, `localhost:evil`)
+    leaves the header whole, which names no allowed host.
+    """
     host = host.strip().lower()
-    if host.startswith("["):
-        return host[1:host.find("]")] if "]" in host else host
-    if host.count(":") == 1:
-        host = host.split(":")[0]
-    return host.rstrip(".")
+    if host.startswith("[") and "]" in host:
+        name, rest = host[1:host.find("]")], host[host.find("]") + 1:]
+    elif host.count(":") == 1:
+        name, rest = host.split(":")[0], host[host.find(":"):]
+    else:
+        name, rest = host, ""
+    if rest and not (rest.startswith(":") and (rest[1:].isdigit() or not rest[1:])):
+        return host
+    return name.rstrip(".")
 
 
 class Gate:
@@ -78,8 +86,9 @@ class Gate:
     def refusal(self, scope) -> APIError | None:
         headers = dict(scope["headers"])  # ASGI gives the names lower case
         if "*" not in self.hosts:
-            host = headers.get(b"host", b"").decode("latin-1")
-            if host_name(host) not in self.hosts:
+            given = [v.decode("latin-1") for k, v in scope["headers"] if k == b"host"]
+            host = given[0] if len(given) == 1 else " and ".join(given)  # two Host headers name no host (RFC 9112)
+            if len(given) != 1 or host_name(host) not in self.hosts:
                 return APIError(421, f"this server does not answer requests for the host {host!r}; it answers "
                                      f"{', '.join(sorted(self.hosts))} (start it with --allowed_hosts to add "
                                      "names)", None, "host_not_allowed")
