@@ -32,6 +32,7 @@ from sedd.sampling import text_conditioning
 
 def _train(args, overrides: list[str]) -> int:
     config = config_lib.load_config(args.config, overrides)
+    runs.check_config(config, f"--config {args.config}" + " and its overrides" * bool(overrides))  # before any work
     workdir = Path(args.workdir or Path("checkpoints") / Path(args.config).stem)
     print(f"run directory: {workdir}")
     sharding.initialize_distributed(config)  # both before anything touches a device

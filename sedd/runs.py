@@ -115,7 +115,19 @@ def _read_bounded(path: Path, limit: int) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def _check_config(config: ml_collections.ConfigDict, path: Path) -> None:
+def check_config(config: ml_collections.ConfigDict, where: str) -> None:
+    """The checks of ``read_config`` on a config about to be trained (vocab_size, not known yet, taken as 2).
+
+    Raises:
+      RunError: `where`: the first key of the wrong type, not finite or out of bounds.
+    """
+    config = ml_collections.ConfigDict(config.to_dict())
+    if "vocab_size" not in config:
+        config.vocab_size = 2
+    _check_config(config, where)
+
+
+def _check_config(config: ml_collections.ConfigDict, path: Path | str) -> None:
     """Raise RunError naming the first key whose value has the wrong type or lies outside its bounds."""
     default = _flat(config_lib.load_config(config_lib.DEFAULT_CONFIG).to_dict())
     values = _flat(config.to_dict())

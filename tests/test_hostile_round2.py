@@ -578,3 +578,20 @@ def test_host_headers_that_name_no_allowed_host_and_too_many_stop_strings_are_re
     assert _asgi_status(app, json_headers, "/v1/completions", body) == 400
     body = json.dumps({"prompt": "ROMEO:", "stop": "x" * 2000}).encode()
     assert _asgi_status(app, json_headers, "/v1/completions", body) == 400
+
+
+@pytest.mark.parametrize("override,message", [
+    ("--config.optim.lr=nan", "optim.lr = nan is not a finite number"),
+    ("--config.data.seq_len=0", "data.seq_len = 0 is outside [1, 131072]"),
+    ("--config.model.n_blocks=100000", "model.n_blocks = 100000 is outside [1, 256]"),
+    ("--config.noise.sigma_max=inf", "noise.sigma_max = inf is not a finite number"),
+    ("--config.model.dropout=1.5", "model.dropout must be a finite number in [0, 1]"),
+])
+def test_sedd_train_checks_its_configs_numbers_as_a_received_runs_before_any_work(tmp_path, capsys, override,
+                                                                                    message):
+    """The command line's config overrides pass the checks of a received run's config.json."""
+    workdir = tmp_path / "run"
+    assert cli.main(["train", "--config", "tiny", "--workdir", str(workdir), override]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sedd train: error: --config tiny and its overrides: ") and message in err, err
+    assert err.count("\n") == 1 and not workdir.exists()
