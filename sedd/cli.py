@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -24,7 +23,7 @@ import jax
 import numpy as np
 
 from sedd import config as config_lib
-from sedd import convert, figures, runs, sampling, sharding, train
+from sedd import convert, figures, runs, sampling, sharding, train, validate
 from sedd.data import BUILDERS, default_data_dir, load_tokenizer
 from sedd.data.builders import MANIFEST
 from sedd.data.tokenizers import EOS_TEXT
@@ -34,6 +33,7 @@ from sedd.sampling import text_conditioning
 
 def _train(args, overrides: list[str]) -> int:
     config = config_lib.load_config(args.config, overrides)
+    runs.check_config(config, f"--config {args.config}" + " and its overrides" * bool(overrides))  # before any work
     workdir = Path(args.workdir or Path("checkpoints") / Path(args.config).stem)
     print(f"run directory: {workdir}")
     sharding.initialize_distributed(config)  # both before anything touches a device
@@ -99,6 +99,8 @@ def _animate(run: runs.Run, trajectory, every: int, steps: int, delay: float) ->
 
 
 def _sample(args) -> int:
+    if args.num_samples > 1:  # (one sequence is runs.load's check)
+        validate.check_memory(runs.read_config(args.workdir), args.num_samples, f"--num_samples {args.num_samples}: ")
     run = runs.load(args.workdir)
     key = jax.random.key(args.seed)
     options = {k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p)) if v != 1.0}
@@ -122,10 +124,15 @@ def _sample(args) -> int:
     else:
         texts = run.generate(key, args.num_samples, args.steps, args.predictor,
                              prefix=args.prefix, suffix=args.suffix, infill=args.infill, blank=args.blank, **options)
-    if args.output.endswith(".jsonl"):  # one JSON string per line: splits back into samples whatever they hold
-        Path(args.output).write_text("".join(json.dumps({"sample": i, "text": t}) + "\n" for i, t in enumerate(texts)))
-    elif args.output:
-        Path(args.output).write_text("".join(f"--- sample {i}\n{t}\n" for i, t in enumerate(texts)))
+    if args.output:  # checked before sampling (sedd.validate.check_path); a disk may still fill
+        if args.output.endswith(".jsonl"):  # one JSON string per line: splits back into samples whatever they hold
+            out = "".join(json.dumps({"sample": i, "text": t}) + "\n" for i, t in enumerate(texts))
+        else:
+            out = "".join(f"--- sample {i}\n{t}\n" for i, t in enumerate(texts))
+        try:
+            Path(args.output).write_text(out)
+        except OSError as e:
+            raise ValueError(f"writing the samples to {args.output} failed: {e}") from None
     else:
         for i, t in enumerate(texts):
             print(f"--- sample {i}\n{t}")
@@ -239,7 +246,7 @@ def _prepared_from(folder: Path, path: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `sedd` console script: parse argv, run the command, return the exit code."""
-    parser = argparse.ArgumentParser(prog="sedd", description="Score Entropy Discrete Diffusion in JAX")
+    parser = validate.OneLineParser(prog="sedd", description="Score Entropy Discrete Diffusion in JAX")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train (or resume) a model", description="Train or resume. "
@@ -292,6 +299,11 @@ def main(argv: list[str] | None = None) -> int:
                    "(`sedd serve --help`; needs sedd-jax[serve])")
 
     args, rest = parser.parse_known_args(argv)
+    try:  # every number and path, before any work (sedd serve and sedd convert check their own)
+        validate.check_args(args.command, args)
+    except ValueError as e:
+        print(f"sedd {args.command}: error: {e}", file=sys.stderr)
+        return 2
     warnings.showwarning = _show_warning
     if args.command == "convert":
         return convert.main(rest)

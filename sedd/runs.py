@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
+import math
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from sedd import config as config_lib
-from sedd import kinds, sampling
+from sedd import kinds, sampling, validate
 from sedd import sharding as sharding_lib
 from sedd.data import tokenizer_from_dict
 from sedd.model import DDiT
@@ -67,6 +68,14 @@ SIZE_BOUNDS = {
 """[low, high] of each size a run's config gives, checked before anything is built from it (the
 bounds of ``sedd.convert`` for the same sizes; sedd-medium has hidden_size 1024, 24 blocks, 16 heads,
 length 1024, GPT-2's 50,257 tokens)."""
+VALUE_BOUNDS = {
+    "noise.sigma_min": validate.Bound(0, 1e4, integer=False, open_low=True),
+    "noise.sigma_max": validate.Bound(0, 1e4, integer=False, open_low=True, why="SEDD's configs take 20"),
+    "noise.eps": validate.Bound(0, 1, integer=False, open_low=True),
+    "sampling.eps": validate.Bound(0, 1, integer=False, open_low=True),
+    "model.dropout": validate.Bound(0, 1, integer=False),
+}
+"""Bounds of the floats of a run's config that the sampler computes with (any other float must be finite)."""
 MAX_PARAMETERS = 1 << 33  # the network's weights, estimated from the sizes above (GPT-2 XL has 1.6e9)
 
 
@@ -106,7 +115,19 @@ def _read_bounded(path: Path, limit: int) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def _check_config(config: ml_collections.ConfigDict, path: Path) -> None:
+def check_config(config: ml_collections.ConfigDict, where: str) -> None:
+    """The checks of ``read_config`` on a config about to be trained (vocab_size, not known yet, taken as 2).
+
+    Raises:
+      RunError: `where`: the first key of the wrong type, not finite or out of bounds.
+    """
+    config = ml_collections.ConfigDict(config.to_dict())
+    if "vocab_size" not in config:
+        config.vocab_size = 2
+    _check_config(config, where)
+
+
+def _check_config(config: ml_collections.ConfigDict, path: Path | str) -> None:
     """Raise RunError naming the first key whose value has the wrong type or lies outside its bounds."""
     default = _flat(config_lib.load_config(config_lib.DEFAULT_CONFIG).to_dict())
     values = _flat(config.to_dict())
@@ -120,11 +141,26 @@ def _check_config(config: ml_collections.ConfigDict, path: Path) -> None:
         if not ok:
             raise RunError(f"{path}: {key} = {value!r} is a {type(value).__name__}; a run's config holds a "
                            f"{want.__name__} there")
+        if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN and Infinity parse
+            raise RunError(f"{path}: {key} = {value!r} is not a finite number")
     if "vocab_size" not in values:
         raise RunError(f"{path}: vocab_size is missing (a trained run's config holds it)")
     for key, (low, high) in SIZE_BOUNDS.items():
         if not low <= values[key] <= high:
             raise RunError(f"{path}: {key} = {values[key]} is outside [{low}, {high}]")
+    for key, bound in VALUE_BOUNDS.items():
+        try:
+            if key in values:
+                bound.check(key, values[key])
+        except ValueError as e:
+            raise RunError(f"{path}: {e}") from None
+    rules = config.mesh.rules
+    try:  # pairs [logical name, mesh axes]; a received [5] was a TypeError from deep inside the mesh code
+        if not all(isinstance(r, (list, tuple)) and len(r) == 2 and isinstance(r[0], str) for r in rules):
+            raise ValueError("each rule is a pair [logical name, mesh axes]")
+        sharding_lib.make_rules(rules)
+    except (TypeError, ValueError) as e:
+        raise RunError(f"{path}: mesh.rules = {rules!r}: {e}") from None
     m = config.model
     rows = -(-(config.vocab_size + 1) // m.vocab_multiple) * m.vocab_multiple  # model.padded, without the model
     # Embedding and output (V + 1 rows each at most, padded), and per block attention (4 H^2), MLP (2 r H^2), adaLN (6 C H).
@@ -173,6 +209,62 @@ def _check_gpt2_files(path: Path) -> None:
         if f.exists() and not (f.is_file() and f.stat().st_size <= MAX_TOKENIZER_BYTES):
             raise RunError(f"the GPT-2 tokenizer file {f} is not a regular file of at most {MAX_TOKENIZER_BYTES} "
                            "bytes")
+
+
+RUN_ENTRIES = (CONFIG, TOKENIZER, METRICS, CHECKPOINTS, "checkpoints_unreadable", "tensorboard")
+"""What a run directory holds that training writes, moves or deletes: none of them may be a symbolic link."""
+
+
+def check_run_links(workdir: str | Path) -> None:
+    """Refuse a run directory whose files or folders of ``RUN_ENTRIES``, or a checkpoint, are symbolic links.
+
+    Training writes config.json and metrics.jsonl, deletes old checkpoints and
+    moves unreadable ones aside: through a link, each would reach outside the
+    run (a received run's `checkpoints_unreadable -> ~/elsewhere` once had a
+    resume move a whole checkpoint folder there). The run directory itself
+    may be a link: the command line names it.
+
+    Raises:
+      RunError: naming the link and where it points; nothing was touched.
+    """
+    workdir = Path(workdir)
+    ckpts = workdir / CHECKPOINTS
+    found = [workdir / n for n in RUN_ENTRIES]
+    if ckpts.is_dir() and not ckpts.is_symlink():
+        found += sorted(ckpts.iterdir())
+    for path in found:
+        if path.is_symlink():
+            raise RunError(f"{path} is a symbolic link (to {os.readlink(path)}); a run directory's files and "
+                           "checkpoints are written, moved and deleted in place, so links out of it are refused. "
+                           "Replace the link by a folder (or move the run away) and run again; nothing was touched")
+
+
+def move_inside(src: Path, folder: Path) -> Path:
+    """Move src into folder (as folder/<src name>, `_` appended while taken), both inside src's run directory.
+
+    The run directory is src's grandparent (``<run>/checkpoints/<step>``);
+    neither src nor folder, nor the parents followed, may be a symbolic link,
+    and folder must resolve to a child of the run directory: a move never
+    reaches outside the run. A rename, never a copy.
+
+    Raises:
+      RunError: a link or a folder outside the run; nothing was moved.
+    """
+    run = src.parent.parent
+    for path in (src, src.parent, folder):
+        if path.is_symlink():
+            raise RunError(f"{path} is a symbolic link (to {os.readlink(path)}); an unreadable checkpoint is moved "
+                           "only inside its run directory, so nothing was moved")
+    if folder.resolve().parent != run.resolve() or src.resolve().parent.parent != run.resolve():
+        raise RunError(f"{folder} is not a folder of the run directory {run}; nothing was moved")
+    folder.mkdir(exist_ok=True)
+    if folder.is_symlink() or not folder.is_dir():  # made by someone else between the check and here
+        raise RunError(f"{folder} is not a folder of the run directory {run}; nothing was moved")
+    dest = folder / src.name
+    while dest.exists() or dest.is_symlink():
+        dest = dest.with_name(dest.name + "_")
+    os.rename(src, dest)  # both in the run: one file system, a rename that follows no link
+    return dest
 
 
 MAY_CHANGE_ON_RESUME = (
@@ -326,11 +418,7 @@ def restore_newest(manager: ocp.CheckpointManager, target: dict,
         for bad, err in skipped:
             where = ""
             if quarantine is not None:
-                dest = Path(quarantine) / str(bad)
-                while dest.exists():
-                    dest = dest.with_name(dest.name + "_")
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(Path(manager.directory) / str(bad)), dest)
+                dest = move_inside(Path(manager.directory) / str(bad), Path(quarantine))
                 where = f"; moved to {dest}"
             warnings.warn(f"skipped the checkpoint of step {bad} in {manager.directory}: it cannot be read "
                           f"({type(err).__name__}: {str(err)[:200]}){where}. Using step {step}.",
@@ -526,6 +614,10 @@ def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
     workdir = Path(workdir)
     config = read_config(workdir)
     tokenizer = read_tokenizer(workdir, config.vocab_size)
+    try:  # a received run's length in bounds may still be quadratic memory past this machine's
+        validate.check_memory(config, 1)
+    except ValueError as e:
+        raise RunError(f"{workdir / CONFIG}: {e}") from None
     if not (workdir / CHECKPOINTS).is_dir():
         raise FileNotFoundError(f"{workdir} holds no checkpoint yet; train first with `sedd train`")
     manager = checkpoint_manager(workdir)

@@ -514,6 +514,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
       unigram_entropy_bits[_per_char] and samples (decoded strings).
     """
     workdir = Path(workdir)
+    runs.check_run_links(workdir)  # nothing written, moved or deleted through a link out of the run
     t = config.training
     for key in ("log_every", "eval_every", "ckpt_every"):  # steps between logs, evaluations, checkpoints
         if not (isinstance(t[key], int) and t[key] >= 1):

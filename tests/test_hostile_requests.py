@@ -244,13 +244,13 @@ def test_stalled_headers_and_bodies_are_cut_off(server):
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--port", "99999"], "--port 99999 is not a TCP port (1 to 65535)"),
-    (["--port", "0"], "--port 0 is not a TCP port"),
-    (["--timeout", "nan"], "--timeout must be a finite number > 0, got nan"),
-    (["--timeout", "0"], "--timeout must be a finite number > 0"),
-    (["--body_timeout", "inf"], "--body_timeout must be a finite number > 0"),
-    (["--window_ms", "-1"], "--window_ms must be a finite number >= 0"),
-    (["--max_queue", "0"], "--max_queue must be an integer >= 1"),
+    (["--port", "99999"], "--port must be an integer in [1, 65535] (a TCP port), got 99999"),
+    (["--port", "0"], "--port must be an integer in [1, 65535]"),
+    (["--timeout", "nan"], "--timeout must be a finite number in (0, 86400], got nan"),
+    (["--timeout", "0"], "--timeout must be a finite number in (0, 86400]"),
+    (["--body_timeout", "inf"], "--body_timeout must be a finite number in (0, 86400]"),
+    (["--window_ms", "-1"], "--window_ms must be a finite number in [0, 60000]"),
+    (["--max_queue", "0"], "--max_queue must be an integer in [1, 1048576]"),
     (["--max_batch", "2", "--max_n", "4"], "--max_batch 2 must be at least --max_n 4"),
     (["--warmup_steps", "5000"], "--warmup_steps 5000 must be in [1, --max_steps 1024]"),
     (["--api_key", ""], "--api_key must be a non-empty key"),

@@ -7,6 +7,7 @@ tokenizer.json and `tokenizer_from_dict` reads back.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -148,27 +149,147 @@ class GPT2Tokenizer:
         if p.is_dir() and (p / "tokenizer.json").exists():
             p = p / "tokenizer.json"
         if p.is_file():
-            self._bpe = tokenizers.Tokenizer.from_file(str(p))
+            text = p.read_text(encoding="utf-8")
+            check_regexes(json.loads(text), p)
+            self._bpe = tokenizers.Tokenizer.from_str(text)
         elif (p / "vocab.json").exists() and (p / "merges.txt").exists():
             self._bpe = tokenizers.ByteLevelBPETokenizer(str(p / "vocab.json"), str(p / "merges.txt"))
         else:
             raise FileNotFoundError(f"GPT2Tokenizer: no tokenizer.json or vocab.json + merges.txt in {p}. "
                                     f"{_GPT2_HELP}")
 
+    @property
+    def max_token_chars(self) -> int:
+        """Most characters one token stands for (its byte-level spelling is at least as long): a bound on a
+        text's length in characters, checked before encoding it."""
+        if not hasattr(self, "_max_chars"):
+            self._max_chars = max(map(len, self._bpe.get_vocab()), default=1)
+        return self._max_chars
+
     def encode(self, text: str) -> np.ndarray:
-        return np.asarray(self._bpe.encode(text, add_special_tokens=False).ids, np.int32)
+        """int32[n] ids. The batch encoder, which releases the GIL (the single one holds it while it runs)."""
+        return self.encode_many([text])[0]
 
     def encode_many(self, texts: list[str]) -> list[np.ndarray]:
-        """`encode` of each text, through the tokenizers package's batch encoder (parallel, in Rust)."""
-        return [np.asarray(e.ids, np.int32) for e in self._bpe.encode_batch(texts, add_special_tokens=False)]
+        """`encode` of each text, through the tokenizers package's batch encoder (parallel, in Rust).
+
+        Raises:
+          ValueError: the tokenizers package failed on the text, including
+            its panics (pyo3's PanicException is a BaseException), named.
+        """
+        return [np.asarray(e.ids, np.int32) for e in _named(lambda: self._bpe.encode_batch(
+            texts, add_special_tokens=False))]
 
     def decode(self, ids, skip_eos: bool = False) -> str:
         ids = [i for i in np.asarray(ids).reshape(-1).tolist()
                if 0 <= i < GPT2Tokenizer.vocab_size and not (skip_eos and i == self.eos_id)]  # [PAD] dropped
-        return self._bpe.decode(ids, skip_special_tokens=False)
+        return _named(lambda: self._bpe.decode(ids, skip_special_tokens=False))
 
     def to_dict(self) -> dict:
         return {"name": self.name, "path": self.path, **({"pad": True} if self.pad else {})}
+
+
+def _named(call):
+    """call(), with the tokenizers package's failures, panics included, as a ValueError naming them.
+
+    pyo3 turns a Rust panic (an Oniguruma regex over its retry limit, say)
+    into ``pyo3_runtime.PanicException``, a BaseException that no ``except
+    Exception`` sees; KeyboardInterrupt and SystemExit pass through.
+    """
+    try:
+        return call()
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:  # noqa: BLE001  PanicException derives from BaseException only
+        raise ValueError(f"the tokenizer failed on this text: {type(e).__name__}: {str(e)[:200]}") from None
+
+
+MAX_REGEX_CHARS = 1000  # GPT-2's pre-tokenizer regex has 94 characters, Llama 3's 118
+
+
+def check_regexes(tree, where) -> None:
+    """Refuse a Hugging Face tokenizer.json whose regexes (Split, Replace, ...) can backtrack for ever.
+
+    Oniguruma, the package's regex engine, backtracks: a repeated group that
+    itself holds a repetition or an alternation, `(a+)+c`, takes time
+    exponential in the text (a 2,040-character prompt held a server 26 s,
+    issue 53) and panics at its retry limit. The pre-tokenizers of the
+    tokenizers sedd reads (GPT-2's, Llama's, BERT's) repeat no such group.
+
+    Raises:
+      ValueError: naming the file, the regex and what is wrong with it.
+    """
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            regex = node.get("Regex")
+            if isinstance(regex, str):
+                why = regex_risk(regex)
+                if why:
+                    raise ValueError(f"{where}: the tokenizer's regex {regex[:100]!r} {why}; sedd reads only "
+                                     "tokenizers whose regexes run in time linear in the text")
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+_COUNT = re.compile(r"\{(\d*)(,?)(\d*)\}")
+
+
+def regex_risk(pattern: str) -> str | None:
+    """Why `pattern` may backtrack exponentially (a repeated group holding a repetition or an alternation), or None.
+
+    A scan of the pattern's groups, escapes and character classes, not a
+    parser: it refuses some harmless patterns (`(ab|cd)+`), never a
+    nested quantifier.
+    """
+    if len(pattern) > MAX_REGEX_CHARS:
+        return f"has {len(pattern)} characters (at most {MAX_REGEX_CHARS})"
+    groups = [{"repeats": False, "alt": False}]  # one entry per open group; the whole pattern first
+    closed = None  # the group that ended just before this character
+    i = 0
+    while i < len(pattern):
+        c, after, repeat = pattern[i], None, False
+        if c == "\\":
+            i += 2
+        elif c == "[":  # a character class: nothing in it repeats
+            j = i + 1 + (pattern[i + 1:i + 2] == "^")
+            j += pattern[j:j + 1] == "]"
+            while j < len(pattern) and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            i = j + 1
+        elif c == "(":
+            groups.append({"repeats": False, "alt": False})
+            i += 1
+            if pattern[i:i + 1] == "?":  # (?:, (?=, (?i: ... : the ? is no quantifier
+                i += 1
+        elif c == ")" and len(groups) > 1:
+            after = groups.pop()
+            groups[-1]["repeats"] |= after["repeats"]
+            groups[-1]["alt"] |= after["alt"]
+            i += 1
+        elif c == "|":
+            groups[-1]["alt"] = True
+            i += 1
+        elif c in "*+":
+            repeat = True
+            i += 1
+        elif c == "{" and (m := _COUNT.match(pattern, i)):
+            repeat = bool(m.group(2)) or (m.group(1) or "0") not in ("0", "1")
+            i = m.end()
+        else:
+            i += 1
+        if repeat:
+            if closed is not None and (closed["repeats"] or closed["alt"]):
+                what = "a repetition" if closed["repeats"] else "an alternation"
+                return f"repeats a group that holds {what} (exponential backtracking, as in (a+)+c)"
+            groups[-1]["repeats"] = True
+        if after is not None:
+            closed = after
+        elif not (repeat or c in "?" and closed is not None):
+            closed = None
+    return None
 
 
 class MarkovTokenizer:

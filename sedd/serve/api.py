@@ -7,7 +7,7 @@ import math
 import secrets
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.responses import JSONResponse
 
 from sedd import runs, sampling
@@ -16,13 +16,15 @@ from sedd import runs, sampling
 # --------------------------------------------------------------------------- limits and errors
 
 
-def check_number(name: str, value, low: float, strict: bool, integer: bool) -> None:
-    """Raise ValueError unless value is a finite number (an integer when asked) >= low (> low when strict)."""
+def check_number(name: str, value, low: float, strict: bool, integer: bool, high: float = math.inf) -> None:
+    """Raise ValueError unless value is a finite number (an integer when asked) >= low (> low when strict), <= high."""
     types = (int,) if integer else (int, float)
     ok = isinstance(value, types) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or value < low or (strict and value == low):
         what = "an integer" if integer else "a finite number"
         raise ValueError(f"{name} must be {what} {'>' if strict else '>='} {low:g}, got {value!r}")
+    if value > high:
+        raise ValueError(f"{name} must be at most {high:g}, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +44,9 @@ class Limits:
       header_timeout_s: seconds a connection may take to send a request's
         headers (from its opening or its previous answer); then it is closed.
       body_timeout_s: seconds a request's body may take to arrive; then 408.
+      send_timeout_s: seconds one event of a stream may take to be sent (a
+        client that reads nothing); then the stream is dropped with what it
+        holds (the trajectory of a diffusing request).
     """
 
     max_steps: int = 1024
@@ -54,13 +59,15 @@ class Limits:
     max_programs: int = 64
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
+    send_timeout_s: float = 30.0
 
     def __post_init__(self):
         for name in ("max_steps", "max_n", "max_batch", "max_queue", "max_body_bytes", "max_programs"):
             check_number(name, getattr(self, name), 1, strict=False, integer=True)
-        for name in ("timeout_s", "header_timeout_s", "body_timeout_s"):
-            check_number(name, getattr(self, name), 0, strict=True, integer=False)
-        check_number("window_s", self.window_s, 0, strict=False, integer=False)
+        # At most a day: a threading wait of ~1e9 s or more overflows (a window of 1e297 s killed the engine).
+        for name in ("timeout_s", "header_timeout_s", "body_timeout_s", "send_timeout_s"):
+            check_number(name, getattr(self, name), 0, strict=True, integer=False, high=86_400.0)
+        check_number("window_s", self.window_s, 0, strict=False, integer=False, high=60.0)
 
 
 class APIError(Exception):
@@ -100,6 +107,10 @@ def validation_error(e: ValidationError) -> APIError:
 # --------------------------------------------------------------------------- the request
 
 
+MAX_STOPS = 16
+MAX_STOP_CHARS = 1024
+
+
 class CompletionRequest(BaseModel):
     """The body of POST /v1/completions: OpenAI's fields, plus steps, sampler and diffusing."""
 
@@ -119,6 +130,16 @@ class CompletionRequest(BaseModel):
     steps: int | None = Field(None, ge=1)
     sampler: str | None = None
     diffusing: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _few_short_stops(cls, stop):
+        """At most MAX_STOPS stop strings of at most MAX_STOP_CHARS characters (15,000 cost 5 s of CPU)."""
+        items = [stop] if isinstance(stop, str) else stop or []
+        if len(items) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in items):
+            raise ValueError(f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters each "
+                             "(OpenAI takes 4)")
+        return stop
 
 
 @dataclasses.dataclass
@@ -167,13 +188,20 @@ def plan(run: runs.Run, req: CompletionRequest, limits: Limits) -> Plan:
                        "steps_over_limit")
     if req.n > limits.max_n:
         raise APIError(400, f"n={req.n} is over this server's limit of {limits.max_n}", "n", "n_over_limit")
+    L = run.seq_len
+    per_token = getattr(run.tokenizer, "max_token_chars", 1)  # a character is at least one token of the others
+    for name, text in (("prompt", req.prompt), ("suffix", req.suffix or "")):  # before any encoding
+        if len(text) > L * per_token:
+            raise APIError(400, f"{name} of {len(text)} characters is more than the model's sequence length of "
+                                f"{L} tokens can hold (a token is at most {per_token} characters)", name,
+                           "context_length_exceeded")
     encoded = {}
     for name, text in (("prompt", req.prompt), ("suffix", req.suffix or "")):
         try:
             encoded[name] = np.asarray(run.tokenizer.encode(text), np.int32) if text else np.zeros(0, np.int32)
         except ValueError as e:
             raise APIError(400, f"{name}: {e}", name, "unencodable_text") from None
-    pre, suf, L = encoded["prompt"], encoded["suffix"], run.seq_len
+    pre, suf = encoded["prompt"], encoded["suffix"]
     if len(suf) and "suffix" not in run.kind.conditions:
         raise APIError(400, f"a suffix cannot be honoured by this {run.kind.name} model: it writes text after "
                             "a prompt only", "suffix", "unsupported_value")

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from pydantic import ValidationError
-from sse_starlette.sse import EventSourceResponse
+from sse_starlette.sse import EventSourceResponse, SendTimeoutError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -28,6 +28,11 @@ from sedd.serve.engine import Busy, Engine
 from sedd.serve.texts import Streamed, Texts
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")  # the Host names answered by default
+PLAN_TIMEOUT_S = 10.0
+"""Seconds a request's prompt and suffix may take to encode (a tokenizer from someone else may be slow);
+then 503. Encoding runs on a thread of its own, never on the event loop, so /health and the other
+requests are answered meanwhile."""
+PLAN_THREADS = 2  # encodings at once; one a tokenizer never returns from holds its thread, not the server
 
 logger = logging.getLogger("sedd.serve")
 
@@ -38,13 +43,21 @@ def model_name(workdir: str | Path) -> str:
 
 
 def host_name(host: str) -> str:
-    """The name of a Host header without its port, lower case: "[::1]:8000" -> "::1", "LocalHost." -> "localhost"."""
+    """The name of a Host header without its port, lower case: "[::1]:8000" -> "::1", "LocalHost." -> "localhost".
+
+    Anything after the name but a port (`[::1]evil.example`, `localhost:evil`)
+    leaves the header whole, which names no allowed host.
+    """
     host = host.strip().lower()
-    if host.startswith("["):
-        return host[1:host.find("]")] if "]" in host else host
-    if host.count(":") == 1:
-        host = host.split(":")[0]
-    return host.rstrip(".")
+    if host.startswith("[") and "]" in host:
+        name, rest = host[1:host.find("]")], host[host.find("]") + 1:]
+    elif host.count(":") == 1:
+        name, rest = host.split(":")[0], host[host.find(":"):]
+    else:
+        name, rest = host, ""
+    if rest and not (rest.startswith(":") and (rest[1:].isdigit() or not rest[1:])):
+        return host
+    return name.rstrip(".")
 
 
 class Gate:
@@ -73,8 +86,9 @@ class Gate:
     def refusal(self, scope) -> APIError | None:
         headers = dict(scope["headers"])  # ASGI gives the names lower case
         if "*" not in self.hosts:
-            host = headers.get(b"host", b"").decode("latin-1")
-            if host_name(host) not in self.hosts:
+            given = [v.decode("latin-1") for k, v in scope["headers"] if k == b"host"]
+            host = given[0] if len(given) == 1 else " and ".join(given)  # two Host headers name no host (RFC 9112)
+            if len(given) != 1 or host_name(host) not in self.hosts:
                 return APIError(421, f"this server does not answer requests for the host {host!r}; it answers "
                                      f"{', '.join(sorted(self.hosts))} (start it with --allowed_hosts to add "
                                      "names)", None, "host_not_allowed")
@@ -140,6 +154,13 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
         raise ValueError("api_key must not be empty")
     engine = Engine(run, limits)
     texts = Texts(run)
+    planner = concurrent.futures.ThreadPoolExecutor(PLAN_THREADS, thread_name_prefix="sedd-serve-plan")
+    streams = [0]  # streams open now (app.state.streams())
+
+    def sse(events) -> _SendBounded:
+        """A stream of events, dropped with what it holds when one event waits send_timeout_s to be sent."""
+        return _SendBounded(EventSourceResponse(_counted(events, streams), ping=600,
+                                                send_timeout=limits.send_timeout_s), limits.send_timeout_s)
     created = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -147,8 +168,11 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
         engine.start()
         yield
         engine.stop()
+        planner.shutdown(wait=False, cancel_futures=True)
 
     async def health(request: Request) -> JSONResponse:
+        if engine.failed:  # every completion would wait for nothing: say so, not "ok"
+            return JSONResponse({"status": "engine_failed", "model": name}, status_code=503)
         return JSONResponse({"status": "ok", "model": name, "step": run.step, "queued": engine.queued,
                              "batches": engine.batches, "programs": len(engine.programs),
                              "compiles": engine.compiles})
@@ -176,7 +200,7 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
         if req.model is not None and req.model != name:
             raise APIError(404, f"the model {req.model!r} does not exist; this server serves {name!r}", "model",
                            "model_not_found")
-        p = plan(run, req, limits)
+        p = await _planned(planner, run, req, limits)
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         cid, now = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "object": "text_completion", "created": now, "model": name}
@@ -189,13 +213,12 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
         except Busy as e:
             raise APIError(503, str(e), None, "server_busy", kind="server_error") from None
         if req.stream and not req.diffusing:
-            return EventSourceResponse(_stream(texts, p, stop, head, future, queue, limits.timeout_s), ping=600)
+            return sse(_stream(texts, p, stop, head, future, queue, limits.timeout_s))
         ids, traj, info = await _result(request, future, limits.timeout_s)
         choices = [dict(zip(("text", "finish_reason"), texts.completion(row, p, stop))) for row in ids]
         diffusion = _diffusion(p, info)
         if req.diffusing:
-            return EventSourceResponse(_frames(texts, p, req, engine.read_frames(p, traj), choices, head, diffusion,
-                                               _usage(p)), ping=600)
+            return sse(_frames(texts, p, req, engine.read_frames(p, traj), choices, head, diffusion, _usage(p)))
         out = [{"index": i, "text": c["text"], "logprobs": None, "finish_reason": c["finish_reason"]}
                for i, c in enumerate(choices)]
         return JSONResponse({**head, "choices": out, "usage": _usage(p), "diffusion": diffusion})
@@ -209,8 +232,66 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
                 Route("/v1/completions", _guarded(completions), methods=["POST"])],
         exception_handlers={HTTPException: http_error}, lifespan=lifespan)
     app.state.engine, app.state.name = engine, name
+    app.state.streams = lambda: streams[0]
     app.add_middleware(Gate, hosts=tuple(allowed_hosts), api_key=api_key)
     return app
+
+
+async def _planned(planner: concurrent.futures.Executor, run: runs.Run, req: CompletionRequest,
+                   limits: Limits) -> Plan:
+    """``plan`` (the prompt encoded) on the planner's threads, within PLAN_TIMEOUT_S.
+
+    Raises:
+      APIError: plan's 400s; 503 when the encoding takes too long (the
+        thread finishes on its own; the request no longer waits for it).
+    """
+    try:
+        return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(planner, plan, run, req, limits),
+                                      PLAN_TIMEOUT_S)
+    except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
+        raise APIError(503, f"encoding the prompt took more than {PLAN_TIMEOUT_S:g} s; the run's tokenizer is too "
+                            "slow for this text", "prompt", "timeout", kind="server_error") from None
+
+
+class _SendBounded:
+    """An ASGI response whose send timeout (sse-starlette's SendTimeoutError) ends it quietly, with a log line.
+
+    A client that opens a stream and reads nothing fills its socket, then the
+    server's buffer for it (asyncio pauses writing past 64 KiB); the next
+    send then waits. After send_timeout_s the response ends: its events'
+    generator is closed, and what it held (a diffusing request's trajectory,
+    n x (N + 1) x L tokens) is freed. The connection is closed once its
+    buffered bytes are read or the socket fails.
+    """
+
+    def __init__(self, response, timeout_s: float):
+        self.response, self.timeout_s = response, timeout_s
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await self.response(scope, receive, send)
+        except BaseException as e:  # anyio's task group may wrap it in an exception group
+            if not _only(e, SendTimeoutError):
+                raise
+            logger.warning("sedd serve: a client read nothing of its stream for %g s; the stream was dropped",
+                           self.timeout_s)
+
+
+def _only(e: BaseException, kind: type) -> bool:
+    """Whether e is a `kind`, or an exception group of nothing else."""
+    inner = getattr(e, "exceptions", None)
+    return isinstance(e, kind) or (inner is not None and all(_only(x, kind) for x in inner))
+
+
+async def _counted(events, count: list):
+    """The events of an async generator, counted in count[0] while it is open; closed with this one."""
+    count[0] += 1
+    try:
+        async for event in events:
+            yield event
+    finally:
+        count[0] -= 1
+        await events.aclose()
 
 
 def _diffusion(p: Plan, info: dict) -> dict:

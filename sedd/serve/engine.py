@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import logging
 import threading
 import time
 from typing import Callable
@@ -22,6 +23,8 @@ import numpy as np
 from sedd import runs
 from sedd.sampling import rows as rows_lib
 from sedd.serve.api import Limits, Plan
+
+logger = logging.getLogger("sedd.serve")
 
 BATCH_IDS = itertools.count()
 """The ids of running batches (``sedd.sampling.rows.listening``)."""
@@ -161,9 +164,24 @@ class Engine:
                     break
         return rows
 
+    @property
+    def failed(self) -> bool:
+        """Whether the worker thread has ended without being stopped (it then answers nothing)."""
+        return self.thread.ident is not None and not self.thread.is_alive() and not self.stopping
+
     def _loop(self) -> None:
         while True:
-            batch = self._take()
+            try:
+                batch = self._take()
+            except Exception as e:  # a fault of the queue's own code: fail what waits, keep serving
+                logger.exception("sedd serve: the engine's queue failed; failing the %d waiting requests",
+                                 len(self.pending))
+                with self.cond:
+                    waiting, self.pending, self.rows = list(self.pending), collections.deque(), 0
+                for job in waiting:
+                    if job.future.set_running_or_notify_cancel():
+                        job.future.set_exception(e)
+                continue
             if batch is None:
                 return
             if not batch:

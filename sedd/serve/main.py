@@ -10,8 +10,8 @@ import time
 
 import uvicorn
 
-from sedd import runs
-from sedd.serve.api import Limits, check_number
+from sedd import runs, validate
+from sedd.serve.api import Limits
 from sedd.serve.app import LOCAL_HOSTS, create_app, model_name
 
 API_KEY_ENV = "SEDD_API_KEY"  # read when --api_key is not given (a key on the command line shows in `ps`)
@@ -70,7 +70,7 @@ def header_timeout_protocol(seconds: float):
 
 def _parser() -> argparse.ArgumentParser:
     d = Limits()
-    parser = argparse.ArgumentParser(prog="sedd serve", description=DESCRIPTION)
+    parser = validate.OneLineParser(prog="sedd serve", description=DESCRIPTION)
     parser.add_argument("--workdir", required=True, help="the run directory to serve")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost only)")
     parser.add_argument("--port", type=int, default=8000)
@@ -92,6 +92,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds a connection may take to send a request's headers (then it is closed)")
     parser.add_argument("--body_timeout", type=float, default=d.body_timeout_s,
                         help="seconds a request's body may take to arrive (then 408)")
+    parser.add_argument("--send_timeout", type=float, default=d.send_timeout_s,
+                        help="seconds one event of a stream may take to be sent (then the stream is dropped)")
     parser.add_argument("--window_ms", type=float, default=d.window_s * 1e3,
                         help="collection window of a batch, in milliseconds (0: no batching wait)")
     parser.add_argument("--max_body", type=int, default=d.max_body_bytes, help="largest request body, bytes")
@@ -108,24 +110,15 @@ def _options(args) -> tuple[Limits, tuple[str, ...], str | None]:
     Raises:
       ValueError: naming the option and the value refused.
     """
-    if not 1 <= args.port <= 65535:
-        raise ValueError(f"--port {args.port} is not a TCP port (1 to 65535)")
-    for flag, value, low, strict in (("--timeout", args.timeout, 0, True), ("--window_ms", args.window_ms, 0, False),
-                                     ("--header_timeout", args.header_timeout, 0, True),
-                                     ("--body_timeout", args.body_timeout, 0, True)):
-        check_number(flag, value, low, strict, integer=False)
-    for flag in ("max_steps", "max_n", "max_batch", "max_queue", "max_programs", "max_body"):
-        check_number(f"--{flag}", getattr(args, flag), 1, strict=False, integer=True)
+    validate.check_args("serve", args)  # every number in its bounds (sedd.validate.CLI_BOUNDS["serve"])
     if args.max_batch < args.max_n:
         raise ValueError(f"--max_batch {args.max_batch} must be at least --max_n {args.max_n}")
     if args.warmup_steps is not None and not 1 <= args.warmup_steps <= args.max_steps:
         raise ValueError(f"--warmup_steps {args.warmup_steps} must be in [1, --max_steps {args.max_steps}]")
-    if args.step is not None and args.step < 0:
-        raise ValueError(f"--step {args.step} is not a training step")
     limits = Limits(max_steps=args.max_steps, max_n=args.max_n, max_batch=args.max_batch, max_queue=args.max_queue,
                     timeout_s=args.timeout, window_s=args.window_ms / 1e3, max_body_bytes=args.max_body,
                     max_programs=args.max_programs, header_timeout_s=args.header_timeout,
-                    body_timeout_s=args.body_timeout)
+                    body_timeout_s=args.body_timeout, send_timeout_s=args.send_timeout)
     hosts = [*LOCAL_HOSTS, *(h.strip() for h in args.allowed_hosts.split(",") if h.strip())]
     if args.host not in ("0.0.0.0", "::", ""):
         hosts.append(args.host)
