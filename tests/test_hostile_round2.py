@@ -178,7 +178,7 @@ def test_every_option_refuses_hostile_values_in_one_line_before_any_work(stubbed
             got = _outcome([*base, flag, value], capsys)
             assert got == ("reached" if (command, flag, value) in ACCEPTED else "refused"), (command, flag, value)
         return
-    valid = {"run": "dir", "new_run": "dir"}.get(kind)
+    valid = {"run": "dir", "new_run": "dir", "draft": "dir"}.get(kind)
     for name, path in (("dir", stubbed / "run"), ("fifo", stubbed / "fifo"), ("full", "/dev/full")):
         got = _outcome([*base, flag, str(path)], capsys)
         assert got == ("reached" if name == valid else "refused"), (command, flag, name)
