@@ -30,7 +30,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from sedd import cli, convert
+from sedd import cli, convert, runs
 from test_convert import gpt2_files, original_config, original_shapes, random_state_dict  # noqa: F401 (a fixture)
 
 HERE = Path(__file__).resolve().parent
@@ -273,18 +273,18 @@ def test_build_cannot_give_a_storage_type_a_dtype_and_poisons_nothing(tmp_path, 
                                          b"N}X\x0c\x00\x00\x00__defaults__)s\x86b"), {})}
     for scan in (True, False):  # the opcode scan, then the unpickler alone (the second lock)
         if not scan:
-            monkeypatch.setattr(convert, "_scan_pickle", lambda data, where, opaque=False: None)
+            monkeypatch.setattr(convert.pickle_scan, "scan_pickle", lambda data, where, opaque=False: None)
         for name, (payload, storages) in exploits.items():
             with pytest.raises(convert.ConversionError, match="BUILD at byte" if scan else "malformed pickle"):
                 convert.load_torch(write_archive(tmp_path / f"{name}.pth", payload, storages))
             got = convert.load_torch(benign)["rotary_emb.inv_freq"]  # nothing outlived the refused file
             assert got.dtype == np.float32 and got.tolist() == [0.5], name
-    storage_type = convert._ALLOWED[("torch", "FloatStorage")]
+    storage_type = convert.allowlist.ALLOWED[("torch", "FloatStorage")]
     assert not hasattr(storage_type, "__dict__") and not hasattr(storage_type, "__setstate__")
     with pytest.raises(AttributeError):
         storage_type.name = "x"
-    assert not any(d.hasobject for d in convert._STORAGE_DTYPES.values())
-    assert convert._rebuild_tensor.__defaults__ == (False, None, None)
+    assert not any(d.hasobject for d in convert.allowlist.STORAGE_DTYPES.values())
+    assert convert.allowlist._rebuild_tensor.__defaults__ == (False, None, None)
 
 
 def test_a_converted_state_dict_with_a_build_exploit_exits_2_and_writes_nothing(tmp_path, gpt2_files, capsys):
@@ -384,14 +384,14 @@ def test_a_failed_conversion_leaves_no_destination_and_an_existing_one_is_refuse
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as m:  # a failure while writing: nothing at DST, nothing left beside it
-        m.setattr(convert.runs, "checkpoint_manager", disk_full)
+        m.setattr(runs, "checkpoint_manager", disk_full)
         rc, err = cli_convert(src, tmp_path / "out", gpt2_files, capsys)
     assert rc == 2 and "No space left" in err and [p for p in tmp_path.iterdir() if "out" in p.name] == []
 
     empty = tmp_path / "empty"  # an empty DST is filled
     empty.mkdir()
     rc, _ = cli_convert(src, empty, gpt2_files, capsys)
-    assert rc == 0 and convert.runs.load(empty).step == 7
+    assert rc == 0 and runs.load(empty).step == 7
     kept = json.loads((empty / convert.PROVENANCE).read_text())["original_config"]
     assert sorted(kept) == ["graph", "model", "noise", "tokens", "training"] and kept["training"] == {"ema": 0.9999}
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
@@ -556,7 +556,7 @@ def _same(a, b) -> bool:
 
 
 _LEAVES = (type(None), bool, int, float, str)
-_DTYPES = set(convert._STORAGE_DTYPES.values())
+_DTYPES = set(convert.allowlist.STORAGE_DTYPES.values())
 
 
 def _well_formed(obj, opaque: bool = False) -> str | None:
@@ -568,7 +568,7 @@ def _well_formed(obj, opaque: bool = False) -> str | None:
         if id(x) in seen:
             continue
         seen.add(id(x))
-        if opaque and isinstance(x, convert._Opaque):
+        if opaque and isinstance(x, convert.allowlist.Opaque):
             todo.extend([x.args, x.state, x.items])
         elif isinstance(x, np.ndarray):
             if x.dtype not in _DTYPES or x.dtype.hasobject:

@@ -1,0 +1,34 @@
+"""What every source family shares in its config: GPT-2's vocabulary, size bounds, the log-linear eps, typed fields."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from sedd.convert.limits import ConversionError
+
+GPT2_TOKENS = 50257  # the original trains only with GPT-2's tokenizer (its data.py)
+
+# Upper bounds on the model's sizes, checked before anything is built from them;
+# sedd-medium has hidden_size 1024, 24 blocks, 16 heads, cond_dim 128, length 1024.
+SIZE_BOUNDS = {"hidden_size": 1 << 14, "n_blocks": 256, "n_heads": 256, "cond_dim": 1 << 14, "length": 1 << 17}
+# The original's LogLinearNoise has eps = 1e-3 built in; its config has no field for it.
+LOGLINEAR_EPS = 1e-3
+
+
+def field(sec: Mapping, section: str, key: str, kind: type):
+    """sec[key] as `kind`; YAML 1.1 reads '1e-4' as a string, so numbers may come as text."""
+    name = f"{section}.{key}" if section else key
+    if key not in sec:
+        raise ConversionError(f"the original's config has no {name}")
+    value = sec[key]
+    if kind is float and isinstance(value, str):
+        try:  # YAML may keep "1e-4" a string
+            value = float(value)
+        except ValueError:
+            pass  # not a number: the type check below names the field
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise ConversionError(f"{name} = {value!r} in the original's config is not a {kind.__name__}")
+    return value

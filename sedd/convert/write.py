@@ -1,0 +1,167 @@
+"""A source -> a run directory: `convert` (dst written whole or not at all) and the `sedd convert` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import uuid
+from pathlib import Path
+
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+
+from sedd import config as config_lib
+from sedd import runs
+from sedd.convert.bd3lm import scalar_buffer
+from sedd.convert.fields import GPT2_TOKENS
+from sedd.convert.limits import MAX_TOKENIZER_BYTES, ConversionError, brief
+from sedd.convert.original import config_from_original
+from sedd.convert.read import read_source
+from sedd.convert.source import layout_of
+from sedd.convert.weights import convert_params, count_parameters
+from sedd.data import GPT2Tokenizer, save_tokenizer
+
+TOKENIZER_DIR = "gpt2"  # where a converted run keeps its copy of the tokenizer files
+PROVENANCE = "converted.json"
+
+
+def _tokenizer_files(path: Path) -> list[Path]:
+    """The GPT-2 tokenizer files at path (a tokenizer.json, or a folder with one or with vocab.json + merges.txt)."""
+    if path.is_file():
+        return [path]
+    if (path / "tokenizer.json").is_file():
+        return [path / "tokenizer.json"]
+    if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+        return [path / "vocab.json", path / "merges.txt"]
+    return []
+
+
+def _read_gpt2(path: Path, pad: bool = False) -> GPT2Tokenizer:
+    """GPT2Tokenizer of path, any failure to parse its files a ConversionError."""
+    try:
+        return GPT2Tokenizer(str(path), pad=pad)
+    except (FileNotFoundError, ImportError):
+        raise
+    except Exception as e:  # the tokenizers package raises a bare Exception for a malformed file
+        raise ConversionError(f"{path}: not a readable GPT-2 tokenizer: {brief(str(e))}") from None
+
+
+def _check_destination(dst: Path) -> None:
+    if dst.exists() and not dst.is_dir():
+        raise ConversionError(f"{dst} is a file; choose a new directory (it was left as it is)")
+    held = sorted(p.name for p in dst.iterdir()) if dst.is_dir() else []
+    if held:
+        raise ConversionError(f"{dst} already holds {brief(held)}; choose a new or empty directory (it was "
+                              "left as it is)")
+
+
+def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: str | Path | None = None,
+            dtype: str = "float32") -> dict:
+    """Writes the run directory `dst` from the original's checkpoint at `src`.
+
+    Args:
+      src: a published folder, an original training run directory, or a weights file (see `read.locate`).
+      dst: the new run directory; it must not exist, or be empty.
+      ema: a training checkpoint's EMA weights (True, as the original samples) or its raw weights.
+      tokenizer_path: GPT-2's tokenizer.json, or a folder with it or with
+        vocab.json + merges.txt; default: those files inside src. Copied into dst/gpt2.
+      dtype: the compute dtype written into the config.
+    Returns:
+      dict: parameters, step, weights (published / ema / model), source files.
+    Raises:
+      ConversionError, UnsafePickleError, FileNotFoundError, ImportError.
+      dst is written whole or not at all: into a folder beside it, renamed to
+      dst once everything was read, checked and written.
+    """
+    dst = Path(dst).expanduser().absolute()
+    if not Path(src).expanduser().exists():
+        raise FileNotFoundError(f"no such source {src}: give the published folder (config.json + "
+                                "pytorch_model.bin or model.safetensors) or an original training run directory")
+    _check_destination(dst)
+    tok_src = Path(tokenizer_path or src).expanduser()
+    if not tokenizer_path and tok_src.is_file():  # a weights file: look beside it
+        tok_src = tok_src.parent
+    tok_files = _tokenizer_files(tok_src)
+    if not tok_files:
+        raise FileNotFoundError(
+            f"no GPT-2 tokenizer files at {tok_src}: pass --tokenizer_path pointing to GPT-2's tokenizer.json, or "
+            "to a folder holding vocab.json and merges.txt (the files of the Hugging Face `gpt2` repository); "
+            "nothing is downloaded")
+    for f in tok_files:
+        if f.stat().st_size > MAX_TOKENIZER_BYTES:
+            raise ConversionError(f"{f} holds {f.stat().st_size} bytes; GPT-2's tokenizer files are far under "
+                                  f"{MAX_TOKENIZER_BYTES}")
+    _read_gpt2(tok_files[0] if len(tok_files) == 1 else tok_src)  # readable, or a clear error
+
+    source = read_source(src, ema)
+    tok_dir = dst / TOKENIZER_DIR
+    config = config_from_original(source.config, str(tok_dir), dtype)
+    layout = layout_of(source.config)
+    read = lambda sd: convert_params(sd, config, layout.prefix, layout.fold_sigma, layout.buffers)  # noqa: E731
+    weights = read(source.weights)
+    raw = weights if source.raw is None or source.raw is source.weights else read(source.raw)
+    summary = {"source": str(Path(src).absolute()), "config_file": str(source.config_file.absolute()),
+               "weights_file": str(source.weights_file.absolute()), "weights": source.kind, "step": source.step,
+               "parameters": count_parameters(weights), "family": layout.family, "original_config": source.config}
+    if layout.fold_sigma:
+        summary["folded"] = "the source feeds sigma = 0: its sigma embedding is folded into the adaLN biases"
+    for name in layout.buffers:  # BD3-LM's clipped schedule: kept for the record (our bound runs t over [eps, 1])
+        summary[name] = scalar_buffer(source.weights, name)
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.parent / f".{dst.name}.converting-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        (tmp / TOKENIZER_DIR).mkdir()
+        for f in tok_files:  # a lone JSON file is GPT-2's tokenizer.json, whatever its name
+            shutil.copyfile(f, tmp / TOKENIZER_DIR / ("tokenizer.json" if len(tok_files) == 1 else f.name))
+        tokenizer = _read_gpt2(tmp / TOKENIZER_DIR, pad=config.vocab_size == GPT2_TOKENS + 1)
+        tokenizer.path = str(tok_dir)  # where the copy is once tmp is renamed to dst
+        save_tokenizer(tokenizer, tmp / runs.TOKENIZER)
+        (tmp / runs.CONFIG).write_text(config_lib.to_json(config))
+        (tmp / PROVENANCE).write_text(json.dumps(summary, indent=2, sort_keys=True, default=str))
+        state = {"step": jnp.asarray(source.step, jnp.int32), "params": raw, "ema": weights}
+        manager = runs.checkpoint_manager(tmp, config)
+        manager.save(source.step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
+        manager.wait_until_finished()
+        manager.close()
+        try:
+            os.rename(tmp, dst)  # atomic; replaces an empty dst, refuses one that gained files meanwhile
+        except OSError as e:
+            raise ConversionError(f"{dst} could not take the converted run ({e.strerror}); it was left as it "
+                                  "is") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`sedd convert SRC DST [--no_ema] [--tokenizer_path PATH] [--dtype D]`; returns the exit code."""
+    p = argparse.ArgumentParser(
+        prog="sedd convert",
+        description="Convert PyTorch weights into a run directory for sedd sample / eval / serve: the original "
+                    "SEDD's (the published folder with config.json + pytorch_model.bin or model.safetensors, or "
+                    "an original training run directory), MDLM's and BD3-LM's Hugging Face folders, or a DUO "
+                    "Lightning checkpoint (.ckpt). torch is not needed; see docs/pretrained.md.")
+    p.add_argument("src", help="published folder, original training run directory, a weights file, or a DUO .ckpt")
+    p.add_argument("dst", help="the new run directory")
+    p.add_argument("--no_ema", action="store_true", help="a training checkpoint's raw weights instead of its EMA")
+    p.add_argument("--tokenizer_path", default=None,
+                   help="GPT-2's tokenizer.json, or a folder with vocab.json + merges.txt (default: inside SRC)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="compute dtype of the converted model (bfloat16 as the original on GPUs)")
+    args = p.parse_args(argv)
+    try:
+        summary = convert(args.src, args.dst, ema=not args.no_ema, tokenizer_path=args.tokenizer_path,
+                          dtype=args.dtype)
+    except (ValueError, FileNotFoundError, ImportError, OSError) as e:
+        print(f"sedd convert: error: {e}", file=sys.stderr)
+        return 2
+    print(f"converted {summary['weights_file']} ({summary['weights']} weights, step {summary['step']}, "
+          f"{summary['parameters']:,} parameters) to {args.dst}")
+    print(f"next: sedd sample --workdir {args.dst} --prefix 'Hello'")
+    return 0
