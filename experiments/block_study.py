@@ -71,7 +71,7 @@ def study(ar_dir: str, run_dirs: list[str], num_samples: int, length: int, repea
         samplers = [("ancestral", None, {}, None)] if run.kind.name == "ar" else SAMPLERS[run.kind.name]
         for label, predictor, options, steps in samplers:
             samples = np.asarray(_writer(run, predictor, options, steps, num_samples, run.seq_len, key)().tokens)
-            quality = evaluate.generative_perplexity(judge.model, samples)
+            quality = evaluate.generative_perplexity(figures.judge_nll(judge.model), samples)
             row = {"model": _name(run), "workdir": str(workdir), "sampler": label,
                    "bits_per_char": bound["bits_per_char"], "exact": bound["exact"],
                    "judge_nats_per_char": quality["judge_nats_per_token"],

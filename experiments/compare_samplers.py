@@ -188,6 +188,7 @@ def compare_samplers(
     if judge is None and (workdir / "ar" / "config.json").exists():
         judge = workdir / "ar"
     judge_model = figures.load_judge(judge, tokenizer).model if judge is not None else None
+    judge_nll = figures.judge_nll(judge_model) if judge_model is not None else None
     if judge_model is None and chain is None:
         raise FileNotFoundError(
             f"no judge for {workdir}: pass --judge AR_RUN_DIR, or train the AR baseline into {workdir / 'ar'}:\n"
@@ -197,8 +198,8 @@ def compare_samplers(
 
     def score(samples: np.ndarray) -> dict:
         row = {"entropy_bits": float(evaluate.sample_entropy_bits(samples).mean())}
-        if judge_model is not None:
-            g = evaluate.generative_perplexity(judge_model, samples)
+        if judge_nll is not None:
+            g = evaluate.generative_perplexity(judge_nll, samples)
             row.update(gen_ppl=g["gen_ppl"], judge_nats_per_token=g["judge_nats_per_token"])
         if chain is not None:
             row.update(chain_figures(chain, samples))

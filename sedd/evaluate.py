@@ -9,16 +9,17 @@ Three figures, each measured the same way for every model and sampler:
    perplexity bound exp(nats/token); ``dataset_nll`` does the same for a
    model with an exact likelihood.
 2. ``generative_perplexity``: exp of the mean per-token NLL of samples under a
-   judge model (by default the autoregressive baseline of ``sedd.ar``), and
-   ``sample_entropy_bits``, the unigram entropy of each sample. Low-entropy
+   judge, given as its NLL function (the autoregressive baseline's:
+   ``sedd.figures.judge_nll``), and ``sample_entropy_bits``, the unigram entropy of each sample. Low-entropy
    (repetitive) samples get flattering perplexities, so the two are always
    reported together.
 3. On synthetic data with a known law (``sedd.data.markov``) the judge is not
    needed: the exact NLL of each sample and the true entropy of the data.
 
-Pure: these functions take score functions, models and batches. The figures
-of a run directory (its kind's figure on a split, a judge loaded from its
-directory) are one floor up, in ``sedd.figures``;
+Pure: these functions take score functions, NLL functions and batches, and
+know no network. The figures of a run directory (its kind's figure on a
+split, a judge loaded from its directory) are one floor up, in
+``sedd.figures``;
 ``experiments/compare_samplers.py`` reports (2) and (3) for every sampler x
 step count of a run.
 
@@ -37,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from sedd import ar, losses
+from sedd import losses
 from sedd.data import unigram_entropy_bits
 from sedd.graphs import Graph, ScoreFn
 
@@ -274,38 +275,42 @@ def sample_entropy_bits(samples) -> np.ndarray:
     return np.array([unigram_entropy_bits(row) for row in np.atleast_2d(np.asarray(samples))])
 
 
-def judge_nll(model, samples, batch_size: int = 64) -> np.ndarray:
-    """-log p_judge(sample) under an AR judge: float64[B] nats per sequence.
+def samples_nll(nll: Callable, samples, batch_size: int = 64) -> np.ndarray:
+    """-log p_judge(sample) of each sample under a judge: float64[B] nats per sequence.
 
-    Raises:
-      ValueError: a token id the judge cannot score (outside [0, V), e.g. a
-        MASK left in a sample), or samples longer than the judge's max_len.
+    Args:
+      nll: the judge, x0 int32[b, L] -> float[b] nats per sequence (an AR
+        run's: ``sedd.figures.judge_nll(model)``, which also refuses ids it
+        cannot score).
+      samples: int[B, L].
+      batch_size: sequences a call; every call gets as many (the last batch
+        padded with copies of its first row), so a jitted judge compiles once.
     """
     samples = np.asarray(samples)
-    if samples.min() < 0 or samples.max() >= model.out_dim:
-        raise ValueError(f"samples hold ids outside the judge's vocabulary [0, {model.out_dim})")
-    if samples.shape[1] > model.max_len:
-        raise ValueError(f"samples of length {samples.shape[1]} exceed the judge's max_len {model.max_len}")
     out = []
     for i in range(0, len(samples), batch_size):
         chunk = samples[i:i + batch_size]
         pad = batch_size - len(chunk) if len(samples) > batch_size else 0  # one compiled shape
         x = np.concatenate([chunk, np.repeat(chunk[:1], pad, 0)]) if pad else chunk
-        out.append(np.asarray(ar.nll(model, jnp.asarray(x, jnp.int32)), np.float64)[: len(chunk)])
+        out.append(np.asarray(nll(jnp.asarray(x, jnp.int32)), np.float64)[: len(chunk)])
     return np.concatenate(out)
 
 
-def generative_perplexity(model, samples, batch_size: int = 64) -> dict:
-    """Perplexity of samples under an AR judge, with the entropy of the samples.
+def generative_perplexity(nll: Callable, samples, batch_size: int = 64) -> dict:
+    """Perplexity of samples under a judge, with the entropy of the samples.
 
     gen_ppl = exp(sum of NLL / number of tokens), every token of every sample
     weighted equally (the convention of SEDD, MDLM, ReMDM).
+
+    Args:
+      nll, samples, batch_size: as ``samples_nll`` (nll: the judge's NLL
+        function, e.g. ``sedd.figures.judge_nll(judge.model)``).
 
     Returns:
       dict with gen_ppl, judge_nats_per_token, entropy_bits (mean over
       samples of ``sample_entropy_bits``), and per_sample_nats (float64[B]).
     """
-    nats = judge_nll(model, samples, batch_size)
+    nats = samples_nll(nll, samples, batch_size)
     per_token = float(nats.sum() / np.asarray(samples).size)
     return {
         "gen_ppl": math.exp(min(per_token, 700.0)),

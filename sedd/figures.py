@@ -10,11 +10,14 @@ model, with its standard error, or the exact NLL of an AR baseline.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
-from sedd import runs
+from sedd import ar, runs
 from sedd.data import load_dataset
 
 
@@ -33,6 +36,27 @@ def load_judge(workdir: str | Path, tokenizer=None) -> runs.Run:
     if tokenizer is not None:
         check_same_vocabulary(tokenizer, judge.tokenizer, what=f"the judge {workdir}")
     return judge
+
+
+def judge_nll(model) -> Callable:
+    """An AR judge's NLL as ``sedd.evaluate.generative_perplexity`` takes it.
+
+    Args:
+      model: the judge's network (``load_judge(...).model``).
+    Returns:
+      x0 int[B, L] -> float32[B] nats per sequence (``sedd.ar.nll``), which
+      raises ValueError for a token id the judge cannot score (outside [0, V),
+      e.g. a MASK left in a sample) or samples longer than its max_len.
+    """
+    def nll(x0):
+        x0 = np.asarray(x0)
+        if x0.min() < 0 or x0.max() >= model.out_dim:
+            raise ValueError(f"samples hold ids outside the judge's vocabulary [0, {model.out_dim})")
+        if x0.shape[1] > model.max_len:
+            raise ValueError(f"samples of length {x0.shape[1]} exceed the judge's max_len {model.max_len}")
+        return ar.nll(model, jnp.asarray(x0, jnp.int32))
+
+    return nll
 
 
 def check_same_vocabulary(tokenizer, other, what: str = "the judge") -> None:

@@ -1,12 +1,14 @@
 """The autoregressive baseline: KV-cache decoding against the full pass, training by `sedd train`."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from sedd import ar, config as config_lib, runs, train
+from sedd import ar, config as config_lib, evaluate, figures, runs, train
 from sedd.model import DDiT
 
 
@@ -52,6 +54,20 @@ def test_sequence_nll_and_sampling():
     long = np.asarray(ar.sample(jax.random.key(1), model, 4, 30, prompt=jnp.array([[1, 2]] * 4)))
     assert long.shape == (4, 30) and (long < 7).all()
     np.testing.assert_array_equal(long[:, :12], np.asarray(s))
+
+
+def test_a_judge_is_its_nll_function_in_batches_of_one_shape_and_refuses_what_it_cannot_score():
+    model = _ar_model()
+    x = np.asarray(jax.random.randint(jax.random.key(0), (5, 12), 0, 7))
+    nll = figures.judge_nll(model)
+    want = np.asarray(ar.nll(model, jnp.asarray(x)), np.float64)
+    np.testing.assert_allclose(evaluate.samples_nll(nll, x, batch_size=2), want, rtol=1e-5)
+    g = evaluate.generative_perplexity(nll, x, batch_size=2)
+    assert g["gen_ppl"] == pytest.approx(math.exp(want.sum() / x.size), rel=1e-5)
+    with pytest.raises(ValueError, match="outside the judge's vocabulary"):
+        evaluate.generative_perplexity(nll, np.full((2, 12), 7))  # a MASK id left in a sample
+    with pytest.raises(ValueError, match="exceed the judge's max_len"):
+        evaluate.generative_perplexity(nll, np.zeros((2, 13), np.int32))
 
 
 def test_ar_trains_with_the_same_trainer(tmp_path):
