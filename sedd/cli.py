@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from sedd import config as config_lib
-from sedd import convert, figures, runs, sampling, sharding, train, validate
+from sedd import convert, figures, kernels, runs, sampling, sharding, train, validate
 from sedd.data import BUILDERS, default_data_dir, load_tokenizer
 from sedd.data.builders import MANIFEST
 from sedd.data.tokenizers import EOS_TEXT
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _show_warning
     if args.command == "convert":
         return convert.main(rest)
-    sharding.keep_freed_memory()  # before JAX's CPU backend starts its threads
+    kernels.keep_freed_memory()  # before JAX's CPU backend starts its threads
     if args.command == "serve":
         try:
             from sedd import serve  # optional dependency: Starlette and uvicorn come with sedd-jax[serve]

@@ -36,6 +36,9 @@ Each piece and why it exists:
                         loss of the [B, L, V] output) run over chunks of
                         positions, each recomputed for its gradient, so the
                         whole intermediate is never live (training.loss_chunk).
+  keep_freed_memory     glibc's malloc set to keep the buffers XLA's CPU runtime
+                        frees, so that the next step reuses them instead of
+                        faulting their pages in again (a CPU process only).
 
 Shape letters: B batch, L sequence length, N attention heads, K head dim.
 Measured speeds, with the commands that measure them: docs/benchmarks.md.
@@ -43,9 +46,13 @@ Measured speeds, with the commands that measure them: docs/benchmarks.md.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import importlib.metadata
+import importlib.util
 import math
 import os
+import platform
 from pathlib import Path
 from typing import Any, Callable
 
@@ -342,3 +349,49 @@ class Dropout(nnx.Dropout):
             raise TypeError(f"Dropout needs a key, an nnx.RngStream or nnx.Rngs to draw its mask; got {type(rngs)}")
         keep = rng.uint16(key, inputs.shape, out_sharding=jax.typeof(inputs).sharding) >= drop
         return jnp.where(keep, inputs * (2**16 / (2**16 - drop)), jnp.zeros_like(inputs))
+
+
+# --------------------------------------------------------------------------- the CPU's allocator
+
+_MALLOPT = {"M_TRIM_THRESHOLD": -1, "M_MMAP_THRESHOLD": -3, "M_ARENA_MAX": -8}  # glibc's malloc.h
+_KEPT_MEMORY = {"M_ARENA_MAX": 1, "M_MMAP_THRESHOLD": 1 << 30, "M_TRIM_THRESHOLD": (1 << 31) - 1}
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc keep the buffers XLA's CPU runtime frees, so that the next step reuses them.
+
+    XLA CPU allocates each run of a compiled program's buffers from its
+    compute threads.
+    glibc serves a thread other than the main one from an arena of heaps of
+    at most 64 MB, so a larger buffer is mapped afresh at every run and
+    unmapped when freed, and each of its pages faults in again on first
+    touch: on a small CPU the kernel's time for those faults is a large share
+    of a step (measured in docs/benchmarks.md, "Page faults"). One arena, no
+    mapping under 1 GiB and no trimming under 2 GiB keep the freed pages in
+    the process instead; the cost is that its memory stays at its peak.
+
+    Only a process that computes on the CPU gains, and only a call made
+    before JAX's CPU backend starts (a thread keeps the arena it first
+    allocated from): `sedd train`, `eval`, `sample` and `serve` call it
+    first. A no-op returning False where an accelerator plugin is installed
+    (`accelerator_installed`), on a C library other than glibc, or where the
+    environment sets ``SEDD_PLAIN_MALLOC`` (to keep glibc's defaults: memory
+    handed back).
+    """
+    if (os.environ.get("SEDD_PLAIN_MALLOC") or platform.system() != "Linux" or platform.libc_ver()[0] != "glibc"
+            or accelerator_installed()):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return all(libc.mallopt(_MALLOPT[k], v) == 1 for k, v in _KEPT_MEMORY.items())
+
+
+def accelerator_installed() -> bool:
+    """Whether JAX may find an accelerator (a PJRT plugin, libtpu), told without starting a backend."""
+    platforms = (os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or "").lower()
+    if platforms and all(p.strip() == "cpu" for p in platforms.split(",")):
+        return False
+    return bool(importlib.metadata.entry_points(group="jax_plugins")) or any(
+        importlib.util.find_spec(m) is not None for m in ("jax_plugins", "libtpu"))

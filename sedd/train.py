@@ -416,7 +416,7 @@ class Pace:
     `settle` plain steps after the first step, and again after any step that
     also evaluated, sampled or saved, and closes `window` plain steps later
     (the first runs after a compilation still fault fresh memory in while the
-    heap grows to its size, `sedd.sharding.keep_freed_memory`); the next
+    heap grows to its size, `sedd.kernels.keep_freed_memory`); the next
     window opens where one closes. The first window's pace is said once, as
     a line; a shared host's pace then changes (the first ten steps' pace
     mispredicted runs of 13 and 24 min by 5 min), so every later window is

@@ -1,5 +1,13 @@
 """Tests of sedd.model: the DDiT log-score network, on tiny CPU sizes."""
 
+import json
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +17,7 @@ from flax import nnx
 from sedd import kernels
 from sedd import model as M
 
+ROOT = Path(__file__).resolve().parents[1]
 V, H, BLOCKS, HEADS, L = 11, 32, 2, 2, 8
 
 # The three ways sedd builds a DDiT: absorbing and uniform diffusion, and the
@@ -370,3 +379,41 @@ def test_normalize_turns_the_score_entropy_into_weighted_cross_entropy():
     np.testing.assert_allclose(se[:, ::2], r[:, None] * -log_p, rtol=2e-4, atol=1e-6)
     np.testing.assert_array_equal(se[:, 1::2], 0.0)  # unmasked positions carry no loss
     # Without scale_by_sigma normalize is the uniform graph's x0 output (DUO), tested in test_convert_peers.py.
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
+def test_keep_freed_memory_ends_the_page_faults_of_each_run(monkeypatch):
+    """glibc maps a buffer of 32 MB or more afresh at each allocation and unmaps it when freed, so
+    each run of a program that holds one faults its pages in again; after `keep_freed_memory` the
+    freed pages stay in the process and a run faults none in."""
+    code = """
+    import json, resource, sys
+    from sedd import kernels
+    kept = kernels.keep_freed_memory() if sys.argv[1] == "keep" else None
+    import jax, jax.numpy as jnp
+    f = jax.jit(lambda x: jnp.tanh(x @ x.T).sum())  # the product's work buffers hold x: 32 MB
+    x = jnp.ones((256, 32768), jnp.float32)  # 1/4 of the arithmetic of (1024, 8192)
+    for _ in range(2):
+        f(x).block_until_ready()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(3):
+        f(x).block_until_ready()
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 3
+    print("RESULT " + json.dumps({"kept": kept, "faults": faults}))
+    """
+    monkeypatch.setenv("SEDD_PLAIN_MALLOC", "1")
+    assert kernels.keep_freed_memory() is False  # the opt-out: this process keeps glibc's defaults
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MALLOC_") and k not in ("XLA_FLAGS", "SEDD_PLAIN_MALLOC")}  # the defaults
+    env.update(PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), JAX_PLATFORMS="cpu")
+    runs_ = {}
+    for mode in ("keep", "plain"):
+        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), mode], env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs_[mode] = json.loads(proc.stdout.split("RESULT ")[-1])
+    pages = 32 * 2**20 // 4096
+    assert runs_["keep"]["kept"] is True
+    assert runs_["keep"]["faults"] < pages / 100, runs_
+    if runs_["plain"]["faults"] < pages:  # 65,500 a run on a 2-core EPYC: 8x the buffer's pages
+        pytest.skip(f"this XLA maps no large buffer afresh at each run here ({runs_}): nothing to compare")

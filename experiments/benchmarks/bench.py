@@ -1205,7 +1205,7 @@ def run_profile(quick: bool, args, config=None) -> dict:
     table += (f"\n{jax.device_count()} device(s), {len(per_thread)} compute threads; "
               f"a step took {step_ms:.0f} ms while traced; XLA counts {flops / 1e9:.1f} GFLOP a step a device"
               f"\nuntraced: {plain_ms:.0f} ms a step, {kernel_ms:.0f} ms of it in the kernel, {faults:,.0f} page faults "
-              f"a step (freed memory {'kept' if KEPT_MEMORY else 'returned'}: sharding.keep_freed_memory)")
+              f"a step (freed memory {'kept' if KEPT_MEMORY else 'returned'}: kernels.keep_freed_memory)")
     return {"benchmark": "profile", "config": c.model.to_dict(), "table": table,
             "results": [{"step_ms_traced": step_ms, "ms_per_step_per_thread": totals, "threads": len(per_thread),
                          "flops_per_step": flops, "step_ms": plain_ms, "kernel_ms_per_step": kernel_ms,
@@ -1253,7 +1253,7 @@ def format_table(header: list, rows: list[list]) -> str:
 
 
 KEPT_MEMORY = False
-"""Whether this process kept freed memory (`sharding.keep_freed_memory`, run as a script)."""
+"""Whether this process kept freed memory (`kernels.keep_freed_memory`, run as a script)."""
 
 RUNNERS = {"train": run_train, "sampler": run_sampler, "ar": run_ar, "block": run_block, "memory": run_memory,
            "rng": run_rng, "optimizer": run_optimizer, "profile": run_profile, "decode": run_decode}
@@ -1367,5 +1367,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    KEPT_MEMORY = sharding.keep_freed_memory()  # as `sedd train` does, before JAX's CPU backend starts
+    KEPT_MEMORY = kernels.keep_freed_memory()  # as `sedd train` does, before JAX's CPU backend starts
     sys.exit(main())

@@ -123,7 +123,7 @@ class Ours:
 
         self.jax, self.np, self.sampling, self.args = jax, np, sampling, args
         self.config = config = ours_config(args)
-        sharding.keep_freed_memory()  # as `sedd train` does, before anything touches a device
+        kernels.keep_freed_memory()  # as `sedd train` does, before anything touches a device
         sharding.split_cpu(config)
         self.devices = jax.device_count()
         self.dtype = kernels.compute_dtype(config.model.dtype).name
