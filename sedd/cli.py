@@ -36,10 +36,7 @@ def _train(args, overrides: list[str]) -> int:
     runs.check_config(config, f"--config {args.config}" + " and its overrides" * bool(overrides))  # before any work
     workdir = Path(args.workdir or Path("checkpoints") / Path(args.config).stem)
     print(f"run directory: {workdir}")
-    sharding.initialize_distributed(config)  # both before anything touches a device
-    if n := sharding.split_cpu(config):
-        print(f"this CPU as {n} devices, the batch split over them (mesh.cpu_devices; 1 = one device)")
-    result = train.train(config, workdir)
+    result = train.train(config, workdir, split_cpu=True)  # connects the processes, then splits this CPU
     if result.get("stopped"):  # saved and stopping: a late second Ctrl-C must not interrupt the exit
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         return 0

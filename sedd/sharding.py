@@ -358,8 +358,8 @@ def split_cpu(config) -> int:
     a device count already chosen (``XLA_FLAGS`` with
     ``--xla_force_host_platform_device_count``, or ``jax_num_cpu_devices``
     set), or a process that has already used a device (the setting must come
-    before, which is why `sedd train` calls this first and the library's
-    ``train`` does not).
+    before, which is why `sedd train` asks for it, ``train(...,
+    split_cpu=True)``, and the library's ``train`` does not by default).
 
     Raises:
       ValueError: on a negative ``mesh.cpu_devices``.

@@ -502,8 +502,16 @@ def _save_failed(e: Exception, manager: ocp.CheckpointManager, what: str = "") -
 # =========================================================================== the loop
 
 
-def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = False) -> dict:
+def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = False,
+          split_cpu: bool = False) -> dict:
     """Train (or resume) the run in `workdir`; returns the final figures.
+
+    The processes and devices are set up here, the one place, before any
+    device is used: a multi-process job connects
+    (``sedd.sharding.initialize_distributed``); then, with split_cpu (as
+    `sedd train` asks), this host's CPU becomes ``mesh.cpu_devices`` devices
+    (``sedd.sharding.split_cpu``: after the connection, as auto leaves a
+    multi-process job as it is; a no-op in a process that has used a device).
 
     Returns:
       dict with step, stopped, and after a finished run: bound (the figures of
@@ -524,10 +532,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     # ---- processes and mesh: a multi-host job connects before any device is
     # touched; a mesh that does not fit the devices fails here, before data is read
     sharding_lib.initialize_distributed(config)
+    cpu_devices = sharding_lib.split_cpu(config) if split_cpu else 0
     mesh = sharding_lib.make_mesh(config.mesh)
     lead = jax.process_index() == 0  # only process 0 logs and writes run files
     quiet = quiet or not lead
     say = (lambda *a: None) if quiet else (lambda *a: tqdm.write(" ".join(str(x) for x in a)))
+    if cpu_devices:
+        say(f"this CPU as {cpu_devices} devices, the batch split over them (mesh.cpu_devices; 1 = one device)")
 
     # ---- data and tokenizer (the tokenizer is saved with the run)
     runs.check_compatible(workdir, config)
