@@ -594,8 +594,8 @@ print(f"by hand: {nats_per_seq:.1f} nats/sequence = {u['nats_per_token']:.3f} na
       f"{u['bits_per_char']:.3f} bits/char; perplexity <= {u['ppl_bound']:.2f} ({n_t} times x {n_batch} sequences)")
 
 n_rep = 2 if FAST else 4
-bound, stderr = evaluate.likelihood_bound(jax.random.key(8), score_fn, graph, sched, batch, num_t=n_t,
-                                          num_samples=n_rep, return_stderr=True, score_params=params)  # (B,), (B,)
+bound, stderr = evaluate.likelihood_bound_with_stderr(jax.random.key(8), score_fn, graph, sched, batch, num_t=n_t,
+                                                      num_samples=n_rep, score_params=params)  # (B,), (B,)
 ul = losses.units(float(bound.mean()) / L, chars_per_token=dataset.chars_per_token)
 se = float(jnp.sqrt((stderr**2).sum())) / bound.shape[0]  # of the batch mean
 print(f"sedd.evaluate.likelihood_bound: {float(bound.mean()):.1f} +- {se:.1f} nats/sequence = "

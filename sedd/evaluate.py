@@ -3,8 +3,8 @@ r"""Evaluation: the likelihood bound, generative perplexity, sample entropy.
 Three figures, each measured the same way for every model and sampler:
 
 1. ``likelihood_bound``: the score-entropy upper bound on -log p_theta(x0) of
-   Thm. 3.6 / Eq. (13) of Lou et al. 2024, in nats per sequence, with its
-   Monte Carlo standard error; ``dataset_bound`` and ``evaluate_run`` average
+   Thm. 3.6 / Eq. (13) of Lou et al. 2024, in nats per sequence (with its
+   Monte Carlo standard error: ``likelihood_bound_with_stderr``); ``dataset_bound`` and ``evaluate_run`` average
    it over a split and report nats/token, bits/token (bits/char) and the
    perplexity bound exp(nats/token); ``dataset_nll`` does the same for a
    model with an exact likelihood.
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -108,6 +108,13 @@ def _dse_integrals(key, x0, score_params, *, score_fn, graph, noise, num_t, num_
     return (1.0 - t_min) * values.reshape(r, n, b)
 
 
+class BoundEstimate(NamedTuple):
+    """``likelihood_bound`` with its Monte Carlo standard error: float32[B] nats per sequence each."""
+
+    bound: jax.Array
+    stderr: jax.Array
+
+
 def likelihood_bound(
     key: jax.Array,
     score_fn: ScoreFn,
@@ -119,11 +126,10 @@ def likelihood_bound(
     num_samples: int = 1,
     t_min: float = 1e-5,
     prior: bool = True,
-    return_stderr: bool = False,
     score_params: Any = None,
     t_batch: int | None = None,
     per_position: Callable = losses.loss_per_position,
-):
+) -> jax.Array:
     r"""Upper bound on -log p_theta(x0), nats per sequence (Thm. 3.6 / Eq. (13), Lou et al. 2024).
 
         -log p_theta(x0) <= int_0^1 E_{x_t ~ p_{sigma(t)}(. | x0)} sum_l sigma'(t)
@@ -149,7 +155,6 @@ def likelihood_bound(
       num_samples: R, independent repetitions of the grid.
       t_min: the lower end of the t integral, in [0, 1).
       prior: add ``prior_kl``.
-      return_stderr: also return the standard error.
       score_params: optional pytree passed to score_fn and traced (weights that
         change do not recompile).
       t_batch: grid points evaluated together in one score_fn call (memory vs
@@ -159,7 +164,41 @@ def likelihood_bound(
         block model's (``sedd.block.loss_per_position``, whose score_fn also
         reads x0). Static: pass the same object to reuse the compilation.
     Returns:
-      float32[B] nats per sequence, or (bound, stderr) with return_stderr.
+      float32[B] nats per sequence. With its Monte Carlo standard error:
+      ``likelihood_bound_with_stderr``.
+    """
+    return likelihood_bound_with_stderr(
+        key, score_fn, graph, noise, x0, num_t, num_samples=num_samples, t_min=t_min, prior=prior,
+        score_params=score_params, t_batch=t_batch, per_position=per_position,
+    ).bound
+
+
+def likelihood_bound_with_stderr(
+    key: jax.Array,
+    score_fn: ScoreFn,
+    graph: Graph,
+    noise: Callable,
+    x0: jax.Array,
+    num_t: int = 64,
+    *,
+    num_samples: int = 1,
+    t_min: float = 1e-5,
+    prior: bool = True,
+    score_params: Any = None,
+    t_batch: int | None = None,
+    per_position: Callable = losses.loss_per_position,
+) -> BoundEstimate:
+    """``likelihood_bound`` and the Monte Carlo standard error of each sequence's estimate.
+
+    The standard error is the spread of the R repetitions (R >= 2), or for
+    R = 1 the iid formula over the n grid points, which overestimates it
+    (docs/math.md, "The likelihood bound"); inf for R = n = 1.
+
+    Args:
+      key, score_fn, graph, noise, x0, num_t, num_samples, t_min, prior,
+      score_params, t_batch, per_position: as ``likelihood_bound``.
+    Returns:
+      BoundEstimate(bound, stderr), each float32[B] nats per sequence.
     """
     if not (isinstance(num_t, int) and num_t >= 1 and isinstance(num_samples, int) and num_samples >= 1):
         raise ValueError(f"num_t and num_samples must be integers >= 1, got {num_t!r}, {num_samples!r}")
@@ -176,13 +215,11 @@ def likelihood_bound(
     bound = per_rep.mean(0)
     if prior:
         bound = bound + prior_kl(graph, noise, x0)
-    if not return_stderr:
-        return bound
     if num_samples >= 2:
         stderr = per_rep.std(0, ddof=1) / math.sqrt(num_samples)
     else:
         stderr = values[0].std(0, ddof=1) / math.sqrt(num_t) if num_t > 1 else jnp.full_like(bound, jnp.inf)
-    return bound, stderr
+    return BoundEstimate(bound, stderr)
 
 
 def _dataset_figures(per_sequence: Callable, batches: Iterable, max_batches: int | None,
@@ -242,8 +279,8 @@ def dataset_bound(
       False.
     """
     def per_sequence(i, x0):
-        return likelihood_bound(jax.random.fold_in(key, i), score_fn, graph, noise, x0, num_t,
-                                return_stderr=True, score_params=score_params, **kwargs)
+        return likelihood_bound_with_stderr(jax.random.fold_in(key, i), score_fn, graph, noise, x0, num_t,
+                                            score_params=score_params, **kwargs)
 
     return {**_dataset_figures(per_sequence, batches, max_batches, chars_per_token, progress, "bound"),
             "exact": False}

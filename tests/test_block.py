@@ -122,9 +122,9 @@ def test_a_prompt_is_kept_and_the_rest_drawn_from_the_conditional_law():
 def test_block_bound_is_tight_at_the_exact_score(b):
     """Eq. (2) of sedd.block with the exact block scores: the bound equals -log P0(x) within its error."""
     noise = noise_lib.Geometric(1e-4, 20.0)
-    bound, err = evaluate.likelihood_bound(jax.random.key(0), exact_block_fn(b), GRAPH, noise, SEQS, num_t=128,
-                                           num_samples=16, return_stderr=True, t_batch=16,
-                                           per_position=block.per_position_fn(b))
+    bound, err = evaluate.likelihood_bound_with_stderr(jax.random.key(0), exact_block_fn(b), GRAPH, noise, SEQS,
+                                                       num_t=128, num_samples=16, t_batch=16,
+                                                       per_position=block.per_position_fn(b))
     bound, err, nll = np.asarray(bound), np.asarray(err), -np.log(P0)
     z = (bound - nll) / err
     assert np.all(np.abs(z) < 4.5), (z, bound, nll)
@@ -158,9 +158,9 @@ def test_b1_bound_is_the_exact_nll_of_the_conditional_model():
     p = jax.jit(fn)(state, masked, x0, sigma)[..., :V] + log_expm1(1.0)  # log p_theta(. | x0_<i)
     nll = -np.asarray(jnp.take_along_axis(p, x0[..., None], -1)[..., 0].sum(-1))
     noise = noise_lib.Geometric(1e-4, 20.0)
-    bound, err = evaluate.likelihood_bound(jax.random.key(1), fn, GRAPH, noise, x0, num_t=128, num_samples=16,
-                                           return_stderr=True, t_batch=16, score_params=state,
-                                           per_position=block.per_position_fn(1))
+    bound, err = evaluate.likelihood_bound_with_stderr(jax.random.key(1), fn, GRAPH, noise, x0, num_t=128,
+                                                       num_samples=16, t_batch=16, score_params=state,
+                                                       per_position=block.per_position_fn(1))
     z = (np.asarray(bound) - nll) / np.asarray(err)
     assert np.all(np.abs(z) < 4.5), (z, bound, nll)
 
