@@ -1,7 +1,7 @@
 """The `sedd` command: train | sample | eval | convert | serve. Thin: it parses and calls library functions.
 
   sedd train  [--config FILE|NAME] [--workdir DIR] [--config.section.key=value ...]
-  sedd sample --workdir DIR [--steps N] [--predictor P] [--num_samples K] [--seed S]
+  sedd sample --workdir DIR [--steps N] [--sampler P] [--num_samples K] [--seed S]
               [--prefix TEXT] [--suffix TEXT] [--infill TEMPLATE [--blank C]] [--temperature T] [--top_p P]
               [--output FILE[.jsonl]] [--animate]
   sedd eval   --workdir DIR [--split S] [--num_t N] [--max_batches K] [--config.data.path=... ...]
@@ -114,12 +114,12 @@ def _sample(args) -> int:
         if mask is not None:
             options.update(fixed_mask=mask, fixed_tokens=tokens)
         every = max(1, steps // 64)  # 65 to 128 frames from 64 steps up, shown in about 4 s in all
-        out = run.sample(key, args.num_samples, steps, args.predictor, return_trajectory=True,
+        out = run.sample(key, args.num_samples, steps, args.sampler, return_trajectory=True,
                          trajectory_every=every, **options)
         _animate(run, out.trajectory, every, steps, 4.0 / len(out.trajectory))
         texts = [run.decode(row) for row in out.tokens]
     else:
-        texts = run.generate(key, args.num_samples, args.steps, args.predictor,
+        texts = run.generate(key, args.num_samples, args.steps, args.sampler,
                              prefix=args.prefix, suffix=args.suffix, infill=args.infill, blank=args.blank, **options)
     if args.output:  # checked before sampling (sedd.validate.check_path); a disk may still fill
         if args.output.endswith(".jsonl"):  # one JSON string per line: splits back into samples whatever they hold
@@ -255,9 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("sample", help="write text with a trained model")
     p.add_argument("--workdir", required=True, help="run directory of a trained model")
     p.add_argument("--steps", type=int, default=None, help="reverse steps (default: the config's)")
-    p.add_argument("--predictor", default=None, help="a sampler of sedd.sampling.PREDICTORS: analytic, euler, "
+    p.add_argument("--sampler", default=None, help="a sampler of sedd.sampling.PREDICTORS: analytic, euler, "
                    "first_hitting, confidence, entropy_bound, remdm (default: the config's); on the absorbing graph "
                    "with log-linear noise analytic and euler are one kernel and draw the same text")
+    p.add_argument("--predictor", dest="sampler", help="the old name of --sampler")
     p.add_argument("--num_samples", type=int, default=4)
     p.add_argument("--seed", type=int, default=0, help="the same seed gives the same samples")
     p.add_argument("--prefix", default="", help="text the samples start with")

@@ -44,6 +44,17 @@ def test_inference_builds_no_optimizer(tiny_run, monkeypatch, capsys):
     assert "nats_per_token" in capsys.readouterr().out
 
 
+def test_sample_takes_the_sampler_by_its_name_and_by_its_old_one(tiny_run, capsys):
+    workdir, _ = tiny_run
+    texts = []
+    for flag in ("--sampler", "--predictor"):
+        assert cli.main(["sample", "--workdir", str(workdir), "--steps", "4", "--num_samples", "2", "--seed", "3",
+                         flag, "first_hitting"]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1]
+    assert cli.main(["sample", "--workdir", str(workdir), "--sampler", "no_such_sampler"]) != 0
+
+
 def test_animate_labels_frames_with_the_steps_of_the_run(tiny_run, monkeypatch, capsys):
     """`sedd sample --animate` labels each frame with the sampler step it shows, out of the run's steps
     (a 128-step run keeps a frame every 2 steps: [step 0/128] .. [step 128/128], not [0/64] .. [64/64])."""
