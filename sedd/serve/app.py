@@ -185,12 +185,6 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
                                                          "steps": run.config.sampling.steps,
                                                          "samplers": sorted(sampling.PREDICTORS)}]})
 
-    async def favicon(request: Request) -> Response:  # no icon: answered, so a browser's request is not a 404
-        return Response(status_code=204)
-
-    async def playground(request: Request) -> HTMLResponse:
-        return HTMLResponse(resources.files("sedd").joinpath("static/playground.html").read_text(encoding="utf-8"))
-
     async def completions(request: Request):
         body = await _read_body(request, limits)
         try:
@@ -223,18 +217,29 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
                for i, c in enumerate(choices)]
         return JSONResponse({**head, "choices": out, "usage": _usage(p), "diffusion": diffusion})
 
-    async def http_error(request, e: HTTPException) -> JSONResponse:  # no such route (404), wrong method (405)
-        return APIError(e.status_code, str(e.detail)).response()
-
     app = Starlette(
         routes=[Route("/health", _guarded(health)), Route("/v1/models", _guarded(models)),
-                Route("/", _guarded(playground)), Route("/favicon.ico", _guarded(favicon)),
+                Route("/", _guarded(_playground)), Route("/favicon.ico", _guarded(_favicon)),
                 Route("/v1/completions", _guarded(completions), methods=["POST"])],
-        exception_handlers={HTTPException: http_error}, lifespan=lifespan)
+        exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
     app.state.engine, app.state.name = engine, name
     app.state.streams = lambda: streams[0]
     app.add_middleware(Gate, hosts=tuple(allowed_hosts), api_key=api_key)
     return app
+
+
+async def _favicon(request: Request) -> Response:
+    """No icon: answered, so a browser's request is not a 404."""
+    return Response(status_code=204)
+
+
+async def _playground(request: Request) -> HTMLResponse:
+    return HTMLResponse(resources.files("sedd").joinpath("static/playground.html").read_text(encoding="utf-8"))
+
+
+async def _http_error(request, e: HTTPException) -> JSONResponse:
+    """No such route (404), a wrong method (405): in OpenAI's error shape."""
+    return APIError(e.status_code, str(e.detail)).response()
 
 
 async def _planned(planner: concurrent.futures.Executor, run: runs.Run, req: CompletionRequest,
