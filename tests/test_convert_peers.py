@@ -173,6 +173,8 @@ def _written(tmp_path) -> list:
 @pytest.mark.parametrize("tamper,message", [
     (lambda sd, c: c.update(hidden_size=32), "unknown field(s) ['hidden_size']"),
     (lambda sd, c: c.update(model_type="llada"), "model_type = 'llada'"),
+    (lambda sd, c: c.update(model_type={"mdlm": 1}), "model_type = {'mdlm': 1}"),  # issue 53: was a TypeError
+    (lambda sd, c: c.update(dropout=10**400), "dropout = an integer of 401 digits"),  # was an OverflowError
     (lambda sd, c: c.update(vocab_size=GPT2), f"vocab_size = {GPT2}"),
     (lambda sd, c: c.update(n_heads=5), "no even head size"),
     (lambda sd, c: sd.pop("blocks.1.attn_out.weight"), "missing tensor 'backbone.blocks.1.attn_out.weight'"),
@@ -398,3 +400,18 @@ def test_a_duo_config_sharing_one_container_many_times_is_refused_at_once(tmp_pa
     with pytest.raises(convert.ConversionError, match="more than 65536 values"):
         convert.convert(path, tmp_path / "run", tokenizer_path=gpt2_files)
     assert time.perf_counter() - start < 30 and not (tmp_path / "run").exists()
+
+
+def test_transformers_own_config_fields_are_ignored_with_a_note(tmp_path, capsys):
+    """Issue 53: a folder saved by transformers >= 4.56 writes `dtype` (torch_dtype's new name): a note, not a refusal;
+    a field of the model that is unknown is still refused."""
+    for family in ("mdlm", "bd3lm"):
+        config = {**peer_config(family), "dtype": "float32", "use_cache": True}
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        read = convert.read_original_config(tmp_path / "config.json")
+        assert "dtype" not in read and "use_cache" not in read and read["model_type"] == family
+        assert "transformers' own config field(s) ['dtype', 'use_cache']" in capsys.readouterr().err
+        convert.layout_of(read)  # and the model's fields are read as before
+    (tmp_path / "config.json").write_text(json.dumps({**peer_config("mdlm"), "hidden_size": 32}))
+    with pytest.raises(convert.ConversionError, match=r"unknown field\(s\) \['hidden_size'\]"):
+        convert.config_from_original(convert.read_original_config(tmp_path / "config.json"))

@@ -8,7 +8,7 @@ from typing import Mapping
 import numpy as np
 
 from sedd.convert.allowlist import Opaque
-from sedd.convert.fields import LOGLINEAR_EPS
+from sedd.convert.fields import LOGLINEAR_EPS, field
 from sedd.convert.limits import ConversionError, brief
 from sedd.convert.mdlm import PEER_PREFIX
 from sedd.convert.original import config_from_original
@@ -82,7 +82,8 @@ def lightning_source(path: Path, ema: bool) -> Source:
     for key, want in (("parameterization", "mean"), ("causal_attention", False)):
         if algo.get(key, want) != want:
             raise ConversionError(f"{path}: algo.{key} = {brief(algo.get(key))}; DUO's models have {want!r}")
-    if noise.get("type") != "log-linear" or float(noise.get("eps", LOGLINEAR_EPS)) != LOGLINEAR_EPS:
+    eps = field(noise, "noise", "eps", float) if "eps" in noise else LOGLINEAR_EPS
+    if noise.get("type") != "log-linear" or eps != LOGLINEAR_EPS:
         raise ConversionError(f"{path}: noise = {brief(noise)}; DUO's log-linear schedule with eps "
                               f"{LOGLINEAR_EPS} is the one our loglinear noise is")
     state = state_dict_of(obj["state_dict"], f"{path}['state_dict']")

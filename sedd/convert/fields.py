@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
-from sedd.convert.limits import ConversionError
+from sedd.convert.limits import ConversionError, brief
 
 GPT2_TOKENS = 50257  # the original trains only with GPT-2's tokenizer (its data.py)
 
@@ -28,7 +29,13 @@ def field(sec: Mapping, section: str, key: str, kind: type):
             pass  # not a number: the type check below names the field
     ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value, ok = float(value), True
+        try:
+            value, ok = float(value), True
+        except OverflowError:  # an integer of hundreds of digits
+            raise ConversionError(f"{name} = an integer of {len(str(abs(value)))} digits in the original's "
+                                  "config is not a finite number") from None
     if not ok:
-        raise ConversionError(f"{name} = {value!r} in the original's config is not a {kind.__name__}")
+        raise ConversionError(f"{name} = {brief(value)} in the original's config is not a {kind.__name__}")
+    if kind is float and not math.isfinite(value):
+        raise ConversionError(f"{name} = {value!r} in the original's config is not a finite number")
     return value

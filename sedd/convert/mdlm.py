@@ -20,6 +20,14 @@ from sedd.convert.limits import ConversionError
 # A Hugging Face config.json's fields that load code or describe the file, not the model: dropped on reading.
 HF_METADATA = frozenset({"architectures", "auto_map", "transformers_version", "torch_dtype", "return_dict",
                          "_name_or_path"})
+# transformers' own PretrainedConfig attributes, which save_pretrained may write for any model (4.56 and later
+# write `dtype`, the new name of torch_dtype): not fields of the model; dropped with a note on reading.
+HF_GENERIC = frozenset({"dtype", "use_bfloat16", "output_hidden_states", "output_attentions", "torchscript",
+                        "tie_word_embeddings", "is_encoder_decoder", "is_decoder", "add_cross_attention",
+                        "tie_encoder_decoder", "chunk_size_feed_forward", "pruned_heads", "id2label", "label2id",
+                        "problem_type", "tokenizer_class", "prefix", "bos_token_id", "pad_token_id", "eos_token_id",
+                        "sep_token_id", "decoder_start_token_id", "task_specific_params", "finetuning_task",
+                        "tf_legacy_loss", "use_cache", "_attn_implementation_autoset", "cross_attention_hidden_size"})
 # The model fields of kuleshov-group's published configs (MDLMConfig, BD3LMConfig), by model_type.
 HF_FIELDS = {"vocab_size", "model_length", "hidden_dim", "cond_dim", "n_blocks", "n_heads", "dropout",
              "time_conditioning", "model_type"}

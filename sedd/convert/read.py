@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Mapping
 
 from sedd.convert.duo import lightning_source
 from sedd.convert.limits import MAX_TEXT_BYTES, ConversionError, brief
-from sedd.convert.mdlm import HF_METADATA
+from sedd.convert.mdlm import HF_GENERIC, HF_METADATA
 from sedd.convert.original import config_from_original
 from sedd.convert.safetensors_file import load_safetensors
 from sedd.convert.source import Source, state_dict_of, training_step
@@ -46,7 +47,11 @@ def read_original_config(path: str | Path) -> dict:
     if set(data) == {"config"} and isinstance(data["config"], dict):  # a mixin wrapping its init kwargs
         data = data["config"]
     if "model_type" in data:  # a Hugging Face config of MDLM / BD3-LM: flat; its code-loading fields dropped
-        kept = {key: value for key, value in data.items() if key not in HF_METADATA}
+        kept = {key: value for key, value in data.items() if key not in HF_METADATA | HF_GENERIC}
+        generic = sorted(set(data) & HF_GENERIC)
+        if generic:
+            print(f"sedd convert: note: {path} holds transformers' own config field(s) {generic}, not fields of "
+                  "the model: ignored", file=sys.stderr)
     else:
         kept = {key: data[key] for key in ("tokens", "model", "graph", "noise") if key in data}
     if isinstance(data.get("training"), dict) and "ema" in data["training"]:

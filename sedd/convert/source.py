@@ -33,7 +33,7 @@ def layout_of(orig: Mapping) -> Layout:
     if "model_type" not in orig:
         return Layout("sedd")
     family = orig["model_type"]
-    if family not in PEERS:
+    if not isinstance(family, str) or family not in PEERS:
         raise ConversionError(f"model_type = {brief(family)} in config.json; sedd convert reads the original SEDD "
                               f"(a training config) and the Hugging Face models of types {sorted(PEERS)}")
     fold = not field(orig, "", "time_conditioning", bool)
