@@ -121,9 +121,7 @@ def check_config(config: ml_collections.ConfigDict, where: str) -> None:
     Raises:
       RunError: `where`: the first key of the wrong type, not finite or out of bounds.
     """
-    config = ml_collections.ConfigDict(config.to_dict())
-    if "vocab_size" not in config:
-        config.vocab_size = 2
+    config = ml_collections.ConfigDict({"vocab_size": 2, **config.to_dict()})  # a known vocab_size wins
     _check_config(config, where)
 
 
