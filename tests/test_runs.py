@@ -87,8 +87,12 @@ def test_eval_splits_the_cpu_as_train_does_and_gives_the_same_bound(tiny_run, tm
     (workdir / runs.CONFIG).write_text(json.dumps(config))
     args = ["--num_t", "4", "--batch_size", "4", "--max_batches", "2"]
     one = figures.evaluate_run(workdir, num_t=4, batch_size=4, max_batches=2, progress=False)  # this process's devices
+    # The child chooses its own device count: without a parent's --xla_force_host_platform_device_count (an
+    # 8-device test session sets one, which sedd then leaves alone, as it would a user's).
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                     if not f.startswith("--xla_force_host_platform_device_count"))
     done = subprocess.run([sys.executable, "-m", "sedd.cli", "eval", "--workdir", str(workdir), *args],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "XLA_FLAGS": flags})
     assert done.returncode == 0, done.stderr[-2000:]
     assert ("this CPU as 2 devices" in done.stderr) == (sharding.available_cores() >= 2), done.stderr[-2000:]
     split = dict((k.strip(), v.strip()) for k, v in (line.split(":", 1) for line in done.stdout.splitlines()))
