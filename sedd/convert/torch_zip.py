@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from sedd.convert import pickle_scan
+import sedd.convert.pickle_scan as pickle_scan
 from sedd.convert.allowlist import ALLOWED, STORAGE_DTYPES, StorageType, opaque_class
 from sedd.convert.limits import MAX_PICKLE_BYTES, ConversionError, UnsafePickleError, brief, is_index
 
