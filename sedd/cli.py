@@ -5,6 +5,7 @@
               [--prefix TEXT] [--suffix TEXT] [--infill TEMPLATE [--blank C]] [--temperature T] [--top_p P]
               [--output FILE[.jsonl]] [--animate]
   sedd eval   --workdir DIR [--split S] [--num_t N] [--max_batches K] [--config.data.path=... ...]
+              [--code_samples K [--prompt_chars P] [--judge AR_RUN]]
   sedd convert SRC DST [--no_ema] [--tokenizer_path PATH] [--dtype D]   (SEDD's, MDLM's, BD3-LM's, DUO's weights)
   sedd serve  --workdir DIR [--host 127.0.0.1] [--port 8000] [...]       (needs sedd-jax[serve])
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -139,6 +141,15 @@ def _sample(args) -> int:
     return 0
 
 
+ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    r"""A prompt as typed in a shell: \n, \t and \\ read as a newline, a tab and a backslash (as printf
+    does); any other backslash is kept. So `--prefix 'def f(x):\n    '` starts a function body."""
+    return re.sub(r"\\([nt\\])", lambda m: ESCAPES[m.group(1)], text)
+
+
 def _explain_separator(texts: list[str]) -> None:
     if any(EOS_TEXT in t for t in texts):
         print(f"({EOS_TEXT} is the separator between training documents: the model ended one and began another)")
@@ -157,6 +168,12 @@ def _eval(args, overrides: list[str]) -> int:
               file=sys.stderr)
     result = figures.evaluate_run(args.workdir, split=args.split, num_t=args.num_t, batch_size=args.batch_size,
                                   max_batches=args.max_batches or None, seed=args.seed, data=data)
+    if args.code_samples:  # completions of held-out code: do they parse, how much is copied
+        run = runs.load(args.workdir)
+        judge = figures.load_judge(args.judge, run.tokenizer) if args.judge else None
+        code, _ = figures.code_figures(run, figures.run_data(run, data), args.code_samples, args.prompt_chars,
+                                       args.seed, judge)
+        result.update(code)
     for k, v in result.items():
         print(f"{k:>24}: {v:.4f}" if isinstance(v, float) else f"{k:>24}: {v}")
     return 0
@@ -261,9 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--predictor", dest="sampler", help="the old name of --sampler")
     p.add_argument("--num_samples", type=int, default=4)
     p.add_argument("--seed", type=int, default=0, help="the same seed gives the same samples")
-    p.add_argument("--prefix", default="", help="text the samples start with")
-    p.add_argument("--suffix", default="", help="text the samples end with")
-    p.add_argument("--infill", default="", help="a template whose --blank characters are filled in")
+    escapes = r" (\n, \t and \\ are a newline, a tab and a backslash)"
+    p.add_argument("--prefix", default="", type=unescape, help="text the samples start with" + escapes)
+    p.add_argument("--suffix", default="", type=unescape, help="text the samples end with" + escapes)
+    p.add_argument("--infill", default="", type=unescape, help="a template whose --blank characters are filled in"
+                   + escapes)
     p.add_argument("--blank", default="_", help="the character of an infill template to fill in (default: _)")
     p.add_argument("--temperature", type=float, default=1.0, help="on the denoiser's p(x0); 0 = argmax (default 1)")
     p.add_argument("--top_p", type=float, default=1.0, help="nucleus of the denoiser's p(x0) (default 1: off)")
@@ -289,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--max_batches", type=int, default=8, help="0 = the whole split")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--code_samples", type=int, default=0, help="also complete this many windows of held-out code "
+                   "from their first --prompt_chars characters: the share that parses, of lines that tokenise, of "
+                   "characters copied from training (docs/code.md)")
+    p.add_argument("--prompt_chars", type=int, default=48, help="characters of each code prompt")
+    p.add_argument("--judge", default="", help="with --code_samples: an AR run of the same data that scores the "
+                   "completions (nats/char)")
 
     sub.add_parser("convert", add_help=False, help="the original PyTorch SEDD weights -> a run directory "
                    "(`sedd convert --help`)")

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from sedd import ar, runs
-from sedd.data import load_dataset
+from sedd import ar, code_measures, evaluate, runs
+from sedd.data import load_dataset, read_documents
 
 
 def load_judge(workdir: str | Path, tokenizer=None) -> runs.Run:
@@ -106,18 +106,23 @@ def evaluate_run(
       [, true_nats_per_token].
     """
     run = runs.load(workdir, step=step)
-    config, tokenizer = run.config, run.tokenizer
-    dcfg = ml_collections.ConfigDict(config.data.to_dict())
-    for k, v in (data or {}).items():
-        dcfg[k] = v
-    dataset = load_dataset(dcfg, tokenizer=tokenizer)
-    if dataset.tokenizer.to_dict() != tokenizer.to_dict():
-        check_same_vocabulary(tokenizer, dataset.tokenizer, what="the evaluation data")
+    dataset = run_data(run, data)
     if split is None:
         split = "validation" if "validation" in dataset.splits else [s for s in dataset.splits if s != "train"][0]
     out = run_figures(run, dataset, split, num_t, batch_size, max_batches, seed, progress, **kwargs)
     out["step"] = run.step  # the checkpoint evaluated (the newest readable one unless step was given)
     return out
+
+
+def run_data(run: runs.Run, data: dict | None = None):
+    """The dataset of a run's data section, with overrides (`data`), read with the run's tokenizer."""
+    dcfg = ml_collections.ConfigDict(run.config.data.to_dict())
+    for k, v in (data or {}).items():
+        dcfg[k] = v
+    dataset = load_dataset(dcfg, tokenizer=run.tokenizer)
+    if dataset.tokenizer.to_dict() != run.tokenizer.to_dict():
+        check_same_vocabulary(run.tokenizer, dataset.tokenizer, what="the evaluation data")
+    return dataset
 
 
 def run_figures(run: runs.Run, dataset, split: str = "validation", num_t: int = 64, batch_size: int = 32,
@@ -135,3 +140,52 @@ def run_figures(run: runs.Run, dataset, split: str = "validation", num_t: int = 
     if hasattr(dataset, "true_nats_per_token"):
         out["true_nats_per_token"] = dataset.true_nats_per_token()
     return out
+
+
+def code_figures(run: runs.Run, dataset, num_prompts: int = 32, prompt_chars: int = 48, seed: int = 0,
+                 judge: runs.Run | None = None, min_chars: int = code_measures.MIN_CHARS, steps: int | None = None,
+                 sampler: str | None = None, **options) -> dict:
+    """The measures of code (``sedd.code_measures``) on completions of held-out code, and on the code itself.
+
+    num_prompts windows of the run's length L that start at a top-level
+    statement of the validation files (``code_measures.prompts``): the run
+    completes each from its first prompt_chars characters. Reported for the
+    completions (``samples_*``) and, as their ceiling, for the held-out
+    windows themselves (``data_*``): the parse rate (of the windows with a
+    complete top-level statement), that share, the share of lines that
+    tokenise, the share of characters in verbatim copies of >= min_chars
+    characters of the training split; with judge (an AR run of the same
+    data), its NLL of the completions in nats per character.
+    Also: the completions' network calls (``nfe``) and the tokens each row
+    writes a call (an AR run's calls include one a prompt token). Returns
+    (the figures, the completions' texts).
+    """
+    documents = read_documents(dataset.builder, "validation")
+    pairs = code_measures.prompts(documents, num_prompts, run.seq_len, prompt_chars, seed)
+    mask = np.zeros((num_prompts, run.seq_len), bool)
+    tokens = np.zeros((num_prompts, run.seq_len), np.int32)
+    for i, (prompt, _) in enumerate(pairs):
+        ids = run.tokenizer.encode(prompt)
+        mask[i, :len(ids)], tokens[i, :len(ids)] = True, ids
+    if len(set(mask.sum(1).tolist())) != 1:
+        raise ValueError(f"the prompts are {sorted(set(mask.sum(1).tolist()))} tokens long: an AR run takes prompts "
+                         "of one length (a character tokenizer gives them)")
+    out = run.sample(jax.random.key(seed), num_prompts, steps, sampler, fixed_mask=jnp.asarray(mask),
+                     fixed_tokens=jnp.asarray(tokens), return_stats=True, **options)
+    texts = [run.decode(row) for row in out.tokens]
+    memo = code_measures.Memorisation("\x00".join(read_documents(dataset.builder, "train")), min_chars)
+    result = {"prompts": num_prompts, "prompt_chars": prompt_chars, "min_chars": min_chars}
+    for name, batch in (("samples", texts), ("data", [p + c for p, c in pairs])):
+        figures = code_measures.parse_figures(batch)
+        result.update({f"{name}_parse_rate": figures["parse_rate"], f"{name}_complete_share": figures["complete_share"],
+                       f"{name}_tokenise_rate": figures["tokenise_rate"],
+                       f"{name}_memorised_share": memo.share([t[prompt_chars:] for t in batch])})
+    nfe = int(out.stats["nfe"]) if out.stats and "nfe" in out.stats else None
+    written = run.seq_len - int(mask[0].sum())  # tokens each row writes after its prompt
+    result.update(nfe=nfe, tokens_per_call=written / nfe if nfe else None)
+    if judge is not None:
+        check_same_vocabulary(run.tokenizer, judge.tokenizer)
+        quality = evaluate.generative_perplexity(judge_nll(judge.model), np.asarray(out.tokens))
+        result.update(judge_nats_per_char=quality["judge_nats_per_token"] / dataset.chars_per_token,
+                      entropy_bits=quality["entropy_bits"])
+    return result, texts

@@ -369,6 +369,18 @@ class Diffusion(Kind):
         return sampling.sample(key, score_fn, self.graph, self.noise, shape, steps, **args)
 
 
+def _prefix_prompt(fixed_mask, fixed_tokens) -> jax.Array | None:
+    """int32[B, P]: the prompt of an AR run, a prefix of the same length P in every row (None: no prompt)."""
+    if fixed_mask is None:
+        return None
+    mask = jnp.asarray(fixed_mask, bool)
+    p = int(mask[0].sum())
+    if not bool(jnp.all(mask == (jnp.arange(mask.shape[1]) < p)[None, :])):
+        raise ValueError("the AR baseline takes a prompt that is a prefix of the same length in every row "
+                         "(no suffix or infill)")
+    return jnp.asarray(fixed_tokens, jnp.int32)[:, :p]
+
+
 @register("ar")
 class Autoregressive(Kind):
     """The AR baseline: a causal DDiT without a time input, trained on the next-token NLL (``sedd.ar``)."""
@@ -398,13 +410,13 @@ class Autoregressive(Kind):
         With draft: speculative sampling (``sedd.ar.speculative_sample``), the
         same law in fewer calls of this network: draft="ngram" (prompt
         lookup) or a ``Net`` of a smaller AR network; draft_k drafts a round
-        (default 4); temperature and top_p on this network's law; a prefix
-        (fixed_mask) is taken there.
+        (default 4); temperature and top_p on this network's law. A prompt
+        (fixed_mask / fixed_tokens) is a prefix of the same length in every row.
 
         Raises:
-          ValueError: an option other than categorical, temperature and
-            return_stats (and, with draft, draft_k, top_p, a prefix), or a
-            prompt without draft.
+          ValueError: an option other than categorical, temperature,
+            return_stats and a prefix (and, with draft, draft_k and top_p), or
+            a prompt that is not a prefix.
         """
         categorical = options.pop("categorical", self.config.sampling.categorical)
         temperature = options.pop("temperature", 1.0)
@@ -413,11 +425,11 @@ class Autoregressive(Kind):
         if options.get("draft") is not None:
             return self._speculative(key, net, num_samples, length, return_stats, temperature, **options)
         options.pop("draft", None)
-        if "fixed_mask" in options:
-            raise ValueError("the AR baseline takes a prompt with draft= only (speculative sampling)")
+        prompt = _prefix_prompt(options.pop("fixed_mask", None), options.pop("fixed_tokens", None))
         if options:
             raise ValueError(f"the AR baseline takes no sampler options {sorted(options)}")
-        tokens = ar.sample(key, net.model, num_samples, length, temperature=temperature, categorical=categorical)
+        tokens = ar.sample(key, net.model, num_samples, length, temperature=temperature, prompt=prompt,
+                           categorical=categorical)
         stats = None
         if return_stats:  # one network call a position, each on one position of every row
             stats = {"nfe": jnp.int32(length), "nfe_per_sample": jnp.full((num_samples,), length, jnp.int32)}
@@ -426,13 +438,7 @@ class Autoregressive(Kind):
     def _speculative(self, key, net, num_samples, length, return_stats, temperature, *, draft, draft_k=4,
                      top_p=1.0, fixed_mask=None, fixed_tokens=None):
         """``sample`` with draft: speculative sampling, the prompt a prefix of the same length in every row."""
-        prompt = None
-        if fixed_mask is not None:
-            mask = jnp.asarray(fixed_mask, bool)
-            p = int(mask[0].sum())
-            if not bool(jnp.all(mask == (jnp.arange(mask.shape[1]) < p)[None, :])):
-                raise ValueError("speculative sampling takes a prefix of the same length in every row")
-            prompt = jnp.asarray(fixed_tokens, jnp.int32)[:, :p]
+        prompt = _prefix_prompt(fixed_mask, fixed_tokens)
         if not (isinstance(draft_k, int) and 1 <= draft_k <= length):
             raise ValueError(f"draft_k must be an integer in [1, {length}], got {draft_k!r}")
         drafter = draft if isinstance(draft, str) else (draft.graphdef, draft.state)

@@ -73,6 +73,8 @@ CLI_BOUNDS: dict[str, dict[str, Bound]] = {
         "batch_size": Bound(1, MAX_ROWS),
         "max_batches": Bound(0, 2**31 - 1, why="0 = the whole split"),
         "seed": SEED,
+        "code_samples": Bound(0, MAX_ROWS, why="0 = none: completions of held-out code"),
+        "prompt_chars": Bound(1, MAX_LENGTH, why="characters of a code prompt, fewer than the run's length"),
     },
     "serve": {
         "port": Bound(1, 65535, why="a TCP port"),
@@ -96,7 +98,7 @@ CLI_BOUNDS: dict[str, dict[str, Bound]] = {
 
 PATHS: dict[str, dict[str, str]] = {
     "sample": {"workdir": "run", "output": "output", "draft": "draft"},
-    "eval": {"workdir": "run"},
+    "eval": {"workdir": "run", "judge": "run"},
     "serve": {"workdir": "run"},
     "train": {"workdir": "new_run", "config": "config"},
 }

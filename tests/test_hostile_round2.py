@@ -133,6 +133,7 @@ ACCEPTED = {  # (command, flag, value) that are valid values and reach the comma
     ("sample", "--top_p", "0.5"), ("eval", "--max_batches", "0"), ("eval", "--seed", "0"),
     ("serve", "--step", "0"), ("serve", "--window_ms", "0"), ("serve", "--window_ms", "0.5"),
     ("serve", "--timeout", "0.5"), ("serve", "--send_timeout", "0.5"), ("serve", "--header_timeout", "0.5"), ("serve", "--body_timeout", "0.5"),
+    ("eval", "--code_samples", "0"),  # no code completions: the bound alone
 }
 
 

@@ -46,7 +46,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.noise.sigma_max = 20.0  # geometric: sigma_bar(1)
 
     c.data = ml_collections.ConfigDict()
-    c.data.name = "shakespeare"  # shakespeare | text | text8 | openwebtext | tinystories | markov
+    c.data.name = "shakespeare"  # shakespeare | text | text8 | openwebtext | tinystories | code | markov
     c.data.path = ""  # a local file or folder ("" = the default); with name "shakespeare" it trains on your text
     c.data.documents = "file"  # a .txt file holds: file = one document | lines = one per line | paragraphs
     c.data.tokenizer = "char"  # char | byte | gpt2
@@ -59,6 +59,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.markov.seed = 0  # seeds the transition table (the chain itself)
     c.data.markov.alpha = 0.3  # Dirichlet concentration of each row: small = peaked, low entropy
     c.data.markov.num_tokens = 500_000  # tokens in the train split (validation, test: 1/20 each)
+    c.data.code = ml_collections.ConfigDict()  # read only when data.name = "code" (sedd.data.sources)
+    c.data.code.tests = False  # also take test files (folders test/tests/idle_test, test_*.py)
+    c.data.code.glob = "*.py"  # the files taken from the folder (data.path; default: this Python's standard library)
 
     c.training = ml_collections.ConfigDict()
     c.training.batch_size = 32  # global batch, summed over all devices and hosts

@@ -20,7 +20,8 @@ See docs/data.md for the file formats each builder expects.
 
 Modules: tokenizers, builders (TFDS), zeroshot (the test sets of the paper's
 Table 1, with their detokenizers), packing (sequences and batches), text
-(cached token streams of a builder), markov (a chain with an exact law);
+(cached token streams of a builder), sources (the `code` corpus: source files
+byte for byte, by default the standard library), markov (a chain with an exact law);
 `load_dataset` picks the one a config's data section names.
 """
 
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import ml_collections
 
-from sedd.data import zeroshot  # registers the zero-shot builders in BUILDERS
+from sedd.data import sources, zeroshot  # register the code and zero-shot builders in BUILDERS
 from sedd.data.builders import (BUILDERS, DOCUMENTS, VAL_FRACTION, default_data_dir, get_builder, read_documents,
                                 read_pieces)
 from sedd.data.markov import MarkovChain, MarkovData, load_markov
@@ -45,11 +46,11 @@ __all__ = [
     "save_tokenizer", "tokenize_documents", "tokenizer_from_dict", "unigram_entropy_bits",
 ]
 
-DATASETS = ("shakespeare", "text", "text8", "openwebtext", "tinystories", "markov", *zeroshot.ZERO_SHOT)
+DATASETS = ("shakespeare", "text", "text8", "openwebtext", "tinystories", "code", "markov", *zeroshot.ZERO_SHOT)
 
 
 DATA_DEFAULTS = {"name": "shakespeare", "path": "", "data_dir": "", "documents": "", "tokenizer": "char",
-                 "tokenizer_path": "", "seq_len": 256}
+                 "tokenizer_path": "", "seq_len": 256, "code": {"tests": False, "glob": "*.py"}}
 """What ``load_dataset`` takes for a key its section lacks or holds as None: a notebook's or a test's
 partial dict ("" is the builder's own default). A shipped config's data section has every key."""
 
@@ -66,6 +67,8 @@ def load_dataset(config, tokenizer=None) -> TextData:
     Args:
       config: the `data` ConfigDict (or a dict) with fields
         name: "shakespeare" | "text" | "text8" | "openwebtext" | "tinystories"
+          | "code" (source files, by default this Python's standard library;
+          the data.code section: tests, glob)
           | "markov" (synthetic, sedd.data.markov; reads the data.markov section)
           | a zero-shot test set of sedd.data.zeroshot ("lambada", "wikitext2",
           "ptb", "wikitext103", "lm1b");
@@ -89,7 +92,8 @@ def load_dataset(config, tokenizer=None) -> TextData:
         # trains on the user's file or folder (any *.txt / *.jsonl).
         name = "text"
     data_dir = config.data_dir or default_data_dir()
-    builder = get_builder(name, path, data_dir, config.documents)
+    options = config.code.to_dict() if name == "code" else None
+    builder = get_builder(name, path, data_dir, config.documents, options)
     cache_dir = (Path(data_dir) / "sedd_tokens" / builder.name / builder.builder_config.name
                  / str(builder.version))
     if tokenizer is None:

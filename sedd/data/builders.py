@@ -104,7 +104,7 @@ def _char_start(data: bytes, k: int) -> int:
     return j
 
 
-def _chunks(f, start: int, end: int, by_line: bool, whole_lines: bool = False) -> Iterator[tuple[int, bytes, bool]]:
+def line_chunks(f, start: int, end: int, by_line: bool, whole_lines: bool = False) -> Iterator[tuple[int, bytes, bool]]:
     """(offset, chunk, ends_line) covering bytes [start, end) of an open binary file.
 
     by_line: each chunk is one line with its "\\n"; otherwise chunks of about
@@ -141,7 +141,7 @@ def _chunks(f, start: int, end: int, by_line: bool, whole_lines: bool = False) -
         yield pos - len(carry), carry, False
 
 
-class _Utf8Errors:
+class Utf8Errors:
     """Counts invalid UTF-8 in one segment, replaces it by U+FFFD and warns once at the end."""
 
     def __init__(self, path: Path):
@@ -224,10 +224,10 @@ def text_fragments(seg: Segment, documents: str = "file", separator: bytes | Non
     """
     if documents not in DOCUMENTS:
         raise ValueError(f"data.documents must be one of {DOCUMENTS}, not {documents!r}")
-    bad = _Utf8Errors(seg.path)
+    bad = Utf8Errors(seg.path)
     with open(seg.path, "rb") as f:
         if seg.path.suffix == ".jsonl":
-            for offset, line, _ in _chunks(f, seg.start, seg.end, by_line=True, whole_lines=True):
+            for offset, line, _ in line_chunks(f, seg.start, seg.end, by_line=True, whole_lines=True):
                 if not line.strip():
                     continue
                 try:
@@ -242,7 +242,7 @@ def text_fragments(seg: Segment, documents: str = "file", separator: bytes | Non
         else:
             doc = _Document()
             by_line = documents != "file" or separator is not None
-            for offset, chunk, ends_line in _chunks(f, seg.start, seg.end, by_line):
+            for offset, chunk, ends_line in line_chunks(f, seg.start, seg.end, by_line):
                 chunk = bad.check(chunk, offset)
                 if separator is not None and ends_line and chunk.strip() == separator:
                     yield from doc.end()
@@ -411,7 +411,8 @@ class TextFiles(tfds.core.ShardBasedBuilder, skip_registration=True):
                              f"not {documents!r}")
         self.path = Path(path or self.default_path(data_dir)).expanduser()
         self.root = Path(data_dir) / self.name
-        self.key = "p" + _hash(str(self.path.resolve()), self.documents, self.SEPARATOR and self.SEPARATOR.decode())
+        self.key = "p" + _hash(str(self.path.resolve()), self.documents, self.SEPARATOR and self.SEPARATOR.decode(),
+                               *self.key_parts())
         self.previous = self._newest_preparation()
         try:
             self.files = self.list_files()
@@ -428,6 +429,10 @@ class TextFiles(tfds.core.ShardBasedBuilder, skip_registration=True):
         super().__init__(data_dir=data_dir, file_format="array_record",
                          config=tfds.core.BuilderConfig(name=config, description=f"documents of {self.path}"),
                          **kwargs)
+
+    def key_parts(self) -> tuple:
+        """A subclass's options that change what is prepared: they join the cache key."""
+        return ()
 
     def default_path(self, data_dir: str) -> str:
         raise ValueError(f"{type(self).__name__} needs a path (data.path)")
@@ -483,11 +488,15 @@ class TextFiles(tfds.core.ShardBasedBuilder, skip_registration=True):
     def write_manifest(self) -> None:
         """Records the files this preparation read (what a later run reports as changed or gone)."""
         info = {"path": str(self.path), "documents": self.documents, "files": _manifest(self.files),
-                "prepared": datetime.datetime.now().isoformat(timespec="seconds")}
+                "prepared": datetime.datetime.now().isoformat(timespec="seconds"), **self.manifest_extra()}
         target = Path(self.data_dir) / MANIFEST
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(info))
         os.replace(tmp, target)
+
+    def manifest_extra(self) -> dict:
+        """What else a subclass records with the preparation."""
+        return {}
 
     def changes(self) -> str:
         """What changed in the files since the newest earlier preparation of the same path ("" if none)."""
@@ -566,7 +575,7 @@ class Text8(TextFiles, skip_registration=True):
                   "test": (int(0.95 * n), n)}
 
         def fragments(a, b):
-            bad = _Utf8Errors(self.files[0])
+            bad = Utf8Errors(self.files[0])
             with zipfile.ZipFile(self.files[0]) as z, z.open(z.namelist()[0]) as f:
                 f.seek(a)
                 for i in range(a, b, BLOCK):
@@ -575,7 +584,8 @@ class Text8(TextFiles, skip_registration=True):
         return {s: (b - a, lambda a=a, b=b: fragments(a, b)) for s, (a, b) in ranges.items()}
 
 
-def get_builder(name: str, path: str = "", data_dir: str | None = None, documents: str = ""):
+def get_builder(name: str, path: str = "", data_dir: str | None = None, documents: str = "",
+                options: dict | None = None):
     """The prepared TFDS builder for a dataset name (preparing it on first use).
 
     Args:
@@ -584,6 +594,8 @@ def get_builder(name: str, path: str = "", data_dir: str | None = None, document
       data_dir: where to prepare it ("" or None: `default_data_dir()`).
       documents: for .txt files: "file", "lines" or "paragraphs" ("" for the
         builder's default, "file"); see `text_fragments`.
+      options: keyword arguments of the builder's own (the code builder's
+        `data.code` section: tests, glob).
     """
     if name not in BUILDERS:
         synthetic = " ('markov' has no builder: load it with sedd.data.load_dataset)" if name == "markov" else ""
@@ -594,7 +606,7 @@ def get_builder(name: str, path: str = "", data_dir: str | None = None, document
     absl_level = absl.level
     absl.setLevel(logging.ERROR)
     try:
-        builder = BUILDERS[name](path=path, data_dir=data_dir, documents=documents)
+        builder = BUILDERS[name](path=path, data_dir=data_dir, documents=documents, **(options or {}))
         if not builder.is_prepared():
             changed = builder.changes()
             if changed:

@@ -180,6 +180,7 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": created,
                                                          "owned_by": "sedd", "seq_len": run.seq_len, "step": run.step,
+                                                         "data": run.config.data.name,
                                                          **run.kind.describe(),
                                                          "sampler": run.config.sampling.predictor,
                                                          "steps": run.config.sampling.steps,

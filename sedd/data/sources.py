@@ -1,0 +1,137 @@
+"""The `code` corpus: source files, one a document, byte for byte; by default the Python standard library.
+
+Every machine that runs sedd has a code corpus already: the running
+interpreter's standard library (`sysconfig.get_paths()["stdlib"]`, the
+Python Software Foundation's licence), about 1,800 `.py` files on CPython
+3.11, of which about 1,050 are tests. Nothing is downloaded. `data.path`
+points the builder at any other folder of source files, in any language
+(`data.code.glob` names them, e.g. "*.rs").
+
+Unlike the text builders, a document is a file exactly as it is: no
+whitespace is stripped, so indentation, blank lines and the final newline
+round-trip byte for byte. Validation is chosen by file, from a fixed hash
+of its path under the corpus's folder, so no validation file is ever seen
+in training (a cut by line would put half a module on each side). The
+preparation records the interpreter's version and a hash of the file list
+(`sedd_manifest.json`), since the corpus differs from one Python to another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import sysconfig
+from pathlib import Path
+
+from sedd.data.builders import VAL_FRACTION, TextFiles, Utf8Errors, line_chunks, register
+
+TEST_DIRS = ("test", "tests", "idle_test")  # folders of tests in CPython's Lib/ (and most projects)
+SKIPPED_DIRS = ("site-packages", "dist-packages", "__pycache__")  # installed packages, not the standard library
+
+
+def stdlib_dir() -> Path:
+    """The running interpreter's standard-library folder."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def is_test(relative: Path) -> bool:
+    """A file of tests: under a folder named test/tests/idle_test, or named test_*.x / *_test.x."""
+    return (any(part in TEST_DIRS for part in relative.parts[:-1])
+            or relative.name.startswith("test_") or relative.stem.endswith("_test"))
+
+
+def validation_share(relative: Path) -> float:
+    """A fixed number in [0, 1) from a file's path under the corpus: below VAL_FRACTION, it validates."""
+    digest = hashlib.sha1(relative.as_posix().encode()).hexdigest()
+    return int(digest[:12], 16) / 16 ** 12
+
+
+def list_sources(root: Path, glob: str = "*.py", tests: bool = False) -> list[Path]:
+    """The source files under root in sorted order, without installed packages (and tests unless asked).
+
+    Raises FileNotFoundError naming root where it holds none: slim images of
+    Python often strip the standard library's sources and keep only `.pyc`.
+    """
+    if not root.exists():
+        raise FileNotFoundError(f"no such folder: {root}")
+    if root.is_file():
+        return [root]
+    files = []
+    for f in root.rglob(glob):
+        relative = f.relative_to(root)
+        if not f.is_file() or any(part in SKIPPED_DIRS for part in relative.parts[:-1]):
+            continue
+        if tests or not is_test(relative):
+            files.append(f)
+    if not files:
+        hint = ("this interpreter's standard library has no sources (slim images strip them: install the full "
+                "Python, e.g. Debian's libpython3-stdlib, or point data.path at a folder of source files)"
+                if root == stdlib_dir() else "set data.code.glob to the files' pattern, or data.path to another folder")
+        raise FileNotFoundError(f"no {glob} files under {root}" + ("" if tests else " (tests excluded)") + f": {hint}")
+    return sorted(files, key=lambda f: f.relative_to(root).as_posix())
+
+
+@register("code")
+class SourceCode(TextFiles, skip_registration=True):
+    """Source files, one a document, byte for byte (see the module's docstring).
+
+    Options (`data.code`): `tests` takes test files too; `glob` is the
+    pattern of the files taken from `data.path` (default "*.py").
+    """
+
+    name = "sedd_code"
+    RELEASE_NOTES = {"2.0.0": "one source file a document, unstripped; validation chosen by file"}
+
+    def __init__(self, path: str = "", data_dir: str | None = None, documents: str = "", tests: bool = False,
+                 glob: str = "*.py", **kwargs):
+        if documents not in ("", "file"):
+            raise ValueError(f"data.documents must be 'file' (or '') for data.name='code': each source file is "
+                             f"one document, not {documents!r}")
+        if not isinstance(glob, str) or not glob or "/" in glob:
+            raise ValueError(f"data.code.glob must be a file-name pattern such as '*.py', not {glob!r}")
+        self.tests, self.glob = bool(tests), glob
+        super().__init__(path=path, data_dir=data_dir, documents="file", **kwargs)
+
+    def key_parts(self) -> tuple:
+        return (self.glob, self.tests)
+
+    def default_path(self, data_dir: str) -> str:
+        return str(stdlib_dir())
+
+    def list_files(self) -> list[Path]:
+        return list_sources(self.path, self.glob, self.tests)
+
+    def describe(self) -> str:
+        return (f"each {self.glob} file is one document, byte for byte; tests "
+                f"{'included' if self.tests else 'left out (data.code.tests=true takes them)'}; "
+                "validation: 5% of the files, by a hash of their path")
+
+    def plan(self) -> dict[str, list[Path]]:
+        """The files of each split: validation those whose path hashes below VAL_FRACTION (at least one)."""
+        files = [f for f in self.files if f.stat().st_size > 0]  # empty __init__.py files hold no text
+        if len(files) < 2:
+            raise ValueError(f"{self.path}: a code corpus needs at least 2 non-empty files (one to validate on), "
+                             f"found {len(files)}")
+        root = self.path if self.path.is_dir() else self.path.parent
+        share = {f: validation_share(f.relative_to(root)) for f in files}
+        validation = [f for f in files if share[f] < VAL_FRACTION] or [min(files, key=share.get)]
+        return {"train": [f for f in files if f not in validation], "validation": validation}
+
+    def split_fragments(self):
+        def fragments(files):
+            for f in files:
+                bad = Utf8Errors(f)
+                with open(f, "rb") as stream:
+                    for offset, chunk, _ in line_chunks(stream, 0, f.stat().st_size, by_line=False):
+                        yield bad.check(chunk, offset)
+                yield None
+                bad.warn()
+        return {split: (sum(f.stat().st_size for f in files), lambda files=files: fragments(files))
+                for split, files in self.plan().items()}
+
+    def manifest_extra(self) -> dict:
+        """The interpreter and the file list: the standard library differs from one Python to another."""
+        root = self.path if self.path.is_dir() else self.path.parent
+        names = "\n".join(f.relative_to(root).as_posix() for f in self.files)
+        return {"python": platform.python_version(), "implementation": platform.python_implementation(),
+                "files_sha1": hashlib.sha1(names.encode()).hexdigest(), "tests": self.tests, "glob": self.glob}
