@@ -59,9 +59,10 @@ def _train(args, overrides: list[str]) -> int:
     for i, s in enumerate(result["samples"]):  # marked as `sedd sample` marks them
         print(f"--- sample {i}\n{s}")
     _explain_separator(result["samples"])
+    prompt = r"def parse_header(line):\n    " if config.data.name == "code" else "ROMEO:"
     try:  # a prompt the run's vocabulary can write
-        load_tokenizer(workdir / runs.TOKENIZER).encode("ROMEO:")
-        print(f"\nmore: sedd sample --workdir {workdir} --prefix 'ROMEO:' --seed 1")
+        load_tokenizer(workdir / runs.TOKENIZER).encode(unescape(prompt))
+        print(f"\nmore: sedd sample --workdir {workdir} --prefix '{prompt}' --seed 1")
     except ValueError:
         print(f"\nmore: sedd sample --workdir {workdir} --seed 1")
     return 0

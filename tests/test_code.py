@@ -177,3 +177,18 @@ def test_sample_prefix_reads_escapes_for_every_kind(code_runs, capsys):
         samples = capsys.readouterr().out.split("--- sample ")[1:]
         assert len(samples) == 2 and all(s.split("\n", 1)[1].startswith("def f(x):\n    ") for s in samples)
     assert cli.unescape(r"a\\nb \d \t") == "a\\nb \\d \t"  # \\ is one backslash; \d is kept as typed
+
+
+def test_a_code_run_is_served_as_code(code_runs):
+    from starlette.testclient import TestClient
+
+    from sedd import runs, serve
+    run = runs.load(code_runs[0])
+    limits = serve.Limits(max_steps=4, max_n=2, max_batch=4, timeout_s=120, window_s=0.05)
+    with TestClient(serve.create_app(run, "code", limits), base_url="http://localhost") as c:
+        assert c.get("/v1/models").json()["data"][0]["data"] == "code"  # the playground's prompt turns monospace
+        r = c.post("/v1/completions", json={"prompt": "def f(x):\n    ", "max_tokens": 6, "seed": 1, "steps": 4})
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"][0]["text"]) == 6  # characters, after the prompt's indentation
+    page = (Path(serve.__file__).parent.parent / "static" / "playground.html").read_text()
+    assert 'model.data === "code"' in page and "textarea.code" in page
