@@ -34,14 +34,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent / "benchmarks"))
 from bench import format_table, interleaved, machine, median, paired_ratio  # noqa: E402
 
-from sedd import ar, figures, runs, sampling  # noqa: E402
+from sedd import ar, code_measures, figures, runs, sampling  # noqa: E402
+from sedd.data import read_documents  # noqa: E402
 
 # (label, sampler, options, steps): steps per block for a block run, in all for SEDD (None: the run's length)
 SAMPLERS = {
     "ar": [("ancestral", None, {}, None), ("speculative, n-gram drafts", None, {"draft": "ngram", "draft_k": 4},
                                            None)],
-    "ddit": [("EB", "entropy_bound", {}, None), ("threshold 0.9", "confidence", {"threshold": 0.9}, None),
-             ("first hitting", "first_hitting", {}, None)],
+    "ddit": [("EB", "entropy_bound", {}, None), ("threshold 0.9", "confidence", {"threshold": 0.9}, None)],
     "block": [("EB", "entropy_bound", {}, None), ("threshold 0.9", "confidence", {"threshold": 0.9}, None),
               ("first hitting", "first_hitting", {}, None)],
 }
@@ -84,6 +84,7 @@ def study(ar_dir: str, run_dirs: list[str], plays: list[str], num_prompts: int, 
           repeats: int, eval_batches: int) -> dict:
     judge = figures.load_judge(ar_dir)
     key = jax.random.key(0)
+    memo = code_measures.Memorisation("\x00".join(read_documents(figures.run_data(judge).builder, "train")))
     rows = []
     for workdir in [ar_dir, *run_dirs]:
         run = runs.load(workdir)
@@ -92,7 +93,7 @@ def study(ar_dir: str, run_dirs: list[str], plays: list[str], num_prompts: int, 
         for label, sampler, options, steps in SAMPLERS[run.kind.name]:
             code, texts = figures.code_figures(run, dataset, num_prompts, prompt_chars, judge=judge,
                                                steps=_steps(run, steps) if run.kind.name != "ar" else None,
-                                               sampler=sampler, **options)
+                                               sampler=sampler, memorisation=memo, **options)
             if not rows:  # the held-out windows themselves
                 rows.append({"model": "data (held-out windows)", "sampler": "", "parse_rate": code["data_parse_rate"],
                              "complete_share": code["data_complete_share"],

@@ -144,7 +144,8 @@ def run_figures(run: runs.Run, dataset, split: str = "validation", num_t: int = 
 
 def code_figures(run: runs.Run, dataset, num_prompts: int = 32, prompt_chars: int = 48, seed: int = 0,
                  judge: runs.Run | None = None, min_chars: int = code_measures.MIN_CHARS, steps: int | None = None,
-                 sampler: str | None = None, **options) -> dict:
+                 sampler: str | None = None, memorisation: code_measures.Memorisation | None = None,
+                 **options) -> tuple[dict, list[str]]:
     """The measures of code (``sedd.code_measures``) on completions of held-out code, and on the code itself.
 
     num_prompts windows of the run's length L that start at a top-level
@@ -156,7 +157,9 @@ def code_figures(run: runs.Run, dataset, num_prompts: int = 32, prompt_chars: in
     tokenise, the share of characters in verbatim copies of >= min_chars
     characters of the training split; with judge (an AR run of the same
     data), its NLL of the completions in nats per character.
-    Also: the completions' network calls (``nfe``) and the tokens each row
+    memorisation: the table of the training split's windows, built once for
+    many calls (``code_measures.Memorisation``). Also: the completions'
+    network calls (``nfe``) and the tokens each row
     writes a call (an AR run's calls include one a prompt token). Returns
     (the figures, the completions' texts).
     """
@@ -173,8 +176,9 @@ def code_figures(run: runs.Run, dataset, num_prompts: int = 32, prompt_chars: in
     out = run.sample(jax.random.key(seed), num_prompts, steps, sampler, fixed_mask=jnp.asarray(mask),
                      fixed_tokens=jnp.asarray(tokens), return_stats=True, **options)
     texts = [run.decode(row) for row in out.tokens]
-    memo = code_measures.Memorisation("\x00".join(read_documents(dataset.builder, "train")), min_chars)
-    result = {"prompts": num_prompts, "prompt_chars": prompt_chars, "min_chars": min_chars}
+    memo = memorisation or code_measures.Memorisation("\x00".join(read_documents(dataset.builder, "train")),
+                                                      min_chars)
+    result = {"prompts": num_prompts, "prompt_chars": prompt_chars, "min_chars": memo.min_chars}
     for name, batch in (("samples", texts), ("data", [p + c for p, c in pairs])):
         figures = code_measures.parse_figures(batch)
         result.update({f"{name}_parse_rate": figures["parse_rate"], f"{name}_complete_share": figures["complete_share"],

@@ -192,3 +192,25 @@ def test_a_code_run_is_served_as_code(code_runs):
         assert len(r.json()["choices"][0]["text"]) == 6  # characters, after the prompt's indentation
     page = (Path(serve.__file__).parent.parent / "static" / "playground.html").read_text()
     assert 'model.data === "code"' in page and "textarea.code" in page
+
+
+@pytest.mark.slow
+def test_code_study_on_tiny_runs(code_runs, tmp_path):
+    """experiments/code_study.py end to end on the tiny runs: every measure of every row, the table and plot."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("code_study", Path(__file__).parent.parent / "experiments" /
+                                                  "code_study.py")
+    code_study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(code_study)
+    ddit, ar_run = code_runs
+    result = code_study.study(str(ar_run), [str(ddit)], [], num_prompts=2, prompt_chars=12, length=32, repeats=1,
+                              eval_batches=1)
+    assert [r["sampler"] for r in result["rows"]] == ["", "ancestral", "speculative, n-gram drafts", "EB",
+                                                      "threshold 0.9"]
+    assert result["rows"][0]["parse_rate"] == 1.0  # the held-out windows
+    for row in result["rows"][1:]:
+        assert 0 <= row["parse_rate"] <= 1 or np.isnan(row["parse_rate"])
+        assert row["tokens_per_call"] > 0 and row["vs_ar_b1"] > 0 and row["judge_nats_per_char"] > 0
+    code_study.write(result, tmp_path / "out")
+    assert "copied >= 64" in (tmp_path / "out" / "code_study.md").read_text()
+    assert (tmp_path / "out" / "code_study.png").stat().st_size > 0
