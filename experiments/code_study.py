@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "benchmarks"))
 from bench import format_table, interleaved, machine, median, paired_ratio  # noqa: E402
 
 from sedd import ar, code_measures, figures, runs, sampling  # noqa: E402
+from sedd.cli import unescape  # noqa: E402
 from sedd.data import read_documents  # noqa: E402
 
 # (label, sampler, options, steps): steps per block for a block run, in all for SEDD (None: the run's length)
@@ -119,6 +120,31 @@ def study(ar_dir: str, run_dirs: list[str], plays: list[str], num_prompts: int, 
             "num_prompts": num_prompts, "prompt_chars": prompt_chars}
 
 
+def denoise_picture(workdir: str, prompt: str, sampler: str, frames: int, out: Path) -> None:
+    """code_denoise.png: one completion of a diffusion run as it denoises, masks drawn as sampling.MASK_CHAR."""
+    run = runs.load(workdir)
+    mask, tokens = sampling.text_conditioning(run.tokenizer, run.seq_len, 1, prefix=prompt)
+    steps = run.seq_len
+    every = max(1, steps // frames)
+    result = run.sample(jax.random.key(1), 1, steps, sampler, fixed_mask=mask, fixed_tokens=tokens,
+                        return_trajectory=True, trajectory_every=every)
+    mask_id = run.graph.dim - 1
+    texts = ["".join(sampling.MASK_CHAR if i == mask_id else run.tokenizer.decode([i])
+                     for i in np.asarray(frame[0]).tolist()) for frame in result.trajectory]
+    picks = sorted({round(k * (len(texts) - 1) / 3) for k in range(4)})
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(picks), figsize=(4.2 * len(picks), 5.5))
+    for ax, k in zip(np.atleast_1d(axes), picks):
+        ax.text(0, 1, texts[k].replace("\t", "    "), family="monospace", fontsize=6.5, va="top",
+                transform=ax.transAxes)
+        ax.set_title(f"after {min(k * every, steps)} of {steps} steps", fontsize=8)
+        ax.axis("off")
+    fig.suptitle(f"{_name(run)}, {sampler}: a completion of {prompt!r} as it denoises", fontsize=9)
+    fig.savefig(out / "code_denoise.png", dpi=130, bbox_inches="tight")
+
+
 def _cell(r: dict, key: str, fmt: str) -> str:
     v = r.get(key)
     return "" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, fmt)
@@ -167,8 +193,8 @@ def write(result: dict, out: Path) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ar", required=True, help="the AR run (the judge and the speed baseline)")
-    p.add_argument("--runs", nargs="+", required=True, help="SEDD and block runs of the same data")
+    p.add_argument("--ar", help="the AR run (the judge and the speed baseline)")
+    p.add_argument("--runs", nargs="*", default=[], help="SEDD and block runs of the same data")
     p.add_argument("--plays", nargs="*", default=[], help="block runs of the plays: their tokens a call")
     p.add_argument("--num_prompts", type=int, default=32)
     p.add_argument("--prompt_chars", type=int, default=48)
@@ -176,7 +202,15 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--eval_batches", type=int, default=4)
     p.add_argument("--out", default="code_study")
+    p.add_argument("--picture", default="", help="a diffusion run whose completion of --picture_prompt is drawn "
+                   "as it denoises (code_denoise.png); alone, only the picture is made")
+    p.add_argument("--picture_prompt", default="def parse_header(line):\n    ")
     args = p.parse_args(argv)
+    if args.picture:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        denoise_picture(args.picture, unescape(args.picture_prompt), "entropy_bound", 16, Path(args.out))
+        if not args.runs:
+            return 0
     write(study(args.ar, args.runs, args.plays, args.num_prompts, args.prompt_chars, args.length, args.repeats,
                 args.eval_batches), Path(args.out))
     return 0
