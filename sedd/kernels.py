@@ -255,10 +255,11 @@ def mixed_attention(q: Array, k: Array, v: Array, causal: bool, dtype: Any, mask
     softmax is normalised after the value product (`_softmax_values`).
 
     Args:
-      q, k, v: [B, L, N, K].
-      causal: mask the future.
+      q: [B, L, N, K]; k, v: [B, S, N, K] (S = L but for a block's external
+        context, ``sedd.ddit_block.DDiTBlock``).
+      causal: mask the future (S = L).
       dtype: the products' dtype.
-      mask: optional bool[L, L], True = attend (with causal too, both apply).
+      mask: optional bool[L, S], True = attend (with causal too, both apply).
     Returns:
       float32[B, L, N, K].
 
