@@ -116,12 +116,15 @@ def log_score_in_context(model: DDiT, x_t: jax.Array, context: tuple, sigma: jax
     """``log_score`` with x0's half given by its keys and values (``clean_context``): float32[B, L, D], dropout off.
 
     Only x_t's L positions run through the network, each block's queries
-    attending, with the mask of the training forward (the upper rows of
-    ``block_diffusion_mask``), to its own noisy block and to x0's blocks
-    before it, at the same rotary positions. The same scores as ``log_score``
+    attending as in the training forward (the upper rows of
+    ``block_diffusion_mask``) to its own noisy block and to x0's blocks
+    before it, at the same rotary positions; the logits between different
+    noisy blocks, which that forward computes and masks, are not computed
+    (``kernels.unit_context_attention``). The same scores as ``log_score``
     to float rounding (tests/test_block.py) at, per call, the DDiT's matrix
-    products and twice its attention products, where ``log_score`` pays
-    twice and four times (docs/block_diffusion.md, "The cost of the bound").
+    and attention products and (L b) / L^2 more of the latter, where
+    ``log_score`` pays twice and four times (docs/block_diffusion.md, "The
+    cost of the bound").
 
     Args:
       model: a DDiT built with block_size.
@@ -131,7 +134,8 @@ def log_score_in_context(model: DDiT, x_t: jax.Array, context: tuple, sigma: jax
     """
     b, length = x_t.shape
     sigma = _per_block(sigma, b, length // block_size)  # (B, n_b)
-    mask = block_diffusion_mask(length, block_size)[:length]  # (L, 2L): x_t -> [x_t ; x0]
+    # x_t -> x0, the upper right quarter of the mask; its upper left one, x_t -> x_t, is a block's own block
+    mask = block_diffusion_mask(length, block_size)[:length, length:]  # (L, L)
     h, c = model.features(x_t, sigma, mask=mask, context=context, deterministic=True)  # (B, L, H), (B, n_b, C)
     return model.log_score(model.output_layer(h, c), x_t, jnp.repeat(sigma, block_size, axis=1))
 

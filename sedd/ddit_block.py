@@ -121,11 +121,15 @@ class DDiTBlock(nnx.Module):
             float32[B, G, C], one for each of G equal groups of positions.
           positions: int[L] rotary positions (default 0 .. L - 1; ignored with decode).
           mask: bool[L, L] attention mask, True = attend (default: none, or
-            causal); with context bool[L, L + S]; not with decode.
+            causal); with context bool[L, S], the context positions each
+            query sees; not with decode.
           context: (keys, values), each [B, S, N, K]: S positions of another
-            call (``run``'s rotary-embedded keys and values), attended after
-            this chunk's own L, as if they were the chunk's last S positions
-            (their own rotary positions kept); not with decode.
+            call (``run``'s rotary-embedded keys and values, their rotary
+            positions kept). Each query then sees its own unit of block_size
+            positions of x (a block-causal block only; L a multiple of
+            block_size) and the context positions of mask, as in
+            ``sedd.block``'s forward over [x_t ; x_0]
+            (``kernels.unit_context_attention``); not with decode.
           decode: write this chunk's keys and values into the cache and attend
             over it (causal or block-causal blocks only; see `_attend_cache`).
           commit: with decode, keep this chunk in the cache and advance its
@@ -160,8 +164,9 @@ class DDiTBlock(nnx.Module):
           [B, L, N, K] as attention reads them: what a later call takes as its
           `context` (``sedd.block``'s bound runs the clean text once so).
         """
-        if context is not None and decode:
-            raise ValueError("a block attends to an external context or to its decoding cache, not both")
+        if context is not None and (decode or not self.block_size or x.shape[1] % self.block_size):
+            raise ValueError("an external context needs a block-causal block (block_size dividing the chunk's "
+                             "length) and no decoding cache")
         b, l, h = x.shape
         mod = per_position(self.adaLN_modulation(c).astype(jnp.float32), l)  # (B, 6H) or (B, L, 6H)
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = jnp.split(mod, 6, axis=-1)
@@ -180,9 +185,8 @@ class DDiTBlock(nnx.Module):
             att = self._attend_cache(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype), pos, commit)
         elif context is None:
             att = kernels.mixed_attention(q, k, v, self.causal, self.dtype, mask=mask)  # (B, L, N, K), float32
-        else:  # the chunk's keys first, then the context's: (B, L + S, N, K)
-            keys, values = (jnp.concatenate([a, ctx], axis=1) for a, ctx in zip((k, v), context))
-            att = kernels.mixed_attention(q, keys, values, self.causal, self.dtype, mask=mask)  # (B, L, N, K)
+        else:  # its own unit of the chunk and the context's positions of mask
+            att = kernels.unit_context_attention(q, k, v, context, self.block_size, mask, self.dtype)  # (B, L, N, K)
         att = self.attn_out(att.reshape(b, l, h))  # (B, L, H)
         att = self.dropout1(att, deterministic=deterministic, rngs=rngs).astype(jnp.float32)
         x = x + broadcast_positions(gate_a) * att  # (B, L, H)

@@ -386,8 +386,9 @@ class DDiT(nnx.Module):
 
         Arguments as ``network_output``, and context: per block (keys,
         values), each [B, S, N, K] (``keys_values``'s), S positions of another
-        call that each block's queries may attend to after x's own (mask then
-        bool[L, L + S]). With ``remat`` other than "none" the
+        call; each query then sees its own block of block_size positions of x
+        and the context positions of mask, bool[L, S] (a block model's;
+        ``sedd.ddit_block.DDiTBlock``). With ``remat`` other than "none" the
         blocks run as one scan, each under ``jax.checkpoint`` with its policy
         (not when decoding or with a context: caches and contexts are
         inference); their dropout masks then
