@@ -297,8 +297,9 @@ def unit_context_attention(q: Array, k: Array, v: Array, context: tuple[Array, A
     units' (B, N, L / u, u, u) logits and the context's (B, N, L, S) share one
     softmax (one max, one sum), normalised after the value products as in
     ``mixed_attention``, both products in `dtype` accumulated in float32. The
-    same values to float rounding; a forward pass only (``sedd.block``'s
-    bound, where a noisy block sees itself and the clean blocks before it).
+    same values to float rounding. Made for a forward pass (``sedd.block``'s
+    bound, where a noisy block sees itself and the clean blocks before it):
+    its gradient is JAX's own, not ``mixed_attention``'s custom one.
 
     Args:
       q, k, v: [B, L, N, K], L a multiple of unit.
@@ -320,7 +321,7 @@ def unit_context_attention(q: Array, k: Array, v: Array, context: tuple[Array, A
     # of the (B, N, L, S) logits is written out and read again (1.5x against 2.4x the unmasked L x L, 2 cores).
     bias = jnp.where(mask, 0.0, -jnp.inf).astype(jnp.float32)  # (L, S)
     far = mixed_einsum("bnqk,bnsk->bnqs", q, ck, dtype) + bias  # (B, N, L, S)
-    top = jnp.maximum(own.max(-1, keepdims=True), far.max(-1, keepdims=True))  # (B, N, L, 1): finite, a unit sees itself
+    top = jnp.maximum(own.max(-1, keepdims=True), far.max(-1, keepdims=True))  # (B, N, L, 1), finite: own unit
     w_own, w_far = jnp.exp(own - top), jnp.exp(far - top)
     total = w_own.sum(-1, keepdims=True) + w_far.sum(-1, keepdims=True)  # (B, N, L, 1)
     out = jnp.einsum("bnuqs,bnusk->bnuqk", by_unit(w_own).astype(dtype), by_unit(v).astype(dtype),
