@@ -79,14 +79,65 @@ def log_score(model: DDiT, x_t: jax.Array, x0: jax.Array, sigma: jax.Array, bloc
       deterministic, rngs: dropout control, as in ``DDiT.network_output``.
     """
     b, length = x_t.shape
-    blocks = length // block_size
-    sigma = jnp.broadcast_to(sigma if jnp.ndim(sigma) == 2 else jnp.asarray(sigma)[:, None], (b, blocks))
+    sigma = _per_block(sigma, b, length // block_size)  # (B, n_b)
     noise_groups = jnp.concatenate([sigma, jnp.zeros_like(sigma)], axis=1)  # (B, 2 n_b): x0's blocks at 0
     positions = np.concatenate([np.arange(length), np.arange(length)])
     out = model.network_output(jnp.concatenate([x_t, x0], axis=1), noise_groups, positions=positions,
                                mask=block_diffusion_mask(length, block_size), keep=length,
                                deterministic=deterministic, rngs=rngs)  # (B, L, D)
     return model.log_score(out, x_t, jnp.repeat(sigma, block_size, axis=1))
+
+
+def _per_block(sigma, batch: int, blocks: int) -> jax.Array:
+    """sigma float[B, n_b], or float[B] (one level for every block), as float[B, n_b]."""
+    return jnp.broadcast_to(sigma if jnp.ndim(sigma) == 2 else jnp.asarray(sigma)[:, None], (batch, blocks))
+
+
+def clean_context(model: DDiT, x0: jax.Array, block_size: int) -> tuple:
+    """x0's keys and values at every layer of ``log_score``'s forward: what ``log_score_in_context`` reads.
+
+    In that forward x0's rows attend to x0's blocks only (block-causally: the
+    lower right quarter of ``block_diffusion_mask``) and are at noise 0, so
+    they depend neither on t nor on x_t: run alone, once a batch, x0 gives
+    the keys and values that forward computes again at every t.
+
+    Args:
+      model: a DDiT built with block_size; x0: int[B, L] clean tokens; block_size: b.
+    Returns:
+      per layer of the network (keys, values), each [B, L, N, K].
+    """
+    b, length = x0.shape
+    mask = block_diffusion_mask(length, block_size)[length:, length:]  # (L, L): x0 -> x0
+    return model.keys_values(x0, jnp.zeros((b, length // block_size), jnp.float32), mask=mask)
+
+
+def log_score_in_context(model: DDiT, x_t: jax.Array, context: tuple, sigma: jax.Array,
+                         block_size: int) -> jax.Array:
+    """``log_score`` with x0's half given by its keys and values (``clean_context``): float32[B, L, D], dropout off.
+
+    Only x_t's L positions run through the network, each block's queries
+    attending as in the training forward (the upper rows of
+    ``block_diffusion_mask``) to its own noisy block and to x0's blocks
+    before it, at the same rotary positions; the logits between different
+    noisy blocks, which that forward computes and masks, are not computed
+    (``kernels.unit_context_attention``). The same scores as ``log_score``
+    to float rounding (tests/test_block.py) at, per call, the DDiT's matrix
+    and attention products and (L b) / L^2 more of the latter, where
+    ``log_score`` pays twice and four times (docs/block_diffusion.md, "The
+    cost of the bound").
+
+    Args:
+      model: a DDiT built with block_size.
+      x_t: int[B, L] noisy tokens; context: ``clean_context(model, x0, block_size)``.
+      sigma: float[B, n_b] the noise of each block (or float[B], one for all).
+      block_size: b, dividing L.
+    """
+    b, length = x_t.shape
+    sigma = _per_block(sigma, b, length // block_size)  # (B, n_b)
+    # x_t -> x0, the upper right quarter of the mask; its upper left one, x_t -> x_t, is a block's own block
+    mask = block_diffusion_mask(length, block_size)[:length, length:]  # (L, L)
+    h, c = model.features(x_t, sigma, mask=mask, context=context, deterministic=True)  # (B, L, H), (B, n_b, C)
+    return model.log_score(model.output_layer(h, c), x_t, jnp.repeat(sigma, block_size, axis=1))
 
 
 def loss_per_position(key: jax.Array, block_fn: Callable, graph: Graph, noise: Callable, x0: jax.Array,
@@ -134,8 +185,40 @@ def per_position_fn(block_size: int) -> Callable:
 
 @functools.lru_cache(maxsize=None)
 def params_block_fn(graphdef, block_size: int) -> Callable:
-    """(state, x_t, x0, sigma) -> ``log_score`` of the network `graphdef` (dropout off); state = (params, rest)."""
+    """(state, x_t, x0, sigma) -> ``log_score`` of the network `graphdef` (dropout off); state = (params, rest).
+
+    The whole [x_t ; x0] forward at every call: the bound's reference
+    (tests/test_block.py); ``bound_fns`` computes the same in less time.
+    """
     return lambda state, x_t, x0, sigma: log_score(nnx.merge(graphdef, *state), x_t, x0, sigma, block_size)
+
+
+class BoundFns(NamedTuple):
+    """A block network's ``evaluate.likelihood_bound`` arguments: x0's half run once a batch, not at every t.
+
+      prepare(state, x0) -> (state, context)              ``clean_context``, once a batch (likelihood_bound's prepare)
+      block_fn((state, context), x_t, x0, sigma)          ``log_score_in_context`` (its score_fn)
+          -> log-score float32[B, L, D]
+
+    state = (params, rest) of the network.
+    """
+
+    prepare: Callable
+    block_fn: Callable
+
+
+@functools.lru_cache(maxsize=None)
+def bound_fns(graphdef, block_size: int) -> BoundFns:
+    """The ``BoundFns`` of the network `graphdef`: one object per network and b (jit's cache key)."""
+
+    def prepare(state, x0):
+        return state, clean_context(nnx.merge(graphdef, *state), x0, block_size)
+
+    def block_fn(state_context, x_t, x0, sigma):  # x0 is read through its context
+        state, context = state_context
+        return log_score_in_context(nnx.merge(graphdef, *state), x_t, context, sigma, block_size)
+
+    return BoundFns(prepare, block_fn)
 
 
 # =========================================================================== sampling

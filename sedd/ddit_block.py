@@ -106,6 +106,7 @@ class DDiTBlock(nnx.Module):
         *,
         positions: Array | None = None,
         mask: Array | None = None,
+        context: tuple[Array, Array] | None = None,
         decode: bool = False,
         commit: bool | int = True,
         deterministic: bool | None = None,
@@ -120,7 +121,15 @@ class DDiTBlock(nnx.Module):
             float32[B, G, C], one for each of G equal groups of positions.
           positions: int[L] rotary positions (default 0 .. L - 1; ignored with decode).
           mask: bool[L, L] attention mask, True = attend (default: none, or
-            causal); not with decode.
+            causal); with context bool[L, S], the context positions each
+            query sees; not with decode.
+          context: (keys, values), each [B, S, N, K]: S positions of another
+            call (``run``'s rotary-embedded keys and values, their rotary
+            positions kept). Each query then sees its own unit of block_size
+            positions of x (a block-causal block only; L a multiple of
+            block_size) and the context positions of mask, as in
+            ``sedd.block``'s forward over [x_t ; x_0]
+            (``kernels.unit_context_attention``); not with decode.
           decode: write this chunk's keys and values into the cache and attend
             over it (causal or block-causal blocks only; see `_attend_cache`).
           commit: with decode, keep this chunk in the cache and advance its
@@ -132,6 +141,32 @@ class DDiTBlock(nnx.Module):
         Returns:
           float32[B, L, H].
         """
+        return self.run(x, c, positions=positions, mask=mask, context=context, decode=decode, commit=commit,
+                        deterministic=deterministic, rngs=rngs)[0]
+
+    def run(
+        self,
+        x: Array,
+        c: Array,
+        *,
+        positions: Array | None = None,
+        mask: Array | None = None,
+        context: tuple[Array, Array] | None = None,
+        decode: bool = False,
+        commit: bool | int = True,
+        deterministic: bool | None = None,
+        rngs: nnx.Rngs | None = None,
+    ) -> tuple[Array, tuple[Array, Array]]:
+        """The block's output (``__call__``'s, same arguments) and this chunk's keys and values.
+
+        Returns:
+          (float32[B, L, H], (keys, values)): the keys rotary-embedded, both
+          [B, L, N, K] as attention reads them: what a later call takes as its
+          `context` (``sedd.block``'s bound runs the clean text once so).
+        """
+        if context is not None and (decode or not self.block_size or x.shape[1] % self.block_size):
+            raise ValueError("an external context needs a block-causal block (block_size dividing the chunk's "
+                             "length) and no decoding cache")
         b, l, h = x.shape
         mod = per_position(self.adaLN_modulation(c).astype(jnp.float32), l)  # (B, 6H) or (B, L, 6H)
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = jnp.split(mod, 6, axis=-1)
@@ -148,8 +183,10 @@ class DDiTBlock(nnx.Module):
         k = apply_rotary(k, pos)  # (B, L, N, K)
         if decode:
             att = self._attend_cache(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype), pos, commit)
-        else:
+        elif context is None:
             att = kernels.mixed_attention(q, k, v, self.causal, self.dtype, mask=mask)  # (B, L, N, K), float32
+        else:  # its own unit of the chunk and the context's positions of mask
+            att = kernels.unit_context_attention(q, k, v, context, self.block_size, mask, self.dtype)  # (B, L, N, K)
         att = self.attn_out(att.reshape(b, l, h))  # (B, L, H)
         att = self.dropout1(att, deterministic=deterministic, rngs=rngs).astype(jnp.float32)
         x = x + broadcast_positions(gate_a) * att  # (B, L, H)
@@ -158,7 +195,7 @@ class DDiTBlock(nnx.Module):
         y = self.mlp_in(y.astype(self.dtype))  # (B, L, mlp_ratio H)
         y = self.mlp_out(jax.nn.gelu(y, approximate=True))  # (B, L, H)
         y = self.dropout2(y, deterministic=deterministic, rngs=rngs).astype(jnp.float32)
-        return x + broadcast_positions(gate_m) * y  # (B, L, H)
+        return x + broadcast_positions(gate_m) * y, (k, v)  # (B, L, H), ((B, L, N, K), (B, L, N, K))
 
     def _cache_start(self, batch: int) -> Array:
         """The position of the first new row: int32[] (trace-time checks first)."""

@@ -496,10 +496,15 @@ class BlockDiffusion(Diffusion):
 
     def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False,
                    **kwargs):
-        """The sum of the blocks' bounds, Eq. (2) of ``sedd.block``, with its standard error."""
-        return evaluate.dataset_bound(key, block.params_block_fn(net.graphdef, self.block_size), self.graph,
-                                      self.noise, batches, num_t, max_batches=max_batches,
-                                      chars_per_token=chars_per_token, score_params=net.state, progress=progress,
+        """The sum of the blocks' bounds, Eq. (2) of ``sedd.block``, with its standard error.
+
+        The clean text's keys and values are computed once a batch and each
+        t point runs the noisy text against them (``sedd.block.bound_fns``).
+        """
+        fns = block.bound_fns(net.graphdef, self.block_size)
+        return evaluate.dataset_bound(key, fns.block_fn, self.graph, self.noise, batches, num_t,
+                                      max_batches=max_batches, chars_per_token=chars_per_token,
+                                      score_params=net.state, progress=progress, prepare=fns.prepare,
                                       per_position=block.per_position_fn(self.block_size), **kwargs)
 
     def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):

@@ -161,7 +161,9 @@ def per_position(mod: Array, length: int) -> Array:
     """
     if mod.ndim == 2:
         return mod
-    return jnp.repeat(mod, length // mod.shape[1], axis=1, total_repeat_length=length)
+    b, groups, width = mod.shape
+    # A broadcast XLA fuses into its consumers; jnp.repeat's gather was materialised (B, L, 6H) at every block.
+    return jnp.broadcast_to(mod[:, :, None, :], (b, groups, length // groups, width)).reshape(b, length, width)
 
 
 def timestep_embedding(sigma: Array, dim: int = FREQ_DIM, max_period: float = 10000.0) -> Array:

@@ -25,7 +25,7 @@ as it was before the building blocks had modules of their own):
                     (a ring of keys and values)
   sedd.graphs       log_expm1
   this module       DDiT (features, output_layer, network_output, log_score,
-                    output_rows, init_cache), REMAT_POLICIES, block_diffusion_mask,
+                    output_rows, init_cache, keys_values), REMAT_POLICIES, block_diffusion_mask,
                     param_count, non_embedding_param_count, matmul_params,
                     flops_per_token
 
@@ -53,6 +53,10 @@ Decoding: a causal model can run one chunk of positions at a time against a
 key/value cache kept in each block (``sedd.ddit_block``; `init_cache`, then
 `network_output(..., decode=True)`), the pattern of Flax's lm1b example. Both
 paths run the same block code; only where keys and values come from differs.
+A third source is an external context: ``keys_values`` gives every block's
+keys and values of one input, and ``features(..., context=...)`` runs
+another input's queries against them (``sedd.block``'s bound: the clean text
+once a batch, each noisy text against it).
 
 Logical axis names carried by parameters (metadata `out_sharding`, read with
 `nnx.get_partition_spec(nnx.state(model))`; a mesh's rules map them to mesh
@@ -372,6 +376,7 @@ class DDiT(nnx.Module):
         *,
         positions: Array | None = None,
         mask: Array | None = None,
+        context: tuple | None = None,
         decode: bool = False,
         commit: bool | int = True,
         deterministic: bool | None = None,
@@ -379,32 +384,37 @@ class DDiT(nnx.Module):
     ) -> tuple[Array, Array]:
         """The residual stream after the last block and the conditioning: what ``output_layer`` reads.
 
-        Arguments as ``network_output``. With ``remat`` other than "none" the
+        Arguments as ``network_output``, and context: per block (keys,
+        values), each [B, S, N, K] (``keys_values``'s), S positions of another
+        call; each query then sees its own block of block_size positions of x
+        and the context positions of mask, bool[L, S] (a block model's;
+        ``sedd.ddit_block.DDiTBlock``). With ``remat`` other than "none" the
         blocks run as one scan, each under ``jax.checkpoint`` with its policy
-        (not when decoding: a cache is inference); their dropout masks then
+        (not when decoding or with a context: caches and contexts are
+        inference); their dropout masks then
         come from one key drawn for each block, other masks than without
         remat, of the same law.
 
         Returns:
           (float32[B, L, H], float32[B, C] or float32[B, G, C]).
         """
-        self._check_inputs(x, sigma, positions, decode)
         if rngs is not None and not isinstance(rngs, nnx.Rngs):
             # One key for all layers would give every dropout the same mask; an Rngs
             # hands each call its own fold of the key.
             rngs = nnx.Rngs(dropout=rngs)
-        b = x.shape[0]
-        h = constrain_rows(self.vocab_embed(x).astype(jnp.float32))  # (B, L, H), rows split over a mesh
-        if self.sigma_map is not None:
-            sigma = jnp.asarray(sigma)
-            c = jax.nn.silu(self.sigma_map(sigma.reshape(-1))).reshape(*sigma.shape, -1)  # (B, C) or (B, G, C)
-        else:
-            c = jnp.zeros((b, self.cond_dim), jnp.float32)  # (B, C)
+        h, c = self._inputs(x, sigma, positions, decode)  # (B, L, H), (B, C) or (B, G, C)
 
-        def run(block, h, rngs):
-            return constrain_rows(block(h, c, positions=positions, mask=mask, decode=decode, commit=commit,
-                                        deterministic=deterministic, rngs=rngs))  # (B, L, H)
+        def run(block, h, rngs, ctx=None):
+            return constrain_rows(block(h, c, positions=positions, mask=mask, context=ctx, decode=decode,
+                                        commit=commit, deterministic=deterministic, rngs=rngs))  # (B, L, H)
 
+        if context is not None:
+            if len(context) != len(self.blocks):
+                raise ValueError(f"context holds {len(context)} blocks' keys and values, the model has "
+                                 f"{len(self.blocks)} blocks")
+            for block, ctx in zip(self.blocks, context):
+                h = run(block, h, rngs, ctx)  # (B, L, H)
+            return h, c
         if self.remat == "none" or decode:
             for block in self.blocks:
                 h = run(block, h, rngs)  # (B, L, H)
@@ -432,6 +442,36 @@ class DDiT(nnx.Module):
 
         h, _ = jax.lax.scan(lambda h, xs: (step(h, *xs), None), h, (stacked, keys))
         return h, c
+
+    def _inputs(self, x: Array, sigma: Array | None, positions, decode: bool) -> tuple[Array, Array]:
+        """What the first block reads: the embedded tokens float32[B, L, H] (rows split over a mesh) and the
+        conditioning float32[B, C] or [B, G, C] (after its SiLU; zeros without time conditioning)."""
+        self._check_inputs(x, sigma, positions, decode)
+        h = constrain_rows(self.vocab_embed(x).astype(jnp.float32))  # (B, L, H)
+        if self.sigma_map is None:
+            return h, jnp.zeros((x.shape[0], self.cond_dim), jnp.float32)  # (B, C)
+        sigma = jnp.asarray(sigma)
+        return h, jax.nn.silu(self.sigma_map(sigma.reshape(-1))).reshape(*sigma.shape, -1)  # (B, C) or (B, G, C)
+
+    def keys_values(self, x: Array, sigma: Array | None, *, positions: Array | None = None,
+                    mask: Array | None = None) -> tuple:
+        """Every block's rotary-embedded keys and values of x, dropout off: what ``features``' context reads.
+
+        The blocks run over x as ``features`` runs them (the same arguments),
+        each block's keys and values kept; the residual stream after the last
+        block is not computed. ``sedd.block``'s bound runs the clean text so,
+        once a batch, and then each noisy text against it.
+
+        Returns:
+          per block (keys, values), each [B, L, N, K].
+        """
+        h, c = self._inputs(x, sigma, positions, False)  # (B, L, H), (B, C) or (B, G, C)
+        out = []
+        for block in self.blocks:
+            h, kv = block.run(h, c, positions=positions, mask=mask, deterministic=True)
+            h = constrain_rows(h)  # (B, L, H)
+            out.append(kv)
+        return tuple(out)
 
     def output_rows(self, h: Array, c: Array, fn, *rows: Array, chunk: int = 0) -> Array:
         """fn(out, *row_chunks) over the final layer's output `out`, `chunk` positions at a time.

@@ -165,6 +165,34 @@ def test_b1_bound_is_the_exact_nll_of_the_conditional_model():
     assert np.all(np.abs(z) < 4.5), (z, bound, nll)
 
 
+@pytest.mark.parametrize("b, remat, time_conditioning", [(4, "none", True), (16, "none", True),
+                                                         (4, "blocks", False), (16, "dots", True)])
+def test_the_bound_run_against_the_clean_context_is_the_full_forwards(b, remat, time_conditioning):
+    """x0's keys and values once a batch, then x_t's L positions alone (block.bound_fns, what the block kind's
+    likelihood runs): the scores and the bound of the [x_t ; x0] forward at every t (block.log_score), float32."""
+    length = 32
+    model = _network(b, length, remat=remat, time_conditioning=time_conditioning, normalize=True)
+    rng = np.random.default_rng(b)
+    x0 = jnp.asarray(rng.integers(0, V, (3, length)), jnp.int32)
+    x_t = jnp.where(rng.random((3, length)) < 0.5, MASK, x0)
+    sigma = jnp.asarray(rng.uniform(0.05, 3.0, (3, length // b)), jnp.float32)
+    full = block.log_score(model, x_t, x0, sigma, b)
+    in_context = block.log_score_in_context(model, x_t, block.clean_context(model, x0, b), sigma, b)
+    possible = full > -1e8  # the MASK column of the mean parameterization is -1e9 in both
+    np.testing.assert_array_equal(possible, in_context > -1e8)
+    np.testing.assert_allclose(np.where(possible, in_context, 0.0), np.where(possible, full, 0.0), atol=2e-5)
+
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    fns, noise = block.bound_fns(graphdef, b), noise_lib.LogLinear(1e-3)
+    common = dict(num_t=8, num_samples=2, t_batch=4, score_params=(params, rest), per_position=block.per_position_fn(b))
+    want = evaluate.likelihood_bound_with_stderr(jax.random.key(2), block.params_block_fn(graphdef, b), GRAPH, noise,
+                                                 x0, **common)
+    got = evaluate.likelihood_bound_with_stderr(jax.random.key(2), fns.block_fn, GRAPH, noise, x0,
+                                                prepare=fns.prepare, **common)
+    np.testing.assert_allclose(np.asarray(got.bound), np.asarray(want.bound), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got.stderr), np.asarray(want.stderr), rtol=1e-4, atol=1e-5)
+
+
 # --------------------------------------------------------------------------- the network's cache
 
 

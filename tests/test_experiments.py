@@ -34,6 +34,7 @@ FIELDS = {
     "train": ["mfu", "tokens_per_s", "flops_per_token", "peak_matmul_flops_per_s"],
     "sampler": ["ratio_to_forward", "forward_s"],
     "ar": ["crossover_steps", "ar_seconds", "rows"],
+    "bound": ["rows", "num_t"],
     "memory": None,
     "rng": ["method", "ms", "speedup_over_jax"],
     "optimizer": ["optimizer", "step_ms", "ratio_to_adamw"],

@@ -237,6 +237,23 @@ def test_mixed_attention_is_dot_product_attention(causal):
     np.testing.assert_allclose(np.asarray(low), np.asarray(want), atol=0.05)
 
 
+@pytest.mark.parametrize("unit", [1, 2, 4])
+def test_unit_context_attention_is_the_masked_attention_over_both(unit):
+    """Each query over its own unit of the chunk and the context positions its mask allows: mixed_attention over
+    [k ; ck] with the block-diagonal mask beside that one (a unit's first row sees no context position)."""
+    q, k, v = jax.random.normal(jax.random.key(3), (3, 2, 8, 2, 8))  # (B, L, N, K) each
+    ck, cv = jax.random.normal(jax.random.key(4), (2, 2, 6, 2, 8))  # (B, S, N, K) each
+    mask = np.random.default_rng(unit).random((8, 6)) < 0.5
+    mask[:unit] = False
+    own = np.arange(8)[:, None] // unit == np.arange(8)[None, :] // unit
+    for dtype, tol in ((jnp.float32, 1e-5), (jnp.bfloat16, 0.05)):
+        want = kernels.mixed_attention(q, jnp.concatenate([k, ck], 1), jnp.concatenate([v, cv], 1), False,
+                                       jnp.float32, mask=np.concatenate([own, mask], 1))
+        got = jax.jit(kernels.unit_context_attention, static_argnums=(4, 6))(q, k, v, (ck, cv), unit, mask, dtype)
+        assert got.dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol)
+
+
 def test_bfloat16_gradients_track_float32():
     """The whole network's parameter gradients in bfloat16 point where float32's do."""
     m16, m32 = perturb(make(dtype=jnp.bfloat16)), perturb(make())

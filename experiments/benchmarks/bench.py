@@ -8,6 +8,8 @@ written as JSON (default: experiments/benchmarks/results/NAME_PLATFORM.json):
   python experiments/benchmarks/bench.py sampler  [--quick] ...   predictor step / forward pass
   python experiments/benchmarks/bench.py ar       [--quick] ...   diffusion vs AR time to L tokens
   python experiments/benchmarks/bench.py block    [--quick] [--workdirs RUN ...] ...   AR, SEDD, block models: N tokens
+  python experiments/benchmarks/bench.py bound    [--quick] [--block_sizes B ...] ...  the likelihood bound of a batch:
+                                                   the default (ddit) vs block models, seconds and XLA's FLOPs
   python experiments/benchmarks/bench.py memory   [--quick] [--config NAME] [--mesh data=8,fsdp=1] [--device_gib 80]
                                                    [--config.KEY=VALUE ...]   compiled train-step bytes a device, a plan
   python experiments/benchmarks/bench.py rng      [--quick] ...   dropout masks and race words, JAX's and sedd.rng's
@@ -51,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sedd import ar, kernels, kinds, sampling, sharding
+from sedd import ar, block, evaluate, kernels, kinds, sampling, sharding
 from sedd import config as config_lib
 from sedd import model as model_lib
 from sedd.train import Trainer
@@ -643,6 +645,85 @@ def run_block(quick: bool, args) -> dict:
              f"{row['speedup_vs_ar']:.2f}"] for r in results for row in r["rows"]]
     table = format_table(["B", "model", "sampler", "s", "tok/s", "NFE", "NFE/tok", "MFLOP/tok", "vs AR"], rows)
     return {"benchmark": "block" + ("_trained" if runs_given else ""), "results": results, "table": table}
+
+
+# --------------------------------------------------------------------------- the likelihood bound of a batch
+
+
+def _cost(fn: Callable, *args) -> dict:
+    """XLA's count for one jitted call of fn(*args): {"gflop": ..., "gb": bytes accessed / 1e9}."""
+    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return {"gflop": float(cost.get("flops", 0.0)) / 1e9, "gb": float(cost.get("bytes accessed", 0.0)) / 1e9}
+
+
+def _bound_candidates(config, batch: int, block_sizes: list[int], num_t: int) -> dict:
+    """name -> (a batch's bound, XLA's count of one t point, of the once-a-batch context or None)."""
+    x0 = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, (batch, config.data.seq_len)),
+                     jnp.int32)
+    sigma = jnp.full((batch,), 1.0, jnp.float32)
+    kind, net = _random_net(config, "ddit")
+    out = {"ddit": (functools.partial(kind.likelihood, jax.random.key(0), net, [x0], num_t),
+                    _cost(kinds.params_score_fn(net.graphdef), net.state, x0, sigma), None)}
+    for b in block_sizes:
+        kind, net = _random_net(config, "block", b)
+        fns = block.bound_fns(net.graphdef, b)
+        context = jax.jit(fns.prepare)(net.state, x0)
+        out[f"block b={b}"] = (functools.partial(kind.likelihood, jax.random.key(0), net, [x0], num_t),
+                               _cost(fns.block_fn, context, x0, x0, sigma), _cost(fns.prepare, net.state, x0))
+        full = block.params_block_fn(net.graphdef, b)  # the [x_t ; x0] forward at every t, as before issue 54
+        before = functools.partial(evaluate.dataset_bound, jax.random.key(0), full, kind.graph, kind.noise, [x0],
+                                   num_t, score_params=net.state, per_position=block.per_position_fn(b))
+        out[f"block b={b}, full forward"] = (before, _cost(full, net.state, x0, x0, sigma), None)
+    return out
+
+
+def bench_bound(config, batch: int, block_sizes: list[int], num_t: int, repeats: int) -> dict:
+    """Wall and process-CPU seconds of a batch's bound (``Kind.likelihood``, num_t points), the candidates
+    interleaved round by round, each after a first (compiling) call; ratios paired per round against ddit's."""
+    candidates = _bound_candidates(config, batch, block_sizes, num_t)
+    names = list(candidates)
+    first = {}
+    for name in names:
+        t0 = time.perf_counter()
+        candidates[name][0]()
+        first[name] = time.perf_counter() - t0
+    wall, cpu = {k: [] for k in names}, {k: [] for k in names}
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else names[::-1]:
+            w0, c0 = time.perf_counter(), time.process_time()
+            candidates[name][0]()  # returns floats: the bound is computed on return
+            wall[name].append(time.perf_counter() - w0)
+            cpu[name].append(time.process_time() - c0)
+    rows = []
+    for name in names:
+        _, per_t, context = candidates[name]
+        rows.append({"model": name, "first_s": first[name], "wall_s": median(wall[name]), "cpu_s": median(cpu[name]),
+                     "wall_times_s": wall[name], "cpu_times_s": cpu[name],
+                     "ratio_to_ddit_wall": paired_ratio(wall[name], wall["ddit"]),
+                     "ratio_to_ddit_cpu": paired_ratio(cpu[name], cpu["ddit"]),
+                     "per_t": per_t, "context": context})
+    return {"model": dict(config.model.to_dict(), vocab_size=config.vocab_size), "batch": batch,
+            "seq_len": config.data.seq_len, "num_t": num_t, "rows": rows}
+
+
+def run_bound(quick: bool, args) -> dict:
+    """The bound of one batch: the default (ddit) against block models, with the context and the full forward."""
+    if quick:
+        config, batch, block_sizes, num_t, repeats = bench_config("tiny"), 4, [4], 8, 1
+    else:
+        config = bench_config(seq_len=args.seq_len)
+        batch, block_sizes, num_t, repeats = args.batch_sizes[0], args.block_sizes, 64, args.repeats
+    if args.dtype:
+        config.model.dtype = args.dtype
+    result = bench_bound(config, batch, block_sizes, num_t, repeats)
+    rows = [[row["model"], f"{row['first_s']:.1f}", f"{row['wall_s']:.1f}", f"{row['cpu_s']:.1f}",
+             f"{row['ratio_to_ddit_wall']:.2f}", f"{row['ratio_to_ddit_cpu']:.2f}", f"{row['per_t']['gflop']:.2f}",
+             f"{row['per_t']['gb']:.2f}",
+             "" if row["context"] is None else f"{row['context']['gflop']:.2f}"] for row in result["rows"]]
+    table = format_table(["model", "1st s", "wall s", "CPU s", "wall/ddit", "CPU/ddit", "GFLOP/t", "GB/t",
+                          "ctx GFLOP"], rows)
+    return {"benchmark": "bound", "results": [result], "table": table}
 
 
 # --------------------------------------------------------------------------- batch-1 decode: ms a network call
@@ -1255,8 +1336,9 @@ def format_table(header: list, rows: list[list]) -> str:
 KEPT_MEMORY = False
 """Whether this process kept freed memory (`kernels.keep_freed_memory`, run as a script)."""
 
-RUNNERS = {"train": run_train, "sampler": run_sampler, "ar": run_ar, "block": run_block, "memory": run_memory,
-           "rng": run_rng, "optimizer": run_optimizer, "profile": run_profile, "decode": run_decode}
+RUNNERS = {"train": run_train, "sampler": run_sampler, "ar": run_ar, "block": run_block, "bound": run_bound,
+           "memory": run_memory, "rng": run_rng, "optimizer": run_optimizer, "profile": run_profile,
+           "decode": run_decode}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -1296,7 +1378,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no_profile", action="store_true", help="train: time the step and the peak only")
     p.add_argument("--vocab", type=int, default=None, help="decode: V (default 50257 at width >= 768)")
     p.add_argument("--unroll", type=int, nargs="*", default=None, help="decode: unroll factors of the AR loop")
-    p.add_argument("--block_sizes", type=int, nargs="*", default=None, help="decode: block models' b (default 4 16)")
+    p.add_argument("--block_sizes", type=int, nargs="*", default=None,
+                   help="decode: block models' b (default 4 16); bound: (default 16)")
     p.add_argument("--no_block", action="store_true", help="decode: AR only")
     p.add_argument("--trace", action="store_true", help="decode: a jax.profiler trace of the AR and block calls")
     p.add_argument("--dump", default="", help="decode: a folder for the AR loop's HLO and the traces (.xplane.pb.gz)")
@@ -1308,6 +1391,7 @@ _DEFAULTS = {
     "ar": {"width": 128, "blocks": 2, "seq_len": 128, "batch_sizes": [1, 64], "steps": [16, 32, 64, 128, 256, 1024]},
     "block": {"width": 128, "blocks": 4, "seq_len": 128, "batch_sizes": [1, 16], "steps": [64, 128]},
     "decode": {"width": 128, "blocks": 2, "seq_len": 128, "unroll": [2, 4], "block_sizes": [4, 16]},
+    "bound": {"seq_len": 128, "batch_sizes": [32], "block_sizes": [16]},
 }
 
 
