@@ -580,6 +580,41 @@ def test_host_headers_that_name_no_allowed_host_and_too_many_stop_strings_are_re
     assert _asgi_status(app, json_headers, "/v1/completions", body) == 400
 
 
+_OPEN_FILES = """
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))  # below 1,300
+from sedd import convert
+before = len(os.listdir("/proc/self/fd"))
+for path in sys.argv[1:]:
+    sd = (convert.load_safetensors if path.endswith(".safetensors") else convert.load_torch)(path)
+    assert len(sd) == 1300 and all(float(sd[f"w{i}"][2]) == i for i in range(1300)), path
+    print(path, len(sd), len(os.listdir("/proc/self/fd")) - before)
+"""
+
+
+def test_a_checkpoint_of_many_tensors_is_read_with_a_bounded_number_of_open_files(tmp_path):
+    """Finding 8: each storage was memory-mapped with its own file descriptor (a map holds one), so a checkpoint
+    of 1,262 storages failed under `ulimit -n 1024`. 1,300 tensors under a limit of 256, in a Python of its own."""
+    import collections
+    import subprocess
+    import sys
+
+    import numpy as np
+    from safetensors.numpy import save_file
+    from test_convert import write_torch_file
+    sd = collections.OrderedDict((f"w{i}", np.full((3,), i, np.float32)) for i in range(1300))
+    write_torch_file(tmp_path / "many.pth", sd)
+    save_file(dict(sd), str(tmp_path / "many.safetensors"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(runs.__file__)),
+                                                        os.environ.get("PYTHONPATH", "")]), "JAX_PLATFORMS": "cpu"}
+    got = subprocess.run([sys.executable, "-c", _OPEN_FILES, str(tmp_path / "many.pth"),
+                          str(tmp_path / "many.safetensors")], capture_output=True, text=True, env=env, timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]  # was: OSError: [Errno 24] Too many open files
+    for line in got.stdout.splitlines():  # each file's tensors hold at most one descriptor (its one map)
+        path, count, opened = line.split()
+        assert count == "1300" and int(opened) <= 2, line
+
+
 @pytest.mark.parametrize("override,message", [
     ("--config.optim.lr=nan", "optim.lr = nan is not a finite number"),
     ("--config.data.seq_len=0", "data.seq_len = 0 is outside [1, 131072]"),
