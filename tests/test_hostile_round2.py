@@ -511,6 +511,62 @@ def test_idle_clients_of_diffusing_streams_leave_the_server_answering(tiny_run, 
         stop()
 
 
+def _serve_process(workdir, *flags: str):
+    """(port, process) of `sedd serve` in a Python of its own, its stderr a pipe, once /health answers."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(runs.__file__)),
+                                                        os.environ.get("PYTHONPATH", "")]), "JAX_PLATFORMS": "cpu"}
+    server = subprocess.Popen([sys.executable, "-m", "sedd.cli", "serve", "--workdir", str(workdir), "--port",
+                               str(port), "--log_level", "warning", *flags], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            _health_seconds(port)
+            return port, server
+        except OSError:
+            assert time.monotonic() < deadline and server.poll() is None, "the server did not start"
+            time.sleep(0.2)
+
+
+def _hang_up(port, body: dict, read: int) -> None:
+    """One request whose client reads `read` bytes of the answer (0: none), then closes the connection."""
+    import socket
+    data = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(data)}\r\n\r\n").encode() + data)
+        if read:
+            s.recv(read)
+
+
+def test_clients_that_hang_up_leave_no_pending_task_in_the_servers_log(tiny_run):
+    """Finding 8: streams whose clients hung up left "Task was destroyed but it is pending!" in the log (a task
+    waiting on the stream's queue of settled text, never cancelled). The real `sedd serve`, its whole stderr."""
+    import signal
+    import time
+    port, server = _serve_process(tiny_run[0], "--window_ms", "0")
+    try:
+        for seed in range(4):  # each kind of response, its client gone early or at once
+            _hang_up(port, {"prompt": "ROMEO:", "stream": True, "steps": 128, "n": 2, "seed": seed}, 200)
+            _hang_up(port, {"prompt": "ROMEO:", "stream": True, "steps": 128, "n": 2, "seed": seed}, 0)
+            _hang_up(port, {"prompt": "ROMEO:", "diffusing": True, "steps": 64, "n": 2, "seed": seed}, 200)
+            _hang_up(port, {"prompt": "ROMEO:", "steps": 128, "n": 2, "seed": seed}, 0)
+        time.sleep(2)
+        assert _post(port, {"prompt": "ROMEO:", "max_tokens": 4, "steps": 2})[0] == 200
+    finally:
+        server.send_signal(signal.SIGINT)  # the tasks left are destroyed, and logged, at the latest at exit
+        _, err = server.communicate(timeout=60)
+    assert server.returncode == 0, err[-2000:]
+    assert "Task was destroyed" not in err and "Traceback" not in err, err[-4000:]
+
+
 GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
