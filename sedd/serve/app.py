@@ -175,7 +175,7 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
             return JSONResponse({"status": "engine_failed", "model": name}, status_code=503)
         return JSONResponse({"status": "ok", "model": name, "step": run.step, "queued": engine.queued,
                              "batches": engine.batches, "programs": len(engine.programs),
-                             "compiles": engine.compiles})
+                             "compiles": engine.compiles, "streams": streams[0]})
 
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": created,
