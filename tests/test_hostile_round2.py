@@ -18,6 +18,7 @@ import pytest
 from sedd import cli, runs, validate
 
 serve_main = importlib.import_module("sedd.serve.main")  # sedd.serve.main is also the name of its function
+convert_write = importlib.import_module("sedd.convert.write")
 
 
 def _tiny_args(data_dir: str) -> list[str]:
@@ -109,14 +110,18 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
         validate.OneLineParser.parse_known_args = real
     sub = next(a for a in seen[0]._actions if isinstance(a, argparse._SubParsersAction))
     parsers = {name: p for name, p in sub.choices.items() if name not in ("convert", "serve")}
-    return {**parsers, "serve": serve_main._parser()}
+    assert set(sub.choices) == {*parsers, "convert", "serve"}  # every subcommand of `sedd --help`
+    return {**parsers, "serve": serve_main._parser(), "convert": convert_write._parser()}
 
 
 def _options() -> list[tuple[str, str, str]]:
-    """(command, flag, kind) of every option of every subcommand: kind "number" or a path kind of validate.PATHS."""
+    """(command, flag, kind) of every option of every subcommand: kind "number" or a path kind of validate.PATHS;
+    a path given by position (convert's SRC and DST) as its name in capitals."""
     out = []
     for command, parser in _parsers().items():
         for action in parser._actions:
+            if not action.option_strings and action.dest in validate.POSITIONAL.get(command, ()):
+                out.append((command, action.dest.upper(), validate.PATHS[command][action.dest]))
             if not action.option_strings or action.dest == "help":
                 continue
             if action.type in (int, float):
@@ -151,6 +156,8 @@ def stubbed(monkeypatch, tmp_path):
     for name in ("_sample", "_eval", "_train"):
         monkeypatch.setattr(cli, name, lambda *a, **k: (_ for _ in ()).throw(Reached()))
     monkeypatch.setattr(serve_main.runs, "load", lambda *a, **k: (_ for _ in ()).throw(Reached()))
+    monkeypatch.setattr(convert_write, "convert", lambda *a, **k: (_ for _ in ()).throw(Reached()))
+    monkeypatch.setattr(serve_main, "check_address", lambda host, port: None)  # port 8000 may be in use here
     (tmp_path / "run").mkdir()
     os.mkfifo(tmp_path / "fifo")
     return tmp_path
@@ -170,17 +177,27 @@ def _outcome(argv, capsys, said: list | None = None) -> str:
     return "refused"
 
 
+def _argv(folder, command: str, flag: str, value: str) -> list[str]:
+    """The command line giving `value` to `flag`, the other paths it needs valid (a run directory, a new one)."""
+    if command == "convert":  # SRC and DST by position
+        given = {"SRC": str(folder / "run"), "DST": str(folder / "new")}
+        if flag in given:
+            return [command, *(value if name == flag else path for name, path in given.items())]
+        return [command, *given.values(), flag, value]
+    run = ["--workdir", str(folder / "run")] if command != "train" and flag != "--workdir" else []
+    return [command, *run, flag, value]
+
+
 @pytest.mark.parametrize("command,flag,kind", OPTIONS, ids=[f"{c}{f}" for c, f, _ in OPTIONS])
 def test_every_option_refuses_hostile_values_in_one_line_before_any_work(stubbed, capsys, command, flag, kind):
-    base = [command] + (["--workdir", str(stubbed / "run")] if command != "train" and flag != "--workdir" else [])
     if kind == "number":
         for value in NUMBERS:
-            got = _outcome([*base, flag, value], capsys)
+            got = _outcome(_argv(stubbed, command, flag, value), capsys)
             assert got == ("reached" if (command, flag, value) in ACCEPTED else "refused"), (command, flag, value)
         return
-    valid = {"run": "dir", "new_run": "dir", "draft": "dir"}.get(kind)
+    valid = {"run": "dir", "new_run": "dir", "draft": "dir", "source": "dir"}.get(kind)
     for name, path in (("dir", stubbed / "run"), ("fifo", stubbed / "fifo"), ("full", "/dev/full")):
-        got = _outcome([*base, flag, str(path)], capsys)
+        got = _outcome(_argv(stubbed, command, flag, str(path)), capsys)
         assert got == ("reached" if name == valid else "refused"), (command, flag, name)
 
 
@@ -203,6 +220,24 @@ def test_the_findings_of_the_report_one_by_one(stubbed, capsys):
         said = []
         assert _outcome(argv, capsys, said) == "refused"
         assert message in said[0], (argv, said)
+
+
+def test_serves_address_and_log_level_are_checked_before_the_run_is_read(stubbed, capsys, monkeypatch):
+    """`--host nan` was uvicorn's error and `--log_level nan` a KeyError traceback, both after the model loaded."""
+    import socket
+    monkeypatch.undo()  # the real check_address, and a real run directory is not needed: each is refused first
+    run = ["serve", "--workdir", str(stubbed / "run")]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for argv, message in [([*run, "--host", "nan"], "--host 'nan' is not an address of this machine"),
+                              ([*run, "--host", "0.0.0.1"], "--host 0.0.0.1 --port 8000: cannot listen there"),
+                              ([*run, "--port", port], f"--host 127.0.0.1 --port {port}: cannot listen there"),
+                              ([*run, "--log_level", "nan"], "argument --log_level: invalid choice: 'nan'")]:
+            said = []
+            assert _outcome(argv, capsys, said) == "refused"
+            assert message in said[0], (argv, said)
 
 
 def test_a_window_the_engine_cannot_wait_is_refused_by_the_limits_and_health_tells_a_dead_engine():
