@@ -269,6 +269,16 @@ def test_a_tokenizer_with_a_catastrophic_regex_is_refused_when_a_run_is_read(cop
     assert "repeats a group that holds a repetition" in err and "'(a+)+c'" in err, err
 
 
+def test_sedd_convert_refuses_a_tokenizer_with_a_catastrophic_regex(tmp_path, capsys):
+    """The converter copied such a tokenizer.json into the run it wrote (which then froze `sedd serve`)."""
+    hostile = _hostile_tokenizer_json(tmp_path / "tokenizer.json")
+    assert cli.main(["convert", str(tmp_path), str(tmp_path / "run"), "--tokenizer_path", hostile]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sedd convert: error: ") and err.count("\n") == 1, err
+    assert "not a readable GPT-2 tokenizer" in err and "repeats a group that holds a repetition" in err, err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.fixture
 def hostile_gpt2(tmp_path, monkeypatch):
     """A GPT2Tokenizer of the hostile file, built past the regex check (as one loaded before it existed)."""
