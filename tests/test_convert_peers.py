@@ -355,6 +355,11 @@ def test_duo_lightning_checkpoint_converts_its_ema_and_matches_its_x0_law(tmp_pa
     (duo_hydra(time_conditioning=False), "algo.time_conditioning = false"),
     (dict(duo_hydra(), noise={"type": "cosine"}), "noise = {'type': 'cosine'}"),
     (dict(duo_hydra(), model={"hidden_size": 32}), "config has no n_blocks"),
+    # issue 53, finding 5: a TypeError, an OverflowError and an unlabelled one-liner
+    (dict(duo_hydra(), noise={"type": "log-linear", "eps": [1]}), "noise.eps = [1] in the original's config is not"),
+    (dict(duo_hydra(), noise={"type": "log-linear", "eps": None}), "noise.eps = None in the original's config is not"),
+    (dict(duo_hydra(), noise={"type": "log-linear", "eps": "abc"}), "noise.eps = 'abc' in the original's config"),
+    (dict(duo_hydra(), model={**duo_hydra()["model"], "dropout": 10**400}), "dropout = an integer of 401 digits"),
 ])
 def test_a_tampered_duo_checkpoint_is_refused_naming_what_is_wrong(tmp_path, gpt2_files, hydra, message):
     sd = backbone(seed=8)
