@@ -4,7 +4,9 @@ Finding 2: a received run resumed never writes outside itself. Finding 7 and
 the table-driven test: every number and path of every `sedd` subcommand is
 checked before any work. Finding 1: a tokenizer with a catastrophic regex.
 Findings 4 and 6: sizes and values of a received run's config. Finding 3:
-streams nobody reads.
+streams nobody reads. Finding 8: a checkpoint's open files, clients that
+hang up, Host headers and stop strings. Finding 5 (the converter's config
+fields) is in tests/test_convert.py and tests/test_convert_peers.py.
 """
 
 import argparse
