@@ -4,7 +4,10 @@ For each project its own PyTorch code (a snapshot of its repository) builds
 its model with random weights, writes the files as that project publishes
 them, and computes its output on fixed inputs; then `sedd convert` reads the
 files and our run computes the same quantity. Printed: the largest relative
-difference, max |ours - theirs| / max |theirs|, which must be <= 1e-5.
+difference, max |ours - theirs| / max |theirs|, which must be <= 1e-5, and
+the largest absolute one; for BD3-LM, the transformers version that wrote
+its config.json (4.56 and later name the dtype field `dtype`, earlier ones
+`torch_dtype`: run the harness with a Python of each to check both).
 
   mdlm   kuleshov-group/mdlm `models/dit.py` DIT (time_conditioning false:
          sigma = 0 fed to the network), written as kuleshov-group/mdlm-owt is
@@ -218,10 +221,15 @@ def compare(out: Path, tokenizer: Path, families: list[str]) -> dict:
             d, alpha = ls.shape[-1], np.exp(-sigma)[:, None, None]
             xbar = d * alpha * np.exp(want) + 1 - alpha
             implied = np.log(xbar) - np.log(np.take_along_axis(xbar, x[..., None], -1))
-            results["duo log-score vs its posterior's xbar ratio"] = float(np.abs(ls - implied).max()
-                                                                           / np.abs(implied).max())
-        results[family] = float(np.abs(got - want).max() / np.abs(want).max())
+            results["duo log-score vs its posterior's xbar ratio"] = _differences(ls, implied)
+        results[family] = _differences(got, want)
     return results
+
+
+def _differences(got, want) -> tuple[float, float]:
+    """(max |got - want| / max |want|, max |got - want|)."""
+    worst = float(np.abs(got - want).max())
+    return worst / float(np.abs(want).max()), worst
 
 
 def main(argv=None) -> int:
@@ -253,11 +261,24 @@ def main(argv=None) -> int:
         subprocess.run(cmd, check=True)
         tokenizer = Path(args.tokenizer_path) if args.tokenizer_path else _toy_gpt2(tmp)
         results = compare(tmp, tokenizer, families)
-    worst = max(v for k, v in results.items())
-    for name, rel in results.items():
-        print(f"{name:>48}: max relative difference {rel:.2e}")
+        written = _written_by(tmp, families)
+    worst = max(rel for rel, _ in results.values())
+    for name, (rel, absolute) in results.items():
+        print(f"{name:>48}: max relative difference {rel:.2e}, max absolute {absolute:.2e}{written.get(name, '')}")
     print(f"peer_parity: {'PASS' if worst <= 1e-5 else 'FAIL'} (float32, rel <= 1e-5)")
     return 0 if worst <= 1e-5 else 1
+
+
+def _written_by(tmp: Path, families: list[str]) -> dict[str, str]:
+    """BD3-LM's folder (the one written by transformers' own save_pretrained): which version, its dtype field."""
+    out = {}
+    for family in families:
+        config = tmp / family / "config.json"
+        if family == "bd3lm" and config.is_file():
+            fields = json.loads(config.read_text())
+            dtype = [k for k in ("dtype", "torch_dtype") if k in fields]
+            out[family] = f" (config.json of transformers {fields.get('transformers_version')}, {'/'.join(dtype)})"
+    return out
 
 
 def _toy_gpt2(tmp: Path) -> Path:

@@ -101,9 +101,13 @@ PATHS: dict[str, dict[str, str]] = {
     "eval": {"workdir": "run", "judge": "run"},
     "serve": {"workdir": "run"},
     "train": {"workdir": "new_run", "config": "config"},
+    "convert": {"src": "source", "dst": "new_run", "tokenizer_path": "source"},
 }
 """The kind of each path option: a run directory to read, one that training creates or resumes, an output
-file, a config file (or a shipped config's name)."""
+file, a config file (or a shipped config's name), a source to read (a regular file or a folder)."""
+
+POSITIONAL = {"convert": ("src", "dst")}
+"""The path arguments given by position, named in capitals (SRC) rather than as an option (--src)."""
 
 TEXTS = {"sample": ("prefix", "suffix", "infill")}
 
@@ -117,7 +121,7 @@ def check_args(command: str, args: argparse.Namespace) -> None:
     """
     bounds, paths = CLI_BOUNDS.get(command, {}), PATHS.get(command, {})
     for dest, value in vars(args).items():
-        flag = f"--{dest}"
+        flag = dest.upper() if dest in POSITIONAL.get(command, ()) else f"--{dest}"
         if dest in bounds:
             if value is not None:
                 bounds[dest].check(flag, value)
@@ -141,6 +145,8 @@ def check_path(flag: str, path: str, kind: str) -> None:
     /dev/full). config: a regular file when it exists (else a shipped
     config's name, looked up later).
     draft: "ngram", or a run directory (a smaller AR run that drafts).
+    source: an existing regular file or folder (not a FIFO that would block
+    or a device such as /dev/full, which reads without end).
     """
     if kind == "draft":
         if path != "ngram":
@@ -153,6 +159,12 @@ def check_path(flag: str, path: str, kind: str) -> None:
         st = None
     except OSError as e:
         raise ValueError(f"{flag} {path}: {e.strerror or e}") from None
+    if kind == "source":
+        if st is None:
+            raise ValueError(f"{flag} {path} does not exist")
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            raise ValueError(f"{flag} {path} is neither a regular file nor a folder (a FIFO, a device, ...)")
+        return
     if kind == "config":
         if st is not None and not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{flag} {path} is not a regular file (a config file, or a shipped config's name)")

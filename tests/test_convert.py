@@ -265,8 +265,11 @@ class TorchPickle:
             self.out += b"N"
         elif isinstance(x, bool):
             self.out += b"\x88" if x else b"\x89"  # NEWTRUE / NEWFALSE
-        elif isinstance(x, int):
+        elif isinstance(x, int) and -2**31 <= x < 2**31:
             self.out += b"J" + struct.pack("<i", x)  # BININT
+        elif isinstance(x, int):  # LONG1: little-endian two's complement, as pickle writes a long integer
+            data = x.to_bytes((x + (x < 0)).bit_length() // 8 + 1, "little", signed=True)
+            self.out += b"\x8a" + bytes([len(data)]) + data
         elif isinstance(x, float):
             self.out += b"G" + struct.pack(">d", x)  # BINFLOAT (big-endian, as pickle has it)
         else:
@@ -514,7 +517,11 @@ def test_mismatched_checkpoints_and_configs_fail_naming_the_field(tmp_path):
             (bad(tokens=50000), "tokens = 50000"),
             (bad(model__n_heads=5), "n_heads = 5"),
             (bad(model__length="long"), "model.length = 'long'"),
-            (bad(noise__sigma_max=None), "noise.sigma_max = None")):
+            (bad(noise__sigma_max=None), "noise.sigma_max = None"),
+            # issue 53, finding 5: each was an OverflowError traceback from `sedd convert`
+            (bad(noise__sigma_min=10**400), "noise.sigma_min = an integer of 401 digits"),
+            (bad(training__ema=10**400), "training.ema = an integer of 401 digits"),
+            (bad(model__dropout=10**5000), "model.dropout = an integer of more than 3900 digits")):
         with pytest.raises(convert.ConversionError, match=message):
             convert.config_from_original(config_dict)
     del_model = original_config()

@@ -114,10 +114,18 @@ def test_mdlm_with_time_conditioning_keeps_its_sigma_embedding(tmp_path, gpt2_fi
     assert np.abs(ours[masked][:, :GPT2] - theirs[masked]).max() / np.abs(theirs[masked]).max() < 1e-5
 
 
-def test_bd3lm_converts_to_a_block_run_matching_its_training_forward(tmp_path, gpt2_files):
-    """BD3-LM's forward over [x_t ; x_0] with its block-diffusion mask, the same rotary positions on both halves."""
+# config.json as BD3LM.save_pretrained writes it under each transformers (both measured 2026-12-05, the same
+# fields otherwise): 4.56 and later name torch_dtype `dtype`
+WRITTEN_BY = {"4.49.0": {}, "4.57.6": {"torch_dtype": None, "dtype": "float32", "transformers_version": "4.57.6"}}
+
+
+@pytest.mark.parametrize("transformers", sorted(WRITTEN_BY))
+def test_bd3lm_converts_to_a_block_run_matching_its_training_forward(tmp_path, gpt2_files, capsys, transformers):
+    """BD3-LM's forward over [x_t ; x_0] with its block-diffusion mask, the same rotary positions on both halves;
+    its folder as transformers 4.49 and 4.57 write it."""
     sd = backbone(seed=3)
-    src = publish(tmp_path / "src", sd, peer_config("bd3lm"))
+    config = {k: v for k, v in {**peer_config("bd3lm"), **WRITTEN_BY[transformers]}.items() if v is not None}
+    src = publish(tmp_path / "src", sd, config)
     summary = convert.convert(src, tmp_path / "run", tokenizer_path=gpt2_files)
     assert (summary["sampling_eps_min"], summary["sampling_eps_max"]) == EPS
     run = runs.load(tmp_path / "run")
@@ -133,6 +141,7 @@ def test_bd3lm_converts_to_a_block_run_matching_its_training_forward(tmp_path, g
     theirs = subs_log_score(logits[:, :length], sigma)
     masked = x == GPT2
     assert np.abs(ours[masked][:, :GPT2] - theirs[masked]).max() / np.abs(theirs[masked]).max() < 1e-5
+    assert ("['dtype']" in capsys.readouterr().err) == ("dtype" in config)
 
 
 @pytest.mark.parametrize("family", ["mdlm", "bd3lm", "duo"])
@@ -346,6 +355,11 @@ def test_duo_lightning_checkpoint_converts_its_ema_and_matches_its_x0_law(tmp_pa
     (duo_hydra(time_conditioning=False), "algo.time_conditioning = false"),
     (dict(duo_hydra(), noise={"type": "cosine"}), "noise = {'type': 'cosine'}"),
     (dict(duo_hydra(), model={"hidden_size": 32}), "config has no n_blocks"),
+    # issue 53, finding 5: a TypeError, an OverflowError and an unlabelled one-liner
+    (dict(duo_hydra(), noise={"type": "log-linear", "eps": [1]}), "noise.eps = [1] in the original's config is not"),
+    (dict(duo_hydra(), noise={"type": "log-linear", "eps": None}), "noise.eps = None in the original's config is not"),
+    (dict(duo_hydra(), noise={"type": "log-linear", "eps": "abc"}), "noise.eps = 'abc' in the original's config"),
+    (dict(duo_hydra(), model={**duo_hydra()["model"], "dropout": 10**400}), "dropout = an integer of 401 digits"),
 ])
 def test_a_tampered_duo_checkpoint_is_refused_naming_what_is_wrong(tmp_path, gpt2_files, hydra, message):
     sd = backbone(seed=8)

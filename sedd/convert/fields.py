@@ -32,10 +32,17 @@ def field(sec: Mapping, section: str, key: str, kind: type):
         try:
             value, ok = float(value), True
         except OverflowError:  # an integer of hundreds of digits
-            raise ConversionError(f"{name} = an integer of {len(str(abs(value)))} digits in the original's "
+            raise ConversionError(f"{name} = an integer of {_digits(value)} digits in the original's "
                                   "config is not a finite number") from None
     if not ok:
         raise ConversionError(f"{name} = {brief(value)} in the original's config is not a {kind.__name__}")
     if kind is float and not math.isfinite(value):
         raise ConversionError(f"{name} = {value!r} in the original's config is not a finite number")
     return value
+
+
+def _digits(value: int) -> str:
+    """How many digits an integer has (str() of one over 4,300 digits is refused, and slow well before)."""
+    if value.bit_length() > 13_000:
+        return "more than 3900"
+    return str(len(str(abs(value))))

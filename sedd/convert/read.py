@@ -115,7 +115,8 @@ def locate(src: str | Path) -> tuple[Path, Path]:
                 return config, src
         raise FileNotFoundError(f"no config.json beside {src} and no .hydra/config.yaml above it")
     if not src.is_dir():
-        raise FileNotFoundError(f"no such file or folder: {src}")
+        what = "neither a regular file nor a folder" if src.exists() else "no such file or folder"
+        raise FileNotFoundError(f"{src}: {what}")
     for weights in ("model.safetensors", "pytorch_model.bin"):
         if (src / weights).is_file():
             if not (src / "config.json").is_file():

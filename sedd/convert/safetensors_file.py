@@ -67,6 +67,9 @@ def load_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     for (_, end, a), (begin, _, b) in zip(spans, spans[1:]):
         if begin < end:
             raise ConversionError(f"{path}: tensors {brief(a)} and {brief(b)} overlap")
-    return {name: (np.memmap(path, dtype, mode="r", offset=start + begin, shape=(numel,)).reshape(shape) if numel
+    # One map of the file, every tensor a view of it: a map holds a file descriptor of its own, so a map per
+    # tensor failed under `ulimit -n 1024` for a file of more than about a thousand tensors.
+    whole = np.memmap(path, np.uint8, mode="r")
+    return {name: (whole[start + begin: start + begin + numel * dtype.itemsize].view(dtype).reshape(shape) if numel
                    else np.zeros(shape, dtype))
             for name, (dtype, shape, begin, numel) in out.items()}

@@ -90,6 +90,7 @@ class _TorchArchive:
             raise ConversionError(f"{path} is not a readable zip archive: {e}") from None
         self.prefix, self.byteorder = "", "<"  # of <prefix>data.pkl and <prefix>byteorder, set by `load`
         self._storages: dict[str, tuple[str, np.ndarray]] = {}  # key -> (storage type's name, its array)
+        self._map: np.ndarray | None = None  # the whole file, mapped once when the first storage is read
 
     def _member(self, name: str) -> tuple[zipfile.ZipInfo, int]:
         """A member's entry and the offset of its bytes in the file, checked to be stored as torch stores it."""
@@ -133,7 +134,7 @@ class _TorchArchive:
         return data
 
     def storage(self, key: str, type_name: str, numel: int) -> np.ndarray:
-        """Storage `key` as a read-only 1-D memory map of its member, numel elements of the named type."""
+        """Storage `key` as a read-only 1-D view of the archive's one memory map, numel elements of the named type."""
         if key in self._storages:
             seen, array = self._storages[key]
             if (seen, array.size) != (type_name, numel):
@@ -147,7 +148,11 @@ class _TorchArchive:
         if info.file_size != numel * dtype.itemsize:
             raise ConversionError(f"{self.path}: storage {key!r} holds {info.file_size} bytes, not "
                                   f"{numel} x {dtype.itemsize}")
-        array = np.memmap(self.path, dtype, mode="r", offset=offset, shape=(numel,)) if numel else np.zeros(0, dtype)
+        if numel and self._map is None:
+            # One map of the archive, every storage a view of it: a map holds a file descriptor of its own, and
+            # a training checkpoint of ~1,250 storages mapped one by one failed under `ulimit -n 1024`.
+            self._map = np.memmap(self.path, np.uint8, mode="r")
+        array = self._map[offset: offset + info.file_size].view(dtype) if numel else np.zeros(0, dtype)
         self._storages[key] = (type_name, array)
         return array
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from sedd import config as config_lib
-from sedd import runs
+from sedd import runs, validate
 from sedd.convert.bd3lm import scalar_buffer
 from sedd.convert.fields import GPT2_TOKENS
 from sedd.convert.limits import MAX_TOKENIZER_BYTES, ConversionError, brief
@@ -45,13 +45,15 @@ def _read_gpt2(path: Path, pad: bool = False) -> GPT2Tokenizer:
         return GPT2Tokenizer(str(path), pad=pad)
     except (FileNotFoundError, ImportError):
         raise
+    except ValueError as e:  # our check of its regexes, or JSON that does not parse: a bounded message, kept whole
+        raise ConversionError(f"{path}: not a readable GPT-2 tokenizer: {e}") from None
     except Exception as e:  # the tokenizers package raises a bare Exception for a malformed file
         raise ConversionError(f"{path}: not a readable GPT-2 tokenizer: {brief(str(e))}") from None
 
 
 def _check_destination(dst: Path) -> None:
     if dst.exists() and not dst.is_dir():
-        raise ConversionError(f"{dst} is a file; choose a new directory (it was left as it is)")
+        raise ConversionError(f"{dst} exists and is not a directory; choose a new directory (it was left as it is)")
     held = sorted(p.name for p in dst.iterdir()) if dst.is_dir() else []
     if held:
         raise ConversionError(f"{dst} already holds {brief(held)}; choose a new or empty directory (it was "
@@ -139,9 +141,8 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`sedd convert SRC DST [--no_ema] [--tokenizer_path PATH] [--dtype D]`; returns the exit code."""
-    p = argparse.ArgumentParser(
+def _parser() -> argparse.ArgumentParser:
+    p = validate.OneLineParser(
         prog="sedd convert",
         description="Convert PyTorch weights into a run directory for sedd sample / eval / serve: the original "
                     "SEDD's (the published folder with config.json + pytorch_model.bin or model.safetensors, or "
@@ -154,8 +155,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="GPT-2's tokenizer.json, or a folder with vocab.json + merges.txt (default: inside SRC)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                    help="compute dtype of the converted model (bfloat16 as the original on GPUs)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`sedd convert SRC DST [--no_ema] [--tokenizer_path PATH] [--dtype D]`; returns the exit code."""
+    args = _parser().parse_args(argv)
     try:
+        validate.check_args("convert", args)  # paths of the right kind (no FIFO, no device) before any work
         summary = convert(args.src, args.dst, ema=not args.no_ema, tokenizer_path=args.tokenizer_path,
                           dtype=args.dtype)
     except (ValueError, FileNotFoundError, ImportError, OSError) as e:

@@ -175,7 +175,7 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
             return JSONResponse({"status": "engine_failed", "model": name}, status_code=503)
         return JSONResponse({"status": "ok", "model": name, "step": run.step, "queued": engine.queued,
                              "batches": engine.batches, "programs": len(engine.programs),
-                             "compiles": engine.compiles})
+                             "compiles": engine.compiles, "streams": streams[0]})
 
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": created,
@@ -394,35 +394,40 @@ async def _stream(texts: Texts, p: Plan, stop: list[str], head: dict, future: co
     finish_reason, then [DONE]. A failure after the stream has begun is an
     event {"error": ...}. A client that hangs up (sse-starlette then cancels
     this generator) or a timeout drops the job if it has not started.
+
+    The job's end is one more item of the queue (None, after the states it
+    handed over), so the stream waits on one queue and starts no task of its
+    own: a task left waiting on the queue of a stream whose client hung up
+    was destroyed pending ("Task was destroyed but it is pending!" in the log).
     """
     streamed = Streamed(texts, p, stop)
-    waiter = asyncio.wrap_future(future)
+    queue = asyncio.Queue() if queue is None else queue
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
+
+    def finished(_):  # on the engine's thread
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+        except RuntimeError:  # the loop is closed: the server has stopped, nobody waits
+            pass
 
     def chunk(i, text, reason=None):
         return {"data": json.dumps({**head, "choices": [{"index": i, "text": text, "logprobs": None,
                                                          "finish_reason": reason}]})}
 
+    future.add_done_callback(finished)
     try:
-        while not waiter.done():
-            wanted = {waiter} if queue is None else {waiter, asyncio.ensure_future(queue.get())}
-            done, pending = await asyncio.wait(wanted, timeout=deadline - loop.time(),
-                                               return_when=asyncio.FIRST_COMPLETED)
-            for task in pending - {waiter}:
-                task.cancel()
-            if not done:
+        while (item := await _next(queue, deadline - loop.time())) is not None:
+            if item is TimeoutError:
                 error = APIError(503, f"the request waited more than {timeout_s:g} s; the server is busy, retry "
                                       "later", None, "timeout", kind="server_error")
                 yield {"data": json.dumps({"error": error.response_body()})}
                 return
-            for task in done - {waiter}:
-                i, ids = task.result()
-                text = streamed.update(i, ids)
-                if text:
-                    yield chunk(i, text)
+            text = streamed.update(*item)
+            if text:
+                yield chunk(item[0], text)
         try:
-            ids, _, _ = waiter.result()
+            ids, _, _ = future.result()
         except Exception:  # noqa: BLE001  the engine failed: the client hears of it, the log has the traceback
             yield {"data": json.dumps({"error": _internal_error("a streamed completion").response_body()})}
             return
@@ -432,7 +437,14 @@ async def _stream(texts: Texts, p: Plan, stop: list[str], head: dict, future: co
         yield {"data": "[DONE]"}
     finally:
         future.cancel()  # no effect once it has run
-        waiter.cancel()
+
+
+async def _next(queue: asyncio.Queue, seconds: float):
+    """The queue's next item, or TimeoutError (the class) when none came within `seconds`."""
+    try:
+        return await asyncio.wait_for(queue.get(), max(seconds, 0.0))
+    except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
+        return TimeoutError
 
 
 async def _frames(texts: Texts, p: Plan, req: CompletionRequest, frames: tuple, choices: list[dict], head: dict,
@@ -453,6 +465,9 @@ async def _frames(texts: Texts, p: Plan, req: CompletionRequest, frames: tuple, 
     traj, calls, labels = frames
     steps = len(calls)
     for k in range(steps):
+        # A send that finds room in the socket's buffer returns without giving the event loop a turn, so a
+        # stream of 1,025 frames read as fast as it is written held every other request (/health 6 s).
+        await asyncio.sleep(0)
         frame = []
         for i in range(p.n):
             text, masked = texts.frame(traj[i, k], p, prompt, suffix)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import socket
 import sys
 import time
 
@@ -68,6 +69,29 @@ def header_timeout_protocol(seconds: float):
     return HeaderTimeout
 
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
+
+
+def check_address(host: str, port: int) -> None:
+    """Raise ValueError unless this machine can listen on host:port: resolved and bound once, then let go.
+
+    Checked before the run is read, so a name that does not resolve, an
+    address of another machine or a port in use is one line, not uvicorn's
+    error after the model has loaded.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise ValueError(f"--host {host!r} is not an address of this machine ({e})") from None
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind(address)
+        except OSError as e:
+            raise ValueError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     d = Limits()
     parser = validate.OneLineParser(prog="sedd serve", description=DESCRIPTION)
@@ -97,7 +121,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--window_ms", type=float, default=d.window_s * 1e3,
                         help="collection window of a batch, in milliseconds (0: no batching wait)")
     parser.add_argument("--max_body", type=int, default=d.max_body_bytes, help="largest request body, bytes")
-    parser.add_argument("--log_level", default="info", help="uvicorn's log level (warning: no line per request)")
+    parser.add_argument("--log_level", default="info", choices=LOG_LEVELS,
+                        help="uvicorn's log level (warning: no line per request)")
     parser.add_argument("--warmup", action="store_true",
                         help="compile every batch size of the warm-up steps and the default sampler before serving")
     parser.add_argument("--warmup_steps", type=int, default=None, help="steps to compile (default: the run's)")
@@ -111,6 +136,7 @@ def _options(args) -> tuple[Limits, tuple[str, ...], str | None]:
       ValueError: naming the option and the value refused.
     """
     validate.check_args("serve", args)  # every number in its bounds (sedd.validate.CLI_BOUNDS["serve"])
+    check_address(args.host, args.port)
     if args.max_batch < args.max_n:
         raise ValueError(f"--max_batch {args.max_batch} must be at least --max_n {args.max_n}")
     if args.warmup_steps is not None and not 1 <= args.warmup_steps <= args.max_steps:
