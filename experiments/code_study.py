@@ -129,17 +129,22 @@ def denoise_picture(workdir: str, prompt: str, sampler: str, frames: int, out: P
     result = run.sample(jax.random.key(1), 1, steps, sampler, fixed_mask=mask, fixed_tokens=tokens,
                         return_trajectory=True, trajectory_every=every)
     mask_id = run.graph.dim - 1
-    texts = ["".join(sampling.MASK_CHAR if i == mask_id else run.tokenizer.decode([i])
-                     for i in np.asarray(frame[0]).tolist()) for frame in result.trajectory]
-    picks = sorted({round(k * (len(texts) - 1) / 3) for k in range(4)})
+
+    def text(ids) -> str:
+        return "".join(sampling.MASK_CHAR if i == mask_id else run.tokenizer.decode([i]) for i in ids)
+
+    frames = [(f"after {k * every} of {steps} steps", text(np.asarray(f[0]).tolist()))
+              for k, f in enumerate(result.trajectory)]
+    picks = [frames[round(k * (len(frames) - 1) / 6)] for k in range(3)] + [("the completion",
+                                                                              text(result.tokens[0].tolist()))]
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(picks), figsize=(4.2 * len(picks), 5.5))
-    for ax, k in zip(np.atleast_1d(axes), picks):
-        ax.text(0, 1, texts[k].replace("\t", "    "), family="monospace", fontsize=6.5, va="top",
-                transform=ax.transAxes)
-        ax.set_title(f"after {min(k * every, steps)} of {steps} steps", fontsize=8)
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8))
+    for ax, (label, body) in zip(axes.flat, picks):
+        ax.text(0, 1, body.replace("\t", "    "), family="monospace", fontsize=6.5, va="top",
+                transform=ax.transAxes, clip_on=True)
+        ax.set_title(label, fontsize=8)
         ax.axis("off")
     fig.suptitle(f"{_name(run)}, {sampler}: a completion of {prompt!r} as it denoises", fontsize=9)
     fig.savefig(out / "code_denoise.png", dpi=130, bbox_inches="tight")
