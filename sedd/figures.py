@@ -184,9 +184,11 @@ def code_figures(run: runs.Run, dataset, num_prompts: int = 32, prompt_chars: in
         result.update({f"{name}_parse_rate": figures["parse_rate"], f"{name}_complete_share": figures["complete_share"],
                        f"{name}_tokenise_rate": figures["tokenise_rate"],
                        f"{name}_memorised_share": memo.share([t[prompt_chars:] for t in batch])})
-    nfe = int(out.stats["nfe"]) if out.stats and "nfe" in out.stats else None
+    stats = out.stats or {}
+    nfe = int(stats["nfe"]) if "nfe" in stats else None  # the batch's calls: its slowest row's
+    row_nfe = float(np.mean(stats["nfe_per_sample"])) if "nfe_per_sample" in stats else nfe
     written = run.seq_len - int(mask[0].sum())  # tokens each row writes after its prompt
-    result.update(nfe=nfe, tokens_per_call=written / nfe if nfe else None)
+    result.update(nfe=nfe, row_nfe=row_nfe, tokens_per_call=written / row_nfe if row_nfe else None)
     if judge is not None:
         check_same_vocabulary(run.tokenizer, judge.tokenizer)
         quality = evaluate.generative_perplexity(judge_nll(judge.model), np.asarray(out.tokens))
