@@ -10,6 +10,12 @@ A run directory holds everything needed to resume training or to use the model:
   checkpoints_unreadable/  checkpoints a resumed run could not read, set
                    aside (never deleted); see docs/reliability.md
 
+A distillation (`sedd distill`, ``sedd.distill``) is such a directory too: its
+config.json names its teacher and rounds (the distill section), its
+checkpoints' train states hold the round's teacher beside the student, and
+``lineage`` says which round a checkpoint is; loaded, it samples with that
+round's steps.
+
 ``load(workdir)`` restores the parameters alone (the EMA by default, as SEDD
 samples and evaluates) from an abstract target onto this process's devices:
 it never builds an optimizer or a train state. The network, graph and noise
