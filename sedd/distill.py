@@ -97,7 +97,8 @@ class DistillTrainer(train.Trainer):
         with sharding_lib.split_rows(self.batch_sharding):
             per_seq = sdtt.loss_per_position(
                 k_loss, teacher_fn, student_fn, self.kind.graph, self.kind.noise, batch, dt, block_size=groups,
-                t_min=c.training.sampling_eps, t_end=c.sampling.eps, divergence_name=c.distill.divergence).sum(-1)
+                t_min=c.training.sampling_eps, t_end=c.sampling.eps, divergence_name=c.distill.divergence,
+                target=c.distill.target).sum(-1)
         return per_seq.mean(), per_seq
 
     def _train_step(self, state, batch):
@@ -130,6 +131,8 @@ def check_distillable(config) -> None:
     kind.noise_groups(None)  # a kind without denoising steps refuses here
     if d.divergence not in sdtt.DIVERGENCES:
         raise ValueError(f"distill.divergence={d.divergence!r}; expected one of {', '.join(sdtt.DIVERGENCES)}")
+    if d.target not in sdtt.TARGETS:
+        raise ValueError(f"distill.target={d.target!r}; expected one of {', '.join(sdtt.TARGETS)}")
     if not (1 <= d.rounds <= 16 and d.teacher_steps >= 2 and d.teacher_steps % 2 ** d.rounds == 0):
         raise ValueError(f"distill.rounds={d.rounds} halvings of distill.teacher_steps={d.teacher_steps} must "
                          f"leave an integer number of steps >= 1: N0 must divide by 2^rounds")

@@ -32,7 +32,8 @@ whose expectation is q_l exactly: whether l unmasks in the first step is
 independent of every other position's draw, so the other positions of x_u
 have their right law given x_u^l = M. (SDTT's own target, the teacher's
 x0-prediction at the step each position unmasked, weights the two steps by
-P1(unmask) : P1(M) instead of (2)'s P1(unmask) : P1(M) P2(unmask).)
+P1(unmask) : P1(M) instead of (2)'s P1(unmask) : P1(M) P2(unmask); it is
+distill.target = "x0", ``x0_target``.)
 
 The loss. The student's one step p_l is (1) at x_t with c from t to s. The
 teacher's two-step law over the whole sequence is not a product, while the
@@ -71,6 +72,7 @@ from sedd.categorical import sample_categorical
 from sedd.graphs import Graph, log_expm1
 
 DIVERGENCES = ("kl_forward", "kl_backward", "tv")
+TARGETS = ("law", "x0")  # the two-step law, Eq. (3); SDTT's own: its mask mass, its tokens the teacher's second denoiser
 LOG_FLOOR = -80.0  # log-probabilities are floored here (e^-80 ~ 2e-35): finite terms and gradients everywhere
 
 BlockScoreFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
@@ -121,6 +123,25 @@ def two_step_log_law(graph: Graph, log_p1: jax.Array, log_p2: jax.Array) -> jax.
     return jnp.maximum(jnp.concatenate([tokens, carried[..., m:]], axis=-1), LOG_FLOOR)
 
 
+def x0_target(graph: Graph, log_q: jax.Array, log_p2: jax.Array) -> jax.Array:
+    """SDTT's target in the form of a step's law: the mass of MASK of `log_q`, the tokens as the second step's.
+
+    SDTT (its ``_teacher_logprobs_on_mask``) asks the student's denoiser to
+    match the teacher's at the step a position unmasks, and for a position
+    still masked after the first step that is the teacher's denoiser at x_u:
+    here q(M) stays the two-step law's and its token mass 1 - q(M) is shared
+    as P2's tokens, P2(y) / (1 - P2(M)).
+
+    Args:
+      log_q: float32[B, L, D] the two-step law (``two_step_log_law``); log_p2: the second step's.
+    """
+    m = graph.mask
+    stay = log_q[..., m:m + 1]
+    tokens = log_p2[..., :m] - jax.nn.logsumexp(log_p2[..., :m], axis=-1, keepdims=True)
+    moved = jnp.log(jnp.maximum(-jnp.expm1(stay), 1e-35))  # log(1 - q(M))
+    return jnp.maximum(jnp.concatenate([tokens + moved, stay], axis=-1), LOG_FLOOR)
+
+
 def divergence(name: str, log_q: jax.Array, log_p: jax.Array) -> jax.Array:
     """The divergence `name` of ``DIVERGENCES`` between the target q and the student p over the last axis: float[...].
 
@@ -138,7 +159,7 @@ def divergence(name: str, log_q: jax.Array, log_p: jax.Array) -> jax.Array:
 
 def loss_per_position(key: jax.Array, teacher_fn: BlockScoreFn, student_fn: BlockScoreFn, graph: Graph,
                       noise: Callable, x0: jax.Array, dt: jax.Array, *, block_size: int, t_min: float,
-                      t_end: float, divergence_name: str = "kl_backward") -> jax.Array:
+                      t_end: float, divergence_name: str = "kl_backward", target: str = "law") -> jax.Array:
     r"""One draw of the SDTT objective at every position: float32[B, L], nats.
 
     Each noise group (the row for SEDD, each block for block diffusion) draws
@@ -161,7 +182,10 @@ def loss_per_position(key: jax.Array, teacher_fn: BlockScoreFn, student_fn: Bloc
       t_min: the lowest t drawn (training.sampling_eps).
       t_end: the sampler's last time (sampling.eps).
       divergence_name: one of ``DIVERGENCES``.
+      target: "law" (Eq. (3)) or "x0" (SDTT's, ``x0_target``).
     """
+    if target not in TARGETS:
+        raise ValueError(f"unknown distillation target {target!r}; expected one of {', '.join(TARGETS)}")
     k_t, k_x, k_u = jax.random.split(key, 3)
     b, length = x0.shape
     groups = length // block_size
@@ -174,5 +198,7 @@ def loss_per_position(key: jax.Array, teacher_fn: BlockScoreFn, student_fn: Bloc
     x_u = sample_categorical(k_u, jnp.exp(log_p1))  # (B, L)
     log_p2 = step_log_law(graph, jax.lax.stop_gradient(teacher_fn(x_u, x0, sig_u)), x_u, at(sig_u), at(sig_s))
     log_q = two_step_log_law(graph, log_p1, log_p2)
+    if target == "x0":
+        log_q = x0_target(graph, log_q, log_p2)
     log_p = step_log_law(graph, student_fn(x_t, x0, sig_t), x_t, at(sig_t), at(sig_s))
     return jnp.where(x_u == graph.mask, divergence(divergence_name, log_q, log_p), 0.0)

@@ -163,6 +163,10 @@ def test_the_step_laws_are_the_samplers_and_the_two_step_target_is_their_composi
     want[..., V] = e1[..., V] * e2[..., V]
     np.testing.assert_allclose(q, want, atol=1e-6)
     np.testing.assert_allclose(q.sum(-1), 1.0, atol=1e-6)
+    x0 = np.exp(np.asarray(sdtt.x0_target(graph, sdtt.two_step_log_law(graph, p1, p2), p2)))  # SDTT's target
+    np.testing.assert_allclose(x0[..., V], q[..., V], atol=1e-6)  # the law's MASK mass, P2's tokens
+    np.testing.assert_allclose(x0[..., :V] / x0[..., :V].sum(-1, keepdims=True),
+                               e2[..., :V] / e2[..., :V].sum(-1, keepdims=True), atol=1e-5)
     for name in sdtt.DIVERGENCES:  # zero at equality, positive elsewhere
         assert float(jnp.abs(sdtt.divergence(name, p1, p1)).max()) < 1e-6
         assert float(sdtt.divergence(name, p1, p2)[0, 0]) > 1e-3
