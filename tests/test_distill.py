@@ -256,3 +256,23 @@ def test_distill_refuses_what_it_cannot_distill_in_one_line(teacher, tmp_path, c
         (other / runs.CHECKPOINTS / "1").mkdir(parents=True)
         refused(["distill", "--teacher", str(other), "--workdir", str(tmp_path / "out")], message)
     assert not (tmp_path / "out").exists()  # refused before any work
+
+
+def test_block_diffusion_distils_within_its_blocks():
+    """The block kind's noise groups are its blocks: each at its own t, given the clean blocks before it."""
+    from sedd import kinds
+    import ml_collections
+    config = ml_collections.ConfigDict({"vocab_size": 5, **config_lib.load_config("tiny", [
+        "--config.model.kind=block", "--config.model.block_size=4", "--config.data.seq_len=8",
+        "--config.model.n_blocks=1"]).to_dict()})
+    kind = kinds.get(config)
+    model = kind.network(0)
+    groups, fn = kind.noise_groups(model)
+    assert groups == 4
+    x0 = jax.random.randint(jax.random.key(0), (3, 8), 0, 5)
+    loss = sdtt.loss_per_position(jax.random.key(1), fn, fn, kind.graph, kind.noise, x0, jnp.float32(0.25),
+                                  block_size=groups, t_min=1e-3, t_end=1e-5)
+    assert loss.shape == (3, 8) and bool(jnp.all(jnp.isfinite(loss))) and bool(jnp.all(loss >= -1e-6))
+    config.model.kind = "ar"
+    with pytest.raises(ValueError, match="no denoising steps to distill"):
+        kinds.get(config).noise_groups(model)
