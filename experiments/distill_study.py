@@ -58,6 +58,37 @@ def letters_entropy_bits(texts: list[str]) -> float:
     return float(-(p * np.log2(p)).sum())
 
 
+def exact_figures(chain, steps: int, num_samples: int, length: int, noise_eps: float, end: float,
+                  seed: int = 0) -> dict:
+    """The figures of ``sample_figures`` for the analytic sampler with the chain's exact denoiser (no network).
+
+    At a masked position the step t -> s unmasks with the log-linear
+    schedule's probability (m_t - m_s) / m_t, m_t = (1 - noise.eps) t, and
+    draws its letter from the chain's exact law given the letters revealed
+    (``MarkovChain.posteriors``); positions step independently, as the
+    sampler's do; the final denoise fills every position left. So it is the
+    best any teacher of this sampler can write at N steps, and what a
+    distilled student matching its marginals writes too.
+    """
+    rng = np.random.default_rng(seed)
+    x = -np.ones((num_samples, length), np.int64)
+    masked = lambda t: (1.0 - noise_eps) * t  # noqa: E731
+
+    def draw(x, where):
+        post = chain.posteriors(x)  # (B, L, V)
+        token = (post.cumsum(-1) < rng.random(x.shape + (1,))).sum(-1).clip(0, chain.vocab_size - 1)
+        return np.where(where, token, x)
+
+    grid = np.linspace(1.0, end, steps + 1)
+    for t, s in zip(grid[:-1], grid[1:]):
+        x = draw(x, (x < 0) & (rng.random(x.shape) < (masked(t) - masked(s)) / masked(t)))
+    x = draw(x, x < 0)
+    texts = ["".join(LETTERS[i] for i in row) for row in x]
+    nll, se, scored = texts_nll(texts, chain)
+    return {"nll_nats_per_char": nll, "nll_2se": 2 * se, "scored_share": scored,
+            "unigram_bits": letters_entropy_bits(texts), "nfe": 0}
+
+
 def models(teacher: str, students: list[str]) -> list[dict]:
     """The teacher, then each round of each distillation: {label, workdir, step, minutes, round, divergence}."""
     rows = [json.loads(line) for line in (Path(teacher) / runs.METRICS).read_text().splitlines() if line.strip()]
@@ -75,9 +106,9 @@ def models(teacher: str, students: list[str]) -> list[dict]:
     return out
 
 
-def sample_figures(run: runs.Run, steps: int, num_samples: int, chain, key) -> dict:
+def sample_figures(run: runs.Run, steps: int, num_samples: int, chain, key, sampler: str = SAMPLER) -> dict:
     """The samples' exact NLL (nats/char, 2 s.e., share of characters scored), letters' entropy, calls made."""
-    out = run.sample(key, num_samples, steps, SAMPLER, return_stats=True)
+    out = run.sample(key, num_samples, steps, sampler, return_stats=True)
     texts = [run.decode(row) for row in out.tokens]
     nll, se, scored = texts_nll(texts, chain)
     return {"nll_nats_per_char": nll, "nll_2se": 2 * se, "scored_share": scored,
@@ -99,8 +130,12 @@ def speed(run: runs.Run, steps: list[int], repeats: int, key) -> dict[int, dict]
 
 
 def study(teacher: str, students: list[str], markov_seed: int, steps: list[int], num_samples: int,
-          repeats: int, eval_batches: int) -> dict:
-    """Every model's figures at every N (``sample_figures``), its bound and minutes, and the speed of each N."""
+          repeats: int, eval_batches: int, references: tuple[str, ...] = (), exact: bool = False) -> dict:
+    """Every model's figures at every N (``sample_figures``), its bound and minutes, and the speed of each N.
+
+    references: other samplers of the teacher drawn at the same N (rows "teacher, <sampler>"); exact: rows
+    of the chain's own denoiser with the analytic sampler (``exact_figures``).
+    """
     chain = markov_chain(markov_seed)
     key = jax.random.key(0)
     rows = []
@@ -109,14 +144,25 @@ def study(teacher: str, students: list[str], markov_seed: int, steps: list[int],
         bound = figures.evaluate_run(m["workdir"], num_t=64, batch_size=32, max_batches=eval_batches,
                                      step=m["step"], progress=False)
         for n in steps:
-            row = {**m, "steps": n, "bound_bits_per_char": bound["bits_per_char"],
+            row = {**m, "steps": n, "sampler": SAMPLER, "bound_bits_per_char": bound["bits_per_char"],
                    **sample_figures(run, n, num_samples, chain, key)}
             rows.append(row)
             print(json.dumps(row, default=float), flush=True)
     base = runs.load(teacher)
+    for label, sampler in [("teacher, " + r, r) for r in references]:  # other samplers of the teacher, for reference
+        for n in steps:
+            rows.append({**rows[0], "label": label, "minutes": None, "steps": n, "sampler": sampler,
+                         **sample_figures(base, n, num_samples, chain, key, sampler)})
+            print(json.dumps(rows[-1], default=float), flush=True)
     rates = speed(base, steps, repeats, key)
     for row in rows:
         row.update(rates[row["steps"]])
+    if exact:
+        c = base.config
+        for n in steps:
+            rows.append({"label": "exact denoiser", "steps": n, "minutes": None, "bound_bits_per_char": math.nan,
+                         "chars_per_s": math.nan, "vs_ar": math.nan, "sampler": SAMPLER,
+                         **exact_figures(chain, n, num_samples, base.seq_len, c.noise.eps, c.sampling.eps)})
     return {"rows": rows, "machine": machine(), "length": base.seq_len, "markov_seed": markov_seed, "num_samples": num_samples,
             "sampler": SAMPLER, "rate_nats_per_char": chain.entropy_rate(),
             "unigram_bits": unigram_entropy_nats(chain) / LN2}
@@ -128,10 +174,10 @@ def write(result: dict, out: Path, plot: bool = True) -> None:
     (out / "distill_study.json").write_text(json.dumps(result, indent=1, default=float))
     header = ["model", "N", "calls", "exact NLL nats/char", "unigram bits", "bound bits/char", "minutes",
               "chars/s B=1", "x AR B=1"]
+    num = lambda x, f: "" if x is None or not math.isfinite(x) else format(x, f)  # noqa: E731
     table = [[r["label"], r["steps"], r["nfe"], f"{r['nll_nats_per_char']:.3f} +- {r['nll_2se']:.3f}",
-              f"{r['unigram_bits']:.3f}", f"{r['bound_bits_per_char']:.3f}",
-              "" if r["minutes"] is None else f"{r['minutes']:.1f}", f"{r['chars_per_s']:.0f}", f"{r['vs_ar']:.2f}"]
-             for r in result["rows"]]
+              f"{r['unigram_bits']:.3f}", num(r["bound_bits_per_char"], ".3f"), num(r["minutes"], ".1f"),
+              num(r["chars_per_s"], ".0f"), num(r["vs_ar"], ".2f")] for r in result["rows"]]
     text = format_table(header, table)
     (out / "distill_study.md").write_text(
         f"chain {result['markov_seed']}: entropy rate {result['rate_nats_per_char']:.3f} nats/char, unigram "
@@ -146,7 +192,7 @@ def write(result: dict, out: Path, plot: bool = True) -> None:
     labels = list(dict.fromkeys(r["label"] for r in result["rows"]))
     for label in labels:
         rs = [r for r in result["rows"] if r["label"] == label]
-        style = dict(color="k", lw=2) if label == "teacher" else {}
+        style = {"teacher": dict(color="k", lw=2), "exact denoiser": dict(color="gray", ls="--")}.get(label, {})
         left.errorbar([r["steps"] for r in rs], [r["nll_nats_per_char"] for r in rs],
                       yerr=[r["nll_2se"] for r in rs], marker="o", ms=3, capsize=2, label=label, **style)
         right.plot([r["steps"] for r in rs], [r["unigram_bits"] for r in rs], marker="o", ms=3, label=label,
@@ -174,11 +220,14 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="timed rounds of the speed columns")
     p.add_argument("--eval_batches", type=int, default=8)
     p.add_argument("--out", default="distill_study")
+    p.add_argument("--references", default="", help="other samplers of the teacher at the same N, e.g. confidence")
+    p.add_argument("--exact", action="store_true", help="rows of the chain's exact denoiser (the best teacher)")
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
     steps = [int(s) for s in re.split(r"[,\s]+", args.steps.strip()) if s]
+    references = tuple(s for s in args.references.split(",") if s)
     write(study(args.teacher, args.students, args.markov_seed, steps, args.num_samples, args.repeats,
-                args.eval_batches), Path(args.out), plot=not args.no_plot)
+                args.eval_batches, references, args.exact), Path(args.out), plot=not args.no_plot)
     return 0
 
 

@@ -159,7 +159,7 @@ def divergence(name: str, log_q: jax.Array, log_p: jax.Array) -> jax.Array:
 
 def loss_per_position(key: jax.Array, teacher_fn: BlockScoreFn, student_fn: BlockScoreFn, graph: Graph,
                       noise: Callable, x0: jax.Array, dt: jax.Array, *, block_size: int, t_min: float,
-                      t_end: float, divergence_name: str = "kl_backward", target: str = "law") -> jax.Array:
+                      t_end: float, divergence_name: str = "kl_backward", target: str = "x0") -> jax.Array:
     r"""One draw of the SDTT objective at every position: float32[B, L], nats.
 
     Each noise group (the row for SEDD, each block for block diffusion) draws

@@ -43,7 +43,8 @@ def _tiny(data_dir, *extra):
 def _distill_overrides(data_dir):
     return [f"--config.data.data_dir={data_dir}", f"--config.distill.round_steps={ROUND_STEPS}",
             f"--config.training.ckpt_every={CKPT_EVERY}", "--config.training.log_every=10",
-            "--config.optim.lr=1e-4", "--config.optim.warmup=5", "--config.training.batch_size=64"]
+            "--config.optim.lr=1e-4", "--config.optim.warmup=5", "--config.training.batch_size=64",
+            "--config.distill.target=law"]  # the teacher's two-step law itself, the target the exact checks compute
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +179,8 @@ def test_each_round_moves_the_students_one_step_toward_its_teachers_two_steps(te
     r1, r2 = runs.load(workdir, step=ROUND_STEPS), runs.load(workdir)
     assert (t.config.sampling.steps, r1.config.sampling.steps, r2.config.sampling.steps) == (4, 2, 1)
     assert runs.lineage(r2.config, r2.step) == {"teacher": str(teacher.resolve()), "teacher_step": 120, "round": 2,
-                                                "rounds": 2, "steps": 1, "divergence": "kl_backward"}
+                                                "rounds": 2, "steps": 1, "divergence": "kl_backward",
+                                                "target": "law"}
     before, after = exact_divergences(t, t, 4), exact_divergences(r1, t, 4)  # round 1: 4 -> 2 steps
     assert after["objective"] < 0.99 * before["objective"], (before, after)  # what the round minimises
     assert after["reverse"] < 0.98 * before["reverse"], (before, after)  # the whole sequence's laws

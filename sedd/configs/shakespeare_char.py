@@ -124,5 +124,5 @@ def distill_section() -> ml_collections.ConfigDict:
     d.rounds = 0  # R: rounds, each halving the steps; the student samples with N0 / 2^R
     d.round_steps = 500  # training steps a round
     d.divergence = "kl_backward"  # between the teacher's two steps and the student's one: sedd.sdtt.DIVERGENCES
-    d.target = "law"  # "law": the teacher's two-step law; "x0": SDTT's, its second step's denoiser (sedd.sdtt.TARGETS)
+    d.target = "x0"  # "x0": SDTT's, the teacher's second-step denoiser; "law": its two-step law (sedd.sdtt.TARGETS)
     return d
