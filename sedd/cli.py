@@ -1,9 +1,10 @@
-"""The `sedd` command: train | sample | eval | convert | serve. Thin: it parses and calls library functions.
+"""The `sedd` command: train | distill | sample | eval | convert | serve. Thin: it parses and calls library functions.
 
   sedd train  [--config FILE|NAME] [--workdir DIR] [--config.section.key=value ...]
   sedd sample --workdir DIR [--steps N] [--sampler P] [--num_samples K] [--seed S]
               [--prefix TEXT] [--suffix TEXT] [--infill TEMPLATE [--blank C]] [--temperature T] [--top_p P]
               [--output FILE[.jsonl]] [--animate]
+  sedd distill --teacher RUN --workdir DIR [--rounds R] [--config.section.key=value ...]
   sedd eval   --workdir DIR [--split S] [--num_t N] [--max_batches K] [--config.data.path=... ...]
               [--code_samples K [--prompt_chars P] [--judge AR_RUN]]
   sedd convert SRC DST [--no_ema] [--tokenizer_path PATH] [--dtype D]   (SEDD's, MDLM's, BD3-LM's, DUO's weights)
@@ -25,7 +26,7 @@ import jax
 import numpy as np
 
 from sedd import config as config_lib
-from sedd import convert, figures, kernels, runs, sampling, sharding, train, validate
+from sedd import convert, distill, figures, kernels, runs, sampling, sharding, train, validate
 from sedd.data import BUILDERS, default_data_dir, load_tokenizer
 from sedd.data.builders import MANIFEST
 from sedd.data.tokenizers import EOS_TEXT
@@ -65,6 +66,32 @@ def _train(args, overrides: list[str]) -> int:
         print(f"\nmore: sedd sample --workdir {workdir} --prefix '{prompt}' --seed 1")
     except ValueError:
         print(f"\nmore: sedd sample --workdir {workdir} --seed 1")
+    return 0
+
+
+def _distill(args, overrides: list[str]) -> int:
+    config = distill.distill_config(args.teacher, overrides, args.rounds)
+    runs.check_config(config, f"--teacher {args.teacher}" + " and the overrides" * bool(overrides))
+    d = config.distill
+    print(f"run directory: {args.workdir}\nteacher: {d.teacher} (step {d.teacher_step}, {d.teacher_steps} steps); "
+          f"{d.rounds} round(s) of {d.round_steps} steps, divergence {d.divergence}: "
+          + " -> ".join(str(d.teacher_steps >> r) for r in range(d.rounds + 1)) + " sampling steps")
+    result = distill.distill(config, args.workdir, split_cpu=True)
+    if result.get("stopped"):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return 0
+    bound = result["bound"]
+    unit = "char" if "bits_per_char" in bound else "token"
+    print()
+    for r in result["rounds"]:
+        minutes = "?" if r["minutes"] is None else f"{r['minutes']:.1f}"
+        print(f"round {r['round']}: {r['steps']} steps, {minutes} min, divergence "
+              f"{r['loss_nats_per_token']:.4f} nats/token (last logged)")
+    print(f"step {result['step']}: validation bound {bound[f'bits_per_{unit}']:.3f} bits/{unit}; the student samples "
+          f"with {config.sampling.steps} steps by default")
+    for i, s in enumerate(result["samples"]):
+        print(f"--- sample {i}\n{s}")
+    print(f"\nmore: sedd sample --workdir {args.workdir} --seed 1")
     return 0
 
 
@@ -270,6 +297,16 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"a config file, or a shipped config's name ({', '.join(config_lib.shipped_configs())})")
     p.add_argument("--workdir", default=None, help="run directory (default: checkpoints/<config name>)")
 
+    p = sub.add_parser("distill", help="a student that samples in fewer steps (distillation through time)",
+                       description="Self-distillation through time (SDTT): each round a student whose one step "
+                       "matches two of its teacher's, halving the sampling steps; a run directory like any other "
+                       "(docs/distillation.md). Override any config field with --config.section.key=value "
+                       "(distill.round_steps, distill.divergence, optim.lr, ...).")
+    p.add_argument("--teacher", required=True, help="run directory of the trained teacher (absorbing graph)")
+    p.add_argument("--workdir", required=True, help="run directory of the distillation (resumed if it exists)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help=f"halvings of the teacher's sampling steps (default {distill.DEFAULT_ROUNDS}: 8x fewer)")
+
     p = sub.add_parser("sample", help="write text with a trained model")
     p.add_argument("--workdir", required=True, help="run directory of a trained model")
     p.add_argument("--steps", type=int, default=None, help="reverse steps (default: the config's)")
@@ -343,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return _train(args, rest)
+        if args.command == "distill":
+            return _distill(args, rest)
         if args.command == "eval":
             return _eval(args, rest)
         if rest:

@@ -238,6 +238,18 @@ class Kind:
         """The figures of ``sedd.evaluate.dataset_bound`` (or its exact counterpart) on batches of a split."""
         raise NotImplementedError
 
+    def noise_groups(self, model: DDiT, train: bool = False, rngs=None) -> tuple[int, Callable]:
+        """(b, fn): the network as positions in groups of b that share a noise level (``sedd.sdtt``'s distillation).
+
+        fn(x_t int32[B, L], x0 int32[B, L], sigma float[B, L / b]) -> log-score float32[B, L, D]; dropout from
+        rngs when train.
+
+        Raises:
+          ValueError: a kind without denoising steps to distill.
+        """
+        raise ValueError(f"model.kind={self.name!r} has no denoising steps to distill (sedd distill takes a "
+                         "SEDD or block-diffusion run of the absorbing graph)")
+
     def sample(self, key: jax.Array, net: Net, num_samples: int, steps: int | None = None,
                predictor: str | None = None, rows: jax.sharding.Sharding | None = None,
                **options) -> sampling.Samples:
@@ -307,6 +319,11 @@ class Diffusion(Kind):
         return losses.loss_fn(key, lambda x, sigma: model(x, sigma, **net), self.graph, self.noise, x0,
                               sampling_eps=t.sampling_eps, low_discrepancy=t.low_discrepancy,
                               t_power=t.t_power if train else 0.0, entropy_fn=entropy)
+
+    def noise_groups(self, model, train=False, rngs=None):
+        """One group, the whole sequence, at the row's sigma: fn(x_t, x0, sigma float[B, 1]) = model(x_t, sigma[:, 0])."""
+        net = dict(deterministic=not train, rngs=rngs)
+        return self.config.data.seq_len, lambda x_t, x0, sigma: model(x_t, sigma[:, 0], **net)
 
     def check_sampler(self, name):
         super().check_sampler(name)
@@ -480,6 +497,11 @@ class BlockDiffusion(Diffusion):
         return block.rows_program(graphdef, self.graph, self.noise, block_size=self.block_size, steps=steps,
                                   predictor=sampler, eps=float(s.eps), categorical=s.categorical,
                                   trajectory=trajectory, live=live)
+
+    def noise_groups(self, model, train=False, rngs=None):
+        """The blocks, each at its own sigma and given x0's blocks before it (``sedd.block.log_score``)."""
+        return self.block_size, lambda x_t, x0, sigma: block.log_score(
+            model, x_t, x0, sigma, self.block_size, deterministic=not train, rngs=rngs)
 
     def network(self, seed=0):
         """SEDD's network whose blocks decode b positions at a time against the clean blocks' cache."""

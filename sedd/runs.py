@@ -10,6 +10,12 @@ A run directory holds everything needed to resume training or to use the model:
   checkpoints_unreadable/  checkpoints a resumed run could not read, set
                    aside (never deleted); see docs/reliability.md
 
+A distillation (`sedd distill`, ``sedd.distill``) is such a directory too: its
+config.json names its teacher and rounds (the distill section), its
+checkpoints' train states hold the round's teacher beside the student, and
+``lineage`` says which round a checkpoint is; loaded, it samples with that
+round's steps.
+
 ``load(workdir)`` restores the parameters alone (the EMA by default, as SEDD
 samples and evaluates) from an abstract target onto this process's devices:
 it never builds an optimizer or a train state. The network, graph and noise
@@ -64,6 +70,7 @@ SIZE_BOUNDS = {
     "model.hidden_size": (1, 1 << 14), "model.cond_dim": (1, 1 << 14), "model.n_blocks": (1, 256),
     "model.n_heads": (1, 256), "model.mlp_ratio": (1, 64), "data.seq_len": (1, 1 << 17),
     "vocab_size": (2, 1 << 20), "sampling.steps": (1, 1 << 16), "model.vocab_multiple": (1, 1 << 12),
+    "distill.rounds": (0, 16), "distill.round_steps": (1, 1 << 30), "distill.teacher_steps": (0, 1 << 16),
 }
 """[low, high] of each size a run's config gives, checked before anything is built from it (the
 bounds of ``sedd.convert`` for the same sizes; sedd-medium has hidden_size 1024, 24 blocks, 16 heads,
@@ -634,7 +641,29 @@ def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
         params = params[which]
     else:
         params = restore(manager, {which: target}, step)[which]
+    if (line := lineage(config, step)) is not None:  # a distilled student samples with its round's steps
+        config.sampling.steps = line["steps"]
     return from_parts(config, tokenizer, graphdef, params, rest, step, mesh)
+
+
+def lineage(config, step: int) -> dict | None:
+    """What a distilled run's checkpoint of `step` is (``sedd.distill``); None for a run `sedd train` wrote.
+
+    Round r of R (distill.rounds) trains for distill.round_steps steps a student
+    whose one step is its teacher's two, so round r's student samples with
+    N0 / 2^r steps (N0 = distill.teacher_steps). The checkpoint of step k
+    belongs to round ceil(k / round_steps), capped at R (step 0: the teacher itself).
+
+    Returns:
+      {"teacher": its run directory, "teacher_step": the checkpoint distilled, "round": r, "rounds": R,
+      "steps": N0 / 2^r, "divergence": distill.divergence, "target": distill.target}, or None.
+    """
+    d = config.distill
+    if d.rounds < 1:
+        return None
+    r = min(-(-int(step) // d.round_steps), d.rounds)
+    return {"teacher": d.teacher, "teacher_step": d.teacher_step, "round": r, "rounds": d.rounds,
+            "steps": max(d.teacher_steps >> r, 1), "divergence": d.divergence, "target": d.target}
 
 
 def split_model(config, seed: int = 0):

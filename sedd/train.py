@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -199,7 +200,10 @@ class Trainer:
         return self._loss_jit(params, sharding_lib.place_global(batch, self.mesh, self._rules), key)
 
     def _init_state(self) -> dict:
-        params = nnx.state(self.kind.network(self.config.seed), nnx.Param)
+        return self.state_of(nnx.state(self.kind.network(self.config.seed), nnx.Param))
+
+    def state_of(self, params) -> dict:
+        """The train state at step 0 around these parameters (the EMA a copy of them, a fresh optimizer)."""
         return {
             "step": jnp.zeros((), jnp.int32),
             "params": params,
@@ -220,6 +224,14 @@ class Trainer:
             per_seq = self.kind.loss(k_loss, model, batch, train, rngs=k_drop if train else None)
         return per_seq.mean(), per_seq  # (), (B,)
 
+    def objective(self, params, key: jax.Array, batch: jax.Array, state: dict):
+        """What a training step minimises over `params`: (mean, per-sequence [B]) nats; the kind's loss here.
+
+        `state` is the train state the step starts from (a subclass's objective
+        may read more of it: ``sedd.distill``'s teacher).
+        """
+        return self._loss(params, key, batch, True)
+
     def _train_step(self, state: dict, batch: jax.Array) -> tuple[dict, dict]:
         r"""One AdamW update on the mean loss, then the EMA, unless the step is not finite.
 
@@ -230,7 +242,7 @@ class Trainer:
         """
         step = state["step"]
         key = jax.random.fold_in(jax.random.wrap_key_data(state["key"]), step)
-        (loss, _), grads = jax.value_and_grad(self._loss, has_aux=True)(state["params"], key, batch, True)
+        (loss, _), grads = jax.value_and_grad(self.objective, has_aux=True)(state["params"], key, batch, state)
         grad_norm = optax.tree.norm(grads)
         updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
@@ -245,6 +257,7 @@ class Trainer:
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
         new_state = {
+            **state,  # what a subclass keeps beside these (sedd.distill's teacher)
             "step": step + 1,
             "params": keep(params, state["params"]),
             "opt_state": keep(opt_state, state["opt_state"]),
@@ -503,8 +516,11 @@ def _save_failed(e: Exception, manager: ocp.CheckpointManager, what: str = "") -
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = False,
-          split_cpu: bool = False) -> dict:
+          split_cpu: bool = False, make_trainer: Callable[..., Trainer] = Trainer) -> dict:
     """Train (or resume) the run in `workdir`; returns the final figures.
+
+    make_trainer(config, mesh) builds the ``Trainer`` (a subclass trains
+    another objective in the same loop: ``sedd.distill``).
 
     The processes and devices are set up here, the one place, before any
     device is used: a multi-process job connects
@@ -561,7 +577,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
         (workdir / runs.CONFIG).write_text(config_lib.to_json(config))
 
     # ---- model, optimizer, state; resume from the newest checkpoint if any
-    trainer = Trainer(config, mesh)
+    trainer = make_trainer(config, mesh)
     for divisor, what in ((jax.process_count(), "processes"), (trainer.batch_divisor, "batch shards of the mesh")):
         if t.batch_size % divisor:
             raise ValueError(f"training.batch_size={t.batch_size} must divide by the {divisor} {what} "

@@ -1,6 +1,6 @@
 """One validation layer for the numbers and paths `sedd` is given: on the command line, in a run's files.
 
-Every number an option of `sedd sample`, `sedd eval` or `sedd serve` takes has
+Every number an option of `sedd sample`, `sedd eval`, `sedd distill` or `sedd serve` takes has
 a ``Bound`` here (its type, finite, its range and why), every path an option
 names a kind (a run directory to read, one to write, an output file), and
 ``check_args`` checks them all before any work: a value out of bounds is one
@@ -93,6 +93,7 @@ CLI_BOUNDS: dict[str, dict[str, Bound]] = {
         "warmup_steps": Bound(1, MAX_STEPS),
     },
     "train": {},
+    "distill": {"rounds": Bound(1, 16, why="halvings of the teacher's sampling steps")},
 }
 """The bound of every numeric option of each subcommand, by its argparse dest (None = the default, always allowed)."""
 
@@ -102,6 +103,7 @@ PATHS: dict[str, dict[str, str]] = {
     "serve": {"workdir": "run"},
     "train": {"workdir": "new_run", "config": "config"},
     "convert": {"src": "source", "dst": "new_run", "tokenizer_path": "source"},
+    "distill": {"teacher": "run", "workdir": "new_run"},
 }
 """The kind of each path option: a run directory to read, one that training creates or resumes, an output
 file, a config file (or a shipped config's name), a source to read (a regular file or a folder)."""

@@ -290,3 +290,32 @@ def test_block_study_on_a_markov_corpus(tmp_path):
     block_study.write(result, tmp_path / "out")
     assert "exact NLL nats/char" in (tmp_path / "out" / "block_study.md").read_text()
     assert (tmp_path / "out" / "block_study.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_distill_study_on_a_markov_corpus(tmp_path):
+    """distill_study.py on a tiny teacher of a markov corpus and its two-round distillation: every figure, the plot."""
+    from sedd import config as config_lib
+    from sedd import distill
+    from sedd import train as train_lib
+    distill_study = _load("experiments/distill_study.py")
+    corpus = study.write_markov_corpus(0, 50, tmp_path / "markov_seed0.txt")
+    data = [f"--config.data.data_dir={tmp_path / 'data'}"]
+    teacher_config = config_lib.load_config("shakespeare_char", [
+        *TINY_STUDY, *data, f"--config.data.path={corpus}", "--config.data.documents=lines",
+        "--config.training.n_iters=4", "--config.training.ckpt_every=4", "--config.training.eval_every=4"])
+    train_lib.train(teacher_config, tmp_path / "teacher", quiet=True)
+    distill.distill(distill.distill_config(tmp_path / "teacher", [*data, "--config.distill.round_steps=2"], rounds=2),
+                    tmp_path / "student", quiet=True)
+    result = distill_study.study(str(tmp_path / "teacher"), [str(tmp_path / "student")], 0, [4, 2], num_samples=4,
+                                 repeats=1, eval_batches=1, references=("confidence",), exact=True)
+    names = ("teacher", "student round 1", "student round 2", "teacher, confidence", "exact denoiser")
+    assert [(r["label"], r["steps"]) for r in result["rows"]] == [(name, n) for name in names for n in (4, 2)]
+    for row in result["rows"][-2:]:  # the chain's own denoiser: no network, no calls
+        assert row["nfe"] == 0 and row["nll_nats_per_char"] > 0
+    for row in result["rows"][:-2]:
+        assert row["nll_nats_per_char"] > 0 and 0 < row["unigram_bits"] <= math.log2(12) + 1e-9
+        assert row["vs_ar"] > 0 and row["nfe"] <= row["steps"] + 1 and math.isfinite(row["bound_bits_per_char"])
+    distill_study.write(result, tmp_path / "out")
+    assert "student round 2" in (tmp_path / "out" / "distill_study.md").read_text()
+    assert (tmp_path / "out" / "distill_study.png").stat().st_size > 0

@@ -156,7 +156,7 @@ def test_every_numeric_option_has_a_bound():
 @pytest.fixture
 def stubbed(monkeypatch, tmp_path):
     """Every command's work replaced by raising Reached; a run directory to name; a FIFO."""
-    for name in ("_sample", "_eval", "_train"):
+    for name in ("_sample", "_eval", "_train", "_distill"):
         monkeypatch.setattr(cli, name, lambda *a, **k: (_ for _ in ()).throw(Reached()))
     monkeypatch.setattr(serve_main.runs, "load", lambda *a, **k: (_ for _ in ()).throw(Reached()))
     monkeypatch.setattr(convert_write, "convert", lambda *a, **k: (_ for _ in ()).throw(Reached()))
@@ -187,6 +187,9 @@ def _argv(folder, command: str, flag: str, value: str) -> list[str]:
         if flag in given:
             return [command, *(value if name == flag else path for name, path in given.items())]
         return [command, *given.values(), flag, value]
+    if command == "distill":  # a teacher to read and a run directory to write, each unless it is the flag tried
+        return [command, *(a for f, path in (("--teacher", folder / "run"), ("--workdir", folder / "new"))
+                           if f != flag for a in (f, str(path))), flag, value]
     run = ["--workdir", str(folder / "run")] if command != "train" and flag != "--workdir" else []
     return [command, *run, flag, value]
 
@@ -219,6 +222,10 @@ def test_the_findings_of_the_report_one_by_one(stubbed, capsys):
         (["eval", *run, "--batch_size", "0"], "--batch_size must be an integer in [1, 65536]"),
         (["serve", *run, "--window_ms", "1e300"], "--window_ms must be a finite number in [0, 60000]"),
         (["sample", *run, "--steps", "nan"], "argument --steps: invalid int value: 'nan'"),
+        (["distill", "--teacher", str(stubbed / "run"), "--workdir", str(stubbed / "new"), "--rounds", "0"],
+         "--rounds must be an integer in [1, 16]"),
+        (["distill", "--teacher", str(stubbed / "absent"), "--workdir", str(stubbed / "new")],
+         "--teacher " + str(stubbed / "absent") + " is not a run directory"),
     ]:
         said = []
         assert _outcome(argv, capsys, said) == "refused"

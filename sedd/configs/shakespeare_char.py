@@ -101,6 +101,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.sampling.categorical = "precise"  # "precise" (exact small probabilities) or "gumbel32"
     c.sampling.eps = 1e-5  # the last time of the reverse grid
 
+    c.distill = distill_section()  # written by `sedd distill`; rounds = 0: a run `sedd train` wrote
+
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1  # devices along the data axis (-1: all that remain)
     c.mesh.fsdp = 1  # parameter sharding (ZeRO-3 style) axis
@@ -114,3 +116,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.mesh.num_processes = 0  # processes in the job; 0 = detected by jax
     c.mesh.process_id = -1  # this process's index; -1 = detected by jax
     return c
+
+
+def distill_section() -> ml_collections.ConfigDict:
+    """The distill section: what `sedd distill` (sedd.distill) fills in, and its own settings."""
+    d = ml_collections.ConfigDict()
+    d.teacher = ""  # the teacher's run directory (absolute)
+    d.teacher_step = -1  # the teacher's checkpoint distilled (-1: its newest, recorded when read)
+    d.teacher_steps = 0  # N0: the teacher's sampling steps that round 1 halves (0: its sampling.steps)
+    d.rounds = 0  # R: rounds, each halving the steps; the student samples with N0 / 2^R
+    d.round_steps = 500  # training steps a round
+    d.divergence = "kl_backward"  # between the teacher's two steps and the student's one: sedd.sdtt.DIVERGENCES
+    d.target = "x0"  # "x0": SDTT's, the teacher's second-step denoiser; "law": its two-step law (sedd.sdtt.TARGETS)
+    return d

@@ -1,0 +1,204 @@
+r"""Self-distillation through time (SDTT; Deschenaux & Gulcehre 2024, arXiv 2410.21035): the math.
+
+A sampler of the absorbing graph takes N steps on the grid 1 = t_0 > ... >
+t_N = eps. SDTT trains a student whose *one* step t -> t - 2 dt writes what
+the teacher writes in *two*, t -> t - dt -> t - 2 dt; rounds repeat it with
+the student as the next teacher, halving the steps each round.
+
+One step. At a masked position l the step t -> s of the euler and analytic
+samplers (``sedd.sampling.samplers``, ``absorbing_jump``) is, with s_y the
+score at sigma = sigma_bar(t) and c = e^{sigma_bar(t) - sigma_bar(s)} - 1,
+
+    p(M -> y) = c s_y / Z   (y a token),    p(M -> M) = max(0, 1 - c S) / Z,
+    S = sum_y s_y,   Z = max(1, c S),                                        (1)
+
+and a token never moves. For a normalised network (MDLM's SUBS,
+model.normalize) s_y = p(x0 = y | x_t) / (e^sigma - 1), so c S is the
+schedule's unmasking probability and only the token law is learnt; SEDD's
+unnormalised score also sets how likely the position unmasks.
+
+Two steps. The teacher's step t -> u = t - dt is a product over positions,
+so given x_u the second step u -> s factorises again. The two-step law of
+position l, summed over the teacher's first draw, is
+
+    q_l(y) = P1_l(y) + P1_l(M) E[P2_l(y) | x_u^l = M],    q_l(M) = P1_l(M) E[P2_l(M) | x_u^l = M],     (2)
+
+with P1 the teacher's step (1) at x_t and P2 its step at x_u. One draw of
+x_u, kept where l is still masked, gives
+
+    q^_l = P1_l + P1_l(M) P2_l(. | x_u)   (the M entry: P1_l(M) P2_l(M)),                             (3)
+
+whose expectation is q_l exactly: whether l unmasks in the first step is
+independent of every other position's draw, so the other positions of x_u
+have their right law given x_u^l = M. (SDTT's own target, the teacher's
+x0-prediction at the step each position unmasked, weights the two steps by
+P1(unmask) : P1(M) instead of (2)'s P1(unmask) : P1(M) P2(unmask); it is
+distill.target = "x0", ``x0_target``.)
+
+The loss. The student's one step p_l is (1) at x_t with c from t to s. The
+teacher's two-step law over the whole sequence is not a product, while the
+student's is; for any product law p,
+
+    KL(q_joint || prod_l p_l) = KL(q_joint || prod_l q_l) + sum_l KL(q_l || p_l),
+
+so the forward KL of the whole sequence is least where every marginal
+matches, and sum_l KL(q^_l || p_l) (``kl_forward``) is an unbiased estimate
+of it up to a constant (linear in q^). But for a teacher whose denoiser is
+exact the marginals (2) of two steps *are* those of one step (each is the
+exact p(x_s^l | x_t)), so that minimiser is the teacher itself: what few
+steps lose is the dependence between positions unmasked in the same step,
+which no product law can hold, and forward KL leaves it where it is (the
+tiny law of tests/test_distill.py measures both parts). ``kl_backward``,
+sum_l KL(p_l || q^_l), SDTT's best on OpenWebText and the default here, has
+for minimiser the normalised geometric mean exp E_{x_u}[log q^_l] of the
+targets over the teacher's first draws: mass stays on the tokens that are
+likely whatever the other positions drew, which is what a product law can do
+about the dependence (it is mode-seeking, so the study in
+docs/distillation.md watches the samples' entropy). ``tv`` is half the L1
+distance.
+
+Shapes: B batch, L length, D = graph.dim, V = graph.vocab_size, n_b noise
+groups (blocks) of a row: 1 for SEDD, L / b for block diffusion.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from sedd.categorical import sample_categorical
+from sedd.graphs import Graph, log_expm1
+
+DIVERGENCES = ("kl_forward", "kl_backward", "tv")
+TARGETS = ("law", "x0")  # the two-step law, Eq. (3); SDTT's own: its mask mass, its tokens the teacher's second denoiser
+LOG_FLOOR = -80.0  # log-probabilities are floored here (e^-80 ~ 2e-35): finite terms and gradients everywhere
+
+BlockScoreFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+"""(x_t int32[B, L], x0 int32[B, L], sigma float[B, n_b]) -> log-score float32[B, L, D]: the network
+at x_t, each noise group at its own sigma (block diffusion also reads x0's blocks before each)."""
+
+
+def step_log_law(graph: Graph, log_score: jax.Array, x: jax.Array, sigma: jax.Array,
+                 sigma_next: jax.Array) -> jax.Array:
+    r"""log p(x_s^l = . | x_t): one euler / analytic step t -> s of the absorbing graph, Eq. (1), at every position.
+
+    Computed in logs: log c = log(e^{dsigma} - 1) (``log_expm1``), log S a
+    logsumexp, so a step of any size and a score of any scale stay finite.
+    A token position is a point mass at its token.
+
+    Args:
+      graph: the absorbing graph.
+      log_score: float32[B, L, D] at x and sigma_bar(t).
+      x: int32[B, L] the state at t.
+      sigma, sigma_next: float[B, L] sigma_bar(t) > sigma_bar(s) at each position.
+    Returns:
+      float32[B, L, D] log-probabilities, floored at ``LOG_FLOOR``, each row summing to 1.
+    """
+    if not graph.absorb:
+        raise ValueError("step_log_law is the absorbing graph's step; the uniform graph's moves every token")
+    v = graph.vocab_size
+    log_c = log_expm1(jnp.maximum(sigma - sigma_next, 1e-12))[..., None]  # (B, L, 1)
+    tokens = log_c + log_score[..., :v].astype(jnp.float32)  # (B, L, V): log c s_y
+    log_cs = jax.nn.logsumexp(tokens, axis=-1, keepdims=True)  # (B, L, 1): log c S
+    log_z = jnp.maximum(log_cs, 0.0)  # log max(1, c S)
+    stay = jnp.log(jnp.maximum(-jnp.expm1(jnp.minimum(log_cs, 0.0)), 0.0) + 1e-35)  # log max(0, 1 - c S)
+    masked = jnp.concatenate([tokens, stay], axis=-1) - log_z  # (B, L, D)
+    point = jnp.where(jax.nn.one_hot(x, graph.dim, dtype=bool), 0.0, LOG_FLOOR)
+    return jnp.maximum(jnp.where((x == graph.mask)[..., None], masked, point), LOG_FLOOR)
+
+
+def two_step_log_law(graph: Graph, log_p1: jax.Array, log_p2: jax.Array) -> jax.Array:
+    """log q^ of Eq. (3): the first step's law, its MASK mass carried on by the second step's.
+
+    Args:
+      log_p1: float32[B, L, D] the step t -> u at x_t; log_p2: the step u -> s at x_u.
+    Returns:
+      float32[B, L, D], each row summing to 1.
+    """
+    m = graph.mask
+    carried = log_p1[..., m:m + 1] + log_p2  # (B, L, D): P1(M) P2(.)
+    tokens = jnp.logaddexp(log_p1[..., :m], carried[..., :m])
+    return jnp.maximum(jnp.concatenate([tokens, carried[..., m:]], axis=-1), LOG_FLOOR)
+
+
+def x0_target(graph: Graph, log_q: jax.Array, log_p2: jax.Array) -> jax.Array:
+    """SDTT's target in the form of a step's law: the mass of MASK of `log_q`, the tokens as the second step's.
+
+    SDTT (its ``_teacher_logprobs_on_mask``) asks the student's denoiser to
+    match the teacher's at the step a position unmasks, and for a position
+    still masked after the first step that is the teacher's denoiser at x_u:
+    here q(M) stays the two-step law's and its token mass 1 - q(M) is shared
+    as P2's tokens, P2(y) / (1 - P2(M)).
+
+    Args:
+      log_q: float32[B, L, D] the two-step law (``two_step_log_law``); log_p2: the second step's.
+    """
+    m = graph.mask
+    stay = log_q[..., m:m + 1]
+    tokens = log_p2[..., :m] - jax.nn.logsumexp(log_p2[..., :m], axis=-1, keepdims=True)
+    moved = jnp.log(jnp.maximum(-jnp.expm1(stay), 1e-35))  # log(1 - q(M))
+    return jnp.maximum(jnp.concatenate([tokens + moved, stay], axis=-1), LOG_FLOOR)
+
+
+def divergence(name: str, log_q: jax.Array, log_p: jax.Array) -> jax.Array:
+    """The divergence `name` of ``DIVERGENCES`` between the target q and the student p over the last axis: float[...].
+
+    kl_forward: sum q (log q - log p); kl_backward: sum p (log p - log q); tv: sum |q - p| / 2.
+    """
+    q, p = jnp.exp(log_q), jnp.exp(log_p)
+    if name == "kl_forward":
+        return jnp.sum(q * (log_q - log_p), axis=-1)
+    if name == "kl_backward":
+        return jnp.sum(p * (log_p - log_q), axis=-1)
+    if name == "tv":
+        return 0.5 * jnp.sum(jnp.abs(q - p), axis=-1)
+    raise ValueError(f"unknown distillation divergence {name!r}; expected one of {', '.join(DIVERGENCES)}")
+
+
+def loss_per_position(key: jax.Array, teacher_fn: BlockScoreFn, student_fn: BlockScoreFn, graph: Graph,
+                      noise: Callable, x0: jax.Array, dt: jax.Array, *, block_size: int, t_min: float,
+                      t_end: float, divergence_name: str = "kl_backward", target: str = "x0") -> jax.Array:
+    r"""One draw of the SDTT objective at every position: float32[B, L], nats.
+
+    Each noise group (the row for SEDD, each block for block diffusion) draws
+    t ~ U[t_min, 1]; u = max(t - dt, t_end), s = max(t - 2 dt, t_end) (t_end
+    the sampler's last time, where its grid ends). x_t ~ p_t(. | x0); the
+    teacher steps t -> u (one draw, x_u) and u -> s; the student steps t -> s.
+    At each position still masked in x_u the divergence between the target
+    (3) and the student's step (1); 0 elsewhere (a position the teacher
+    unmasked at its first step is dropped: that choice is independent of
+    the target, so the loss keeps its minimiser). The teacher's outputs
+    carry no gradient.
+
+    Args:
+      key: a ``jax.random`` key (t, x_t, x_u).
+      teacher_fn, student_fn: ``BlockScoreFn``s of the teacher and the student.
+      graph: the absorbing graph; noise: the schedule.
+      x0: int32[B, L] clean tokens.
+      dt: float[] the teacher's step, (1 - t_end) / N for its N steps.
+      block_size: positions of a noise group (L for SEDD).
+      t_min: the lowest t drawn (training.sampling_eps).
+      t_end: the sampler's last time (sampling.eps).
+      divergence_name: one of ``DIVERGENCES``.
+      target: "law" (Eq. (3)) or "x0" (SDTT's, ``x0_target``).
+    """
+    if target not in TARGETS:
+        raise ValueError(f"unknown distillation target {target!r}; expected one of {', '.join(TARGETS)}")
+    k_t, k_x, k_u = jax.random.split(key, 3)
+    b, length = x0.shape
+    groups = length // block_size
+    t = (1.0 - t_min) * jax.random.uniform(k_t, (b, groups)) + t_min  # (B, n_b)
+    u, s = jnp.maximum(t - dt, t_end), jnp.maximum(t - 2 * dt, t_end)
+    (sig_t, _), (sig_u, _), (sig_s, _) = noise(t), noise(u), noise(s)  # (B, n_b) each
+    at = lambda a: jnp.repeat(a, block_size, axis=1)  # noqa: E731  (B, n_b) -> (B, L)
+    x_t = graph.sample_transition(k_x, x0, at(sig_t))  # (B, L)
+    log_p1 = step_log_law(graph, jax.lax.stop_gradient(teacher_fn(x_t, x0, sig_t)), x_t, at(sig_t), at(sig_u))
+    x_u = sample_categorical(k_u, jnp.exp(log_p1))  # (B, L)
+    log_p2 = step_log_law(graph, jax.lax.stop_gradient(teacher_fn(x_u, x0, sig_u)), x_u, at(sig_u), at(sig_s))
+    log_q = two_step_log_law(graph, log_p1, log_p2)
+    if target == "x0":
+        log_q = x0_target(graph, log_q, log_p2)
+    log_p = step_log_law(graph, student_fn(x_t, x0, sig_t), x_t, at(sig_t), at(sig_s))
+    return jnp.where(x_u == graph.mask, divergence(divergence_name, log_q, log_p), 0.0)
