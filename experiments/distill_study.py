@@ -163,7 +163,8 @@ def study(teacher: str, students: list[str], markov_seed: int, steps: list[int],
             rows.append({"label": "exact denoiser", "steps": n, "minutes": None, "bound_bits_per_char": math.nan,
                          "chars_per_s": math.nan, "vs_ar": math.nan, "sampler": SAMPLER,
                          **exact_figures(chain, n, num_samples, base.seq_len, c.noise.eps, c.sampling.eps)})
-    return {"rows": rows, "machine": machine(), "length": base.seq_len, "markov_seed": markov_seed, "num_samples": num_samples,
+    return {"rows": rows, "machine": machine(), "length": base.seq_len, "markov_seed": markov_seed,
+            "num_samples": num_samples,
             "sampler": SAMPLER, "rate_nats_per_char": chain.entropy_rate(),
             "unigram_bits": unigram_entropy_nats(chain) / LN2}
 
