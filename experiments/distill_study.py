@@ -163,7 +163,8 @@ def study(teacher: str, students: list[str], markov_seed: int, steps: list[int],
             rows.append({"label": "exact denoiser", "steps": n, "minutes": None, "bound_bits_per_char": math.nan,
                          "chars_per_s": math.nan, "vs_ar": math.nan, "sampler": SAMPLER,
                          **exact_figures(chain, n, num_samples, base.seq_len, c.noise.eps, c.sampling.eps)})
-    return {"rows": rows, "machine": machine(), "length": base.seq_len, "markov_seed": markov_seed, "num_samples": num_samples,
+    return {"rows": rows, "machine": machine(), "length": base.seq_len, "markov_seed": markov_seed,
+            "num_samples": num_samples,
             "sampler": SAMPLER, "rate_nats_per_char": chain.entropy_rate(),
             "unigram_bits": unigram_entropy_nats(chain) / LN2}
 
@@ -188,11 +189,19 @@ def write(result: dict, out: Path, plot: bool = True) -> None:
     import matplotlib  # noqa: PLC0415  (optional dependency: plots only)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415  (optional dependency: plots only)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     labels = list(dict.fromkeys(r["label"] for r in result["rows"]))
+    families = list(dict.fromkeys(r["workdir"] for r in result["rows"] if r.get("round")))  # the distillations
+    maps = [plt.cm.Blues, plt.cm.Reds, plt.cm.Greens, plt.cm.Purples]
     for label in labels:
         rs = [r for r in result["rows"] if r["label"] == label]
         style = {"teacher": dict(color="k", lw=2), "exact denoiser": dict(color="gray", ls="--")}.get(label, {})
+        if rs[0].get("round"):  # a student: its distillation's colour, darker each round
+            rounds = max(r["round"] for r in result["rows"] if r.get("workdir") == rs[0]["workdir"])
+            cmap = maps[families.index(rs[0]["workdir"]) % len(maps)]
+            style = dict(color=cmap(0.35 + 0.6 * rs[0]["round"] / rounds))
+        elif label.startswith("teacher, "):  # another sampler of the teacher
+            style = dict(color="goldenrod", ls="-.")
         left.errorbar([r["steps"] for r in rs], [r["nll_nats_per_char"] for r in rs],
                       yerr=[r["nll_2se"] for r in rs], marker="o", ms=3, capsize=2, label=label, **style)
         right.plot([r["steps"] for r in rs], [r["unigram_bits"] for r in rs], marker="o", ms=3, label=label,
@@ -202,7 +211,7 @@ def write(result: dict, out: Path, plot: bool = True) -> None:
     for ax, what in ((left, "samples' exact NLL under the chain (nats/char, 2 s.e.)"),
                      (right, "unigram entropy of the samples' letters (bits)")):
         ax.set_xscale("log", base=2)
-        ax.set_xlabel(f"network calls per {result['length']} characters (N steps, {SAMPLER})")
+        ax.set_xlabel(f"network calls per {result['length']} characters (N steps; {SAMPLER} unless named)")
         ax.set_ylabel(what)
         ax.legend(fontsize=6)
     fig.suptitle(f"distillation through time on Markov chain {result['markov_seed']}")

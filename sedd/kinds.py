@@ -27,6 +27,8 @@ What it owns:
   sample(key, net, num_samples, ...)   its sampler entry point, a ``sedd.sampling.Samples``
   rows_program(graphdef, ...)          what ``sedd serve`` runs: a ``sedd.sampling.rows.RowsProgram``
   settles(sampler)                     whether an unmasked position keeps its token (text can stream)
+  noise_groups(model, train, rngs)     the network over groups of positions sharing a noise level, for
+                                       ``sedd.distill`` (the sequence for SEDD, the blocks for block diffusion)
 
 and what it can do: ``exact`` (its likelihood is the exact NLL, so it can
 judge samples), ``serves`` (``sedd serve`` streams its denoising) and
@@ -321,7 +323,7 @@ class Diffusion(Kind):
                               t_power=t.t_power if train else 0.0, entropy_fn=entropy)
 
     def noise_groups(self, model, train=False, rngs=None):
-        """One group, the whole sequence, at the row's sigma: fn(x_t, x0, sigma float[B, 1]) = model(x_t, sigma[:, 0])."""
+        """One group, the whole sequence, at the row's sigma: fn(x_t, x0, sigma[B, 1]) = model(x_t, sigma[:, 0])."""
         net = dict(deterministic=not train, rngs=rngs)
         return self.config.data.seq_len, lambda x_t, x0, sigma: model(x_t, sigma[:, 0], **net)
 

@@ -72,7 +72,7 @@ from sedd.categorical import sample_categorical
 from sedd.graphs import Graph, log_expm1
 
 DIVERGENCES = ("kl_forward", "kl_backward", "tv")
-TARGETS = ("law", "x0")  # the two-step law, Eq. (3); SDTT's own: its mask mass, its tokens the teacher's second denoiser
+TARGETS = ("law", "x0")  # the two-step law, Eq. (3); SDTT's: its MASK mass, its tokens the second step's denoiser
 LOG_FLOOR = -80.0  # log-probabilities are floored here (e^-80 ~ 2e-35): finite terms and gradients everywhere
 
 BlockScoreFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]

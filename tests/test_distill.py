@@ -57,8 +57,9 @@ def teacher(data_dir, tmp_path_factory):
     """A SUBS teacher of the tiny chain, 120 steps, sampling with 4 steps."""
     workdir = tmp_path_factory.mktemp("teacher") / "run"
     config = config_lib.load_config("tiny", _tiny(data_dir, "--config.training.n_iters=120",
-                                                  "--config.training.ckpt_every=120", "--config.training.eval_every=120",
-                                                  "--config.optim.lr=3e-3", "--config.sampling.steps=4"))
+                                                  "--config.training.ckpt_every=120",
+                                                  "--config.training.eval_every=120", "--config.optim.lr=3e-3",
+                                                  "--config.sampling.steps=4"))
     train.train(config, workdir, quiet=True)
     return workdir
 
@@ -121,7 +122,8 @@ def exact_divergences(student, teacher, teacher_steps: int) -> dict:
     out = {"objective": [], "reverse": [], "marginals": []}
     for k in range(0, teacher_steps, 2):
         t, u, s = grid[k], grid[k + 1], grid[k + 2]
-        p1, p2, p = _step_laws(teacher, states, t, u), _step_laws(teacher, states, u, s), _step_laws(student, states, t, s)
+        p1, p2 = _step_laws(teacher, states, t, u), _step_laws(teacher, states, u, s)
+        p = _step_laws(student, states, t, s)
         first = _joint(p1)  # (S, S): x_t -> x_u
         two = first @ _joint(p2)
         weight = _data_marginal(states, float(student.noise(jnp.float32(t))[0]))
@@ -262,8 +264,9 @@ def test_distill_refuses_what_it_cannot_distill_in_one_line(teacher, tmp_path, c
 
 def test_block_diffusion_distils_within_its_blocks():
     """The block kind's noise groups are its blocks: each at its own t, given the clean blocks before it."""
-    from sedd import kinds
     import ml_collections
+
+    from sedd import kinds
     config = ml_collections.ConfigDict({"vocab_size": 5, **config_lib.load_config("tiny", [
         "--config.model.kind=block", "--config.model.block_size=4", "--config.data.seq_len=8",
         "--config.model.n_blocks=1"]).to_dict()})
