@@ -286,6 +286,26 @@ def _prepared_from(folder: Path, path: str) -> bool:
     return False
 
 
+def _add_eval(sub) -> None:
+    """`sedd eval`'s options."""
+    p = sub.add_parser("eval", help="likelihood bound of a trained run",
+                       description="The likelihood bound of a trained run on a split of its data, or on other "
+                       "data with --config.data.name=... --config.data.path=... (zero-shot). A run's own data.path "
+                       "and data_dir are followed only where this user prepared that data (docs/reliability.md).")
+    p.add_argument("--workdir", required=True, help="run directory of a trained model")
+    p.add_argument("--split", default=None, help="validation (default where the data has it), test or train")
+    p.add_argument("--num_t", type=int, default=64, help="points of the t grid of the bound")
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--max_batches", type=int, default=8, help="0 = the whole split")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--code_samples", type=int, default=0, help="also complete this many windows of held-out code "
+                   "from their first --prompt_chars characters: the share that parses, of lines that tokenise, of "
+                   "characters copied from training (docs/code.md)")
+    p.add_argument("--prompt_chars", type=int, default=48, help="characters of each code prompt")
+    p.add_argument("--judge", default="", help="with --code_samples: an AR run of the same data that scores the "
+                   "completions (nats/char)")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `sedd` console script: parse argv, run the command, return the exit code."""
     parser = validate.OneLineParser(prog="sedd", description="Score Entropy Discrete Diffusion in JAX")
@@ -336,22 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                    "calls, with drafts from 'ngram' (prompt lookup) or a smaller AR run's directory")
     p.add_argument("--draft_k", type=int, default=4, help="drafts a round with --draft (default 4)")
 
-    p = sub.add_parser("eval", help="likelihood bound of a trained run",
-                       description="The likelihood bound of a trained run on a split of its data, or on other "
-                       "data with --config.data.name=... --config.data.path=... (zero-shot). A run's own data.path "
-                       "and data_dir are followed only where this user prepared that data (docs/reliability.md).")
-    p.add_argument("--workdir", required=True, help="run directory of a trained model")
-    p.add_argument("--split", default=None, help="validation (default where the data has it), test or train")
-    p.add_argument("--num_t", type=int, default=64, help="points of the t grid of the bound")
-    p.add_argument("--batch_size", type=int, default=32)
-    p.add_argument("--max_batches", type=int, default=8, help="0 = the whole split")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--code_samples", type=int, default=0, help="also complete this many windows of held-out code "
-                   "from their first --prompt_chars characters: the share that parses, of lines that tokenise, of "
-                   "characters copied from training (docs/code.md)")
-    p.add_argument("--prompt_chars", type=int, default=48, help="characters of each code prompt")
-    p.add_argument("--judge", default="", help="with --code_samples: an AR run of the same data that scores the "
-                   "completions (nats/char)")
+    _add_eval(sub)
 
     sub.add_parser("convert", add_help=False, help="the original PyTorch SEDD weights -> a run directory "
                    "(`sedd convert --help`)")

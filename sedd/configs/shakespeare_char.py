@@ -59,9 +59,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.markov.seed = 0  # seeds the transition table (the chain itself)
     c.data.markov.alpha = 0.3  # Dirichlet concentration of each row: small = peaked, low entropy
     c.data.markov.num_tokens = 500_000  # tokens in the train split (validation, test: 1/20 each)
-    c.data.code = ml_collections.ConfigDict()  # read only when data.name = "code" (sedd.data.sources)
-    c.data.code.tests = False  # also take test files (folders test/tests/idle_test, test_*.py)
-    c.data.code.glob = "*.py"  # the files taken from the folder (data.path; default: this Python's standard library)
+    # data.name = "code" only (sedd.data.sources): tests = take test files too; glob = the pattern of the files
+    c.data.code = ml_collections.ConfigDict({"tests": False, "glob": "*.py"})
 
     c.training = ml_collections.ConfigDict()
     c.training.batch_size = 32  # global batch, summed over all devices and hosts
