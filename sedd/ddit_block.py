@@ -122,7 +122,9 @@ class DDiTBlock(nnx.Module):
           positions: int[L] rotary positions (default 0 .. L - 1; ignored with decode).
           mask: bool[L, L] attention mask, True = attend (default: none, or
             causal); with context bool[L, S], the context positions each
-            query sees; not with decode.
+            query sees, or bool[L, S + L], what each query sees of the
+            context and of the chunk (any block: ``sedd.spec``'s calls);
+            not with decode.
           context: (keys, values), each [B, S, N, K]: S positions of another
             call (``run``'s rotary-embedded keys and values, their rotary
             positions kept). Each query then sees its own unit of block_size
@@ -164,9 +166,10 @@ class DDiTBlock(nnx.Module):
           [B, L, N, K] as attention reads them: what a later call takes as its
           `context` (``sedd.block``'s bound runs the clean text once so).
         """
-        if context is not None and (decode or not self.block_size or x.shape[1] % self.block_size):
+        general = context is not None and mask is not None and mask.shape[-1] == context[0].shape[1] + x.shape[1]
+        if context is not None and (decode or not (general or self.block_size and x.shape[1] % self.block_size == 0)):
             raise ValueError("an external context needs a block-causal block (block_size dividing the chunk's "
-                             "length) and no decoding cache")
+                             "length) or a mask over the context and the chunk, and no decoding cache")
         b, l, h = x.shape
         mod = per_position(self.adaLN_modulation(c).astype(jnp.float32), l)  # (B, 6H) or (B, L, 6H)
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = jnp.split(mod, 6, axis=-1)
@@ -185,6 +188,10 @@ class DDiTBlock(nnx.Module):
             att = self._attend_cache(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype), pos, commit)
         elif context is None:
             att = kernels.mixed_attention(q, k, v, self.causal, self.dtype, mask=mask)  # (B, L, N, K), float32
+        elif general:  # the context and the chunk, as mask says
+            att = kernels.mixed_attention(q, jnp.concatenate([context[0].astype(k.dtype), k], 1),
+                                          jnp.concatenate([context[1].astype(v.dtype), v], 1), False, self.dtype,
+                                          mask=mask)  # (B, L, N, K)
         else:  # its own unit of the chunk and the context's positions of mask
             att = kernels.unit_context_attention(q, k, v, context, self.block_size, mask, self.dtype)  # (B, L, N, K)
         att = self.attn_out(att.reshape(b, l, h))  # (B, L, H)

@@ -15,6 +15,10 @@ pattern: each model class owns its loss and its sampling step).
           inside blocks of model.block_size tokens, autoregressive across
           them; the sum of the blocks' bounds; block-by-block sampling with
           a KV cache of the clean blocks, text of any length.
+  "spec"  self-speculation (``sedd.spec``; TiDAR-style): one network with a
+          causal half (the next-token NLL, exact) and a draft half that
+          drafts model.block_size tokens in one step; each call verifies the
+          last draft and drafts the next, the causal half's law exactly.
 
 A new kind is one subclass of ``Kind`` registered with ``@register(name)``.
 What it owns:
@@ -51,7 +55,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sedd import ar, block, evaluate, graphs, losses, sampling
+from sedd import ar, block, evaluate, graphs, losses, sampling, spec
 from sedd import sharding as sharding_lib
 from sedd import noise as noise_lib
 from sedd.kernels import compute_dtype
@@ -553,3 +557,74 @@ class BlockDiffusion(Diffusion):
         scorer = block.network_scorer(net.graphdef, self.config.data.seq_len)
         return block.sample(key, scorer, net.state, self.graph, self.noise, (num_samples, length), self.block_size,
                             s.steps if steps is None else steps, predictor or s.predictor, eps=s.eps, **options)
+
+
+@register("spec")
+class SelfSpeculative(Kind):
+    """One network that drafts and verifies in the same call (``sedd.spec``, TiDAR-style).
+
+    Its likelihood is its causal half's exact NLL, and its samples have that
+    half's law exactly (speculative sampling of its own drafts).
+
+    Attributes:
+      block_size: k = model.block_size, the drafts a round.
+    """
+
+    exact = True
+    conditions = ("prefix",)
+
+    def __init__(self, config):
+        super().__init__(config)
+        k, length = config.model.block_size, config.data.seq_len
+        if not (isinstance(k, int) and 1 <= k <= length):
+            raise ValueError(f"model.block_size={k!r} (the drafts a round of model.kind='spec') must be an "
+                             f"integer in [1, data.seq_len={length}]; 4 is a good start")
+        if config.training.loss_chunk:
+            raise ValueError(f"training.loss_chunk={config.training.loss_chunk} is not implemented for "
+                             "model.kind='spec': set it to 0")
+        self.block_size = k
+
+    def describe(self):
+        return {"kind": self.name, "block_size": self.block_size}
+
+    def network(self, seed=0):
+        """Inputs V + 2 ids (BOS = V, MASK = V + 1), V logits out, no time input; attention by mask."""
+        v = self.config.vocab_size
+        return _network(self.config, seed, num_tokens=v + 2, out_dim=v, scale_by_sigma=False, causal=False,
+                        time_conditioning=False, normalize=False)
+
+    def loss(self, key, model, x0, train, rngs=None):
+        """(3) of ``sedd.spec``: the causal half's NLL plus the one-step drafts' cross-entropy."""
+        return spec.loss(model, x0, self.block_size, deterministic=not train, rngs=rngs)
+
+    def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False,
+                   **kwargs):
+        """The causal half's exact NLL (``sedd.evaluate.dataset_nll``; num_t and key unused)."""
+        model = net.model
+        return evaluate.dataset_nll(lambda x0: spec.nll(model, x0), batches, max_batches=max_batches,
+                                    chars_per_token=chars_per_token, progress=progress)
+
+    def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):
+        """Self-speculation (``sedd.spec.sample``): the causal half's law, up to k + 1 tokens a call.
+
+        steps, predictor and rows do not apply. Options: temperature, top_p,
+        categorical, return_stats and a prompt that is a prefix of the same
+        length in every row.
+
+        Raises:
+          ValueError: any other option (a draft: this run drafts for itself).
+        """
+        categorical = options.pop("categorical", self.config.sampling.categorical)
+        temperature = options.pop("temperature", 1.0)
+        top_p = options.pop("top_p", 1.0)
+        return_stats = options.pop("return_stats", False)
+        prompt = _prefix_prompt(options.pop("fixed_mask", None), options.pop("fixed_tokens", None))
+        if options.pop("draft", None) is not None:
+            raise ValueError("a model.kind='spec' run drafts for itself; it takes no draft")
+        options.pop("draft_k", None)
+        if options:
+            raise ValueError(f"a model.kind='spec' run takes no sampler options {sorted(options)}")
+        tokens, stats = spec.sample(key, net.graphdef, net.state, num_samples, self.config.data.seq_len,
+                                    self.block_size, temperature=temperature, top_p=top_p, prompt=prompt,
+                                    categorical=categorical)
+        return sampling.Samples(tokens, None, stats if return_stats else None)

@@ -473,6 +473,28 @@ class DDiT(nnx.Module):
             out.append(kv)
         return tuple(out)
 
+    def output_in_context(self, x: Array, sigma: Array | None, *, positions: Array, mask: Array,
+                          context: tuple) -> tuple[Array, tuple]:
+        """The output of x run against every block's `context`, and x's own keys and values, dropout off.
+
+        A functional decoding step for any attention pattern (``sedd.spec``):
+        the caller holds the cache as per-block (keys, values) [B, S, N, K]
+        (``keys_values``' form) and says with mask bool[L, S + L] what each of
+        x's L positions sees of the cache and of x itself.
+
+        Returns:
+          (float32[B, L, D], per block (keys, values) of x, each [B, L, N, K]).
+        """
+        if len(context) != len(self.blocks):
+            raise ValueError(f"context holds {len(context)} blocks' keys and values, the model has "
+                             f"{len(self.blocks)} blocks")
+        h, c = self._inputs(x, sigma, positions, False)  # (B, L, H), (B, C)
+        out = []
+        for block, ctx in zip(self.blocks, context):
+            h, kv = block.run(h, c, positions=positions, mask=mask, context=ctx, deterministic=True)
+            out.append(kv)
+        return self.output_layer(h, c), tuple(out)  # (B, L, D)
+
     def output_rows(self, h: Array, c: Array, fn, *rows: Array, chunk: int = 0) -> Array:
         """fn(out, *row_chunks) over the final layer's output `out`, `chunk` positions at a time.
 

@@ -81,9 +81,10 @@ def verify(key: jax.Array, p: jax.Array, q: jax.Array, drafted: jax.Array,
     return accepted, tokens
 
 
-@functools.partial(jax.jit, static_argnames=("target", "drafter", "length", "k", "categorical"))
+@functools.partial(jax.jit, static_argnames=("target", "drafter", "length", "k", "categorical", "shared"))
 def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Array, prompt_len: jax.Array, *,
-           target: Callable, drafter: Callable, length: int, k: int, categorical: str = "precise") -> tuple:
+           target: Callable, drafter: Callable, length: int, k: int, categorical: str = "precise",
+           shared: bool = False) -> tuple:
     """Text of `length` tokens by rounds of (2), every row at its own position, in one compiled program.
 
     Args:
@@ -98,6 +99,8 @@ def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Ar
       drafter: (key, state, text, start, k) -> (drafted int32[B, k], q float[B, k, V], state),
         q the law (1) of each draft.
       length: L; k: drafts a round; categorical: the method of the redraws.
+      shared: the drafter reads and returns the target's state (drafter_state unused): one network
+        that drafts the next round in the call that verifies this one (``sedd.spec``).
     Returns:
       (text int32[B, L], stats): stats["rounds"] int32[] target calls made (the batch's);
       stats["rounds_per_sample"] int32[B]; stats["accepted_at"] int32[k]: rows in which the
@@ -112,7 +115,10 @@ def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Ar
         r, text, start, t_state, d_state, rounds_row, accepted_at = carry
         key_r = jax.random.fold_in(key, r)
         k_draft, k_verify = jax.random.split(key_r)
-        drafted, q, d_state = drafter(k_draft, d_state, text, start, k)
+        if shared:
+            drafted, q, t_state = drafter(k_draft, t_state, text, start, k)
+        else:
+            drafted, q, d_state = drafter(k_draft, d_state, text, start, k)
         window = jnp.arange(k)[None, :] + start[:, None]  # (B, k)
         proposed = text.at[jnp.arange(b)[:, None], window].set(drafted.astype(jnp.int32))
         p, t_state = target(t_state, proposed, start, k)

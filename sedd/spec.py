@@ -1,0 +1,288 @@
+r"""Self-speculation: one network verifies the last draft and drafts the next in the same call (TiDAR-style).
+
+NVIDIA's TiDAR (Liu et al. 2025, "Think in Diffusion, Talk in
+Autoregression") trains one transformer on two halves of each sequence: a
+causal half scored by the next-token loss, and a half of MASK tokens that
+drafts whole blocks in one step. At sampling time each call verifies the
+previous draft with the causal half (speculative sampling, ``sedd.speculative``)
+and drafts the next block with the other, so a round costs one call and
+writes up to k + 1 tokens, and the text has the causal half's law exactly.
+
+The network (``model.kind = "spec"``, k = model.block_size drafts a round)
+embeds the V tokens, BOS = V and MASK = V + 1, and outputs V logits. In
+training it reads 2L positions, the same rotary positions on both halves:
+
+    causal half  [BOS, x_0, .., x_{L-2}]  position l sees positions <= l;
+                 its output at l is p(x_l | x_<l)                                 (1)
+    draft half   L MASKs in groups of k: group g (positions gk .. gk + k - 1)
+                 sees the causal half's positions <= a_g = max(gk - 1, 0) and
+                 its own group; its output at l is q(x_l | x_<a_g), one step,
+                 the positions of a group independent given what they see       (2)
+
+The causal half never sees the draft half, so (1) is an exact autoregressive
+law. The loss, nats per sequence (``loss``):
+
+    -sum_l log p(x_l | x_<l)  -  sum_l log q(x_l | x_<a(l)).                    (3)
+
+A group skips the token at a_g: at sampling time the token at the anchor is
+the one the verifier is writing in the same call, unknown to the draft.
+
+Sampling (``speculative_parts`` for ``sedd.speculative.decode``). A round at
+start s (the text x_<s written, drafts y_s .. y_{s+k-1} in hand) is one call
+on (k + 1)^2 positions against the KV cache of positions < s:
+
+    causal  [x_{s-1}, y_s, .., y_{s+k-1}] at positions s .. s + k, causally:
+            p_i = p(x_{s+i} | x_<s, y_<s+i), i = 0 .. k, the laws (2) of
+            ``sedd.speculative`` verifies the drafts with;
+    drafts  for each outcome j = 0 .. k (j drafts kept, the token at s + j
+            written by the verifier), k MASKs at positions s + j + 1 .. s + j + k
+            seeing the cache and the causal positions <= s + j: the next
+            round's drafts if j drafts are kept (TiDAR drafts for every outcome).
+
+After the verification the next round starts at s' = s + j + 1 and draws its
+drafts from group j's laws. Each was drawn given x_<s+j only, independently
+of the verifier's token at s + j and of each other, so its law given the
+prefix and the drafts before it is its group's law: what speculative
+sampling needs of q (``sedd.speculative``, (1)), and the text has p's law
+exactly (tests/test_spec.py: over all 3^6 sequences of a random network).
+Only the causal positions' keys and values enter the cache; a rejected
+draft's rows lie past the next start and are overwritten before any query
+sees them (the cache rolls back by its length). The first round's drafts
+come from the prefill call (the prompt, and one group seeing all of it but
+its last token).
+
+Letters: B batch, L length, V vocabulary, k drafts a round, S cache rows.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from sedd import speculative
+from sedd.model import DDiT
+from sedd.sampling import nucleus
+
+
+def check(model: DDiT) -> None:
+    """Raise a ValueError unless `model` is a spec network: V + 2 input ids, V outputs, no time input."""
+    if model.causal or model.block_size is not None or model.time_conditioning or model.num_tokens != model.out_dim + 2:
+        raise ValueError("a spec network is a DDiT with causal=False, block_size=None, time_conditioning=False, "
+                         "num_tokens=V + 2 (BOS = V, MASK = V + 1) and out_dim=V; build it with model.kind='spec'")
+
+
+def bos_id(model: DDiT) -> int:
+    """BOS = V."""
+    return model.out_dim
+
+
+def mask_id(model: DDiT) -> int:
+    """MASK = V + 1."""
+    return model.out_dim + 1
+
+
+def training_mask(length: int, k: int) -> np.ndarray:
+    """The attention of the training forward over [causal half ; draft half], (1) and (2): bool[2L, 2L]."""
+    pos = np.arange(length)
+    group = pos // k
+    anchor = np.maximum(group * k - 1, 0)  # (L,) the last causal position a draft group sees
+    causal = pos[:, None] >= pos[None, :]
+    top = np.concatenate([causal, np.zeros((length, length), bool)], axis=1)  # causal queries
+    bottom = np.concatenate([pos[None, :] <= anchor[:, None], group[:, None] == group[None, :]], axis=1)
+    return np.concatenate([top, bottom], axis=0)
+
+
+def _causal_inputs(model: DDiT, x: jax.Array) -> jax.Array:
+    """[BOS, x_0, .., x_{L-2}]: int[B, L]."""
+    return jnp.concatenate([jnp.full((x.shape[0], 1), bos_id(model), x.dtype), x[:, :-1]], axis=1)
+
+
+def _token_nll(logits: jax.Array, x: jax.Array) -> jax.Array:
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(logp, x[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def token_nlls(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True,
+               rngs=None) -> tuple[jax.Array, jax.Array]:
+    """(-log p(x_l | x_<l), -log q(x_l | x_<a(l))) at every position, (1) and (2): float32[B, L] each, nats."""
+    check(model)
+    b, length = x.shape
+    inputs = jnp.concatenate([_causal_inputs(model, x), jnp.full((b, length), mask_id(model), x.dtype)], axis=1)
+    positions = np.concatenate([np.arange(length), np.arange(length)])
+    out = model.network_output(inputs, None, positions=positions, mask=training_mask(length, k),
+                               deterministic=deterministic, rngs=rngs)  # (B, 2L, V)
+    return _token_nll(out[:, :length], x), _token_nll(out[:, length:], x)
+
+
+def loss(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True, rngs=None) -> jax.Array:
+    """(3): the causal half's NLL and the drafts' cross-entropy, nats per sequence, float32[B]."""
+    nll_p, nll_q = token_nlls(model, x, k, deterministic=deterministic, rngs=rngs)
+    return nll_p.sum(-1) + nll_q.sum(-1)
+
+
+@nnx.jit
+def nll(model: DDiT, x: jax.Array) -> jax.Array:
+    """-log p(x), the causal half's exact NLL, nats per sequence, float32[B] (the draft half is not run)."""
+    check(model)
+    length = x.shape[1]
+    out = model.network_output(_causal_inputs(model, x), None, mask=np.tril(np.ones((length, length), bool)),
+                               deterministic=True)
+    return _token_nll(out, x).sum(-1)
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def law(logits: jax.Array, temperature, top_p) -> jax.Array:
+    """softmax(logits / T) within its top_p nucleus (T = 0: the argmax); T and top_p floats or traced."""
+    logits = logits.astype(jnp.float32)
+    greedy = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
+    probs = jnp.where(temperature > 0, jax.nn.softmax(logits / jnp.maximum(temperature, 1e-6), axis=-1), greedy)
+    if isinstance(top_p, (int, float)) and top_p >= 1:
+        return probs
+    return jnp.where(top_p < 1, nucleus(probs, top_p), probs)
+
+
+def round_mask(k: int) -> np.ndarray:
+    """What each of a round's (k + 1)^2 positions sees of the round's own: bool[(k + 1)^2, (k + 1)^2].
+
+    The k + 1 causal positions first, causally; then group j = 0 .. k of k
+    drafts, seeing the causal positions <= j and its own group.
+    """
+    n_c = k + 1
+    idx = np.arange(n_c + n_c * k)
+    group = np.where(idx < n_c, -1, (idx - n_c) // k)  # -1: causal
+    causal_q = (group[:, None] < 0) & (group[None, :] < 0) & (idx[None, :] <= idx[:, None])
+    draft_sees_causal = (group[:, None] >= 0) & (group[None, :] < 0) & (idx[None, :] <= group[:, None])
+    own = (group[:, None] >= 0) & (group[:, None] == group[None, :])
+    return causal_q | draft_sees_causal | own
+
+
+def _call(model: DDiT, cache: tuple, valid, tokens: jax.Array, positions: jax.Array, mask: np.ndarray,
+          keep: int) -> tuple[jax.Array, tuple]:
+    """One row's call: tokens int[n] at positions against the cache rows < valid; the first `keep` positions'
+    keys and values written into the cache at rows positions[0] ..; returns (logits float32[n, V], cache)."""
+    rows = cache[0][0].shape[1]
+    sees_cache = jnp.broadcast_to(jnp.arange(rows)[None, :] < valid, (tokens.shape[0], rows))
+    full = jnp.concatenate([sees_cache, jnp.asarray(mask)], axis=1)  # (n, S + n)
+    out, kvs = model.output_in_context(tokens[None], None, positions=positions, mask=full, context=cache)
+    start = positions[0]
+    cache = tuple((jax.lax.dynamic_update_slice(ck, k[:, :keep].astype(ck.dtype), (0, start, 0, 0)),
+                   jax.lax.dynamic_update_slice(cv, v[:, :keep].astype(cv.dtype), (0, start, 0, 0)))
+                  for (ck, cv), (k, v) in zip(cache, kvs))
+    return out[0], cache
+
+
+def _empty_cache(model: DDiT, rows: int) -> tuple:
+    block = model.blocks[0]
+    shape = (1, rows, block.n_heads, block.head_dim)
+    return tuple((jnp.zeros(shape, model.dtype), jnp.zeros(shape, model.dtype)) for _ in model.blocks)
+
+
+def speculative_parts(graphdef, block_size: int, temperature=1.0, top_p=1.0) -> tuple:
+    r"""(prefill, target, drafter) of the spec network `graphdef` for ``sedd.speculative.decode(shared=True)``.
+
+    Each row has its own cache and start (the rows run under ``jax.vmap``).
+    The state, shared by target and drafter: ((params, rest), caches, laws
+    float32[B, k + 1, k, V] of the drafts of each outcome, the last round's
+    start int32[B]). temperature and top_p may be traced (a server's rows).
+
+    Returns:
+      prefill(params_state, prompt int32[B, P]) -> state: the prompt's
+        causal positions in the cache and the first round's drafts (one
+        call; decode's prompt_len must then be P).
+      target(state, text, start, k) -> (p float32[B, k + 1, V], state): one call, the round of the module
+        docstring.
+      drafter(key, state, text, start, k) -> (drafted int32[B, k], q float32[B, k, V], state): no call;
+        the drafts of the outcome the last round had.
+    """
+    k = block_size
+
+    def rows_of(model):
+        return model.max_len + 2 * k + 2  # the cache: every position a round may write, past the text's end
+
+    def prefill(params_state, prompt):
+        model = nnx.merge(graphdef, *params_state)
+        check(model)
+        b, p = prompt.shape
+        n_c = max(p, 1)
+        seen = max(p - 1, 0)  # the one group sees the causal positions <= seen
+        idx = np.arange(n_c + k)
+        mask = np.where(idx[:, None] < n_c, (idx[None, :] <= idx[:, None]) & (idx[None, :] < n_c),
+                        (idx[None, :] <= seen) | (idx[None, :] >= n_c))
+        positions = jnp.asarray(np.concatenate([np.arange(n_c), p + np.arange(k)]), jnp.int32)
+
+        def one(row):  # (P,)
+            tokens = jnp.concatenate([jnp.full((1,), bos_id(model), jnp.int32), row[:n_c - 1].astype(jnp.int32),
+                                      jnp.full((k,), mask_id(model), jnp.int32)])
+            out, cache = _call(model, _empty_cache(model, rows_of(model)), 0, tokens, positions, mask, n_c)
+            laws = jnp.zeros((k + 1, k, model.out_dim), jnp.float32).at[0].set(law(out[n_c:], temperature, top_p))
+            return cache, laws
+
+        caches, laws = jax.vmap(one)(prompt)
+        return params_state, caches, laws, jnp.full((b,), p - 1, jnp.int32)
+
+    mask = round_mask(k)
+    offsets = np.concatenate([np.arange(k + 1), (np.arange(k + 1)[:, None] + 1 + np.arange(k)[None, :]).ravel()])
+
+    def target(state, text, start, k_):
+        params_state, caches, _, _ = state
+        model = nnx.merge(graphdef, *params_state)
+
+        def one(cache, row, s):  # (S...), (T,), ()
+            prev = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)], bos_id(model))
+            tokens = jnp.concatenate([prev[None], jax.lax.dynamic_slice(row, (s,), (k,)),
+                                      jnp.full((k * (k + 1),), mask_id(model), jnp.int32)])
+            out, cache = _call(model, cache, s, tokens, s + jnp.asarray(offsets, jnp.int32), mask, k + 1)
+            shaped = law(out, temperature, top_p)  # ((k + 1)^2, V)
+            return shaped[:k + 1], shaped[k + 1:].reshape(k + 1, k, -1), cache
+
+        p, laws, caches = jax.vmap(one)(caches, text, start)
+        return p, (params_state, caches, laws, start)
+
+    def drafter(key, state, text, start, k_):
+        params_state, caches, laws, last = state
+        j = jnp.clip(start - last - 1, 0, k)  # (B,) the drafts kept in the last round
+        q = jnp.take_along_axis(laws, j[:, None, None, None], axis=1)[:, 0]  # (B, k, V)
+        drafted = jax.random.categorical(key, jnp.log(q), axis=-1).astype(jnp.int32)  # (B, k)
+        return drafted, q, state
+
+    return prefill, target, drafter
+
+
+@functools.lru_cache(maxsize=None)
+def _parts(graphdef, block_size: int, temperature: float, top_p: float) -> tuple:
+    return speculative_parts(graphdef, block_size, temperature, top_p)
+
+
+def sample(key: jax.Array, graphdef, state, num_samples: int, length: int, block_size: int,
+           temperature: float = 1.0, top_p: float = 1.0, prompt: jax.Array | None = None,
+           categorical: str = "precise") -> tuple[jax.Array, dict]:
+    """Text of the spec network (graphdef, state) by self-speculation: the causal half's law exactly.
+
+    Args:
+      key: a ``jax.random`` key.
+      graphdef, state: the network, state = (params, rest).
+      num_samples, length: B, L (L at most the model's length).
+      block_size: k, drafts a round (the run's model.block_size: what it was trained to draft).
+      temperature, top_p: on the causal half's law, so the text's (and on the drafts').
+      prompt: optional int32[B, P], the same P for every row.
+      categorical: the method of the verifier's redraws.
+    Returns:
+      (int32[B, L], stats): "nfe" the network calls (the batch's: the rounds and the prefill),
+      "nfe_per_sample", "draft_calls" 0 (the drafts come from the same calls), "accepted_at" int32[k].
+    """
+    p = 0 if prompt is None else int(prompt.shape[1])
+    given = jnp.zeros((num_samples, p), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
+    prefill, target, drafter = _parts(graphdef, block_size, float(temperature), float(top_p))
+    text = jnp.zeros((num_samples, length), jnp.int32).at[:, :p].set(given)
+    out, stats = speculative.decode(key, prefill(state, given), None, text, jnp.full((num_samples,), p, jnp.int32),
+                                    target=target, drafter=drafter, length=length, k=block_size,
+                                    categorical=categorical, shared=True)
+    return out, {"nfe": stats["rounds"] + 1, "nfe_per_sample": stats["rounds_per_sample"] + 1,
+                 "draft_calls": jnp.zeros((num_samples,), jnp.int32), "accepted_at": stats["accepted_at"]}

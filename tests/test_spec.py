@@ -1,0 +1,148 @@
+"""The self-speculative kind (``sedd.spec``): one network drafts and verifies, its causal half's law exactly.
+
+A random spec network over V = 3 tokens and L = 6 positions has an exact
+autoregressive law (its causal half), computed over all 3^6 sequences with
+``sedd.spec.nll``; self-speculation's draws are held within the sampling
+noise of it (``reference.tv_noise_bound``), with temperature and top-p too.
+The round's calls are checked against the training forward they must equal,
+and a tiny run trains, evaluates and samples through the CLI.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import reference
+from sedd import spec
+
+V, L, N, K = 3, 6, 30_000, 2
+SEQS = reference.all_sequences(V, L)
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny(k: int = K):
+    """A tiny spec network over V = 3, L = 6 (weights perturbed, so its laws depend on the context)."""
+    import ml_collections
+    from flax import nnx
+
+    from sedd import config as config_lib
+    from sedd import kinds
+
+    config = config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.n_blocks=1",
+                                             f"--config.model.block_size={k}", f"--config.data.seq_len={L}"])
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.vocab_size = V
+    graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
+    return graphdef, (reference.perturbed(params, 0.1, 7), rest)
+
+
+def _law(graphdef, state, temperature=1.0, top_p=1.0) -> np.ndarray:
+    """The exact law over all 3^6 sequences of the causal half with temperature and top-p on its conditionals."""
+    from flax import nnx
+
+    model = nnx.merge(graphdef, *state)
+    length = L
+    out = model.network_output(spec._causal_inputs(model, jnp.asarray(SEQS)), None,
+                               mask=np.tril(np.ones((length, length), bool)), deterministic=True)
+    probs = np.asarray(spec.law(out, temperature, top_p), np.float64)  # (V^L, L, V)
+    law = np.prod(np.take_along_axis(probs, SEQS[..., None], -1)[..., 0], axis=1)
+    return law / law.sum()
+
+
+def test_the_exact_nll_is_the_causal_half_of_the_training_forward():
+    """spec.nll (the causal half alone) equals the causal half of the 2L forward: the drafts never leak into it."""
+    from flax import nnx
+
+    graphdef, state = _tiny()
+    model = nnx.merge(graphdef, *state)
+    x = jnp.asarray(SEQS[::37])
+    nll_p, nll_q = spec.token_nlls(model, x, K)
+    np.testing.assert_allclose(np.asarray(spec.nll(model, x)), np.asarray(nll_p.sum(-1)), rtol=1e-5)
+    # The draft half's law at a group depends on the causal tokens before its anchor only.
+    changed = x.at[:, 3:].set((x[:, 3:] + 1) % V)  # group 1 (positions 2, 3) sees BOS and x_0 only
+    np.testing.assert_allclose(np.asarray(spec.token_nlls(model, changed, K)[1][:, :3]),
+                               np.asarray(nll_q[:, :3]), rtol=1e-5)
+
+
+def test_a_rounds_call_equals_the_training_forward():
+    """One round's causal laws and each outcome's drafts equal what the full forward gives for that text."""
+    from flax import nnx
+
+    graphdef, state = _tiny()
+    model = nnx.merge(graphdef, *state)
+    prefill, target, _ = spec.speculative_parts(graphdef, K)
+    text = jnp.asarray([[2, 0, 1, 1, 2, 0, 0, 0, 0]], jnp.int32)  # x_0, x_1, drafts 1, 1 at 2, 3
+    p, after = target(prefill(state, text[:, :2]), text, jnp.asarray([2]), K)
+    # the causal laws at 2..4 given the text: the full causal forward of [2, 0, 1, 1, 2, 0]
+    full = model.network_output(spec._causal_inputs(model, text[:, :L]), None,
+                                mask=np.tril(np.ones((L, L), bool)), deterministic=True)
+    np.testing.assert_allclose(np.asarray(p[0]), np.asarray(jax.nn.softmax(full[0, 2:5])), rtol=1e-5, atol=1e-6)
+    # outcome j: the drafts of positions 3 + j, 4 + j given x_<2+j, each alone (a one-token MASK group)
+    for j in range(K + 1):
+        a = 2 + j
+        seq = jnp.asarray(text[:, :a])
+        inputs = jnp.concatenate([spec._causal_inputs(model, jnp.pad(seq, ((0, 0), (0, 1)))),
+                                  jnp.full((1, K), spec.mask_id(model), jnp.int32)], 1)  # a + 1 causal, K MASK
+        n = a + 1
+        mask = np.zeros((n + K, n + K), bool)
+        mask[:n, :n] = np.tril(np.ones((n, n), bool))
+        mask[n:, :a + 1] = True
+        mask[n:, n:] = True
+        positions = np.concatenate([np.arange(n), a + 1 + np.arange(K)])
+        out = model.network_output(inputs, None, positions=positions, mask=mask, deterministic=True)
+        np.testing.assert_allclose(np.asarray(after[2][0, j]), np.asarray(jax.nn.softmax(out[0, n:])),
+                                   rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("temperature,top_p,k", [(1.0, 1.0, 2), (0.7, 0.9, 3)])
+def test_self_speculation_draws_the_causal_halfs_law(temperature, top_p, k):
+    """Over all 3^6 sequences, the drawn text's law is the causal half's exact law within the sampling noise."""
+    graphdef, state = _tiny(k)
+    law = _law(graphdef, state, temperature, top_p)
+    text, stats = spec.sample(jax.random.key(3), graphdef, state, N, L, k, temperature=temperature, top_p=top_p)
+    assert reference.tv(reference.empirical_law(np.asarray(text), V), law) < reference.tv_noise_bound(law, N)
+    calls = np.asarray(stats["nfe_per_sample"])
+    assert calls.max() <= L + 1 and calls.min() >= 2  # the prefill and at least one round; a round writes >= 1
+    assert int(stats["accepted_at"][0]) > 0  # drafts were kept (an untrained draft half keeps few)
+
+
+def test_a_prompt_is_kept_and_the_rest_drawn_from_the_conditional_law():
+    """With a prompt of 2 tokens, the other 4 have the causal half's law given it."""
+    graphdef, state = _tiny()
+    law = _law(graphdef, state).reshape(V, V, -1)[2, 1]  # given x_0 = 2, x_1 = 1
+    law = law / law.sum()
+    n = N
+    prompt = jnp.tile(jnp.asarray([[2, 1]], jnp.int32), (n, 1))
+    text, _ = spec.sample(jax.random.key(4), graphdef, state, n, L, K, prompt=prompt)
+    text = np.asarray(text)
+    assert (text[:, :2] == [2, 1]).all()
+    ids = reference.empirical_law(text[:, 2:], V)
+    assert reference.tv(ids, law) < reference.tv_noise_bound(law, n)
+
+
+def test_a_tiny_spec_run_trains_evaluates_and_samples(tmp_path):
+    """sedd train / eval / sample with model.kind=spec: the exact NLL printed, text drawn, drafts counted."""
+    import subprocess
+    import sys
+
+    from sedd import runs
+
+    work = tmp_path / "spec"
+    cmd = [sys.executable, "-m", "sedd.cli", "train", "--config", "tiny", "--workdir", str(work),
+           "--config.model.kind=spec", "--config.model.block_size=4", "--config.training.n_iters=20"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    run = runs.load(work)
+    texts = run.generate(jax.random.key(0), 2, prefix="ROMEO:")
+    assert len(texts) == 2 and all(t.startswith("ROMEO:") for t in texts)
+    out = run.sample(jax.random.key(0), 2, return_stats=True)
+    assert out.tokens.shape == (2, run.seq_len) and 2 <= int(out.stats["nfe"]) <= run.seq_len + 1
+    with pytest.raises(ValueError, match="drafts for itself"):
+        run.sample(jax.random.key(0), 1, draft="ngram")
+    res = subprocess.run([sys.executable, "-m", "sedd.cli", "sample", "--workdir", str(work), "--num_samples", "1"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
