@@ -133,7 +133,8 @@ def _internal_error(what: str) -> APIError:
 
 
 def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
-               allowed_hosts: tuple[str, ...] = LOCAL_HOSTS, api_key: str | None = None) -> Starlette:
+               allowed_hosts: tuple[str, ...] = LOCAL_HOSTS, api_key: str | None = None, draft=None,
+               draft_k: int | None = None, draft_name: str | None = None) -> Starlette:
     """The ASGI app serving `run` (start and stop its engine with the app's lifespan).
 
     A bare Starlette app: four routes whose bodies pydantic validates, behind
@@ -145,14 +146,21 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
     Args:
       allowed_hosts: the names a request's Host header may give ("*": any).
       api_key: when given, every /v1/ request must carry ``Authorization: Bearer <api_key>``.
+      draft, draft_k, draft_name: speculative decoding of a run that writes left to right (an AR run):
+        draft "ngram" or a smaller AR ``runs.Run`` (or its ``Net``), draft_k drafts a round, draft_name
+        what /v1/models reports (``sedd.kinds.Kind.speculation``; an AR run without a draft writes one
+        token a call). Each answer then carries a `speculative` object, and a stream each round's drafts.
     """
-    if not run.kind.serves:
-        raise ValueError(f"sedd serve serves diffusion runs; this run's model.kind is {run.kind.name!r}")
+    if isinstance(draft, runs.Run):
+        draft = draft.net
+    speculation = run.kind.speculation(run.graphdef, draft, draft_k, draft_name)  # ValueError: one line
+    if speculation is None and not run.kind.serves:
+        raise ValueError(f"sedd serve serves diffusion runs and AR runs; this run's model.kind is {run.kind.name!r}")
     if limits.max_batch < limits.max_n:
         raise ValueError(f"max_batch={limits.max_batch} must be at least max_n={limits.max_n}")
     if api_key is not None and not api_key:
         raise ValueError("api_key must not be empty")
-    engine = Engine(run, limits)
+    engine = Engine(run, limits, speculation)
     texts = Texts(run)
     planner = concurrent.futures.ThreadPoolExecutor(PLAN_THREADS, thread_name_prefix="sedd-serve-plan")
     streams = [0]  # streams open now (app.state.streams())
@@ -182,6 +190,7 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
                                                          "owned_by": "sedd", "seq_len": run.seq_len, "step": run.step,
                                                          "data": run.config.data.name,
                                                          **run.kind.describe(),
+                                                         **(speculation.describe() if speculation else {}),
                                                          "sampler": run.config.sampling.predictor,
                                                          "steps": run.config.sampling.steps,
                                                          "samplers": sorted(sampling.PREDICTORS)}]})
@@ -195,14 +204,21 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
         if req.model is not None and req.model != name:
             raise APIError(404, f"the model {req.model!r} does not exist; this server serves {name!r}", "model",
                            "model_not_found")
+        if speculation is not None and req.diffusing:
+            raise APIError(400, "diffusing streams the denoising steps of a diffusion run; this run writes left to "
+                                "right in speculative rounds: ask with stream: true to see each round's drafts",
+                           "diffusing", "unsupported_value")
         p = await _planned(planner, run, req, limits)
+        if speculation is not None:
+            p.mask[p.suffix_start:] = True  # nothing to write after the completion: its row stops there
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         cid, now = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "object": "text_completion", "created": now, "model": name}
         progress, queue = None, None
-        if req.stream and not req.diffusing and run.kind.settles(p.sampler):
+        if req.stream and not req.diffusing and (speculation is not None or run.kind.settles(p.sampler)):
             queue, loop = asyncio.Queue(), asyncio.get_running_loop()
-            progress = lambda i, ids: loop.call_soon_threadsafe(queue.put_nowait, (i, ids.copy()))  # noqa: E731
+            progress = lambda i, ids, *more: loop.call_soon_threadsafe(  # noqa: E731
+                queue.put_nowait, (i, ids.copy(), *more))
         try:
             future = engine.submit(p, trajectory=req.diffusing, progress=progress)
         except Busy as e:
@@ -211,12 +227,13 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
             return sse(_stream(texts, p, stop, head, future, queue, limits.timeout_s))
         ids, traj, info = await _result(request, future, limits.timeout_s)
         choices = [dict(zip(("text", "finish_reason"), texts.completion(row, p, stop))) for row in ids]
+        report = info.pop("report", {})  # the program's own figures: {"speculative": ...}
         diffusion = _diffusion(p, info)
         if req.diffusing:
             return sse(_frames(texts, p, req, engine.read_frames(p, traj), choices, head, diffusion, _usage(p)))
         out = [{"index": i, "text": c["text"], "logprobs": None, "finish_reason": c["finish_reason"]}
                for i, c in enumerate(choices)]
-        return JSONResponse({**head, "choices": out, "usage": _usage(p), "diffusion": diffusion})
+        return JSONResponse({**head, "choices": out, "usage": _usage(p), "diffusion": diffusion, **report})
 
     app = Starlette(
         routes=[Route("/health", _guarded(health)), Route("/v1/models", _guarded(models)),
@@ -411,9 +428,11 @@ async def _stream(texts: Texts, p: Plan, stop: list[str], head: dict, future: co
         except RuntimeError:  # the loop is closed: the server has stopped, nobody waits
             pass
 
-    def chunk(i, text, reason=None):
-        return {"data": json.dumps({**head, "choices": [{"index": i, "text": text, "logprobs": None,
-                                                         "finish_reason": reason}]})}
+    def chunk(i, text, reason=None, more=None):
+        choice = {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+        if more is not None:  # a speculative round of this choice: its drafts, those kept, the token written
+            choice["speculative"] = texts.round(more, p)
+        return {"data": json.dumps({**head, "choices": [choice]})}
 
     future.add_done_callback(finished)
     try:
@@ -423,17 +442,22 @@ async def _stream(texts: Texts, p: Plan, stop: list[str], head: dict, future: co
                                       "later", None, "timeout", kind="server_error")
                 yield {"data": json.dumps({"error": error.response_body()})}
                 return
-            text = streamed.update(*item)
-            if text:
-                yield chunk(item[0], text)
+            i, ids, *more = item
+            text = streamed.update(i, ids)
+            more = more[0] if more else None
+            if text or more is not None:
+                yield chunk(i, text, more=more)
         try:
-            ids, _, _ = future.result()
+            ids, _, info = future.result()
         except Exception:  # noqa: BLE001  the engine failed: the client hears of it, the log has the traceback
             yield {"data": json.dumps({"error": _internal_error("a streamed completion").response_body()})}
             return
         for i, row in enumerate(ids):
             text, reason = texts.completion(row, p, stop)
             yield chunk(i, streamed.rest(i, text), reason)
+        report = info.get("report")
+        if report:  # as OpenAI's stream_options.include_usage: a last chunk without choices
+            yield {"data": json.dumps({**head, "choices": [], "usage": _usage(p), **report})}
         yield {"data": "[DONE]"}
     finally:
         future.cancel()  # no effect once it has run
