@@ -176,3 +176,60 @@ def test_cli_refuses_a_draft_for_a_diffusion_run_and_hostile_draft_k(tiny_run, c
     assert serve.main(["--workdir", str(tiny_run[0]), "--port", str(_port()), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1, err
+
+
+@pytest.fixture
+def browser_server():
+    """The base URL of the n-gram-drafted AR run's server on a free localhost port (uvicorn, in a thread)."""
+    import threading
+    import time
+
+    uvicorn = pytest.importorskip("uvicorn")
+    app = serve.create_app(_ar_run(0), "sedd-ar", LIMITS, draft="ngram", draft_k=3)
+    port = _port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+def test_playground_shows_kept_and_rejected_drafts_in_headless_chromium(browser_server, tmp_path):
+    import time
+
+    from test_serve import _chromium
+
+    browser = _chromium()
+    try:
+        browser.get(browser_server + "/")
+        deadline = time.monotonic() + 30
+        while "speculative decoding" not in browser.find_element("id", "model").text:
+            assert time.monotonic() < deadline, "the page did not describe the run"
+            time.sleep(0.05)
+        assert browser.find_element("id", "suffix").get_attribute("disabled")
+        for id_, value in (("prompt", "abc"), ("seed", "2"), ("max_tokens", "12")):
+            browser.find_element("id", id_).clear()
+            browser.find_element("id", id_).send_keys(value)
+        browser.find_element("id", "go").click()
+        deadline = time.monotonic() + 300
+        while browser.execute_script("return document.getElementById('replay').disabled"):
+            assert time.monotonic() < deadline, "the stream did not end"
+            time.sleep(0.05)
+        assert browser.find_element("id", "error").text == ""
+        rounds = browser.execute_script("return rounds")
+        assert rounds and all(len(r["drafted"]) == 3 for r in rounds)
+        classes = browser.execute_script("return Array.from(document.querySelectorAll('#out span'), s => s.className)")
+        assert classes[0] == "fixed" and classes.count("written") == len(rounds)
+        assert ("rejected" in classes) == any(r["accepted"] < 3 for r in rounds)
+        assert ("kept" in classes) == any(r["accepted"] > 0 for r in rounds)
+        stats = browser.find_element("id", "stats").text
+        assert f"round {len(rounds)} / {len(rounds)}" in stats and "acceptance by draft position" in stats
+        assert "12 tokens in" in stats
+        browser.save_screenshot(str(tmp_path / "playground_speculative.png"))
+    finally:
+        browser.quit()

@@ -457,7 +457,8 @@ async def _stream(texts: Texts, p: Plan, stop: list[str], head: dict, future: co
             yield chunk(i, streamed.rest(i, text), reason)
         report = info.get("report")
         if report:  # as OpenAI's stream_options.include_usage: a last chunk without choices
-            yield {"data": json.dumps({**head, "choices": [], "usage": _usage(p), **report})}
+            timing = _diffusion(p, {k: v for k, v in info.items() if k != "report"})
+            yield {"data": json.dumps({**head, "choices": [], "usage": _usage(p), **report, "diffusion": timing})}
         yield {"data": "[DONE]"}
     finally:
         future.cancel()  # no effect once it has run
