@@ -93,6 +93,13 @@ def test_seeded_completions_repeat_and_rows_differ():
     assert texts == [c["text"] for c in again["choices"]] and texts[0] != texts[1]
     assert all(len(t) == 12 and set(t) <= set(CHARS) for t in texts)
     assert first["speculative"]["tokens"] == 24
+    engine = client.app.state.engine
+    compiles = engine.compiles
+    other = client.post("/v1/completions", json={**body, "steps": 3, "sampler": "euler"}).json()
+    assert [c["text"] for c in other["choices"]] == texts and engine.compiles == compiles  # not used: one program
+    # a row's text is its own: alone (n=1 and the same seed, row 0) it is the same as in the batch of two
+    alone = client.post("/v1/completions", json={**body, "n": 1}).json()
+    assert alone["choices"][0]["text"] == texts[0]
 
 
 def test_plain_ar_run_writes_one_token_a_call():

@@ -107,7 +107,7 @@ class Engine:
     def submit(self, plan: Plan, trajectory: bool,
                progress: Callable[[int, np.ndarray], None] | None = None) -> concurrent.futures.Future:
         """Queue a job; its future gets (ids int32[n, L], trajectory int32[n, N + 1, L] or None, info dict)."""
-        job = Job(plan, trajectory, concurrent.futures.Future(), progress)
+        job = Job(self._one_program(plan), trajectory, concurrent.futures.Future(), progress)
         with self.cond:
             if len(self.pending) >= self.limits.max_queue:  # purge the jobs given up on before refusing
                 self.pending = collections.deque(j for j in self.pending if not j.future.cancelled())
@@ -122,6 +122,12 @@ class Engine:
             if len(self.pending) == 1 or self.rows >= self.limits.max_batch:
                 self.cond.notify_all()
         return job.future
+    def _one_program(self, plan: Plan) -> Plan:
+        """The plan as the engine batches it: a speculation has no steps or sampler, so all its jobs share programs."""
+        if self.speculation is None:
+            return plan
+        return dataclasses.replace(plan, steps=0, sampler="")
+
     def _take(self) -> list[Job] | None:
         """The next batch: the oldest job and the jobs of its program that came within the window."""
         with self.cond:
@@ -297,6 +303,7 @@ class Engine:
         s = self.run.config.sampling
         L = self.run.seq_len
         p = Plan(1, steps or s.steps, sampler or s.predictor, 0, np.zeros(L, bool), np.zeros(L, np.int32), 0, L, L, 0)
+        p = self._one_program(p)
         for size in batch_sizes(self.limits.max_batch):
             self.run_batch([Job(dataclasses.replace(p, n=size), trajectory, concurrent.futures.Future())])
         self.batches = 0

@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         app.state.engine.warmup(steps=args.warmup_steps)
         print(f"compiled the batch sizes up to {limits.max_batch} in {time.perf_counter() - t0:.1f} s")
     access = "an API key is required" if key else "no API key: whoever can reach the port can use it"
-    print(f"serving {name} (step {run.step}, length {run.seq_len}) on http://{args.host}:{args.port}/ "
+    drafts = "" if not args.draft else f", speculative decoding with {args.draft} drafts"
+    print(f"serving {name} (step {run.step}, length {run.seq_len}{drafts}) on http://{args.host}:{args.port}/ "
           f"for the hosts {', '.join(hosts)}; {access}")
     protocol = header_timeout_protocol(limits.header_timeout_s)
     if protocol is None:
