@@ -64,7 +64,7 @@ class Speculation:
         return {"draft": self.draft, "draft_k": self.k}
 
     def program_state(self, state: tuple) -> Any:
-        """The program's first argument, from the target's (params, rest): (state, draft_state) with a drafter network."""
+        """The program's first argument from the target's (params, rest); (state, draft_state) with a drafter net."""
         return state if self.draft_state is None else (state, self.draft_state)
 
     def program(self, graphdef=None, *, live: bool, **_) -> rows_lib.RowsProgram:

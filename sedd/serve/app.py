@@ -146,16 +146,10 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
     Args:
       allowed_hosts: the names a request's Host header may give ("*": any).
       api_key: when given, every /v1/ request must carry ``Authorization: Bearer <api_key>``.
-      draft, draft_k, draft_name: speculative decoding of a run that writes left to right (an AR run):
-        draft "ngram" or a smaller AR ``runs.Run`` (or its ``Net``), draft_k drafts a round, draft_name
-        what /v1/models reports (``sedd.kinds.Kind.speculation``; an AR run without a draft writes one
-        token a call). Each answer then carries a `speculative` object, and a stream each round's drafts.
+      draft, draft_k, draft_name: an AR run's speculative decoding (``_speculation``): "ngram" or a smaller
+        AR ``runs.Run``, drafts a round, the name /v1/models gives; answers then carry a `speculative` object.
     """
-    if isinstance(draft, runs.Run):
-        draft = draft.net
-    speculation = run.kind.speculation(run.graphdef, draft, draft_k, draft_name)  # ValueError: one line
-    if speculation is None and not run.kind.serves:
-        raise ValueError(f"sedd serve serves diffusion runs and AR runs; this run's model.kind is {run.kind.name!r}")
+    speculation = _speculation(run, draft, draft_k, draft_name)
     if limits.max_batch < limits.max_n:
         raise ValueError(f"max_batch={limits.max_batch} must be at least max_n={limits.max_n}")
     if api_key is not None and not api_key:
@@ -204,21 +198,15 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
         if req.model is not None and req.model != name:
             raise APIError(404, f"the model {req.model!r} does not exist; this server serves {name!r}", "model",
                            "model_not_found")
-        if speculation is not None and req.diffusing:
-            raise APIError(400, "diffusing streams the denoising steps of a diffusion run; this run writes left to "
-                                "right in speculative rounds: ask with stream: true to see each round's drafts",
-                           "diffusing", "unsupported_value")
         p = await _planned(planner, run, req, limits)
         if speculation is not None:
-            p.mask[p.suffix_start:] = True  # nothing to write after the completion: its row stops there
+            _by_rounds(req, p)
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         cid, now = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "object": "text_completion", "created": now, "model": name}
         progress, queue = None, None
         if req.stream and not req.diffusing and (speculation is not None or run.kind.settles(p.sampler)):
-            queue, loop = asyncio.Queue(), asyncio.get_running_loop()
-            progress = lambda i, ids, *more: loop.call_soon_threadsafe(  # noqa: E731
-                queue.put_nowait, (i, ids.copy(), *more))
+            queue, progress = _progress()
         try:
             future = engine.submit(p, trajectory=req.diffusing, progress=progress)
         except Busy as e:
@@ -244,6 +232,38 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
     app.state.streams = lambda: streams[0]
     app.add_middleware(Gate, hosts=tuple(allowed_hosts), api_key=api_key)
     return app
+
+
+def _speculation(run: runs.Run, draft, draft_k: int | None, draft_name: str | None):
+    """The run's ``sedd.sampling.rounds.Speculation`` (``Kind.speculation``), or None: served by its rows program.
+
+    An AR run without a draft writes one token a call; with one, each answer carries a `speculative`
+    object (calls, tokens a call, acceptance by draft position) and a stream each round's drafts.
+
+    Raises:
+      ValueError: a draft or draft_k the run cannot take, or a run served neither way (one line).
+    """
+    if isinstance(draft, runs.Run):
+        draft = draft.net
+    speculation = run.kind.speculation(run.graphdef, draft, draft_k, draft_name)
+    if speculation is None and not run.kind.serves:
+        raise ValueError(f"sedd serve serves diffusion runs and AR runs; this run's model.kind is {run.kind.name!r}")
+    return speculation
+
+
+def _by_rounds(req: CompletionRequest, p: Plan) -> None:
+    """A request to a run decoded by speculative rounds: no diffusing (400); its rows stop at the completion's end."""
+    if req.diffusing:
+        raise APIError(400, "diffusing streams the denoising steps of a diffusion run; this run writes left to "
+                            "right in speculative rounds: ask with stream: true to see each round's drafts",
+                       "diffusing", "unsupported_value")
+    p.mask[p.suffix_start:] = True  # nothing to write after the completion: marked given, the row stops there
+
+
+def _progress() -> tuple[asyncio.Queue, object]:
+    """(queue, progress): progress(i, ids, *more), called on the engine's thread, puts (i, ids, *more) on the queue."""
+    queue, loop = asyncio.Queue(), asyncio.get_running_loop()
+    return queue, lambda i, ids, *more: loop.call_soon_threadsafe(queue.put_nowait, (i, ids.copy(), *more))
 
 
 async def _favicon(request: Request) -> Response:
