@@ -212,8 +212,9 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0) -> tuple:
         prompt's P positions (P the same for every row, >= 0). Since each call
         of target rolls the cache back to its `start`, a prompt buffer longer
         than the given tokens may be prefilled whole (what follows `start` is
-        never seen); the cache holds max(max_len, P) positions, so a buffer
-        of L + k + 1 positions never wraps the ring onto the text's start.
+        never seen); the cache holds max(max_len, P) + MAX_DRAFTS + 1
+        positions, so a round that scores positions past the text's end
+        (k <= ``sedd.speculative.MAX_DRAFTS``) never wraps the ring onto its start.
       target: as ``sedd.speculative.decode`` takes it; state = ((params, rest), caches).
     """
     def row_model(params_state, cache):
@@ -222,7 +223,9 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0) -> tuple:
     def prefill(params_state, prompt):
         model = nnx.merge(graphdef, *params_state)
         b, p = prompt.shape
-        model.init_cache(1, max(model.max_len, p))
+        # Room for a round past the text's end: a ring that wrapped there would overwrite the text's first
+        # positions while the round's queries still need them (the last tokens drawn without them).
+        model.init_cache(1, max(model.max_len, p) + speculative.MAX_DRAFTS + 1)
         empty = model.cache()
 
         def one(row):  # (P,)

@@ -452,8 +452,8 @@ def _prefix_prompt(fixed_mask, fixed_tokens) -> jax.Array | None:
 
 
 def _draft_k(k, length: int) -> int:
-    """k checked: an integer in [1, min(64, length)] (drafts a round; past 64 a round costs more than it can save)."""
-    high = min(64, length)
+    """k checked: an integer in [1, min(MAX_DRAFTS, length)] (drafts a round, ``sedd.speculative.MAX_DRAFTS``)."""
+    high = min(speculative.MAX_DRAFTS, length)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= high:
         raise ValueError(f"draft_k must be an integer in [1, {high}] (drafts a round), got {k!r}")
     return k

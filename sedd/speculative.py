@@ -46,6 +46,10 @@ import jax.numpy as jnp
 from sedd.categorical import sample_categorical
 
 
+MAX_DRAFTS = 64
+"""The most drafts a round (k): a KV cache of a target keeps room for a round's k + 1 positions past the text."""
+
+
 def verify(key: jax.Array, p: jax.Array, q: jax.Array, drafted: jax.Array,
            categorical: str = "precise") -> tuple[jax.Array, jax.Array]:
     """One round's check, (2): how many drafts are kept, and the tokens the round writes.

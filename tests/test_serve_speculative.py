@@ -240,3 +240,14 @@ def test_playground_shows_kept_and_rejected_drafts_in_headless_chromium(browser_
         browser.save_screenshot(str(tmp_path / "playground_speculative.png"))
     finally:
         browser.quit()
+
+
+def test_a_round_past_the_models_length_sees_the_whole_text():
+    """A round at the text's end scores positions past max_len: the cache keeps room, no position is lost."""
+    run = _ar_run(0)
+    prefill, target = ar.speculative_target(run.graphdef)
+    rng = np.random.default_rng(0)
+    text = jnp.asarray(rng.integers(0, len(CHARS), (1, L + 5)), jnp.int32)  # positions 14, 15 and past L drafted
+    p, _ = target(prefill((run.params, run.rest), text[:, :14]), text, jnp.asarray([14]), 4)
+    full = jax.nn.softmax(ar.next_token_logits(run.model, text[:, :L]), -1)[0, 14:16]
+    np.testing.assert_allclose(np.asarray(p[0, :2]), np.asarray(full), rtol=1e-4, atol=1e-5)
