@@ -36,7 +36,7 @@ from flax import nnx
 from sedd import speculative
 from sedd.categorical import sample_categorical
 from sedd.model import DDiT
-from sedd.sampling import nucleus
+from sedd.sampling import shaped_law
 
 
 def _check(model: DDiT) -> None:
@@ -188,8 +188,7 @@ def sample(
 # --------------------------------------------------------------------------- the target of speculative sampling
 
 
-@functools.lru_cache(maxsize=None)
-def speculative_target(graphdef, *, temperature: float = 1.0, top_p: float = 1.0) -> tuple:
+def build_speculative_target(graphdef, temperature=1.0, top_p=1.0) -> tuple:
     r"""(prefill, target) of the AR network `graphdef` for ``sedd.speculative.decode``, each row its own KV cache.
 
     ``target(state, text, start, k)`` scores the k + 1 positions start ..
@@ -201,12 +200,21 @@ def speculative_target(graphdef, *, temperature: float = 1.0, top_p: float = 1.0
     text holds (tests/test_speculative.py). Each row runs with its own cache
     and index (``jax.vmap`` over the rows), so rows accept different numbers
     of drafts. The law returned is the network's next-token law with
-    temperature T and nucleus top_p (the law of the text).
+    temperature T and nucleus top_p (the law of the text,
+    ``sedd.sampling.shaped_law``; T = 0 the argmax).
+
+    Not cached: temperature and top_p may be traced float32[] values, so that
+    one program serves every value (``sedd serve``); ``speculative_target``
+    is the cached builder of Python values.
 
     Returns:
       prefill(params_state, prompt int32[B, P]) -> state: the caches after the
-        prompt's P positions (P the same for every row, >= 0; decode's
-        prompt_len must then be P).
+        prompt's P positions (P the same for every row, >= 0). Since each call
+        of target rolls the cache back to its `start`, a prompt buffer longer
+        than the given tokens may be prefilled whole (what follows `start` is
+        never seen); the cache holds max(max_len, P) + MAX_DRAFTS + 1
+        positions, so a round that scores positions past the text's end
+        (k <= ``sedd.speculative.MAX_DRAFTS``) never wraps the ring onto its start.
       target: as ``sedd.speculative.decode`` takes it; state = ((params, rest), caches).
     """
     def row_model(params_state, cache):
@@ -215,7 +223,9 @@ def speculative_target(graphdef, *, temperature: float = 1.0, top_p: float = 1.0
     def prefill(params_state, prompt):
         model = nnx.merge(graphdef, *params_state)
         b, p = prompt.shape
-        model.init_cache(1)
+        # Room for a round past the text's end: a ring that wrapped there would overwrite the text's first
+        # positions while the round's queries still need them (the last tokens drawn without them).
+        model.init_cache(1, max(model.max_len, p) + speculative.MAX_DRAFTS + 1)
         empty = model.cache()
 
         def one(row):  # (P,)
@@ -236,13 +246,7 @@ def speculative_target(graphdef, *, temperature: float = 1.0, top_p: float = 1.0
             prev = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)], bos_id(m))
             inputs = jnp.concatenate([prev[None], jax.lax.dynamic_slice(row, (s,), (k,))])[None]  # (1, k + 1)
             logits = m.network_output(inputs, None, decode=True, deterministic=True)[0]  # (k + 1, V)
-            if temperature == 0:
-                probs = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
-            else:
-                probs = jax.nn.softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-            if top_p < 1:
-                probs = nucleus(probs, top_p)
-            return probs, m.cache()
+            return shaped_law(logits, temperature, top_p), m.cache()
 
         probs, caches = jax.vmap(one)(caches, text, start)
         return probs, (params_state, caches)
@@ -251,20 +255,27 @@ def speculative_target(graphdef, *, temperature: float = 1.0, top_p: float = 1.0
 
 
 @functools.lru_cache(maxsize=None)
-def speculative_drafter(graphdef, *, temperature: float = 1.0) -> tuple:
+def speculative_target(graphdef, *, temperature: float = 1.0, top_p: float = 1.0) -> tuple:
+    """``build_speculative_target`` of Python values, cached: one (prefill, target) pair, one jit cache entry."""
+    return build_speculative_target(graphdef, temperature, top_p)
+
+
+def build_speculative_drafter(graphdef, temperature=1.0) -> tuple:
     r"""(prefill, drafter) of a (smaller) AR network for ``sedd.speculative.decode``: k tokens left to right.
 
     Each round rolls the row's cache back to `start` (as ``speculative_target``)
     and runs k + 1 one-position steps: step i feeds the input at position
-    start + i and draws y_i from the network's law at temperature T, so
-    q_i = that law given the prefix and y_<i, (1) of ``sedd.speculative``;
-    the last step only feeds y_{k-1}, so that the cache holds every position
-    a round can accept (all k and the extra token).
+    start + i and draws y_i from the network's law at temperature T (T = 0:
+    its argmax; a traced value serves every T), so q_i = that law given the
+    prefix and y_<i, (1) of ``sedd.speculative``; the last step only feeds
+    y_{k-1}, so that the cache holds every position a round can accept (all
+    k and the extra token).
 
     Returns:
-      prefill(params_state, prompt int32[B, P]) -> state; drafter as ``decode`` takes it.
+      prefill(params_state, prompt int32[B, P]) -> state (``build_speculative_target``'s);
+      drafter as ``decode`` takes it.
     """
-    prefill, _ = speculative_target(graphdef)
+    prefill, _ = build_speculative_target(graphdef)
 
     def drafter(key, state, text, start, k):
         params_state, caches = state
@@ -279,9 +290,11 @@ def speculative_drafter(graphdef, *, temperature: float = 1.0) -> tuple:
                 logits = decode_step(m, prev[None])[0]  # (V,)
                 if i == k:
                     break
-                q = jax.nn.softmax(logits.astype(jnp.float32) / temperature)
+                q = shaped_law(logits, temperature, 1.0)
                 prev = jax.random.categorical(jax.random.fold_in(key, i), jnp.log(q)).astype(jnp.int32)
                 ys.append(prev), qs.append(q)
+            if not k:
+                return jnp.zeros((0,), jnp.int32), jnp.zeros((0, m.out_dim), jnp.float32), m.cache()
             return jnp.stack(ys), jnp.stack(qs), m.cache()
 
         keys = jax.random.split(key, text.shape[0])
@@ -289,6 +302,12 @@ def speculative_drafter(graphdef, *, temperature: float = 1.0) -> tuple:
         return drafted, q, (params_state, caches)
 
     return prefill, drafter
+
+
+@functools.lru_cache(maxsize=None)
+def speculative_drafter(graphdef, *, temperature: float = 1.0) -> tuple:
+    """``build_speculative_drafter`` of a Python temperature, cached."""
+    return build_speculative_drafter(graphdef, temperature)
 
 
 def speculative_sample(key: jax.Array, graphdef, state, num_samples: int, length: int, k: int = 4,

@@ -30,12 +30,17 @@ What it owns:
   likelihood(key, net, batches, ...)   its figure on a split: a bound, or an exact NLL
   sample(key, net, num_samples, ...)   its sampler entry point, a ``sedd.sampling.Samples``
   rows_program(graphdef, ...)          what ``sedd serve`` runs: a ``sedd.sampling.rows.RowsProgram``
+  speculation(graphdef, draft, k)      what ``sedd serve`` runs instead for a model that writes left to right
+                                       with drafts: a ``sedd.sampling.rounds.Speculation`` (or None)
+  unwritten_id()                       the id a position not yet drawn holds on the host (streaming)
   settles(sampler)                     whether an unmasked position keeps its token (text can stream)
   noise_groups(model, train, rngs)     the network over groups of positions sharing a noise level, for
                                        ``sedd.distill`` (the sequence for SEDD, the blocks for block diffusion)
 
 and what it can do: ``exact`` (its likelihood is the exact NLL, so it can
-judge samples), ``serves`` (``sedd serve`` streams its denoising) and
+judge samples), ``serves`` (``sedd serve`` streams its denoising),
+``speculates`` (it drafts and verifies in one network: ``sedd serve``
+decodes it by rounds without a --draft, through ``speculative_parts``) and
 ``conditions`` (the prompt patterns it honours: prefix, suffix, infill).
 Whether a sampler runs on a graph is decided by ``sedd.sampling.check_graph``
 alone; a kind adds only what is its own.
@@ -55,7 +60,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sedd import ar, block, evaluate, graphs, losses, sampling, spec
+from sedd import ar, block, evaluate, graphs, losses, sampling, spec, speculative
 from sedd import sharding as sharding_lib
 from sedd import noise as noise_lib
 from sedd.kernels import compute_dtype
@@ -186,6 +191,8 @@ class Kind:
       name: its model.kind.
       exact: its likelihood figure is the exact NLL (it can judge samples).
       serves: ``sedd serve`` can serve it (``rows_program``).
+      speculates: it drafts and verifies itself (``speculative_parts``), so ``sedd serve`` decodes it by
+        speculative rounds (``speculation``) without a drafter of its own.
       conditions: the prompt patterns it honours, of "prefix", "suffix", "infill".
       config: the run's config.
     """
@@ -193,6 +200,7 @@ class Kind:
     name: ClassVar[str]
     exact: ClassVar[bool] = False
     serves: ClassVar[bool] = False
+    speculates: ClassVar[bool] = False
     conditions: ClassVar[tuple[str, ...]] = ("prefix", "suffix", "infill")
 
     def __init__(self, config):
@@ -238,6 +246,48 @@ class Kind:
           trajectory: also return the frames along the way; live: hand the states to the host at each call.
         """
         raise NotImplementedError(f"model.kind={self.name!r} is not served")
+
+    def speculation(self, graphdef, draft=None, k: int | None = None,
+                    draft_name: str | None = None) -> sampling.rounds.Speculation | None:
+        """How ``sedd serve`` decodes this kind by speculative rounds; None: by ``rows_program``.
+
+        The base: a kind that ``speculates`` drafts for itself (k its model.block_size unless given,
+        ``speculative_parts``); any other takes no draft.
+
+        Args:
+          graphdef: the network's structure.
+          draft: None, "ngram" or a ``Net`` of a smaller AR network (an AR run's drafter).
+          k: drafts a round (None: the kind's default).
+          draft_name: what the server reports as the draft (a run's name).
+        Raises:
+          ValueError: a draft or a k this kind cannot take, in one line.
+        """
+        if draft is not None:
+            raise ValueError(f"a draft (--draft) drafts for an AR run (model.kind='ar'); this run's model.kind is "
+                             f"{self.name!r}" + (", which drafts for itself" if self.speculates else ""))
+        if not self.speculates:
+            if k is not None:
+                raise ValueError(f"draft_k applies to speculative decoding; this run's model.kind {self.name!r} "
+                                 "does not speculate")
+            return None
+        if k is not None and k != self.config.model.block_size:
+            raise ValueError(f"draft_k={k!r}: this run drafts model.block_size={self.config.model.block_size} "
+                             "tokens a round, what it was trained to draft")
+        k = self.config.model.block_size
+        return sampling.rounds.Speculation(functools.partial(self.speculative_parts, graphdef), k, "self",
+                                           categorical=self.config.sampling.categorical, shared=True)
+
+    def speculative_parts(self, graphdef, temperature, top_p) -> tuple:
+        """(prefill, target, drafter) of a kind that ``speculates`` (``sedd.sampling.rounds.Speculation.parts``).
+
+        temperature and top_p may be traced float32[] values; prefill(state, prompt int32[B, P]) ->
+        (target_state, drafter_state), target and drafter as ``sedd.speculative.decode`` takes them.
+        """
+        raise NotImplementedError(f"model.kind={self.name!r} does not draft for itself")
+
+    def unwritten_id(self) -> int | None:
+        """The id the host holds at a position not yet drawn (shown as a mask); None: every position holds a token."""
+        return None
 
     def likelihood(self, key: jax.Array, net: Net, batches, num_t: int, *, max_batches=None,
                    chars_per_token=None, progress: bool = False, **kwargs) -> dict:
@@ -357,6 +407,10 @@ class Diffusion(Kind):
         """On the absorbing graph every sampler but one that masks decoded tokens again; never on the uniform."""
         return self.graph.absorb and sampling.get_sampler(sampler).settles
 
+    def unwritten_id(self):
+        """The absorbing graph's MASK; None on the uniform graph (every position holds a token at every step)."""
+        return self.graph.mask if self.graph.absorb else None
+
     def rows_program(self, graphdef, *, steps, sampler, trajectory, live):
         s = self.config.sampling
         return sampling.rows.full_sequence_program(
@@ -404,11 +458,69 @@ def _prefix_prompt(fixed_mask, fixed_tokens) -> jax.Array | None:
     return jnp.asarray(fixed_tokens, jnp.int32)[:, :p]
 
 
+def _draft_k(k, length: int) -> int:
+    """k checked: an integer in [1, min(MAX_DRAFTS, length)] (drafts a round, ``sedd.speculative.MAX_DRAFTS``)."""
+    high = min(speculative.MAX_DRAFTS, length)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= high:
+        raise ValueError(f"draft_k must be an integer in [1, {high}] (drafts a round), got {k!r}")
+    return k
+
+
 @register("ar")
 class Autoregressive(Kind):
     """The AR baseline: a causal DDiT without a time input, trained on the next-token NLL (``sedd.ar``)."""
 
     exact = True
+    conditions = ("prefix",)  # it writes after a prompt only
+
+    def unwritten_id(self):
+        """V, the BOS id: never a token of the text."""
+        return self.config.vocab_size
+
+    def settles(self, sampler):
+        """Always: each token written stays."""
+        return True
+
+    def speculation(self, graphdef, draft=None, k=None, draft_name=None):
+        """Speculative rounds of this network as the target (``sedd.ar.build_speculative_target``).
+
+        draft "ngram" (prompt lookup, ``sedd.speculative.ngram_drafter``) or a ``Net`` of a smaller AR
+        network over the same vocabulary (``sedd.ar.build_speculative_drafter``, k + 1 calls a round);
+        None: no drafts, k = 0, each round one call that writes one token (ancestral sampling with the
+        KV cache). The drafter draws at the row's temperature.
+        """
+        length, vocab = self.config.data.seq_len, self.config.vocab_size
+        categorical = self.config.sampling.categorical
+        if draft is None:
+            if k is not None:
+                raise ValueError("draft_k needs a draft: give --draft ngram or --draft SMALL_AR_RUN_DIR")
+            k, draft_name = 0, None
+        else:
+            k = _draft_k(4 if k is None else k, length)
+        if draft is None or isinstance(draft, str):
+            if draft is not None and draft != "ngram":
+                raise ValueError(f"draft must be 'ngram' or a smaller AR run, got {draft!r}")
+            drafter = speculative.ngram_drafter(vocab)
+
+            def parts(temperature, top_p):
+                prefill, target = ar.build_speculative_target(graphdef, temperature, top_p)
+                return (lambda state, prompt: (prefill(state, prompt), None)), target, drafter
+
+            return sampling.rounds.Speculation(parts, k, draft and "ngram", categorical=categorical)
+        d_model = draft.model
+        if not (d_model.causal and not d_model.time_conditioning and d_model.num_tokens == d_model.out_dim + 1):
+            raise ValueError("the draft run is not an AR run (model.kind='ar'): only an AR network drafts left to "
+                             "right with the law each draft was drawn from")
+        if d_model.out_dim != vocab:
+            raise ValueError(f"the draft run's vocabulary ({d_model.out_dim} tokens) differs from this run's ({vocab})")
+
+        def parts(temperature, top_p):
+            t_prefill, target = ar.build_speculative_target(graphdef, temperature, top_p)
+            d_prefill, drafter = ar.build_speculative_drafter(draft.graphdef, temperature)
+            return (lambda state, prompt: (t_prefill(state[0], prompt), d_prefill(state[1], prompt))), target, drafter
+
+        return sampling.rounds.Speculation(parts, k, draft_name or "ar", draft_calls=k + 1, draft_state=draft.state,
+                                           categorical=categorical)
 
     def network(self, seed=0):
         """Inputs V + 1 ids (BOS = V), outputs the V next-token logits, causal attention, no time input."""
@@ -571,6 +683,7 @@ class SelfSpeculative(Kind):
     """
 
     exact = True
+    speculates = True
     conditions = ("prefix",)
 
     def __init__(self, config):
@@ -586,6 +699,11 @@ class SelfSpeculative(Kind):
 
     def describe(self):
         return {"kind": self.name, "block_size": self.block_size}
+
+    def speculative_parts(self, graphdef, temperature, top_p):
+        """``sedd.spec.speculative_parts`` for ``sedd serve``: one state shared by target and drafter."""
+        prefill, target, drafter = spec.speculative_parts(graphdef, self.block_size, temperature, top_p)
+        return (lambda state, text: (prefill(state, text), None)), target, drafter
 
     def network(self, seed=0):
         """Inputs V + 2 ids (BOS = V, MASK = V + 1), V logits out, no time input; attention by mask."""

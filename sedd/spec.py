@@ -66,7 +66,7 @@ from flax import nnx
 
 from sedd import speculative
 from sedd.model import DDiT
-from sedd.sampling import nucleus
+from sedd.sampling import shaped_law
 
 
 def check(model: DDiT) -> None:
@@ -136,16 +136,6 @@ def nll(model: DDiT, x: jax.Array) -> jax.Array:
 
 
 # --------------------------------------------------------------------------- sampling
-
-
-def law(logits: jax.Array, temperature, top_p) -> jax.Array:
-    """softmax(logits / T) within its top_p nucleus (T = 0: the argmax); T and top_p floats or traced."""
-    logits = logits.astype(jnp.float32)
-    greedy = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
-    probs = jnp.where(temperature > 0, jax.nn.softmax(logits / jnp.maximum(temperature, 1e-6), axis=-1), greedy)
-    if isinstance(top_p, (int, float)) and top_p >= 1:
-        return probs
-    return jnp.where(top_p < 1, nucleus(probs, top_p), probs)
 
 
 def round_mask(k: int) -> np.ndarray:
@@ -221,7 +211,8 @@ def speculative_parts(graphdef, block_size: int, temperature=1.0, top_p=1.0) -> 
             tokens = jnp.concatenate([jnp.full((1,), bos_id(model), jnp.int32), row[:n_c - 1].astype(jnp.int32),
                                       jnp.full((k,), mask_id(model), jnp.int32)])
             out, cache = _call(model, _empty_cache(model, rows_of(model)), 0, tokens, positions, mask, n_c)
-            laws = jnp.zeros((k + 1, k, model.out_dim), jnp.float32).at[0].set(law(out[n_c:], temperature, top_p))
+            first = shaped_law(out[n_c:], temperature, top_p)  # (k, V)
+            laws = jnp.zeros((k + 1, k, model.out_dim), jnp.float32).at[0].set(first)
             return cache, laws
 
         caches, laws = jax.vmap(one)(prompt)
@@ -239,7 +230,7 @@ def speculative_parts(graphdef, block_size: int, temperature=1.0, top_p=1.0) -> 
             tokens = jnp.concatenate([prev[None], jax.lax.dynamic_slice(row, (s,), (k,)),
                                       jnp.full((k * (k + 1),), mask_id(model), jnp.int32)])
             out, cache = _call(model, cache, s, tokens, s + jnp.asarray(offsets, jnp.int32), mask, k + 1)
-            shaped = law(out, temperature, top_p)  # ((k + 1)^2, V)
+            shaped = shaped_law(out, temperature, top_p)  # ((k + 1)^2, V)
             return shaped[:k + 1], shaped[k + 1:].reshape(k + 1, k, -1), cache
 
         p, laws, caches = jax.vmap(one)(caches, text, start)

@@ -46,6 +46,10 @@ import jax.numpy as jnp
 from sedd.categorical import sample_categorical
 
 
+MAX_DRAFTS = 64
+"""The most drafts a round (k): a KV cache of a target keeps room for a round's k + 1 positions past the text."""
+
+
 def verify(key: jax.Array, p: jax.Array, q: jax.Array, drafted: jax.Array,
            categorical: str = "precise") -> tuple[jax.Array, jax.Array]:
     """One round's check, (2): how many drafts are kept, and the tokens the round writes.
@@ -81,6 +85,62 @@ def verify(key: jax.Array, p: jax.Array, q: jax.Array, drafted: jax.Array,
     return accepted, tokens
 
 
+def rounds(key: jax.Array, target_state: Any, drafter_state: Any, text: jax.Array, start: jax.Array,
+           end: jax.Array, *, target: Callable, drafter: Callable, k: int, categorical: str = "precise",
+           on_round: Callable | None = None, shared: bool = False) -> tuple:
+    """Rounds of (2) until every row has written its positions up to `end`: the traceable core of ``decode``.
+
+    Not jitted, so that a caller can run it inside its own program (``sedd
+    serve`` runs it under ``jax.vmap``, each row alone with its own traced
+    temperature and top_p in `target`).
+
+    Args:
+      key: a ``jax.random`` key; round r uses fold_in(key, r).
+      target_state, drafter_state, target, drafter, k, categorical, shared: as ``decode``.
+      text: int32[B, T] the given tokens before `start`; T >= max(end) + k + 1 (a round writes up to k + 1).
+      start: int32[B] the first position to write; end: int32[B] the position to write up to (excluded).
+      on_round: None, or a traced function called at each round with (r int32[], start int32[B], drafted
+        int32[B, k], accepted int32[B], tokens int32[B, k + 1], live bool[B]): the round's drafts, how
+        many were kept and the tokens written from start (the first accepted + 1 of them); rows not
+        `live` had already finished and wrote nothing.
+    Returns:
+      (text int32[B, T], r int32[] rounds the batch ran, rounds_row int32[B] rounds each row needed,
+      accepted_at int32[B, k]: the rounds of each row whose draft at position i was kept).
+    """
+    b = text.shape[0]
+    start = jnp.asarray(start, jnp.int32)  # (B,)
+    end = jnp.asarray(end, jnp.int32)  # (B,)
+
+    def round_(carry):
+        r, text, start, t_state, d_state, rounds_row, accepted_at = carry
+        key_r = jax.random.fold_in(key, r)
+        k_draft, k_verify = jax.random.split(key_r)
+        if shared:
+            drafted, q, t_state = drafter(k_draft, t_state, text, start, k)
+        else:
+            drafted, q, d_state = drafter(k_draft, d_state, text, start, k)
+        window = jnp.arange(k)[None, :] + start[:, None]  # (B, k)
+        proposed = text.at[jnp.arange(b)[:, None], window].set(drafted.astype(jnp.int32))
+        p, t_state = target(t_state, proposed, start, k)
+        accepted, tokens = verify(k_verify, p, q, drafted, categorical)
+        live = start < end  # (B,) rows still writing
+        if on_round is not None:
+            on_round(r, start, drafted.astype(jnp.int32), accepted, tokens, live)
+        written = jnp.arange(k + 1)[None, :] + start[:, None]  # (B, k + 1)
+        keep = live[:, None] & (jnp.arange(k + 1)[None, :] <= accepted[:, None])
+        text = text.at[jnp.arange(b)[:, None], written].set(
+            jnp.where(keep, tokens, jnp.take_along_axis(text, written, axis=1)))
+        counted = live[:, None] & (jnp.arange(k)[None, :] < accepted[:, None])  # (B, k)
+        return (r + 1, text, jnp.where(live, start + accepted + 1, start), t_state, d_state,
+                rounds_row + live.astype(jnp.int32), accepted_at + counted.astype(jnp.int32))
+
+    carry = (jnp.int32(0), text, start, target_state, drafter_state, jnp.zeros((b,), jnp.int32),
+             jnp.zeros((b, k), jnp.int32))
+    r, text, _, _, _, rounds_row, accepted_at = jax.lax.while_loop(
+        lambda c: jnp.any(c[2] < end), round_, carry)
+    return text, r, rounds_row, accepted_at
+
+
 @functools.partial(jax.jit, static_argnames=("target", "drafter", "length", "k", "categorical", "shared"))
 def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Array, prompt_len: jax.Array, *,
            target: Callable, drafter: Callable, length: int, k: int, categorical: str = "precise",
@@ -109,34 +169,10 @@ def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Ar
     """
     b = prompt.shape[0]
     text = jnp.zeros((b, length + k + 1), jnp.int32).at[:, :length].set(prompt)
-    start = jnp.asarray(prompt_len, jnp.int32)  # (B,) the first position to write
-
-    def round_(carry):
-        r, text, start, t_state, d_state, rounds_row, accepted_at = carry
-        key_r = jax.random.fold_in(key, r)
-        k_draft, k_verify = jax.random.split(key_r)
-        if shared:
-            drafted, q, t_state = drafter(k_draft, t_state, text, start, k)
-        else:
-            drafted, q, d_state = drafter(k_draft, d_state, text, start, k)
-        window = jnp.arange(k)[None, :] + start[:, None]  # (B, k)
-        proposed = text.at[jnp.arange(b)[:, None], window].set(drafted.astype(jnp.int32))
-        p, t_state = target(t_state, proposed, start, k)
-        accepted, tokens = verify(k_verify, p, q, drafted, categorical)
-        live = start < length  # (B,) rows still writing
-        written = jnp.arange(k + 1)[None, :] + start[:, None]  # (B, k + 1)
-        keep = live[:, None] & (jnp.arange(k + 1)[None, :] <= accepted[:, None])
-        text = text.at[jnp.arange(b)[:, None], written].set(
-            jnp.where(keep, tokens, jnp.take_along_axis(text, written, axis=1)))
-        counted = live[:, None] & (jnp.arange(k)[None, :] < accepted[:, None])
-        return (r + 1, text, jnp.where(live, start + accepted + 1, start), t_state, d_state,
-                rounds_row + live.astype(jnp.int32), accepted_at + counted.sum(0).astype(jnp.int32))
-
-    carry = (jnp.int32(0), text, start, target_state, drafter_state, jnp.zeros((b,), jnp.int32),
-             jnp.zeros((k,), jnp.int32))
-    r, text, _, _, _, rounds_row, accepted_at = jax.lax.while_loop(
-        lambda c: jnp.any(c[2] < length), round_, carry)
-    return text[:, :length], {"rounds": r, "rounds_per_sample": rounds_row, "accepted_at": accepted_at}
+    text, r, rounds_row, accepted_at = rounds(key, target_state, drafter_state, text, prompt_len,
+                                              jnp.full((b,), length, jnp.int32), target=target, drafter=drafter,
+                                              k=k, categorical=categorical, shared=shared)
+    return text[:, :length], {"rounds": r, "rounds_per_sample": rounds_row, "accepted_at": accepted_at.sum(0)}
 
 
 @functools.lru_cache(maxsize=None)

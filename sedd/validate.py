@@ -91,6 +91,7 @@ CLI_BOUNDS: dict[str, dict[str, Bound]] = {
         "window_ms": Bound(0, 60_000, integer=False, why="milliseconds a batch waits for more requests"),
         "max_body": Bound(1, 1 << 30, why="bytes"),
         "warmup_steps": Bound(1, MAX_STEPS),
+        "draft_k": Bound(1, 64, why="drafts a round of speculative decoding"),
     },
     "train": {},
     "distill": {"rounds": Bound(1, 16, why="halvings of the teacher's sampling steps")},
@@ -100,7 +101,7 @@ CLI_BOUNDS: dict[str, dict[str, Bound]] = {
 PATHS: dict[str, dict[str, str]] = {
     "sample": {"workdir": "run", "output": "output", "draft": "draft"},
     "eval": {"workdir": "run", "judge": "run"},
-    "serve": {"workdir": "run"},
+    "serve": {"workdir": "run", "draft": "draft"},
     "train": {"workdir": "new_run", "config": "config"},
     "convert": {"src": "source", "dst": "new_run", "tokenizer_path": "source"},
     "distill": {"teacher": "run", "workdir": "new_run"},

@@ -19,6 +19,7 @@ import pytest
 
 import reference
 from sedd import spec
+from sedd.sampling import shaped_law
 
 V, L, N, K = 3, 6, 30_000, 2
 SEQS = reference.all_sequences(V, L)
@@ -49,7 +50,7 @@ def _law(graphdef, state, temperature=1.0, top_p=1.0) -> np.ndarray:
     length = L
     out = model.network_output(spec._causal_inputs(model, jnp.asarray(SEQS)), None,
                                mask=np.tril(np.ones((length, length), bool)), deterministic=True)
-    probs = np.asarray(spec.law(out, temperature, top_p), np.float64)  # (V^L, L, V)
+    probs = np.asarray(shaped_law(out, temperature, top_p), np.float64)  # (V^L, L, V)
     law = np.prod(np.take_along_axis(probs, SEQS[..., None], -1)[..., 0], axis=1)
     return law / law.sum()
 
@@ -146,3 +147,39 @@ def test_a_tiny_spec_run_trains_evaluates_and_samples(tmp_path):
     res = subprocess.run([sys.executable, "-m", "sedd.cli", "sample", "--workdir", str(work), "--num_samples", "1"],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds():
+    """sedd serve with a spec run and no --draft: temperature 0 writes the causal half's argmax text, in rounds."""
+    pytest.importorskip("starlette")
+    import ml_collections
+    from flax import nnx
+    from starlette.testclient import TestClient
+
+    from sedd import config as config_lib
+    from sedd import kinds, runs, serve
+    from sedd.data.tokenizers import CharTokenizer
+
+    tokenizer, length = CharTokenizer("abcdefgh ,.\n"), 16
+    config = config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.n_blocks=1",
+                                             "--config.model.block_size=3", f"--config.data.seq_len={length}"])
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.vocab_size = tokenizer.vocab_size
+    graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
+    run = runs.from_parts(config, tokenizer, graphdef, reference.perturbed(params, 0.5, 7), rest)
+    limits = serve.Limits(max_steps=16, max_n=2, max_batch=2, max_queue=8, timeout_s=300, window_s=0.0)
+    with TestClient(serve.create_app(run, "sedd-spec", limits), base_url="http://localhost") as client:
+        model = client.get("/v1/models").json()["data"][0]
+        assert model["kind"] == "spec" and model["draft"] == "self" and model["draft_k"] == 3
+        out = client.post("/v1/completions", json={"prompt": "ab c", "max_tokens": 9, "temperature": 0.0,
+                                                   "seed": 1}).json()
+    ids = list(tokenizer.encode("ab c"))
+    net = run.model
+    for _ in range(9):  # the argmax of the causal half by full forward passes
+        x = jnp.asarray([ids + [0]], jnp.int32)
+        logits = net.network_output(spec._causal_inputs(net, x), None, deterministic=True,
+                                    mask=np.tril(np.ones((x.shape[1],) * 2, bool)))
+        ids.append(int(jnp.argmax(logits[0, -1])))
+    assert out["choices"][0]["text"] == tokenizer.decode(ids[4:])
+    s = out["speculative"]
+    assert s["draft_calls"] == 0 and s["tokens"] == 9 and 9 / 4 <= s["target_calls"] <= 9

@@ -53,6 +53,8 @@ The package, one concept a module:
   rows.py        one key, temperature and top_p per row in one batched
                  program, and the states handed to a listener while it
                  runs: what ``sedd serve`` runs, through the kinds
+  rounds.py      the same for speculative decoding: each row its own rounds
+                 of drafts checked by the target, handed to the host as they land
   prompts.py     ``text_conditioning``: text prompts as fixed positions
 
 Other drivers of the same loop: ``sedd.block`` (one block at a time against a
@@ -82,7 +84,7 @@ Shapes: B batch, L length, D = graph.dim, V = graph.vocab_size, N steps.
 """
 
 from sedd.categorical import METHODS as CATEGORICAL_METHODS
-from sedd.sampling.context import Context, entropy, nucleus
+from sedd.sampling.context import Context, entropy, nucleus, shaped_law
 from sedd.sampling.samplers import (GENERIC_OPTIONS, PREDICTORS, Analytic, Euler, FunctionPredictor, Sampler,
                                     UnknownSampler, check_graph, corrector_step, get_sampler, register_predictor,
                                     register_sampler)
@@ -91,13 +93,13 @@ from sedd.sampling.loop import (FINALS, Options, Samples, check_int, check_shape
                                 one_step, options_from, run_loop, sample, start_carry, time_grid)
 from sedd.sampling.long import sample_long
 from sedd.sampling.prompts import MASK_CHAR, text_conditioning
-from sedd.sampling import rows
+from sedd.sampling import rounds, rows
 
 __all__ = [
-    "CATEGORICAL_METHODS", "Context", "entropy", "nucleus", "GENERIC_OPTIONS", "PREDICTORS", "Analytic", "Euler",
-    "FunctionPredictor", "Sampler", "UnknownSampler", "check_graph", "corrector_step", "get_sampler",
-    "register_predictor", "register_sampler", "AbsorbingSampler", "Confidence", "EntropyBound", "FirstHitting",
-    "ReMDM", "FINALS", "Options", "Samples", "check_int", "check_shape", "conditioning", "denoise_step", "one_step",
-    "options_from", "run_loop", "sample", "start_carry", "time_grid", "sample_long", "MASK_CHAR", "text_conditioning",
-    "rows",
+    "CATEGORICAL_METHODS", "Context", "entropy", "nucleus", "shaped_law", "GENERIC_OPTIONS", "PREDICTORS",
+    "Analytic", "Euler", "FunctionPredictor", "Sampler", "UnknownSampler", "check_graph", "corrector_step",
+    "get_sampler", "register_predictor", "register_sampler", "AbsorbingSampler", "Confidence", "EntropyBound",
+    "FirstHitting", "ReMDM", "FINALS", "Options", "Samples", "check_int", "check_shape", "conditioning",
+    "denoise_step", "one_step", "options_from", "run_loop", "sample", "start_carry", "time_grid", "sample_long",
+    "MASK_CHAR", "text_conditioning", "rows", "rounds"
 ]

@@ -237,11 +237,7 @@ class Context:
 
         def shaped(log_score):
             logits = log_score[..., :v].astype(jnp.float32)  # (B, L, V)
-            argmax = jax.nn.one_hot(jnp.argmax(logits, -1), v, dtype=jnp.float32)
-            scaled = logits / jnp.where(temperature == 0, 1.0, temperature)
-            q = jnp.where(temperature == 0, argmax, jax.nn.softmax(scaled, -1))
-            q = jax.lax.cond(self.any(top_p < 1), lambda q: jnp.where(top_p < 1, nucleus(q, top_p), q),
-                             lambda q: q, q)
+            q = shaped_law(logits, temperature, top_p, any_fn=self.any)
             mass = jax.nn.logsumexp(logits, axis=-1, keepdims=True)  # (B, L, 1)
             tokens = jnp.where(q > 0, mass + jnp.log(jnp.where(q > 0, q, 1.0)), -jnp.inf)
             out = jnp.concatenate([tokens, log_score[..., v:].astype(jnp.float32)], -1)  # (B, L, D)
@@ -277,6 +273,31 @@ def nucleus(q: jax.Array, top_p) -> jax.Array:
     _, hi = jax.lax.fori_loop(0, 32, halve, (lo, hi))
     kept = jnp.where(q >= jax.lax.bitcast_convert_type(hi, jnp.float32), q, 0.0)
     return kept / kept.sum(-1, keepdims=True)
+
+
+def shaped_law(logits: jax.Array, temperature, top_p, any_fn=None) -> jax.Array:
+    """softmax(logits / T) on its top_p nucleus (T = 0: the one-hot of the argmax): float32[..., V].
+
+    The law a sampler draws from when asked for a temperature and a nucleus;
+    T and top_p are floats or traced float32 values broadcastable against
+    logits[..., :1] (one program for every value, as ``sedd serve`` needs).
+
+    Args:
+      logits: float[..., V].
+      temperature, top_p: T >= 0 and top_p in (0, 1].
+      any_fn: bool[...] -> bool[], whether any row asks for a nucleus (a
+        reduction over a mapped axis skips the nucleus when none does); None:
+        the nucleus is computed wherever top_p < 1.
+    """
+    logits = logits.astype(jnp.float32)
+    argmax = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
+    scaled = logits / jnp.where(temperature == 0, 1.0, temperature)
+    q = jnp.where(temperature == 0, argmax, jax.nn.softmax(scaled, -1))
+    if isinstance(top_p, (int, float)):  # a Python value: the nucleus is there or not when traced
+        return nucleus(q, top_p) if top_p < 1 else q
+    if any_fn is None:
+        return jnp.where(top_p < 1, nucleus(q, top_p), q)
+    return jax.lax.cond(any_fn(top_p < 1), lambda q: jnp.where(top_p < 1, nucleus(q, top_p), q), lambda q: q, q)
 
 
 def entropy(q: jax.Array) -> jax.Array:

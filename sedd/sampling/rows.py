@@ -45,8 +45,8 @@ LISTENERS: dict[int, Callable[[int, np.ndarray], None]] = {}
 logger = logging.getLogger("sedd.sampling")
 
 
-def deliver(batch_id, start, states) -> None:
-    """The host end of ``observe``: hand states int32[B, n] at position `start` to the batch's listener.
+def deliver(batch_id, *values) -> None:
+    """The host end of ``observe``: hand (start, states int32[B, n]), or another program's values, to the listener.
 
     Runs on XLA's thread inside the compiled program, so it never raises (an
     exception here would fail the whole batch).
@@ -55,7 +55,7 @@ def deliver(batch_id, start, states) -> None:
     if listener is None:
         return
     try:
-        listener(int(start), np.asarray(states))
+        listener(*(np.asarray(v) for v in values))
     except Exception:  # noqa: BLE001  a failing listener (a closed event loop) must not fail the batch
         logger.exception("a listener of a running batch failed")
 
@@ -93,6 +93,7 @@ class Placed:
         self.place(start, states)
 
     def place(self, start: int, states: np.ndarray) -> None:
+        start = int(start)
         self.text[:, start:start + states.shape[1]] = states
         self.listener(self.text.copy())
 
@@ -130,11 +131,19 @@ class RowsProgram:
         [start, start + length), the network calls made before each, and
         labels, None (each frame is the whole draw) or F' dicts naming the
         part of the text each frame draws (a block model: {"block": i}).
+      listen: (listener, text int32[B, L]) -> the object registered with
+        ``listening`` while a live batch runs, which calls listener(states
+        int32[B, L], *more) (``Placed``; ``sedd.sampling.rounds.Rounds``).
+      report: None, or (stats of a completion's rows, its length) -> a dict
+        added to the completion's answer, where `nfe` above is a dict of
+        per-row stats int[B, ...] holding "nfe".
     """
 
     fn: Callable
     static: dict
     frames: Callable
+    listen: Callable = Placed
+    report: Callable | None = None
 
     def compile(self, *args) -> jax.stages.Compiled:
         """The program compiled ahead of time for these arguments' shapes (its owner keeps and drops it)."""

@@ -13,6 +13,11 @@ whatever lies beyond P + M + S is sampled too and cut from the answer, so
 prompt and suffix are always conditioned on exactly (the absorbing graph keeps
 fixed tokens fixed; see ``sedd.sampling.sample``).
 
+An AR run is served by speculative decoding instead (``--draft``; each row
+its own rounds of drafts checked by the run, ``sedd.kinds.Kind.speculation``
+and ``sedd.sampling.rounds``): the prompt is a prefix, the text has the run's
+law exactly, and each answer says the network calls and the drafts kept.
+
 Requests go to an ``Engine``: one worker thread that runs the compiled
 sampler the run's kind gives (``sedd.kinds.Kind.rows_program``; serve itself
 knows no kind and no sampler). Requests that can share a program (same steps and sampler, and the

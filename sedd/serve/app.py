@@ -133,7 +133,8 @@ def _internal_error(what: str) -> APIError:
 
 
 def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
-               allowed_hosts: tuple[str, ...] = LOCAL_HOSTS, api_key: str | None = None) -> Starlette:
+               allowed_hosts: tuple[str, ...] = LOCAL_HOSTS, api_key: str | None = None, draft=None,
+               draft_k: int | None = None, draft_name: str | None = None) -> Starlette:
     """The ASGI app serving `run` (start and stop its engine with the app's lifespan).
 
     A bare Starlette app: four routes whose bodies pydantic validates, behind
@@ -145,14 +146,15 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
     Args:
       allowed_hosts: the names a request's Host header may give ("*": any).
       api_key: when given, every /v1/ request must carry ``Authorization: Bearer <api_key>``.
+      draft, draft_k, draft_name: an AR run's speculative decoding (``_speculation``): "ngram" or a smaller
+        AR ``runs.Run``, drafts a round, the name /v1/models gives; answers then carry a `speculative` object.
     """
-    if not run.kind.serves:
-        raise ValueError(f"sedd serve serves diffusion runs; this run's model.kind is {run.kind.name!r}")
+    speculation = _speculation(run, draft, draft_k, draft_name)
     if limits.max_batch < limits.max_n:
         raise ValueError(f"max_batch={limits.max_batch} must be at least max_n={limits.max_n}")
     if api_key is not None and not api_key:
         raise ValueError("api_key must not be empty")
-    engine = Engine(run, limits)
+    engine = Engine(run, limits, speculation)
     texts = Texts(run)
     planner = concurrent.futures.ThreadPoolExecutor(PLAN_THREADS, thread_name_prefix="sedd-serve-plan")
     streams = [0]  # streams open now (app.state.streams())
@@ -182,6 +184,7 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
                                                          "owned_by": "sedd", "seq_len": run.seq_len, "step": run.step,
                                                          "data": run.config.data.name,
                                                          **run.kind.describe(),
+                                                         **(speculation.describe() if speculation else {}),
                                                          "sampler": run.config.sampling.predictor,
                                                          "steps": run.config.sampling.steps,
                                                          "samplers": sorted(sampling.PREDICTORS)}]})
@@ -196,13 +199,14 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
             raise APIError(404, f"the model {req.model!r} does not exist; this server serves {name!r}", "model",
                            "model_not_found")
         p = await _planned(planner, run, req, limits)
+        if speculation is not None:
+            _by_rounds(req, p)
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         cid, now = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": cid, "object": "text_completion", "created": now, "model": name}
         progress, queue = None, None
-        if req.stream and not req.diffusing and run.kind.settles(p.sampler):
-            queue, loop = asyncio.Queue(), asyncio.get_running_loop()
-            progress = lambda i, ids: loop.call_soon_threadsafe(queue.put_nowait, (i, ids.copy()))  # noqa: E731
+        if req.stream and not req.diffusing and (speculation is not None or run.kind.settles(p.sampler)):
+            queue, progress = _progress()
         try:
             future = engine.submit(p, trajectory=req.diffusing, progress=progress)
         except Busy as e:
@@ -211,12 +215,13 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
             return sse(_stream(texts, p, stop, head, future, queue, limits.timeout_s))
         ids, traj, info = await _result(request, future, limits.timeout_s)
         choices = [dict(zip(("text", "finish_reason"), texts.completion(row, p, stop))) for row in ids]
+        report = info.pop("report", {})  # the program's own figures: {"speculative": ...}
         diffusion = _diffusion(p, info)
         if req.diffusing:
             return sse(_frames(texts, p, req, engine.read_frames(p, traj), choices, head, diffusion, _usage(p)))
         out = [{"index": i, "text": c["text"], "logprobs": None, "finish_reason": c["finish_reason"]}
                for i, c in enumerate(choices)]
-        return JSONResponse({**head, "choices": out, "usage": _usage(p), "diffusion": diffusion})
+        return JSONResponse({**head, "choices": out, "usage": _usage(p), "diffusion": diffusion, **report})
 
     app = Starlette(
         routes=[Route("/health", _guarded(health)), Route("/v1/models", _guarded(models)),
@@ -227,6 +232,38 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
     app.state.streams = lambda: streams[0]
     app.add_middleware(Gate, hosts=tuple(allowed_hosts), api_key=api_key)
     return app
+
+
+def _speculation(run: runs.Run, draft, draft_k: int | None, draft_name: str | None):
+    """The run's ``sedd.sampling.rounds.Speculation`` (``Kind.speculation``), or None: served by its rows program.
+
+    An AR run without a draft writes one token a call; with one, each answer carries a `speculative`
+    object (calls, tokens a call, acceptance by draft position) and a stream each round's drafts.
+
+    Raises:
+      ValueError: a draft or draft_k the run cannot take, or a run served neither way (one line).
+    """
+    if isinstance(draft, runs.Run):
+        draft = draft.net
+    speculation = run.kind.speculation(run.graphdef, draft, draft_k, draft_name)
+    if speculation is None and not run.kind.serves:
+        raise ValueError(f"sedd serve serves diffusion runs and AR runs; this run's model.kind is {run.kind.name!r}")
+    return speculation
+
+
+def _by_rounds(req: CompletionRequest, p: Plan) -> None:
+    """A request to a run decoded by speculative rounds: no diffusing (400); its rows stop at the completion's end."""
+    if req.diffusing:
+        raise APIError(400, "diffusing streams the denoising steps of a diffusion run; this run writes left to "
+                            "right in speculative rounds: ask with stream: true to see each round's drafts",
+                       "diffusing", "unsupported_value")
+    p.mask[p.suffix_start:] = True  # nothing to write after the completion: marked given, the row stops there
+
+
+def _progress() -> tuple[asyncio.Queue, object]:
+    """(queue, progress): progress(i, ids, *more), called on the engine's thread, puts (i, ids, *more) on the queue."""
+    queue, loop = asyncio.Queue(), asyncio.get_running_loop()
+    return queue, lambda i, ids, *more: loop.call_soon_threadsafe(queue.put_nowait, (i, ids.copy(), *more))
 
 
 async def _favicon(request: Request) -> Response:
@@ -411,9 +448,11 @@ async def _stream(texts: Texts, p: Plan, stop: list[str], head: dict, future: co
         except RuntimeError:  # the loop is closed: the server has stopped, nobody waits
             pass
 
-    def chunk(i, text, reason=None):
-        return {"data": json.dumps({**head, "choices": [{"index": i, "text": text, "logprobs": None,
-                                                         "finish_reason": reason}]})}
+    def chunk(i, text, reason=None, more=None):
+        choice = {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+        if more is not None:  # a speculative round of this choice: its drafts, those kept, the token written
+            choice["speculative"] = texts.round(more, p)
+        return {"data": json.dumps({**head, "choices": [choice]})}
 
     future.add_done_callback(finished)
     try:
@@ -423,17 +462,23 @@ async def _stream(texts: Texts, p: Plan, stop: list[str], head: dict, future: co
                                       "later", None, "timeout", kind="server_error")
                 yield {"data": json.dumps({"error": error.response_body()})}
                 return
-            text = streamed.update(*item)
-            if text:
-                yield chunk(item[0], text)
+            i, ids, *more = item
+            text = streamed.update(i, ids)
+            more = more[0] if more else None
+            if text or more is not None:
+                yield chunk(i, text, more=more)
         try:
-            ids, _, _ = future.result()
+            ids, _, info = future.result()
         except Exception:  # noqa: BLE001  the engine failed: the client hears of it, the log has the traceback
             yield {"data": json.dumps({"error": _internal_error("a streamed completion").response_body()})}
             return
         for i, row in enumerate(ids):
             text, reason = texts.completion(row, p, stop)
             yield chunk(i, streamed.rest(i, text), reason)
+        report = info.get("report")
+        if report:  # as OpenAI's stream_options.include_usage: a last chunk without choices
+            timing = _diffusion(p, {k: v for k, v in info.items() if k != "report"})
+            yield {"data": json.dumps({**head, "choices": [], "usage": _usage(p), **report, "diffusion": timing})}
         yield {"data": "[DONE]"}
     finally:
         future.cancel()  # no effect once it has run

@@ -78,14 +78,20 @@ class Engine:
     `max_programs` of them (``programs``); ``compiles`` counts the compilations.
     """
 
-    def __init__(self, run: runs.Run, limits: Limits):
+    def __init__(self, run: runs.Run, limits: Limits, speculation=None):
         self.run, self.limits = run, limits
+        # A run decoded by speculative rounds (``sedd.kinds.Kind.speculation``) runs the speculation's program,
+        # whose first argument may hold a drafter network's weights too.
+        self.speculation = speculation
+        self.state = (run.params, run.rest)
+        if speculation is not None:
+            self.state = speculation.program_state(self.state)
         self.pending: collections.deque[Job] = collections.deque()
         self.rows = 0  # rows of the jobs in `pending` (those given up on included, until dropped)
         self.cond = threading.Condition()
         self.stopping = False
         self.batches = 0
-        self.programs: collections.OrderedDict[tuple, jax.stages.Compiled] = collections.OrderedDict()
+        self.programs: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()  # (compiled, RowsProgram)
         self.compiles = 0
         self.thread = threading.Thread(target=self._loop, name="sedd-serve-engine", daemon=True)
 
@@ -101,7 +107,7 @@ class Engine:
     def submit(self, plan: Plan, trajectory: bool,
                progress: Callable[[int, np.ndarray], None] | None = None) -> concurrent.futures.Future:
         """Queue a job; its future gets (ids int32[n, L], trajectory int32[n, N + 1, L] or None, info dict)."""
-        job = Job(plan, trajectory, concurrent.futures.Future(), progress)
+        job = Job(self._one_program(plan), trajectory, concurrent.futures.Future(), progress)
         with self.cond:
             if len(self.pending) >= self.limits.max_queue:  # purge the jobs given up on before refusing
                 self.pending = collections.deque(j for j in self.pending if not j.future.cancelled())
@@ -116,6 +122,12 @@ class Engine:
             if len(self.pending) == 1 or self.rows >= self.limits.max_batch:
                 self.cond.notify_all()
         return job.future
+    def _one_program(self, plan: Plan) -> Plan:
+        """The plan as the engine batches it: a speculation has no steps or sampler, so all its jobs share programs."""
+        if self.speculation is None:
+            return plan
+        return dataclasses.replace(plan, steps=0, sampler="")
+
     def _take(self) -> list[Job] | None:
         """The next batch: the oldest job and the jobs of its program that came within the window."""
         with self.cond:
@@ -216,21 +228,23 @@ class Engine:
             seeds.append(0), rows.append(0), masks.append(masks[0]), tokens.append(tokens[0])
             temperature.append(1.0), top_p.append(1.0)
         batch_id = next(BATCH_IDS) & 0x7FFFFFFF
-        args = ((run.params, run.rest), jnp.asarray(seeds, jnp.uint32), jnp.asarray(rows, jnp.uint32),
+        args = (self.state, jnp.asarray(seeds, jnp.uint32), jnp.asarray(rows, jnp.uint32),
                 jnp.asarray(np.stack(masks)), jnp.asarray(np.stack(tokens)), jnp.asarray(temperature, jnp.float32),
                 jnp.asarray(top_p, jnp.float32), jnp.int32(batch_id))
         t0 = time.perf_counter()
-        program, compiled = self._program((size, *batch[0].program), args)
+        (program, rows_program), compiled = self._program((size, *batch[0].program), args)
         listening = contextlib.nullcontext()
         if live:  # the host holds the whole text of each row; a call may see part of it
-            listener = lambda states: [job.progress(i, states[k]) for k, (job, i) in live.items()]  # noqa: E731
-            blank = run.graph.mask if run.graph.absorb else 0
-            texts = np.where(np.stack(masks), np.stack(tokens), blank).astype(np.int32)
-            listening = rows_lib.listening(batch_id, rows_lib.Placed(listener, texts))
+            listener = lambda states, *more: [  # noqa: E731
+                job.progress(i, states[k], *(m[k] for m in more)) for k, (job, i) in live.items()]
+            blank = run.kind.unwritten_id()
+            texts = np.where(np.stack(masks), np.stack(tokens), 0 if blank is None else blank).astype(np.int32)
+            listening = rows_lib.listening(batch_id, rows_program.listen(listener, texts))
         with listening:
             out = jax.tree.map(np.asarray, program(*args))  # the listener is called while this runs
         seconds = time.perf_counter() - t0
-        ids, traj, nfe = out
+        ids, traj, counts = out
+        counts = counts if isinstance(counts, dict) else {"nfe": counts}  # per-row stats
         self.batches += 1
         info = {"batch_rows": used, "padded_rows": size, "seconds": seconds,
                 "compiled": compiled}  # True: `seconds` includes compiling the program
@@ -238,15 +252,19 @@ class Engine:
         for job in batch:
             n = job.plan.n
             # nfe: the most network calls any of the job's rows needed (measured by the sampler)
+            mine = {name: v[i:i + n] for name, v in counts.items()}
+            more = {} if rows_program.report is None else rows_program.report(mine, job.plan.length)
             results.append((ids[i:i + n], None if traj is None else traj[i:i + n],
-                            {**info, "nfe": int(nfe[i:i + n].max())}))
+                            {**info, "nfe": int(mine["nfe"].max()), "report": more}))
             i += n
         return results
 
-    def _program(self, key: tuple, args: tuple) -> tuple[jax.stages.Compiled, bool]:
-        """(the compiled program of key = (rows, steps, sampler, trajectory, live), whether it was compiled now).
+    def _program(self, key: tuple, args: tuple) -> tuple[tuple[jax.stages.Compiled, rows_lib.RowsProgram], bool]:
+        """((the compiled program of key = (rows, steps, sampler, trajectory, live), its RowsProgram), whether it
+        was compiled now).
 
-        The kind of the run makes the program (``Kind.rows_program``). It is
+        The kind of the run makes the program (``Kind.rows_program``, or the
+        speculation's ``program``). It is
         compiled ahead of time and kept here, not in jit's own cache, so that
         dropping the least recently used beyond ``max_programs`` frees it
         (with JAX's caches, cleared then).
@@ -256,9 +274,9 @@ class Engine:
             self.programs.move_to_end(key)
             return program, False
         _, steps, sampler, trajectory, live = key
-        rows_program = self.run.kind.rows_program(self.run.graphdef, steps=steps, sampler=sampler,
-                                                  trajectory=trajectory, live=live)
-        program = rows_program.compile(*args)
+        make = self.run.kind.rows_program if self.speculation is None else self.speculation.program
+        rows_program = make(self.run.graphdef, steps=steps, sampler=sampler, trajectory=trajectory, live=live)
+        program = rows_program.compile(*args), rows_program
         self.programs[key] = program
         self.compiles += 1
         if len(self.programs) > self.limits.max_programs:
@@ -285,6 +303,7 @@ class Engine:
         s = self.run.config.sampling
         L = self.run.seq_len
         p = Plan(1, steps or s.steps, sampler or s.predictor, 0, np.zeros(L, bool), np.zeros(L, np.int32), 0, L, L, 0)
+        p = self._one_program(p)
         for size in batch_sizes(self.limits.max_batch):
             self.run_batch([Job(dataclasses.replace(p, n=size), trajectory, concurrent.futures.Future())])
         self.batches = 0

@@ -126,6 +126,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", action="store_true",
                         help="compile every batch size of the warm-up steps and the default sampler before serving")
     parser.add_argument("--warmup_steps", type=int, default=None, help="steps to compile (default: the run's)")
+    parser.add_argument("--draft", default="",
+                        help="an AR run only: speculative decoding, the run's own law in fewer calls, with drafts "
+                             "from 'ngram' (prompt lookup) or a smaller AR run's directory (default: none, one "
+                             "token a call)")
+    parser.add_argument("--draft_k", type=int, default=None, help="drafts a round with --draft (default 4)")
     return parser
 
 
@@ -155,12 +160,15 @@ def _options(args) -> tuple[Limits, tuple[str, ...], str | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`sedd serve --workdir RUN [--host 127.0.0.1] [--port 8000] [limits ...]`; returns the exit code."""
+    """`sedd serve --workdir RUN [--host 127.0.0.1] [--port 8000] [--draft ngram|RUN] [limits ...]`; the exit code."""
     args = _parser().parse_args(argv)
     try:
         limits, hosts, key = _options(args)
         run = runs.load(args.workdir, step=args.step)
-        app = create_app(run, args.model_name or model_name(args.workdir), limits, hosts, key)
+        draft = args.draft if args.draft in ("", "ngram") else runs.load(args.draft)
+        app = create_app(run, args.model_name or model_name(args.workdir), limits, hosts, key, draft=draft or None,
+                         draft_k=args.draft_k, draft_name=model_name(args.draft) if args.draft not in ("", "ngram")
+                         else None)
     except (FileNotFoundError, RuntimeError, ValueError) as e:
         print(f"sedd serve: error: {e}", file=sys.stderr)
         return 2
@@ -170,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         app.state.engine.warmup(steps=args.warmup_steps)
         print(f"compiled the batch sizes up to {limits.max_batch} in {time.perf_counter() - t0:.1f} s")
     access = "an API key is required" if key else "no API key: whoever can reach the port can use it"
-    print(f"serving {name} (step {run.step}, length {run.seq_len}) on http://{args.host}:{args.port}/ "
+    drafts = "" if not args.draft else f", speculative decoding with {args.draft} drafts"
+    print(f"serving {name} (step {run.step}, length {run.seq_len}{drafts}) on http://{args.host}:{args.port}/ "
           f"for the hosts {', '.join(hosts)}; {access}")
     protocol = header_timeout_protocol(limits.header_timeout_s)
     if protocol is None:

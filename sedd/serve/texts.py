@@ -20,7 +20,7 @@ class Texts:
     def __init__(self, run: runs.Run):
         self.run = run
         self.tok = run.tokenizer
-        self.mask_id = run.graph.dim - 1 if run.graph.absorb else None
+        self.mask_id = run.kind.unwritten_id()  # MASK, or the id of a position an AR run has not written
         self.eos_id = getattr(self.tok, "eos_id", None)
         self.pieces: dict[int, str] = {}
 
@@ -53,6 +53,17 @@ class Texts:
             at += len(s)
         out.append(suffix)
         return "".join(out), masked
+
+
+    def round(self, r: dict, p: Plan) -> dict:
+        """One speculative round of a row (``sedd.sampling.rounds.Rounds``) as text, at its offset in the completion.
+
+        Returns {"round", "offset" (tokens written before it), "drafted" (the drafts' texts), "accepted" (how
+        many of them were kept), "written" (the text of the token written after them)}.
+        """
+        return {"round": r["round"], "offset": r["start"] - p.start,
+                "drafted": [self.piece(y) for y in r["drafted"]], "accepted": r["accepted"],
+                "written": self.piece(r["written"])}
 
 
 class Streamed:
