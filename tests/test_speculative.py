@@ -354,3 +354,52 @@ def test_a_block_network_drafting_one_block_keeps_the_ar_law(temperature, top_p)
     rounds = np.asarray(stats["nfe_per_sample"])
     np.testing.assert_array_equal(np.asarray(stats["draft_calls"]), rounds)  # one drafter call a round
     assert rounds.mean() < L - 0.5 and np.asarray(stats["accepted_at"])[0] > 0  # drafts were kept
+
+
+def test_a_block_run_drafts_for_an_ar_run():
+    """Run.generate(draft=block_run): one drafter call a round; a SEDD run, too large a k, another vocabulary refused."""
+    from test_golden import _cached_run
+
+    run, block_run = _cached_run("ar"), _cached_run("block")  # blocks of 4
+    out = run.sample(jax.random.key(0), 3, draft=block_run, draft_k=4, return_stats=True)
+    assert out.tokens.shape == (3, run.seq_len) and out.tokens.max() < run.config.vocab_size
+    np.testing.assert_array_equal(out.stats["draft_calls"], out.stats["nfe_per_sample"])
+    assert out.stats["accepted_at"].shape == (4,)
+    texts = run.generate(jax.random.key(1), 2, prefix="ab", draft=block_run, draft_k=3, temperature=0.7, top_p=0.9)
+    assert all(t.startswith("ab") for t in texts)
+    with pytest.raises(ValueError, match="block size"):
+        run.sample(jax.random.key(0), 1, draft=block_run, draft_k=5)
+    with pytest.raises(ValueError, match="cannot draft"):
+        run.sample(jax.random.key(0), 1, draft=_cached_run("ddit"))
+    import ml_collections
+
+    from sedd import runs
+
+    config = ml_collections.ConfigDict(block_run.config.to_dict())
+    config.vocab_size = block_run.config.vocab_size - 1
+    smaller = runs.from_parts(config, block_run.tokenizer, block_run.graphdef, block_run.params, block_run.rest)
+    with pytest.raises(ValueError, match="vocabulary"):
+        run.sample(jax.random.key(0), 1, draft=smaller)
+
+
+def test_sedd_sample_drafts_with_a_block_run(tmp_path, capsys):
+    """`sedd sample --draft BLOCK_RUN` on tiny trained runs: the AR run's text, drafted a block a call."""
+    import json
+
+    from sedd import cli
+
+    data = tmp_path / "data"
+    for name, kind in (("ar", ["--config.model.kind=ar"]),
+                       ("block", ["--config.model.kind=block", "--config.model.block_size=8"])):
+        assert cli.main(["train", "--config", "tiny", *kind, "--config.model.n_blocks=1", "--config.training.n_iters=2",
+                         "--config.training.eval_every=2", "--config.training.ckpt_every=2",
+                         f"--config.data.data_dir={data}", "--workdir", str(tmp_path / name)]) == 0
+    out = tmp_path / "samples.jsonl"
+    capsys.readouterr()
+    assert cli.main(["sample", "--workdir", str(tmp_path / "ar"), "--draft", str(tmp_path / "block"), "--draft_k", "8",
+                     "--prefix", "RO", "--num_samples", "2", "--output", str(out)]) == 0, capsys.readouterr().err
+    texts = [json.loads(line)["text"] for line in out.read_text().splitlines()]
+    assert len(texts) == 2 and all(t.startswith("RO") for t in texts), texts
+    assert cli.main(["sample", "--workdir", str(tmp_path / "ar"), "--draft", str(tmp_path / "block"),
+                     "--draft_k", "9"]) == 2
+    assert "block size" in capsys.readouterr().err
