@@ -839,7 +839,7 @@ def run_speculative(quick: bool, args) -> dict:
         lines.append(format_table(["n", "ms a call", "vs n=1"], [[r["n"], f"{r['ms_per_call']:.3f}",
                                                                    f"{r['ratio_to_n1']:.2f}"] for r in curve["rows"]]))
     study = None
-    if args.target or quick:
+    if (args.target or quick) and not args.cost_only:
         target, drafts, spec = _speculative_runs(quick, args)
         study = bench_speculative(target, drafts, spec, ks, batches, repeats, quality_samples,
                                   (args.target or "random weights", Path(args.spec).name if args.spec else "spec"))
@@ -1537,6 +1537,13 @@ def gpu_summary(folder: str) -> str:
             format_table(["file", "attention", "B", "ms a step", "tok/s", "TFLOP/s", "matmul loop TFLOP/s",
                           "one-call matmul TFLOP/s", "MFU vs loop", "MFU vs datasheet", "peak GiB"], rows)
             if rows else "(none)"]
+    rows = []
+    for path in sorted(Path(folder).glob("speculative*.json")):
+        for size, curve in json.loads(path.read_text())["call_cost"].items():
+            rows += [[path.stem, size, r["n"], f"{r['ms_per_call']:.3f}", f"{r['ratio_to_n1']:.2f}"]
+                     for r in curve["rows"]]
+    out += ["", "one AR call on n new positions, batch 1 (when a draft of n - 1 tokens pays)",
+            format_table(["file", "size", "n", "ms a call", "vs n=1"], rows) if rows else "(none)"]
     return "\n".join(out)
 
 
@@ -1603,6 +1610,7 @@ def parser() -> argparse.ArgumentParser:
                    "(a smaller AR run, a block run; default ngram)")
     p.add_argument("--spec", default="", help="speculative: a model.kind='spec' run, sampled with its own drafts")
     p.add_argument("--quality_samples", type=int, default=64, help="speculative: texts each cell's quality is of")
+    p.add_argument("--cost_only", action="store_true", help="speculative: the call-cost curve only")
     p.add_argument("--picture", default="", help="speculative: a PNG of tokens a call and tokens/s against quality")
     p.add_argument("--dump", default="", help="decode: a folder for the AR loop's HLO and the traces (.xplane.pb.gz)")
     return p
