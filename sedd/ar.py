@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sedd import speculative
+from sedd import block, speculative
 from sedd.categorical import sample_categorical
 from sedd.model import DDiT
 from sedd.sampling import shaped_law
@@ -310,6 +310,37 @@ def speculative_drafter(graphdef, *, temperature: float = 1.0) -> tuple:
     return build_speculative_drafter(graphdef, temperature)
 
 
+def _drafter(draft: Any, vocab: int, k: int, given: jax.Array, temperature: float, top_p: float) -> tuple:
+    """(drafter, its state, network calls a round) of speculative_sample's `draft`."""
+    if isinstance(draft, str):
+        if draft != "ngram":
+            raise ValueError(f"draft must be 'ngram', an AR network (graphdef, state) or a block network "
+                             f"(sedd.block.BlockDraft), got {draft!r}")
+        return speculative.ngram_drafter(vocab), None, 0
+    if isinstance(draft, block.BlockDraft):
+        model = nnx.merge(draft.graphdef, *draft.state)
+        if not draft.graph.absorb or model.block_size is None:
+            raise ValueError("a block drafter is a block-diffusion network (model.kind='block') on the absorbing graph")
+        if draft.graph.dim - 1 != vocab:
+            raise ValueError(f"the draft network's vocabulary ({draft.graph.dim - 1} tokens) differs from the "
+                             f"target's ({vocab})")
+        if k > model.block_size:
+            raise ValueError(f"a block drafter drafts at most its block size {model.block_size} tokens a round, "
+                             f"got k={k}")
+        prefill, drafter = block.speculative_drafter(draft.graphdef, draft.graph, draft.noise,
+                                                     temperature=temperature, top_p=top_p)
+        return drafter, prefill(draft.state, given), 1
+    graphdef, state = draft
+    model = nnx.merge(graphdef, *state)
+    if model.block_size is not None or not model.causal:
+        raise ValueError("a network that is not an AR one drafts only as a block network, sedd.block.BlockDraft "
+                         "(graphdef, state, graph, noise) of a model.kind='block' run")
+    if model.out_dim != vocab:
+        raise ValueError(f"the draft network's vocabulary ({model.out_dim} tokens) differs from the target's ({vocab})")
+    d_prefill, drafter = speculative_drafter(graphdef, temperature=temperature)
+    return drafter, d_prefill(state, given), k + 1
+
+
 def speculative_sample(key: jax.Array, graphdef, state, num_samples: int, length: int, k: int = 4,
                        draft: Any = "ngram", temperature: float = 1.0, top_p: float = 1.0,
                        prompt: jax.Array | None = None) -> tuple[jax.Array, dict]:
@@ -320,31 +351,31 @@ def speculative_sample(key: jax.Array, graphdef, state, num_samples: int, length
       graphdef, state: the target network, state = (params, rest).
       num_samples, length: B, L (L at most the model's length).
       k: drafts a round.
-      draft: "ngram" (prompt lookup, no network), or (graphdef, state) of a
-        smaller AR network over the same vocabulary (its calls are counted).
-      temperature, top_p: on the target's law, so the text's.
+      draft: "ngram" (prompt lookup, no network); (graphdef, state) of a
+        smaller AR network over the same vocabulary (k + 1 calls a round, left
+        to right); or a ``sedd.block.BlockDraft`` of a block-diffusion network
+        (one call a round, k <= its block size; ``block.speculative_drafter``).
+      temperature, top_p: on the target's law, so the text's (and on the drafter's, which only
+        changes the acceptance).
       prompt: optional int32[B, P], the same P for every row.
     Returns:
       (int32[B, L], stats): "nfe" the target's calls (the batch's), "nfe_per_sample",
       "draft_calls" the drafter's network calls a row, "accepted_at" int32[k]
       (rows whose draft at position i was kept, summed over rounds).
+
+    Raises:
+      ValueError: an unknown draft, a draft network of another vocabulary, k past a block drafter's block size.
     """
     prefill, target = speculative_target(graphdef, temperature=temperature, top_p=top_p)
     p = 0 if prompt is None else int(prompt.shape[1])
     given = jnp.zeros((num_samples, p), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
     vocab = nnx.merge(graphdef, *state).out_dim
-    if isinstance(draft, str):
-        if draft != "ngram":
-            raise ValueError(f"draft must be 'ngram' or an AR network (graphdef, state), got {draft!r}")
-        drafter, d_state = speculative.ngram_drafter(vocab), None
-    else:
-        d_prefill, drafter = speculative_drafter(draft[0])
-        if nnx.merge(draft[0], *draft[1]).out_dim != vocab:
-            raise ValueError("the draft network's vocabulary differs from the target's")
-        d_state = d_prefill(draft[1], given)
+    if k > speculative.MAX_DRAFTS:
+        raise ValueError(f"k={k}: at most sedd.speculative.MAX_DRAFTS={speculative.MAX_DRAFTS} drafts a round")
+    drafter, d_state, calls = _drafter(draft, vocab, k, given, temperature, top_p)
     text = jnp.zeros((num_samples, length), jnp.int32).at[:, :p].set(given)
     out, stats = speculative.decode(key, prefill(state, given), d_state, text, jnp.full((num_samples,), p, jnp.int32),
                                     target=target, drafter=drafter, length=length, k=k)
     rounds = stats["rounds_per_sample"]
     return out, {"nfe": stats["rounds"], "nfe_per_sample": rounds,
-                 "draft_calls": rounds * (0 if isinstance(draft, str) else k + 1), "accepted_at": stats["accepted_at"]}
+                 "draft_calls": rounds * calls, "accepted_at": stats["accepted_at"]}

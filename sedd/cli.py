@@ -135,7 +135,7 @@ def _sample(args) -> int:
         options["max_length"] = args.max_length
     if args.stop:
         options["stop"] = True
-    if args.draft:  # speculative sampling of an AR run: prompt lookup, or a smaller AR run's drafts
+    if args.draft:  # speculative sampling of an AR run: prompt lookup, a smaller AR run's or a block run's drafts
         options["draft"] = args.draft if args.draft == "ngram" else runs.load(args.draft)
         options["draft_k"] = args.draft_k
     if args.animate:
@@ -353,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
                    "stops drawing once every text has one)")
     p.add_argument("--animate", action="store_true", help="show the denoising of the first sample")
     p.add_argument("--draft", default="", help="an AR run only: speculative sampling, the run's own law in fewer "
-                   "calls, with drafts from 'ngram' (prompt lookup) or a smaller AR run's directory")
+                   "calls, with drafts from 'ngram' (prompt lookup), a smaller AR run's or a block-diffusion run's "
+                   "directory (one block of --draft_k <= its block size a call)")
     p.add_argument("--draft_k", type=int, default=4, help="drafts a round with --draft (default 4)")
 
     _add_eval(sub)

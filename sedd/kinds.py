@@ -306,6 +306,15 @@ class Kind:
         raise ValueError(f"model.kind={self.name!r} has no denoising steps to distill (sedd distill takes a "
                          "SEDD or block-diffusion run of the absorbing graph)")
 
+    def drafter(self, net: Net) -> Any:
+        """The network as the draft of an AR run's speculative sampling (``sedd.ar.speculative_sample``'s draft).
+
+        Raises:
+          ValueError: a kind that cannot draft.
+        """
+        raise ValueError(f"a model.kind={self.name!r} run cannot draft for speculative sampling: the drafts "
+                         "come from 'ngram', an AR run (left to right) or a block-diffusion run (one block in one step)")
+
     def sample(self, key: jax.Array, net: Net, num_samples: int, steps: int | None = None,
                predictor: str | None = None, rows: jax.sharding.Sharding | None = None,
                **options) -> sampling.Samples:
@@ -576,10 +585,14 @@ class Autoregressive(Kind):
         prompt = _prefix_prompt(fixed_mask, fixed_tokens)
         if not (isinstance(draft_k, int) and 1 <= draft_k <= length):
             raise ValueError(f"draft_k must be an integer in [1, {length}], got {draft_k!r}")
-        drafter = draft if isinstance(draft, str) else (draft.graphdef, draft.state)
+        drafter = (draft.graphdef, draft.state) if isinstance(draft, Net) else draft
         tokens, stats = ar.speculative_sample(key, net.graphdef, net.state, num_samples, length, draft_k, drafter,
                                               temperature=temperature, top_p=top_p, prompt=prompt)
         return sampling.Samples(tokens, None, stats if return_stats else None)
+
+    def drafter(self, net):
+        """Drafts left to right, k + 1 calls a round (``sedd.ar.speculative_drafter``)."""
+        return net
 
 
 @register("block")
@@ -624,6 +637,10 @@ class BlockDiffusion(Diffusion):
     def network(self, seed=0):
         """SEDD's network whose blocks decode b positions at a time against the clean blocks' cache."""
         return super().network(seed, block_size=self.block_size)
+
+    def drafter(self, net):
+        """Drafts one block of k <= b positions in one call (``sedd.block.speculative_drafter``)."""
+        return block.BlockDraft(net.graphdef, net.state, self.graph, self.noise)
 
     def loss(self, key, model, x0, train, rngs=None):
         r"""Eq. (2) of ``sedd.block``: each block's score entropy at its own t, given the clean blocks before it."""

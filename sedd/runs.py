@@ -516,8 +516,8 @@ class Run:
         fixed_tokens, categorical, temperature, top_p, corrector_steps, cache,
         return_trajectory, return_stats, the sampler's own options; and
         max_length, block_length for ``sedd.sampling.sample_long``; for an
-        AR run draft="ngram" or a smaller AR ``Run`` (speculative sampling,
-        ``sedd.speculative``) and draft_k; and
+        AR run draft="ngram", a smaller AR ``Run`` or a block-diffusion ``Run``
+        (speculative sampling, ``sedd.speculative``) and draft_k; and
         stop=True, which ends the drawing once every text holds the
         tokenizer's end-of-text token, the rest filled with it); the
         config's sampling section gives the defaults. The rows are split over
@@ -530,8 +530,12 @@ class Run:
         num_samples = _positive_int("num_samples", num_samples)
         if steps is not None:
             steps = _positive_int("steps", steps)
-        if isinstance(sampler_options.get("draft"), Run):  # a smaller network that drafts for this one
-            sampler_options["draft"] = sampler_options["draft"].net
+        if isinstance(sampler_options.get("draft"), Run):  # another run's network drafts for this one
+            draft = sampler_options["draft"]
+            if draft.config.vocab_size != self.config.vocab_size:
+                raise ValueError(f"the draft run's vocabulary ({draft.config.vocab_size} tokens) differs from "
+                                 f"this run's ({self.config.vocab_size})")
+            sampler_options["draft"] = draft.kind.drafter(draft.net)
         if sampler_options.pop("stop", False):  # end at the document separator
             if getattr(self.tokenizer, "eos_id", None) is None:
                 raise ValueError(f"stop=True ends a text at the tokenizer's end-of-text token, and the "

@@ -147,7 +147,7 @@ def check_path(flag: str, path: str, kind: str) -> None:
     directory (not a directory, a FIFO that would block, a device such as
     /dev/full). config: a regular file when it exists (else a shipped
     config's name, looked up later).
-    draft: "ngram", or a run directory (a smaller AR run that drafts).
+    draft: "ngram", or a run directory (a smaller AR run or a block run that drafts).
     source: an existing regular file or folder (not a FIFO that would block
     or a device such as /dev/full, which reads without end).
     """

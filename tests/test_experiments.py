@@ -319,3 +319,24 @@ def test_distill_study_on_a_markov_corpus(tmp_path):
     distill_study.write(result, tmp_path / "out")
     assert "student round 2" in (tmp_path / "out" / "distill_study.md").read_text()
     assert (tmp_path / "out" / "distill_study.png").stat().st_size > 0
+
+
+def test_speculative_bench_parts(tmp_path):
+    """bench.py speculative's parts at tiny sizes: the call-cost curve, one block drafter's cell, the picture.
+
+    (`bench.py speculative --quick` runs every drafter at two k, about three minutes on two shared cores.)
+    """
+    import argparse
+
+    curve = bench.call_cost(bench.bench_config("tiny"), [1, 3], repeats=1, calls=2)
+    assert [r["n"] for r in curve["rows"]] == [1, 3] and all(r["ms_per_call"] > 0 for r in curve["rows"])
+    assert curve["rows"][0]["ratio_to_n1"] == 1
+    target, drafts, _ = bench._speculative_runs(True, argparse.Namespace(target=""))
+    drafts = {name: d for name, d in drafts.items() if "block" in name}
+    study = bench.bench_speculative(target, drafts, None, ks=[2], batches=[1], repeats=1, quality_samples=4)
+    (row,) = study["rows"]
+    assert row["k"] == 2 and row["drafter_calls"] == row["target_calls"] and len(row["acceptance_by_position"]) == 2
+    assert 1 <= row["tokens_per_call"] <= 3 and row["quality"] == "exact_nats_per_token" and row["nll"] > 0
+    assert row["vs_ar_b1"] > 0 and study["ar"]["nll_se"] > 0
+    bench.speculative_picture({"study": study}, tmp_path / "speculative.png")
+    assert (tmp_path / "speculative.png").stat().st_size > 1000

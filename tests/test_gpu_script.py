@@ -195,7 +195,7 @@ def test_gpu_script_toy_dry_run(tmp_path):
     run = subprocess.run(["bash", "experiments/benchmarks/gpu.sh", "--toy", str(tmp_path)], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    for name in ("decode", "train_attention", "decode_flags_default", "decode_flags_while"):
+    for name in ("decode", "train_attention", "decode_flags_default", "decode_flags_while", "speculative"):
         assert (tmp_path / f"{name}.json").exists(), (name, (tmp_path / f"{name}.log").read_text()[-2000:])
     decode = json.loads((tmp_path / "decode.json").read_text())
     assert all(r["same_tokens_as_ar_sample"] for r in decode["results"] if r["what"].startswith("AR"))
@@ -206,4 +206,4 @@ def test_gpu_script_toy_dry_run(tmp_path):
     assert all(r["attention"] == "mixed" for r in train)  # a CPU takes no cuDNN
     assert all(r["peak_iters"] == 2 and r["peak_one_call_flops_per_s"] > 0 for r in train)
     summary = (tmp_path / "summary.txt").read_text()
-    assert "ms a call" in summary and "MFU vs loop" in summary
+    assert "ms a call" in summary and "MFU vs loop" in summary and "one AR call on n new positions" in summary

@@ -17,6 +17,9 @@ written as JSON (default: experiments/benchmarks/results/NAME_PLATFORM.json):
   python experiments/benchmarks/bench.py profile  [--quick] [--dtype D] ...  the default's step: op time by kind (jax.profiler)
   python experiments/benchmarks/bench.py decode   [--quick] [--trace] ...  batch-1 decode: ms a network call (AR with
                                                    KV cache and its variants, block models), a GPU trace's kernels a call
+  python experiments/benchmarks/bench.py speculative [--quick] [--target AR_RUN --drafts ngram,RUN,... --spec RUN]
+                                                   [--picture PNG]   the cost of one AR call on n positions (n = 1..32),
+                                                   drafters' tokens a call, acceptance, tokens/s vs AR, quality
   python experiments/benchmarks/bench.py gpu_summary --json DIR   the table of experiments/benchmarks/gpu.sh's JSON files
   python experiments/benchmarks/bench.py all      [--quick] ...
 
@@ -645,6 +648,219 @@ def run_block(quick: bool, args) -> dict:
              f"{row['speedup_vs_ar']:.2f}"] for r in results for row in r["rows"]]
     table = format_table(["B", "model", "sampler", "s", "tok/s", "NFE", "NFE/tok", "MFLOP/tok", "vs AR"], rows)
     return {"benchmark": "block" + ("_trained" if runs_given else ""), "results": results, "table": table}
+
+
+# --------------------------------------------------------------------------- speculative sampling
+
+
+def call_cost(config, ns: list[int], repeats: int, calls: int = 8) -> dict:
+    """Seconds of one KV-cached AR call on n new positions (``ar.speculative_target``), batch 1, random weights.
+
+    The call scores positions start .. start + n - 1 against a cache of start = L / 2 positions; `calls`
+    calls run inside one jitted loop (each rolled back to start, the same work), so no dispatch is timed.
+    The ratio to n = 1 says when a draft pays: a round of k drafts costs one call on k + 1 positions.
+    """
+    c = config.copy_and_resolve_references()
+    _, net = _random_net(c, "ar")
+    prefill, target = ar.speculative_target(net.graphdef)
+    length = c.data.seq_len
+    rows, start = length + max(ns) + 1, length // 2
+    text = jax.random.randint(jax.random.key(0), (1, rows), 0, c.vocab_size)
+    state = prefill(net.state, text[:, :start], rows)
+    begin = jnp.full((1,), start, jnp.int32)
+
+    def looped(n):
+        @jax.jit
+        def fn(state, text):
+            def body(i, acc):
+                p, _ = target(state, text, begin, n - 1)  # (1, n, V): the cache is rolled back to start each time
+                return acc + p[0, -1, 0]
+            return jax.lax.fori_loop(0, calls, body, jnp.float32(0))
+        return lambda: fn(state, text)
+
+    times = interleaved({n: looped(n) for n in ns}, repeats)
+    rows_out = [{"n": n, "ms_per_call": median(times[n]) / calls * 1e3,
+                 "ratio_to_n1": paired_ratio(times[n], times[ns[0]])} for n in ns]
+    return {"model": dict(width=c.model.hidden_size, blocks=c.model.n_blocks, vocab_size=c.vocab_size,
+                          cache=rows, start=start, dtype=c.model.dtype), "rows": rows_out}
+
+
+def _sample_quality(x: np.ndarray, target_run, chain) -> dict:
+    """Quality of samples x int[B, L]: the exact NLL under the Markov chain, or the target AR's own NLL; unigram entropy."""
+    x = np.asarray(x)
+    length = x.shape[1]
+    if chain is not None:
+        nll = -chain.log_prob(x) / length  # (B,) nats a token
+        what = "exact_nats_per_token"
+    else:
+        nll = np.asarray(ar.nll(target_run.net.model, jnp.asarray(x, jnp.int32))) / length  # (B,) nats a token
+        what = "target_nats_per_token"
+    counts = np.bincount(x.ravel(), minlength=int(x.max()) + 1) / x.size
+    seen = counts[counts > 0]
+    return {"quality": what, "nll": float(nll.mean()),
+            "nll_se": float(nll.std(ddof=1) / np.sqrt(len(nll))) if len(nll) > 1 else float("nan"),
+            "unigram_entropy_bits": float(-(seen * np.log2(seen)).sum())}
+
+
+def _speculative_runs(quick: bool, args) -> tuple:
+    """(target AR run, {name: draft ("ngram" or a Run)}, spec run or None): given by path, or tiny random ones."""
+    from sedd import runs as runs_lib  # noqa: PLC0415
+
+    if args.target:
+        target = runs_lib.load(args.target)
+        drafts = {}
+        for d in (args.drafts or "ngram").split(","):
+            if d == "ngram":
+                drafts["ngram"] = "ngram"
+            else:
+                run = runs_lib.load(d)
+                drafts[f"{Path(d).name} ({run.kind.name})"] = run
+        spec = runs_lib.load(args.spec) if args.spec else None
+        return target, drafts, spec
+    # Random weights (every parameter nonzero) on the Markov chain's tiny config: the smoke run of --quick.
+    config = config_lib.load_config("markov")
+    config.vocab_size = int(config.data.markov.vocab_size)
+    config.model.n_blocks = 1
+
+    def random_run(kind, **model):
+        c = config.copy_and_resolve_references()
+        c.model.update(model, kind=kind)
+        _, net = _random_net(c, kind)
+        return runs_lib.from_parts(c, None, net.graphdef, net.params, net.rest)
+
+    return random_run("ar"), {"ngram": "ngram", "block8 (block)": random_run("block", block_size=8),
+                              "small AR (ar)": random_run("ar", hidden_size=16, n_heads=1)}, None
+
+
+def bench_speculative(target, drafts: dict, spec, ks: list[int], batches: list[int], repeats: int,
+                      quality_samples: int, names: tuple[str, str] = ("random", "spec")) -> dict:
+    """Speculative sampling of the AR run `target` with each drafter and k, against its own KV-cached sampling.
+
+    Per (drafter, k): the calls (the target's and the drafter's network calls, counted alike) and tokens a
+    call, the acceptance by draft position, the seconds at each batch interleaved with ``ar.sample``'s (the
+    ratio the median of per-round ratios), and the quality of quality_samples texts drawn the same way.
+    """
+    from sedd.data.markov import chain_from_config  # noqa: PLC0415
+
+    chain = chain_from_config(target.config.data) if target.config.data.name == "markov" else None
+    length = target.seq_len
+    key = jax.random.key(0)
+    own = target.sample(jax.random.key(1), quality_samples).tokens
+    ar_quality = _sample_quality(own, target, chain)
+    cells = []  # (name, k, draft or None for the spec run)
+    for name, draft in drafts.items():
+        cap = draft.config.model.block_size if not isinstance(draft, str) and draft.kind.name == "block" else None
+        cells += [(name, k, draft) for k in ks if cap is None or k <= cap]
+    if spec is not None:
+        cells.append((f"{names[1]} (spec)", int(spec.config.model.block_size), None))
+    rows = []
+    for name, k, draft in cells:
+        def sample(batch, key=key, draft=draft, k=k):
+            if draft is None:
+                return spec.sample(key, batch, return_stats=True)
+            return target.sample(key, batch, draft=draft, draft_k=k, return_stats=True)
+
+        out = sample(quality_samples, jax.random.key(1))
+        st = out.stats
+        rounds = np.asarray(st["nfe_per_sample"], np.float64)
+        drafter_calls = np.asarray(st.get("draft_calls", np.zeros_like(rounds)), np.float64)
+        row = {"drafter": name, "k": k, "target_calls": float(rounds.mean()), "drafter_calls": float(drafter_calls.mean()),
+               "tokens_per_call": float(length / (rounds + drafter_calls).mean()),
+               "tokens_per_target_call": float(length / rounds.mean()),
+               "acceptance_by_position": (np.asarray(st["accepted_at"], np.float64) / rounds.sum()).tolist(),
+               **_sample_quality(out.tokens, target, chain)}
+        for batch in batches:
+            times = interleaved({"ar": lambda b=batch: target.sample(key, b).tokens,
+                                 "spec": lambda b=batch: sample(b).tokens}, repeats)
+            row[f"tokens_per_s_b{batch}"] = batch * length / median(times["spec"])
+            row[f"ar_tokens_per_s_b{batch}"] = batch * length / median(times["ar"])
+            row[f"vs_ar_b{batch}"] = paired_ratio(times["ar"], times["spec"])
+        rows.append(row)
+        print(f"  {name} k={k}: {row['tokens_per_call']:.2f} tokens a call, "
+              + ", ".join(f"{row[f'vs_ar_b{b}']:.2f}x AR at batch {b}" for b in batches), flush=True)
+    return {"target": names[0], "length": length, "ar": ar_quality,
+            "quality_samples": quality_samples, "rows": rows}
+
+
+def speculative_picture(result: dict, path: Path) -> None:
+    """Tokens a call and tokens/s against AR (batch 1) against the samples' quality, a point per drafter and k."""
+    import matplotlib  # noqa: PLC0415
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    study = result["study"]
+    batch = min(int(k.rsplit("b", 1)[1]) for k in study["rows"][0] if k.startswith("vs_ar_b")) if study["rows"] else 1
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    markers = dict(zip(sorted({r["drafter"] for r in study["rows"]}), "osD^v<>p*h"))
+    what = study["ar"]["quality"].replace("_", " ")
+    for ax, key, label in ((axes[0], "tokens_per_call", "tokens a network call (target's and drafter's)"),
+                           (axes[1], f"vs_ar_b{batch}", f"tokens/s vs AR with KV cache, batch {batch}")):
+        for name, marker in markers.items():
+            rs = [r for r in study["rows"] if r["drafter"] == name]
+            ax.errorbar([r["nll"] for r in rs], [r[key] for r in rs], xerr=[2 * r["nll_se"] for r in rs],
+                        fmt=marker, label=name, capsize=2)
+            for r in rs:
+                ax.annotate(f"k={r['k']}", (r["nll"], r[key]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        a = study["ar"]
+        ax.axvspan(a["nll"] - 2 * a["nll_se"], a["nll"] + 2 * a["nll_se"], color="grey", alpha=0.2,
+                   label="AR's own samples (+-2 s.e.)")
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel(f"{what} of the samples")
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"speculative sampling of {Path(study['target']).name}, L = {study['length']}", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_speculative(quick: bool, args) -> dict:
+    """Speculative sampling: the call-cost curve at two sizes, and drafters against AR with its KV cache."""
+    if quick:
+        sizes = {"tiny": bench_config("tiny")}
+        ns, ks, batches, quality_samples, repeats = [1, 2, 4, 8], [2, 4], [1], 8, 1
+    else:
+        sizes = {"shakespeare_char": bench_config(vocab_size=65),
+                 "gpt2_small": bench_config(hidden_size=768, n_blocks=12, n_heads=12, seq_len=256)}
+        sizes["gpt2_small"].vocab_size = 50257
+        ns = list(range(1, 33))
+        ks, batches, quality_samples, repeats = [2, 4, 8, 16], args.batch_sizes, args.quality_samples, args.repeats
+    curves = {}
+    for name, config in sizes.items():
+        config.model.kind = "ar"
+        if args.dtype:
+            config.model.dtype = args.dtype
+        curves[name] = call_cost(config, ns, max(repeats, 3))
+        print(f"  call cost at {name}'s size done", flush=True)
+    lines = []
+    for name, curve in curves.items():
+        lines.append(f"one AR call on n new positions, batch 1, {name}'s size {curve['model']}")
+        lines.append(format_table(["n", "ms a call", "vs n=1"], [[r["n"], f"{r['ms_per_call']:.3f}",
+                                                                   f"{r['ratio_to_n1']:.2f}"] for r in curve["rows"]]))
+    study = None
+    if (args.target or quick) and not args.cost_only:
+        target, drafts, spec = _speculative_runs(quick, args)
+        study = bench_speculative(target, drafts, spec, ks, batches, repeats, quality_samples,
+                                  (args.target or "random weights", Path(args.spec).name if args.spec else "spec"))
+        a = study["ar"]
+        rows = [["AR, KV cache", "-", "1.00", "-", f"{a['nll']:.4f} +- {a['nll_se']:.4f}",
+                 f"{a['unigram_entropy_bits']:.3f}"] + ["1.00"] * len(batches)]
+        for r in study["rows"]:
+            rows.append([r["drafter"], r["k"], f"{r['tokens_per_call']:.2f}",
+                         " ".join(f"{p:.2f}" for p in r["acceptance_by_position"]),
+                         f"{r['nll']:.4f} +- {r['nll_se']:.4f}", f"{r['unigram_entropy_bits']:.3f}"]
+                        + [f"{r[f'vs_ar_b{b}']:.2f}" for b in batches])
+        lines.append(f"speculative sampling of {study['target']} (L {study['length']}); quality: {a['quality']} "
+                     f"of {quality_samples} samples")
+        lines.append(format_table(["drafter", "k", "tok/call", "acceptance by position", "NLL", "unigram H (bits)"]
+                                  + [f"vs AR b={b}" for b in batches], rows))
+    result = {"benchmark": "speculative", "call_cost": curves, "study": study, "table": "\n\n".join(lines)}
+    if args.picture and study is not None:
+        path = Path(args.picture)
+        speculative_picture(result, path)
+        print(f"wrote {path}")
+    return result
 
 
 # --------------------------------------------------------------------------- the likelihood bound of a batch
@@ -1321,6 +1537,13 @@ def gpu_summary(folder: str) -> str:
             format_table(["file", "attention", "B", "ms a step", "tok/s", "TFLOP/s", "matmul loop TFLOP/s",
                           "one-call matmul TFLOP/s", "MFU vs loop", "MFU vs datasheet", "peak GiB"], rows)
             if rows else "(none)"]
+    rows = []
+    for path in sorted(Path(folder).glob("speculative*.json")):
+        for size, curve in json.loads(path.read_text())["call_cost"].items():
+            rows += [[path.stem, size, r["n"], f"{r['ms_per_call']:.3f}", f"{r['ratio_to_n1']:.2f}"]
+                     for r in curve["rows"]]
+    out += ["", "one AR call on n new positions, batch 1 (when a draft of n - 1 tokens pays)",
+            format_table(["file", "size", "n", "ms a call", "vs n=1"], rows) if rows else "(none)"]
     return "\n".join(out)
 
 
@@ -1338,7 +1561,7 @@ KEPT_MEMORY = False
 
 RUNNERS = {"train": run_train, "sampler": run_sampler, "ar": run_ar, "block": run_block, "bound": run_bound,
            "memory": run_memory, "rng": run_rng, "optimizer": run_optimizer, "profile": run_profile,
-           "decode": run_decode}
+           "decode": run_decode, "speculative": run_speculative}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -1382,6 +1605,13 @@ def parser() -> argparse.ArgumentParser:
                    help="decode: block models' b (default 4 16); bound: (default 16)")
     p.add_argument("--no_block", action="store_true", help="decode: AR only")
     p.add_argument("--trace", action="store_true", help="decode: a jax.profiler trace of the AR and block calls")
+    p.add_argument("--target", default="", help="speculative: the AR run sampled (default with --quick: tiny random runs)")
+    p.add_argument("--drafts", default="", help="speculative: comma-separated drafters, 'ngram' or run directories "
+                   "(a smaller AR run, a block run; default ngram)")
+    p.add_argument("--spec", default="", help="speculative: a model.kind='spec' run, sampled with its own drafts")
+    p.add_argument("--quality_samples", type=int, default=64, help="speculative: texts each cell's quality is of")
+    p.add_argument("--cost_only", action="store_true", help="speculative: the call-cost curve only")
+    p.add_argument("--picture", default="", help="speculative: a PNG of tokens a call and tokens/s against quality")
     p.add_argument("--dump", default="", help="decode: a folder for the AR loop's HLO and the traces (.xplane.pb.gz)")
     return p
 
@@ -1392,6 +1622,7 @@ _DEFAULTS = {
     "block": {"width": 128, "blocks": 4, "seq_len": 128, "batch_sizes": [1, 16], "steps": [64, 128]},
     "decode": {"width": 128, "blocks": 2, "seq_len": 128, "unroll": [2, 4], "block_sizes": [4, 16]},
     "bound": {"seq_len": 128, "batch_sizes": [32], "block_sizes": [16]},
+    "speculative": {"batch_sizes": [1, 16]},
 }
 
 
@@ -1422,6 +1653,9 @@ def run(which: str, args) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1, default=float))
     print(f"wrote {path}")
+    if which == "speculative":  # its tables as markdown beside the JSON
+        path.with_suffix(".md").write_text(f"# bench.py speculative ({m['platform']}, {m['cpu_model']}, "
+                                           f"jax {m['jax']})\n\n```\n{result['table']}\n```\n")
     return result
 
 

@@ -17,6 +17,8 @@
 #      bf16 products in one jitted call (the chip's measured rate) and against the datasheet.
 #   3. decode under XLA_FLAGS, each in its own process: as it comes, and with the while loop
 #      in the command buffer (CUDA graphs). docs/benchmarks.md ("On a GPU") has an H200's figures.
+#   4. speculative: the cost of one KV-cached AR call on n = 1..32 new positions at the default's
+#      and GPT-2 small's sizes (bfloat16), batch 1: how many tokens a round must write to pay.
 # On a machine without sedd's own needs installed: PYTHONPATH=<their wheels>:$PWD (the docs say which).
 #   --full adds the older parts after these (sampler, diffusion vs AR, memory, owt_small as shipped).
 # --toy runs every part at tiny sizes on any machine (a CPU's dry run, tests/test_gpu_script.py).
@@ -66,11 +68,13 @@ if [ "$TOY" = 1 ]; then
   DECODE="--quick --unroll 2 --block_sizes 4"
   DECODE_FLAGS="--quick --unroll --no_block"
   TRAIN="--quick --peak_iters 2"
+  SPEC="--quick --cost_only"
 else
   DECODE="--width 768 --blocks 12 --seq_len 1024 --length 1024 --dtype bfloat16 --repeats 3 --unroll 4 --block_sizes 4 16"
   DECODE_FLAGS="--width 768 --blocks 12 --seq_len 1024 --length 1024 --dtype bfloat16 --repeats 2 --unroll --block_sizes 4"
   TRAIN="--config owt_small --batch_sizes 32 --config.model.remat=none --config.training.loss_chunk=0
     --config.model.vocab_multiple=1 --dtype bfloat16 --matmul_n 8192 --peak_iters 16 --repeats 5 --no_profile"
+  SPEC="--cost_only --dtype bfloat16 --repeats 5"
 fi
 
 # 1. Decode at batch 1, traced.
@@ -85,6 +89,8 @@ CMD_ALL="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDN
 part decode_flags_default 120 XLA_FLAGS="${XLA_FLAGS:-}" -- $B decode $DECODE_FLAGS --json "$OUT/decode_flags_default.json"
 part decode_flags_while 120 XLA_FLAGS="${XLA_FLAGS:-} $CMD_ALL --xla_gpu_graph_min_graph_size=1" -- \
   $B decode $DECODE_FLAGS --json "$OUT/decode_flags_while.json"
+# 4. Speculative sampling's call-cost curve: one AR call on n new positions, n = 1..32, two sizes.
+part speculative 150 -- $B speculative $SPEC --json "$OUT/speculative.json"
 
 if [ "$FULL" = 1 ] && [ "$TOY" = 0 ]; then
   part sampler 90 -- $B sampler --batch 64 --batch_gpt2 32 --dtype bfloat16 --repeats 7 --json "$OUT/sampler_gpu.json"
