@@ -265,7 +265,7 @@ def test_an_ar_network_as_target_keeps_its_law(drafter):
              else _left_to_right(jnp.asarray(_conditionals(_laws()[1]), jnp.float32)))
     n = N // 2
     prompt = jnp.zeros((n, L), jnp.int32)
-    text, stats = speculative.decode(jax.random.key(1), prefill(state, prompt[:, :0], L + k + 1), None, prompt,
+    text, stats = speculative.decode(jax.random.key(1), prefill(state, prompt[:, :0]), None, prompt,
                                      jnp.zeros((n,), jnp.int32), target=target, drafter=draft, length=L, k=k)
     assert reference.tv(reference.empirical_law(np.asarray(text), V), law) < reference.tv_noise_bound(law, n)
     assert stats["rounds_per_sample"].mean() < L - 0.5  # drafts were kept: fewer target calls than tokens
@@ -278,9 +278,9 @@ def test_rollback_leaves_the_cache_of_the_accepted_text():
     graphdef, state, _ = _tiny_ar()
     prefill, target = ar.speculative_target(graphdef)
     text = jnp.asarray([[0, 2, 1, 1, 0, 2, 0, 0, 0, 0]], jnp.int32)  # x_0, x_1, then drafts 1, 1, 0 at 2..4
-    _, after = target(prefill(state, text[:, :2], 10), text, jnp.asarray([2]), 3)  # scores positions 2..5
+    _, after = target(prefill(state, text[:, :2]), text, jnp.asarray([2]), 3)  # scores positions 2..5
     accepted = text.at[0, 3].set(2)  # d_0 = 1 kept at position 2, position 3 redrawn as 2: start' = 4
-    fresh = prefill(state, accepted[:, :4], 10)
+    fresh = prefill(state, accepted[:, :4])
     for a, b in zip(jax.tree.leaves(after[1][:2]), jax.tree.leaves(fresh[1][:2])):  # keys, values
         np.testing.assert_array_equal(np.asarray(a)[:, :, :4], np.asarray(b)[:, :, :4])  # the rows before 4
     p_rolled, _ = target(after, accepted, jnp.asarray([4]), 3)

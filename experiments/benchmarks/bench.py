@@ -666,7 +666,7 @@ def call_cost(config, ns: list[int], repeats: int, calls: int = 8) -> dict:
     length = c.data.seq_len
     rows, start = length + max(ns) + 1, length // 2
     text = jax.random.randint(jax.random.key(0), (1, rows), 0, c.vocab_size)
-    state = prefill(net.state, text[:, :start], rows)
+    state = prefill(net.state, text[:, :start])
     begin = jnp.full((1,), start, jnp.int32)
 
     def looped(n):
