@@ -138,6 +138,25 @@ def nll(model: DDiT, x: jax.Array) -> jax.Array:
 # --------------------------------------------------------------------------- sampling
 
 
+@functools.partial(nnx.jit, static_argnames=("num_samples", "length"))
+def ancestral(model: DDiT, key: jax.Array, num_samples: int, length: int, temperature=1.0) -> jax.Array:
+    """The causal half's law drawn one token at a time by full forward passes (no cache, no drafts): int32[B, L].
+
+    The reference that self-speculation's text must match in law (``bench.py speculative`` compares the
+    two on the Markov chains); L calls, each over all L positions.
+    """
+    check(model)
+    causal = np.tril(np.ones((length, length), bool))
+
+    def step(l, x):
+        out = model.network_output(_causal_inputs(model, x), None, mask=causal, deterministic=True)  # (B, L, V)
+        probs = shaped_law(jax.lax.dynamic_index_in_dim(out, l, 1, keepdims=False), temperature, 1.0)  # (B, V)
+        token = jax.random.categorical(jax.random.fold_in(key, l), jnp.log(probs), axis=-1)
+        return x.at[:, l].set(token.astype(jnp.int32))
+
+    return jax.lax.fori_loop(0, length, step, jnp.zeros((num_samples, length), jnp.int32))
+
+
 def round_mask(k: int) -> np.ndarray:
     """What each of a round's (k + 1)^2 positions sees of the round's own: bool[(k + 1)^2, (k + 1)^2].
 

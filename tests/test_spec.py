@@ -112,6 +112,16 @@ def test_self_speculation_draws_the_causal_halfs_law(temperature, top_p, k):
     assert int(stats["accepted_at"][0]) > 0  # drafts were kept (an untrained draft half keeps few)
 
 
+def test_the_reference_sampler_draws_the_causal_halfs_law():
+    """spec.ancestral (one token a call, full forwards, no drafts) draws the exact law: the bench's reference."""
+    from flax import nnx
+
+    graphdef, state = _tiny()
+    law = _law(graphdef, state, 0.7)
+    text = spec.ancestral(nnx.merge(graphdef, *state), jax.random.key(5), N, L, 0.7)
+    assert reference.tv(reference.empirical_law(np.asarray(text), V), law) < reference.tv_noise_bound(law, N)
+
+
 def test_a_prompt_is_kept_and_the_rest_drawn_from_the_conditional_law():
     """With a prompt of 2 tokens, the other 4 have the causal half's law given it."""
     graphdef, state = _tiny()

@@ -769,6 +769,10 @@ def bench_speculative(target, drafts: dict, spec, ks: list[int], batches: list[i
                "tokens_per_target_call": float(length / rounds.mean()),
                "acceptance_by_position": (np.asarray(st["accepted_at"], np.float64) / rounds.sum()).tolist(),
                **_sample_quality(out.tokens, target, chain)}
+        if draft is None:  # lossless in practice: the spec run's causal half drawn one token at a time, no drafts
+            from sedd import spec as spec_lib  # noqa: PLC0415
+            direct = np.asarray(spec_lib.ancestral(spec.model, jax.random.key(2), quality_samples, length))
+            row["own"] = _sample_quality(direct, target, chain)
         for batch in batches:
             times = interleaved({"ar": lambda b=batch: target.sample(key, b).tokens,
                                  "spec": lambda b=batch: sample(b).tokens}, repeats)
@@ -851,6 +855,10 @@ def run_speculative(quick: bool, args) -> dict:
                          " ".join(f"{p:.2f}" for p in r["acceptance_by_position"]),
                          f"{r['nll']:.4f} +- {r['nll_se']:.4f}", f"{r['unigram_entropy_bits']:.3f}"]
                         + [f"{r[f'vs_ar_b{b}']:.2f}" for b in batches])
+            if "own" in r:  # the spec run's causal half drawn without drafts: the law its row must match
+                o = r["own"]
+                rows.append(["  its causal half, no drafts", "-", "1.00", "-", f"{o['nll']:.4f} +- {o['nll_se']:.4f}",
+                             f"{o['unigram_entropy_bits']:.3f}"] + ["-"] * len(batches))
         lines.append(f"speculative sampling of {study['target']} (L {study['length']}); quality: {a['quality']} "
                      f"of {quality_samples} samples")
         lines.append(format_table(["drafter", "k", "tok/call", "acceptance by position", "NLL", "unigram H (bits)"]
