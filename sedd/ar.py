@@ -327,8 +327,8 @@ def _drafter(draft: Any, vocab: int, k: int, given: jax.Array, temperature: floa
         if k > model.block_size:
             raise ValueError(f"a block drafter drafts at most its block size {model.block_size} tokens a round, "
                              f"got k={k}")
-        prefill, drafter = block.speculative_drafter(draft.graphdef, draft.graph, draft.noise,
-                                                     temperature=temperature, top_p=top_p)
+        prefill, drafter = block.cached_speculative_drafter(draft.graphdef, draft.graph, draft.noise,
+                                                            temperature=temperature, top_p=top_p)
         return drafter, prefill(draft.state, given), 1
     graphdef, state = draft
     model = nnx.merge(graphdef, *state)

@@ -609,7 +609,6 @@ def draft_mask(length: int, k: int, start: jax.Array, block_size: int) -> jax.Ar
     return jnp.concatenate([top, bottom], axis=0)  # (k + length, k + length)
 
 
-@functools.lru_cache(maxsize=None)
 def speculative_drafter(graphdef, graph: Graph, noise: Callable, *, temperature: float = 1.0,
                         top_p: float = 1.0) -> tuple:
     r"""(prefill, drafter) of the block network `graphdef` for ``sedd.speculative.decode``: k tokens in one call.
@@ -641,6 +640,9 @@ def speculative_drafter(graphdef, graph: Graph, noise: Callable, *, temperature:
     the law of the text is the target's whatever q is, only the acceptance
     can suffer. One call costs a forward over L + k positions.
 
+    Not cached: temperature and top_p may be traced (``sedd serve``'s rows);
+    ``cached_speculative_drafter`` is the cached builder of Python values.
+
     Returns:
       prefill(state, prompt) -> state (no cache: the state is the weights);
       drafter(key, state, text, start, k) -> (drafted int32[B, k], q float32[B, k, V], state).
@@ -664,12 +666,7 @@ def speculative_drafter(graphdef, graph: Graph, noise: Callable, *, temperature:
             out = model.network_output(x, groups, positions=positions, mask=draft_mask(clean_len, k, s, model.block_size),
                                        keep=k, deterministic=True)  # (1, k, D)
             logits = model.log_score(out, x[:, :k], jnp.full((1, k), sigma))[0, :, :vocab]  # (k, V)
-            if temperature == 0:
-                q = jax.nn.one_hot(jnp.argmax(logits, -1), vocab, dtype=jnp.float32)
-            else:
-                q = jax.nn.softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-            if top_p < 1:
-                q = sampling.nucleus(q, top_p)
+            q = sampling.shaped_law(logits, temperature, top_p)  # (k, V); T, top_p floats or traced (a server's)
             y = jax.random.categorical(key, jnp.log(q)).astype(jnp.int32)  # (k,) independent given the prefix
             return y, q
 
@@ -677,3 +674,10 @@ def speculative_drafter(graphdef, graph: Graph, noise: Callable, *, temperature:
         return drafted, q, state
 
     return prefill, drafter
+
+
+@functools.lru_cache(maxsize=None)
+def cached_speculative_drafter(graphdef, graph: Graph, noise: Callable, *, temperature: float = 1.0,
+                               top_p: float = 1.0) -> tuple:
+    """``speculative_drafter`` of Python temperature and top_p, one per network structure (compiled once)."""
+    return speculative_drafter(graphdef, graph, noise, temperature=temperature, top_p=top_p)

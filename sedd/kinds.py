@@ -506,6 +506,8 @@ class Autoregressive(Kind):
             k, draft_name = 0, None
         else:
             k = _draft_k(4 if k is None else k, length)
+        if isinstance(draft, block.BlockDraft):
+            return self._block_speculation(graphdef, draft, k, draft_name)
         if draft is None or isinstance(draft, str):
             if draft is not None and draft != "ngram":
                 raise ValueError(f"draft must be 'ngram' or a smaller AR run, got {draft!r}")
@@ -530,6 +532,24 @@ class Autoregressive(Kind):
 
         return sampling.rounds.Speculation(parts, k, draft_name or "ar", draft_calls=k + 1, draft_state=draft.state,
                                            categorical=categorical)
+
+    def _block_speculation(self, graphdef, draft, k, draft_name):
+        """``speculation`` with a block run's drafts: one block of k <= b positions in one call a round."""
+        b = nnx.merge(draft.graphdef, *draft.state).block_size
+        if k > b:
+            raise ValueError(f"draft_k={k}: a block drafter drafts at most its block size {b} tokens a round")
+        if draft.graph.dim - 1 != self.config.vocab_size:
+            raise ValueError(f"the draft run's vocabulary ({draft.graph.dim - 1} tokens) differs from this run's "
+                             f"({self.config.vocab_size})")
+
+        def parts(temperature, top_p):
+            t_prefill, target = ar.build_speculative_target(graphdef, temperature, top_p)
+            d_prefill, drafter = block.speculative_drafter(draft.graphdef, draft.graph, draft.noise,
+                                                           temperature=temperature, top_p=top_p)
+            return (lambda state, prompt: (t_prefill(state[0], prompt), d_prefill(state[1], prompt))), target, drafter
+
+        return sampling.rounds.Speculation(parts, k, draft_name or "block", draft_calls=1, draft_state=draft.state,
+                                           categorical=self.config.sampling.categorical)
 
     def network(self, seed=0):
         """Inputs V + 1 ids (BOS = V), outputs the V next-token logits, causal attention, no time input."""

@@ -40,9 +40,21 @@ def _ar_run(seed: int, width: int = 0) -> runs.Run:
 
 
 @functools.lru_cache(maxsize=None)
+def _block_run() -> runs.Run:
+    """A tiny block-diffusion run (b = 4) over the same characters: a drafter of one block a call."""
+    tokenizer = CharTokenizer(CHARS)
+    config = config_lib.load_config("tiny", ["--config.model.kind=block", "--config.model.block_size=4",
+                                             "--config.model.n_blocks=1", f"--config.data.seq_len={L}"])
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.vocab_size = tokenizer.vocab_size
+    graphdef, params, rest = nnx.split(kinds.get(config).network(3), nnx.Param, ...)
+    return runs.from_parts(config, tokenizer, graphdef, reference.perturbed(params, 0.3, 11), rest)
+
+
+@functools.lru_cache(maxsize=None)
 def _client(draft: str) -> TestClient:
     run = _ar_run(0)
-    other = {"ngram": "ngram", "ar": _ar_run(1, 32), "none": None}[draft]
+    other = {"ngram": "ngram", "ar": _ar_run(1, 32), "block": _block_run(), "none": None}[draft]
     app = serve.create_app(run, "sedd-ar", LIMITS, draft=other, draft_k=None if other is None else 3,
                            draft_name="sedd-small" if draft == "ar" else None)
     client = TestClient(app, base_url="http://localhost")
@@ -60,19 +72,19 @@ def _greedy(run: runs.Run, prompt: str, length: int) -> str:
     return run.tokenizer.decode(ids[len(prompt):])
 
 
-@pytest.mark.parametrize("draft", ["ngram", "ar"])
+@pytest.mark.parametrize("draft", ["ngram", "ar", "block"])
 def test_temperature_zero_gives_the_greedy_text_and_consistent_stats(draft):
     client, run = _client(draft), _ar_run(0)
     models = client.get("/v1/models").json()["data"][0]
     assert models["kind"] == "ar" and models["draft_k"] == 3
-    assert models["draft"] == ("ngram" if draft == "ngram" else "sedd-small")
+    assert models["draft"] == {"ngram": "ngram", "ar": "sedd-small", "block": "block"}[draft]
     body = {"prompt": "ab c", "max_tokens": 9, "temperature": 0.0, "seed": 1}
     out = client.post("/v1/completions", json=body).json()
     assert out["choices"][0]["text"] == _greedy(run, "ab c", 9)  # the target's argmax, whatever the drafts
     s = out["speculative"]
     assert s["draft_k"] == 3 and s["tokens"] == 9 == out["usage"]["completion_tokens"]
     assert s["target_calls"] == s["rounds"] >= 9 / 4 and s["network_calls"] >= s["rounds"]
-    assert s["draft_calls"] == (0 if draft == "ngram" else 4 * s["rounds"])
+    assert s["draft_calls"] == {"ngram": 0, "ar": 4 * s["rounds"], "block": s["rounds"]}[draft]
     assert s["tokens_per_call"] == pytest.approx(9 / s["network_calls"])
     acc = s["acceptance_by_position"]
     assert len(acc) == 3 and all(0 <= a <= 1 for a in acc) and acc == sorted(acc, reverse=True)

@@ -244,7 +244,7 @@ def _speculation(run: runs.Run, draft, draft_k: int | None, draft_name: str | No
       ValueError: a draft or draft_k the run cannot take, or a run served neither way (one line).
     """
     if isinstance(draft, runs.Run):
-        draft = draft.net
+        draft = draft.kind.drafter(draft.net)  # an AR network, or a block run's BlockDraft; other kinds refused
     speculation = run.kind.speculation(run.graphdef, draft, draft_k, draft_name)
     if speculation is None and not run.kind.serves:
         raise ValueError(f"sedd serve serves diffusion runs and AR runs; this run's model.kind is {run.kind.name!r}")

@@ -128,8 +128,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup_steps", type=int, default=None, help="steps to compile (default: the run's)")
     parser.add_argument("--draft", default="",
                         help="an AR run only: speculative decoding, the run's own law in fewer calls, with drafts "
-                             "from 'ngram' (prompt lookup) or a smaller AR run's directory (default: none, one "
-                             "token a call)")
+                             "from 'ngram' (prompt lookup), a smaller AR run's or a block-diffusion run's directory "
+                             "(default: none, one token a call; a model.kind='spec' run drafts for itself)")
     parser.add_argument("--draft_k", type=int, default=None, help="drafts a round with --draft (default 4)")
     return parser
 
