@@ -831,7 +831,7 @@ def run_speculative(quick: bool, args) -> dict:
         ns = list(range(1, 33))
         ks, batches, quality_samples, repeats = [2, 4, 8, 16], args.batch_sizes, args.quality_samples, args.repeats
     curves = {}
-    for name, config in sizes.items():
+    for name, config in ({} if args.target and not args.cost_only else sizes).items():  # a study: the curve apart
         config.model.kind = "ar"
         if args.dtype:
             config.model.dtype = args.dtype
