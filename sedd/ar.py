@@ -181,7 +181,8 @@ def sample(
             raise ValueError(f"prompt must be int[{num_samples}, <= {length}], got {prompt.shape}")
         prompt = jnp.pad(prompt, ((0, 0), (0, length - prompt_len)))
     model.eval()
-    return _sample(model, key, jnp.float32(temperature), prompt, jnp.int32(prompt_len),
+    # a clone: the jitted call writes its (unchanged) state back placed, which would re-trace the next call
+    return _sample(nnx.clone(model), key, jnp.float32(temperature), prompt, jnp.int32(prompt_len),
                    num_samples=int(num_samples), length=int(length), categorical=categorical)
 
 

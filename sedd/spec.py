@@ -267,7 +267,8 @@ def speculative_parts(graphdef, block_size: int, temperature=1.0, top_p=1.0) -> 
 
 @functools.lru_cache(maxsize=None)
 def _parts(graphdef, block_size: int, temperature: float, top_p: float) -> tuple:
-    return speculative_parts(graphdef, block_size, temperature, top_p)
+    prefill, target, drafter = speculative_parts(graphdef, block_size, temperature, top_p)
+    return jax.jit(prefill), target, drafter  # the prefill compiled too (eager, its dispatches cost more than it)
 
 
 def sample(key: jax.Array, graphdef, state, num_samples: int, length: int, block_size: int,

@@ -1,5 +1,6 @@
 """The autoregressive baseline: KV-cache decoding against the full pass, training by `sedd train`."""
 
+import logging
 import math
 
 import jax
@@ -70,7 +71,7 @@ def test_a_judge_is_its_nll_function_in_batches_of_one_shape_and_refuses_what_it
         evaluate.generative_perplexity(nll, np.zeros((2, 13), np.int32))
 
 
-def test_ar_trains_with_the_same_trainer(tmp_path):
+def test_ar_trains_with_the_same_trainer(tmp_path, caplog):
     c = config_lib.load_config("markov")
     c.model.kind = "ar"
     c.model.hidden_size, c.model.n_blocks, c.model.n_heads, c.model.cond_dim = 16, 1, 2, 8
@@ -84,5 +85,16 @@ def test_ar_trains_with_the_same_trainer(tmp_path):
     # The reported figure of an AR run is its exact NLL (no Monte Carlo error), here of the same 1 batch.
     assert out["bound"]["kind"] == "ar" and out["bound"]["stderr_nats_per_token"] == 0.0
     np.testing.assert_allclose(out["bound"]["nats_per_token"], out["val_estimate_nats_per_token"], rtol=1e-5)
-    ids = runs.load(tmp_path / "ar").sample(jax.random.key(0), 2).tokens  # through ar.sample
+    run = runs.load(tmp_path / "ar")
+    ids = run.sample(jax.random.key(0), 2).tokens  # through ar.sample
     assert ids.shape == (2, 16) and (ids < 8).all()
+    # The second call reuses the compiled program: ar.sample leaves the loaded model's state as it was (the
+    # jitted call once wrote it back placed on the mesh, so the next call traced and compiled again).
+    jax.config.update("jax_log_compiles", True)
+    try:
+        with caplog.at_level(logging.WARNING):
+            run.sample(jax.random.key(1), 2)
+    finally:
+        jax.config.update("jax_log_compiles", False)
+    assert not [r for r in caplog.records if "Compiling jit(_sample)" in r.getMessage()]
+

@@ -775,7 +775,7 @@ def bench_speculative(target, drafts: dict, spec, ks: list[int], batches: list[i
             row["own"] = _sample_quality(direct, target, chain)
         for batch in batches:
             times = interleaved({"ar": lambda b=batch: target.sample(key, b).tokens,
-                                 "spec": lambda b=batch: sample(b).tokens}, repeats)
+                                 "spec": lambda b=batch: sample(b).tokens}, repeats, warmup=2)  # AR traces twice
             row[f"tokens_per_s_b{batch}"] = batch * length / median(times["spec"])
             row[f"ar_tokens_per_s_b{batch}"] = batch * length / median(times["ar"])
             row[f"vs_ar_b{batch}"] = paired_ratio(times["ar"], times["spec"])
