@@ -732,7 +732,10 @@ class SelfSpeculative(Kind):
         if config.training.loss_chunk:
             raise ValueError(f"training.loss_chunk={config.training.loss_chunk} is not implemented for "
                              "model.kind='spec': set it to 0")
-        self.block_size = k
+        w = config.training.draft_weight
+        if not (isinstance(w, (int, float)) and 0 <= w < float("inf")):
+            raise ValueError(f"training.draft_weight={w!r} must be a finite number >= 0 (the drafts' share of the loss)")
+        self.block_size, self.draft_weight = k, float(w)
 
     def describe(self):
         return {"kind": self.name, "block_size": self.block_size}
@@ -750,7 +753,8 @@ class SelfSpeculative(Kind):
 
     def loss(self, key, model, x0, train, rngs=None):
         """(3) of ``sedd.spec``: the causal half's NLL plus the one-step drafts' cross-entropy."""
-        return spec.loss(model, x0, self.block_size, deterministic=not train, rngs=rngs)
+        return spec.loss(model, x0, self.block_size, deterministic=not train, rngs=rngs,
+                         draft_weight=self.draft_weight)
 
     def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False,
                    **kwargs):

@@ -22,7 +22,9 @@ training it reads 2L positions, the same rotary positions on both halves:
 The causal half never sees the draft half, so (1) is an exact autoregressive
 law. The loss, nats per sequence (``loss``):
 
-    -sum_l log p(x_l | x_<l)  -  sum_l log q(x_l | x_<a(l)).                    (3)
+    -sum_l log p(x_l | x_<l)  -  w sum_l log q(x_l | x_<a(l)),                  (3)
+
+w = training.draft_weight (1 by default).
 
 A group skips the token at a_g: at sampling time the token at the anchor is
 the one the verifier is writing in the same call, unknown to the draft.
@@ -119,10 +121,15 @@ def token_nlls(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None 
     return _token_nll(out[:, :length], x), _token_nll(out[:, length:], x)
 
 
-def loss(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True, rngs=None) -> jax.Array:
-    """(3): the causal half's NLL and the drafts' cross-entropy, nats per sequence, float32[B]."""
+def loss(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True, rngs=None,
+         draft_weight: float = 1.0) -> jax.Array:
+    """(3): the causal half's NLL and w times the drafts' cross-entropy, nats per sequence, float32[B].
+
+    w = training.draft_weight: below 1 the shared network spends less of itself on the drafts (a
+    lower NLL, fewer drafts kept); the NLL alone is the likelihood either way.
+    """
     nll_p, nll_q = token_nlls(model, x, k, deterministic=deterministic, rngs=rngs)
-    return nll_p.sum(-1) + nll_q.sum(-1)
+    return nll_p.sum(-1) + draft_weight * nll_q.sum(-1)
 
 
 @nnx.jit

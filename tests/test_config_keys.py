@@ -344,7 +344,7 @@ def config_reads(sources: dict[str, str], default: dict) -> list[Read]:
     leaves |= {(k,) for k in FILLED_IN}
     trees = {name: ast.parse(text) for name, text in sources.items()}
     params = {}
-    for _ in range(8):  # until the parameters that receive configs stop changing
+    for _ in range(20):  # until the parameters that receive configs stop changing
         walker = _Walker(sections, leaves, params)
         for name, tree in trees.items():
             walker.module(tree, name)
