@@ -173,7 +173,7 @@ def test_drafts_the_run_cannot_take_are_refused(tiny_run):
     with pytest.raises(ValueError, match="'ngram' or a smaller AR run"):
         serve.create_app(_ar_run(0), "x", LIMITS, draft="bigram")
     ddit = runs.load(tiny_run[0])
-    with pytest.raises(ValueError, match="not an AR run"):
+    with pytest.raises(ValueError, match="model.kind='ddit' run cannot draft"):  # the drafts: ngram, AR or block
         serve.create_app(_ar_run(0), "x", LIMITS, draft=ddit)
     with pytest.raises(ValueError, match=r"drafts for an AR run \(model.kind='ar'\); this run's model.kind is 'ddit'"):
         serve.create_app(ddit, "x", LIMITS, draft="ngram")

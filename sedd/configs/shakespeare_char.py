@@ -100,7 +100,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.sampling.steps = 128  # reverse steps
     c.sampling.categorical = "precise"  # "precise" (exact small probabilities) or "gumbel32"
     c.sampling.eps = 1e-5  # the last time of the reverse grid
-
     c.distill = distill_section()  # written by `sedd distill`; rounds = 0: a run `sedd train` wrote
 
     c.mesh = ml_collections.ConfigDict()
