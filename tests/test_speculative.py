@@ -339,7 +339,7 @@ def _shaped_ar_law(graphdef, state, temperature: float, top_p: float) -> np.ndar
     return law / law.sum()
 
 
-@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (0.7, 0.9)])
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), pytest.param(0.7, 1.0, marks=pytest.mark.slow), (0.7, 0.9)])
 def test_a_block_network_drafting_one_block_keeps_the_ar_law(temperature, top_p):
     """A random block network drafts k = 3 positions in one call for a random AR network: the text has its law."""
     from sedd import ar
