@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sedd import speculative
-from sedd.sampling import rows as rows_lib
+import sedd.sampling.rows as rows_lib
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
