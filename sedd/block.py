@@ -663,7 +663,8 @@ def speculative_drafter(graphdef, graph: Graph, noise: Callable, *, temperature:
             x = jnp.concatenate([jnp.full((k,), graph.mask, jnp.int32), clean.astype(jnp.int32)])[None]  # (1, k + Lc)
             positions = jnp.concatenate([s + jnp.arange(k), jnp.arange(clean_len)])
             groups = jnp.zeros((1, 1 + clean_len // k), jnp.float32).at[:, 0].set(sigma)  # the draft block at sigma(1)
-            out = model.network_output(x, groups, positions=positions, mask=draft_mask(clean_len, k, s, model.block_size),
+            mask = draft_mask(clean_len, k, s, model.block_size)
+            out = model.network_output(x, groups, positions=positions, mask=mask,
                                        keep=k, deterministic=True)  # (1, k, D)
             logits = model.log_score(out, x[:, :k], jnp.full((1, k), sigma))[0, :, :vocab]  # (k, V)
             q = sampling.shaped_law(logits, temperature, top_p)  # (k, V); T, top_p floats or traced (a server's)

@@ -312,8 +312,8 @@ class Kind:
         Raises:
           ValueError: a kind that cannot draft.
         """
-        raise ValueError(f"a model.kind={self.name!r} run cannot draft for speculative sampling: the drafts "
-                         "come from 'ngram', an AR run (left to right) or a block-diffusion run (one block in one step)")
+        raise ValueError(f"a model.kind={self.name!r} run cannot draft for speculative sampling: the drafts come "
+                         "from 'ngram', an AR run (left to right) or a block-diffusion run (one block in one step)")
 
     def sample(self, key: jax.Array, net: Net, num_samples: int, steps: int | None = None,
                predictor: str | None = None, rows: jax.sharding.Sharding | None = None,
@@ -734,7 +734,8 @@ class SelfSpeculative(Kind):
                              "model.kind='spec': set it to 0")
         w = config.training.draft_weight
         if not (isinstance(w, (int, float)) and 0 <= w < float("inf")):
-            raise ValueError(f"training.draft_weight={w!r} must be a finite number >= 0 (the drafts' share of the loss)")
+            raise ValueError(f"training.draft_weight={w!r} must be a finite number >= 0 "
+                             "(the drafts' share of the loss)")
         self.block_size, self.draft_weight = k, float(w)
 
     def describe(self):

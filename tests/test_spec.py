@@ -193,3 +193,21 @@ def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds():
     assert out["choices"][0]["text"] == tokenizer.decode(ids[4:])
     s = out["speculative"]
     assert s["draft_calls"] == 0 and s["tokens"] == 9 and 9 / 4 <= s["target_calls"] <= 9
+
+
+@pytest.mark.parametrize("key,value,named", [("training.draft_weight", "-1.0", "draft_weight"),
+                                             ("training.draft_weight", "nan", "draft_weight"),
+                                             ("model.block_size", "0", "block_size"),
+                                             ("training.loss_chunk", "8", "loss_chunk")])
+def test_a_spec_config_with_a_bad_value_is_refused_naming_it(key, value, named):
+    """model.kind='spec' refuses, before any training, a draft weight, a k or an option it cannot honour."""
+    import ml_collections
+
+    from sedd import config as config_lib
+    from sedd import kinds
+
+    config = config_lib.load_config("tiny", ["--config.model.kind=spec", f"--config.{key}={value}"])
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.vocab_size = V
+    with pytest.raises(ValueError, match=named):
+        kinds.get(config)
