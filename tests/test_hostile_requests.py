@@ -25,6 +25,7 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from starlette.testclient import TestClient  # noqa: E402
 
+import servers  # noqa: E402
 from sedd import graphs, noise, runs, sampling, serve  # noqa: E402
 
 LIMITS = serve.Limits(max_steps=16, max_n=2, max_batch=4, max_queue=16, timeout_s=60, window_s=0.0,
@@ -37,21 +38,8 @@ def server(tiny_run):
     """(host, port, app) of a server on a free localhost port, in a background thread."""
     run = runs.load(tiny_run[0])
     app = serve.create_app(run, "sedd-tiny", LIMITS)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                            http=serve.header_timeout_protocol(LIMITS.header_timeout_s))
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.05)
-    yield "127.0.0.1", port, app
-    server.should_exit = True
-    thread.join(timeout=30)
+    with servers.serving(app, http=serve.header_timeout_protocol(LIMITS.header_timeout_s)) as port:
+        yield "127.0.0.1", port, app
 
 
 def _request(body: dict | bytes, port: int, content_type: str = "application/json", host: str = "localhost") -> bytes:

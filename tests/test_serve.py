@@ -4,8 +4,6 @@ import concurrent.futures
 import json
 import os
 import shutil
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -20,6 +18,7 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from starlette.testclient import TestClient  # noqa: E402
 
+import servers  # noqa: E402
 from sedd import runs, serve  # noqa: E402
 from sedd.sampling import rows as rows_lib  # noqa: E402
 
@@ -32,20 +31,8 @@ NAME = "sedd-tiny"
 def server(tiny_run):
     """(base URL, run) of a server on a free localhost port, in a background thread."""
     run = runs.load(tiny_run[0])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(serve.create_app(run, NAME, LIMITS), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", run
-    server.should_exit = True
-    thread.join(timeout=30)
+    with servers.serving(serve.create_app(run, NAME, LIMITS)) as port:
+        yield f"http://127.0.0.1:{port}", run
 
 
 def client(base):
@@ -294,20 +281,9 @@ def playground_server(server):
         return
     run = runs.load(workdir)
     steps = int(os.environ.get("SEDD_PLAYGROUND_STEPS", run.config.sampling.steps))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     app = serve.create_app(run, serve.model_name(workdir), serve.Limits(max_steps=max(steps, 1024)))
-    other = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=other.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not other.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", steps, ""
-    other.should_exit = True
-    thread.join(timeout=30)
+    with servers.serving(app, start_timeout=60) as port:
+        yield f"http://127.0.0.1:{port}", steps, ""
 
 
 def test_playground_resolves_text_in_headless_chromium(playground_server, tmp_path):

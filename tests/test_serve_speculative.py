@@ -2,7 +2,6 @@
 
 import functools
 import json
-import socket
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +16,7 @@ pytest.importorskip("sse_starlette")
 from starlette.testclient import TestClient  # noqa: E402
 
 import reference  # noqa: E402
+import servers  # noqa: E402
 from sedd import ar, kinds, runs, serve  # noqa: E402
 from sedd import config as config_lib  # noqa: E402
 from sedd.data.tokenizers import CharTokenizer  # noqa: E402
@@ -180,9 +180,7 @@ def test_drafts_the_run_cannot_take_are_refused(tiny_run):
 
 
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return servers.free_port()
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -200,22 +198,10 @@ def test_cli_refuses_a_draft_for_a_diffusion_run_and_hostile_draft_k(tiny_run, c
 @pytest.fixture
 def browser_server():
     """The base URL of the n-gram-drafted AR run's server on a free localhost port (uvicorn, in a thread)."""
-    import threading
-    import time
-
-    uvicorn = pytest.importorskip("uvicorn")
+    pytest.importorskip("uvicorn")
     app = serve.create_app(_ar_run(0), "sedd-ar", LIMITS, draft="ngram", draft_k=3)
-    port = _port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=30)
+    with servers.serving(app) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def test_playground_shows_kept_and_rejected_drafts_in_headless_chromium(browser_server, tmp_path):
