@@ -344,7 +344,7 @@ def _drafter(draft: Any, vocab: int, k: int, given: jax.Array, temperature: floa
 
 def speculative_sample(key: jax.Array, graphdef, state, num_samples: int, length: int, k: int = 4,
                        draft: Any = "ngram", temperature: float = 1.0, top_p: float = 1.0,
-                       prompt: jax.Array | None = None) -> tuple[jax.Array, dict]:
+                       prompt: jax.Array | None = None, verification: str = "block") -> tuple[jax.Array, dict]:
     """Text of the AR network (graphdef, state) by speculative sampling (``sedd.speculative``): its law exactly.
 
     Args:
@@ -359,6 +359,7 @@ def speculative_sample(key: jax.Array, graphdef, state, num_samples: int, length
       temperature, top_p: on the target's law, so the text's (and on the drafter's, which only
         changes the acceptance).
       prompt: optional int32[B, P], the same P for every row.
+      verification: "block" or "token" (``sedd.speculative.round_law``): the same law.
     Returns:
       (int32[B, L], stats): "nfe" the target's calls (the batch's), "nfe_per_sample",
       "draft_calls" the drafter's network calls a row, "accepted_at" int32[k]
@@ -376,7 +377,7 @@ def speculative_sample(key: jax.Array, graphdef, state, num_samples: int, length
     drafter, d_state, calls = _drafter(draft, vocab, k, given, temperature, top_p)
     text = jnp.zeros((num_samples, length), jnp.int32).at[:, :p].set(given)
     out, stats = speculative.decode(key, prefill(state, given), d_state, text, jnp.full((num_samples,), p, jnp.int32),
-                                    target=target, drafter=drafter, length=length, k=k)
+                                    target=target, drafter=drafter, length=length, k=k, verification=verification)
     rounds = stats["rounds_per_sample"]
     return out, {"nfe": stats["rounds"], "nfe_per_sample": rounds,
                  "draft_calls": rounds * calls, "accepted_at": stats["accepted_at"]}

@@ -574,12 +574,13 @@ class Autoregressive(Kind):
         With draft: speculative sampling (``sedd.ar.speculative_sample``), the
         same law in fewer calls of this network: draft="ngram" (prompt
         lookup) or a ``Net`` of a smaller AR network; draft_k drafts a round
-        (default 4); temperature and top_p on this network's law. A prompt
+        (default 4); temperature and top_p on this network's law; verification
+        "block" (default) or "token" (``sedd.speculative.round_law``). A prompt
         (fixed_mask / fixed_tokens) is a prefix of the same length in every row.
 
         Raises:
           ValueError: an option other than categorical, temperature,
-            return_stats and a prefix (and, with draft, draft_k and top_p), or
+            return_stats and a prefix (and, with draft, draft_k, top_p and verification), or
             a prompt that is not a prefix.
         """
         categorical = options.pop("categorical", self.config.sampling.categorical)
@@ -600,14 +601,15 @@ class Autoregressive(Kind):
         return sampling.Samples(tokens, None, stats)
 
     def _speculative(self, key, net, num_samples, length, return_stats, temperature, *, draft, draft_k=4,
-                     top_p=1.0, fixed_mask=None, fixed_tokens=None):
+                     top_p=1.0, fixed_mask=None, fixed_tokens=None, verification="block"):
         """``sample`` with draft: speculative sampling, the prompt a prefix of the same length in every row."""
         prompt = _prefix_prompt(fixed_mask, fixed_tokens)
         if not (isinstance(draft_k, int) and 1 <= draft_k <= length):
             raise ValueError(f"draft_k must be an integer in [1, {length}], got {draft_k!r}")
         drafter = (draft.graphdef, draft.state) if isinstance(draft, Net) else draft
         tokens, stats = ar.speculative_sample(key, net.graphdef, net.state, num_samples, length, draft_k, drafter,
-                                              temperature=temperature, top_p=top_p, prompt=prompt)
+                                              temperature=temperature, top_p=top_p, prompt=prompt,
+                                              verification=verification)
         return sampling.Samples(tokens, None, stats if return_stats else None)
 
     def drafter(self, net):
@@ -768,8 +770,9 @@ class SelfSpeculative(Kind):
         """Self-speculation (``sedd.spec.sample``): the causal half's law, up to k + 1 tokens a call.
 
         steps, predictor and rows do not apply. Options: temperature, top_p,
-        categorical, return_stats and a prompt that is a prefix of the same
-        length in every row.
+        categorical, verification ("block" or "token", ``sedd.speculative.round_law``),
+        draft_temperature (tau of the drafts' law q^(1/tau), default ``sedd.spec.DRAFT_TEMPERATURE``),
+        return_stats and a prompt that is a prefix of the same length in every row.
 
         Raises:
           ValueError: any other option (a draft: this run drafts for itself).
@@ -777,6 +780,8 @@ class SelfSpeculative(Kind):
         categorical = options.pop("categorical", self.config.sampling.categorical)
         temperature = options.pop("temperature", 1.0)
         top_p = options.pop("top_p", 1.0)
+        verification = options.pop("verification", "block")
+        draft_temperature = options.pop("draft_temperature", spec.DRAFT_TEMPERATURE)
         return_stats = options.pop("return_stats", False)
         prompt = _prefix_prompt(options.pop("fixed_mask", None), options.pop("fixed_tokens", None))
         if options.pop("draft", None) is not None:
@@ -786,5 +791,6 @@ class SelfSpeculative(Kind):
             raise ValueError(f"a model.kind='spec' run takes no sampler options {sorted(options)}")
         tokens, stats = spec.sample(key, net.graphdef, net.state, num_samples, self.config.data.seq_len,
                                     self.block_size, temperature=temperature, top_p=top_p, prompt=prompt,
-                                    categorical=categorical)
+                                    categorical=categorical, verification=verification,
+                                    draft_temperature=draft_temperature)
         return sampling.Samples(tokens, None, stats if return_stats else None)

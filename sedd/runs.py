@@ -517,7 +517,9 @@ class Run:
         return_trajectory, return_stats, the sampler's own options; and
         max_length, block_length for ``sedd.sampling.sample_long``; for an
         AR run draft="ngram", a smaller AR ``Run`` or a block-diffusion ``Run``
-        (speculative sampling, ``sedd.speculative``) and draft_k; and
+        (speculative sampling, ``sedd.speculative``), draft_k and
+        verification ("block" or "token", ``sedd.speculative.round_law``); for a
+        spec run verification and draft_temperature (``sedd.spec``); and
         stop=True, which ends the drawing once every text holds the
         tokenizer's end-of-text token, the rest filled with it); the
         config's sampling section gives the defaults. The rows are split over

@@ -53,6 +53,13 @@ sees them (the cache rolls back by its length). The first round's drafts
 come from the prefill call (the prompt, and one group seeing all of it but
 its last token).
 
+The drafts are drawn from each group's law sharpened, q^(1/tau) renormalised
+with tau = ``DRAFT_TEMPERATURE`` (0.8), and that is the q the verifier is
+told, so the law of the text is unchanged. A group's law is a marginal over
+the tokens it does not see (the verifier's, the other drafts'), broader than
+the conditionals that verify it; sharpened it is kept more often (on the
+plays at k = 4, block verification, 1.99 -> 2.02 tokens a call; docs/speculative.md).
+
 Letters: B batch, L length, V vocabulary, k drafts a round, S cache rows.
 """
 
@@ -200,13 +207,25 @@ def _empty_cache(model: DDiT, rows: int) -> tuple:
     return tuple((jnp.zeros(shape, model.dtype), jnp.zeros(shape, model.dtype)) for _ in model.blocks)
 
 
-def speculative_parts(graphdef, block_size: int, temperature=1.0, top_p=1.0) -> tuple:
+DRAFT_TEMPERATURE = 0.8
+"""tau of the drafts' law q^(1/tau) (module docstring): 1 draws from the groups' laws as they are."""
+
+
+def sharpened(q: jax.Array, tau) -> jax.Array:
+    """q^(1/tau) renormalised along the last axis (tau = 1: q; the zeros of q stay zeros)."""
+    q = jnp.where(q > 0, jnp.exp(jnp.log(jnp.where(q > 0, q, 1.0)) / tau), 0.0)
+    return q / jnp.sum(q, axis=-1, keepdims=True)
+
+
+def speculative_parts(graphdef, block_size: int, temperature=1.0, top_p=1.0,
+                      draft_temperature=DRAFT_TEMPERATURE) -> tuple:
     r"""(prefill, target, drafter) of the spec network `graphdef` for ``sedd.speculative.decode(shared=True)``.
 
     Each row has its own cache and start (the rows run under ``jax.vmap``).
     The state, shared by target and drafter: ((params, rest), caches, laws
     float32[B, k + 1, k, V] of the drafts of each outcome, the last round's
-    start int32[B]). temperature and top_p may be traced (a server's rows).
+    start int32[B]). temperature and top_p may be traced (a server's rows);
+    draft_temperature is tau (module docstring).
 
     Returns:
       prefill(params_state, prompt int32[B, P]) -> state: the prompt's
@@ -265,7 +284,7 @@ def speculative_parts(graphdef, block_size: int, temperature=1.0, top_p=1.0) -> 
     def drafter(key, state, text, start, k_):
         params_state, caches, laws, last = state
         j = jnp.clip(start - last - 1, 0, k)  # (B,) the drafts kept in the last round
-        q = jnp.take_along_axis(laws, j[:, None, None, None], axis=1)[:, 0]  # (B, k, V)
+        q = sharpened(jnp.take_along_axis(laws, j[:, None, None, None], axis=1)[:, 0], draft_temperature)  # (B, k, V)
         drafted = jax.random.categorical(key, jnp.log(q), axis=-1).astype(jnp.int32)  # (B, k)
         return drafted, q, state
 
@@ -273,14 +292,15 @@ def speculative_parts(graphdef, block_size: int, temperature=1.0, top_p=1.0) -> 
 
 
 @functools.lru_cache(maxsize=None)
-def _parts(graphdef, block_size: int, temperature: float, top_p: float) -> tuple:
-    prefill, target, drafter = speculative_parts(graphdef, block_size, temperature, top_p)
+def _parts(graphdef, block_size: int, temperature: float, top_p: float, draft_temperature: float) -> tuple:
+    prefill, target, drafter = speculative_parts(graphdef, block_size, temperature, top_p, draft_temperature)
     return jax.jit(prefill), target, drafter  # the prefill compiled too (eager, its dispatches cost more than it)
 
 
 def sample(key: jax.Array, graphdef, state, num_samples: int, length: int, block_size: int,
            temperature: float = 1.0, top_p: float = 1.0, prompt: jax.Array | None = None,
-           categorical: str = "precise") -> tuple[jax.Array, dict]:
+           categorical: str = "precise", verification: str = "block",
+           draft_temperature: float = DRAFT_TEMPERATURE) -> tuple[jax.Array, dict]:
     """Text of the spec network (graphdef, state) by self-speculation: the causal half's law exactly.
 
     Args:
@@ -291,16 +311,20 @@ def sample(key: jax.Array, graphdef, state, num_samples: int, length: int, block
       temperature, top_p: on the causal half's law, so the text's (and on the drafts').
       prompt: optional int32[B, P], the same P for every row.
       categorical: the method of the verifier's redraws.
+      verification: "block" or "token" (``sedd.speculative.round_law``): the same law.
+      draft_temperature: tau > 0 of the drafts' law q^(1/tau) (module docstring): the same law.
     Returns:
       (int32[B, L], stats): "nfe" the network calls (the batch's: the rounds and the prefill),
       "nfe_per_sample", "draft_calls" 0 (the drafts come from the same calls), "accepted_at" int32[k].
     """
     p = 0 if prompt is None else int(prompt.shape[1])
     given = jnp.zeros((num_samples, p), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
-    prefill, target, drafter = _parts(graphdef, block_size, float(temperature), float(top_p))
+    if not (isinstance(draft_temperature, (int, float)) and draft_temperature > 0):
+        raise ValueError(f"draft_temperature must be a number > 0, got {draft_temperature!r}")
+    prefill, target, drafter = _parts(graphdef, block_size, float(temperature), float(top_p), float(draft_temperature))
     text = jnp.zeros((num_samples, length), jnp.int32).at[:, :p].set(given)
     out, stats = speculative.decode(key, prefill(state, given), None, text, jnp.full((num_samples,), p, jnp.int32),
                                     target=target, drafter=drafter, length=length, k=block_size,
-                                    categorical=categorical, shared=True)
+                                    categorical=categorical, shared=True, verification=verification)
     return out, {"nfe": stats["rounds"] + 1, "nfe_per_sample": stats["rounds_per_sample"] + 1,
                  "draft_calls": jnp.zeros((num_samples,), jnp.int32), "accepted_at": stats["accepted_at"]}

@@ -20,6 +20,16 @@ Each token written has the law p given the tokens before it, whatever q is
 (p - q)^+ / Z = p), so the text has the target's law exactly; a round writes
 between 1 and k + 1 tokens for one call of the target.
 
+Block verification (Sun et al. 2025, arXiv 2403.10444) judges the k drafts
+together and keeps at least as many in expectation, with the same law:
+
+    w_0 = 1, w_{j+1} = min(1, w_j p_j(y_j) / q_j(y_j));  R_j = max(0, w_j p_j - q_j),
+    h_j = |R_j| / (|R_j| + 1 - w_j) (j < k), h_k = w_k; the round keeps the longest
+    prefix j whose coin of P(heads) = h_j comes up and writes x_{s+j} ~ R_j / |R_j|
+    (p_k after all k).                                                          (3)
+
+It is the default (``round_law``); "token" is (2).
+
 What q must be, (1): the law each drafted token was drawn from given the
 prefix and the drafted tokens *before* it. A drafter that draws the k tokens
 independently given the prefix (a block drafted in one step), or left to
@@ -50,34 +60,88 @@ MAX_DRAFTS = 64
 """The most drafts a round (k): a KV cache of a target keeps room for a round's k + 1 positions past the text."""
 
 
-def verify(key: jax.Array, p: jax.Array, q: jax.Array, drafted: jax.Array,
-           categorical: str = "precise") -> tuple[jax.Array, jax.Array]:
-    """One round's check, (2): how many drafts are kept, and the tokens the round writes.
+VERIFICATIONS = ("block", "token")
+"""How a round decides what it keeps, (2) or (3): ``round_law``'s method."""
+
+
+def round_law(p: jax.Array, q: jax.Array, drafted: jax.Array,
+              method: str = "block") -> tuple[jax.Array, jax.Array]:
+    """What a round writes given its drafts, as laws: how many drafts it keeps, and the token after them.
+
+    "token", (2): draft j is kept with probability a_j = min(1, p_j(y_j) / q_j(y_j)) given the ones
+    before were, so P(keep exactly j) = a_0 .. a_{j-1} (1 - a_j), and the token at j is drawn from
+    max(0, p_j - q_j) / Z_j (from p_k after all k).
+
+    "block", (3): the drafts are judged together (Sun et al. 2025, "Block verification accelerates
+    speculative decoding", ICLR 2025, arXiv 2403.10444). With w_0 = 1 and
+    w_{j+1} = min(1, w_j p_j(y_j) / q_j(y_j)), the residual after j kept drafts is
+
+        R_j = max(0, w_j p_j - q_j),   rho_j = sum_v R_j(v),   h_j = rho_j / (rho_j + 1 - w_j),  j < k,
+
+    and h_k = w_k. The round keeps the longest prefix j whose coin with P(heads) = h_j comes up,
+    P(keep exactly j) = h_j prod_{i > j} (1 - h_i), and then draws the token at j from R_j / rho_j
+    (from p_k after all k). A later draft that p likes more than q can redeem an earlier one that
+    (2) would have rejected: the law of the text is p's as with (2) (tests/test_speculative.py checks
+    both by exact enumeration), and the expected drafts kept are never fewer (Sun et al. prove it optimal).
 
     Args:
-      key: a ``jax.random`` key.
       p: float[B, k + 1, V] the target's law at the k drafted positions and the one after.
       q: float[B, k, V] the drafter's law (1) of each drafted token.
       drafted: int[B, k] the drafted tokens.
+      method: "block" or "token".
+    Returns:
+      (stop float32[B, k + 1]: P(the round keeps exactly j drafts), then float32[B, k + 1, V]: the
+      law of the token it writes at j, normalised).
+    """
+    if method not in VERIFICATIONS:
+        raise ValueError(f"verification must be one of {VERIFICATIONS}, got {method!r}")
+    p, q = p.astype(jnp.float32), q.astype(jnp.float32)
+    k = drafted.shape[1]
+    p_y = jnp.take_along_axis(p[:, :k], drafted[..., None], axis=-1)[..., 0]  # (B, k)
+    q_y = jnp.take_along_axis(q, drafted[..., None], axis=-1)[..., 0]  # (B, k), > 0: y was drawn from q
+    ratio = p_y / q_y
+    if method == "token":
+        a, one = jnp.minimum(1.0, ratio), jnp.ones((ratio.shape[0], 1), jnp.float32)
+        kept = jnp.cumprod(jnp.concatenate([one, a], axis=1), axis=1)  # (B, k + 1) a_0 .. a_{j-1}
+        stop = kept * jnp.concatenate([1.0 - a, one], axis=1)
+        weight = jnp.ones_like(kept[:, :k])  # (B, k) R_j = max(0, p_j - q_j)
+    else:
+        w = [jnp.ones(ratio.shape[:1], jnp.float32)]
+        for j in range(k):
+            w.append(jnp.minimum(1.0, w[-1] * ratio[:, j]))
+        w = jnp.stack(w, axis=1)  # (B, k + 1)
+        weight = w[:, :k]
+    residual = jnp.maximum(weight[..., None] * p[:, :k] - q, 0.0)  # (B, k, V) R_j
+    rho = residual.sum(-1)  # (B, k)
+    if method == "block":
+        denominator = rho + 1.0 - weight
+        h = jnp.concatenate([jnp.where(denominator > 0, rho / jnp.where(denominator > 0, denominator, 1.0), 0.0),
+                             w[:, k:]], axis=1)  # (B, k + 1)
+        later = jnp.cumprod((1.0 - h)[:, ::-1], axis=1)[:, ::-1]  # prod_{i >= j} (1 - h_i)
+        stop = h * jnp.concatenate([later[:, 1:], jnp.ones_like(h[:, :1])], axis=1)
+    # rho_j = 0 only where stopping at j has probability 0 (p_j = q_j where w_j = 1): p_j stands in.
+    after = jnp.where(rho[..., None] > 0, residual / jnp.where(rho > 0, rho, 1.0)[..., None], p[:, :k])
+    return stop, jnp.concatenate([after, p[:, k:]], axis=1)
+
+
+def verify(key: jax.Array, p: jax.Array, q: jax.Array, drafted: jax.Array, categorical: str = "precise",
+           method: str = "block") -> tuple[jax.Array, jax.Array]:
+    """One round's check, (2) or (3): how many drafts are kept, and the tokens the round writes.
+
+    Args:
+      key: a ``jax.random`` key.
+      p, q, drafted, method: as ``round_law``.
       categorical: the method of the redraw (``sedd.categorical.sample_categorical``).
     Returns:
       (accepted int32[B] in [0, k], tokens int32[B, k + 1]): tokens[:, :accepted]
       are the drafts kept, tokens[:, accepted] the redrawn (or extra) token;
       the round writes accepted + 1 tokens, the rest of the row is unused.
     """
-    p, q = p.astype(jnp.float32), q.astype(jnp.float32)
     b, k = drafted.shape
-    k_accept, k_draw = jax.random.split(key)
-    p_y = jnp.take_along_axis(p[:, :k], drafted[..., None], axis=-1)[..., 0]  # (B, k)
-    q_y = jnp.take_along_axis(q, drafted[..., None], axis=-1)[..., 0]  # (B, k)
-    u = jax.random.uniform(k_accept, (b, k))
-    keep = u * q_y < p_y  # u < p / q without dividing (q_y > 0: y was drawn from q)
-    accepted = jnp.sum(jnp.cumprod(keep, axis=1), axis=1).astype(jnp.int32)  # (B,) leading accepts
-    residual = jnp.concatenate([jnp.maximum(p[:, :k] - q, 0.0), p[:, k:]], axis=1)  # (B, k + 1, V)
-    at = jnp.take_along_axis(residual, accepted[:, None, None], axis=1)[:, 0]  # (B, V)
-    # Z_j > 0 whenever y_j can be rejected; where p_j = q_j exactly (a rejection of probability 0) p_j stands in.
-    base = jnp.take_along_axis(p, accepted[:, None, None], axis=1)[:, 0]
-    at = jnp.where(jnp.sum(at, -1, keepdims=True) > 0, at, base)
+    k_stop, k_draw = jax.random.split(key)
+    stop, after = round_law(p, q, drafted, method)
+    accepted = sample_categorical(k_stop, stop, categorical).astype(jnp.int32)  # (B,)
+    at = jnp.take_along_axis(after, accepted[:, None, None], axis=1)[:, 0]  # (B, V)
     new = sample_categorical(k_draw, at, categorical).astype(jnp.int32)  # (B,)
     pos = jnp.arange(k + 1)[None, :]
     padded = jnp.concatenate([drafted.astype(jnp.int32), jnp.zeros((b, 1), jnp.int32)], axis=1)
@@ -87,7 +151,7 @@ def verify(key: jax.Array, p: jax.Array, q: jax.Array, drafted: jax.Array,
 
 def rounds(key: jax.Array, target_state: Any, drafter_state: Any, text: jax.Array, start: jax.Array,
            end: jax.Array, *, target: Callable, drafter: Callable, k: int, categorical: str = "precise",
-           on_round: Callable | None = None, shared: bool = False) -> tuple:
+           on_round: Callable | None = None, shared: bool = False, verification: str = "block") -> tuple:
     """Rounds of (2) until every row has written its positions up to `end`: the traceable core of ``decode``.
 
     Not jitted, so that a caller can run it inside its own program (``sedd
@@ -96,7 +160,7 @@ def rounds(key: jax.Array, target_state: Any, drafter_state: Any, text: jax.Arra
 
     Args:
       key: a ``jax.random`` key; round r uses fold_in(key, r).
-      target_state, drafter_state, target, drafter, k, categorical, shared: as ``decode``.
+      target_state, drafter_state, target, drafter, k, categorical, shared, verification: as ``decode``.
       text: int32[B, T] the given tokens before `start`; T >= max(end) + k + 1 (a round writes up to k + 1).
       start: int32[B] the first position to write; end: int32[B] the position to write up to (excluded).
       on_round: None, or a traced function called at each round with (r int32[], start int32[B], drafted
@@ -122,7 +186,7 @@ def rounds(key: jax.Array, target_state: Any, drafter_state: Any, text: jax.Arra
         window = jnp.arange(k)[None, :] + start[:, None]  # (B, k)
         proposed = text.at[jnp.arange(b)[:, None], window].set(drafted.astype(jnp.int32))
         p, t_state = target(t_state, proposed, start, k)
-        accepted, tokens = verify(k_verify, p, q, drafted, categorical)
+        accepted, tokens = verify(k_verify, p, q, drafted, categorical, verification)
         live = start < end  # (B,) rows still writing
         if on_round is not None:
             on_round(r, start, drafted.astype(jnp.int32), accepted, tokens, live)
@@ -141,10 +205,11 @@ def rounds(key: jax.Array, target_state: Any, drafter_state: Any, text: jax.Arra
     return text, r, rounds_row, accepted_at
 
 
-@functools.partial(jax.jit, static_argnames=("target", "drafter", "length", "k", "categorical", "shared"))
+@functools.partial(jax.jit, static_argnames=("target", "drafter", "length", "k", "categorical", "shared",
+                                             "verification"))
 def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Array, prompt_len: jax.Array, *,
            target: Callable, drafter: Callable, length: int, k: int, categorical: str = "precise",
-           shared: bool = False) -> tuple:
+           shared: bool = False, verification: str = "block") -> tuple:
     """Text of `length` tokens by rounds of (2), every row at its own position, in one compiled program.
 
     Args:
@@ -161,6 +226,7 @@ def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Ar
       length: L; k: drafts a round; categorical: the method of the redraws.
       shared: the drafter reads and returns the target's state (drafter_state unused): one network
         that drafts the next round in the call that verifies this one (``sedd.spec``).
+      verification: "block" (3) or "token" (2), ``round_law``: the same law, (3) keeps more drafts.
     Returns:
       (text int32[B, L], stats): stats["rounds"] int32[] target calls made (the batch's);
       stats["rounds_per_sample"] int32[B]; stats["accepted_at"] int32[k]: rows in which the
@@ -171,7 +237,8 @@ def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Ar
     text = jnp.zeros((b, length + k + 1), jnp.int32).at[:, :length].set(prompt)
     text, r, rounds_row, accepted_at = rounds(key, target_state, drafter_state, text, prompt_len,
                                               jnp.full((b,), length, jnp.int32), target=target, drafter=drafter,
-                                              k=k, categorical=categorical, shared=shared)
+                                              k=k, categorical=categorical, shared=shared,
+                                              verification=verification)
     return text[:, :length], {"rounds": r, "rounds_per_sample": rounds_row, "accepted_at": accepted_at.sum(0)}
 
 

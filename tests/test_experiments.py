@@ -322,7 +322,7 @@ def test_distill_study_on_a_markov_corpus(tmp_path):
 
 
 def test_speculative_bench_parts(tmp_path):
-    """bench.py speculative's parts at tiny sizes: the call-cost curve, one block drafter's cell, the picture.
+    """bench.py speculative's parts, tiny: the call-cost curve, a block drafter's cell by each rule, the picture.
 
     (`bench.py speculative --quick` runs every drafter at two k, about three minutes on two shared cores.)
     """
@@ -333,8 +333,10 @@ def test_speculative_bench_parts(tmp_path):
     assert curve["rows"][0]["ratio_to_n1"] == 1
     target, drafts, _ = bench._speculative_runs(True, argparse.Namespace(target=""))
     drafts = {name: d for name, d in drafts.items() if "block" in name}
-    study = bench.bench_speculative(target, drafts, None, ks=[2], batches=[1], repeats=1, quality_samples=4)
-    (row,) = study["rows"]
+    study = bench.bench_speculative(target, drafts, None, ks=[2], batches=[1], repeats=1, quality_samples=4,
+                                    verifications=("block", "token"))
+    block_row, row = study["rows"]
+    assert (block_row["verification"], row["verification"]) == ("block", "token") and "token" in row["drafter"]
     assert row["k"] == 2 and row["drafter_calls"] == row["target_calls"] and len(row["acceptance_by_position"]) == 2
     assert 1 <= row["tokens_per_call"] <= 3 and row["quality"] == "exact_nats_per_token" and row["nll"] > 0
     assert row["vs_ar_b1"] > 0 and study["ar"]["nll_se"] > 0

@@ -100,16 +100,34 @@ def test_a_rounds_call_equals_the_training_forward():
                                    rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("temperature,top_p,k", [(1.0, 1.0, 2), (0.7, 0.9, 3)])
-def test_self_speculation_draws_the_causal_halfs_law(temperature, top_p, k):
-    """Over all 3^6 sequences, the drawn text's law is the causal half's exact law within the sampling noise."""
+@pytest.mark.parametrize("temperature,top_p,k,verification,tau", [
+    (1.0, 1.0, 2, "block", spec.DRAFT_TEMPERATURE), (0.7, 0.9, 3, "block", spec.DRAFT_TEMPERATURE),
+    (1.0, 1.0, 3, "token", 1.0), (1.0, 1.0, 2, "block", 0.3)])
+def test_self_speculation_draws_the_causal_halfs_law(temperature, top_p, k, verification, tau):
+    """Over all 3^6 sequences, the drawn text's law is the causal half's exact law within the sampling noise.
+
+    Whichever verification, and however sharpened the drafts (tau): the q the verifier is told is the
+    law the drafts were drawn from.
+    """
     graphdef, state = _tiny(k)
     law = _law(graphdef, state, temperature, top_p)
-    text, stats = spec.sample(jax.random.key(3), graphdef, state, N, L, k, temperature=temperature, top_p=top_p)
+    text, stats = spec.sample(jax.random.key(3), graphdef, state, N, L, k, temperature=temperature, top_p=top_p,
+                              verification=verification, draft_temperature=tau)
     assert reference.tv(reference.empirical_law(np.asarray(text), V), law) < reference.tv_noise_bound(law, N)
     calls = np.asarray(stats["nfe_per_sample"])
     assert calls.max() <= L + 1 and calls.min() >= 2  # the prefill and at least one round; a round writes >= 1
     assert int(stats["accepted_at"][0]) > 0  # drafts were kept (an untrained draft half keeps few)
+
+
+def test_sharpened_drafts_and_a_bad_draft_temperature():
+    """q^(1/tau) renormalised, zeros kept; tau = 1 is q; a tau that is not > 0 is refused naming it."""
+    q = jnp.asarray([[0.5, 0.3, 0.2, 0.0]])
+    np.testing.assert_allclose(np.asarray(spec.sharpened(q, 1.0)), np.asarray(q), rtol=1e-6)
+    sharp = np.asarray(spec.sharpened(q, 0.5))[0]
+    np.testing.assert_allclose(sharp, np.asarray([25, 9, 4, 0]) / 38, rtol=1e-5)
+    graphdef, state = _tiny()
+    with pytest.raises(ValueError, match="draft_temperature must be a number > 0, got 0"):
+        spec.sample(jax.random.key(0), graphdef, state, 2, L, K, draft_temperature=0)
 
 
 def test_the_reference_sampler_draws_the_causal_halfs_law():

@@ -11,6 +11,7 @@ shows the test can fail.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -146,10 +147,10 @@ def _adversary(cond: np.ndarray) -> np.ndarray:
     return 0.98 * worst + 0.02 * (1 - worst) / (V - 1)
 
 
-def _draws(target, drafter, k: int, seed: int = 0) -> tuple[np.ndarray, dict]:
+def _draws(target, drafter, k: int, seed: int = 0, verification: str = "block") -> tuple[np.ndarray, dict]:
     prompt = jnp.zeros((N, L), jnp.int32)
     text, stats = speculative.decode(jax.random.key(seed), None, None, prompt, jnp.zeros((N,), jnp.int32),
-                                     target=target, drafter=drafter, length=L, k=k)
+                                     target=target, drafter=drafter, length=L, k=k, verification=verification)
     return np.asarray(text), jax.tree.map(np.asarray, stats)
 
 
@@ -182,12 +183,13 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("verification", speculative.VERIFICATIONS)
 @pytest.mark.parametrize("case", list(CASES))
-def test_speculative_sampling_draws_the_targets_law(case):
+def test_speculative_sampling_draws_the_targets_law(case, verification):
     """Whatever the drafter, the text has the target's law: TV to the exact law within the sample's noise."""
     p, d = _laws()
     drafter, k = CASES[case](p, d)
-    text, stats = _draws(_target(jnp.asarray(_conditionals(p), jnp.float32)), drafter, k)
+    text, stats = _draws(_target(jnp.asarray(_conditionals(p), jnp.float32)), drafter, k, verification=verification)
     distance = reference.tv(reference.empirical_law(text, V), p)
     assert distance < reference.tv_noise_bound(p, N), (case, distance)
     per_round = L / stats["rounds_per_sample"].mean()  # tokens a target call
@@ -216,16 +218,73 @@ def test_a_q_that_is_not_the_left_to_right_law_breaks_exactness():
     assert reference.tv(reference.empirical_law(text, V), p) > 2 * reference.tv_noise_bound(p, N)  # 0.088 vs 0.030
 
 
-def test_verify_counts_and_writes_by_hand():
+@pytest.mark.parametrize("verification", speculative.VERIFICATIONS)
+def test_verify_counts_and_writes_by_hand(verification):
     """verify on laws with a known outcome: all accepted plus the extra token; a sure rejection redrawn."""
     k, v = 3, 4
     p = jnp.tile(jax.nn.one_hot(jnp.asarray([2, 1, 3, 0]), v)[None], (2, 1, 1))  # (B, k + 1, V) certain
     q = jnp.tile(jax.nn.one_hot(jnp.asarray([2, 1, 0]), v)[None], (2, 1, 1))
     drafted = jnp.asarray([[2, 1, 0], [2, 1, 0]])
-    accepted, tokens = speculative.verify(jax.random.key(0), p, q, drafted)
+    accepted, tokens = speculative.verify(jax.random.key(0), p, q, drafted, method=verification)
     assert accepted.tolist() == [2, 2] and tokens[:, :3].tolist() == [[2, 1, 3], [2, 1, 3]]
-    accepted, tokens = speculative.verify(jax.random.key(0), p, p[:, :k], jnp.asarray([[2, 1, 3]] * 2))
+    accepted, tokens = speculative.verify(jax.random.key(0), p, p[:, :k], jnp.asarray([[2, 1, 3]] * 2),
+                                          method=verification)
     assert accepted.tolist() == [3, 3] and tokens.tolist() == [[2, 1, 3, 0]] * 2
+    stop, after = speculative.round_law(p[:, :1], q[:, :0], drafted[:, :0], verification)  # k = 0: no drafts
+    assert stop.tolist() == [[1.0]] * 2 and np.array_equal(after, p[:, :1])
+    with pytest.raises(ValueError, match="verification must be one of"):
+        speculative.round_law(p, q, drafted, "tree")
+
+
+def _round_outputs(p_of, q_of, k: int, verification: str) -> tuple[dict, float]:
+    """The exact law of what one round writes (a string of 1 .. k + 1 tokens), summed over every draft.
+
+    p_of(prefix) and q_of(prefix) are the target's and the drafter's laws after a tuple of tokens.
+    Returns ({written string: probability}, the expected drafts kept).
+    """
+    drafts = list(itertools.product(range(V), repeat=k))
+    p = np.stack([[p_of(d[:i]) for i in range(k + 1)] for d in drafts])  # (V^k, k + 1, V)
+    q = np.stack([[q_of(d[:i]) for i in range(k)] for d in drafts])  # (V^k, k, V)
+    stop, after = speculative.round_law(jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32),
+                                        jnp.asarray(drafts, jnp.int32), verification)
+    stop, after = np.asarray(stop, np.float64), np.asarray(after, np.float64)
+    law, kept = {}, 0.0
+    for n, d in enumerate(drafts):
+        weight = np.prod([q[n, i, d[i]] for i in range(k)])  # P(these drafts)
+        for j in range(k + 1):
+            kept += weight * stop[n, j] * j
+            for v in range(V):
+                law[d[:j] + (v,)] = law.get(d[:j] + (v,), 0.0) + weight * stop[n, j] * after[n, j, v]
+    return law, kept
+
+
+@pytest.mark.parametrize("drafter", ["another_law", "the_target"])
+def test_a_round_writes_the_targets_law_exactly(drafter):
+    """By enumeration, no sampling: a round's string, continued by the target, has the target's law.
+
+    Over every draft of k = 3 tokens (V = 3), with laws that depend on the whole prefix: for every
+    string w of k + 1 tokens, sum_j P(the round writes w_<=j) p(w_>j | w_<=j) = p(w), for both
+    verifications; block verification keeps at least as many drafts on average (Sun et al.),
+    and with q = p both keep all k.
+    """
+    k, rng = 3, np.random.default_rng(7)
+    prefixes = [t for n in range(k + 1) for t in itertools.product(range(V), repeat=n)]
+    p_law = {t: rng.dirichlet(np.ones(V)) for t in prefixes}
+    q_law = p_law if drafter == "the_target" else {t: rng.dirichlet(np.full(V, 0.5)) for t in prefixes}
+
+    def p_joint(w):
+        return np.prod([p_law[w[:i]][w[i]] for i in range(len(w))])
+
+    kept = {}
+    for verification in speculative.VERIFICATIONS:
+        law, kept[verification] = _round_outputs(p_law.__getitem__, q_law.__getitem__, k, verification)
+        for w in itertools.product(range(V), repeat=k + 1):
+            continued = sum(law.get(w[:j + 1], 0.0) * p_joint(w) / p_joint(w[:j + 1]) for j in range(k + 1))
+            assert abs(continued - p_joint(w)) < 1e-5, (verification, w, continued, p_joint(w))
+    if drafter == "the_target":
+        assert kept["block"] == pytest.approx(k, abs=1e-4) and kept["token"] == pytest.approx(k, abs=1e-4)
+    else:  # 1.27 against 1.18 drafts a round with this seed
+        assert kept["block"] > kept["token"] + 0.05, kept
 
 
 # --------------------------------------------------------------------------- an AR network as the target

@@ -710,6 +710,8 @@ def _speculative_runs(quick: bool, args) -> tuple:
         target = runs_lib.load(args.target)
         drafts = {}
         for d in (args.drafts or "ngram").split(","):
+            if d == "none":  # the spec run alone
+                continue
             if d == "ngram":
                 drafts["ngram"] = "ngram"
             else:
@@ -733,12 +735,14 @@ def _speculative_runs(quick: bool, args) -> tuple:
 
 
 def bench_speculative(target, drafts: dict, spec, ks: list[int], batches: list[int], repeats: int,
-                      quality_samples: int, names: tuple[str, str] = ("random", "spec")) -> dict:
+                      quality_samples: int, names: tuple[str, str] = ("random", "spec"),
+                      verifications: tuple[str, ...] = ("block",)) -> dict:
     """Speculative sampling of the AR run `target` with each drafter and k, against its own KV-cached sampling.
 
     Per (drafter, k): the calls (the target's and the drafter's network calls, counted alike) and tokens a
     call, the acceptance by draft position, the seconds at each batch interleaved with ``ar.sample``'s (the
-    ratio the median of per-round ratios), and the quality of quality_samples texts drawn the same way.
+    ratio the median of per-round ratios), and the quality of quality_samples texts drawn the same way; each
+    cell once per verification ("block" or "token", ``sedd.speculative.round_law``).
     """
     from sedd.data.markov import chain_from_config  # noqa: PLC0415
 
@@ -747,25 +751,31 @@ def bench_speculative(target, drafts: dict, spec, ks: list[int], batches: list[i
     key = jax.random.key(0)
     own = target.sample(jax.random.key(1), quality_samples).tokens
     ar_quality = _sample_quality(own, target, chain)
-    cells = []  # (name, k, draft or None for the spec run)
-    for name, draft in drafts.items():
-        cap = draft.config.model.block_size if not isinstance(draft, str) and draft.kind.name == "block" else None
-        cells += [(name, k, draft) for k in ks if cap is None or k <= cap]
-    if spec is not None:
-        cells.append((f"{names[1]} (spec)", int(spec.config.model.block_size), None))
+    cells = []  # (name, k, draft or None for the spec run, verification)
+    for how in verifications:
+        tag = "" if len(verifications) == 1 else f", {how}"
+        for name, draft in drafts.items():
+            cap = draft.config.model.block_size if not isinstance(draft, str) and draft.kind.name == "block" else None
+            cells += [(name + tag, k, draft, how) for k in ks if cap is None or k <= cap]
+        if spec is not None:
+            cells.append((f"{names[1]} (spec{tag})", int(spec.config.model.block_size), None, how))
     rows = []
-    for name, k, draft in cells:
-        def sample(batch, key=key, draft=draft, k=k):
+    for name, k, draft, how in cells:
+        def sample(batch, key=key, draft=draft, k=k, how=how):
             if draft is None:
-                return spec.sample(key, batch, return_stats=True)
-            return target.sample(key, batch, draft=draft, draft_k=k, return_stats=True)
+                return spec.sample(key, batch, return_stats=True, verification=how)
+            return target.sample(key, batch, draft=draft, draft_k=k, return_stats=True, verification=how)
 
         out = sample(quality_samples, jax.random.key(1))
         st = out.stats
         rounds = np.asarray(st["nfe_per_sample"], np.float64)
         drafter_calls = np.asarray(st.get("draft_calls", np.zeros_like(rounds)), np.float64)
-        row = {"drafter": name, "k": k, "target_calls": float(rounds.mean()), "drafter_calls": float(drafter_calls.mean()),
-               "tokens_per_call": float(length / (rounds + drafter_calls).mean()),
+        calls = rounds + drafter_calls  # (B,) a text's network calls
+        row = {"drafter": name, "k": k, "verification": how, "target_calls": float(rounds.mean()),
+               "drafter_calls": float(drafter_calls.mean()), "tokens_per_call": float(length / calls.mean()),
+               # the delta method: L / mean(calls), its s.e. from the calls' over the texts
+               "tokens_per_call_se": float(length * calls.std(ddof=1) / np.sqrt(len(calls)) / calls.mean() ** 2)
+               if len(calls) > 1 else float("nan"),
                "tokens_per_target_call": float(length / rounds.mean()),
                "acceptance_by_position": (np.asarray(st["accepted_at"], np.float64) / rounds.sum()).tolist(),
                **_sample_quality(out.tokens, target, chain)}
@@ -846,12 +856,13 @@ def run_speculative(quick: bool, args) -> dict:
     if (args.target or quick) and not args.cost_only:
         target, drafts, spec = _speculative_runs(quick, args)
         study = bench_speculative(target, drafts, spec, ks, batches, repeats, quality_samples,
-                                  (args.target or "random weights", Path(args.spec).name if args.spec else "spec"))
+                                  (args.target or "random weights", Path(args.spec).name if args.spec else "spec"),
+                                  tuple(args.verifications.split(",")))
         a = study["ar"]
         rows = [["AR, KV cache", "-", "1.00", "-", f"{a['nll']:.4f} +- {a['nll_se']:.4f}",
                  f"{a['unigram_entropy_bits']:.3f}"] + ["1.00"] * len(batches)]
         for r in study["rows"]:
-            rows.append([r["drafter"], r["k"], f"{r['tokens_per_call']:.2f}",
+            rows.append([r["drafter"], r["k"], f"{r['tokens_per_call']:.3f} +- {r['tokens_per_call_se']:.3f}",
                          " ".join(f"{p:.2f}" for p in r["acceptance_by_position"]),
                          f"{r['nll']:.4f} +- {r['nll_se']:.4f}", f"{r['unigram_entropy_bits']:.3f}"]
                         + [f"{r[f'vs_ar_b{b}']:.2f}" for b in batches])
@@ -1615,10 +1626,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", action="store_true", help="decode: a jax.profiler trace of the AR and block calls")
     p.add_argument("--target", default="", help="speculative: the AR run sampled (default with --quick: tiny random runs)")
     p.add_argument("--drafts", default="", help="speculative: comma-separated drafters, 'ngram' or run directories "
-                   "(a smaller AR run, a block run; default ngram)")
+                   "(a smaller AR run, a block run; default ngram; none: the --spec run alone)")
     p.add_argument("--spec", default="", help="speculative: a model.kind='spec' run, sampled with its own drafts")
     p.add_argument("--quality_samples", type=int, default=64, help="speculative: texts each cell's quality is of")
     p.add_argument("--cost_only", action="store_true", help="speculative: the call-cost curve only")
+    p.add_argument("--verifications", default="block", help="speculative: comma-separated, each cell verified by "
+                   "each: 'block' (Sun et al.) and/or 'token' (Leviathan et al.); the same law")
     p.add_argument("--picture", default="", help="speculative: a PNG of tokens a call and tokens/s against quality")
     p.add_argument("--dump", default="", help="decode: a folder for the AR loop's HLO and the traces (.xplane.pb.gz)")
     return p

@@ -52,6 +52,7 @@ class Speculation:
       categorical: the method of the redraws (``sedd.categorical.sample_categorical``).
       shared: the drafter reads the target's state (one network drafting in the target's call,
         ``sedd.speculative.decode``'s shared); prefill's drafter_state is then unused.
+      verification: "block" or "token" (``sedd.speculative.round_law``).
     """
 
     parts: Callable
@@ -61,6 +62,7 @@ class Speculation:
     draft_state: Any = None
     categorical: str = "precise"
     shared: bool = False
+    verification: str = "block"
 
     def describe(self) -> dict:
         """What the server's model list says: {"draft": name, "draft_k": k}."""
@@ -72,7 +74,8 @@ class Speculation:
 
     def program(self, graphdef=None, *, live: bool, **_) -> rows_lib.RowsProgram:
         """The ``RowsProgram`` (``Kind.rows_program``'s arguments; only `live` applies: the network is in `parts`)."""
-        static = dict(parts=self.parts, k=self.k, categorical=self.categorical, live=live, shared=self.shared)
+        static = dict(parts=self.parts, k=self.k, categorical=self.categorical, live=live, shared=self.shared,
+                      verification=self.verification)
         return rows_lib.RowsProgram(sample_rows, static, _no_frames, listen=Rounds,
                                     report=functools.partial(report, k=self.k, draft=self.draft,
                                                              draft_calls=self.draft_calls))
@@ -93,9 +96,9 @@ def observe_rounds(batch_id: jax.Array, r, start, drafted, accepted, tokens, liv
     jax.debug.callback(rows_lib.deliver, batch_id, *gathered)
 
 
-@functools.partial(jax.jit, static_argnames=("parts", "k", "categorical", "live", "shared"))
+@functools.partial(jax.jit, static_argnames=("parts", "k", "categorical", "live", "shared", "verification"))
 def sample_rows(state, seeds, rows, mask, tokens, temperature, top_p, batch_id, *, parts, k, categorical, live,
-                shared=False):
+                shared=False, verification="block"):
     """``RowsProgram.fn`` of speculative decoding: ``sedd.speculative.rounds`` per row (``map_rows``).
 
     Returns (ids int32[B, L], None, stats): stats["nfe"] and ["rounds"] int32[B] the target's calls
@@ -113,7 +116,7 @@ def sample_rows(state, seeds, rows, mask, tokens, temperature, top_p, batch_id, 
         on_round = functools.partial(observe_rounds, batch_id) if live else None
         text, _, rounds, accepted_at = speculative.rounds(
             key, t_state, d_state, text, given[None], end[None], target=target, drafter=drafter, k=k,
-            categorical=categorical, on_round=on_round, shared=shared)
+            categorical=categorical, on_round=on_round, shared=shared, verification=verification)
         return text[0, :length], None, {"nfe": rounds[0], "rounds": rounds[0], "accepted_at": accepted_at[0]}
 
     return rows_lib.map_rows(one, seeds, rows, mask, tokens, temperature, top_p)
