@@ -14,7 +14,9 @@ baseline with its KV cache) in one process. The held-out windows
 themselves give the "data" row, the ceiling of the measures. --plays takes
 block runs of the default corpus: their tokens a call, written unprompted
 with the same samplers, set beside the code runs'. Writes
-code_study.{json,md,png}.
+code_study.{json,md,png}. --tokens_per_call takes diffusion runs of any
+corpus and writes only their tokens a call, a row's own and the batch's,
+in one table (tokens_per_call.{json,md}).
 
     python experiments/code_study.py --out experiments/code/results \
         --ar checkpoints/code_ar --runs checkpoints/code checkpoints/code_block16 \
@@ -120,6 +122,27 @@ def study(ar_dir: str, run_dirs: list[str], plays: list[str], num_prompts: int, 
             "num_prompts": num_prompts, "prompt_chars": prompt_chars}
 
 
+def tokens_per_call(run_dirs: list[str], length: int, rows: int = 16, seed: int = 0) -> list[dict]:
+    """Tokens a network call of diffusion runs of any corpus, the same way for each: one table to set them side by side.
+
+    Each run writes `rows` unprompted texts of `length` tokens with each of its kind's samplers (``SAMPLERS``);
+    a row's own figure is length over the calls that row needed (mean +- s.e. over the rows, by the delta
+    method), the batch's is length over the calls the batch made (as many as its slowest row needed).
+    """
+    out = []
+    for workdir in run_dirs:
+        run = runs.load(workdir)
+        for label, sampler, options, steps in SAMPLERS[run.kind.name]:
+            stats = writer(run, sampler, options, steps, rows, length, jax.random.key(seed))().stats
+            calls = np.asarray(stats["nfe_per_sample"], np.float64)  # (rows,)
+            out.append({"model": f"{_name(run)} ({run.config.data.name})", "workdir": str(workdir), "sampler": label,
+                        "tokens_per_call_row": length / calls.mean(),
+                        "tokens_per_call_row_se": length * calls.std(ddof=1) / np.sqrt(rows) / calls.mean() ** 2,
+                        "tokens_per_call_batch": length / int(stats["nfe"])})
+            print(json.dumps(out[-1]), flush=True)
+    return out
+
+
 def denoise_picture(workdir: str, prompt: str, sampler: str, frames: int, out: Path) -> None:
     """code_denoise.png: one completion of a diffusion run as it denoises, masks drawn as sampling.MASK_CHAR."""
     run = runs.load(workdir)
@@ -210,7 +233,23 @@ def main(argv=None) -> int:
     p.add_argument("--picture", default="", help="a diffusion run whose completion of --picture_prompt is drawn "
                    "as it denoises (code_denoise.png); alone, only the picture is made")
     p.add_argument("--picture_prompt", default="def parse_header(line):\n    ")
+    p.add_argument("--tokens_per_call", nargs="*", default=[], help="diffusion runs of any corpus: their tokens a "
+                   "call, unprompted, 16 rows of --length, one table (tokens_per_call.{json,md}); alone, only that")
     args = p.parse_args(argv)
+    if args.tokens_per_call:
+        table = tokens_per_call(args.tokens_per_call, args.length)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "tokens_per_call.json").write_text(json.dumps({"rows": table, "length": args.length,
+                                                              "machine": machine()}, indent=1, default=float))
+        md = format_table(["model", "sampler", "tokens/call, a row's own", "tokens/call, the batch's"],
+                          [[r["model"], r["sampler"],
+                            f"{r['tokens_per_call_row']:.3f} +- {r['tokens_per_call_row_se']:.3f}",
+                            f"{r['tokens_per_call_batch']:.3f}"] for r in table])
+        (out / "tokens_per_call.md").write_text(md + "\n")
+        print(md)
+        if not (args.runs or args.picture):
+            return 0
     if args.picture:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         denoise_picture(args.picture, unescape(args.picture_prompt), "entropy_bound", 16, Path(args.out))

@@ -215,3 +215,8 @@ def test_code_study_on_tiny_runs(code_runs, tmp_path):
     code_study.write(result, tmp_path / "out")
     assert "copied >= 64" in (tmp_path / "out" / "code_study.md").read_text()
     assert (tmp_path / "out" / "code_study.png").stat().st_size > 0
+    assert code_study.main(["--tokens_per_call", str(ddit), "--length", "32", "--out", str(tmp_path / "t")]) == 0
+    table = json.loads((tmp_path / "t" / "tokens_per_call.json").read_text())["rows"]
+    assert [r["sampler"] for r in table] == ["EB", "threshold 0.9"]
+    for r in table:  # a row's own calls are at most the batch's: its figure at least the batch's
+        assert r["tokens_per_call_row"] >= r["tokens_per_call_batch"] >= 32 / 32 and r["tokens_per_call_row_se"] >= 0
