@@ -107,8 +107,8 @@ def round_law(p: jax.Array, q: jax.Array, drafted: jax.Array,
         weight = jnp.ones_like(kept[:, :k])  # (B, k) R_j = max(0, p_j - q_j)
     else:
         w = [jnp.ones(ratio.shape[:1], jnp.float32)]
-        for j in range(k):
-            w.append(jnp.minimum(1.0, w[-1] * ratio[:, j]))
+        for j in range(k):  # once 0 (a draft p rules out), 0 for good, even past a ratio that overflowed to inf
+            w.append(jnp.where(w[-1] > 0, jnp.minimum(1.0, w[-1] * ratio[:, j]), 0.0))
         w = jnp.stack(w, axis=1)  # (B, k + 1)
         weight = w[:, :k]
     residual = jnp.maximum(weight[..., None] * p[:, :k] - q, 0.0)  # (B, k, V) R_j

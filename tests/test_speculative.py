@@ -232,6 +232,11 @@ def test_verify_counts_and_writes_by_hand(verification):
     assert accepted.tolist() == [3, 3] and tokens.tolist() == [[2, 1, 3, 0]] * 2
     stop, after = speculative.round_law(p[:, :1], q[:, :0], drafted[:, :0], verification)  # k = 0: no drafts
     assert stop.tolist() == [[1.0]] * 2 and np.array_equal(after, p[:, :1])
+    # the first draft ruled out by p, the second drawn at a q so small that p / q overflows to inf: none kept
+    stop, after = speculative.round_law(jnp.asarray([[[0.0, 1.0], [0.5, 0.5], [0.5, 0.5]]]),
+                                        jnp.asarray([[[1.0, 0.0], [1.0 - 1e-45, 1e-45]]]), jnp.asarray([[0, 1]]),
+                                        verification)
+    assert stop.tolist() == [[1.0, 0.0, 0.0]] and np.isfinite(after).all() and after[0, 0].tolist() == [0.0, 1.0]
     with pytest.raises(ValueError, match="verification must be one of"):
         speculative.round_law(p, q, drafted, "tree")
 
