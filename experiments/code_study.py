@@ -35,6 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "benchmarks"))
 from bench import format_table, interleaved, machine, median, paired_ratio  # noqa: E402
+from bench import tokens_per_call as per_call  # noqa: E402
 
 from sedd import ar, code_measures, figures, runs, sampling  # noqa: E402
 from sedd.cli import unescape  # noqa: E402
@@ -134,10 +135,9 @@ def tokens_per_call(run_dirs: list[str], length: int, rows: int = 16, seed: int 
         run = runs.load(workdir)
         for label, sampler, options, steps in SAMPLERS[run.kind.name]:
             stats = writer(run, sampler, options, steps, rows, length, jax.random.key(seed))().stats
-            calls = np.asarray(stats["nfe_per_sample"], np.float64)  # (rows,)
+            row, row_se = per_call(length, stats["nfe_per_sample"])  # a row's own calls
             out.append({"model": f"{_name(run)} ({run.config.data.name})", "workdir": str(workdir), "sampler": label,
-                        "tokens_per_call_row": length / calls.mean(),
-                        "tokens_per_call_row_se": length * calls.std(ddof=1) / np.sqrt(rows) / calls.mean() ** 2,
+                        "tokens_per_call_row": row, "tokens_per_call_row_se": row_se,
                         "tokens_per_call_batch": length / int(stats["nfe"])})
             print(json.dumps(out[-1]), flush=True)
     return out

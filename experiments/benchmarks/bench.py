@@ -124,6 +124,13 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1
     return times
 
 
+def tokens_per_call(length: int, calls) -> tuple[float, float]:
+    """(L / mean(calls), its s.e. by the delta method from the calls' over the texts; nan for one text)."""
+    calls = np.asarray(calls, np.float64)
+    se = length * calls.std(ddof=1) / np.sqrt(len(calls)) / calls.mean() ** 2 if len(calls) > 1 else float("nan")
+    return float(length / calls.mean()), float(se)
+
+
 def paired_ratio(num: list[float], den: list[float]) -> float:
     """Median over rounds of num[r] / den[r]: robust to load that drifts between rounds."""
     return statistics.median(a / b for a, b in zip(num, den))
@@ -771,11 +778,10 @@ def bench_speculative(target, drafts: dict, spec, ks: list[int], batches: list[i
         rounds = np.asarray(st["nfe_per_sample"], np.float64)
         drafter_calls = np.asarray(st.get("draft_calls", np.zeros_like(rounds)), np.float64)
         calls = rounds + drafter_calls  # (B,) a text's network calls
+        per_call, per_call_se = tokens_per_call(length, calls)
         row = {"drafter": name, "k": k, "verification": how, "target_calls": float(rounds.mean()),
-               "drafter_calls": float(drafter_calls.mean()), "tokens_per_call": float(length / calls.mean()),
-               # the delta method: L / mean(calls), its s.e. from the calls' over the texts
-               "tokens_per_call_se": float(length * calls.std(ddof=1) / np.sqrt(len(calls)) / calls.mean() ** 2)
-               if len(calls) > 1 else float("nan"),
+               "drafter_calls": float(drafter_calls.mean()), "tokens_per_call": per_call,
+               "tokens_per_call_se": per_call_se,
                "tokens_per_target_call": float(length / rounds.mean()),
                "acceptance_by_position": (np.asarray(st["accepted_at"], np.float64) / rounds.sum()).tolist(),
                **_sample_quality(out.tokens, target, chain)}
