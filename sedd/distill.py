@@ -27,6 +27,11 @@ student's parameters, optimizer state and EMA go on.
 A distillation's logged loss is the divergence in nats per token (at the
 positions still masked after the teacher's first step); its validation
 estimate is the student's score-entropy bound estimate, as `sedd train`'s.
+
+distill.order picks the sampler distilled: "random" (the default), the
+analytic sampler's positions at the schedule's rate; "dilated", the dilated
+sampler's planned order (SEDD runs; N0 must divide the length), whose
+students sample with it by default (sampling.predictor = "dilated").
 """
 
 from __future__ import annotations
@@ -44,10 +49,15 @@ from flax import nnx
 from sedd import config as config_lib
 from sedd import kinds, runs, sdtt, train
 from sedd import sharding as sharding_lib
+from sedd.sampling import planned_rank
 
 DEFAULT_ROUNDS = 3  # 8x fewer steps, the figure the issue (51) asks of a student
 DEFAULT_DIVERGENCE = "kl_backward"  # SDTT's best; why it is ours too: sedd.sdtt's docstring
 DEFAULT_TARGET = "x0"  # SDTT's target: on Markov text it moved few-step samples where the two-step law did not
+ORDERS = {"random": None, "dilated": "dilated"}
+"""distill.order -> the sampler its students draw with (None: the teacher's sampling.predictor): "random", the
+positions the analytic sampler unmasks at the schedule's rate (``sedd.sdtt.loss_per_position``); "dilated", a
+planned order (``sedd.sampling.Dilated``, ``sedd.sdtt.planned_loss_per_position``)."""
 ARCHITECTURE = ("model.kind", "model.block_size", "model.hidden_size", "model.n_blocks", "model.n_heads",
                 "model.cond_dim", "model.mlp_ratio", "model.scale_by_sigma", "model.time_conditioning",
                 "model.normalize", "model.vocab_multiple", "graph.type", "noise.type", "noise.eps",
@@ -67,6 +77,8 @@ class DistillTrainer(train.Trainer):
         super().__init__(config, mesh, zero1)
         d = config.distill
         self.round_steps, self.rounds, self.teacher_steps = d.round_steps, d.rounds, d.teacher_steps
+        self.rank = None if d.order == "random" else \
+            jnp.asarray(planned_rank(d.order, config.data.seq_len, d.teacher_steps), jnp.int32)
 
     def state_of(self, params) -> dict:
         return {**super().state_of(params), "teacher": jax.tree.map(jnp.copy, params)}
@@ -93,13 +105,20 @@ class DistillTrainer(train.Trainer):
         teacher = nnx.merge(self.graphdef, jax.lax.stop_gradient(state["teacher"]), self.rest)
         groups, student_fn = self.kind.noise_groups(student, train=True, rngs=k_drop)
         _, teacher_fn = self.kind.noise_groups(teacher)
-        dt = (1.0 - c.sampling.eps) * jnp.exp2(self.round_index(state["step"]).astype(jnp.float32)) \
-            / self.teacher_steps
+        r = self.round_index(state["step"])
+        dt = (1.0 - c.sampling.eps) * jnp.exp2(r.astype(jnp.float32)) / self.teacher_steps
         with sharding_lib.split_rows(self.batch_sharding):
-            per_seq = sdtt.loss_per_position(
-                k_loss, teacher_fn, student_fn, self.kind.graph, self.kind.noise, batch, dt, block_size=groups,
-                t_min=c.training.sampling_eps, t_end=c.sampling.eps, divergence_name=c.distill.divergence,
-                target=c.distill.target).sum(-1)
+            if self.rank is None:
+                per_position = sdtt.loss_per_position(
+                    k_loss, teacher_fn, student_fn, self.kind.graph, self.kind.noise, batch, dt,
+                    block_size=groups, t_min=c.training.sampling_eps, t_end=c.sampling.eps,
+                    divergence_name=c.distill.divergence, target=c.distill.target)
+            else:
+                per_position = sdtt.planned_loss_per_position(
+                    k_loss, teacher_fn, student_fn, self.kind.graph, self.kind.noise, batch, self.rank,
+                    jnp.right_shift(jnp.int32(self.teacher_steps), r), t_end=c.sampling.eps,
+                    divergence_name=c.distill.divergence)
+            per_seq = per_position.sum(-1)
         return per_seq.mean(), per_seq
 
     def _train_step(self, state, batch):
@@ -134,6 +153,15 @@ def check_distillable(config) -> None:
         raise ValueError(f"distill.divergence={d.divergence!r}; expected one of {', '.join(sdtt.DIVERGENCES)}")
     if d.target not in sdtt.TARGETS:
         raise ValueError(f"distill.target={d.target!r}; expected one of {', '.join(sdtt.TARGETS)}")
+    if d.order not in ORDERS:
+        raise ValueError(f"distill.order={d.order!r}; expected one of {', '.join(ORDERS)}")
+    length = config.data.seq_len
+    if d.order != "random" and kind.noise_groups(None)[0] != length:
+        raise ValueError(f"distill.order={d.order!r} is a planned order of the whole sequence; model.kind="
+                         f"{config.model.kind!r} denoises in blocks: use distill.order='random'")
+    if d.order != "random" and length % max(d.teacher_steps, 1):
+        raise ValueError(f"distill.order={d.order!r} writes L / N positions a step: distill.teacher_steps="
+                         f"{d.teacher_steps} must divide data.seq_len={length}")
     if not (1 <= d.rounds <= 16 and d.teacher_steps >= 2 and d.teacher_steps % 2 ** d.rounds == 0):
         raise ValueError(f"distill.rounds={d.rounds} halvings of distill.teacher_steps={d.teacher_steps} must "
                          f"leave an integer number of steps >= 1: N0 must divide by 2^rounds")
@@ -191,6 +219,8 @@ def distill_config(teacher: str | Path, overrides=(), rounds: int | None = None)
                          "change (a student is initialised from its teacher's weights)")
     if d.teacher_steps >= 2 and d.teacher_steps % 2 ** max(d.rounds, 0) == 0:
         c.sampling.steps = d.teacher_steps // 2 ** d.rounds
+    if ORDERS.get(d.order):
+        c.sampling.predictor = ORDERS[d.order]
     check_distillable(c)
     return c
 

@@ -662,14 +662,16 @@ def lineage(config, step: int) -> dict | None:
 
     Returns:
       {"teacher": its run directory, "teacher_step": the checkpoint distilled, "round": r, "rounds": R,
-      "steps": N0 / 2^r, "divergence": distill.divergence, "target": distill.target}, or None.
+      "steps": N0 / 2^r, "divergence": distill.divergence, "target": distill.target, "order":
+      distill.order}, or None.
     """
     d = config.distill
     if d.rounds < 1:
         return None
     r = min(-(-int(step) // d.round_steps), d.rounds)
     return {"teacher": d.teacher, "teacher_step": d.teacher_step, "round": r, "rounds": d.rounds,
-            "steps": max(d.teacher_steps >> r, 1), "divergence": d.divergence, "target": d.target}
+            "steps": max(d.teacher_steps >> r, 1), "divergence": d.divergence, "target": d.target,
+            "order": d.order}
 
 
 def split_model(config, seed: int = 0):

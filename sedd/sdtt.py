@@ -57,6 +57,17 @@ about the dependence (it is mode-seeking, so the study in
 docs/distillation.md watches the samples' entropy). ``tv`` is half the L1
 distance.
 
+A planned order (distill.order = "dilated", ``planned_loss_per_position``).
+The steps above unmask at random positions, and at N << L the positions a
+step writes together are often neighbours, whose dependence no product law
+holds: on the order-2 Markov chain of docs/distillation.md the chain's own
+exact denoiser loses 0.22 nats/char at 16 such steps per 128 letters. The
+dilated sampler (``sedd.sampling.Dilated``) writes at each step positions
+fixed in advance and far apart, where the same exact denoiser loses under
+0.01; its order is one for every N, so the student's step m is the
+teacher's steps 2m and 2m + 1 and SDTT applies as it is, with only the
+token laws to learn.
+
 Shapes: B batch, L length, D = graph.dim, V = graph.vocab_size, n_b noise
 groups (blocks) of a row: 1 for SEDD, L / b for block diffusion.
 """
@@ -202,3 +213,49 @@ def loss_per_position(key: jax.Array, teacher_fn: BlockScoreFn, student_fn: Bloc
         log_q = x0_target(graph, log_q, log_p2)
     log_p = step_log_law(graph, student_fn(x_t, x0, sig_t), x_t, at(sig_t), at(sig_s))
     return jnp.where(x_u == graph.mask, divergence(divergence_name, log_q, log_p), 0.0)
+
+
+def planned_loss_per_position(key: jax.Array, teacher_fn: BlockScoreFn, student_fn: BlockScoreFn, graph: Graph,
+                              noise: Callable, x0: jax.Array, rank: jax.Array, teacher_steps: jax.Array, *,
+                              t_end: float, divergence_name: str = "kl_backward") -> jax.Array:
+    r"""One draw of SDTT's objective for a sampler of a planned order (``sedd.sampling.Dilated``): float32[B, L].
+
+    The sampler's step n of N writes the positions whose place in the order
+    (`rank`) is in [n L/N, (n+1) L/N), each y_l ~ p(x0_l | x_t) (the
+    denoiser: the token part of the score, normalised), the network at
+    sigma_bar(t_n), t_n = 1 - n (1 - t_end) / N. Its positions are fixed in
+    advance, so only the token laws are learnt: the student's one step m of
+    N / 2 writes the positions of the teacher's steps 2m and 2m + 1 from
+    its denoiser at x_{t_2m}, and the target of each is the teacher's
+    denoiser at the step that writes it: at x_{t_2m} for the first group,
+    at x_{t_2m+1} (the first group drawn from the teacher) for the second.
+    For the second group one draw is unbiased for the two-step law (the
+    mixture over the first group's draws), so SDTT's two targets ("law",
+    "x0") are one here. Per row m ~ U{0, ..., N/2 - 1}; the divergence at
+    the positions of the two groups, 0 elsewhere.
+
+    Args:
+      key: a ``jax.random`` key (m, the teacher's draw).
+      rank: int32[L], the order (``sedd.sampling.absorbing.planned_rank``).
+      teacher_steps: int32[] N, even and dividing L.
+      t_end: the sampler's last time (sampling.eps).
+      divergence_name: one of ``DIVERGENCES``, over the V tokens.
+    """
+    k_m, k_u = jax.random.split(key)
+    b, length = x0.shape
+    per = length // teacher_steps  # positions a teacher step writes
+    m = jax.random.randint(k_m, (b, 1), 0, teacher_steps // 2)  # (B, 1)
+    dt = (1.0 - t_end) / teacher_steps.astype(jnp.float32)
+    t = 1.0 - 2 * m[:, 0].astype(jnp.float32) * dt  # (B,)
+    sig_t, sig_u = noise(t)[0][:, None], noise(t - dt)[0][:, None]  # (B, 1): one noise group a row
+    first = (rank >= 2 * m * per) & (rank < (2 * m + 1) * per)  # (B, L)
+    second = (rank >= (2 * m + 1) * per) & (rank < (2 * m + 2) * per)
+    x_t = jnp.where(rank < 2 * m * per, x0, graph.mask)
+    v = graph.vocab_size
+    denoiser = lambda log_score: jax.nn.log_softmax(log_score[..., :v].astype(jnp.float32), axis=-1)  # noqa: E731
+    log_p1 = denoiser(jax.lax.stop_gradient(teacher_fn(x_t, x0, sig_t)))  # (B, L, V)
+    x_u = jnp.where(first, sample_categorical(k_u, jnp.exp(log_p1)), x_t)
+    log_p2 = denoiser(jax.lax.stop_gradient(teacher_fn(x_u, x0, sig_u)))
+    log_q = jnp.maximum(jnp.where(first[..., None], log_p1, log_p2), LOG_FLOOR)
+    log_p = jnp.maximum(denoiser(student_fn(x_t, x0, sig_t)), LOG_FLOOR)
+    return jnp.where(first | second, divergence(divergence_name, log_q, log_p), 0.0)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sedd import cli, distill, runs, sdtt, train
+from sedd import cli, distill, runs, sampling, sdtt, train
 from sedd import config as config_lib
 from sedd.data.markov import MarkovChain
 from sedd.graphs import Absorbing
@@ -182,12 +182,69 @@ def test_each_round_moves_the_students_one_step_toward_its_teachers_two_steps(te
     assert (t.config.sampling.steps, r1.config.sampling.steps, r2.config.sampling.steps) == (4, 2, 1)
     assert runs.lineage(r2.config, r2.step) == {"teacher": str(teacher.resolve()), "teacher_step": 120, "round": 2,
                                                 "rounds": 2, "steps": 1, "divergence": "kl_backward",
-                                                "target": "law"}
+                                                "target": "law", "order": "random"}
     before, after = exact_divergences(t, t, 4), exact_divergences(r1, t, 4)  # round 1: 4 -> 2 steps
     assert after["objective"] < 0.99 * before["objective"], (before, after)  # what the round minimises
     assert after["reverse"] < 0.98 * before["reverse"], (before, after)  # the whole sequence's laws
     assert after["marginals"] < 0.8 * before["marginals"], (before, after)  # the part forward KL can change
     assert [r["steps"] for r in result["rounds"]] == [2, 1] and all(r["minutes"] > 0 for r in result["rounds"])
+
+
+L4 = 4  # the planned order's test: steps that divide the length
+
+
+def planned_divergences(student, teacher, steps: int) -> dict:
+    """Nats a sequence for the dilated order, averaged over the student's steps and x0 from the chain, exactly.
+
+    Step m of the student writes positions a, b of the teacher's steps 2m, 2m + 1 (one position each at
+    N = L4). objective: what kl_backward minimises, KL(p_a || p1_a) + E_{y ~ p1_a} KL(p_b || p2_b(. | y));
+    reverse: KL(p_a p_b || p1_a(y_a) p2_b(y_b | y_a)), the two positions' laws together.
+    """
+    order = np.argsort(sampling.planned_rank("dilated", L4, steps))
+    grid = np.linspace(1.0, student.config.sampling.eps, steps + 1)
+    x0s = np.array(list(itertools.product(range(V), repeat=L4)))  # (S, L4)
+    weight = np.exp([CHAIN.log_prob(x) for x in x0s])
+
+    def denoiser(run, x, t):
+        sigma = jnp.full((len(x),), float(run.noise(jnp.float32(t))[0]), jnp.float32)
+        return np.asarray(jax.nn.softmax(run.score_fn(jnp.asarray(x, jnp.int32), sigma)[..., :V], -1), np.float64)
+
+    out = {"objective": [], "reverse": []}
+    for m in range(steps // 2):
+        a, b = order[2 * m], order[2 * m + 1]
+        x_t = np.where(np.isin(np.arange(L4), order[:2 * m]), x0s, V)  # (S, L4)
+        p1, p = denoiser(teacher, x_t, grid[2 * m])[:, a], denoiser(student, x_t, grid[2 * m])  # (S, V), (S, L4, V)
+        p2 = np.stack([denoiser(teacher, np.where(np.arange(L4) == a, y, x_t), grid[2 * m + 1])[:, b]
+                       for y in range(V)], 1)  # (S, y_a, V)
+        objective = _kl(p[:, a], p1) + (p1 * _kl(p[:, None, b], p2)).sum(-1)
+        pair = p[:, a, :, None] * p[:, b, None, :]  # (S, V, V)
+        reverse = _kl(pair.reshape(len(x0s), -1), (p1[:, :, None] * p2).reshape(len(x0s), -1))
+        out["objective"].append(weight @ objective)
+        out["reverse"].append(weight @ reverse)
+    return {k: float(np.mean(v)) for k, v in out.items()}
+
+
+def test_a_planned_round_moves_the_students_one_step_toward_its_teachers_two_steps(data_dir, tmp_path):
+    """distill.order='dilated': one round (4 -> 2 steps of the dilated sampler) lowers the exact divergences."""
+    teacher = tmp_path / "teacher"
+    train.train(config_lib.load_config("tiny", _tiny(data_dir, f"--config.data.seq_len={L4}",
+                                                     "--config.training.n_iters=120", "--config.optim.lr=3e-3",
+                                                     "--config.training.ckpt_every=120",
+                                                     "--config.training.eval_every=120",
+                                                     "--config.sampling.steps=4")), teacher, quiet=True)
+    workdir = tmp_path / "student"
+    config = distill.distill_config(teacher, [*_distill_overrides(data_dir), "--config.distill.order=dilated"],
+                                    rounds=1)
+    assert config.sampling.predictor == "dilated" and config.sampling.steps == 2
+    distill.distill(config, workdir, quiet=True)
+    t, s = runs.load(teacher), runs.load(workdir)
+    before, after = planned_divergences(t, t, 4), planned_divergences(s, t, 4)
+    print(f"dilated order, nats a sequence: teacher as its own student {before}, after one round {after}")
+    assert after["objective"] < 0.95 * before["objective"], (before, after)
+    assert after["reverse"] < 0.95 * before["reverse"], (before, after)
+    assert runs.lineage(s.config, s.step)["order"] == "dilated"
+    out = s.sample(jax.random.key(0), 4, return_stats=True)  # the dilated sampler, 2 steps: 2 calls
+    assert int(out.stats["nfe"]) == 2 and out.tokens.shape == (4, L4)
 
 
 def test_resume_after_sigkill_mid_round_gives_the_same_student(teacher, student, data_dir, tmp_path):
@@ -250,6 +307,8 @@ def test_distill_refuses_what_it_cannot_distill_in_one_line(teacher, tmp_path, c
     refused([*base, "--rounds", "2", "--config.distill.divergence=js"], "distill.divergence='js'")
     refused([*base, "--rounds", "2", "--config.model.hidden_size=64"], "model.hidden_size cannot change")
     refused([*base, "--rounds", "2", "--config.training.ckpt_every=7"], "must divide distill.round_steps")
+    refused([*base, "--rounds", "2", "--config.distill.order=left"], "distill.order='left'")
+    refused([*base, "--rounds", "2", "--config.distill.order=dilated"], "must divide data.seq_len=3")  # L / N
     for key, value, message in (("graph", {"type": "uniform"}, "needs graph.type='absorbing'"),
                                 ("model", {"kind": "ar"}, "has no denoising steps to distill")):
         other = tmp_path / key
@@ -278,6 +337,9 @@ def test_block_diffusion_distils_within_its_blocks():
     loss = sdtt.loss_per_position(jax.random.key(1), fn, fn, kind.graph, kind.noise, x0, jnp.float32(0.25),
                                   block_size=groups, t_min=1e-3, t_end=1e-5)
     assert loss.shape == (3, 8) and bool(jnp.all(jnp.isfinite(loss))) and bool(jnp.all(loss >= -1e-6))
+    config.distill.update(teacher="teacher", rounds=1, teacher_steps=2, order="dilated")
+    with pytest.raises(ValueError, match="denoises in blocks"):  # a planned order is of the whole sequence
+        distill.check_distillable(config)
     config.model.kind = "ar"
     with pytest.raises(ValueError, match="no denoising steps to distill"):
         kinds.get(config).noise_groups(model)

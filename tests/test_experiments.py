@@ -307,13 +307,22 @@ def test_distill_study_on_a_markov_corpus(tmp_path):
     train_lib.train(teacher_config, tmp_path / "teacher", quiet=True)
     distill.distill(distill.distill_config(tmp_path / "teacher", [*data, "--config.distill.round_steps=2"], rounds=2),
                     tmp_path / "student", quiet=True)
-    result = distill_study.study(str(tmp_path / "teacher"), [str(tmp_path / "student")], 0, [4, 2], num_samples=4,
-                                 repeats=1, eval_batches=1, references=("confidence",), exact=True)
-    names = ("teacher", "student round 1", "student round 2", "teacher, confidence", "exact denoiser")
-    assert [(r["label"], r["steps"]) for r in result["rows"]] == [(name, n) for name in names for n in (4, 2)]
-    for row in result["rows"][-2:]:  # the chain's own denoiser: no network, no calls
+    distill.distill(distill.distill_config(tmp_path / "teacher", [*data, "--config.distill.round_steps=2",
+                                                                  "--config.distill.order=dilated"], rounds=1),
+                    tmp_path / "planned", quiet=True)
+    result = distill_study.study(str(tmp_path / "teacher"), [str(tmp_path / "student"), str(tmp_path / "planned")],
+                                 0, [4, 2], num_samples=4, repeats=1, eval_batches=1,
+                                 references=("confidence", "strided"), exact=True)
+    names = ("teacher", "student round 1", "student round 2", "planned round 1", "teacher, confidence",
+             "teacher, strided", "exact denoiser", "exact denoiser, strided", "exact denoiser, dilated")
+    assert sorted((r["label"], r["steps"]) for r in result["rows"]) == sorted((a, n) for a in names for n in (4, 2))
+    samplers = {r["label"]: r["sampler"] for r in result["rows"]}
+    assert (samplers["planned round 1"], samplers["student round 1"], samplers["teacher, strided"]) == \
+        ("dilated", "analytic", "strided")
+    exact = [r for r in result["rows"] if r["label"].startswith("exact")]
+    for row in exact:  # the chain's own denoiser: no network, no calls
         assert row["nfe"] == 0 and row["nll_nats_per_char"] > 0
-    for row in result["rows"][:-2]:
+    for row in result["rows"][:-len(exact)]:
         assert row["nll_nats_per_char"] > 0 and 0 < row["unigram_bits"] <= math.log2(12) + 1e-9
         assert row["vs_ar"] > 0 and row["nfe"] <= row["steps"] + 1 and math.isfinite(row["bound_bits_per_char"])
     distill_study.write(result, tmp_path / "out")

@@ -114,14 +114,15 @@ def draw(predictor, steps, n=N_SAMPLES, graph=ABSORBING, sched=LOGLINEAR, score_
     [
         ("first_hitting", L, {}, 0.0),
         ("confidence", L, {"order": "random"}, 0.0),
+        ("dilated", L, {}, 0.0),
         ("remdm", 64, {"schedule": "cap", "eta": 0.02}, MARGIN),
         pytest.param("remdm", 64, {"schedule": "rescale", "eta": 0.02}, MARGIN, marks=pytest.mark.slow),
         pytest.param("remdm", 64, {"schedule": "loop", "eta": 0.02}, MARGIN, marks=pytest.mark.slow),
     ],
-    ids=["first_hitting", "any_order_ar", "remdm_cap", "remdm_rescale", "remdm_loop"],
+    ids=["first_hitting", "any_order_ar", "dilated_order", "remdm_cap", "remdm_rescale", "remdm_loop"],
 )
 def test_exact_samplers_reproduce_p0(predictor, steps, options, margin):
-    """first_hitting and random-order unmasking one position a step are exact at L steps
+    """first_hitting and random- or dilated-order unmasking one position a step are exact at L steps
     (no allowance); ReMDM keeps MDLM's marginals and is held to the 64-step allowance."""
     x, stats = draw(predictor, steps, **options)
     dist = reference.tv(reference.empirical_law(x, V), P0)
@@ -245,6 +246,26 @@ def test_confidence_unmasks_its_scheduled_count(order):
         want = -(-masked[n] // (steps - n))  # ceil(masked / steps left)
         np.testing.assert_array_equal(masked[n] - masked[n + 1], want, err_msg=f"{order} step {n}")
     assert masked[-1].max() == 0
+
+
+@pytest.mark.parametrize("order", sampling.PLANNED_ORDERS)
+def test_planned_orders_write_their_positions(order):
+    """Step n of N writes the positions of places [n L/N, (n+1) L/N) of the planned order, whatever the tokens."""
+    length, steps = 8, 4
+    rank = sampling.planned_rank(order, length, steps)
+    assert sorted(rank) == list(range(length))
+    want = {"dilated": [0, 4, 2, 6, 1, 5, 3, 7], "strided": [0, 4, 1, 5, 2, 6, 3, 7]}[order]  # positions, in order
+    np.testing.assert_array_equal(np.argsort(rank), want)
+    graph = graphs.Absorbing(3)
+    score = lambda x, sigma: jnp.zeros(x.shape + (4,))  # noqa: E731  any tokens: the order is by position alone
+    traj = np.asarray(sampling.sample(jax.random.key(0), score, graph, LOGLINEAR, (5, length), steps,
+                                      predictor="dilated", order=order, return_trajectory=True).trajectory)
+    for n in range(steps):
+        written = (traj[n] == graph.mask) & (traj[n + 1] != graph.mask)  # (B, L)
+        np.testing.assert_array_equal(written, np.broadcast_to((rank // (length // steps)) == n, written.shape))
+    with pytest.raises(ValueError, match="takes order in"):
+        sampling.sample(jax.random.key(0), score, graph, LOGLINEAR, (1, length), steps, predictor="dilated",
+                        order="confidence")
 
 
 def test_entropy_bound_respects_its_bound():

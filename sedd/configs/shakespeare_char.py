@@ -127,4 +127,7 @@ def distill_section() -> ml_collections.ConfigDict:
     d.round_steps = 500  # training steps a round
     d.divergence = "kl_backward"  # between the teacher's two steps and the student's one: sedd.sdtt.DIVERGENCES
     d.target = "x0"  # "x0": SDTT's, the teacher's second-step denoiser; "law": its two-step law (sedd.sdtt.TARGETS)
+    # the positions a step writes: "random" (the analytic sampler's, at the schedule's rate) or "dilated" (a
+    # planned order, the 'dilated' sampler; SEDD runs): sedd.distill.ORDERS
+    d.order = "random"
     return d

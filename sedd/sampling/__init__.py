@@ -16,6 +16,10 @@ Samplers, registered by name in ``PREDICTORS`` (the math is in each class):
   "confidence"     (absorbing) unmask ceil(masked / steps left) positions a
                    step, the most confident first (MaskGIT; LLaDA's
                    low_confidence); order="random" is any-order AR sampling.
+  "dilated"        (absorbing) the same count a step in an order planned by
+                   position: far-apart positions together (dilated, bit-
+                   reversed; or order="strided"), the order `sedd distill
+                   --config.distill.order=dilated` distils.
   "entropy_bound"  (absorbing) the lowest-entropy positions while their
                    summed entropy minus the largest stays under max_entropy
                    (EB-sampler, Ben-Hamu et al. 2025, arXiv 2505.24857).
@@ -88,7 +92,8 @@ from sedd.sampling.context import Context, entropy, nucleus, shaped_law
 from sedd.sampling.samplers import (GENERIC_OPTIONS, PREDICTORS, Analytic, Euler, FunctionPredictor, Sampler,
                                     UnknownSampler, check_graph, corrector_step, get_sampler, register_predictor,
                                     register_sampler)
-from sedd.sampling.absorbing import AbsorbingSampler, Confidence, EntropyBound, FirstHitting, ReMDM
+from sedd.sampling.absorbing import (PLANNED_ORDERS, AbsorbingSampler, Confidence, Dilated, EntropyBound, FirstHitting,
+                                     ReMDM, planned_rank)
 from sedd.sampling.loop import (FINALS, Options, Samples, check_int, check_shape, conditioning, denoise_step,
                                 one_step, options_from, run_loop, sample, start_carry, time_grid)
 from sedd.sampling.long import sample_long
@@ -99,7 +104,7 @@ __all__ = [
     "CATEGORICAL_METHODS", "Context", "entropy", "nucleus", "shaped_law", "GENERIC_OPTIONS", "PREDICTORS",
     "Analytic", "Euler", "FunctionPredictor", "Sampler", "UnknownSampler", "check_graph", "corrector_step",
     "get_sampler", "register_predictor", "register_sampler", "AbsorbingSampler", "Confidence", "EntropyBound",
-    "FirstHitting", "ReMDM", "FINALS", "Options", "Samples", "check_int", "check_shape", "conditioning",
+    "FirstHitting", "ReMDM", "Dilated", "PLANNED_ORDERS", "planned_rank", "FINALS", "Options", "Samples", "check_int", "check_shape", "conditioning",
     "denoise_step", "one_step", "options_from", "run_loop", "sample", "start_carry", "time_grid", "sample_long",
     "MASK_CHAR", "text_conditioning", "rows", "rounds"
 ]

@@ -10,9 +10,32 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sedd.categorical import sample_categorical
 from sedd.sampling.samplers import Sampler, register_sampler
+
+PLANNED_ORDERS = ("strided", "dilated")
+
+
+def planned_rank(order: str, length: int, steps: int) -> np.ndarray:
+    """int64[L]: the place of each position in a planned order of ``Confidence`` (0 first), a permutation.
+
+    "strided": position l goes at step l mod N of N (``steps``), left to
+    right within a step; "dilated": the bit-reversed l over ceil(log2 L)
+    bits (0, L/2, L/4, 3L/4, ... for L a power of two), whatever N.
+    """
+    positions = np.arange(length)
+    if order == "strided":
+        key = (positions % max(steps, 1)) * length + positions
+    elif order == "dilated":
+        bits = max(1, (length - 1).bit_length())
+        key = np.zeros(length, np.int64)
+        for b in range(bits):
+            key |= ((positions >> b) & 1) << (bits - 1 - b)
+    else:
+        raise ValueError(f"unknown planned order {order!r}; expected one of {PLANNED_ORDERS}")
+    return np.argsort(np.argsort(key, kind="stable"), kind="stable")
 
 
 def rank(priority: jax.Array) -> jax.Array:
@@ -89,6 +112,19 @@ class Confidence(AbsorbingSampler):
     score (Zheng et al. 2024, Prop. 3.1; Ou et al. 2024); the other orders
     are heuristics. The network sees sigma_bar(t_n).
 
+    Two orders are planned, fixed by position alone (``planned_rank``), so
+    that the positions a step writes together are far apart and, on text
+    whose dependence fades with distance, nearly independent given what is
+    written (the idea of the dilated unmasking scheduler, DUS, Luxembourg et
+    al. 2025; this order is ours): "strided" writes at step n the positions l = n mod N (L / N
+    runs of N written left to right side by side), "dilated" in the order of
+    the bit-reversed position (0, L/2, L/4, 3L/4, ...: coarse to fine). The
+    dilated order is one order for every N, so step m of N / 2 writes what
+    steps 2m and 2m + 1 of N do: the order `sedd distill` can distil
+    (distill.order). Any order fixed in advance keeps the chain rule, so
+    both are exact with the exact score at any N where the positions of a
+    step are independent given the rest.
+
     With ``threshold`` = tau > 0 (Fast-dLLM's parallel decoding, Wu et al.
     2025, arXiv 2505.22618, Sec. 3.3) a step also unmasks every position
     whose candidate has q_l(y_l) >= tau: k_n = max(ceil(masked / (N - n)),
@@ -98,7 +134,7 @@ class Confidence(AbsorbingSampler):
     """
 
     options = {"order": "confidence", "threshold": 0.0}
-    ORDERS = ("confidence", "margin", "entropy", "random")
+    ORDERS = ("confidence", "margin", "entropy", "random", "strided", "dilated")
 
     def check(self, options):
         if options["order"] not in self.ORDERS:
@@ -127,6 +163,9 @@ class Confidence(AbsorbingSampler):
             return top2[..., 0] - top2[..., 1]
         if order == "entropy":
             return -ctx.entropy(logits)
+        if order in PLANNED_ORDERS:
+            rank = planned_rank(order, token.shape[-1], ctx.steps)
+            return jnp.broadcast_to(-jnp.asarray(rank, jnp.float32), token.shape)
         return jax.random.uniform(key, token.shape)
 
     def step(self, ctx, key, carry, n, t, t_next):
@@ -139,6 +178,27 @@ class Confidence(AbsorbingSampler):
         priority = jnp.where(masked, self.priority(ctx, k_order, logits, token, prob), -jnp.inf)
         unmask = masked & (rank(priority) < self.count(ctx, masked, n, logits, prob)[:, None])
         return dict(carry, x=jnp.where(unmask, token, x))
+
+
+@register_sampler("dilated")
+class Dilated(Confidence):
+    r"""``Confidence`` with a planned order: "dilated" (the default) or "strided", ``planned_rank``.
+
+    Step n of N writes the L / N positions next in the order, each with its
+    candidate y_l ~ q_l: "dilated" the bit-reversed positions (coarse to
+    fine, far apart at every step; one order for all N, the one `sedd
+    distill --config.distill.order=dilated` distils), "strided" the
+    positions l = n mod N. On the order-2 Markov chain of
+    docs/distillation.md the chain's exact denoiser loses 0.22 nats/char at
+    16 steps per 128 letters with the analytic sampler's random positions,
+    and under 0.01 with either order.
+    """
+
+    options = {"order": "dilated"}
+
+    def check(self, options):
+        if options["order"] not in PLANNED_ORDERS:
+            raise ValueError(f"sampler 'dilated' takes order in {PLANNED_ORDERS}, got {options['order']!r}")
 
 
 @register_sampler("entropy_bound")
