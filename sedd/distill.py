@@ -158,7 +158,7 @@ def check_distillable(config) -> None:
     length = config.data.seq_len
     if d.order != "random" and kind.noise_groups(None)[0] != length:
         raise ValueError(f"distill.order={d.order!r} is a planned order of the whole sequence; model.kind="
-                         f"{config.model.kind!r} denoises in blocks: use distill.order='random'")
+                         f"{kind.name!r} denoises in blocks: use distill.order='random'")
     if d.order != "random" and length % max(d.teacher_steps, 1):
         raise ValueError(f"distill.order={d.order!r} writes L / N positions a step: distill.teacher_steps="
                          f"{d.teacher_steps} must divide data.seq_len={length}")
