@@ -61,10 +61,10 @@ A planned order (distill.order = "dilated", ``planned_loss_per_position``).
 The steps above unmask at random positions, and at N << L the positions a
 step writes together are often neighbours, whose dependence no product law
 holds: on the order-2 Markov chain of docs/distillation.md the chain's own
-exact denoiser loses 0.22 nats/char at 16 such steps per 128 letters. The
+exact denoiser loses 0.19 nats/char at 16 such steps per 128 letters. The
 dilated sampler (``sedd.sampling.Dilated``) writes at each step positions
-fixed in advance and far apart, where the same exact denoiser loses under
-0.01; its order is one for every N, so the student's step m is the
+fixed in advance and far apart, where the same exact denoiser loses
+nothing measurable; its order is one for every N, so the student's step m is the
 teacher's steps 2m and 2m + 1 and SDTT applies as it is, with only the
 token laws to learn.
 

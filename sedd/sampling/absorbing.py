@@ -116,9 +116,9 @@ class Confidence(AbsorbingSampler):
     that the positions a step writes together are far apart and, on text
     whose dependence fades with distance, nearly independent given what is
     written (the idea of the dilated unmasking scheduler, DUS, Luxembourg et
-    al. 2025; this order is ours): "strided" writes at step n the positions l = n mod N (L / N
-    runs of N written left to right side by side), "dilated" in the order of
-    the bit-reversed position (0, L/2, L/4, 3L/4, ...: coarse to fine). The
+    al. 2025; these orders are ours): "strided" writes at step n the
+    positions l = n mod N (L / N runs of N written left to right side by
+    side), "dilated" in the order of the bit-reversed position (0, L/2, L/4, 3L/4, ...: coarse to fine). The
     dilated order is one order for every N, so step m of N / 2 writes what
     steps 2m and 2m + 1 of N do: the order `sedd distill` can distil
     (distill.order). Any order fixed in advance keeps the chain rule, so
@@ -189,9 +189,9 @@ class Dilated(Confidence):
     fine, far apart at every step; one order for all N, the one `sedd
     distill --config.distill.order=dilated` distils), "strided" the
     positions l = n mod N. On the order-2 Markov chain of
-    docs/distillation.md the chain's exact denoiser loses 0.22 nats/char at
+    docs/distillation.md the chain's exact denoiser loses 0.19 nats/char at
     16 steps per 128 letters with the analytic sampler's random positions,
-    and under 0.01 with either order.
+    and nothing measurable with either order (down to 8 steps).
     """
 
     options = {"order": "dilated"}
