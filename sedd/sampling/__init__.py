@@ -105,6 +105,7 @@ __all__ = [
     "Analytic", "Euler", "FunctionPredictor", "Sampler", "UnknownSampler", "check_graph", "corrector_step",
     "get_sampler", "register_predictor", "register_sampler", "AbsorbingSampler", "Confidence", "EntropyBound",
     "FirstHitting", "ReMDM", "Dilated", "PLANNED_ORDERS", "planned_rank", "FINALS", "Options", "Samples",
-    "check_int", "check_shape", "conditioning", "denoise_step", "one_step", "options_from", "run_loop", "sample", "start_carry", "time_grid", "sample_long",
+    "check_int", "check_shape", "conditioning", "denoise_step", "one_step", "options_from", "run_loop", "sample",
+    "start_carry", "time_grid", "sample_long",
     "MASK_CHAR", "text_conditioning", "rows", "rounds"
 ]
