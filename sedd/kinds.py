@@ -194,6 +194,7 @@ class Kind:
       speculates: it drafts and verifies itself (``speculative_parts``), so ``sedd serve`` decodes it by
         speculative rounds (``speculation``) without a drafter of its own.
       conditions: the prompt patterns it honours, of "prefix", "suffix", "infill".
+      diffuses: it samples by denoising steps (``sedd.sampling``'s samplers, ``steps``).
       config: the run's config.
     """
 
@@ -202,9 +203,19 @@ class Kind:
     serves: ClassVar[bool] = False
     speculates: ClassVar[bool] = False
     conditions: ClassVar[tuple[str, ...]] = ("prefix", "suffix", "infill")
+    diffuses: ClassVar[bool] = False
 
     def __init__(self, config):
         self.config = config
+
+    @property
+    def label(self) -> str:
+        """A short name for tables and plots: the kind and its one size ("block b=4", "spec k=4", "ar")."""
+        return self.name
+
+    def one_token_steps(self, length: int) -> int | None:
+        """The sampler steps that write one token a step over `length` positions (None: it takes no steps)."""
+        return None
 
     def network(self, seed: int = 0) -> DDiT:
         """The network of the config, initialised from `seed`."""
@@ -331,11 +342,15 @@ class Diffusion(Kind):
     """
 
     serves = True
+    diffuses = True
 
     def __init__(self, config):
         super().__init__(config)
         self.graph = build_graph(config)
         self.noise = build_noise(config)
+
+    def one_token_steps(self, length):
+        return length
 
     def network(self, seed: int = 0, **arch) -> DDiT:
         """Inputs and outputs range over graph.dim ids (V + 1 with the absorbing graph's MASK, V for uniform).
@@ -642,6 +657,14 @@ class BlockDiffusion(Diffusion):
                              "each block is drawn from all-MASK given the clean blocks before it")
         self.block_size = b
 
+    @property
+    def label(self):
+        return f"block b={self.block_size}"
+
+    def one_token_steps(self, length):
+        """Steps a block (``sedd.block.sample`` takes its steps per block)."""
+        return self.block_size
+
     def describe(self):
         return {"kind": self.name, "block_size": self.block_size}
 
@@ -739,6 +762,10 @@ class SelfSpeculative(Kind):
             raise ValueError(f"training.draft_weight={w!r} must be a finite number >= 0 "
                              "(the drafts' share of the loss)")
         self.block_size, self.draft_weight = k, float(w)
+
+    @property
+    def label(self):
+        return f"spec k={self.block_size}"
 
     def describe(self):
         return {"kind": self.name, "block_size": self.block_size}
