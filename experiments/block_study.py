@@ -8,14 +8,14 @@ of L characters with each of its samplers, judged by the AR run
 (``sedd.evaluate.generative_perplexity``: nats per character of the judge,
 and the samples' unigram entropy); and the seconds to write `length`
 characters at batch 1 and 16, timed interleaved with the AR run in one
-process (``experiments/benchmarks/bench.py``'s ``interleaved``). Writes
+process (``experiments.timing.interleaved``). Writes
 block_study.{json,md,png} into --out: the table, and the plot of quality
 (judge nats/char) against speed relative to AR at batch 1.
 
 Runs of a Markov corpus of ``experiments/default_run_study.py`` (text of a
 known law) take ``--markov-seed S``, the seed of its chain: each sampler's
 samples are then also scored exactly under the chain (nats/char with 2
-standard errors, ``default_run_study.texts_nll``), the figure the issue's
+standard errors, ``experiments.quality.texts_nll``), the figure the issue's
 targets name, and the plot shows that instead of the judge's:
 
     python experiments/block_study.py --markov-seed 2 --num_samples 64 --out STUDY/markov_seed2/speed \
@@ -32,30 +32,29 @@ from pathlib import Path
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "benchmarks"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import format_table, interleaved, machine, median, paired_ratio  # noqa: E402
-from default_run_study import markov_chain, texts_nll  # noqa: E402
+if not __package__:  # run as a file: import experiments/ by its location (experiments/__init__.py says why)
+    import importlib.util
+    _spec = importlib.util.spec_from_file_location("experiments", Path(__file__).resolve().parent / "__init__.py")
+    if "experiments" not in sys.modules:
+        sys.modules["experiments"] = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(sys.modules["experiments"])
 
-from sedd import ar, evaluate, figures, runs, sampling  # noqa: E402
+from experiments.quality import markov_chain, texts_nll  # noqa: E402
+from experiments.timing import format_table, interleaved, machine, median, paired_ratio  # noqa: E402
+from experiments.writing import by_blocks, writer  # noqa: E402
+from sedd import evaluate, figures, runs  # noqa: E402
 
-# (label, predictor, options, steps): steps per block for a block run, in all for SEDD
-SAMPLERS = {
-    "ddit": [("EB 128", "entropy_bound", {}, 128), ("analytic 128", "analytic", {}, 128)],
-    "block": [("EB", "entropy_bound", {}, None), ("threshold 0.9", "confidence", {"threshold": 0.9}, None)],
-}
-
-
-def _name(run: runs.Run) -> str:
-    return f"block b={run.kind.block_size}" if run.kind.name == "block" else run.kind.name
+# (label, predictor, options, steps): a block model's steps are per block (None: one token a step), SEDD's in all
+WHOLE = [("EB 128", "entropy_bound", {}, 128), ("analytic 128", "analytic", {}, 128)]
+BLOCKS = [("EB", "entropy_bound", {}, None), ("threshold 0.9", "confidence", {"threshold": 0.9}, None)]
+ANCESTRAL = [("ancestral", None, {}, None)]
 
 
-def _writer(run: runs.Run, predictor, options, steps, batch: int, length: int, key):
-    if run.kind.name == "ar":
-        return lambda: sampling.Samples(ar.sample(key, run.net.model, batch, length))
-    steps = steps or run.kind.block_size
-    return lambda: run.kind.sample(key, run.net, batch, steps, predictor, max_length=length, return_stats=True,
-                                   **options)
+def samplers(run: runs.Run) -> list[tuple]:
+    """The samplers of the study for a run: by what its kind does (ancestral, whole sequence, block by block)."""
+    if not run.kind.diffuses:
+        return ANCESTRAL
+    return BLOCKS if by_blocks(run.kind, run.seq_len) else WHOLE
 
 
 def study(ar_dir: str, run_dirs: list[str], num_samples: int, length: int, repeats: int, eval_batches: int,
@@ -68,11 +67,10 @@ def study(ar_dir: str, run_dirs: list[str], num_samples: int, length: int, repea
     for workdir in [ar_dir, *run_dirs]:
         run = runs.load(workdir)
         bound = figures.evaluate_run(workdir, num_t=64, batch_size=32, max_batches=eval_batches)
-        samplers = [("ancestral", None, {}, None)] if run.kind.name == "ar" else SAMPLERS[run.kind.name]
-        for label, predictor, options, steps in samplers:
-            samples = np.asarray(_writer(run, predictor, options, steps, num_samples, run.seq_len, key)().tokens)
+        for label, predictor, options, steps in samplers(run):
+            samples = np.asarray(writer(run, predictor, options, steps, num_samples, run.seq_len, key)().tokens)
             quality = evaluate.generative_perplexity(figures.judge_nll(judge.model), samples)
-            row = {"model": _name(run), "workdir": str(workdir), "sampler": label,
+            row = {"model": run.kind.label, "workdir": str(workdir), "sampler": label,
                    "bits_per_char": bound["bits_per_char"], "exact": bound["exact"],
                    "judge_nats_per_char": quality["judge_nats_per_token"],
                    "entropy_bits": float(evaluate.sample_entropy_bits(samples).mean())}
@@ -80,10 +78,10 @@ def study(ar_dir: str, run_dirs: list[str], num_samples: int, length: int, repea
                 nll, se, scored = texts_nll([run.decode(s) for s in samples], chain)
                 row.update(exact_nats_per_char=nll, exact_2se=2 * se, scored_share=scored)
             for batch in (1, 16):
-                fns = {"ar": _writer(judge, None, {}, None, batch, length, key),
-                       "this": _writer(run, predictor, options, steps, batch, length, key)}
+                fns = {"ar": writer(judge, None, {}, None, batch, length, key),
+                       "this": writer(run, predictor, options, steps, batch, length, key)}
                 out = fns["this"]()
-                nfe = length if run.kind.name == "ar" else int(out.stats["nfe"])
+                nfe = int(out.stats["nfe"]) if out.stats else length  # the AR loop: one call a token
                 times = interleaved(fns, repeats)
                 row[f"tokens_per_s_b{batch}"] = batch * length / median(times["this"])
                 row[f"vs_ar_b{batch}"] = paired_ratio(times["ar"], times["this"])

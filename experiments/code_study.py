@@ -33,41 +33,41 @@ from pathlib import Path
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "benchmarks"))
-from bench import format_table, interleaved, machine, median, paired_ratio  # noqa: E402
-from bench import tokens_per_call as per_call  # noqa: E402
+if not __package__:  # run as a file: import experiments/ by its location (experiments/__init__.py says why)
+    import importlib.util
+    _spec = importlib.util.spec_from_file_location("experiments", Path(__file__).resolve().parent / "__init__.py")
+    if "experiments" not in sys.modules:
+        sys.modules["experiments"] = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(sys.modules["experiments"])
 
-from sedd import ar, code_measures, figures, runs, sampling  # noqa: E402
+from experiments import writing  # noqa: E402
+from experiments.timing import format_table, interleaved, machine, median, paired_ratio  # noqa: E402
+from experiments.timing import tokens_per_call as per_call  # noqa: E402
+from sedd import code_measures, figures, runs, sampling  # noqa: E402
 from sedd.cli import unescape  # noqa: E402
 from sedd.data import read_documents  # noqa: E402
 
-# (label, sampler, options, steps): steps per block for a block run, in all for SEDD (None: the run's length)
-SAMPLERS = {
-    "ar": [("ancestral", None, {}, None), ("speculative, n-gram drafts", None, {"draft": "ngram", "draft_k": 4},
-                                           None)],
-    "ddit": [("EB", "entropy_bound", {}, None), ("threshold 0.9", "confidence", {"threshold": 0.9}, None)],
-    "block": [("EB", "entropy_bound", {}, None), ("threshold 0.9", "confidence", {"threshold": 0.9}, None),
-              ("first hitting", "first_hitting", {}, None)],
-}
+# (label, sampler, options, steps): steps per block for a block run, in all for SEDD (None: one token a step)
+ANCESTRAL = [("ancestral", None, {}, None), ("speculative, n-gram drafts", None, {"draft": "ngram", "draft_k": 4},
+                                             None)]
+WHOLE = [("EB", "entropy_bound", {}, None), ("threshold 0.9", "confidence", {"threshold": 0.9}, None)]
+BLOCKS = [*WHOLE, ("first hitting", "first_hitting", {}, None)]
 
 
-def _name(run: runs.Run) -> str:
-    return f"block b={run.kind.block_size}" if run.kind.name == "block" else run.kind.name
-
-
-def _steps(run: runs.Run, steps):
-    return steps or (run.kind.block_size if run.kind.name == "block" else run.seq_len)
+def samplers(run: runs.Run) -> list[tuple]:
+    """The samplers of the study for a run: by what its kind does (ancestral, whole sequence, block by block)."""
+    if not run.kind.diffuses:
+        return ANCESTRAL
+    return BLOCKS if writing.by_blocks(run.kind, run.seq_len) else WHOLE
 
 
 def writer(run: runs.Run, sampler, options, steps, batch: int, length: int, key):
-    """A function that writes `batch` unprompted texts of `length` tokens (sampling.Samples with stats)."""
-    if run.kind.name == "ar" and not options:
-        return lambda: sampling.Samples(ar.sample(key, run.net.model, batch, length))
-    if run.kind.name == "ar":
-        return lambda: run.sample(key, batch, return_stats=True, **options)
-    extra = {"max_length": length} if run.kind.name == "block" else {}
-    return lambda: run.kind.sample(key, run.net, batch, _steps(run, steps), sampler, return_stats=True, **extra,
-                                   **options)
+    """A function that writes `batch` unprompted texts of `length` tokens (sampling.Samples with stats).
+
+    A block run writes `length` tokens block by block; a SEDD run writes its own length L.
+    """
+    return writing.writer(run, sampler, options, steps, batch, length, key,
+                          max_length=writing.by_blocks(run.kind, run.seq_len))
 
 
 def speed(run: runs.Run, judge: runs.Run, sampler, options, steps, length: int, repeats: int, key) -> dict:
@@ -94,16 +94,16 @@ def study(ar_dir: str, run_dirs: list[str], plays: list[str], num_prompts: int, 
         run = runs.load(workdir)
         dataset = figures.run_data(run)
         bound = figures.evaluate_run(workdir, num_t=64, batch_size=32, max_batches=eval_batches)
-        for label, sampler, options, steps in SAMPLERS[run.kind.name]:
+        for label, sampler, options, steps in samplers(run):
             code, texts = figures.code_figures(run, dataset, num_prompts, prompt_chars, judge=judge,
-                                               steps=_steps(run, steps) if run.kind.name != "ar" else None,
+                                               steps=writing.steps_of(run, steps),
                                                sampler=sampler, memorisation=memo, **options)
             if not rows:  # the held-out windows themselves
                 rows.append({"model": "data (held-out windows)", "sampler": "", "parse_rate": code["data_parse_rate"],
                              "complete_share": code["data_complete_share"],
                              "tokenise_rate": code["data_tokenise_rate"],
                              "memorised_share": code["data_memorised_share"]})
-            row = {"model": _name(run), "workdir": str(workdir), "sampler": label,
+            row = {"model": run.kind.label, "workdir": str(workdir), "sampler": label,
                    "bits_per_char": bound["bits_per_char"], "exact": bound["exact"],
                    **{k[len("samples_"):] if k.startswith("samples_") else k: v for k, v in code.items()
                       if not k.startswith("data_")},
@@ -114,9 +114,9 @@ def study(ar_dir: str, run_dirs: list[str], plays: list[str], num_prompts: int, 
     plays_rows = []
     for workdir in plays:
         run = runs.load(workdir)
-        for label, sampler, options, steps in SAMPLERS["block"]:
+        for label, sampler, options, steps in samplers(run):
             stats = writer(run, sampler, options, steps, 16, length, key)().stats
-            plays_rows.append({"model": f"{_name(run)} (plays)", "sampler": label,
+            plays_rows.append({"model": f"{run.kind.label} (plays)", "sampler": label,
                                "unprompted_tokens_per_call_b16": length / int(stats["nfe"])})
             print(json.dumps(plays_rows[-1]), flush=True)
     return {"rows": rows, "plays": plays_rows, "machine": machine(), "length": length,
@@ -126,17 +126,17 @@ def study(ar_dir: str, run_dirs: list[str], plays: list[str], num_prompts: int, 
 def tokens_per_call(run_dirs: list[str], length: int, rows: int = 16, seed: int = 0) -> list[dict]:
     """Tokens a network call of diffusion runs of any corpus, the same way for each: one table to set them side by side.
 
-    Each run writes `rows` unprompted texts of `length` tokens with each of its kind's samplers (``SAMPLERS``);
+    Each run writes `rows` unprompted texts of `length` tokens with each of its kind's samplers (``samplers``);
     a row's own figure is length over the calls that row needed (mean +- s.e. over the rows, by the delta
     method), the batch's is length over the calls the batch made (as many as its slowest row needed).
     """
     out = []
     for workdir in run_dirs:
         run = runs.load(workdir)
-        for label, sampler, options, steps in SAMPLERS[run.kind.name]:
+        for label, sampler, options, steps in samplers(run):
             stats = writer(run, sampler, options, steps, rows, length, jax.random.key(seed))().stats
             row, row_se = per_call(length, stats["nfe_per_sample"])  # a row's own calls
-            out.append({"model": f"{_name(run)} ({run.config.data.name})", "workdir": str(workdir), "sampler": label,
+            out.append({"model": f"{run.kind.label} ({run.config.data.name})", "workdir": str(workdir), "sampler": label,
                         "tokens_per_call_row": row, "tokens_per_call_row_se": row_se,
                         "tokens_per_call_batch": length / int(stats["nfe"])})
             print(json.dumps(out[-1]), flush=True)
@@ -169,7 +169,7 @@ def denoise_picture(workdir: str, prompt: str, sampler: str, frames: int, out: P
                 transform=ax.transAxes, clip_on=True)
         ax.set_title(label, fontsize=8)
         ax.axis("off")
-    fig.suptitle(f"{_name(run)}, {sampler}: a completion of {prompt!r} as it denoises", fontsize=9)
+    fig.suptitle(f"{run.kind.label}, {sampler}: a completion of {prompt!r} as it denoises", fontsize=9)
     fig.savefig(out / "code_denoise.png", dpi=130, bbox_inches="tight")
 
 

@@ -54,8 +54,16 @@ import matplotlib
 import numpy as np
 from tqdm.auto import tqdm
 
-from sedd import ar, evaluate, figures, runs, sampling
-from sedd.data.markov import chain_from_config
+if not __package__:  # run as a file: import experiments/ by its location (experiments/__init__.py says why)
+    import importlib.util
+    _spec = importlib.util.spec_from_file_location("experiments", Path(__file__).resolve().parent / "__init__.py")
+    if "experiments" not in sys.modules:
+        sys.modules["experiments"] = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(sys.modules["experiments"])
+
+from experiments.quality import chain_figures  # noqa: E402
+from sedd import ar, evaluate, figures, runs, sampling  # noqa: E402
+from sedd.data.markov import chain_from_config  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file backend)
@@ -101,32 +109,6 @@ def parse_sampler(spec: str) -> tuple[str, dict]:
     return name, options
 
 
-def ngram_law(x: np.ndarray, vocab_size: int, n: int) -> np.ndarray:
-    """The pooled law of the n-grams of every window of the rows of x: float64[V^n]."""
-    x = np.asarray(x, np.int64)
-    idx = np.zeros((x.shape[0], x.shape[1] - n + 1), np.int64)
-    for j in range(n):
-        idx = idx * vocab_size + x[:, j: x.shape[1] - n + 1 + j]
-    return np.bincount(idx.ravel(), minlength=vocab_size**n) / idx.size
-
-
-def chain_figures(chain, x: np.ndarray) -> dict:
-    """Exact figures of samples x int[B, L] against the chain (nats)."""
-    length, n = x.shape[1], chain.order + 1
-    truth = (chain.stationary[:, None] * chain.transitions).ravel()  # p(x_0..x_k), base-V index
-    emp = ngram_law(x, chain.vocab_size, n)
-    seen = emp > 0
-    with np.errstate(divide="ignore"):
-        kl = float(np.sum(emp[seen] * (np.log(emp[seen]) - np.log(truth[seen]))))
-    nll = -chain.log_prob(x) / length  # (B,) nats/token
-    return {"exact_nats_per_token": float(nll.mean()),
-            "exact_nats_per_token_se": float(nll.std(ddof=1) / np.sqrt(len(nll))),
-            "true_nats_per_token": chain.sequence_entropy(length) / length,
-            "ngram_kl_nats": kl,
-            "ngram_entropy_nats": float(-np.sum(emp[seen] * np.log(emp[seen]))),
-            "true_ngram_entropy_nats": chain.sequence_entropy(n)}
-
-
 def compare_samplers(
     workdir: str | Path,
     samplers: Sequence[str] = DEFAULT_SAMPLERS,
@@ -165,16 +147,16 @@ def compare_samplers(
     Raises:
       FileNotFoundError: untrained workdir or judge; no judge for text data.
       ValueError: bad budgets, an unknown sampler or option, a judge of
-        another vocabulary, a workdir that holds an AR run.
+        another vocabulary, a workdir whose run does not diffuse (an AR run).
     """
     steps = check_steps(steps)
     specs = [(s, *parse_sampler(s)) for s in samplers]
     workdir = Path(workdir)
     run = runs.load(workdir)
     config, tokenizer = run.config, run.tokenizer
-    if run.kind.exact:
-        raise ValueError(f"{workdir} holds an AR run (model.kind={run.kind.name!r}); compare_samplers needs a diffusion run "
-                         "(pass the AR run as --judge)")
+    if not run.kind.diffuses:
+        raise ValueError(f"{workdir} holds a run that does not diffuse ({run.kind.label}); compare_samplers needs a "
+                         "diffusion run (pass an AR run as --judge)")
     if skip_unsupported:
         kept = []
         for spec in specs:
@@ -208,7 +190,7 @@ def compare_samplers(
     rows = []
     key = jax.random.key(seed)
     jobs = [(spec, name, opts, budget) for spec, name, opts in specs for budget in steps]
-    blocks = length // config.model.block_size if run.kind.name == "block" else 1
+    blocks = length // run.kind.one_token_steps(length)  # a block model's blocks (b positions, b steps); SEDD: 1
     for spec, name, opts, budget in tqdm(jobs, desc="compare", disable=not progress, dynamic_ncols=True):
         # A block run's steps are per block, each block closed by a denoise and a commit (two calls).
         per_block = budget // blocks - (2 if blocks > 1 else 1)

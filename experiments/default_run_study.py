@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import shutil
 import subprocess
 import sys
@@ -51,10 +50,18 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
+if not __package__:  # run as a file: import experiments/ by its location (experiments/__init__.py says why)
+    import importlib.util
+    _spec = importlib.util.spec_from_file_location("experiments", Path(__file__).resolve().parent / "__init__.py")
+    if "experiments" not in sys.modules:
+        sys.modules["experiments"] = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(sys.modules["experiments"])
+
+from experiments.quality import (LETTERS, markov_chain, texts_nll, unigram_entropy_nats,  # noqa: E402
+                                 write_markov_corpus)
 from sedd import config as config_lib  # noqa: E402
-from sedd import figures, runs  # noqa: E402
+from sedd import figures, kinds, runs  # noqa: E402
 from sedd.data.markov import MarkovChain  # noqa: E402
-from sedd.data.tokenizers import EOS_TEXT  # noqa: E402
 
 SCORE = ["--config.model.normalize=False", "--config.training.n_iters=2000"]  # the default before SUBS
 PREVIOUS = [*SCORE, "--config.optim.optimizer=adamw", "--config.model.n_heads=4", "--config.training.ema=0.995"]
@@ -74,29 +81,11 @@ CANDIDATES = {
     "block1": ["--config.model.kind=block", "--config.model.block_size=1"],
 }
 CORPORA = ("plays", "markov")
-MARKOV = {"vocab_size": 12, "order": 2, "alpha": 0.25}  # the chain of each seed
-MARKOV_LENGTH = 200  # letters per line (document) of the markov corpus
-LETTERS = "abcdefghijkl"  # token id i is written as LETTERS[i]
 NUM_SAMPLES = 64  # samples scored under the chain
 LN2 = math.log(2)
 
 
 # --------------------------------------------------------------------------- corpora
-
-
-def markov_chain(seed: int) -> MarkovChain:
-    """The chain of the markov corpus of this seed."""
-    return MarkovChain(seed=seed, **MARKOV)
-
-
-def write_markov_corpus(seed: int, lines: int, path: Path) -> Path:
-    """Write `lines` draws of the chain of `seed` (letters a-l, one sequence a line) to `path`."""
-    ids = markov_chain(seed).sample(lines, MARKOV_LENGTH, seed=seed + 1)  # (lines, MARKOV_LENGTH)
-    text = "".join("".join(LETTERS[i] for i in row) + "\n" for row in ids)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.read_text() != text:  # an unchanged file keeps its prepared token cache
-        path.write_text(text)
-    return path
 
 
 def corpora(which: str, seeds: list[int], lines: int, out: Path) -> dict[str, tuple[list[str], int | None]]:
@@ -155,27 +144,21 @@ def sample_nll(run: runs.Run, chain: MarkovChain, predictor: str | None = None) 
     return texts_nll(run.generate(jax.random.key(0), NUM_SAMPLES, predictor=predictor), chain)
 
 
-def texts_nll(texts: list[str], chain: MarkovChain) -> tuple[float, float, float]:
-    """Exact NLL of texts of letters a-l under the chain, nats/char, its standard error, and the share scored.
+def any_order_denoiser(run: runs.Run) -> bool:
+    """Whether the run's network denoises any masked position given all the others (``run.score_fn``).
 
-    A text is cut at every character that is not a letter a-l (document
-    separators, a mask left in a sample); each piece of at least k letters is
-    scored with ``log_prob``, whose first k letters cost their stationary law,
-    as for a window cut anywhere from the stream. The NLL is the scored nats
-    over the scored letters; its standard error treats the texts as the
-    independent units (the delta method for a ratio of means).
+    A kind that diffuses and takes infill prompts (SEDD's whole-sequence
+    denoiser, not a block model, which sees only the blocks before), on the
+    absorbing graph (masks to reveal).
     """
-    nats, letters, chars = [], [], 0
-    for text in texts:
-        text = text.replace(EOS_TEXT, "\n")  # "<|endoftext|>" holds letters a-l (e, d, f) of its own
-        chars += len(text)
-        pieces = [p for p in re.split(f"[^{LETTERS}]+", text) if len(p) >= chain.order]
-        nats.append(sum(-chain.log_prob(np.frombuffer(p.encode(), np.uint8) - ord("a")) for p in pieces))
-        letters.append(sum(len(p) for p in pieces))
-    nats, letters = np.asarray(nats, np.float64), np.asarray(letters, np.float64)
-    nll = nats.sum() / max(letters.sum(), 1)
-    se = float(np.std(nats - nll * letters, ddof=1) / max(letters.mean(), 1) / math.sqrt(len(nats)))
-    return float(nll), se, float(letters.sum() / max(chars, 1))
+    return run.kind.diffuses and "infill" in run.kind.conditions and run.graph.absorb
+
+
+def kind_facts(workdir: Path) -> dict:
+    """What the kind of the run in `workdir` is, for the report: its "label", whether its figure is "exact"
+    (an NLL, not a bound) and whether it "diffuses" (samples by a sampler's steps)."""
+    kind = kinds.get(runs.read_config(workdir))
+    return {"label": kind.label, "exact": kind.exact, "diffuses": kind.diffuses}
 
 
 def reveal_profile(run: runs.Run, chain: MarkovChain, num_samples: int = NUM_SAMPLES, bins: int = 8,
@@ -214,7 +197,7 @@ def reveal_profile(run: runs.Run, chain: MarkovChain, num_samples: int = NUM_SAM
     """
     if order not in ("random", "surest"):
         raise ValueError(f"order must be 'random' or 'surest', got {order!r}")
-    if run.config.model.kind != "ddit" or not run.graph.absorb:  # the whole-sequence denoiser of SEDD's network
+    if not any_order_denoiser(run):
         return {}
     v, length, b = chain.vocab_size, run.seq_len, num_samples
     letters = np.asarray([run.tokenizer.encode(c)[0] for c in LETTERS[:v]])
@@ -269,7 +252,7 @@ def conditional_kl(run: runs.Run, chain: MarkovChain, sequences: int = 64, sigma
     Returns:
       {"kl_pq", "kl_qp", "tail_mass", "off_letters"} in nats (means), or {} for an AR, block or uniform run.
     """
-    if run.config.model.kind != "ddit" or not run.graph.absorb:  # the whole-sequence denoiser of SEDD's network
+    if not any_order_denoiser(run):
         return {}
     v, length = chain.vocab_size, run.seq_len
     letters = np.asarray([run.tokenizer.encode(c)[0] for c in LETTERS[:v]])
@@ -294,12 +277,6 @@ def conditional_kl(run: runs.Run, chain: MarkovChain, sequences: int = 64, sigma
         tail.append((q * (p < 1e-3)).sum(-1))
     mean = lambda xs: float(np.mean(np.concatenate(xs)))  # noqa: E731
     return {"kl_pq": mean(kl_pq), "kl_qp": mean(kl_qp), "tail_mass": mean(tail), "off_letters": mean(off)}
-
-
-def unigram_entropy_nats(chain: MarkovChain) -> float:
-    """Entropy of the chain's stationary one-letter law, nats (the floor of a model that ignores context)."""
-    marginal = np.bincount(np.arange(chain.num_contexts) % chain.vocab_size, weights=chain.stationary)  # (V,)
-    return float(-(marginal * np.log(np.where(marginal > 0, marginal, 1.0))).sum())
 
 
 def settings_changes(workdir: Path, overrides: list[str]) -> list[tuple[str, object, object]]:
@@ -361,6 +338,7 @@ def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], step
             raise ValueError(f"{workdir} was trained with other settings ({lines}); delete it or choose "
                              "another --out")
         result["candidate"] = candidate  # a run copied in from another candidate's folder
+        result.update(kind_facts(workdir))  # a result written before the report asked the kind
         print(f"{corpus}/{candidate}: done before, read from {result_file}")
         # a figure added after the run, or samples of another sampler than the settings give now: measured now
         if chain_seed is not None and fill_sample_figures(result, workdir, markov_chain(chain_seed), sampler):
@@ -373,6 +351,7 @@ def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], step
     points = curve(workdir)
     result = {
         "corpus": corpus, "candidate": candidate, "overrides": overrides, "steps": steps, "kind": figs["kind"],
+        **kind_facts(workdir),
         "minutes": minutes, "loop_minutes": points[-1][0] if points else minutes,
         "bound_bits_per_char": figs["bits_per_char"],
         "bound_2se_bits_per_char": 2 * figs["stderr_nats_per_token"] * per, "curve": points,
@@ -399,13 +378,13 @@ def table(corpus: str, results: list[dict]) -> str:
                  "one letter: KL(p‖q) / KL(q‖p), nats", "q on p < 1e-3"]
     lines = [f"### {corpus}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        row = [r["candidate"], r["kind"], str(r["steps"]), f"{r['minutes']:.1f}",
+        row = [r["candidate"], r["label"], str(r["steps"]), f"{r['minutes']:.1f}",
                f"{r['bound_bits_per_char']:.3f} ± {r['bound_2se_bits_per_char']:.3f}"]
         if markov:
             se = f" ± {r['samples_nll_2se']:.3f}" if "samples_nll_2se" in r else ""
             orders = [r.get("profile") or {}, r.get("profile_surest") or {}]
             row += [f"{r['bound_bits_per_char'] - r['rate_bits_per_char']:+.3f}",
-                    "" if r["kind"] == "ar" else f"`{r.get('samples_sampler', '')}`",
+                    f"`{r.get('samples_sampler', '')}`" if r["diffuses"] else "",
                     f"{r['samples_nll_nats_per_char']:.3f}{se}",
                     f"{r['samples_nll_nats_per_char'] - r['rate_nats_per_char']:+.3f}",
                     *(f"{o['nll']:.3f} / {o['entropy']:.3f} / {o['kl']:.3f}" if "kl" in o else "" for o in orders),
@@ -449,7 +428,7 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
     fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4.2), squeeze=False)
     for ax, (corpus, rows) in zip(axes[0], results.items()):
         for r in rows:
-            style = "--" if r["kind"] == "ar" else "-"
+            style = "--" if r["exact"] else "-"  # an exact NLL (AR), not a bound
             xs, ys = zip(*r["curve"]) if r["curve"] else ((), ())
             (line,) = ax.plot(xs, ys, style, marker=".", label=r["candidate"])
             ax.errorbar([r["loop_minutes"]], [r["bound_bits_per_char"]], yerr=[r["bound_2se_bits_per_char"]],

@@ -14,14 +14,14 @@ distill.round_steps)``), at each N of --steps:
     sampler the model was distilled for: the analytic sampler for the
     teacher and the students of distill.order = "random", the dilated
     sampler for those of "dilated"; their exact NLL under the chain
-    (nats/char with 2 standard errors, ``default_run_study.texts_nll``) and
+    (nats/char with 2 standard errors, ``experiments.quality.texts_nll``) and
     the unigram entropy of their letters pooled, beside the chain's own
     unigram entropy (a distillation that makes text less varied is no win);
   - once per model: its bound on the validation split (`sedd eval`'s figure)
     and its training minutes (the teacher's loop; each round's, from
     ``sedd.distill.round_figures``);
   - once per sampler and N: the seconds to write the model's length at
-    batch 1, timed interleaved (``bench.interleaved``) with the AR network
+    batch 1, timed interleaved (``experiments.timing.interleaved``) with the AR network
     of the same size writing as many characters with its KV cache (random
     weights: neither speed depends on them), as characters a second and x AR.
 
@@ -47,22 +47,20 @@ from pathlib import Path
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "benchmarks"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import format_table, interleaved, machine, median, paired_ratio  # noqa: E402
-from default_run_study import LETTERS, markov_chain, texts_nll, unigram_entropy_nats  # noqa: E402
+if not __package__:  # run as a file: import experiments/ by its location (experiments/__init__.py says why)
+    import importlib.util
+    _spec = importlib.util.spec_from_file_location("experiments", Path(__file__).resolve().parent / "__init__.py")
+    if "experiments" not in sys.modules:
+        sys.modules["experiments"] = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(sys.modules["experiments"])
 
+from experiments.quality import (LETTERS, letters_entropy_bits, markov_chain, texts_nll,  # noqa: E402
+                                 unigram_entropy_nats)
+from experiments.timing import format_table, interleaved, machine, median, paired_ratio  # noqa: E402
 from sedd import ar, distill, figures, kinds, runs, sampling  # noqa: E402
 
 LN2 = math.log(2)
 SAMPLER = "analytic"  # the step distilled (euler is the same kernel on the absorbing graph with log-linear noise)
-
-
-def letters_entropy_bits(texts: list[str]) -> float:
-    """Entropy of the letters a-l of all texts pooled, bits (other characters not counted)."""
-    counts = np.array([sum(t.count(c) for t in texts) for c in LETTERS], np.float64)
-    p = counts[counts > 0] / counts.sum()
-    return float(-(p * np.log2(p)).sum())
 
 
 def exact_figures(chain, steps: int, num_samples: int, length: int, noise_eps: float, end: float,

@@ -30,8 +30,9 @@ Python; the repositories' snapshots from `git archive`):
       --mdlm /tmp/peers/mdlm --bd3lms /tmp/peers/bd3lms --duo /tmp/peers/duo
 
 The projects' `flash_attn` imports are met by a plain-torch stand-in written
-to a temporary folder (rotary on q and k, half-split; softmax attention with
-scale 1/sqrt(K)): flash-attn needs CUDA. BD3-LM's HF model uses no flash code.
+to a temporary folder on the torch Python's PYTHONPATH (rotary on q and k,
+half-split; softmax attention with scale 1/sqrt(K)): flash-attn needs CUDA.
+BD3-LM's HF model uses no flash code.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -115,8 +117,7 @@ def export(args) -> None:
     import torch
 
     torch.manual_seed(0)
-    out, s, v = Path(args.out), SIZE, GPT2 + 1
-    sys.path.insert(0, args.shim)
+    out, s, v = Path(args.out), SIZE, GPT2 + 1  # flash_attn's stand-in and bd3lms' `models` come by PYTHONPATH
     gen = torch.Generator().manual_seed(1)
     x0 = torch.randint(0, GPT2, (2, s["length"]), generator=gen)
     xt = x0.clone()
@@ -145,7 +146,6 @@ def export(args) -> None:
             arrays["mdlm"] = _subs(m(xt, torch.zeros(2)), torch).numpy()
 
     if args.bd3lms:
-        sys.path.insert(0, args.bd3lms)
         from models.hf import BD3LM, BD3LMConfig
         config = BD3LMConfig(block_size=4, vocab_size=v, model_length=s["length"], hidden_dim=s["hidden"],
                              cond_dim=s["cond"], n_blocks=s["blocks"], n_heads=s["heads"], dropout=0.0,
@@ -241,7 +241,6 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer_path", help="GPT-2's tokenizer files (default: a BPE trained here, GPT-2's layout)")
     p.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    p.add_argument("--shim", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.export:
         export(args)
@@ -254,11 +253,14 @@ def main(argv=None) -> int:
         for name, text in _SHIM.items():
             (tmp / "shim" / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / "shim" / name).write_text(text)
-        cmd = [args.torch_python, __file__, "--export", "--out", str(tmp), "--shim", str(tmp / "shim")]
+        cmd = [args.torch_python, __file__, "--export", "--out", str(tmp)]
         for flag in ("mdlm", "bd3lms", "duo"):
             if getattr(args, flag):
                 cmd += [f"--{flag}", str(Path(getattr(args, flag)).absolute())]
-        subprocess.run(cmd, check=True)
+        # The torch Python imports the flash_attn stand-in, and BD3-LM's package `models`, from these folders.
+        paths = [str(tmp / "shim")] + ([str(Path(args.bd3lms).absolute())] if args.bd3lms else []) \
+            + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)})
         tokenizer = Path(args.tokenizer_path) if args.tokenizer_path else _toy_gpt2(tmp)
         results = compare(tmp, tokenizer, families)
         written = _written_by(tmp, families)

@@ -1,0 +1,52 @@
+"""How a study asks a run to write texts: by what its kind does (``sedd.kinds.Kind``), never by its name.
+
+A kind says whether it samples by denoising steps (``diffuses``), how many
+steps write one token a step over a length (``one_token_steps``: L for SEDD,
+b for a block model, which takes its steps a block), whether it drafts and
+verifies itself (``speculates``), and a short name for tables (``label``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from sedd import ar, runs, sampling
+
+
+def by_blocks(kind, length: int) -> bool:
+    """Whether a run of this kind denoises `length` positions a block at a time (block diffusion, b < L).
+
+    Such a run takes its steps per block and writes past its length block by
+    block; a whole-sequence denoiser (SEDD) takes its steps for all positions.
+    """
+    return kind.diffuses and kind.one_token_steps(length) < length
+
+
+def steps_of(run: runs.Run, steps: int | None) -> int | None:
+    """`steps`, or where None the steps that write one token a step (a block's for a block model; None for AR)."""
+    return steps or run.kind.one_token_steps(run.seq_len)
+
+
+def writer(run: runs.Run, sampler: str | None, options: dict, steps: int | None, batch: int, length: int, key,
+           max_length: bool = True) -> Callable[[], sampling.Samples]:
+    """A function of no arguments that writes `batch` unprompted texts of `length` tokens with the run.
+
+    Args:
+      run: a loaded run of any kind.
+      sampler, options: a diffusion run's sampler and its options; for a run that does not diffuse, the
+        options of its ``Run.sample`` (a draft, draft_k, ...), none for its plain KV-cached loop.
+      steps: a diffusion run's steps (per block for a block model); None: one token a step (``steps_of``).
+      batch, length: the texts' count and tokens.
+      key: the random key of every call (each call writes the same texts).
+      max_length: a diffusion run writes `length` tokens in windows (``max_length``); False: its own L.
+    Returns:
+      () -> ``sampling.Samples`` with stats (None for the plain AR loop, whose calls are `length`).
+    """
+    kind = run.kind
+    if not (kind.diffuses or kind.speculates or options):  # the AR baseline's own loop, at any length
+        return lambda: sampling.Samples(ar.sample(key, run.net.model, batch, length))
+    if not kind.diffuses:  # its drafts, or its own speculative rounds: its length L
+        return lambda: run.sample(key, batch, return_stats=True, **options)
+    extra = {"max_length": length} if max_length else {}
+    return lambda: kind.sample(key, run.net, batch, steps_of(run, steps), sampler, return_stats=True, **extra,
+                               **options)
