@@ -2,8 +2,12 @@
 
 Benchmarks are scripts, not timed tests: nothing here checks a speed, only
 that each benchmark runs on a tiny config and reports the fields the docs
-quote. The scripts are loaded from experiments/ (they are not part of the
-installed library) and run in this process, so jax is imported once.
+quote. The scripts are loaded from experiments/ by their files (they are not part
+of the installed library), as `python experiments/x.py` runs them: each
+registers the package experiments/ by its location, so its shared modules
+(experiments.timing, experiments.quality, experiments.benchmarks.*) are
+imported by name after the first load. They run in this process, so jax is
+imported once.
 """
 
 import csv
@@ -29,6 +33,9 @@ def _load(relative: str):
 bench = _load("experiments/benchmarks/bench.py")
 compare = _load("experiments/compare_samplers.py")
 study = _load("experiments/default_run_study.py")
+
+from experiments import quality, timing  # noqa: E402  (the package, registered by the loads above)
+from experiments.benchmarks import nets, speculative  # noqa: E402
 
 FIELDS = {
     "train": ["mfu", "tokens_per_s", "flops_per_token", "peak_matmul_flops_per_s"],
@@ -62,18 +69,18 @@ def test_benchmark_quick(which, tmp_path, capsys):
 
 
 def test_flops_formula():
-    c = bench.bench_config("tiny", vocab_size=65)  # H 32, 2 blocks, L 32, mlp_ratio 4, D 66
+    c = nets.bench_config("tiny", vocab_size=65)  # H 32, 2 blocks, L 32, mlp_ratio 4, D 66
     n = 2 * (4 * 32 * 32 + 8 * 32 * 32) + 32 * 66
-    assert bench.matmul_params(c) == n
-    assert bench.flops_per_token(c) == 6 * n + 12 * 2 * 32 * 32
-    assert bench.flops_per_token(c, training=False) == 2 * n + 4 * 2 * 32 * 32
+    assert nets.matmul_params(c) == n
+    assert nets.flops_per_token(c) == 6 * n + 12 * 2 * 32 * 32
+    assert nets.flops_per_token(c, training=False) == 2 * n + 4 * 2 * 32 * 32
     c.model.kind = "ar"  # the AR baseline predicts the V real tokens: D = 65
-    assert bench.matmul_params(c) == n - 32
+    assert nets.matmul_params(c) == n - 32
 
 
 def test_paired_ratio_is_robust_to_drift():
     # A machine that slows down 3x half way: per-round ratios stay 2.
-    assert bench.paired_ratio([2, 2, 6, 6, 6], [1, 1, 3, 3, 3]) == 2
+    assert timing.paired_ratio([2, 2, 6, 6, 6], [1, 1, 3, 3, 3]) == 2
 
 
 def test_compare_samplers_checks_its_input(tmp_path):
@@ -168,9 +175,9 @@ def test_conditional_kl_is_zero_for_the_chains_own_conditional():
 
     import jax.numpy as jnp
 
-    chain = study.markov_chain(0)
+    chain = quality.markov_chain(0)
     v, table, length, mask = chain.vocab_size, chain.transitions, 40, 99
-    encode = {c: [3 + i] for i, c in enumerate(study.LETTERS)}  # letter i is token 3 + i; tokens 0-2 are others
+    encode = {c: [3 + i] for i, c in enumerate(quality.LETTERS)}  # letter i is token 3 + i; tokens 0-2 are others
 
     def exact(x, sigma):  # log-score over D = 20 tokens + MASK; the masked position's letters get log p(y | rest)
         x = np.asarray(x)
@@ -183,7 +190,7 @@ def test_conditional_kl_is_zero_for_the_chains_own_conditional():
             out[i, pos, 3 + v:20] = -np.inf
         return jnp.asarray(out)
 
-    run = types.SimpleNamespace(config=types.SimpleNamespace(model=types.SimpleNamespace(kind="ddit")),
+    run = types.SimpleNamespace(kind=types.SimpleNamespace(diffuses=True, conditions=("prefix", "suffix", "infill")),
                                 graph=types.SimpleNamespace(absorb=True, mask=mask, vocab_size=20),
                                 tokenizer=types.SimpleNamespace(encode=lambda c: encode[c]), seq_len=length,
                                 score_fn=exact)
@@ -199,14 +206,14 @@ def test_texts_nll_is_the_chains_exact_nll_of_the_letters():
     """texts_nll: the chain's -log p over the letters, cut at anything else (a separator, an end-of-text)."""
     from sedd.data.tokenizers import EOS_TEXT
 
-    chain = study.markov_chain(0)
+    chain = quality.markov_chain(0)
     ids = chain.sample(6, 40, seed=3)  # (6, 40)
-    words = ["".join(study.LETTERS[i] for i in row) for row in ids]
-    nll, se, scored = study.texts_nll(words, chain)
+    words = ["".join(quality.LETTERS[i] for i in row) for row in ids]
+    nll, se, scored = quality.texts_nll(words, chain)
     assert nll == pytest.approx(-chain.log_prob(ids).sum() / ids.size, rel=1e-12) and scored == 1 and se > 0
     # A text of two documents is its two pieces, each paying its first k letters' stationary law.
     joined = [words[0] + EOS_TEXT + words[1], words[2]]
-    nll2, _, scored2 = study.texts_nll(joined, chain)
+    nll2, _, scored2 = quality.texts_nll(joined, chain)
     assert nll2 == pytest.approx(-chain.log_prob(ids[:3]).sum() / 120, rel=1e-12)
     assert scored2 == pytest.approx(120 / (len(joined[0].replace(EOS_TEXT, "\n")) + 40))
 
@@ -218,9 +225,9 @@ def test_reveal_profile_of_the_chains_own_law_pays_no_excess():
     import jax
     import jax.numpy as jnp
 
-    chain = study.markov_chain(0)
+    chain = quality.markov_chain(0)
     v, length, mask = chain.vocab_size, 24, 99
-    encode = {c: [3 + i] for i, c in enumerate(study.LETTERS)}  # letter i is token 3 + i
+    encode = {c: [3 + i] for i, c in enumerate(quality.LETTERS)}  # letter i is token 3 + i
 
     def exact_numpy(x):
         x = np.asarray(x)
@@ -232,7 +239,7 @@ def test_reveal_profile_of_the_chains_own_law_pays_no_excess():
     def exact(x, sigma):
         return jax.pure_callback(exact_numpy, jax.ShapeDtypeStruct((*x.shape, 21), jnp.float32), x)
 
-    run = types.SimpleNamespace(config=types.SimpleNamespace(model=types.SimpleNamespace(kind="ddit")),
+    run = types.SimpleNamespace(kind=types.SimpleNamespace(diffuses=True, conditions=("prefix", "suffix", "infill")),
                                 graph=types.SimpleNamespace(absorb=True, mask=mask, vocab_size=20),
                                 tokenizer=types.SimpleNamespace(encode=lambda c: encode[c]), seq_len=length,
                                 score_fn=exact, noise=lambda t: (t, t))
@@ -286,7 +293,7 @@ def test_block_study_on_a_markov_corpus(tmp_path):
     for row in result["rows"]:
         assert row["exact_nats_per_char"] > 0 and row["exact_2se"] >= 0 and 0 < row["scored_share"] <= 1
         assert row["vs_ar_b1"] > 0 and row["nfe_b16"] >= 1
-    assert result["rate_nats_per_char"] == pytest.approx(study.markov_chain(0).entropy_rate())
+    assert result["rate_nats_per_char"] == pytest.approx(quality.markov_chain(0).entropy_rate())
     block_study.write(result, tmp_path / "out")
     assert "exact NLL nats/char" in (tmp_path / "out" / "block_study.md").read_text()
     assert (tmp_path / "out" / "block_study.png").stat().st_size > 0
@@ -299,7 +306,7 @@ def test_distill_study_on_a_markov_corpus(tmp_path):
     from sedd import distill
     from sedd import train as train_lib
     distill_study = _load("experiments/distill_study.py")
-    corpus = study.write_markov_corpus(0, 50, tmp_path / "markov_seed0.txt")
+    corpus = quality.write_markov_corpus(0, 50, tmp_path / "markov_seed0.txt")
     data = [f"--config.data.data_dir={tmp_path / 'data'}"]
     teacher_config = config_lib.load_config("shakespeare_char", [
         *TINY_STUDY, *data, f"--config.data.path={corpus}", "--config.data.documents=lines",
@@ -337,17 +344,17 @@ def test_speculative_bench_parts(tmp_path):
     """
     import argparse
 
-    curve = bench.call_cost(bench.bench_config("tiny"), [1, 3], repeats=1, calls=2)
+    curve = speculative.call_cost(nets.bench_config("tiny"), [1, 3], repeats=1, calls=2)
     assert [r["n"] for r in curve["rows"]] == [1, 3] and all(r["ms_per_call"] > 0 for r in curve["rows"])
     assert curve["rows"][0]["ratio_to_n1"] == 1
-    target, drafts, _ = bench._speculative_runs(True, argparse.Namespace(target=""))
+    target, drafts, _ = speculative.speculative_runs(True, argparse.Namespace(target=""))
     drafts = {name: d for name, d in drafts.items() if "block" in name}
-    study = bench.bench_speculative(target, drafts, None, ks=[2], batches=[1], repeats=1, quality_samples=4,
+    study = speculative.bench_speculative(target, drafts, None, ks=[2], batches=[1], repeats=1, quality_samples=4,
                                     verifications=("block", "token"))
     block_row, row = study["rows"]
     assert (block_row["verification"], row["verification"]) == ("block", "token") and "token" in row["drafter"]
     assert row["k"] == 2 and row["drafter_calls"] == row["target_calls"] and len(row["acceptance_by_position"]) == 2
     assert 1 <= row["tokens_per_call"] <= 3 and row["quality"] == "exact_nats_per_token" and row["nll"] > 0
     assert row["vs_ar_b1"] > 0 and study["ar"]["nll_se"] > 0
-    bench.speculative_picture({"study": study}, tmp_path / "speculative.png")
+    speculative.speculative_picture({"study": study}, tmp_path / "speculative.png")
     assert (tmp_path / "speculative.png").stat().st_size > 1000

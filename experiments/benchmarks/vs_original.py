@@ -46,6 +46,13 @@ import sys
 import time
 from pathlib import Path
 
+if not __package__:  # run as a file: import experiments/ by its location (experiments/__init__.py says why)
+    import importlib.util
+    _spec = importlib.util.spec_from_file_location("experiments", Path(__file__).resolve().parents[1] / "__init__.py")
+    if "experiments" not in sys.modules:
+        sys.modules["experiments"] = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(sys.modules["experiments"])
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 BENCH_ORIGINAL = ROOT.parent / "shared" / "bench-original" / "bench_original.py"
@@ -205,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.threads < (os.cpu_count() or 1) and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, range(args.threads))  # before jax creates its thread pool
-    sys.path.insert(0, str(HERE))
-    from bench import format_table, machine, run_profile  # noqa: E402 (after the pinning above)
+    from experiments.benchmarks.step_profile import run_profile  # noqa: PLC0415 (jax after the pinning above)
+    from experiments.timing import format_table, machine  # noqa: PLC0415
 
     if args.profile:
         args.repeats = args.steps

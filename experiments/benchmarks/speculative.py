@@ -1,0 +1,229 @@
+"""`bench.py speculative`: the cost of one AR call on n positions, and drafters against AR with its KV cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.benchmarks import nets
+from experiments.quality import sample_quality
+from experiments.timing import format_table, interleaved, median, paired_ratio, tokens_per_call
+from sedd import ar
+from sedd import config as config_lib
+
+
+def call_cost(config, ns: list[int], repeats: int, calls: int = 8) -> dict:
+    """Seconds of one KV-cached AR call on n new positions (``ar.speculative_target``), batch 1, random weights.
+
+    The call scores positions start .. start + n - 1 against a cache of start = L / 2 positions; `calls`
+    calls run inside one jitted loop (each rolled back to start, the same work), so no dispatch is timed.
+    The ratio to n = 1 says when a draft pays: a round of k drafts costs one call on k + 1 positions.
+    """
+    c = config.copy_and_resolve_references()
+    _, net = nets.random_net(c, "ar")
+    prefill, target = ar.speculative_target(net.graphdef)
+    length = c.data.seq_len
+    rows, start = length + max(ns) + 1, length // 2
+    text = jax.random.randint(jax.random.key(0), (1, rows), 0, c.vocab_size)
+    state = prefill(net.state, text[:, :start])
+    begin = jnp.full((1,), start, jnp.int32)
+
+    def looped(n):
+        @jax.jit
+        def fn(state, text):
+            def body(i, acc):
+                p, _ = target(state, text, begin, n - 1)  # (1, n, V): the cache is rolled back to start each time
+                return acc + p[0, -1, 0]
+            return jax.lax.fori_loop(0, calls, body, jnp.float32(0))
+        return lambda: fn(state, text)
+
+    times = interleaved({n: looped(n) for n in ns}, repeats)
+    rows_out = [{"n": n, "ms_per_call": median(times[n]) / calls * 1e3,
+                 "ratio_to_n1": paired_ratio(times[n], times[ns[0]])} for n in ns]
+    return {"model": dict(width=c.model.hidden_size, blocks=c.model.n_blocks, vocab_size=c.vocab_size,
+                          cache=rows, start=start, dtype=c.model.dtype), "rows": rows_out}
+
+
+def speculative_runs(quick: bool, args) -> tuple:
+    """(target AR run, {name: draft ("ngram" or a Run)}, spec run or None): given by path, or tiny random ones."""
+    from sedd import runs as runs_lib  # noqa: PLC0415
+
+    if args.target:
+        target = runs_lib.load(args.target)
+        drafts = {}
+        for d in (args.drafts or "ngram").split(","):
+            if d == "none":  # the spec run alone
+                continue
+            if d == "ngram":
+                drafts["ngram"] = "ngram"
+            else:
+                run = runs_lib.load(d)
+                drafts[f"{Path(d).name} ({run.kind.label})"] = run
+        spec = runs_lib.load(args.spec) if args.spec else None
+        return target, drafts, spec
+    # Random weights (every parameter nonzero) on the Markov chain's tiny config: the smoke run of --quick.
+    config = config_lib.load_config("markov")
+    config.vocab_size = int(config.data.markov.vocab_size)
+    config.model.n_blocks = 1
+
+    def random_run(kind, **model):
+        c = config.copy_and_resolve_references()
+        c.model.update(model, kind=kind)
+        _, net = nets.random_net(c, kind)
+        return runs_lib.from_parts(c, None, net.graphdef, net.params, net.rest)
+
+    return random_run("ar"), {"ngram": "ngram", "block8 (block)": random_run("block", block_size=8),
+                              "small AR (ar)": random_run("ar", hidden_size=16, n_heads=1)}, None
+
+
+def bench_speculative(target, drafts: dict, spec, ks: list[int], batches: list[int], repeats: int,
+                      quality_samples: int, names: tuple[str, str] = ("random", "spec"),
+                      verifications: tuple[str, ...] = ("block",)) -> dict:
+    """Speculative sampling of the AR run `target` with each drafter and k, against its own KV-cached sampling.
+
+    Per (drafter, k): the calls (the target's and the drafter's network calls, counted alike) and tokens a
+    call, the acceptance by draft position, the seconds at each batch interleaved with ``ar.sample``'s (the
+    ratio the median of per-round ratios), and the quality of quality_samples texts drawn the same way; each
+    cell once per verification ("block" or "token", ``sedd.speculative.round_law``).
+    """
+    from sedd.data.markov import chain_from_config  # noqa: PLC0415
+
+    chain = chain_from_config(target.config.data) if target.config.data.name == "markov" else None
+    length = target.seq_len
+    key = jax.random.key(0)
+    own = target.sample(jax.random.key(1), quality_samples).tokens
+    ar_quality = sample_quality(own, target, chain)
+    cells = []  # (name, k, draft or None for the spec run, verification)
+    for how in verifications:
+        tag = "" if len(verifications) == 1 else f", {how}"
+        for name, draft in drafts.items():
+            # A diffusion drafter drafts within one of its blocks: k up to its block's b positions.
+            cap = draft.kind.one_token_steps(draft.seq_len) if not isinstance(draft, str) and draft.kind.diffuses \
+                else None
+            cells += [(name + tag, k, draft, how) for k in ks if cap is None or k <= cap]
+        if spec is not None:
+            cells.append((f"{names[1]} (spec{tag})", int(spec.config.model.block_size), None, how))
+    rows = []
+    for name, k, draft, how in cells:
+        def sample(batch, key=key, draft=draft, k=k, how=how):
+            if draft is None:
+                return spec.sample(key, batch, return_stats=True, verification=how)
+            return target.sample(key, batch, draft=draft, draft_k=k, return_stats=True, verification=how)
+
+        out = sample(quality_samples, jax.random.key(1))
+        st = out.stats
+        rounds = np.asarray(st["nfe_per_sample"], np.float64)
+        drafter_calls = np.asarray(st.get("draft_calls", np.zeros_like(rounds)), np.float64)
+        calls = rounds + drafter_calls  # (B,) a text's network calls
+        per_call, per_call_se = tokens_per_call(length, calls)
+        row = {"drafter": name, "k": k, "verification": how, "target_calls": float(rounds.mean()),
+               "drafter_calls": float(drafter_calls.mean()), "tokens_per_call": per_call,
+               "tokens_per_call_se": per_call_se,
+               "tokens_per_target_call": float(length / rounds.mean()),
+               "acceptance_by_position": (np.asarray(st["accepted_at"], np.float64) / rounds.sum()).tolist(),
+               **sample_quality(out.tokens, target, chain)}
+        if draft is None:  # lossless in practice: the spec run's causal half drawn one token at a time, no drafts
+            from sedd import spec as spec_lib  # noqa: PLC0415
+            direct = np.asarray(spec_lib.ancestral(spec.model, jax.random.key(2), quality_samples, length))
+            row["own"] = sample_quality(direct, target, chain)
+        for batch in batches:
+            times = interleaved({"ar": lambda b=batch: target.sample(key, b).tokens,
+                                 "spec": lambda b=batch: sample(b).tokens}, repeats, warmup=2)  # AR traces twice
+            row[f"tokens_per_s_b{batch}"] = batch * length / median(times["spec"])
+            row[f"ar_tokens_per_s_b{batch}"] = batch * length / median(times["ar"])
+            row[f"vs_ar_b{batch}"] = paired_ratio(times["ar"], times["spec"])
+        rows.append(row)
+        print(f"  {name} k={k}: {row['tokens_per_call']:.2f} tokens a call, "
+              + ", ".join(f"{row[f'vs_ar_b{b}']:.2f}x AR at batch {b}" for b in batches), flush=True)
+    return {"target": names[0], "length": length, "ar": ar_quality,
+            "quality_samples": quality_samples, "rows": rows}
+
+
+def speculative_picture(result: dict, path: Path) -> None:
+    """Tokens a call and tokens/s against AR (batch 1) against the samples' quality, a point per drafter and k."""
+    import matplotlib  # noqa: PLC0415
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    study = result["study"]
+    batch = min(int(k.rsplit("b", 1)[1]) for k in study["rows"][0] if k.startswith("vs_ar_b")) if study["rows"] else 1
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    markers = dict(zip(sorted({r["drafter"] for r in study["rows"]}), "osD^v<>p*h"))
+    what = study["ar"]["quality"].replace("_", " ")
+    for ax, key, label in ((axes[0], "tokens_per_call", "tokens a network call (target's and drafter's)"),
+                           (axes[1], f"vs_ar_b{batch}", f"tokens/s vs AR with KV cache, batch {batch}")):
+        for name, marker in markers.items():
+            rs = [r for r in study["rows"] if r["drafter"] == name]
+            ax.errorbar([r["nll"] for r in rs], [r[key] for r in rs], xerr=[2 * r["nll_se"] for r in rs],
+                        fmt=marker, label=name, capsize=2)
+            for r in rs:
+                ax.annotate(f"k={r['k']}", (r["nll"], r[key]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        a = study["ar"]
+        ax.axvspan(a["nll"] - 2 * a["nll_se"], a["nll"] + 2 * a["nll_se"], color="grey", alpha=0.2,
+                   label="AR's own samples (+-2 s.e.)")
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel(f"{what} of the samples")
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"speculative sampling of {Path(study['target']).name}, L = {study['length']}", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_speculative(quick: bool, args) -> dict:
+    """Speculative sampling: the call-cost curve at two sizes, and drafters against AR with its KV cache."""
+    if quick:
+        sizes = {"tiny": nets.bench_config("tiny")}
+        ns, ks, batches, quality_samples, repeats = [1, 2, 4, 8], [2, 4], [1], 8, 1
+    else:
+        sizes = {"shakespeare_char": nets.bench_config(vocab_size=65),
+                 "gpt2_small": nets.bench_config(hidden_size=768, n_blocks=12, n_heads=12, seq_len=256)}
+        sizes["gpt2_small"].vocab_size = 50257
+        ns = list(range(1, 33))
+        ks, batches, quality_samples, repeats = [2, 4, 8, 16], args.batch_sizes, args.quality_samples, args.repeats
+    curves = {}
+    for name, config in ({} if args.target and not args.cost_only else sizes).items():  # a study: the curve apart
+        config.model.kind = "ar"
+        if args.dtype:
+            config.model.dtype = args.dtype
+        curves[name] = call_cost(config, ns, max(repeats, 3))
+        print(f"  call cost at {name}'s size done", flush=True)
+    lines = []
+    for name, curve in curves.items():
+        lines.append(f"one AR call on n new positions, batch 1, {name}'s size {curve['model']}")
+        lines.append(format_table(["n", "ms a call", "vs n=1"], [[r["n"], f"{r['ms_per_call']:.3f}",
+                                                                   f"{r['ratio_to_n1']:.2f}"] for r in curve["rows"]]))
+    study = None
+    if (args.target or quick) and not args.cost_only:
+        target, drafts, spec = speculative_runs(quick, args)
+        study = bench_speculative(target, drafts, spec, ks, batches, repeats, quality_samples,
+                                  (args.target or "random weights", Path(args.spec).name if args.spec else "spec"),
+                                  tuple(args.verifications.split(",")))
+        a = study["ar"]
+        rows = [["AR, KV cache", "-", "1.00", "-", f"{a['nll']:.4f} +- {a['nll_se']:.4f}",
+                 f"{a['unigram_entropy_bits']:.3f}"] + ["1.00"] * len(batches)]
+        for r in study["rows"]:
+            rows.append([r["drafter"], r["k"], f"{r['tokens_per_call']:.3f} +- {r['tokens_per_call_se']:.3f}",
+                         " ".join(f"{p:.2f}" for p in r["acceptance_by_position"]),
+                         f"{r['nll']:.4f} +- {r['nll_se']:.4f}", f"{r['unigram_entropy_bits']:.3f}"]
+                        + [f"{r[f'vs_ar_b{b}']:.2f}" for b in batches])
+            if "own" in r:  # the spec run's causal half drawn without drafts: the law its row must match
+                o = r["own"]
+                rows.append(["  its causal half, no drafts", "-", "1.00", "-", f"{o['nll']:.4f} +- {o['nll_se']:.4f}",
+                             f"{o['unigram_entropy_bits']:.3f}"] + ["-"] * len(batches))
+        lines.append(f"speculative sampling of {study['target']} (L {study['length']}); quality: {a['quality']} "
+                     f"of {quality_samples} samples")
+        lines.append(format_table(["drafter", "k", "tok/call", "acceptance by position", "NLL", "unigram H (bits)"]
+                                  + [f"vs AR b={b}" for b in batches], rows))
+    result = {"benchmark": "speculative", "call_cost": curves, "study": study, "table": "\n\n".join(lines)}
+    if args.picture and study is not None:
+        path = Path(args.picture)
+        speculative_picture(result, path)
+        print(f"wrote {path}")
+    return result
+
