@@ -133,6 +133,52 @@ def test_files_are_short():
     assert not long, long
 
 
+EXPERIMENTS = SEDD.parent / "experiments"
+
+
+def _experiments():
+    for path in sorted(EXPERIMENTS.rglob("*.py")):
+        yield path.relative_to(SEDD.parent), ast.parse(path.read_text())
+
+
+def test_experiments_ask_the_kind_instead_of_its_name():
+    """A study or benchmark asks a run's kind what it does (``label``, ``diffuses``, ``one_token_steps``, ``exact``,
+    ``speculates``, ``conditions``): it never reads a kind's name nor compares a kind's name with anything.
+
+    Building a config of a kind (``config.model.kind = "ar"`` to train a baseline) sets a value and is fine.
+    """
+    found = []
+    for where, tree in _experiments():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "name" and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "kind":
+                found.append(f"{where}:{node.lineno} reads {ast.unparse(node)}")
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                named = any(isinstance(n, ast.Constant) and n.value in kinds.KINDS for n in sides)
+                if named and "kind" in ast.unparse(node):  # x.model.kind == "ar", r["kind"] != "ddit", ...
+                    found.append(f"{where}:{node.lineno} compares with a kind's name: {ast.unparse(node)}")
+                if any(isinstance(n, ast.Attribute) and n.attr == "kind" and isinstance(n.value, ast.Attribute)
+                       and n.value.attr == "model" for n in sides):
+                    found.append(f"{where}:{node.lineno} compares config.model.kind: {ast.unparse(node)}")
+    assert not found, found
+
+
+def test_experiments_change_no_import_path():
+    """experiments/ is a package whose scripts import its modules by name: nothing there reads or edits sys.path."""
+    found = [f"{where}:{node.lineno} {ast.unparse(node)}" for where, tree in _experiments() for node in ast.walk(tree)
+             if isinstance(node, ast.Attribute) and node.attr == "path" and ast.unparse(node.value) == "sys"]
+    assert not found, found
+    assert (EXPERIMENTS / "__init__.py").exists() and (EXPERIMENTS / "benchmarks" / "__init__.py").exists()
+
+
+def test_experiment_files_are_short():
+    """One benchmark a file, one study a file: no file of experiments/ over 700 lines."""
+    long = [f"{where} {n} lines" for where, tree in _experiments()
+            if (n := len((SEDD.parent / where).read_text().splitlines())) > 700]
+    assert not long, long
+
+
 def test_serve_names_no_kind_and_no_sampler():
     """`sedd serve` asks the run's kind; no kind's or sampler's name, class or property appears in it."""
     names = set(kinds.KINDS) | set(sampling.PREDICTORS) | {"prefix_only", "block_size", "ReMDM", "block"}
