@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import jax
@@ -47,7 +46,7 @@ import ml_collections
 from flax import nnx
 
 from sedd import config as config_lib
-from sedd import kinds, runs, sdtt, train
+from sedd import files, kinds, runs, sdtt, train
 from sedd import sharding as sharding_lib
 from sedd.sampling import planned_rank
 
@@ -190,6 +189,7 @@ def distill_config(teacher: str | Path, overrides=(), rounds: int | None = None)
     """
     teacher = Path(teacher).expanduser().resolve()
     base = runs.read_config(teacher)
+    runs.read_tokenizer(teacher, base.vocab_size)  # a regular file of the teacher's (sedd.files), before any work
     steps = runs.checkpoint_manager(teacher).all_steps() if (teacher / runs.CHECKPOINTS).is_dir() else []
     if not steps:
         raise FileNotFoundError(f"{teacher} holds no checkpoint to distill; train it first with `sedd train`")
@@ -251,8 +251,12 @@ def distill(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool 
     workdir = Path(workdir)
     runs.check_run_links(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    if not (workdir / runs.TOKENIZER).exists() and jax.process_index() == 0:
-        shutil.copyfile(Path(config.distill.teacher) / runs.TOKENIZER, workdir / runs.TOKENIZER)
+    if not (workdir / runs.TOKENIZER).exists() and jax.process_index() == 0:  # read as a run is, never a link out
+        teacher = Path(config.distill.teacher)
+        try:
+            files.copy(teacher / runs.TOKENIZER, workdir / runs.TOKENIZER, runs.MAX_TOKENIZER_BYTES, root=teacher)
+        except (files.UnsafeFile, OSError) as e:
+            raise runs.RunError(f"the teacher's {runs.TOKENIZER} was not copied: {e}") from None
     result = train.train(config, workdir, quiet=quiet, split_cpu=split_cpu, make_trainer=DistillTrainer)
     if not result.get("stopped"):
         result["rounds"] = round_figures(workdir, config)

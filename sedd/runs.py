@@ -42,7 +42,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from sedd import config as config_lib
-from sedd import kinds, sampling, validate
+from sedd import files, kinds, sampling, validate
 from sedd import sharding as sharding_lib
 from sedd.data import tokenizer_from_dict
 from sedd.model import DDiT
@@ -113,13 +113,15 @@ def read_config(workdir: str | Path) -> ml_collections.ConfigDict:
 
 
 def _read_bounded(path: Path, limit: int) -> str:
-    """The UTF-8 text of a regular file of at most `limit` bytes (RunError otherwise)."""
-    if not path.is_file():
-        raise RunError(f"{path} is not a regular file")
-    size = path.stat().st_size
-    if size > limit:
-        raise RunError(f"{path} holds {size} bytes; at most {limit} are read")
-    return path.read_text(encoding="utf-8")
+    """The UTF-8 text of a regular file of its run directory, at most `limit` bytes (``sedd.files.read_text``).
+
+    Raises:
+      RunError: a link out of the run, a FIFO, a device, a folder, a larger file.
+    """
+    try:
+        return files.read_text(path, limit, root=path.parent)
+    except files.UnsafeFile as e:
+        raise RunError(str(e)) from None
 
 
 def check_config(config: ml_collections.ConfigDict, where: str) -> None:
@@ -198,7 +200,8 @@ def read_tokenizer(workdir: str | Path, vocab_size: int):
     except FileNotFoundError as e:
         raise RunError(f"{path}: {e}") from None
     except Exception as e:  # noqa: BLE001  the tokenizers package raises a bare Exception for a bad file
-        message = e.args[0] if isinstance(e, RunError) and e.args else f"{type(e).__name__}: {str(e)[:200]}"
+        message = e.args[0] if isinstance(e, RunError) and e.args else \
+            f"{type(e).__name__}: {str(e)[:600 if isinstance(e, ValueError) else 200]}"  # ours are bounded
         raise RunError(f"{path}: not a tokenizer this package can read: {message}") from None
     if tokenizer.vocab_size != vocab_size:
         raise RunError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens and the model (config.json "
@@ -327,7 +330,7 @@ def check_compatible(workdir: str | Path, config) -> None:
     """
     if not (Path(workdir) / CONFIG).exists():
         return
-    saved = json.loads((Path(workdir) / CONFIG).read_text())
+    saved = json.loads(_read_bounded(Path(workdir) / CONFIG, MAX_CONFIG_BYTES))
     refused = [c for c in config_changes(saved, config.to_dict()) if not _may_change(c[0])]
     if refused:
         lines = "\n".join(f"  {k}: saved {a!r}, now {b!r}" for k, a, b in refused)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
+from sedd import files
 from sedd.convert.duo import lightning_source
 from sedd.convert.limits import MAX_TEXT_BYTES, ConversionError, brief
 from sedd.convert.mdlm import HF_GENERIC, HF_METADATA
@@ -29,12 +30,12 @@ def read_original_config(path: str | Path) -> dict:
         that is not a mapping of scalars.
     """
     path = Path(path)
-    if path.stat().st_size > MAX_TEXT_BYTES:
-        raise ConversionError(f"{path} holds {path.stat().st_size} bytes; a config has at most {MAX_TEXT_BYTES}")
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # a regular file of bounded size (not a FIFO, not /dev/zero): sedd.files
+        text = files.read_text(path, MAX_TEXT_BYTES)
     except UnicodeDecodeError as e:
         raise ConversionError(f"{path} is not UTF-8 text: {e}") from None
+    except files.UnsafeFile as e:
+        raise ConversionError(f"{e} (a config has at most {MAX_TEXT_BYTES:,} bytes)") from None
     if path.suffix in (".yaml", ".yml"):
         data = _load_yaml(text, path)
     else:

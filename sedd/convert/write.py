@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from sedd import config as config_lib
-from sedd import runs, validate
+from sedd import files, runs, validate
 from sedd.convert.bd3lm import scalar_buffer
 from sedd.convert.fields import GPT2_TOKENS
 from sedd.convert.limits import MAX_TOKENIZER_BYTES, ConversionError, brief
@@ -92,10 +92,15 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
             f"no GPT-2 tokenizer files at {tok_src}: pass --tokenizer_path pointing to GPT-2's tokenizer.json, or "
             "to a folder holding vocab.json and merges.txt (the files of the Hugging Face `gpt2` repository); "
             "nothing is downloaded")
+    # Files found inside SRC are read only inside it (no link out, as a run's); a --tokenizer_path the user
+    # names may be a link (a Hugging Face cache's snapshot links to its blobs). Regular files of bounded size.
+    tok_root = None if tokenizer_path else tok_src
     for f in tok_files:
-        if f.stat().st_size > MAX_TOKENIZER_BYTES:
-            raise ConversionError(f"{f} holds {f.stat().st_size} bytes; GPT-2's tokenizer files are far under "
-                                  f"{MAX_TOKENIZER_BYTES}")
+        try:
+            files.read_bytes(f, MAX_TOKENIZER_BYTES, root=tok_root)
+        except files.UnsafeFile as e:
+            raise ConversionError(f"{e} (GPT-2's tokenizer files are far under {MAX_TOKENIZER_BYTES:,} bytes)") \
+                from None
     _read_gpt2(tok_files[0] if len(tok_files) == 1 else tok_src)  # readable, or a clear error
 
     source = read_source(src, ema)
@@ -119,7 +124,8 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
     try:
         (tmp / TOKENIZER_DIR).mkdir()
         for f in tok_files:  # a lone JSON file is GPT-2's tokenizer.json, whatever its name
-            shutil.copyfile(f, tmp / TOKENIZER_DIR / ("tokenizer.json" if len(tok_files) == 1 else f.name))
+            files.copy(f, tmp / TOKENIZER_DIR / ("tokenizer.json" if len(tok_files) == 1 else f.name),
+                       MAX_TOKENIZER_BYTES, root=tok_root)
         tokenizer = _read_gpt2(tmp / TOKENIZER_DIR, pad=config.vocab_size == GPT2_TOKENS + 1)
         tokenizer.path = str(tok_dir)  # where the copy is once tmp is renamed to dst
         save_tokenizer(tokenizer, tmp / runs.TOKENIZER)

@@ -6,13 +6,22 @@ tokenizer.json and `tokenizer_from_dict` reads back.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
+import select
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
+from sedd import files
+
 EOS_TEXT = "<|endoftext|>"  # how decode renders the separator (GPT-2's spelling)
+MAX_TOKENIZER_BYTES = 64 << 20  # a tokenizer.json (GPT-2's is 1.4 MB)
 
 class CharTokenizer:
     """One id per character, in sorted order; the separator is the last id.
@@ -148,11 +157,13 @@ class GPT2Tokenizer:
             raise ImportError(f"GPT2Tokenizer: the tokenizers package is missing. {_GPT2_HELP}") from e
         if p.is_dir() and (p / "tokenizer.json").exists():
             p = p / "tokenizer.json"
-        if p.is_file():
-            text = p.read_text(encoding="utf-8")
+        if p.is_file():  # a regular file of bounded size, read once (sedd.files)
+            text = files.read_text(p, MAX_TOKENIZER_BYTES)
             check_regexes(json.loads(text), p)
             self._bpe = tokenizers.Tokenizer.from_str(text)
         elif (p / "vocab.json").exists() and (p / "merges.txt").exists():
+            for f in ("vocab.json", "merges.txt"):  # regular files of bounded size (not a FIFO, not /dev/zero)
+                files.read_bytes(p / f, MAX_TOKENIZER_BYTES)
             self._bpe = tokenizers.ByteLevelBPETokenizer(str(p / "vocab.json"), str(p / "merges.txt"))
         else:
             raise FileNotFoundError(f"GPT2Tokenizer: no tokenizer.json or vocab.json + merges.txt in {p}. "
@@ -207,19 +218,42 @@ def _named(call):
 MAX_REGEX_CHARS = 1000  # GPT-2's pre-tokenizer regex has 94 characters, Llama 3's 118
 
 
-def check_regexes(tree, where) -> None:
-    """Refuse a Hugging Face tokenizer.json whose regexes (Split, Replace, ...) can backtrack for ever.
+GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+KNOWN_REGEXES = {
+    GPT2_REGEX: "GPT-2's pre-tokenizer (MDLM, BD3-LM and DUO use GPT-2's tokenizer)",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+    r"\s+(?!\S)|\s+": "Llama 3's (tiktoken's cl100k)",
+}
+"""Regexes read without a probe: the pre-tokenizers of the tokenizers sedd converts or trains with. GPT-2's
+tokenizer.json written by `tokenizers` holds a ByteLevel pre-tokenizer with GPT-2's regex built in (no "Regex"
+entry); newer files write it out as a Split of GPT2_REGEX."""
+PROBE_BUDGET_S = 0.5  # a GPT-2 BPE encodes the probe texts in about 0.05 s
+PROBE_START_S = 60.0  # the probe's process reads and builds a tokenizer.json of up to 64 MiB
+PROBE_RUN = 64  # characters of the repeated run in each probe text
+_ATOMS = "aZ0 \n\t!'_-.é中"  # a letter of each case, a digit, blanks, punctuation, accented and CJK letters
+_META = set("\\()[]{}|?*+.^$")
+_probed: dict[str, str | None] = {}  # sha256 of a tokenizer.json -> why it was refused (None: it passed)
 
-    Oniguruma, the package's regex engine, backtracks: a repeated group that
-    itself holds a repetition or an alternation, `(a+)+c`, takes time
+
+def check_regexes(tree, where) -> None:
+    r"""Refuse a Hugging Face tokenizer.json whose regexes (Split, Replace, ...) can stall an encode.
+
+    Oniguruma, the package's regex engine, backtracks: `(a+)+c` takes time
     exponential in the text (a 2,040-character prompt held a server 26 s,
-    issue 53) and panics at its retry limit. The pre-tokenizers of the
-    tokenizers sedd reads (GPT-2's, Llama's, BERT's) repeat no such group.
+    issue 53), and so do shapes no scan foresees (`(\w)?` 21 times then
+    `\w{21}z`: 7.3 s for 89 characters, issue 63). So the decision is by
+    behaviour: a regex of ``KNOWN_REGEXES`` is read as it is; a tokenizer with
+    any other regex is read only if, in a process of its own, it encodes the
+    probe texts (``probe_texts``: long runs of one character, then another,
+    then the regexes' own characters) within ``PROBE_BUDGET_S``; the process
+    is killed at the budget. ``regex_risk`` names the common bad shape first.
+    A passed probe does not prove an encode fast on every text: `sedd serve`
+    holds each request's encoding to a budget of its own (docs/reliability.md).
 
     Raises:
       ValueError: naming the file, the regex and what is wrong with it.
     """
-    stack = [tree]
+    regexes, stack = [], [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
@@ -229,9 +263,109 @@ def check_regexes(tree, where) -> None:
                 if why:
                     raise ValueError(f"{where}: the tokenizer's regex {regex[:100]!r} {why}; sedd reads only "
                                      "tokenizers whose regexes run in time linear in the text")
+                regexes.append(regex)
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
+    unknown = [r for r in regexes if r not in KNOWN_REGEXES]
+    if unknown:
+        text = json.dumps(tree)
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        if digest not in _probed:
+            _probed[digest] = probe(text, probe_texts(unknown))
+        if _probed[digest]:
+            shown = ", ".join(repr(r[:60]) for r in unknown[:2])
+            raise ValueError(f"{where}: the tokenizer's regex {shown} may backtrack without end: the tokenizer "
+                             f"{_probed[digest]} (a regex other than GPT-2's and Llama 3's pre-tokenizers is read "
+                             "only if it passes this probe)")
+
+
+def probe_texts(regexes: list[str]) -> list[str]:
+    """Texts that make a backtracking regex show itself: a run of one character, a breaking one, the regexes' own.
+
+    Each text is ``PROBE_RUN`` copies of a character (one of ``_ATOMS``, or a
+    character the regexes name), then another, then every character the
+    regexes name: a regex that backtracks tries its ways to split the run
+    before failing at the break, and its literal characters at the end defeat
+    the engine's shortcut of refusing a text that lacks one.
+    """
+    own = sorted({c for r in regexes for c in r if c not in _META and c.isprintable()})[:24]
+    tail = "".join(own)
+    texts = [x * PROBE_RUN + y + tail for x in dict.fromkeys(_ATOMS + tail) for y in _ATOMS]
+    texts += [(x + y) * (PROBE_RUN // 2) + "!" + tail for x in _ATOMS for y in _ATOMS if x != y]
+    return texts
+
+
+_PROBE = r"""
+import sys
+sys.path = [p for p in sys.path if p not in ("", ".")]  # nothing from the folder it was started in
+import json
+import tokenizers
+job = json.loads(sys.stdin.buffer.read())
+try:
+    tok = tokenizers.Tokenizer.from_str(job["tokenizer"])
+except BaseException as e:
+    print("unbuilt", json.dumps(f"{type(e).__name__}: {str(e)[:200]}"), flush=True)
+    sys.exit(0)
+print("built", flush=True)
+for text in job["texts"]:
+    try:
+        tok.encode(text, add_special_tokens=False)
+    except BaseException as e:
+        print("failed", json.dumps(f"{type(e).__name__}: {str(e)[:200]} on {text[:20]!r}..."), flush=True)
+        sys.exit(0)
+print("done", flush=True)
+"""
+
+
+def probe(text: str, texts: list[str], budget_s: float | None = None) -> str | None:
+    """Encode `texts` with the tokenizer.json `text` in a process of its own, killed at the budget.
+
+    Returns:
+      None when every text was encoded within `budget_s` (default
+      ``PROBE_BUDGET_S``) of the tokenizer being built; else what happened,
+      as words ("took more than 0.5 s to encode ...", "failed on a probe text: ...").
+    """
+    budget_s = PROBE_BUDGET_S if budget_s is None else budget_s
+    env = {**os.environ, "RUST_BACKTRACE": "0", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen([sys.executable, "-c", _PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env)
+    try:
+        try:
+            proc.stdin.write(json.dumps({"tokenizer": text, "texts": texts}).encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        word, said = _said(proc, PROBE_START_S)
+        if word == "unbuilt":
+            return f"cannot be built: {said}"
+        if word != "built":
+            return f"could not be probed (its probe process ended, exit code {proc.poll()})"
+        word, said = _said(proc, budget_s)
+        if word == "failed":
+            return f"failed on a probe text: {said}"
+        if word != "done":
+            chars = sum(map(len, texts))
+            return (f"took more than {budget_s:g} s to encode {len(texts)} probe texts ({chars:,} characters; "
+                    "a GPT-2 BPE takes about 0.05 s)")
+        return None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _said(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """(first word, the rest) of the next line the probe process writes within `timeout` s; ("", "") if none."""
+    end = time.monotonic() + timeout
+    ready, _, _ = select.select([proc.stdout], [], [], max(end - time.monotonic(), 0.0))
+    if not ready:
+        return "", ""
+    word, _, rest = proc.stdout.readline().decode("utf-8", "replace").strip().partition(" ")
+    try:
+        rest = json.loads(rest) if rest else ""
+    except ValueError:
+        pass
+    return word, str(rest)
 
 
 _COUNT = re.compile(r"\{(\d*)(,?)(\d*)\}")
@@ -349,5 +483,6 @@ def save_tokenizer(tokenizer, path) -> None:
 
 
 def load_tokenizer(path):
-    """The tokenizer saved at path by ``save_tokenizer``."""
-    return tokenizer_from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+    """The tokenizer saved at path by ``save_tokenizer``: a regular file of its run directory (``sedd.files``)."""
+    path = Path(path)
+    return tokenizer_from_dict(json.loads(files.read_text(path, MAX_TOKENIZER_BYTES, root=path.parent)))

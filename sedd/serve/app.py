@@ -28,10 +28,12 @@ from sedd.serve.engine import Busy, Engine
 from sedd.serve.texts import Streamed, Texts
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")  # the Host names answered by default
-PLAN_TIMEOUT_S = 10.0
-"""Seconds a request's prompt and suffix may take to encode (a tokenizer from someone else may be slow);
-then 503. Encoding runs on a thread of its own, never on the event loop, so /health and the other
-requests are answered meanwhile."""
+PLAN_TIMEOUT_S = 2.0
+PLAN_CHARS_PER_S = 100_000  # a tenth of a GPT-2 BPE's pace on one core: a long prompt gets more time
+"""A request's prompt and suffix may take PLAN_TIMEOUT_S seconds to encode, plus one per PLAN_CHARS_PER_S
+characters (a tokenizer from someone else may be slow, issue 63); then 503. Encoding runs on a thread of its own,
+never on the event loop, so /health and the other requests are answered meanwhile; an encoding past its budget
+cannot be interrupted and finishes on its thread (PLAN_THREADS at most at once)."""
 PLAN_THREADS = 2  # encodings at once; one a tokenizer never returns from holds its thread, not the server
 
 logger = logging.getLogger("sedd.serve")
@@ -146,8 +148,9 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
     Args:
       allowed_hosts: the names a request's Host header may give ("*": any).
       api_key: when given, every /v1/ request must carry ``Authorization: Bearer <api_key>``.
-      draft, draft_k, draft_name: an AR run's speculative decoding (``_speculation``): "ngram" or a smaller
-        AR ``runs.Run``, drafts a round, the name /v1/models gives; answers then carry a `speculative` object.
+      draft, draft_k, draft_name: an AR run's speculative decoding (``_speculation``): "ngram", a smaller
+        AR ``runs.Run`` or a block run's, drafts a round, the name /v1/models gives; answers then carry a
+        `speculative` object.
     """
     speculation = _speculation(run, draft, draft_k, draft_name)
     if limits.max_batch < limits.max_n:
@@ -244,7 +247,7 @@ def _speculation(run: runs.Run, draft, draft_k: int | None, draft_name: str | No
       ValueError: a draft or draft_k the run cannot take, or a run served neither way (one line).
     """
     if isinstance(draft, runs.Run):
-        draft = draft.kind.drafter(draft.net)  # an AR network, or a block run's BlockDraft; other kinds refused
+        draft = draft.kind.drafter(draft.net)  # a sedd.drafts.Drafter, checked by the run's kind; other kinds refused
     speculation = run.kind.speculation(run.graphdef, draft, draft_k, draft_name)
     if speculation is None and not run.kind.serves:
         raise ValueError(f"sedd serve serves diffusion runs and AR runs; this run's model.kind is {run.kind.name!r}")
@@ -282,17 +285,18 @@ async def _http_error(request, e: HTTPException) -> JSONResponse:
 
 async def _planned(planner: concurrent.futures.Executor, run: runs.Run, req: CompletionRequest,
                    limits: Limits) -> Plan:
-    """``plan`` (the prompt encoded) on the planner's threads, within PLAN_TIMEOUT_S.
+    """``plan`` (the prompt encoded) on the planner's threads, within its budget (PLAN_TIMEOUT_S and the length).
 
     Raises:
       APIError: plan's 400s; 503 when the encoding takes too long (the
         thread finishes on its own; the request no longer waits for it).
     """
+    budget = PLAN_TIMEOUT_S + (len(req.prompt) + len(req.suffix or "")) / PLAN_CHARS_PER_S
     try:
         return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(planner, plan, run, req, limits),
-                                      PLAN_TIMEOUT_S)
+                                      budget)
     except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
-        raise APIError(503, f"encoding the prompt took more than {PLAN_TIMEOUT_S:g} s; the run's tokenizer is too "
+        raise APIError(503, f"encoding the prompt took more than {budget:.3g} s; the run's tokenizer is too "
                             "slow for this text", "prompt", "timeout", kind="server_error") from None
 
 

@@ -1,0 +1,103 @@
+"""One way to read a file someone else may have made: a regular file, inside its folder, of bounded size.
+
+A run directory, a teacher run, a converted model's folder or a tokenizer's
+files may come from someone else, so each file of one is read as hostile
+(docs/reliability.md): a link to /dev/zero would read without end, a FIFO
+would block for ever, a link to ~/.ssh/id_rsa or /etc/passwd would copy that
+file into a new run. ``read_bytes`` (and ``read_text``, ``copy``) opens the
+file once, without following a last link and without blocking on a FIFO,
+checks on the open descriptor that it is a regular file, and reads at most
+`limit` bytes of it; with `root`, the file's real path (every link followed)
+must lie inside `root`'s. Every command that reads or copies a file of a run
+(load, distill, convert, serve, resume) goes through here.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+
+class UnsafeFile(ValueError):
+    """A file that is not read: not a regular file, a link out of its folder, or larger than its bound."""
+
+
+def read_bytes(path: str | Path, limit: int, root: str | Path | None = None) -> bytes:
+    """The bytes of `path`, a regular file of at most `limit` bytes (inside `root`, when given).
+
+    Args:
+      path: the file; a symbolic link is followed only when it stays inside `root`
+        (without `root`, to any regular file).
+      limit: the most bytes read; a larger file (or one that grows past it while
+        read) is refused, never cut.
+      root: the folder the file belongs to (a run directory); its real path and
+        the file's are compared, so no link, of the file or of a folder on the
+        way, reaches outside.
+    Returns:
+      at most `limit` bytes.
+    Raises:
+      FileNotFoundError: there is no such file.
+      UnsafeFile: one line naming the file and what it is instead.
+    """
+    path = Path(path)
+    real = _inside(path, root)
+    try:  # O_NONBLOCK: a FIFO opens at once (then fstat refuses it); O_NOFOLLOW: no link swapped in meanwhile
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise UnsafeFile(f"{path} cannot be read: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFile(f"{path} is not a regular file ({_what(st.st_mode)}); only regular files are read")
+        if st.st_size > limit:
+            raise UnsafeFile(f"{path} holds {st.st_size:,} bytes; at most {limit:,} are read")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise UnsafeFile(f"{path} grew past {limit:,} bytes while it was read; at most {limit:,} are read")
+    return data
+
+
+def read_text(path: str | Path, limit: int, root: str | Path | None = None) -> str:
+    """``read_bytes`` as UTF-8 text (UnicodeDecodeError, a ValueError, for bytes that are not)."""
+    return read_bytes(path, limit, root).decode("utf-8")
+
+
+def copy(src: str | Path, dst: str | Path, limit: int, root: str | Path | None = None) -> None:
+    """Copy the file `src` (read by ``read_bytes``) into `dst`, a new file: never written through a link.
+
+    Raises:
+      FileNotFoundError, UnsafeFile: as ``read_bytes``; FileExistsError: dst
+        exists (a file or a link), and is left as it is.
+    """
+    data = read_bytes(src, limit, root)
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _inside(path: Path, root: str | Path | None) -> Path:
+    """path's real path (links followed), refused when a link leads out of root's real path."""
+    if root is None:
+        return path
+    try:
+        real = path.resolve(strict=True)
+    except FileNotFoundError:
+        raise
+    except (OSError, RuntimeError) as e:  # a link loop
+        raise UnsafeFile(f"{path} cannot be read: {e}") from None
+    home = Path(root).resolve()
+    if real != home and home not in real.parents:
+        raise UnsafeFile(f"{path} is a link to {real}, outside {root}; a run's files are read only inside it")
+    return real
+
+
+def _what(mode: int) -> str:
+    """A file type in words."""
+    for test, word in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return word
+    return "not a regular file"

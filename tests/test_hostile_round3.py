@@ -1,0 +1,273 @@
+"""Hostile input, third round (issue 63): each finding reproduced with a file, a run or an option the test makes.
+
+Finding 1: a file of a run is read one way (``sedd.files``): a regular file,
+no link out of its run, bounded size; `sedd distill` copied the teacher's
+tokenizer.json through links. Finding 3: a tokenizer whose regex stalls is
+refused by behaviour, not by shape. Finding 4: every numeric option of
+`sedd distill`. Finding 5: the code corpus's sizes and reach. Finding 7: one
+line for one error. (Findings 2 and 6, streaming a spec run and the options
+`sedd sample` ignored, are held by the kinds' own tests.)
+"""
+
+import json
+import os
+import shutil
+import sys
+import time
+
+import pytest
+
+from sedd import cli, files, runs
+
+tokenizers = pytest.importorskip("tokenizers")
+
+
+def _one_line(capsys, command: str) -> str:
+    """The stderr of a refused command: one line starting `sedd COMMAND: error: `, no traceback."""
+    err = capsys.readouterr().err
+    assert err.startswith(f"sedd {command}: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err, err
+    return err
+
+
+def _listing(folder) -> list:
+    return sorted((str(p.relative_to(folder)), p.is_symlink()) for p in folder.rglob("*")) if folder.exists() else []
+
+
+@pytest.fixture
+def copy_run_dir(tiny_run, tmp_path):
+    workdir = tmp_path / "received"
+    shutil.copytree(tiny_run[0], workdir)
+    return workdir
+
+
+# --------------------------------------------------------------------------- finding 1: one way to read a run's file
+
+
+def _make(kind: str, path, outside) -> None:
+    """Put at path a link to /dev/zero, a link to /etc/passwd (or a file of the user's), a FIFO, or a loop."""
+    path.unlink(missing_ok=True)
+    if kind == "zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "passwd":
+        path.symlink_to("/etc/passwd" if os.path.exists("/etc/passwd") else outside)
+    elif kind == "mine":  # a JSON file of the user's, outside the run: read, it would look like a tokenizer
+        outside.write_text(json.dumps({"name": "char", "chars": "secret"}))
+        path.symlink_to(outside)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "loop":
+        path.symlink_to(path)
+
+
+HOSTILE = ["zero", "passwd", "mine", "fifo", "loop"]
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_distill_refuses_a_teacher_whose_tokenizer_is_not_a_file_of_its_own_and_writes_nothing(
+        copy_run_dir, tmp_path, capsys, kind):
+    """Was: /dev/zero written into OUT without end, /etc/passwd copied into OUT, a SpecialFileError traceback."""
+    teacher, out, outside = copy_run_dir, tmp_path / "out", tmp_path / "users_file.json"
+    _make(kind, teacher / runs.TOKENIZER, outside)
+    before = _listing(tmp_path)
+    t0 = time.monotonic()
+    assert cli.main(["distill", "--teacher", str(teacher), "--workdir", str(out),
+                     "--config.distill.round_steps=2", "--config.training.ckpt_every=2"]) == 2
+    err = _one_line(capsys, "distill")
+    assert "tokenizer.json" in err and time.monotonic() - t0 < 30, err
+    assert not out.exists() and _listing(tmp_path) == before
+
+
+def test_distill_copies_the_teachers_tokenizer_through_the_one_reader(copy_run_dir, tmp_path, monkeypatch):
+    """The copy itself: never through a link of the new run, never from outside the teacher."""
+    from sedd import distill
+    teacher = copy_run_dir
+    seen = []
+    real = files.copy
+    monkeypatch.setattr(files, "copy", lambda *a, **k: (seen.append((a, k)), real(*a, **k))[1])
+    monkeypatch.setattr(distill.train, "train", lambda *a, **k: {"stopped": True})
+    config = distill.distill_config(teacher, ["--config.distill.round_steps=2", "--config.training.ckpt_every=2",
+                                              "--config.distill.teacher_steps=8"], rounds=1)
+    distill.distill(config, tmp_path / "out", quiet=True)
+    assert seen and seen[0][1]["root"] == teacher.resolve()
+    assert (tmp_path / "out" / runs.TOKENIZER).read_bytes() == (teacher / runs.TOKENIZER).read_bytes()
+    out2 = tmp_path / "out2"
+    out2.mkdir()
+    (tmp_path / "victim").write_text("the user's")
+    with pytest.raises(FileExistsError):  # a link planted where the copy goes is not written through
+        files.copy(teacher / runs.TOKENIZER, _link(out2 / runs.TOKENIZER, tmp_path / "victim"), 1 << 20)
+    assert (tmp_path / "victim").read_text() == "the user's"
+
+
+def _link(path, target):
+    path.symlink_to(target)
+    return path
+
+
+@pytest.mark.parametrize("entry", [runs.TOKENIZER, runs.CONFIG])
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_reading_a_run_refuses_its_files_that_are_not_its_own(copy_run_dir, tmp_path, capsys, entry, kind):
+    """`sedd sample` (runs.load, which `sedd serve` and `sedd eval` use too) refuses in one line."""
+    _make(kind, copy_run_dir / entry, tmp_path / "users_file.json")
+    assert cli.main(["sample", "--workdir", str(copy_run_dir), "--steps", "2", "--num_samples", "1"]) == 2
+    err = _one_line(capsys, "sample")
+    assert entry in err, err
+
+
+def test_a_link_inside_the_run_is_read(copy_run_dir):
+    (copy_run_dir / "tok").mkdir()
+    shutil.move(copy_run_dir / runs.TOKENIZER, copy_run_dir / "tok" / runs.TOKENIZER)
+    (copy_run_dir / runs.TOKENIZER).symlink_to("tok/" + runs.TOKENIZER)
+    config = runs.read_config(copy_run_dir)
+    assert runs.read_tokenizer(copy_run_dir, config.vocab_size).vocab_size == config.vocab_size
+
+
+@pytest.mark.parametrize("kind", ["zero", "fifo", "mine"])
+def test_serve_refuses_such_a_run_before_it_listens(copy_run_dir, tmp_path, capsys, kind):
+    from sedd.serve import main as serve_main_fn
+    _make(kind, copy_run_dir / runs.TOKENIZER, tmp_path / "users_file.json")
+    assert serve_main_fn(["--workdir", str(copy_run_dir), "--port", "0"]) == 2
+    _one_line(capsys, "serve")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_a_resumed_run_refuses_a_tokenizer_that_is_not_a_regular_file(copy_run_dir, capsys, tiny_run, kind):
+    """Was: a FIFO tokenizer.json blocked `sedd train` for ever (check_run_links refuses links; a FIFO is none)."""
+    _make(kind, copy_run_dir / runs.TOKENIZER, None)
+    before = _listing(copy_run_dir)
+    argv = ["train", "--config", "tiny", "--workdir", str(copy_run_dir), f"--config.data.data_dir={tiny_run[1]}",
+            "--config.training.n_iters=6", "--config.training.ckpt_every=2", "--config.training.eval_every=4",
+            "--config.model.n_blocks=1"]
+    assert cli.main(argv) == 2
+    _one_line(capsys, "train")
+    assert _listing(copy_run_dir) == before
+
+
+@pytest.fixture(scope="module")
+def gpt2_files(tmp_path_factory):
+    """A byte-level BPE trained here, saved in GPT-2's layout (vocab.json + merges.txt)."""
+    folder = tmp_path_factory.mktemp("gpt2")
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["the cat sat on the mat, and the dog ate 1,234 bones."] * 20, vocab_size=300,
+                            min_frequency=1, special_tokens=["<|endoftext|>"], show_progress=False)
+    bpe.save_model(str(folder))
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["zero", "passwd", "fifo"])
+def test_convert_reads_no_tokenizer_file_of_src_that_leaves_it(tmp_path, gpt2_files, capsys, kind):
+    """The tokenizer files inside SRC are read as a run's: no link out, no FIFO, no device; DST never made."""
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(gpt2_files / "merges.txt", src / "merges.txt")
+    _make(kind, src / "vocab.json", tmp_path / "users_file.json")
+    (src / "config.json").write_text("{}")
+    assert cli.main(["convert", str(src), str(tmp_path / "dst")]) == 2
+    err = _one_line(capsys, "convert")
+    assert "vocab.json" in err, err
+    assert not (tmp_path / "dst").exists() and not list(tmp_path.glob(".dst.converting-*"))
+
+
+def test_convert_reads_a_config_only_from_a_regular_file(tmp_path):
+    """read_original_config opened the file it was given with read_text: a FIFO blocked it for ever."""
+    from sedd.convert.limits import ConversionError
+    from sedd.convert.read import read_original_config
+    os.mkfifo(tmp_path / "config.json")
+    (tmp_path / "big.json").write_text(" " * 300_000 + "{}")
+    with pytest.raises(ConversionError, match="not a regular file \\(a FIFO\\)"):
+        read_original_config(tmp_path / "config.json")
+    with pytest.raises(ConversionError, match="a config has at most 262,144 bytes"):
+        read_original_config(tmp_path / "big.json")
+
+
+def test_the_reader_bounds_the_size_and_refuses_what_grows():
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        big = os.path.join(d, "big")
+        with open(big, "wb") as f:
+            f.truncate(1 << 30)  # sparse: no disk blocks
+        with pytest.raises(files.UnsafeFile, match="holds 1,073,741,824 bytes; at most 1,024 are read"):
+            files.read_bytes(big, 1024, root=d)
+
+
+# --------------------------------------------------------------------------- finding 3: tokenizers that stall
+
+SLOW = {
+    "the report's: (\\w)? 21 times, then \\w{21}z": r"(\w)?" * 21 + r"\w{21}z",
+    "no group at all: \\w? 20 times, then \\w{20}z": r"\w?" * 20 + r"\w{20}z",
+    "an optional alternation: (?:\\s|\\w)? 20 times, then \\w{20}z": r"(?:\s|\w)?" * 20 + r"\w{20}z",
+    "adjacent stars (polynomial): \\w* 12 times, then z": r"\w*" * 12 + "z",
+}
+
+
+def _split_tokenizer(path, regex: str) -> str:
+    """A Hugging Face tokenizer.json whose Split pre-tokenizer is `regex`."""
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({c: i for i, c in enumerate("abcz !")}, unk_token="a"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(pattern=tokenizers.Regex(regex), behavior="isolated")
+    tok.save(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("name", list(SLOW))
+def test_slow_regexes_pass_the_shape_check_and_stall_an_encode(tmp_path, name):
+    """Each pattern gets past ``regex_risk`` (the round-2 check) and takes over a second on a 66-character text, or
+    panics (Oniguruma's retry limit): encoded in a process of its own, killed after 1 s."""
+    from sedd.data import tokenizers as tok_lib
+    assert tok_lib.regex_risk(SLOW[name]) is None
+    text = open(_split_tokenizer(tmp_path / "t.json", SLOW[name])).read()
+    said = tok_lib.probe(text, ["a" * 64 + "!z"], budget_s=1.0)
+    assert said is not None and ("took more than 1 s" in said or "PanicException" in said), said
+
+
+@pytest.mark.parametrize("name", list(SLOW))
+def test_a_slow_regex_is_refused_when_a_run_is_read_in_one_line_within_2_s(copy_run_dir, capsys, name):
+    hostile = _split_tokenizer(copy_run_dir.parent / "hostile.json", SLOW[name])
+    (copy_run_dir / runs.TOKENIZER).write_text(json.dumps({"name": "gpt2", "path": hostile}))
+    t0 = time.monotonic()
+    with pytest.raises(runs.RunError, match="may backtrack without end") as e:
+        runs.read_tokenizer(copy_run_dir, 50257)
+    assert time.monotonic() - t0 < 2.0, time.monotonic() - t0
+    assert "\n" not in str(e.value)
+    assert cli.main(["sample", "--workdir", str(copy_run_dir), "--steps", "2", "--num_samples", "1"]) == 2
+    assert "may backtrack without end" in _one_line(capsys, "sample")
+
+
+@pytest.mark.parametrize("name", list(SLOW))
+def test_sedd_convert_refuses_a_slow_regex_in_one_line_within_2_s(tmp_path, capsys, name):
+    hostile = _split_tokenizer(tmp_path / "tokenizer.json", SLOW[name])
+    t0 = time.monotonic()
+    assert cli.main(["convert", str(tmp_path), str(tmp_path / "run"), "--tokenizer_path", hostile]) == 2
+    assert time.monotonic() - t0 < 2.0, time.monotonic() - t0
+    err = _one_line(capsys, "convert")
+    assert "not a readable GPT-2 tokenizer" in err and "may backtrack without end" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_gpt2s_tokenizer_and_the_peers_still_load_without_a_probe(tmp_path, gpt2_files, monkeypatch):
+    """GPT-2's files (vocab.json + merges.txt, as the peers' folders hold), and a tokenizer.json of GPT-2's or
+    Llama 3's regex, load without the probe's process; a harmless regex of no known tokenizer passes it."""
+    from sedd.data import GPT2Tokenizer
+    from sedd.data import tokenizers as tok_lib
+    probes = []
+    real = tok_lib.probe
+    monkeypatch.setattr(tok_lib, "probe", lambda *a, **k: probes.append(a) or real(*a, **k))
+    assert GPT2Tokenizer(str(gpt2_files)).encode("the cat").size
+    for regex in tok_lib.KNOWN_REGEXES:
+        bpe = tokenizers.ByteLevelBPETokenizer(str(gpt2_files / "vocab.json"), str(gpt2_files / "merges.txt"))
+        bpe.pre_tokenizer = tokenizers.pre_tokenizers.Sequence([
+            tokenizers.pre_tokenizers.Split(tokenizers.Regex(regex), behavior="isolated"),
+            tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        bpe.save(str(tmp_path / "tokenizer.json"))
+        tok = GPT2Tokenizer(str(tmp_path / "tokenizer.json"))
+        assert tok.decode(tok.encode("the dog sat on 1,234 mats.")) == "the dog sat on 1,234 mats."
+    assert probes == []
+    t0 = time.monotonic()
+    GPT2Tokenizer(_split_tokenizer(tmp_path / "plain.json", r"\p{L}+|\s+|\p{N}+|[^\s\p{L}\p{N}]+"))
+    assert len(probes) == 1 and time.monotonic() - t0 < 2.0
+    GPT2Tokenizer(str(tmp_path / "plain.json"))  # probed once a process
+    assert len(probes) == 1
+
+
+def test_the_server_holds_each_encoding_to_its_budget():
+    from sedd.serve import app as app_lib
+    assert app_lib.PLAN_TIMEOUT_S <= 2.0
