@@ -109,6 +109,34 @@ def parse_sampler(spec: str) -> tuple[str, dict]:
     return name, options
 
 
+def supported(run: runs.Run, specs: list[tuple], workdir: Path) -> list[tuple]:
+    """The (spec, name, options) whose sampler the run's kind takes (``Kind.check_sampler``); a line for each other."""
+    kept = []
+    for spec in specs:
+        try:
+            run.kind.check_sampler(spec[1])
+            kept.append(spec)
+        except ValueError as e:
+            print(f"{workdir}: skipping {spec[0]}: {e}")
+    return kept
+
+
+def find_judge(workdir: Path, judge, tokenizer, chain) -> tuple:
+    """(the judge's directory, its network) or (None, None): --judge, else WORKDIR/ar where it exists.
+
+    Raises:
+      FileNotFoundError: no judge and no chain to score the samples exactly.
+    """
+    if judge is None and (workdir / "ar" / "config.json").exists():
+        judge = workdir / "ar"
+    judge_model = figures.load_judge(judge, tokenizer).model if judge is not None else None
+    if judge_model is None and chain is None:
+        raise FileNotFoundError(
+            f"no judge for {workdir}: pass --judge AR_RUN_DIR, or train the AR baseline into {workdir / 'ar'}:\n"
+            f"  sedd train --config CONFIG --config.model.kind=ar --workdir {workdir / 'ar'}")
+    return judge, judge_model
+
+
 def compare_samplers(
     workdir: str | Path,
     samplers: Sequence[str] = DEFAULT_SAMPLERS,
@@ -158,23 +186,10 @@ def compare_samplers(
         raise ValueError(f"{workdir} holds a run that does not diffuse ({run.kind.label}); compare_samplers needs a "
                          "diffusion run (pass an AR run as --judge)")
     if skip_unsupported:
-        kept = []
-        for spec in specs:
-            try:
-                run.kind.check_sampler(spec[1])
-                kept.append(spec)
-            except ValueError as e:
-                print(f"{workdir}: skipping {spec[0]}: {e}")
-        specs = kept
+        specs = supported(run, specs, workdir)
     chain = chain_from_config(config.data) if config.data.name == "markov" else None
-    if judge is None and (workdir / "ar" / "config.json").exists():
-        judge = workdir / "ar"
-    judge_model = figures.load_judge(judge, tokenizer).model if judge is not None else None
+    judge, judge_model = find_judge(workdir, judge, tokenizer, chain)
     judge_nll = figures.judge_nll(judge_model) if judge_model is not None else None
-    if judge_model is None and chain is None:
-        raise FileNotFoundError(
-            f"no judge for {workdir}: pass --judge AR_RUN_DIR, or train the AR baseline into {workdir / 'ar'}:\n"
-            f"  sedd train --config CONFIG --config.model.kind=ar --workdir {workdir / 'ar'}")
     categorical = categorical or config.sampling.categorical
     length = config.data.seq_len
 

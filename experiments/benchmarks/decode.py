@@ -223,6 +223,14 @@ def run_decode(quick: bool, args) -> dict:
     # The weights a call reads: the floor of a call at the device's copy rate.
     n = model_lib.matmul_params(ar_model)
     out["weight_bytes_float32"], out["weight_bytes_bfloat16"] = 4 * n, 2 * n
+    _hlo_and_traces(out, fns, ar_model, length, base, args)
+    out["table"] = _table(out)
+    return out
+
+
+def _hlo_and_traces(out: dict, fns: dict, ar_model, length: int, base: str, args) -> None:
+    """Into `out`: the AR loop body's HLO op counts (--trace --dump) and the traces of the AR and block-4 calls
+    (--trace); a failure is recorded, never raised (a summary, not a result)."""
     try:
         if not (args.trace and args.dump):
             raise RuntimeError("the loop body's HLO is read with --trace --dump only")
@@ -240,14 +248,19 @@ def run_decode(quick: bool, args) -> dict:
         for name, (fn, calls) in fns.items():
             if name in (base, "AR, weights stored bf16") or name.startswith("block b=4"):
                 try:
-                    keep = str(Path(args.dump) / f"{name.split(',')[0].replace(' ', '_').replace('=', '')}.xplane.pb.gz") \
-                        if args.dump else None
+                    stem = name.split(",")[0].replace(" ", "_").replace("=", "")
+                    keep = str(Path(args.dump) / f"{stem}.xplane.pb.gz") if args.dump else None
                     out["trace"][name] = trace_calls(fn, calls, keep=keep)
                 except Exception as e:
                     out["trace"][name] = {"error": repr(e)[:400]}
+
+
+def _table(out: dict) -> str:
+    """The decode benchmark's table: a row per writer, then the weights a call reads and each trace's lines."""
     rows = [[r["what"], r["calls"], f"{r['seconds']:.3f}", f"{r['ms_per_call']:.3f}", f"{r['tokens_per_s']:.0f}",
              "" if r["ratio_to_ar_sample"] is None else f"{r['ratio_to_ar_sample']:.2f}",
-             "" if r["same_tokens_as_ar_sample"] is None else str(r["same_tokens_as_ar_sample"])] for r in results]
+             "" if r["same_tokens_as_ar_sample"] is None else str(r["same_tokens_as_ar_sample"])]
+            for r in out["results"]]
     table = format_table(["batch 1", "calls", "s", "ms a call", "tok/s", "time / ar.sample", "same tokens"], rows)
     table += (f"\nweights a call: {out['weight_bytes_float32'] / 1e9:.3f} GB float32, "
               f"{out['weight_bytes_bfloat16'] / 1e9:.3f} GB bfloat16; the AR loop body: "
@@ -260,6 +273,4 @@ def run_decode(quick: bool, args) -> dict:
             table += (f"\ntrace of {name}, {row['line']}: {row['events_per_call']:.0f} events a call, "
                       f"{row['sum_ms_per_call']:.3f} ms summed, {row['busy_ms_per_call']:.3f} ms busy a call "
                       f"(traced wall {tr['wall_ms_per_call_traced']:.3f} ms a call)")
-    out["table"] = table
-    return out
-
+    return table
