@@ -115,14 +115,20 @@ def animation_labels(frames: int, every: int, steps: int) -> list[str]:
 
 def _animate(run: runs.Run, trajectory, every: int, steps: int, delay: float) -> None:
     """Redraw the first sample in place as it is denoised (masks as sampling.MASK_CHAR, not --infill's blank "_"),
-    each frame labelled with its step."""
+    each frame labelled with its step.
+
+    On a terminal each frame clears the screen and waits `delay` seconds; where stdout is a file or a pipe the
+    frames are written one after another as plain text, at once (clear-screen codes would land in the file).
+    """
     mask_id = run.graph.dim - 1 if run.graph.absorb else -1
+    live = sys.stdout.isatty()
     for label, frame in zip(animation_labels(len(trajectory), every, steps), trajectory):
         ids = np.asarray(frame[0]).tolist()
         text = "".join(sampling.MASK_CHAR if i == mask_id else run.tokenizer.decode([i]) for i in ids)
-        sys.stdout.write("\x1b[2J\x1b[H" + label + "\n" + text + "\n")
+        sys.stdout.write(("\x1b[2J\x1b[H" if live else "") + label + "\n" + text + "\n")
         sys.stdout.flush()
-        time.sleep(delay)
+        if live:
+            time.sleep(delay)
 
 
 def _sample(args) -> int:
@@ -330,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("sample", help="write text with a trained model")
     p.add_argument("--workdir", required=True, help="run directory of a trained model")
     p.add_argument("--steps", type=int, default=None, help="reverse steps (default: the config's)")
-    p.add_argument("--sampler", default=None, help="a sampler of sedd.sampling.PREDICTORS: analytic, euler, "
-                   "first_hitting, confidence, entropy_bound, remdm (default: the config's); on the absorbing graph "
+    p.add_argument("--sampler", default=None, help="a sampler of sedd.sampling.PREDICTORS: "
+                   + ", ".join(sampling.PREDICTORS) + " (default: the config's); on the absorbing graph "
                    "with log-linear noise analytic and euler are one kernel and draw the same text")
     p.add_argument("--predictor", dest="sampler", help="the old name of --sampler")
     p.add_argument("--num_samples", type=int, default=4)

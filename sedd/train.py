@@ -411,6 +411,37 @@ def dtype_line(name: str) -> str:
     return f"compute dtype {dtype} (model.dtype='auto': {why}; --config.model.dtype=float32|bfloat16 sets it)"
 
 
+class BarLines:
+    """`say`: lines printed to stdout, each on a line of its own, above the loop's progress bar once it is drawn.
+
+    Where stdout and the bar's stream are both a terminal, tqdm.write clears
+    the bar, writes and redraws it. Elsewhere (`sedd train | tee log`,
+    `> log 2>&1`) the bar's carriage-return redraws never end their line, so
+    that line is ended first, once for each count the bar has reached (a
+    count it skipped drawing costs a blank line); and stdout is flushed, as a
+    pipe buffers it while the bar's stderr is not, so the line lands in order.
+    """
+
+    def __init__(self, quiet: bool = False):
+        self.quiet, self.bar = quiet, None  # bar: the loop's tqdm, set once drawn
+        self.ended_at = None  # the bar's count when its line was last ended
+
+    def __call__(self, *parts) -> None:
+        if self.quiet:
+            return
+        text, bar = " ".join(str(x) for x in parts), self.bar
+        drawn = bar is not None and not bar.disable
+        if not drawn or (sys.stdout.isatty() and getattr(bar.fp, "isatty", lambda: False)()):
+            tqdm.write(text)
+        else:
+            if self.ended_at != bar.n:  # the bar has been redrawn since its line was last ended
+                bar.fp.write("\n")
+                bar.fp.flush()
+                self.ended_at = bar.n
+            print(text)
+        sys.stdout.flush()
+
+
 def format_duration(seconds: float) -> str:
     """Seconds as "42 s", "13 min 5 s" or "2 h 7 min"."""
     seconds = round(seconds)
@@ -552,7 +583,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     mesh = sharding_lib.make_mesh(config.mesh)
     lead = jax.process_index() == 0  # only process 0 logs and writes run files
     quiet = quiet or not lead
-    say = (lambda *a: None) if quiet else (lambda *a: tqdm.write(" ".join(str(x) for x in a)))
+    say = BarLines(quiet)
     if cpu_devices:
         say(f"this CPU as {cpu_devices} devices, the batch split over them (mesh.cpu_devices; 1 = one device)")
 
@@ -646,6 +677,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
 
     with StopRequest(say=(lambda msg: None) if quiet else None) as stop, \
             tqdm(total=t.n_iters, initial=step, disable=quiet, desc="train", dynamic_ncols=True) as bar:
+        say.bar = bar
         failed = True
         try:
             while step < t.n_iters:

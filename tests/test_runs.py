@@ -60,6 +60,7 @@ def test_animate_labels_frames_with_the_steps_of_the_run(tiny_run, monkeypatch, 
     (a 128-step run keeps a frame every 2 steps: [step 0/128] .. [step 128/128], not [0/64] .. [64/64])."""
     workdir, _ = tiny_run
     monkeypatch.setattr(cli.time, "sleep", lambda s: None)
+    monkeypatch.setattr(cli.sys.stdout, "isatty", lambda: True)  # redrawn in place on a terminal only
     assert cli.main(["sample", "--workdir", str(workdir), "--steps", "128", "--num_samples", "1", "--animate"]) == 0
     labels = [line.rsplit("\x1b[H", 1)[1] for line in capsys.readouterr().out.splitlines() if "\x1b[H" in line]
     assert labels == [f"[step {k}/128]" for k in range(0, 129, 2)], labels

@@ -1,0 +1,87 @@
+"""The command line's small frictions a newcomer met (issue 62, item 5), each held fixed.
+
+- `sedd sample --help` names every registered sampler (it lacked `dilated`);
+- `sedd sample --animate` into a file or a pipe writes plain frames, no clear-screen codes;
+- `sedd train`'s lines (the `speed:` line among them) land on lines of their own, not inside the progress
+  bar's line, where the output goes to a file or a pipe.
+"""
+
+import io
+import re
+
+import pytest
+from tqdm.auto import tqdm
+
+from sedd import cli, sampling
+from sedd import train as train_lib
+
+
+def test_sample_help_names_every_registered_sampler(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["sample", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help at spaces
+    missing = [name for name in sampling.PREDICTORS if not re.search(rf"\b{name}\b", text)]
+    assert not missing, f"`sedd sample --help` does not name {missing}: {text}"
+
+
+def test_animate_into_a_file_writes_plain_frames(tiny_run, monkeypatch, capsys):
+    """Where stdout is not a terminal (capsys's is not), the frames come one after another, labelled, with no
+    ANSI escape and no waiting between them."""
+    workdir, _ = tiny_run
+    waits = []
+    monkeypatch.setattr(cli.time, "sleep", waits.append)
+    assert not cli.sys.stdout.isatty()
+    assert cli.main(["sample", "--workdir", str(workdir), "--num_samples", "1", "--animate"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out, repr(out[:200])
+    labels = [line for line in out.splitlines() if re.fullmatch(r"\[step \d+/\d+\]", line)]
+    assert labels == [f"[step {k}/8]" for k in range(9)], labels  # the tiny config's 8 steps
+    assert waits == []
+
+
+class _Stream(io.StringIO):
+    """A stream that says whether it is a terminal."""
+
+    def __init__(self, tty: bool):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def _say_around_a_bar(monkeypatch, tty: bool) -> str:
+    """What a shared stdout/stderr shows when `sedd train`'s say speaks between the bar's redraws."""
+    stream = _Stream(tty)
+    monkeypatch.setattr(train_lib.sys, "stdout", stream)
+    say = train_lib.BarLines()
+    with tqdm(total=30, file=stream, mininterval=0, miniters=1, desc="train", ncols=60) as bar:
+        say.bar = bar
+        bar.update(15)
+        say("speed: 1.7 steps/s (steps 6-15, compilation excluded)")
+        bar.update(5)
+        say("[step 20] speed: 1.7 steps/s lately")
+        say("[step 20] 'a sample'")
+        bar.update(10)
+    say("after the bar")
+    return stream.getvalue()
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["file", "terminal"])
+def test_train_says_its_lines_on_lines_of_their_own(monkeypatch, tty):
+    """Into a file (`sedd train > log 2>&1`, `| tee log`) each line said starts a line and ends it, the bar's
+    carriage-return redraws kept off it, and lines said one after another hold no blank between them; on a
+    terminal tqdm clears the bar, writes the line and redraws the bar below it."""
+    out = _say_around_a_bar(monkeypatch, tty)
+    said = ["speed: 1.7 steps/s (steps 6-15, compilation excluded)", "[step 20] speed: 1.7 steps/s lately",
+            "[step 20] 'a sample'", "after the bar"]
+    physical = out.split("\n")
+    for line in said:
+        shown = [row.rsplit("\r", 1)[-1] for row in physical if line in row]  # what a terminal leaves of the row
+        assert shown == [line], (line, out)
+    if not tty:
+        for line in said:
+            assert line in physical, (line, out)  # its own line in the file: no bar text or \r beside it
+        assert f"\n{said[1]}\n{said[2]}\n" in out, out  # one line after another, no blank between
+    assert out.index(said[0]) < out.index("20/30") < out.index(said[1]) < out.index("30/30") < out.index(said[3])
