@@ -52,7 +52,7 @@ The package, one concept a module:
                  cache, temperature and nucleus, static or traced)
   samplers.py    the registry (``PREDICTORS``, ``check_graph``), euler,
                  analytic, the corrector
-  absorbing.py   first_hitting, confidence, entropy_bound, remdm
+  absorbing.py   first_hitting, confidence, dilated, entropy_bound, remdm
   long.py        ``sample_long``: windows over text longer than the model
   rows.py        one key, temperature and top_p per row in one batched
                  program, and the states handed to a listener while it
