@@ -143,6 +143,7 @@ def _sample(args) -> int:
         options["stop"] = True
     if args.draft:  # speculative sampling of an AR run: prompt lookup, a smaller AR run's or a block run's drafts
         options["draft"] = args.draft if args.draft == "ngram" else runs.load(args.draft)
+    if args.draft_k is not None:  # the run's kind and the drafter check it (refused without a draft)
         options["draft_k"] = args.draft_k
     if args.animate:
         steps = args.steps if args.steps is not None else run.config.sampling.steps
@@ -361,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft", default="", help="an AR run only: speculative sampling, the run's own law in fewer "
                    "calls, with drafts from 'ngram' (prompt lookup), a smaller AR run's or a block-diffusion run's "
                    "directory (one block of --draft_k <= its block size a call)")
-    p.add_argument("--draft_k", type=int, default=4, help="drafts a round with --draft (default 4)")
+    p.add_argument("--draft_k", type=int, default=None, help="drafts a round with --draft (default 4)")
 
     _add_eval(sub)
 

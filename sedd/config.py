@@ -138,12 +138,24 @@ before mesh.distributed one process), data.markov.* came with data.name = "marko
 optim.muon_lr_scale is read only by Muon, which the shipped configs offered from that key on."""
 
 
+def moved(saved: Mapping[str, Any], config: dict) -> None:
+    """Fill in `config` (today's keys) the keys whose meaning moved out of another key of `saved`.
+
+    model.draft_k: a spec run's drafts a round were its model.block_size until the key of their own
+    (2026-12-05; block_size now means a block run's block length only).
+    """
+    model = saved.get("model") if isinstance(saved.get("model"), Mapping) else {}
+    if model.get("kind") == "spec" and "draft_k" not in model and "block_size" in model:
+        config["model"]["draft_k"] = model["block_size"]
+
+
 def migrate(saved: Mapping[str, Any]) -> ml_collections.ConfigDict:
     """A saved config (a run directory's config.json) with the keys of today's configs.
 
     Each key of the shipped default config that `saved` lacks (the run was
     written before the key existed) gets its ``BEFORE_IT_EXISTED`` value, else
-    its shipped default. Keys only in `saved` (since removed) are dropped;
+    its shipped default; a key whose meaning moved out of another takes its value (``moved``).
+    Keys only in `saved` (since removed) are dropped;
     vocab_size, filled in from the data at training, is kept. The values
     `saved` has are kept as they are.
 
@@ -166,6 +178,7 @@ def migrate(saved: Mapping[str, Any]) -> ml_collections.ConfigDict:
         return out
 
     config = fill(saved, load_config(DEFAULT_CONFIG).to_dict(), "")
+    moved(saved, config)
     if "vocab_size" in saved:
         config["vocab_size"] = saved["vocab_size"]
     return ml_collections.ConfigDict(config)

@@ -127,19 +127,8 @@ def run_data(run: runs.Run, data: dict | None = None):
 
 def run_figures(run: runs.Run, dataset, split: str = "validation", num_t: int = 64, batch_size: int = 32,
                 max_batches: int | None = 8, seed: int = 0, progress: bool = True, **kwargs) -> dict:
-    """The likelihood figures of a loaded run on a split of a dataset (what ``evaluate_run`` and the end
-    of ``sedd.train.train`` report): its kind's figure. Arguments as ``evaluate_run``."""
-    if split not in dataset.splits:
-        raise ValueError(f"split {split!r} not in this data's splits {dataset.splits}; pass one of them")
-    n_batches = -(-dataset.packed(split).num_sequences // batch_size)
-    max_batches = n_batches if max_batches is None else min(max_batches, n_batches)  # a bar with a total and ETA
-    batches = map(run.place_rows, dataset.eval_batches(batch_size, split=split))  # each device takes its rows
-    out = run.kind.likelihood(jax.random.key(seed), run.net, batches, num_t, max_batches=max_batches,
-                              chars_per_token=dataset.chars_per_token, progress=progress, **kwargs)
-    out.update(split=split, kind=run.kind.name, num_t=num_t)
-    if hasattr(dataset, "true_nats_per_token"):
-        out["true_nats_per_token"] = dataset.true_nats_per_token()
-    return out
+    """The likelihood figures of a loaded run on a split of a dataset: ``sedd.runs.Run.likelihood``."""
+    return run.likelihood(dataset, split, num_t, batch_size, max_batches, seed, progress, **kwargs)
 
 
 def code_figures(run: runs.Run, dataset, num_prompts: int = 32, prompt_chars: int = 48, seed: int = 0,

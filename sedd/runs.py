@@ -520,9 +520,9 @@ class Run:
         return_trajectory, return_stats, the sampler's own options; and
         max_length, block_length for ``sedd.sampling.sample_long``; for an
         AR run draft="ngram", a smaller AR ``Run`` or a block-diffusion ``Run``
-        (speculative sampling, ``sedd.speculative``), draft_k and
+        (speculative sampling, ``sedd.speculative``; ``sedd.drafts``), draft_k and
         verification ("block" or "token", ``sedd.speculative.round_law``); for a
-        spec run verification and draft_temperature (``sedd.spec``); and
+        spec run verification and draft_temperature (``sedd.kinds.spec``); and
         stop=True, which ends the drawing once every text holds the
         tokenizer's end-of-text token, the rest filled with it); the
         config's sampling section gives the defaults. The rows are split over
@@ -535,11 +535,8 @@ class Run:
         num_samples = _positive_int("num_samples", num_samples)
         if steps is not None:
             steps = _positive_int("steps", steps)
-        if isinstance(sampler_options.get("draft"), Run):  # another run's network drafts for this one
+        if isinstance(sampler_options.get("draft"), Run):  # its kind's drafter, checked by this run's kind
             draft = sampler_options["draft"]
-            if draft.config.vocab_size != self.config.vocab_size:
-                raise ValueError(f"the draft run's vocabulary ({draft.config.vocab_size} tokens) differs from "
-                                 f"this run's ({self.config.vocab_size})")
             sampler_options["draft"] = draft.kind.drafter(draft.net)
         if sampler_options.pop("stop", False):  # end at the document separator
             if getattr(self.tokenizer, "eos_id", None) is None:
@@ -572,6 +569,7 @@ class Run:
           num_samples strings.
         """
         length = sampler_options.get("max_length") or self.seq_len
+        self.kind.check_given(suffix=bool(suffix), infill=bool(infill))  # as sedd serve refuses them
         mask, tokens = sampling.text_conditioning(self.tokenizer, length, num_samples,
                                                   prefix=prefix or "", suffix=suffix or "", infill=infill or "",
                                                   blank=blank)
@@ -590,6 +588,23 @@ class Run:
         """One sequence of token ids (int[L]) as text."""
         return self.tokenizer.decode(np.asarray(ids).reshape(-1))
 
+
+    def likelihood(self, dataset, split: str = "validation", num_t: int = 64, batch_size: int = 32,
+                   max_batches: int | None = 8, seed: int = 0, progress: bool = True, **kwargs) -> dict:
+        """Its kind's figures (``Kind.likelihood``) on `batch_size` x `max_batches` rows (None: all) of a split
+        of `dataset` (read with its tokenizer), with "split", "kind", "num_t" (and "true_nats_per_token" for data
+        of a known law): what ``sedd eval`` and the end of ``sedd.train.train`` report."""
+        if split not in dataset.splits:
+            raise ValueError(f"split {split!r} not in this data's splits {dataset.splits}; pass one of them")
+        n_batches = -(-dataset.packed(split).num_sequences // batch_size)
+        max_batches = n_batches if max_batches is None else min(max_batches, n_batches)  # a bar with a total
+        batches = map(self.place_rows, dataset.eval_batches(batch_size, split=split))  # each device its rows
+        out = self.kind.likelihood(jax.random.key(seed), self.net, batches, num_t, max_batches=max_batches,
+                                   chars_per_token=dataset.chars_per_token, progress=progress, **kwargs)
+        out.update(split=split, kind=self.kind.name, num_t=num_t)
+        if hasattr(dataset, "true_nats_per_token"):
+            out["true_nats_per_token"] = dataset.true_nats_per_token()
+        return out
 
 def _positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:

@@ -35,7 +35,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
-from sedd import figures, kernels, kinds, losses, runs
+from sedd import kernels, kinds, losses, runs
 from sedd import config as config_lib
 from sedd import sharding as sharding_lib
 from sedd.data import load_dataset, load_tokenizer, save_tokenizer
@@ -562,7 +562,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
 
     Returns:
       dict with step, stopped, and after a finished run: bound (the figures of
-      ``sedd.figures.run_figures`` on the validation split: the likelihood
+      ``sedd.runs.Run.likelihood`` on the validation split: the likelihood
       bound with its standard error, or an AR run's exact NLL; what `sedd eval
       --batch_size B --max_batches training.eval_batches` prints), the last
       quick estimate val_estimate_* (``estimate_loss``),
@@ -737,8 +737,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     if not val:  # the run had already ended before this call
         val = val_figures(state["ema"])
     run = model_run(state)
-    bound = figures.run_figures(run, dataset, "validation", BOUND_NUM_T, t.batch_size, t.eval_batches,
-                                 progress=not quiet)
+    bound = run.likelihood(dataset, "validation", BOUND_NUM_T, t.batch_size, t.eval_batches, progress=not quiet)
     result = {"step": step, "stopped": False, "bound": bound, "unigram_entropy_bits": entropy, **val}
     if cpt:
         result["unigram_entropy_bits_per_char"] = entropy / cpt

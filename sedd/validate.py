@@ -26,6 +26,8 @@ from pathlib import Path
 
 import jax
 
+from sedd import drafts, speculative
+
 MAX_SEED = 2**63  # jax.random.key takes a C long: 2**63 and above overflow
 MAX_STEPS = 1 << 16  # a run's sampling.steps (sedd.runs.SIZE_BOUNDS) and serve's --max_steps
 MAX_ROWS = 1 << 16  # samples drawn at once, before the memory estimate of the run's own sizes
@@ -57,6 +59,16 @@ class Bound:
         raise ValueError(f"{name} must be {what} in {left}{low}, {high}]{why}, got {value!r}")
 
 
+class DraftK(Bound):
+    """The bound of --draft_k: ``sedd.drafts.check_k`` itself, so the command line and the library say one thing."""
+
+    def __init__(self):
+        super().__init__(1, speculative.MAX_DRAFTS)
+
+    def check(self, name: str, value) -> None:
+        drafts.check_k(value)
+
+
 SEED = Bound(0, MAX_SEED - 1, why="jax.random.key takes [0, 2**63)")
 CLI_BOUNDS: dict[str, dict[str, Bound]] = {
     "sample": {
@@ -66,7 +78,7 @@ CLI_BOUNDS: dict[str, dict[str, Bound]] = {
         "temperature": Bound(0, 2, integer=False, why="0 = argmax; as sedd serve's temperature"),
         "top_p": Bound(0, 1, integer=False, open_low=True),
         "max_length": Bound(1, MAX_LENGTH, why="tokens of text; omit it for the model's length"),
-        "draft_k": Bound(1, 64, why="drafts a round of speculative sampling"),
+        "draft_k": DraftK(),
     },
     "eval": {
         "num_t": Bound(1, 1 << 16),
@@ -91,7 +103,7 @@ CLI_BOUNDS: dict[str, dict[str, Bound]] = {
         "window_ms": Bound(0, 60_000, integer=False, why="milliseconds a batch waits for more requests"),
         "max_body": Bound(1, 1 << 30, why="bytes"),
         "warmup_steps": Bound(1, MAX_STEPS),
-        "draft_k": Bound(1, 64, why="drafts a round of speculative decoding"),
+        "draft_k": DraftK(),
     },
     "train": {},
     "distill": {"rounds": Bound(1, 16, why="halvings of the teacher's sampling steps")},

@@ -35,7 +35,7 @@ def _tiny(k: int = K):
     from sedd import kinds
 
     config = config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.n_blocks=1",
-                                             f"--config.model.block_size={k}", f"--config.data.seq_len={L}"])
+                                             f"--config.model.draft_k={k}", f"--config.data.seq_len={L}"])
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = V
     graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
@@ -48,7 +48,7 @@ def _law(graphdef, state, temperature=1.0, top_p=1.0) -> np.ndarray:
 
     model = nnx.merge(graphdef, *state)
     length = L
-    out = model.network_output(spec._causal_inputs(model, jnp.asarray(SEQS)), None,
+    out = model.network_output(spec.causal_inputs(model, jnp.asarray(SEQS)), None,
                                mask=np.tril(np.ones((length, length), bool)), deterministic=True)
     probs = np.asarray(shaped_law(out, temperature, top_p), np.float64)  # (V^L, L, V)
     law = np.prod(np.take_along_axis(probs, SEQS[..., None], -1)[..., 0], axis=1)
@@ -80,14 +80,14 @@ def test_a_rounds_call_equals_the_training_forward():
     text = jnp.asarray([[2, 0, 1, 1, 2, 0, 0, 0, 0]], jnp.int32)  # x_0, x_1, drafts 1, 1 at 2, 3
     p, after = target(prefill(state, text[:, :2]), text, jnp.asarray([2]), K)
     # the causal laws at 2..4 given the text: the full causal forward of [2, 0, 1, 1, 2, 0]
-    full = model.network_output(spec._causal_inputs(model, text[:, :L]), None,
+    full = model.network_output(spec.causal_inputs(model, text[:, :L]), None,
                                 mask=np.tril(np.ones((L, L), bool)), deterministic=True)
     np.testing.assert_allclose(np.asarray(p[0]), np.asarray(jax.nn.softmax(full[0, 2:5])), rtol=1e-5, atol=1e-6)
     # outcome j: the drafts of positions 3 + j, 4 + j given x_<2+j, each alone (a one-token MASK group)
     for j in range(K + 1):
         a = 2 + j
         seq = jnp.asarray(text[:, :a])
-        inputs = jnp.concatenate([spec._causal_inputs(model, jnp.pad(seq, ((0, 0), (0, 1)))),
+        inputs = jnp.concatenate([spec.causal_inputs(model, jnp.pad(seq, ((0, 0), (0, 1)))),
                                   jnp.full((1, K), spec.mask_id(model), jnp.int32)], 1)  # a + 1 causal, K MASK
         n = a + 1
         mask = np.zeros((n + K, n + K), bool)
@@ -163,7 +163,7 @@ def test_a_tiny_spec_run_trains_evaluates_and_samples(tmp_path):
 
     work = tmp_path / "spec"
     cmd = [sys.executable, "-m", "sedd.cli", "train", "--config", "tiny", "--workdir", str(work),
-           "--config.model.kind=spec", "--config.model.block_size=4", "--config.training.n_iters=20"]
+           "--config.model.kind=spec", "--config.model.draft_k=4", "--config.training.n_iters=20"]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
     run = runs.load(work)
     texts = run.generate(jax.random.key(0), 2, prefix="ROMEO:")
@@ -190,7 +190,7 @@ def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds():
 
     tokenizer, length = CharTokenizer("abcdefgh ,.\n"), 16
     config = config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.n_blocks=1",
-                                             "--config.model.block_size=3", f"--config.data.seq_len={length}"])
+                                             "--config.model.draft_k=3", f"--config.data.seq_len={length}"])
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = tokenizer.vocab_size
     graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
@@ -205,7 +205,7 @@ def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds():
     net = run.model
     for _ in range(9):  # the argmax of the causal half by full forward passes
         x = jnp.asarray([ids + [0]], jnp.int32)
-        logits = net.network_output(spec._causal_inputs(net, x), None, deterministic=True,
+        logits = net.network_output(spec.causal_inputs(net, x), None, deterministic=True,
                                     mask=np.tril(np.ones((x.shape[1],) * 2, bool)))
         ids.append(int(jnp.argmax(logits[0, -1])))
     assert out["choices"][0]["text"] == tokenizer.decode(ids[4:])
@@ -215,7 +215,7 @@ def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds():
 
 @pytest.mark.parametrize("key,value,named", [("training.draft_weight", "-1.0", "draft_weight"),
                                              ("training.draft_weight", "nan", "draft_weight"),
-                                             ("model.block_size", "0", "block_size"),
+                                             ("model.draft_k", "0", "draft_k"),
                                              ("training.loss_chunk", "8", "loss_chunk")])
 def test_a_spec_config_with_a_bad_value_is_refused_naming_it(key, value, named):
     """model.kind='spec' refuses, before any training, a draft weight, a k or an option it cannot honour."""

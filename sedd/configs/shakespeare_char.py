@@ -22,7 +22,8 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.model = ml_collections.ConfigDict()
     c.model.kind = "ddit"  # "ddit" (diffusion), "ar" (causal baseline), "block" (block diffusion), "spec" (self-speculation)
-    c.model.block_size = 16  # "block": tokens per block, a divisor of data.seq_len; "spec": drafts a round (4 is good)
+    c.model.block_size = 16  # "block": tokens per block, a divisor of data.seq_len
+    c.model.draft_k = 4  # "spec": drafts a round, what the network learns to draft (4 is good)
     c.model.hidden_size = 128  # H, the width of the residual stream
     c.model.n_blocks = 4  # transformer blocks
     c.model.n_heads = 8  # attention heads; H / n_heads must be even (rotary)

@@ -8,14 +8,14 @@ pattern: each model class owns its loss and its sampling step).
   "ddit"  SEDD (Lou et al. 2024): the DDiT over graph.dim ids with adaLN time
           conditioning; the denoising score entropy loss; the likelihood
           bound; every sampler of ``sedd.sampling``.
-  "ar"    the autoregressive baseline (``sedd.ar``): the same DDiT, causal,
+  "ar"    the autoregressive baseline (``sedd.kinds.ar``): the same DDiT, causal,
           without a time input; the next-token NLL, exact; ancestral
           sampling with a KV cache.
-  "block" block diffusion (``sedd.block``; BD3-LM, Arriola et al. 2025): SEDD
+  "block" block diffusion (``sedd.kinds.block``; BD3-LM, Arriola et al. 2025): SEDD
           inside blocks of model.block_size tokens, autoregressive across
           them; the sum of the blocks' bounds; block-by-block sampling with
           a KV cache of the clean blocks, text of any length.
-  "spec"  self-speculation (``sedd.spec``; TiDAR-style): one network with a
+  "spec"  self-speculation (``sedd.kinds.spec``; TiDAR-style): one network with a
           causal half (the next-token NLL, exact) and a draft half that
           drafts model.block_size tokens in one step; each call verifies the
           last draft and drafts the next, the causal half's law exactly.
@@ -51,13 +51,13 @@ the same objects from the same config. ``net`` below is a network split by
 ``nnx.split(model, nnx.Param, ...)``: a ``Net(graphdef, params, rest)``.
 """
 
-from sedd.kinds.base import (KINDS, Kind, Net, build_graph, build_model, build_noise, chunked_entropy, get,
-                             network_of, params_score_fn, prefix_prompt, register)
+from sedd.kinds.base import (KINDS, Kind, LeftToRight, Net, build_graph, build_model, build_noise, chunked_entropy,
+                             get, network_of, params_score_fn, register)
 from sedd.kinds.ddit import Diffusion
 from sedd.kinds.ar import Autoregressive
 from sedd.kinds.block import BlockDiffusion
 from sedd.kinds.spec import SelfSpeculative
 
-__all__ = ["KINDS", "Autoregressive", "BlockDiffusion", "Diffusion", "Kind", "Net", "SelfSpeculative", "build_graph",
-           "build_model", "build_noise", "chunked_entropy", "get", "network_of", "params_score_fn", "prefix_prompt",
+__all__ = ["KINDS", "Autoregressive", "BlockDiffusion", "Diffusion", "Kind", "LeftToRight", "Net", "SelfSpeculative",
+           "build_graph", "build_model", "build_noise", "chunked_entropy", "get", "network_of", "params_score_fn",
            "register"]

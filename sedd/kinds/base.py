@@ -9,6 +9,7 @@ a network split by ``nnx.split(model, nnx.Param, ...)``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, ClassVar, NamedTuple
 
@@ -16,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sedd import graphs, sampling
+from sedd import graphs, sampling, speculative
 from sedd import sharding as sharding_lib
 from sedd import noise as noise_lib
 from sedd.kernels import compute_dtype
@@ -195,6 +196,37 @@ class Kind:
         """Raise a ValueError when `sampler` cannot run on this kind with these options (temperature, top_p, ...)."""
         self.check_sampler(sampler)
 
+    def check_given(self, *, steps=None, sampler=None, suffix: bool = False, infill: bool = False) -> None:
+        """Refuse an option given that this kind cannot honour, in one line naming it and the kinds that take it.
+
+        ``Run.sample`` (so ``sedd sample``) and ``sedd serve`` ask it alike; None or False: not given.
+        (A draft and draft_k are the drafter's to check, ``speculation``.)
+        """
+        if not self.diffuses:
+            for name, value in (("steps", steps), ("sampler", sampler)):
+                if value is not None:
+                    raise ValueError(f"{name}={value!r}: a model.kind={self.name!r} run writes left to right, with "
+                                     f"no denoising steps; {name} is for {kinds_that(lambda k: k.diffuses)}")
+        for name, what, given in (("suffix", "a suffix", suffix), ("infill", "an infill template", infill)):
+            if given and name not in self.conditions:
+                raise ValueError(f"{what}: a model.kind={self.name!r} run writes after a prompt only; {what} "
+                                 f"is for {kinds_that(lambda k: name in k.conditions)}")
+
+    def prefix_prompt(self, fixed_mask, fixed_tokens) -> jax.Array | None:
+        """int32[B, P]: a prompt of a kind that writes left to right, a prefix of the same P in every row (None).
+
+        Raises:
+          ValueError: any other pattern (a suffix or an infill template), naming the kinds that honour one.
+        """
+        if fixed_mask is None:
+            return None
+        mask = jnp.asarray(fixed_mask, bool)
+        p = int(mask[0].sum())
+        if not bool(jnp.all(mask == (jnp.arange(mask.shape[1]) < p)[None, :])):
+            raise ValueError(f"a model.kind={self.name!r} run takes a prompt that is a prefix of the same length in "
+                             f"every row; a suffix or infill is for {kinds_that(lambda k: 'infill' in k.conditions)}")
+        return jnp.asarray(fixed_tokens, jnp.int32)[:, :p]
+
     def settles(self, sampler: str) -> bool:
         """Whether a position, once unmasked by `sampler`, keeps its token to the end (text can be sent early)."""
         return False
@@ -218,12 +250,12 @@ class Kind:
                     draft_name: str | None = None) -> sampling.rounds.Speculation | None:
         """How ``sedd serve`` decodes this kind by speculative rounds; None: by ``rows_program``.
 
-        The base: a kind that ``speculates`` drafts for itself (k its model.block_size unless given,
+        The base: a kind that ``speculates`` drafts for itself (k its model.draft_k unless given,
         ``speculative_parts``); any other takes no draft.
 
         Args:
           graphdef: the network's structure.
-          draft: None, "ngram" or a ``Net`` of a smaller AR network (an AR run's drafter).
+          draft: None, "ngram" or a ``sedd.drafts.Drafter`` of another run (``drafter``).
           k: drafts a round (None: the kind's default).
           draft_name: what the server reports as the draft (a run's name).
         Raises:
@@ -234,13 +266,13 @@ class Kind:
                              f"{self.name!r}" + (", which drafts for itself" if self.speculates else ""))
         if not self.speculates:
             if k is not None:
-                raise ValueError(f"draft_k applies to speculative decoding; this run's model.kind {self.name!r} "
-                                 "does not speculate")
+                raise ValueError(f"draft_k={k!r}: a model.kind={self.name!r} run does not decode speculatively; "
+                                 "draft_k is for an AR run with a draft (model.kind='ar') or a model.kind='spec' run")
             return None
-        if k is not None and k != self.config.model.block_size:
-            raise ValueError(f"draft_k={k!r}: this run drafts model.block_size={self.config.model.block_size} "
+        if k is not None and k != self.draft_k:
+            raise ValueError(f"draft_k={k!r}: this run drafts model.draft_k={self.draft_k} "
                              "tokens a round, what it was trained to draft")
-        k = self.config.model.block_size
+        k = self.draft_k
         return sampling.rounds.Speculation(functools.partial(self.speculative_parts, graphdef), k, "self",
                                            categorical=self.config.sampling.categorical, shared=True)
 
@@ -274,7 +306,7 @@ class Kind:
                          "SEDD or block-diffusion run of the absorbing graph)")
 
     def drafter(self, net: Net) -> Any:
-        """The network as the draft of an AR run's speculative sampling (``sedd.ar.speculative_sample``'s draft).
+        """The network as the draft of an AR run's speculative sampling (a ``sedd.drafts.Drafter``).
 
         Raises:
           ValueError: a kind that cannot draft.
@@ -290,14 +322,67 @@ class Kind:
 
 
 
-def prefix_prompt(fixed_mask, fixed_tokens) -> jax.Array | None:
-    """int32[B, P]: the prompt of an AR run, a prefix of the same length P in every row (None: no prompt)."""
-    if fixed_mask is None:
-        return None
-    mask = jnp.asarray(fixed_mask, bool)
-    p = int(mask[0].sum())
-    if not bool(jnp.all(mask == (jnp.arange(mask.shape[1]) < p)[None, :])):
-        raise ValueError("the AR baseline takes a prompt that is a prefix of the same length in every row "
-                         "(no suffix or infill)")
-    return jnp.asarray(fixed_tokens, jnp.int32)[:, :p]
+def kinds_that(has: Callable[[type[Kind]], bool]) -> str:
+    """The registered kinds of which `has` holds, as a message names them: "model.kind 'ddit' or 'block'"."""
+    names = [repr(name) for name, cls in KINDS.items() if has(cls)]
+    return "model.kind " + " or ".join(names)
 
+
+@dataclasses.dataclass(frozen=True)
+class LeftToRight:
+    """The sampling options of a kind that writes left to right (AR, spec), as one checked value.
+
+    ``make`` is the one validation of them, as ``sedd.sampling.Options.checked``
+    is the diffusion kinds'. A field a kind does not take is refused there.
+
+    Attributes:
+      categorical: the method of ``sedd.categorical.sample_categorical``.
+      temperature: >= 0 on the network's law (0: argmax where the decoder allows it).
+      top_p: in (0, 1], its nucleus.
+      return_stats: count the network calls.
+      prompt: int32[B, P] the given prefix, the same P in every row; None.
+      draft: None, "ngram" or a ``sedd.drafts.Drafter`` (an AR run's speculative sampling).
+      draft_k: drafts a round (None: the default of the decoder).
+      verification: "block" or "token" (``sedd.speculative.round_law``).
+      draft_temperature: tau of a spec run's drafts (None: its default).
+    """
+
+    categorical: str = "precise"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    return_stats: bool = False
+    prompt: Any = dataclasses.field(default=None, compare=False)
+    draft: Any = None
+    draft_k: Any = None
+    verification: str = "block"
+    draft_temperature: Any = None
+
+    @classmethod
+    def make(cls, kind: Kind, takes: tuple[str, ...], **options) -> LeftToRight:
+        """The options of ``kind.sample`` checked; `takes` the fields besides categorical, temperature,
+        return_stats and a prompt (fixed_mask / fixed_tokens) that this kind honours.
+
+        Raises:
+          ValueError: an option this kind does not take, or a value out of its range, in one line.
+        """
+        prompt = kind.prefix_prompt(options.pop("fixed_mask", None), options.pop("fixed_tokens", None))
+        given = {name for name, value in options.items() if value is not None}
+        unknown = sorted(given - set(takes) - {"categorical", "temperature", "return_stats"})
+        if unknown:
+            raise ValueError(f"a model.kind={kind.name!r} run takes no option {', '.join(unknown)}; it takes "
+                             f"{', '.join(sorted({'temperature', 'categorical', *takes}))}")
+        values = cls(**{name: options[name] for name in given}, prompt=prompt)
+        t, p = values.temperature, values.top_p
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < float("inf"):
+            raise ValueError(f"temperature must be a number >= 0, got {t!r}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+        if values.categorical not in sampling.CATEGORICAL_METHODS:
+            raise ValueError(f"unknown categorical method {values.categorical!r}; expected one of "
+                             f"{sampling.CATEGORICAL_METHODS}")
+        if values.verification not in speculative.VERIFICATIONS:
+            raise ValueError(f"verification must be one of {speculative.VERIFICATIONS}, got {values.verification!r}")
+        tau = values.draft_temperature
+        if tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0):
+            raise ValueError(f"draft_temperature must be a number > 0, got {tau!r}")
+        return dataclasses.replace(values, temperature=float(t), top_p=float(p))

@@ -130,6 +130,7 @@ class Diffusion(Kind):
             exact only for model.time_conditioning=False, where the network
             does not see sigma); an option the sampler cannot honour.
         """
+        self.speculation(None, options.pop("draft", None), options.pop("draft_k", None))  # refused, one line
         s = self.config.sampling
         self._check_cache(options)
         options.setdefault("categorical", s.categorical)

@@ -1,20 +1,347 @@
-"""Self-speculation as a kind (``sedd.spec``, TiDAR-style): one network drafts and verifies in the same call."""
+r"""Self-speculation: one network verifies the last draft and drafts the next in the same call (TiDAR-style).
+
+NVIDIA's TiDAR (Liu et al. 2025, "Think in Diffusion, Talk in
+Autoregression") trains one transformer on two halves of each sequence: a
+causal half scored by the next-token loss, and a half of MASK tokens that
+drafts whole blocks in one step. At sampling time each call verifies the
+previous draft with the causal half (speculative sampling, ``sedd.speculative``)
+and drafts the next block with the other, so a round costs one call and
+writes up to k + 1 tokens, and the text has the causal half's law exactly.
+
+The network (``model.kind = "spec"``, k = model.draft_k drafts a round)
+embeds the V tokens, BOS = V and MASK = V + 1, and outputs V logits. In
+training it reads 2L positions, the same rotary positions on both halves:
+
+    causal half  [BOS, x_0, .., x_{L-2}]  position l sees positions <= l;
+                 its output at l is p(x_l | x_<l)                                 (1)
+    draft half   L MASKs in groups of k: group g (positions gk .. gk + k - 1)
+                 sees the causal half's positions <= a_g = max(gk - 1, 0) and
+                 its own group; its output at l is q(x_l | x_<a_g), one step,
+                 the positions of a group independent given what they see       (2)
+
+The causal half never sees the draft half, so (1) is an exact autoregressive
+law. The loss, nats per sequence (``loss``):
+
+    -sum_l log p(x_l | x_<l)  -  w sum_l log q(x_l | x_<a(l)),                  (3)
+
+w = training.draft_weight (1 by default).
+
+A group skips the token at a_g: at sampling time the token at the anchor is
+the one the verifier is writing in the same call, unknown to the draft.
+
+Sampling (``speculative_parts`` for ``sedd.speculative.decode``). A round at
+start s (the text x_<s written, drafts y_s .. y_{s+k-1} in hand) is one call
+on (k + 1)^2 positions against the KV cache of positions < s:
+
+    causal  [x_{s-1}, y_s, .., y_{s+k-1}] at positions s .. s + k, causally:
+            p_i = p(x_{s+i} | x_<s, y_<s+i), i = 0 .. k, the laws (2) of
+            ``sedd.speculative`` verifies the drafts with;
+    drafts  for each outcome j = 0 .. k (j drafts kept, the token at s + j
+            written by the verifier), k MASKs at positions s + j + 1 .. s + j + k
+            seeing the cache and the causal positions <= s + j: the next
+            round's drafts if j drafts are kept (TiDAR drafts for every outcome).
+
+After the verification the next round starts at s' = s + j + 1 and draws its
+drafts from group j's laws. Each was drawn given x_<s+j only, independently
+of the verifier's token at s + j and of each other, so its law given the
+prefix and the drafts before it is its group's law: what speculative
+sampling needs of q (``sedd.speculative``, (1)), and the text has p's law
+exactly (tests/test_spec.py: over all 3^6 sequences of a random network).
+Only the causal positions' keys and values enter the cache; a rejected
+draft's rows lie past the next start and are overwritten before any query
+sees them (the cache rolls back by its length). The first round's drafts
+come from the prefill call (the prompt, and one group seeing all of it but
+its last token).
+
+The drafts are drawn from each group's law sharpened, q^(1/tau) renormalised
+with tau = ``DRAFT_TEMPERATURE`` (0.8), and that is the q the verifier is
+told, so the law of the text is unchanged. A group's law is a marginal over
+the tokens it does not see (the verifier's, the other drafts'), broader than
+the conditionals that verify it; sharpened it is kept more often (on the
+plays at k = 4, block verification, 1.99 -> 2.02 tokens a call; docs/speculative.md).
+
+Letters: B batch, L length, V vocabulary, k drafts a round, S cache rows.
+"""
 
 from __future__ import annotations
 
-from sedd import evaluate, sampling, spec
-from sedd.kinds.base import Kind, network_of, prefix_prompt, register
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from sedd import evaluate, sampling, speculative
+from sedd.kinds.base import Kind, LeftToRight, network_of, register
+from sedd.model import DDiT
+from sedd.sampling import shaped_law
+
+
+def check(model: DDiT) -> None:
+    """Raise a ValueError unless `model` is a spec network: V + 2 input ids, V outputs, no time input."""
+    if model.causal or model.block_size is not None or model.time_conditioning or model.num_tokens != model.out_dim + 2:
+        raise ValueError("a spec network is a DDiT with causal=False, block_size=None, time_conditioning=False, "
+                         "num_tokens=V + 2 (BOS = V, MASK = V + 1) and out_dim=V; build it with model.kind='spec'")
+
+
+def bos_id(model: DDiT) -> int:
+    """BOS = V."""
+    return model.out_dim
+
+
+def mask_id(model: DDiT) -> int:
+    """MASK = V + 1."""
+    return model.out_dim + 1
+
+
+def training_mask(length: int, k: int) -> np.ndarray:
+    """The attention of the training forward over [causal half ; draft half], (1) and (2): bool[2L, 2L]."""
+    pos = np.arange(length)
+    group = pos // k
+    anchor = np.maximum(group * k - 1, 0)  # (L,) the last causal position a draft group sees
+    causal = pos[:, None] >= pos[None, :]
+    top = np.concatenate([causal, np.zeros((length, length), bool)], axis=1)  # causal queries
+    bottom = np.concatenate([pos[None, :] <= anchor[:, None], group[:, None] == group[None, :]], axis=1)
+    return np.concatenate([top, bottom], axis=0)
+
+
+def causal_inputs(model: DDiT, x: jax.Array) -> jax.Array:
+    """[BOS, x_0, .., x_{L-2}]: int[B, L]."""
+    return jnp.concatenate([jnp.full((x.shape[0], 1), bos_id(model), x.dtype), x[:, :-1]], axis=1)
+
+
+def _token_nll(logits: jax.Array, x: jax.Array) -> jax.Array:
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(logp, x[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def token_nlls(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True,
+               rngs=None) -> tuple[jax.Array, jax.Array]:
+    """(-log p(x_l | x_<l), -log q(x_l | x_<a(l))) at every position, (1) and (2): float32[B, L] each, nats."""
+    check(model)
+    b, length = x.shape
+    inputs = jnp.concatenate([causal_inputs(model, x), jnp.full((b, length), mask_id(model), x.dtype)], axis=1)
+    positions = np.concatenate([np.arange(length), np.arange(length)])
+    out = model.network_output(inputs, None, positions=positions, mask=training_mask(length, k),
+                               deterministic=deterministic, rngs=rngs)  # (B, 2L, V)
+    return _token_nll(out[:, :length], x), _token_nll(out[:, length:], x)
+
+
+def loss(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True, rngs=None,
+         draft_weight: float = 1.0) -> jax.Array:
+    """(3): the causal half's NLL and w times the drafts' cross-entropy, nats per sequence, float32[B].
+
+    w = training.draft_weight: below 1 the shared network spends less of itself on the drafts (a
+    lower NLL, fewer drafts kept); the NLL alone is the likelihood either way.
+    """
+    nll_p, nll_q = token_nlls(model, x, k, deterministic=deterministic, rngs=rngs)
+    return nll_p.sum(-1) + draft_weight * nll_q.sum(-1)
+
+
+@nnx.jit
+def nll(model: DDiT, x: jax.Array) -> jax.Array:
+    """-log p(x), the causal half's exact NLL, nats per sequence, float32[B] (the draft half is not run)."""
+    check(model)
+    length = x.shape[1]
+    out = model.network_output(causal_inputs(model, x), None, mask=np.tril(np.ones((length, length), bool)),
+                               deterministic=True)
+    return _token_nll(out, x).sum(-1)
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+@functools.partial(nnx.jit, static_argnames=("num_samples", "length"))
+def ancestral(model: DDiT, key: jax.Array, num_samples: int, length: int, temperature=1.0) -> jax.Array:
+    """The causal half's law drawn one token at a time by full forward passes (no cache, no drafts): int32[B, L].
+
+    The reference that self-speculation's text must match in law (``bench.py speculative`` compares the
+    two on the Markov chains); L calls, each over all L positions.
+    """
+    check(model)
+    causal = np.tril(np.ones((length, length), bool))
+
+    def step(l, x):
+        out = model.network_output(causal_inputs(model, x), None, mask=causal, deterministic=True)  # (B, L, V)
+        probs = shaped_law(jax.lax.dynamic_index_in_dim(out, l, 1, keepdims=False), temperature, 1.0)  # (B, V)
+        token = jax.random.categorical(jax.random.fold_in(key, l), jnp.log(probs), axis=-1)
+        return x.at[:, l].set(token.astype(jnp.int32))
+
+    return jax.lax.fori_loop(0, length, step, jnp.zeros((num_samples, length), jnp.int32))
+
+
+def round_mask(k: int) -> np.ndarray:
+    """What each of a round's (k + 1)^2 positions sees of the round's own: bool[(k + 1)^2, (k + 1)^2].
+
+    The k + 1 causal positions first, causally; then group j = 0 .. k of k
+    drafts, seeing the causal positions <= j and its own group.
+    """
+    n_c = k + 1
+    idx = np.arange(n_c + n_c * k)
+    group = np.where(idx < n_c, -1, (idx - n_c) // k)  # -1: causal
+    causal_q = (group[:, None] < 0) & (group[None, :] < 0) & (idx[None, :] <= idx[:, None])
+    draft_sees_causal = (group[:, None] >= 0) & (group[None, :] < 0) & (idx[None, :] <= group[:, None])
+    own = (group[:, None] >= 0) & (group[:, None] == group[None, :])
+    return causal_q | draft_sees_causal | own
+
+
+def _call(model: DDiT, cache: tuple, valid, tokens: jax.Array, positions: jax.Array, mask: np.ndarray,
+          keep: int) -> tuple[jax.Array, tuple]:
+    """One row's call: tokens int[n] at positions against the cache rows < valid; the first `keep` positions'
+    keys and values written into the cache at rows positions[0] ..; returns (logits float32[n, V], cache)."""
+    rows = cache[0][0].shape[1]
+    sees_cache = jnp.broadcast_to(jnp.arange(rows)[None, :] < valid, (tokens.shape[0], rows))
+    full = jnp.concatenate([sees_cache, jnp.asarray(mask)], axis=1)  # (n, S + n)
+    out, kvs = model.output_in_context(tokens[None], None, positions=positions, mask=full, context=cache)
+    start = positions[0]
+    cache = tuple((jax.lax.dynamic_update_slice(ck, k[:, :keep].astype(ck.dtype), (0, start, 0, 0)),
+                   jax.lax.dynamic_update_slice(cv, v[:, :keep].astype(cv.dtype), (0, start, 0, 0)))
+                  for (ck, cv), (k, v) in zip(cache, kvs))
+    return out[0], cache
+
+
+def _empty_cache(model: DDiT, rows: int) -> tuple:
+    block = model.blocks[0]
+    shape = (1, rows, block.n_heads, block.head_dim)
+    return tuple((jnp.zeros(shape, model.dtype), jnp.zeros(shape, model.dtype)) for _ in model.blocks)
+
+
+DRAFT_TEMPERATURE = 0.8
+"""tau of the drafts' law q^(1/tau) (module docstring): 1 draws from the groups' laws as they are."""
+
+
+def sharpened(q: jax.Array, tau) -> jax.Array:
+    """q^(1/tau) renormalised along the last axis (tau = 1: q; the zeros of q stay zeros)."""
+    q = jnp.where(q > 0, jnp.exp(jnp.log(jnp.where(q > 0, q, 1.0)) / tau), 0.0)
+    return q / jnp.sum(q, axis=-1, keepdims=True)
+
+
+def speculative_parts(graphdef, block_size: int, temperature=1.0, top_p=1.0,
+                      draft_temperature=DRAFT_TEMPERATURE) -> tuple:
+    r"""(prefill, target, drafter) of the spec network `graphdef` for ``sedd.speculative.decode(shared=True)``.
+
+    Each row has its own cache and start (the rows run under ``jax.vmap``).
+    The state, shared by target and drafter: ((params, rest), caches, laws
+    float32[B, k + 1, k, V] of the drafts of each outcome, the last round's
+    start int32[B]). temperature and top_p may be traced (a server's rows);
+    draft_temperature is tau (module docstring).
+
+    Returns:
+      prefill(params_state, prompt int32[B, P]) -> state: the prompt's
+        causal positions in the cache and the first round's drafts (one
+        call; decode's prompt_len must then be P).
+      target(state, text, start, k) -> (p float32[B, k + 1, V], state): one call, the round of the module
+        docstring.
+      drafter(key, state, text, start, k) -> (drafted int32[B, k], q float32[B, k, V], state): no call;
+        the drafts of the outcome the last round had.
+    """
+    k = block_size
+
+    def rows_of(model):
+        return model.max_len + 2 * k + 2  # the cache: every position a round may write, past the text's end
+
+    def prefill(params_state, prompt):
+        model = nnx.merge(graphdef, *params_state)
+        check(model)
+        b, p = prompt.shape
+        n_c = max(p, 1)
+        seen = max(p - 1, 0)  # the one group sees the causal positions <= seen
+        idx = np.arange(n_c + k)
+        mask = np.where(idx[:, None] < n_c, (idx[None, :] <= idx[:, None]) & (idx[None, :] < n_c),
+                        (idx[None, :] <= seen) | (idx[None, :] >= n_c))
+        positions = jnp.asarray(np.concatenate([np.arange(n_c), p + np.arange(k)]), jnp.int32)
+
+        def one(row):  # (P,)
+            tokens = jnp.concatenate([jnp.full((1,), bos_id(model), jnp.int32), row[:n_c - 1].astype(jnp.int32),
+                                      jnp.full((k,), mask_id(model), jnp.int32)])
+            out, cache = _call(model, _empty_cache(model, rows_of(model)), 0, tokens, positions, mask, n_c)
+            first = shaped_law(out[n_c:], temperature, top_p)  # (k, V)
+            laws = jnp.zeros((k + 1, k, model.out_dim), jnp.float32).at[0].set(first)
+            return cache, laws
+
+        caches, laws = jax.vmap(one)(prompt)
+        return params_state, caches, laws, jnp.full((b,), p - 1, jnp.int32)
+
+    mask = round_mask(k)
+    offsets = np.concatenate([np.arange(k + 1), (np.arange(k + 1)[:, None] + 1 + np.arange(k)[None, :]).ravel()])
+
+    def target(state, text, start, k_):
+        params_state, caches, _, _ = state
+        model = nnx.merge(graphdef, *params_state)
+
+        def one(cache, row, s):  # (S...), (T,), ()
+            prev = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)], bos_id(model))
+            tokens = jnp.concatenate([prev[None], jax.lax.dynamic_slice(row, (s,), (k,)),
+                                      jnp.full((k * (k + 1),), mask_id(model), jnp.int32)])
+            out, cache = _call(model, cache, s, tokens, s + jnp.asarray(offsets, jnp.int32), mask, k + 1)
+            shaped = shaped_law(out, temperature, top_p)  # ((k + 1)^2, V)
+            return shaped[:k + 1], shaped[k + 1:].reshape(k + 1, k, -1), cache
+
+        p, laws, caches = jax.vmap(one)(caches, text, start)
+        return p, (params_state, caches, laws, start)
+
+    def drafter(key, state, text, start, k_):
+        params_state, caches, laws, last = state
+        j = jnp.clip(start - last - 1, 0, k)  # (B,) the drafts kept in the last round
+        q = sharpened(jnp.take_along_axis(laws, j[:, None, None, None], axis=1)[:, 0], draft_temperature)  # (B, k, V)
+        drafted = jax.random.categorical(key, jnp.log(q), axis=-1).astype(jnp.int32)  # (B, k)
+        return drafted, q, state
+
+    return prefill, target, drafter
+
+
+@functools.lru_cache(maxsize=None)
+def _parts(graphdef, block_size: int, temperature: float, top_p: float, draft_temperature: float) -> tuple:
+    prefill, target, drafter = speculative_parts(graphdef, block_size, temperature, top_p, draft_temperature)
+    return jax.jit(prefill), target, drafter  # the prefill compiled too (eager, its dispatches cost more than it)
+
+
+def sample(key: jax.Array, graphdef, state, num_samples: int, length: int, block_size: int,
+           temperature: float = 1.0, top_p: float = 1.0, prompt: jax.Array | None = None,
+           categorical: str = "precise", verification: str = "block",
+           draft_temperature: float = DRAFT_TEMPERATURE) -> tuple[jax.Array, dict]:
+    """Text of the spec network (graphdef, state) by self-speculation: the causal half's law exactly.
+
+    Args:
+      key: a ``jax.random`` key.
+      graphdef, state: the network, state = (params, rest).
+      num_samples, length: B, L (L at most the model's length).
+      block_size: k, drafts a round (the run's model.draft_k: what it was trained to draft).
+      temperature, top_p: on the causal half's law, so the text's (and on the drafts').
+      prompt: optional int32[B, P], the same P for every row.
+      categorical: the method of the verifier's redraws.
+      verification: "block" or "token" (``sedd.speculative.round_law``): the same law.
+      draft_temperature: tau > 0 of the drafts' law q^(1/tau) (module docstring): the same law.
+    Returns:
+      (int32[B, L], stats): "nfe" the network calls (the batch's: the rounds and the prefill),
+      "nfe_per_sample", "draft_calls" 0 (the drafts come from the same calls), "accepted_at" int32[k].
+    """
+    p = 0 if prompt is None else int(prompt.shape[1])
+    given = jnp.zeros((num_samples, p), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
+    if not (isinstance(draft_temperature, (int, float)) and draft_temperature > 0):
+        raise ValueError(f"draft_temperature must be a number > 0, got {draft_temperature!r}")
+    prefill, target, drafter = _parts(graphdef, block_size, float(temperature), float(top_p), float(draft_temperature))
+    text = jnp.zeros((num_samples, length), jnp.int32).at[:, :p].set(given)
+    out, stats = speculative.decode(key, prefill(state, given), None, text, jnp.full((num_samples,), p, jnp.int32),
+                                    target=target, drafter=drafter, length=length, k=block_size,
+                                    categorical=categorical, shared=True, verification=verification)
+    return out, {"nfe": stats["rounds"] + 1, "nfe_per_sample": stats["rounds_per_sample"] + 1,
+                 "draft_calls": jnp.zeros((num_samples,), jnp.int32), "accepted_at": stats["accepted_at"]}
+
+
+# =========================================================================== the kind
 
 
 @register("spec")
 class SelfSpeculative(Kind):
-    """One network that drafts and verifies in the same call (``sedd.spec``, TiDAR-style).
+    """One network that drafts and verifies in the same call (module docstring, TiDAR-style).
 
     Its likelihood is its causal half's exact NLL, and its samples have that
     half's law exactly (speculative sampling of its own drafts).
 
     Attributes:
-      block_size: k = model.block_size, the drafts a round.
+      draft_k: k = model.draft_k, the drafts a round (what it was trained to draft).
     """
 
     exact = True
@@ -23,10 +350,11 @@ class SelfSpeculative(Kind):
 
     def __init__(self, config):
         super().__init__(config)
-        k, length = config.model.block_size, config.data.seq_len
-        if not (isinstance(k, int) and 1 <= k <= length):
-            raise ValueError(f"model.block_size={k!r} (the drafts a round of model.kind='spec') must be an "
-                             f"integer in [1, data.seq_len={length}]; 4 is a good start")
+        k, length = config.model.draft_k, config.data.seq_len
+        if isinstance(k, bool) or not (isinstance(k, int) and 1 <= k <= min(length, speculative.MAX_DRAFTS)):
+            raise ValueError(f"model.draft_k={k!r} (the drafts a round of model.kind='spec') must be an integer "
+                             f"in [1, {min(length, speculative.MAX_DRAFTS)}] (data.seq_len and "
+                             "sedd.speculative.MAX_DRAFTS); 4 is a good start")
         if config.training.loss_chunk:
             raise ValueError(f"training.loss_chunk={config.training.loss_chunk} is not implemented for "
                              "model.kind='spec': set it to 0")
@@ -34,18 +362,23 @@ class SelfSpeculative(Kind):
         if not (isinstance(w, (int, float)) and 0 <= w < float("inf")):
             raise ValueError(f"training.draft_weight={w!r} must be a finite number >= 0 "
                              "(the drafts' share of the loss)")
-        self.block_size, self.draft_weight = k, float(w)
+        self.draft_k, self.draft_weight = k, float(w)
 
     @property
     def label(self):
-        return f"spec k={self.block_size}"
+        return f"spec k={self.draft_k}"
 
-    def describe(self):
-        return {"kind": self.name, "block_size": self.block_size}
+    def unwritten_id(self):
+        """V, the BOS id: never a token of the text (a position the rounds have not written yet)."""
+        return self.config.vocab_size
+
+    def settles(self, sampler):
+        """Always: each token written stays."""
+        return True
 
     def speculative_parts(self, graphdef, temperature, top_p):
-        """``sedd.spec.speculative_parts`` for ``sedd serve``: one state shared by target and drafter."""
-        prefill, target, drafter = spec.speculative_parts(graphdef, self.block_size, temperature, top_p)
+        """``speculative_parts`` of the module for ``sedd serve``: one state shared by target and drafter."""
+        prefill, target, drafter = speculative_parts(graphdef, self.draft_k, temperature, top_p)
         return (lambda state, text: (prefill(state, text), None)), target, drafter
 
     def network(self, seed=0):
@@ -55,42 +388,43 @@ class SelfSpeculative(Kind):
                         time_conditioning=False, normalize=False)
 
     def loss(self, key, model, x0, train, rngs=None):
-        """(3) of ``sedd.spec``: the causal half's NLL plus the one-step drafts' cross-entropy."""
-        return spec.loss(model, x0, self.block_size, deterministic=not train, rngs=rngs,
+        """(3) of the module docstring: the causal half's NLL plus the one-step drafts' cross-entropy."""
+        return loss(model, x0, self.draft_k, deterministic=not train, rngs=rngs,
                          draft_weight=self.draft_weight)
 
     def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False,
                    **kwargs):
         """The causal half's exact NLL (``sedd.evaluate.dataset_nll``; num_t and key unused)."""
         model = net.model
-        return evaluate.dataset_nll(lambda x0: spec.nll(model, x0), batches, max_batches=max_batches,
+        return evaluate.dataset_nll(lambda x0: nll(model, x0), batches, max_batches=max_batches,
                                     chars_per_token=chars_per_token, progress=progress)
 
-    def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):
-        """Self-speculation (``sedd.spec.sample``): the causal half's law, up to k + 1 tokens a call.
+    def options(self, **options) -> LeftToRight:
+        """The options of ``sample`` as one checked value (``LeftToRight.make``)."""
+        options.setdefault("categorical", self.config.sampling.categorical)
+        return LeftToRight.make(self, ("top_p", "verification", "draft_temperature"), **options)
 
-        steps, predictor and rows do not apply. Options: temperature, top_p,
-        categorical, verification ("block" or "token", ``sedd.speculative.round_law``),
-        draft_temperature (tau of the drafts' law q^(1/tau), default ``sedd.spec.DRAFT_TEMPERATURE``),
-        return_stats and a prompt that is a prefix of the same length in every row.
+    def check_options(self, sampler, **options):
+        """``LeftToRight.make``: the options ``sample`` takes, checked (the sampler does not apply)."""
+        self.options(**options)
+
+    def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):
+        """Self-speculation (module ``sample``): the causal half's law, up to k + 1 tokens a call.
+
+        rows is not used. Options (``options``): temperature, top_p, categorical, verification ("block" or
+        "token", ``sedd.speculative.round_law``), draft_temperature (tau of the drafts' law q^(1/tau),
+        default ``DRAFT_TEMPERATURE``), return_stats and a prompt that is a prefix of the same length in
+        every row. draft_k, when given, must be model.draft_k (``speculation``).
 
         Raises:
-          ValueError: any other option (a draft: this run drafts for itself).
+          ValueError: steps or a sampler (``check_given``), a draft (this run drafts for itself), another
+            draft_k, any other option.
         """
-        categorical = options.pop("categorical", self.config.sampling.categorical)
-        temperature = options.pop("temperature", 1.0)
-        top_p = options.pop("top_p", 1.0)
-        verification = options.pop("verification", "block")
-        draft_temperature = options.pop("draft_temperature", spec.DRAFT_TEMPERATURE)
-        return_stats = options.pop("return_stats", False)
-        prompt = prefix_prompt(options.pop("fixed_mask", None), options.pop("fixed_tokens", None))
-        if options.pop("draft", None) is not None:
-            raise ValueError("a model.kind='spec' run drafts for itself; it takes no draft")
-        options.pop("draft_k", None)
-        if options:
-            raise ValueError(f"a model.kind='spec' run takes no sampler options {sorted(options)}")
-        tokens, stats = spec.sample(key, net.graphdef, net.state, num_samples, self.config.data.seq_len,
-                                    self.block_size, temperature=temperature, top_p=top_p, prompt=prompt,
-                                    categorical=categorical, verification=verification,
-                                    draft_temperature=draft_temperature)
-        return sampling.Samples(tokens, None, stats if return_stats else None)
+        self.check_given(steps=steps, sampler=predictor)
+        self.speculation(None, options.pop("draft", None), options.pop("draft_k", None))  # its refusals
+        o = self.options(**options)
+        tau = DRAFT_TEMPERATURE if o.draft_temperature is None else o.draft_temperature
+        tokens, stats = sample(key, net.graphdef, net.state, num_samples, self.config.data.seq_len, self.draft_k,
+                               temperature=o.temperature, top_p=o.top_p, prompt=o.prompt, categorical=o.categorical,
+                               verification=o.verification, draft_temperature=tau)
+        return sampling.Samples(tokens, None, stats if o.return_stats else None)

@@ -167,6 +167,11 @@ def plan(run: runs.Run, req: CompletionRequest, limits: Limits) -> Plan:
       APIError: 400 naming the field at fault.
     """
     s = run.config.sampling
+    for name, value in (("steps", req.steps), ("sampler", req.sampler)):
+        try:  # the kind's own refusal, as `sedd sample` gives it
+            run.kind.check_given(**{name: value})
+        except ValueError as e:
+            raise APIError(400, str(e), name, "unsupported_value") from None
     sampler = req.sampler or s.predictor
     try:
         run.kind.check_sampler(sampler)
@@ -202,9 +207,10 @@ def plan(run: runs.Run, req: CompletionRequest, limits: Limits) -> Plan:
         except ValueError as e:
             raise APIError(400, f"{name}: {e}", name, "unencodable_text") from None
     pre, suf = encoded["prompt"], encoded["suffix"]
-    if len(suf) and "suffix" not in run.kind.conditions:
-        raise APIError(400, f"a suffix cannot be honoured by this {run.kind.name} model: it writes text after "
-                            "a prompt only", "suffix", "unsupported_value")
+    try:
+        run.kind.check_given(suffix=bool(len(suf)))
+    except ValueError as e:
+        raise APIError(400, str(e), "suffix", "unsupported_value") from None
     room = L - len(pre) - len(suf)
     if room < 1:
         raise APIError(400, f"prompt ({len(pre)} tokens) + suffix ({len(suf)} tokens) leave no room in the "
