@@ -314,7 +314,23 @@ def _add_eval(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `sedd` console script: parse argv, run the command, return the exit code."""
+    """Entry point of the `sedd` console script: parse argv, run the command, return the exit code.
+
+    Called as the command (argv None), a refusal ends the process at once once its line is written: a
+    checkpoint that failed to restore leaves orbax's and TensorStore's reads pending, and Python's exit
+    then printed a traceback of each ("Event loop is closed", 1,600 lines under a memory cap, issue 63).
+    A failed command has nothing left to save (saves are synchronous; metrics.jsonl is flushed a line).
+    """
+    code = _command(argv)
+    if argv is None and code == 2:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _command(argv: list[str] | None) -> int:
+    """`main` without the exit: the command's exit code."""
     parser = validate.OneLineParser(prog="sedd", description="Score Entropy Discrete Diffusion in JAX")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -376,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # every number and path, before any work (sedd serve and sedd convert check their own)
         validate.check_args(args.command, args)
     except ValueError as e:
-        print(f"sedd {args.command}: error: {e}", file=sys.stderr)
+        print(f"sedd {args.command}: error: {validate.short_numbers(str(e))}", file=sys.stderr)
         return 2
     warnings.showwarning = _show_warning
     if args.command == "convert":
@@ -402,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         return _sample(args)
     except (ValueError, KeyError, FileNotFoundError, RuntimeError, FloatingPointError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"sedd {args.command}: error: {msg}", file=sys.stderr)
+        print(f"sedd {args.command}: error: {validate.short_numbers(str(msg))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # outside a training loop (which saves and stops instead): nothing to save
         print(f"\nsedd {args.command}: interrupted", file=sys.stderr)

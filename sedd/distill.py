@@ -46,7 +46,7 @@ import ml_collections
 from flax import nnx
 
 from sedd import config as config_lib
-from sedd import files, kinds, runs, sdtt, train
+from sedd import files, kinds, runs, sdtt, train, validate
 from sedd import sharding as sharding_lib
 from sedd.sampling import planned_rank
 
@@ -140,6 +140,13 @@ def check_distillable(config) -> None:
         halve N0 to an integer, checkpoints that miss a round's end.
     """
     d, t = config.distill, config.training
+    for key in ("log_every", "eval_every", "ckpt_every"):  # as sedd.train.train: steps between them, divisors
+        if not (isinstance(t[key], int) and not isinstance(t[key], bool) and t[key] >= 1):
+            raise ValueError(f"training.{key}={validate.shown(t[key])} must be an integer >= 1 (steps between "
+                             f"{key.split('_')[0]}s)")
+    if not (isinstance(d.round_steps, int) and d.round_steps >= 1):
+        raise ValueError(f"distill.round_steps={validate.shown(d.round_steps)} must be an integer >= 1 (training "
+                         "steps a round)")
     kind = kinds.get(config)
     if config.graph.type != "absorbing":
         raise ValueError(f"sedd distill needs graph.type='absorbing' (the teacher has {config.graph.type!r}): "
@@ -203,6 +210,9 @@ def distill_config(teacher: str | Path, overrides=(), rounds: int | None = None)
     given = {a[len("--config."):].split("=")[0] for a in overrides if a.startswith("--config.")}
     if rounds is not None:
         d.rounds = rounds
+    # Every number as `sedd train` checks it (types, sizes: distill.rounds in [0, 16], round_steps >= 1), before
+    # any arithmetic with it: distill.rounds = -3 made 2 ** -3 a float that ml_collections refused with a TypeError.
+    runs.check_config(c, f"--teacher {teacher}" + " and the overrides" * bool(overrides))
     for key in ("ckpt_every", "eval_every"):  # once a round, unless given
         if f"training.{key}" not in given:
             c.training[key] = d.round_steps

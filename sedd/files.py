@@ -14,6 +14,7 @@ must lie inside `root`'s. Every command that reads or copies a file of a run
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
@@ -101,3 +102,46 @@ def _what(mode: int) -> str:
         if test(mode):
             return word
     return "not a regular file"
+
+
+def check_checkpoint_shapes(folder: str | Path, target) -> None:
+    """Refuse a checkpoint whose arrays have other shapes than `target`'s, from its metadata, before any is read.
+
+    A checkpoint of another network (a teacher whose config.json was changed,
+    a run's checkpoints copied into another) used to fail inside orbax's
+    restore, after TensorStore had started every read: the reads still
+    pending then called back into a closed event loop, a traceback each
+    ("Event loop is closed", 1,600 lines under a memory cap, issue 63).
+
+    Args:
+      folder: the checkpoint's item folder (``<run>/checkpoints/<step>/state``).
+      target: a dict of some of the train state's entries, leaves with `.shape`.
+    Raises:
+      ValueError: naming the first entry whose saved shape differs. A checkpoint
+        whose metadata cannot be read is left to the restore to refuse.
+    """
+    import jax
+    import orbax.checkpoint as ocp  # here: the rest of this module reads plain files
+
+    log = logging.getLogger("absl")  # orbax warns that the item folder has no step metadata: it is the step's
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        saved = ocp.PyTreeCheckpointer().metadata(Path(folder))
+        tree = getattr(getattr(saved, "item_metadata", saved), "tree", saved)
+    except Exception:  # noqa: BLE001  orbax raises many types; the restore names the problem
+        return
+    finally:
+        log.setLevel(level)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(target):
+        node = tree
+        try:
+            for k in path:  # DictKey(0) or GetAttrKey("value") in the target, "0" and "value" in the metadata
+                name = getattr(k, "key", getattr(k, "name", getattr(k, "idx", None)))
+                node = node[name] if name in node else node[str(name)]
+        except (KeyError, IndexError, TypeError):
+            continue  # an entry the checkpoint lacks: orbax's restore names it
+        shape = getattr(node, "shape", None)
+        if shape is not None and tuple(shape) != tuple(leaf.shape):
+            raise ValueError(f"{jax.tree_util.keystr(path)} has shape {tuple(shape)} in the checkpoint and "
+                             f"{tuple(leaf.shape)} in the config's network: the checkpoint is another network's.")

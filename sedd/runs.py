@@ -381,14 +381,15 @@ def restore(manager: ocp.CheckpointManager, target: dict, step: int | None = Non
     args = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
                                   partial_restore=True)
     try:
+        files.check_checkpoint_shapes(Path(manager.directory) / str(step) / "state", target)  # before any read
         state = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
         if not bool(_all_finite([x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)])):
             raise ValueError("it holds non-finite values, which training never saves")
         return state
     except Exception as e:  # orbax raises many types for unreadable or mismatched files
-        raise RuntimeError(
+        raise RuntimeError(  # one line: orbax's messages quote TensorStore specs over many lines
             f"could not restore the checkpoint of step {step} in {manager.directory}: "
-            f"{type(e).__name__}: {str(e)[:500]}\nIt is corrupt or was written by an "
+            f"{type(e).__name__}: {' '.join(str(e)[:2000].split())[:400]} It is corrupt or was written by an "
             "incompatible config. The run directory was left as it is; move it away or "
             "pass a new --workdir."
         ) from e

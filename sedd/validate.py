@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import math
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -36,6 +37,21 @@ MAX_SECONDS = 86_400.0  # any timeout: a day
 MAX_TEXT = 1 << 20  # characters of a --prefix, --suffix or --infill (a model's length is at most 131,072 tokens)
 
 
+def shown(value) -> str:
+    """A value as a message quotes it: repr, but an integer of more than 24 digits by its size (`a 400-digit
+    number`), and any repr cut at 80 characters: a refusal is one short line whatever it was given."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**24:
+        digits = len(str(abs(value))) if abs(value) < 10**4000 else int(abs(value).bit_length() * 0.30103) + 1
+        return f"{'a negative ' if value < 0 else 'a '}{digits}-digit number"
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def short_numbers(text: str) -> str:
+    """text with each run of more than 24 digits named by its size (`<a 400-digit number>`), for one-line errors."""
+    return re.sub(r"\d{25,}", lambda m: f"<a {len(m.group())}-digit number>", text)
+
+
 @dataclasses.dataclass(frozen=True)
 class Bound:
     """A number's type and range: an integer (or a finite float) in [low, high] (low excluded when `open_low`)."""
@@ -49,14 +65,15 @@ class Bound:
     def check(self, name: str, value) -> None:
         """Raise ValueError (one line naming `name`) unless value is a number of this bound."""
         types = (int,) if self.integer else (int, float)
-        ok = isinstance(value, types) and not isinstance(value, bool) and math.isfinite(value)
+        ok = isinstance(value, types) and not isinstance(value, bool) and \
+            (isinstance(value, int) or math.isfinite(value))  # isfinite(10**400) is an OverflowError
         if ok and self.low <= value <= self.high and not (self.open_low and value == self.low):
             return
         what = "an integer" if self.integer else "a finite number"
         left = "(" if self.open_low else "["
         why = f" ({self.why})" if self.why else ""
         low, high = (f"{int(x)}" if self.integer else f"{x:g}" for x in (self.low, self.high))
-        raise ValueError(f"{name} must be {what} in {left}{low}, {high}]{why}, got {value!r}")
+        raise ValueError(f"{name} must be {what} in {left}{low}, {high}]{why}, got {shown(value)}")
 
 
 class DraftK(Bound):
@@ -208,7 +225,7 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse's refusals (`--steps nan`: not an int) as one line, `prog: error: ...`, and exit code 2."""
 
     def error(self, message: str):
-        print(f"{self.prog}: error: {message} ({self.prog} --help shows the options)", file=sys.stderr)
+        print(f"{self.prog}: error: {short_numbers(message)} ({self.prog} --help shows the options)", file=sys.stderr)
         sys.exit(2)
 
 

@@ -271,3 +271,122 @@ def test_gpt2s_tokenizer_and_the_peers_still_load_without_a_probe(tmp_path, gpt2
 def test_the_server_holds_each_encoding_to_its_budget():
     from sedd.serve import app as app_lib
     assert app_lib.PLAN_TIMEOUT_S <= 2.0
+
+
+# --------------------------------------------------------------------------- finding 4: every number of sedd distill
+
+
+class Reached(Exception):
+    """sedd distill's work was reached: every value was admitted."""
+
+
+@pytest.fixture
+def distill_stubbed(copy_run_dir, tmp_path, monkeypatch):
+    """A teacher (the tiny run), and the distillation's training replaced by raising Reached."""
+    from sedd import distill
+    monkeypatch.setattr(distill, "distill", lambda *a, **k: (_ for _ in ()).throw(Reached()))
+    return copy_run_dir, tmp_path / "out"
+
+
+def _distill_outcome(teacher, out, capsys, *overrides) -> str:
+    try:
+        rc = cli.main(["distill", "--teacher", str(teacher), "--workdir", str(out), *overrides])
+    except Reached:
+        capsys.readouterr()
+        return "reached"
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("sedd distill: error: "), (overrides, rc, err)
+    return err
+
+
+@pytest.mark.parametrize("override,message", [
+    ("--config.distill.round_steps=0", "distill.round_steps = 0 is outside [1, 1073741824]"),
+    ("--config.training.ckpt_every=0", "training.ckpt_every=0 must be an integer >= 1"),  # was ZeroDivisionError
+    ("--config.training.eval_every=0", "training.eval_every=0 must be an integer >= 1"),
+    ("--config.distill.rounds=-3", "distill.rounds = -3 is outside [0, 16]"),  # was ml_collections' TypeError
+    ("--config.distill.teacher_steps=-8", "distill.teacher_steps = -8 is outside [0, 65536]"),
+    ("--config.distill.round_steps=" + "1" * 400, "<a 400-digit number> is outside"),
+])
+def test_the_reports_distill_options_are_refused_in_one_line(distill_stubbed, capsys, override, message):
+    teacher, out = distill_stubbed
+    err = _distill_outcome(teacher, out, capsys, override, "--config.training.ckpt_every=2"
+                           if "ckpt_every" not in override else "--config.training.log_every=2")
+    assert message in err and len(err) < 400, err
+    assert not out.exists()
+
+
+NUMBERS = ["nan", "inf", "-inf", "0", "-1", str(10**12), str(2**64), "1e300", "0.5"]
+
+
+def _numeric_keys(config, prefix="") -> list[str]:
+    out = []
+    for k, v in config.items():
+        if hasattr(v, "items"):
+            out += _numeric_keys(v, f"{prefix}{k}.")
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.append(f"{prefix}{k}")
+    return out
+
+
+def test_every_numeric_config_key_of_distill_is_refused_in_one_line_where_train_refuses_it(distill_stubbed, capsys):
+    """The table of `sedd distill`'s config keys: each numeric key of the teacher's config, nine hostile values.
+
+    Every outcome is the command's work reached or one line and exit 2 (no traceback, no other exception), and a
+    value `sedd train`'s checks refuse (``sedd.config.override``, ``sedd.runs.check_config``) is refused here too.
+    """
+    from sedd import config as config_lib
+    teacher, out = distill_stubbed
+    base = runs.read_config(teacher)
+    keys = [k for k in _numeric_keys(base.to_dict()) if k != "vocab_size"]
+    assert {"distill.rounds", "distill.round_steps", "distill.teacher_steps", "training.ckpt_every"} <= set(keys)
+    reached = 0
+    for key in keys:
+        for value in NUMBERS:
+            arg = f"--config.{key}={value}"
+            try:
+                runs.check_config(config_lib.override(base, [arg]), "train")
+                train_refuses = False
+            except (ValueError, KeyError, TypeError):
+                train_refuses = True
+            got = _distill_outcome(teacher, out, capsys, arg)
+            reached += got == "reached"
+            assert not (train_refuses and got == "reached"), (arg, "sedd train refuses it")
+    assert reached > 0 and not out.exists()
+
+
+# --------------------------------------------------------------------------- finding 7: one line for one error
+
+
+def test_a_teacher_of_another_networks_checkpoints_is_one_line_under_a_memory_cap(copy_run_dir, tmp_path):
+    """Was: the error, then ~1,600 lines of "Event loop is closed" tracebacks (`ulimit -v 8G`)."""
+    import subprocess
+    config = json.loads((copy_run_dir / runs.CONFIG).read_text())
+    config["model"]["hidden_size"] *= 2  # the checkpoints are the tiny network's, the config another's
+    (copy_run_dir / runs.CONFIG).write_text(json.dumps(config))
+
+    argv = [sys.executable, "-m", "sedd.cli", "distill", "--teacher", str(copy_run_dir), "--workdir",
+            str(tmp_path / "out"), "--config.distill.round_steps=2", "--config.training.ckpt_every=2"]
+    proc = subprocess.run(["bash", "-c", 'ulimit -v 8388608 && exec "$0" "$@"', *argv], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("sedd distill: error: "), proc.stderr[-3000:]
+    assert "has shape" in proc.stderr and "the checkpoint is another network's" in proc.stderr
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["sample", "--workdir", "{run}", "--seed", "1" + "0" * 399], "got a 400-digit number"),
+    (["sample", "--workdir", "{run}", "--steps", "9" * 5000], "invalid int value: '<a 5000-digit number>'"),
+    (["eval", "--workdir", "{run}", "--num_t", "-" + "9" * 400], "got a negative 400-digit number"),
+    (["train", "--config", "tiny", "--workdir", "{new}", "--config.data.seq_len=" + "7" * 400],
+     "<a 400-digit number>"),
+])
+def test_long_numbers_are_named_by_their_size(copy_run_dir, tmp_path, capsys, argv, message):
+    argv = [a.format(run=copy_run_dir, new=tmp_path / "new") for a in argv]
+    try:
+        rc = cli.main(argv)
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and message in err and len(err) < 400, err
