@@ -390,3 +390,54 @@ def test_long_numbers_are_named_by_their_size(copy_run_dir, tmp_path, capsys, ar
         rc = e.code
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and message in err and len(err) < 400, err
+
+
+# --------------------------------------------------------------------------- finding 5: the code corpus
+
+
+def _corpus(tmp_path):
+    """A folder of two modules, a sparse 2 GB .py, a link to a file outside, a random-binary .py."""
+    import random
+    root = tmp_path / "corpus"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "a.py").write_text("def f(x):\n    return x + 1\n")
+    (root / "b.py").write_text("import os\n\nprint(os.sep)\n")
+    with open(root / "huge.py", "wb") as f:
+        f.truncate(2 << 30)  # 2 GiB and no disk blocks
+    outside = tmp_path / "secret.py"
+    outside.write_text("TOKEN = 'the user's own'\n")
+    (root / "pkg" / "leak.py").symlink_to(outside)
+    (root / "pkg" / "inside.py").symlink_to(root / "b.py")  # a link that stays inside is read
+    (root / "blob.py").write_bytes(random.Random(0).randbytes(200_000))
+    return root
+
+
+def test_the_code_corpus_skips_what_it_must_not_read_with_one_note_before_reading(tmp_path):
+    from sedd.data.sources import list_sources
+    root = _corpus(tmp_path)
+    t0 = time.monotonic()
+    with pytest.warns(UserWarning, match="skipped 3 file") as caught:
+        files = list_sources(root)
+    assert time.monotonic() - t0 < 10
+    assert [f.relative_to(root).as_posix() for f in files] == ["b.py", "pkg/a.py", "pkg/inside.py"]
+    note = str(caught[0].message)
+    assert "huge.py (2,147,483,648 bytes, over data.code.max_file_bytes = 4,194,304)" in note, note
+    assert "leak.py (a link to" in note and "outside the corpus folder" in note, note
+    assert "blob.py (not text" in note, note
+    with pytest.raises(ValueError, match="more than data.code.max_bytes = 40; raise it"), pytest.warns(UserWarning):
+        list_sources(root, max_bytes=40)
+
+
+def test_a_code_run_on_such_a_folder_reads_only_its_text(tmp_path, recwarn):
+    """Was: the sparse file became 4.1 GB of tokens, the link's target was trained on, the binary made a
+    2,761-character vocabulary (a warning after the fact)."""
+    from sedd import data
+    root = _corpus(tmp_path)
+    ds = data.load_dataset({"name": "code", "path": str(root), "data_dir": str(tmp_path / "tfds"), "seq_len": 8})
+    chars = set(ds.tokenizer.chars)
+    assert chars <= set("def f(x):\n    return x + 1\nimport os\n\nprint(os.sep)\n"), sorted(chars)
+    assert "T" not in chars and len(chars) < 30
+    assert not [w for w in recwarn if "invalid UTF-8" in str(w.message)]
+    with pytest.raises(ValueError, match="data.code.max_file_bytes must be a positive number of bytes"):
+        data.load_dataset({"name": "code", "path": str(root), "data_dir": str(tmp_path / "tfds"),
+                           "code": {"max_file_bytes": 0}})

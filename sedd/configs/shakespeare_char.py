@@ -60,8 +60,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.markov.seed = 0  # seeds the transition table (the chain itself)
     c.data.markov.alpha = 0.3  # Dirichlet concentration of each row: small = peaked, low entropy
     c.data.markov.num_tokens = 500_000  # tokens in the train split (validation, test: 1/20 each)
-    # data.name = "code" only (sedd.data.sources): tests = take test files too; glob = the pattern of the files
-    c.data.code = ml_collections.ConfigDict({"tests": False, "glob": "*.py"})
+    # data.name = "code" only (sedd.data.sources): tests = take test files too; glob = the pattern of the files;
+    # a file over max_file_bytes is skipped with a note, a corpus over max_bytes refused (docs/code.md)
+    c.data.code = ml_collections.ConfigDict({"tests": False, "glob": "*.py", "max_file_bytes": 4 << 20,
+                                             "max_bytes": 1 << 30})
 
     c.training = ml_collections.ConfigDict()
     c.training.batch_size = 32  # global batch, summed over all devices and hosts

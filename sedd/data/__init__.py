@@ -50,7 +50,8 @@ DATASETS = ("shakespeare", "text", "text8", "openwebtext", "tinystories", "code"
 
 
 DATA_DEFAULTS = {"name": "shakespeare", "path": "", "data_dir": "", "documents": "", "tokenizer": "char",
-                 "tokenizer_path": "", "seq_len": 256, "code": {"tests": False, "glob": "*.py"}}
+                 "tokenizer_path": "", "seq_len": 256,
+                 "code": {"tests": False, "glob": "*.py", "max_file_bytes": 4 << 20, "max_bytes": 1 << 30}}
 """What ``load_dataset`` takes for a key its section lacks or holds as None: a notebook's or a test's
 partial dict ("" is the builder's own default). A shipped config's data section has every key."""
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import platform
+import stat
 import sysconfig
+import warnings
 from pathlib import Path
 
 from sedd.data.builders import VAL_FRACTION, TextFiles, Utf8Errors, line_chunks, register
@@ -46,29 +48,88 @@ def validation_share(relative: Path) -> float:
     return int(digest[:12], 16) / 16 ** 12
 
 
-def list_sources(root: Path, glob: str = "*.py", tests: bool = False) -> list[Path]:
+MAX_FILE_BYTES = 4 << 20
+"""data.code.max_file_bytes: a larger file is skipped, with a note (the standard library's largest, pydoc_data's
+topics.py, is 0.76 MB; a 2 GB file, sparse on disk, once became 4.1 GB of tokens in 287 s)."""
+MAX_BYTES = 1 << 30
+"""data.code.max_bytes: a corpus of more bytes is refused, naming the key (the standard library is 32 MB)."""
+SNIFF_BYTES = 8192  # what is read of each file to tell text from binary
+MAX_BAD_SHARE = 0.01  # share of a file's first bytes that may be NUL or invalid UTF-8, and it is still text
+
+
+def not_text(f: Path) -> str | None:
+    """Why the file is not text (a NUL byte, or over 1% invalid UTF-8 in its first 8 KiB), or None."""
+    with open(f, "rb") as stream:
+        head = stream.read(SNIFF_BYTES)
+    if b"\0" in head:
+        return f"not text: {head.count(0)} NUL bytes in its first {len(head):,}"
+    bad = head.decode("utf-8", errors="replace").count("\ufffd")  # a character cut at the end counts one
+    if bad > max(2, MAX_BAD_SHARE * len(head)):
+        return f"not UTF-8 text: {bad} invalid sequences in its first {len(head):,} bytes"
+    return None
+
+
+def list_sources(root: Path, glob: str = "*.py", tests: bool = False, max_file_bytes: int = MAX_FILE_BYTES,
+                 max_bytes: int = MAX_BYTES) -> list[Path]:
     """The source files under root in sorted order, without installed packages (and tests unless asked).
 
-    Raises FileNotFoundError naming root where it holds none: slim images of
-    Python often strip the standard library's sources and keep only `.pyc`.
+    Decided before a byte of a file enters the corpus: a file that is a link
+    leading out of root (or through a linked folder out of it), is not a
+    regular file, holds more than `max_file_bytes`, or is not text
+    (``not_text``: a random-binary `.py` once made a 2,761-character
+    vocabulary) is skipped, and the skipped files are named in one note.
+
+    Raises:
+      FileNotFoundError: naming root where it holds none: slim images of
+        Python often strip the standard library's sources and keep only `.pyc`.
+      ValueError: the files kept hold more than `max_bytes` (data.code.max_bytes).
     """
     if not root.exists():
         raise FileNotFoundError(f"no such folder: {root}")
-    if root.is_file():
-        return [root]
-    files = []
-    for f in root.rglob(glob):
-        relative = f.relative_to(root)
-        if not f.is_file() or any(part in SKIPPED_DIRS for part in relative.parts[:-1]):
+    home = root.resolve() if root.is_dir() else root.resolve().parent
+    files, skipped = [], []
+    for f in [root] if root.is_file() else sorted(root.rglob(glob)):
+        relative = f.relative_to(root) if f != root else Path(f.name)
+        if any(part in SKIPPED_DIRS for part in relative.parts[:-1]) or (f != root and not tests
+                                                                          and is_test(relative)):
             continue
-        if tests or not is_test(relative):
+        if f.is_dir() and not f.is_symlink():  # a folder whose name fits the pattern
+            continue
+        why = _skip_reason(f, home, max_file_bytes)
+        if why:
+            skipped.append(f"{relative} ({why})")
+        else:  # an empty one too: in the list (its hash), left out of the splits by ``SourceCode.plan``
             files.append(f)
+    if skipped:
+        shown = "; ".join(skipped[:5]) + (f"; and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+        warnings.warn(f"{root}: skipped {len(skipped)} file(s) before reading them: {shown}", stacklevel=2)
     if not files:
         hint = ("this interpreter's standard library has no sources (slim images strip them: install the full "
                 "Python, e.g. Debian's libpython3-stdlib, or point data.path at a folder of source files)"
                 if root == stdlib_dir() else "set data.code.glob to the files' pattern, or data.path to another folder")
         raise FileNotFoundError(f"no {glob} files under {root}" + ("" if tests else " (tests excluded)") + f": {hint}")
-    return sorted(files, key=lambda f: f.relative_to(root).as_posix())
+    total = sum(f.stat().st_size for f in files)
+    if total > max_bytes:
+        raise ValueError(f"{root}: its {len(files):,} {glob} files hold {total:,} bytes, more than "
+                         f"data.code.max_bytes = {max_bytes:,}; raise it (--config.data.code.max_bytes={total}) or "
+                         "point data.path at a smaller folder")
+    return sorted(files, key=lambda f: f.relative_to(root).as_posix() if f != root else f.name)
+
+
+def _skip_reason(f: Path, home: Path, max_file_bytes: int) -> str | None:
+    """Why a file found under the corpus folder `home` is not read into it, or None."""
+    try:  # rglob descends into no linked folder: only the file itself may be a link
+        real = f.resolve(strict=True) if f.is_symlink() else f
+        st = real.stat()
+    except (OSError, RuntimeError) as e:  # a dangling link, a loop
+        return f"unreadable: {e}"
+    if real is not f and real != home and home not in real.parents:
+        return f"a link to {real}, outside the corpus folder"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_size > max_file_bytes:
+        return f"{st.st_size:,} bytes, over data.code.max_file_bytes = {max_file_bytes:,}"
+    return not_text(real) if st.st_size else None
 
 
 @register("code")
@@ -76,20 +137,26 @@ class SourceCode(TextFiles, skip_registration=True):
     """Source files, one a document, byte for byte (see the module's docstring).
 
     Options (`data.code`): `tests` takes test files too; `glob` is the
-    pattern of the files taken from `data.path` (default "*.py").
+    pattern of the files taken from `data.path` (default "*.py");
+    `max_file_bytes` and `max_bytes` cap a file (a larger one is skipped
+    with a note) and the corpus (refused), ``list_sources``.
     """
 
     name = "sedd_code"
     RELEASE_NOTES = {"2.0.0": "one source file a document, unstripped; validation chosen by file"}
 
     def __init__(self, path: str = "", data_dir: str | None = None, documents: str = "", tests: bool = False,
-                 glob: str = "*.py", **kwargs):
+                 glob: str = "*.py", max_file_bytes: int = MAX_FILE_BYTES, max_bytes: int = MAX_BYTES, **kwargs):
         if documents not in ("", "file"):
             raise ValueError(f"data.documents must be 'file' (or '') for data.name='code': each source file is "
                              f"one document, not {documents!r}")
         if not isinstance(glob, str) or not glob or "/" in glob:
             raise ValueError(f"data.code.glob must be a file-name pattern such as '*.py', not {glob!r}")
+        for key, value in (("max_file_bytes", max_file_bytes), ("max_bytes", max_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"data.code.{key} must be a positive number of bytes, not {value!r}")
         self.tests, self.glob = bool(tests), glob
+        self.max_file_bytes, self.max_bytes = max_file_bytes, max_bytes
         super().__init__(path=path, data_dir=data_dir, documents="file", **kwargs)
 
     def key_parts(self) -> tuple:
@@ -99,7 +166,7 @@ class SourceCode(TextFiles, skip_registration=True):
         return str(stdlib_dir())
 
     def list_files(self) -> list[Path]:
-        return list_sources(self.path, self.glob, self.tests)
+        return list_sources(self.path, self.glob, self.tests, self.max_file_bytes, self.max_bytes)
 
     def describe(self) -> str:
         return (f"each {self.glob} file is one document, byte for byte; tests "
