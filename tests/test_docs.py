@@ -1,0 +1,131 @@
+"""The README and the guides instruct (issue 62, item 4): short, current, and true to the code.
+
+- README.md: at most 200 lines, no commit hash, no host "load", CPU models and families named in its
+  results table only; its commands use config keys that exist; its file map names files that exist.
+- The README's, `sedd.sampling`'s and `sedd sample --help`'s lists of samplers name every registered one.
+- The guides in docs/ carry no dated run logs: those live in docs/studies/, linked from the guide.
+- Every relative link of the README and of docs/ resolves, anchors included, inside the repository.
+"""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from sedd import cli, runs, sampling
+from sedd import config as config_lib
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+GUIDES = sorted((ROOT / "docs").glob("*.md"))  # docs/studies/ holds the dated studies and their logs
+DATE = re.compile(r"\b20\d\d-[01]\d(-[0-3]\d)?\b")
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+LOAD = re.compile(r"(?<![\w.])load(?![\w(])", re.IGNORECASE)  # the word, not `sedd.runs.load(` or a file name
+CPU = re.compile(r"\b(Zen \d|EPYC|Xeon|CPU family|family \d+|model \d+)\b")
+
+
+def _results_table(lines: list[str]) -> range:
+    """The line numbers of the README's results table (the first table under "## Results")."""
+    start = lines.index("## Results")
+    first = next(i for i in range(start, len(lines)) if lines[i].startswith("|"))
+    last = next(i for i in range(first, len(lines)) if not lines[i].startswith("|"))
+    return range(first, last)
+
+
+def test_readme_is_short_and_current():
+    text = README.read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; at most 200 (dated figures go to docs/studies/)"
+    assert not COMMIT.findall(text), f"README.md names commits: {COMMIT.findall(text)}"
+    loads = [line for line in lines if LOAD.search(line)]
+    assert not loads, f"README.md speaks of load: {loads}"
+    table = _results_table(lines)
+    named = [line for i, line in enumerate(lines) if CPU.search(line) and i not in table]
+    assert not named, f"README.md names CPU models outside its results table: {named}"
+
+
+def test_every_sampler_list_names_every_registered_sampler(capsys):
+    readme = README.read_text()
+    with pytest.raises(SystemExit):
+        cli.main(["sample", "--help"])
+    helped = " ".join(capsys.readouterr().out.split())
+    for name, sampler in sampling.PREDICTORS.items():
+        assert f"`{name}`" in readme, f"README.md does not name the sampler {name!r}"
+        assert f'"{name}"' in sampling.__doc__, f"sedd.sampling's docstring does not list {name!r}"
+        assert type(sampler).__name__ in sampling.__all__, f"sedd.sampling.__all__ lacks {type(sampler).__name__}"
+        assert re.search(rf"\b{name}\b", helped), f"`sedd sample --help` does not name {name!r}"
+
+
+# docs/reliability.md is another change's work in progress (issue 63); its four dated notes of measured runs
+# move to docs/studies/ there. Not strict, so that the marker is dropped when it passes, not failed on.
+IN_PROGRESS = {"reliability.md"}
+
+
+@pytest.mark.parametrize("guide", [pytest.param(g.name, marks=pytest.mark.xfail(reason="issue 63's pass over it"))
+                                   if g.name in IN_PROGRESS else g.name for g in GUIDES])
+def test_guides_carry_no_dated_run_logs(guide):
+    text = (ROOT / "docs" / guide).read_text()
+    dated = [line for line in text.splitlines() if DATE.search(line)]
+    assert not dated, f"docs/{guide} holds dated runs (move them to docs/studies/ and link them): {dated[:3]}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)  # a `#` line in a code block is no heading
+    return {_slug(m[1]) for m in re.finditer(r"(?m)^#+ (.*)$", text)}
+
+
+@pytest.mark.parametrize("doc", ["README.md"] + [str(p.relative_to(ROOT)) for p in sorted(ROOT.glob("docs/**/*.md"))])
+def test_links_resolve_inside_the_repository(doc):
+    path = ROOT / doc
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    bad = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.is_relative_to(ROOT) or not dest.exists():
+            bad.append(f"{target}: no such file in the repository")
+        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+            bad.append(f"{target}: no heading #{anchor}")
+    outside = re.findall(r"\.\./shared/\S*", text)
+    assert not bad and not outside, f"{doc}: {bad + outside}"
+
+
+def _readme_commands(program: str) -> list[list[str]]:
+    """The README's `sedd PROGRAM ...` command lines, continuation lines joined and $S expanded."""
+    text = README.read_text().replace("\\\n", " ")
+    env = dict(re.findall(r'(?m)^(\w+)="([^"]*)"$', text))
+    lines = [line.split("#", 1)[0] for line in text.splitlines() if line.startswith(f"sedd {program} ")]
+    return [shlex.split(re.sub(r"\$(\w+)", lambda m: env[m[1]], line)) for line in lines]
+
+
+def test_readme_commands_use_config_keys_that_exist():
+    """Each `sedd train` line of the README loads and passes the checks `sedd train` makes before any work; each
+    `sedd distill` line's overrides name keys of the default config (a renamed key fails here, not for a reader)."""
+    commands = _readme_commands("train") + _readme_commands("distill")
+    assert len(commands) >= 8
+    for args in commands:
+        overrides = [a for a in args if a.startswith("--config.")]
+        name = args[args.index("--config") + 1] if "--config" in args else config_lib.DEFAULT_CONFIG
+        if name.endswith(".py"):
+            continue  # the reader's own file
+        config = config_lib.load_config(name, overrides)
+        if args[1] == "train":
+            runs.check_config(config, " ".join(args))
+
+
+def test_readme_file_map_names_files_that_exist():
+    lines = README.read_text().splitlines()
+    start = lines.index("## File map")
+    rows = [line for line in lines[start:] if line.startswith("| `")]
+    paths = [p for row in rows for p in re.findall(r"`([\w./]+/|[\w./]+\.\w+)`", row.split("|")[1])]
+    assert len(paths) >= 20
+    missing = [p for p in paths if not (ROOT / p).exists()]
+    assert not missing, f"README.md's file map names files that do not exist: {missing}"
