@@ -71,6 +71,12 @@ Array = jax.Array
 # --------------------------------------------------------------------------- the dtype policy
 
 COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
+DTYPE_ENV = "SEDD_COMPUTE_DTYPE"
+"""An environment variable that, when set to one of COMPUTE_DTYPES, overrides every run's model.dtype.
+
+The test suite's second pass sets it to bfloat16, so that a test whose outcome depends on the compute dtype
+fails on a CPU without AVX512-BF16 too (where "auto" is float32), not only on the CPUs where "auto" is bfloat16.
+"""
 
 
 @functools.cache
@@ -92,6 +98,8 @@ def compute_dtype(name: str) -> jnp.dtype:
     "auto" keeps float32. Parameters are float32 either way, so a run
     trained in one dtype loads and samples in the other.
 
+    The environment's SEDD_COMPUTE_DTYPE (``DTYPE_ENV``), when set, replaces `name`.
+
     Args:
       name: one of COMPUTE_DTYPES.
     Returns:
@@ -99,6 +107,11 @@ def compute_dtype(name: str) -> jnp.dtype:
     """
     if name not in COMPUTE_DTYPES:
         raise ValueError(f"model.dtype={name!r}: expected one of {', '.join(COMPUTE_DTYPES)}")
+    forced = os.environ.get(DTYPE_ENV)
+    if forced:
+        if forced not in COMPUTE_DTYPES:
+            raise ValueError(f"{DTYPE_ENV}={forced!r}: expected one of {', '.join(COMPUTE_DTYPES)} (or unset)")
+        name = forced
     if name == "auto":
         fast = jax.default_backend() != "cpu" or cpu_has_bfloat16_dots()
         name = "bfloat16" if fast else "float32"

@@ -399,6 +399,9 @@ class StopRequest:
 def dtype_line(name: str) -> str:
     """The dtype the model computes in on this machine for model.dtype = `name`, and why: one line."""
     dtype = kernels.compute_dtype(name).name
+    forced = os.environ.get(kernels.DTYPE_ENV)
+    if forced:
+        return f"compute dtype {dtype} ({kernels.DTYPE_ENV}={forced} overrides model.dtype={name!r})"
     if name != "auto":
         return f"compute dtype {dtype} (model.dtype={name!r})"
     backend = jax.default_backend()

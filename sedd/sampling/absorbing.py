@@ -38,6 +38,27 @@ def planned_rank(order: str, length: int, steps: int) -> np.ndarray:
     return np.argsort(np.argsort(key, kind="stable"), kind="stable")
 
 
+TIE_GRID = 1e-2
+"""Priorities computed from the network (confidence, margin, entropy) are compared on this grid."""
+
+
+def tie_broken(key: jax.Array, priority: jax.Array, grid: float = TIE_GRID) -> jax.Array:
+    """float32[B, L]: `priority` rounded to a multiple of `grid`, its ties put in a random order drawn from key.
+
+    A network's output differs in its last bits from one CPU to another, and
+    from a batch of 4 to the same rows alone (about 5e-7). Positions the
+    network cannot yet tell apart (all of them at the first step from all
+    masks: the DDiT has no absolute position, so every masked position
+    computes the same score) then differ only by that noise, and the CPU or
+    the batch would decide which goes first. Rounded, they tie, and the tie
+    is broken by the row's key: the same text on any CPU and in any batch.
+    A jitter under a tenth of the grid orders the ties and nothing else. Any
+    order chosen from the revealed tokens and independent randomness keeps
+    the chain rule, so a sampler exact with the exact score stays exact.
+    """
+    return jnp.round(priority / grid) * grid - 0.1 * grid * jax.random.uniform(key, priority.shape)
+
+
 def rank(priority: jax.Array) -> jax.Array:
     """int32[B, L]: 0 for the highest priority of each row, 1 for the next, ..."""
     return jnp.argsort(jnp.argsort(-priority, axis=-1), axis=-1)
@@ -110,7 +131,9 @@ class Confidence(AbsorbingSampler):
     q_l, "random" a uniform draw. With "random" and one position a step
     (N >= L) this is any-order autoregressive sampling, exact with the exact
     score (Zheng et al. 2024, Prop. 3.1; Ou et al. 2024); the other orders
-    are heuristics. The network sees sigma_bar(t_n).
+    are heuristics. The network sees sigma_bar(t_n). The data-dependent
+    priorities are compared on a grid of ``TIE_GRID``, ties in a random
+    order (``tie_broken``: the same text on any CPU and in any batch).
 
     Two orders are planned, fixed by position alone (``planned_rank``), so
     that the positions a step writes together are far apart and, on text
@@ -157,12 +180,14 @@ class Confidence(AbsorbingSampler):
         """float[B, L]: higher goes first."""
         order = ctx.options["order"]
         if order == "confidence":
-            return prob
+            tau = ctx.options.get("threshold", 0.0)
+            over = (prob >= tau) if tau > 0 else jnp.zeros(prob.shape, bool)
+            return tie_broken(key, prob) + 2.0 * over  # the positions over the threshold first
         if order == "margin":
             top2 = jax.lax.top_k(ctx.denoiser(logits), 2)[0]  # (B, L, 2)
-            return top2[..., 0] - top2[..., 1]
+            return tie_broken(key, top2[..., 0] - top2[..., 1])
         if order == "entropy":
-            return -ctx.entropy(logits)
+            return tie_broken(key, -ctx.entropy(logits))
         if order in PLANNED_ORDERS:
             rank = planned_rank(order, token.shape[-1], ctx.steps)
             return jnp.broadcast_to(-jnp.asarray(rank, jnp.float32), token.shape)
@@ -217,19 +242,13 @@ class EntropyBound(Confidence):
     bound holds at every step. Adaptive: steps left with nothing masked cost
     no network call.
 
-    The entropies are rounded to ``ENTROPY_GRID`` nats, and positions whose
-    rounded entropies tie go in a random order drawn from the row's key.
-    Rounding makes the order, and so the text, the same in any batch: a
-    network's output in a batch of 4 differs from its output alone in the
-    last bits (5e-7 here), and unrounded entropies of positions the network
-    cannot yet tell apart (all of them, at the first step) differ by as
-    little, so the batch decided which went first. Any order chosen from
-    the revealed tokens and independent randomness keeps the chain rule, so
-    the sampler is as exact as before with the exact score.
+    The entropies are rounded to ``ENTROPY_GRID`` nats and their ties put in
+    a random order (``tie_broken``), so the text is the same in any batch and
+    on any CPU.
     """
 
     options = {"max_entropy": 1.0}
-    ENTROPY_GRID = 1e-2  # nats; far above float32 noise, far below the entropy gaps that order positions
+    ENTROPY_GRID = TIE_GRID  # nats; far above float32 noise, far below the entropy gaps that order positions
 
     def check(self, options):
         if not (isinstance(options["max_entropy"], (int, float)) and options["max_entropy"] >= 0):
@@ -249,9 +268,7 @@ class EntropyBound(Confidence):
         return jnp.minimum(jnp.maximum(within.sum(-1), super().count(ctx, masked, n, logits)), m)
 
     def priority(self, ctx, key, logits, token, prob):
-        # ties of the rounded entropy broken at random (a jitter under a tenth of the grid)
-        jitter = 0.1 * self.ENTROPY_GRID * jax.random.uniform(key, token.shape)
-        return -self.rounded_entropy(ctx, logits) - jitter
+        return tie_broken(key, -ctx.entropy(logits), self.ENTROPY_GRID)
 
 
 @register_sampler("remdm")
