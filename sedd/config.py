@@ -138,15 +138,26 @@ before mesh.distributed one process), data.markov.* came with data.name = "marko
 optim.muon_lr_scale is read only by Muon, which the shipped configs offered from that key on."""
 
 
-def moved(saved: Mapping[str, Any], config: dict) -> None:
-    """Fill in `config` (today's keys) the keys whose meaning moved out of another key of `saved`.
+MOVED: dict[str, tuple[str, str, Any]] = {
+    "model.draft_k": ("model.block_size", "model.kind", "spec"),  # until 2026-12-05
+}
+"""key -> (the key its value was kept in before, and the key and value of the runs that kept it there): a
+spec run's drafts a round were its model.block_size until they got a key of their own (block_size now
+means a block run's block length only)."""
 
-    model.draft_k: a spec run's drafts a round were its model.block_size until the key of their own
-    (2026-12-05; block_size now means a block run's block length only).
-    """
-    model = saved.get("model") if isinstance(saved.get("model"), Mapping) else {}
-    if model.get("kind") == "spec" and "draft_k" not in model and "block_size" in model:
-        config["model"]["draft_k"] = model["block_size"]
+
+def moved(saved: Mapping[str, Any], config: dict) -> None:
+    """Fill in `config` (today's keys) each ``MOVED`` key that `saved` kept in another key."""
+
+    def get(tree, key):
+        for part in key.split("."):
+            tree = tree.get(part) if isinstance(tree, Mapping) else None
+        return tree
+
+    for key, (before, where, value) in MOVED.items():
+        if get(saved, key) is None and get(saved, before) is not None and get(saved, where) == value:
+            section, name = key.rsplit(".", 1)
+            config[section][name] = get(saved, before)
 
 
 def migrate(saved: Mapping[str, Any]) -> ml_collections.ConfigDict:

@@ -134,3 +134,13 @@ def test_the_ar_baseline_imports_nothing_of_block_diffusion_and_each_check_is_st
     sources = {p: p.read_text() for p in sedd.rglob("*.py")}
     for text in ("differs from this run's", "draft_k must be an integer in"):
         assert [p.name for p, s in sources.items() if text in s] == ["drafts.py"], text
+
+
+def test_a_spec_run_written_with_its_drafts_in_block_size_reads_them_as_draft_k():
+    """model.draft_k is the spec kind's key; an older spec run kept k in model.block_size (config.MOVED)."""
+    saved = config_lib.load_config("tiny").to_dict()
+    del saved["model"]["draft_k"]
+    saved["model"].update(kind="spec", block_size=3)
+    assert config_lib.migrate(saved).model.draft_k == 3
+    saved["model"]["kind"] = "block"  # a block run's block_size is its block length: draft_k keeps its default
+    assert config_lib.migrate(saved).model.draft_k == config_lib.load_config("tiny").model.draft_k

@@ -172,7 +172,7 @@ def test_hostile_draft_k_is_refused_in_one_line(k):
 def test_drafts_the_run_cannot_take_are_refused(tiny_run):
     with pytest.raises(ValueError, match="draft_k needs a draft"):
         serve.create_app(_ar_run(0), "x", LIMITS, draft_k=4)
-    with pytest.raises(ValueError, match="'ngram' or a smaller AR run"):
+    with pytest.raises(ValueError, match="'ngram', a smaller AR run or a block-diffusion run"):
         serve.create_app(_ar_run(0), "x", LIMITS, draft="bigram")
     ddit = runs.load(tiny_run[0])
     with pytest.raises(ValueError, match="model.kind='ddit' run cannot draft"):  # the drafts: ngram, AR or block

@@ -105,18 +105,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sampling.eps = 1e-5  # the last time of the reverse grid
     c.distill = distill_section()  # written by `sedd distill`; rounds = 0: a run `sedd train` wrote
 
-    c.mesh = ml_collections.ConfigDict()
-    c.mesh.data = -1  # devices along the data axis (-1: all that remain)
-    c.mesh.fsdp = 1  # parameter sharding (ZeRO-3 style) axis
-    c.mesh.tensor = 1  # tensor (model) parallel axis
-    # Overrides of sedd.sharding.DEFAULT_RULES: pairs (logical axis name, mesh
-    # axis or tuple of mesh axes or None), e.g. (("embed", None), ("mlp", "fsdp")).
-    c.mesh.rules = ()
-    c.mesh.distributed = "auto"  # jax.distributed: "auto" (when the environment is a multi-process job), "on", "off"
-    c.mesh.coordinator_address = ""  # host:port of process 0; "" = detected by jax (SLURM, MPI, TPU, env)
-    c.mesh.cpu_devices = 0  # sedd train on a CPU: this many devices (0 = auto: one a core; sedd.sharding.split_cpu)
-    c.mesh.num_processes = 0  # processes in the job; 0 = detected by jax
-    c.mesh.process_id = -1  # this process's index; -1 = detected by jax
+    c.mesh = mesh_section()  # the devices and how the arrays are split over them
     return c
 
 
@@ -134,3 +123,20 @@ def distill_section() -> ml_collections.ConfigDict:
     # planned order, the 'dilated' sampler; SEDD runs): sedd.distill.ORDERS
     d.order = "random"
     return d
+
+
+def mesh_section() -> ml_collections.ConfigDict:
+    """The mesh section: the devices' axes, the sharding rules, and the processes of a distributed job."""
+    m = ml_collections.ConfigDict()
+    m.data = -1  # devices along the data axis (-1: all that remain)
+    m.fsdp = 1  # parameter sharding (ZeRO-3 style) axis
+    m.tensor = 1  # tensor (model) parallel axis
+    # Overrides of sedd.sharding.DEFAULT_RULES: pairs (logical axis name, mesh
+    # axis or tuple of mesh axes or None), e.g. (("embed", None), ("mlp", "fsdp")).
+    m.rules = ()
+    m.distributed = "auto"  # jax.distributed: "auto" (when the environment is a multi-process job), "on", "off"
+    m.coordinator_address = ""  # host:port of process 0; "" = detected by jax (SLURM, MPI, TPU, env)
+    m.cpu_devices = 0  # sedd train on a CPU: this many devices (0 = auto: one a core; sedd.sharding.split_cpu)
+    m.num_processes = 0  # processes in the job; 0 = detected by jax
+    m.process_id = -1  # this process's index; -1 = detected by jax
+    return m

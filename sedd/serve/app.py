@@ -148,9 +148,8 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
     Args:
       allowed_hosts: the names a request's Host header may give ("*": any).
       api_key: when given, every /v1/ request must carry ``Authorization: Bearer <api_key>``.
-      draft, draft_k, draft_name: an AR run's speculative decoding (``_speculation``): "ngram", a smaller
-        AR ``runs.Run`` or a block run's, drafts a round, the name /v1/models gives; answers then carry a
-        `speculative` object.
+      draft, draft_k, draft_name: an AR run's speculative decoding (``_speculation``): "ngram" or another
+        ``runs.Run``, drafts a round, the name /v1/models gives; answers then carry a `speculative` object.
     """
     speculation = _speculation(run, draft, draft_k, draft_name)
     if limits.max_batch < limits.max_n:
