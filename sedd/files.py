@@ -49,15 +49,19 @@ def read_bytes(path: str | Path, limit: int, root: str | Path | None = None) -> 
         raise
     except OSError as e:
         raise UnsafeFile(f"{path} cannot be read: {e.strerror or e}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
+    try:
+        st = os.fstat(fd)  # before a file object: io refuses a folder with IsADirectoryError
         if not stat.S_ISREG(st.st_mode):
             raise UnsafeFile(f"{path} is not a regular file ({_what(st.st_mode)}); only regular files are read")
         if st.st_size > limit:
-            raise UnsafeFile(f"{path} holds {st.st_size:,} bytes; at most {limit:,} are read")
+            raise UnsafeFile(f"{path} holds {st.st_size} bytes; at most {limit} are read")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise UnsafeFile(f"{path} grew past {limit:,} bytes while it was read; at most {limit:,} are read")
+        raise UnsafeFile(f"{path} grew past {limit} bytes while it was read; at most {limit} are read")
     return data
 
 
