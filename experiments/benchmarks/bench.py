@@ -34,7 +34,6 @@ FLOPs: model FLOPs per token of ``sedd.model.flops_per_token`` (6 N + 12 n L H
 for training, N the matmul weights a token meets).
 """
 
-
 from __future__ import annotations
 
 import argparse
