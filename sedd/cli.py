@@ -374,7 +374,8 @@ def _command(argv: list[str] | None) -> int:
                    "windows, a block run more blocks")
     p.add_argument("--stop", action="store_true", help="end each text at its first <|endoftext|> (a block run "
                    "stops drawing once every text has one)")
-    p.add_argument("--animate", action="store_true", help="show the denoising of the first sample, redrawn in place on a terminal; into a file or pipe, its frames one after another")
+    p.add_argument("--animate", action="store_true", help="show the denoising of the first sample, redrawn "
+                   "in place on a terminal; into a file or pipe, its frames one after another")
     p.add_argument("--draft", default="", help="an AR run only: speculative sampling, the run's own law in fewer "
                    "calls, with drafts from 'ngram' (prompt lookup), a smaller AR run's or a block-diffusion run's "
                    "directory (one block of --draft_k <= its block size a call)")
