@@ -134,6 +134,7 @@ def test_readme_file_map_names_files_that_exist():
 def test_the_quickstart_commands_are_the_ones_ci_runs():
     """The README's two commands stay exactly these; `.ci/run` runs the second verbatim."""
     readme = README.read_text()
-    train, test = "pip install -e . && sedd train", 'pip install -e ".[test]" && python -m pytest -q -n 2 --dist loadscope'
+    train = "pip install -e . && sedd train"
+    test = 'pip install -e ".[test]" && python -m pytest -q -n 2 --dist loadscope'
     assert f"\n   {train}\n" in readme and f"\n   {test}\n" in readme
     assert test in (ROOT / ".ci" / "run").read_text().splitlines()
