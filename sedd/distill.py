@@ -196,7 +196,6 @@ def distill_config(teacher: str | Path, overrides=(), rounds: int | None = None)
     """
     teacher = Path(teacher).expanduser().resolve()
     base = runs.read_config(teacher)
-    runs.read_tokenizer(teacher, base.vocab_size)  # a regular file of the teacher's (sedd.files), before any work
     steps = runs.checkpoint_manager(teacher).all_steps() if (teacher / runs.CHECKPOINTS).is_dir() else []
     if not steps:
         raise FileNotFoundError(f"{teacher} holds no checkpoint to distill; train it first with `sedd train`")
@@ -232,6 +231,7 @@ def distill_config(teacher: str | Path, overrides=(), rounds: int | None = None)
     if ORDERS.get(d.order):
         c.sampling.predictor = ORDERS[d.order]
     check_distillable(c)
+    runs.read_tokenizer(teacher, base.vocab_size)  # a regular file of the teacher's (sedd.files), before any work
     return c
 
 
