@@ -417,7 +417,7 @@ def test_block_run_samples_past_its_length_and_evaluates(block_run, tmp_path, ca
     # 256 characters (an <|endoftext|> is 13) after the prompt, 8 times the model's length of 32
     assert len(texts) == 2 and all(t.startswith("ROMEO:") and len(t) >= 200 for t in texts), texts
     assert cli.main(["sample", "--workdir", str(block_run), "--suffix", "END"]) == 2
-    assert "prefix only" in capsys.readouterr().err
+    assert "writes after a prompt only; a suffix is for model.kind 'ddit'" in capsys.readouterr().err
     assert cli.main(["eval", "--workdir", str(block_run), "--batch_size", "8", "--max_batches", "2"]) == 0
     stdout = capsys.readouterr().out
     figures = dict((k.strip(), v) for k, v in (line.split(":", 1) for line in stdout.splitlines() if ":" in line))
