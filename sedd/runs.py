@@ -514,20 +514,15 @@ class Run:
                predictor: str | None = None, **sampler_options) -> sampling.Samples:
         """num_samples sequences drawn by the run's kind, as NumPy arrays in a ``sedd.sampling.Samples``.
 
-        Its tokens are int32[num_samples, L] (int32[num_samples, max_length]
-        with max_length). The options go to the kind's sampler
-        (``sedd.sampling.sample``'s keywords for a diffusion run: fixed_mask /
-        fixed_tokens, categorical, temperature, top_p, corrector_steps, cache,
-        return_trajectory, return_stats, the sampler's own options; and
-        max_length, block_length for ``sedd.sampling.sample_long``; for an
-        AR run draft="ngram", a smaller AR ``Run`` or a block-diffusion ``Run``
-        (speculative sampling, ``sedd.speculative``; ``sedd.drafts``), draft_k and
-        verification ("block" or "token", ``sedd.speculative.round_law``); for a
-        spec run verification and draft_temperature (``sedd.kinds.spec``); and
-        stop=True, which ends the drawing once every text holds the
-        tokenizer's end-of-text token, the rest filled with it); the
-        config's sampling section gives the defaults. The rows are split over
-        the mesh's data axis where num_samples divides.
+        Its tokens are int32[num_samples, L] (int32[num_samples, max_length] with max_length). The
+        options go to the kind's sampler (``sedd.sampling.sample``'s keywords for a diffusion run:
+        fixed_mask / fixed_tokens, categorical, temperature, top_p, corrector_steps, cache,
+        return_trajectory, return_stats, the sampler's own options; and max_length, block_length for
+        ``sedd.sampling.sample_long``; for an AR run draft="ngram", a smaller AR ``Run`` or a block
+        ``Run`` (``sedd.drafts``), draft_k and verification ("block" or "token"); for a spec run
+        verification and draft_temperature; and stop=True, which ends the drawing once every text holds
+        the tokenizer's end-of-text token, the rest filled with it); the config's sampling section gives
+        the defaults. The rows are split over the mesh's data axis where num_samples divides.
 
         Raises:
           ValueError: num_samples or steps not a positive integer; an option
@@ -569,8 +564,8 @@ class Run:
         Returns:
           num_samples strings.
         """
-        length = sampler_options.get("max_length") or self.seq_len
         self.kind.check_given(suffix=bool(suffix), infill=bool(infill))  # as sedd serve refuses them
+        length = sampler_options.get("max_length") or self.seq_len
         mask, tokens = sampling.text_conditioning(self.tokenizer, length, num_samples,
                                                   prefix=prefix or "", suffix=suffix or "", infill=infill or "",
                                                   blank=blank)
@@ -589,7 +584,6 @@ class Run:
         """One sequence of token ids (int[L]) as text."""
         return self.tokenizer.decode(np.asarray(ids).reshape(-1))
 
-
     def likelihood(self, dataset, split: str = "validation", num_t: int = 64, batch_size: int = 32,
                    max_batches: int | None = 8, seed: int = 0, progress: bool = True, **kwargs) -> dict:
         """Its kind's figures (``Kind.likelihood``) on `batch_size` x `max_batches` rows (None: all) of a split
@@ -606,6 +600,7 @@ class Run:
         if hasattr(dataset, "true_nats_per_token"):
             out["true_nats_per_token"] = dataset.true_nats_per_token()
         return out
+
 
 def _positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
