@@ -36,8 +36,8 @@ import below registers it). What it owns:
   rows_program(graphdef, ...)          what ``sedd serve`` runs: a ``sedd.sampling.rows.RowsProgram``
   speculation(graphdef, draft, k)      what ``sedd serve`` runs instead for a model that writes left to right
                                        with drafts: a ``sedd.sampling.rounds.Speculation`` (or None)
-  unwritten_id()                       the id a position not yet drawn holds on the host (so streamed text adds up to the
-                                       answer)
+  unwritten_id()                       the id a position not yet drawn holds on the host (so that streamed
+                                       text adds up to the answer)
   drafter(net)                         its network as a ``sedd.drafts.Drafter`` for an AR run, or a refusal
   settles(sampler)                     whether an unmasked position keeps its token (text can stream)
   noise_groups(model, train, rngs)     the network over groups of positions sharing a noise level, for

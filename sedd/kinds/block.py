@@ -632,7 +632,8 @@ class BlockDiffusion(Diffusion):
         return BlockDraft(net.graphdef, net.state, self.graph, self.noise)
 
     def loss(self, key, model, x0, train, rngs=None):
-        r"""Eq. (2) of the module docstring: each block's score entropy at its own t, given the clean blocks before it."""
+        r"""Eq. (2) of the module docstring: each block's score entropy at its own t, given the clean blocks
+        before it."""
         t = self.config.training
         block_fn = lambda x_t, x, sigma: log_score(  # noqa: E731
             model, x_t, x, sigma, self.block_size, deterministic=not train, rngs=rngs)

@@ -1,4 +1,4 @@
-"""SEDD (Lou et al. 2024): the DDiT over graph.dim ids, the denoising score entropy, every sampler of ``sedd.sampling``."""
+"""SEDD (Lou et al. 2024): the DDiT over graph.dim ids, the denoising score entropy, every sampler of sampling."""
 
 from __future__ import annotations
 
