@@ -19,6 +19,9 @@ import os
 import stat
 from pathlib import Path
 
+import jax
+import orbax.checkpoint as ocp
+
 
 class UnsafeFile(ValueError):
     """A file that is not read: not a regular file, a link out of its folder, or larger than its bound."""
@@ -124,9 +127,6 @@ def check_checkpoint_shapes(folder: str | Path, target) -> None:
       ValueError: naming the first entry whose saved shape differs. A checkpoint
         whose metadata cannot be read is left to the restore to refuse.
     """
-    import jax
-    import orbax.checkpoint as ocp  # here: the rest of this module reads plain files
-
     log = logging.getLogger("absl")  # orbax warns that the item folder has no step metadata: it is the step's
     level = log.level
     log.setLevel(logging.ERROR)
