@@ -151,7 +151,7 @@ def _sample(args) -> int:
         if mask is not None:
             options.update(fixed_mask=mask, fixed_tokens=tokens)
         every = max(1, steps // 64)  # 65 to 128 frames from 64 steps up, shown in about 4 s in all
-        out = run.sample(key, args.num_samples, steps, args.sampler, return_trajectory=True,
+        out = run.sample(key, args.num_samples, args.steps, args.sampler, return_trajectory=True,
                          trajectory_every=every, **options)
         _animate(run, out.trajectory, every, steps, 4.0 / len(out.trajectory))
         texts = [run.decode(row) for row in out.tokens]
