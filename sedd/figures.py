@@ -17,8 +17,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from sedd import ar, code_measures, evaluate, runs
+from sedd import code_measures, evaluate, runs
 from sedd.data import load_dataset, read_documents
+from sedd.kinds import ar
 
 
 def load_judge(workdir: str | Path, tokenizer=None) -> runs.Run:
