@@ -57,13 +57,13 @@ the same objects from the same config. ``net`` below is a network split by
 ``nnx.split(model, nnx.Param, ...)``: a ``Net(graphdef, params, rest)``.
 """
 
-from sedd.kinds.base import (KINDS, Kind, LeftToRight, Net, build_graph, build_model, build_noise, chunked_entropy,
-                             get, network_of, params_score_fn, register)
+from sedd.kinds.base import (KINDS, Kind, LeftToRight, Net, WritesLeftToRight, build_graph, build_model, build_noise,
+                             chunked_entropy, get, network_of, params_score_fn, register)
 from sedd.kinds.ddit import Diffusion
 from sedd.kinds.ar import Autoregressive
 from sedd.kinds.block import BlockDiffusion
 from sedd.kinds.spec import SelfSpeculative
 
 __all__ = ["KINDS", "Autoregressive", "BlockDiffusion", "Diffusion", "Kind", "LeftToRight", "Net", "SelfSpeculative",
-           "build_graph", "build_model", "build_noise", "chunked_entropy", "get", "network_of", "params_score_fn",
+           "WritesLeftToRight", "build_graph", "build_model", "build_noise", "chunked_entropy", "get", "network_of", "params_score_fn",
            "register"]

@@ -40,7 +40,7 @@ from flax import nnx
 
 from sedd import drafts, evaluate, sampling, speculative
 from sedd.categorical import sample_categorical
-from sedd.kinds.base import Kind, LeftToRight, network_of, register
+from sedd.kinds.base import WritesLeftToRight, network_of, register
 from sedd.model import DDiT
 from sedd.sampling import shaped_law
 
@@ -388,28 +388,10 @@ def speculative_sample(key: jax.Array, graphdef, state, num_samples: int, length
 
 
 @register("ar")
-class Autoregressive(Kind):
+class Autoregressive(WritesLeftToRight):
     """The AR baseline: a causal DDiT without a time input, trained on the next-token NLL (module docstring)."""
 
-    exact = True
-    conditions = ("prefix",)  # it writes after a prompt only
-
-    def unwritten_id(self):
-        """V, the BOS id: never a token of the text."""
-        return self.config.vocab_size
-
-    def settles(self, sampler):
-        """Always: each token written stays."""
-        return True
-
-    def check_options(self, sampler, **options):
-        """``LeftToRight.make``: the options ``sample`` takes, checked (the sampler does not apply)."""
-        self.options(**options)
-
-    def options(self, **options) -> LeftToRight:
-        """The options of ``sample`` as one checked value (``LeftToRight.make``)."""
-        options.setdefault("categorical", self.config.sampling.categorical)
-        return LeftToRight.make(self, ("top_p", "draft", "draft_k", "verification"), **options)
+    takes = ("top_p", "draft", "draft_k", "verification")
 
     def speculation(self, graphdef, draft=None, k=None, draft_name=None):
         """Speculative rounds of this network as the target (``build_speculative_target``).

@@ -386,3 +386,33 @@ class LeftToRight:
         if tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0):
             raise ValueError(f"draft_temperature must be a number > 0, got {tau!r}")
         return dataclasses.replace(values, temperature=float(t), top_p=float(p))
+
+
+class WritesLeftToRight(Kind):
+    """A kind that writes its text left to right (the AR baseline, self-speculation): exact, a prefix prompt,
+    every token kept once written, its options one ``LeftToRight`` value.
+
+    Attributes:
+      takes: the options of ``sample`` besides categorical, temperature, return_stats and a prompt.
+    """
+
+    exact = True
+    conditions = ("prefix",)  # it writes after a prompt only
+    takes: ClassVar[tuple[str, ...]] = ()
+
+    def unwritten_id(self):
+        """V, the BOS id: never a token of the text (a position not written yet)."""
+        return self.config.vocab_size
+
+    def settles(self, sampler):
+        """Always: each token written stays."""
+        return True
+
+    def options(self, **options) -> LeftToRight:
+        """The options of ``sample`` as one checked value (``LeftToRight.make``; categorical: the config's)."""
+        options.setdefault("categorical", self.config.sampling.categorical)
+        return LeftToRight.make(self, self.takes, **options)
+
+    def check_options(self, sampler, **options):
+        """``options``: the options ``sample`` takes, checked (a sampler does not apply)."""
+        self.options(**options)

@@ -73,7 +73,7 @@ import numpy as np
 from flax import nnx
 
 from sedd import evaluate, sampling, speculative
-from sedd.kinds.base import Kind, LeftToRight, network_of, register
+from sedd.kinds.base import WritesLeftToRight, network_of, register
 from sedd.model import DDiT
 from sedd.sampling import shaped_law
 
@@ -334,7 +334,7 @@ def sample(key: jax.Array, graphdef, state, num_samples: int, length: int, block
 
 
 @register("spec")
-class SelfSpeculative(Kind):
+class SelfSpeculative(WritesLeftToRight):
     """One network that drafts and verifies in the same call (module docstring, TiDAR-style).
 
     Its likelihood is its causal half's exact NLL, and its samples have that
@@ -344,9 +344,8 @@ class SelfSpeculative(Kind):
       draft_k: k = model.draft_k, the drafts a round (what it was trained to draft).
     """
 
-    exact = True
     speculates = True
-    conditions = ("prefix",)
+    takes = ("top_p", "verification", "draft_temperature")
 
     def __init__(self, config):
         super().__init__(config)
@@ -367,14 +366,6 @@ class SelfSpeculative(Kind):
     @property
     def label(self):
         return f"spec k={self.draft_k}"
-
-    def unwritten_id(self):
-        """V, the BOS id: never a token of the text (a position the rounds have not written yet)."""
-        return self.config.vocab_size
-
-    def settles(self, sampler):
-        """Always: each token written stays."""
-        return True
 
     def speculative_parts(self, graphdef, temperature, top_p):
         """``speculative_parts`` of the module for ``sedd serve``: one state shared by target and drafter."""
@@ -398,15 +389,6 @@ class SelfSpeculative(Kind):
         model = net.model
         return evaluate.dataset_nll(lambda x0: nll(model, x0), batches, max_batches=max_batches,
                                     chars_per_token=chars_per_token, progress=progress)
-
-    def options(self, **options) -> LeftToRight:
-        """The options of ``sample`` as one checked value (``LeftToRight.make``)."""
-        options.setdefault("categorical", self.config.sampling.categorical)
-        return LeftToRight.make(self, ("top_p", "verification", "draft_temperature"), **options)
-
-    def check_options(self, sampler, **options):
-        """``LeftToRight.make``: the options ``sample`` takes, checked (the sampler does not apply)."""
-        self.options(**options)
 
     def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):
         """Self-speculation (module ``sample``): the causal half's law, up to k + 1 tokens a call.
