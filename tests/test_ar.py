@@ -71,6 +71,7 @@ def test_a_judge_is_its_nll_function_in_batches_of_one_shape_and_refuses_what_it
         evaluate.generative_perplexity(nll, np.zeros((2, 13), np.int32))
 
 
+@pytest.mark.dtypes  # end to end: .ci/run runs it again in the other compute dtype
 def test_ar_trains_with_the_same_trainer(tmp_path, caplog):
     c = config_lib.load_config("markov")
     c.model.kind = "ar"

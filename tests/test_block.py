@@ -407,6 +407,7 @@ def block_run(tmp_path_factory):
     return tmp / "run"
 
 
+@pytest.mark.dtypes  # end to end: .ci/run runs it again in the other compute dtype
 def test_block_run_samples_past_its_length_and_evaluates(block_run, tmp_path, capsys):
     from sedd import cli
 

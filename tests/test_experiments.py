@@ -49,7 +49,9 @@ FIELDS = {
 }
 
 
-@pytest.mark.parametrize("which", sorted(FIELDS))
+# Each benchmark's --quick run: the memory plan (DESIGN.md's public command) in the default suite, the others
+# behind -m slow (scripts that time; nothing here checks a speed), to keep the default suite within 900 CPU s.
+@pytest.mark.parametrize("which", [w if w == "memory" else pytest.param(w, marks=pytest.mark.slow) for w in sorted(FIELDS)])
 def test_benchmark_quick(which, tmp_path, capsys):
     out = tmp_path / f"{which}.json"
     assert bench.main([which, "--quick", "--json", str(out)]) == 0
@@ -254,6 +256,7 @@ def test_reveal_profile_of_the_chains_own_law_pays_no_excess():
         study.reveal_profile(run, chain, order="left_to_right")
 
 
+@pytest.mark.slow  # a study's whole run (two trained candidates, every figure): behind -m slow to keep the default suite within 900 CPU s
 def test_default_run_study_markov(tmp_path, capsys):
     """One tiny candidate end to end (a `sedd train` subprocess, the bound, the samples scored under the chain)."""
     argv = _study(tmp_path, "default")
@@ -337,6 +340,7 @@ def test_distill_study_on_a_markov_corpus(tmp_path):
     assert (tmp_path / "out" / "distill_study.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # a benchmark's parts end to end (trained runs, timing): behind -m slow to keep the default suite within 900 CPU s
 def test_speculative_bench_parts(tmp_path):
     """bench.py speculative's parts, tiny: the call-cost curve, a block drafter's cell by each rule, the picture.
 

@@ -46,6 +46,8 @@ from sedd import kinds, runs, sampling
 from sedd.data.tokenizers import CharTokenizer
 from sedd.sampling import absorbing
 
+pytestmark = pytest.mark.dtypes  # .ci/run runs this file again in the other compute dtype
+
 GOLDEN = Path(__file__).parent / "fixtures" / "golden_samples.json"
 WRITE = os.environ.get("SEDD_WRITE_GOLDEN") == "1"
 CHARS = "abcdefgh ,.\n"

@@ -97,6 +97,7 @@ def test_traced_temperature_is_the_samplers_law(temperature, top_p):
         np.testing.assert_allclose(np.exp(ours[row]), c.score(log_score[row], x[row]), rtol=2e-5, atol=1e-30)
 
 
+@pytest.mark.slow  # a soak: many requests of distinct programs: behind -m slow to keep the default suite within 900 CPU s
 def test_the_program_cache_is_bounded(server):
     """Compiled programs are kept least recently used first, at most max_programs; a dropped one compiles again."""
     _, _, app = server

@@ -524,6 +524,7 @@ def test_a_stream_whose_client_reads_nothing_is_dropped_after_the_send_timeout(t
     assert seconds < 30
 
 
+@pytest.mark.slow  # a soak: idle clients held for seconds: behind -m slow to keep the default suite within 900 CPU s
 def test_idle_clients_of_diffusing_streams_leave_the_server_answering(tiny_run, caplog):
     """Finding 3 over real sockets: 60 clients ask for diffusing streams of about 200 kB and never read; /health is
     answered in under 1 s all the while, and every stream is dropped (its client still connected). The server's
@@ -569,6 +570,7 @@ def test_idle_clients_of_diffusing_streams_leave_the_server_answering(tiny_run, 
         stop()
 
 
+@pytest.mark.slow  # a soak: many streams read at once: behind -m slow to keep the default suite within 900 CPU s
 def test_diffusing_streams_read_as_fast_as_they_are_written_leave_the_server_answering(tiny_run):
     """A send that finds room in the socket's buffer gives the event loop no turn: four streams of 1,025 frames of
     16 rows, read at full speed, held /health for 6 s (measured with 60 clients that read nothing, whose streams

@@ -203,6 +203,7 @@ def test_no_import_cycle_and_function_level_imports_only_for_optional_dependenci
 # --------------------------------------------------------------------------- the wheel
 
 
+@pytest.mark.slow  # builds, installs and trains from a wheel in a fresh environment: behind -m slow to keep the default suite within 900 CPU s
 def test_wheel_ships_configs_and_corpus_and_trains_when_installed(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "checkpoints", "build", "dist", "*.egg-info",

@@ -39,6 +39,7 @@ def client(base):
     return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
+@pytest.mark.dtypes  # end to end: .ci/run runs it again in the other compute dtype
 def test_openai_client_non_streaming_and_streaming(server):
     base, run = server
     c = client(base)

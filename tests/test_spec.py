@@ -154,6 +154,7 @@ def test_a_prompt_is_kept_and_the_rest_drawn_from_the_conditional_law():
     assert reference.tv(ids, law) < reference.tv_noise_bound(law, n)
 
 
+@pytest.mark.dtypes  # end to end: .ci/run runs it again in the other compute dtype
 def test_a_tiny_spec_run_trains_evaluates_and_samples(tmp_path):
     """sedd train / eval / sample with model.kind=spec: the exact NLL printed, text drawn, drafts counted."""
     import subprocess

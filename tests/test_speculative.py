@@ -446,6 +446,7 @@ def test_a_block_run_drafts_for_an_ar_run():
         run.sample(jax.random.key(0), 1, draft=smaller)
 
 
+@pytest.mark.slow  # trains two runs and drives the CLI; the law it keeps is tested by exact enumeration above: behind -m slow to keep the default suite within 900 CPU s
 def test_sedd_sample_drafts_with_a_block_run(tmp_path, capsys):
     """`sedd sample --draft BLOCK_RUN` on tiny trained runs: the AR run's text, drafted a block a call."""
     import json

@@ -24,6 +24,8 @@ from sedd import config as config_lib  # noqa: E402
 from sedd import kinds, runs, serve  # noqa: E402
 from sedd.data.tokenizers import CharTokenizer  # noqa: E402
 
+pytestmark = pytest.mark.dtypes  # .ci/run runs this file again in the other compute dtype
+
 CHARS = "abcdefgh ,.\n"
 L = 16
 LIMITS = serve.Limits(max_steps=16, max_n=2, max_batch=2, max_queue=8, timeout_s=300, window_s=0.0)

@@ -44,6 +44,7 @@ def test_a_sampler_the_graph_cannot_run_fails_before_training(data_dir, tmp_path
         train_lib.train(tiny(data_dir, **{"sampling.predictor": "tweedie"}), tmp_path / "run2", quiet=True)
 
 
+@pytest.mark.dtypes  # end to end: .ci/run runs it again in the other compute dtype
 @pytest.mark.parametrize("graph", ["absorbing", "uniform"])
 def test_tiny_run_end_to_end(graph, data_dir, tmp_path):
     c = tiny(data_dir, **{"graph.type": graph, "training.n_iters": 6, "training.log_every": 3,
@@ -64,6 +65,7 @@ def test_tiny_run_end_to_end(graph, data_dir, tmp_path):
     assert runs.checkpoint_manager(tmp_path / "run").latest_step() == 6
 
 
+@pytest.mark.dtypes  # end to end: .ci/run runs it again in the other compute dtype
 def test_checkpoint_round_trip(data_dir, tmp_path):
     c = tiny(data_dir, **{"training.n_iters": 3, "training.ckpt_every": 3})
     train_lib.train(c, tmp_path / "run", quiet=True)
@@ -87,6 +89,7 @@ def _cli_train(workdir, data_dir, *extra):
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.dtypes  # end to end: .ci/run runs it again in the other compute dtype
 @pytest.mark.slow
 def test_sigterm_then_resume_matches_an_uninterrupted_run(data_dir, tmp_path):
     """Stop a run with SIGTERM; the same command resumes, and the losses equal a straight run's.
@@ -195,6 +198,7 @@ def test_own_text_file_prompts_and_bad_checkpoints(data_dir, tmp_path, capsys):
     assert "no checkpoint in" in err and "step 4:" in err and "step 2:" in err and "left as it is" in err
 
 
+@pytest.mark.dtypes  # end to end: .ci/run runs it again in the other compute dtype
 def test_train_names_its_dtype_times_its_steps_and_marks_its_samples(data_dir, tmp_path, capsys):
     """`sedd train` says which dtype "auto" chose and why, then its steps/s and ETA once compiled; its
     samples are marked as `sedd sample` marks them."""

@@ -33,6 +33,7 @@ FIGURES = (
 TIME_LIMIT_S = 600
 
 
+@pytest.mark.slow  # the whole walkthrough, a study of its own: behind -m slow to keep the default suite within 900 CPU s
 def test_walkthrough_runs_in_fast_mode(tmp_path):
     env = dict(os.environ)
     env.update(
