@@ -36,6 +36,7 @@ from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from sedd import kernels, kinds, losses, runs
+from sedd.progress import BarLines, Pace
 from sedd import config as config_lib
 from sedd import sharding as sharding_lib
 from sedd.data import load_dataset, load_tokenizer, save_tokenizer
@@ -43,9 +44,6 @@ from sedd.data.tokenizers import EOS_TEXT
 
 UNREADABLE = "checkpoints_unreadable"  # where a resumed run moves checkpoints it cannot read (kept, never deleted)
 BOUND_NUM_T = 64  # t-grid points of the bound reported at the end of a run, as `sedd eval` takes by default
-PACE_STEPS = 10  # plain steps timed, after the first (which compiles), for the steps/s and ETA line
-PACE_SETTLE = 4  # plain steps let run before they are timed: the first runs still grow the heap
-PACE_WEIGHT = 0.1  # the newest window's weight in the pace's moving average: about the last 100 steps count
 
 # =========================================================================== optimizer
 
@@ -412,120 +410,6 @@ def dtype_line(name: str) -> str:
     else:
         why = "no AVX512-BF16 or AMX-BF16 on this CPU, so bfloat16 would run in software"
     return f"compute dtype {dtype} (model.dtype='auto': {why}; --config.model.dtype=float32|bfloat16 sets it)"
-
-
-class BarLines:
-    """`say`: lines printed to stdout, each on a line of its own, above the loop's progress bar once it is drawn.
-
-    Where stdout and the bar's stream are both a terminal, tqdm.write clears
-    the bar, writes and redraws it. Elsewhere (`sedd train | tee log`,
-    `> log 2>&1`) the bar's carriage-return redraws never end their line, so
-    that line is ended first, once for each count the bar has reached (a
-    count it skipped drawing costs a blank line); and stdout is flushed, as a
-    pipe buffers it while the bar's stderr is not, so the line lands in order.
-    """
-
-    def __init__(self, quiet: bool = False):
-        self.quiet, self.bar = quiet, None  # bar: the loop's tqdm, set once drawn
-        self.ended_at = None  # the bar's count when its line was last ended
-
-    def __call__(self, *parts) -> None:
-        if self.quiet:
-            return
-        text, bar = " ".join(str(x) for x in parts), self.bar
-        drawn = bar is not None and not bar.disable
-        if not drawn or (sys.stdout.isatty() and getattr(bar.fp, "isatty", lambda: False)()):
-            tqdm.write(text)
-        else:
-            if self.ended_at != bar.n:  # the bar has been redrawn since its line was last ended
-                bar.fp.write("\n")
-                bar.fp.flush()
-                self.ended_at = bar.n
-            print(text)
-        sys.stdout.flush()
-
-
-def format_duration(seconds: float) -> str:
-    """Seconds as "42 s", "13 min 5 s" or "2 h 7 min"."""
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
-
-
-class Pace:
-    """The loop's steps/s once compiled, and the time the steps left will take, re-estimated as the run goes.
-
-    The first step of a run includes compilation, so a rate counted from the
-    start (tqdm's) gives an ETA far too long at first. A timed window opens
-    `settle` plain steps after the first step, and again after any step that
-    also evaluated, sampled or saved, and closes `window` plain steps later
-    (the first runs after a compilation still fault fresh memory in while the
-    heap grows to its size, `sedd.kernels.keep_freed_memory`); the next
-    window opens where one closes. The first window's pace is said once, as
-    a line; a shared host's pace then changes (the first ten steps' pace
-    mispredicted runs of 13 and 24 min by 5 min), so every later window is
-    folded into a moving average of the seconds a step takes, the newest
-    window weighted `weight`, and `left` re-estimates the time of the steps
-    left from it. The device is waited on at the windows' ends only.
-
-    Args:
-      n_iters: the run's last step.
-      window: plain steps a window times.
-      active: False for a quiet run: no line, no waits.
-      settle: plain steps let run after a busy one before a window opens.
-      weight: the newest window's weight in the moving average, in (0, 1].
-      clock: seconds now (a fake one in tests).
-    """
-
-    def __init__(self, n_iters: int, window: int = PACE_STEPS, active: bool = True, settle: int = PACE_SETTLE,
-                 weight: float = PACE_WEIGHT, clock=time.perf_counter):
-        self.n_iters, self.window, self.settle, self.weight, self.clock = n_iters, window, settle, weight, clock
-        self.active, self.said = active, not active
-        self.opens_after = None  # the step after which the next window opens
-        self.opened = None  # (step, seconds) at which the window opened
-        self.seconds_per_step = None  # the moving average, once a window has closed
-
-    def update(self, step: int, state: dict, busy: bool) -> str | None:
-        """After `step`, which compiled, evaluated, sampled or saved if `busy`; the line when the first window
-        closes with steps left to predict."""
-        if not self.active:
-            return None
-        if busy or self.opens_after is None:
-            self.opens_after, self.opened = step + self.settle, None
-            if self.opens_after + self.window >= self.n_iters:  # no step left to time and predict
-                return None
-        if self.opened is None:
-            if step >= self.opens_after and step + self.window < self.n_iters:
-                jax.block_until_ready(state["step"])
-                self.opened = (step, self.clock())
-            return None
-        start, opened_at = self.opened
-        if step - start < self.window:
-            return None
-        jax.block_until_ready(state["step"])
-        now = self.clock()
-        per_step = (now - opened_at) / (step - start)
-        first = self.seconds_per_step is None
-        self.seconds_per_step = per_step if first else self.weight * per_step + (1 - self.weight) * self.seconds_per_step
-        self.opened = (step, now) if step + self.window < self.n_iters else None
-        if self.said or step >= self.n_iters:
-            return None
-        self.said = True
-        left = self.n_iters - step
-        return (f"speed: {1 / per_step:.3g} steps/s (steps {start + 1}-{step}, compilation excluded); the "
-                f"{left:,} steps left take about {format_duration(left * per_step)}, evaluations and the final "
-                "bound not counted (re-estimated at each evaluation)")
-
-    def left(self, step: int) -> str | None:
-        """The time the steps after `step` will take at the recent pace, as a line; None before a window closed."""
-        if not self.active or self.seconds_per_step is None or step >= self.n_iters:
-            return None
-        left = self.n_iters - step
-        return (f"speed: {1 / self.seconds_per_step:.3g} steps/s lately; the {left:,} steps left take about "
-                f"{format_duration(left * self.seconds_per_step)}, evaluations and the final bound not counted")
 
 
 def _save_failed(e: Exception, manager: ocp.CheckpointManager, what: str = "") -> RuntimeError:

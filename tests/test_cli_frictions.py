@@ -13,7 +13,7 @@ import pytest
 from tqdm.auto import tqdm
 
 from sedd import cli, sampling
-from sedd import train as train_lib
+from sedd import progress
 
 
 def test_sample_help_names_every_registered_sampler(capsys):
@@ -54,8 +54,8 @@ class _Stream(io.StringIO):
 def _say_around_a_bar(monkeypatch, tty: bool) -> str:
     """What a shared stdout/stderr shows when `sedd train`'s say speaks between the bar's redraws."""
     stream = _Stream(tty)
-    monkeypatch.setattr(train_lib.sys, "stdout", stream)
-    say = train_lib.BarLines()
+    monkeypatch.setattr(progress.sys, "stdout", stream)
+    say = progress.BarLines()
     with tqdm(total=30, file=stream, mininterval=0, miniters=1, desc="train", ncols=60) as bar:
         say.bar = bar
         bar.update(15)

@@ -15,6 +15,7 @@ import pytest
 
 from sedd import cli, kernels, kinds, runs
 from sedd import config as config_lib
+from sedd import progress
 from sedd import train as train_lib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,21 +232,21 @@ def test_dtype_line_says_what_auto_chose_and_why(monkeypatch):
 
 def test_pace_times_plain_steps_only():
     state = {"step": jnp.zeros((), jnp.int32)}
-    pace = train_lib.Pace(n_iters=30, window=3, settle=0)
+    pace = progress.Pace(n_iters=30, window=3, settle=0)
     said = {s: pace.update(s, state, busy=s in (1, 4)) for s in range(1, 31)}  # 1 compiles, 4 evaluates
     assert [s for s, line in said.items() if line] == [7], said
     assert said[7].startswith("speed: ") and "(steps 5-7, compilation excluded); the 23 steps left" in said[7]
-    pace = train_lib.Pace(n_iters=30, window=3, settle=2)  # the window opens 2 plain steps after a busy one
+    pace = progress.Pace(n_iters=30, window=3, settle=2)  # the window opens 2 plain steps after a busy one
     said = {s: pace.update(s, state, busy=s in (1, 4)) for s in range(1, 31)}
     assert [s for s, line in said.items() if line] == [9], said
     assert "(steps 7-9, compilation excluded); the 21 steps left" in said[9]
     for n_iters, lines in ((8, []), (9, [8])):  # the window is steps 6-8: a line only where steps are left after it
-        pace = train_lib.Pace(n_iters=n_iters, window=3, settle=4)
+        pace = progress.Pace(n_iters=n_iters, window=3, settle=4)
         assert [s for s in range(1, n_iters + 1) if pace.update(s, state, busy=s == 1)] == lines
-    pace = train_lib.Pace(n_iters=5, window=10)
+    pace = progress.Pace(n_iters=5, window=10)
     assert not any([pace.update(s, state, busy=s == 1) for s in range(1, 6)])
-    assert train_lib.Pace(30, active=False).update(1, state, busy=True) is None
-    assert [train_lib.format_duration(s) for s in (42.4, 785, 7620)] == ["42 s", "13 min 5 s", "2 h 7 min"]
+    assert progress.Pace(30, active=False).update(1, state, busy=True) is None
+    assert [progress.format_duration(s) for s in (42.4, 785, 7620)] == ["42 s", "13 min 5 s", "2 h 7 min"]
 
 
 def test_pace_re_estimates_the_time_left_as_the_pace_changes():
@@ -253,7 +254,7 @@ def test_pace_re_estimates_the_time_left_as_the_pace_changes():
     the new pace within about a hundred steps, and evaluations (busy steps, 30 s each) are not counted."""
     now = [0.0]
     state = {"step": jnp.zeros((), jnp.int32)}
-    pace = train_lib.Pace(n_iters=1000, window=10, settle=4, clock=lambda: now[0])
+    pace = progress.Pace(n_iters=1000, window=10, settle=4, clock=lambda: now[0])
     said, left = {}, {}
     for step in range(1, 1001):
         now[0] += (1.0 if step <= 300 else 0.25) + (30.0 if step % 250 == 0 else 0.0)
