@@ -57,13 +57,7 @@ def test_every_sampler_list_names_every_registered_sampler(capsys):
         assert re.search(rf"\b{name}\b", helped), f"`sedd sample --help` does not name {name!r}"
 
 
-# docs/reliability.md is another change's work in progress (issue 63); its four dated notes of measured runs
-# move to docs/studies/ there. Not strict, so that the marker is dropped when it passes, not failed on.
-IN_PROGRESS = {"reliability.md"}
-
-
-@pytest.mark.parametrize("guide", [pytest.param(g.name, marks=pytest.mark.xfail(reason="issue 63's pass over it"))
-                                   if g.name in IN_PROGRESS else g.name for g in GUIDES])
+@pytest.mark.parametrize("guide", [g.name for g in GUIDES])
 def test_guides_carry_no_dated_run_logs(guide):
     text = (ROOT / "docs" / guide).read_text()
     dated = [line for line in text.splitlines() if DATE.search(line)]
