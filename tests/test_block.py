@@ -425,6 +425,7 @@ def test_block_run_samples_past_its_length_and_evaluates(block_run, tmp_path, ca
     assert figures["kind"].strip() == "block" and 0 < float(figures["bits_per_char"]) < 12, stdout
 
 
+@pytest.mark.slow  # the openai client on a block run; tests/test_streaming.py streams block runs by default: behind -m slow to keep the default suite within 900 CPU s
 def test_block_run_is_served_to_the_openai_client_streamed_block_by_block(block_run, monkeypatch):
     """`sedd serve` on a block run: the openai client, a stream sent while the blocks are drawn, the diffusing view."""
     openai = pytest.importorskip("openai")

@@ -247,6 +247,7 @@ def test_a_planned_round_moves_the_students_one_step_toward_its_teachers_two_ste
     assert int(out.stats["nfe"]) == 2 and out.tokens.shape == (4, L4)
 
 
+@pytest.mark.slow  # a fault run: SIGKILL mid-round, then resume (train's own resume is tested by default in test_faults.py): behind -m slow to keep the default suite within 900 CPU s
 def test_resume_after_sigkill_mid_round_gives_the_same_student(teacher, student, data_dir, tmp_path):
     straight, _ = student
     workdir = tmp_path / "run"

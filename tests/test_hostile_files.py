@@ -690,6 +690,7 @@ def fuzz(folder: str, n: int, seed: int, opaque: bool = False) -> dict:
             "n_failures": len(failures), "seconds": time.perf_counter() - t0}
 
 
+@pytest.mark.slow  # a fuzz of many random pickles: behind -m slow to keep the default suite within 900 CPU s
 def test_fuzzed_pickles_end_in_a_clean_refusal_or_a_correct_load(tmp_path):
     result = isolated("fuzz", str(tmp_path), 6000, 0)
     assert result["n_failures"] == 0, result["failures"]
@@ -700,6 +701,7 @@ def test_fuzzed_pickles_end_in_a_clean_refusal_or_a_correct_load(tmp_path):
     assert result["rss_growth_mb"] < RSS_GROWTH_MB, result
 
 
+@pytest.mark.slow  # a fuzz of many random pickles: behind -m slow to keep the default suite within 900 CPU s
 def test_fuzzed_pickles_read_as_a_lightning_checkpoint_end_cleanly_and_call_nothing(tmp_path):
     """The same mutations through the stand-in reader (DUO's .ckpt): a refusal or a load of inert stand-ins,
     never another exception, a crash or a call (the forbidden names the mutations insert load as stand-ins)."""

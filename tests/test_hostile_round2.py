@@ -631,6 +631,7 @@ def _hang_up(port, body: dict, read: int) -> None:
             read -= len(got)
 
 
+@pytest.mark.slow  # a soak of many clients: behind -m slow to keep the default suite within 900 CPU s
 def test_clients_that_hang_up_leave_no_pending_task_in_the_servers_log(tiny_run):
     """Finding 8: streams whose clients hung up left "Task was destroyed but it is pending!" in the log (a task
     waiting on the stream's queue of settled text, never cancelled). The real `sedd serve`, its whole stderr."""

@@ -202,6 +202,7 @@ def _plan(*args):
     return json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
 
 
+@pytest.mark.slow  # a memory analysis on 8 fake devices in a subprocess: behind -m slow to keep the default suite within 900 CPU s
 def test_fsdp_splits_activations_by_rows():
     """On 2 fake CPU devices the fsdp step holds what the data-parallel one does: 1.06x its temporaries
     (1.52x before the rows were pinned, activations split along H as the weights, the batch gathered)."""

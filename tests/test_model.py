@@ -398,6 +398,7 @@ def test_normalize_turns_the_score_entropy_into_weighted_cross_entropy():
     # Without scale_by_sigma normalize is the uniform graph's x0 output (DUO), tested in test_convert_peers.py.
 
 
+@pytest.mark.slow  # counts page faults over repeated runs, a speed property: behind -m slow to keep the default suite within 900 CPU s
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
 def test_keep_freed_memory_ends_the_page_faults_of_each_run(monkeypatch):
     """glibc maps a buffer of 32 MB or more afresh at each allocation and unmaps it when freed, so

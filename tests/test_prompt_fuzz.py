@@ -13,6 +13,7 @@ import random
 import time
 
 import jax
+import pytest
 
 from sedd import cli, runs
 from sedd.data.tokenizers import EOS_TEXT
@@ -77,6 +78,7 @@ def test_fuzzed_prompts_through_the_library(tiny_run):
     assert outcomes["sample"] > CASES // 4 and outcomes["error"] > CASES // 10, outcomes  # both paths exercised
 
 
+@pytest.mark.slow  # a fuzz through the command (the library's fuzz above stays): behind -m slow to keep the default suite within 900 CPU s
 def test_fuzzed_prompts_through_the_cli(tiny_run, capsys):
     workdir, _ = tiny_run
     alphabet = "".join(runs.load(workdir).tokenizer.chars)

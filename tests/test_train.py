@@ -358,6 +358,7 @@ def test_muon_orthogonalises_the_blocks_matrices_and_adamw_takes_the_rest():
         train_lib.build_optimizer(config)
 
 
+@pytest.mark.slow  # the end-to-end tests marked dtypes run in bfloat16 in .ci/run's dtype check: behind -m slow to keep the default suite within 900 CPU s
 def test_bfloat16_run_trains_evaluates_samples_and_serves(data_dir, tmp_path):
     """model.dtype "auto" where it is bfloat16 (the default on bfloat16 CPUs and accelerators), end to end."""
     if kernels.compute_dtype("auto") != jnp.bfloat16:
