@@ -164,7 +164,8 @@ def test_a_tiny_spec_run_trains_evaluates_and_samples(tmp_path):
 
     work = tmp_path / "spec"
     cmd = [sys.executable, "-m", "sedd.cli", "train", "--config", "tiny", "--workdir", str(work),
-           "--config.model.kind=spec", "--config.model.draft_k=4", "--config.training.n_iters=20"]
+           "--config.model.kind=spec", "--config.model.draft_k=4", "--config.model.n_blocks=1",
+           "--config.training.n_iters=4", "--config.training.eval_every=4", "--config.training.ckpt_every=4"]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
     run = runs.load(work)
     texts = run.generate(jax.random.key(0), 2, prefix="ROMEO:")

@@ -46,7 +46,7 @@ def test_a_sampler_the_graph_cannot_run_fails_before_training(data_dir, tmp_path
 
 
 @pytest.mark.dtypes  # end to end: .ci/run runs it again in the other compute dtype
-@pytest.mark.parametrize("graph", ["absorbing", "uniform"])
+@pytest.mark.parametrize("graph", ["absorbing", pytest.param("uniform", marks=pytest.mark.slow)])  # uniform: slow, 900 CPU s
 def test_tiny_run_end_to_end(graph, data_dir, tmp_path):
     c = tiny(data_dir, **{"graph.type": graph, "training.n_iters": 6, "training.log_every": 3,
                           "training.eval_every": 6, "noise.type": "geometric" if graph == "uniform" else "loglinear",
