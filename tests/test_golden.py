@@ -211,9 +211,12 @@ def _check(case: str, draw, name: str, golden: dict) -> None:
 
 def _core(case: str) -> bool:
     """The default suite's share: every sampler unconditioned, and prompts with a few (the conditioning is one
-    code path for every sampler); every case with -m slow, to keep the default suite within 900 CPU s."""
+    code path for every sampler); of block diffusion and of the server, which loop around the same samplers,
+    a few samplers; every case with -m slow, to keep the default suite within 900 CPU s."""
     name, sampler, cond = case.split("/")
-    return cond in ("none", "long") or name not in ("ddit", "block") or sampler in CORE_PROMPTED
+    if name == "block":  # its own loop around the same samplers: a few of them
+        return sampler in CORE_PROMPTED or cond == "long"
+    return cond in ("none", "long") or name != "ddit" or sampler in CORE_PROMPTED
 
 
 CORE_PROMPTED = ("analytic", "confidence", "entropy_bound", "dilated", "remdm_loop")
@@ -228,12 +231,14 @@ def test_every_sampler_on_every_kind_draws_the_golden_tokens(name, share):
             _check(case, lambda run, attempt: _library_tokens(run, dict(options), attempt), name, golden)
 
 
+@pytest.mark.parametrize("share", ["core", pytest.param("rest", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", ["ddit", "block"])
-def test_serve_draws_the_golden_tokens(name):
+def test_serve_draws_the_golden_tokens(name, share):
     pytest.importorskip("starlette")
     golden = _golden()
     for case, run_name, sampler, trajectory in SERVE:
-        if run_name == name:
+        core = sampler in CORE_PROMPTED or trajectory
+        if run_name == name and (WRITE or core == (share == "core")):
             _check(case, lambda run, attempt: _serve_tokens(run, sampler, trajectory, attempt), name, golden)
 
 
