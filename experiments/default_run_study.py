@@ -141,6 +141,7 @@ def sample_nll(run: runs.Run, chain: MarkovChain, predictor: str | None = None) 
     The NUM_SAMPLES samples are drawn by `predictor` (default: the run's
     config.sampling.predictor) with the run's steps and scored by ``texts_nll``.
     """
+    predictor = predictor if run.kind.diffuses else None  # a kind that writes left to right takes no sampler
     return texts_nll(run.generate(jax.random.key(0), NUM_SAMPLES, predictor=predictor), chain)
 
 
