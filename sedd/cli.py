@@ -145,6 +145,13 @@ def _sample(args) -> int:
         options["draft"] = args.draft if args.draft == "ngram" else runs.load(args.draft)
     if args.draft_k is not None:  # the run's kind and the drafter check it (refused without a draft)
         options["draft_k"] = args.draft_k
+    if args.layout or run.kind.speculates:  # a spec run's round: the fastest here unless asked (refused elsewhere)
+        if run.kind.speculates:  # what it would refuse, before any timing
+            run.kind.check_given(steps=args.steps, sampler=args.sampler, suffix=bool(args.suffix),
+                                 infill=bool(args.infill))
+            run.kind.speculation(None, options.get("draft"), options.get("draft_k"))
+        print(run.kind.choose_layout(run.net, args.layout or "auto", args.workdir, args.num_samples,
+                                     progress=True), file=sys.stderr, flush=True)
     if args.animate:
         steps = args.steps if args.steps is not None else run.config.sampling.steps
         mask, tokens = run_conditioning(run, args)
@@ -155,12 +162,18 @@ def _sample(args) -> int:
                          trajectory_every=every, **options)
         _animate(run, out.trajectory, every, steps, 4.0 / len(out.trajectory))
         texts = [run.decode(row) for row in out.tokens]
+        calls = None
     else:
-        texts = run.generate(key, args.num_samples, args.steps, args.sampler,
-                             prefix=args.prefix, suffix=args.suffix, infill=args.infill, blank=args.blank, **options)
+        texts, stats = run.generate(key, args.num_samples, args.steps, args.sampler, prefix=args.prefix,
+                                    suffix=args.suffix, infill=args.infill, blank=args.blank, return_stats=True,
+                                    **options)
+        calls = network_calls(stats, args.num_samples)
+    length = args.max_length or run.seq_len
     if args.output:  # checked before sampling (sedd.validate.check_path); a disk may still fill
         if args.output.endswith(".jsonl"):  # one JSON string per line: splits back into samples whatever they hold
-            out = "".join(json.dumps({"sample": i, "text": t}) + "\n" for i, t in enumerate(texts))
+            out = "".join(json.dumps({"sample": i, "text": t} | ({} if calls is None else {
+                "network_calls": int(calls[i]), "tokens_per_call": round(length / calls[i], 4)})) + "\n"
+                for i, t in enumerate(texts))
         else:
             out = "".join(f"--- sample {i}\n{t}\n" for i, t in enumerate(texts))
         try:
@@ -172,8 +185,20 @@ def _sample(args) -> int:
             print(f"--- sample {i}\n{t}")
     if args.output:
         print(f"wrote {len(texts)} samples to {args.output}")
+    if calls is not None:
+        print(f"network calls: {calls.mean():.1f} a text of {length} tokens, {length / calls.mean():.2f} tokens a call"
+              + ("" if calls.min() == calls.max() else f" ({calls.min()}-{calls.max()} calls)"), file=sys.stderr)
     _explain_separator(texts)
     return 0
+
+
+def network_calls(stats: dict | None, rows: int) -> np.ndarray | None:
+    """int[rows]: the network calls each text took (a drafter's counted too), from a sampler's stats; None
+    where the sampler counts none."""
+    if not stats or "nfe_per_sample" not in stats:
+        return None
+    calls = np.broadcast_to(np.asarray(stats["nfe_per_sample"]), (rows,)).astype(np.int64)
+    return calls + np.broadcast_to(np.asarray(stats.get("draft_calls", 0)), (rows,)).astype(np.int64)
 
 
 ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
@@ -380,6 +405,9 @@ def _command(argv: list[str] | None) -> int:
                    "calls, with drafts from 'ngram' (prompt lookup), a smaller AR run's or a block-diffusion run's "
                    "directory (one block of --draft_k <= its block size a call)")
     p.add_argument("--draft_k", type=int, default=None, help="drafts a round with --draft (default 4)")
+    p.add_argument("--layout", default=None, help="a spec run only: its round, 'K,GROUPS' (K drafts a round, "
+                   "draft groups for the outcomes 0 .. GROUPS - 1; docs/speculative.md) or 'auto' (the default: "
+                   "the fastest on this device, timed once and kept in the run's layouts.json)")
 
     _add_eval(sub)
 

@@ -7,14 +7,13 @@ A run directory holds everything needed to resume training or to use the model:
   metrics.jsonl    one JSON object per logged step (units in the key names)
   checkpoints/     orbax checkpoints of the train state (sedd.train), each a
                    dict: step, params, opt_state, ema, key, bad_step
-  checkpoints_unreadable/  checkpoints a resumed run could not read, set
-                   aside (never deleted); see docs/reliability.md
+  checkpoints_unreadable/  checkpoints a resumed run could not read, set aside (never deleted)
+  layouts.json     a spec run's round layout by device (``sedd.kinds.spec.choose_layout``)
 
-A distillation (`sedd distill`, ``sedd.distill``) is such a directory too: its
-config.json names its teacher and rounds (the distill section), its
-checkpoints' train states hold the round's teacher beside the student, and
-``lineage`` says which round a checkpoint is; loaded, it samples with that
-round's steps.
+A distillation (`sedd distill`, ``sedd.distill``) is such a directory too: its config.json names
+its teacher and rounds (the distill section), its checkpoints' train states hold the round's
+teacher beside the student, and ``lineage`` says which round a checkpoint is; loaded, it samples
+with that round's steps.
 
 ``load(workdir)`` restores the parameters alone (the EMA by default, as SEDD
 samples and evaluates) from an abstract target onto this process's devices:
@@ -562,7 +561,7 @@ class Run:
             top_p, max_length, block_length, stop, ...); with stop each
             text ends before its first end-of-text token.
         Returns:
-          num_samples strings.
+          num_samples strings (with return_stats=True: and the sampler's stats, "nfe_per_sample" ...).
         """
         self.kind.check_given(suffix=bool(suffix), infill=bool(infill))  # as sedd serve refuses them
         length = sampler_options.get("max_length") or self.seq_len
@@ -572,13 +571,14 @@ class Run:
         if mask is not None:
             sampler_options.update(fixed_mask=jnp.asarray(mask), fixed_tokens=jnp.asarray(tokens))
         stop = bool(sampler_options.get("stop"))
-        ids = self.sample(key, num_samples, steps, predictor, **sampler_options).tokens
+        ids = (out := self.sample(key, num_samples, steps, predictor, **sampler_options)).tokens
         if infill:
             ids = ids[:, : len(infill)]
         if stop:  # each text up to its first end-of-text token
             eos = int(self.tokenizer.eos_id)
             ids = [row[: int(np.argmax(row == eos))] if (row == eos).any() else row for row in ids]
-        return [self.decode(row) for row in ids]
+        texts = [self.decode(row) for row in ids]
+        return (texts, out.stats) if sampler_options.get("return_stats") else texts
 
     def decode(self, ids) -> str:
         """One sequence of token ids (int[L]) as text."""

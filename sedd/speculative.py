@@ -65,7 +65,7 @@ VERIFICATIONS = ("block", "token")
 
 
 def round_law(p: jax.Array, q: jax.Array, drafted: jax.Array,
-              method: str = "block") -> tuple[jax.Array, jax.Array]:
+              method: str = "block", count: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """What a round writes given its drafts, as laws: how many drafts it keeps, and the token after them.
 
     "token", (2): draft j is kept with probability a_j = min(1, p_j(y_j) / q_j(y_j)) given the ones
@@ -89,6 +89,9 @@ def round_law(p: jax.Array, q: jax.Array, drafted: jax.Array,
       q: float[B, k, V] the drafter's law (1) of each drafted token.
       drafted: int[B, k] the drafted tokens.
       method: "block" or "token".
+      count: None, or int32[B] in [0, k]: a row's drafts are its first count (a round of fewer drafts in the
+        same shape; the rest of the row is ignored): the rule of `count` drafts, the token after all of
+        them from p at count. 0: no draft, the round writes one token from p_0.
     Returns:
       (stop float32[B, k + 1]: P(the round keeps exactly j drafts), then float32[B, k + 1, V]: the
       law of the token it writes at j, normalised).
@@ -100,8 +103,13 @@ def round_law(p: jax.Array, q: jax.Array, drafted: jax.Array,
     p_y = jnp.take_along_axis(p[:, :k], drafted[..., None], axis=-1)[..., 0]  # (B, k)
     q_y = jnp.take_along_axis(q, drafted[..., None], axis=-1)[..., 0]  # (B, k), > 0: y was drawn from q
     ratio = p_y / q_y
+    if count is not None:  # past a row's drafts: a ratio of 1 keeps the arithmetic finite; the coins below ignore it
+        usable = jnp.arange(k)[None, :] < count[:, None]  # (B, k)
+        ratio = jnp.where(usable, ratio, 1.0)
     if method == "token":
         a, one = jnp.minimum(1.0, ratio), jnp.ones((ratio.shape[0], 1), jnp.float32)
+        if count is not None:
+            a = jnp.where(usable, a, 0.0)  # the round stops at count at the latest
         kept = jnp.cumprod(jnp.concatenate([one, a], axis=1), axis=1)  # (B, k + 1) a_0 .. a_{j-1}
         stop = kept * jnp.concatenate([1.0 - a, one], axis=1)
         weight = jnp.ones_like(kept[:, :k])  # (B, k) R_j = max(0, p_j - q_j)
@@ -117,20 +125,26 @@ def round_law(p: jax.Array, q: jax.Array, drafted: jax.Array,
         denominator = rho + 1.0 - weight
         h = jnp.concatenate([jnp.where(denominator > 0, rho / jnp.where(denominator > 0, denominator, 1.0), 0.0),
                              w[:, k:]], axis=1)  # (B, k + 1)
+        if count is not None:  # the rule of `count` drafts: h_count = w_count, no coin past it
+            at = jnp.arange(k + 1)[None, :]
+            h = jnp.where(at < count[:, None], h, jnp.where(at == count[:, None], w, 0.0))
         later = jnp.cumprod((1.0 - h)[:, ::-1], axis=1)[:, ::-1]  # prod_{i >= j} (1 - h_i)
         stop = h * jnp.concatenate([later[:, 1:], jnp.ones_like(h[:, :1])], axis=1)
     # rho_j = 0 only where stopping at j has probability 0 (p_j = q_j where w_j = 1): p_j stands in.
     after = jnp.where(rho[..., None] > 0, residual / jnp.where(rho > 0, rho, 1.0)[..., None], p[:, :k])
-    return stop, jnp.concatenate([after, p[:, k:]], axis=1)
+    after = jnp.concatenate([after, p[:, k:]], axis=1)  # (B, k + 1, V)
+    if count is not None:  # after all of a row's drafts, the token comes from p there
+        after = jnp.where((jnp.arange(k + 1)[None, :] == count[:, None])[..., None], p, after)
+    return stop, after
 
 
 def verify(key: jax.Array, p: jax.Array, q: jax.Array, drafted: jax.Array, categorical: str = "precise",
-           method: str = "block") -> tuple[jax.Array, jax.Array]:
+           method: str = "block", count: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """One round's check, (2) or (3): how many drafts are kept, and the tokens the round writes.
 
     Args:
       key: a ``jax.random`` key.
-      p, q, drafted, method: as ``round_law``.
+      p, q, drafted, method, count: as ``round_law``.
       categorical: the method of the redraw (``sedd.categorical.sample_categorical``).
     Returns:
       (accepted int32[B] in [0, k], tokens int32[B, k + 1]): tokens[:, :accepted]
@@ -139,7 +153,7 @@ def verify(key: jax.Array, p: jax.Array, q: jax.Array, drafted: jax.Array, categ
     """
     b, k = drafted.shape
     k_stop, k_draw = jax.random.split(key)
-    stop, after = round_law(p, q, drafted, method)
+    stop, after = round_law(p, q, drafted, method, count)
     accepted = sample_categorical(k_stop, stop, categorical).astype(jnp.int32)  # (B,)
     at = jnp.take_along_axis(after, accepted[:, None, None], axis=1)[:, 0]  # (B, V)
     new = sample_categorical(k_draw, at, categorical).astype(jnp.int32)  # (B,)
@@ -180,13 +194,14 @@ def rounds(key: jax.Array, target_state: Any, drafter_state: Any, text: jax.Arra
         key_r = jax.random.fold_in(key, r)
         k_draft, k_verify = jax.random.split(key_r)
         if shared:
-            drafted, q, t_state = drafter(k_draft, t_state, text, start, k)
+            drafted, q, t_state, *count = drafter(k_draft, t_state, text, start, k)
         else:
-            drafted, q, d_state = drafter(k_draft, d_state, text, start, k)
+            drafted, q, d_state, *count = drafter(k_draft, d_state, text, start, k)
+        count = count[0] if count else None  # a drafter may give fewer than k drafts a row
         window = jnp.arange(k)[None, :] + start[:, None]  # (B, k)
         proposed = text.at[jnp.arange(b)[:, None], window].set(drafted.astype(jnp.int32))
         p, t_state = target(t_state, proposed, start, k)
-        accepted, tokens = verify(k_verify, p, q, drafted, categorical, verification)
+        accepted, tokens = verify(k_verify, p, q, drafted, categorical, verification, count)
         live = start < end  # (B,) rows still writing
         if on_round is not None:
             on_round(r, start, drafted.astype(jnp.int32), accepted, tokens, live)
@@ -221,8 +236,9 @@ def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Ar
         target's law at positions start .. start + k of `text` given text[:, :start + i]
         (T = length + k + 1; the positions at and after start hold the drafts). Its state is
         told where the text now ends by the next call's `start` (a KV cache rolls back to it).
-      drafter: (key, state, text, start, k) -> (drafted int32[B, k], q float[B, k, V], state),
-        q the law (1) of each draft.
+      drafter: (key, state, text, start, k) -> (drafted int32[B, k], q float[B, k, V], state), q the
+        law (1) of each draft; or (drafted, q, state, count int32[B]): a row's first count drafts only
+        (``round_law``'s count; 0: the round writes one token).
       length: L; k: drafts a round; categorical: the method of the redraws.
       shared: the drafter reads and returns the target's state (drafter_state unused): one network
         that drafts the next round in the call that verifies this one (``sedd.spec``).

@@ -100,23 +100,93 @@ def test_a_rounds_call_equals_the_training_forward():
                                    rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("temperature,top_p,k,verification,tau", [
-    (1.0, 1.0, 2, "block", spec.DRAFT_TEMPERATURE), (0.7, 0.9, 3, "block", spec.DRAFT_TEMPERATURE),
-    (1.0, 1.0, 3, "token", 1.0), (1.0, 1.0, 2, "block", 0.3)])
-def test_self_speculation_draws_the_causal_halfs_law(temperature, top_p, k, verification, tau):
+SLOW = pytest.mark.slow  # the same law checked again at another layout or rule (-m slow; the default keeps one of each)
+
+
+@pytest.mark.parametrize("temperature,top_p,layout,verification,tau", [
+    (1.0, 1.0, spec.Layout(2, 3), "block", spec.DRAFT_TEMPERATURE),
+    (0.7, 0.9, spec.Layout(3, 4), "block", spec.DRAFT_TEMPERATURE),
+    pytest.param(1.0, 1.0, spec.Layout(3, 4), "token", 1.0, marks=SLOW),
+    pytest.param(1.0, 1.0, spec.Layout(2, 3), "block", 0.3, marks=SLOW),
+    # leaner layouts: an outcome past the last group drafts from it (fewer drafts; none after k=2 g=1 keeps 2)
+    (1.0, 1.0, spec.Layout(2, 1), "token", 1.0), (0.7, 0.9, spec.Layout(3, 2), "block", spec.DRAFT_TEMPERATURE),
+    pytest.param(1.0, 1.0, spec.Layout(2, 1), "block", spec.DRAFT_TEMPERATURE, marks=SLOW),
+    pytest.param(0.7, 0.9, spec.Layout(3, 1), "block", spec.DRAFT_TEMPERATURE, marks=SLOW),
+    pytest.param(0.7, 0.9, spec.Layout(3, 2), "token", 1.0, marks=SLOW),
+    pytest.param(1.0, 1.0, spec.Layout(1, 1), "block", spec.DRAFT_TEMPERATURE, marks=SLOW)])
+def test_self_speculation_draws_the_causal_halfs_law(temperature, top_p, layout, verification, tau):
     """Over all 3^6 sequences, the drawn text's law is the causal half's exact law within the sampling noise.
 
-    Whichever verification, and however sharpened the drafts (tau): the q the verifier is told is the
-    law the drafts were drawn from.
+    Whichever layout (a group for every outcome, or fewer: the rounds after an outcome past the last
+    group have fewer drafts, or none), whichever verification, and however sharpened the drafts (tau):
+    the q the verifier is told is the law the drafts were drawn from.
     """
-    graphdef, state = _tiny(k)
+    graphdef, state = _tiny(layout.k)
     law = _law(graphdef, state, temperature, top_p)
-    text, stats = spec.sample(jax.random.key(3), graphdef, state, N, L, k, temperature=temperature, top_p=top_p,
-                              verification=verification, draft_temperature=tau)
+    text, stats = spec.sample(jax.random.key(3), graphdef, state, N, L, layout, temperature=temperature,
+                              top_p=top_p, verification=verification, draft_temperature=tau)
     assert reference.tv(reference.empirical_law(np.asarray(text), V), law) < reference.tv_noise_bound(law, N)
     calls = np.asarray(stats["nfe_per_sample"])
     assert calls.max() <= L + 1 and calls.min() >= 2  # the prefill and at least one round; a round writes >= 1
     assert int(stats["accepted_at"][0]) > 0  # drafts were kept (an untrained draft half keeps few)
+
+
+def test_past_the_last_group_a_round_drafts_from_it_from_the_new_start():
+    """A lean layout's drafter, on laws that differ by group and position: the outcome's group, or past the
+    last group that group's laws from the new start (fewer drafts), and the drafts drawn from the q it reports."""
+    graphdef, _ = _tiny(3)
+    k, groups, tau = 3, 2, 0.8
+    _, _, drafter = spec.speculative_parts(graphdef, spec.Layout(k, groups), draft_temperature=tau)
+    laws = jnp.asarray(np.random.default_rng(0).dirichlet(np.ones(V), (1, groups, k)), jnp.float32)
+    last = 5
+    for j in range(k + 1):  # the drafts the last round kept
+        state = (None, None, laws, jnp.asarray([last]))
+        start = jnp.asarray([last + 1 + j])
+        group, skip = min(j, groups - 1), j - min(j, groups - 1)
+        _, q, _, count = drafter(jax.random.key(0), state, None, start, k)
+        assert int(count[0]) == k - skip
+        np.testing.assert_allclose(np.asarray(q[0, :k - skip]), np.asarray(spec.sharpened(laws[0, group, skip:], tau)),
+                                   rtol=1e-6)
+        drawn = jax.vmap(lambda key: drafter(key, state, None, start, k)[0][0])(
+            jax.random.split(jax.random.key(j), 20_000))  # (n, k)
+        for i in range(k - skip):
+            freq = np.bincount(np.asarray(drawn[:, i]), minlength=V) / drawn.shape[0]
+            assert np.abs(freq - np.asarray(q[0, i])).max() < 0.015, (j, i, freq, q[0, i])
+
+
+def test_a_layout_is_checked_naming_the_value():
+    assert spec.layout_of(None, 4) == spec.Layout(4, 5) and spec.layout_of("4,2", 4) == spec.Layout(4, 2)
+    assert spec.layout_of(3, 4) == spec.Layout(3, 4) and spec.layout_of("2", 4) == spec.Layout(2, 3)
+    assert spec.Layout(4, 2).positions == 13 and spec.Layout(4, 5).positions == 25
+    for bad in ("4,6", "0,1", "a,b", "4,2,1", spec.Layout(2, 0)):
+        with pytest.raises(ValueError, match="layout"):
+            spec.layout_of(bad, 4)
+
+
+def test_a_layout_is_chosen_by_its_speed_here_and_kept_in_the_run_directory(tmp_path):
+    """choose_layout times the candidates, keeps the fastest for this device in workdir/layouts.json, reads it back."""
+    import json
+
+    graphdef, state = _tiny(2)
+    layouts = [spec.Layout(2, 3), spec.Layout(1, 1)]
+    layout, line = spec.choose_layout(graphdef, state, L, 1, 2, tmp_path, layouts=layouts)
+    assert layout in layouts and "the fastest here at batch 1" in line, line
+    (entry,) = json.loads((tmp_path / spec.LAYOUTS_FILE).read_text()).values()
+    assert entry["layout"] == f"{layout.k},{layout.groups}" == entry["timed"][0]["layout"]
+    assert {r["layout"] for r in entry["timed"]} == {"2,3", "1,1"}
+    assert all(r["tokens_per_s"] > 0 and 1 <= r["tokens_per_call"] <= L for r in entry["timed"])
+    again, line = spec.choose_layout(graphdef, state, L, 1, 2, tmp_path, layouts=layouts)
+    assert again == layout and "chosen earlier on this device" in line
+    (tmp_path / spec.LAYOUTS_FILE).write_text("{not json")
+    with pytest.raises(ValueError, match="layouts.json is not a layouts file"):
+        spec.choose_layout(graphdef, state, L, 1, 2, tmp_path, layouts=layouts)
+    from sedd import config as config_lib
+    from sedd import kinds
+
+    config = config_lib.load_config("tiny")  # a SEDD run: no layout to choose
+    config.vocab_size = V
+    with pytest.raises(ValueError, match="layout='2,1': a round's layout is for a run that drafts for itself"):
+        kinds.get(config).choose_layout(None, "2,1")
 
 
 def test_sharpened_drafts_and_a_bad_draft_temperature():
@@ -157,6 +227,7 @@ def test_a_prompt_is_kept_and_the_rest_drawn_from_the_conditional_law():
 @pytest.mark.dtypes  # end to end: .ci/run runs it again in the other compute dtype
 def test_a_tiny_spec_run_trains_evaluates_and_samples(tmp_path):
     """sedd train / eval / sample with model.kind=spec: the exact NLL printed, text drawn, drafts counted."""
+    import json
     import subprocess
     import sys
 
@@ -174,9 +245,14 @@ def test_a_tiny_spec_run_trains_evaluates_and_samples(tmp_path):
     assert out.tokens.shape == (2, run.seq_len) and 2 <= int(out.stats["nfe"]) <= run.seq_len + 1
     with pytest.raises(ValueError, match="drafts for itself"):
         run.sample(jax.random.key(0), 1, draft="ngram")
-    res = subprocess.run([sys.executable, "-m", "sedd.cli", "sample", "--workdir", str(work), "--num_samples", "1"],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-2000:]
+    def sample(*extra):
+        res = subprocess.run([sys.executable, "-m", "sedd.cli", "sample", "--workdir", str(work), "--num_samples", "1",
+                              *extra], capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-2000:]
+        return res.stderr  # the layout and the calls are said beside the texts
+
+    out = sample("--layout", "4,1")  # (auto, the default, times every candidate: test_a_layout_is_chosen_...)
+    assert "layout k=4 groups=1 (9 positions a call), as asked" in out and "network calls: " in out, out
 
 
 def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds():

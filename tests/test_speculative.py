@@ -109,6 +109,16 @@ def _one_step(ahead: jax.Array):
     return drafter
 
 
+def _fewer(drafter):
+    """`drafter` with a row's drafts cut to its first count = start mod 4 (0: a round that writes one token)."""
+
+    def fewer(key, state, text, start, k):
+        drafted, q, state = drafter(key, state, text, start, k)
+        return drafted, q, state, jnp.minimum(start % 4, k).astype(jnp.int32)
+
+    return fewer
+
+
 def _last_first(cond: jax.Array, ahead: jax.Array, right_q: bool):
     """k = 2 drafted in the wrong order: y_1 ~ D(x_{s+1} | x_<s) first, then y_0 ~ D(x_s | x_<s, x_{s+1} = y_1).
 
@@ -178,6 +188,7 @@ CASES = {
     "useless": lambda p, d: (_left_to_right(jnp.asarray(_adversary(_conditionals(p)), jnp.float32)), 3),
     "other_left_to_right": lambda p, d: (_left_to_right(jnp.asarray(_conditionals(d), jnp.float32)), 3),
     "one_step_block": lambda p, d: (_one_step(jnp.asarray(_ahead(d, 3), jnp.float32)), 3),
+    "fewer_drafts_some_rounds": lambda p, d: (_fewer(_left_to_right(jnp.asarray(_conditionals(d), jnp.float32))), 3),
     "last_first_exact_q": lambda p, d: (_last_first(jnp.asarray(_conditionals(d), jnp.float32),
                                                     jnp.asarray(_ahead(d, 2), jnp.float32), True), 2),
 }
@@ -241,26 +252,50 @@ def test_verify_counts_and_writes_by_hand(verification):
         speculative.round_law(p, q, drafted, "tree")
 
 
-def _round_outputs(p_of, q_of, k: int, verification: str) -> tuple[dict, float]:
+def _round_outputs(p_of, q_of, k: int, verification: str, count: int | None = None) -> tuple[dict, float]:
     """The exact law of what one round writes (a string of 1 .. k + 1 tokens), summed over every draft.
 
     p_of(prefix) and q_of(prefix) are the target's and the drafter's laws after a tuple of tokens.
+    count: the round's drafts are its first count (``round_law``'s), the rest uniform junk.
     Returns ({written string: probability}, the expected drafts kept).
     """
     drafts = list(itertools.product(range(V), repeat=k))
+    c = k if count is None else count
     p = np.stack([[p_of(d[:i]) for i in range(k + 1)] for d in drafts])  # (V^k, k + 1, V)
     q = np.stack([[q_of(d[:i]) for i in range(k)] for d in drafts])  # (V^k, k, V)
     stop, after = speculative.round_law(jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32),
-                                        jnp.asarray(drafts, jnp.int32), verification)
+                                        jnp.asarray(drafts, jnp.int32), verification,
+                                        None if count is None else jnp.full((len(drafts),), count, jnp.int32))
     stop, after = np.asarray(stop, np.float64), np.asarray(after, np.float64)
+    assert np.all(stop[:, c + 1:] == 0), "a round kept more drafts than it had"
     law, kept = {}, 0.0
     for n, d in enumerate(drafts):
-        weight = np.prod([q[n, i, d[i]] for i in range(k)])  # P(these drafts)
+        weight = np.prod([q[n, i, d[i]] for i in range(c)]) / V ** (k - c)  # P(these drafts), the junk uniform
         for j in range(k + 1):
             kept += weight * stop[n, j] * j
             for v in range(V):
                 law[d[:j] + (v,)] = law.get(d[:j] + (v,), 0.0) + weight * stop[n, j] * after[n, j, v]
     return law, kept
+
+
+@pytest.mark.parametrize("count", [0, 1, 2])
+def test_a_round_of_fewer_drafts_writes_the_targets_law_exactly(count):
+    """By enumeration: a round told to use only its first `count` of k = 3 drafts (``round_law``'s count) keeps
+    at most those, writes the token after them from p, and its string continued by the target has p's law."""
+    k, rng = 3, np.random.default_rng(11)
+    prefixes = [t for n in range(k + 1) for t in itertools.product(range(V), repeat=n)]
+    p_law = {t: rng.dirichlet(np.ones(V)) for t in prefixes}
+    q_law = {t: rng.dirichlet(np.full(V, 0.5)) for t in prefixes}
+
+    def p_joint(w):
+        return np.prod([p_law[w[:i]][w[i]] for i in range(len(w))])
+
+    for verification in speculative.VERIFICATIONS:
+        law, kept = _round_outputs(p_law.__getitem__, q_law.__getitem__, k, verification, count)
+        assert kept <= count + 1e-6
+        for w in itertools.product(range(V), repeat=k + 1):
+            continued = sum(law.get(w[:j + 1], 0.0) * p_joint(w) / p_joint(w[:j + 1]) for j in range(k + 1))
+            assert abs(continued - p_joint(w)) < 1e-5, (verification, count, w, continued, p_joint(w))
 
 
 @pytest.mark.parametrize("drafter", ["another_law", "the_target"])
@@ -463,8 +498,21 @@ def test_sedd_sample_drafts_with_a_block_run(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["sample", "--workdir", str(tmp_path / "ar"), "--draft", str(tmp_path / "block"), "--draft_k", "8",
                      "--prefix", "RO", "--num_samples", "2", "--output", str(out)]) == 0, capsys.readouterr().err
-    texts = [json.loads(line)["text"] for line in out.read_text().splitlines()]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    texts = [line["text"] for line in lines]
     assert len(texts) == 2 and all(t.startswith("RO") for t in texts), texts
+    # each line carries its text's network calls (the target's and the drafter's: 2 a round) and tokens a call
+    for line in lines:
+        assert line["network_calls"] % 2 == 0 and line["tokens_per_call"] == pytest.approx(
+            32 / line["network_calls"], rel=1e-3), line  # the tiny config's 32 tokens
+    printed = capsys.readouterr().err  # beside the texts, not among them
+    assert "network calls: " in printed and " tokens a call" in printed, printed
+    for draft in ("ngram", None):  # the calls of any way of writing, printed alike
+        assert cli.main(["sample", "--workdir", str(tmp_path / "ar"), "--num_samples", "1"]
+                        + (["--draft", draft] if draft else [])) == 0
+        assert "network calls: " in capsys.readouterr().err
     assert cli.main(["sample", "--workdir", str(tmp_path / "ar"), "--draft", str(tmp_path / "block"),
                      "--draft_k", "9"]) == 2
     assert "block size" in capsys.readouterr().err
+    assert cli.main(["sample", "--workdir", str(tmp_path / "ar"), "--layout", "2,1"]) == 2  # a spec run's option
+    assert "layout='2,1'" in capsys.readouterr().err

@@ -167,8 +167,10 @@ def test_own_text_file_prompts_and_bad_checkpoints(data_dir, tmp_path, capsys):
 
     # Prompts: prefix works; a character outside the vocabulary and a too-long prompt are clear errors.
     assert cli.main(["sample", "--workdir", str(workdir), "--prefix", "the cat", "--num_samples", "2", "--steps", "4"]) == 0
-    samples = [s.split("\n", 1)[1] for s in capsys.readouterr().out.split("--- sample ")[1:]]
+    printed = capsys.readouterr()
+    samples = [s.split("\n", 1)[1] for s in printed.out.split("--- sample ")[1:]]
     assert len(samples) == 2 and all(s.startswith("the cat") for s in samples), samples
+    assert "network calls: 4.0 a text of 32 tokens, 8.00 tokens a call" in printed.err  # 4 steps, each one call
     assert cli.main(["sample", "--workdir", str(workdir), "--prefix", "the dog!"]) == 2
     assert "'d'" in capsys.readouterr().err
     assert cli.main(["sample", "--workdir", str(workdir), "--prefix", "the " * 40]) == 2

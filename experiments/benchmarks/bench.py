@@ -118,6 +118,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--drafts", default="", help="speculative: comma-separated drafters, 'ngram' or run directories "
                    "(a smaller AR run, a block run; default ngram; none: the --spec run alone)")
     p.add_argument("--spec", default="", help="speculative: a model.kind='spec' run, sampled with its own drafts")
+    p.add_argument("--layouts", nargs="+", default=None, help="speculative: the --spec run's round layouts, each "
+                   "'K,GROUPS' or 'auto' (the fastest here, timed at each batch; default: its trained k, every group)")
     p.add_argument("--quality_samples", type=int, default=64, help="speculative: texts each cell's quality is of")
     p.add_argument("--cost_only", action="store_true", help="speculative: the call-cost curve only")
     p.add_argument("--verifications", default="block", help="speculative: comma-separated, each cell verified by "

@@ -34,10 +34,12 @@ def call_cost(config, ns: list[int], repeats: int, calls: int = 8) -> dict:
     def looped(n):
         @jax.jit
         def fn(state, text):
-            def body(i, acc):
-                p, _ = target(state, text, begin, n - 1)  # (1, n, V): the cache is rolled back to start each time
-                return acc + p[0, -1, 0]
-            return jax.lax.fori_loop(0, calls, body, jnp.float32(0))
+            def body(i, carry):
+                state, acc = carry
+                p, state = target(state, text, begin, n - 1)  # (1, n, V): the cache is rolled back to start each time
+                # every output and the cache carried on: nothing of the call is dead code XLA could skip
+                return state, acc + p.sum()
+            return jax.lax.fori_loop(0, calls, body, (state, jnp.float32(0)))[1]
         return lambda: fn(state, text)
 
     times = interleaved({n: looped(n) for n in ns}, repeats)
@@ -81,13 +83,14 @@ def speculative_runs(quick: bool, args) -> tuple:
 
 def bench_speculative(target, drafts: dict, spec, ks: list[int], batches: list[int], repeats: int,
                       quality_samples: int, names: tuple[str, str] = ("random", "spec"),
-                      verifications: tuple[str, ...] = ("block",)) -> dict:
+                      verifications: tuple[str, ...] = ("block",), layouts: tuple[str | None, ...] = (None,)) -> dict:
     """Speculative sampling of the AR run `target` with each drafter and k, against its own KV-cached sampling.
 
     Per (drafter, k): the calls (the target's and the drafter's network calls, counted alike) and tokens a
     call, the acceptance by draft position, the seconds at each batch interleaved with ``ar.sample``'s (the
     ratio the median of per-round ratios), and the quality of quality_samples texts drawn the same way; each
-    cell once per verification ("block" or "token", ``sedd.speculative.round_law``).
+    cell once per verification ("block" or "token", ``sedd.speculative.round_law``); the spec run once per
+    layout ("K,GROUPS", None its trained one, "auto" the fastest at each batch: ``Kind.choose_layout``).
     """
     from sedd.data.markov import chain_from_config  # noqa: PLC0415
 
@@ -104,14 +107,22 @@ def bench_speculative(target, drafts: dict, spec, ks: list[int], batches: list[i
             cap = draft.kind.one_token_steps(draft.seq_len) if not isinstance(draft, str) and draft.kind.diffuses \
                 else None
             cells += [(name + tag, k, draft, how) for k in ks if cap is None or k <= cap]
-        if spec is not None:
-            cells.append((f"{names[1]} (spec{tag})", int(spec.config.model.block_size), None, how))
+        for layout in layouts if spec is not None else ():
+            cells.append((f"{names[1]} (spec {layout or 'trained'}{tag})", layout, None, how))
     rows = []
     for name, k, draft, how in cells:
         def sample(batch, key=key, draft=draft, k=k, how=how):
-            if draft is None:
-                return spec.sample(key, batch, return_stats=True, verification=how)
+            if draft is None:  # k: the spec run's layout
+                layout = chosen.get(batch, chosen.get(min(batches), k))  # the quality samples: batch 1's
+                return spec.sample(key, batch, return_stats=True, verification=how, layout=layout)
             return target.sample(key, batch, draft=draft, draft_k=k, return_stats=True, verification=how)
+
+        chosen = {}  # "auto": the layout the rule picks at each batch (timed here, nothing saved)
+        if draft is None and k == "auto":
+            for batch in batches:
+                line = spec.kind.choose_layout(spec.net, "auto", None, batch)
+                chosen[batch] = spec.kind.layout
+                print(f"  batch {batch}: {line}", flush=True)
 
         out = sample(quality_samples, jax.random.key(1))
         st = out.stats
@@ -135,6 +146,8 @@ def bench_speculative(target, drafts: dict, spec, ks: list[int], batches: list[i
             row[f"tokens_per_s_b{batch}"] = batch * length / median(times["spec"])
             row[f"ar_tokens_per_s_b{batch}"] = batch * length / median(times["ar"])
             row[f"vs_ar_b{batch}"] = paired_ratio(times["ar"], times["spec"])
+        if chosen:
+            row["chosen"] = {str(b): str(lay) for b, lay in chosen.items()}
         rows.append(row)
         print(f"  {name} k={k}: {row['tokens_per_call']:.2f} tokens a call, "
               + ", ".join(f"{row[f'vs_ar_b{b}']:.2f}x AR at batch {b}" for b in batches), flush=True)
@@ -203,7 +216,7 @@ def run_speculative(quick: bool, args) -> dict:
         target, drafts, spec = speculative_runs(quick, args)
         study = bench_speculative(target, drafts, spec, ks, batches, repeats, quality_samples,
                                   (args.target or "random weights", Path(args.spec).name if args.spec else "spec"),
-                                  tuple(args.verifications.split(",")))
+                                  tuple(args.verifications.split(",")), tuple(args.layouts or (None,)))
         a = study["ar"]
         rows = [["AR, KV cache", "-", "1.00", "-", f"{a['nll']:.4f} +- {a['nll_se']:.4f}",
                  f"{a['unigram_entropy_bits']:.3f}"] + ["1.00"] * len(batches)]

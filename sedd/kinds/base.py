@@ -276,6 +276,12 @@ class Kind:
         return sampling.rounds.Speculation(functools.partial(self.speculative_parts, graphdef), k, "self",
                                            categorical=self.config.sampling.categorical, shared=True)
 
+    def choose_layout(self, net: Net, choice="auto", workdir=None, batch: int = 1, progress: bool = False) -> str:
+        """Set the layout of this kind's speculative rounds (a kind that ``speculates``); returns a line saying
+        which. Raises a ValueError for any other kind."""
+        raise ValueError(f"layout={choice!r}: a round's layout is for a run that drafts for itself "
+                         f"(model.kind='spec'); this run's model.kind is {self.name!r}")
+
     def speculative_parts(self, graphdef, temperature, top_p) -> tuple:
         """(prefill, target, drafter) of a kind that ``speculates`` (``sedd.sampling.rounds.Speculation.parts``).
 
@@ -345,6 +351,7 @@ class LeftToRight:
       draft_k: drafts a round (None: the default of the decoder).
       verification: "block" or "token" (``sedd.speculative.round_law``).
       draft_temperature: tau of a spec run's drafts (None: its default).
+      layout: a spec run's round layout (``sedd.kinds.spec.layout_of``: "K,GROUPS", "auto"; None: its default).
     """
 
     categorical: str = "precise"
@@ -356,6 +363,7 @@ class LeftToRight:
     draft_k: Any = None
     verification: str = "block"
     draft_temperature: Any = None
+    layout: Any = None
 
     @classmethod
     def make(cls, kind: Kind, takes: tuple[str, ...], **options) -> LeftToRight:

@@ -65,7 +65,9 @@ Letters: B batch, L length, V vocabulary, k drafts a round, S cache rows.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -171,14 +173,64 @@ def ancestral(model: DDiT, key: jax.Array, num_samples: int, length: int, temper
     return jax.lax.fori_loop(0, length, step, jnp.zeros((num_samples, length), jnp.int32))
 
 
-def round_mask(k: int) -> np.ndarray:
-    """What each of a round's (k + 1)^2 positions sees of the round's own: bool[(k + 1)^2, (k + 1)^2].
+class Layout(NamedTuple):
+    """A round's shape: k drafts verified, and groups of k drafts for the outcomes j = 0 .. groups - 1.
 
-    The k + 1 causal positions first, causally; then group j = 0 .. k of k
-    drafts, seeing the causal positions <= j and its own group.
+    A call on ``positions`` = (k + 1) + groups k positions. TiDAR's layout is groups = k + 1 (a group
+    for every outcome); fewer groups cost fewer positions, and an outcome j >= groups takes the last
+    group's drafts from the new start on (k - (j - groups + 1) of them: the round after has fewer drafts,
+    none when groups = 1 and all k were kept). Every layout keeps the causal half's law.
+    """
+
+    k: int
+    groups: int
+
+    @property
+    def positions(self) -> int:
+        return self.k + 1 + self.groups * self.k
+
+    def __str__(self) -> str:
+        return f"k={self.k} groups={self.groups}"
+
+
+def layout_of(value, trained_k: int) -> Layout:
+    """A ``Layout`` from a Layout, an int k (a group for every outcome), or "K,GROUPS" / "K" (the CLI's).
+
+    None: the run's own k (trained_k) with every group. Raises a ValueError naming the value unless
+    1 <= k <= ``speculative.MAX_DRAFTS`` and 1 <= groups <= k + 1 (a group of another size than trained_k
+    keeps the law; its drafts were not what training showed).
+    """
+    if value is None:
+        return Layout(trained_k, trained_k + 1)
+    if isinstance(value, str):
+        try:
+            parts = [int(v) for v in value.split(",")]
+        except ValueError:
+            parts = []
+        if len(parts) not in (1, 2):
+            raise ValueError(f"layout={value!r} must be 'K' or 'K,GROUPS' (drafts a round, draft groups), e.g. '4,2'")
+        value = Layout(parts[0], parts[1] if len(parts) == 2 else parts[0] + 1)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        value = Layout(value, value + 1)
+    if not isinstance(value, tuple) or len(value) != 2:
+        raise ValueError(f"layout={value!r} must be a spec.Layout, an int k or 'K,GROUPS'")
+    k, groups = value
+    if not (isinstance(k, int) and 1 <= k <= speculative.MAX_DRAFTS and isinstance(groups, int)
+            and 1 <= groups <= k + 1):
+        raise ValueError(f"layout k={k!r} groups={groups!r}: k must be in [1, {speculative.MAX_DRAFTS}] and groups "
+                         "in [1, k + 1]")
+    return Layout(k, groups)
+
+
+def round_mask(k: int, groups: int | None = None) -> np.ndarray:
+    """What each of a round's positions sees of the round's own: bool[n, n], n = (k + 1) + groups k.
+
+    The k + 1 causal positions first, causally; then group j = 0 .. groups - 1 (default k, every
+    outcome) of k drafts, seeing the causal positions <= j and its own group.
     """
     n_c = k + 1
-    idx = np.arange(n_c + n_c * k)
+    groups = n_c if groups is None else groups
+    idx = np.arange(n_c + groups * k)
     group = np.where(idx < n_c, -1, (idx - n_c) // k)  # -1: causal
     causal_q = (group[:, None] < 0) & (group[None, :] < 0) & (idx[None, :] <= idx[:, None])
     draft_sees_causal = (group[:, None] >= 0) & (group[None, :] < 0) & (idx[None, :] <= group[:, None])
@@ -217,26 +269,28 @@ def sharpened(q: jax.Array, tau) -> jax.Array:
     return q / jnp.sum(q, axis=-1, keepdims=True)
 
 
-def speculative_parts(graphdef, block_size: int, temperature=1.0, top_p=1.0,
+def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0,
                       draft_temperature=DRAFT_TEMPERATURE) -> tuple:
     r"""(prefill, target, drafter) of the spec network `graphdef` for ``sedd.speculative.decode(shared=True)``.
 
     Each row has its own cache and start (the rows run under ``jax.vmap``).
     The state, shared by target and drafter: ((params, rest), caches, laws
-    float32[B, k + 1, k, V] of the drafts of each outcome, the last round's
-    start int32[B]). temperature and top_p may be traced (a server's rows);
+    float32[B, groups, k, V] of each group's drafts, the last round's start
+    int32[B]). temperature and top_p may be traced (a server's rows);
     draft_temperature is tau (module docstring).
 
+    Args:
+      layout: a ``Layout`` (or an int k: a group for every outcome).
     Returns:
       prefill(params_state, prompt int32[B, P]) -> state: the prompt's
         causal positions in the cache and the first round's drafts (one
         call; decode's prompt_len must then be P).
       target(state, text, start, k) -> (p float32[B, k + 1, V], state): one call, the round of the module
-        docstring.
-      drafter(key, state, text, start, k) -> (drafted int32[B, k], q float32[B, k, V], state): no call;
-        the drafts of the outcome the last round had.
+        docstring on ``layout.positions`` positions.
+      drafter(key, state, text, start, k) -> (drafted int32[B, k], q float32[B, k, V], state, count int32[B]):
+        no call; the drafts of the outcome the last round had (``Layout``: count < k past the last group).
     """
-    k = block_size
+    k, groups = layout_of(layout, layout if isinstance(layout, int) else 0)
 
     def rows_of(model):
         return model.max_len + 2 * k + 2  # the cache: every position a round may write, past the text's end
@@ -257,14 +311,14 @@ def speculative_parts(graphdef, block_size: int, temperature=1.0, top_p=1.0,
                                       jnp.full((k,), mask_id(model), jnp.int32)])
             out, cache = _call(model, _empty_cache(model, rows_of(model)), 0, tokens, positions, mask, n_c)
             first = shaped_law(out[n_c:], temperature, top_p)  # (k, V)
-            laws = jnp.zeros((k + 1, k, model.out_dim), jnp.float32).at[0].set(first)
+            laws = jnp.zeros((groups, k, model.out_dim), jnp.float32).at[0].set(first)
             return cache, laws
 
         caches, laws = jax.vmap(one)(prompt)
         return params_state, caches, laws, jnp.full((b,), p - 1, jnp.int32)
 
-    mask = round_mask(k)
-    offsets = np.concatenate([np.arange(k + 1), (np.arange(k + 1)[:, None] + 1 + np.arange(k)[None, :]).ravel()])
+    mask = round_mask(k, groups)
+    offsets = np.concatenate([np.arange(k + 1), (np.arange(groups)[:, None] + 1 + np.arange(k)[None, :]).ravel()])
 
     def target(state, text, start, k_):
         params_state, caches, _, _ = state
@@ -273,10 +327,10 @@ def speculative_parts(graphdef, block_size: int, temperature=1.0, top_p=1.0,
         def one(cache, row, s):  # (S...), (T,), ()
             prev = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)], bos_id(model))
             tokens = jnp.concatenate([prev[None], jax.lax.dynamic_slice(row, (s,), (k,)),
-                                      jnp.full((k * (k + 1),), mask_id(model), jnp.int32)])
+                                      jnp.full((k * groups,), mask_id(model), jnp.int32)])
             out, cache = _call(model, cache, s, tokens, s + jnp.asarray(offsets, jnp.int32), mask, k + 1)
-            shaped = shaped_law(out, temperature, top_p)  # ((k + 1)^2, V)
-            return shaped[:k + 1], shaped[k + 1:].reshape(k + 1, k, -1), cache
+            shaped = shaped_law(out, temperature, top_p)  # (k + 1 + groups k, V)
+            return shaped[:k + 1], shaped[k + 1:].reshape(groups, k, -1), cache
 
         p, laws, caches = jax.vmap(one)(caches, text, start)
         return p, (params_state, caches, laws, start)
@@ -284,20 +338,24 @@ def speculative_parts(graphdef, block_size: int, temperature=1.0, top_p=1.0,
     def drafter(key, state, text, start, k_):
         params_state, caches, laws, last = state
         j = jnp.clip(start - last - 1, 0, k)  # (B,) the drafts kept in the last round
-        q = sharpened(jnp.take_along_axis(laws, j[:, None, None, None], axis=1)[:, 0], draft_temperature)  # (B, k, V)
+        group = jnp.minimum(j, groups - 1)  # (B,) past the last group: its drafts from the new start on
+        skip = j - group  # (B,) its first `skip` positions are written already
+        law = jnp.take_along_axis(laws, group[:, None, None, None], axis=1)[:, 0]  # (B, k, V)
+        at = jnp.minimum(skip[:, None] + jnp.arange(k)[None, :], k - 1)  # (B, k)
+        q = sharpened(jnp.take_along_axis(law, at[..., None], axis=1), draft_temperature)  # (B, k, V)
         drafted = jax.random.categorical(key, jnp.log(q), axis=-1).astype(jnp.int32)  # (B, k)
-        return drafted, q, state
+        return drafted, q, state, k - skip
 
     return prefill, target, drafter
 
 
 @functools.lru_cache(maxsize=None)
-def _parts(graphdef, block_size: int, temperature: float, top_p: float, draft_temperature: float) -> tuple:
-    prefill, target, drafter = speculative_parts(graphdef, block_size, temperature, top_p, draft_temperature)
+def _parts(graphdef, layout: Layout, temperature: float, top_p: float, draft_temperature: float) -> tuple:
+    prefill, target, drafter = speculative_parts(graphdef, layout, temperature, top_p, draft_temperature)
     return jax.jit(prefill), target, drafter  # the prefill compiled too (eager, its dispatches cost more than it)
 
 
-def sample(key: jax.Array, graphdef, state, num_samples: int, length: int, block_size: int,
+def sample(key: jax.Array, graphdef, state, num_samples: int, length: int, layout,
            temperature: float = 1.0, top_p: float = 1.0, prompt: jax.Array | None = None,
            categorical: str = "precise", verification: str = "block",
            draft_temperature: float = DRAFT_TEMPERATURE) -> tuple[jax.Array, dict]:
@@ -307,7 +365,8 @@ def sample(key: jax.Array, graphdef, state, num_samples: int, length: int, block
       key: a ``jax.random`` key.
       graphdef, state: the network, state = (params, rest).
       num_samples, length: B, L (L at most the model's length).
-      block_size: k, drafts a round (the run's model.draft_k: what it was trained to draft).
+      layout: a ``Layout``, or an int k (drafts a round, a group for every outcome: the run's
+        model.draft_k is what it was trained to draft).
       temperature, top_p: on the causal half's law, so the text's (and on the drafts').
       prompt: optional int32[B, P], the same P for every row.
       categorical: the method of the verifier's redraws.
@@ -321,13 +380,120 @@ def sample(key: jax.Array, graphdef, state, num_samples: int, length: int, block
     given = jnp.zeros((num_samples, p), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
     if not (isinstance(draft_temperature, (int, float)) and draft_temperature > 0):
         raise ValueError(f"draft_temperature must be a number > 0, got {draft_temperature!r}")
-    prefill, target, drafter = _parts(graphdef, block_size, float(temperature), float(top_p), float(draft_temperature))
+    layout = layout_of(layout, 0)
+    prefill, target, drafter = _parts(graphdef, layout, float(temperature), float(top_p), float(draft_temperature))
     text = jnp.zeros((num_samples, length), jnp.int32).at[:, :p].set(given)
     out, stats = speculative.decode(key, prefill(state, given), None, text, jnp.full((num_samples,), p, jnp.int32),
-                                    target=target, drafter=drafter, length=length, k=block_size,
+                                    target=target, drafter=drafter, length=length, k=layout.k,
                                     categorical=categorical, shared=True, verification=verification)
     return out, {"nfe": stats["rounds"] + 1, "nfe_per_sample": stats["rounds_per_sample"] + 1,
                  "draft_calls": jnp.zeros((num_samples,), jnp.int32), "accepted_at": stats["accepted_at"]}
+
+
+# --------------------------------------------------------------------------- choosing a layout
+
+
+LAYOUTS_FILE = "layouts.json"
+"""The layouts chosen for a run, by device and batch, in its run directory (``choose_layout``)."""
+
+
+def candidates(k: int) -> list[Layout]:
+    """The layouts ``tune`` times for a run trained at k: every group, two, one, at k and at about k / 2."""
+    half = max(1, k // 2)
+    return sorted({Layout(k, k + 1), Layout(k, min(2, k + 1)), Layout(k, 1), Layout(half, half + 1), Layout(half, 1)},
+                  key=lambda lay: (-lay.k, -lay.groups))
+
+
+def tune(graphdef, state, length: int, batch: int, layouts: list[Layout], *, temperature: float = 1.0,
+         top_p: float = 1.0, rounds: int = 3, progress: bool = False) -> list[dict]:
+    """Each layout's tokens/s on this device: texts of `length` at `batch`, timed interleaved, the median of rounds.
+
+    The figure is end to end (the network, the loop, the acceptance of this run's drafts), so it picks
+    what is fastest here whatever makes it so. Each layout compiles once first (not timed).
+
+    Returns:
+      [{"layout": "K,GROUPS", "positions": n a call, "tokens_per_s", "tokens_per_call"}], fastest first.
+    """
+    import time  # noqa: PLC0415
+
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
+    def run(layout, seed):
+        out, stats = sample(jax.random.key(seed), graphdef, state, batch, length, layout, temperature=temperature,
+                            top_p=top_p)
+        return jax.block_until_ready(out), stats
+
+    calls = {}
+    for layout in tqdm(layouts, desc="timing layouts", disable=not progress, leave=False):  # compiled, and its calls counted
+        calls[layout] = float(np.mean(np.asarray(run(layout, 0)[1]["nfe_per_sample"])))
+    seconds = {layout: [] for layout in layouts}
+    for r in range(rounds):
+        for layout in layouts if r % 2 == 0 else layouts[::-1]:
+            t = time.perf_counter()
+            run(layout, r + 1)
+            seconds[layout].append(time.perf_counter() - t)
+    rows = [{"layout": f"{lay.k},{lay.groups}", "positions": lay.positions,
+             "tokens_per_s": batch * length / float(np.median(seconds[lay])), "tokens_per_call": length / calls[lay]}
+            for lay in layouts]
+    return sorted(rows, key=lambda row: -row["tokens_per_s"])
+
+
+def device_key(model: DDiT, batch: int) -> str:
+    """What a layout's speed depends on besides the run: the device, its CPU, the compute dtype, the batch."""
+    import platform  # noqa: PLC0415
+
+    dev = jax.devices()[0]
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{dev.platform} {dev.device_kind} | {cpu} | {jnp.dtype(model.dtype).name} | batch {batch}"
+
+
+def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, workdir=None, *,
+                  layouts: list[Layout] | None = None, progress: bool = False) -> tuple[Layout, str]:
+    """The fastest of `layouts` (``candidates(trained_k)``) on this device at this batch (``tune``), remembered
+    in workdir/layouts.json.
+
+    A choice saved for the same ``device_key`` is used as it is (delete the file, or its entry, to time
+    again); without a workdir nothing is saved.
+
+    Returns:
+      (the layout, a line saying what was chosen and from what).
+    """
+    import json  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from sedd import files  # noqa: PLC0415
+
+    model = nnx.merge(graphdef, *state)
+    where = device_key(model, batch)
+    path = None if workdir is None else Path(workdir) / LAYOUTS_FILE
+    saved = {}
+    if path is not None and path.exists():
+        try:
+            saved = json.loads(files.read_text(path, 1 << 20, root=workdir))
+        except (ValueError, files.UnsafeFile) as e:
+            raise ValueError(f"{path} is not a layouts file sedd wrote ({e}); delete it to time the layouts "
+                             "again") from None
+        entry = saved.get(where) if isinstance(saved, dict) else None
+        if isinstance(entry, dict) and isinstance(entry.get("layout"), str):
+            layout = layout_of(entry["layout"], trained_k)
+            return layout, f"layout {layout} ({layout.positions} positions a call), chosen earlier on this device ({path})"
+    rows = tune(graphdef, state, length, batch, layouts or candidates(trained_k), progress=progress)
+    layout = layout_of(rows[0]["layout"], trained_k)
+    if path is not None:
+        saved = dict(saved) if isinstance(saved, dict) else {}
+        saved[where] = {"layout": rows[0]["layout"], "timed": rows}
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(saved, indent=1) + "\n")
+        tmp.replace(path)
+    table = ", ".join(f"{r['layout']}: {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_call']:.2f} a call)" for r in rows)
+    return layout, f"layout {layout} ({layout.positions} positions a call), the fastest here at batch {batch}: {table}"
 
 
 # =========================================================================== the kind
@@ -345,7 +511,7 @@ class SelfSpeculative(WritesLeftToRight):
     """
 
     speculates = True
-    takes = ("top_p", "verification", "draft_temperature")
+    takes = ("top_p", "verification", "draft_temperature", "layout")
 
     def __init__(self, config):
         super().__init__(config)
@@ -362,6 +528,7 @@ class SelfSpeculative(WritesLeftToRight):
             raise ValueError(f"training.draft_weight={w!r} must be a finite number >= 0 "
                              "(the drafts' share of the loss)")
         self.draft_k, self.draft_weight = k, float(w)
+        self.layout = Layout(k, k + 1)  # a round's layout when none is given (``sedd sample`` / ``serve`` set it)
 
     @property
     def label(self):
@@ -369,8 +536,23 @@ class SelfSpeculative(WritesLeftToRight):
 
     def speculative_parts(self, graphdef, temperature, top_p):
         """``speculative_parts`` of the module for ``sedd serve``: one state shared by target and drafter."""
-        prefill, target, drafter = speculative_parts(graphdef, self.draft_k, temperature, top_p)
+        prefill, target, drafter = speculative_parts(graphdef, self.layout, temperature, top_p)
         return (lambda state, text: (prefill(state, text), None)), target, drafter
+
+    def choose_layout(self, net, choice="auto", workdir=None, batch: int = 1, progress: bool = False) -> str:
+        """Set ``self.layout`` (what ``sample`` and ``sedd serve`` use): "auto" the fastest on this device
+        (``choose_layout``), or a layout of ``layout_of``. Returns a line saying which."""
+        if choice in (None, "auto"):
+            self.layout, line = choose_layout(net.graphdef, net.state, self.config.data.seq_len, batch, self.draft_k,
+                                              workdir, progress=progress)
+            return line
+        self.layout = layout_of(choice, self.draft_k)
+        return f"layout {self.layout} ({self.layout.positions} positions a call), as asked"
+
+    def speculation(self, graphdef, draft=None, k=None, draft_name=None):
+        """The base's, with this run's layout: k its drafts a round."""
+        spec_ = super().speculation(graphdef, draft, None if k is None or k == self.layout.k else k, draft_name)
+        return dataclasses.replace(spec_, k=self.layout.k)
 
     def network(self, seed=0):
         """Inputs V + 2 ids (BOS = V, MASK = V + 1), V logits out, no time input; attention by mask."""
@@ -396,7 +578,8 @@ class SelfSpeculative(WritesLeftToRight):
         rows is not used. Options (``options``): temperature, top_p, categorical, verification ("block" or
         "token", ``sedd.speculative.round_law``), draft_temperature (tau of the drafts' law q^(1/tau),
         default ``DRAFT_TEMPERATURE``), return_stats and a prompt that is a prefix of the same length in
-        every row. draft_k, when given, must be model.draft_k (``speculation``).
+        every row; layout (``layout_of``: a ``Layout``, "K,GROUPS"; default ``self.layout``, every
+        outcome's group at model.draft_k). draft_k, when given, must be model.draft_k (``speculation``).
 
         Raises:
           ValueError: steps or a sampler (``check_given``), a draft (this run drafts for itself), another
@@ -406,7 +589,8 @@ class SelfSpeculative(WritesLeftToRight):
         self.speculation(None, options.pop("draft", None), options.pop("draft_k", None))  # its refusals
         o = self.options(**options)
         tau = DRAFT_TEMPERATURE if o.draft_temperature is None else o.draft_temperature
-        tokens, stats = sample(key, net.graphdef, net.state, num_samples, self.config.data.seq_len, self.draft_k,
+        layout = self.layout if o.layout is None else layout_of(o.layout, self.draft_k)
+        tokens, stats = sample(key, net.graphdef, net.state, num_samples, self.config.data.seq_len, layout,
                                temperature=o.temperature, top_p=o.top_p, prompt=o.prompt, categorical=o.categorical,
                                verification=o.verification, draft_temperature=tau)
         return sampling.Samples(tokens, None, stats if o.return_stats else None)

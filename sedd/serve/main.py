@@ -131,6 +131,9 @@ def _parser() -> argparse.ArgumentParser:
                              "from 'ngram' (prompt lookup), a smaller AR run's or a block-diffusion run's directory "
                              "(default: none, one token a call; a model.kind='spec' run drafts for itself)")
     parser.add_argument("--draft_k", type=int, default=None, help="drafts a round with --draft (default 4)")
+    parser.add_argument("--layout", default=None,
+                        help="a spec run only: its round, 'K,GROUPS' or 'auto' (the default: the fastest on this "
+                             "device at batch 1, timed once and kept in the run's layouts.json; docs/speculative.md)")
     return parser
 
 
@@ -166,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         limits, hosts, key = _options(args)
         run = runs.load(args.workdir, step=args.step)
         draft = args.draft if args.draft in ("", "ngram") else runs.load(args.draft)
+        if args.layout or run.kind.speculates:  # a spec run's round: the fastest here unless asked
+            print(run.kind.choose_layout(run.net, args.layout or "auto", args.workdir, 1, progress=True), flush=True)
         app = create_app(run, args.model_name or model_name(args.workdir), limits, hosts, key, draft=draft or None,
                          draft_k=args.draft_k, draft_name=model_name(args.draft) if args.draft not in ("", "ngram")
                          else None)
