@@ -201,6 +201,12 @@ def network_calls(stats: dict | None, rows: int) -> np.ndarray | None:
     return calls + np.broadcast_to(np.asarray(stats.get("draft_calls", 0)), (rows,)).astype(np.int64)
 
 
+KEEPS_FREED_MEMORY = ("train", "distill", "eval")
+"""The commands that keep freed memory (``kernels.keep_freed_memory``): their steps fault large buffers in. Not
+sample and serve: one malloc arena makes a decoding loop's threads wait on each other (a spec run's text at
+batch 1 took 1.3x as long; an AR run's the same), and their buffers are small."""
+
+
 ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 
 
@@ -426,7 +432,8 @@ def _command(argv: list[str] | None) -> int:
     warnings.showwarning = _show_warning
     if args.command == "convert":
         return convert.main(rest)
-    kernels.keep_freed_memory()  # before JAX's CPU backend starts its threads
+    if args.command in KEEPS_FREED_MEMORY:  # before JAX's CPU backend starts its threads
+        kernels.keep_freed_memory()
     if args.command == "serve":
         try:
             from sedd import serve  # optional dependency: Starlette and uvicorn come with sedd-jax[serve]

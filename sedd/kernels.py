@@ -432,8 +432,9 @@ def keep_freed_memory() -> bool:
 
     Only a process that computes on the CPU gains, and only a call made
     before JAX's CPU backend starts (a thread keeps the arena it first
-    allocated from): `sedd train`, `eval`, `sample` and `serve` call it
-    first. A no-op returning False where an accelerator plugin is installed
+    allocated from): `sedd train`, `eval` and `distill` call it first
+    (`sedd.cli.KEEPS_FREED_MEMORY`; not `sample` or `serve`, whose decoding
+    loops run slower on one arena). A no-op returning False where an accelerator plugin is installed
     (`accelerator_installed`), on a C library other than glibc, or where the
     environment sets ``SEDD_PLAIN_MALLOC`` (to keep glibc's defaults: memory
     handed back).

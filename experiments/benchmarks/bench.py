@@ -122,6 +122,8 @@ def parser() -> argparse.ArgumentParser:
                    "'K,GROUPS' or 'auto' (the fastest here, timed at each batch; default: its trained k, every group)")
     p.add_argument("--quality_samples", type=int, default=64, help="speculative: texts each cell's quality is of")
     p.add_argument("--cost_only", action="store_true", help="speculative: the call-cost curve only")
+    p.add_argument("--positions", type=int, nargs="+", default=None,
+                   help="speculative: the n of the call-cost curve (default 1 .. 32)")
     p.add_argument("--verifications", default="block", help="speculative: comma-separated, each cell verified by "
                    "each: 'block' (Sun et al.) and/or 'token' (Leviathan et al.); the same law")
     p.add_argument("--picture", default="", help="speculative: a PNG of tokens a call and tokens/s against quality")
@@ -198,5 +200,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    step_profile.KEPT_MEMORY = kernels.keep_freed_memory()  # as `sedd train` does, before JAX's CPU backend starts
+    if sys.argv[1:2] != ["speculative"]:  # as `sedd train` does, before JAX's CPU backend starts (not as `sample`)
+        step_profile.KEPT_MEMORY = kernels.keep_freed_memory()
     sys.exit(main())

@@ -49,6 +49,71 @@ def call_cost(config, ns: list[int], repeats: int, calls: int = 8) -> dict:
                           cache=rows, start=start, dtype=c.model.dtype), "rows": rows_out}
 
 
+def loop_profile(config, layouts: list[str], repeats: int) -> dict:
+    """Where a decode step's time goes, AR and spec (random weights, batch 1): the text, and its network alone.
+
+    AR: a text of L tokens by ``ar.sample`` against L KV-cached decode calls in one loop, no sampling. Spec,
+    per layout: a text by ``spec.sample`` (R rounds) against R of its round's calls (``target``: the
+    network and the laws it returns) in one loop. The rest is the loop's own work (drafting, verification,
+    sampling, the text's updates); every output is carried on, so XLA drops none of the call.
+    """
+    from flax import nnx  # noqa: PLC0415
+
+    from sedd import runs as runs_lib  # noqa: PLC0415
+    from sedd.kinds import spec  # noqa: PLC0415
+
+    def run_of(kind, **model):
+        c = config.copy_and_resolve_references()
+        c.model.update(model)
+        _, net = nets.random_net(c, kind)
+        return runs_lib.from_parts(c, None, net.graphdef, net.params, net.rest)
+
+    ar_run, sp = run_of("ar"), run_of("spec", draft_k=4)
+    length, key = ar_run.seq_len, jax.random.key(0)
+    model = ar_run.model
+    model.eval()
+
+    @nnx.jit
+    def ar_network(model):
+        model = nnx.clone(model)
+        model.init_cache(1, length)
+
+        def step(i, carry):
+            model, acc = carry
+            return model, acc + ar.decode_step(model, jnp.full((1,), i % ar_run.config.vocab_size, jnp.int32)).sum()
+        return nnx.fori_loop(0, length, step, (model, jnp.float32(0)))[1]
+
+    fns = {"ar": lambda: ar_run.sample(key, 1).tokens, "ar network": lambda: ar_network(model)}
+    rounds = {}
+    for name in layouts:
+        layout = spec.layout_of(name, 4)
+        prefill, target, _ = spec.speculative_parts(sp.net.graphdef, layout)
+        r = rounds[name] = int(spec.sample(key, sp.net.graphdef, sp.net.state, 1, length, layout)[1]["nfe"]) - 1
+        state = jax.jit(prefill)(sp.net.state, jnp.zeros((1, 0), jnp.int32))
+        text = jnp.zeros((1, length + 2 * layout.k + 2), jnp.int32)
+
+        @jax.jit
+        def calls(state, text, r=r, k=layout.k, target=target):
+            def body(i, carry):
+                state, acc = carry
+                p, state = target(state, text, jnp.full((1,), (i * length) // r, jnp.int32), k)
+                return state, acc + p.sum()
+            return jax.lax.fori_loop(0, r, body, (state, jnp.float32(0)))[1]
+
+        fns[f"spec {name}"] = lambda layout=layout: spec.sample(key, sp.net.graphdef, sp.net.state, 1, length,
+                                                                 layout)[0]
+        fns[f"spec {name} network"] = lambda calls=calls, state=state, text=text: calls(state, text)
+    times = {n: median(t) for n, t in interleaved(fns, repeats, warmup=2).items()}
+    rows = [{"loop": "AR with its KV cache", "ms_a_step": times["ar"] / length * 1e3,
+             "network_ms_a_step": times["ar network"] / length * 1e3}]
+    rows += [{"loop": f"spec, layout {n}", "ms_a_step": times[f"spec {n}"] / rounds[n] * 1e3,
+              "network_ms_a_step": times[f"spec {n} network"] / rounds[n] * 1e3} for n in layouts]
+    for row in rows:
+        row["outside_network"] = 1 - row["network_ms_a_step"] / row["ms_a_step"]
+    return {"model": dict(width=config.model.hidden_size, blocks=config.model.n_blocks, vocab_size=config.vocab_size,
+                          dtype=config.model.dtype), "rows": rows}
+
+
 def speculative_runs(quick: bool, args) -> tuple:
     """(target AR run, {name: draft ("ngram" or a Run)}, spec run or None): given by path, or tiny random ones."""
     from sedd import runs as runs_lib  # noqa: PLC0415
@@ -197,7 +262,7 @@ def run_speculative(quick: bool, args) -> dict:
         sizes = {"shakespeare_char": nets.bench_config(vocab_size=65),
                  "gpt2_small": nets.bench_config(hidden_size=768, n_blocks=12, n_heads=12, seq_len=256)}
         sizes["gpt2_small"].vocab_size = 50257
-        ns = list(range(1, 33))
+        ns = args.positions or list(range(1, 33))
         ks, batches, quality_samples, repeats = [2, 4, 8, 16], args.batch_sizes, args.quality_samples, args.repeats
     curves = {}
     for name, config in ({} if args.target and not args.cost_only else sizes).items():  # a study: the curve apart
@@ -206,7 +271,19 @@ def run_speculative(quick: bool, args) -> dict:
             config.model.dtype = args.dtype
         curves[name] = call_cost(config, ns, max(repeats, 3))
         print(f"  call cost at {name}'s size done", flush=True)
+    profile = None
+    if args.cost_only or quick:  # where a step's time goes, at the default's size
+        config = sizes["tiny" if quick else "shakespeare_char"].copy_and_resolve_references()
+        if args.dtype:
+            config.model.dtype = args.dtype
+        profile = loop_profile(config, ["4,5", "1,2"], max(repeats, 5))
     lines = []
+    if profile is not None:
+        lines.append(f"a step (AR: a token; spec: a round) and its network alone, batch 1, random weights "
+                     f"{profile['model']}")
+        lines.append(format_table(["loop", "ms a step", "network ms", "outside the network"],
+                                  [[r["loop"], f"{r['ms_a_step']:.3f}", f"{r['network_ms_a_step']:.3f}",
+                                    f"{100 * r['outside_network']:.0f}%"] for r in profile["rows"]]))
     for name, curve in curves.items():
         lines.append(f"one AR call on n new positions, batch 1, {name}'s size {curve['model']}")
         lines.append(format_table(["n", "ms a call", "vs n=1"], [[r["n"], f"{r['ms_per_call']:.3f}",
@@ -233,7 +310,8 @@ def run_speculative(quick: bool, args) -> dict:
                      f"of {quality_samples} samples")
         lines.append(format_table(["drafter", "k", "tok/call", "acceptance by position", "NLL", "unigram H (bits)"]
                                   + [f"vs AR b={b}" for b in batches], rows))
-    result = {"benchmark": "speculative", "call_cost": curves, "study": study, "table": "\n\n".join(lines)}
+    result = {"benchmark": "speculative", "call_cost": curves, "loop_profile": profile, "study": study,
+              "table": "\n\n".join(lines)}
     if args.picture and study is not None:
         path = Path(args.picture)
         speculative_picture(result, path)
