@@ -67,14 +67,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import platform
+import time
+from pathlib import Path
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from tqdm.auto import tqdm
 
-from sedd import evaluate, sampling, speculative
+from sedd import evaluate, files, sampling, speculative
 from sedd.kinds.base import WritesLeftToRight, network_of, register
 from sedd.model import DDiT
 from sedd.sampling import shaped_law
@@ -424,9 +429,6 @@ def tune(graphdef, state, length: int, batch: int, layouts: list[Layout], *, tem
     Returns:
       [{"layout": "K,GROUPS", "positions": n a call, "tokens_per_s", "tokens_per_call"}], fastest first.
     """
-    import time  # noqa: PLC0415
-
-    from tqdm.auto import tqdm  # noqa: PLC0415
 
     def run(layout, seed):
         out, stats = sample(jax.random.key(seed), graphdef, state, batch, length, layout, temperature=temperature,
@@ -452,8 +454,6 @@ def tune(graphdef, state, length: int, batch: int, layouts: list[Layout], *, tem
 
 def device_key(model: DDiT, batch: int) -> str:
     """What a layout's speed depends on besides the run: the device, its CPU, the compute dtype, the batch."""
-    import platform  # noqa: PLC0415
-
     dev = jax.devices()[0]
     cpu = platform.processor() or platform.machine()
     try:
@@ -477,11 +477,6 @@ def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, work
     Returns:
       (the layout, a line saying what was chosen and from what).
     """
-    import json  # noqa: PLC0415
-    from pathlib import Path  # noqa: PLC0415
-
-    from sedd import files  # noqa: PLC0415
-
     model = nnx.merge(graphdef, *state)
     where = device_key(model, batch)
     path = None if workdir is None else Path(workdir) / LAYOUTS_FILE
