@@ -177,6 +177,10 @@ def test_a_layout_is_chosen_by_its_speed_here_and_kept_in_the_run_directory(tmp_
     assert all(r["tokens_per_s"] > 0 and 1 <= r["tokens_per_call"] <= L for r in entry["timed"])
     again, line = spec.choose_layout(graphdef, state, L, 1, 2, tmp_path, layouts=layouts)
     assert again == layout and "chosen earlier on this device" in line
+    stuck = tmp_path / "received"  # a run directory it cannot write (here a folder in the file's way, as root
+    (stuck / (spec.LAYOUTS_FILE + ".tmp")).mkdir(parents=True)  # too): the choice is used, not kept
+    again, line = spec.choose_layout(graphdef, state, L, 1, 2, stuck, layouts=layouts[:1])
+    assert again == layouts[0] and "not kept in" in line and not (stuck / spec.LAYOUTS_FILE).exists(), line
     (tmp_path / spec.LAYOUTS_FILE).write_text("{not json")
     with pytest.raises(ValueError, match="layouts.json is not a layouts file"):
         spec.choose_layout(graphdef, state, L, 1, 2, tmp_path, layouts=layouts)

@@ -493,14 +493,19 @@ def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, work
             return layout, f"layout {layout} ({layout.positions} positions a call), chosen earlier on this device ({path})"
     rows = tune(graphdef, state, length, batch, layouts or candidates(trained_k), progress=progress)
     layout = layout_of(rows[0]["layout"], trained_k)
+    kept = ""
     if path is not None:
         saved = dict(saved) if isinstance(saved, dict) else {}
         saved[where] = {"layout": rows[0]["layout"], "timed": rows}
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(saved, indent=1) + "\n")
-        tmp.replace(path)
+        try:  # a run directory one may read but not write (a received run) still samples, timed each time
+            tmp.write_text(json.dumps(saved, indent=1) + "\n")
+            tmp.replace(path)
+        except OSError as e:
+            kept = f" (not kept in {path}: {e.strerror or e})"
     table = ", ".join(f"{r['layout']}: {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_call']:.2f} a call)" for r in rows)
-    return layout, f"layout {layout} ({layout.positions} positions a call), the fastest here at batch {batch}: {table}"
+    return layout, (f"layout {layout} ({layout.positions} positions a call), the fastest here at batch {batch}: "
+                    f"{table}{kept}")
 
 
 # =========================================================================== the kind
