@@ -15,24 +15,12 @@ import os
 import platform
 import statistics
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import jax
 import numpy as np
 
 from sedd import kernels
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), or the platform's processor string where there is none."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine() -> dict:
@@ -43,7 +31,7 @@ def machine() -> dict:
     except OSError:
         load = None
     return {
-        "cpu_model": cpu_model(),
+        "cpu_model": kernels.cpu_model(),
         "cpu_has_bfloat16_dots": kernels.cpu_has_bfloat16_dots(),  # AVX512-BF16 / AMX-BF16: "auto" is bfloat16
         "platform": dev[0].platform,
         "device_kind": dev[0].device_kind,

@@ -80,6 +80,18 @@ fails on a CPU without AVX512-BF16 too (where "auto" is float32), not only on th
 
 
 @functools.cache
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the platform's processor string where there is none."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.cache
 def cpu_has_bfloat16_dots() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (x86 AVX512-BF16 or AMX-BF16, read off /proc/cpuinfo)."""
     try:

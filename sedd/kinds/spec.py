@@ -68,7 +68,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import platform
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -79,7 +78,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from sedd import evaluate, files, sampling, speculative
+from sedd import evaluate, files, kernels, sampling, speculative
 from sedd.kinds.base import WritesLeftToRight, network_of, register
 from sedd.model import DDiT
 from sedd.sampling import shaped_law
@@ -195,7 +194,7 @@ class Layout(NamedTuple):
         return self.k + 1 + self.groups * self.k
 
     def __str__(self) -> str:
-        return f"k={self.k} groups={self.groups}"
+        return f"k={self.k} groups={self.groups} ({self.positions} positions a call)"
 
 
 def layout_of(value, trained_k: int) -> Layout:
@@ -455,15 +454,7 @@ def tune(graphdef, state, length: int, batch: int, layouts: list[Layout], *, tem
 def device_key(model: DDiT, batch: int) -> str:
     """What a layout's speed depends on besides the run: the device, its CPU, the compute dtype, the batch."""
     dev = jax.devices()[0]
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{dev.platform} {dev.device_kind} | {cpu} | {jnp.dtype(model.dtype).name} | batch {batch}"
+    return f"{dev.platform} {dev.device_kind} | {kernels.cpu_model()} | {jnp.dtype(model.dtype).name} | batch {batch}"
 
 
 def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, workdir=None, *,
@@ -490,7 +481,7 @@ def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, work
         entry = saved.get(where) if isinstance(saved, dict) else None
         if isinstance(entry, dict) and isinstance(entry.get("layout"), str):
             layout = layout_of(entry["layout"], trained_k)
-            return layout, f"layout {layout} ({layout.positions} positions a call), chosen earlier on this device ({path})"
+            return layout, f"layout {layout}, chosen earlier on this device ({path})"
     rows = tune(graphdef, state, length, batch, layouts or candidates(trained_k), progress=progress)
     layout = layout_of(rows[0]["layout"], trained_k)
     kept = ""
@@ -503,9 +494,9 @@ def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, work
             tmp.replace(path)
         except OSError as e:
             kept = f" (not kept in {path}: {e.strerror or e})"
-    table = ", ".join(f"{r['layout']}: {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_call']:.2f} a call)" for r in rows)
-    return layout, (f"layout {layout} ({layout.positions} positions a call), the fastest here at batch {batch}: "
-                    f"{table}{kept}")
+    table = ", ".join(f"{r['layout']}: {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_call']:.2f} a call)"
+                      for r in rows)
+    return layout, f"layout {layout}, the fastest here at batch {batch}: {table}{kept}"
 
 
 # =========================================================================== the kind
@@ -559,7 +550,7 @@ class SelfSpeculative(WritesLeftToRight):
                                               workdir, progress=progress)
             return line
         self.layout = layout_of(choice, self.draft_k)
-        return f"layout {self.layout} ({self.layout.positions} positions a call), as asked"
+        return f"layout {self.layout}, as asked"
 
     def speculation(self, graphdef, draft=None, k=None, draft_name=None):
         """The base's, with this run's layout: k its drafts a round."""
