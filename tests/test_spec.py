@@ -100,6 +100,42 @@ def test_a_rounds_call_equals_the_training_forward():
                                    rtol=1e-5, atol=1e-6)
 
 
+def test_drafts_trained_on_the_causal_law_average_the_data_loss_over_it():
+    """training.draft_target='causal', (4): at each position the drafts' term is the data term (3) with the
+    token there replaced by every v in turn, averaged by the causal law p(v | x_<l); the NLL term is unchanged.
+
+    Replacing x_l changes neither p(. | x_<l) nor the draft at l (it sees the causal half before its
+    anchor only), so the sum over v is exact; checked position by position by enumeration over V.
+    """
+    from flax import nnx
+
+    graphdef, state = _tiny()
+    model = nnx.merge(graphdef, *state)
+    x = jnp.asarray(SEQS[::97])
+    w = 0.5
+    nll_p, _ = spec.token_nlls(model, x, K)
+    causal = spec.loss(model, x, K, draft_weight=w, draft_target="causal")
+    p = np.exp(-np.stack([np.asarray(spec.token_nlls(model, x.at[:, l].set(v), K)[0][:, l])
+                          for l in range(L) for v in range(V)], 1).reshape(-1, L, V))  # p(v | x_<l)
+    np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-5)
+    q_nll = np.stack([np.asarray(spec.token_nlls(model, x.at[:, l].set(v), K)[1][:, l])
+                      for l in range(L) for v in range(V)], 1).reshape(-1, L, V)  # -log q(v | x_<a(l))
+    expected = np.asarray(nll_p.sum(-1)) + w * (p * q_nll).sum((1, 2))
+    np.testing.assert_allclose(np.asarray(causal), expected, rtol=1e-5)
+    # the causal law is held fixed: its gradient is that of (4) with p a constant
+    fixed = jax.nn.softmax(spec._halves(model, x, K, True, None)[0], axis=-1)
+
+    def by_hand(m):
+        causal_logits, drafts = spec._halves(m, x, K, True, None)
+        return (spec._token_nll(causal_logits, x).sum()
+                - w * (fixed * jax.nn.log_softmax(drafts.astype(jnp.float32), axis=-1)).sum())
+
+    got = nnx.grad(lambda m: spec.loss(m, x, K, draft_weight=w, draft_target="causal").sum())(model)
+    want = nnx.grad(by_hand)(model)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
 SLOW = pytest.mark.slow  # the same law checked again at another layout or rule (-m slow; the default keeps one of each)
 
 
@@ -297,6 +333,7 @@ def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds():
 
 @pytest.mark.parametrize("key,value,named", [("training.draft_weight", "-1.0", "draft_weight"),
                                              ("training.draft_weight", "nan", "draft_weight"),
+                                             ("training.draft_target", "text", "draft_target"),
                                              ("model.draft_k", "0", "draft_k"),
                                              ("training.loss_chunk", "8", "loss_chunk")])
 def test_a_spec_config_with_a_bad_value_is_refused_naming_it(key, value, named):

@@ -122,26 +122,56 @@ def _token_nll(logits: jax.Array, x: jax.Array) -> jax.Array:
     return -jnp.take_along_axis(logp, x[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
-def token_nlls(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True,
-               rngs=None) -> tuple[jax.Array, jax.Array]:
-    """(-log p(x_l | x_<l), -log q(x_l | x_<a(l))) at every position, (1) and (2): float32[B, L] each, nats."""
+def _halves(model: DDiT, x: jax.Array, k: int, deterministic, rngs) -> tuple[jax.Array, jax.Array]:
+    """The training forward over [causal half ; draft half]: the logits of (1) and of (2), each (B, L, V)."""
     check(model)
     b, length = x.shape
     inputs = jnp.concatenate([causal_inputs(model, x), jnp.full((b, length), mask_id(model), x.dtype)], axis=1)
     positions = np.concatenate([np.arange(length), np.arange(length)])
     out = model.network_output(inputs, None, positions=positions, mask=training_mask(length, k),
                                deterministic=deterministic, rngs=rngs)  # (B, 2L, V)
-    return _token_nll(out[:, :length], x), _token_nll(out[:, length:], x)
+    return out[:, :length], out[:, length:]
+
+
+def token_nlls(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True,
+               rngs=None) -> tuple[jax.Array, jax.Array]:
+    """(-log p(x_l | x_<l), -log q(x_l | x_<a(l))) at every position, (1) and (2): float32[B, L] each, nats."""
+    causal, drafts = _halves(model, x, k, deterministic, rngs)
+    return _token_nll(causal, x), _token_nll(drafts, x)
+
+
+DRAFT_TARGETS = ("data", "causal")
+"""What the drafts learn, training.draft_target: the text's next tokens, or the causal half's laws (``loss``)."""
 
 
 def loss(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True, rngs=None,
-         draft_weight: float = 1.0) -> jax.Array:
+         draft_weight: float = 1.0, draft_target: str = "data") -> jax.Array:
     """(3): the causal half's NLL and w times the drafts' cross-entropy, nats per sequence, float32[B].
 
     w = training.draft_weight: below 1 the shared network spends less of itself on the drafts (a
     lower NLL, fewer drafts kept); the NLL alone is the likelihood either way.
+
+    draft_target = training.draft_target: "data", the cross-entropy of (3) against the text's token x_l;
+    "causal", against the causal half's own law there, held fixed (no gradient through it):
+
+        -w sum_l sum_v p(v | x_<l) log q(v | x_<a(l)).                                      (4)
+
+    What a draft is kept against is p, not the text: a round keeps a draft with probability about
+    sum_v min(p, q) (``sedd.speculative``), largest at q = p. q cannot see the tokens between a(l)
+    and l, so its best is p averaged over them; (4) averages p over the text's tokens there, and each
+    term gives the whole law p(. | x_<l) where (3) gives one token drawn from the data's (the same
+    mean if p fits the data, less noise). The NLL term, the likelihood and the sampler are (1)
+    unchanged: the text keeps p's law exactly either way.
     """
-    nll_p, nll_q = token_nlls(model, x, k, deterministic=deterministic, rngs=rngs)
+    if draft_target not in DRAFT_TARGETS:
+        raise ValueError(f"draft_target must be one of {DRAFT_TARGETS}, got {draft_target!r}")
+    causal, drafts = _halves(model, x, k, deterministic, rngs)
+    nll_p = _token_nll(causal, x)
+    if draft_target == "data":
+        nll_q = _token_nll(drafts, x)
+    else:
+        p = jax.nn.softmax(jax.lax.stop_gradient(causal).astype(jnp.float32), axis=-1)
+        nll_q = -jnp.sum(p * jax.nn.log_softmax(drafts.astype(jnp.float32), axis=-1), axis=-1)
     return nll_p.sum(-1) + draft_weight * nll_q.sum(-1)
 
 
@@ -530,7 +560,11 @@ class SelfSpeculative(WritesLeftToRight):
         if not (isinstance(w, (int, float)) and 0 <= w < float("inf")):
             raise ValueError(f"training.draft_weight={w!r} must be a finite number >= 0 "
                              "(the drafts' share of the loss)")
-        self.draft_k, self.draft_weight = k, float(w)
+        target = config.training.draft_target
+        if target not in DRAFT_TARGETS:
+            raise ValueError(f"training.draft_target={target!r} (what model.kind='spec' trains its drafts on) must "
+                             f"be one of {DRAFT_TARGETS}: the text's tokens, or the causal half's laws")
+        self.draft_k, self.draft_weight, self.draft_target = k, float(w), target
         self.layout = Layout(k, k + 1)  # a round's layout when none is given (``sedd sample`` / ``serve`` set it)
 
     @property
@@ -566,7 +600,7 @@ class SelfSpeculative(WritesLeftToRight):
     def loss(self, key, model, x0, train, rngs=None):
         """(3) of the module docstring: the causal half's NLL plus the one-step drafts' cross-entropy."""
         return loss(model, x0, self.draft_k, deterministic=not train, rngs=rngs,
-                         draft_weight=self.draft_weight)
+                    draft_weight=self.draft_weight, draft_target=self.draft_target)
 
     def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False,
                    **kwargs):
