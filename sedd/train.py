@@ -12,6 +12,7 @@ described in ``sedd.runs``, which also loads the trained model for inference.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import json
@@ -41,6 +42,12 @@ from sedd import config as config_lib
 from sedd import sharding as sharding_lib
 from sedd.data import load_dataset, load_tokenizer, save_tokenizer
 from sedd.data.tokenizers import EOS_TEXT
+
+MAX_STEPS_IN_FLIGHT = 2
+"""Steps the loop dispatches ahead of the devices at most. Enough to keep an accelerator fed; and unbounded
+(a quiet run syncs only to log), XLA's CPU runtime with several devices aborted: a step's all-reduce waited
+for a device thread that never came while later steps queued (8 devices on 2 cores, "Termination timeout
+for all reduce", tests/test_evaluate.py's trained bound)."""
 
 UNREADABLE = "checkpoints_unreadable"  # where a resumed run moves checkpoints it cannot read (kept, never deleted)
 BOUND_NUM_T = 64  # t-grid points of the bound reported at the end of a run, as `sedd eval` takes by default
@@ -567,9 +574,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
         say.bar = bar
         failed = True
         try:
+            in_flight = collections.deque()  # the metrics of the steps dispatched and maybe not yet run
             while step < t.n_iters:
                 state, metrics = trainer.train_step(state, trainer.shard_batch(next(batches)))
                 step += 1
+                in_flight.append(metrics)
+                if len(in_flight) > MAX_STEPS_IN_FLIGHT:
+                    jax.block_until_ready(in_flight.popleft())
                 bar.update(1)
                 stopped = stop.agreed()  # then save this step at once; evaluation and samples wait for the resume
                 if step % t.log_every == 0 or step == t.n_iters or stopped:
