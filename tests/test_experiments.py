@@ -353,7 +353,7 @@ def test_speculative_bench_parts(tmp_path):
     assert curve["rows"][0]["ratio_to_n1"] == 1
     target, drafts, _ = speculative.speculative_runs(True, argparse.Namespace(target=""))
     drafts = {name: d for name, d in drafts.items() if "block" in name}
-    study = speculative.bench_speculative(target, drafts, None, ks=[2], batches=[1], repeats=1, quality_samples=4,
+    study = speculative.bench_speculative(target, drafts, {}, ks=[2], batches=[1], repeats=1, quality_samples=4,
                                     verifications=("block", "token"))
     block_row, row = study["rows"]
     assert (block_row["verification"], row["verification"]) == ("block", "token") and "token" in row["drafter"]
@@ -362,3 +362,35 @@ def test_speculative_bench_parts(tmp_path):
     assert row["vs_ar_b1"] > 0 and study["ar"]["nll_se"] > 0
     speculative.speculative_picture({"study": study}, tmp_path / "speculative.png")
     assert (tmp_path / "speculative.png").stat().st_size > 1000
+
+
+def test_the_best_draft_overlap_is_the_maximum_over_the_simplex():
+    """speculative.best_overlap, the ceiling of how often a draft that skips a token is kept, equals the
+    brute-force maximum over a fine grid of laws (V = 3), and no law on the grid beats it."""
+    import itertools
+
+    grid = np.asarray([(a, b, 1.0 - a - b) for a, b in itertools.product(np.linspace(0, 1, 201), repeat=2)
+                       if a + b <= 1.0 + 1e-12]).clip(0, 1)  # (G, 3)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        w, cond = rng.dirichlet(np.ones(3)), rng.dirichlet(np.full(3, 0.5), size=3)
+        on_grid = (w[None, :] * np.minimum(cond[None], grid[:, None, :]).sum(-1)).sum(-1)  # (G,)
+        best = speculative.best_overlap(w, cond)
+        assert on_grid.max() - 1e-12 <= best <= on_grid.max() + 3 / 200
+
+
+def test_a_spec_runs_first_drafts_are_kept_no_more_than_the_best_law_allows():
+    """speculative.draft_overlap on a random spec network over the Markov data: each figure a probability,
+    and the best law's at least every other law's (its own, sharpened, the mixture), position by position
+    on average."""
+    from sedd import runs as runs_lib
+    from sedd.data import load_dataset
+
+    config = nets.bench_config("markov", vocab_size=8, n_blocks=1, hidden_size=32, n_heads=2, draft_k=2, kind="spec")
+    config.data.markov.num_tokens = 20_000
+    _, net = nets.random_net(config, "spec")
+    run = runs_lib.from_parts(config, load_dataset(config.data).tokenizer, net.graphdef, net.params, net.rest)
+    out = speculative.draft_overlap(run, sequences=2)
+    figures = {name: o["mean"] for name, o in out.items()}
+    assert all(0 < f <= 1 for f in figures.values()) and out["the best q"]["positions"] == 2 * 15
+    assert all(figures["the best q"] >= f - 1e-9 for f in figures.values())

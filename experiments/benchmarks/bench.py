@@ -117,11 +117,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="", help="speculative: the AR run sampled (default with --quick: tiny random runs)")
     p.add_argument("--drafts", default="", help="speculative: comma-separated drafters, 'ngram' or run directories "
                    "(a smaller AR run, a block run; default ngram; none: the --spec run alone)")
-    p.add_argument("--spec", default="", help="speculative: a model.kind='spec' run, sampled with its own drafts")
-    p.add_argument("--layouts", nargs="+", default=None, help="speculative: the --spec run's round layouts, each "
+    p.add_argument("--spec", default="", help="speculative: comma-separated "
+                   "model.kind='spec' runs, each sampled with its own drafts")
+    p.add_argument("--layouts", nargs="+", default=None, help="speculative: the --spec runs' round layouts, each "
                    "'K,GROUPS' or 'auto' (the fastest here, timed at each batch; default: its trained k, every group)")
     p.add_argument("--quality_samples", type=int, default=64, help="speculative: texts each cell's quality is of")
     p.add_argument("--cost_only", action="store_true", help="speculative: the call-cost curve only")
+    p.add_argument("--profile_size", default="", choices=["", "shakespeare_char", "gpt2_small"],
+                   help="speculative: where a step's time goes at this size too (random weights, L 128), per "
+                   "--layouts; with --spec, each run's tokens a call at that step's price")
+    p.add_argument("--dtypes", default="", help="speculative: comma-separated compute dtypes (float32,bfloat16): "
+                   "AR's text and the first --spec run's in each, interleaved (which is AR at its best here)")
     p.add_argument("--positions", type=int, nargs="+", default=None,
                    help="speculative: the n of the call-cost curve (default 1 .. 32)")
     p.add_argument("--verifications", default="block", help="speculative: comma-separated, each cell verified by "

@@ -64,7 +64,7 @@ def loop_profile(config, layouts: list[str], repeats: int) -> dict:
 
     def run_of(kind, **model):
         c = config.copy_and_resolve_references()
-        c.model.update(model)
+        c.model.update(model, kind=kind)
         _, net = nets.random_net(c, kind)
         return runs_lib.from_parts(c, None, net.graphdef, net.params, net.rest)
 
@@ -115,7 +115,7 @@ def loop_profile(config, layouts: list[str], repeats: int) -> dict:
 
 
 def speculative_runs(quick: bool, args) -> tuple:
-    """(target AR run, {name: draft ("ngram" or a Run)}, spec run or None): given by path, or tiny random ones."""
+    """(target AR run, {name: draft ("ngram" or a Run)}, {name: spec run}): given by path, or tiny random ones."""
     from sedd import runs as runs_lib  # noqa: PLC0415
 
     if args.target:
@@ -129,8 +129,8 @@ def speculative_runs(quick: bool, args) -> tuple:
             else:
                 run = runs_lib.load(d)
                 drafts[f"{Path(d).name} ({run.kind.label})"] = run
-        spec = runs_lib.load(args.spec) if args.spec else None
-        return target, drafts, spec
+        specs = {Path(s).name: runs_lib.load(s) for s in (args.spec or "").split(",") if s}
+        return target, drafts, specs
     # Random weights (every parameter nonzero) on the Markov chain's tiny config: the smoke run of --quick.
     config = config_lib.load_config("markov")
     config.vocab_size = int(config.data.markov.vocab_size)
@@ -143,11 +143,11 @@ def speculative_runs(quick: bool, args) -> tuple:
         return runs_lib.from_parts(c, None, net.graphdef, net.params, net.rest)
 
     return random_run("ar"), {"ngram": "ngram", "block8 (block)": random_run("block", block_size=8),
-                              "small AR (ar)": random_run("ar", hidden_size=16, n_heads=1)}, None
+                              "small AR (ar)": random_run("ar", hidden_size=16, n_heads=1)}, {}
 
 
-def bench_speculative(target, drafts: dict, spec, ks: list[int], batches: list[int], repeats: int,
-                      quality_samples: int, names: tuple[str, str] = ("random", "spec"),
+def bench_speculative(target, drafts: dict, specs: dict, ks: list[int], batches: list[int], repeats: int,
+                      quality_samples: int, target_name: str = "random",
                       verifications: tuple[str, ...] = ("block",), layouts: tuple[str | None, ...] = (None,)) -> dict:
     """Speculative sampling of the AR run `target` with each drafter and k, against its own KV-cached sampling.
 
@@ -155,7 +155,8 @@ def bench_speculative(target, drafts: dict, spec, ks: list[int], batches: list[i
     call, the acceptance by draft position, the seconds at each batch interleaved with ``ar.sample``'s (the
     ratio the median of per-round ratios), and the quality of quality_samples texts drawn the same way; each
     cell once per verification ("block" or "token", ``sedd.speculative.round_law``); the spec run once per
-    layout ("K,GROUPS", None its trained one, "auto" the fastest at each batch: ``Kind.choose_layout``).
+    layout ("K,GROUPS", None its trained one, "auto" the fastest at each batch: ``Kind.choose_layout``), each
+    spec run of `specs` ({name: run}) in turn, against the same AR run in the same process.
     """
     from sedd.data.markov import chain_from_config  # noqa: PLC0415
 
@@ -164,26 +165,26 @@ def bench_speculative(target, drafts: dict, spec, ks: list[int], batches: list[i
     key = jax.random.key(0)
     own = target.sample(jax.random.key(1), quality_samples).tokens
     ar_quality = sample_quality(own, target, chain)
-    cells = []  # (name, k, draft or None for the spec run, verification)
+    cells = []  # (name, k or the spec run's layout, draft or None, spec run or None, verification)
     for how in verifications:
         tag = "" if len(verifications) == 1 else f", {how}"
         for name, draft in drafts.items():
             # A diffusion drafter drafts within one of its blocks: k up to its block's b positions.
             cap = draft.kind.one_token_steps(draft.seq_len) if not isinstance(draft, str) and draft.kind.diffuses \
                 else None
-            cells += [(name + tag, k, draft, how) for k in ks if cap is None or k <= cap]
-        for layout in layouts if spec is not None else ():
-            cells.append((f"{names[1]} (spec {layout or 'trained'}{tag})", layout, None, how))
+            cells += [(name + tag, k, draft, None, how) for k in ks if cap is None or k <= cap]
+        for spec_name, spec in specs.items():
+            cells += [(f"{spec_name} (spec {layout or 'trained'}{tag})", layout, None, spec, how) for layout in layouts]
     rows = []
-    for name, k, draft, how in cells:
-        def sample(batch, key=key, draft=draft, k=k, how=how):
-            if draft is None:  # k: the spec run's layout
+    for name, k, draft, spec, how in cells:
+        def sample(batch, key=key, draft=draft, k=k, how=how, spec=spec):
+            if spec is not None:  # k: the spec run's layout
                 layout = chosen.get(batch, chosen.get(min(batches), k))  # the quality samples: batch 1's
                 return spec.sample(key, batch, return_stats=True, verification=how, layout=layout)
             return target.sample(key, batch, draft=draft, draft_k=k, return_stats=True, verification=how)
 
         chosen = {}  # "auto": the layout the rule picks at each batch (timed here, nothing saved)
-        if draft is None and k == "auto":
+        if spec is not None and k == "auto":
             for batch in batches:
                 line = spec.kind.choose_layout(spec.net, "auto", None, batch)
                 chosen[batch] = spec.kind.layout
@@ -201,7 +202,7 @@ def bench_speculative(target, drafts: dict, spec, ks: list[int], batches: list[i
                "tokens_per_target_call": float(length / rounds.mean()),
                "acceptance_by_position": (np.asarray(st["accepted_at"], np.float64) / rounds.sum()).tolist(),
                **sample_quality(out.tokens, target, chain)}
-        if draft is None:  # lossless in practice: the spec run's causal half drawn one token at a time, no drafts
+        if spec is not None:  # lossless in practice: the spec run's causal half drawn one token at a time, no drafts
             from sedd import spec as spec_lib  # noqa: PLC0415
             direct = np.asarray(spec_lib.ancestral(spec.model, jax.random.key(2), quality_samples, length))
             row["own"] = sample_quality(direct, target, chain)
@@ -216,8 +217,114 @@ def bench_speculative(target, drafts: dict, spec, ks: list[int], batches: list[i
         rows.append(row)
         print(f"  {name} k={k}: {row['tokens_per_call']:.2f} tokens a call, "
               + ", ".join(f"{row[f'vs_ar_b{b}']:.2f}x AR at batch {b}" for b in batches), flush=True)
-    return {"target": names[0], "length": length, "ar": ar_quality,
+    return {"target": target_name, "length": length, "ar": ar_quality,
             "quality_samples": quality_samples, "rows": rows}
+
+
+def best_overlap(w: np.ndarray, cond: np.ndarray) -> float:
+    """max over laws q of sum_v w_v sum_u min(cond[v, u], q_u): how often the best q is kept against cond[v].
+
+    The objective is concave and separable in q: coordinate u gains sum_v w_v [cond[v, u] > q_u] per unit
+    of mass, a step function falling as q_u grows, so pouring the one unit of mass into the steepest
+    pieces first is exact: the pieces of every u sorted by gain, filled until their lengths reach 1.
+    """
+    order = np.argsort(cond, axis=0)  # (V, U): each u's breakpoints cond[v, u], ascending
+    levels = np.take_along_axis(cond, order, axis=0)
+    lengths = np.diff(np.concatenate([np.zeros((1, cond.shape[1])), levels]), axis=0)  # piece i: levels i-1 .. i
+    gains = np.cumsum(w[order][::-1], axis=0)[::-1]  # piece i gains the weight of the v with cond[v, u] >= level i
+    by_gain = np.argsort(-gains, axis=None)
+    lengths, gains = lengths.ravel()[by_gain], gains.ravel()[by_gain]
+    filled = np.minimum(lengths, np.maximum(0.0, 1.0 - (np.cumsum(lengths) - lengths)))
+    return float(np.sum(filled * gains))
+
+
+def draft_overlap(run, sequences: int = 16, tau: float | None = None) -> dict:
+    """How often a spec run's first draft of a group is kept, and the most any such draft could be, on validation.
+
+    A group's first draft y of position s + 1 is drawn before the verifier writes the token at s, from a
+    law q(. | x_<s) that cannot see it. Against the causal half's laws p(. | x_<s, v) for each v, with v
+    drawn from p(. | x_<s), one draft is kept with probability sum_v p(v | x_<s) sum_u min(p(u | x_<s, v),
+    q(u)), computed here exactly (every v, one forward each) at each group's first position of `sequences`
+    validation texts (the prefix x_<s from the text). For q: the run's group law, as trained and sharpened
+    (tau, the sampler's ``DRAFT_TEMPERATURE``); the mixture sum_v p(v) p(. | x_<s, v) (what (4) of
+    ``sedd.spec.loss`` aims at); and the best q of all (``best_overlap``), a ceiling for any draft law that
+    skips the verifier's token.
+    """
+    from flax import nnx  # noqa: PLC0415
+
+    from sedd import spec  # noqa: PLC0415
+    from sedd.data import load_dataset  # noqa: PLC0415
+
+    tau = spec.DRAFT_TEMPERATURE if tau is None else tau
+    model, k, length = run.model, run.kind.draft_k, run.seq_len
+    dataset = load_dataset(run.config.data, tokenizer=run.tokenizer)
+    split = "validation" if "validation" in dataset.splits else [s for s in dataset.splits if s != "train"][0]
+    x = jnp.asarray(next(iter(dataset.eval_batches(sequences, split=split)))[:sequences], jnp.int32)
+    causal_mask = np.tril(np.ones((length, length), bool))
+
+    @nnx.jit
+    def laws(model, x):  # the causal laws p(. | x_<l) and the draft half's q, (B, L, V) each
+        causal, drafts = spec._halves(model, x, k, True, None)
+        return jax.nn.softmax(causal.astype(jnp.float32), -1), jax.nn.softmax(drafts.astype(jnp.float32), -1)
+
+    @nnx.jit
+    def after_each(model, row, s):  # p(. | x_<s, x_s = v) for every v: (V, V)
+        v = model.out_dim
+        rows = jnp.tile(row[None], (v, 1)).at[:, s].set(jnp.arange(v))
+        out = model.network_output(spec.causal_inputs(model, rows), None, mask=causal_mask, deterministic=True)
+        return jax.nn.softmax(jax.lax.dynamic_index_in_dim(out, s + 1, 1, False).astype(jnp.float32), -1)
+
+    p, q = (np.asarray(a, np.float64) for a in laws(model, x))
+    kept = {"q": [], f"q sharpened (tau {tau})": [], "the mixture": [], "the best q": []}
+    for b in range(sequences):
+        for s in range(k - 1, length - 1, k):  # s + 1 = gk: group g's first draft skips the token at s
+            w = p[b, s]  # p(v | x_<s)
+            cond = np.asarray(after_each(model, x[b], s), np.float64)  # (V, V)
+            draft = q[b, s + 1]
+            sharp = np.where(draft > 0, draft ** (1 / tau), 0.0)
+            for name, law in (("q", draft), (f"q sharpened (tau {tau})", sharp / sharp.sum()),
+                              ("the mixture", w @ cond)):
+                kept[name].append(float(w @ np.minimum(cond, law[None]).sum(-1)))
+            kept["the best q"].append(best_overlap(w, cond))
+    return {name: {"mean": float(np.mean(v)), "se": float(np.std(v) / np.sqrt(len(v))), "positions": len(v)}
+            for name, v in kept.items()}
+
+
+def dtype_pair(target: str, spec_run: str, layout: str, batches: list[int], repeats: int,
+               dtypes: tuple[str, ...] = ("float32", "bfloat16")) -> dict:
+    """AR's text and a spec run's (at `layout`) in each compute dtype, every batch, interleaved in one run.
+
+    Each run directory is loaded once per dtype (``kernels.DTYPE_ENV`` set while it is built), so the
+    cells differ by the dtype of their products only: which dtype is AR at its best here, and the spec
+    run's ratio to AR in each.
+    """
+    import os  # noqa: PLC0415
+
+    from sedd import kernels  # noqa: PLC0415
+    from sedd import runs as runs_lib  # noqa: PLC0415
+
+    loaded, before = {}, os.environ.get(kernels.DTYPE_ENV)
+    try:
+        for d in dtypes:
+            os.environ[kernels.DTYPE_ENV] = d
+            loaded[d] = runs_lib.load(target), runs_lib.load(spec_run)
+    finally:
+        if before is None:
+            os.environ.pop(kernels.DTYPE_ENV, None)
+        else:
+            os.environ[kernels.DTYPE_ENV] = before
+    key, fns = jax.random.key(0), {}
+    for d, (ar_run, sp) in loaded.items():
+        for b in batches:
+            fns[("ar", d, b)] = lambda b=b, ar_run=ar_run: ar_run.sample(key, b).tokens
+            fns[("spec", d, b)] = lambda b=b, sp=sp: sp.sample(key, b, layout=layout).tokens
+    times = interleaved(fns, repeats, warmup=2)
+    rows = [{"dtype": d, "batch": b, "ar_ms": median(times[("ar", d, b)]) * 1e3,
+             "spec_ms": median(times[("spec", d, b)]) * 1e3,
+             "spec_vs_ar": paired_ratio(times[("ar", d, b)], times[("spec", d, b)]),
+             "ar_vs_ar_in_first": paired_ratio(times[("ar", dtypes[0], b)], times[("ar", d, b)])}
+            for b in batches for d in dtypes]
+    return {"layout": layout, "rows": rows}
 
 
 def speculative_picture(result: dict, path: Path) -> None:
@@ -272,15 +379,19 @@ def run_speculative(quick: bool, args) -> dict:
         curves[name] = call_cost(config, ns, max(repeats, 3))
         print(f"  call cost at {name}'s size done", flush=True)
     profile = None
-    if args.cost_only or quick:  # where a step's time goes, at the default's size
-        config = sizes["tiny" if quick else "shakespeare_char"].copy_and_resolve_references()
+    if args.cost_only or quick or args.profile_size:  # where a step's time goes, at the default's size or the one asked
+        size = "tiny" if quick else args.profile_size or "shakespeare_char"
+        config = sizes[size].copy_and_resolve_references()
+        config.data.seq_len = min(config.data.seq_len, 128)
         if args.dtype:
             config.model.dtype = args.dtype
-        profile = loop_profile(config, ["4,5", "1,2"], max(repeats, 5))
+        layouts = [lay for lay in args.layouts or () if lay != "auto"] or ["4,5", "1,2"]
+        profile = loop_profile(config, layouts, max(repeats, 3 if size == "gpt2_small" else 5))
+        profile["size"] = size
     lines = []
     if profile is not None:
-        lines.append(f"a step (AR: a token; spec: a round) and its network alone, batch 1, random weights "
-                     f"{profile['model']}")
+        lines.append(f"a step (AR: a token; spec: a round) and its network alone, batch 1, random weights, "
+                     f"{profile['size']}'s size {profile['model']}")
         lines.append(format_table(["loop", "ms a step", "network ms", "outside the network"],
                                   [[r["loop"], f"{r['ms_a_step']:.3f}", f"{r['network_ms_a_step']:.3f}",
                                     f"{100 * r['outside_network']:.0f}%"] for r in profile["rows"]]))
@@ -290,9 +401,9 @@ def run_speculative(quick: bool, args) -> dict:
                                                                    f"{r['ratio_to_n1']:.2f}"] for r in curve["rows"]]))
     study = None
     if (args.target or quick) and not args.cost_only:
-        target, drafts, spec = speculative_runs(quick, args)
-        study = bench_speculative(target, drafts, spec, ks, batches, repeats, quality_samples,
-                                  (args.target or "random weights", Path(args.spec).name if args.spec else "spec"),
+        target, drafts, specs = speculative_runs(quick, args)
+        study = bench_speculative(target, drafts, specs, ks, batches, repeats, quality_samples,
+                                  args.target or "random weights",
                                   tuple(args.verifications.split(",")), tuple(args.layouts or (None,)))
         a = study["ar"]
         rows = [["AR, KV cache", "-", "1.00", "-", f"{a['nll']:.4f} +- {a['nll_se']:.4f}",
@@ -310,8 +421,39 @@ def run_speculative(quick: bool, args) -> dict:
                      f"of {quality_samples} samples")
         lines.append(format_table(["drafter", "k", "tok/call", "acceptance by position", "NLL", "unigram H (bits)"]
                                   + [f"vs AR b={b}" for b in batches], rows))
+    if profile is not None and study is not None and specs:  # the runs' tokens a call at that size's prices
+        ar_ms = profile["rows"][0]["ms_a_step"]
+        priced = {r["loop"].rsplit(" ", 1)[1]: r["ms_a_step"] for r in profile["rows"][1:]}
+        rows = [[r["drafter"], r["k"], f"{r['tokens_per_call']:.3f}", f"{priced[r['k']]:.3f}",
+                 f"{r['tokens_per_call'] * ar_ms / priced[r['k']]:.2f}"]
+                for r in study["rows"] if r["k"] in priced]
+        profile["projected"] = [dict(zip(["drafter", "layout", "tokens_per_call", "round_ms", "vs_ar_b1"], row))
+                                for row in rows]
+        lines.append(f"each spec run's tokens a call (above) at the prices of {profile['size']}'s size "
+                     f"(AR {ar_ms:.3f} ms a token): tokens a call x AR's ms a token / ms a round, batch 1")
+        lines.append(format_table(["spec run", "layout", "tokens a call", "ms a round", "vs AR b=1"], rows))
+    dtypes = None
+    if args.dtypes and study is not None and specs:  # AR at its best here: each dtype's text, and the spec run's
+        layout = next((lay for lay in args.layouts or () if lay != "auto"), "1,2")
+        dtypes = dtype_pair(args.target, args.spec.split(",")[0], layout, batches, repeats,
+                            tuple(args.dtypes.split(",")))
+        first = dtypes["rows"][0]["dtype"]
+        lines.append(f"a text of L tokens in each compute dtype, AR and {Path(args.spec.split(',')[0]).name} at "
+                     f"layout {layout}, interleaved")
+        lines.append(format_table(["batch", "dtype", "AR ms a text", f"AR vs AR in {first}", "spec ms a text",
+                                   "spec vs AR (same dtype)"],
+                                  [[r["batch"], r["dtype"], f"{r['ar_ms']:.1f}", f"{r['ar_vs_ar_in_first']:.2f}",
+                                    f"{r['spec_ms']:.1f}", f"{r['spec_vs_ar']:.2f}"] for r in dtypes["rows"]]))
+    overlaps = {}
+    if study is not None and specs:  # each spec run's first drafts against the most any such draft could keep
+        overlaps = {name: draft_overlap(run) for name, run in specs.items()}
+        names = list(next(iter(overlaps.values())))
+        lines.append("a group's first draft kept (one draft, the verifier's token unseen), exactly over that token, "
+                     "at each group's first position of 16 validation texts; by the draft's law q")
+        lines.append(format_table(["spec run"] + names, [[name] + [f"{o[n]['mean']:.3f} +- {o[n]['se']:.3f}"
+                                                                  for n in names] for name, o in overlaps.items()]))
     result = {"benchmark": "speculative", "call_cost": curves, "loop_profile": profile, "study": study,
-              "table": "\n\n".join(lines)}
+              "draft_overlap": overlaps, "dtypes": dtypes, "table": "\n\n".join(lines)}
     if args.picture and study is not None:
         path = Path(args.picture)
         speculative_picture(result, path)
