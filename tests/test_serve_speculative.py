@@ -72,8 +72,10 @@ def _greedy(run: runs.Run, prompt: str, length: int) -> str:
     return run.tokenizer.decode(ids[len(prompt):])
 
 
-# An AR drafter's server behind -m slow (the block drafter's stays), to keep the default suite within 900 CPU s.
-@pytest.mark.parametrize("draft", ["ngram", pytest.param("ar", marks=pytest.mark.slow), "block"])
+# The AR and prompt-lookup drafters' servers behind -m slow (the block drafter's stays; prompt lookup's law is
+# tests/test_speculative.py's), to keep the default suite within 900 CPU s.
+@pytest.mark.parametrize("draft", [pytest.param("ngram", marks=pytest.mark.slow),
+                                   pytest.param("ar", marks=pytest.mark.slow), "block"])
 def test_temperature_zero_gives_the_greedy_text_and_consistent_stats(draft):
     client, run = _client(draft), _ar_run(0)
     models = client.get("/v1/models").json()["data"][0]

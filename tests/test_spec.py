@@ -113,13 +113,18 @@ def test_drafts_trained_on_the_causal_law_average_the_data_loss_over_it():
     model = nnx.merge(graphdef, *state)
     x = jnp.asarray(SEQS[::97])
     w = 0.5
-    nll_p, _ = spec.token_nlls(model, x, K)
-    causal = spec.loss(model, x, K, draft_weight=w, draft_target="causal")
-    p = np.exp(-np.stack([np.asarray(spec.token_nlls(model, x.at[:, l].set(v), K)[0][:, l])
-                          for l in range(L) for v in range(V)], 1).reshape(-1, L, V))  # p(v | x_<l)
+    nll_p, _ = nnx.jit(spec.token_nlls, static_argnums=2)(model, x, K)
+    causal = nnx.jit(spec.loss, static_argnums=2, static_argnames="draft_target")(model, x, K, draft_weight=w,
+                                                                                  draft_target="causal")
+    n = x.shape[0]
+    # every text with its token at l set to v, (N, L, V) texts in one call
+    variants = jnp.broadcast_to(x[:, None, None, :], (n, L, V, L))
+    at = np.arange(L)[None, :, None, None] == np.arange(L)[None, None, None, :]
+    variants = jnp.where(at, np.arange(V)[None, None, :, None], variants).reshape(-1, L)
+    nlls = [np.asarray(a).reshape(n, L, V, L)[:, np.arange(L), :, np.arange(L)].transpose(1, 0, 2)
+            for a in nnx.jit(spec.token_nlls, static_argnums=2)(model, variants, K)]  # (N, L, V): at l, v there
+    p, q_nll = np.exp(-nlls[0]), nlls[1]  # p(v | x_<l), -log q(v | x_<a(l))
     np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-5)
-    q_nll = np.stack([np.asarray(spec.token_nlls(model, x.at[:, l].set(v), K)[1][:, l])
-                      for l in range(L) for v in range(V)], 1).reshape(-1, L, V)  # -log q(v | x_<a(l))
     expected = np.asarray(nll_p.sum(-1)) + w * (p * q_nll).sum((1, 2))
     np.testing.assert_allclose(np.asarray(causal), expected, rtol=1e-5)
     # the causal law is held fixed: its gradient is that of (4) with p a constant
@@ -130,8 +135,8 @@ def test_drafts_trained_on_the_causal_law_average_the_data_loss_over_it():
         return (spec._token_nll(causal_logits, x).sum()
                 - w * (fixed * jax.nn.log_softmax(drafts.astype(jnp.float32), axis=-1)).sum())
 
-    got = nnx.grad(lambda m: spec.loss(m, x, K, draft_weight=w, draft_target="causal").sum())(model)
-    want = nnx.grad(by_hand)(model)
+    got = nnx.jit(nnx.grad(lambda m: spec.loss(m, x, K, draft_weight=w, draft_target="causal").sum()))(model)
+    want = nnx.jit(nnx.grad(by_hand))(model)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
 
