@@ -264,7 +264,7 @@ def draft_overlap(run, sequences: int = 16, tau: float | None = None) -> dict:
 
     @nnx.jit
     def laws(model, x):  # the causal laws p(. | x_<l) and the draft half's q, (B, L, V) each
-        causal, drafts = spec._halves(model, x, k, True, None)
+        causal, drafts = spec.halves(model, x, k)
         return jax.nn.softmax(causal.astype(jnp.float32), -1), jax.nn.softmax(drafts.astype(jnp.float32), -1)
 
     @nnx.jit
@@ -290,13 +290,14 @@ def draft_overlap(run, sequences: int = 16, tau: float | None = None) -> dict:
             for name, v in kept.items()}
 
 
-def dtype_pair(target: str, spec_run: str, layout: str, batches: list[int], repeats: int,
+def dtype_pair(target: str, spec_run: str, layout: str, batches: list[int], repeats: int, quality_samples: int,
                dtypes: tuple[str, ...] = ("float32", "bfloat16")) -> dict:
     """AR's text and a spec run's (at `layout`) in each compute dtype, every batch, interleaved in one run.
 
     Each run directory is loaded once per dtype (``kernels.DTYPE_ENV`` set while it is built), so the
     cells differ by the dtype of their products only: which dtype is AR at its best here, and the spec
-    run's ratio to AR in each.
+    run's ratio to AR in each; beside each, the quality of quality_samples texts it drew (judged by the
+    AR run of the first dtype).
     """
     import os  # noqa: PLC0415
 
@@ -319,12 +320,31 @@ def dtype_pair(target: str, spec_run: str, layout: str, batches: list[int], repe
             fns[("ar", d, b)] = lambda b=b, ar_run=ar_run: ar_run.sample(key, b).tokens
             fns[("spec", d, b)] = lambda b=b, sp=sp: sp.sample(key, b, layout=layout).tokens
     times = interleaved(fns, repeats, warmup=2)
-    rows = [{"dtype": d, "batch": b, "ar_ms": median(times[("ar", d, b)]) * 1e3,
+    judge = loaded[dtypes[0]][0]
+    quality = {d: {"ar": sample_quality(ar_run.sample(jax.random.key(1), quality_samples).tokens, judge, None),
+                   "spec": sample_quality(sp.sample(jax.random.key(1), quality_samples, layout=layout).tokens,
+                                          judge, None)}
+               for d, (ar_run, sp) in loaded.items()}
+    rows = [{"dtype": d, "batch": b, "ar_quality": quality[d]["ar"], "spec_quality": quality[d]["spec"],
+             "ar_ms": median(times[("ar", d, b)]) * 1e3,
              "spec_ms": median(times[("spec", d, b)]) * 1e3,
              "spec_vs_ar": paired_ratio(times[("ar", d, b)], times[("spec", d, b)]),
              "ar_vs_ar_in_first": paired_ratio(times[("ar", dtypes[0], b)], times[("ar", d, b)])}
             for b in batches for d in dtypes]
     return {"layout": layout, "rows": rows}
+
+
+def dtype_lines(dtypes: dict, spec_name: str) -> list[str]:
+    """``dtype_pair``'s result as a title and a table."""
+    first = dtypes["rows"][0]["dtype"]
+    return [f"a text of L tokens in each compute dtype, AR and {spec_name} at layout {dtypes['layout']}, interleaved",
+            format_table(["batch", "dtype", "AR ms a text", f"AR vs AR in {first}", "AR's NLL", "spec ms a text",
+                          "spec vs AR (same dtype)", "spec's NLL"],
+                         [[r["batch"], r["dtype"], f"{r['ar_ms']:.1f}", f"{r['ar_vs_ar_in_first']:.2f}",
+                           f"{r['ar_quality']['nll']:.4f} +- {r['ar_quality']['nll_se']:.4f}",
+                           f"{r['spec_ms']:.1f}", f"{r['spec_vs_ar']:.2f}",
+                           f"{r['spec_quality']['nll']:.4f} +- {r['spec_quality']['nll_se']:.4f}"]
+                          for r in dtypes["rows"]])]
 
 
 def speculative_picture(result: dict, path: Path) -> None:
@@ -434,16 +454,10 @@ def run_speculative(quick: bool, args) -> dict:
         lines.append(format_table(["spec run", "layout", "tokens a call", "ms a round", "vs AR b=1"], rows))
     dtypes = None
     if args.dtypes and study is not None and specs:  # AR at its best here: each dtype's text, and the spec run's
-        layout = next((lay for lay in args.layouts or () if lay != "auto"), "1,2")
-        dtypes = dtype_pair(args.target, args.spec.split(",")[0], layout, batches, repeats,
-                            tuple(args.dtypes.split(",")))
-        first = dtypes["rows"][0]["dtype"]
-        lines.append(f"a text of L tokens in each compute dtype, AR and {Path(args.spec.split(',')[0]).name} at "
-                     f"layout {layout}, interleaved")
-        lines.append(format_table(["batch", "dtype", "AR ms a text", f"AR vs AR in {first}", "spec ms a text",
-                                   "spec vs AR (same dtype)"],
-                                  [[r["batch"], r["dtype"], f"{r['ar_ms']:.1f}", f"{r['ar_vs_ar_in_first']:.2f}",
-                                    f"{r['spec_ms']:.1f}", f"{r['spec_vs_ar']:.2f}"] for r in dtypes["rows"]]))
+        dtypes = dtype_pair(args.target, args.spec.split(",")[0],
+                            next((lay for lay in args.layouts or () if lay != "auto"), "1,2"), batches, repeats,
+                            quality_samples, tuple(args.dtypes.split(",")))
+        lines += dtype_lines(dtypes, Path(args.spec.split(",")[0]).name)
     overlaps = {}
     if study is not None and specs:  # each spec run's first drafts against the most any such draft could keep
         overlaps = {name: draft_overlap(run) for name, run in specs.items()}

@@ -122,8 +122,10 @@ def _token_nll(logits: jax.Array, x: jax.Array) -> jax.Array:
     return -jnp.take_along_axis(logp, x[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
-def _halves(model: DDiT, x: jax.Array, k: int, deterministic, rngs) -> tuple[jax.Array, jax.Array]:
-    """The training forward over [causal half ; draft half]: the logits of (1) and of (2), each (B, L, V)."""
+def halves(model: DDiT, x: jax.Array, k: int, deterministic: bool | None = True,
+           rngs=None) -> tuple[jax.Array, jax.Array]:
+    """The training forward over [causal half ; draft half] of the texts x int[B, L]: the logits of (1) and
+    of (2), each float[B, L, V] (position l: p(x_l | x_<l) and q(x_l | x_<a(l)))."""
     check(model)
     b, length = x.shape
     inputs = jnp.concatenate([causal_inputs(model, x), jnp.full((b, length), mask_id(model), x.dtype)], axis=1)
@@ -136,7 +138,7 @@ def _halves(model: DDiT, x: jax.Array, k: int, deterministic, rngs) -> tuple[jax
 def token_nlls(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True,
                rngs=None) -> tuple[jax.Array, jax.Array]:
     """(-log p(x_l | x_<l), -log q(x_l | x_<a(l))) at every position, (1) and (2): float32[B, L] each, nats."""
-    causal, drafts = _halves(model, x, k, deterministic, rngs)
+    causal, drafts = halves(model, x, k, deterministic, rngs)
     return _token_nll(causal, x), _token_nll(drafts, x)
 
 
@@ -165,7 +167,7 @@ def loss(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True
     """
     if draft_target not in DRAFT_TARGETS:
         raise ValueError(f"draft_target must be one of {DRAFT_TARGETS}, got {draft_target!r}")
-    causal, drafts = _halves(model, x, k, deterministic, rngs)
+    causal, drafts = halves(model, x, k, deterministic, rngs)
     nll_p = _token_nll(causal, x)
     if draft_target == "data":
         nll_q = _token_nll(drafts, x)
