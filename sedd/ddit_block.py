@@ -158,18 +158,30 @@ class DDiTBlock(nnx.Module):
         commit: bool | int = True,
         deterministic: bool | None = None,
         rngs: nnx.Rngs | None = None,
+        at: Array | None = None,
     ) -> tuple[Array, tuple[Array, Array]]:
         """The block's output (``__call__``'s, same arguments) and this chunk's keys and values.
+
+        With `at` (int32[]), `context` is a decoding cache (keys, values),
+        each [B N, S, K] (batch and heads grouped, then rows), that the caller
+        holds (any block: ``sedd.spec``'s rounds, ``sedd.kinds.ar``'s
+        decoding): the chunk's keys and values are written into rows at .. at
+        + L - 1, in place, and each query attends over the S rows as mask
+        bool[L, S] says (``kernels.cache_attention``). Nothing of the S rows
+        is concatenated, transposed or copied at the call.
 
         Returns:
           (float32[B, L, H], (keys, values)): the keys rotary-embedded, both
           [B, L, N, K] as attention reads them: what a later call takes as its
-          `context` (``sedd.block``'s bound runs the clean text once so).
+          `context` (``sedd.block``'s bound runs the clean text once so); with
+          `at`, the whole cache after the write, [B N, S, K] each.
         """
-        general = context is not None and mask is not None and mask.shape[-1] == context[0].shape[1] + x.shape[1]
-        if context is not None and (decode or not (general or self.block_size and x.shape[1] % self.block_size == 0)):
+        if at is not None and (context is None or decode or mask is None):
+            raise ValueError("at= writes into a decoding cache given as context, read as a mask over its rows "
+                             "says, and no decoding cache")
+        if context is not None and at is None and (decode or not (self.block_size and x.shape[1] % self.block_size == 0)):
             raise ValueError("an external context needs a block-causal block (block_size dividing the chunk's "
-                             "length) or a mask over the context and the chunk, and no decoding cache")
+                             "length) or a cache to write into (at=), and no decoding cache")
         b, l, h = x.shape
         mod = per_position(self.adaLN_modulation(c).astype(jnp.float32), l)  # (B, 6H) or (B, L, 6H)
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = jnp.split(mod, 6, axis=-1)
@@ -188,10 +200,12 @@ class DDiTBlock(nnx.Module):
             att = self._attend_cache(q.astype(self.dtype), k.astype(self.dtype), v.astype(self.dtype), pos, commit)
         elif context is None:
             att = kernels.mixed_attention(q, k, v, self.causal, self.dtype, mask=mask)  # (B, L, N, K), float32
-        elif general:  # the context and the chunk, as mask says
-            att = kernels.mixed_attention(q, jnp.concatenate([context[0].astype(k.dtype), k], 1),
-                                          jnp.concatenate([context[1].astype(v.dtype), v], 1), False, self.dtype,
-                                          mask=mask)  # (B, L, N, K)
+        elif at is not None:  # the chunk's rows written into the caller's cache, then the cache read as mask says
+            grouped = lambda a: jnp.swapaxes(a, 1, 2).reshape(b * self.n_heads, l, self.head_dim)  # noqa: E731
+            k, v = (jax.lax.dynamic_update_slice(held, grouped(new).astype(held.dtype), (0, at, 0))
+                    for held, new in zip(context, (k, v)))  # (B N, S, K) each, in place
+            att = kernels.cache_attention(grouped(q), k, v, mask, self.dtype)  # (B N, L, K)
+            att = jnp.swapaxes(att.reshape(b, self.n_heads, l, self.head_dim), 1, 2)  # (B, L, N, K)
         else:  # its own unit of the chunk and the context's positions of mask
             att = kernels.unit_context_attention(q, k, v, context, self.block_size, mask, self.dtype)  # (B, L, N, K)
         att = self.attn_out(att.reshape(b, l, h))  # (B, L, H)

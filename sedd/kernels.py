@@ -312,6 +312,28 @@ def mixed_attention(q: Array, k: Array, v: Array, causal: bool, dtype: Any, mask
     return jnp.swapaxes(att, 1, 2)  # (B, L, N, K)
 
 
+def cache_attention(q: Array, keys: Array, values: Array, mask: Array, dtype: Any) -> Array:
+    """Softmax attention of a chunk over the rows of a decoding cache, grouped: q [G, L, K] over keys, values
+    [G, S, K], G = batch x heads; mask bool, broadcastable to [L, S] (or [G, L, S]), True = attend.
+
+    ``mixed_attention``'s arithmetic (both products in `dtype`, accumulated in float32, the softmax
+    normalised after the value product), on a cache laid out as it is read: groups first, rows next,
+    three axes. A caller that writes its chunk's rows into the cache in place and then reads it
+    (``DDiTBlock.run``'s `at`) leaves XLA one buffer: with a leading axis of one (batch 1, [1, N, S, K])
+    XLA's CPU compiler reshapes the written cache for each reader and copies every block's cache twice or
+    thrice a step, which made an AR step 1.3x slower at the default's size. A forward pass (decoding):
+    its gradient is JAX's own.
+
+    Returns:
+      float32[G, L, K].
+    """
+    logits = mixed_einsum("gqk,gsk->gqs", q / math.sqrt(q.shape[-1]), keys, dtype)  # (G, L, S)
+    logits = jnp.where(mask, logits, -jnp.inf)
+    w = jnp.exp(logits - logits.max(axis=-1, keepdims=True))  # (G, L, S)
+    out = jnp.einsum("gqs,gsk->gqk", w.astype(dtype), values.astype(dtype), preferred_element_type=jnp.float32)
+    return out / w.sum(axis=-1, keepdims=True)  # (G, L, K)
+
+
 def unit_context_attention(q: Array, k: Array, v: Array, context: tuple[Array, Array], unit: int, mask: Array,
                            dtype: Any) -> Array:
     """Softmax attention of each query over its own unit of the chunk and the context positions `mask` allows.

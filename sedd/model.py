@@ -473,27 +473,36 @@ class DDiT(nnx.Module):
             out.append(kv)
         return tuple(out)
 
-    def output_in_context(self, x: Array, sigma: Array | None, *, positions: Array, mask: Array,
-                          context: tuple) -> tuple[Array, tuple]:
-        """The output of x run against every block's `context`, and x's own keys and values, dropout off.
+    def output_in_cache(self, x: Array, sigma: Array | None, *, positions: Array, mask: Array, cache: tuple,
+                        at: Array) -> tuple[Array, tuple]:
+        """The output of x written into and run against every block's cache, dropout off.
 
-        A functional decoding step for any attention pattern (``sedd.spec``):
-        the caller holds the cache as per-block (keys, values) [B, S, N, K]
-        (``keys_values``' form) and says with mask bool[L, S + L] what each of
-        x's L positions sees of the cache and of x itself.
+        A functional decoding step for any attention pattern (``sedd.spec``'s
+        rounds, ``sedd.kinds.ar``'s decoding): the caller holds the cache as
+        per-block (keys, values), each [B N, S, K] (``empty_cache``); x's L
+        keys and values are written into rows at .. at + L - 1 of every
+        block's cache, in place, and mask bool[L, S] says what each of x's
+        positions sees of the S rows (its own rows included;
+        ``DDiTBlock.run``'s `at`).
 
         Returns:
-          (float32[B, L, D], per block (keys, values) of x, each [B, L, N, K]).
+          (float32[B, L, D], the caches after the write).
         """
-        if len(context) != len(self.blocks):
-            raise ValueError(f"context holds {len(context)} blocks' keys and values, the model has "
+        if len(cache) != len(self.blocks):
+            raise ValueError(f"cache holds {len(cache)} blocks' keys and values, the model has "
                              f"{len(self.blocks)} blocks")
         h, c = self._inputs(x, sigma, positions, False)  # (B, L, H), (B, C)
         out = []
-        for block, ctx in zip(self.blocks, context):
-            h, kv = block.run(h, c, positions=positions, mask=mask, context=ctx, deterministic=True)
+        for block, held in zip(self.blocks, cache):
+            h, kv = block.run(h, c, positions=positions, mask=mask, context=held, at=at, deterministic=True)
             out.append(kv)
         return self.output_layer(h, c), tuple(out)  # (B, L, D)
+
+    def empty_cache(self, batch: int, rows: int) -> tuple:
+        """Per block, zero (keys, values) [B N, S = rows, K] in the compute dtype: ``output_in_cache``'s cache."""
+        block = self.blocks[0]
+        shape = (batch * block.n_heads, rows, block.head_dim)
+        return tuple((jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype)) for _ in self.blocks)
 
     def output_rows(self, h: Array, c: Array, fn, *rows: Array, chunk: int = 0) -> Array:
         """fn(out, *row_chunks) over the final layer's output `out`, `chunk` positions at a time.

@@ -99,3 +99,20 @@ def test_ar_trains_with_the_same_trainer(tmp_path, caplog):
         jax.config.update("jax_log_compiles", False)
     assert not [r for r in caplog.records if "Compiling jit(_sample)" in r.getMessage()]
 
+
+
+def test_the_caller_held_cache_matches_full_forward_pass():
+    """``DDiT.output_in_cache`` (what ``ar.sample`` decodes with up to max_len): each step's logits, batch 3."""
+    model = _ar_model()
+    x = jax.random.randint(jax.random.key(4), (3, 12), 0, 7)
+    full = ar.next_token_logits(model, x)  # (B, L, V)
+    rows = jnp.arange(12)
+    step = jax.jit(lambda cache, prev, pos: model.output_in_cache(prev[:, None], None, positions=pos[None],
+                                                                 mask=(rows <= pos)[None], cache=cache, at=pos))
+    cache = model.empty_cache(3, 12)
+    prev = jnp.full((3,), ar.bos_id(model), jnp.int32)
+    for pos in range(12):
+        logits, cache = step(cache, prev, jnp.int32(pos))
+        np.testing.assert_allclose(jax.nn.log_softmax(logits[:, 0]), jax.nn.log_softmax(full[:, pos]),
+                                   atol=2e-5, err_msg=f"position {pos}")
+        prev = x[:, pos]

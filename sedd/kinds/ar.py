@@ -131,22 +131,42 @@ def decode_step(model: DDiT, token: jax.Array) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "length", "categorical"))
 def _draw(graphdef, state, key, temperature, prompt, prompt_len, *, num_samples, length, categorical):
     """``sample``'s loop on a split network: one dispatch a text, no walk over the model's graph a call
-    (nnx.jit's walk and a clone cost an AR text of the plays 15 ms of its 56 at batch 1)."""
+    (nnx.jit's walk and a clone cost an AR text of the plays 15 ms of its 56 at batch 1).
+
+    Up to max_len the cache is the caller-held head-major one of ``DDiT.output_in_cache``: a step writes
+    its row in place and reads the cache as it lies (the module's ring cache copies and transposes every
+    block's cache at each step: an AR text of the plays 1.3x slower at batch 1 on a 2-core CPU,
+    docs/speculative.md). Past max_len, the ring: a sliding window."""
     model = nnx.merge(graphdef, *state)
     model.eval()
-    model.init_cache(num_samples, min(length, model.max_len))  # past max_len: a ring, a sliding window
 
-    def step(pos, carry):
-        model, prev, toks = carry
-        logits = decode_step(model, prev)  # (B, V)
+    def draw(pos, logits):  # (B, V) -> the token at pos (a given prefix is kept)
         probs = jax.nn.softmax(logits.astype(jnp.float32) / temperature, axis=-1)
         tok = sample_categorical(jax.random.fold_in(key, pos), probs, categorical).astype(jnp.int32)
-        tok = jnp.where(pos < prompt_len, prompt[:, pos], tok)  # a given prefix is kept
-        return model, tok, toks.at[:, pos].set(tok)
+        return jnp.where(pos < prompt_len, prompt[:, pos], tok)
 
     bos = jnp.full((num_samples,), bos_id(model), jnp.int32)
     toks = jnp.zeros((num_samples, length), jnp.int32)
-    return nnx.fori_loop(0, length, step, (model, bos, toks))[2]  # (B, L)
+    if length > model.max_len:
+        model.init_cache(num_samples, model.max_len)  # a ring, a sliding window
+
+        def ring_step(pos, carry):
+            model, prev, toks = carry
+            tok = draw(pos, decode_step(model, prev))  # (B,)
+            return model, tok, toks.at[:, pos].set(tok)
+
+        return nnx.fori_loop(0, length, ring_step, (model, bos, toks))[2]  # (B, L)
+    _check(model)
+    rows = jnp.arange(length)
+
+    def step(pos, carry):
+        cache, prev, toks = carry
+        logits, cache = model.output_in_cache(prev[:, None], None, positions=pos[None], mask=(rows <= pos)[None],
+                                              cache=cache, at=pos)  # (B, 1, V): x_pos's law, its row written
+        tok = draw(pos, logits[:, 0])
+        return cache, tok, toks.at[:, pos].set(tok)
+
+    return jax.lax.fori_loop(0, length, step, (model.empty_cache(num_samples, length), bos, toks))[2]  # (B, L)
 
 
 def sample(

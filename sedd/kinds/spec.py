@@ -274,25 +274,19 @@ def round_mask(k: int, groups: int | None = None) -> np.ndarray:
     return causal_q | draft_sees_causal | own
 
 
-def _call(model: DDiT, cache: tuple, valid, tokens: jax.Array, positions: jax.Array, mask: np.ndarray,
-          keep: int) -> tuple[jax.Array, tuple]:
-    """One row's call: tokens int[n] at positions against the cache rows < valid; the first `keep` positions'
-    keys and values written into the cache at rows positions[0] ..; returns (logits float32[n, V], cache)."""
-    rows = cache[0][0].shape[1]
-    sees_cache = jnp.broadcast_to(jnp.arange(rows)[None, :] < valid, (tokens.shape[0], rows))
-    full = jnp.concatenate([sees_cache, jnp.asarray(mask)], axis=1)  # (n, S + n)
-    out, kvs = model.output_in_context(tokens[None], None, positions=positions, mask=full, context=cache)
-    start = positions[0]
-    cache = tuple((jax.lax.dynamic_update_slice(ck, k[:, :keep].astype(ck.dtype), (0, start, 0, 0)),
-                   jax.lax.dynamic_update_slice(cv, v[:, :keep].astype(cv.dtype), (0, start, 0, 0)))
-                  for (ck, cv), (k, v) in zip(cache, kvs))
+def _call(model: DDiT, cache: tuple, start, tokens: jax.Array, positions: jax.Array,
+          own: np.ndarray) -> tuple[jax.Array, tuple]:
+    """One row's call: tokens int[n] at `positions`, written into cache rows start .. start + n - 1, each seeing the
+    rows < start (the text) and the call's own rows as own bool[n, n] says; returns (logits float32[n, V], cache).
+
+    Rows past the call's causal positions hold its draft groups' keys and values: they lie at or past the next
+    round's start, which writes its own rows over them before any query of its sees them."""
+    n, rows = tokens.shape[0], cache[0][0].shape[1]
+    rel = jnp.arange(rows) - start  # (S,) a row's place in this call; < 0: the text before it
+    inside = (rel >= 0) & (rel < n)
+    sees = (rel < 0)[None, :] | (inside[None, :] & jnp.asarray(own)[:, jnp.clip(rel, 0, n - 1)])  # (n, S)
+    out, cache = model.output_in_cache(tokens[None], None, positions=positions, mask=sees, cache=cache, at=start)
     return out[0], cache
-
-
-def _empty_cache(model: DDiT, rows: int) -> tuple:
-    block = model.blocks[0]
-    shape = (1, rows, block.n_heads, block.head_dim)
-    return tuple((jnp.zeros(shape, model.dtype), jnp.zeros(shape, model.dtype)) for _ in model.blocks)
 
 
 DRAFT_TEMPERATURE = 0.8
@@ -328,8 +322,8 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0,
     """
     k, groups = layout_of(layout, layout if isinstance(layout, int) else 0)
 
-    def rows_of(model):
-        return model.max_len + 2 * k + 2  # the cache: every position a round may write, past the text's end
+    def rows_of(model):  # every row a call may write: a round's from start <= max_len - 1, or the prefill's
+        return max(model.max_len + mask.shape[0], model.max_len + k)
 
     def prefill(params_state, prompt):
         model = nnx.merge(graphdef, *params_state)
@@ -338,14 +332,14 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0,
         n_c = max(p, 1)
         seen = max(p - 1, 0)  # the one group sees the causal positions <= seen
         idx = np.arange(n_c + k)
-        mask = np.where(idx[:, None] < n_c, (idx[None, :] <= idx[:, None]) & (idx[None, :] < n_c),
-                        (idx[None, :] <= seen) | (idx[None, :] >= n_c))
+        first_mask = np.where(idx[:, None] < n_c, (idx[None, :] <= idx[:, None]) & (idx[None, :] < n_c),
+                              (idx[None, :] <= seen) | (idx[None, :] >= n_c))
         positions = jnp.asarray(np.concatenate([np.arange(n_c), p + np.arange(k)]), jnp.int32)
 
         def one(row):  # (P,)
             tokens = jnp.concatenate([jnp.full((1,), bos_id(model), jnp.int32), row[:n_c - 1].astype(jnp.int32),
                                       jnp.full((k,), mask_id(model), jnp.int32)])
-            out, cache = _call(model, _empty_cache(model, rows_of(model)), 0, tokens, positions, mask, n_c)
+            out, cache = _call(model, model.empty_cache(1, rows_of(model)), 0, tokens, positions, first_mask)
             first = shaped_law(out[n_c:], temperature, top_p)  # (k, V)
             laws = jnp.zeros((groups, k, model.out_dim), jnp.float32).at[0].set(first)
             return cache, laws
@@ -364,7 +358,7 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0,
             prev = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)], bos_id(model))
             tokens = jnp.concatenate([prev[None], jax.lax.dynamic_slice(row, (s,), (k,)),
                                       jnp.full((k * groups,), mask_id(model), jnp.int32)])
-            out, cache = _call(model, cache, s, tokens, s + jnp.asarray(offsets, jnp.int32), mask, k + 1)
+            out, cache = _call(model, cache, s, tokens, s + jnp.asarray(offsets, jnp.int32), mask)
             shaped = shaped_law(out, temperature, top_p)  # (k + 1 + groups k, V)
             return shaped[:k + 1], shaped[k + 1:].reshape(groups, k, -1), cache
 
