@@ -11,36 +11,42 @@ import numpy as np
 from experiments.benchmarks import nets
 from experiments.quality import sample_quality
 from experiments.timing import format_table, interleaved, median, paired_ratio, tokens_per_call
-from sedd import ar
 from sedd import config as config_lib
 
 
 def call_cost(config, ns: list[int], repeats: int, calls: int = 8) -> dict:
-    """Seconds of one KV-cached AR call on n new positions (``ar.speculative_target``), batch 1, random weights.
+    """Seconds of one KV-cached AR call on n new positions, batch 1, random weights.
 
-    The call scores positions start .. start + n - 1 against a cache of start = L / 2 positions; `calls`
-    calls run inside one jitted loop (each rolled back to start, the same work), so no dispatch is timed.
+    The call (``DDiT.output_in_cache``, as ``ar.sample`` decodes and the spec kind's rounds run) scores
+    positions start .. start + n - 1, causally, against a cache of start = L / 2 positions; `calls` calls
+    run inside one jitted loop (each writing the same rows again, the same work), so no dispatch is timed.
     The ratio to n = 1 says when a draft pays: a round of k drafts costs one call on k + 1 positions.
     """
+    from flax import nnx  # noqa: PLC0415
+
     c = config.copy_and_resolve_references()
     _, net = nets.random_net(c, "ar")
-    prefill, target = ar.speculative_target(net.graphdef)
     length = c.data.seq_len
     rows, start = length + max(ns) + 1, length // 2
     text = jax.random.randint(jax.random.key(0), (1, rows), 0, c.vocab_size)
-    state = prefill(net.state, text[:, :start])
-    begin = jnp.full((1,), start, jnp.int32)
+    held = np.arange(rows)
 
     def looped(n):
+        seen = (held[None, :] < start) | ((held[None, :] >= start) & (held[None, :] - start <= np.arange(n)[:, None]))
+
         @jax.jit
         def fn(state, text):
+            model = nnx.merge(net.graphdef, *state)
+            cache = model.empty_cache(1, rows)
+
             def body(i, carry):
-                state, acc = carry
-                p, state = target(state, text, begin, n - 1)  # (1, n, V): the cache is rolled back to start each time
+                cache, acc = carry
+                logits, cache = model.output_in_cache(text[:, start:start + n], None, positions=start + np.arange(n),
+                                                      mask=seen, cache=cache, at=jnp.int32(start))  # (1, n, V)
                 # every output and the cache carried on: nothing of the call is dead code XLA could skip
-                return state, acc + p.sum()
-            return jax.lax.fori_loop(0, calls, body, (state, jnp.float32(0)))[1]
-        return lambda: fn(state, text)
+                return cache, acc + logits.sum()
+            return jax.lax.fori_loop(0, calls, body, (cache, jnp.float32(0)))[1]
+        return lambda: fn(net.state, text)
 
     times = interleaved({n: looped(n) for n in ns}, repeats)
     rows_out = [{"n": n, "ms_per_call": median(times[n]) / calls * 1e3,
@@ -73,15 +79,16 @@ def loop_profile(config, layouts: list[str], repeats: int) -> dict:
     model = ar_run.model
     model.eval()
 
-    @nnx.jit
-    def ar_network(model):
-        model = nnx.clone(model)
-        model.init_cache(1, length)
+    held = jnp.arange(length)
 
+    @nnx.jit
+    def ar_network(model):  # the calls of ar.sample: one position a step on the cache it holds
         def step(i, carry):
-            model, acc = carry
-            return model, acc + ar.decode_step(model, jnp.full((1,), i % ar_run.config.vocab_size, jnp.int32)).sum()
-        return nnx.fori_loop(0, length, step, (model, jnp.float32(0)))[1]
+            cache, acc = carry
+            logits, cache = model.output_in_cache(jnp.full((1, 1), i % ar_run.config.vocab_size, jnp.int32), None,
+                                                  positions=i[None], mask=(held <= i)[None], cache=cache, at=i)
+            return cache, acc + logits.sum()
+        return jax.lax.fori_loop(0, length, step, (model.empty_cache(1, length), jnp.float32(0)))[1]
 
     fns = {"ar": lambda: ar_run.sample(key, 1).tokens, "ar network": lambda: ar_network(model)}
     rounds = {}

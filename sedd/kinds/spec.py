@@ -47,9 +47,12 @@ of the verifier's token at s + j and of each other, so its law given the
 prefix and the drafts before it is its group's law: what speculative
 sampling needs of q (``sedd.speculative``, (1)), and the text has p's law
 exactly (tests/test_spec.py: over all 3^6 sequences of a random network).
-Only the causal positions' keys and values enter the cache; a rejected
-draft's rows lie past the next start and are overwritten before any query
-sees them (the cache rolls back by its length). The first round's drafts
+The call writes every position's keys and values into the cache's rows from s
+(``DDiT.output_in_cache``, in place: the causal positions at the rows of their
+positions, the groups after them); each query sees the rows < s and its own
+round's rows as the round's mask says. The rows from the next round's start
+on (rejected drafts, the groups) are written over by the next round before
+any of its queries sees them, so the cache rolls back by the start alone. The first round's drafts
 come from the prefill call (the prompt, and one group seeing all of it but
 its last token).
 
