@@ -134,9 +134,9 @@ def _draw(graphdef, state, key, temperature, prompt, prompt_len, *, num_samples,
     (nnx.jit's walk and a clone cost an AR text of the plays 15 ms of its 56 at batch 1).
 
     Up to max_len the cache is the caller-held head-major one of ``DDiT.output_in_cache``: a step writes
-    its row in place and reads the cache as it lies (the module's ring cache copies and transposes every
-    block's cache at each step: an AR text of the plays 1.3x slower at batch 1 on a 2-core CPU,
-    docs/speculative.md). Past max_len, the ring: a sliding window."""
+    its row in place and reads the cache as it lies (on the module's ring cache XLA's CPU compiler
+    copies and transposes every block's cache at each step: an AR text of the plays 1.8x slower in
+    float32 at batch 1 on a 2-core CPU, docs/speculative.md). Past max_len, the ring: a sliding window."""
     model = nnx.merge(graphdef, *state)
     model.eval()
 
