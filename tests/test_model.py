@@ -324,6 +324,27 @@ def test_decode_errors():
         m.network_output(x, None, decode=True)
 
 
+def test_a_cache_held_by_the_caller_gives_the_full_pass_and_refuses_a_wrong_one():
+    """``output_in_cache``: a 3-position chunk written at 0, then single positions, any mask: the full causal pass."""
+    m = perturb(make(AR))
+    x = tokens(0, V + 1)
+    full = np.asarray(nnx.jit(lambda mod, a: mod.network_output(a, None))(m, x))  # (B, L, V)
+    rows = np.arange(L)
+    cache, got = m.empty_cache(2, L), []
+    for start, n in [(0, 3)] + [(i, 1) for i in range(3, L)]:
+        mask = rows[None, :] <= start + np.arange(n)[:, None]  # (n, L) causal over the rows written so far
+        out, cache = m.output_in_cache(x[:, start:start + n], None, positions=start + np.arange(n), mask=mask,
+                                       cache=cache, at=jnp.int32(start))
+        got.append(out)
+    np.testing.assert_allclose(np.asarray(jnp.concatenate(got, axis=1)), full, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=f"cache holds 1 blocks' keys and values, the model has {len(m.blocks)}"):
+        m.output_in_cache(x[:, :1], None, positions=np.arange(1), mask=np.ones((1, L), bool), cache=cache[:1],
+                          at=jnp.int32(0))
+    with pytest.raises(ValueError, match="at= writes into a decoding cache"):
+        m.blocks[0].run(jnp.zeros((2, 1, m.blocks[0].n_heads * m.blocks[0].head_dim)), jnp.zeros((2, 8)),
+                        positions=np.arange(1), context=cache[0], at=jnp.int32(0))
+
+
 def test_logical_axis_names_without_mesh():
     m = make()
     specs = nnx.get_partition_spec(nnx.state(m, nnx.Param))
