@@ -202,9 +202,10 @@ class DDiTBlock(nnx.Module):
             att = kernels.mixed_attention(q, k, v, self.causal, self.dtype, mask=mask)  # (B, L, N, K), float32
         elif at is not None:  # the chunk's rows written into the caller's cache, then the cache read as mask says
             grouped = lambda a: jnp.swapaxes(a, 1, 2).reshape(b * self.n_heads, l, self.head_dim)  # noqa: E731
+            held_dtype = context[0].dtype  # the attention's products: in the cache's dtype (``DDiT.empty_cache``)
             k, v = (jax.lax.dynamic_update_slice(held, grouped(new).astype(held.dtype), (0, at, 0))
                     for held, new in zip(context, (k, v)))  # (B N, S, K) each, in place
-            att = kernels.cache_attention(grouped(q), k, v, mask, self.dtype)  # (B N, L, K)
+            att = kernels.cache_attention(grouped(q), k, v, mask, held_dtype)  # (B N, L, K)
             att = jnp.swapaxes(att.reshape(b, self.n_heads, l, self.head_dim), 1, 2)  # (B, L, N, K)
         else:  # its own unit of the chunk and the context's positions of mask
             att = kernels.unit_context_attention(q, k, v, context, self.block_size, mask, self.dtype)  # (B, L, N, K)

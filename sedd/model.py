@@ -499,10 +499,18 @@ class DDiT(nnx.Module):
         return self.output_layer(h, c), tuple(out)  # (B, L, D)
 
     def empty_cache(self, batch: int, rows: int) -> tuple:
-        """Per block, zero (keys, values) [B N, S = rows, K] in the compute dtype: ``output_in_cache``'s cache."""
+        """Per block, zero (keys, values) [B N, S = rows, K]: ``output_in_cache``'s cache.
+
+        In the compute dtype on a GPU or TPU; in float32 on a CPU, whatever the compute dtype. The
+        attention's products run in the cache's dtype, and XLA's CPU runtime multiplies bfloat16 by
+        converting both operands to float32: a bfloat16 cache would be converted whole at every step,
+        which made a bfloat16 AR text of the plays 2.2x slower than a float32 one at batch 1 on a 2-core
+        Zen 4 with AVX512-BF16 (docs/speculative.md). The weights' products keep the compute dtype.
+        """
         block = self.blocks[0]
         shape = (batch * block.n_heads, rows, block.head_dim)
-        return tuple((jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype)) for _ in self.blocks)
+        dtype = jnp.float32 if jax.default_backend() == "cpu" else self.dtype
+        return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.blocks)
 
     def output_rows(self, h: Array, c: Array, fn, *rows: Array, chunk: int = 0) -> Array:
         """fn(out, *row_chunks) over the final layer's output `out`, `chunk` positions at a time.
