@@ -76,13 +76,12 @@ def loop_profile(config, layouts: list[str], repeats: int) -> dict:
 
     ar_run, sp = run_of("ar"), run_of("spec", draft_k=4)
     length, key = ar_run.seq_len, jax.random.key(0)
-    model = ar_run.model
-    model.eval()
-
     held = jnp.arange(length)
 
-    @nnx.jit
-    def ar_network(model):  # the calls of ar.sample: one position a step on the cache it holds
+    @jax.jit
+    def ar_network(state):  # the calls of ar.sample: one position a step on the cache it holds (one dispatch,
+        model = nnx.merge(ar_run.net.graphdef, *state)  # no walk over the model's graph a call, as ar.sample)
+
         def step(i, carry):
             cache, acc = carry
             logits, cache = model.output_in_cache(jnp.full((1, 1), i % ar_run.config.vocab_size, jnp.int32), None,
@@ -90,7 +89,7 @@ def loop_profile(config, layouts: list[str], repeats: int) -> dict:
             return cache, acc + logits.sum()
         return jax.lax.fori_loop(0, length, step, (model.empty_cache(1, length), jnp.float32(0)))[1]
 
-    fns = {"ar": lambda: ar_run.sample(key, 1).tokens, "ar network": lambda: ar_network(model)}
+    fns = {"ar": lambda: ar_run.sample(key, 1).tokens, "ar network": lambda: ar_network(ar_run.net.state)}
     rounds = {}
     for name in layouts:
         layout = spec.layout_of(name, 4)
