@@ -179,7 +179,8 @@ class DDiTBlock(nnx.Module):
         if at is not None and (context is None or decode or mask is None):
             raise ValueError("at= writes into a decoding cache given as context, read as a mask over its rows "
                              "says, and no decoding cache")
-        if context is not None and at is None and (decode or not (self.block_size and x.shape[1] % self.block_size == 0)):
+        units = self.block_size and x.shape[1] % self.block_size == 0
+        if context is not None and at is None and (decode or not units):
             raise ValueError("an external context needs a block-causal block (block_size dividing the chunk's "
                              "length) or a cache to write into (at=), and no decoding cache")
         b, l, h = x.shape

@@ -483,7 +483,9 @@ class DDiT(nnx.Module):
         keys and values are written into rows at .. at + L - 1 of every
         block's cache, in place, and mask bool[L, S] says what each of x's
         positions sees of the S rows (its own rows included;
-        ``DDiTBlock.run``'s `at`).
+        ``DDiTBlock.run``'s `at`). at + L must not pass S: under jit `at` is
+        traced, and XLA moves a write that would pass the end back inside
+        the cache, over other rows (size the cache for every row a call writes).
 
         Returns:
           (float32[B, L, D], the caches after the write).

@@ -133,7 +133,7 @@ def _draw(graphdef, state, key, temperature, prompt, prompt_len, *, num_samples,
     """``sample``'s loop on a split network: one dispatch a text, no walk over the model's graph a call
     (nnx.jit's walk and a clone cost an AR text of the plays 15 ms of its 56 at batch 1).
 
-    Up to max_len the cache is the caller-held head-major one of ``DDiT.output_in_cache``: a step writes
+    Up to max_len the cache is the caller-held one of ``DDiT.output_in_cache``: a step writes
     its row in place and reads the cache as it lies (on the module's ring cache XLA's CPU compiler
     copies and transposes every block's cache at each step: an AR text of the plays 1.8x slower in
     float32 at batch 1 on a 2-core CPU, docs/speculative.md). Past max_len, the ring: a sliding window."""

@@ -52,9 +52,9 @@ The call writes every position's keys and values into the cache's rows from s
 positions, the groups after them); each query sees the rows < s and its own
 round's rows as the round's mask says. The rows from the next round's start
 on (rejected drafts, the groups) are written over by the next round before
-any of its queries sees them, so the cache rolls back by the start alone. The first round's drafts
-come from the prefill call (the prompt, and one group seeing all of it but
-its last token).
+any of its queries sees them, so the cache rolls back by the start alone.
+The first round's drafts come from the prefill call (the prompt, and one
+group seeing all of it but its last token).
 
 The drafts are drawn from each group's law sharpened, q^(1/tau) renormalised
 with tau = ``DRAFT_TEMPERATURE`` (0.8), and that is the q the verifier is
