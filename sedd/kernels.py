@@ -329,9 +329,7 @@ def cache_attention(q: Array, keys: Array, values: Array, mask: Array, dtype: An
     """
     logits = mixed_einsum("gqk,gsk->gqs", q / math.sqrt(q.shape[-1]), keys, dtype)  # (G, L, S)
     logits = jnp.where(mask, logits, -jnp.inf)
-    w = jnp.exp(logits - logits.max(axis=-1, keepdims=True))  # (G, L, S)
-    out = jnp.einsum("gqs,gsk->gqk", w.astype(dtype), values.astype(dtype), preferred_element_type=jnp.float32)
-    return out / w.sum(axis=-1, keepdims=True)  # (G, L, K)
+    return _softmax_values(logits[None], values[None], dtype)[0]  # (G, L, K)
 
 
 def unit_context_attention(q: Array, k: Array, v: Array, context: tuple[Array, Array], unit: int, mask: Array,

@@ -102,13 +102,11 @@ def test_ar_trains_with_the_same_trainer(tmp_path, caplog):
 
 
 def test_the_caller_held_cache_matches_full_forward_pass():
-    """``DDiT.output_in_cache`` (what ``ar.sample`` decodes with up to max_len): each step's logits, batch 3."""
+    """``ar.decode_in_cache`` (what ``ar.sample`` decodes with up to max_len): each step's logits, batch 3."""
     model = _ar_model()
     x = jax.random.randint(jax.random.key(4), (3, 12), 0, 7)
     full = ar.next_token_logits(model, x)  # (B, L, V)
-    rows = jnp.arange(12)
-    step = jax.jit(lambda cache, prev, pos: model.output_in_cache(prev[:, None], None, positions=pos[None],
-                                                                 mask=(rows <= pos)[None], cache=cache, at=pos))
+    step = jax.jit(lambda cache, prev, pos: ar.decode_in_cache(model, cache, prev[:, None], pos))
     cache = model.empty_cache(3, 12)
     prev = jnp.full((3,), ar.bos_id(model), jnp.int32)
     for pos in range(12):

@@ -11,6 +11,7 @@ import numpy as np
 from experiments.benchmarks import nets
 from experiments.quality import sample_quality
 from experiments.timing import format_table, interleaved, median, paired_ratio, tokens_per_call
+from sedd import ar
 from sedd import config as config_lib
 
 
@@ -29,11 +30,7 @@ def call_cost(config, ns: list[int], repeats: int, calls: int = 8) -> dict:
     length = c.data.seq_len
     rows, start = length + max(ns) + 1, length // 2
     text = jax.random.randint(jax.random.key(0), (1, rows), 0, c.vocab_size)
-    held = np.arange(rows)
-
     def looped(n):
-        seen = (held[None, :] < start) | ((held[None, :] >= start) & (held[None, :] - start <= np.arange(n)[:, None]))
-
         @jax.jit
         def fn(state, text):
             model = nnx.merge(net.graphdef, *state)
@@ -41,8 +38,7 @@ def call_cost(config, ns: list[int], repeats: int, calls: int = 8) -> dict:
 
             def body(i, carry):
                 cache, acc = carry
-                logits, cache = model.output_in_cache(text[:, start:start + n], None, positions=start + np.arange(n),
-                                                      mask=seen, cache=cache, at=jnp.int32(start))  # (1, n, V)
+                logits, cache = ar.decode_in_cache(model, cache, text[:, start:start + n], jnp.int32(start))
                 # every output and the cache carried on: nothing of the call is dead code XLA could skip
                 return cache, acc + logits.sum()
             return jax.lax.fori_loop(0, calls, body, (cache, jnp.float32(0)))[1]
@@ -76,16 +72,14 @@ def loop_profile(config, layouts: list[str], repeats: int) -> dict:
 
     ar_run, sp = run_of("ar"), run_of("spec", draft_k=4)
     length, key = ar_run.seq_len, jax.random.key(0)
-    held = jnp.arange(length)
-
     @jax.jit
     def ar_network(state):  # the calls of ar.sample: one position a step on the cache it holds (one dispatch,
         model = nnx.merge(ar_run.net.graphdef, *state)  # no walk over the model's graph a call, as ar.sample)
 
         def step(i, carry):
             cache, acc = carry
-            logits, cache = model.output_in_cache(jnp.full((1, 1), i % ar_run.config.vocab_size, jnp.int32), None,
-                                                  positions=i[None], mask=(held <= i)[None], cache=cache, at=i)
+            token = jnp.full((1, 1), i % ar_run.config.vocab_size, jnp.int32)
+            logits, cache = ar.decode_in_cache(model, cache, token, i)
             return cache, acc + logits.sum()
         return jax.lax.fori_loop(0, length, step, (model.empty_cache(1, length), jnp.float32(0)))[1]
 
@@ -287,8 +281,8 @@ def draft_overlap(run, sequences: int = 16, tau: float | None = None) -> dict:
             w = p[b, s]  # p(v | x_<s)
             cond = np.asarray(after_each(model, x[b], s), np.float64)  # (V, V)
             draft = q[b, s + 1]
-            sharp = np.where(draft > 0, draft ** (1 / tau), 0.0)
-            for name, law in (("q", draft), (f"q sharpened (tau {tau})", sharp / sharp.sum()),
+            sharp = np.asarray(spec.sharpened(draft, tau), np.float64)
+            for name, law in (("q", draft), (f"q sharpened (tau {tau})", sharp),
                               ("the mixture", w @ cond)):
                 kept[name].append(float(w @ np.minimum(cond, law[None]).sum(-1)))
             kept["the best q"].append(best_overlap(w, cond))

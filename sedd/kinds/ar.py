@@ -128,6 +128,23 @@ def decode_step(model: DDiT, token: jax.Array) -> jax.Array:
     return model.network_output(token[:, None], None, decode=True, deterministic=True)[:, 0]  # (B, V)
 
 
+def decode_in_cache(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array) -> tuple[jax.Array, tuple]:
+    """n positions start .. start + n - 1 through the AR model on a cache the caller holds (``DDiT.output_in_cache``).
+
+    Each position sees the cache rows up to its own (causally); the chunk's rows are written in place.
+
+    Args:
+      cache: ``model.empty_cache(B, S)``'s, holding positions < start; start + n <= S.
+      inputs: int[B, n] the inputs at those positions (BOS at 0, x_{p-1} at p).
+      start: int32[] the first position.
+    Returns:
+      (float32[B, n, V] the logits of x_start .. x_{start+n-1}, the cache after the write).
+    """
+    n, rows = inputs.shape[1], cache[0][0].shape[1]
+    mask = jnp.arange(rows)[None, :] <= start + jnp.arange(n)[:, None]  # (n, S)
+    return model.output_in_cache(inputs, None, positions=start + jnp.arange(n), mask=mask, cache=cache, at=start)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "length", "categorical"))
 def _draw(graphdef, state, key, temperature, prompt, prompt_len, *, num_samples, length, categorical):
     """``sample``'s loop on a split network: one dispatch a text, no walk over the model's graph a call
@@ -157,12 +174,10 @@ def _draw(graphdef, state, key, temperature, prompt, prompt_len, *, num_samples,
 
         return nnx.fori_loop(0, length, ring_step, (model, bos, toks))[2]  # (B, L)
     _check(model)
-    rows = jnp.arange(length)
 
     def step(pos, carry):
         cache, prev, toks = carry
-        logits, cache = model.output_in_cache(prev[:, None], None, positions=pos[None], mask=(rows <= pos)[None],
-                                              cache=cache, at=pos)  # (B, 1, V): x_pos's law, its row written
+        logits, cache = decode_in_cache(model, cache, prev[:, None], pos)  # (B, 1, V): x_pos's law, its row written
         tok = draw(pos, logits[:, 0])
         return cache, tok, toks.at[:, pos].set(tok)
 
