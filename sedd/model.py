@@ -445,11 +445,16 @@ class DDiT(nnx.Module):
 
     def _inputs(self, x: Array, sigma: Array | None, positions, decode: bool) -> tuple[Array, Array]:
         """What the first block reads: the embedded tokens float32[B, L, H] (rows split over a mesh) and the
-        conditioning float32[B, C] or [B, G, C] (after its SiLU; zeros without time conditioning)."""
+        conditioning float32[B, C] or [B, G, C] (after its SiLU).
+
+        Without time conditioning it is zeros float32[1, C], one row for the batch: every row's adaLN
+        modulation is the same (its bias), computed once instead of B times, and XLA hoists it out of a
+        decoding loop (with B rows of zeros its CPU compiler ran the products at every step at batch 16;
+        at the default's width they were too small to time)."""
         self._check_inputs(x, sigma, positions, decode)
         h = constrain_rows(self.vocab_embed(x).astype(jnp.float32))  # (B, L, H)
         if self.sigma_map is None:
-            return h, jnp.zeros((x.shape[0], self.cond_dim), jnp.float32)  # (B, C)
+            return h, jnp.zeros((1, self.cond_dim), jnp.float32)  # (1, C), broadcast over the batch
         sigma = jnp.asarray(sigma)
         return h, jax.nn.silu(self.sigma_map(sigma.reshape(-1))).reshape(*sigma.shape, -1)  # (B, C) or (B, G, C)
 

@@ -246,14 +246,17 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0) -> tuple:
     ``target(state, text, start, k)`` scores the k + 1 positions start ..
     start + k in one call: their inputs x_{start-1} (BOS at 0) and the k
     drafts, against the cache of the positions before start. The cache is
-    rolled back by setting its index to `start` (the rows of rejected drafts
-    are overwritten by this call, before any query can see them), so after a
-    round it holds exactly what a cache built from scratch on the accepted
-    text holds (tests/test_speculative.py). Each row runs with its own cache
-    and index (``jax.vmap`` over the rows), so rows accept different numbers
-    of drafts. The law returned is the network's next-token law with
-    temperature T and nucleus top_p (the law of the text,
-    ``sedd.sampling.shaped_law``; T = 0 the argmax).
+    the caller-held one of ``decode_in_cache`` (``DDiT.output_in_cache``):
+    the call writes its rows from `start` on in place, and a query sees the
+    rows up to its own position only, so the rows of rejected drafts (at or
+    past the next round's start) are written over by the next call before
+    any query sees them: the cache rolls back by the start alone, and after
+    a round it holds exactly what a cache built from scratch on the
+    accepted text holds (tests/test_speculative.py). Each row runs with its
+    own cache and start (``jax.vmap`` over the rows), so rows accept
+    different numbers of drafts. The law returned is the network's
+    next-token law with temperature T and nucleus top_p (the law of the
+    text, ``sedd.sampling.shaped_law``; T = 0 the argmax).
 
     Not cached: temperature and top_p may be traced float32[] values, so that
     one program serves every value (``sedd serve``); ``speculative_target``
@@ -262,48 +265,50 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0) -> tuple:
     Returns:
       prefill(params_state, prompt int32[B, P]) -> state: the caches after the
         prompt's P positions (P the same for every row, >= 0). Since each call
-        of target rolls the cache back to its `start`, a prompt buffer longer
-        than the given tokens may be prefilled whole (what follows `start` is
-        never seen); the cache holds max(max_len, P) + MAX_DRAFTS + 1
-        positions, so a round that scores positions past the text's end
-        (k <= ``sedd.speculative.MAX_DRAFTS``) never wraps the ring onto its start.
+        of target writes from its `start` on, a prompt buffer longer than the
+        given tokens may be prefilled whole (what follows `start` is never
+        seen); the cache holds max(max_len, P) + MAX_DRAFTS + 1 rows, every row
+        a round past the text's end writes (k <= ``sedd.speculative.MAX_DRAFTS``).
       target: as ``sedd.speculative.decode`` takes it; state = ((params, rest), caches).
     """
-    def row_model(params_state, cache):
-        return nnx.merge(graphdef, *params_state).with_cache(cache)
-
     def prefill(params_state, prompt):
         model = nnx.merge(graphdef, *params_state)
-        b, p = prompt.shape
-        # Room for a round past the text's end: a ring that wrapped there would overwrite the text's first
-        # positions while the round's queries still need them (the last tokens drawn without them).
-        model.init_cache(1, max(model.max_len, p) + speculative.MAX_DRAFTS + 1)
-        empty = model.cache()
+        _check(model)
+        p = prompt.shape[1]
+        rows = max(model.max_len, p) + speculative.MAX_DRAFTS + 1
 
         def one(row):  # (P,)
-            m = row_model(params_state, empty)
+            cache = model.empty_cache(1, rows)
             if p:
-                m.network_output(_inputs(m, row[None]), None, decode=True, deterministic=True)
-            return m.cache()
+                cache = decode_in_cache(model, cache, _inputs(model, row[None]), jnp.int32(0))[1]
+            return cache
 
         return params_state, jax.vmap(one)(prompt)
 
     def target(state, text, start, k):
         params_state, caches = state
+        model = nnx.merge(graphdef, *params_state)
+        _fits(caches, text)
 
         def one(cache, row, s):  # (S...), (T,), ()
-            m = row_model(params_state, cache)
-            keys, values, _ = m.cache()
-            m.with_cache((keys, values, s))  # roll back: the positions from `start` on are written now
-            prev = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)], bos_id(m))
+            prev = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)], bos_id(model))
             inputs = jnp.concatenate([prev[None], jax.lax.dynamic_slice(row, (s,), (k,))])[None]  # (1, k + 1)
-            logits = m.network_output(inputs, None, decode=True, deterministic=True)[0]  # (k + 1, V)
-            return shaped_law(logits, temperature, top_p), m.cache()
+            logits, cache = decode_in_cache(model, cache, inputs, s)  # (1, k + 1, V)
+            return shaped_law(logits[0], temperature, top_p), cache
 
         probs, caches = jax.vmap(one)(caches, text, start)
         return probs, (params_state, caches)
 
     return prefill, target
+
+
+def _fits(caches: tuple, text: jax.Array) -> None:
+    """Raise a ValueError unless the rows' caches (``build_speculative_target``'s) hold every position of `text`
+    (int32[B, T]): a round writes up to position T - 1, and a write past the cache's end would land on other rows."""
+    rows = caches[0][0].shape[-2]
+    if text.shape[1] > rows:
+        raise ValueError(f"a text buffer of {text.shape[1]} positions does not fit the prefilled caches' {rows} rows "
+                         "(max(max_len, prompt length) + MAX_DRAFTS + 1): prefill a prompt buffer as long as the text")
 
 
 @functools.lru_cache(maxsize=None)
@@ -315,13 +320,16 @@ def speculative_target(graphdef, *, temperature: float = 1.0, top_p: float = 1.0
 def build_speculative_drafter(graphdef, temperature=1.0) -> tuple:
     r"""(prefill, drafter) of a (smaller) AR network for ``sedd.speculative.decode``: k tokens left to right.
 
-    Each round rolls the row's cache back to `start` (as ``speculative_target``)
-    and runs k + 1 one-position steps: step i feeds the input at position
+    Each round writes the row's cache from `start` on (as ``speculative_target``: the rows of
+    rejected drafts are written over before they are seen) and runs k + 1 one-position steps: step i feeds the input at position
     start + i and draws y_i from the network's law at temperature T (T = 0:
     its argmax; a traced value serves every T), so q_i = that law given the
     prefix and y_<i, (1) of ``sedd.speculative``; the last step only feeds
     y_{k-1}, so that the cache holds every position a round can accept (all
     k and the extra token).
+
+    Its cache holds max(max_len, P) + MAX_DRAFTS + 1 rows, as the target's: a text longer than the draft
+    network's max_len (a draft run trained on shorter texts) is refused by name at the first round.
 
     Returns:
       prefill(params_state, prompt int32[B, P]) -> state (``build_speculative_target``'s);
@@ -331,23 +339,22 @@ def build_speculative_drafter(graphdef, temperature=1.0) -> tuple:
 
     def drafter(key, state, text, start, k):
         params_state, caches = state
+        model = nnx.merge(graphdef, *params_state)
+        _fits(caches, text)
 
         def one(key, cache, row, s):
-            m = nnx.merge(graphdef, *params_state).with_cache(cache)
-            keys, values, _ = m.cache()
-            m.with_cache((keys, values, s))
-            prev = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)], bos_id(m))
+            prev = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)], bos_id(model))
             ys, qs = [], []
             for i in range(k + 1):
-                logits = decode_step(m, prev[None])[0]  # (V,)
+                logits, cache = decode_in_cache(model, cache, prev[None, None], s + i)  # (1, 1, V)
                 if i == k:
                     break
-                q = shaped_law(logits, temperature, 1.0)
+                q = shaped_law(logits[0, 0], temperature, 1.0)
                 prev = jax.random.categorical(jax.random.fold_in(key, i), jnp.log(q)).astype(jnp.int32)
                 ys.append(prev), qs.append(q)
             if not k:
-                return jnp.zeros((0,), jnp.int32), jnp.zeros((0, m.out_dim), jnp.float32), m.cache()
-            return jnp.stack(ys), jnp.stack(qs), m.cache()
+                return jnp.zeros((0,), jnp.int32), jnp.zeros((0, model.out_dim), jnp.float32), cache
+            return jnp.stack(ys), jnp.stack(qs), cache
 
         keys = jax.random.split(key, text.shape[0])
         drafted, q, caches = jax.vmap(one)(keys, caches, text, start)
