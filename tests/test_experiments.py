@@ -340,6 +340,20 @@ def test_distill_study_on_a_markov_corpus(tmp_path):
     assert (tmp_path / "out" / "distill_study.png").stat().st_size > 0
 
 
+def test_layout_ceiling_is_k_plus_one_over_the_call_cost():
+    """A round of (k, groups) on P positions writes at most k + 1 tokens where an AR step writes one."""
+    from sedd.kinds.spec import Layout
+
+    curve = {"rows": [{"n": 1, "ratio_to_n1": 1.0}, {"n": 3, "ratio_to_n1": 2.0}, {"n": 4, "ratio_to_n1": 1.6}]}
+    rows = speculative.layout_ceiling(curve, [Layout(1, 1), Layout(1, 2), Layout(4, 5)])
+    # 4,5's 25 positions and k = 4's 5 are not in the curve; k = 1 verified alone is a call on 2 positions, not here
+    assert [(r["layout"], r["positions"]) for r in rows] == [("1,1", 3), ("1,2", 4)]
+    assert [r["at_most_vs_ar"] for r in rows] == [pytest.approx(2 / 2.0), pytest.approx(2 / 1.6)]
+    curve["rows"].append({"n": 2, "ratio_to_n1": 1.25})
+    free = speculative.layout_ceiling(curve, [Layout(1, 1)])[-1]
+    assert (free["layout"], free["positions"], free["at_most_vs_ar"]) == ("k=1, drafts free", 2, pytest.approx(1.6))
+
+
 @pytest.mark.slow  # a benchmark's parts end to end (trained runs, timing): behind -m slow to keep the default suite within 900 CPU s
 def test_speculative_bench_parts(tmp_path):
     """bench.py speculative's parts, tiny: the call-cost curve, a block drafter's cell by each rule, the picture.
@@ -348,9 +362,9 @@ def test_speculative_bench_parts(tmp_path):
     """
     import argparse
 
-    curve = speculative.call_cost(nets.bench_config("tiny"), [1, 3], repeats=1, calls=2)
-    assert [r["n"] for r in curve["rows"]] == [1, 3] and all(r["ms_per_call"] > 0 for r in curve["rows"])
-    assert curve["rows"][0]["ratio_to_n1"] == 1
+    curve = speculative.call_cost(nets.bench_config("tiny"), [1, 3], repeats=1, calls=2, batch=2)
+    assert [r["n"] for r in curve["rows"]] == [1, 3] and all(np.isfinite(r["ms_per_call"]) for r in curve["rows"])
+    assert curve["rows"][0]["ratio_to_n1"] == 1 and curve["batch"] == 2
     target, drafts, _ = speculative.speculative_runs(True, argparse.Namespace(target=""))
     drafts = {name: d for name, d in drafts.items() if "block" in name}
     study = speculative.bench_speculative(target, drafts, {}, ks=[2], batches=[1], repeats=1, quality_samples=4,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import jax
@@ -15,40 +16,75 @@ from sedd import ar
 from sedd import config as config_lib
 
 
-def call_cost(config, ns: list[int], repeats: int, calls: int = 8) -> dict:
-    """Seconds of one KV-cached AR call on n new positions, batch 1, random weights.
+def call_cost(config, ns: list[int], repeats: int, calls: int | None = None, batch: int = 1) -> dict:
+    """Seconds of one KV-cached AR call on n new positions a row, `batch` rows, random weights.
 
     The call (``DDiT.output_in_cache``, as ``ar.sample`` decodes and the spec kind's rounds run) scores
-    positions start .. start + n - 1, causally, against a cache of start = L / 2 positions; `calls` calls
-    run inside one jitted loop (each writing the same rows again, the same work), so no dispatch is timed.
-    The ratio to n = 1 says when a draft pays: a round of k drafts costs one call on k + 1 positions.
+    positions start .. start + n - 1 causally against a cache of L + n_max + 8 rows, start = L / 2 + (i mod
+    8) at call i (each call writes rows the last did not, as decoding does), calls in one jitted loop.
+    Loops of `calls` and of 2 `calls` calls are timed in turn and a call is their difference over `calls`:
+    what a loop pays once (the dispatch, the cache's allocation: at the default's size as much as eight
+    calls) cancels. `calls` (None: enough for 20 ms a loop at n = 1, at least 8). The ratio to n = 1 is
+    what a round on n positions costs against an AR step (``layout_ceiling``): the spec kind's round is
+    one call on (k + 1) + groups k positions.
     """
     from flax import nnx  # noqa: PLC0415
 
     c = config.copy_and_resolve_references()
     _, net = nets.random_net(c, "ar")
     length = c.data.seq_len
-    rows, start = length + max(ns) + 1, length // 2
-    text = jax.random.randint(jax.random.key(0), (1, rows), 0, c.vocab_size)
-    def looped(n):
+    rows, start = length + max(ns) + 8, length // 2
+    text = jax.random.randint(jax.random.key(0), (batch, rows), 0, c.vocab_size)
+
+    def looped(n, calls):
         @jax.jit
         def fn(state, text):
             model = nnx.merge(net.graphdef, *state)
-            cache = model.empty_cache(1, rows)
+            cache = model.empty_cache(batch, rows)
 
             def body(i, carry):
                 cache, acc = carry
-                logits, cache = ar.decode_in_cache(model, cache, text[:, start:start + n], jnp.int32(start))
+                at = start + i % 8
+                inputs = jax.lax.dynamic_slice(text, (0, at), (batch, n))
+                logits, cache = ar.decode_in_cache(model, cache, inputs, at)
                 # every output and the cache carried on: nothing of the call is dead code XLA could skip
                 return cache, acc + logits.sum()
             return jax.lax.fori_loop(0, calls, body, (cache, jnp.float32(0)))[1]
         return lambda: fn(net.state, text)
 
-    times = interleaved({n: looped(n) for n in ns}, repeats)
-    rows_out = [{"n": n, "ms_per_call": median(times[n]) / calls * 1e3,
-                 "ratio_to_n1": paired_ratio(times[n], times[ns[0]])} for n in ns]
+    if calls is None:  # enough calls that a loop takes 20 ms at n = 1 (one timed after its compile)
+        once = looped(ns[0], 8)
+        jax.block_until_ready(once())
+        t = time.perf_counter()
+        jax.block_until_ready(once())
+        calls = int(np.clip(np.ceil(0.02 / ((time.perf_counter() - t) / 8)), 8, 512))
+    times = interleaved({(n, c): looped(n, c) for n in ns for c in (calls, 2 * calls)}, repeats)
+    call = {n: [(b - a) / calls for a, b in zip(times[n, calls], times[n, 2 * calls])] for n in ns}  # seconds
+    rows_out = [{"n": n, "ms_per_call": median(call[n]) * 1e3, "ratio_to_n1": paired_ratio(call[n], call[ns[0]])}
+                for n in ns]
     return {"model": dict(width=c.model.hidden_size, blocks=c.model.n_blocks, vocab_size=c.vocab_size,
-                          cache=rows, start=start, dtype=c.model.dtype), "rows": rows_out}
+                          cache=rows, start=start, dtype=c.model.dtype), "batch": batch, "calls": calls,
+            "rows": rows_out}
+
+
+def layout_ceiling(curve: dict, layouts) -> list[dict]:
+    """The most each layout could write against AR, whatever its drafts keep: an upper bound from the curve.
+
+    A round of layout (k, groups) is one call on P = (k + 1) + groups k positions a row and writes at most
+    k + 1 tokens (every draft kept); an AR step is one call on one position and writes one. So the round's
+    tokens/s against AR's are at most (k + 1) / (cost(P) / cost(1)), with the loop's own work in neither
+    (a round's is the larger share: ``loop_profile``). Layouts whose P the curve lacks are left out.
+
+    A drafter that costs nothing (no draft positions in the call, as a separate drafter's or a head's drafts)
+    still verifies k drafts in a call on k + 1 positions: the rows "k=K, drafts free" bound every such scheme.
+    """
+    ratio = {r["n"]: r["ratio_to_n1"] for r in curve["rows"]}
+    rows = [{"layout": f"{lay.k},{lay.groups}", "positions": lay.positions, "call_vs_ar": ratio[lay.positions],
+             "at_most_vs_ar": (lay.k + 1) / ratio[lay.positions]}
+            for lay in layouts if lay.positions in ratio]
+    return rows + [{"layout": f"k={k}, drafts free", "positions": k + 1, "call_vs_ar": ratio[k + 1],
+                    "at_most_vs_ar": (k + 1) / ratio[k + 1]}
+                   for k in sorted({lay.k for lay in layouts}) if k + 1 in ratio]
 
 
 def loop_profile(config, layouts: list[str], repeats: int) -> dict:
@@ -380,6 +416,47 @@ def speculative_picture(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def cost_curves(sizes: dict, ns: list[int], batches: list[int], repeats: int, args) -> tuple[dict, dict]:
+    """The call-cost curve of each size at each batch, and each layout's ceiling there (``layout_ceiling``).
+
+    Past batch 1 only the n of the layouts (``spec.candidates(4)`` and --layouts) and 1: a wide curve there
+    takes long. Keyed "SIZE" at batch 1 and "SIZE, batch B" past it.
+    """
+    from sedd.kinds import spec  # noqa: PLC0415
+
+    layouts = sorted({spec.layout_of(lay, 4) for lay in args.layouts or () if lay != "auto"} | set(spec.candidates(4)),
+                     key=lambda lay: (-lay.k, -lay.groups))
+    curves, ceilings = {}, {}
+    for name, config in sizes.items():
+        config.model.kind = "ar"
+        if args.dtype:
+            config.model.dtype = args.dtype
+        for batch in batches:
+            at = ns if batch == 1 else sorted({1} | {n for lay in layouts for n in (lay.positions, lay.k + 1)})
+            key = name if batch == 1 else f"{name}, batch {batch}"
+            curves[key] = call_cost(config, at, max(repeats, 3), batch=batch)
+            ceilings[key] = layout_ceiling(curves[key], layouts)
+            print(f"  call cost at {key}'s size done", flush=True)
+    return curves, ceilings
+
+
+def curve_lines(curves: dict, ceilings: dict) -> list[str]:
+    """``cost_curves``' tables: each curve, and the most each layout could write against AR at its prices."""
+    lines = []
+    for name, curve in curves.items():
+        lines.append(f"one AR call on n new positions a row, batch {curve['batch']}, {name.split(',')[0]}'s size "
+                     f"{curve['model']}")
+        lines.append(format_table(["n", "ms a call", "vs n=1"], [[r["n"], f"{r['ms_per_call']:.3f}",
+                                                                   f"{r['ratio_to_n1']:.2f}"] for r in curve["rows"]]))
+        if ceilings[name]:
+            lines.append(f"the most a spec round of each layout could write against an AR step at these prices "
+                         f"(k + 1 tokens, every draft kept; the loops' own work in neither), batch {curve['batch']}")
+            lines.append(format_table(["layout", "positions a call", "call vs AR's", "at most vs AR"],
+                                      [[r["layout"], r["positions"], f"{r['call_vs_ar']:.2f}",
+                                        f"{r['at_most_vs_ar']:.2f}"] for r in ceilings[name]]))
+    return lines
+
+
 def run_speculative(quick: bool, args) -> dict:
     """Speculative sampling: the call-cost curve at two sizes, and drafters against AR with its KV cache."""
     if quick:
@@ -391,13 +468,7 @@ def run_speculative(quick: bool, args) -> dict:
         sizes["gpt2_small"].vocab_size = 50257
         ns = args.positions or list(range(1, 33))
         ks, batches, quality_samples, repeats = [2, 4, 8, 16], args.batch_sizes, args.quality_samples, args.repeats
-    curves = {}
-    for name, config in ({} if args.target and not args.cost_only else sizes).items():  # a study: the curve apart
-        config.model.kind = "ar"
-        if args.dtype:
-            config.model.dtype = args.dtype
-        curves[name] = call_cost(config, ns, max(repeats, 3))
-        print(f"  call cost at {name}'s size done", flush=True)
+    curves, ceilings = cost_curves({} if args.target and not args.cost_only else sizes, ns, batches, repeats, args)
     profile = None
     if args.cost_only or quick or args.profile_size:  # where a step's time goes, at the default's size or the one asked
         size = "tiny" if quick else args.profile_size or "shakespeare_char"
@@ -415,10 +486,7 @@ def run_speculative(quick: bool, args) -> dict:
         lines.append(format_table(["loop", "ms a step", "network ms", "outside the network"],
                                   [[r["loop"], f"{r['ms_a_step']:.3f}", f"{r['network_ms_a_step']:.3f}",
                                     f"{100 * r['outside_network']:.0f}%"] for r in profile["rows"]]))
-    for name, curve in curves.items():
-        lines.append(f"one AR call on n new positions, batch 1, {name}'s size {curve['model']}")
-        lines.append(format_table(["n", "ms a call", "vs n=1"], [[r["n"], f"{r['ms_per_call']:.3f}",
-                                                                   f"{r['ratio_to_n1']:.2f}"] for r in curve["rows"]]))
+    lines += curve_lines(curves, ceilings)
     study = None
     if (args.target or quick) and not args.cost_only:
         target, drafts, specs = speculative_runs(quick, args)
@@ -466,7 +534,8 @@ def run_speculative(quick: bool, args) -> dict:
                      "at each group's first position of 16 validation texts; by the draft's law q")
         lines.append(format_table(["spec run"] + names, [[name] + [f"{o[n]['mean']:.3f} +- {o[n]['se']:.3f}"
                                                                   for n in names] for name, o in overlaps.items()]))
-    result = {"benchmark": "speculative", "call_cost": curves, "loop_profile": profile, "study": study,
+    result = {"benchmark": "speculative", "call_cost": curves, "layout_ceiling": ceilings, "loop_profile": profile,
+              "study": study,
               "draft_overlap": overlaps, "dtypes": dtypes, "table": "\n\n".join(lines)}
     if args.picture and study is not None:
         path = Path(args.picture)
