@@ -387,6 +387,18 @@ def test_rollback_leaves_the_cache_of_the_accepted_text():
     np.testing.assert_allclose(np.asarray(p_rolled), np.asarray(p_fresh), rtol=1e-6, atol=1e-7)
 
 
+def test_a_text_longer_than_the_prefilled_caches_is_refused_by_name():
+    """The caches hold max(max_len, P) + MAX_DRAFTS + 1 rows; a longer text buffer would write over other rows."""
+    from sedd import ar
+
+    graphdef, state, _ = _tiny_ar()
+    prefill, target = ar.speculative_target(graphdef)
+    cached = prefill(state, jnp.zeros((1, 2), jnp.int32))
+    rows = jax.tree.leaves(cached[1])[0].shape[-2]
+    with pytest.raises(ValueError, match=rf"text buffer of {rows + 1} positions does not fit .* {rows} rows"):
+        target(cached, jnp.zeros((1, rows + 1), jnp.int32), jnp.asarray([2]), 3)
+
+
 def test_an_ar_run_samples_with_drafts_from_itself_and_from_ngrams():
     """Run.sample(draft=...): a drafter equal to the target keeps nearly every draft, k + 1 tokens a call."""
     from test_golden import _cached_run
