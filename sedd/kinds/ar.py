@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sedd import drafts, evaluate, sampling, speculative
+from sedd import ddit_block, drafts, evaluate, sampling, speculative
 from sedd.categorical import sample_categorical
 from sedd.kinds.base import WritesLeftToRight, network_of, register
 from sedd.model import DDiT
@@ -126,6 +126,19 @@ def decode_step(model: DDiT, token: jax.Array) -> jax.Array:
     """
     _check(model)
     return model.network_output(token[:, None], None, decode=True, deterministic=True)[:, 0]  # (B, V)
+
+
+def _decode_rows(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array) -> tuple[jax.Array, tuple]:
+    """``decode_in_cache`` with start int32[B], a start a row: the rows in one call up to
+    ``ddit_block.ROW_WRITES`` rows (one write a row); past it one program a row under ``jax.vmap`` (a batched
+    call's writes and masks grow with B; a test samples 50,000 rows at once)."""
+    b = inputs.shape[0]
+    if b <= ddit_block.ROW_WRITES:
+        return decode_in_cache(model, cache, inputs, start)
+    n = model.blocks[0].n_heads
+    rows = jax.tree.map(lambda a: a.reshape(b, n, *a.shape[1:]), cache)  # (B, N, S, K) each
+    logits, rows = jax.vmap(lambda c, x, s: decode_in_cache(model, c, x[None], s))(rows, inputs, start)
+    return logits[:, 0], jax.tree.map(lambda a: a.reshape(b * n, *a.shape[2:]), rows)
 
 
 def decode_in_cache(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array) -> tuple[jax.Array, tuple]:
@@ -290,7 +303,7 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0) -> tuple:
         rows = jnp.arange(text.shape[0])[:, None]
         prev = jnp.where(start > 0, text[rows[:, 0], jnp.maximum(start - 1, 0)], bos_id(model))  # (B,)
         inputs = jnp.concatenate([prev[:, None], text[rows, start[:, None] + jnp.arange(k)]], axis=1)  # (B, k + 1)
-        logits, cache = decode_in_cache(model, cache, inputs, start)  # (B, k + 1, V), each row at its start
+        logits, cache = _decode_rows(model, cache, inputs, start)  # (B, k + 1, V), each row at its start
         return shaped_law(logits, temperature, top_p), (params_state, cache)
 
     return prefill, target
@@ -340,7 +353,7 @@ def build_speculative_drafter(graphdef, temperature=1.0) -> tuple:
         keys = jax.random.split(key, b)
         ys, qs = [], []
         for i in range(k + 1):  # the rows together, each at its own position start + i
-            logits, cache = decode_in_cache(model, cache, prev[:, None], start + i)  # (B, 1, V)
+            logits, cache = _decode_rows(model, cache, prev[:, None], start + i)  # (B, 1, V)
             if i == k:
                 break
             q = shaped_law(logits[:, 0], temperature, 1.0)  # (B, V)
