@@ -31,6 +31,10 @@ from sedd.layers import apply_rotary, broadcast_positions, layer_norm, linear, m
 Array = jax.Array
 
 
+ROW_WRITES = 64
+"""``DDiTBlock.run``'s writes at a place a sequence: one write each up to this many sequences, a scatter past it."""
+
+
 class DDiTBlock(nnx.Module):
     """One adaLN-modulated transformer block (Peebles & Xie 2023), rotary attention.
 
@@ -146,6 +150,21 @@ class DDiTBlock(nnx.Module):
         return self.run(x, c, positions=positions, mask=mask, context=context, decode=decode, commit=commit,
                         deterministic=deterministic, rngs=rngs)[0]
 
+    def _write(self, held: Array, new: Array, at: Array) -> Array:
+        """new [B N, L, K] into the cache held [B N, S, K] at rows at .. at + L - 1, in place; at int32[] or
+        int32[B] (each sequence's own rows: one write a sequence, its heads together, up to
+        ``ROW_WRITES`` sequences; past that one scatter, which a program of B writes would outgrow)."""
+        if jnp.ndim(at) == 0:
+            return jax.lax.dynamic_update_slice(held, new, (0, at, 0))
+        b, n = jnp.shape(at)[0], self.n_heads
+        if b > ROW_WRITES:
+            write = jax.vmap(lambda h, x, a: jax.lax.dynamic_update_slice(h, x, (0, a, 0)))
+            return write(held.reshape(b, n, *held.shape[1:]), new.reshape(b, n, *new.shape[1:]), at).reshape(
+                held.shape)
+        for i in range(b):
+            held = jax.lax.dynamic_update_slice(held, new[i * n:(i + 1) * n], (i * n, at[i], 0))
+        return held
+
     def run(
         self,
         x: Array,
@@ -168,7 +187,10 @@ class DDiTBlock(nnx.Module):
         decoding): the chunk's keys and values are written into rows at .. at
         + L - 1, in place, and each query attends over the S rows as mask
         bool[L, S] says (``kernels.cache_attention``). Nothing of the S rows
-        is concatenated, transposed or copied at the call.
+        is concatenated, transposed or copied at the call. With at int32[B]
+        each sequence's rows go to its own place (one write a sequence, its
+        mask bool[B, L, S]): under ``jax.vmap`` such a write is a scatter,
+        around which XLA's CPU compiler copied the cache at every write.
 
         Returns:
           (float32[B, L, H], (keys, values)): the keys rotary-embedded, both
@@ -204,8 +226,10 @@ class DDiTBlock(nnx.Module):
         elif at is not None:  # the chunk's rows written into the caller's cache, then the cache read as mask says
             grouped = lambda a: jnp.swapaxes(a, 1, 2).reshape(b * self.n_heads, l, self.head_dim)  # noqa: E731
             held_dtype = context[0].dtype  # the attention's products: in the cache's dtype (``DDiT.empty_cache``)
-            k, v = (jax.lax.dynamic_update_slice(held, grouped(new).astype(held.dtype), (0, at, 0))
-                    for held, new in zip(context, (k, v)))  # (B N, S, K) each, in place
+            k, v = (self._write(held, grouped(new).astype(held.dtype), at) for held, new in zip(context, (k, v)))
+            if jnp.ndim(mask) == 3:  # a mask a sequence, (B, L, S): the same for its heads
+                mask = jnp.broadcast_to(mask[:, None], (b, self.n_heads, *mask.shape[1:])).reshape(
+                    b * self.n_heads, *mask.shape[1:])
             att = kernels.cache_attention(grouped(q), k, v, mask, held_dtype)  # (B N, L, K)
             att = jnp.swapaxes(att.reshape(b, self.n_heads, l, self.head_dim), 1, 2)  # (B, L, N, K)
         else:  # its own unit of the chunk and the context's positions of mask

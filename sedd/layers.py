@@ -197,7 +197,7 @@ def apply_rotary(x: Array, positions: Array, base: float = ROTARY_BASE) -> Array
 
     Args:
       x: float[B, L, N, K] queries or keys, K even.
-      positions: int or float[L] position of each row.
+      positions: int or float[L] position of each row, or [B, L]: each sequence's own.
       base: the rotary base.
     Returns:
       float32[B, L, N, K], rotated.
@@ -209,9 +209,9 @@ def apply_rotary(x: Array, positions: Array, base: float = ROTARY_BASE) -> Array
     # compute them again for every (B, N) element (docs/benchmarks.md, float32 step).
     xp = np if isinstance(positions, np.ndarray) else jnp
     inv_freq = 1.0 / (base ** (xp.arange(half, dtype=np.float32) * np.float32(2.0) / np.float32(k)))  # (K/2,)
-    angles = xp.asarray(positions).astype(np.float32)[:, None] * inv_freq[None, :]  # (L, K/2)
-    cos = xp.cos(angles)[None, :, None, :]  # (1, L, 1, K/2)
-    sin = xp.sin(angles)[None, :, None, :]  # (1, L, 1, K/2)
+    angles = xp.asarray(positions).astype(np.float32)[..., None] * inv_freq  # ([B,] L, K/2)
+    cos = xp.cos(angles)[..., None, :]  # ([B,] L, 1, K/2)
+    sin = xp.sin(angles)[..., None, :]  # ([B,] L, 1, K/2)
     x = x.astype(jnp.float32)
     x1, x2 = x[..., :half], x[..., half:]  # (B, L, N, K/2) each
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)  # (B, L, N, K)

@@ -307,8 +307,9 @@ class DDiT(nnx.Module):
         b, l = x.shape
         if positions is None and not decode and l > self.max_len:
             raise ValueError(f"sequence length L={l} exceeds max_len={self.max_len}.")
-        if positions is not None and jnp.shape(positions) != (l,):
-            raise ValueError(f"positions must have shape [L] = ({l},); got shape {jnp.shape(positions)}.")
+        if positions is not None and jnp.shape(positions) not in ((l,), (b, l)):
+            raise ValueError(f"positions must have shape [L] = ({l},) or [B, L] = ({b}, {l}); got shape "
+                             f"{jnp.shape(positions)}.")
         if sigma is None:
             if self.time_conditioning or self.scale_by_sigma:
                 raise ValueError(
@@ -488,9 +489,12 @@ class DDiT(nnx.Module):
         keys and values are written into rows at .. at + L - 1 of every
         block's cache, in place, and mask bool[L, S] says what each of x's
         positions sees of the S rows (its own rows included;
-        ``DDiTBlock.run``'s `at`). at + L must not pass S: under jit `at` is
-        traced, and XLA moves a write that would pass the end back inside
-        the cache, over other rows (size the cache for every row a call writes).
+        ``DDiTBlock.run``'s `at`). Each sequence may have its own place: at
+        int32[B], positions [B, L] and mask [B, L, S] (rows at different
+        lengths, as speculative rounds leave them). at + L must not pass S:
+        under jit `at` is traced, and XLA moves a write that would pass the
+        end back inside the cache, over other rows (size the cache for every
+        row a call writes).
 
         Returns:
           (float32[B, L, D], the caches after the write).

@@ -345,6 +345,36 @@ def test_a_cache_held_by_the_caller_gives_the_full_pass_and_refuses_a_wrong_one(
                         positions=np.arange(1), context=cache[0], at=jnp.int32(0))
 
 
+@pytest.mark.parametrize("row_writes", [64, 1])  # a write a sequence, and the scatter past ROW_WRITES
+def test_a_cache_held_by_the_caller_takes_each_sequence_at_its_own_place(monkeypatch, row_writes):
+    """``output_in_cache`` with at int32[B]: sequences at different lengths (2 and 5) in one call, each equal to
+    the full causal pass at its positions, and each row's cache to one written at its own place alone."""
+    from sedd import ddit_block
+
+    monkeypatch.setattr(ddit_block, "ROW_WRITES", row_writes)
+    m = perturb(make(AR))
+    x = tokens(0, V + 1)  # (2, L)
+    full = np.asarray(nnx.jit(lambda mod, a: mod.network_output(a, None))(m, x))  # (B, L, V)
+    rows, starts, n = np.arange(L), np.array([2, 5]), 3
+    cache = m.empty_cache(2, L)
+    _, cache = m.output_in_cache(x[:, :5], None, positions=np.arange(5), mask=rows[None, :] <= np.arange(5)[:, None],
+                                 cache=cache, at=jnp.int32(0))  # both texts up to 5; row 0 rewrites from 2 below
+    positions = starts[:, None] + np.arange(n)  # (B, n)
+    chunk = np.take_along_axis(np.asarray(x), positions, axis=1)
+    out, cache = m.output_in_cache(chunk, None, positions=positions, mask=rows[None, None, :] <= positions[..., None],
+                                   cache=cache, at=jnp.asarray(starts, jnp.int32))
+    np.testing.assert_allclose(np.asarray(out), np.take_along_axis(full, positions[..., None], axis=1),
+                               rtol=1e-5, atol=1e-5)
+    alone = m.empty_cache(2, L)
+    _, alone = m.output_in_cache(x[:, :8], None, positions=np.arange(8), mask=rows[None, :] <= np.arange(8)[:, None],
+                                 cache=alone, at=jnp.int32(0))
+    heads = m.blocks[0].n_heads
+    for got, want in zip(jax.tree.leaves(cache), jax.tree.leaves(alone)):  # [B N, S, K]: row b's rows < start + n
+        for b, start in enumerate(starts):
+            np.testing.assert_allclose(np.asarray(got)[b * heads:(b + 1) * heads, :start + n],
+                                       np.asarray(want)[b * heads:(b + 1) * heads, :start + n], rtol=1e-5, atol=1e-5)
+
+
 def test_logical_axis_names_without_mesh():
     m = make()
     specs = nnx.get_partition_spec(nnx.state(m, nnx.Param))

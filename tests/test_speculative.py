@@ -380,15 +380,15 @@ def test_rollback_leaves_the_cache_of_the_accepted_text():
     _, after = target(prefill(state, text[:, :2]), text, jnp.asarray([2]), 3)  # scores positions 2..5
     accepted = text.at[0, 3].set(2)  # d_0 = 1 kept at position 2, position 3 redrawn as 2: start' = 4
     fresh = prefill(state, accepted[:, :4])
-    for a, b in zip(jax.tree.leaves(after[1]), jax.tree.leaves(fresh[1])):  # every block's keys, values [B, N, S, K]
-        np.testing.assert_array_equal(np.asarray(a)[:, :, :4], np.asarray(b)[:, :, :4])  # the rows before 4
+    for a, b in zip(jax.tree.leaves(after[1]), jax.tree.leaves(fresh[1])):  # every block's keys, values [B N, S, K]
+        np.testing.assert_array_equal(np.asarray(a)[:, :4], np.asarray(b)[:, :4])  # the rows before 4
     p_rolled, _ = target(after, accepted, jnp.asarray([4]), 3)
     p_fresh, _ = target(fresh, accepted, jnp.asarray([4]), 3)
     np.testing.assert_allclose(np.asarray(p_rolled), np.asarray(p_fresh), rtol=1e-6, atol=1e-7)
 
 
-def test_a_text_longer_than_the_prefilled_caches_is_refused_by_name():
-    """The caches hold max(max_len, P) + MAX_DRAFTS + 1 rows; a longer text buffer would write over other rows."""
+def test_a_text_longer_than_the_prefilled_cache_is_refused_by_name():
+    """The cache holds max(max_len, P) + MAX_DRAFTS + 1 rows; a longer text buffer would write over other rows."""
     from sedd import ar
 
     graphdef, state, _ = _tiny_ar()

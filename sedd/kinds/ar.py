@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sedd import drafts, evaluate, sampling, speculative
+from sedd import ddit_block, drafts, evaluate, sampling, speculative
 from sedd.categorical import sample_categorical
 from sedd.kinds.base import WritesLeftToRight, network_of, register
 from sedd.model import DDiT
@@ -128,6 +128,19 @@ def decode_step(model: DDiT, token: jax.Array) -> jax.Array:
     return model.network_output(token[:, None], None, decode=True, deterministic=True)[:, 0]  # (B, V)
 
 
+def _decode_rows(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array) -> tuple[jax.Array, tuple]:
+    """``decode_in_cache`` with start int32[B], a start a row: the rows in one call up to
+    ``ddit_block.ROW_WRITES`` rows (one write a row); past it one program a row under ``jax.vmap`` (a batched
+    call's writes and masks grow with B; a test samples 50,000 rows at once)."""
+    b = inputs.shape[0]
+    if b <= ddit_block.ROW_WRITES:
+        return decode_in_cache(model, cache, inputs, start)
+    n = model.blocks[0].n_heads
+    rows = jax.tree.map(lambda a: a.reshape(b, n, *a.shape[1:]), cache)  # (B, N, S, K) each
+    logits, rows = jax.vmap(lambda c, x, s: decode_in_cache(model, c, x[None], s))(rows, inputs, start)
+    return logits[:, 0], jax.tree.map(lambda a: a.reshape(b * n, *a.shape[2:]), rows)
+
+
 def decode_in_cache(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array) -> tuple[jax.Array, tuple]:
     """n positions start .. start + n - 1 through the AR model on a cache the caller holds (``DDiT.output_in_cache``).
 
@@ -136,13 +149,14 @@ def decode_in_cache(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Arr
     Args:
       cache: ``model.empty_cache(B, S)``'s, holding positions < start; start + n <= S.
       inputs: int[B, n] the inputs at those positions (BOS at 0, x_{p-1} at p).
-      start: int32[] the first position.
+      start: int32[] the first position, or int32[B]: each row's own (rows at different lengths).
     Returns:
       (float32[B, n, V] the logits of x_start .. x_{start+n-1}, the cache after the write).
     """
     n, rows = inputs.shape[1], cache[0][0].shape[1]
-    mask = jnp.arange(rows)[None, :] <= start + jnp.arange(n)[:, None]  # (n, S)
-    return model.output_in_cache(inputs, None, positions=start + jnp.arange(n), mask=mask, cache=cache, at=start)
+    positions = jnp.asarray(start)[..., None] + jnp.arange(n)  # (n,) or (B, n)
+    mask = jnp.arange(rows) <= positions[..., None]  # ([B,] n, S)
+    return model.output_in_cache(inputs, None, positions=positions, mask=mask, cache=cache, at=start)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "length", "categorical"))
@@ -252,9 +266,11 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0) -> tuple:
     past the next round's start) are written over by the next call before
     any query sees them: the cache rolls back by the start alone, and after
     a round it holds exactly what a cache built from scratch on the
-    accepted text holds (tests/test_speculative.py). Each row runs with its
-    own cache and start (``jax.vmap`` over the rows), so rows accept
-    different numbers of drafts. The law returned is the network's
+    accepted text holds (tests/test_speculative.py). The rows run in one
+    call, each written and read at its own start (``decode_in_cache`` with
+    a start a row), so rows accept different numbers of drafts; under
+    ``jax.vmap`` over the rows XLA's CPU compiler copied the cache around
+    every such write. The law returned is the network's
     next-token law with temperature T and nucleus top_p (the law of the
     text, ``sedd.sampling.shaped_law``; T = 0 the argmax).
 
@@ -263,51 +279,42 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0) -> tuple:
     is the cached builder of Python values.
 
     Returns:
-      prefill(params_state, prompt int32[B, P]) -> state: the caches after the
+      prefill(params_state, prompt int32[B, P]) -> state: the cache after the
         prompt's P positions (P the same for every row, >= 0). Since each call
         of target writes from its `start` on, a prompt buffer longer than the
         given tokens may be prefilled whole (what follows `start` is never
         seen); the cache holds max(max_len, P) + MAX_DRAFTS + 1 rows, every row
         a round past the text's end writes (k <= ``sedd.speculative.MAX_DRAFTS``).
-      target: as ``sedd.speculative.decode`` takes it; state = ((params, rest), caches).
+      target: as ``sedd.speculative.decode`` takes it; state = ((params, rest), cache).
     """
     def prefill(params_state, prompt):
         model = nnx.merge(graphdef, *params_state)
         _check(model)
-        p = prompt.shape[1]
-        rows = max(model.max_len, p) + speculative.MAX_DRAFTS + 1
-
-        def one(row):  # (P,)
-            cache = model.empty_cache(1, rows)
-            if p:
-                cache = decode_in_cache(model, cache, _inputs(model, row[None]), jnp.int32(0))[1]
-            return cache
-
-        return params_state, jax.vmap(one)(prompt)
+        b, p = prompt.shape
+        cache = model.empty_cache(b, max(model.max_len, p) + speculative.MAX_DRAFTS + 1)
+        if p:
+            cache = decode_in_cache(model, cache, _inputs(model, prompt), jnp.int32(0))[1]
+        return params_state, cache
 
     def target(state, text, start, k):
-        params_state, caches = state
+        params_state, cache = state
         model = nnx.merge(graphdef, *params_state)
-        _fits(caches, text)
-
-        def one(cache, row, s):  # (S...), (T,), ()
-            prev = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)], bos_id(model))
-            inputs = jnp.concatenate([prev[None], jax.lax.dynamic_slice(row, (s,), (k,))])[None]  # (1, k + 1)
-            logits, cache = decode_in_cache(model, cache, inputs, s)  # (1, k + 1, V)
-            return shaped_law(logits[0], temperature, top_p), cache
-
-        probs, caches = jax.vmap(one)(caches, text, start)
-        return probs, (params_state, caches)
+        _fits(cache, text)
+        rows = jnp.arange(text.shape[0])[:, None]
+        prev = jnp.where(start > 0, text[rows[:, 0], jnp.maximum(start - 1, 0)], bos_id(model))  # (B,)
+        inputs = jnp.concatenate([prev[:, None], text[rows, start[:, None] + jnp.arange(k)]], axis=1)  # (B, k + 1)
+        logits, cache = _decode_rows(model, cache, inputs, start)  # (B, k + 1, V), each row at its start
+        return shaped_law(logits, temperature, top_p), (params_state, cache)
 
     return prefill, target
 
 
-def _fits(caches: tuple, text: jax.Array) -> None:
-    """Raise a ValueError unless the rows' caches (``build_speculative_target``'s) hold every position of `text`
+def _fits(cache: tuple, text: jax.Array) -> None:
+    """Raise a ValueError unless the cache (``build_speculative_target``'s) holds every position of `text`
     (int32[B, T]): a round writes up to position T - 1, and a write past the cache's end would land on other rows."""
-    rows = caches[0][0].shape[-2]
+    rows = cache[0][0].shape[-2]
     if text.shape[1] > rows:
-        raise ValueError(f"a text buffer of {text.shape[1]} positions does not fit the prefilled caches' {rows} rows "
+        raise ValueError(f"a text buffer of {text.shape[1]} positions does not fit the prefilled cache's {rows} rows "
                          "(max(max_len, prompt length) + MAX_DRAFTS + 1): prefill a prompt buffer as long as the text")
 
 
@@ -338,27 +345,24 @@ def build_speculative_drafter(graphdef, temperature=1.0) -> tuple:
     prefill, _ = build_speculative_target(graphdef)
 
     def drafter(key, state, text, start, k):
-        params_state, caches = state
+        params_state, cache = state
         model = nnx.merge(graphdef, *params_state)
-        _fits(caches, text)
-
-        def one(key, cache, row, s):
-            prev = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)], bos_id(model))
-            ys, qs = [], []
-            for i in range(k + 1):
-                logits, cache = decode_in_cache(model, cache, prev[None, None], s + i)  # (1, 1, V)
-                if i == k:
-                    break
-                q = shaped_law(logits[0, 0], temperature, 1.0)
-                prev = jax.random.categorical(jax.random.fold_in(key, i), jnp.log(q)).astype(jnp.int32)
-                ys.append(prev), qs.append(q)
-            if not k:
-                return jnp.zeros((0,), jnp.int32), jnp.zeros((0, model.out_dim), jnp.float32), cache
-            return jnp.stack(ys), jnp.stack(qs), cache
-
-        keys = jax.random.split(key, text.shape[0])
-        drafted, q, caches = jax.vmap(one)(keys, caches, text, start)
-        return drafted, q, (params_state, caches)
+        _fits(cache, text)
+        b = text.shape[0]
+        prev = jnp.where(start > 0, text[jnp.arange(b), jnp.maximum(start - 1, 0)], bos_id(model))  # (B,)
+        keys = jax.random.split(key, b)
+        ys, qs = [], []
+        for i in range(k + 1):  # the rows together, each at its own position start + i
+            logits, cache = _decode_rows(model, cache, prev[:, None], start + i)  # (B, 1, V)
+            if i == k:
+                break
+            q = shaped_law(logits[:, 0], temperature, 1.0)  # (B, V)
+            prev = jax.vmap(lambda key, q: jax.random.categorical(jax.random.fold_in(key, i), jnp.log(q)))(
+                keys, q).astype(jnp.int32)
+            ys.append(prev), qs.append(q)
+        if not k:
+            return jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0, model.out_dim), jnp.float32), (params_state, cache)
+        return jnp.stack(ys, 1), jnp.stack(qs, 1), (params_state, cache)
 
     return prefill, drafter
 
