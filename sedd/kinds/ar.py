@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sedd import ddit_block, drafts, evaluate, sampling, speculative
+from sedd import drafts, evaluate, sampling, speculative
 from sedd.categorical import sample_categorical
 from sedd.kinds.base import WritesLeftToRight, network_of, register
 from sedd.model import DDiT
@@ -128,12 +128,16 @@ def decode_step(model: DDiT, token: jax.Array) -> jax.Array:
     return model.network_output(token[:, None], None, decode=True, deterministic=True)[:, 0]  # (B, V)
 
 
+ROWS_IN_ONE_CALL = 64
+"""``_decode_rows``: up to this many rows in one call (the model's writes at a place a row, unrolled)."""
+
+
 def _decode_rows(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array) -> tuple[jax.Array, tuple]:
     """``decode_in_cache`` with start int32[B], a start a row: the rows in one call up to
-    ``ddit_block.ROW_WRITES`` rows (one write a row); past it one program a row under ``jax.vmap`` (a batched
+    ``ROWS_IN_ONE_CALL`` rows (one write a row); past it one program a row under ``jax.vmap`` (a batched
     call's writes and masks grow with B; a test samples 50,000 rows at once)."""
     b = inputs.shape[0]
-    if b <= ddit_block.ROW_WRITES:
+    if b <= ROWS_IN_ONE_CALL:
         return decode_in_cache(model, cache, inputs, start)
     n = model.blocks[0].n_heads
     rows = jax.tree.map(lambda a: a.reshape(b, n, *a.shape[1:]), cache)  # (B, N, S, K) each
