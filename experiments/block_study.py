@@ -69,7 +69,7 @@ def study(ar_dir: str, run_dirs: list[str], num_samples: int, length: int, repea
         bound = figures.evaluate_run(workdir, num_t=64, batch_size=32, max_batches=eval_batches)
         for label, predictor, options, steps in samplers(run):
             samples = np.asarray(writer(run, predictor, options, steps, num_samples, run.seq_len, key)().tokens)
-            quality = evaluate.generative_perplexity(figures.judge_nll(judge.model), samples)
+            quality = evaluate.generative_perplexity(figures.judge_nll(judge), samples)
             row = {"model": run.kind.label, "workdir": str(workdir), "sampler": label,
                    "bits_per_char": bound["bits_per_char"], "exact": bound["exact"],
                    "judge_nats_per_char": quality["judge_nats_per_token"],

@@ -62,7 +62,8 @@ if not __package__:  # run as a file: import experiments/ by its location (exper
         _spec.loader.exec_module(sys.modules["experiments"])
 
 from experiments.quality import chain_figures  # noqa: E402
-from sedd import ar, evaluate, figures, runs, sampling  # noqa: E402
+from sedd import evaluate, figures, runs, sampling  # noqa: E402
+from sedd.kinds import causal
 from sedd.data.markov import chain_from_config  # noqa: E402
 
 matplotlib.use("Agg")
@@ -189,7 +190,7 @@ def compare_samplers(
         specs = supported(run, specs, workdir)
     chain = chain_from_config(config.data) if config.data.name == "markov" else None
     judge, judge_model = find_judge(workdir, judge, tokenizer, chain)
-    judge_nll = figures.judge_nll(judge_model) if judge_model is not None else None
+    judge_nll = figures.judge_nll(judge) if judge_model is not None else None
     categorical = categorical or config.sampling.categorical
     length = config.data.seq_len
 
@@ -229,7 +230,7 @@ def compare_samplers(
     if chain is not None:
         rows.append({"sampler": "data", **score(chain.sample(num_samples, length, seed=seed + 1))})
     if include_ar and judge_model is not None:
-        samples = np.asarray(ar.sample(key, judge_model, num_samples, length, categorical=categorical))
+        samples = np.asarray(causal.ancestral_model(key, judge_model, num_samples, length, categorical=categorical))
         rows.append({"sampler": "ar (kv cache)", "nfe": float(length), **score(samples)})
     if write:
         out_dir = Path(out_dir) if out_dir is not None else workdir

@@ -57,7 +57,8 @@ if not __package__:  # run as a file: import experiments/ by its location (exper
 from experiments.quality import (LETTERS, letters_entropy_bits, markov_chain, texts_nll,  # noqa: E402
                                  unigram_entropy_nats)
 from experiments.timing import format_table, interleaved, machine, median, paired_ratio  # noqa: E402
-from sedd import ar, distill, figures, kinds, runs, sampling  # noqa: E402
+from sedd import distill, figures, kinds, runs, sampling  # noqa: E402
+from sedd.kinds import causal
 
 LN2 = math.log(2)
 SAMPLER = "analytic"  # the step distilled (euler is the same kernel on the absorbing graph with log-linear noise)
@@ -147,7 +148,7 @@ def speed(run: runs.Run, steps: list[int], repeats: int, key, samplers=(SAMPLER,
     config.model.kind = "ar"
     ar_model = kinds.get(config).network(0)
     length = run.seq_len
-    fns = {"ar": lambda: ar.sample(key, ar_model, 1, length)}
+    fns = {"ar": lambda: causal.ancestral_model(key, ar_model, 1, length)}
     for sampler in samplers:
         name, options = sampler_of(sampler)
         for n in steps:

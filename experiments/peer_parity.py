@@ -194,7 +194,9 @@ def compare(out: Path, tokenizer: Path, families: list[str]) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from sedd import block, convert, runs
+    from sedd import convert, runs
+
+    from sedd.kinds import block
 
     theirs = np.load(out / "theirs.npz")
     xt, x0, sigma = theirs["xt"], theirs["x0"], theirs["sigma"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from sedd import ar
+from sedd.kinds import causal
 from sedd.data.markov import MarkovChain
 from sedd.data.tokenizers import EOS_TEXT
 
@@ -121,7 +121,7 @@ def sample_quality(x: np.ndarray, target_run, chain: MarkovChain | None) -> dict
         nll = -chain.log_prob(x) / length  # (B,) nats a token
         what = "exact_nats_per_token"
     else:
-        nll = np.asarray(ar.nll(target_run.net.model, jnp.asarray(x, jnp.int32))) / length  # (B,) nats a token
+        nll = np.asarray(causal.nll(target_run.net.model, jnp.asarray(x, jnp.int32))) / length  # (B,) nats a token
         what = "target_nats_per_token"
     counts = np.bincount(x.ravel(), minlength=int(x.max()) + 1) / x.size
     seen = counts[counts > 0]

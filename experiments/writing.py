@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sedd import ar, runs, sampling
+from sedd import runs, sampling
+
+from sedd.kinds import causal
 
 
 def by_blocks(kind, length: int) -> bool:
@@ -44,7 +46,7 @@ def writer(run: runs.Run, sampler: str | None, options: dict, steps: int | None,
     """
     kind = run.kind
     if not (kind.diffuses or kind.speculates or options):  # the AR baseline's own loop, at any length
-        return lambda: sampling.Samples(ar.sample(key, run.net.model, batch, length))
+        return lambda: sampling.Samples(causal.ancestral(key, run.net.graphdef, run.net.state, batch, length))
     if not kind.diffuses:  # its drafts, or its own speculative rounds: its length L
         return lambda: run.sample(key, batch, return_stats=True, **options)
     extra = {"max_length": length} if max_length else {}

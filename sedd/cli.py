@@ -30,6 +30,7 @@ from sedd import convert, distill, figures, kernels, runs, sampling, sharding, t
 from sedd.data import BUILDERS, default_data_dir, load_tokenizer
 from sedd.data.builders import MANIFEST
 from sedd.data.tokenizers import EOS_TEXT
+from sedd.kinds import capabilities
 from sedd.sampling import text_conditioning
 
 
@@ -145,13 +146,12 @@ def _sample(args) -> int:
         options["draft"] = args.draft if args.draft == "ngram" else runs.load(args.draft)
     if args.draft_k is not None:  # the run's kind and the drafter check it (refused without a draft)
         options["draft_k"] = args.draft_k
-    if args.layout or run.kind.speculates:  # a spec run's round: the fastest here unless asked (refused elsewhere)
-        if run.kind.speculates:  # what it would refuse, before any timing
-            run.kind.check_given(steps=args.steps, sampler=args.sampler, suffix=bool(args.suffix),
-                                 infill=bool(args.infill))
-            run.kind.speculation(None, options.get("draft"), options.get("draft_k"))
-        print(run.kind.choose_layout(run.net, args.layout or "auto", args.workdir, args.num_samples,
-                                     progress=True), file=sys.stderr, flush=True)
+    run.kind.check_given(steps=args.steps, sampler=args.sampler, suffix=bool(args.suffix), infill=bool(args.infill))
+    given = dict(options, layout=args.layout, return_trajectory=args.animate or None)  # all checked before timing
+    if line := capabilities.tune(run.kind, run.net, given, args.workdir, args.num_samples, progress=True):
+        print(line, file=sys.stderr, flush=True)  # its sampling's settings: the fastest here unless asked
+    if args.layout:
+        options["layout"] = args.layout
     if args.animate:
         steps = args.steps if args.steps is not None else run.config.sampling.steps
         mask, tokens = run_conditioning(run, args)

@@ -47,6 +47,7 @@ from flax import nnx
 
 from sedd import config as config_lib
 from sedd import files, kinds, runs, sdtt, train, validate
+from sedd.kinds import capabilities
 from sedd import sharding as sharding_lib
 from sedd.sampling import planned_rank
 
@@ -154,7 +155,7 @@ def check_distillable(config) -> None:
                          "few-step method is DUO's consistency distillation, not implemented here")
     if not d.teacher:
         raise ValueError("distill.teacher is empty: sedd distill --teacher RUN fills it in")
-    kind.noise_groups(None)  # a kind without denoising steps refuses here
+    capabilities.able(kind, capabilities.Distills, "sedd distill")
     if d.divergence not in sdtt.DIVERGENCES:
         raise ValueError(f"distill.divergence={d.divergence!r}; expected one of {', '.join(sdtt.DIVERGENCES)}")
     if d.target not in sdtt.TARGETS:

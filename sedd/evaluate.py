@@ -164,12 +164,12 @@ def likelihood_bound(
         speed); None = one at a time.
       per_position: the integrand at one t, (key, score_fn, graph, noise, x0,
         t=float[B]) -> float[B, L]: ``losses.loss_per_position`` (SEDD), or a
-        block model's (``sedd.block.loss_per_position``, whose score_fn also
+        block model's (``sedd.kinds.block.loss_per_position``, whose score_fn also
         reads x0). Static: pass the same object to reuse the compilation.
       prepare: optional (score_params, x0) -> what score_fn then takes in
         place of score_params: the work that depends on x0 alone, done once
         a batch instead of at each of the R n points of the grid (a block
-        model's clean keys and values: ``sedd.block.bound_fns``). Static, as
+        model's clean keys and values: ``sedd.kinds.block.bound_fns``). Static, as
         per_position.
     Returns:
       float32[B] nats per sequence. With its Monte Carlo standard error:
@@ -301,7 +301,7 @@ def dataset_nll(nll: Callable, batches: Iterable, *, max_batches: int | None = N
     """The exact NLL of a model over a split, in the units of ``dataset_bound`` (stderr 0, exact = True).
 
     Args:
-      nll: x0 int32[B, L] -> float[B] nats per sequence (e.g. an AR model's ``sedd.ar.nll``).
+      nll: x0 int32[B, L] -> float[B] nats per sequence (e.g. an AR model's ``sedd.kinds.causal.nll``).
       batches, max_batches, chars_per_token, progress: as ``dataset_bound``.
     """
     figures = _dataset_figures(lambda i, x0: (nll(x0), None), batches, max_batches,
@@ -327,7 +327,7 @@ def samples_nll(nll: Callable, samples, batch_size: int = 64) -> np.ndarray:
 
     Args:
       nll: the judge, x0 int32[b, L] -> float[b] nats per sequence (an AR
-        run's: ``sedd.figures.judge_nll(model)``, which also refuses ids it
+        run's: ``sedd.figures.judge_nll(judge)``, which also refuses ids it
         cannot score).
       samples: int[B, L].
       batch_size: sequences a call; every call gets as many (the last batch
@@ -351,7 +351,7 @@ def generative_perplexity(nll: Callable, samples, batch_size: int = 64) -> dict:
 
     Args:
       nll, samples, batch_size: as ``samples_nll`` (nll: the judge's NLL
-        function, e.g. ``sedd.figures.judge_nll(judge.model)``).
+        function, e.g. ``sedd.figures.judge_nll(judge)``).
 
     Returns:
       dict with gen_ppl, judge_nats_per_token, entropy_bits (mean over

@@ -19,11 +19,10 @@ import numpy as np
 
 from sedd import code_measures, evaluate, runs
 from sedd.data import load_dataset, read_documents
-from sedd.kinds import ar
 
 
 def load_judge(workdir: str | Path, tokenizer=None) -> runs.Run:
-    """A run whose likelihood is exact (an AR baseline), as a judge of samples.
+    """A run whose likelihood is exact (an AR baseline, a spec run's causal half), as a judge of samples.
 
     Raises:
       FileNotFoundError: not a trained run.
@@ -32,30 +31,34 @@ def load_judge(workdir: str | Path, tokenizer=None) -> runs.Run:
     """
     judge = runs.load(workdir)
     if not judge.kind.exact:
-        raise ValueError(f"the judge {workdir} is a model.kind={judge.kind.name!r} run; a judge must be "
-                         "an AR baseline (train one with --config.model.kind=ar)")
+        raise ValueError(f"the judge {workdir} is a model.kind={judge.kind.name!r} run, whose likelihood is a "
+                         "bound; a judge's must be exact: an AR baseline (train one with --config.model.kind=ar) "
+                         "or a spec run")
     if tokenizer is not None:
         check_same_vocabulary(tokenizer, judge.tokenizer, what=f"the judge {workdir}")
     return judge
 
 
-def judge_nll(model) -> Callable:
-    """An AR judge's NLL as ``sedd.evaluate.generative_perplexity`` takes it.
+def judge_nll(judge: runs.Run) -> Callable:
+    """A judge's exact NLL as ``sedd.evaluate.generative_perplexity`` takes it.
 
     Args:
-      model: the judge's network (``load_judge(...).model``).
+      judge: a run whose kind's likelihood is exact (``load_judge``).
     Returns:
-      x0 int[B, L] -> float32[B] nats per sequence (``sedd.ar.nll``), which
+      x0 int[B, L] -> float32[B] nats per sequence (its kind's ``sequence_nll``), which
       raises ValueError for a token id the judge cannot score (outside [0, V),
-      e.g. a MASK left in a sample) or samples longer than its max_len.
+      e.g. a MASK left in a sample) or samples longer than its length.
     """
+    score = judge.kind.sequence_nll(judge.net)
+    vocab, length = judge.config.vocab_size, judge.seq_len
+
     def nll(x0):
         x0 = np.asarray(x0)
-        if x0.min() < 0 or x0.max() >= model.out_dim:
-            raise ValueError(f"samples hold ids outside the judge's vocabulary [0, {model.out_dim})")
-        if x0.shape[1] > model.max_len:
-            raise ValueError(f"samples of length {x0.shape[1]} exceed the judge's max_len {model.max_len}")
-        return ar.nll(model, jnp.asarray(x0, jnp.int32))
+        if x0.min() < 0 or x0.max() >= vocab:
+            raise ValueError(f"samples hold ids outside the judge's vocabulary [0, {vocab})")
+        if x0.shape[1] > length:
+            raise ValueError(f"samples of length {x0.shape[1]} exceed the judge's length {length}")
+        return score(jnp.asarray(x0, jnp.int32))
 
     return nll
 
@@ -181,7 +184,7 @@ def code_figures(run: runs.Run, dataset, num_prompts: int = 32, prompt_chars: in
     result.update(nfe=nfe, row_nfe=row_nfe, tokens_per_call=written / row_nfe if row_nfe else None)
     if judge is not None:
         check_same_vocabulary(run.tokenizer, judge.tokenizer)
-        quality = evaluate.generative_perplexity(judge_nll(judge.model), np.asarray(out.tokens))
+        quality = evaluate.generative_perplexity(judge_nll(judge), np.asarray(out.tokens))
         result.update(judge_nats_per_char=quality["judge_nats_per_token"] / dataset.chars_per_token,
                       entropy_bits=quality["entropy_bits"])
     return result, texts

@@ -31,7 +31,7 @@ Each piece and why it exists:
   unit_context_attention  `mixed_attention` over a chunk's own units (blocks
                         of u positions) and an external context of keys and
                         values, without the logits between different units:
-                        a block model's bound (``sedd.block``).
+                        a block model's bound (``sedd.kinds.block``).
   Dropout               nnx.Dropout with masks from 16 random bits an element,
                         four elements from each threefry block (``sedd.rng.uint16``):
                         a quarter of the threefry work of ``jax.random.bernoulli``,
@@ -319,10 +319,9 @@ def cache_attention(q: Array, keys: Array, values: Array, mask: Array, dtype: An
     ``mixed_attention``'s arithmetic (both products in `dtype`, accumulated in float32, the softmax
     normalised after the value product), on a cache laid out as it is read: groups first, rows next,
     three axes. A caller that writes its chunk's rows into the cache in place and then reads it
-    (``DDiTBlock.run``'s `at`) leaves XLA one buffer: with a leading axis of one (batch 1, [1, N, S, K])
+    (``DDiTBlock.run``'s cache) leaves XLA one buffer: with a leading axis of one (batch 1, [1, N, S, K])
     XLA's CPU compiler reshapes the written cache for each reader and copies every block's cache twice or
-    thrice a step (an AR text of the plays was 1.8x slower at batch 1 on a 2-core CPU). A forward pass
-    (decoding): its gradient is JAX's own.
+    thrice a step (docs/model.md, "Decoding"). A forward pass (decoding): its gradient is JAX's own.
 
     Returns:
       float32[G, L, K].
@@ -342,7 +341,7 @@ def unit_context_attention(q: Array, k: Array, v: Array, context: tuple[Array, A
     units' (B, N, L / u, u, u) logits and the context's (B, N, L, S) share one
     softmax (one max, one sum), normalised after the value products as in
     ``mixed_attention``, both products in `dtype` accumulated in float32. The
-    same values to float rounding. Made for a forward pass (``sedd.block``'s
+    same values to float rounding. Made for a forward pass (``sedd.kinds.block``'s
     bound, where a noisy block sees itself and the clean blocks before it):
     its gradient is JAX's own, not ``mixed_attention``'s custom one.
 

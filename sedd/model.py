@@ -15,19 +15,15 @@ adaptive LayerNorm (adaLN), with rotary position embeddings (Su et al. 2021,
   each block: x += gate_a * Drop(Attn(modulate(LN(x), shift_a, scale_a)))
               x += gate_m * Drop(MLP (modulate(LN(x), shift_m, scale_m)))
 
-Where each piece lives (each name below is importable from ``sedd.model`` too,
-as it was before the building blocks had modules of their own):
+Where each piece lives:
   sedd.layers       FREQ_DIM, ROTARY_BASE, LN_EPS, padded, modulate, per_position,
-                    timestep_embedding, apply_rotary, TimestepEmbedder, FinalLayer
-                    (its helpers linear, layer_norm, partitioned and
-                    broadcast_positions are new: import them from sedd.layers)
-  sedd.ddit_block   DDiTBlock: adaLN attention and MLP, and its decoding cache
-                    (a ring of keys and values)
-  sedd.graphs       log_expm1
+                    timestep_embedding, apply_rotary, TimestepEmbedder, FinalLayer,
+                    linear, layer_norm, partitioned, broadcast_positions
+  sedd.ddit_block   DDiTBlock: adaLN attention and MLP
   this module       DDiT (features, output_layer, network_output, log_score,
-                    output_rows, init_cache, keys_values), REMAT_POLICIES, block_diffusion_mask,
-                    param_count, non_embedding_param_count, matmul_params,
-                    flops_per_token
+                    output_rows, output_in_cache, empty_cache, keys_values),
+                    ring_mask, REMAT_POLICIES, block_diffusion_mask, param_count,
+                    non_embedding_param_count, matmul_params, flops_per_token
 
 Shape letters used throughout this module:
   B batch, L sequence length, H hidden size, N attention heads, K head dim
@@ -49,14 +45,18 @@ every dtype (head-major, normalised after the value product: faster than
 Dropout is `sedd.kernels.Dropout`, nnx.Dropout with masks from 16 random bits
 an element. What each speed path is for: `sedd.kernels`.
 
-Decoding: a causal model can run one chunk of positions at a time against a
-key/value cache kept in each block (``sedd.ddit_block``; `init_cache`, then
-`network_output(..., decode=True)`), the pattern of Flax's lm1b example. Both
-paths run the same block code; only where keys and values come from differs.
-A third source is an external context: ``keys_values`` gives every block's
-keys and values of one input, and ``features(..., context=...)`` runs
-another input's queries against them (``sedd.block``'s bound: the clean text
-once a batch, each noisy text against it).
+Decoding: one cache of keys and values, which the caller holds and passes
+in and out (``empty_cache``, ``output_in_cache``): every decoder runs on it,
+the AR kind's steps, speculative rounds, the spec kind's rounds and block
+diffusion's blocks, written in place at a row, or on a ring by position past
+its rows (a sliding window, ``ring_mask``). A functional cache is what
+``jax.jit`` and ``lax`` loops carry without a module's state, and written in
+place it is what a CPU decodes fastest (``kernels.cache_attention``). The
+one other source of keys and values is not a cache: a clean context, read
+and never written (``keys_values``, then ``features(..., context=...)``),
+for block diffusion's bound, whose noisy blocks each see their own block and
+the clean ones before it: read by units (``kernels.unit_context_attention``)
+it skips the logits between noisy blocks that a cache's mask would compute.
 
 Logical axis names carried by parameters (metadata `out_sharding`, read with
 `nnx.get_partition_spec(nnx.state(model))`; a mesh's rules map them to mesh
@@ -86,21 +86,7 @@ from flax import nnx
 from sedd import kernels
 from sedd.ddit_block import DDiTBlock
 from sedd.graphs import log_expm1  # one stable log(e^sigma - 1) for the package
-# The building blocks, used here or re-exported: the names sedd.model has always offered.
-from sedd.layers import (
-    FREQ_DIM,
-    LN_EPS,
-    ROTARY_BASE,
-    FinalLayer,
-    TimestepEmbedder,
-    apply_rotary,
-    broadcast_positions,
-    modulate,
-    padded,
-    partitioned,
-    per_position,
-    timestep_embedding,
-)
+from sedd.layers import FinalLayer, TimestepEmbedder, broadcast_positions, padded, partitioned
 from sedd.sharding import constrain_rows
 
 Array = jax.Array
@@ -139,6 +125,35 @@ def block_diffusion_mask(length: int, block_size: int) -> np.ndarray:
     return np.concatenate([top, bottom], axis=0)
 
 
+def ring_mask(positions: Array, rows: int, window: int, unit: int = 1) -> Array:
+    r"""What each position of a chunk sees of a ring cache of `rows` rows, a sliding window: bool[L, S].
+
+    On a ring (``DDiT.output_in_cache`` with at None) position p lives in row
+    p mod S, so past S rows the newest positions overwrite the oldest (rotary
+    scores depend on position differences only, so positions may pass S).
+    After the chunk's write, with `last` its last position, row r holds
+    position last - ((last - r) mod S) (< 0: never written). A query at
+    position p of the unit starting at s = u floor(p / u) sees a held position r when
+
+        floor(r / u) <= floor(p / u)      its own unit and earlier ones (u = 1: causal),
+        r >= s + u - W                    the last W positions up to its unit's end,
+
+    so a unit sees the W - u positions before it whatever else the chunk holds:
+    a chunk of two units (block diffusion's commit of a clean block with the
+    next one's first score) gives each the context it has alone, which needs
+    S >= W + u rows.
+
+    Args:
+      positions: int[L] the chunk's consecutive positions; rows: S; window: W; unit: u.
+    """
+    positions = jnp.asarray(positions)
+    last = positions.max()
+    held = last - (last - jnp.arange(rows)) % rows  # (S,) the position in each row
+    own = positions // unit  # (L,)
+    return ((held[None, :] >= 0) & (held[None, :] // unit <= own[:, None])
+            & (held[None, :] >= (own[:, None] + 1) * unit - window))  # (L, S)
+
+
 class DDiT(nnx.Module):
     """SEDD's diffusion transformer: (x_t int32[B, L], sigma float[B]) -> log-score float32[B, L, D].
 
@@ -157,9 +172,6 @@ class DDiT(nnx.Module):
         log(D - 1) from the output (SEDD Sec. 5 / App. C.1, "scale by sigma");
         for the absorbing graph only.
       causal: causal self-attention (autoregressive baseline).
-      block_size: b of a block-diffusion model (``sedd.block``): decoding
-        runs blocks of b positions against the cached clean blocks before
-        them; None (default) for SEDD's full attention or the causal baseline.
       time_conditioning: if False there is no sigma embedding and the adaLN layers
         read a zero conditioning vector, so their outputs are their (learned)
         biases: shift, scale and gate become learned per-channel constants and the
@@ -204,7 +216,6 @@ class DDiT(nnx.Module):
         max_len: int = 1024,
         scale_by_sigma: bool = False,
         causal: bool = False,
-        block_size: int | None = None,
         time_conditioning: bool = True,
         normalize: bool = False,
         dtype: Any = jnp.float32,
@@ -226,8 +237,6 @@ class DDiT(nnx.Module):
             raise ValueError(f"scale_by_sigma takes log(out_dim - 1); out_dim={out_dim} must be >= 2.")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout={dropout} must be in [0, 1).")
-        if block_size is not None and (causal or block_size < 1):
-            raise ValueError(f"block_size={block_size} needs causal=False and block_size >= 1.")
         if not (isinstance(vocab_multiple, int) and vocab_multiple >= 1):
             raise ValueError(f"vocab_multiple={vocab_multiple!r} must be an integer >= 1 (1: no padding).")
         if remat not in REMAT_POLICIES:
@@ -240,7 +249,6 @@ class DDiT(nnx.Module):
         self.max_len = max_len
         self.scale_by_sigma = scale_by_sigma
         self.causal = causal
-        self.block_size = block_size
         self.time_conditioning = time_conditioning
         self.normalize = normalize
         self.cond_dim = cond_dim
@@ -268,7 +276,6 @@ class DDiT(nnx.Module):
                     mlp_ratio=mlp_ratio,
                     dropout=dropout,
                     causal=causal,
-                    block_size=block_size,
                     dtype=dtype,
                     rngs=rngs,
                 )
@@ -278,34 +285,14 @@ class DDiT(nnx.Module):
         self.output_layer = FinalLayer(hidden_size, out_dim, cond_dim, dtype=dtype, vocab_multiple=vocab_multiple,
                                        rngs=rngs)
 
-    def init_cache(self, batch: int, max_len: int | None = None) -> None:
-        """Empty decoding caches of a window of max_len (default the model's) positions in every block."""
-        for block in self.blocks:
-            block.init_cache(batch, max_len or self.max_len)
-
-    def cache(self) -> tuple:
-        """The decoding caches as a pytree: (keys, values, index), per block the rotary-embedded keys and the
-        values float[B, S, N, K] (``init_cache``), and the next position, int32[] (the same in every block)."""
-        return (tuple(m.cached_key[...] for m in self.blocks), tuple(m.cached_value[...] for m in self.blocks),
-                self.blocks[0].cache_index[...])
-
-    def with_cache(self, cache: tuple) -> "DDiT":
-        """This model with its decoding caches set to `cache` (``cache()``'s pytree); returns self."""
-        keys, values, index = cache
-        for block, k, v in zip(self.blocks, keys, values):
-            block.cached_key, block.cached_value = nnx.Cache(k), nnx.Cache(v)
-            block.cache_index = nnx.Cache(index)
-        return self
-
-    def _check_inputs(self, x: Array, sigma: Array | None, positions, decode: bool = False) -> None:
-        """Trace-time checks of static shapes (values cannot be checked under jit); a decoded chunk's
-        length is checked against its cache (``DDiTBlock._attend_cache``)."""
+    def _check_inputs(self, x: Array, sigma: Array | None, positions) -> None:
+        """Trace-time checks of static shapes (values cannot be checked under jit)."""
         if x.ndim != 2:
             raise ValueError(f"x must be 2-D int[B, L]; got shape {x.shape}.")
         if not jnp.issubdtype(x.dtype, jnp.integer):
             raise ValueError(f"x must hold integer token ids; got dtype {x.dtype}.")
         b, l = x.shape
-        if positions is None and not decode and l > self.max_len:
+        if positions is None and l > self.max_len:
             raise ValueError(f"sequence length L={l} exceeds max_len={self.max_len}.")
         if positions is not None and jnp.shape(positions) not in ((l,), (b, l)):
             raise ValueError(f"positions must have shape [L] = ({l},) or [B, L] = ({b}, {l}); got shape "
@@ -330,8 +317,6 @@ class DDiT(nnx.Module):
         positions: Array | None = None,
         mask: Array | None = None,
         keep: int | None = None,
-        decode: bool = False,
-        commit: bool | int = True,
         deterministic: bool | None = None,
         rngs: nnx.Rngs | Array | None = None,
     ) -> Array:
@@ -346,15 +331,10 @@ class DDiT(nnx.Module):
             consecutive positions, each with its own noise (the blocks of a
             block-diffusion model); or None when not time-conditioned.
           positions: int[L] rotary positions (default 0 .. L - 1); with them
-            L may exceed max_len (the [x_t ; x_0] input of ``sedd.block``).
+            L may exceed max_len (the [x_t ; x_0] input of ``sedd.kinds.block``).
           mask: bool[L, L] attention mask, True = attend (default: full, or causal).
           keep: only the first `keep` positions go through the final layer
             (with sigma groups, `keep` a multiple of L / G).
-          decode: run x as the positions from the caches' index on, against the
-            caches of `init_cache` (causal and block models only); see DDiTBlock.
-          commit: with decode, keep x's keys and values in the caches (False:
-            score x against them and leave them as they were; an int n: keep
-            the first n positions').
           deterministic: disable dropout; None follows the module's train/eval
             mode (eval for a fresh model).
           rngs: dropout keys: an nnx.Rngs or a jax key; None uses the stream given
@@ -362,11 +342,15 @@ class DDiT(nnx.Module):
         Returns:
           float32[B, L, D], or float32[B, keep, D].
         """
-        h, c = self.features(x, sigma, positions=positions, mask=mask, decode=decode, commit=commit,
-                             deterministic=deterministic, rngs=rngs)  # (B, L, H), (B, C) or (B, G, C)
+        h, c = self.features(x, sigma, positions=positions, mask=mask, deterministic=deterministic,
+                             rngs=rngs)  # (B, L, H), (B, C) or (B, G, C)
+        return self._output(h, c, keep)  # (B, L or keep, D)
+
+    def _output(self, h: Array, c: Array, keep: int | None) -> Array:
+        """The final layer on the first `keep` positions of h (all: None), with their groups' conditioning."""
         if keep is not None:
             if c.ndim == 3:
-                c = c[:, : keep * c.shape[1] // x.shape[1]]  # the groups of the kept positions
+                c = c[:, : keep * c.shape[1] // h.shape[1]]  # the groups of the kept positions
             h = h[:, :keep]
         return self.output_layer(h, c)  # (B, L or keep, D)
 
@@ -378,8 +362,7 @@ class DDiT(nnx.Module):
         positions: Array | None = None,
         mask: Array | None = None,
         context: tuple | None = None,
-        decode: bool = False,
-        commit: bool | int = True,
+        unit: int | None = None,
         deterministic: bool | None = None,
         rngs: nnx.Rngs | Array | None = None,
     ) -> tuple[Array, Array]:
@@ -387,14 +370,13 @@ class DDiT(nnx.Module):
 
         Arguments as ``network_output``, and context: per block (keys,
         values), each [B, S, N, K] (``keys_values``'s), S positions of another
-        call; each query then sees its own block of block_size positions of x
-        and the context positions of mask, bool[L, S] (a block model's;
-        ``sedd.ddit_block.DDiTBlock``). With ``remat`` other than "none" the
-        blocks run as one scan, each under ``jax.checkpoint`` with its policy
-        (not when decoding or with a context: caches and contexts are
-        inference); their dropout masks then
-        come from one key drawn for each block, other masks than without
-        remat, of the same law.
+        call, read and never written; each query then sees its own unit of
+        `unit` positions of x and the context positions of mask, bool[L, S]
+        (block diffusion's bound; ``sedd.ddit_block.DDiTBlock.run``). With
+        ``remat`` other than "none" the blocks run as one scan, each under
+        ``jax.checkpoint`` with its policy (not with a context: it is
+        inference); their dropout masks then come from one key drawn for each
+        block, other masks than without remat, of the same law.
 
         Returns:
           (float32[B, L, H], float32[B, C] or float32[B, G, C]).
@@ -403,11 +385,11 @@ class DDiT(nnx.Module):
             # One key for all layers would give every dropout the same mask; an Rngs
             # hands each call its own fold of the key.
             rngs = nnx.Rngs(dropout=rngs)
-        h, c = self._inputs(x, sigma, positions, decode)  # (B, L, H), (B, C) or (B, G, C)
+        h, c = self._inputs(x, sigma, positions)  # (B, L, H), (B, C) or (B, G, C)
 
         def run(block, h, rngs, ctx=None):
-            return constrain_rows(block(h, c, positions=positions, mask=mask, context=ctx, decode=decode,
-                                        commit=commit, deterministic=deterministic, rngs=rngs))  # (B, L, H)
+            return constrain_rows(block(h, c, positions=positions, mask=mask, context=ctx, unit=unit,
+                                        deterministic=deterministic, rngs=rngs))  # (B, L, H)
 
         if context is not None:
             if len(context) != len(self.blocks):
@@ -416,7 +398,7 @@ class DDiT(nnx.Module):
             for block, ctx in zip(self.blocks, context):
                 h = run(block, h, rngs, ctx)  # (B, L, H)
             return h, c
-        if self.remat == "none" or decode:
+        if self.remat == "none":
             for block in self.blocks:
                 h = run(block, h, rngs)  # (B, L, H)
             return h, c
@@ -444,7 +426,7 @@ class DDiT(nnx.Module):
         h, _ = jax.lax.scan(lambda h, xs: (step(h, *xs), None), h, (stacked, keys))
         return h, c
 
-    def _inputs(self, x: Array, sigma: Array | None, positions, decode: bool) -> tuple[Array, Array]:
+    def _inputs(self, x: Array, sigma: Array | None, positions) -> tuple[Array, Array]:
         """What the first block reads: the embedded tokens float32[B, L, H] (rows split over a mesh) and the
         conditioning float32[B, C] or [B, G, C] (after its SiLU).
 
@@ -452,7 +434,7 @@ class DDiT(nnx.Module):
         modulation is the same (its bias), computed once instead of B times, and XLA hoists it out of a
         decoding loop (with B rows of zeros its CPU compiler ran the products at every step at batch 16;
         at the default's width they were too small to time)."""
-        self._check_inputs(x, sigma, positions, decode)
+        self._check_inputs(x, sigma, positions)
         h = constrain_rows(self.vocab_embed(x).astype(jnp.float32))  # (B, L, H)
         if self.sigma_map is None:
             return h, jnp.zeros((1, self.cond_dim), jnp.float32)  # (1, C), broadcast over the batch
@@ -465,13 +447,13 @@ class DDiT(nnx.Module):
 
         The blocks run over x as ``features`` runs them (the same arguments),
         each block's keys and values kept; the residual stream after the last
-        block is not computed. ``sedd.block``'s bound runs the clean text so,
+        block is not computed. ``sedd.kinds.block``'s bound runs the clean text so,
         once a batch, and then each noisy text against it.
 
         Returns:
           per block (keys, values), each [B, L, N, K].
         """
-        h, c = self._inputs(x, sigma, positions, False)  # (B, L, H), (B, C) or (B, G, C)
+        h, c = self._inputs(x, sigma, positions)  # (B, L, H), (B, C) or (B, G, C)
         out = []
         for block in self.blocks:
             h, kv = block.run(h, c, positions=positions, mask=mask, deterministic=True)
@@ -480,43 +462,46 @@ class DDiT(nnx.Module):
         return tuple(out)
 
     def output_in_cache(self, x: Array, sigma: Array | None, *, positions: Array, mask: Array, cache: tuple,
-                        at: Array) -> tuple[Array, tuple]:
-        """The output of x written into and run against every block's cache, dropout off.
+                        at: Array | None = None, keep: int | None = None) -> tuple[Array, tuple]:
+        """The output of x written into and run against every block's decoding cache, dropout off.
 
-        A functional decoding step for any attention pattern (``sedd.spec``'s
-        rounds, ``sedd.kinds.ar``'s decoding): the caller holds the cache as
-        per-block (keys, values), each [B N, S, K] (``empty_cache``); x's L
-        keys and values are written into rows at .. at + L - 1 of every
-        block's cache, in place, and mask bool[L, S] says what each of x's
-        positions sees of the S rows (its own rows included;
-        ``DDiTBlock.run``'s `at`). Each sequence may have its own place: at
-        int32[B], positions [B, L] and mask [B, L, S] (rows at different
-        lengths, as speculative rounds leave them). at + L must not pass S:
-        under jit `at` is traced, and XLA moves a write that would pass the
-        end back inside the cache, over other rows (size the cache for every
-        row a call writes).
+        The one decoding path of the network (the module docstring): the
+        caller holds the cache as per-block (keys, values), each [B N, S, K]
+        (``empty_cache``); x's L keys and values are written into it in place,
+        at rows at .. at + L - 1, or with at None each position p at row p mod S
+        (a ring: past S rows the newest overwrite the oldest, ``ring_mask``),
+        and mask bool[L, S] says what each of x's positions sees of the S rows
+        after the write (its own rows included). Each sequence may have its
+        own place: at int32[B], positions [B, L] and mask [B, L, S] (rows at
+        different lengths, as speculative rounds leave them). at + L must not
+        pass S: under jit `at` is traced, and XLA moves a write that would pass
+        the end back inside the cache, over other rows (size the cache for
+        every row a call writes).
 
+        Args:
+          x: int[B, L]; sigma: as ``network_output``'s.
+          positions: int[L] or int[B, L] rotary positions.
+          keep: only the first `keep` positions go through the final layer (``network_output``'s).
         Returns:
-          (float32[B, L, D], the caches after the write).
+          (float32[B, L or keep, D], the caches after the write).
         """
         if len(cache) != len(self.blocks):
             raise ValueError(f"cache holds {len(cache)} blocks' keys and values, the model has "
                              f"{len(self.blocks)} blocks")
-        h, c = self._inputs(x, sigma, positions, False)  # (B, L, H), (B, C)
+        h, c = self._inputs(x, sigma, positions)  # (B, L, H), (B, C)
         out = []
         for block, held in zip(self.blocks, cache):
-            h, kv = block.run(h, c, positions=positions, mask=mask, context=held, at=at, deterministic=True)
+            h, kv = block.run(h, c, positions=positions, mask=mask, cache=held, at=at, deterministic=True)
             out.append(kv)
-        return self.output_layer(h, c), tuple(out)  # (B, L, D)
+        return self._output(h, c, keep), tuple(out)  # (B, L or keep, D)
 
     def empty_cache(self, batch: int, rows: int) -> tuple:
         """Per block, zero (keys, values) [B N, S = rows, K]: ``output_in_cache``'s cache.
 
         In the compute dtype on a GPU or TPU; in float32 on a CPU, whatever the compute dtype. The
         attention's products run in the cache's dtype, and XLA's CPU runtime multiplies bfloat16 by
-        converting both operands to float32: a bfloat16 cache would be converted whole at every step,
-        which made a bfloat16 AR text of the plays 2.2x slower than a float32 one at batch 1 on a 2-core
-        Zen 4 with AVX512-BF16 (docs/speculative.md). The weights' products keep the compute dtype.
+        converting both operands to float32: a bfloat16 cache would be converted whole at every step
+        (docs/model.md, "Decoding"). The weights' products keep the compute dtype.
         """
         block = self.blocks[0]
         shape = (batch * block.n_heads, rows, block.head_dim)
@@ -567,7 +552,7 @@ class DDiT(nnx.Module):
             mode (eval for a fresh model).
           rngs: dropout keys: an nnx.Rngs or a jax key; None uses the stream given
             at construction.
-          **attention: positions, mask, decode, commit of ``network_output``.
+          **attention: positions, mask, keep of ``network_output``.
         Returns:
           float32[B, L, D] log-score, 0 at the current token.
         """

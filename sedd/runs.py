@@ -532,7 +532,7 @@ class Run:
             steps = _positive_int("steps", steps)
         if isinstance(sampler_options.get("draft"), Run):  # its kind's drafter, checked by this run's kind
             draft = sampler_options["draft"]
-            sampler_options["draft"] = draft.kind.drafter(draft.net)
+            sampler_options["draft"] = kinds.capabilities.drafter(draft.kind, draft.net)
         if sampler_options.pop("stop", False):  # end at the document separator
             if getattr(self.tokenizer, "eos_id", None) is None:
                 raise ValueError(f"stop=True ends a text at the tokenizer's end-of-text token, and the "

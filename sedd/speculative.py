@@ -241,7 +241,7 @@ def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Ar
         (``round_law``'s count; 0: the round writes one token).
       length: L; k: drafts a round; categorical: the method of the redraws.
       shared: the drafter reads and returns the target's state (drafter_state unused): one network
-        that drafts the next round in the call that verifies this one (``sedd.spec``).
+        that drafts the next round in the call that verifies this one (``sedd.kinds.spec``).
       verification: "block" (3) or "token" (2), ``round_law``: the same law, (3) keeps more drafts.
     Returns:
       (text int32[B, L], stats): stats["rounds"] int32[] target calls made (the batch's);

@@ -182,11 +182,21 @@ def test_experiment_files_are_short():
     assert not long, long
 
 
-def test_serve_names_no_kind_and_no_sampler():
-    """`sedd serve` asks the run's kind; no kind's or sampler's name, class or property appears in it."""
-    names = set(kinds.KINDS) | set(sampling.PREDICTORS) | {"prefix_only", "block_size", "ReMDM", "block"}
-    names |= {type(s).__name__ for s in sampling.PREDICTORS.values()} | {k.__name__ for k in kinds.KINDS.values()}
+def test_serve_and_the_cli_name_no_kind_and_serve_no_sampler():
+    """`sedd serve` and the `sedd` command ask the run's kind, and for what only some kinds can do its
+    capability (``sedd.kinds.capabilities``): no kind's name, class or property appears in them, and no
+    sampler's in serve."""
+    kind_names = set(kinds.KINDS) | {k.__name__ for k in kinds.KINDS.values()}
+    kind_names |= {"prefix_only", "block_size", "block", "speculates", "choose_layout", "layout_of"}
+    names = kind_names | set(sampling.PREDICTORS) | {"ReMDM"} | {type(s).__name__ for s in sampling.PREDICTORS.values()}
     found = []
+    cli = ast.parse((SEDD / "cli.py").read_text())
+    for node in ast.walk(cli):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in kind_names:
+            found.append(f"cli.py:{node.lineno} the string {node.value!r}")
+        if isinstance(node, ast.Name) and node.id in kind_names or isinstance(node, ast.Attribute) and \
+                node.attr in kind_names:
+            found.append(f"cli.py:{node.lineno} {ast.unparse(node)}")
     for path in sorted((SEDD / "serve").glob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
@@ -198,11 +208,27 @@ def test_serve_names_no_kind_and_no_sampler():
                     and any(m in ast.unparse(node.args[1]) for m in ("sampling.", "kinds.", "block.")):
                 found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-                mods += [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) else []
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [f"{node.module}.{a.name}" for a in node.names]  # what is bound: sedd.kinds.capabilities is not a kind
                 found += [f"{path.name}:{node.lineno} imports {m}" for m in mods
-                          if m in ("sedd.block", "sedd.ar", "sedd.model", "sedd.kinds")]
+                          if m.startswith(("sedd.block", "sedd.ar", "sedd.model", "sedd.kinds"))
+                          and m != "sedd.kinds.capabilities"]
     assert not found, found
+
+
+def test_the_kind_protocol_is_what_every_kind_is():
+    """``Kind`` names what every kind is (network, loss, likelihood, sampling, description, the checks of its
+    options); a method only some kinds implement is a capability of ``sedd.kinds.capabilities``, which the
+    base class does not derive from, and every capability is one at least one registered kind has."""
+    protocol = {"exact", "conditions", "diffuses", "label", "describe", "network", "loss", "likelihood",
+                "sample", "check_sampler", "check_options", "check_given", "settles", "unwritten_id"}
+    own = {n for n in vars(kinds.Kind) if not n.startswith("_")} - {"config"}
+    assert own == protocol, own ^ protocol
+    caps = [c for c in vars(kinds.capabilities).values() if isinstance(c, type) and c.__module__ == kinds.capabilities.__name__]
+    assert len(caps) == 5
+    for cap in caps:
+        assert not issubclass(kinds.Kind, cap)
+        assert any(issubclass(k, cap) for k in kinds.KINDS.values()), cap
 
 
 class _LeftToRight(sampling.AbsorbingSampler):

@@ -1,4 +1,4 @@
-"""Block diffusion (sedd.block, model.kind = "block") against exact laws, its own uncached forward, and SEDD.
+"""Block diffusion (sedd.kinds.block, model.kind = "block") against exact laws, its own uncached forward, and SEDD.
 
 The exact law: a seeded Dirichlet law P0 over the 81 sequences of V = 3, L = 4.
 Its exact block scorer gives, for block i, the exact absorbing score of the
@@ -18,7 +18,8 @@ import pytest
 from flax import nnx
 
 import reference
-from sedd import block, evaluate, graphs, kinds, sampling
+from sedd import evaluate, graphs, kinds, sampling
+from sedd.kinds import block
 from sedd import config as config_lib
 from sedd import noise as noise_lib
 from sedd.graphs import log_expm1
@@ -97,7 +98,7 @@ def test_block_sampler_draws_the_exact_law(b, predictor, steps):
     denoise. TV within the noise bound of N_SAMPLES exact draws.
     """
     options = {"order": "random"} if predictor == "confidence" else {}
-    out = block.sample(jax.random.key(b), exact_scorer(b), None, GRAPH, noise_lib.LogLinear(1e-3), (N_SAMPLES, L),
+    out = block.sample_blocks(jax.random.key(b), exact_scorer(b), None, GRAPH, noise_lib.LogLinear(1e-3), (N_SAMPLES, L),
                        b, steps, predictor, **options)
     law = reference.empirical_law(np.asarray(out.tokens), V)
     dist = reference.tv(law, P0)
@@ -108,7 +109,7 @@ def test_a_prompt_is_kept_and_the_rest_drawn_from_the_conditional_law():
     """A 3-token prompt (ending inside block 2 of b = 2): the last token is drawn from P0(x_3 | x_0..2)."""
     prompt = np.array([1, 0, 2, 0])
     mask = np.broadcast_to(np.arange(L) < 3, (N_SAMPLES, L))
-    out = block.sample(jax.random.key(0), exact_scorer(2), None, GRAPH, noise_lib.LogLinear(1e-3), (N_SAMPLES, L), 2,
+    out = block.sample_blocks(jax.random.key(0), exact_scorer(2), None, GRAPH, noise_lib.LogLinear(1e-3), (N_SAMPLES, L), 2,
                        2, "first_hitting", fixed_mask=mask, fixed_tokens=np.broadcast_to(prompt, (N_SAMPLES, L)))
     x = np.asarray(out.tokens)
     assert (x[:, :3] == prompt[:3]).all()
@@ -120,7 +121,7 @@ def test_a_prompt_is_kept_and_the_rest_drawn_from_the_conditional_law():
 
 @pytest.mark.parametrize("b", [1, 2])
 def test_block_bound_is_tight_at_the_exact_score(b):
-    """Eq. (2) of sedd.block with the exact block scores: the bound equals -log P0(x) within its error."""
+    """Eq. (2) of sedd.kinds.block with the exact block scores: the bound equals -log P0(x) within its error."""
     noise = noise_lib.Geometric(1e-4, 20.0)
     bound, err = evaluate.likelihood_bound_with_stderr(jax.random.key(0), exact_block_fn(b), GRAPH, noise, SEQS,
                                                        num_t=128, num_samples=16, t_batch=16,
@@ -134,7 +135,7 @@ def test_block_bound_is_tight_at_the_exact_score(b):
 def _network(block_size, length=8, seed=0, **kw):
     """A DDiT of the block kind with random (nonzero) weights everywhere, over V + 1 ids."""
     model = DDiT(num_tokens=V + 1, out_dim=V + 1, hidden_size=16, n_blocks=2, n_heads=2, cond_dim=8, dropout=0.0,
-                 max_len=length, scale_by_sigma=True, block_size=block_size, rngs=nnx.Rngs(seed), **kw)
+                 max_len=length, scale_by_sigma=True, rngs=nnx.Rngs(seed), **kw)
     params = nnx.state(model, nnx.Param)
     keys = jax.random.split(jax.random.key(seed + 1), len(jax.tree.leaves(params)))
     leaves = [p + 0.3 * jax.random.normal(k, p.shape) for p, k in zip(jax.tree.leaves(params), keys)]
@@ -197,7 +198,7 @@ def test_the_bound_run_against_the_clean_context_is_the_full_forwards(b, remat, 
 
 
 def _uncached_scorer(graphdef, b, length):
-    """The KV cache's reference: every call runs [x_t ; x_0] through the training forward (sedd.block.log_score).
+    """The KV cache's reference: every call runs [x_t ; x_0] through the training forward (sedd.kinds.block.log_score).
 
     The context is the clean text so far and its length; the block being
     drawn sits in x_t at its place, every other x_t position MASK (their
@@ -220,7 +221,7 @@ def test_kv_cache_gives_the_uncached_scores_and_samples(time_conditioning, predi
     model = _network(b, length, time_conditioning=time_conditioning)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     state = (params, rest)
-    cached, uncached = block.network_scorer(graphdef, length), _uncached_scorer(graphdef, b, length)
+    cached, uncached = block.network_scorer(graphdef, length, b), _uncached_scorer(graphdef, b, length)
     rng = np.random.default_rng(0)
     text = jnp.asarray(rng.integers(0, V, (3, length)), jnp.int32)
     ctx_c, ctx_u = cached.init(state, 3), uncached.init(state, 3)
@@ -235,7 +236,7 @@ def test_kv_cache_gives_the_uncached_scores_and_samples(time_conditioning, predi
         clean = text[:, i * b:(i + 1) * b]
         ctx_c, ctx_u = commit_c(state, ctx_c, clean), commit_u(state, ctx_u, clean)
     noise = noise_lib.LogLinear(1e-3)
-    draws = [block.sample(jax.random.key(5), s, state, GRAPH, noise, (4, length), b, 4, predictor).tokens
+    draws = [block.sample_blocks(jax.random.key(5), s, state, GRAPH, noise, (4, length), b, 4, predictor).tokens
              for s in (cached, uncached)]
     np.testing.assert_array_equal(*draws)
 
@@ -262,7 +263,7 @@ def test_the_cache_past_its_window_is_the_windowed_forward():
     model = _network(b, length)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     state = (params, rest)
-    scorer = block.network_scorer(graphdef, length)
+    scorer = block.network_scorer(graphdef, length, b)
     rng = np.random.default_rng(1)
     total = 3 * length
     text = jnp.asarray(rng.integers(0, V, (3, total)), jnp.int32)
@@ -280,10 +281,11 @@ def test_the_cache_past_its_window_is_the_windowed_forward():
         if start:
             fused_ctx, fused = commit_score(state, fused_ctx, text[:, start - b:start], x, sigma)
             np.testing.assert_allclose(np.asarray(fused), want, atol=2e-5, rtol=1e-5)
-            assert int(fused_ctx[2]) == start  # the clean block kept, the scored one not
+            assert int(fused_ctx[1]) == start  # the clean block committed
         ctx = commit(state, ctx, text[:, start:start + b])
-    with pytest.raises(ValueError, match="exceeds the cache's 10 rows"):
-        scorer.score(state, ctx, text[:, :11], jnp.ones((3,)))
+    with pytest.raises(ValueError, match="a chunk of 11 positions exceeds the ring cache's 10 rows"):
+        model.output_in_cache(text[:, :11], jnp.ones((3,)), positions=np.arange(11), mask=np.ones((11, 10), bool),
+                              cache=ctx[0])
 
 
 def _same_draws_one_call_fewer_a_block(outs, blocks):
@@ -298,7 +300,7 @@ def test_a_blocks_commit_and_its_first_score_are_one_call(predictor):
     """With commit_score each block's first sampler call comes with its predecessor's commit: the same draws as
     committing and scoring apart, with one call fewer a block after the first (P0's exact scorer, b = 1)."""
     noise = noise_lib.LogLinear(1e-3)
-    outs = [block.sample(jax.random.key(3), exact_scorer(1, fused), None, GRAPH, noise, (64, L), 1, 2, predictor,
+    outs = [block.sample_blocks(jax.random.key(3), exact_scorer(1, fused), None, GRAPH, noise, (64, L), 1, 2, predictor,
                          return_stats=True) for fused in (True, False)]
     _same_draws_one_call_fewer_a_block(outs, L)
 
@@ -311,10 +313,10 @@ def test_a_blocks_commit_and_its_first_score_are_one_call_in_the_network(predict
     length, b = 8, 2
     model = _network(b, length)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    fused = block.network_scorer(graphdef, length)
+    fused = block.network_scorer(graphdef, length, b)
     apart = block.Scorer(fused.init, fused.score, fused.commit)  # no commit_score
     noise = noise_lib.LogLinear(1e-3)
-    outs = [block.sample(jax.random.key(3), s, (params, rest), GRAPH, noise, (3, 2 * length + 2), b, 2, predictor,
+    outs = [block.sample_blocks(jax.random.key(3), s, (params, rest), GRAPH, noise, (3, 2 * length + 2), b, 2, predictor,
                          return_stats=True) for s in (fused, apart)]
     _same_draws_one_call_fewer_a_block(outs, (2 * length + 2) // b)
 
@@ -326,8 +328,8 @@ def test_b_equal_l_is_sedds_sampler():
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     noise = noise_lib.LogLinear(1e-3)
     key = jax.random.key(2)
-    got = block.sample(key, block.network_scorer(graphdef, length), (params, rest), GRAPH, noise, (6, length),
-                       length, 8, "analytic").tokens
+    got = block.sample_blocks(key, block.network_scorer(graphdef, length, length), (params, rest), GRAPH, noise,
+                              (6, length), length, 8, "analytic").tokens
     want = sampling.sample(jax.random.fold_in(key, 0), kinds.params_score_fn(graphdef), GRAPH, noise, (6, length), 8,
                            "analytic", score_params=(params, rest)).tokens
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
@@ -338,13 +340,13 @@ def test_past_the_window_and_stop_id():
     length, b = 8, 2
     model = _network(b, length)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    scorer = block.network_scorer(graphdef, length)
-    out = block.sample(jax.random.key(0), scorer, (params, rest), GRAPH, noise_lib.LogLinear(1e-3),
+    scorer = block.network_scorer(graphdef, length, b)
+    out = block.sample_blocks(jax.random.key(0), scorer, (params, rest), GRAPH, noise_lib.LogLinear(1e-3),
                        (2, 3 * length + 1), b, 2, "analytic", return_stats=True)
     assert out.tokens.shape == (2, 25) and int(np.asarray(out.tokens).max()) < V
     # 13 blocks, each: 2 steps (the first always calls), the denoise (skipped when nothing is masked), the commit
     assert 13 * 2 <= int(out.stats["nfe"]) <= 13 * 4
-    stopped = block.sample(jax.random.key(0), scorer, (params, rest), GRAPH, noise_lib.LogLinear(1e-3),
+    stopped = block.sample_blocks(jax.random.key(0), scorer, (params, rest), GRAPH, noise_lib.LogLinear(1e-3),
                            (2, 3 * length), b, 2, "analytic", stop_id=0, return_stats=True)
     x = np.asarray(stopped.tokens)
     assert (x == 0).any(1).all()

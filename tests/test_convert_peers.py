@@ -23,7 +23,9 @@ import scipy.linalg
 from flax import nnx
 from starlette.testclient import TestClient
 
-from sedd import block, cli, convert, runs, serve
+from sedd import cli, convert, runs, serve
+
+from sedd.kinds import block
 from sedd.model import DDiT, block_diffusion_mask
 from test_convert import (GPT2, Obj, gpt2_files, original_forward, original_shapes,  # noqa: F401 (a fixture)
                           random_state_dict, write_torch_file)

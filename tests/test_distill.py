@@ -343,4 +343,4 @@ def test_block_diffusion_distils_within_its_blocks():
         distill.check_distillable(config)
     config.model.kind = "ar"
     with pytest.raises(ValueError, match="no denoising steps to distill"):
-        kinds.get(config).noise_groups(model)
+        distill.check_distillable(config)

@@ -97,8 +97,8 @@ def test_sample_refuses_what_a_left_to_right_run_cannot_honour(tmp_path, capsys,
         ["--config.model.kind=ar"]
     work = _train(tmp_path, kind, *overrides)
     run = runs.load(work)
-    own_k = "draft_k needs a draft" if kind == "ar" else "draft_k=2: this run drafts model.draft_k=3"
-    says = {("--draft_k", "2"): own_k,
+    own_k = ("--draft_k", "2") if kind == "ar" else ("--draft_k", "2", "--layout", "1,1")
+    says = {own_k: "draft_k needs a draft" if kind == "ar" else "draft_k=2: this run drafts 1 token a round in",
             ("--sampler", "dilated"): "sampler='dilated': a model.kind",
             ("--steps", "16"): "steps=16: a model.kind",
             ("--suffix", "x"): "a suffix: a model.kind"}

@@ -4,7 +4,7 @@
 - the attention switch (`sedd.kernels.ATTENTION`, cuDNN's flash attention on a
   GPU) changes nothing on a CPU: the same numbers, the same tokens;
 - the decode variants that experiments/benchmarks/bench.py times (the AR loop
-  unrolled, its weights stored in bfloat16) give `sedd.ar.sample`'s tokens;
+  unrolled, its weights stored in bfloat16) give `sedd.kinds.causal.ancestral`'s tokens;
 - the chained-matmul peak computes the chain it claims;
 - experiments/benchmarks/gpu.sh --toy runs every part end to end (slow: a few
   minutes on two shared cores).
@@ -27,7 +27,8 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 import reference
-from sedd import ar, kernels, kinds
+from sedd import kernels, kinds
+from sedd.kinds import causal
 from sedd import config as config_lib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,10 +139,10 @@ def test_cudnn_path_is_the_same_function_where_a_gpu_would_take_it(monkeypatch):
     monkeypatch.setattr(jax.nn, "dot_product_attention",
                         lambda *a, implementation=None, **k: real(*a, implementation="xla", **k))
     q, k, v = (jax.random.normal(jax.random.key(i), (2, 16, 2, 16)) for i in range(3))
-    for causal in (False, True):
-        got = kernels.mixed_attention(q, k, v, causal, jnp.bfloat16)
+    for is_causal in (False, True):
+        got = kernels.mixed_attention(q, k, v, is_causal, jnp.bfloat16)
         monkeypatch.setattr(kernels, "ATTENTION", "mixed")
-        ref = kernels.mixed_attention(q, k, v, causal, jnp.bfloat16)
+        ref = kernels.mixed_attention(q, k, v, is_causal, jnp.bfloat16)
         monkeypatch.setattr(kernels, "ATTENTION", "cudnn")
         assert got.dtype == jnp.float32
         assert float(jnp.linalg.norm(got - ref) / jnp.linalg.norm(ref)) < 1e-2
@@ -157,7 +158,7 @@ def test_decode_variants_give_ar_sample_tokens(dtype):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     model = nnx.merge(graphdef, reference.perturbed(params, 0.3, 1), rest)
     key, length = jax.random.key(3), 20
-    ref = np.asarray(ar.sample(key, model, 2, length))
+    ref = np.asarray(causal.ancestral_model(key, model, 2, length))
     assert len(np.unique(ref)) > 3  # not a constant draw
     low = bench.stored_in_compute_dtype(model)
     if dtype == "bfloat16":

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sedd import kernels
+from sedd import kernels, layers
 from sedd import model as M
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,8 +94,8 @@ def test_log_expm1_accurate_and_finite():
 
 
 def test_timestep_embedding_cos_before_sin():
-    e = np.asarray(M.timestep_embedding(jnp.zeros(1)))
-    assert e.shape == (1, M.FREQ_DIM)
+    e = np.asarray(layers.timestep_embedding(jnp.zeros(1)))
+    assert e.shape == (1, layers.FREQ_DIM)
     np.testing.assert_array_equal(e[0, :128], 1.0)
     np.testing.assert_array_equal(e[0, 128:], 0.0)
 
@@ -103,7 +103,7 @@ def test_timestep_embedding_cos_before_sin():
 def test_rotary_half_split_layout():
     x = jnp.zeros((1, 1, 1, 4)).at[..., 0].set(1.0)  # channel 0 pairs with channel 2
     p = 0.7
-    r = np.asarray(M.apply_rotary(x, jnp.array([p])))[0, 0, 0]
+    r = np.asarray(layers.apply_rotary(x, jnp.array([p])))[0, 0, 0]
     np.testing.assert_allclose(r, [np.cos(p), 0.0, np.sin(p), 0.0], atol=1e-6)
 
 
@@ -113,7 +113,7 @@ def test_rotary_scores_depend_on_relative_position_only():
     k = jax.random.normal(kk, (1, 1, 1, 16))
 
     def score(m, n):
-        return float(jnp.sum(M.apply_rotary(q, jnp.array([m])) * M.apply_rotary(k, jnp.array([n]))))
+        return float(jnp.sum(layers.apply_rotary(q, jnp.array([m])) * layers.apply_rotary(k, jnp.array([n]))))
 
     for m, n, s in [(0, 3, 5), (7, 2, 11), (4, 4, 100)]:
         np.testing.assert_allclose(score(m, n), score(m + s, n + s), rtol=1e-4, atol=1e-4)
@@ -302,26 +302,24 @@ def test_autoregressive_shape_embeds_more_ids_than_it_outputs():
         make(time_conditioning=False)(tokens(0, V), None)  # scale_by_sigma needs it
 
 
-def test_decode_matches_full_causal_pass():
-    """A 3-position prefill then single positions against the cache reproduce the full pass."""
+def test_a_ring_cache_gives_each_position_the_window_before_it():
+    """``output_in_cache`` with at None (each position at its row mod S) and ``ring_mask``: past the S = W + 1
+    rows, position p sees the W positions up to its own at every layer: the full pass over the whole text
+    with a band mask (a sliding window)."""
     m = perturb(make(AR))
-    x = tokens(0, V + 1)
-    full = np.asarray(nnx.jit(lambda mod, a: mod.network_output(a, None))(m, x))  # (B, L, V)
-    step = nnx.jit(lambda mod, a: mod.network_output(a, None, decode=True))
-    m.init_cache(2, L)
-    got = [step(m, x[:, :3])] + [step(m, x[:, i : i + 1]) for i in range(3, L)]
-    np.testing.assert_allclose(np.asarray(jnp.concatenate(got, axis=1)), full, rtol=1e-5, atol=1e-5)
-    assert int(m.blocks[0].cache_index[...]) == L
-
-
-def test_decode_errors():
-    x = tokens(0, V + 1)
-    with pytest.raises(ValueError, match="init_cache"):
-        make(AR).network_output(x, None, decode=True)
-    m = make(UNIFORM, time_conditioning=False)
-    m.init_cache(2)
-    with pytest.raises(ValueError, match="causal"):
-        m.network_output(x, None, decode=True)
+    window, total = 5, 3 * L
+    x = jax.random.randint(jax.random.key(7), (2, total), 0, V + 1)
+    rows = window + 1
+    cache, got = m.empty_cache(2, rows), []
+    step = jax.jit(lambda cache, a, p: m.output_in_cache(a, None, positions=p[None], cache=cache,
+                                                         mask=M.ring_mask(p[None], rows, window)))
+    for p in range(total):
+        out, cache = step(cache, x[:, p:p + 1], jnp.int32(p))
+        got.append(np.asarray(out[:, 0]))
+    pos = np.arange(total)
+    band = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)  # (T, T)
+    full = np.asarray(m.network_output(x, None, positions=pos, mask=band))  # (B, T, V)
+    np.testing.assert_allclose(np.stack(got, 1), full, rtol=1e-5, atol=1e-5)
 
 
 def test_a_cache_held_by_the_caller_gives_the_full_pass_and_refuses_a_wrong_one():
@@ -340,9 +338,9 @@ def test_a_cache_held_by_the_caller_gives_the_full_pass_and_refuses_a_wrong_one(
     with pytest.raises(ValueError, match=f"cache holds 1 blocks' keys and values, the model has {len(m.blocks)}"):
         m.output_in_cache(x[:, :1], None, positions=np.arange(1), mask=np.ones((1, L), bool), cache=cache[:1],
                           at=jnp.int32(0))
-    with pytest.raises(ValueError, match="at= writes into a decoding cache"):
+    with pytest.raises(ValueError, match="a decoding cache is read as a mask over its rows says"):
         m.blocks[0].run(jnp.zeros((2, 1, m.blocks[0].n_heads * m.blocks[0].head_dim)), jnp.zeros((2, 8)),
-                        positions=np.arange(1), context=cache[0], at=jnp.int32(0))
+                        positions=np.arange(1), cache=cache[0], at=jnp.int32(0))
 
 
 @pytest.mark.parametrize("row_writes", [64, 1])  # a write a sequence, and the scatter past ROW_WRITES

@@ -17,7 +17,8 @@ from starlette.testclient import TestClient  # noqa: E402
 
 import reference  # noqa: E402
 import servers  # noqa: E402
-from sedd import ar, kinds, runs, serve  # noqa: E402
+from sedd import kinds, runs, serve  # noqa: E402
+from sedd.kinds import causal
 from sedd import config as config_lib  # noqa: E402
 from sedd.data.tokenizers import CharTokenizer  # noqa: E402
 
@@ -67,7 +68,7 @@ def _greedy(run: runs.Run, prompt: str, length: int) -> str:
     ids = list(run.tokenizer.encode(prompt))
     model = run.model
     for _ in range(length):
-        logits = ar.next_token_logits(model, jnp.asarray([ids + [0]], jnp.int32))[0, -1]
+        logits = causal.next_token_logits(model, jnp.asarray([ids + [0]], jnp.int32))[0, -1]
         ids.append(int(jnp.argmax(logits)))
     return run.tokenizer.decode(ids[len(prompt):])
 
@@ -180,7 +181,7 @@ def test_drafts_the_run_cannot_take_are_refused(tiny_run):
     ddit = runs.load(tiny_run[0])
     with pytest.raises(ValueError, match="model.kind='ddit' run cannot draft"):  # the drafts: ngram, AR or block
         serve.create_app(_ar_run(0), "x", LIMITS, draft=ddit)
-    with pytest.raises(ValueError, match=r"drafts for an AR run \(model.kind='ar'\); this run's model.kind is 'ddit'"):
+    with pytest.raises(ValueError, match=r"a draft \(--draft\): a model.kind='ddit' run cannot decode by speculative"):
         serve.create_app(ddit, "x", LIMITS, draft="ngram")
 
 
@@ -189,7 +190,8 @@ def _port() -> int:
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--draft", "ngram"], "drafts for an AR run (model.kind='ar'); this run's model.kind is 'ddit'"),
+    (["--draft", "ngram"], "a draft (--draft): a model.kind='ddit' run cannot decode by speculative rounds; "
+                           "model.kind 'ar' or 'spec' can"),
     (["--draft", "ngram", "--draft_k", "0"], "error: draft_k must be an integer in [1, 64]"),
     (["--draft", "ngram", "--draft_k", "100000"], "error: draft_k must be an integer in [1, 64]"),
     (["--draft", "/no/such/run"], "--draft /no/such/run"),
@@ -248,9 +250,9 @@ def test_playground_shows_kept_and_rejected_drafts_in_headless_chromium(browser_
 def test_a_round_past_the_models_length_sees_the_whole_text():
     """A round at the text's end scores positions past max_len: the cache keeps room, no position is lost."""
     run = _ar_run(0)
-    prefill, target = ar.speculative_target(run.graphdef)
+    prefill, target = causal.speculative_target(run.graphdef)
     rng = np.random.default_rng(0)
     text = jnp.asarray(rng.integers(0, len(CHARS), (1, L + 5)), jnp.int32)  # positions 14, 15 and past L drafted
     p, _ = target(prefill((run.params, run.rest), text[:, :14]), text, jnp.asarray([14]), 4)
-    full = jax.nn.softmax(ar.next_token_logits(run.model, text[:, :L]), -1)[0, 14:16]
+    full = jax.nn.softmax(causal.next_token_logits(run.model, text[:, :L]), -1)[0, 14:16]
     np.testing.assert_allclose(np.asarray(p[0, :2]), np.asarray(full), rtol=1e-4, atol=1e-5)

@@ -1,8 +1,8 @@
-"""The self-speculative kind (``sedd.spec``): one network drafts and verifies, its causal half's law exactly.
+"""The self-speculative kind (``sedd.kinds.spec``): one network drafts and verifies, its causal half's law exactly.
 
 A random spec network over V = 3 tokens and L = 6 positions has an exact
 autoregressive law (its causal half), computed over all 3^6 sequences with
-``sedd.spec.nll``; self-speculation's draws are held within the sampling
+``sedd.kinds.causal.nll``; self-speculation's draws are held within the sampling
 noise of it (``reference.tv_noise_bound``), with temperature and top-p too.
 The round's calls are checked against the training forward they must equal,
 and a tiny run trains, evaluates and samples through the CLI.
@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 import reference
-from sedd import spec
+from flax import nnx
+
+from sedd.kinds import causal, spec
 from sedd.sampling import shaped_law
 
 V, L, N, K = 3, 6, 30_000, 2
@@ -49,7 +51,7 @@ def _law(graphdef, state, temperature=1.0, top_p=1.0) -> np.ndarray:
 
     model = nnx.merge(graphdef, *state)
     length = L
-    out = model.network_output(spec.causal_inputs(model, jnp.asarray(SEQS)), None,
+    out = model.network_output(causal.inputs(model, jnp.asarray(SEQS)), None,
                                mask=np.tril(np.ones((length, length), bool)), deterministic=True)
     probs = np.asarray(shaped_law(out, temperature, top_p), np.float64)  # (V^L, L, V)
     law = np.prod(np.take_along_axis(probs, SEQS[..., None], -1)[..., 0], axis=1)
@@ -57,14 +59,14 @@ def _law(graphdef, state, temperature=1.0, top_p=1.0) -> np.ndarray:
 
 
 def test_the_exact_nll_is_the_causal_half_of_the_training_forward():
-    """spec.nll (the causal half alone) equals the causal half of the 2L forward: the drafts never leak into it."""
+    """causal.nll (the causal half alone) equals the causal half of the 2L forward: the drafts never leak into it."""
     from flax import nnx
 
     graphdef, state = _tiny()
     model = nnx.merge(graphdef, *state)
     x = jnp.asarray(SEQS[::37])
     nll_p, nll_q = spec.token_nlls(model, x, K)
-    np.testing.assert_allclose(np.asarray(spec.nll(model, x)), np.asarray(nll_p.sum(-1)), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(causal.nll(model, x)), np.asarray(nll_p.sum(-1)), rtol=1e-5)
     # The draft half's law at a group depends on the causal tokens before its anchor only.
     changed = x.at[:, 3:].set((x[:, 3:] + 1) % V)  # group 1 (positions 2, 3) sees BOS and x_0 only
     np.testing.assert_allclose(np.asarray(spec.token_nlls(model, changed, K)[1][:, :3]),
@@ -86,14 +88,14 @@ def test_a_rounds_call_equals_the_training_forward():
     text = jnp.asarray([[2, 0, 1, 1, 2, 0, 0, 0, 0]], jnp.int32)  # x_0, x_1, drafts 1, 1 at 2, 3
     p, after = target(prefill(state, text[:, :2]), text, jnp.asarray([2]), K)
     # the causal laws at 2..4 given the text: the full causal forward of [2, 0, 1, 1, 2, 0]
-    full = model.network_output(spec.causal_inputs(model, text[:, :L]), None,
+    full = model.network_output(causal.inputs(model, text[:, :L]), None,
                                 mask=np.tril(np.ones((L, L), bool)), deterministic=True)
     np.testing.assert_allclose(np.asarray(p[0]), np.asarray(jax.nn.softmax(full[0, 2:5])), **tol)
     # outcome j: the drafts of positions 3 + j, 4 + j given x_<2+j, each alone (a one-token MASK group)
     for j in range(K + 1):
         a = 2 + j
         seq = jnp.asarray(text[:, :a])
-        inputs = jnp.concatenate([spec.causal_inputs(model, jnp.pad(seq, ((0, 0), (0, 1)))),
+        inputs = jnp.concatenate([causal.inputs(model, jnp.pad(seq, ((0, 0), (0, 1)))),
                                   jnp.full((1, K), spec.mask_id(model), jnp.int32)], 1)  # a + 1 causal, K MASK
         n = a + 1
         mask = np.zeros((n + K, n + K), bool)
@@ -170,7 +172,7 @@ def test_self_speculation_draws_the_causal_halfs_law(temperature, top_p, layout,
     """
     graphdef, state = _tiny(layout.k)
     law = _law(graphdef, state, temperature, top_p)
-    text, stats = spec.sample(jax.random.key(3), graphdef, state, N, L, layout, temperature=temperature,
+    text, stats = spec.speculate(jax.random.key(3), graphdef, state, N, L, layout, temperature=temperature,
                               top_p=top_p, verification=verification, draft_temperature=tau)
     assert reference.tv(reference.empirical_law(np.asarray(text), V), law) < reference.tv_noise_bound(law, N)
     calls = np.asarray(stats["nfe_per_sample"])
@@ -205,7 +207,9 @@ def test_a_layout_is_checked_naming_the_value():
     assert spec.layout_of(None, 4) == spec.Layout(4, 5) and spec.layout_of("4,2", 4) == spec.Layout(4, 2)
     assert spec.layout_of(3, 4) == spec.Layout(3, 4) and spec.layout_of("2", 4) == spec.Layout(2, 3)
     assert spec.Layout(4, 2).positions == 13 and spec.Layout(4, 5).positions == 25
-    for bad in ("4,6", "0,1", "a,b", "4,2,1", spec.Layout(2, 0)):
+    assert spec.layout_of("0", 4) == spec.layout_of(0, 4) == spec.NO_DRAFTS and spec.NO_DRAFTS.positions == 1
+    for bad in ("4,6", "0,1", "1,0", "a,b", "4,2,1", "1_0", " 4", "4,", "-1", "\u0664", spec.Layout(2, 0),
+                spec.Layout(0, 1), (True, 1)):
         with pytest.raises(ValueError, match="layout"):
             spec.layout_of(bad, 4)
 
@@ -236,8 +240,8 @@ def test_a_layout_is_chosen_by_its_speed_here_and_kept_in_the_run_directory(tmp_
 
     config = config_lib.load_config("tiny")  # a SEDD run: no layout to choose
     config.vocab_size = V
-    with pytest.raises(ValueError, match="layout='2,1': a round's layout is for a run that drafts for itself"):
-        kinds.get(config).choose_layout(None, "2,1")
+    with pytest.raises(ValueError, match="--layout 2,1: a model.kind='ddit' run cannot choose a round's layout; model.kind 'spec' can"):
+        kinds.capabilities.able(kinds.get(config), kinds.capabilities.Tunes, "--layout 2,1")
 
 
 def test_sharpened_drafts_and_a_bad_draft_temperature():
@@ -248,17 +252,28 @@ def test_sharpened_drafts_and_a_bad_draft_temperature():
     np.testing.assert_allclose(sharp, np.asarray([25, 9, 4, 0]) / 38, rtol=1e-5)
     graphdef, state = _tiny()
     with pytest.raises(ValueError, match="draft_temperature must be a number > 0, got 0"):
-        spec.sample(jax.random.key(0), graphdef, state, 2, L, K, draft_temperature=0)
+        spec.speculate(jax.random.key(0), graphdef, state, 2, L, K, draft_temperature=0)
 
 
-def test_the_reference_sampler_draws_the_causal_halfs_law():
-    """spec.ancestral (one token a call, full forwards, no drafts) draws the exact law: the bench's reference."""
-    from flax import nnx
-
+def test_the_no_draft_layout_draws_the_causal_halfs_law_and_its_argmax_at_temperature_0():
+    """spec.NO_DRAFTS (the causal half alone on its KV cache, one token a call) draws the exact law; at
+    temperature 0 it and every layout with drafts write the causal half's greedy text."""
     graphdef, state = _tiny()
     law = _law(graphdef, state, 0.7)
-    text = spec.ancestral(nnx.merge(graphdef, *state), jax.random.key(5), N, L, 0.7)
+    text, stats = spec.speculate(jax.random.key(5), graphdef, state, N, L, spec.NO_DRAFTS, temperature=0.7)
     assert reference.tv(reference.empirical_law(np.asarray(text), V), law) < reference.tv_noise_bound(law, N)
+    assert int(stats["nfe"]) == L and stats["accepted_at"].shape == (0,)
+    greedy = np.asarray(spec.speculate(jax.random.key(6), graphdef, state, 8, L, spec.NO_DRAFTS,
+                                       temperature=0.0)[0])
+    assert (greedy == greedy[0]).all()  # the one argmax path, whatever the key
+    net, prefix = nnx.merge(graphdef, *state), []  # the greedy text, token by token by full passes
+    for _ in range(L):
+        logits = causal.next_token_logits(net, jnp.asarray([prefix + [0]], jnp.int32))[0, -1]
+        prefix.append(int(jnp.argmax(logits)))
+    np.testing.assert_array_equal(greedy[0], prefix)
+    drafted = np.asarray(spec.speculate(jax.random.key(7), graphdef, state, 8, L, spec.Layout(K, 1),
+                                        temperature=0.0)[0])
+    np.testing.assert_array_equal(drafted, np.tile(prefix, (8, 1)))
 
 
 def test_a_prompt_is_kept_and_the_rest_drawn_from_the_conditional_law():
@@ -268,7 +283,7 @@ def test_a_prompt_is_kept_and_the_rest_drawn_from_the_conditional_law():
     law = law / law.sum()
     n = N
     prompt = jnp.tile(jnp.asarray([[2, 1]], jnp.int32), (n, 1))
-    text, _ = spec.sample(jax.random.key(4), graphdef, state, n, L, K, prompt=prompt)
+    text, _ = spec.speculate(jax.random.key(4), graphdef, state, n, L, K, prompt=prompt)
     text = np.asarray(text)
     assert (text[:, :2] == [2, 1]).all()
     ids = reference.empirical_law(text[:, 2:], V)
@@ -334,7 +349,7 @@ def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds():
     net = run.model
     for _ in range(9):  # the argmax of the causal half by full forward passes
         x = jnp.asarray([ids + [0]], jnp.int32)
-        logits = net.network_output(spec.causal_inputs(net, x), None, deterministic=True,
+        logits = net.network_output(causal.inputs(net, x), None, deterministic=True,
                                     mask=np.tril(np.ones((x.shape[1],) * 2, bool)))
         ids.append(int(jnp.argmax(logits[0, -1])))
     assert out["choices"][0]["text"] == tokenizer.decode(ids[4:])

@@ -336,7 +336,9 @@ def _tiny_ar(scale: float = 0.5):
     import ml_collections
     from flax import nnx
 
-    from sedd import ar, kinds
+    from sedd import kinds
+
+    from sedd.kinds import causal
     from sedd import config as config_lib
 
     config = config_lib.load_config("tiny", ["--config.model.kind=ar", "--config.model.n_blocks=1",
@@ -345,7 +347,7 @@ def _tiny_ar(scale: float = 0.5):
     config.vocab_size = V
     graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
     params = reference.perturbed(params, scale, 5)
-    nll = np.asarray(ar.nll(nnx.merge(graphdef, params, rest), jnp.asarray(SEQS)), np.float64)
+    nll = np.asarray(causal.nll(nnx.merge(graphdef, params, rest), jnp.asarray(SEQS)), np.float64)
     law = np.exp(-nll)
     return graphdef, (params, rest), law / law.sum()
 
@@ -353,12 +355,12 @@ def _tiny_ar(scale: float = 0.5):
 @pytest.mark.parametrize("drafter", ["ngram", "other_law"])
 def test_an_ar_network_as_target_keeps_its_law(drafter):
     """The AR network with its KV cache as the target, rolled back after each round: the text has its exact law."""
-    from sedd import ar
+    from sedd.kinds import causal
 
     # Weights of a spread law: a round whose writes wrapped around a cache of max_len rows (start + k >= L)
     # overwrote position 0, which this law shows (TV 0.16 against a bound of 0.05) and a peaked one hid.
     graphdef, state, law = _tiny_ar(0.2)
-    prefill, target = ar.speculative_target(graphdef)
+    prefill, target = causal.speculative_target(graphdef)
     k = 3
     draft = (speculative.ngram_drafter(V, 2) if drafter == "ngram"
              else _left_to_right(jnp.asarray(_conditionals(_laws()[1]), jnp.float32)))
@@ -372,10 +374,10 @@ def test_an_ar_network_as_target_keeps_its_law(drafter):
 
 def test_rollback_leaves_the_cache_of_the_accepted_text():
     """After a round that kept 1 of 3 drafts, the cache equals one built from scratch on the accepted text."""
-    from sedd import ar
+    from sedd.kinds import causal
 
     graphdef, state, _ = _tiny_ar()
-    prefill, target = ar.speculative_target(graphdef)
+    prefill, target = causal.speculative_target(graphdef)
     text = jnp.asarray([[0, 2, 1, 1, 0, 2, 0, 0, 0, 0]], jnp.int32)  # x_0, x_1, then drafts 1, 1, 0 at 2..4
     _, after = target(prefill(state, text[:, :2]), text, jnp.asarray([2]), 3)  # scores positions 2..5
     accepted = text.at[0, 3].set(2)  # d_0 = 1 kept at position 2, position 3 redrawn as 2: start' = 4
@@ -389,10 +391,10 @@ def test_rollback_leaves_the_cache_of_the_accepted_text():
 
 def test_a_text_longer_than_the_prefilled_cache_is_refused_by_name():
     """The cache holds max(max_len, P) + MAX_DRAFTS + 1 rows; a longer text buffer would write over other rows."""
-    from sedd import ar
+    from sedd.kinds import causal
 
     graphdef, state, _ = _tiny_ar()
-    prefill, target = ar.speculative_target(graphdef)
+    prefill, target = causal.speculative_target(graphdef)
     cached = prefill(state, jnp.zeros((1, 2), jnp.int32))
     rows = jax.tree.leaves(cached[1])[0].shape[-2]
     with pytest.raises(ValueError, match=rf"text buffer of {rows + 1} positions does not fit .* {rows} rows"):
@@ -425,7 +427,9 @@ def _tiny_block():
     import ml_collections
     from flax import nnx
 
-    from sedd import block, kinds
+    from sedd import kinds
+
+    from sedd.kinds import block
     from sedd import config as config_lib
 
     config = config_lib.load_config("tiny", ["--config.model.kind=block", "--config.model.block_size=3",
@@ -434,16 +438,17 @@ def _tiny_block():
     config.vocab_size = V
     kind = kinds.get(config)
     graphdef, params, rest = nnx.split(kind.network(0), nnx.Param, ...)
-    return block.BlockDraft(graphdef, (reference.perturbed(params, 0.2, 6), rest), kind.graph, kind.noise)
+    return block.BlockDraft(graphdef, (reference.perturbed(params, 0.2, 6), rest), kind.graph, kind.noise,
+                            kind.block_size)
 
 
 def _shaped_ar_law(graphdef, state, temperature: float, top_p: float) -> np.ndarray:
     """The exact law over all V^L sequences of the AR network's conditionals with temperature and nucleus."""
     from flax import nnx
 
-    from sedd import ar
+    from sedd.kinds import causal
 
-    logits = np.asarray(ar.next_token_logits(nnx.merge(graphdef, *state), jnp.asarray(SEQS)), np.float64)
+    logits = np.asarray(causal.next_token_logits(nnx.merge(graphdef, *state), jnp.asarray(SEQS)), np.float64)
     cond = np.asarray(sampling.nucleus(jax.nn.softmax(jnp.asarray(logits / temperature, jnp.float32), -1), top_p),
                       np.float64)  # (V^L, L, V)
     law = np.take_along_axis(cond, SEQS[..., None], -1)[..., 0].prod(-1)
@@ -453,7 +458,7 @@ def _shaped_ar_law(graphdef, state, temperature: float, top_p: float) -> np.ndar
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), pytest.param(0.7, 1.0, marks=pytest.mark.slow), (0.7, 0.9)])
 def test_a_block_network_drafting_one_block_keeps_the_ar_law(temperature, top_p):
     """A random block network drafts k = 3 positions in one call for a random AR network: the text has its law."""
-    from sedd import ar
+    from sedd.kinds import ar
 
     graphdef, state, _ = _tiny_ar(0.2)  # weights that leave several tokens in the nucleus of top_p = 0.9
     law = _shaped_ar_law(graphdef, state, temperature, top_p)

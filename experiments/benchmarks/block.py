@@ -10,7 +10,8 @@ import jax.numpy as jnp
 from experiments.benchmarks import nets
 from experiments.timing import format_table, interleaved, median, paired_ratio
 from experiments.writing import by_blocks
-from sedd import ar, kinds, sampling
+from sedd import kinds, sampling
+from sedd.kinds import causal
 
 
 def _writers(config, length: int, batch: int, block_sizes: list[int], sedd_steps: list[int], given: list,
@@ -36,7 +37,7 @@ def _writers(config, length: int, batch: int, block_sizes: list[int], sedd_steps
         ar_model = kinds.build_model(c, 0)
 
     def ar_fn():
-        tokens = ar.sample(key, ar_model, batch, length)
+        tokens = causal.ancestral_model(key, ar_model, batch, length)
         return sampling.Samples(tokens, None, {"nfe": jnp.int32(length)})
 
     out["AR, KV cache"] = (ar_fn, 1, "ancestral")

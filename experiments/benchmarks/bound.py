@@ -12,7 +12,8 @@ import numpy as np
 
 from experiments.benchmarks import nets
 from experiments.timing import format_table, median, paired_ratio
-from sedd import block, evaluate, kinds
+from sedd import evaluate, kinds
+from sedd.kinds import block
 
 
 def _cost(fn: Callable, *args) -> dict:

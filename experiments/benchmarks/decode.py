@@ -16,7 +16,8 @@ from flax import nnx
 
 from experiments.benchmarks import nets
 from experiments.timing import format_table, interleaved, median, paired_ratio
-from sedd import ar, kernels, kinds
+from sedd import kernels, kinds
+from sedd.kinds import causal
 from sedd import model as model_lib
 
 
@@ -38,23 +39,21 @@ def stored_in_compute_dtype(model):
 
 
 def _ar_decode(model, key, temperature, *, num_samples: int, length: int, unroll: int = 1):
-    """``sedd.ar.sample`` (no prompt, the precise categorical) with its loop unrolled `unroll` times: the same
-    tokens, a loop iteration of `unroll` network calls."""
+    """``sedd.kinds.causal.ancestral`` (no prompt, the precise categorical, up to max_len) with its loop unrolled
+    `unroll` times: the same tokens, a loop iteration of `unroll` network calls."""
     from sedd.categorical import sample_categorical  # noqa: PLC0415
 
-    model = nnx.clone(model)
-    model.init_cache(num_samples, min(length, model.max_len))
-
     def step(pos, carry):
-        model, prev, toks = carry
-        logits = ar.decode_step(model, prev)  # (B, V)
-        probs = jax.nn.softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+        cache, prev, toks = carry
+        logits, cache = causal.decode_in_cache(model, cache, prev[:, None], pos)  # (B, 1, V)
+        probs = jax.nn.softmax(logits[:, 0].astype(jnp.float32) / temperature, axis=-1)
         tok = sample_categorical(jax.random.fold_in(key, pos), probs, "precise").astype(jnp.int32)
-        return model, tok, toks.at[:, pos].set(tok)
+        return cache, tok, toks.at[:, pos].set(tok)
 
-    bos = jnp.full((num_samples,), ar.bos_id(model), jnp.int32)
+    bos = jnp.full((num_samples,), causal.bos_id(model), jnp.int32)
     toks = jnp.zeros((num_samples, length), jnp.int32)
-    return nnx.fori_loop(0, length, step, (model, bos, toks), unroll=unroll)[2]  # (B, L)
+    carry = (model.empty_cache(num_samples, length), bos, toks)
+    return jax.lax.fori_loop(0, length, step, carry, unroll=unroll)[2]  # (B, L)
 
 
 ar_decode = nnx.jit(_ar_decode, static_argnames=("num_samples", "length", "unroll"))
@@ -174,7 +173,7 @@ def run_decode(quick: bool, args) -> dict:
     ar_model.eval()
     ar_low = stored_in_compute_dtype(ar_model)
     fns: dict[str, tuple[Callable[[], Any], int]] = {
-        "AR, KV cache (sedd.ar.sample)": (lambda: ar.sample(key, ar_model, batch, length), length)}
+        "AR, KV cache (causal.ancestral)": (lambda: causal.ancestral_model(key, ar_model, batch, length), length)}
     for u in unrolls:
         fns[f"AR, loop unrolled x{u}"] = (
             functools.partial(ar_decode, ar_model, key, one, num_samples=batch, length=length, unroll=u), length)
@@ -184,7 +183,7 @@ def run_decode(quick: bool, args) -> dict:
         u = max(unrolls)
         fns[f"AR, weights stored bf16, unrolled x{u}"] = (
             functools.partial(ar_decode, ar_low, key, one, num_samples=batch, length=length, unroll=u), length)
-    base = "AR, KV cache (sedd.ar.sample)"
+    base = "AR, KV cache (causal.ancestral)"
     ref = np.asarray(fns[base][0]())
     results = []
 
@@ -261,7 +260,7 @@ def _table(out: dict) -> str:
              "" if r["ratio_to_ar_sample"] is None else f"{r['ratio_to_ar_sample']:.2f}",
              "" if r["same_tokens_as_ar_sample"] is None else str(r["same_tokens_as_ar_sample"])]
             for r in out["results"]]
-    table = format_table(["batch 1", "calls", "s", "ms a call", "tok/s", "time / ar.sample", "same tokens"], rows)
+    table = format_table(["batch 1", "calls", "s", "ms a call", "tok/s", "time / ancestral", "same tokens"], rows)
     table += (f"\nweights a call: {out['weight_bytes_float32'] / 1e9:.3f} GB float32, "
               f"{out['weight_bytes_bfloat16'] / 1e9:.3f} GB bfloat16; the AR loop body: "
               f"{out.get('hlo_loop_body_ops_total', '?')} HLO ops, {out.get('hlo_converts_in_loop', '?')} converts")

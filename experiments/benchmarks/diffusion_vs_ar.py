@@ -10,7 +10,8 @@ import numpy as np
 
 from experiments.benchmarks import nets
 from experiments.timing import format_table, interleaved, median, timed
-from sedd import ar, kinds, sampling
+from sedd import kinds, sampling
+from sedd.kinds import causal
 
 
 def ar_decode_fn(config, batch: int) -> tuple[Callable[[], Any], str]:
@@ -19,7 +20,7 @@ def ar_decode_fn(config, batch: int) -> tuple[Callable[[], Any], str]:
     c.model.kind = "ar"
     model = kinds.build_model(c, 0)
     key = jax.random.key(0)
-    return (lambda: ar.sample(key, model, batch, config.data.seq_len)), "KV cache (sedd.ar.sample)"
+    return (lambda: causal.ancestral_model(key, model, batch, config.data.seq_len)), "KV cache (causal.ancestral)"
 
 
 def bench_diffusion_vs_ar(config, batch: int, steps_list: list[int], max_direct_steps: int,

@@ -12,14 +12,14 @@ import numpy as np
 from experiments.benchmarks import nets
 from experiments.quality import sample_quality
 from experiments.timing import format_table, interleaved, median, paired_ratio, tokens_per_call
-from sedd import ar
+from sedd.kinds import causal
 from sedd import config as config_lib
 
 
 def call_cost(config, ns: list[int], repeats: int, calls: int | None = None, batch: int = 1) -> dict:
     """Seconds of one KV-cached AR call on n new positions a row, `batch` rows, random weights.
 
-    The call (``DDiT.output_in_cache``, as ``ar.sample`` decodes and the spec kind's rounds run) scores
+    The call (``DDiT.output_in_cache``, as ``causal.ancestral`` decodes and the spec kind's rounds run) scores
     positions start .. start + n - 1 causally against a cache of L + n_max + 8 rows, start = L / 2 + (i mod
     8) at call i (each call writes rows the last did not, as decoding does), calls in one jitted loop.
     Loops of `calls` and of 2 `calls` calls are timed in turn and a call is their difference over `calls`:
@@ -46,7 +46,7 @@ def call_cost(config, ns: list[int], repeats: int, calls: int | None = None, bat
                 cache, acc = carry
                 at = start + i % 8
                 inputs = jax.lax.dynamic_slice(text, (0, at), (batch, n))
-                logits, cache = ar.decode_in_cache(model, cache, inputs, at)
+                logits, cache = causal.decode_in_cache(model, cache, inputs, at)
                 # every output and the cache carried on: nothing of the call is dead code XLA could skip
                 return cache, acc + logits.sum()
             return jax.lax.fori_loop(0, calls, body, (cache, jnp.float32(0)))[1]
@@ -90,8 +90,8 @@ def layout_ceiling(curve: dict, layouts) -> list[dict]:
 def loop_profile(config, layouts: list[str], repeats: int) -> dict:
     """Where a decode step's time goes, AR and spec (random weights, batch 1): the text, and its network alone.
 
-    AR: a text of L tokens by ``ar.sample`` against L KV-cached decode calls in one loop, no sampling. Spec,
-    per layout: a text by ``spec.sample`` (R rounds) against R of its round's calls (``target``: the
+    AR: a text of L tokens by ``causal.ancestral`` against L KV-cached decode calls in one loop, no sampling. Spec,
+    per layout: a text by ``spec.speculate`` (R rounds) against R of its round's calls (``target``: the
     network and the laws it returns) in one loop. The rest is the loop's own work (drafting, verification,
     sampling, the text's updates); every output is carried on, so XLA drops none of the call.
     """
@@ -109,13 +109,13 @@ def loop_profile(config, layouts: list[str], repeats: int) -> dict:
     ar_run, sp = run_of("ar"), run_of("spec", draft_k=4)
     length, key = ar_run.seq_len, jax.random.key(0)
     @jax.jit
-    def ar_network(state):  # the calls of ar.sample: one position a step on the cache it holds (one dispatch,
-        model = nnx.merge(ar_run.net.graphdef, *state)  # no walk over the model's graph a call, as ar.sample)
+    def ar_network(state):  # the calls of causal.ancestral: one position a step on the cache it holds (one dispatch,
+        model = nnx.merge(ar_run.net.graphdef, *state)  # no walk over the model's graph a call, as causal.ancestral)
 
         def step(i, carry):
             cache, acc = carry
             token = jnp.full((1, 1), i % ar_run.config.vocab_size, jnp.int32)
-            logits, cache = ar.decode_in_cache(model, cache, token, i)
+            logits, cache = causal.decode_in_cache(model, cache, token, i)
             return cache, acc + logits.sum()
         return jax.lax.fori_loop(0, length, step, (model.empty_cache(1, length), jnp.float32(0)))[1]
 
@@ -124,7 +124,7 @@ def loop_profile(config, layouts: list[str], repeats: int) -> dict:
     for name in layouts:
         layout = spec.layout_of(name, 4)
         prefill, target, _ = spec.speculative_parts(sp.net.graphdef, layout)
-        r = rounds[name] = int(spec.sample(key, sp.net.graphdef, sp.net.state, 1, length, layout)[1]["nfe"]) - 1
+        r = rounds[name] = int(spec.speculate(key, sp.net.graphdef, sp.net.state, 1, length, layout)[1]["nfe"]) - 1
         state = jax.jit(prefill)(sp.net.state, jnp.zeros((1, 0), jnp.int32))
         text = jnp.zeros((1, length + 2 * layout.k + 2), jnp.int32)
 
@@ -136,7 +136,7 @@ def loop_profile(config, layouts: list[str], repeats: int) -> dict:
                 return state, acc + p.sum()
             return jax.lax.fori_loop(0, r, body, (state, jnp.float32(0)))[1]
 
-        fns[f"spec {name}"] = lambda layout=layout: spec.sample(key, sp.net.graphdef, sp.net.state, 1, length,
+        fns[f"spec {name}"] = lambda layout=layout: spec.speculate(key, sp.net.graphdef, sp.net.state, 1, length,
                                                                  layout)[0]
         fns[f"spec {name} network"] = lambda calls=calls, state=state, text=text: calls(state, text)
     times = {n: median(t) for n, t in interleaved(fns, repeats, warmup=2).items()}
@@ -188,7 +188,7 @@ def bench_speculative(target, drafts: dict, specs: dict, ks: list[int], batches:
     """Speculative sampling of the AR run `target` with each drafter and k, against its own KV-cached sampling.
 
     Per (drafter, k): the calls (the target's and the drafter's network calls, counted alike) and tokens a
-    call, the acceptance by draft position, the seconds at each batch interleaved with ``ar.sample``'s (the
+    call, the acceptance by draft position, the seconds at each batch interleaved with ``causal.ancestral``'s (the
     ratio the median of per-round ratios), and the quality of quality_samples texts drawn the same way; each
     cell once per verification ("block" or "token", ``sedd.speculative.round_law``); the spec run once per
     layout ("K,GROUPS", None its trained one, "auto" the fastest at each batch: ``Kind.choose_layout``), each
@@ -239,8 +239,7 @@ def bench_speculative(target, drafts: dict, specs: dict, ks: list[int], batches:
                "acceptance_by_position": (np.asarray(st["accepted_at"], np.float64) / rounds.sum()).tolist(),
                **sample_quality(out.tokens, target, chain)}
         if spec is not None:  # lossless in practice: the spec run's causal half drawn one token at a time, no drafts
-            from sedd import spec as spec_lib  # noqa: PLC0415
-            direct = np.asarray(spec_lib.ancestral(spec.model, jax.random.key(2), quality_samples, length))
+            direct = np.asarray(causal.ancestral_model(jax.random.key(2), spec.model, quality_samples, length))
             row["own"] = sample_quality(direct, target, chain)
         for batch in batches:
             times = interleaved({"ar": lambda b=batch: target.sample(key, b).tokens,
@@ -283,12 +282,12 @@ def draft_overlap(run, sequences: int = 16, tau: float | None = None) -> dict:
     q(u)), computed here exactly (every v, one forward each) at each group's first position of `sequences`
     validation texts (the prefix x_<s from the text). For q: the run's group law, as trained and sharpened
     (tau, the sampler's ``DRAFT_TEMPERATURE``); the mixture sum_v p(v) p(. | x_<s, v) (what (4) of
-    ``sedd.spec.loss`` aims at); and the best q of all (``best_overlap``), a ceiling for any draft law that
+    ``sedd.kinds.spec.loss`` aims at); and the best q of all (``best_overlap``), a ceiling for any draft law that
     skips the verifier's token.
     """
     from flax import nnx  # noqa: PLC0415
 
-    from sedd import spec  # noqa: PLC0415
+    from sedd.kinds import spec  # noqa: PLC0415
     from sedd.data import load_dataset  # noqa: PLC0415
 
     tau = spec.DRAFT_TEMPERATURE if tau is None else tau
@@ -307,7 +306,7 @@ def draft_overlap(run, sequences: int = 16, tau: float | None = None) -> dict:
     def after_each(model, row, s):  # p(. | x_<s, x_s = v) for every v: (V, V)
         v = model.out_dim
         rows = jnp.tile(row[None], (v, 1)).at[:, s].set(jnp.arange(v))
-        out = model.network_output(spec.causal_inputs(model, rows), None, mask=causal_mask, deterministic=True)
+        out = model.network_output(causal.inputs(model, rows), None, mask=causal_mask, deterministic=True)
         return jax.nn.softmax(jax.lax.dynamic_index_in_dim(out, s + 1, 1, False).astype(jnp.float32), -1)
 
     p, q = (np.asarray(a, np.float64) for a in laws(model, x))

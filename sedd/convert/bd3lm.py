@@ -1,7 +1,7 @@
 """BD3-LM (block diffusion, kuleshov-group/bd3lm-owt-block_size*): its own config fields and buffers.
 
 The rest of its config is MDLM's (`sedd.convert.mdlm`); the converted model
-is our block kind (`sedd.block`) over [x_t ; x_0].
+is our block kind (`sedd.kinds.block`) over [x_t ; x_0].
 """
 
 from __future__ import annotations

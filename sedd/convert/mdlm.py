@@ -43,7 +43,7 @@ def config_from_peer(orig: Mapping, tokenizer_path: str, dtype: str) -> ml_colle
     All three are SEDD's DDiT with the log-linear schedule (eps 1e-3) over
     GPT-2's tokenizer. MDLM and BD3-LM: the absorbing graph over GPT-2's 50,257
     tokens + MASK (id 50,257), the output MDLM's SUBS (``model.normalize`` with
-    ``scale_by_sigma``); BD3-LM is our block kind (``sedd.block``) over [x_t ;
+    ``scale_by_sigma``); BD3-LM is our block kind (``sedd.kinds.block``) over [x_t ;
     x_0] with its block size (`sedd.convert.bd3lm.block_size_of`). DUO: the
     uniform graph over GPT-2's tokens + its [PAD], the output x0's law
     (``model.normalize`` without ``scale_by_sigma``).

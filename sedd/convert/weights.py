@@ -30,7 +30,7 @@ from flax import nnx
 
 from sedd import kinds
 from sedd.convert.limits import ConversionError, brief
-from sedd.model import FREQ_DIM, ROTARY_BASE, timestep_embedding
+from sedd.layers import FREQ_DIM, ROTARY_BASE, timestep_embedding
 
 ROTARY_KEY = "rotary_emb.inv_freq"
 

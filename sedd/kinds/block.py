@@ -25,7 +25,7 @@ sampler will have cached). Each block has its own t (an unbiased one-draw
 estimate of (2) per block), the clean half the noise 0; with time
 conditioning each block's adaLN reads its own sigma.
 
-Sampling (``sample``): block by block, each from all-MASK by any sampler of
+Sampling (``sample_blocks``): block by block, each from all-MASK by any sampler of
 ``sedd.sampling`` that runs on the absorbing graph, the network run on the b
 positions of the current block against a cache of the clean blocks' keys and
 values (``Scorer``). A drawn block is written into the cache (its "commit") by
@@ -35,7 +35,7 @@ block sees the clean one, not the reverse), keeps the clean block's keys and
 values and gives the next block's first score, which the sampler's first step
 takes instead of a call of its own (``sedd.sampling``'s ``prime``). So a block
 costs its sampler's calls, not one more; only the last block's commit is a
-call of its own. The cache is a ring (``DDiTBlock._attend_cache``): text past
+call of its own. The cache is a ring (``sedd.model.ring_mask``): text past
 the model's length keeps the last L - b tokens as context, a sliding window.
 A prompt is prefilled as clean blocks; the block holding its end is drawn
 with the prompt's positions fixed.
@@ -57,11 +57,12 @@ from flax import nnx
 
 from sedd import evaluate, losses, sampling
 from sedd.kinds.base import register
+from sedd.kinds.capabilities import Drafts, refuse_drafts
 from sedd.kinds.block_draft import BlockDraft
 from sedd.kinds.ddit import Diffusion
 from sedd.graphs import Graph
 from sedd.sampling import rows as rows_lib
-from sedd.model import DDiT, block_diffusion_mask
+from sedd.model import DDiT, block_diffusion_mask, ring_mask
 
 # =========================================================================== training and the bound
 
@@ -139,7 +140,8 @@ def log_score_in_context(model: DDiT, x_t: jax.Array, context: tuple, sigma: jax
     sigma = _per_block(sigma, b, length // block_size)  # (B, n_b)
     # x_t -> x0, the upper right quarter of the mask; its upper left one, x_t -> x_t, is a block's own block
     mask = block_diffusion_mask(length, block_size)[:length, length:]  # (L, L)
-    h, c = model.features(x_t, sigma, mask=mask, context=context, deterministic=True)  # (B, L, H), (B, n_b, C)
+    h, c = model.features(x_t, sigma, mask=mask, context=context, unit=block_size,
+                          deterministic=True)  # (B, L, H), (B, n_b, C)
     return model.log_score(model.output_layer(h, c), x_t, jnp.repeat(sigma, block_size, axis=1))
 
 
@@ -252,42 +254,48 @@ class Scorer(NamedTuple):
 
 
 @functools.lru_cache(maxsize=None)
-def network_scorer(graphdef, window: int) -> Scorer:
-    """The block network `graphdef` with a KV cache of `window` rows (the model's length L) as its context.
+def network_scorer(graphdef, window: int, block_size: int) -> Scorer:
+    """The block network `graphdef` with the network's decoding cache of the clean blocks as its context.
 
-    The context is (keys, values, index): per layer the rotary-embedded keys
-    and the values of the committed positions, float[B, S, N, K] in the
-    compute dtype (a ring of S = window + b rows), and the next position,
-    int32[]. ``score`` runs the block with ``decode=True, commit=False`` (the
-    cache is read, not changed); ``commit`` runs the clean block at noise 0
-    with ``commit=True``; ``commit_score`` runs [clean ; x] with the noise
-    levels [0, sigma] and keeps the first b positions. Exactly what the x_0
-    half of the training forward computes (tests/test_block.py).
+    The context is (cache, index): per layer the rotary-embedded keys and
+    the values of the committed positions, a ring of S = window + b rows
+    (``DDiT.output_in_cache`` with each position at its row mod S; window =
+    the model's length L), and the next position, int32[]. ``score`` runs the
+    block against it and drops the cache it wrote (the context is as it
+    was); ``commit`` runs the clean block at noise 0 and keeps it;
+    ``commit_score`` runs [x ; clean] with the noise levels [sigma, 0] in one
+    call and keeps both blocks' rows (x's are written over by its next score
+    before any query reads them). Each query sees its own block and the
+    clean ones before it within the window (``sedd.model.ring_mask``).
+    Exactly what the x_0 half of the training forward computes (tests/test_block.py).
     """
+    b = block_size
+    rows = window + b
+
+    def run(state, cache, x, sigma, positions, keep=None):
+        model = nnx.merge(graphdef, *state)
+        mask = ring_mask(positions, rows, window, b)  # (L, S): its own block and the clean ones before it
+        out, cache = model.output_in_cache(x, sigma, positions=positions, mask=mask, cache=cache, keep=keep)
+        return model, out, cache
 
     def init(state, batch):
-        model = nnx.merge(graphdef, *state)
-        model.init_cache(batch, window)  # the model's own ring: window + b rows
-        return model.cache()
+        return nnx.merge(graphdef, *state).empty_cache(batch, rows), jnp.int32(0)
 
     def score(state, ctx, x, sigma):
-        model = nnx.merge(graphdef, *state).with_cache(ctx)
-        return model(x, sigma, decode=True, commit=False, deterministic=True)
+        model, out, _ = run(state, ctx[0], x, sigma, ctx[1] + jnp.arange(b))
+        return model.log_score(out, x, sigma)
 
     def commit(state, ctx, x):
-        model = nnx.merge(graphdef, *state).with_cache(ctx)
-        model.network_output(x, jnp.zeros(x.shape[:1], jnp.float32), decode=True, deterministic=True)
-        return model.cache()
+        cache, index = ctx
+        return run(state, cache, x, jnp.zeros(x.shape[:1], jnp.float32), index + jnp.arange(b))[2], index + b
 
     def commit_score(state, ctx, clean, x, sigma):
-        model = nnx.merge(graphdef, *state).with_cache(ctx)
-        b = x.shape[1]
-        both = jnp.concatenate([clean, x], axis=1)  # (B, 2b)
-        sigmas = jnp.stack([jnp.zeros_like(sigma), sigma], axis=1).astype(jnp.float32)  # (B, 2) a level a block
-        h, c = model.features(both, sigmas, decode=True, commit=b, deterministic=True)  # (B, 2b, H), (B, 2, C)
-        c = c[:, 1:] if c.ndim == 3 else c  # the new block's group (without time conditioning: (B, C) zeros)
-        out = model.output_layer(h[:, b:], c)  # (B, b, D): the final layer on the new block only
-        return model.cache(), model.log_score(out, x, sigma)
+        cache, index = ctx
+        both = jnp.concatenate([x, clean], axis=1)  # (B, 2b): x first, so that the final layer runs on it alone
+        positions = index + jnp.concatenate([jnp.arange(b, 2 * b), jnp.arange(b)])
+        sigmas = jnp.stack([sigma, jnp.zeros_like(sigma)], axis=1).astype(jnp.float32)  # (B, 2) a level a block
+        model, out, cache = run(state, cache, both, sigmas, positions, keep=b)
+        return (cache, index + b), model.log_score(out, x, sigma)
 
     return Scorer(init, score, commit, commit_score)
 
@@ -392,16 +400,16 @@ def draw_blocks(key, times, params, ctx, text, fixed, first, shaping=None, *, sc
 def draw(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Callable, fixed: jax.Array,
          text: jax.Array, times: jax.Array, *, block_size: int, predictor: str, denoise: bool,
          options: sampling.Options, stop_id: int | None = None, shaping: tuple | None = None) -> tuple:
-    """``sample``'s traced core: every block of `text` drawn from all-MASK and committed, from an empty context.
+    """``sample_blocks``'s traced core: every block of `text` drawn from all-MASK and committed, from an empty context.
 
     For callers that are themselves traced (``sedd serve`` maps it over rows).
 
     Args:
-      key, scorer, params, graph, noise: as ``sample``.
+      key, scorer, params, graph, noise: as ``sample_blocks``.
       fixed: bool[B, T] the prompt's positions (a prefix), T a multiple of b;
         text: int32[B, T] the prompt's tokens there.
       times: float[steps + 1] the sampler's time grid.
-      block_size, predictor, denoise, options, stop_id: as ``sample`` (options
+      block_size, predictor, denoise, options, stop_id: as ``sample_blocks`` (options
         checked, its time_grid unset).
       shaping: None, or traced (temperature, top_p) (``sedd.sampling.run_loop``).
     Returns:
@@ -426,7 +434,7 @@ def _prefix_lengths(fixed_mask, shape) -> np.ndarray:
     return lengths
 
 
-def sample(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Callable, shape: tuple[int, int],
+def sample_blocks(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Callable, shape: tuple[int, int],
            block_size: int, steps: int, predictor: str = "analytic", denoise: bool = True, eps: float = 1e-5,
            fixed_mask=None, fixed_tokens=None, *, options: sampling.Options | None = None,
            **option_values) -> sampling.Samples:
@@ -494,7 +502,7 @@ def sample(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Cal
 
 
 @functools.lru_cache(maxsize=None)
-def serving_scorer(graphdef, window: int, live: bool) -> Scorer:
+def serving_scorer(graphdef, window: int, block_size: int, live: bool) -> Scorer:
     """``network_scorer`` with params = (state, batch id): with `live` each call first hands its block to the host.
 
     Each call (a sampler step, or the commit of the clean block) ``observe``s
@@ -503,11 +511,11 @@ def serving_scorer(graphdef, window: int, live: bool) -> Scorer:
     (``sedd.sampling.rows.Placed``). Each commit is a call of its own, so the
     host sees every clean block before the next one starts.
     """
-    base = network_scorer(graphdef, window)
+    base = network_scorer(graphdef, window, block_size)
 
     def tell(batch_id, ctx, x):
         if live:  # the block's first position, the same on every row
-            rows_lib.observe(batch_id, jax.lax.all_gather(ctx[2], rows_lib.AXIS)[0] % window, x)
+            rows_lib.observe(batch_id, jax.lax.all_gather(ctx[1], rows_lib.AXIS)[0] % window, x)
 
     def score(params, ctx, x, sigma):
         tell(params[1], ctx, x)
@@ -531,7 +539,7 @@ def sample_rows(state, seeds, row_ids, mask, tokens, temperature, top_p, batch_i
     (``draw_blocks``'s frames).
     """
     length = mask.shape[1]
-    scorer = serving_scorer(graphdef, length, live)
+    scorer = serving_scorer(graphdef, length, block_size, live)
     options = sampling.Options.make(categorical=categorical, return_trajectory=trajectory, return_stats=True,
                                     axis_name=rows_lib.AXIS).checked(predictor, graph, True)
     times = sampling.time_grid(None, steps, eps)
@@ -577,14 +585,13 @@ def rows_program(graphdef, graph: Graph, noise: Callable, *, block_size: int, st
 
 
 @register("block")
-class BlockDiffusion(Diffusion):
+class BlockDiffusion(Diffusion, Drafts):
     """Block diffusion (module docstring): the DDiT over [x_t ; x_0] with block-causal attention.
 
     Attributes:
       block_size: b = model.block_size, dividing data.seq_len.
     """
 
-    serves = True
     conditions = ("prefix",)  # a prompt before the text only: the model never saw text after a block
 
     def __init__(self, config):
@@ -606,7 +613,7 @@ class BlockDiffusion(Diffusion):
         return f"block b={self.block_size}"
 
     def one_token_steps(self, length):
-        """Steps a block (``sample`` takes its steps per block)."""
+        """Steps a block (``sample_blocks`` takes its steps per block)."""
         return self.block_size
 
     def describe(self):
@@ -623,13 +630,9 @@ class BlockDiffusion(Diffusion):
         return self.block_size, lambda x_t, x0, sigma: log_score(
             model, x_t, x0, sigma, self.block_size, deterministic=not train, rngs=rngs)
 
-    def network(self, seed=0):
-        """SEDD's network whose blocks decode b positions at a time against the clean blocks' cache."""
-        return super().network(seed, block_size=self.block_size)
-
     def drafter(self, net):
         """Drafts one block of k <= b positions in one call (``sedd.kinds.block_draft.BlockDraft``)."""
-        return BlockDraft(net.graphdef, net.state, self.graph, self.noise)
+        return BlockDraft(net.graphdef, net.state, self.graph, self.noise, self.block_size)
 
     def loss(self, key, model, x0, train, rngs=None):
         r"""Eq. (2) of the module docstring: each block's score entropy at its own t, given the clean blocks
@@ -655,7 +658,7 @@ class BlockDiffusion(Diffusion):
                                       per_position=per_position_fn(self.block_size), **kwargs)
 
     def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):
-        """``sample``: block by block with the KV cache; max_length tokens (default data.seq_len).
+        """``sample_blocks``: block by block with the KV cache; max_length tokens (default data.seq_len).
 
         steps are per block. rows is not used: the rows stay where the
         weights are.
@@ -665,7 +668,7 @@ class BlockDiffusion(Diffusion):
             cache=True with a time-conditioned model, a suffix or infill
             pattern, an option the sampler cannot honour.
         """
-        self.speculation(None, options.pop("draft", None), options.pop("draft_k", None))  # refused, one line
+        refuse_drafts(self, options)
         s = self.config.sampling
         if options.get("block_length") is not None:
             raise ValueError(f"block_length is for a SEDD run's windows; this block model draws blocks of "
@@ -674,6 +677,6 @@ class BlockDiffusion(Diffusion):
         self._check_cache(options)
         options.setdefault("categorical", s.categorical)
         length = options.pop("max_length", None) or self.config.data.seq_len
-        scorer = network_scorer(net.graphdef, self.config.data.seq_len)
-        return sample(key, scorer, net.state, self.graph, self.noise, (num_samples, length), self.block_size,
+        scorer = network_scorer(net.graphdef, self.config.data.seq_len, self.block_size)
+        return sample_blocks(key, scorer, net.state, self.graph, self.noise, (num_samples, length), self.block_size,
                       s.steps if steps is None else steps, predictor or s.predictor, eps=s.eps, **options)

@@ -1,7 +1,7 @@
 r"""A block-diffusion run as the drafter of an AR run: one block of k <= b positions in one call.
 
 ``BlockDraft`` is the ``sedd.drafts.Drafter`` a block run's kind gives
-(``sedd.kinds.block.BlockDiffusion.drafter``); ``speculative_drafter`` is its
+(``sedd.kinds.block.BlockDiffusion.drafter``); ``drafter_parts`` is its
 (prefill, drafter) pair for ``sedd.speculative.decode``.
 
 Letters: B batch, L length, k drafts a round, b block size, V vocabulary, D = graph.dim.
@@ -30,10 +30,10 @@ class BlockDraft(drafts.Drafter):
 
     name = "block"
 
-    def __init__(self, graphdef, state, graph: Graph, noise: Callable):
+    def __init__(self, graphdef, state, graph: Graph, noise: Callable, block_size: int):
         self.graphdef, self.state, self.graph, self.noise = graphdef, state, graph, noise
         self.vocab = graph.dim - 1
-        self.block_size = nnx.merge(graphdef, *state).block_size
+        self.block_size = block_size
 
     def most(self):
         """min(b, MAX_DRAFTS): a draft block is at most one of the network's blocks."""
@@ -44,10 +44,11 @@ class BlockDraft(drafts.Drafter):
         return 1
 
     def parts(self, temperature, top_p):
-        return speculative_drafter(self.graphdef, self.graph, self.noise, temperature=temperature, top_p=top_p)
+        return drafter_parts(self.graphdef, self.graph, self.noise, self.block_size, temperature=temperature,
+                             top_p=top_p)
 
     def cached_parts(self, temperature, top_p):
-        return cached_speculative_drafter(self.graphdef, self.graph, self.noise, temperature=temperature,
+        return cached_drafter_parts(self.graphdef, self.graph, self.noise, self.block_size, temperature=temperature,
                                           top_p=top_p)
 
 
@@ -74,7 +75,7 @@ def draft_mask(length: int, k: int, start: jax.Array, block_size: int) -> jax.Ar
     return jnp.concatenate([top, bottom], axis=0)  # (k + length, k + length)
 
 
-def speculative_drafter(graphdef, graph: Graph, noise: Callable, *, temperature: float = 1.0,
+def drafter_parts(graphdef, graph: Graph, noise: Callable, block_size: int, *, temperature: float = 1.0,
                         top_p: float = 1.0) -> tuple:
     r"""(prefill, drafter) of the block network `graphdef` for ``sedd.speculative.decode``: k tokens in one call.
 
@@ -106,7 +107,7 @@ def speculative_drafter(graphdef, graph: Graph, noise: Callable, *, temperature:
     can suffer. One call costs a forward over L + k positions.
 
     Not cached: temperature and top_p may be traced (``sedd serve``'s rows);
-    ``cached_speculative_drafter`` is the cached builder of Python values.
+    ``cached_drafter_parts`` is the cached builder of Python values.
 
     Returns:
       prefill(state, prompt) -> state (no cache: the state is the weights);
@@ -128,7 +129,7 @@ def speculative_drafter(graphdef, graph: Graph, noise: Callable, *, temperature:
             x = jnp.concatenate([jnp.full((k,), graph.mask, jnp.int32), clean.astype(jnp.int32)])[None]  # (1, k + Lc)
             positions = jnp.concatenate([s + jnp.arange(k), jnp.arange(clean_len)])
             groups = jnp.zeros((1, 1 + clean_len // k), jnp.float32).at[:, 0].set(sigma)  # the draft block at sigma(1)
-            mask = draft_mask(clean_len, k, s, model.block_size)
+            mask = draft_mask(clean_len, k, s, block_size)
             out = model.network_output(x, groups, positions=positions, mask=mask,
                                        keep=k, deterministic=True)  # (1, k, D)
             logits = model.log_score(out, x[:, :k], jnp.full((1, k), sigma))[0, :, :vocab]  # (k, V)
@@ -143,7 +144,7 @@ def speculative_drafter(graphdef, graph: Graph, noise: Callable, *, temperature:
 
 
 @functools.lru_cache(maxsize=None)
-def cached_speculative_drafter(graphdef, graph: Graph, noise: Callable, *, temperature: float = 1.0,
+def cached_drafter_parts(graphdef, graph: Graph, noise: Callable, block_size: int, *, temperature: float = 1.0,
                                top_p: float = 1.0) -> tuple:
-    """``speculative_drafter`` of Python temperature and top_p, one per network structure (compiled once)."""
-    return speculative_drafter(graphdef, graph, noise, temperature=temperature, top_p=top_p)
+    """``drafter_parts`` of Python temperature and top_p, one per network structure (compiled once)."""
+    return drafter_parts(graphdef, graph, noise, block_size, temperature=temperature, top_p=top_p)

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from sedd import evaluate, losses, sampling
 from sedd.kinds.base import Kind, build_graph, build_noise, chunked_entropy, network_of, params_score_fn, register
+from sedd.kinds.capabilities import Distills, ServesRows, refuse_drafts
 from sedd.model import DDiT
 
 
 @register("ddit")
-class Diffusion(Kind):
+class Diffusion(Kind, ServesRows, Distills):
     """SEDD: a DDiT log-score network over the forward graph's ids, trained by score entropy.
 
     Attributes:
       graph, noise: the forward process of the config.
     """
 
-    serves = True
     diffuses = True
 
     def __init__(self, config):
@@ -23,7 +23,8 @@ class Diffusion(Kind):
         self.graph = build_graph(config)
         self.noise = build_noise(config)
 
-    def one_token_steps(self, length):
+    def one_token_steps(self, length: int) -> int:
+        """The sampler steps that write one token a step over `length` positions."""
         return length
 
     def network(self, seed: int = 0, **arch) -> DDiT:
@@ -130,7 +131,7 @@ class Diffusion(Kind):
             exact only for model.time_conditioning=False, where the network
             does not see sigma); an option the sampler cannot honour.
         """
-        self.speculation(None, options.pop("draft", None), options.pop("draft_k", None))  # refused, one line
+        refuse_drafts(self, options)
         s = self.config.sampling
         self._check_cache(options)
         options.setdefault("categorical", s.categorical)

@@ -73,7 +73,7 @@ import functools
 import json
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -81,22 +81,19 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from sedd import evaluate, files, kernels, sampling, speculative
-from sedd.kinds.base import WritesLeftToRight, network_of, register
+from sedd import drafts, files, kernels, sampling, speculative
+from sedd.kinds import causal
+from sedd.kinds.base import network_of, register
+from sedd.kinds.capabilities import Speculates, Tunes
 from sedd.model import DDiT
 from sedd.sampling import shaped_law
 
 
 def check(model: DDiT) -> None:
     """Raise a ValueError unless `model` is a spec network: V + 2 input ids, V outputs, no time input."""
-    if model.causal or model.block_size is not None or model.time_conditioning or model.num_tokens != model.out_dim + 2:
-        raise ValueError("a spec network is a DDiT with causal=False, block_size=None, time_conditioning=False, "
+    if model.causal or model.time_conditioning or model.num_tokens != model.out_dim + 2:
+        raise ValueError("a spec network is a DDiT with causal=False, time_conditioning=False, "
                          "num_tokens=V + 2 (BOS = V, MASK = V + 1) and out_dim=V; build it with model.kind='spec'")
-
-
-def bos_id(model: DDiT) -> int:
-    """BOS = V."""
-    return model.out_dim
 
 
 def mask_id(model: DDiT) -> int:
@@ -109,20 +106,10 @@ def training_mask(length: int, k: int) -> np.ndarray:
     pos = np.arange(length)
     group = pos // k
     anchor = np.maximum(group * k - 1, 0)  # (L,) the last causal position a draft group sees
-    causal = pos[:, None] >= pos[None, :]
-    top = np.concatenate([causal, np.zeros((length, length), bool)], axis=1)  # causal queries
+    lower = pos[:, None] >= pos[None, :]
+    top = np.concatenate([lower, np.zeros((length, length), bool)], axis=1)  # causal queries
     bottom = np.concatenate([pos[None, :] <= anchor[:, None], group[:, None] == group[None, :]], axis=1)
     return np.concatenate([top, bottom], axis=0)
-
-
-def causal_inputs(model: DDiT, x: jax.Array) -> jax.Array:
-    """[BOS, x_0, .., x_{L-2}]: int[B, L]."""
-    return jnp.concatenate([jnp.full((x.shape[0], 1), bos_id(model), x.dtype), x[:, :-1]], axis=1)
-
-
-def _token_nll(logits: jax.Array, x: jax.Array) -> jax.Array:
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return -jnp.take_along_axis(logp, x[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
 def halves(model: DDiT, x: jax.Array, k: int, deterministic: bool | None = True,
@@ -131,7 +118,7 @@ def halves(model: DDiT, x: jax.Array, k: int, deterministic: bool | None = True,
     of (2), each float[B, L, V] (position l: p(x_l | x_<l) and q(x_l | x_<a(l)))."""
     check(model)
     b, length = x.shape
-    inputs = jnp.concatenate([causal_inputs(model, x), jnp.full((b, length), mask_id(model), x.dtype)], axis=1)
+    inputs = jnp.concatenate([causal.inputs(model, x), jnp.full((b, length), mask_id(model), x.dtype)], axis=1)
     positions = np.concatenate([np.arange(length), np.arange(length)])
     out = model.network_output(inputs, None, positions=positions, mask=training_mask(length, k),
                                deterministic=deterministic, rngs=rngs)  # (B, 2L, V)
@@ -141,8 +128,8 @@ def halves(model: DDiT, x: jax.Array, k: int, deterministic: bool | None = True,
 def token_nlls(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True,
                rngs=None) -> tuple[jax.Array, jax.Array]:
     """(-log p(x_l | x_<l), -log q(x_l | x_<a(l))) at every position, (1) and (2): float32[B, L] each, nats."""
-    causal, drafts = halves(model, x, k, deterministic, rngs)
-    return _token_nll(causal, x), _token_nll(drafts, x)
+    p_logits, q_logits = halves(model, x, k, deterministic, rngs)
+    return causal.nll_of_logits(p_logits, x), causal.nll_of_logits(q_logits, x)
 
 
 DRAFT_TARGETS = ("data", "causal")
@@ -170,46 +157,17 @@ def loss(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True
     """
     if draft_target not in DRAFT_TARGETS:
         raise ValueError(f"draft_target must be one of {DRAFT_TARGETS}, got {draft_target!r}")
-    causal, drafts = halves(model, x, k, deterministic, rngs)
-    nll_p = _token_nll(causal, x)
+    p_logits, q_logits = halves(model, x, k, deterministic, rngs)
+    nll_p = causal.nll_of_logits(p_logits, x)
     if draft_target == "data":
-        nll_q = _token_nll(drafts, x)
+        nll_q = causal.nll_of_logits(q_logits, x)
     else:
-        p = jax.nn.softmax(jax.lax.stop_gradient(causal).astype(jnp.float32), axis=-1)
-        nll_q = -jnp.sum(p * jax.nn.log_softmax(drafts.astype(jnp.float32), axis=-1), axis=-1)
+        p = jax.nn.softmax(jax.lax.stop_gradient(p_logits).astype(jnp.float32), axis=-1)
+        nll_q = -jnp.sum(p * jax.nn.log_softmax(q_logits.astype(jnp.float32), axis=-1), axis=-1)
     return nll_p.sum(-1) + draft_weight * nll_q.sum(-1)
 
 
-@nnx.jit
-def nll(model: DDiT, x: jax.Array) -> jax.Array:
-    """-log p(x), the causal half's exact NLL, nats per sequence, float32[B] (the draft half is not run)."""
-    check(model)
-    length = x.shape[1]
-    out = model.network_output(causal_inputs(model, x), None, mask=np.tril(np.ones((length, length), bool)),
-                               deterministic=True)
-    return _token_nll(out, x).sum(-1)
-
-
 # --------------------------------------------------------------------------- sampling
-
-
-@functools.partial(nnx.jit, static_argnames=("num_samples", "length"))
-def ancestral(model: DDiT, key: jax.Array, num_samples: int, length: int, temperature=1.0) -> jax.Array:
-    """The causal half's law drawn one token at a time by full forward passes (no cache, no drafts): int32[B, L].
-
-    The reference that self-speculation's text must match in law (``bench.py speculative`` compares the
-    two on the Markov chains); L calls, each over all L positions.
-    """
-    check(model)
-    causal = np.tril(np.ones((length, length), bool))
-
-    def step(l, x):
-        out = model.network_output(causal_inputs(model, x), None, mask=causal, deterministic=True)  # (B, L, V)
-        probs = shaped_law(jax.lax.dynamic_index_in_dim(out, l, 1, keepdims=False), temperature, 1.0)  # (B, V)
-        token = jax.random.categorical(jax.random.fold_in(key, l), jnp.log(probs), axis=-1)
-        return x.at[:, l].set(token.astype(jnp.int32))
-
-    return jax.lax.fori_loop(0, length, step, jnp.zeros((num_samples, length), jnp.int32))
 
 
 class Layout(NamedTuple):
@@ -218,7 +176,10 @@ class Layout(NamedTuple):
     A call on ``positions`` = (k + 1) + groups k positions. TiDAR's layout is groups = k + 1 (a group
     for every outcome); fewer groups cost fewer positions, and an outcome j >= groups takes the last
     group's drafts from the new start on (k - (j - groups + 1) of them: the round after has fewer drafts,
-    none when groups = 1 and all k were kept). Every layout keeps the causal half's law.
+    none when groups = 1 and all k were kept). k = 0 (groups = 0, ``NO_DRAFTS``) is the causal half
+    alone on its KV cache, one token a call (``sedd.kinds.causal.ancestral``): where a call on more
+    positions costs about as much more as the positions it adds, the fastest. Every layout keeps the
+    causal half's law.
     """
 
     k: int
@@ -229,35 +190,40 @@ class Layout(NamedTuple):
         return self.k + 1 + self.groups * self.k
 
     def __str__(self) -> str:
+        if not self.k:
+            return "no drafts (the causal half alone, 1 position a call)"
         return f"k={self.k} groups={self.groups} ({self.positions} positions a call)"
+
+
+NO_DRAFTS = Layout(0, 0)
+"""The layout of no drafts: the causal half alone, one token a call ("0" on the command line)."""
 
 
 def layout_of(value, trained_k: int) -> Layout:
     """A ``Layout`` from a Layout, an int k (a group for every outcome), or "K,GROUPS" / "K" (the CLI's).
 
-    None: the run's own k (trained_k) with every group. Raises a ValueError naming the value unless
-    1 <= k <= ``speculative.MAX_DRAFTS`` and 1 <= groups <= k + 1 (a group of another size than trained_k
-    keeps the law; its drafts were not what training showed).
+    None: the run's own k (trained_k) with every group; 0 or "0": ``NO_DRAFTS``. Raises a ValueError
+    naming the value unless 1 <= k <= ``speculative.MAX_DRAFTS`` and 1 <= groups <= k + 1 (a group of
+    another size than trained_k keeps the law; its drafts were not what training showed), or k = groups = 0.
     """
     if value is None:
         return Layout(trained_k, trained_k + 1)
     if isinstance(value, str):
-        try:
-            parts = [int(v) for v in value.split(",")]
-        except ValueError:
-            parts = []
-        if len(parts) not in (1, 2):
-            raise ValueError(f"layout={value!r} must be 'K' or 'K,GROUPS' (drafts a round, draft groups), e.g. '4,2'")
-        value = Layout(parts[0], parts[1] if len(parts) == 2 else parts[0] + 1)
+        parts = value.split(",")
+        if not (1 <= len(parts) <= 2 and all(p.isascii() and p.isdigit() and len(p) <= 3 for p in parts)):
+            raise ValueError(f"layout={value[:40]!r} must be 'K' or 'K,GROUPS' (drafts a round, draft groups; "
+                             "0: no drafts), e.g. '4,2'")
+        k = int(parts[0])
+        value = Layout(k, int(parts[1]) if len(parts) == 2 else k + 1 if k else 0)
     elif isinstance(value, int) and not isinstance(value, bool):
-        value = Layout(value, value + 1)
+        value = Layout(value, value + 1 if value else 0)
     if not isinstance(value, tuple) or len(value) != 2:
         raise ValueError(f"layout={value!r} must be a spec.Layout, an int k or 'K,GROUPS'")
     k, groups = value
-    if not (isinstance(k, int) and 1 <= k <= speculative.MAX_DRAFTS and isinstance(groups, int)
-            and 1 <= groups <= k + 1):
+    ints = isinstance(k, int) and isinstance(groups, int) and not isinstance(k, bool) and not isinstance(groups, bool)
+    if not (ints and (k == groups == 0 or (1 <= k <= speculative.MAX_DRAFTS and 1 <= groups <= k + 1))):
         raise ValueError(f"layout k={k!r} groups={groups!r}: k must be in [1, {speculative.MAX_DRAFTS}] and groups "
-                         "in [1, k + 1]")
+                         "in [1, k + 1], or both 0 (no drafts)")
     return Layout(k, groups)
 
 
@@ -340,7 +306,7 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0,
         positions = jnp.asarray(np.concatenate([np.arange(n_c), p + np.arange(k)]), jnp.int32)
 
         def one(row):  # (P,)
-            tokens = jnp.concatenate([jnp.full((1,), bos_id(model), jnp.int32), row[:n_c - 1].astype(jnp.int32),
+            tokens = jnp.concatenate([jnp.full((1,), causal.bos_id(model), jnp.int32), row[:n_c - 1].astype(jnp.int32),
                                       jnp.full((k,), mask_id(model), jnp.int32)])
             out, cache = _call(model, model.empty_cache(1, rows_of(model)), 0, tokens, positions, first_mask)
             first = shaped_law(out[n_c:], temperature, top_p)  # (k, V)
@@ -358,7 +324,7 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0,
         model = nnx.merge(graphdef, *params_state)
 
         def one(cache, row, s):  # (S...), (T,), ()
-            prev = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)], bos_id(model))
+            prev = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)], causal.bos_id(model))
             tokens = jnp.concatenate([prev[None], jax.lax.dynamic_slice(row, (s,), (k,)),
                                       jnp.full((k * groups,), mask_id(model), jnp.int32)])
             out, cache = _call(model, cache, s, tokens, s + jnp.asarray(offsets, jnp.int32), mask)
@@ -388,7 +354,7 @@ def _parts(graphdef, layout: Layout, temperature: float, top_p: float, draft_tem
     return jax.jit(prefill), target, drafter  # the prefill compiled too (eager, its dispatches cost more than it)
 
 
-def sample(key: jax.Array, graphdef, state, num_samples: int, length: int, layout,
+def speculate(key: jax.Array, graphdef, state, num_samples: int, length: int, layout,
            temperature: float = 1.0, top_p: float = 1.0, prompt: jax.Array | None = None,
            categorical: str = "precise", verification: str = "block",
            draft_temperature: float = DRAFT_TEMPERATURE) -> tuple[jax.Array, dict]:
@@ -399,7 +365,7 @@ def sample(key: jax.Array, graphdef, state, num_samples: int, length: int, layou
       graphdef, state: the network, state = (params, rest).
       num_samples, length: B, L (L at most the model's length).
       layout: a ``Layout``, or an int k (drafts a round, a group for every outcome: the run's
-        model.draft_k is what it was trained to draft).
+        model.draft_k is what it was trained to draft); ``NO_DRAFTS``: ``sedd.kinds.causal.ancestral``.
       temperature, top_p: on the causal half's law, so the text's (and on the drafts').
       prompt: optional int32[B, P], the same P for every row.
       categorical: the method of the verifier's redraws.
@@ -409,11 +375,16 @@ def sample(key: jax.Array, graphdef, state, num_samples: int, length: int, layou
       (int32[B, L], stats): "nfe" the network calls (the batch's: the rounds and the prefill),
       "nfe_per_sample", "draft_calls" 0 (the drafts come from the same calls), "accepted_at" int32[k].
     """
+    layout = layout_of(layout, 0)
+    if not layout.k:  # one call a token, no round
+        tokens = causal.ancestral(key, graphdef, state, num_samples, length, temperature, prompt, categorical, top_p)
+        calls = jnp.full((num_samples,), length, jnp.int32)
+        return tokens, {"nfe": jnp.int32(length), "nfe_per_sample": calls, "draft_calls": jnp.zeros_like(calls),
+                        "accepted_at": jnp.zeros((0,), jnp.int32)}
     p = 0 if prompt is None else int(prompt.shape[1])
     given = jnp.zeros((num_samples, p), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
     if not (isinstance(draft_temperature, (int, float)) and draft_temperature > 0):
         raise ValueError(f"draft_temperature must be a number > 0, got {draft_temperature!r}")
-    layout = layout_of(layout, 0)
     parts = _parts(graphdef, layout, float(temperature), float(top_p), float(draft_temperature))
     return _draw(key, state, given, parts=parts, length=length, k=layout.k, categorical=categorical,
                  verification=verification)
@@ -421,7 +392,7 @@ def sample(key: jax.Array, graphdef, state, num_samples: int, length: int, layou
 
 @functools.partial(jax.jit, static_argnames=("parts", "length", "k", "categorical", "verification"))
 def _draw(key, state, given, *, parts, length, k, categorical, verification):
-    """``sample``'s prefill and rounds in one program: one dispatch a text (its eager steps cost ~5% at batch 1)."""
+    """``speculate``'s prefill and rounds in one program: one dispatch a text (its eager steps cost ~5% at batch 1)."""
     prefill, target, drafter = parts
     b, p = given.shape
     text = jnp.zeros((b, length), jnp.int32).at[:, :p].set(given)
@@ -440,14 +411,15 @@ LAYOUTS_FILE = "layouts.json"
 
 
 def candidates(k: int) -> list[Layout]:
-    """The layouts ``tune`` times for a run trained at k: every group, two and one at k; every group and one at
-    about k / 2; and at k = 1 two groups (one for each outcome) and one. From 3 positions a call to (k + 1)^2."""
+    """The layouts ``time_layouts`` times for a run trained at k: every group, two and one at k; every group and
+    one at about k / 2; at k = 1 two groups (one for each outcome) and one; and no drafts. From 1 position a
+    call to (k + 1)^2."""
     half = max(1, k // 2)
     return sorted({Layout(k, k + 1), Layout(k, min(2, k + 1)), Layout(k, 1), Layout(half, half + 1), Layout(half, 1),
-                   Layout(1, 2), Layout(1, 1)}, key=lambda lay: (-lay.k, -lay.groups))
+                   Layout(1, 2), Layout(1, 1), NO_DRAFTS}, key=lambda lay: (-lay.k, -lay.groups))
 
 
-def tune(graphdef, state, length: int, batch: int, layouts: list[Layout], *, temperature: float = 1.0,
+def time_layouts(graphdef, state, length: int, batch: int, layouts: list[Layout], *, temperature: float = 1.0,
          top_p: float = 1.0, rounds: int = 5, progress: bool = False) -> list[dict]:
     """Each layout's tokens/s on this device: texts of `length` at `batch`, timed interleaved, the median of rounds.
 
@@ -459,7 +431,7 @@ def tune(graphdef, state, length: int, batch: int, layouts: list[Layout], *, tem
     """
 
     def run(layout, seed):
-        out, stats = sample(jax.random.key(seed), graphdef, state, batch, length, layout, temperature=temperature,
+        out, stats = speculate(jax.random.key(seed), graphdef, state, batch, length, layout, temperature=temperature,
                             top_p=top_p)
         return jax.block_until_ready(out), stats
 
@@ -488,7 +460,7 @@ def device_key(model: DDiT, batch: int) -> str:
 
 def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, workdir=None, *,
                   layouts: list[Layout] | None = None, progress: bool = False) -> tuple[Layout, str]:
-    """The fastest of `layouts` (``candidates(trained_k)``) on this device at this batch (``tune``), remembered
+    """The fastest of `layouts` (``candidates(trained_k)``) on this device at this batch (``time_layouts``), remembered
     in workdir/layouts.json.
 
     A choice saved for the same ``device_key`` is used as it is (delete the file, or its entry, to time
@@ -511,7 +483,7 @@ def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, work
         if isinstance(entry, dict) and isinstance(entry.get("layout"), str):
             layout = layout_of(entry["layout"], trained_k)
             return layout, f"layout {layout}, chosen earlier on this device ({path})"
-    rows = tune(graphdef, state, length, batch, layouts or candidates(trained_k), progress=progress)
+    rows = time_layouts(graphdef, state, length, batch, layouts or candidates(trained_k), progress=progress)
     layout = layout_of(rows[0]["layout"], trained_k)
     kept = ""
     if path is not None:
@@ -531,19 +503,52 @@ def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, work
 # =========================================================================== the kind
 
 
+@dataclasses.dataclass(frozen=True)
+class Options(causal.Options):
+    """``causal.Options`` and a round's (``speculate``).
+
+    Attributes:
+      verification: "block" or "token" (``sedd.speculative.round_law``).
+      draft_temperature: tau > 0 of the drafts' law q^(1/tau) (None: ``DRAFT_TEMPERATURE``).
+      layout: a round's layout (``layout_of``: a ``Layout``, "K,GROUPS", "0"; None: the kind's).
+      draft: refused: a spec run drafts for itself.
+      draft_k: the k of the layout, when given (another k is refused: give a layout).
+    """
+
+    verification: str = "block"
+    draft_temperature: Any = None
+    layout: Any = None
+    draft: Any = None
+    draft_k: Any = None
+
+    def checked(self):
+        if self.verification not in speculative.VERIFICATIONS:
+            raise ValueError(f"verification must be one of {speculative.VERIFICATIONS}, got {self.verification!r}")
+        tau = self.draft_temperature
+        if tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0):
+            raise ValueError(f"draft_temperature must be a number > 0, got {tau!r}")
+        if self.draft is not None:
+            raise ValueError("a draft (--draft) drafts for an AR run (model.kind='ar'); this run's model.kind is "
+                             "'spec', which drafts for itself")
+        if self.layout is not None:
+            layout_of(self.layout, 1)  # its format, before any work
+        return super().checked()
+
+
 @register("spec")
-class SelfSpeculative(WritesLeftToRight):
+class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
     """One network that drafts and verifies in the same call (module docstring, TiDAR-style).
 
     Its likelihood is its causal half's exact NLL, and its samples have that
     half's law exactly (speculative sampling of its own drafts).
 
     Attributes:
-      draft_k: k = model.draft_k, the drafts a round (what it was trained to draft).
+      draft_k: k = model.draft_k, the drafts a round it was trained to draft.
+      layout: the round's ``Layout`` when none is given: every outcome's group at draft_k until ``tune``
+        sets the fastest here.
     """
 
-    speculates = True
-    takes = ("top_p", "verification", "draft_temperature", "layout")
+    options_type = Options
 
     def __init__(self, config):
         super().__init__(config)
@@ -564,69 +569,83 @@ class SelfSpeculative(WritesLeftToRight):
             raise ValueError(f"training.draft_target={target!r} (what model.kind='spec' trains its drafts on) must "
                              f"be one of {DRAFT_TARGETS}: the text's tokens, or the causal half's laws")
         self.draft_k, self.draft_weight, self.draft_target = k, float(w), target
-        self.layout = Layout(k, k + 1)  # a round's layout when none is given (``sedd sample`` / ``serve`` set it)
+        self.layout = Layout(k, k + 1)
 
     @property
     def label(self):
         return f"spec k={self.draft_k}"
 
-    def speculative_parts(self, graphdef, temperature, top_p):
-        """``speculative_parts`` of the module for ``sedd serve``: one state shared by target and drafter."""
-        prefill, target, drafter = speculative_parts(graphdef, self.layout, temperature, top_p)
-        return (lambda state, text: (prefill(state, text), None)), target, drafter
+    def _layout(self, o: Options) -> Layout:
+        """The layout a sample with options `o` runs: theirs or the kind's; a draft_k that is not its k refused."""
+        layout = self.layout if o.layout is None else layout_of(o.layout, self.draft_k)
+        if o.draft_k is not None and o.draft_k != layout.k:
+            raise ValueError(f"draft_k={o.draft_k!r}: this run drafts {layout.k} token{'s' * (layout.k != 1)} a round in its layout "
+                             f"({layout}); a spec run's drafts a round are its layout's k (--layout K,GROUPS)")
+        return layout
 
-    def choose_layout(self, net, choice="auto", workdir=None, batch: int = 1, progress: bool = False) -> str:
-        """Set ``self.layout`` (what ``sample`` and ``sedd serve`` use): "auto" the fastest on this device
-        (``choose_layout``), or a layout of ``layout_of``. Returns a line saying which."""
-        if choice in (None, "auto"):
-            self.layout, line = choose_layout(net.graphdef, net.state, self.config.data.seq_len, batch, self.draft_k,
-                                              workdir, progress=progress)
-            return line
-        self.layout = layout_of(choice, self.draft_k)
-        return f"layout {self.layout}, as asked"
+    def tune(self, net, options=None, workdir=None, batch=1, progress=False):
+        """The round's layout (``self.layout``, what ``sample`` and ``sedd serve`` use): options["layout"] when
+        given, else the fastest here (``choose_layout``; with draft_k given, of the layouts of that k).
+
+        options: the sample's options, every one checked before any timing (``Options``)."""
+        o = self.options(**dict(options or {}))
+        if o.layout is not None:
+            self.layout = self._layout(o)
+            return f"layout {self.layout}, as asked"
+        layouts = None if o.draft_k is None else [lay for lay in candidates(o.draft_k) if lay.k == o.draft_k]
+        self.layout, line = choose_layout(net.graphdef, net.state, self.config.data.seq_len, batch, self.draft_k,
+                                          workdir, layouts=layouts, progress=progress)
+        self._layout(o)
+        return line
 
     def speculation(self, graphdef, draft=None, k=None, draft_name=None):
-        """The base's, with this run's layout: k its drafts a round."""
-        spec_ = super().speculation(graphdef, draft, None if k is None or k == self.layout.k else k, draft_name)
-        return dataclasses.replace(spec_, k=self.layout.k)
+        """Rounds of this run's layout (``speculative_parts``), one state shared by target and drafter; with no
+        drafts, the causal half alone (``sedd.kinds.causal.build_speculative_target``, k = 0)."""
+        layout = self._layout(self.options(draft=draft, draft_k=k))
+        categorical = self.config.sampling.categorical
+        if not layout.k:
+            never_asked = drafts.Ngram(self.config.vocab_size).parts(1.0, 1.0)[1]  # k = 0: no round drafts
+
+            def causal_parts(temperature, top_p):
+                prefill, target = causal.build_speculative_target(graphdef, temperature, top_p)
+                return (lambda state, text: (prefill(state, text), None)), target, never_asked
+
+            return sampling.rounds.Speculation(causal_parts, 0, None, categorical=categorical)
+
+        def parts(temperature, top_p):
+            prefill, target, drafter = speculative_parts(graphdef, layout, temperature, top_p)
+            return (lambda state, text: (prefill(state, text), None)), target, drafter
+
+        return sampling.rounds.Speculation(parts, layout.k, "self", categorical=categorical, shared=True)
 
     def network(self, seed=0):
         """Inputs V + 2 ids (BOS = V, MASK = V + 1), V logits out, no time input; attention by mask."""
         v = self.config.vocab_size
         return network_of(self.config, seed, num_tokens=v + 2, out_dim=v, scale_by_sigma=False, causal=False,
-                        time_conditioning=False, normalize=False)
+                          time_conditioning=False, normalize=False)
 
     def loss(self, key, model, x0, train, rngs=None):
         """(3) of the module docstring: the causal half's NLL plus the one-step drafts' cross-entropy."""
         return loss(model, x0, self.draft_k, deterministic=not train, rngs=rngs,
                     draft_weight=self.draft_weight, draft_target=self.draft_target)
 
-    def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False,
-                   **kwargs):
-        """The causal half's exact NLL (``sedd.evaluate.dataset_nll``; num_t and key unused)."""
-        model = net.model
-        return evaluate.dataset_nll(lambda x0: nll(model, x0), batches, max_batches=max_batches,
-                                    chars_per_token=chars_per_token, progress=progress)
-
     def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):
-        """Self-speculation (module ``sample``): the causal half's law, up to k + 1 tokens a call.
+        """Self-speculation (``speculate``): the causal half's law, up to k + 1 tokens a call.
 
-        rows is not used. Options (``options``): temperature, top_p, categorical, verification ("block" or
+        rows is not used. Options (``Options``): temperature, top_p, categorical, verification ("block" or
         "token", ``sedd.speculative.round_law``), draft_temperature (tau of the drafts' law q^(1/tau),
         default ``DRAFT_TEMPERATURE``), return_stats and a prompt that is a prefix of the same length in
-        every row; layout (``layout_of``: a ``Layout``, "K,GROUPS"; default ``self.layout``, every
-        outcome's group at model.draft_k). draft_k, when given, must be model.draft_k (``speculation``).
+        every row; layout (``layout_of``: a ``Layout``, "K,GROUPS", "0" no drafts; default ``self.layout``).
+        draft_k, when given, must be the layout's k.
 
         Raises:
           ValueError: steps or a sampler (``check_given``), a draft (this run drafts for itself), another
             draft_k, any other option.
         """
         self.check_given(steps=steps, sampler=predictor)
-        self.speculation(None, options.pop("draft", None), options.pop("draft_k", None))  # its refusals
         o = self.options(**options)
         tau = DRAFT_TEMPERATURE if o.draft_temperature is None else o.draft_temperature
-        layout = self.layout if o.layout is None else layout_of(o.layout, self.draft_k)
-        tokens, stats = sample(key, net.graphdef, net.state, num_samples, self.config.data.seq_len, layout,
-                               temperature=o.temperature, top_p=o.top_p, prompt=o.prompt, categorical=o.categorical,
-                               verification=o.verification, draft_temperature=tau)
+        tokens, stats = speculate(key, net.graphdef, net.state, num_samples, self.config.data.seq_len,
+                                  self._layout(o), temperature=o.temperature, top_p=o.top_p, prompt=o.prompt,
+                                  categorical=o.categorical, verification=o.verification, draft_temperature=tau)
         return sampling.Samples(tokens, None, stats if o.return_stats else None)

@@ -61,7 +61,7 @@ The package, one concept a module:
                  of drafts checked by the target, handed to the host as they land
   prompts.py     ``text_conditioning``: text prompts as fixed positions
 
-Other drivers of the same loop: ``sedd.block`` (one block at a time against a
+Other drivers of the same loop: ``sedd.kinds.block`` (one block at a time against a
 KV cache). A new sampler is a ``Sampler`` subclass in its own module (or in
 ``absorbing.py``), imported below.
 

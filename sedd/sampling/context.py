@@ -82,7 +82,7 @@ class Context:
         / (e^sigma - 1); a model trained with model.time_conditioning=False).
 
         With a ``prime`` in the carry, (x', sigma', log-score) computed by the
-        caller (``sedd.block`` scores a block's start state in the call that
+        caller (``sedd.kinds.block`` scores a block's start state in the call that
         commits the block before it), a call at exactly x' and sigma' (every
         row, over the mapped batch too) takes that log-score and is not counted.
 

@@ -75,7 +75,7 @@ def run_loop(key, times, fixed_mask, fixed_tokens, score_params, *, score_fn, gr
     """The sampling core: the whole denoising loop over a score function, as one compiled program.
 
     Every driver runs it: ``sample`` (the full sequence, one window),
-    ``sample_long`` (windows over a longer text), ``sedd.block`` (one block at
+    ``sample_long`` (windows over a longer text), ``sedd.kinds.block`` (one block at
     a time against a KV cache, its score function reading the cache from
     ``score_params``) and ``sedd serve`` through the kinds' row programs.
     x starts at ``graph.sample_limit`` with the fixed positions clamped; each

@@ -15,7 +15,7 @@ of each row on the host and writes each update into it.
 
 What a model kind gives ``sedd serve`` is a ``RowsProgram``: the compiled
 draw and how to count the network calls behind each frame of a trajectory.
-``full_sequence_program`` is the full-sequence SEDD one; ``sedd.block`` has
+``full_sequence_program`` is the full-sequence SEDD one; ``sedd.kinds.block`` has
 the block model's.
 
 Shapes: B batch rows, L length, N steps, F frames.

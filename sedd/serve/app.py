@@ -23,6 +23,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from sedd import runs, sampling
+from sedd.kinds import capabilities
 from sedd.serve.api import APIError, ClientGone, CompletionRequest, Limits, Plan, plan, validation_error
 from sedd.serve.engine import Busy, Engine
 from sedd.serve.texts import Streamed, Texts
@@ -237,7 +238,8 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
 
 
 def _speculation(run: runs.Run, draft, draft_k: int | None, draft_name: str | None):
-    """The run's ``sedd.sampling.rounds.Speculation`` (``Kind.speculation``), or None: served by its rows program.
+    """The run's ``sedd.sampling.rounds.Speculation`` (``capabilities.Speculates``), or None: served by its rows
+    program (``capabilities.ServesRows``).
 
     An AR run without a draft writes one token a call; with one, each answer carries a `speculative`
     object (calls, tokens a call, acceptance by draft position) and a stream each round's drafts.
@@ -246,10 +248,10 @@ def _speculation(run: runs.Run, draft, draft_k: int | None, draft_name: str | No
       ValueError: a draft or draft_k the run cannot take, or a run served neither way (one line).
     """
     if isinstance(draft, runs.Run):
-        draft = draft.kind.drafter(draft.net)  # a sedd.drafts.Drafter, checked by the run's kind; other kinds refused
-    speculation = run.kind.speculation(run.graphdef, draft, draft_k, draft_name)
-    if speculation is None and not run.kind.serves:
-        raise ValueError(f"sedd serve serves diffusion runs and AR runs; this run's model.kind is {run.kind.name!r}")
+        draft = capabilities.drafter(draft.kind, draft.net)  # a sedd.drafts.Drafter, checked by the run's kind
+    speculation = capabilities.speculation(run.kind, run.graphdef, draft, draft_k, draft_name)
+    if speculation is None:
+        capabilities.able(run.kind, capabilities.ServesRows, "sedd serve")
     return speculation
 
 

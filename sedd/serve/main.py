@@ -12,6 +12,7 @@ import time
 import uvicorn
 
 from sedd import runs, validate
+from sedd.kinds import capabilities
 from sedd.serve.api import Limits
 from sedd.serve.app import LOCAL_HOSTS, create_app, model_name
 
@@ -169,8 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         limits, hosts, key = _options(args)
         run = runs.load(args.workdir, step=args.step)
         draft = args.draft if args.draft in ("", "ngram") else runs.load(args.draft)
-        if args.layout or run.kind.speculates:  # a spec run's round: the fastest here unless asked
-            print(run.kind.choose_layout(run.net, args.layout or "auto", args.workdir, 1, progress=True), flush=True)
+        given = {"layout": args.layout, "draft_k": args.draft_k}
+        if line := capabilities.tune(run.kind, run.net, given, args.workdir, 1, progress=True):
+            print(line, flush=True)  # its sampling's settings: the fastest here unless asked
         app = create_app(run, args.model_name or model_name(args.workdir), limits, hosts, key, draft=draft or None,
                          draft_k=args.draft_k, draft_name=model_name(args.draft) if args.draft not in ("", "ngram")
                          else None)

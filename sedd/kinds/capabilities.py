@@ -1,0 +1,140 @@
+"""What only some kinds can do: capabilities, asked for by capability and never by a kind's name.
+
+A kind's module gives its ``Kind`` subclass a capability by deriving from its
+class here too and implementing its one method. The CLI, the server,
+distillation and ``sedd.runs`` ask through the functions below (or
+``isinstance``), which refuse in one line naming the kinds that can:
+
+  ServesRows   ``rows_program``: the batched program ``sedd serve`` runs,
+               each row alone with its own key, temperature and top_p
+  Speculates   ``speculation``: decoding by speculative rounds, with drafts
+               of another run or of its own network
+  Drafts       ``drafter``: its network as the drafts of a run that
+               speculates (a ``sedd.drafts.Drafter``)
+  Distills     ``noise_groups``: the network as groups of positions that
+               share a noise level (``sedd distill``)
+  Tunes        ``tune``: settings of its sampling chosen by timing them on
+               this device before sampling (a round's layout)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from sedd import drafts, sampling
+from sedd.kinds.base import Kind, Net, kinds_that
+
+
+class ServesRows:
+    """A kind ``sedd serve`` runs as a batch of rows, each alone (``sedd.sampling.rows``)."""
+
+    verb = "be served row by row"
+
+    def rows_program(self, graphdef, *, steps: int, sampler: str, trajectory: bool,
+                     live: bool) -> sampling.rows.RowsProgram:
+        """The batched program: each row alone, its temperature and top_p traced.
+
+        Args:
+          graphdef: the network's structure (its weights are the program's first argument).
+          steps, sampler: the sampler and its steps.
+          trajectory: also return the frames along the way; live: hand the states to the host at each call.
+        """
+        raise NotImplementedError
+
+
+class Speculates:
+    """A kind decoded by speculative rounds (``sedd.speculative``): it verifies drafts, its law exactly."""
+
+    verb = "decode by speculative rounds"
+
+    def speculation(self, graphdef, draft=None, k: int | None = None,
+                    draft_name: str | None = None) -> sampling.rounds.Speculation | None:
+        """How ``sedd serve`` decodes this kind by rounds; None: by its ``rows_program``.
+
+        Args:
+          graphdef: the network's structure.
+          draft: None, "ngram" or a ``sedd.drafts.Drafter`` of another run (``Drafts.drafter``).
+          k: drafts a round (None: the kind's default).
+          draft_name: what the server reports as the draft (a run's name).
+        Raises:
+          ValueError: a draft or a k this kind cannot take, in one line.
+        """
+        raise NotImplementedError
+
+
+class Drafts:
+    """A kind whose network drafts for a run that speculates."""
+
+    verb = "draft for speculative sampling (the drafts: 'ngram', an AR run or a block-diffusion run)"
+
+    def drafter(self, net: Net) -> drafts.Drafter:
+        """The network as a ``sedd.drafts.Drafter``."""
+        raise NotImplementedError
+
+
+class Distills:
+    """A kind ``sedd distill`` trains fewer steps into (``sedd.sdtt``)."""
+
+    verb = "be distilled: it has no denoising steps to distill"
+
+    def noise_groups(self, model, train: bool = False, rngs=None) -> tuple[int, Callable]:
+        """(b, fn): the network as positions in groups of b that share a noise level.
+
+        fn(x_t int32[B, L], x0 int32[B, L], sigma float[B, L / b]) -> log-score float32[B, L, D]; dropout from
+        rngs when train.
+        """
+        raise NotImplementedError
+
+
+class Tunes:
+    """A kind whose sampling has settings best chosen by timing them on the device that samples."""
+
+    verb = "choose a round's layout"
+
+    def tune(self, net: Net, choice: Any = None, workdir=None, batch: int = 1, progress: bool = False) -> str:
+        """Set them (the fastest here unless `choice` names them; remembered in workdir); a line saying which.
+
+        Raises:
+          ValueError: a `choice` it cannot take, before any timing.
+        """
+        raise NotImplementedError
+
+
+def able(kind: Kind, capability: type, what: str) -> Any:
+    """`kind` when it has `capability`; otherwise a ValueError in one line naming `what`, what the kind cannot
+    do (the capability's verb) and the kinds that can."""
+    if isinstance(kind, capability):
+        return kind
+    can = kinds_that(lambda k: issubclass(k, capability))
+    raise ValueError(f"{what}: a model.kind={kind.name!r} run cannot {capability.verb}; {can} can")
+
+
+def speculation(kind: Kind, graphdef, draft=None, k: int | None = None, draft_name: str | None = None):
+    """``Speculates.speculation`` of a kind that speculates; None for any other, which takes no draft or k."""
+    if isinstance(kind, Speculates):
+        return kind.speculation(graphdef, draft, k, draft_name)
+    if draft is not None or k is not None:
+        able(kind, Speculates, "a draft (--draft)" if draft is not None else f"draft_k={k!r}")
+    return None
+
+
+def drafter(kind: Kind, net: Net) -> drafts.Drafter:
+    """``Drafts.drafter`` of a kind whose network drafts; a ValueError for any other."""
+    return able(kind, Drafts, "--draft RUN").drafter(net)
+
+
+def refuse_drafts(kind: Kind, options: dict) -> None:
+    """Pop draft and draft_k from a sample's options of a kind that does not speculate; refuse them if given."""
+    speculation(kind, None, options.pop("draft", None), options.pop("draft_k", None))
+
+
+def tune(kind: Kind, net: Net, options: dict, workdir=None, batch: int = 1, progress: bool = False) -> str | None:
+    """``Tunes.tune`` of a kind that tunes (a line saying what it set); None for any other, which takes no layout.
+
+    options: the sample's options, a kind that tunes checking them all before any timing.
+    """
+    if isinstance(kind, Tunes):
+        return kind.tune(net, options, workdir, batch, progress)
+    if options.get("layout") is not None:
+        able(kind, Tunes, f"--layout {options['layout']}")
+    return None

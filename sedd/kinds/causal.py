@@ -1,0 +1,415 @@
+r"""The causal language model: a network's next-token law, its exact likelihood, and its decoding.
+
+Two kinds hold one: the AR baseline (``sedd.kinds.ar``), whose whole network
+it is, and the spec kind's causal half (``sedd.kinds.spec``). Either network
+reads [BOS, x_0, ..., x_{L-2}] and its output at position l is the logits of
+x_l, so every one of the L tokens is predicted, the first from BOS alone:
+
+    -log p_theta(x) = -sum_{l=0}^{L-1} log p_theta(x_l | x_{<l})   (nats per sequence),
+
+the exact negative log-likelihood, directly comparable with a diffusion
+model's bound on the same quantity (``sedd.evaluate.likelihood_bound``).
+
+A network is a causal LM here when it takes no time input and outputs
+V = out_dim logits over the real tokens, and embeds BOS = V (num_tokens > V:
+the spec network also embeds its drafts' MASK, V + 1). Its attention is causal
+by construction (the AR network, ``causal=True``) or by the mask this module
+passes (the spec network, whose attention is whatever its mask says).
+
+Decoding runs on the network's one decoding cache, which the caller holds
+(``DDiT.output_in_cache``): a step writes its row in place and reads the
+rows up to its own; past the model's length the cache is a ring of max_len
+rows, each token drawn given the max_len - 1 before it (a sliding window,
+``sedd.model.ring_mask``). Its next-token law equals that of the full pass
+(tests/test_ar.py). Temperature 0 is the argmax (greedy decoding).
+
+``CausalKind`` is what the kinds that hold one share: the exact NLL as their
+likelihood (so any of them can judge samples, ``sequence_nll``), a prefix
+prompt, text that stays once written, and their sampling options as one
+checked value (``Options``).
+
+Letters: B batch, L length, V vocabulary, S cache rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from sedd import evaluate, sampling, speculative
+from sedd.categorical import sample_categorical
+from sedd.kinds.base import Kind, Net, kinds_that
+from sedd.model import DDiT, ring_mask
+from sedd.sampling import shaped_law
+
+
+def check(model: DDiT) -> None:
+    """Raise a ValueError unless `model` is a causal LM (module docstring)."""
+    if model.time_conditioning or model.num_tokens <= model.out_dim or model.scale_by_sigma or model.normalize:
+        raise ValueError("a causal language model is a DDiT without time conditioning that outputs V = out_dim "
+                         "logits and embeds BOS = V (num_tokens > V): a model.kind='ar' or 'spec' network "
+                         "(sedd.kinds.build_model)")
+
+
+def bos_id(model: DDiT) -> int:
+    """The beginning-of-sequence id, V."""
+    return model.out_dim
+
+
+def inputs(model: DDiT, x: jax.Array) -> jax.Array:
+    """The network input of targets x int[B, L]: BOS, then x shifted right by one."""
+    check(model)
+    return jnp.concatenate([jnp.full((x.shape[0], 1), bos_id(model), x.dtype), x[:, :-1]], axis=1)  # (B, L)
+
+
+def _causal_mask(model: DDiT, length: int) -> np.ndarray | None:
+    """The mask that makes the network causal: None where it is by itself."""
+    return None if model.causal else np.tril(np.ones((length, length), bool))
+
+
+def next_token_logits(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None) -> jax.Array:
+    """Logits of x_l given x_{<l} at every position, one full forward pass.
+
+    Args:
+      model: a causal LM.
+      x: int[B, L] tokens in [0, V).
+      deterministic, rngs: dropout control, as in ``DDiT.network_output``.
+    Returns:
+      float32[B, L, V]: row l scores x_l.
+    """
+    return model.network_output(inputs(model, x), None, mask=_causal_mask(model, x.shape[1]),
+                                deterministic=deterministic, rngs=rngs)  # (B, L, V)
+
+
+def nll_of_logits(logits: jax.Array, x: jax.Array) -> jax.Array:
+    """-log softmax(logits)[x] at every position: float32[...]."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(logp, x[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def token_nll(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None,
+              chunk: int = 0) -> jax.Array:
+    """-log p_theta(x_l | x_{<l}) at every position: float32[B, L] nats.
+
+    chunk > 0 computes the logits `chunk` positions at a time, fused with the
+    loss and recomputed for the gradient (``DDiT.output_rows``): the same
+    numbers without a [B, L, V] array (training.loss_chunk).
+    """
+    if chunk:
+        h, c = model.features(inputs(model, x), None, mask=_causal_mask(model, x.shape[1]),
+                              deterministic=deterministic, rngs=rngs)
+        return model.output_rows(h, c, nll_of_logits, x, chunk=chunk)  # (B, L)
+    return nll_of_logits(next_token_logits(model, x, deterministic=deterministic, rngs=rngs), x)  # (B, L)
+
+
+def sequence_nll(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None,
+                 chunk: int = 0) -> jax.Array:
+    """-log p_theta(x) in nats per sequence, float32[B]: the AR kind's training loss (chunk: ``token_nll``)."""
+    return token_nll(model, x, deterministic=deterministic, rngs=rngs, chunk=chunk).sum(-1)
+
+
+@nnx.jit
+def nll(model: DDiT, x: jax.Array) -> jax.Array:
+    """Jitted ``sequence_nll`` with dropout off: float32[B] nats per sequence."""
+    return sequence_nll(model, x, deterministic=True)
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def decode_in_cache(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array) -> tuple[jax.Array, tuple]:
+    """n positions start .. start + n - 1 through the network on the cache the caller holds, causally.
+
+    Each position sees the cache rows up to its own; the chunk's rows are written in place.
+
+    Args:
+      cache: ``model.empty_cache(B, S)``'s, holding positions < start; start + n <= S.
+      inputs: int[B, n] the inputs at those positions (BOS at 0, x_{p-1} at p).
+      start: int32[] the first position, or int32[B]: each row's own (rows at different lengths).
+    Returns:
+      (float32[B, n, V] the logits of x_start .. x_{start+n-1}, the cache after the write).
+    """
+    n, rows = inputs.shape[1], cache[0][0].shape[1]
+    positions = jnp.asarray(start)[..., None] + jnp.arange(n)  # (n,) or (B, n)
+    mask = jnp.arange(rows) <= positions[..., None]  # ([B,] n, S)
+    return model.output_in_cache(inputs, None, positions=positions, mask=mask, cache=cache, at=start)
+
+
+ROWS_IN_ONE_CALL = 64
+"""``decode_rows``: up to this many rows in one call (the network's writes at a place a row, unrolled)."""
+
+
+def decode_rows(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array) -> tuple[jax.Array, tuple]:
+    """``decode_in_cache`` with start int32[B], a start a row: the rows in one call up to
+    ``ROWS_IN_ONE_CALL`` rows (one write a row); past it one program a row under ``jax.vmap`` (a batched
+    call's writes and masks grow with B; a test samples 50,000 rows at once)."""
+    b = inputs.shape[0]
+    if b <= ROWS_IN_ONE_CALL:
+        return decode_in_cache(model, cache, inputs, start)
+    n = model.blocks[0].n_heads
+    rows = jax.tree.map(lambda a: a.reshape(b, n, *a.shape[1:]), cache)  # (B, N, S, K) each
+    logits, rows = jax.vmap(lambda c, x, s: decode_in_cache(model, c, x[None], s))(rows, inputs, start)
+    return logits[:, 0], jax.tree.map(lambda a: a.reshape(b * n, *a.shape[2:]), rows)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "length", "categorical", "top_p"))
+def _draw(graphdef, state, key, temperature, prompt, prompt_len, *, num_samples, length, categorical, top_p):
+    """``ancestral``'s loop on a split network: one dispatch a text, no walk over the model's graph a call.
+
+    Up to max_len each step writes its row of the cache in place; past it the cache is a ring of
+    max_len + 1 rows (a sliding window of max_len positions, ``sedd.model.ring_mask``)."""
+    model = nnx.merge(graphdef, *state)
+    check(model)
+    ring = length > model.max_len
+    rows = model.max_len + 1 if ring else length
+
+    def step(pos, carry):
+        cache, prev, toks = carry
+        if ring:
+            mask = ring_mask(pos[None], rows, model.max_len)  # (1, S)
+            logits, cache = model.output_in_cache(prev[:, None], None, positions=pos[None], mask=mask, cache=cache)
+        else:
+            logits, cache = decode_in_cache(model, cache, prev[:, None], pos)  # (B, 1, V): x_pos's law, its row
+        law = shaped_law(logits[:, 0], temperature, top_p)  # (B, V); T = 0: the argmax's one-hot
+        tok = sample_categorical(jax.random.fold_in(key, pos), law, categorical).astype(jnp.int32)
+        tok = jnp.where(pos < prompt_len, prompt[:, pos], tok)  # a given prefix is kept
+        return cache, tok, toks.at[:, pos].set(tok)
+
+    bos = jnp.full((num_samples,), bos_id(model), jnp.int32)
+    carry = (model.empty_cache(num_samples, rows), bos, jnp.zeros((num_samples, length), jnp.int32))
+    return jax.lax.fori_loop(0, length, step, carry)[2]  # (B, L)
+
+
+def ancestral(key: jax.Array, graphdef, state, num_samples: int, length: int, temperature: float = 1.0,
+              prompt: jax.Array | None = None, categorical: str = "precise", top_p: float = 1.0) -> jax.Array:
+    """Ancestral sampling with the decoding cache: L network calls of one position each.
+
+    Args:
+      key: a ``jax.random`` key.
+      graphdef, state: the causal LM split (state = (params, rest), a run's ``Net``); ``ancestral_model``
+        takes the module.
+      num_samples: B.
+      length: L >= 1 tokens (any length; the context is at most max_len, a sliding window past it).
+      temperature: divides the logits (1 = the model's law; 0 = the argmax, greedy).
+      top_p: in (0, 1], the nucleus of the tempered law (``sedd.sampling.shaped_law``).
+      prompt: optional int[B, P] prefix (P <= L) kept as given.
+      categorical: method of ``sedd.categorical.sample_categorical``.
+    Returns:
+      int32[B, L] tokens in [0, V).
+    """
+    if length < 1:
+        raise ValueError(f"length must be >= 1, got {length}")
+    if not temperature >= 0 or not 0 < top_p <= 1:
+        raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {temperature} and {top_p}")
+    if prompt is None:
+        prompt = jnp.zeros((num_samples, length), jnp.int32)
+        prompt_len = 0
+    else:
+        prompt = jnp.asarray(prompt, jnp.int32)
+        prompt_len = prompt.shape[1]
+        if prompt.shape[0] != num_samples or prompt_len > length:
+            raise ValueError(f"prompt must be int[{num_samples}, <= {length}], got {prompt.shape}")
+        prompt = jnp.pad(prompt, ((0, 0), (0, length - prompt_len)))
+    return _draw(graphdef, state, key, jnp.float32(temperature), prompt, jnp.int32(prompt_len),
+                 num_samples=int(num_samples), length=int(length), categorical=categorical, top_p=float(top_p))
+
+
+def ancestral_model(key: jax.Array, model: DDiT, num_samples: int, length: int, temperature: float = 1.0,
+                    prompt: jax.Array | None = None, categorical: str = "precise", top_p: float = 1.0) -> jax.Array:
+    """``ancestral`` of the module `model` (split here, dropout off)."""
+    check(model)
+    model.eval()
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    return ancestral(key, graphdef, (params, rest), num_samples, length, temperature, prompt, categorical, top_p)
+
+
+# --------------------------------------------------------------------------- the target of speculative sampling
+
+
+def build_speculative_target(graphdef, temperature=1.0, top_p=1.0) -> tuple:
+    r"""(prefill, target) of the causal LM `graphdef` for ``sedd.speculative.decode``, each row its own KV cache.
+
+    ``target(state, text, start, k)`` scores the k + 1 positions start ..
+    start + k in one call: their inputs x_{start-1} (BOS at 0) and the k
+    drafts, against the cache of the positions before start. The cache is
+    the caller-held one of ``decode_in_cache`` (``DDiT.output_in_cache``):
+    the call writes its rows from `start` on in place, and a query sees the
+    rows up to its own position only, so the rows of rejected drafts (at or
+    past the next round's start) are written over by the next call before
+    any query sees them: the cache rolls back by the start alone, and after
+    a round it holds exactly what a cache built from scratch on the
+    accepted text holds (tests/test_speculative.py). The rows run in one
+    call, each written and read at its own start (``decode_in_cache`` with
+    a start a row), so rows accept different numbers of drafts; under
+    ``jax.vmap`` over the rows XLA's CPU compiler copied the cache around
+    every such write. The law returned is the network's
+    next-token law with temperature T and nucleus top_p (the law of the
+    text, ``sedd.sampling.shaped_law``; T = 0 the argmax).
+
+    Not cached: temperature and top_p may be traced float32[] values, so that
+    one program serves every value (``sedd serve``); ``speculative_target``
+    is the cached builder of Python values.
+
+    Returns:
+      prefill(params_state, prompt int32[B, P]) -> state: the cache after the
+        prompt's P positions (P the same for every row, >= 0). Since each call
+        of target writes from its `start` on, a prompt buffer longer than the
+        given tokens may be prefilled whole (what follows `start` is never
+        seen); the cache holds max(max_len, P) + MAX_DRAFTS + 1 rows, every row
+        a round past the text's end writes (k <= ``sedd.speculative.MAX_DRAFTS``).
+      target: as ``sedd.speculative.decode`` takes it; state = ((params, rest), cache).
+    """
+    def prefill(params_state, prompt):
+        model = nnx.merge(graphdef, *params_state)
+        check(model)
+        b, p = prompt.shape
+        cache = model.empty_cache(b, max(model.max_len, p) + speculative.MAX_DRAFTS + 1)
+        if p:
+            cache = decode_in_cache(model, cache, inputs(model, prompt), jnp.int32(0))[1]
+        return params_state, cache
+
+    def target(state, text, start, k):
+        params_state, cache = state
+        model = nnx.merge(graphdef, *params_state)
+        fits(cache, text)
+        rows = jnp.arange(text.shape[0])[:, None]
+        prev = jnp.where(start > 0, text[rows[:, 0], jnp.maximum(start - 1, 0)], bos_id(model))  # (B,)
+        chunk = jnp.concatenate([prev[:, None], text[rows, start[:, None] + jnp.arange(k)]], axis=1)  # (B, k + 1)
+        logits, cache = decode_rows(model, cache, chunk, start)  # (B, k + 1, V), each row at its start
+        return shaped_law(logits, temperature, top_p), (params_state, cache)
+
+    return prefill, target
+
+
+def fits(cache: tuple, text: jax.Array) -> None:
+    """Raise a ValueError unless the cache (``build_speculative_target``'s) holds every position of `text`
+    (int32[B, T]): a round writes up to position T - 1, and a write past the cache's end would land on other rows."""
+    rows = cache[0][0].shape[-2]
+    if text.shape[1] > rows:
+        raise ValueError(f"a text buffer of {text.shape[1]} positions does not fit the prefilled cache's {rows} rows "
+                         "(max(max_len, prompt length) + MAX_DRAFTS + 1): prefill a prompt buffer as long as the text")
+
+
+@functools.lru_cache(maxsize=None)
+def speculative_target(graphdef, *, temperature: float = 1.0, top_p: float = 1.0) -> tuple:
+    """``build_speculative_target`` of Python values, cached: one (prefill, target) pair, one jit cache entry."""
+    return build_speculative_target(graphdef, temperature, top_p)
+
+
+
+# =========================================================================== the kinds that hold one
+
+
+def prefix_prompt(kind: Kind, fixed_mask, fixed_tokens) -> jax.Array | None:
+    """int32[B, P]: a prompt of a kind that writes left to right, a prefix of the same P in every row (None).
+
+    Raises:
+      ValueError: any other pattern (a suffix or an infill template), naming the kinds that honour one.
+    """
+    if fixed_mask is None:
+        return None
+    mask = jnp.asarray(fixed_mask, bool)
+    p = int(mask[0].sum())
+    if not bool(jnp.all(mask == (jnp.arange(mask.shape[1]) < p)[None, :])):
+        raise ValueError(f"a model.kind={kind.name!r} run takes a prompt that is a prefix of the same length in "
+                         f"every row; a suffix or infill is for {kinds_that(lambda k: 'infill' in k.conditions)}")
+    return jnp.asarray(fixed_tokens, jnp.int32)[:, :p]
+
+
+def _number(name: str, value, ok: Callable[[float], bool], expected: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The sampling options of a kind that writes left to right, as one checked value (``make``).
+
+    A kind's module adds its own options as the fields of a subclass, and checks them in its ``checked``;
+    a field no class of the kind has is refused by ``make``.
+
+    Attributes:
+      categorical: the method of ``sedd.categorical.sample_categorical``.
+      temperature: >= 0 on the network's law (0: the argmax).
+      top_p: in (0, 1], its nucleus.
+      return_stats: count the network calls.
+      prompt: int32[B, P] the given prefix, the same P in every row; None.
+    """
+
+    categorical: str = "precise"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    return_stats: bool = False
+    prompt: Any = dataclasses.field(default=None, compare=False)
+
+    @classmethod
+    def make(cls, kind: Kind, **options) -> Options:
+        """The options of ``kind.sample`` checked (a prompt as fixed_mask / fixed_tokens).
+
+        Raises:
+          ValueError: an option this kind does not take, or a value out of its range, in one line.
+        """
+        prompt = prefix_prompt(kind, options.pop("fixed_mask", None), options.pop("fixed_tokens", None))
+        given = {name for name, value in options.items() if value is not None}
+        takes = {f.name for f in dataclasses.fields(cls)} - {"prompt"}
+        if unknown := sorted(given - takes):
+            raise ValueError(f"a model.kind={kind.name!r} run takes no option {', '.join(unknown)}; it takes "
+                             f"{', '.join(sorted(takes - {'return_stats'}))}")
+        return cls(**{name: options[name] for name in given}, prompt=prompt).checked()
+
+    def checked(self) -> Options:
+        """These options, their values in range (a subclass checks its own fields too)."""
+        if self.categorical not in sampling.CATEGORICAL_METHODS:
+            raise ValueError(f"unknown categorical method {self.categorical!r}; expected one of "
+                             f"{sampling.CATEGORICAL_METHODS}")
+        return dataclasses.replace(
+            self, temperature=_number("temperature", self.temperature, lambda t: 0 <= t < float("inf"), "a number >= 0"),
+            top_p=_number("top_p", self.top_p, lambda p: 0 < p <= 1, "in (0, 1]"))
+
+
+class CausalKind(Kind):
+    """A kind that holds a causal LM and writes its text left to right (the AR baseline, self-speculation):
+    exact, a prefix prompt, every token kept once written, its options one ``Options`` value.
+
+    Attributes:
+      options_type: its ``Options`` (sub)class.
+    """
+
+    exact = True
+    conditions = ("prefix",)  # it writes after a prompt only
+    options_type: ClassVar[type[Options]] = Options
+
+    def unwritten_id(self):
+        """V, the BOS id: never a token of the text (a position not written yet)."""
+        return self.config.vocab_size
+
+    def settles(self, sampler):
+        """Always: each token written stays."""
+        return True
+
+    def options(self, **options) -> Options:
+        """The options of ``sample`` as one checked value (``Options.make``; categorical: the config's)."""
+        options.setdefault("categorical", self.config.sampling.categorical)
+        return self.options_type.make(self, **options)
+
+    def check_options(self, sampler, **options):
+        """``options``: the options ``sample`` takes, checked (a sampler does not apply)."""
+        self.options(**options)
+
+    def sequence_nll(self, net: Net) -> Callable:
+        """x int[B, L] -> -log p(x), float32[B] nats per sequence: the causal LM's exact NLL (a judge of samples)."""
+        model = net.model
+        return lambda x: nll(model, x)
+
+    def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False,
+                   **kwargs):
+        """The exact NLL of ``sedd.evaluate.dataset_nll`` (num_t and key unused: nothing is estimated)."""
+        return evaluate.dataset_nll(self.sequence_nll(net), batches, max_batches=max_batches,
+                                    chars_per_token=chars_per_token, progress=progress)
