@@ -11,11 +11,12 @@ four such prompts made every other request to `sedd serve` fail for 25 s.
 
 import json
 import shutil
+import threading
 import time
 
 import pytest
 
-from sedd import cli, runs
+from sedd import cli, runs, sampling
 from sedd.data import GPT2Tokenizer
 from sedd.data import tokenizers as tok_lib
 
@@ -182,3 +183,50 @@ def test_the_known_tokenizers_load_and_encode_as_their_files_say(bpe_tree, tmp_p
                                                                      "trim_offsets": True, "use_regex": True}] * 1000}}
     tok = GPT2Tokenizer(_write(bpe_tree, tmp_path / "extras.json", **extras))
     assert tok.encode(text).tolist() == wants[0] and tok.encode_many([text, "a"])[0].tolist() == wants[0]
+
+
+def test_a_request_waiting_for_an_encoding_thread_is_not_charged_for_the_wait(tiny_run, monkeypatch):
+    """The budget counted a request's wait for one of the two encoding threads: four slow prompts made the
+    ordinary requests behind them fail 503 "encoding the prompt took more than 2 s". Here four prompts take 1 s
+    each to encode (the budget 1.5 s): the last two and an ordinary request wait 1 to 2 s for a thread, and all
+    are answered."""
+    import dataclasses
+    import http.client
+
+    import servers
+    from sedd import serve
+    from sedd.serve import app as app_lib
+    run = runs.load(tiny_run[0])
+
+    class Slow:
+        def __getattr__(self, name):
+            return getattr(run.tokenizer, name)
+
+        def encode(self, text):
+            if text.startswith("aaaa"):
+                time.sleep(1.0)  # as a slow tokenizer, releasing the GIL
+                text = "a"
+            return run.tokenizer.encode(text)
+
+    monkeypatch.setattr(app_lib, "PLAN_TIMEOUT_S", 1.5)
+    limits = serve.Limits(max_steps=8, max_n=2, max_batch=4, timeout_s=60, window_s=0.0)
+    app = serve.create_app(dataclasses.replace(run, tokenizer=Slow()), "sedd-tiny", limits)
+
+    def post(prompt, answers):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c.request("POST", "/v1/completions", json.dumps({"prompt": prompt, "max_tokens": 2, "steps": 2}),
+                  {"Content-Type": "application/json"})
+        r = c.getresponse()
+        answers.append((prompt, r.status, json.loads(r.read())))
+
+    with servers.serving(app) as port:
+        post("ROMEO:", [])  # the sampling program compiled before the clock matters
+        answers = []
+        clients = [threading.Thread(target=post, args=("aaaa", answers)) for _ in range(4)]
+        for c in clients:
+            c.start()
+        time.sleep(0.3)
+        post("ROMEO:", answers)
+        for c in clients:
+            c.join(timeout=60)
+    assert [a[1] for a in answers] == [200] * 5, answers
