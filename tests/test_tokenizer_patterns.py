@@ -14,6 +14,7 @@ import shutil
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from sedd import cli, runs, sampling
@@ -183,6 +184,35 @@ def test_the_known_tokenizers_load_and_encode_as_their_files_say(bpe_tree, tmp_p
                                                                      "trim_offsets": True, "use_regex": True}] * 1000}}
     tok = GPT2Tokenizer(_write(bpe_tree, tmp_path / "extras.json", **extras))
     assert tok.encode(text).tolist() == wants[0] and tok.encode_many([text, "a"])[0].tolist() == wants[0]
+
+
+class _Counting:
+    """A tokenizer whose tokens spell at most 4 characters, counting the characters it was asked to encode."""
+
+    max_token_chars = 4
+
+    def __init__(self):
+        self.chars = 0
+
+    def encode(self, text):
+        self.chars += len(text)
+        return np.zeros(len(text) // 4, np.int32)
+
+
+def test_a_prompt_longer_than_any_encoding_is_refused_before_it_is_encoded(copy_run_dir, capsys):
+    """`sedd sample --prefix` spent 31 s encoding a prompt it then refused for its length."""
+    tok = _Counting()
+    for prompt in ({"prefix": "x" * (4 * 16 + 1)}, {"suffix": "x" * (4 * 16 + 1)}):
+        with pytest.raises(ValueError, match="of 65 characters is more than the model's sequence length of 16 "
+                                             r"tokens can hold \(a token is at most 4 characters\)"):
+            sampling.text_conditioning(tok, 16, 1, **prompt)
+    assert tok.chars == 0
+    sampling.text_conditioning(tok, 16, 1, prefix="x" * 32, suffix="x" * 32)
+    assert tok.chars == 64
+    seq_len = runs.read_config(copy_run_dir).data.seq_len  # the char tokenizer: a token is one character
+    assert cli.main(["sample", "--workdir", str(copy_run_dir), "--steps", "2", "--num_samples", "1",
+                     "--prefix", "R" * (seq_len + 1)]) == 2
+    assert f"the prefix of {seq_len + 1} characters is more than" in _one_line(capsys, "sample")
 
 
 def test_a_request_waiting_for_an_encoding_thread_is_not_charged_for_the_wait(tiny_run, monkeypatch):
