@@ -45,7 +45,7 @@ def _read_gpt2(path: Path, pad: bool = False) -> GPT2Tokenizer:
         return GPT2Tokenizer(str(path), pad=pad)
     except (FileNotFoundError, ImportError):
         raise
-    except ValueError as e:  # our check of its regexes, or JSON that does not parse: a bounded message, kept whole
+    except ValueError as e:  # our check of its steps (check_pipeline): a bounded message, kept whole
         raise ConversionError(f"{path}: not a readable GPT-2 tokenizer: {e}") from None
     except Exception as e:  # the tokenizers package raises a bare Exception for a malformed file
         raise ConversionError(f"{path}: not a readable GPT-2 tokenizer: {brief(str(e))}") from None

@@ -6,14 +6,7 @@ tokenizer.json and `tokenizer_from_dict` reads back.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import re
-import select
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -158,9 +151,11 @@ class GPT2Tokenizer:
         if p.is_dir() and (p / "tokenizer.json").exists():
             p = p / "tokenizer.json"
         if p.is_file():  # a regular file of bounded size, read once (sedd.files)
-            text = files.read_text(p, MAX_TOKENIZER_BYTES)
-            check_regexes(json.loads(text), p)
-            self._bpe = tokenizers.Tokenizer.from_str(text)
+            self._bpe = tokenizers.Tokenizer.from_str(files.read_text(p, MAX_TOKENIZER_BYTES))
+            check_pipeline(self._bpe, p)
+            self._bpe.post_processor = None  # it changes no id without special tokens, and a Sequence of many is slow
+            self._bpe.no_padding()  # the ids are the text's tokens, all of them and only them
+            self._bpe.no_truncation()
         elif (p / "vocab.json").exists() and (p / "merges.txt").exists():
             for f in ("vocab.json", "merges.txt"):  # regular files of bounded size (not a FIFO, not /dev/zero)
                 files.read_bytes(p / f, MAX_TOKENIZER_BYTES)
@@ -215,215 +210,73 @@ def _named(call):
         raise ValueError(f"the tokenizer failed on this text: {type(e).__name__}: {str(e)[:200]}") from None
 
 
-MAX_REGEX_CHARS = 1000  # GPT-2's pre-tokenizer regex has 94 characters, Llama 3's 118
-
-
-GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-KNOWN_REGEXES = {
-    GPT2_REGEX: "GPT-2's pre-tokenizer (MDLM, BD3-LM and DUO use GPT-2's tokenizer)",
+GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+SPLIT_PATTERNS = {
+    GPT2_PATTERN: "GPT-2's (SEDD, MDLM, BD3-LM and DUO use GPT-2's tokenizer; its ByteLevel step holds it built in)",
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
     r"\s+(?!\S)|\s+": "Llama 3's (tiktoken's cl100k)",
 }
-"""Regexes read without a probe: the pre-tokenizers of the tokenizers sedd converts or trains with. GPT-2's
-tokenizer.json written by `tokenizers` holds a ByteLevel pre-tokenizer with GPT-2's regex built in (no "Regex"
-entry); newer files write it out as a Split of GPT2_REGEX."""
-PROBE_BUDGET_S = 0.5  # a GPT-2 BPE encodes the probe texts in about 0.05 s
-PROBE_START_S = 60.0  # the probe's process reads and builds a tokenizer.json of up to 64 MiB
-PROBE_RUN = 64  # characters of the repeated run in each probe text
-_ATOMS = "aZ0 \n\t!'_-.é中"  # a letter of each case, a digit, blanks, punctuation, accented and CJK letters
-_META = set("\\()[]{}|?*+.^$")
-_probed: dict[str, str | None] = {}  # sha256 of a tokenizer.json -> why it was refused (None: it passed)
+"""The regexes a tokenizer.json may split its text by, compared as exact strings: the pre-tokenizers of the
+tokenizers sedd converts or trains with. Each is linear in the text under Oniguruma: 80,000 characters of one piece
+repeated (" ", "a", " \n", "' ", "中", ...) encode in under 0.1 s. Time a pattern so before adding it."""
+MAX_AFFIX_CHARS = 16  # a BPE's unk_token, continuing_subword_prefix, end_of_word_suffix (GPT-2's and Llama 3's: none)
+_READ = ("sedd reads byte-level BPE tokenizers as GPT-2's and Llama 3's are: no normalizer, a ByteLevel "
+         "pre-tokenizer or a Split by a pattern of sedd.data.tokenizers.SPLIT_PATTERNS then ByteLevel, a ByteLevel "
+         "decoder or none, a BPE model (docs/reliability.md)")
 
 
-def check_regexes(tree, where) -> None:
-    r"""Refuse a Hugging Face tokenizer.json whose regexes (Split, Replace, ...) can stall an encode.
+def check_pipeline(bpe, where) -> None:
+    r"""Refuse a Hugging Face tokenizer unless every step it runs on a text takes time linear in the text.
 
-    Oniguruma, the package's regex engine, backtracks: `(a+)+c` takes time
-    exponential in the text (a 2,040-character prompt held a server 26 s,
-    issue 53), and so do shapes no scan foresees (`(\w)?` 21 times then
-    `\w{21}z`: 7.3 s for 89 characters, issue 63). So the decision is by
-    behaviour: a regex of ``KNOWN_REGEXES`` is read as it is; a tokenizer with
-    any other regex is read only if, in a process of its own, it encodes the
-    probe texts (``probe_texts``: long runs of one character, then another,
-    then the regexes' own characters) within ``PROBE_BUDGET_S``; the process
-    is killed at the budget. ``regex_risk`` names the common bad shape first.
-    A passed probe does not prove an encode fast on every text: `sedd serve`
-    holds each request's encoding to a budget of its own (docs/reliability.md).
+    Oniguruma, the package's regex engine, backtracks: a regex can take time
+    exponential in the text (`(a+)+c`, issue 53) in shapes no scan or probe
+    foresees (`(\w)?` 21 times then `\w{21}\x7a`: 4.6 s for 70 characters,
+    issues 63 and 72). So no regex is judged: a regex is read only if it is
+    one of ``SPLIT_PATTERNS``, and the other steps only as GPT-2's and Llama
+    3's tokenizers have them. A normalizer is refused (a Replace holds a
+    regex, or makes each "a" a million characters); so is any pre-tokenizer
+    but ByteLevel or Split-then-ByteLevel, a decoder but ByteLevel, a model
+    but BPE (WordPiece's longest match is at worst cubic in a word's
+    length), and an unk_token or affix over MAX_AFFIX_CHARS characters (each
+    unknown character becomes a copy of unk_token: one of 10^6 characters
+    took 6.3 s and 4.8 GB for a 4,000-character text). The steps are read as the package built them
+    (their own serialization): what is checked is what runs. The
+    post-processor, padding and truncation are never used (GPT2Tokenizer
+    removes them).
 
     Raises:
-      ValueError: naming the file, the regex and what is wrong with it.
+      ValueError: naming the file and the first step that is not so, in one line.
     """
-    regexes, stack = [], [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            regex = node.get("Regex")
-            if isinstance(regex, str):
-                why = regex_risk(regex)
-                if why:
-                    raise ValueError(f"{where}: the tokenizer's regex {regex[:100]!r} {why}; sedd reads only "
-                                     "tokenizers whose regexes run in time linear in the text")
-                regexes.append(regex)
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    unknown = [r for r in regexes if r not in KNOWN_REGEXES]
-    if unknown:
-        text = json.dumps(tree)
-        digest = hashlib.sha256(text.encode()).hexdigest()
-        if digest not in _probed:
-            _probed[digest] = probe(text, probe_texts(unknown))
-        if _probed[digest]:
-            shown = ", ".join(repr(r[:60]) for r in unknown[:2])
-            raise ValueError(f"{where}: the tokenizer's regex {shown} may backtrack without end: the tokenizer "
-                             f"{_probed[digest]} (a regex other than GPT-2's and Llama 3's pre-tokenizers is read "
-                             "only if it passes this probe)")
+    def state(step) -> dict | None:  # a step as the package serializes it: {"type": ..., its settings}
+        return None if step is None else json.loads(step.__getstate__())
 
-
-def probe_texts(regexes: list[str]) -> list[str]:
-    """Texts that make a backtracking regex show itself: a run of one character, a breaking one, the regexes' own.
-
-    Each text is ``PROBE_RUN`` copies of a character (one of ``_ATOMS``, or a
-    character the regexes name), then another, then every character the
-    regexes name: a regex that backtracks tries its ways to split the run
-    before failing at the break, and its literal characters at the end defeat
-    the engine's shortcut of refusing a text that lacks one.
-    """
-    own = sorted({c for r in regexes for c in r if c not in _META and c.isprintable()})[:24]
-    tail = "".join(own)
-    texts = [x * PROBE_RUN + y + tail for x in dict.fromkeys(_ATOMS + tail) for y in _ATOMS]
-    texts += [(x + y) * (PROBE_RUN // 2) + "!" + tail for x in _ATOMS for y in _ATOMS if x != y]
-    return texts
-
-
-_PROBE = r"""
-import sys
-sys.path = [p for p in sys.path if p not in ("", ".")]  # nothing from the folder it was started in
-import json
-import tokenizers
-job = json.loads(sys.stdin.buffer.read())
-try:
-    tok = tokenizers.Tokenizer.from_str(job["tokenizer"])
-except BaseException as e:
-    print("unbuilt", json.dumps(f"{type(e).__name__}: {str(e)[:200]}"), flush=True)
-    sys.exit(0)
-print("built", flush=True)
-for text in job["texts"]:
-    try:
-        tok.encode(text, add_special_tokens=False)
-    except BaseException as e:
-        print("failed", json.dumps(f"{type(e).__name__}: {str(e)[:200]} on {text[:20]!r}..."), flush=True)
-        sys.exit(0)
-print("done", flush=True)
-"""
-
-
-def probe(text: str, texts: list[str], budget_s: float | None = None) -> str | None:
-    """Encode `texts` with the tokenizer.json `text` in a process of its own, killed at the budget.
-
-    Returns:
-      None when every text was encoded within `budget_s` (default
-      ``PROBE_BUDGET_S``) of the tokenizer being built; else what happened,
-      as words ("took more than 0.5 s to encode ...", "failed on a probe text: ...").
-    """
-    budget_s = PROBE_BUDGET_S if budget_s is None else budget_s
-    env = {**os.environ, "RUST_BACKTRACE": "0", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([sys.executable, "-c", _PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, env=env)
-    try:
-        try:
-            proc.stdin.write(json.dumps({"tokenizer": text, "texts": texts}).encode())
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        word, said = _said(proc, PROBE_START_S)
-        if word == "unbuilt":
-            return f"cannot be built: {said}"
-        if word != "built":
-            return f"could not be probed (its probe process ended, exit code {proc.poll()})"
-        word, said = _said(proc, budget_s)
-        if word == "failed":
-            return f"failed on a probe text: {said}"
-        if word != "done":
-            chars = sum(map(len, texts))
-            return (f"took more than {budget_s:g} s to encode {len(texts)} probe texts ({chars:,} characters; "
-                    "a GPT-2 BPE takes about 0.05 s)")
-        return None
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def _said(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
-    """(first word, the rest) of the next line the probe process writes within `timeout` s; ("", "") if none."""
-    end = time.monotonic() + timeout
-    ready, _, _ = select.select([proc.stdout], [], [], max(end - time.monotonic(), 0.0))
-    if not ready:
-        return "", ""
-    word, _, rest = proc.stdout.readline().decode("utf-8", "replace").strip().partition(" ")
-    try:
-        rest = json.loads(rest) if rest else ""
-    except ValueError:
-        pass
-    return word, str(rest)
-
-
-_COUNT = re.compile(r"\{(\d*)(,?)(\d*)\}")
-
-
-def regex_risk(pattern: str) -> str | None:
-    """Why `pattern` may backtrack exponentially (a repeated group holding a repetition or an alternation), or None.
-
-    A scan of the pattern's groups, escapes and character classes, not a
-    parser: it refuses some harmless patterns (`(ab|cd)+`), never a
-    nested quantifier.
-    """
-    if len(pattern) > MAX_REGEX_CHARS:
-        return f"has {len(pattern)} characters (at most {MAX_REGEX_CHARS})"
-    groups = [{"repeats": False, "alt": False}]  # one entry per open group; the whole pattern first
-    closed = None  # the group that ended just before this character
-    i = 0
-    while i < len(pattern):
-        c, after, repeat = pattern[i], None, False
-        if c == "\\":
-            i += 2
-        elif c == "[":  # a character class: nothing in it repeats
-            j = i + 1 + (pattern[i + 1:i + 2] == "^")
-            j += pattern[j:j + 1] == "]"
-            while j < len(pattern) and pattern[j] != "]":
-                j += 2 if pattern[j] == "\\" else 1
-            i = j + 1
-        elif c == "(":
-            groups.append({"repeats": False, "alt": False})
-            i += 1
-            if pattern[i:i + 1] == "?":  # (?:, (?=, (?i: ... : the ? is no quantifier
-                i += 1
-        elif c == ")" and len(groups) > 1:
-            after = groups.pop()
-            groups[-1]["repeats"] |= after["repeats"]
-            groups[-1]["alt"] |= after["alt"]
-            i += 1
-        elif c == "|":
-            groups[-1]["alt"] = True
-            i += 1
-        elif c in "*+":
-            repeat = True
-            i += 1
-        elif c == "{" and (m := _COUNT.match(pattern, i)):
-            repeat = bool(m.group(2)) or (m.group(1) or "0") not in ("0", "1")
-            i = m.end()
-        else:
-            i += 1
-        if repeat:
-            if closed is not None and (closed["repeats"] or closed["alt"]):
-                what = "a repetition" if closed["repeats"] else "an alternation"
-                return f"repeats a group that holds {what} (exponential backtracking, as in (a+)+c)"
-            groups[-1]["repeats"] = True
-        if after is not None:
-            closed = after
-        elif not (repeat or c in "?" and closed is not None):
-            closed = None
-    return None
+    pre, normalizer, decoder, model = state(bpe.pre_tokenizer), state(bpe.normalizer), state(bpe.decoder), bpe.model
+    steps = [] if pre is None else pre["pretokenizers"] if pre["type"] == "Sequence" else [pre]
+    for step in steps:
+        if step["type"] == "Split":
+            (kind, pattern), = step["pattern"].items()  # {"Regex": ...} or {"String": ...}
+            if pattern not in SPLIT_PATTERNS:
+                shown = f"{pattern[:80]!r}{'...' if len(pattern) > 80 else ''}"
+                raise ValueError(f"{where}: the tokenizer splits its text by the {kind.lower()} {shown}, none of "
+                                 "the patterns sedd reads (sedd.data.tokenizers.SPLIT_PATTERNS: GPT-2's and Llama "
+                                 "3's; a regex of any other may take time exponential in the text)")
+    affixes = {name: getattr(model, name, None) for name in ("unk_token", "continuing_subword_prefix",
+                                                              "end_of_word_suffix")}
+    long = [f"{name} has {len(value)} characters (at most {MAX_AFFIX_CHARS})" for name, value in affixes.items()
+            if value and len(value) > MAX_AFFIX_CHARS]
+    why = None
+    if [step["type"] for step in steps] not in (["ByteLevel"], ["Split", "ByteLevel"]):
+        why = f"pre-tokenizer is {json.dumps(pre)[:100]}"
+    elif normalizer is not None:
+        why = f"normalizer is {json.dumps(normalizer)[:100]}"
+    elif decoder is not None and decoder["type"] != "ByteLevel":
+        why = f"decoder is {json.dumps(decoder)[:100]}"
+    elif type(model).__name__ != "BPE":
+        why = f"model is a {type(model).__name__}"
+    elif long:
+        why = f"model's {long[0]}"
+    if why:
+        raise ValueError(f"{where}: the tokenizer's {why}; {_READ}")
 
 
 class MarkovTokenizer:

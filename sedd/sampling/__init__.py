@@ -59,7 +59,7 @@ The package, one concept a module:
                  runs: what ``sedd serve`` runs, through the kinds
   rounds.py      the same for speculative decoding: each row its own rounds
                  of drafts checked by the target, handed to the host as they land
-  prompts.py     ``text_conditioning``: text prompts as fixed positions
+  prompts.py     ``text_conditioning``: text prompts as fixed positions; ``check_length`` before encoding
 
 Other drivers of the same loop: ``sedd.kinds.block`` (one block at a time against a
 KV cache). A new sampler is a ``Sampler`` subclass in its own module (or in
@@ -97,7 +97,7 @@ from sedd.sampling.absorbing import (PLANNED_ORDERS, AbsorbingSampler, Confidenc
 from sedd.sampling.loop import (FINALS, Options, Samples, check_int, check_shape, conditioning, denoise_step,
                                 one_step, options_from, run_loop, sample, start_carry, time_grid)
 from sedd.sampling.long import sample_long
-from sedd.sampling.prompts import MASK_CHAR, text_conditioning
+from sedd.sampling.prompts import MASK_CHAR, check_length, text_conditioning
 from sedd.sampling import rounds, rows
 
 __all__ = [
@@ -107,5 +107,5 @@ __all__ = [
     "FirstHitting", "ReMDM", "Dilated", "PLANNED_ORDERS", "planned_rank", "FINALS", "Options", "Samples",
     "check_int", "check_shape", "conditioning", "denoise_step", "one_step", "options_from", "run_loop", "sample",
     "start_carry", "time_grid", "sample_long",
-    "MASK_CHAR", "text_conditioning", "rows", "rounds"
+    "MASK_CHAR", "check_length", "text_conditioning", "rows", "rounds"
 ]

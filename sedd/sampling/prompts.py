@@ -7,6 +7,22 @@ import numpy as np
 MASK_CHAR = "\u2591"  # "░": how a masked position is drawn in text (sedd serve's frames, the playground, --animate)
 
 
+def check_length(tokenizer, text: str, seq_len: int, name: str) -> None:
+    """Refuse, before encoding it, a text longer than seq_len tokens of `tokenizer` can spell.
+
+    A token stands for at most ``tokenizer.max_token_chars`` characters (a
+    BPE's longest token; 1 for the char, byte and markov tokenizers), so a
+    longer text cannot fit, and is not encoded to find out.
+
+    Raises:
+      ValueError: naming the text (`name`), its length and the bound.
+    """
+    per_token = getattr(tokenizer, "max_token_chars", 1)
+    if len(text) > seq_len * per_token:
+        raise ValueError(f"{name} of {len(text)} characters is more than the model's sequence length of {seq_len} "
+                         f"tokens can hold (a token is at most {per_token} character{'s' * (per_token > 1)})")
+
+
 def text_conditioning(tokenizer, seq_len: int, num: int, prefix: str = "", suffix: str = "",
                       infill: str = "", blank: str = "_") -> tuple[np.ndarray | None, np.ndarray | None]:
     """``fixed_mask`` and ``fixed_tokens`` of ``sample`` from text prompts, or (None, None) without any.
@@ -25,7 +41,8 @@ def text_conditioning(tokenizer, seq_len: int, num: int, prefix: str = "", suffi
     Returns:
       (bool[B, L], int32[B, L]) or (None, None).
     Raises:
-      ValueError: text the tokenizer cannot encode, prompts longer than seq_len,
+      ValueError: text the tokenizer cannot encode, prompts longer than seq_len
+        (in characters before encoding, ``check_length``, and in tokens after),
         infill with prefix or suffix, or infill with a tokenizer that does not
         map each character to one token, or a blank that is not one character.
     """
@@ -47,6 +64,8 @@ def text_conditioning(tokenizer, seq_len: int, num: int, prefix: str = "", suffi
                     raise ValueError("infill templates need a character-level tokenizer (char, or byte with ASCII text)")
                 mask[i], tokens[i] = True, ids[0]
     else:
+        check_length(tokenizer, prefix, seq_len, "the prefix")
+        check_length(tokenizer, suffix, seq_len, "the suffix")
         pre = np.asarray(tokenizer.encode(prefix), np.int32) if prefix else np.zeros(0, np.int32)
         suf = np.asarray(tokenizer.encode(suffix), np.int32) if suffix else np.zeros(0, np.int32)
         if len(pre) + len(suf) > seq_len:

@@ -194,12 +194,11 @@ def plan(run: runs.Run, req: CompletionRequest, limits: Limits) -> Plan:
     if req.n > limits.max_n:
         raise APIError(400, f"n={req.n} is over this server's limit of {limits.max_n}", "n", "n_over_limit")
     L = run.seq_len
-    per_token = getattr(run.tokenizer, "max_token_chars", 1)  # a character is at least one token of the others
     for name, text in (("prompt", req.prompt), ("suffix", req.suffix or "")):  # before any encoding
-        if len(text) > L * per_token:
-            raise APIError(400, f"{name} of {len(text)} characters is more than the model's sequence length of "
-                                f"{L} tokens can hold (a token is at most {per_token} characters)", name,
-                           "context_length_exceeded")
+        try:
+            sampling.check_length(run.tokenizer, text, L, name)
+        except ValueError as e:
+            raise APIError(400, str(e), name, "context_length_exceeded") from None
     encoded = {}
     for name, text in (("prompt", req.prompt), ("suffix", req.suffix or "")):
         try:

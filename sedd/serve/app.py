@@ -32,9 +32,10 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")  # the Host names answered by de
 PLAN_TIMEOUT_S = 2.0
 PLAN_CHARS_PER_S = 100_000  # a tenth of a GPT-2 BPE's pace on one core: a long prompt gets more time
 """A request's prompt and suffix may take PLAN_TIMEOUT_S seconds to encode, plus one per PLAN_CHARS_PER_S
-characters (a tokenizer from someone else may be slow, issue 63); then 503. Encoding runs on a thread of its own,
-never on the event loop, so /health and the other requests are answered meanwhile; an encoding past its budget
-cannot be interrupted and finishes on its thread (PLAN_THREADS at most at once)."""
+characters; then 503. The budget runs from when the encoding starts on a thread of its own, not while the request
+waits for one. Never on the event loop, so /health and the other requests are answered meanwhile; an encoding past
+its budget cannot be interrupted and finishes on its thread (PLAN_THREADS at most at once), but the tokenizers sedd
+reads take time linear in the text (sedd.data.tokenizers.check_pipeline)."""
 PLAN_THREADS = 2  # encodings at once; one a tokenizer never returns from holds its thread, not the server
 
 logger = logging.getLogger("sedd.serve")
@@ -288,14 +289,34 @@ async def _planned(planner: concurrent.futures.Executor, run: runs.Run, req: Com
                    limits: Limits) -> Plan:
     """``plan`` (the prompt encoded) on the planner's threads, within its budget (PLAN_TIMEOUT_S and the length).
 
+    The budget runs from when a thread starts this request's encoding: the
+    wait for a free thread is another request's encoding, not this one's.
+
     Raises:
       APIError: plan's 400s; 503 when the encoding takes too long (the
         thread finishes on its own; the request no longer waits for it).
     """
     budget = PLAN_TIMEOUT_S + (len(req.prompt) + len(req.suffix or "")) / PLAN_CHARS_PER_S
+    loop = asyncio.get_running_loop()
+    started = loop.create_future()  # done when a thread starts this request's encoding (or never will)
+
+    def start(_=None) -> None:
+        if not started.done():
+            started.set_result(None)
+
+    def encode() -> Plan:
+        loop.call_soon_threadsafe(start)
+        return plan(run, req, limits)
+
+    job = loop.run_in_executor(planner, encode)
+    job.add_done_callback(start)  # cancelled unstarted at shutdown
     try:
-        return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(planner, plan, run, req, limits),
-                                      budget)
+        await started
+    except asyncio.CancelledError:  # the request is gone before a thread was free: its encoding never starts
+        job.cancel()
+        raise
+    try:
+        return await asyncio.wait_for(job, budget)
     except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
         raise APIError(503, f"encoding the prompt took more than {budget:.3g} s; the run's tokenizer is too "
                             "slow for this text", "prompt", "timeout", kind="server_error") from None
