@@ -3,7 +3,9 @@
 - `sedd sample --help` names every registered sampler (it lacked `dilated`);
 - `sedd sample --animate` into a file or a pipe writes plain frames, no clear-screen codes;
 - `sedd train`'s lines (the `speed:` line among them) land on lines of their own, not inside the progress
-  bar's line, where the output goes to a file or a pipe.
+  bar's line, where the output goes to a file or a pipe;
+- `sedd train`'s closing `sedd sample --prefix` hint prompts with the run's own text, not the plays' "ROMEO:"
+  (issue 71: a run of code was told to start its samples with ROMEO:).
 """
 
 import io
@@ -12,8 +14,9 @@ import re
 import pytest
 from tqdm.auto import tqdm
 
-from sedd import cli, sampling
+from sedd import cli, runs, sampling
 from sedd import progress
+from sedd.data import load_dataset, save_tokenizer
 
 
 def test_sample_help_names_every_registered_sampler(capsys):
@@ -85,3 +88,34 @@ def test_train_says_its_lines_on_lines_of_their_own(monkeypatch, tty):
             assert line in physical, (line, out)  # its own line in the file: no bar text or \r beside it
         assert f"\n{said[1]}\n{said[2]}\n" in out, out  # one line after another, no blank between
     assert out.index(said[0]) < out.index("20/30") < out.index(said[1]) < out.index("30/30") < out.index(said[3])
+
+
+CODE = "import os\n\n\ndef parse_header(line):\n    # ROMEO: a name here, not a play\n    return line.split()\n"
+
+
+@pytest.mark.parametrize("config, files, prefix", [
+    ("tiny", {"prog.txt": CODE * 20}, "'import os'"),  # the default config on one's own text: its opening
+    ("code", {"a.py": CODE * 20, "b.py": CODE}, r"'def parse_header(line):\n    '"),  # a code run: a function body
+], ids=["own-text", "code"])
+def test_the_closing_hint_prompts_with_the_runs_own_text(config, files, prefix, tmp_path, monkeypatch, capsys):
+    """The `more: sedd sample ...` line after training suggests a prefix from the run's data, written so that
+    the shell and `--prefix` read it back; the plays' "ROMEO:" only for the plays (these files can write it)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name, text in files.items():
+        (corpus / name).write_text(text)
+    workdir = tmp_path / "run"
+
+    def trained(config, workdir, split_cpu):  # what train.train leaves that the hint reads: the tokenizer
+        workdir.mkdir()
+        save_tokenizer(load_dataset(config.data).tokenizer, workdir / runs.TOKENIZER)
+        bound = {"bits_per_char": 3.0, "nats_per_token": 2.1, "stderr_nats_per_token": 0.01, "exact": False}
+        return {"step": 1, "bound": bound, "unigram_entropy_bits": 4.0, "samples": []}
+
+    monkeypatch.setattr(cli.train, "train", trained)
+    path = corpus / "prog.txt" if config == "tiny" else corpus
+    assert cli.main(["train", "--config", config, "--workdir", str(workdir), f"--config.data.path={path}",
+                     f"--config.data.data_dir={tmp_path / 'data'}"]) == 0
+    more = [line for line in capsys.readouterr().out.splitlines() if line.startswith("more: ")]
+    assert more == [f"more: sedd sample --workdir {workdir} --prefix {prefix} --seed 1"], more
+    assert cli.unescape(prefix[1:-1]) in CODE  # read back as the text it was taken from

@@ -434,6 +434,10 @@ class TextFiles(tfds.core.ShardBasedBuilder, skip_registration=True):
         """A subclass's options that change what is prepared: they join the cache key."""
         return ()
 
+    def prompt(self) -> str:
+        """A prompt that fits this dataset for `sedd sample --prefix` ("": take the opening of its text)."""
+        return ""
+
     def default_path(self, data_dir: str) -> str:
         raise ValueError(f"{type(self).__name__} needs a path (data.path)")
 
@@ -525,6 +529,9 @@ class Shakespeare(TextFiles, skip_registration=True):
 
     def default_path(self, data_dir: str) -> str:
         return str(shakespeare_texts_dir(data_dir))
+
+    def prompt(self) -> str:
+        return "ROMEO:"
 
 
 @register("openwebtext")
