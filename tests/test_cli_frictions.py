@@ -5,7 +5,9 @@
 - `sedd train`'s lines (the `speed:` line among them) land on lines of their own, not inside the progress
   bar's line, where the output goes to a file or a pipe;
 - `sedd train`'s closing `sedd sample --prefix` hint prompts with the run's own text, not the plays' "ROMEO:"
-  (issue 71: a run of code was told to start its samples with ROMEO:).
+  (issue 71: a run of code was told to start its samples with ROMEO:);
+- `sedd eval --config.data.path=OTHER` on a text the run's characters cannot write says which characters,
+  clipped, and what would work (issue 71: any Markdown file is refused).
 """
 
 import io
@@ -119,3 +121,16 @@ def test_the_closing_hint_prompts_with_the_runs_own_text(config, files, prefix, 
     more = [line for line in capsys.readouterr().out.splitlines() if line.startswith("more: ")]
     assert more == [f"more: sedd sample --workdir {workdir} --prefix {prefix} --seed 1"], more
     assert cli.unescape(prefix[1:-1]) in CODE  # read back as the text it was taken from
+
+
+def test_zero_shot_eval_on_a_text_outside_the_vocabulary_says_what_would_work(tiny_run, tmp_path, capsys):
+    workdir, _ = tiny_run
+    notes = tmp_path / "notes.md"
+    notes.write_text(("# A `sedd eval` of 100% | 50% ~ <b> " + "".join(chr(0x4E00 + i) for i in range(40)) + "\n") * 20)
+    assert cli.main(["eval", "--workdir", str(workdir), f"--config.data.path={notes}",
+                     f"--config.data.data_dir={tmp_path / 'data'}"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"sedd eval: error: {notes}: characters ['#', '%', '<', '>', '`', '|', '~', '一'"), err
+    assert "... (47 in all)]" in err and chr(0x4E00 + 39) not in err, err  # clipped, with the count
+    assert "give it a text made of them" in err and f"sedd train --config.data.path={notes}" in err, err

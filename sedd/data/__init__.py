@@ -36,14 +36,15 @@ from sedd.data.builders import (BUILDERS, DOCUMENTS, VAL_FRACTION, default_data_
 from sedd.data.markov import MarkovChain, MarkovData, load_markov
 from sedd.data.packing import PackedTokens, TokenData, tokenize_documents, unigram_entropy_bits
 from sedd.data.text import TextData
-from sedd.data.tokenizers import (EOS_TEXT, CharTokenizer, GPT2Tokenizer, get_tokenizer, load_tokenizer,
-                                  save_tokenizer, tokenizer_from_dict)
+from sedd.data.tokenizers import (EOS_TEXT, CharTokenizer, GPT2Tokenizer, OutOfVocabulary, get_tokenizer,
+                                  load_tokenizer, save_tokenizer, tokenizer_from_dict)
 
 __all__ = [
-    "BUILDERS", "DATASETS", "DATA_DEFAULTS", "DOCUMENTS", "EOS_TEXT", "VAL_FRACTION", "CharTokenizer", "GPT2Tokenizer",
-    "MarkovChain", "MarkovData", "PackedTokens", "TextData", "TokenData", "data_section", "default_data_dir", "get_builder",
-    "get_tokenizer", "load_dataset", "load_markov", "load_tokenizer", "read_documents", "read_pieces", "sample_prompt",
-    "save_tokenizer", "tokenize_documents", "tokenizer_from_dict", "unigram_entropy_bits",
+    "BUILDERS", "DATASETS", "DATA_DEFAULTS", "DOCUMENTS", "EOS_TEXT", "VAL_FRACTION", "CharTokenizer",
+    "GPT2Tokenizer", "MarkovChain", "MarkovData", "OutOfVocabulary", "PackedTokens", "TextData", "TokenData",
+    "data_section", "default_data_dir", "get_builder", "get_tokenizer", "load_dataset", "load_markov",
+    "load_tokenizer", "read_documents", "read_pieces", "sample_prompt", "save_tokenizer", "tokenize_documents",
+    "tokenizer_from_dict", "unigram_entropy_bits",
 ]
 
 DATASETS = ("shakespeare", "text", "text8", "openwebtext", "tinystories", "code", "markov", *zeroshot.ZERO_SHOT)
