@@ -483,11 +483,16 @@ class TextFiles(tfds.core.ShardBasedBuilder, skip_registration=True):
 
     def describe(self) -> str:
         """How the files are read, for the line printed when preparing."""
-        if self.documents == "file" and any(f.suffix == ".txt" for f in self.files):
-            how = "each .txt file is one document" + (" (or split at separator lines)" if self.SEPARATOR else "")
-            return how + "; data.documents=lines or paragraphs splits them"
-        return {"lines": "each line is a document", "paragraphs": "documents are separated by blank lines",
-                "file": "one document per JSON line"}[self.documents]
+        jsonl = [f.suffix == ".jsonl" for f in self.files]  # any other file is text, whatever its suffix
+        if jsonl and all(jsonl):
+            return "one document per JSON line"
+        if self.documents == "file":
+            how = "each file is one document" + (" (or split at separator lines)" if self.SEPARATOR else "")
+            how += "; data.documents=lines or paragraphs splits them"
+        else:
+            how = {"lines": "each line is a document", "paragraphs": "documents are separated by blank lines"}[
+                self.documents]
+        return how + ("; a .jsonl file: one document per JSON line" if any(jsonl) else "")
 
     def write_manifest(self) -> None:
         """Records the files this preparation read (what a later run reports as changed or gone)."""
