@@ -27,6 +27,7 @@ from pathlib import Path
 
 import jax
 
+from sedd import config as config_lib
 from sedd import drafts, speculative
 
 MAX_SEED = 2**63  # jax.random.key takes a C long: 2**63 and above overflow
@@ -204,7 +205,8 @@ def check_path(flag: str, path: str, kind: str) -> None:
             raise ValueError(f"{flag} {path} is neither a regular file nor a folder (a FIFO, a device, ...)")
         return
     if kind == "config":
-        if st is not None and not stat.S_ISREG(st.st_mode):
+        shipped = not p.suffix and path in config_lib.shipped_configs()  # a name config_path resolves first
+        if st is not None and not stat.S_ISREG(st.st_mode) and not shipped:
             raise ValueError(f"{flag} {path} is not a regular file (a config file, or a shipped config's name)")
         return
     if kind in ("run", "new_run"):

@@ -7,7 +7,9 @@
 - `sedd train`'s closing `sedd sample --prefix` hint prompts with the run's own text, not the plays' "ROMEO:"
   (issue 71: a run of code was told to start its samples with ROMEO:);
 - `sedd eval --config.data.path=OTHER` on a text the run's characters cannot write says which characters,
-  clipped, and what would work (issue 71: any Markdown file is refused).
+  clipped, and what would work (issue 71: any Markdown file is refused);
+- `--config tiny` (or `code`) names the shipped config even where the working directory holds a folder of
+  that name, as `sedd.config.config_path` reads it (it was refused as "not a regular file").
 """
 
 import io
@@ -16,7 +18,7 @@ import re
 import pytest
 from tqdm.auto import tqdm
 
-from sedd import cli, runs, sampling
+from sedd import cli, runs, sampling, validate
 from sedd import progress
 from sedd.data import load_dataset, save_tokenizer
 
@@ -134,3 +136,14 @@ def test_zero_shot_eval_on_a_text_outside_the_vocabulary_says_what_would_work(ti
     assert err.startswith(f"sedd eval: error: {notes}: characters ['#', '%', '<', '>', '`', '|', '~', '一'"), err
     assert "... (47 in all)]" in err and chr(0x4E00 + 39) not in err, err  # clipped, with the count
     assert "give it a text made of them" in err and f"sedd train --config.data.path={notes}" in err, err
+
+
+def test_a_shipped_configs_name_beside_a_folder_of_that_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "code").mkdir()  # a project's own code/ folder, or a run trained with --workdir tiny
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "mine").mkdir()
+    for name in ("code", "tiny"):
+        validate.check_path("--config", name, "config")
+    with pytest.raises(ValueError, match="--config mine is not a regular file"):
+        validate.check_path("--config", "mine", "config")
