@@ -27,7 +27,7 @@ import numpy as np
 
 from sedd import config as config_lib
 from sedd import convert, distill, figures, kernels, runs, sampling, sharding, train, validate
-from sedd.data import BUILDERS, default_data_dir, load_tokenizer
+from sedd.data import BUILDERS, default_data_dir, load_tokenizer, sample_prompt
 from sedd.data.builders import MANIFEST
 from sedd.data.tokenizers import EOS_TEXT
 from sedd.kinds import capabilities
@@ -61,12 +61,12 @@ def _train(args, overrides: list[str]) -> int:
     for i, s in enumerate(result["samples"]):  # marked as `sedd sample` marks them
         print(f"--- sample {i}\n{s}")
     _explain_separator(result["samples"])
-    prompt = r"def parse_header(line):\n    " if config.data.name == "code" else "ROMEO:"
-    try:  # a prompt the run's vocabulary can write
-        load_tokenizer(workdir / runs.TOKENIZER).encode(unescape(prompt))
-        print(f"\nmore: sedd sample --workdir {workdir} --prefix '{prompt}' --seed 1")
-    except ValueError:
-        print(f"\nmore: sedd sample --workdir {workdir} --seed 1")
+    try:  # a prompt from the run's own data that its vocabulary can write (the plays: ROMEO:)
+        prompt = sample_prompt(config.data, load_tokenizer(workdir / runs.TOKENIZER))
+    except (ValueError, OSError):  # the data moved since: the hint goes without a prompt
+        prompt = ""
+    prefix = " --prefix '" + escape(prompt).replace("'", "'\\''") + "'" if prompt else ""
+    print(f"\nmore: sedd sample --workdir {workdir}{prefix} --seed 1")
     return 0
 
 
@@ -208,6 +208,11 @@ batch 1 took 1.3x as long; an AR run's the same), and their buffers are small.""
 
 
 ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def escape(text: str) -> str:
+    """The inverse of `unescape`: a prompt as one shell line (newlines, tabs and backslashes written out)."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
 
 
 def unescape(text: str) -> str:

@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 
 from sedd import code_measures, evaluate, runs
-from sedd.data import load_dataset, read_documents
+from sedd.data import OutOfVocabulary, load_dataset, read_documents
 
 
 def load_judge(workdir: str | Path, tokenizer=None) -> runs.Run:
@@ -123,7 +123,14 @@ def run_data(run: runs.Run, data: dict | None = None):
     dcfg = ml_collections.ConfigDict(run.config.data.to_dict())
     for k, v in (data or {}).items():
         dcfg[k] = v
-    dataset = load_dataset(dcfg, tokenizer=run.tokenizer)
+    try:
+        dataset = load_dataset(dcfg, tokenizer=run.tokenizer)
+    except OutOfVocabulary as e:
+        if not data:  # the run's own data: a corpus edited since the run was trained
+            raise
+        raise ValueError(f"{dcfg.path or dcfg.name}: {e}. This run reads and writes only those characters: give "
+                         "it a text made of them (its own kind of text), or train a run on this one (sedd train "
+                         f"--config.data.path={dcfg.path or '...'})") from None
     if dataset.tokenizer.to_dict() != run.tokenizer.to_dict():
         check_same_vocabulary(run.tokenizer, dataset.tokenizer, what="the evaluation data")
     return dataset

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import jax
 
+from sedd import config as config_lib
 from sedd import drafts, speculative
 
 MAX_SEED = 2**63  # jax.random.key takes a C long: 2**63 and above overflow
@@ -168,6 +169,11 @@ def check_args(command: str, args: argparse.Namespace) -> None:
             raise ValueError(f"--{dest} holds {len(text)} characters; at most {MAX_TEXT} are read")
 
 
+FETCH = ("`huggingface-cli download louaaron/sedd-small --local-dir sedd-small` (the authors' weights) and "
+         "`huggingface-cli download gpt2 vocab.json merges.txt --local-dir gpt2` (GPT-2's tokenizer)")
+"""How `sedd convert`'s files are fetched (docs/pretrained.md, section 1): named where one is missing."""
+
+
 def check_path(flag: str, path: str, kind: str) -> None:
     """Raise ValueError unless `path` can be what `kind` says, before any work (nothing is opened or made).
 
@@ -192,13 +198,15 @@ def check_path(flag: str, path: str, kind: str) -> None:
     except OSError as e:
         raise ValueError(f"{flag} {path}: {e.strerror or e}") from None
     if kind == "source":
-        if st is None:
-            raise ValueError(f"{flag} {path} does not exist")
+        if st is None:  # `sedd convert sedd-small ...` as docs/pretrained.md writes it, before fetching the files
+            raise ValueError(f"{flag} {path} does not exist. sedd downloads nothing: fetch the files first, as "
+                             f"docs/pretrained.md (section 1) says: {FETCH}")
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
             raise ValueError(f"{flag} {path} is neither a regular file nor a folder (a FIFO, a device, ...)")
         return
     if kind == "config":
-        if st is not None and not stat.S_ISREG(st.st_mode):
+        shipped = not p.suffix and path in config_lib.shipped_configs()  # a name config_path resolves first
+        if st is not None and not stat.S_ISREG(st.st_mode) and not shipped:
             raise ValueError(f"{flag} {path} is not a regular file (a config file, or a shipped config's name)")
         return
     if kind in ("run", "new_run"):

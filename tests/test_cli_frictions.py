@@ -3,7 +3,13 @@
 - `sedd sample --help` names every registered sampler (it lacked `dilated`);
 - `sedd sample --animate` into a file or a pipe writes plain frames, no clear-screen codes;
 - `sedd train`'s lines (the `speed:` line among them) land on lines of their own, not inside the progress
-  bar's line, where the output goes to a file or a pipe.
+  bar's line, where the output goes to a file or a pipe;
+- `sedd train`'s closing `sedd sample --prefix` hint prompts with the run's own text, not the plays' "ROMEO:"
+  (issue 71: a run of code was told to start its samples with ROMEO:);
+- `sedd eval --config.data.path=OTHER` on a text the run's characters cannot write says which characters,
+  clipped, and what would work (issue 71: any Markdown file is refused);
+- `--config tiny` (or `code`) names the shipped config even where the working directory holds a folder of
+  that name, as `sedd.config.config_path` reads it (it was refused as "not a regular file").
 """
 
 import io
@@ -12,8 +18,9 @@ import re
 import pytest
 from tqdm.auto import tqdm
 
-from sedd import cli, sampling
+from sedd import cli, runs, sampling, validate
 from sedd import progress
+from sedd.data import load_dataset, save_tokenizer
 
 
 def test_sample_help_names_every_registered_sampler(capsys):
@@ -85,3 +92,58 @@ def test_train_says_its_lines_on_lines_of_their_own(monkeypatch, tty):
             assert line in physical, (line, out)  # its own line in the file: no bar text or \r beside it
         assert f"\n{said[1]}\n{said[2]}\n" in out, out  # one line after another, no blank between
     assert out.index(said[0]) < out.index("20/30") < out.index(said[1]) < out.index("30/30") < out.index(said[3])
+
+
+CODE = "import os\n\n\ndef parse_header(line):\n    # ROMEO: a name here, not a play\n    return line.split()\n"
+
+
+@pytest.mark.parametrize("config, files, prefix", [
+    ("tiny", {"prog.txt": CODE * 20}, "'import os'"),  # the default config on one's own text: its opening
+    ("code", {"a.py": CODE * 20, "b.py": CODE}, r"'def parse_header(line):\n    '"),  # a code run: a function body
+], ids=["own-text", "code"])
+def test_the_closing_hint_prompts_with_the_runs_own_text(config, files, prefix, tmp_path, monkeypatch, capsys):
+    """The `more: sedd sample ...` line after training suggests a prefix from the run's data, written so that
+    the shell and `--prefix` read it back; the plays' "ROMEO:" only for the plays (these files can write it)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name, text in files.items():
+        (corpus / name).write_text(text)
+    workdir = tmp_path / "run"
+
+    def trained(config, workdir, split_cpu):  # what train.train leaves that the hint reads: the tokenizer
+        workdir.mkdir()
+        save_tokenizer(load_dataset(config.data).tokenizer, workdir / runs.TOKENIZER)
+        bound = {"bits_per_char": 3.0, "nats_per_token": 2.1, "stderr_nats_per_token": 0.01, "exact": False}
+        return {"step": 1, "bound": bound, "unigram_entropy_bits": 4.0, "samples": []}
+
+    monkeypatch.setattr(cli.train, "train", trained)
+    path = corpus / "prog.txt" if config == "tiny" else corpus
+    assert cli.main(["train", "--config", config, "--workdir", str(workdir), f"--config.data.path={path}",
+                     f"--config.data.data_dir={tmp_path / 'data'}"]) == 0
+    more = [line for line in capsys.readouterr().out.splitlines() if line.startswith("more: ")]
+    assert more == [f"more: sedd sample --workdir {workdir} --prefix {prefix} --seed 1"], more
+    assert cli.unescape(prefix[1:-1]) in CODE  # read back as the text it was taken from
+
+
+def test_zero_shot_eval_on_a_text_outside_the_vocabulary_says_what_would_work(tiny_run, tmp_path, capsys):
+    workdir, _ = tiny_run
+    notes = tmp_path / "notes.md"
+    notes.write_text(("# A `sedd eval` of 100% | 50% ~ <b> " + "".join(chr(0x4E00 + i) for i in range(40)) + "\n") * 20)
+    assert cli.main(["eval", "--workdir", str(workdir), f"--config.data.path={notes}",
+                     f"--config.data.data_dir={tmp_path / 'data'}"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"sedd eval: error: {notes}: characters ['#', '%', '<', '>', '`', '|', '~', '一'"), err
+    assert "... (47 in all)]" in err and chr(0x4E00 + 39) not in err, err  # clipped, with the count
+    assert "give it a text made of them" in err and f"sedd train --config.data.path={notes}" in err, err
+
+
+def test_a_shipped_configs_name_beside_a_folder_of_that_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "code").mkdir()  # a project's own code/ folder, or a run trained with --workdir tiny
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "mine").mkdir()
+    for name in ("code", "tiny"):
+        validate.check_path("--config", name, "config")
+    with pytest.raises(ValueError, match="--config mine is not a regular file"):
+        validate.check_path("--config", "mine", "config")

@@ -530,6 +530,22 @@ def test_mismatched_checkpoints_and_configs_fail_naming_the_field(tmp_path):
         convert.config_from_original(del_model)
 
 
+def test_the_readme_command_before_the_download_says_how_to_fetch_the_files(tmp_path, monkeypatch, capsys):
+    """`sedd convert sedd-small checkpoints/sedd-small --tokenizer_path gpt2`, as the README lists it, run before
+    the files are fetched: one line naming what is missing, docs/pretrained.md and the commands that fetch
+    (issue 71: it said only "SRC sedd-small does not exist")."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["convert", "sedd-small", "checkpoints/sedd-small", "--tokenizer_path", "gpt2"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("sedd convert: error: SRC sedd-small does not exist"), err
+    for says in ("docs/pretrained.md", "huggingface-cli download louaaron/sedd-small --local-dir sedd-small",
+                 "huggingface-cli download gpt2 vocab.json merges.txt --local-dir gpt2"):
+        assert says in err, err
+    with pytest.raises(FileNotFoundError, match="docs/pretrained.md"):  # the library says it too
+        convert.convert(tmp_path / "sedd-small", tmp_path / "run")
+    assert not (tmp_path / "checkpoints").exists()
+
+
 def test_missing_sources_and_tokenizer_say_what_to_put_where(tmp_path, gpt2_files):
     with pytest.raises(FileNotFoundError, match="pytorch_model.bin"):
         convert.locate(tmp_path)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sedd import data
-from sedd.data import text
+from sedd.data import builders, text
 
 
 def _write(path, text):
@@ -123,6 +123,18 @@ def test_text_files_on_file_and_folder(tmp_path):
     assert len(train) == 3 and all("ignored" not in d for d in train + val)
     # Two corpora never share a cache directory.
     assert b1.data_dir != b2.data_dir
+
+
+def test_the_preparing_line_says_how_a_file_is_read(tmp_path):
+    """A Markdown file (a zero-shot eval's text, issue 71) is read as text, one document: the line said "one
+    document per JSON line", which only a .jsonl file is."""
+    notes = str(_write(tmp_path / "notes.md", "# Notes\n\nsome text\n"))
+    rows = str(_write(tmp_path / "rows.jsonl", '{"text": "a"}\n'))
+    tfds_dir = str(tmp_path / "tfds")
+    assert builders.TextFiles(notes, tfds_dir).describe() == \
+        "each file is one document; data.documents=lines or paragraphs splits them"
+    assert builders.TextFiles(notes, tfds_dir, "lines").describe() == "each line is a document"
+    assert builders.TextFiles(rows, tfds_dir).describe() == "one document per JSON line"
 
 
 def test_missing_path_and_unknown_name(tmp_path):

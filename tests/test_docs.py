@@ -129,6 +129,6 @@ def test_the_quickstart_commands_are_the_ones_ci_runs():
     """The README's two commands stay exactly these; `.ci/run` runs the second verbatim."""
     readme = README.read_text()
     train = "pip install -e . && sedd train"
-    test = 'pip install -e ".[test]" && python -m pytest -q -n 2 --dist loadscope'
+    test = 'pip install -e ".[test]" && python -m pytest -q -rs -n 2 --dist loadscope'
     assert f"\n   {train}\n" in readme and f"\n   {test}\n" in readme
     assert test in (ROOT / ".ci" / "run").read_text().splitlines()

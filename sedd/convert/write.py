@@ -81,7 +81,8 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
     dst = Path(dst).expanduser().absolute()
     if not Path(src).expanduser().exists():
         raise FileNotFoundError(f"no such source {src}: give the published folder (config.json + "
-                                "pytorch_model.bin or model.safetensors) or an original training run directory")
+                                "pytorch_model.bin or model.safetensors) or an original training run directory; "
+                                f"sedd downloads nothing: {validate.FETCH} (docs/pretrained.md)")
     _check_destination(dst)
     tok_src = Path(tokenizer_path or src).expanduser()
     if not tokenizer_path and tok_src.is_file():  # a weights file: look beside it

@@ -36,14 +36,15 @@ from sedd.data.builders import (BUILDERS, DOCUMENTS, VAL_FRACTION, default_data_
 from sedd.data.markov import MarkovChain, MarkovData, load_markov
 from sedd.data.packing import PackedTokens, TokenData, tokenize_documents, unigram_entropy_bits
 from sedd.data.text import TextData
-from sedd.data.tokenizers import (EOS_TEXT, CharTokenizer, GPT2Tokenizer, get_tokenizer, load_tokenizer,
-                                  save_tokenizer, tokenizer_from_dict)
+from sedd.data.tokenizers import (EOS_TEXT, CharTokenizer, GPT2Tokenizer, OutOfVocabulary, get_tokenizer,
+                                  load_tokenizer, save_tokenizer, tokenizer_from_dict)
 
 __all__ = [
-    "BUILDERS", "DATASETS", "DATA_DEFAULTS", "DOCUMENTS", "EOS_TEXT", "VAL_FRACTION", "CharTokenizer", "GPT2Tokenizer",
-    "MarkovChain", "MarkovData", "PackedTokens", "TextData", "TokenData", "data_section", "default_data_dir", "get_builder",
-    "get_tokenizer", "load_dataset", "load_markov", "load_tokenizer", "read_documents", "read_pieces",
-    "save_tokenizer", "tokenize_documents", "tokenizer_from_dict", "unigram_entropy_bits",
+    "BUILDERS", "DATASETS", "DATA_DEFAULTS", "DOCUMENTS", "EOS_TEXT", "VAL_FRACTION", "CharTokenizer",
+    "GPT2Tokenizer", "MarkovChain", "MarkovData", "OutOfVocabulary", "PackedTokens", "TextData", "TokenData",
+    "data_section", "default_data_dir", "get_builder", "get_tokenizer", "load_dataset", "load_markov",
+    "load_tokenizer", "read_documents", "read_pieces", "sample_prompt", "save_tokenizer", "tokenize_documents",
+    "tokenizer_from_dict", "unigram_entropy_bits",
 ]
 
 DATASETS = ("shakespeare", "text", "text8", "openwebtext", "tinystories", "code", "markov", *zeroshot.ZERO_SHOT)
@@ -84,17 +85,10 @@ def load_dataset(config, tokenizer=None) -> TextData:
       TextData.
     """
     config = data_section(config)
-    name = config.name
-    if name == "markov":  # synthetic data with a known law: drawn, not read from files
+    if config.name == "markov":  # synthetic data with a known law: drawn, not read from files
         return load_markov(config)
-    path = config.path
-    if name == "shakespeare" and path:
-        # The plays are only the default text: `--config.data.path=my.txt` alone
-        # trains on the user's file or folder (any *.txt / *.jsonl).
-        name = "text"
+    builder = _builder(config)
     data_dir = config.data_dir or default_data_dir()
-    options = config.code.to_dict() if name == "code" else None
-    builder = get_builder(name, path, data_dir, config.documents, options)
     cache_dir = (Path(data_dir) / "sedd_tokens" / builder.name / builder.builder_config.name
                  / str(builder.version))
     if tokenizer is None:
@@ -114,3 +108,46 @@ def load_dataset(config, tokenizer=None) -> TextData:
         else:
             tokenizer = get_tokenizer(config.tokenizer)
     return TextData(builder, tokenizer, config.seq_len, cache_dir)
+
+
+def _builder(config: ml_collections.ConfigDict):
+    """The prepared builder of a completed data section (not "markov")."""
+    name = config.name
+    if name == "shakespeare" and config.path:
+        # The plays are only the default text: `--config.data.path=my.txt` alone
+        # trains on the user's file or folder (any *.txt / *.jsonl).
+        name = "text"
+    options = config.code.to_dict() if name == "code" else None
+    return get_builder(name, config.path, config.data_dir or default_data_dir(), config.documents, options)
+
+
+def sample_prompt(config, tokenizer, max_chars: int = 24) -> str:
+    """A prompt that fits a run's data, for the `--prefix` of the `sedd sample` command `sedd train` suggests.
+
+    The dataset's own where its builder has one (the plays: "ROMEO:"; the
+    code corpus: a Python function header), else the opening words of the
+    first split's first non-blank line: at most max_chars characters, cut
+    after a word where one ends within them. "" where the tokenizer cannot
+    write it (a Markov chain's tokens are not text) or the data gives none.
+
+    Args:
+      config: a `data` section, as `load_dataset` takes it (prepared already).
+      tokenizer: the run's tokenizer.
+    """
+    config = data_section(config)
+    if config.name == "markov":
+        return ""
+    builder = _builder(config)
+    prompt = builder.prompt()
+    if not prompt:
+        splits = list(builder.info.splits.keys())
+        text = next(read_pieces(builder, "train" if "train" in splits else splits[0]), ("", True))[0]
+        line = next((s.strip() for s in text.splitlines() if s.strip()), "")
+        prompt = line[:max_chars]
+        if len(line) > max_chars and " " in prompt:
+            prompt = prompt[:prompt.rindex(" ")].rstrip()
+    try:
+        tokenizer.encode(prompt)
+    except ValueError:
+        return ""
+    return prompt

@@ -434,6 +434,10 @@ class TextFiles(tfds.core.ShardBasedBuilder, skip_registration=True):
         """A subclass's options that change what is prepared: they join the cache key."""
         return ()
 
+    def prompt(self) -> str:
+        """A prompt that fits this dataset for `sedd sample --prefix` ("": take the opening of its text)."""
+        return ""
+
     def default_path(self, data_dir: str) -> str:
         raise ValueError(f"{type(self).__name__} needs a path (data.path)")
 
@@ -479,11 +483,16 @@ class TextFiles(tfds.core.ShardBasedBuilder, skip_registration=True):
 
     def describe(self) -> str:
         """How the files are read, for the line printed when preparing."""
-        if self.documents == "file" and any(f.suffix == ".txt" for f in self.files):
-            how = "each .txt file is one document" + (" (or split at separator lines)" if self.SEPARATOR else "")
-            return how + "; data.documents=lines or paragraphs splits them"
-        return {"lines": "each line is a document", "paragraphs": "documents are separated by blank lines",
-                "file": "one document per JSON line"}[self.documents]
+        jsonl = [f.suffix == ".jsonl" for f in self.files]  # any other file is text, whatever its suffix
+        if jsonl and all(jsonl):
+            return "one document per JSON line"
+        if self.documents == "file":
+            how = "each file is one document" + (" (or split at separator lines)" if self.SEPARATOR else "")
+            how += "; data.documents=lines or paragraphs splits them"
+        else:
+            how = {"lines": "each line is a document", "paragraphs": "documents are separated by blank lines"}[
+                self.documents]
+        return how + ("; a .jsonl file: one document per JSON line" if any(jsonl) else "")
 
     def write_manifest(self) -> None:
         """Records the files this preparation read (what a later run reports as changed or gone)."""
@@ -525,6 +534,9 @@ class Shakespeare(TextFiles, skip_registration=True):
 
     def default_path(self, data_dir: str) -> str:
         return str(shakespeare_texts_dir(data_dir))
+
+    def prompt(self) -> str:
+        return "ROMEO:"
 
 
 @register("openwebtext")

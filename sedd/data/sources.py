@@ -165,6 +165,9 @@ class SourceCode(TextFiles, skip_registration=True):
     def default_path(self, data_dir: str) -> str:
         return str(stdlib_dir())
 
+    def prompt(self) -> str:
+        return "def parse_header(line):\n    " if self.glob == "*.py" else ""  # a function body to write
+
     def list_files(self) -> list[Path]:
         return list_sources(self.path, self.glob, self.tests, self.max_file_bytes, self.max_bytes)
 

@@ -16,6 +16,23 @@ from sedd import files
 EOS_TEXT = "<|endoftext|>"  # how decode renders the separator (GPT-2's spelling)
 MAX_TOKENIZER_BYTES = 64 << 20  # a tokenizer.json (GPT-2's is 1.4 MB)
 
+class OutOfVocabulary(ValueError):
+    """Text holding characters a character vocabulary lacks: the first of them and the vocabulary, clipped.
+
+    Attributes:
+      unknown: the characters outside the vocabulary, sorted.
+    """
+
+    SHOWN = 24  # characters of each list named in the message; a text in another script lacks thousands
+
+    def __init__(self, unknown: list[str], chars: str):
+        self.unknown = unknown
+        shown = repr(unknown[:self.SHOWN])[:-1] + (f", ... ({len(unknown):,} in all)]" if len(unknown) > self.SHOWN
+                                                    else "]")
+        vocab = repr(chars if len(chars) <= 120 else chars[:120] + "...")
+        super().__init__(f"characters {shown} are not in the {len(chars)}-character vocabulary of this run: {vocab}")
+
+
 class CharTokenizer:
     """One id per character, in sorted order; the separator is the last id.
 
@@ -52,11 +69,7 @@ class CharTokenizer:
         ids = np.where(codes < len(self._table),
                        self._table[np.minimum(codes, len(self._table) - 1)], -1)
         if (ids < 0).any():
-            unknown = sorted({chr(c) for c in codes[ids < 0]})
-            vocab = self.chars if len(self.chars) <= 120 else self.chars[:120] + "..."
-            raise ValueError(
-                f"characters {unknown!r} are not in the {self.vocab_size - 1}-character "
-                f"vocabulary of this run: {vocab!r}")
+            raise OutOfVocabulary(sorted({chr(c) for c in codes[ids < 0]}), self.chars)
         return ids.astype(np.int32)
 
     def encode_many(self, texts: list[str]) -> list[np.ndarray]:
