@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
 
-from sedd import speculative
+from sedd import speculative, validate
 
 DEFAULT_K = 4
 """Drafts a round when none is asked for (``draft_k``)."""
@@ -40,10 +40,10 @@ def check_k(k, most: int = speculative.MAX_DRAFTS, why: str = "sedd.speculative.
     """k drafts a round, checked: an integer in [1, most]; `why` names what sets `most`.
 
     Raises:
-      ValueError: one line, "draft_k must be an integer in [1, most] (drafts a round, at most why), got k".
+      ValueError: one line, "draft_k must be an integer in [1, most] (drafts a round, at most why), got k"
+        (``sedd.validate.draft_k_bound``, the command line's bound).
     """
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= most:
-        raise ValueError(f"draft_k must be an integer in [1, {most}] (drafts a round, at most {why}), got {k!r}")
+    validate.draft_k_bound(most, why).check("draft_k", k)
     return k
 
 

@@ -53,10 +53,11 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from sedd import validate
 from sedd.categorical import sample_categorical
 
 
-MAX_DRAFTS = 64
+MAX_DRAFTS = validate.MAX_DRAFTS
 """The most drafts a round (k): a KV cache of a target keeps room for a round's k + 1 positions past the text."""
 
 

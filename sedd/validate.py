@@ -28,7 +28,6 @@ from pathlib import Path
 import jax
 
 from sedd import config as config_lib
-from sedd import drafts, speculative
 
 MAX_SEED = 2**63  # jax.random.key takes a C long: 2**63 and above overflow
 MAX_STEPS = 1 << 16  # a run's sampling.steps (sedd.runs.SIZE_BOUNDS) and serve's --max_steps
@@ -36,6 +35,7 @@ MAX_ROWS = 1 << 16  # samples drawn at once, before the memory estimate of the r
 MAX_LENGTH = 1 << 20  # --max_length, in tokens: 8 times the longest run length (131,072)
 MAX_SECONDS = 86_400.0  # any timeout: a day
 MAX_TEXT = 1 << 20  # characters of a --prefix, --suffix or --infill (a model's length is at most 131,072 tokens)
+MAX_DRAFTS = 64  # drafts a round (sedd.speculative.MAX_DRAFTS): a target's cache keeps room for k + 1 past the text
 
 
 def shown(value) -> str:
@@ -55,13 +55,15 @@ def short_numbers(text: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Bound:
-    """A number's type and range: an integer (or a finite float) in [low, high] (low excluded when `open_low`)."""
+    """A number's type and range: an integer (or a finite float) in [low, high] (low excluded when `open_low`);
+    `label`, when given, is the name a refusal gives the value (else the option's)."""
 
     low: float
     high: float
     integer: bool = True
     open_low: bool = False
     why: str = ""
+    label: str = ""
 
     def check(self, name: str, value) -> None:
         """Raise ValueError (one line naming `name`) unless value is a number of this bound."""
@@ -74,17 +76,13 @@ class Bound:
         left = "(" if self.open_low else "["
         why = f" ({self.why})" if self.why else ""
         low, high = (f"{int(x)}" if self.integer else f"{x:g}" for x in (self.low, self.high))
-        raise ValueError(f"{name} must be {what} in {left}{low}, {high}]{why}, got {shown(value)}")
+        raise ValueError(f"{self.label or name} must be {what} in {left}{low}, {high}]{why}, got {shown(value)}")
 
 
-class DraftK(Bound):
-    """The bound of --draft_k: ``sedd.drafts.check_k`` itself, so the command line and the library say one thing."""
-
-    def __init__(self):
-        super().__init__(1, speculative.MAX_DRAFTS)
-
-    def check(self, name: str, value) -> None:
-        drafts.check_k(value)
+def draft_k_bound(most: int = MAX_DRAFTS, why: str = "sedd.speculative.MAX_DRAFTS") -> Bound:
+    """The bound of draft_k, at most `most` (`why` names what sets it): the command line's and
+    ``sedd.drafts.check_k``'s, one message."""
+    return Bound(1, most, why=f"drafts a round, at most {why}", label="draft_k")
 
 
 SEED = Bound(0, MAX_SEED - 1, why="jax.random.key takes [0, 2**63)")
@@ -96,7 +94,7 @@ CLI_BOUNDS: dict[str, dict[str, Bound]] = {
         "temperature": Bound(0, 2, integer=False, why="0 = argmax; as sedd serve's temperature"),
         "top_p": Bound(0, 1, integer=False, open_low=True),
         "max_length": Bound(1, MAX_LENGTH, why="tokens of text; omit it for the model's length"),
-        "draft_k": DraftK(),
+        "draft_k": draft_k_bound(),
     },
     "eval": {
         "num_t": Bound(1, 1 << 16),
@@ -121,7 +119,7 @@ CLI_BOUNDS: dict[str, dict[str, Bound]] = {
         "window_ms": Bound(0, 60_000, integer=False, why="milliseconds a batch waits for more requests"),
         "max_body": Bound(1, 1 << 30, why="bytes"),
         "warmup_steps": Bound(1, MAX_STEPS),
-        "draft_k": DraftK(),
+        "draft_k": draft_k_bound(),
     },
     "train": {},
     "distill": {"rounds": Bound(1, 16, why="halvings of the teacher's sampling steps")},

@@ -133,8 +133,8 @@ def test_the_ar_baseline_imports_nothing_of_block_diffusion_and_each_check_is_st
     imported |= {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert not [m for m in imported if "block" in m], imported
     sources = {p: p.read_text() for p in sedd.rglob("*.py")}
-    for text in ("differs from this run's", "draft_k must be an integer in"):
-        assert [p.name for p, s in sources.items() if text in s] == ["drafts.py"], text
+    for text, where in (("differs from this run's", "drafts.py"), ("drafts a round, at most {why}", "validate.py")):
+        assert [p.name for p, s in sources.items() if text in s] == [where], text
 
 
 def test_a_spec_run_written_with_its_drafts_in_block_size_reads_them_as_draft_k():
