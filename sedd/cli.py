@@ -203,8 +203,8 @@ def network_calls(stats: dict | None, rows: int) -> np.ndarray | None:
 
 KEEPS_FREED_MEMORY = ("train", "distill", "eval")
 """The commands that keep freed memory (``kernels.keep_freed_memory``): their steps fault large buffers in. Not
-sample and serve: one malloc arena makes a decoding loop's threads wait on each other (a spec run's text at
-batch 1 took 1.3x as long; an AR run's the same), and their buffers are small."""
+sample and serve: one malloc arena makes a decoding loop's threads wait on each other (docs/studies/speculative.md
+measures it), and their buffers are small."""
 
 
 ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}

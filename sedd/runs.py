@@ -652,7 +652,7 @@ def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
     if step is not None and step not in steps:
         raise FileNotFoundError(f"{workdir} has no checkpoint of step {step}; it has {sorted(steps)}")
     mesh = inference_mesh(config)
-    graphdef, abstract, rest = split_model(config)
+    graphdef, abstract, rest = kinds.abstract_network(kinds.get(config))
     shardings = sharding_lib.param_shardings(abstract, mesh, sharding_lib.make_rules(config.mesh.rules))
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
     which = "ema" if ema else "params"
@@ -686,15 +686,3 @@ def lineage(config, step: int) -> dict | None:
     return {"teacher": d.teacher, "teacher_step": d.teacher_step, "round": r, "rounds": d.rounds,
             "steps": max(d.teacher_steps >> r, 1), "divergence": d.divergence, "target": d.target,
             "order": d.order}
-
-
-def split_model(config, seed: int = 0):
-    """(graphdef, abstract params, rest) of the config's network, without computing its weights.
-
-    `rest` (the dropout RNG state) is concrete; the parameters are
-    ``jax.ShapeDtypeStruct``s, to restore into or to initialise in their shards.
-    """
-    kind = kinds.get(config)
-    graphdef, abstract, _ = nnx.split(nnx.eval_shape(lambda: kind.network(seed)), nnx.Param, ...)
-    rest = jax.jit(lambda: nnx.split(kind.network(seed), nnx.Param, ...)[2])()
-    return graphdef, abstract, rest

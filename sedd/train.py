@@ -167,7 +167,7 @@ class Trainer:
         self.tx, self.schedule = build_optimizer(config)
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(config.mesh)
         rules = sharding_lib.make_rules(config.mesh.rules)
-        self.graphdef, abstract_params, self.rest = runs.split_model(config, config.seed)
+        self.graphdef, abstract_params, self.rest = kinds.abstract_network(self.kind, config.seed)
         self.n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(abstract_params))
         self.accum = config.training.accum_steps
         abstract = jax.eval_shape(self._init_state)

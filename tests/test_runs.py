@@ -237,7 +237,7 @@ def test_time_independent_model_scores_sigma_only_through_the_analytic_factor():
     config.vocab_size = 11
     model = kinds.build_model(config, seed=0)
     assert model.sigma_map is None
-    graphdef, params, rest = runs.split_model(config, 0)
+    graphdef, params, rest = kinds.abstract_network(kinds.get(config), 0)
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(1), len(leaves))  # random weights: adaLN-zero would hide any sigma path
     params = jax.tree.unflatten(tree, [0.3 * jax.random.normal(k, p.shape) for k, p in zip(keys, leaves)])

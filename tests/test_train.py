@@ -174,7 +174,7 @@ def test_own_text_file_prompts_and_bad_checkpoints(data_dir, tmp_path, capsys):
     assert cli.main(["sample", "--workdir", str(workdir), "--prefix", "the dog!"]) == 2
     assert "'d'" in capsys.readouterr().err
     assert cli.main(["sample", "--workdir", str(workdir), "--prefix", "the " * 40]) == 2
-    assert "sequence length 32" in capsys.readouterr().err
+    assert "sequence length of 32 tokens" in capsys.readouterr().err
 
     # The likelihood bound of the run, through `sedd eval`.
     assert cli.main(["eval", "--workdir", str(workdir), "--num_t", "4", "--batch_size", "4", "--max_batches", "1"]) == 0

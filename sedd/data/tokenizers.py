@@ -251,8 +251,8 @@ def check_pipeline(bpe, where) -> None:
     but ByteLevel or Split-then-ByteLevel, a decoder but ByteLevel, a model
     but BPE (WordPiece's longest match is at worst cubic in a word's
     length), and an unk_token or affix over MAX_AFFIX_CHARS characters (each
-    unknown character becomes a copy of unk_token: one of 10^6 characters
-    took 6.3 s and 4.8 GB for a 4,000-character text). The steps are read as the package built them
+    unknown character becomes a copy of unk_token, so memory grows as their
+    product; docs/reliability.md measures it). The steps are read as the package built them
     (their own serialization): what is checked is what runs. The
     post-processor, padding and truncation are never used (GPT2Tokenizer
     removes them).

@@ -48,8 +48,8 @@ the same objects from the same config. ``net`` below is a network split by
 ``nnx.split(model, nnx.Param, ...)``: a ``Net(graphdef, params, rest)``.
 """
 
-from sedd.kinds.base import (KINDS, Kind, Net, build_graph, build_model, build_noise, chunked_entropy, get,
-                             network_of, params_score_fn, register)
+from sedd.kinds.base import (KINDS, Kind, Net, abstract_network, build_graph, build_model, build_noise,
+                             chunked_entropy, get, network_of, params_score_fn, register)
 from sedd.kinds import capabilities
 from sedd.kinds.ddit import Diffusion
 from sedd.kinds.ar import Autoregressive
@@ -57,5 +57,5 @@ from sedd.kinds.block import BlockDiffusion
 from sedd.kinds.spec import SelfSpeculative
 
 __all__ = ["KINDS", "Autoregressive", "BlockDiffusion", "Diffusion", "Kind", "Net", "SelfSpeculative",
-           "build_graph", "build_model", "build_noise", "capabilities", "chunked_entropy", "get", "network_of",
+           "abstract_network", "build_graph", "build_model", "build_noise", "capabilities", "chunked_entropy", "get", "network_of",
            "params_score_fn", "register"]

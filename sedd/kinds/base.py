@@ -111,6 +111,17 @@ def params_score_fn(graphdef, rows: jax.sharding.Sharding | None = None):
     return score
 
 
+def abstract_network(kind: Kind, seed: int = 0) -> tuple:
+    """(graphdef, abstract params, rest) of the kind's network, without computing its weights.
+
+    `rest` (the dropout RNG state) is concrete; the parameters are
+    ``jax.ShapeDtypeStruct``s, to restore into or to initialise in their shards.
+    """
+    graphdef, abstract, _ = nnx.split(nnx.eval_shape(lambda: kind.network(seed)), nnx.Param, ...)
+    rest = jax.jit(lambda: nnx.split(kind.network(seed), nnx.Param, ...)[2])()
+    return graphdef, abstract, rest
+
+
 def network_of(config, seed: int, **arch) -> DDiT:
     """The DDiT of config.model's sizes, with the kind's inputs, outputs and attention in `arch`."""
     m = config.model

@@ -257,7 +257,7 @@ def nucleus(q: jax.Array, top_p) -> jax.Array:
     least t with f(t) < top_p. t* is found by bisection on the bits of a
     float32 (their integer order is the order of non-negative floats; 32
     halvings make it exact) instead of a sort of V per position, which XLA's
-    CPU backend runs about 7x slower.
+    CPU backend runs several times slower.
     """
     bits = jax.lax.bitcast_convert_type(q, jnp.int32)
     lo = jnp.zeros(q.shape[:-1] + (1,), jnp.int32)  # f(0) = 1 >= top_p
