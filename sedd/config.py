@@ -86,6 +86,11 @@ def override(config: ml_collections.ConfigDict, overrides: Sequence[str] = ()) -
         raise KeyError(_unknown_key_message(config, overrides, str(e))) from None
     except flags.Error as e:
         raise ValueError(str(e)) from None
+    given = {arg[len("--config."):].split("=")[0] for arg in overrides if arg.startswith("--config.")}
+    for key, (before, where, value) in MOVED.items():  # the old key of a moved meaning, given alone
+        if before in given and key not in given and _get(values.config.to_dict(), where) == value:
+            raise ValueError(f"--config.{before} is not what a {where}={value!r} run reads: its meaning moved to "
+                             f"{key} (give --config.{key}={_get(values.config.to_dict(), before)!r})")
     return values.config
 
 
@@ -146,18 +151,19 @@ spec run's drafts a round were its model.block_size until they got a key of thei
 means a block run's block length only)."""
 
 
+def _get(tree: Mapping[str, Any], key: str):
+    """tree's value at the dotted `key`; None where a part is missing."""
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, Mapping) else None
+    return tree
+
+
 def moved(saved: Mapping[str, Any], config: dict) -> None:
     """Fill in `config` (today's keys) each ``MOVED`` key that `saved` kept in another key."""
-
-    def get(tree, key):
-        for part in key.split("."):
-            tree = tree.get(part) if isinstance(tree, Mapping) else None
-        return tree
-
     for key, (before, where, value) in MOVED.items():
-        if get(saved, key) is None and get(saved, before) is not None and get(saved, where) == value:
+        if _get(saved, key) is None and _get(saved, before) is not None and _get(saved, where) == value:
             section, name = key.rsplit(".", 1)
-            config[section][name] = get(saved, before)
+            config[section][name] = _get(saved, before)
 
 
 def migrate(saved: Mapping[str, Any]) -> ml_collections.ConfigDict:

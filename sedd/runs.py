@@ -302,17 +302,17 @@ def _may_change(key: str) -> bool:
 def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
     """(key, saved value, current value) for every key of `current` that differs from `saved`.
 
-    A key absent from `saved` (a run written before the key existed) counts as
-    what such runs did: its ``sedd.config.BEFORE_IT_EXISTED`` value, else its shipped
-    default. Keys only in `saved` (since removed) and vocab_size (filled in
-    from the data) are ignored.
+    `saved` is read as today's keys (``sedd.config.migrate``): a key absent from it (a run written
+    before the key existed) counts as what such runs did, its ``sedd.config.BEFORE_IT_EXISTED``
+    value, else its shipped default, and a key whose meaning moved out of another
+    (``sedd.config.MOVED``) its value there. Keys only in `saved` (since removed) and vocab_size
+    (filled in from the data) are ignored.
     """
-    saved, current = _flat(saved), _flat(current)
-    defaults = {**_flat(config_lib.load_config(config_lib.DEFAULT_CONFIG).to_dict()), **config_lib.BEFORE_IT_EXISTED}
+    saved, current = _flat(config_lib.migrate(saved).to_dict()), _flat(current)
     missing = object()
     changes = []
     for key, now in sorted(current.items()):
-        was = saved.get(key, defaults.get(key, missing))
+        was = saved.get(key, missing)
         if key != "vocab_size" and was != now:
             changes.append((key, "(absent)" if was is missing else was, now))
     return changes

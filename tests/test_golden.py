@@ -61,7 +61,7 @@ RUNS = {
     "timeless": ["--config.model.time_conditioning=False"],
     "block": ["--config.model.kind=block", "--config.model.block_size=4"],
     "ar": ["--config.model.kind=ar"],
-    "spec": ["--config.model.kind=spec", "--config.model.block_size=4"],
+    "spec": ["--config.model.kind=spec", "--config.model.draft_k=4"],
 }
 ABSORBING = ("euler", "analytic", "first_hitting", "confidence", "entropy_bound", "remdm", "dilated")
 
