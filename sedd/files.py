@@ -1,4 +1,4 @@
-"""One way to read a file someone else may have made: a regular file, inside its folder, of bounded size.
+"""One way to read a file someone else may have made, one way to write a file of a run, and a checkpoint's checks.
 
 A run directory, a teacher run, a converted model's folder or a tokenizer's
 files may come from someone else, so each file of one is read as hostile
@@ -10,16 +10,33 @@ checks on the open descriptor that it is a regular file, and reads at most
 `limit` bytes of it; with `root`, the file's real path (every link followed)
 must lie inside `root`'s. Every command that reads or copies a file of a run
 (load, distill, convert, serve, resume) goes through here.
+
+Every file a run writes goes through ``write_bytes`` (``write_text``): a
+temporary file of a name of its own, created exclusively in the target's
+folder (which must lie inside the run), written, flushed to disk and renamed
+over the target; no link is followed and no FIFO or device opened, so a
+link planted where sedd writes is replaced, never written through. A log
+appended to (metrics.jsonl) is opened by ``open_append``: a regular file or
+nothing. orbax reads a checkpoint's folder only after ``check_checkpoints``
+has walked it (files and folders inside the run, nothing else), and
+``write_checksums`` / ``verify_checksums`` keep a SHA-256 of every array a
+checkpoint holds beside it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import secrets
 import stat
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 
@@ -86,6 +103,92 @@ def copy(src: str | Path, dst: str | Path, limit: int, root: str | Path | None =
         f.write(data)
 
 
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+RUN_NAMES = ("config.json", "tokenizer.json", "metrics.jsonl", "checkpoints", "checkpoints_unreadable", "tensorboard",
+             "layouts.json", "converted.json", "gpt2")
+"""What sedd writes at the top of a run directory (``sedd.runs``, ``sedd.train``, a spec run's layouts, ``sedd
+convert``'s record and tokenizer folder): no output of a command may land on one of them or under it."""
+
+
+def write_bytes(path: str | Path, data: bytes, root: str | Path) -> None:
+    """Replace `path`, a file of the run directory `root`, by a regular file holding `data`, atomically.
+
+    The bytes go into a temporary file of a name of its own (``.<name>.<random>.tmp``),
+    created exclusively (O_CREAT | O_EXCL | O_NOFOLLOW) in path's folder, flushed to
+    disk (fsync), then renamed over path, and the folder is flushed: a reader sees
+    the old file or the new one, whole. A link, FIFO or device at path (or at any
+    other name, such as a planted ``layouts.json.tmp``) is never opened: a link is
+    replaced by the file, never written through.
+
+    Args:
+      path: the file; its folder's real path must lie inside root's.
+      data: its new bytes.
+      root: the run directory.
+    Raises:
+      UnsafeFile: path's folder is outside root (a link on the way leads out).
+      OSError: the write failed (a full disk, a folder at path); the temporary file is removed.
+    """
+    path = Path(path)
+    folder = _inside_folder(path.parent, root)
+    fd_dir = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | NOFOLLOW)
+    try:
+        tmp = f".{path.name}.{secrets.token_hex(6)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644, dir_fd=fd_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path.name, src_dir_fd=fd_dir, dst_dir_fd=fd_dir)  # a rename follows no link
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=fd_dir)
+            except OSError:
+                pass
+            raise
+        os.fsync(fd_dir)  # the rename itself on disk
+    finally:
+        os.close(fd_dir)
+
+
+def write_text(path: str | Path, text: str, root: str | Path) -> None:
+    """``write_bytes`` of UTF-8 text."""
+    write_bytes(path, text.encode("utf-8"), root)
+
+
+def open_append(path: str | Path, root: str | Path):
+    """A text file object appending to `path` (created if absent), a regular file of the run directory `root`.
+
+    Opened without following a link (O_NOFOLLOW) and without blocking on a FIFO
+    (O_NONBLOCK: a FIFO with no reader fails at once, one with a reader is
+    refused by the check on the open descriptor).
+
+    Raises:
+      UnsafeFile: path is a link, a FIFO, a device or a folder, or its folder is outside root.
+    """
+    path = Path(path)
+    _inside_folder(path.parent, root)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW, 0o644)
+    except OSError as e:
+        what = _what(os.lstat(path).st_mode) if os.path.lexists(path) else e.strerror
+        raise UnsafeFile(f"{path} cannot be written: {what}; sedd appends only to a regular file") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UnsafeFile(f"{path} is not a regular file ({_what(st.st_mode)}); sedd appends only to a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def _inside_folder(folder: Path, root: str | Path) -> Path:
+    """folder's real path, refused unless it is root's real path or lies inside it."""
+    real, home = Path(folder).resolve(), Path(root).resolve()
+    if real != home and home not in real.parents:
+        raise UnsafeFile(f"{folder} leads to {real}, outside {root}; a run's files are written only inside it")
+    return real
+
+
 def _inside(path: Path, root: str | Path | None) -> Path:
     """path's real path (links followed), refused when a link leads out of root's real path."""
     if root is None:
@@ -104,7 +207,7 @@ def _inside(path: Path, root: str | Path | None) -> Path:
 
 def _what(mode: int) -> str:
     """A file type in words."""
-    for test, word in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+    for test, word in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
             return word

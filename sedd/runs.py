@@ -112,11 +112,8 @@ def read_config(workdir: str | Path) -> ml_collections.ConfigDict:
 
 
 def _read_bounded(path: Path, limit: int) -> str:
-    """The UTF-8 text of a regular file of its run directory, at most `limit` bytes (``sedd.files.read_text``).
-
-    Raises:
-      RunError: a link out of the run, a FIFO, a device, a folder, a larger file.
-    """
+    """``sedd.files.read_text`` of a file of its run directory, at most `limit` bytes; RunError for what it refuses
+    (a link out of the run, a FIFO, a device, a folder, a larger file)."""
     try:
         return files.read_text(path, limit, root=path.parent)
     except files.UnsafeFile as e:
@@ -210,9 +207,7 @@ def read_tokenizer(workdir: str | Path, vocab_size: int):
 
 def _check_gpt2_files(path: Path) -> None:
     """A GPT-2 tokenizer's files are regular files of bounded size (not a device, a FIFO, a huge file)."""
-    files = [path] if not path.is_dir() else [f for f in (path / n for n in ("tokenizer.json", "vocab.json",
-                                                                                "merges.txt")) if f.exists()]
-    for f in files:
+    for f in [path] if not path.is_dir() else [path / n for n in ("tokenizer.json", "vocab.json", "merges.txt")]:
         if f.exists() and not (f.is_file() and f.stat().st_size <= MAX_TOKENIZER_BYTES):
             raise RunError(f"the GPT-2 tokenizer file {f} is not a regular file of at most {MAX_TOKENIZER_BYTES} "
                            "bytes")
@@ -225,11 +220,10 @@ RUN_ENTRIES = (CONFIG, TOKENIZER, METRICS, CHECKPOINTS, "checkpoints_unreadable"
 def check_run_links(workdir: str | Path) -> None:
     """Refuse a run directory whose files or folders of ``RUN_ENTRIES``, or a checkpoint, are symbolic links.
 
-    Training writes config.json and metrics.jsonl, deletes old checkpoints and
-    moves unreadable ones aside: through a link, each would reach outside the
-    run (a received run's `checkpoints_unreadable -> ~/elsewhere` once had a
-    resume move a whole checkpoint folder there). The run directory itself
-    may be a link: the command line names it.
+    Training writes config.json and metrics.jsonl (a FIFO there blocked a resume for ever), deletes old
+    checkpoints and moves unreadable ones aside: through a link, each would reach outside the run (a received
+    run's `checkpoints_unreadable -> ~/elsewhere` once had a resume move a whole checkpoint folder there). The
+    run directory itself may be a link: the command line names it.
 
     Raises:
       RunError: naming the link and where it points; nothing was touched.
@@ -244,6 +238,9 @@ def check_run_links(workdir: str | Path) -> None:
             raise RunError(f"{path} is a symbolic link (to {os.readlink(path)}); a run directory's files and "
                            "checkpoints are written, moved and deleted in place, so links out of it are refused. "
                            "Replace the link by a folder (or move the run away) and run again; nothing was touched")
+        if path.name in (CONFIG, TOKENIZER, METRICS) and path.exists() and not path.is_file():  # a FIFO blocked
+            raise RunError(f"{path} is not a regular file (a FIFO, a device or a folder); a run's files are read and "
+                           "written only as regular files; nothing was touched")
 
 
 def move_inside(src: Path, folder: Path) -> Path:

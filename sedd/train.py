@@ -36,7 +36,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
-from sedd import kernels, kinds, losses, runs
+from sedd import files, kernels, kinds, losses, runs, validate
 from sedd.progress import BarLines, Pace
 from sedd import config as config_lib
 from sedd import sharding as sharding_lib
@@ -302,7 +302,7 @@ class MetricsWriter:
 
     def __init__(self, workdir: Path, active: bool = True):
         self.path = workdir / runs.METRICS
-        self.file = open(self.path, "a") if active else None
+        self.file = files.open_append(self.path, workdir) if active else None  # never a FIFO, never a link
         self.tb = None
         if active:
             try:
@@ -499,7 +499,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     if lead:
         if not tok_path.exists():
             save_tokenizer(tokenizer, tok_path)
-        (workdir / runs.CONFIG).write_text(config_lib.to_json(config))
+        files.write_text(workdir / runs.CONFIG, config_lib.to_json(config), workdir)
 
     # ---- model, optimizer, state; resume from the newest checkpoint if any
     trainer = make_trainer(config, mesh)

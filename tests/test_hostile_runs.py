@@ -8,6 +8,8 @@ leaves no temporary file.
 
 import json
 import shutil
+import stat
+import threading
 import time
 
 import numpy as np
@@ -166,3 +168,72 @@ def test_a_failed_token_cache_leaves_no_temporary_file(tmp_path):
     assert stats["tokens"] == 5 and [p.name for p in tmp_path.iterdir()] == ["train.npy"]
     assert np.load(tmp_path / "train.npy").tolist() == [0, 1, 0, 1, 2]
 
+
+
+# --------------------------------------------------------------------------- issue 72: what a run writes, and its config
+
+
+def test_every_file_a_run_writes_is_renamed_into_place_never_written_through_a_link_or_a_fifo(tmp_path, monkeypatch):
+    """Was: a spec run wrote layouts.json.tmp with a plain open: a link planted there made `sedd sample` overwrite
+    its target (and a FIFO there blocked it). choose_layout's write, with its timing stubbed."""
+    import functools
+    import os
+
+    from sedd import config as config_lib
+    from sedd import files, kinds
+    import ml_collections
+    from flax import nnx
+
+    from sedd.kinds import spec
+
+    config = config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.n_blocks=1",
+                                             "--config.model.draft_k=2", "--config.data.seq_len=6"])
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.vocab_size = 3
+    graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
+    rows = [{"layout": "2,3", "positions": 9, "tokens_per_s": 1.0, "tokens_per_call": 2.0}]
+    monkeypatch.setattr(spec, "tune", lambda *a, **k: rows)
+    choose = functools.partial(spec.choose_layout, graphdef, (params, rest), 6, 1, 2)
+    run, victim = tmp_path / "run", tmp_path / "victim"
+    run.mkdir()
+    victim.write_text("the user's")
+    (run / (spec.LAYOUTS_FILE + ".tmp")).symlink_to(victim)
+    choose(run)
+    assert victim.read_text() == "the user's" and (run / (spec.LAYOUTS_FILE + ".tmp")).is_symlink()
+    assert json.loads((run / spec.LAYOUTS_FILE).read_text())  # written, a regular file
+    (run / spec.LAYOUTS_FILE).unlink()
+    (run / spec.LAYOUTS_FILE).symlink_to(victim)  # read refuses a link out of the run; written, it is replaced
+    with pytest.raises(ValueError, match="outside"):
+        choose(run)
+    (run / (spec.LAYOUTS_FILE + ".tmp")).unlink()
+    os.mkfifo(run / (spec.LAYOUTS_FILE + ".tmp"))
+    (run / spec.LAYOUTS_FILE).unlink()
+    timer = threading.Timer(20, lambda: os.close(os.open(run / (spec.LAYOUTS_FILE + ".tmp"),
+                                                         os.O_RDWR | os.O_NONBLOCK)))  # no hang if it opens it
+    timer.start()
+    choose(run)  # was: blocked for ever opening the FIFO
+    timer.cancel()
+    assert victim.read_text() == "the user's" and (run / spec.LAYOUTS_FILE).is_file()
+    assert stat.S_ISFIFO(os.lstat(run / (spec.LAYOUTS_FILE + ".tmp")).st_mode)  # never opened, left as it was
+    assert sorted(p.name for p in run.iterdir()) == [spec.LAYOUTS_FILE, spec.LAYOUTS_FILE + ".tmp"]  # no temp left
+    (run / "sub").symlink_to(tmp_path)
+    with pytest.raises(files.UnsafeFile, match="outside"):  # a folder on the way that leads out of the run
+        files.write_text(run / "sub" / "x.json", "{}", run)
+
+
+@pytest.mark.parametrize("entry", [runs.METRICS, runs.CONFIG])
+def test_a_resumed_run_refuses_a_fifo_where_it_appends_or_writes(copy_run, tiny_run, capsys, entry):
+    """Was: a FIFO metrics.jsonl blocked `sedd train` for ever on resume (opened for appending)."""
+    import os
+    workdir, _ = copy_run
+    (workdir / entry).unlink(missing_ok=True)
+    os.mkfifo(workdir / entry)
+    argv = ["train", "--config", "tiny", "--workdir", str(workdir), f"--config.data.data_dir={tiny_run[1]}",
+            "--config.training.n_iters=6", "--config.training.ckpt_every=2", "--config.training.eval_every=4",
+            "--config.model.n_blocks=1"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sedd train: error: ") and err.count("\n") == 1 and f"{entry} is not a regular file" in err
+    from sedd import files
+    with pytest.raises(files.UnsafeFile, match="a FIFO"):  # the appender itself never opens one for good
+        files.open_append(workdir / entry, workdir)

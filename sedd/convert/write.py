@@ -129,8 +129,8 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
         tokenizer = _read_gpt2(tmp / TOKENIZER_DIR, pad=config.vocab_size == GPT2_TOKENS + 1)
         tokenizer.path = str(tok_dir)  # where the copy is once tmp is renamed to dst
         save_tokenizer(tokenizer, tmp / runs.TOKENIZER)
-        (tmp / runs.CONFIG).write_text(config_lib.to_json(config))
-        (tmp / PROVENANCE).write_text(json.dumps(summary, indent=2, sort_keys=True, default=str))
+        files.write_text(tmp / runs.CONFIG, config_lib.to_json(config), tmp)
+        files.write_text(tmp / PROVENANCE, json.dumps(summary, indent=2, sort_keys=True, default=str), tmp)
         state = {"step": jnp.asarray(source.step, jnp.int32), "params": raw, "ema": weights}
         manager = runs.checkpoint_manager(tmp, config)
         manager.save(source.step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
