@@ -26,8 +26,8 @@ import jax
 import numpy as np
 
 from sedd import config as config_lib
-from sedd import convert, distill, figures, kernels, runs, sampling, sharding, train, validate
-from sedd.data import BUILDERS, default_data_dir, load_tokenizer
+from sedd import convert, distill, files, figures, kernels, runs, sampling, sharding, train, validate
+from sedd.data import BUILDERS, check_data_dir, default_data_dir, load_tokenizer
 from sedd.data.builders import MANIFEST
 from sedd.data.tokenizers import EOS_TEXT
 from sedd.sampling import text_conditioning
@@ -177,8 +177,8 @@ def _sample(args) -> int:
         else:
             out = "".join(f"--- sample {i}\n{t}\n" for i, t in enumerate(texts))
         try:
-            Path(args.output).write_text(out)
-        except OSError as e:
+            files.write_text(args.output, out, Path(args.output).parent)  # a temporary file renamed over it
+        except (OSError, files.UnsafeFile) as e:
             raise ValueError(f"writing the samples to {args.output} failed: {e}") from None
     else:
         for i, t in enumerate(texts):
@@ -292,6 +292,8 @@ def eval_data(workdir: str | Path, overrides: list[str]) -> dict:
     given = {arg[len("--config.data."):].split("=")[0] for arg in overrides if arg.startswith("--config.data.")}
     if data["name"] == "markov":  # drawn from the config's chain: no file is read or written
         return data
+    if "data_dir" in given:  # before the run is loaded
+        check_data_dir(data["data_dir"])
     name = "text" if data["name"] == "shakespeare" and data["path"] else data["name"]
     builder = BUILDERS[name].name if name in BUILDERS else None  # an unknown name is load_dataset's error
     folder = Path(data["data_dir"] or default_data_dir()).expanduser() / str(builder)

@@ -121,13 +121,18 @@ def _read_bounded(path: Path, limit: int) -> str:
 
 
 def check_config(config: ml_collections.ConfigDict, where: str) -> None:
-    """The checks of ``read_config`` on a config about to be trained (vocab_size, not known yet, taken as 2).
+    """The checks of ``read_config`` on a config about to be trained (vocab_size, not known yet, taken as 2),
+    then ``sedd.validate.check_training``'s (the training keys' bounds), before any work.
 
     Raises:
       RunError: `where`: the first key of the wrong type, not finite or out of bounds.
     """
     config = ml_collections.ConfigDict({"vocab_size": 2, **config.to_dict()})  # a known vocab_size wins
     _check_config(config, where)
+    try:
+        validate.check_training(config)
+    except ValueError as e:
+        raise RunError(f"{where}: {e}") from None
 
 
 def _check_config(config: ml_collections.ConfigDict, path: Path | str) -> None:
@@ -421,10 +426,8 @@ def restore_newest(manager: ocp.CheckpointManager, target: dict,
             skipped.append((step, e.__cause__))
             continue
         for bad, err in skipped:
-            where = ""
-            if quarantine is not None:
-                dest = move_inside(Path(manager.directory) / str(bad), Path(quarantine))
-                where = f"; moved to {dest}"
+            where = "" if quarantine is None else \
+                f"; moved to {move_inside(Path(manager.directory) / str(bad), Path(quarantine))}"
             warnings.warn(f"skipped the checkpoint of step {bad} in {manager.directory}: it cannot be read "
                           f"({type(err).__name__}: {str(err)[:200]}){where}. Using step {step}.",
                           RuntimeWarning, stacklevel=2)
@@ -640,11 +643,8 @@ def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
         validate.check_memory(config, 1)
     except ValueError as e:
         raise RunError(f"{workdir / CONFIG}: {e}") from None
-    if not (workdir / CHECKPOINTS).is_dir():
-        raise FileNotFoundError(f"{workdir} holds no checkpoint yet; train first with `sedd train`")
-    manager = checkpoint_manager(workdir)
-    steps = manager.all_steps()
-    if not steps:
+    manager = checkpoint_manager(workdir) if (workdir / CHECKPOINTS).is_dir() else None
+    if not (steps := manager.all_steps() if manager else []):
         raise FileNotFoundError(f"{workdir} holds no checkpoint yet; train first with `sedd train`")
     if step is not None and step not in steps:
         raise FileNotFoundError(f"{workdir} has no checkpoint of step {step}; it has {sorted(steps)}")

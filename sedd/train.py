@@ -464,6 +464,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     """
     workdir = Path(workdir)
     runs.check_run_links(workdir)  # nothing written, moved or deleted through a link out of the run
+    runs.check_config(config, "the config")  # every size, before anything is read, allocated or compiled
     t = config.training
     for key in ("log_every", "eval_every", "ckpt_every"):  # steps between logs, evaluations, checkpoints
         if not (isinstance(t[key], int) and t[key] >= 1):
@@ -493,6 +494,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     tokenizer = dataset.tokenizer
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = tokenizer.vocab_size
+    validate.check_training_memory(config)  # a step's rows and the samples, before anything is built or compiled
     workdir.mkdir(parents=True, exist_ok=True)
     if jax.process_count() > 1:  # every process has read the run directory before process 0 writes it
         multihost_utils.sync_global_devices("sedd: run directory read")

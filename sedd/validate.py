@@ -249,15 +249,19 @@ def memory_estimate(config, rows: int = 1) -> int:
     return 4 * (3 * weights + rows * per_row)
 
 
-def available_memory() -> int:
-    """Bytes this machine can give a computation: the default device's limit, else the physical memory."""
+def available_memory(devices: bool = True) -> int:
+    """Bytes this machine can give a computation: the default device's limit, else (or with devices=False, which
+    starts no backend) the physical memory."""
+    return (device_limit() if devices else None) or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def device_limit() -> int | None:
+    """The default device's own memory in bytes (an accelerator's), None where it has none of its own (a CPU)."""
     try:
         stats = jax.devices()[0].memory_stats() or {}
     except Exception:  # noqa: BLE001  no device statistics on this backend: the host's memory
         stats = {}
-    if stats.get("bytes_limit"):
-        return int(stats["bytes_limit"])
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(stats["bytes_limit"]) if stats.get("bytes_limit") else None
 
 
 def check_memory(config, rows: int = 1, what: str = "") -> None:
@@ -272,3 +276,72 @@ def check_memory(config, rows: int = 1, what: str = "") -> None:
                          f"hidden_size = {m.hidden_size} and vocab_size = {config.vocab_size}, {rows} sequence(s) "
                          f"at once, needs about {need / 2**30:.1f} GiB (attention is quadratic in the length); "
                          f"this machine has {have / 2**30:.1f} GiB")
+
+
+# --------------------------------------------------------------------------- a config about to be trained
+
+
+TRAINING_BOUNDS = {
+    "training.n_iters": Bound(1, 2**31 - 1, why="batches to train on"),
+    "training.batch_size": Bound(1, 2**31 - 1, why="sequences a step, then this machine's memory"),
+    "training.accum_steps": Bound(1, 2**31 - 1, why="batches an update, at most training.n_iters"),
+    "training.max_to_keep": Bound(1, 2**31 - 1, why="the newest checkpoints kept; 0 would delete every one"),
+    "training.keep_period": Bound(0, 2**31 - 1, why="0 = none"),
+    "training.eval_batches": Bound(1, 2**31 - 1),
+    "training.eval_samples": Bound(0, MAX_ROWS, why="0 = none, then this machine's memory"),
+    "optim.warmup": Bound(0, 2**31 - 1, why="optimizer updates; 0 = none"),
+    "optim.grad_clip": Bound(0, math.inf, integer=False, why="a global norm; 0 = off"),
+    "data.markov.num_tokens": Bound(1, 2**40, why="tokens drawn, then this machine's memory"),
+}
+"""What a config about to be trained must hold beside the sizes of a run's config (``sedd.runs.check_config``):
+each value that sizes an allocation or that a step reads, so that none fails after compiling or training."""
+MARKOV_BYTES_PER_TOKEN = 32  # the stream's uniforms (8), its tokens (4, twice), the packed rows; at least
+
+
+def check_training(config) -> None:
+    """Check the keys of ``TRAINING_BOUNDS`` before anything is read, built or compiled (no device is touched:
+    `sedd train` splits its CPU after this), and a Markov corpus's tokens against the host's memory.
+
+    Raises:
+      ValueError: one line naming the key, its bound and the value.
+    """
+    t, o = config.training, config.optim
+    values = {"training.n_iters": t.n_iters, "training.batch_size": t.batch_size, "training.accum_steps": t.accum_steps,
+              "training.max_to_keep": t.max_to_keep, "training.keep_period": t.keep_period,
+              "training.eval_batches": t.eval_batches, "training.eval_samples": t.eval_samples,
+              "optim.warmup": o.warmup, "optim.grad_clip": o.grad_clip,
+              "data.markov.num_tokens": config.data.markov.num_tokens}
+    for key, bound in TRAINING_BOUNDS.items():
+        bound.check(key, values[key])
+    if t.accum_steps > t.n_iters:
+        raise ValueError(f"training.accum_steps = {shown(t.accum_steps)} is more than training.n_iters = "
+                         f"{shown(t.n_iters)}: no update would ever be applied")
+    tokens, have = config.data.markov.num_tokens, available_memory(devices=False)
+    if config.data.name == "markov" and tokens * MARKOV_BYTES_PER_TOKEN > have:
+        raise ValueError(f"data.markov.num_tokens = {shown(tokens)} needs about "
+                         f"{tokens * MARKOV_BYTES_PER_TOKEN / 2**30:,.1f} GiB; this machine has {have / 2**30:,.1f} GiB")
+
+
+def check_training_memory(config) -> None:
+    """A step's rows and an evaluation's samples against this process's memory, before anything is built or
+    compiled (after the processes have connected and the data is read: config.vocab_size is known).
+
+    Each process takes training.batch_size / processes rows of a step; its need is at least ``memory_estimate``
+    of them plus four more copies of the weights (gradient, EMA, two moments), and an evaluation's
+    ``memory_estimate`` of training.eval_samples rows. An accelerator brings its own memory (its limit times this
+    process's devices), CPU devices share the host's. A lower bound: what it refuses cannot run here.
+
+    Raises:
+      ValueError: one line naming the key, the sizes and the memory.
+    """
+    t, limit = config.training, device_limit()
+    have = limit * jax.local_device_count() if limit else available_memory(devices=False)
+    weights = memory_estimate(config, 0) // 3
+    for key, value, rows, extra in (("training.batch_size", t.batch_size, -(-t.batch_size // jax.process_count()),
+                                     4 * weights), ("training.eval_samples", t.eval_samples, t.eval_samples, 0)):
+        need = memory_estimate(config, rows) + extra
+        if need > have:
+            raise ValueError(f"{key} = {shown(value)}: {rows:,} sequences of data.seq_len = "
+                             f"{config.data.seq_len} tokens (model.n_heads = {config.model.n_heads}, hidden_size = "
+                             f"{config.model.hidden_size}) need at least {need / 2**30:,.1f} GiB (attention is quadratic "
+                             f"in the length); this process has {have / 2**30:,.1f} GiB")

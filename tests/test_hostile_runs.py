@@ -237,3 +237,52 @@ def test_a_resumed_run_refuses_a_fifo_where_it_appends_or_writes(copy_run, tiny_
     from sedd import files
     with pytest.raises(files.UnsafeFile, match="a FIFO"):  # the appender itself never opens one for good
         files.open_append(workdir / entry, workdir)
+
+
+TRAIN_VALUES = [  # (override, what the one line says): each refused before anything is allocated or compiled (the
+    # bounds before anything is read; the memory, which needs the devices and the vocabulary, once the data is read)
+    ("--config.training.batch_size=0", "training.batch_size must be an integer in [1, "),  # was ZeroDivisionError
+    ("--config.training.batch_size=-1", "training.batch_size must be an integer in [1, "),  # was: after compiling
+    ("--config.training.batch_size=1000000000", "training.batch_size = 1000000000: 1,000,000,000 sequences of"),
+    ("--config.training.eval_samples=1000000000", "training.eval_samples must be an integer in [0, 65536]"),
+    ("--config.training.eval_samples=60000 --config.data.seq_len=1024", "training.eval_samples = 60000: 60,000 seq"),
+    ("--config.data.seq_len=131072", "training.batch_size = 8: 8 sequences of data.seq_len = 131072 tokens"),
+    ("--config.data.markov.num_tokens=" + str(10**12), "data.markov.num_tokens = 1000000000000 needs about"),
+    ("--config.training.n_iters=0", "training.n_iters must be an integer in [1, "),  # were accepted, no effect
+    ("--config.training.n_iters=-5", "training.n_iters must be an integer in [1, "),
+    ("--config.training.accum_steps=1000000000", "training.accum_steps = 1000000000 is more than training.n_iters"),
+    ("--config.optim.warmup=-1", "optim.warmup must be an integer in [0, "),
+    ("--config.optim.grad_clip=-1", "optim.grad_clip must be a finite number in [0, inf] (a global norm; 0 = off)"),
+    ("--config.training.max_to_keep=0", "training.max_to_keep must be an integer in [1, "),
+]
+
+
+@pytest.mark.parametrize("override,message", TRAIN_VALUES, ids=[o.split("=")[0][9:] + "=" + o.split("=")[1][:12]
+                                                                for o, _ in TRAIN_VALUES])
+def test_every_config_value_that_sizes_an_allocation_is_refused_by_name_before_any_work(tiny_run, tmp_path, capsys,
+                                                                                      override, message):
+    workdir = tmp_path / "run"
+    extra = ["--config.data.name=markov"] if "markov" in override else [f"--config.data.data_dir={tiny_run[1]}"]
+    assert cli.main(["train", "--config", "tiny", "--workdir", str(workdir), *override.split(), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sedd train: error: ") and message in err, err
+    assert err.count("\n") == 1 and not workdir.exists()
+
+
+def test_the_same_checks_hold_for_a_library_caller_of_train(tmp_path):
+    from sedd import config as config_lib
+    from sedd import train
+    config = config_lib.load_config("tiny", ["--config.training.batch_size=0"])
+    with pytest.raises(runs.RunError, match="training.batch_size must be an integer in"):
+        train.train(config, tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run").exists()
+
+
+def test_eval_refuses_a_data_dir_that_is_not_a_folder_in_one_line(copy_run, capsys):
+    """Was: `sedd eval --config.data.data_dir=/dev/null` ended in a NotADirectoryError traceback."""
+    workdir, _ = copy_run
+    for data_dir in ("/dev/null", "/dev/null/sub"):
+        assert cli.main(["eval", "--workdir", str(workdir), f"--config.data.data_dir={data_dir}"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"sedd eval: error: data.data_dir = '{data_dir}': /dev/null is not a folder"), err
+        assert err.count("\n") == 1

@@ -41,7 +41,8 @@ from sedd.data.tokenizers import (EOS_TEXT, CharTokenizer, GPT2Tokenizer, get_to
 
 __all__ = [
     "BUILDERS", "DATASETS", "DATA_DEFAULTS", "DOCUMENTS", "EOS_TEXT", "VAL_FRACTION", "CharTokenizer", "GPT2Tokenizer",
-    "MarkovChain", "MarkovData", "PackedTokens", "TextData", "TokenData", "data_section", "default_data_dir", "get_builder",
+    "MarkovChain", "MarkovData", "PackedTokens", "TextData", "TokenData", "check_data_dir", "data_section",
+    "default_data_dir", "get_builder",
     "get_tokenizer", "load_dataset", "load_markov", "load_tokenizer", "read_documents", "read_pieces",
     "save_tokenizer", "tokenize_documents", "tokenizer_from_dict", "unigram_entropy_bits",
 ]
@@ -60,6 +61,19 @@ def data_section(config) -> ml_collections.ConfigDict:
     """A data section (a ConfigDict or a partial dict) completed with ``DATA_DEFAULTS``, read by attribute."""
     given = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
     return ml_collections.ConfigDict({**DATA_DEFAULTS, **{k: v for k, v in given.items() if v is not None}})
+
+
+def check_data_dir(data_dir: str) -> str:
+    """data_dir, refused (ValueError naming data.data_dir) unless it is a folder or can be made one.
+
+    `sedd eval --config.data.data_dir=/dev/null` was a NotADirectoryError traceback from inside TFDS.
+    """
+    path = Path(data_dir).expanduser()
+    first = next((p for p in (path, *path.parents) if p.exists()), None)
+    if first is not None and not first.is_dir():
+        raise ValueError(f"data.data_dir = {data_dir!r}: {first} is not a folder; the prepared data is kept in a "
+                         "folder (made if absent)")
+    return data_dir
 
 
 def load_dataset(config, tokenizer=None) -> TextData:
@@ -92,7 +106,7 @@ def load_dataset(config, tokenizer=None) -> TextData:
         # The plays are only the default text: `--config.data.path=my.txt` alone
         # trains on the user's file or folder (any *.txt / *.jsonl).
         name = "text"
-    data_dir = config.data_dir or default_data_dir()
+    data_dir = check_data_dir(config.data_dir or default_data_dir())
     options = config.code.to_dict() if name == "code" else None
     builder = get_builder(name, path, data_dir, config.documents, options)
     cache_dir = (Path(data_dir) / "sedd_tokens" / builder.name / builder.builder_config.name
