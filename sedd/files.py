@@ -252,3 +252,135 @@ def check_checkpoint_shapes(folder: str | Path, target) -> None:
         if shape is not None and tuple(shape) != tuple(leaf.shape):
             raise ValueError(f"{jax.tree_util.keystr(path)} has shape {tuple(shape)} in the checkpoint and "
                              f"{tuple(leaf.shape)} in the config's network: the checkpoint is another network's.")
+
+
+MAX_CHECKPOINT_ENTRIES = 1 << 20  # files and folders under a run's checkpoints/ (a tiny run's checkpoint: ~25)
+
+
+def check_checkpoints(folder: str | Path, root: str | Path, limit: int = MAX_CHECKPOINT_ENTRIES) -> None:
+    """Walk a run's checkpoints folder once, before orbax reads any of it: files and folders inside the run only.
+
+    orbax opens what a checkpoint's folder holds without a check: a FIFO at
+    ``<step>/_CHECKPOINT_METADATA`` blocked the building of the manager itself,
+    one at ``state/_METADATA`` or a data file the restore (issue 72). Every entry
+    is looked at with lstat (nothing is opened or followed).
+
+    Args:
+      folder: ``<run>/checkpoints`` (absent: nothing to check).
+      root: the run directory; folder's real path must lie inside it.
+      limit: the most entries walked.
+    Raises:
+      UnsafeFile: one line naming the first entry that is a link, a FIFO, a
+        device or a socket, or the folder outside the run, or more than `limit` entries.
+    """
+    folder = Path(folder)
+    if not os.path.lexists(folder):
+        return
+    _inside_folder(folder, root)
+    todo, seen = [folder], 0
+    while todo:
+        for entry in os.scandir(todo.pop()):
+            seen += 1
+            if seen > limit:
+                raise UnsafeFile(f"{folder} holds more than {limit:,} files and folders; a run's checkpoints are "
+                                 "fewer (move some away)")
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if stat.S_ISDIR(mode):
+                todo.append(Path(entry.path))
+            elif not stat.S_ISREG(mode):
+                raise UnsafeFile(f"{entry.path} is not a regular file or a folder ({_what(mode)}); a checkpoint "
+                                 "holds only the files and folders sedd wrote, and nothing of it was read")
+
+
+CHECKSUMS = "sedd_checksums.json"
+"""The file beside orbax's in a checkpoint's folder (``<run>/checkpoints/<step>/``): a SHA-256 of each array."""
+HASH_THREADS = max(1, min(8, os.cpu_count() or 1))  # hashlib lets go of the GIL: arrays are hashed side by side
+
+
+def leaf_name(path) -> str:
+    """An array's place in a train state as a name that does not depend on the containers that hold it.
+
+    ``['ema']['blocks'][0]['attn_qkv']['kernel'].value`` (an nnx State) and the
+    same entry of plain dicts (``sedd convert`` saves those) are both
+    ``ema/blocks/0/attn_qkv/kernel``.
+    """
+    names = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+    if names and names[-1] == "value" and isinstance(path[-1], jax.tree_util.GetAttrKey):
+        names.pop()
+    return "/".join(names)
+
+
+def _digests(tree, dtypes: dict | None = None) -> dict[str, dict]:
+    """{leaf_name: {"dtype", "shape", "sha256"}} of every array of a pytree, hashed from its bytes on this host.
+
+    With `dtypes` ({leaf_name: dtype name}), an array of another dtype is cast to it first (orbax casts
+    a restored array to its target's dtype; a cast back from a wider float is exact).
+    """
+    leaves = [(leaf_name(p), x) for p, x in jax.tree_util.tree_leaves_with_path(tree)]
+
+    def one(item):
+        name, x = item
+        a = np.asarray(x)
+        if dtypes and name in dtypes and a.dtype.name != dtypes[name]:
+            a = a.astype(jax.numpy.dtype(dtypes[name]))
+        flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        return name, {"dtype": a.dtype.name, "shape": list(a.shape), "sha256": hashlib.sha256(flat).hexdigest()}
+
+    with ThreadPoolExecutor(HASH_THREADS) as pool:
+        return dict(pool.map(one, leaves))
+
+
+def _addressable(tree) -> bool:
+    """Whether this process holds every element of every array (one process: always)."""
+    return all(getattr(x, "is_fully_addressable", True) for x in jax.tree.leaves(tree))
+
+
+def write_checksums(step_folder: str | Path, state, root: str | Path) -> bool:
+    """Write ``CHECKSUMS`` into a checkpoint's folder, after orbax finished it: a SHA-256 of each array of `state`.
+
+    Through ``write_bytes`` (atomic, inside the run). A multi-process job holds
+    only its own shards of each array, so it writes none (its checkpoints load
+    with the note of ``verify_checksums``).
+
+    Returns:
+      whether the file was written.
+    """
+    if not _addressable(state):
+        return False
+    write_text(Path(step_folder) / CHECKSUMS, json.dumps(_digests(state), sort_keys=True), root)
+    return True
+
+
+def verify_checksums(step_folder: str | Path, restored, root: str | Path) -> None:
+    """Refuse restored arrays whose bytes differ from the SHA-256 saved with them (``write_checksums``).
+
+    A checkpoint saved before sedd wrote checksums (none in its folder) loads,
+    with a RuntimeWarning saying it is not verified.
+
+    Args:
+      step_folder: ``<run>/checkpoints/<step>``.
+      restored: the entries of the train state read from it (all of them, or some).
+      root: the run directory.
+    Raises:
+      ValueError: naming the first array whose bytes, dtype or shape differ, or that has no checksum.
+    """
+    path = Path(step_folder) / CHECKSUMS
+    if not os.path.lexists(path):
+        warnings.warn(f"{step_folder} has no {CHECKSUMS} (saved before sedd wrote checksums, or by a multi-process "
+                      "job): its arrays are loaded without a check of their bytes", RuntimeWarning, stacklevel=3)
+        return
+    try:
+        saved = json.loads(read_text(path, 64 << 20, root))
+        want = {name: (entry["dtype"], list(entry["shape"]), entry["sha256"]) for name, entry in saved.items()}
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"{path} is not a checksum file sedd wrote ({type(e).__name__}: {str(e)[:200]})") from None
+    if not _addressable(restored):
+        return
+    got = _digests(restored, {name: w[0] for name, w in want.items()})
+    for name, entry in got.items():
+        if name not in want:
+            raise ValueError(f"the array {name} has no checksum in {path}; the checkpoint was changed after it was "
+                             "saved")
+        if (entry["dtype"], entry["shape"], entry["sha256"]) != want[name]:
+            raise ValueError(f"the array {name} differs from the SHA-256 saved with it in {path}: the checkpoint's "
+                             "files were changed or damaged after it was saved (flipped bits on a disk, a bad copy)")

@@ -5,8 +5,8 @@ A run directory holds everything needed to resume training or to use the model:
   config.json      the resolved config (with config.vocab_size filled in)
   tokenizer.json   the tokenizer (a character vocabulary is built from the data)
   metrics.jsonl    one JSON object per logged step (units in the key names)
-  checkpoints/     orbax checkpoints of the train state (sedd.train), each a
-                   dict: step, params, opt_state, ema, key, bad_step
+  checkpoints/     orbax checkpoints of the train state (sedd.train), each a dict: step, params,
+                   opt_state, ema, key, bad_step; and a SHA-256 of each array (``sedd.files.CHECKSUMS``)
   checkpoints_unreadable/  checkpoints a resumed run could not read, set aside (never deleted)
   layouts.json     a spec run's round layout by device (``sedd.kinds.spec.choose_layout``)
 
@@ -346,21 +346,21 @@ def checkpoint_manager(workdir: str | Path, config=None) -> ocp.CheckpointManage
     """The orbax manager of workdir/checkpoints.
 
     With a config (training): saves every training.ckpt_every steps (orbax's
-    save policy; ``save(..., force=True)`` saves at any step) and keeps
-    max_to_keep, plus every keep_period-th. Without one: for reading, it
-    creates nothing.
+    save policy; ``save(..., force=True)`` saves at any step) and keeps the
+    newest max_to_keep (at least the newest, which is whole: saves are
+    synchronous), plus every keep_period-th. Without one: for reading, it
+    creates nothing. The folder is walked first (``sedd.files.check_checkpoints``):
+    orbax reads every step's metadata as it starts, and a FIFO there blocked it for ever.
     """
-    policy = ocp.checkpoint_managers.save_decision_policy
+    files.check_checkpoints(Path(workdir) / CHECKPOINTS, workdir)
     if config is None:
         options = ocp.CheckpointManagerOptions(create=False)
-    else:
-        t = config.training
-        options = ocp.CheckpointManagerOptions(
-            save_decision_policy=policy.FixedIntervalPolicy(t.ckpt_every),
-            max_to_keep=t.max_to_keep,
-            keep_period=t.keep_period or None,
-            enable_async_checkpointing=False,
-        )
+    else:  # orbax's LatestN(0) deleted every checkpoint (check_training refuses 0 first)
+        t, keep = config.training, ocp.checkpoint_managers.preservation_policy
+        kept = [keep.LatestN(max(t.max_to_keep, 1))] + ([keep.EveryNSteps(t.keep_period)] if t.keep_period else [])
+        options = ocp.CheckpointManagerOptions(  # orbax deletes only after the newer checkpoint is whole
+            save_decision_policy=ocp.checkpoint_managers.save_decision_policy.FixedIntervalPolicy(t.ckpt_every),
+            preservation_policy=keep.AnyPreservationPolicy(kept), enable_async_checkpointing=False)
     return ocp.CheckpointManager(Path(workdir).absolute() / CHECKPOINTS, options=options)
 
 
@@ -381,19 +381,19 @@ def restore(manager: ocp.CheckpointManager, target: dict, step: int | None = Non
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target)
     args = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
                                   partial_restore=True)
+    folder = Path(manager.directory) / str(step)
     try:
-        files.check_checkpoint_shapes(Path(manager.directory) / str(step) / "state", target)  # before any read
+        files.check_checkpoint_shapes(folder / "state", target)  # before any read
         state = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
         if not bool(_all_finite([x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)])):
             raise ValueError("it holds non-finite values, which training never saves")
+        files.verify_checksums(folder, state, folder.parent.parent)  # a flipped bit that leaves a finite value
         return state
     except Exception as e:  # orbax raises many types for unreadable or mismatched files
         raise RuntimeError(  # one line: orbax's messages quote TensorStore specs over many lines
-            f"could not restore the checkpoint of step {step} in {manager.directory}: "
-            f"{type(e).__name__}: {' '.join(str(e)[:2000].split())[:400]} It is corrupt or was written by an "
-            "incompatible config. The run directory was left as it is; move it away or "
-            "pass a new --workdir."
-        ) from e
+            f"could not restore the checkpoint of step {step} in {manager.directory}: {type(e).__name__}: "
+            f"{' '.join(str(e)[:2000].split())[:400]} It is corrupt or was written by an incompatible config. "
+            "The run directory was left as it is; move it away or pass a new --workdir.") from e
 
 
 @jax.jit
@@ -632,9 +632,10 @@ def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
       FileNotFoundError: not a run directory, no checkpoint yet, or no checkpoint of `step`.
       RunError: config.json or tokenizer.json cannot be read, holds values
         out of bounds, or their vocabularies differ (``read_config``, ``read_tokenizer``).
-      RuntimeError: the checkpoint of `step` (default: every checkpoint) is corrupt or does not
-        fit the config. With the default step an unreadable newest checkpoint is skipped with
-        a RuntimeWarning naming it.
+      RuntimeError: the checkpoint of `step` (default: every checkpoint) is corrupt (its arrays' SHA-256
+        too) or does not fit the config. With the default step an unreadable newest checkpoint is
+        skipped with a RuntimeWarning naming it.
+      sedd.files.UnsafeFile: checkpoints/ holds a link, a FIFO or a device.
     """
     workdir = Path(workdir)
     config = read_config(workdir)

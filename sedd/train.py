@@ -568,6 +568,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
                                                      f"{state_bytes / 2**20:.1f} MiB"), manager)
         try:
             manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
+            if lead:  # after orbax finished the step's folder: a SHA-256 of each array, verified at every restore
+                files.write_checksums(Path(manager.directory) / str(step), state, workdir)
         except Exception as e:
             raise _save_failed(e, manager) from e
 

@@ -136,6 +136,7 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
         manager.save(source.step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
         manager.wait_until_finished()
         manager.close()
+        files.write_checksums(tmp / runs.CHECKPOINTS / str(source.step), state, tmp)  # verified at every load
         try:
             os.rename(tmp, dst)  # atomic; replaces an empty dst, refuses one that gained files meanwhile
         except OSError as e:
