@@ -429,7 +429,7 @@ def _command(argv: list[str] | None) -> int:
     try:  # every number and path, before any work (sedd serve and sedd convert check their own)
         validate.check_args(args.command, args)
     except ValueError as e:
-        print(f"sedd {args.command}: error: {validate.short_numbers(str(e))}", file=sys.stderr)
+        print(f"sedd {args.command}: error: {validate.clipped(str(e))}", file=sys.stderr)
         return 2
     warnings.showwarning = _show_warning
     if args.command == "convert":
@@ -456,7 +456,7 @@ def _command(argv: list[str] | None) -> int:
         return _sample(args)
     except (ValueError, KeyError, FileNotFoundError, RuntimeError, FloatingPointError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"sedd {args.command}: error: {validate.short_numbers(str(msg))}", file=sys.stderr)
+        print(f"sedd {args.command}: error: {validate.clipped(str(msg))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # outside a training loop (which saves and stops instead): nothing to save
         print(f"\nsedd {args.command}: interrupted", file=sys.stderr)
@@ -466,7 +466,7 @@ def _command(argv: list[str] | None) -> int:
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     """Our own warnings as one line, `sedd: warning: ...`; others as Python shows them."""
     if Path(filename).resolve().is_relative_to(Path(__file__).resolve().parent):
-        print(f"sedd: warning: {message}", file=file or sys.stderr)
+        print(f"sedd: warning: {validate.clipped(str(message))}", file=file or sys.stderr)
     else:
         _python_show_warning(message, category, filename, lineno, file, line)
 

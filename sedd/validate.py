@@ -27,7 +27,7 @@ from pathlib import Path
 
 import jax
 
-from sedd import drafts, speculative
+from sedd import drafts, files, speculative
 
 MAX_SEED = 2**63  # jax.random.key takes a C long: 2**63 and above overflow
 MAX_STEPS = 1 << 16  # a run's sampling.steps (sedd.runs.SIZE_BOUNDS) and serve's --max_steps
@@ -50,6 +50,19 @@ def shown(value) -> str:
 def short_numbers(text: str) -> str:
     """text with each run of more than 24 digits named by its size (`<a 400-digit number>`), for one-line errors."""
     return re.sub(r"\d{25,}", lambda m: f"<a {len(m.group())}-digit number>", text)
+
+
+MAX_LINE = 1000  # characters of a line of a message shown to the user
+
+
+def clipped(message: str) -> str:
+    """A message as it is shown (an error line, a warning, an HTTP error): ``short_numbers``, and each line of it
+    over ``MAX_LINE`` characters cut in the middle, its length named: its start (what is wrong) and end (what
+    was expected) kept. A value a message echoes (a 5,000-character SEDD_COMPUTE_DTYPE, a list of 18 kB of
+    characters a run cannot write) is then never shown whole."""
+    keep = MAX_LINE // 2 - 40
+    return "\n".join(line if len(line) <= MAX_LINE else f"{line[:keep]} ... ({len(line):,} characters) ... "
+                     f"{line[-keep:]}" for line in short_numbers(message).split("\n"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +179,18 @@ def check_args(command: str, args: argparse.Namespace) -> None:
         text = getattr(args, dest, "") or ""
         if len(text) > MAX_TEXT:
             raise ValueError(f"--{dest} holds {len(text)} characters; at most {MAX_TEXT} are read")
+    for run in (getattr(args, dest, "") for dest in ("workdir", "draft")) if getattr(args, "output", "") else ():
+        if run and run != "ngram":
+            check_output_outside("--output", args.output, run)
+
+
+def check_output_outside(flag: str, path: str, run: str) -> None:
+    """Raise ValueError when the output file `path` resolves (links followed) to a file sedd wrote in the run
+    directory `run` (``sedd.files.RUN_NAMES``): `sedd sample --output RUN/config.json` overwrote the run's config."""
+    out, home = Path(path).expanduser().resolve(), Path(run).expanduser().resolve()
+    if home in out.parents and (name := out.relative_to(home).parts[0]) in files.RUN_NAMES:
+        raise ValueError(f"{flag} {path} is {out}, inside the run's own {name}: the samples would overwrite what the "
+                         f"run {run} needs; write them elsewhere")
 
 
 def check_path(flag: str, path: str, kind: str) -> None:
@@ -225,7 +250,7 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse's refusals (`--steps nan`: not an int) as one line, `prog: error: ...`, and exit code 2."""
 
     def error(self, message: str):
-        print(f"{self.prog}: error: {short_numbers(message)} ({self.prog} --help shows the options)", file=sys.stderr)
+        print(f"{self.prog}: error: {clipped(message)} ({self.prog} --help shows the options)", file=sys.stderr)
         sys.exit(2)
 
 

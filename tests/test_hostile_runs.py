@@ -239,6 +239,21 @@ def test_a_resumed_run_refuses_a_fifo_where_it_appends_or_writes(copy_run, tiny_
         files.open_append(workdir / entry, workdir)
 
 
+@pytest.mark.parametrize("target", [runs.CONFIG, runs.TOKENIZER, "checkpoints/4/_CHECKPOINT_METADATA", "link"])
+def test_sample_refuses_an_output_that_is_one_of_the_runs_own_files(copy_run, capsys, tmp_path, target):
+    """Was: `sedd sample --workdir RUN --output RUN/config.json` overwrote the run's config (the run then failed)."""
+    workdir, _ = copy_run
+    output = workdir / target
+    if target == "link":  # a link elsewhere that leads to the run's tokenizer
+        output = tmp_path / "samples.txt"
+        output.symlink_to(workdir / runs.TOKENIZER)
+    before = (workdir / runs.CONFIG).read_bytes(), (workdir / runs.TOKENIZER).read_bytes()
+    assert cli.main(["sample", "--workdir", str(workdir), "--steps", "2", "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sedd sample: error: --output ") and "inside the run's own" in err and err.count("\n") == 1
+    assert ((workdir / runs.CONFIG).read_bytes(), (workdir / runs.TOKENIZER).read_bytes()) == before
+
+
 TRAIN_VALUES = [  # (override, what the one line says): each refused before anything is allocated or compiled (the
     # bounds before anything is read; the memory, which needs the devices and the vocabulary, once the data is read)
     ("--config.training.batch_size=0", "training.batch_size must be an integer in [1, "),  # was ZeroDivisionError
@@ -286,3 +301,18 @@ def test_eval_refuses_a_data_dir_that_is_not_a_folder_in_one_line(copy_run, caps
         err = capsys.readouterr().err
         assert err.startswith(f"sedd eval: error: data.data_dir = '{data_dir}': /dev/null is not a folder"), err
         assert err.count("\n") == 1
+
+
+def test_long_values_are_clipped_where_a_message_echoes_them(copy_run, capsys, monkeypatch):
+    """Was: a 5,000-character SEDD_COMPUTE_DTYPE and an 18 kB list of characters echoed whole."""
+    workdir, _ = copy_run
+    monkeypatch.setenv("SEDD_COMPUTE_DTYPE", "x" * 5000)
+    assert cli.main(["sample", "--workdir", str(workdir), "--steps", "2", "--num_samples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "SEDD_COMPUTE_DTYPE='xxx" in err and "(5," in err and len(err) < 1100 and err.count("\n") == 1, err[:300]
+    monkeypatch.delenv("SEDD_COMPUTE_DTYPE")
+    strange = "".join(chr(0x4E00 + i) for i in range(6000))  # none of them in the run's 84 characters
+    assert cli.main(["sample", "--workdir", str(workdir), "--steps", "2", "--num_samples", "1",
+                     "--prefix", strange]) == 2
+    err = capsys.readouterr().err
+    assert "are not in the" in err and len(err) < 1100 and err.count("\n") == 1, len(err)

@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = convert(args.src, args.dst, ema=not args.no_ema, tokenizer_path=args.tokenizer_path,
                           dtype=args.dtype)
     except (ValueError, FileNotFoundError, ImportError, OSError) as e:
-        print(f"sedd convert: error: {validate.short_numbers(str(e))}", file=sys.stderr)
+        print(f"sedd convert: error: {validate.clipped(str(e))}", file=sys.stderr)
         return 2
     print(f"converted {summary['weights_file']} ({summary['weights']} weights, step {summary['step']}, "
           f"{summary['parameters']:,} parameters) to {args.dst}")
