@@ -316,3 +316,41 @@ def test_long_values_are_clipped_where_a_message_echoes_them(copy_run, capsys, m
                      "--prefix", strange]) == 2
     err = capsys.readouterr().err
     assert "are not in the" in err and len(err) < 1100 and err.count("\n") == 1, len(err)
+
+
+def test_a_code_corpus_whose_walk_meets_a_vanished_folder_is_read_not_taken_as_gone(tmp_path, monkeypatch):
+    """Was: a folder that vanished during the walk (a /proc entry) made the whole corpus "gone": "/ is gone: using
+    the data prepared from it on ...". The folder is skipped with a note; the rest is read."""
+    import os
+    import warnings
+
+    from sedd.data import sources
+    corpus = tmp_path / "corpus"
+    (corpus / "pkg").mkdir(parents=True)
+    (corpus / "proc" / "1234").mkdir(parents=True)
+    for name in ("a.py", "b.py", "pkg/c.py"):
+        (corpus / name).write_text(f"x = {len(name)}\n")
+    vanished = str(corpus / "proc" / "1234")
+    real = os.scandir
+
+    def scandir(path="."):
+        if os.fspath(path) == vanished:
+            raise FileNotFoundError(2, "No such file or directory", vanished)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.warns(UserWarning, match="proc/1234/ \\(not listed: No such file or directory\\)"):
+        found = sources.list_sources(corpus)
+    assert [f.relative_to(corpus).as_posix() for f in found] == ["a.py", "b.py", "pkg/c.py"]
+    # With an earlier preparation of the same corpus on disk, the builder reads the files, not the preparation.
+    data_dir = tmp_path / "data"
+    with pytest.warns(UserWarning, match="not listed"):
+        key = sources.SourceCode(path=str(corpus), data_dir=str(data_dir)).key
+    old = data_dir / sources.SourceCode.name / f"{key}_00000000" / str(sources.SourceCode.VERSION)
+    old.mkdir(parents=True)
+    (old / "sedd_manifest.json").write_text(json.dumps({"prepared": "yesterday", "files": ["a.py"]}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        builder = sources.SourceCode(path=str(corpus), data_dir=str(data_dir))
+    assert not any("is gone" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    assert len(builder.files) == 3
