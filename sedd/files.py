@@ -185,7 +185,7 @@ def _inside_folder(folder: Path, root: str | Path) -> Path:
     """folder's real path, refused unless it is root's real path or lies inside it."""
     real, home = Path(folder).resolve(), Path(root).resolve()
     if real != home and home not in real.parents:
-        raise UnsafeFile(f"{folder} leads to {real}, outside {root}; a run's files are written only inside it")
+        raise UnsafeFile(f"{folder} leads to {real}, outside {root}; a run's files are read and written only inside it")
     return real
 
 
