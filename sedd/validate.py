@@ -342,9 +342,9 @@ def check_training(config) -> None:
         raise ValueError(f"training.accum_steps = {shown(t.accum_steps)} is more than training.n_iters = "
                          f"{shown(t.n_iters)}: no update would ever be applied")
     tokens, have = config.data.markov.num_tokens, available_memory(devices=False)
-    if config.data.name == "markov" and tokens * MARKOV_BYTES_PER_TOKEN > have:
-        raise ValueError(f"data.markov.num_tokens = {shown(tokens)} needs about "
-                         f"{tokens * MARKOV_BYTES_PER_TOKEN / 2**30:,.1f} GiB; this machine has {have / 2**30:,.1f} GiB")
+    if config.data.name == "markov" and (need := tokens * MARKOV_BYTES_PER_TOKEN) > have:
+        raise ValueError(f"data.markov.num_tokens = {shown(tokens)} needs about {need / 2**30:,.1f} GiB; this machine "
+                         f"has {have / 2**30:,.1f} GiB")
 
 
 def check_training_memory(config) -> None:
@@ -366,7 +366,8 @@ def check_training_memory(config) -> None:
                                      4 * weights), ("training.eval_samples", t.eval_samples, t.eval_samples, 0)):
         need = memory_estimate(config, rows) + extra
         if need > have:
-            raise ValueError(f"{key} = {shown(value)}: {rows:,} sequences of data.seq_len = "
-                             f"{config.data.seq_len} tokens (model.n_heads = {config.model.n_heads}, hidden_size = "
-                             f"{config.model.hidden_size}) need at least {need / 2**30:,.1f} GiB (attention is quadratic "
-                             f"in the length); this process has {have / 2**30:,.1f} GiB")
+            m = config.model
+            raise ValueError(f"{key} = {shown(value)}: {rows:,} sequences of data.seq_len = {config.data.seq_len} "
+                             f"tokens (model.n_heads = {m.n_heads}, hidden_size = {m.hidden_size}) need at least "
+                             f"{need / 2**30:,.1f} GiB (attention is quadratic in the length); this process has "
+                             f"{have / 2**30:,.1f} GiB")

@@ -170,7 +170,7 @@ def test_a_failed_token_cache_leaves_no_temporary_file(tmp_path):
 
 
 
-# --------------------------------------------------------------------------- issue 72: what a run writes, and its config
+# ------------------------------------------------------------------ issue 72: what a run writes, and its config
 
 
 def test_every_file_a_run_writes_is_renamed_into_place_never_written_through_a_link_or_a_fifo(tmp_path, monkeypatch):
