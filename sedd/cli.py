@@ -26,8 +26,8 @@ import jax
 import numpy as np
 
 from sedd import config as config_lib
-from sedd import convert, distill, figures, kernels, runs, sampling, sharding, train, validate
-from sedd.data import BUILDERS, default_data_dir, load_tokenizer, sample_prompt
+from sedd import convert, distill, files, figures, kernels, runs, sampling, sharding, train, validate
+from sedd.data import BUILDERS, check_data_dir, default_data_dir, load_tokenizer, sample_prompt
 from sedd.data.builders import MANIFEST
 from sedd.data.tokenizers import EOS_TEXT
 from sedd.kinds import capabilities
@@ -177,8 +177,8 @@ def _sample(args) -> int:
         else:
             out = "".join(f"--- sample {i}\n{t}\n" for i, t in enumerate(texts))
         try:
-            Path(args.output).write_text(out)
-        except OSError as e:
+            files.write_text(args.output, out, Path(args.output).parent)  # a temporary file renamed over it
+        except (OSError, files.UnsafeFile) as e:
             raise ValueError(f"writing the samples to {args.output} failed: {e}") from None
     else:
         for i, t in enumerate(texts):
@@ -297,6 +297,8 @@ def eval_data(workdir: str | Path, overrides: list[str]) -> dict:
     given = {arg[len("--config.data."):].split("=")[0] for arg in overrides if arg.startswith("--config.data.")}
     if data["name"] == "markov":  # drawn from the config's chain: no file is read or written
         return data
+    if "data_dir" in given:  # before the run is loaded
+        check_data_dir(data["data_dir"])
     name = "text" if data["name"] == "shakespeare" and data["path"] else data["name"]
     builder = BUILDERS[name].name if name in BUILDERS else None  # an unknown name is load_dataset's error
     folder = Path(data["data_dir"] or default_data_dir()).expanduser() / str(builder)
@@ -432,7 +434,7 @@ def _command(argv: list[str] | None) -> int:
     try:  # every number and path, before any work (sedd serve and sedd convert check their own)
         validate.check_args(args.command, args)
     except ValueError as e:
-        print(f"sedd {args.command}: error: {validate.short_numbers(str(e))}", file=sys.stderr)
+        print(f"sedd {args.command}: error: {validate.clipped(str(e))}", file=sys.stderr)
         return 2
     warnings.showwarning = _show_warning
     if args.command == "convert":
@@ -459,7 +461,7 @@ def _command(argv: list[str] | None) -> int:
         return _sample(args)
     except (ValueError, KeyError, FileNotFoundError, RuntimeError, FloatingPointError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"sedd {args.command}: error: {validate.short_numbers(str(msg))}", file=sys.stderr)
+        print(f"sedd {args.command}: error: {validate.clipped(str(msg))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # outside a training loop (which saves and stops instead): nothing to save
         print(f"\nsedd {args.command}: interrupted", file=sys.stderr)
@@ -469,7 +471,7 @@ def _command(argv: list[str] | None) -> int:
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     """Our own warnings as one line, `sedd: warning: ...`; others as Python shows them."""
     if Path(filename).resolve().is_relative_to(Path(__file__).resolve().parent):
-        print(f"sedd: warning: {message}", file=file or sys.stderr)
+        print(f"sedd: warning: {validate.clipped(str(message))}", file=file or sys.stderr)
     else:
         _python_show_warning(message, category, filename, lineno, file, line)
 

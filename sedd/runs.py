@@ -5,8 +5,8 @@ A run directory holds everything needed to resume training or to use the model:
   config.json      the resolved config (with config.vocab_size filled in)
   tokenizer.json   the tokenizer (a character vocabulary is built from the data)
   metrics.jsonl    one JSON object per logged step (units in the key names)
-  checkpoints/     orbax checkpoints of the train state (sedd.train), each a
-                   dict: step, params, opt_state, ema, key, bad_step
+  checkpoints/     orbax checkpoints of the train state (sedd.train), each a dict: step, params,
+                   opt_state, ema, key, bad_step; and a SHA-256 of each array (``sedd.files.CHECKSUMS``)
   checkpoints_unreadable/  checkpoints a resumed run could not read, set aside (never deleted)
   layouts.json     a spec run's round layout by device (``sedd.kinds.spec.choose_layout``)
 
@@ -112,11 +112,8 @@ def read_config(workdir: str | Path) -> ml_collections.ConfigDict:
 
 
 def _read_bounded(path: Path, limit: int) -> str:
-    """The UTF-8 text of a regular file of its run directory, at most `limit` bytes (``sedd.files.read_text``).
-
-    Raises:
-      RunError: a link out of the run, a FIFO, a device, a folder, a larger file.
-    """
+    """``sedd.files.read_text`` of a file of its run directory, at most `limit` bytes; RunError for what it refuses
+    (a link out of the run, a FIFO, a device, a folder, a larger file)."""
     try:
         return files.read_text(path, limit, root=path.parent)
     except files.UnsafeFile as e:
@@ -124,13 +121,18 @@ def _read_bounded(path: Path, limit: int) -> str:
 
 
 def check_config(config: ml_collections.ConfigDict, where: str) -> None:
-    """The checks of ``read_config`` on a config about to be trained (vocab_size, not known yet, taken as 2).
+    """The checks of ``read_config`` on a config about to be trained (vocab_size, not known yet, taken as 2),
+    then ``sedd.validate.check_training``'s (the training keys' bounds), before any work.
 
     Raises:
       RunError: `where`: the first key of the wrong type, not finite or out of bounds.
     """
     config = ml_collections.ConfigDict({"vocab_size": 2, **config.to_dict()})  # a known vocab_size wins
     _check_config(config, where)
+    try:
+        validate.check_training(config)
+    except ValueError as e:
+        raise RunError(f"{where}: {e}") from None
 
 
 def _check_config(config: ml_collections.ConfigDict, path: Path | str) -> None:
@@ -210,9 +212,7 @@ def read_tokenizer(workdir: str | Path, vocab_size: int):
 
 def _check_gpt2_files(path: Path) -> None:
     """A GPT-2 tokenizer's files are regular files of bounded size (not a device, a FIFO, a huge file)."""
-    files = [path] if not path.is_dir() else [f for f in (path / n for n in ("tokenizer.json", "vocab.json",
-                                                                                "merges.txt")) if f.exists()]
-    for f in files:
+    for f in [path] if not path.is_dir() else [path / n for n in ("tokenizer.json", "vocab.json", "merges.txt")]:
         if f.exists() and not (f.is_file() and f.stat().st_size <= MAX_TOKENIZER_BYTES):
             raise RunError(f"the GPT-2 tokenizer file {f} is not a regular file of at most {MAX_TOKENIZER_BYTES} "
                            "bytes")
@@ -225,11 +225,10 @@ RUN_ENTRIES = (CONFIG, TOKENIZER, METRICS, CHECKPOINTS, "checkpoints_unreadable"
 def check_run_links(workdir: str | Path) -> None:
     """Refuse a run directory whose files or folders of ``RUN_ENTRIES``, or a checkpoint, are symbolic links.
 
-    Training writes config.json and metrics.jsonl, deletes old checkpoints and
-    moves unreadable ones aside: through a link, each would reach outside the
-    run (a received run's `checkpoints_unreadable -> ~/elsewhere` once had a
-    resume move a whole checkpoint folder there). The run directory itself
-    may be a link: the command line names it.
+    Training writes config.json and metrics.jsonl (a FIFO there blocked a resume for ever), deletes old
+    checkpoints and moves unreadable ones aside: through a link, each would reach outside the run (a received
+    run's `checkpoints_unreadable -> ~/elsewhere` once had a resume move a whole checkpoint folder there). The
+    run directory itself may be a link: the command line names it.
 
     Raises:
       RunError: naming the link and where it points; nothing was touched.
@@ -244,6 +243,9 @@ def check_run_links(workdir: str | Path) -> None:
             raise RunError(f"{path} is a symbolic link (to {os.readlink(path)}); a run directory's files and "
                            "checkpoints are written, moved and deleted in place, so links out of it are refused. "
                            "Replace the link by a folder (or move the run away) and run again; nothing was touched")
+        if path.name in (CONFIG, TOKENIZER, METRICS) and path.exists() and not path.is_file():  # a FIFO blocked
+            raise RunError(f"{path} is not a regular file (a FIFO, a device or a folder); a run's files are read and "
+                           "written only as regular files; nothing was touched")
 
 
 def move_inside(src: Path, folder: Path) -> Path:
@@ -344,21 +346,21 @@ def checkpoint_manager(workdir: str | Path, config=None) -> ocp.CheckpointManage
     """The orbax manager of workdir/checkpoints.
 
     With a config (training): saves every training.ckpt_every steps (orbax's
-    save policy; ``save(..., force=True)`` saves at any step) and keeps
-    max_to_keep, plus every keep_period-th. Without one: for reading, it
-    creates nothing.
+    save policy; ``save(..., force=True)`` saves at any step) and keeps the
+    newest max_to_keep (at least the newest, which is whole: saves are
+    synchronous), plus every keep_period-th. Without one: for reading, it
+    creates nothing. The folder is walked first (``sedd.files.check_checkpoints``):
+    orbax reads every step's metadata as it starts, and a FIFO there blocked it for ever.
     """
-    policy = ocp.checkpoint_managers.save_decision_policy
+    files.check_checkpoints(Path(workdir) / CHECKPOINTS, workdir)
     if config is None:
         options = ocp.CheckpointManagerOptions(create=False)
-    else:
-        t = config.training
-        options = ocp.CheckpointManagerOptions(
-            save_decision_policy=policy.FixedIntervalPolicy(t.ckpt_every),
-            max_to_keep=t.max_to_keep,
-            keep_period=t.keep_period or None,
-            enable_async_checkpointing=False,
-        )
+    else:  # orbax's LatestN(0) deleted every checkpoint (check_training refuses 0 first)
+        t, keep = config.training, ocp.checkpoint_managers.preservation_policy
+        kept = [keep.LatestN(max(t.max_to_keep, 1))] + ([keep.EveryNSteps(t.keep_period)] if t.keep_period else [])
+        options = ocp.CheckpointManagerOptions(  # orbax deletes only after the newer checkpoint is whole
+            save_decision_policy=ocp.checkpoint_managers.save_decision_policy.FixedIntervalPolicy(t.ckpt_every),
+            preservation_policy=keep.AnyPreservationPolicy(kept), enable_async_checkpointing=False)
     return ocp.CheckpointManager(Path(workdir).absolute() / CHECKPOINTS, options=options)
 
 
@@ -379,19 +381,19 @@ def restore(manager: ocp.CheckpointManager, target: dict, step: int | None = Non
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target)
     args = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
                                   partial_restore=True)
+    folder = Path(manager.directory) / str(step)
     try:
-        files.check_checkpoint_shapes(Path(manager.directory) / str(step) / "state", target)  # before any read
+        files.check_checkpoint_shapes(folder / "state", target)  # before any read
         state = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
         if not bool(_all_finite([x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)])):
             raise ValueError("it holds non-finite values, which training never saves")
+        files.verify_checksums(folder, state, folder.parent.parent)  # a flipped bit that leaves a finite value
         return state
     except Exception as e:  # orbax raises many types for unreadable or mismatched files
         raise RuntimeError(  # one line: orbax's messages quote TensorStore specs over many lines
-            f"could not restore the checkpoint of step {step} in {manager.directory}: "
-            f"{type(e).__name__}: {' '.join(str(e)[:2000].split())[:400]} It is corrupt or was written by an "
-            "incompatible config. The run directory was left as it is; move it away or "
-            "pass a new --workdir."
-        ) from e
+            f"could not restore the checkpoint of step {step} in {manager.directory}: {type(e).__name__}: "
+            f"{' '.join(str(e)[:2000].split())[:400]} It is corrupt or was written by an incompatible config. "
+            "The run directory was left as it is; move it away or pass a new --workdir.") from e
 
 
 @jax.jit
@@ -424,10 +426,8 @@ def restore_newest(manager: ocp.CheckpointManager, target: dict,
             skipped.append((step, e.__cause__))
             continue
         for bad, err in skipped:
-            where = ""
-            if quarantine is not None:
-                dest = move_inside(Path(manager.directory) / str(bad), Path(quarantine))
-                where = f"; moved to {dest}"
+            where = "" if quarantine is None else \
+                f"; moved to {move_inside(Path(manager.directory) / str(bad), Path(quarantine))}"
             warnings.warn(f"skipped the checkpoint of step {bad} in {manager.directory}: it cannot be read "
                           f"({type(err).__name__}: {str(err)[:200]}){where}. Using step {step}.",
                           RuntimeWarning, stacklevel=2)
@@ -632,9 +632,10 @@ def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
       FileNotFoundError: not a run directory, no checkpoint yet, or no checkpoint of `step`.
       RunError: config.json or tokenizer.json cannot be read, holds values
         out of bounds, or their vocabularies differ (``read_config``, ``read_tokenizer``).
-      RuntimeError: the checkpoint of `step` (default: every checkpoint) is corrupt or does not
-        fit the config. With the default step an unreadable newest checkpoint is skipped with
-        a RuntimeWarning naming it.
+      RuntimeError: the checkpoint of `step` (default: every checkpoint) is corrupt (its arrays' SHA-256
+        too) or does not fit the config. With the default step an unreadable newest checkpoint is
+        skipped with a RuntimeWarning naming it.
+      sedd.files.UnsafeFile: checkpoints/ holds a link, a FIFO or a device.
     """
     workdir = Path(workdir)
     config = read_config(workdir)
@@ -643,11 +644,8 @@ def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
         validate.check_memory(config, 1)
     except ValueError as e:
         raise RunError(f"{workdir / CONFIG}: {e}") from None
-    if not (workdir / CHECKPOINTS).is_dir():
-        raise FileNotFoundError(f"{workdir} holds no checkpoint yet; train first with `sedd train`")
-    manager = checkpoint_manager(workdir)
-    steps = manager.all_steps()
-    if not steps:
+    manager = checkpoint_manager(workdir) if (workdir / CHECKPOINTS).is_dir() else None
+    if not (steps := manager.all_steps() if manager else []):
         raise FileNotFoundError(f"{workdir} holds no checkpoint yet; train first with `sedd train`")
     if step is not None and step not in steps:
         raise FileNotFoundError(f"{workdir} has no checkpoint of step {step}; it has {sorted(steps)}")

@@ -36,7 +36,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
-from sedd import kernels, kinds, losses, runs
+from sedd import files, kernels, kinds, losses, runs, validate
 from sedd.progress import BarLines, Pace
 from sedd import config as config_lib
 from sedd import sharding as sharding_lib
@@ -302,7 +302,7 @@ class MetricsWriter:
 
     def __init__(self, workdir: Path, active: bool = True):
         self.path = workdir / runs.METRICS
-        self.file = open(self.path, "a") if active else None
+        self.file = files.open_append(self.path, workdir) if active else None  # never a FIFO, never a link
         self.tb = None
         if active:
             try:
@@ -464,6 +464,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     """
     workdir = Path(workdir)
     runs.check_run_links(workdir)  # nothing written, moved or deleted through a link out of the run
+    runs.check_config(config, "the config")  # every size, before anything is read, allocated or compiled
     t = config.training
     for key in ("log_every", "eval_every", "ckpt_every"):  # steps between logs, evaluations, checkpoints
         if not (isinstance(t[key], int) and t[key] >= 1):
@@ -493,13 +494,14 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     tokenizer = dataset.tokenizer
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = tokenizer.vocab_size
+    validate.check_training_memory(config)  # a step's rows and the samples, before anything is built or compiled
     workdir.mkdir(parents=True, exist_ok=True)
     if jax.process_count() > 1:  # every process has read the run directory before process 0 writes it
         multihost_utils.sync_global_devices("sedd: run directory read")
     if lead:
         if not tok_path.exists():
             save_tokenizer(tokenizer, tok_path)
-        (workdir / runs.CONFIG).write_text(config_lib.to_json(config))
+        files.write_text(workdir / runs.CONFIG, config_lib.to_json(config), workdir)
 
     # ---- model, optimizer, state; resume from the newest checkpoint if any
     trainer = make_trainer(config, mesh)
@@ -566,6 +568,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
                                                      f"{state_bytes / 2**20:.1f} MiB"), manager)
         try:
             manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
+            if lead:  # after orbax finished the step's folder: a SHA-256 of each array, verified at every restore
+                files.write_checksums(Path(manager.directory) / str(step), state, workdir)
         except Exception as e:
             raise _save_failed(e, manager) from e
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import jax
 
 from sedd import config as config_lib
+from sedd import files
 
 MAX_SEED = 2**63  # jax.random.key takes a C long: 2**63 and above overflow
 MAX_STEPS = 1 << 16  # a run's sampling.steps (sedd.runs.SIZE_BOUNDS) and serve's --max_steps
@@ -51,6 +52,19 @@ def shown(value) -> str:
 def short_numbers(text: str) -> str:
     """text with each run of more than 24 digits named by its size (`<a 400-digit number>`), for one-line errors."""
     return re.sub(r"\d{25,}", lambda m: f"<a {len(m.group())}-digit number>", text)
+
+
+MAX_LINE = 1000  # characters of a line of a message shown to the user
+
+
+def clipped(message: str) -> str:
+    """A message as it is shown (an error line, a warning, an HTTP error): ``short_numbers``, and each line of it
+    over ``MAX_LINE`` characters cut in the middle, its length named: its start (what is wrong) and end (what
+    was expected) kept. A value a message echoes (a 5,000-character SEDD_COMPUTE_DTYPE, a list of 18 kB of
+    characters a run cannot write) is then never shown whole."""
+    keep = MAX_LINE // 2 - 40
+    return "\n".join(line if len(line) <= MAX_LINE else f"{line[:keep]} ... ({len(line):,} characters) ... "
+                     f"{line[-keep:]}" for line in short_numbers(message).split("\n"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +179,18 @@ def check_args(command: str, args: argparse.Namespace) -> None:
         text = getattr(args, dest, "") or ""
         if len(text) > MAX_TEXT:
             raise ValueError(f"--{dest} holds {len(text)} characters; at most {MAX_TEXT} are read")
+    for run in (getattr(args, dest, "") for dest in ("workdir", "draft")) if getattr(args, "output", "") else ():
+        if run and run != "ngram":
+            check_output_outside("--output", args.output, run)
+
+
+def check_output_outside(flag: str, path: str, run: str) -> None:
+    """Raise ValueError when the output file `path` resolves (links followed) to a file sedd wrote in the run
+    directory `run` (``sedd.files.RUN_NAMES``): `sedd sample --output RUN/config.json` overwrote the run's config."""
+    out, home = Path(path).expanduser().resolve(), Path(run).expanduser().resolve()
+    if home in out.parents and (name := out.relative_to(home).parts[0]) in files.RUN_NAMES:
+        raise ValueError(f"{flag} {path} is {out}, inside the run's own {name}: the samples would overwrite what the "
+                         f"run {run} needs; write them elsewhere")
 
 
 FETCH = ("`huggingface-cli download louaaron/sedd-small --local-dir sedd-small` (the authors' weights) and "
@@ -231,7 +257,7 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse's refusals (`--steps nan`: not an int) as one line, `prog: error: ...`, and exit code 2."""
 
     def error(self, message: str):
-        print(f"{self.prog}: error: {short_numbers(message)} ({self.prog} --help shows the options)", file=sys.stderr)
+        print(f"{self.prog}: error: {clipped(message)} ({self.prog} --help shows the options)", file=sys.stderr)
         sys.exit(2)
 
 
@@ -255,15 +281,19 @@ def memory_estimate(config, rows: int = 1) -> int:
     return 4 * (3 * weights + rows * per_row)
 
 
-def available_memory() -> int:
-    """Bytes this machine can give a computation: the default device's limit, else the physical memory."""
+def available_memory(devices: bool = True) -> int:
+    """Bytes this machine can give a computation: the default device's limit, else (or with devices=False, which
+    starts no backend) the physical memory."""
+    return (device_limit() if devices else None) or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def device_limit() -> int | None:
+    """The default device's own memory in bytes (an accelerator's), None where it has none of its own (a CPU)."""
     try:
         stats = jax.devices()[0].memory_stats() or {}
     except Exception:  # noqa: BLE001  no device statistics on this backend: the host's memory
         stats = {}
-    if stats.get("bytes_limit"):
-        return int(stats["bytes_limit"])
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(stats["bytes_limit"]) if stats.get("bytes_limit") else None
 
 
 def check_memory(config, rows: int = 1, what: str = "") -> None:
@@ -278,3 +308,73 @@ def check_memory(config, rows: int = 1, what: str = "") -> None:
                          f"hidden_size = {m.hidden_size} and vocab_size = {config.vocab_size}, {rows} sequence(s) "
                          f"at once, needs about {need / 2**30:.1f} GiB (attention is quadratic in the length); "
                          f"this machine has {have / 2**30:.1f} GiB")
+
+
+# --------------------------------------------------------------------------- a config about to be trained
+
+
+TRAINING_BOUNDS = {
+    "training.n_iters": Bound(1, 2**31 - 1, why="batches to train on"),
+    "training.batch_size": Bound(1, 2**31 - 1, why="sequences a step, then this machine's memory"),
+    "training.accum_steps": Bound(1, 2**31 - 1, why="batches an update, at most training.n_iters"),
+    "training.max_to_keep": Bound(1, 2**31 - 1, why="the newest checkpoints kept; 0 would delete every one"),
+    "training.keep_period": Bound(0, 2**31 - 1, why="0 = none"),
+    "training.eval_batches": Bound(1, 2**31 - 1),
+    "training.eval_samples": Bound(0, MAX_ROWS, why="0 = none, then this machine's memory"),
+    "optim.warmup": Bound(0, 2**31 - 1, why="optimizer updates; 0 = none"),
+    "optim.grad_clip": Bound(0, math.inf, integer=False, why="a global norm; 0 = off"),
+    "data.markov.num_tokens": Bound(1, 2**40, why="tokens drawn, then this machine's memory"),
+}
+"""What a config about to be trained must hold beside the sizes of a run's config (``sedd.runs.check_config``):
+each value that sizes an allocation or that a step reads, so that none fails after compiling or training."""
+MARKOV_BYTES_PER_TOKEN = 32  # the stream's uniforms (8), its tokens (4, twice), the packed rows; at least
+
+
+def check_training(config) -> None:
+    """Check the keys of ``TRAINING_BOUNDS`` before anything is read, built or compiled (no device is touched:
+    `sedd train` splits its CPU after this), and a Markov corpus's tokens against the host's memory.
+
+    Raises:
+      ValueError: one line naming the key, its bound and the value.
+    """
+    t, o = config.training, config.optim
+    values = {"training.n_iters": t.n_iters, "training.batch_size": t.batch_size, "training.accum_steps": t.accum_steps,
+              "training.max_to_keep": t.max_to_keep, "training.keep_period": t.keep_period,
+              "training.eval_batches": t.eval_batches, "training.eval_samples": t.eval_samples,
+              "optim.warmup": o.warmup, "optim.grad_clip": o.grad_clip,
+              "data.markov.num_tokens": config.data.markov.num_tokens}
+    for key, bound in TRAINING_BOUNDS.items():
+        bound.check(key, values[key])
+    if t.accum_steps > t.n_iters:
+        raise ValueError(f"training.accum_steps = {shown(t.accum_steps)} is more than training.n_iters = "
+                         f"{shown(t.n_iters)}: no update would ever be applied")
+    tokens, have = config.data.markov.num_tokens, available_memory(devices=False)
+    if config.data.name == "markov" and (need := tokens * MARKOV_BYTES_PER_TOKEN) > have:
+        raise ValueError(f"data.markov.num_tokens = {shown(tokens)} needs about {need / 2**30:,.1f} GiB; this machine "
+                         f"has {have / 2**30:,.1f} GiB")
+
+
+def check_training_memory(config) -> None:
+    """A step's rows and an evaluation's samples against this process's memory, before anything is built or
+    compiled (after the processes have connected and the data is read: config.vocab_size is known).
+
+    Each process takes training.batch_size / processes rows of a step; its need is at least ``memory_estimate``
+    of them plus four more copies of the weights (gradient, EMA, two moments), and an evaluation's
+    ``memory_estimate`` of training.eval_samples rows. An accelerator brings its own memory (its limit times this
+    process's devices), CPU devices share the host's. A lower bound: what it refuses cannot run here.
+
+    Raises:
+      ValueError: one line naming the key, the sizes and the memory.
+    """
+    t, limit = config.training, device_limit()
+    have = limit * jax.local_device_count() if limit else available_memory(devices=False)
+    weights = memory_estimate(config, 0) // 3
+    for key, value, rows, extra in (("training.batch_size", t.batch_size, -(-t.batch_size // jax.process_count()),
+                                     4 * weights), ("training.eval_samples", t.eval_samples, t.eval_samples, 0)):
+        need = memory_estimate(config, rows) + extra
+        if need > have:
+            m = config.model
+            raise ValueError(f"{key} = {shown(value)}: {rows:,} sequences of data.seq_len = {config.data.seq_len} "
+                             f"tokens (model.n_heads = {m.n_heads}, hidden_size = {m.hidden_size}) need at least "
+                             f"{need / 2**30:,.1f} GiB (attention is quadratic in the length); this process has "
+                             f"{have / 2**30:,.1f} GiB")

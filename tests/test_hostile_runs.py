@@ -8,6 +8,8 @@ leaves no temporary file.
 
 import json
 import shutil
+import stat
+import threading
 import time
 
 import numpy as np
@@ -166,3 +168,189 @@ def test_a_failed_token_cache_leaves_no_temporary_file(tmp_path):
     assert stats["tokens"] == 5 and [p.name for p in tmp_path.iterdir()] == ["train.npy"]
     assert np.load(tmp_path / "train.npy").tolist() == [0, 1, 0, 1, 2]
 
+
+
+# ------------------------------------------------------------------ issue 72: what a run writes, and its config
+
+
+def test_every_file_a_run_writes_is_renamed_into_place_never_written_through_a_link_or_a_fifo(tmp_path, monkeypatch):
+    """Was: a spec run wrote layouts.json.tmp with a plain open: a link planted there made `sedd sample` overwrite
+    its target (and a FIFO there blocked it). choose_layout's write, with its timing stubbed."""
+    import functools
+    import os
+
+    from sedd import config as config_lib
+    from sedd import files, kinds
+    import ml_collections
+    from flax import nnx
+
+    from sedd.kinds import spec
+
+    config = config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.n_blocks=1",
+                                             "--config.model.draft_k=2", "--config.data.seq_len=6"])
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.vocab_size = 3
+    graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
+    rows = [{"layout": "2,3", "positions": 9, "tokens_per_s": 1.0, "tokens_per_call": 2.0}]
+    monkeypatch.setattr(spec, "tune", lambda *a, **k: rows)
+    choose = functools.partial(spec.choose_layout, graphdef, (params, rest), 6, 1, 2)
+    run, victim = tmp_path / "run", tmp_path / "victim"
+    run.mkdir()
+    victim.write_text("the user's")
+    (run / (spec.LAYOUTS_FILE + ".tmp")).symlink_to(victim)
+    choose(run)
+    assert victim.read_text() == "the user's" and (run / (spec.LAYOUTS_FILE + ".tmp")).is_symlink()
+    assert json.loads((run / spec.LAYOUTS_FILE).read_text())  # written, a regular file
+    (run / spec.LAYOUTS_FILE).unlink()
+    (run / spec.LAYOUTS_FILE).symlink_to(victim)  # read refuses a link out of the run; written, it is replaced
+    with pytest.raises(ValueError, match="outside"):
+        choose(run)
+    (run / (spec.LAYOUTS_FILE + ".tmp")).unlink()
+    os.mkfifo(run / (spec.LAYOUTS_FILE + ".tmp"))
+    (run / spec.LAYOUTS_FILE).unlink()
+    timer = threading.Timer(20, lambda: os.close(os.open(run / (spec.LAYOUTS_FILE + ".tmp"),
+                                                         os.O_RDWR | os.O_NONBLOCK)))  # no hang if it opens it
+    timer.start()
+    choose(run)  # was: blocked for ever opening the FIFO
+    timer.cancel()
+    assert victim.read_text() == "the user's" and (run / spec.LAYOUTS_FILE).is_file()
+    assert stat.S_ISFIFO(os.lstat(run / (spec.LAYOUTS_FILE + ".tmp")).st_mode)  # never opened, left as it was
+    assert sorted(p.name for p in run.iterdir()) == [spec.LAYOUTS_FILE, spec.LAYOUTS_FILE + ".tmp"]  # no temp left
+    (run / "sub").symlink_to(tmp_path)
+    with pytest.raises(files.UnsafeFile, match="outside"):  # a folder on the way that leads out of the run
+        files.write_text(run / "sub" / "x.json", "{}", run)
+
+
+@pytest.mark.parametrize("entry", [runs.METRICS, runs.CONFIG])
+def test_a_resumed_run_refuses_a_fifo_where_it_appends_or_writes(copy_run, tiny_run, capsys, entry):
+    """Was: a FIFO metrics.jsonl blocked `sedd train` for ever on resume (opened for appending)."""
+    import os
+    workdir, _ = copy_run
+    (workdir / entry).unlink(missing_ok=True)
+    os.mkfifo(workdir / entry)
+    argv = ["train", "--config", "tiny", "--workdir", str(workdir), f"--config.data.data_dir={tiny_run[1]}",
+            "--config.training.n_iters=6", "--config.training.ckpt_every=2", "--config.training.eval_every=4",
+            "--config.model.n_blocks=1"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sedd train: error: ") and err.count("\n") == 1 and f"{entry} is not a regular file" in err
+    from sedd import files
+    with pytest.raises(files.UnsafeFile, match="a FIFO"):  # the appender itself never opens one for good
+        files.open_append(workdir / entry, workdir)
+
+
+@pytest.mark.parametrize("target", [runs.CONFIG, runs.TOKENIZER, "checkpoints/4/_CHECKPOINT_METADATA", "link"])
+def test_sample_refuses_an_output_that_is_one_of_the_runs_own_files(copy_run, capsys, tmp_path, target):
+    """Was: `sedd sample --workdir RUN --output RUN/config.json` overwrote the run's config (the run then failed)."""
+    workdir, _ = copy_run
+    output = workdir / target
+    if target == "link":  # a link elsewhere that leads to the run's tokenizer
+        output = tmp_path / "samples.txt"
+        output.symlink_to(workdir / runs.TOKENIZER)
+    before = (workdir / runs.CONFIG).read_bytes(), (workdir / runs.TOKENIZER).read_bytes()
+    assert cli.main(["sample", "--workdir", str(workdir), "--steps", "2", "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sedd sample: error: --output ") and "inside the run's own" in err and err.count("\n") == 1
+    assert ((workdir / runs.CONFIG).read_bytes(), (workdir / runs.TOKENIZER).read_bytes()) == before
+
+
+TRAIN_VALUES = [  # (override, what the one line says): each refused before anything is allocated or compiled (the
+    # bounds before anything is read; the memory, which needs the devices and the vocabulary, once the data is read)
+    ("--config.training.batch_size=0", "training.batch_size must be an integer in [1, "),  # was ZeroDivisionError
+    ("--config.training.batch_size=-1", "training.batch_size must be an integer in [1, "),  # was: after compiling
+    ("--config.training.batch_size=1000000000", "training.batch_size = 1000000000: 1,000,000,000 sequences of"),
+    ("--config.training.eval_samples=1000000000", "training.eval_samples must be an integer in [0, 65536]"),
+    ("--config.training.eval_samples=60000 --config.data.seq_len=1024", "training.eval_samples = 60000: 60,000 seq"),
+    ("--config.data.seq_len=131072", "training.batch_size = 8: 8 sequences of data.seq_len = 131072 tokens"),
+    ("--config.data.markov.num_tokens=" + str(10**12), "data.markov.num_tokens = 1000000000000 needs about"),
+    ("--config.training.n_iters=0", "training.n_iters must be an integer in [1, "),  # were accepted, no effect
+    ("--config.training.n_iters=-5", "training.n_iters must be an integer in [1, "),
+    ("--config.training.accum_steps=1000000000", "training.accum_steps = 1000000000 is more than training.n_iters"),
+    ("--config.optim.warmup=-1", "optim.warmup must be an integer in [0, "),
+    ("--config.optim.grad_clip=-1", "optim.grad_clip must be a finite number in [0, inf] (a global norm; 0 = off)"),
+    ("--config.training.max_to_keep=0", "training.max_to_keep must be an integer in [1, "),
+]
+
+
+@pytest.mark.parametrize("override,message", TRAIN_VALUES, ids=[o.split("=")[0][9:] + "=" + o.split("=")[1][:12]
+                                                                for o, _ in TRAIN_VALUES])
+def test_every_config_value_that_sizes_an_allocation_is_refused_by_name_before_any_work(tiny_run, tmp_path, capsys,
+                                                                                      override, message):
+    workdir = tmp_path / "run"
+    extra = ["--config.data.name=markov"] if "markov" in override else [f"--config.data.data_dir={tiny_run[1]}"]
+    assert cli.main(["train", "--config", "tiny", "--workdir", str(workdir), *override.split(), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sedd train: error: ") and message in err, err
+    assert err.count("\n") == 1 and not workdir.exists()
+
+
+def test_the_same_checks_hold_for_a_library_caller_of_train(tmp_path):
+    from sedd import config as config_lib
+    from sedd import train
+    config = config_lib.load_config("tiny", ["--config.training.batch_size=0"])
+    with pytest.raises(runs.RunError, match="training.batch_size must be an integer in"):
+        train.train(config, tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run").exists()
+
+
+def test_eval_refuses_a_data_dir_that_is_not_a_folder_in_one_line(copy_run, capsys):
+    """Was: `sedd eval --config.data.data_dir=/dev/null` ended in a NotADirectoryError traceback."""
+    workdir, _ = copy_run
+    for data_dir in ("/dev/null", "/dev/null/sub"):
+        assert cli.main(["eval", "--workdir", str(workdir), f"--config.data.data_dir={data_dir}"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"sedd eval: error: data.data_dir = '{data_dir}': /dev/null is not a folder"), err
+        assert err.count("\n") == 1
+
+
+def test_long_values_are_clipped_where_a_message_echoes_them(copy_run, capsys, monkeypatch):
+    """Was: a 5,000-character SEDD_COMPUTE_DTYPE and an 18 kB list of characters echoed whole."""
+    workdir, _ = copy_run
+    monkeypatch.setenv("SEDD_COMPUTE_DTYPE", "x" * 5000)
+    assert cli.main(["sample", "--workdir", str(workdir), "--steps", "2", "--num_samples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "SEDD_COMPUTE_DTYPE='xxx" in err and "(5," in err and len(err) < 1100 and err.count("\n") == 1, err[:300]
+    monkeypatch.delenv("SEDD_COMPUTE_DTYPE")
+    strange = "".join(chr(0x4E00 + i) for i in range(6000))  # none of them in the run's 84 characters
+    assert cli.main(["sample", "--workdir", str(workdir), "--steps", "2", "--num_samples", "1",
+                     "--prefix", strange]) == 2
+    err = capsys.readouterr().err
+    assert "are not in the" in err and len(err) < 1100 and err.count("\n") == 1, len(err)
+
+
+def test_a_code_corpus_whose_walk_meets_a_vanished_folder_is_read_not_taken_as_gone(tmp_path, monkeypatch):
+    """Was: a folder that vanished during the walk (a /proc entry) made the whole corpus "gone": "/ is gone: using
+    the data prepared from it on ...". The folder is skipped with a note; the rest is read."""
+    import os
+    import warnings
+
+    from sedd.data import sources
+    corpus = tmp_path / "corpus"
+    (corpus / "pkg").mkdir(parents=True)
+    (corpus / "proc" / "1234").mkdir(parents=True)
+    for name in ("a.py", "b.py", "pkg/c.py"):
+        (corpus / name).write_text(f"x = {len(name)}\n")
+    vanished = str(corpus / "proc" / "1234")
+    real = os.scandir
+
+    def scandir(path="."):
+        if os.fspath(path) == vanished:
+            raise FileNotFoundError(2, "No such file or directory", vanished)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.warns(UserWarning, match="proc/1234/ \\(not listed: No such file or directory\\)"):
+        found = sources.list_sources(corpus)
+    assert [f.relative_to(corpus).as_posix() for f in found] == ["a.py", "b.py", "pkg/c.py"]
+    # With an earlier preparation of the same corpus on disk, the builder reads the files, not the preparation.
+    data_dir = tmp_path / "data"
+    with pytest.warns(UserWarning, match="not listed"):
+        key = sources.SourceCode(path=str(corpus), data_dir=str(data_dir)).key
+    old = data_dir / sources.SourceCode.name / f"{key}_00000000" / str(sources.SourceCode.VERSION)
+    old.mkdir(parents=True)
+    (old / "sedd_manifest.json").write_text(json.dumps({"prepared": "yesterday", "files": ["a.py"]}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        builder = sources.SourceCode(path=str(corpus), data_dir=str(data_dir))
+    assert not any("is gone" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    assert len(builder.files) == 3

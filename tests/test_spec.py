@@ -11,6 +11,7 @@ and a tiny run trains, evaluates and samples through the CLI.
 from __future__ import annotations
 
 import functools
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -228,9 +229,10 @@ def test_a_layout_is_chosen_by_its_speed_here_and_kept_in_the_run_directory(tmp_
     assert all(r["tokens_per_s"] > 0 and 1 <= r["tokens_per_call"] <= L for r in entry["timed"])
     again, line = spec.choose_layout(graphdef, state, L, 1, 2, tmp_path, layouts=layouts)
     assert again == layout and "chosen earlier on this device" in line
-    stuck = tmp_path / "received"  # a run directory it cannot write (here a folder in the file's way, as root
-    (stuck / (spec.LAYOUTS_FILE + ".tmp")).mkdir(parents=True)  # too): the choice is used, not kept
-    again, line = spec.choose_layout(graphdef, state, L, 1, 2, stuck, layouts=layouts[:1])
+    stuck = tmp_path / "received"  # a run directory it cannot write (a refused write, as root too): the choice
+    stuck.mkdir()  # is used, not kept
+    with mock.patch.object(spec.files, "write_text", side_effect=PermissionError(13, "Permission denied")):
+        again, line = spec.choose_layout(graphdef, state, L, 1, 2, stuck, layouts=layouts[:1])
     assert again == layouts[0] and "not kept in" in line and not (stuck / spec.LAYOUTS_FILE).exists(), line
     (tmp_path / spec.LAYOUTS_FILE).write_text("{not json")
     with pytest.raises(ValueError, match="layouts.json is not a layouts file"):

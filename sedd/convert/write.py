@@ -130,13 +130,14 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
         tokenizer = _read_gpt2(tmp / TOKENIZER_DIR, pad=config.vocab_size == GPT2_TOKENS + 1)
         tokenizer.path = str(tok_dir)  # where the copy is once tmp is renamed to dst
         save_tokenizer(tokenizer, tmp / runs.TOKENIZER)
-        (tmp / runs.CONFIG).write_text(config_lib.to_json(config))
-        (tmp / PROVENANCE).write_text(json.dumps(summary, indent=2, sort_keys=True, default=str))
+        files.write_text(tmp / runs.CONFIG, config_lib.to_json(config), tmp)
+        files.write_text(tmp / PROVENANCE, json.dumps(summary, indent=2, sort_keys=True, default=str), tmp)
         state = {"step": jnp.asarray(source.step, jnp.int32), "params": raw, "ema": weights}
         manager = runs.checkpoint_manager(tmp, config)
         manager.save(source.step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
         manager.wait_until_finished()
         manager.close()
+        files.write_checksums(tmp / runs.CHECKPOINTS / str(source.step), state, tmp)  # verified at every load
         try:
             os.rename(tmp, dst)  # atomic; replaces an empty dst, refuses one that gained files meanwhile
         except OSError as e:
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = convert(args.src, args.dst, ema=not args.no_ema, tokenizer_path=args.tokenizer_path,
                           dtype=args.dtype)
     except (ValueError, FileNotFoundError, ImportError, OSError) as e:
-        print(f"sedd convert: error: {validate.short_numbers(str(e))}", file=sys.stderr)
+        print(f"sedd convert: error: {validate.clipped(str(e))}", file=sys.stderr)
         return 2
     print(f"converted {summary['weights_file']} ({summary['weights']} weights, step {summary['step']}, "
           f"{summary['parameters']:,} parameters) to {args.dst}")

@@ -42,9 +42,9 @@ from sedd.data.tokenizers import (EOS_TEXT, CharTokenizer, GPT2Tokenizer, OutOfV
 __all__ = [
     "BUILDERS", "DATASETS", "DATA_DEFAULTS", "DOCUMENTS", "EOS_TEXT", "VAL_FRACTION", "CharTokenizer",
     "GPT2Tokenizer", "MarkovChain", "MarkovData", "OutOfVocabulary", "PackedTokens", "TextData", "TokenData",
-    "data_section", "default_data_dir", "get_builder", "get_tokenizer", "load_dataset", "load_markov",
-    "load_tokenizer", "read_documents", "read_pieces", "sample_prompt", "save_tokenizer", "tokenize_documents",
-    "tokenizer_from_dict", "unigram_entropy_bits",
+    "check_data_dir", "data_section", "default_data_dir", "get_builder", "get_tokenizer", "load_dataset",
+    "load_markov", "load_tokenizer", "read_documents", "read_pieces", "sample_prompt", "save_tokenizer",
+    "tokenize_documents", "tokenizer_from_dict", "unigram_entropy_bits",
 ]
 
 DATASETS = ("shakespeare", "text", "text8", "openwebtext", "tinystories", "code", "markov", *zeroshot.ZERO_SHOT)
@@ -61,6 +61,19 @@ def data_section(config) -> ml_collections.ConfigDict:
     """A data section (a ConfigDict or a partial dict) completed with ``DATA_DEFAULTS``, read by attribute."""
     given = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
     return ml_collections.ConfigDict({**DATA_DEFAULTS, **{k: v for k, v in given.items() if v is not None}})
+
+
+def check_data_dir(data_dir: str) -> str:
+    """data_dir, refused (ValueError naming data.data_dir) unless it is a folder or can be made one.
+
+    `sedd eval --config.data.data_dir=/dev/null` was a NotADirectoryError traceback from inside TFDS.
+    """
+    path = Path(data_dir).expanduser()
+    first = next((p for p in (path, *path.parents) if p.exists()), None)
+    if first is not None and not first.is_dir():
+        raise ValueError(f"data.data_dir = {data_dir!r}: {first} is not a folder; the prepared data is kept in a "
+                         "folder (made if absent)")
+    return data_dir
 
 
 def load_dataset(config, tokenizer=None) -> TextData:
@@ -87,8 +100,8 @@ def load_dataset(config, tokenizer=None) -> TextData:
     config = data_section(config)
     if config.name == "markov":  # synthetic data with a known law: drawn, not read from files
         return load_markov(config)
+    data_dir = check_data_dir(config.data_dir or default_data_dir())
     builder = _builder(config)
-    data_dir = config.data_dir or default_data_dir()
     cache_dir = (Path(data_dir) / "sedd_tokens" / builder.name / builder.builder_config.name
                  / str(builder.version))
     if tokenizer is None:

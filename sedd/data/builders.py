@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import fnmatch
 import hashlib
 import io
 import itertools
@@ -305,12 +306,27 @@ def _non_empty(records: Iterator[dict], what: str) -> Iterator[dict]:
 # ---------------------------------------------------------------- splits of local files
 
 
+def find(root: Path, pattern: str) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """The entries under root whose name fits pattern (as ``root.rglob(pattern)``: no linked folder entered), in
+    sorted order, and each folder that could not be listed with why.
+
+    A folder that vanishes while it is walked (a /proc entry) or cannot be read is
+    left out and named, never taken for the whole source being gone: rglob raised
+    FileNotFoundError, and a corpus that had been prepared before was then read as
+    "gone" (issue 72).
+    """
+    found, unlisted = [], []
+    for folder, dirs, names in os.walk(root, onerror=lambda e: unlisted.append((Path(e.filename), e.strerror))):
+        found += [Path(folder, n) for n in (*dirs, *names) if fnmatch.fnmatchcase(n, pattern)]
+    return sorted(found), unlisted
+
+
 def _list_files(path: Path, patterns: tuple[str, ...]) -> list[Path]:
     if not path.exists():
         raise FileNotFoundError(f"no such file or folder: {path}")
     if path.is_file():
         return [path]
-    files = sorted({p for pat in patterns for p in path.rglob(pat) if p.is_file()})
+    files = sorted({p for pat in patterns for p in find(path, pat)[0] if p.is_file()})
     if not files:
         raise FileNotFoundError(f"no files matching {patterns} under {path}")
     return files
@@ -417,7 +433,7 @@ class TextFiles(tfds.core.ShardBasedBuilder, skip_registration=True):
         try:
             self.files = self.list_files()
         except FileNotFoundError:
-            if self.previous is None:
+            if self.previous is None or os.path.lexists(self.path):  # gone is the source itself, nothing less
                 raise
             self.files = []  # the corpus is gone, its preparation is not: use it
             info = json.loads((self.previous / MANIFEST).read_text())

@@ -25,7 +25,7 @@ import sysconfig
 import warnings
 from pathlib import Path
 
-from sedd.data.builders import VAL_FRACTION, TextFiles, Utf8Errors, line_chunks, register
+from sedd.data.builders import VAL_FRACTION, TextFiles, Utf8Errors, find, line_chunks, register
 
 TEST_DIRS = ("test", "tests", "idle_test")  # folders of tests in CPython's Lib/ (and most projects)
 SKIPPED_DIRS = ("site-packages", "dist-packages", "__pycache__")  # installed packages, not the standard library
@@ -87,8 +87,10 @@ def list_sources(root: Path, glob: str = "*.py", tests: bool = False, max_file_b
     if not root.exists():
         raise FileNotFoundError(f"no such folder: {root}")
     home = root.resolve() if root.is_dir() else root.resolve().parent
-    files, skipped = [], []
-    for f in [root] if root.is_file() else sorted(root.rglob(glob)):
+    found, unlisted = ([root], []) if root.is_file() else find(root, glob)
+    files, skipped = [], [f"{f.relative_to(root) if root in f.parents else f}/ (not listed: {why})"
+                          for f, why in unlisted]
+    for f in found:
         relative = f.relative_to(root) if f != root else Path(f.name)
         if any(part in SKIPPED_DIRS for part in relative.parts[:-1]) or (f != root and not tests
                                                                           and is_test(relative)):
@@ -129,7 +131,10 @@ def _skip_reason(f: Path, home: Path, max_file_bytes: int) -> str | None:
         return "not a regular file"
     if st.st_size > max_file_bytes:
         return f"{st.st_size:,} bytes, over data.code.max_file_bytes = {max_file_bytes:,}"
-    return not_text(real) if st.st_size else None
+    try:
+        return not_text(real) if st.st_size else None
+    except OSError as e:  # vanished or unreadable since its stat
+        return f"unreadable: {e.strerror or e}"
 
 
 @register("code")

@@ -344,8 +344,8 @@ def tokenizer_from_dict(d: dict):
 
 
 def save_tokenizer(tokenizer, path) -> None:
-    """Write ``tokenizer.to_dict()`` as JSON to path (a run's tokenizer.json)."""
-    Path(path).write_text(json.dumps(tokenizer.to_dict()), encoding="utf-8")
+    """Write ``tokenizer.to_dict()`` as JSON to path (a run's tokenizer.json), through ``sedd.files.write_text``."""
+    files.write_text(path, json.dumps(tokenizer.to_dict()), Path(path).parent)
 
 
 def load_tokenizer(path):

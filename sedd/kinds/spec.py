@@ -489,12 +489,10 @@ def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, work
     if path is not None:
         saved = dict(saved) if isinstance(saved, dict) else {}
         saved[where] = {"layout": rows[0]["layout"], "timed": rows}
-        tmp = path.with_suffix(".json.tmp")
         try:  # a run directory one may read but not write (a received run) still samples, timed each time
-            tmp.write_text(json.dumps(saved, indent=1) + "\n")
-            tmp.replace(path)
-        except OSError as e:
-            kept = f" (not kept in {path}: {e.strerror or e})"
+            files.write_text(path, json.dumps(saved, indent=1) + "\n", workdir)  # no link followed, nothing opened
+        except (OSError, files.UnsafeFile) as e:
+            kept = f" (not kept in {path}: {getattr(e, 'strerror', None) or e})"
     table = ", ".join(f"{r['layout']}: {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_call']:.2f} a call)"
                       for r in rows)
     return layout, f"layout {layout}, the fastest here at batch {batch}: {table}{kept}"

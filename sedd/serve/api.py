@@ -10,7 +10,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.responses import JSONResponse
 
-from sedd import runs, sampling
+from sedd import runs, sampling, validate
 
 
 # --------------------------------------------------------------------------- limits and errors
@@ -75,6 +75,7 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  kind: str = "invalid_request_error", headers: dict | None = None):
+        message = validate.clipped(message)  # a 400 may echo a request's value: never whole
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
         self.headers = headers

@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                          draft_k=args.draft_k, draft_name=model_name(args.draft) if args.draft not in ("", "ngram")
                          else None)
     except (FileNotFoundError, RuntimeError, ValueError) as e:
-        print(f"sedd serve: error: {validate.short_numbers(str(e))}", file=sys.stderr)
+        print(f"sedd serve: error: {validate.clipped(str(e))}", file=sys.stderr)
         return 2
     name = app.state.name
     if args.warmup:
