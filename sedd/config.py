@@ -158,12 +158,15 @@ def _get(tree: Mapping[str, Any], key: str):
     return tree
 
 
-def moved(saved: Mapping[str, Any], config: dict) -> None:
-    """Fill in `config` (today's keys) each ``MOVED`` key that `saved` kept in another key."""
+def moved(saved: Mapping[str, Any], config: dict, default: Mapping[str, Any]) -> None:
+    """Fill in `config` (today's keys) each ``MOVED`` key that `saved` kept in another key; that key, whose value
+    was the moved meaning's, gets its `default` (the shipped config's)."""
     for key, (before, where, value) in MOVED.items():
         if _get(saved, key) is None and _get(saved, before) is not None and _get(saved, where) == value:
             section, name = key.rsplit(".", 1)
             config[section][name] = _get(saved, before)
+            section, name = before.rsplit(".", 1)
+            config[section][name] = _get(default, before)
 
 
 def migrate(saved: Mapping[str, Any]) -> ml_collections.ConfigDict:
@@ -194,8 +197,9 @@ def migrate(saved: Mapping[str, Any]) -> ml_collections.ConfigDict:
                 out[key] = have[key] if key in have else BEFORE_IT_EXISTED.get(f"{prefix}{key}", value)
         return out
 
-    config = fill(saved, load_config(DEFAULT_CONFIG).to_dict(), "")
-    moved(saved, config)
+    default = load_config(DEFAULT_CONFIG).to_dict()
+    config = fill(saved, default, "")
+    moved(saved, config, default)
     if "vocab_size" in saved:
         config["vocab_size"] = saved["vocab_size"]
     return ml_collections.ConfigDict(config)

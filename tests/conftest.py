@@ -52,3 +52,18 @@ def tiny_run(tmp_path_factory):
                                              "--config.model.n_blocks=1"])
     train.train(config, tmp / "run", quiet=True)
     return tmp / "run", str(tmp / "data")
+
+
+@pytest.fixture(scope="session")
+def tiny_spec_run(tiny_run, tmp_path_factory):
+    """A `tiny` spec run (model.draft_k = 2) of one block trained for 2 steps on tiny_run's data: its workdir.
+
+    Read-only for its users (copy it to change it).
+    """
+    tmp = tmp_path_factory.mktemp("tiny_spec_run")
+    config = config_lib.load_config("tiny", [f"--config.data.data_dir={tiny_run[1]}", "--config.model.kind=spec",
+                                             "--config.model.draft_k=2", "--config.model.n_blocks=1",
+                                             "--config.training.n_iters=2", "--config.training.ckpt_every=2",
+                                             "--config.training.eval_every=2", "--config.training.eval_samples=0"])
+    train.train(config, tmp / "run", quiet=True)
+    return tmp / "run"

@@ -140,12 +140,12 @@ def code_tree(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def code_runs(tmp_path_factory):
-    """(ddit run, AR run) of `tiny` on a folder of code, one block, 4 steps each."""
+    """(ddit run, AR run, spec run) of `tiny` on a folder of code, one block, 4 steps each."""
     from sedd import config as config_lib, train
     tmp = tmp_path_factory.mktemp("code_runs")
     root = code_tree(tmp / "src")
     out = []
-    for kind in ("ddit", "ar"):
+    for kind in ("ddit", "ar", "spec"):
         config = config_lib.load_config("tiny", [
             "--config.data.name=code", f"--config.data.path={root}", f"--config.data.data_dir={tmp / 'data'}",
             "--config.training.n_iters=4", "--config.training.eval_every=4", "--config.training.ckpt_every=4",
@@ -155,9 +155,24 @@ def code_runs(tmp_path_factory):
     return out
 
 
+def test_any_exact_run_judges_the_completions(code_runs, capsys):
+    """`sedd eval --code_samples K --judge SPEC_RUN`: a spec run's causal half is an exact judge (it failed after the
+    completions with "an AR baseline is a DDiT with causal=True ..."); a run whose likelihood is a bound is not."""
+    from sedd import cli
+    ddit, ar_run, spec_run = code_runs
+    args = ["eval", "--workdir", str(ddit), "--max_batches", "1", "--num_t", "2", "--code_samples", "4",
+            "--prompt_chars", "12"]
+    assert cli.main([*args, "--judge", str(spec_run)]) == 0
+    figures = dict(line.split(":", 1) for line in capsys.readouterr().out.strip().splitlines())
+    assert float(figures["judge_nats_per_char".rjust(24)]) > 0
+    assert cli.main([*args, "--judge", str(ddit)]) == 2
+    err = capsys.readouterr().err
+    assert "model.kind='ddit' run, whose likelihood is a bound; a judge's must be exact" in err, err
+
+
 def test_eval_reports_the_code_measures(code_runs, capsys):
     from sedd import cli
-    ddit, ar_run = code_runs
+    ddit, ar_run, _ = code_runs
     assert cli.main(["eval", "--workdir", str(ddit), "--max_batches", "1", "--num_t", "2", "--code_samples", "4",
                      "--prompt_chars", "12", "--judge", str(ar_run)]) == 0
     figures = dict(line.split(":", 1) for line in capsys.readouterr().out.strip().splitlines())
@@ -173,7 +188,7 @@ def test_eval_reports_the_code_measures(code_runs, capsys):
 
 def test_sample_prefix_reads_escapes_for_every_kind(code_runs, capsys):
     from sedd import cli
-    for run in code_runs:  # the AR baseline takes a prompt too
+    for run in code_runs[:2]:  # the AR baseline takes a prompt too
         assert cli.main(["sample", "--workdir", str(run), "--num_samples", "2", "--prefix", r"def f(x):\n    "]) == 0
         samples = capsys.readouterr().out.split("--- sample ")[1:]
         assert len(samples) == 2 and all(s.split("\n", 1)[1].startswith("def f(x):\n    ") for s in samples)
@@ -203,7 +218,7 @@ def test_code_study_on_tiny_runs(code_runs, tmp_path):
                                                   "code_study.py")
     code_study = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(code_study)
-    ddit, ar_run = code_runs
+    ddit, ar_run, _ = code_runs
     result = code_study.study(str(ar_run), [str(ddit)], [], num_prompts=2, prompt_chars=12, length=32, repeats=1,
                               eval_batches=1)
     assert [r["sampler"] for r in result["rows"]] == ["", "ancestral", "speculative, n-gram drafts", "EB",

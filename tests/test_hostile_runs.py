@@ -192,7 +192,7 @@ def test_every_file_a_run_writes_is_renamed_into_place_never_written_through_a_l
     config.vocab_size = 3
     graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
     rows = [{"layout": "2,3", "positions": 9, "tokens_per_s": 1.0, "tokens_per_call": 2.0}]
-    monkeypatch.setattr(spec, "tune", lambda *a, **k: rows)
+    monkeypatch.setattr(spec, "time_layouts", lambda *a, **k: rows)
     choose = functools.partial(spec.choose_layout, graphdef, (params, rest), 6, 1, 2)
     run, victim = tmp_path / "run", tmp_path / "victim"
     run.mkdir()
@@ -304,14 +304,16 @@ def test_eval_refuses_a_data_dir_that_is_not_a_folder_in_one_line(copy_run, caps
 
 
 def test_long_values_are_clipped_where_a_message_echoes_them(copy_run, capsys, monkeypatch):
-    """Was: a 5,000-character SEDD_COMPUTE_DTYPE and an 18 kB list of characters echoed whole."""
+    """Was: a 5,000-character SEDD_COMPUTE_DTYPE and an 18 kB list of characters echoed whole (a prompt that long is
+    now refused by its length before it is encoded: the characters a short one lacks are one line)."""
     workdir, _ = copy_run
     monkeypatch.setenv("SEDD_COMPUTE_DTYPE", "x" * 5000)
     assert cli.main(["sample", "--workdir", str(workdir), "--steps", "2", "--num_samples", "1"]) == 2
     err = capsys.readouterr().err
     assert "SEDD_COMPUTE_DTYPE='xxx" in err and "(5," in err and len(err) < 1100 and err.count("\n") == 1, err[:300]
     monkeypatch.delenv("SEDD_COMPUTE_DTYPE")
-    strange = "".join(chr(0x4E00 + i) for i in range(6000))  # none of them in the run's 84 characters
+    strange = "".join(chr(0x4E00 + i) for i in range(30))  # none of them in the run's 84 characters (a longer
+    # prompt is refused by its length before it is encoded)
     assert cli.main(["sample", "--workdir", str(workdir), "--steps", "2", "--num_samples", "1",
                      "--prefix", strange]) == 2
     err = capsys.readouterr().err
@@ -354,3 +356,79 @@ def test_a_code_corpus_whose_walk_meets_a_vanished_folder_is_read_not_taken_as_g
         builder = sources.SourceCode(path=str(corpus), data_dir=str(data_dir))
     assert not any("is gone" in str(w.message) for w in caught), [str(w.message) for w in caught]
     assert len(builder.files) == 3
+
+
+# --------------------------------------------------------------------------- a spec run's options and keys
+
+
+def test_a_moved_keys_old_key_given_alone_is_refused_naming_the_new_one():
+    """`--config.model.block_size=8` on a new spec run trained at draft_k 4 without a word: its drafts a round
+    moved to model.draft_k, so the old key alone is refused, naming it; both, or the new one, are read."""
+    from sedd import config as config_lib
+
+    with pytest.raises(ValueError, match=r"--config.model.block_size is not what a model.kind='spec' run reads: its "
+                                         r"meaning moved to model.draft_k \(give --config.model.draft_k=8\)"):
+        config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.block_size=8"])
+    assert config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.draft_k=8"]).model.draft_k == 8
+    assert config_lib.load_config("tiny", ["--config.model.kind=block", "--config.model.block_size=8"])
+
+
+def test_a_run_saved_before_a_key_moved_resumes_with_its_value_there(tmp_path):
+    """An old spec run (model.block_size 8, no draft_k) is its draft_k 8: resumed at draft_k 8 it is accepted, at 4
+    (today's default) it is refused as the change it is, "saved 8, now 4"."""
+    from sedd import config as config_lib
+
+    old = config_lib.load_config("tiny", ["--config.model.kind=spec"]).to_dict()
+    del old["model"]["draft_k"]
+    old["model"]["block_size"] = 8
+    (tmp_path / runs.CONFIG).write_text(json.dumps(old))
+    runs.check_compatible(tmp_path, config_lib.load_config("tiny", ["--config.model.kind=spec",
+                                                                    "--config.model.draft_k=8"]))
+    with pytest.raises(ValueError, match=r"model.draft_k: saved 8, now 4"):
+        runs.check_compatible(tmp_path, config_lib.load_config("tiny", ["--config.model.kind=spec"]))
+
+
+@pytest.fixture
+def copy_spec_run(tiny_spec_run, tmp_path):
+    workdir = tmp_path / "spec"
+    shutil.copytree(tiny_spec_run, workdir)
+    return workdir
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--layout", "1,1", "--draft_k", "2"], "draft_k=2: this run drafts 1 token a round in its layout"),
+    (["--layout", "1_0"], "layout='1_0' must be 'K' or 'K,GROUPS'"),
+    (["--max_length", "64"], "takes no option max_length"),
+    (["--stop"], "takes no option stop"),
+    (["--animate"], "takes no option return_trajectory"),
+])
+def test_a_spec_runs_options_are_refused_before_any_layout_is_timed(copy_spec_run, capsys, argv, says):
+    """What a spec run cannot take is one line, before any timing (the first sample timed seven layouts for about
+    a minute, then refused --max_length, --stop, --animate with layouts.json written; --layout 1,1 --draft_k 4 drew
+    at k = 1): nothing timed, nothing written."""
+    t = time.perf_counter()
+    assert cli.main(["sample", "--workdir", str(copy_spec_run), "--num_samples", "1", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+    assert not (copy_spec_run / "layouts.json").exists() and time.perf_counter() - t < 30
+
+
+def test_a_layouts_file_naming_a_layout_the_run_does_not_time_is_refused_by_name(copy_spec_run, capsys):
+    """A received layouts.json entry "64,65" for this device was used on a 32-token run (4,225 positions a call): an
+    entry that is not one of the run's candidate layouts is refused in one line naming the file; the run's own
+    choice is read back."""
+    from flax import nnx
+
+    from sedd.kinds import spec
+
+    run = runs.load(copy_spec_run)
+    where = spec.device_key(nnx.merge(run.graphdef, run.params, run.rest), 1)
+    path = copy_spec_run / spec.LAYOUTS_FILE
+    for bad in ("64,65", "9,1", 7):
+        path.write_text(json.dumps({where: {"layout": bad}}))
+        assert cli.main(["sample", "--workdir", str(copy_spec_run), "--num_samples", "1"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"{path} names the layout" in err and "not one this run times" in err
+    path.write_text(json.dumps({where: {"layout": "1,1"}}))
+    assert cli.main(["sample", "--workdir", str(copy_spec_run), "--num_samples", "1"]) == 0
+    assert "chosen earlier on this device" in capsys.readouterr().err

@@ -452,6 +452,21 @@ def time_layouts(graphdef, state, length: int, batch: int, layouts: list[Layout]
     return sorted(rows, key=lambda row: -row["tokens_per_s"])
 
 
+def _saved_layout(value, trained_k: int, path: Path) -> Layout:
+    """The layout an entry of a layouts file names: one of ``candidates(trained_k)``, else a ValueError naming the
+    file (a received file may name any layout: one of 64 drafts would cost a run of 32 tokens 4,225 positions a
+    call)."""
+    try:
+        layout = layout_of(value, trained_k) if isinstance(value, str) else None
+    except ValueError:
+        layout = None
+    if layout not in candidates(trained_k):
+        raise ValueError(f"{path} names the layout {str(value)[:40]!r} for this device, not one this run times "
+                         f"({', '.join(f'{lay.k},{lay.groups}' for lay in candidates(trained_k))}); delete the file "
+                         "(or its entry) to time the layouts again")
+    return layout
+
+
 def device_key(model: DDiT, batch: int) -> str:
     """What a layout's speed depends on besides the run: the device, its CPU, the compute dtype, the batch."""
     dev = jax.devices()[0]
@@ -480,13 +495,14 @@ def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, work
             raise ValueError(f"{path} is not a layouts file sedd wrote ({e}); delete it to time the layouts "
                              "again") from None
         entry = saved.get(where) if isinstance(saved, dict) else None
-        if isinstance(entry, dict) and isinstance(entry.get("layout"), str):
-            layout = layout_of(entry["layout"], trained_k)
-            return layout, f"layout {layout}, chosen earlier on this device ({path})"
+        if isinstance(entry, dict) and "layout" in entry:
+            layout = _saved_layout(entry["layout"], trained_k, path)
+            if layouts is None or layout in layouts:
+                return layout, f"layout {layout}, chosen earlier on this device ({path})"
     rows = time_layouts(graphdef, state, length, batch, layouts or candidates(trained_k), progress=progress)
     layout = layout_of(rows[0]["layout"], trained_k)
     kept = ""
-    if path is not None:
+    if path is not None and layouts is None:  # a choice among some layouts only is not kept as the run's
         saved = dict(saved) if isinstance(saved, dict) else {}
         saved[where] = {"layout": rows[0]["layout"], "timed": rows}
         try:  # a run directory one may read but not write (a received run) still samples, timed each time
