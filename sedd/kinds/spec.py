@@ -495,14 +495,17 @@ def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, work
             raise ValueError(f"{path} is not a layouts file sedd wrote ({e}); delete it to time the layouts "
                              "again") from None
         entry = saved.get(where) if isinstance(saved, dict) else None
+        wanted = layouts or candidates(trained_k)
         if isinstance(entry, dict) and "layout" in entry:
             layout = _saved_layout(entry["layout"], trained_k, path)
-            if layouts is None or layout in layouts:
+            timed = entry.get("timed") if isinstance(entry.get("timed"), list) else []
+            timed = {row.get("layout") for row in timed if isinstance(row, dict)}
+            if layout in wanted and {f"{lay.k},{lay.groups}" for lay in wanted} <= timed:  # chosen among them all
                 return layout, f"layout {layout}, chosen earlier on this device ({path})"
     rows = time_layouts(graphdef, state, length, batch, layouts or candidates(trained_k), progress=progress)
     layout = layout_of(rows[0]["layout"], trained_k)
     kept = ""
-    if path is not None and layouts is None:  # a choice among some layouts only is not kept as the run's
+    if path is not None:
         saved = dict(saved) if isinstance(saved, dict) else {}
         saved[where] = {"layout": rows[0]["layout"], "timed": rows}
         try:  # a run directory one may read but not write (a received run) still samples, timed each time
