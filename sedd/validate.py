@@ -5,7 +5,7 @@ a ``Bound`` here (its type, finite, its range and why), every path an option
 names a kind (a run directory to read, one to write, an output file), and
 ``check_args`` checks them all before any work: a value out of bounds is one
 line and exit code 2 (``OneLineParser`` makes argparse's own refusals, such as
-`--steps nan`, one line too). ``tests/test_hostile_round2.py`` walks every
+`--steps nan`, one line too). ``tests/test_hostile_options_and_streams.py`` walks every
 option of every subcommand's parser, so an option added without a bound fails
 there.
 

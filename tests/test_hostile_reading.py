@@ -1,4 +1,6 @@
-"""Hostile input, third round (issue 63): each finding reproduced with a file, a run or an option the test makes.
+"""A file of a run, a teacher or a corpus read only as one of its own, bounded; `sedd distill`'s options.
+
+Hostile input's third round (issue 63): each finding reproduced with a file, a run or an option the test makes.
 
 Finding 1: a file of a run is read one way (``sedd.files``): a regular file,
 no link out of its run, bounded size; `sedd distill` copied the teacher's

@@ -1,4 +1,6 @@
-"""Hostile input, second round (issue 53): each finding reproduced with a file or request the test writes.
+"""Every option and number of every `sedd` command bounded, received runs' values, and streams nobody reads.
+
+Hostile input's second round (issue 53): each finding reproduced with a file or request the test writes.
 
 Finding 2: a received run resumed never writes outside itself. Finding 7 and
 the table-driven test: every number and path of every `sedd` subcommand is
