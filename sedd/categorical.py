@@ -32,15 +32,15 @@ law exactly over the random bits (tests/test_noise_losses.py).
 Large D: a race over every entry needs 64 random bits per entry, and at a
 GPT-2 vocabulary (D = 50,258) making them cost five times a forward pass of a
 small model (docs/benchmarks.md). From ``TWO_LEVEL_MIN_DIM`` entries on,
-"precise" draws in two levels instead: cut the D entries into blocks of K
-(K a power of two near sqrt(D); 196 blocks of 256 and one of 82 at D = 50,258), race the
-block sums S_b, then race the entries of the chosen block:
+"precise" draws in two levels instead: cut the D entries into buckets of K
+(K a power of two near sqrt(D); 196 buckets of 256 and one of 82 at D = 50,258), race the
+bucket sums S_b, then race the entries of the chosen bucket:
 
-    P(d) = P(block b) P(d | b) = S_b / sum_b' S_b'  *  p_d / S_b = p_d / sum p,
+    P(d) = P(bucket b) P(d | b) = S_b / sum_b' S_b'  *  p_d / S_b = p_d / sum p,
 
 the same law, both races exact for small probabilities, with 2 (D / K + K)
 random words per draw instead of 2 D. The only rounding is that of the
-float32 block sums, a relative error (~1e-7), never an absolute floor: a
+float32 bucket sums, a relative error (~1e-7), never an absolute floor: a
 token of probability 1e-12 keeps its rate. Below the threshold the flat race
 is kept, so draws at small D are bit-for-bit what they were.
 """
@@ -96,18 +96,18 @@ def first_argmax(w: jax.Array) -> jax.Array:
     return jnp.minimum(first, d - 1)
 
 
-def block_size(dim: int) -> int:
+def bucket_size(dim: int) -> int:
     """K of the two-level draw: the power of two nearest above sqrt(dim)."""
     return 1 << max(0, math.ceil(math.log2(math.sqrt(dim))))
 
 
-def block_sums(probs: jax.Array, block: int | None = None) -> jax.Array:
-    """S_b, the sums of the blocks of K entries [b K, (b + 1) K) (the last may be shorter): float32[..., nb]."""
+def bucket_sums(probs: jax.Array, bucket: int | None = None) -> jax.Array:
+    """S_b, the sums of the buckets of K entries [b K, (b + 1) K) (the last may be shorter): float32[..., nb]."""
     d = probs.shape[-1]
-    k = min(block or block_size(d), d)
+    k = min(bucket or bucket_size(d), d)
     full = d // k
     # A strided window sum reads the entries in place; slicing off the short
-    # block and reshaping to (..., nb, K) makes XLA copy the array first.
+    # bucket and reshaping to (..., nb, K) makes XLA copy the array first.
     window = (1,) * (probs.ndim - 1) + (k,)
     sums = jax.lax.reduce_window(probs, 0.0, jax.lax.add, window, window, "VALID")  # (..., full)
     if full * k < d:
@@ -115,30 +115,30 @@ def block_sums(probs: jax.Array, block: int | None = None) -> jax.Array:
     return sums
 
 
-def sample_two_level(key: jax.Array, probs: jax.Array, block: int | None = None,
+def sample_two_level(key: jax.Array, probs: jax.Array, bucket: int | None = None,
                      sums: jax.Array | None = None) -> jax.Array:
-    r"""An exact draw ∝ probs in two exponential races: a block by its sum, then an entry inside it.
+    r"""An exact draw ∝ probs in two exponential races: a bucket by its sum, then an entry inside it.
 
         P(d) = S_{b(d)} / \sum_b S_b  \cdot  p_d / S_{b(d)} = p_d / \sum p,
 
-    S_b the sum of block b (``block_sums``). The second race reads the K
+    S_b the sum of bucket b (``bucket_sums``). The second race reads the K
     entries from min(b K, D - K) and zeroes those before b K, so nothing is
-    padded or copied. A block of sum 0 is never chosen, nor an entry of weight 0.
+    padded or copied. A bucket of sum 0 is never chosen, nor an entry of weight 0.
 
     Args:
       key: a ``jax.random`` key.
       probs: float32[..., D] non-negative weights.
-      block: K, entries per block (default ``block_size(D)``).
-      sums: ``block_sums(probs, block)`` when the caller has them already.
+      bucket: K, entries per bucket (default ``bucket_size(D)``).
+      sums: ``bucket_sums(probs, bucket)`` when the caller has them already.
     Returns:
       int32[...] indices in [0, D).
     """
     d = probs.shape[-1]
-    k = min(block or block_size(d), d)
+    k = min(bucket or bucket_size(d), d)
     if sums is None:
-        sums = block_sums(probs, k)
-    k_block, k_entry = jax.random.split(key)
-    first = race(k_block, sums) * k  # (...,) first index of the chosen block
+        sums = bucket_sums(probs, k)
+    k_bucket, k_entry = jax.random.split(key)
+    first = race(k_bucket, sums) * k  # (...,) first index of the chosen bucket
     start = jnp.minimum(first, d - k)
     idx = start[..., None] + jnp.arange(k, dtype=jnp.int32)  # (..., K)
     inside = jnp.where(idx >= first[..., None], jnp.take_along_axis(probs, idx, axis=-1), 0.0)

@@ -518,7 +518,7 @@ class Run:
         fixed_mask / fixed_tokens, categorical, temperature, top_p, corrector_steps, cache,
         return_trajectory, return_stats, the sampler's own options; and max_length, block_length for
         ``sedd.sampling.sample_long``; for an AR run draft="ngram", a smaller AR ``Run`` or a block
-        ``Run`` (``sedd.drafts``), draft_k and verification ("block" or "token"); for a spec run
+        ``Run`` (``sedd.drafts``), draft_k and verification ("joint" or "token"); for a spec run
         verification and draft_temperature; and stop=True, which ends the drawing once every text holds
         the tokenizer's end-of-text token, the rest filled with it); the config's sampling section gives
         the defaults. The rows are split over the mesh's data axis where num_samples divides.

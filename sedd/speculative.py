@@ -61,19 +61,19 @@ MAX_DRAFTS = validate.MAX_DRAFTS
 """The most drafts a round (k): a KV cache of a target keeps room for a round's k + 1 positions past the text."""
 
 
-VERIFICATIONS = ("block", "token")
+VERIFICATIONS = ("joint", "token")
 """How a round decides what it keeps, (2) or (3): ``round_law``'s method."""
 
 
 def round_law(p: jax.Array, q: jax.Array, drafted: jax.Array,
-              method: str = "block", count: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+              method: str = "joint", count: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """What a round writes given its drafts, as laws: how many drafts it keeps, and the token after them.
 
     "token", (2): draft j is kept with probability a_j = min(1, p_j(y_j) / q_j(y_j)) given the ones
     before were, so P(keep exactly j) = a_0 .. a_{j-1} (1 - a_j), and the token at j is drawn from
     max(0, p_j - q_j) / Z_j (from p_k after all k).
 
-    "block", (3): the drafts are judged together (Sun et al. 2025, "Block verification accelerates
+    "joint", (3): the drafts are judged together (Sun et al. 2025, "Block verification accelerates
     speculative decoding", ICLR 2025, arXiv 2403.10444). With w_0 = 1 and
     w_{j+1} = min(1, w_j p_j(y_j) / q_j(y_j)), the residual after j kept drafts is
 
@@ -89,7 +89,7 @@ def round_law(p: jax.Array, q: jax.Array, drafted: jax.Array,
       p: float[B, k + 1, V] the target's law at the k drafted positions and the one after.
       q: float[B, k, V] the drafter's law (1) of each drafted token.
       drafted: int[B, k] the drafted tokens.
-      method: "block" or "token".
+      method: "joint" or "token".
       count: None, or int32[B] in [0, k]: a row's drafts are its first count (a round of fewer drafts in the
         same shape; the rest of the row is ignored): the rule of `count` drafts, the token after all of
         them from p at count. 0: no draft, the round writes one token from p_0.
@@ -122,7 +122,7 @@ def round_law(p: jax.Array, q: jax.Array, drafted: jax.Array,
         weight = w[:, :k]
     residual = jnp.maximum(weight[..., None] * p[:, :k] - q, 0.0)  # (B, k, V) R_j
     rho = residual.sum(-1)  # (B, k)
-    if method == "block":
+    if method == "joint":
         denominator = rho + 1.0 - weight
         h = jnp.concatenate([jnp.where(denominator > 0, rho / jnp.where(denominator > 0, denominator, 1.0), 0.0),
                              w[:, k:]], axis=1)  # (B, k + 1)
@@ -140,7 +140,7 @@ def round_law(p: jax.Array, q: jax.Array, drafted: jax.Array,
 
 
 def verify(key: jax.Array, p: jax.Array, q: jax.Array, drafted: jax.Array, categorical: str = "precise",
-           method: str = "block", count: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+           method: str = "joint", count: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """One round's check, (2) or (3): how many drafts are kept, and the tokens the round writes.
 
     Args:
@@ -166,7 +166,7 @@ def verify(key: jax.Array, p: jax.Array, q: jax.Array, drafted: jax.Array, categ
 
 def rounds(key: jax.Array, target_state: Any, drafter_state: Any, text: jax.Array, start: jax.Array,
            end: jax.Array, *, target: Callable, drafter: Callable, k: int, categorical: str = "precise",
-           on_round: Callable | None = None, shared: bool = False, verification: str = "block") -> tuple:
+           on_round: Callable | None = None, shared: bool = False, verification: str = "joint") -> tuple:
     """Rounds of (2) until every row has written its positions up to `end`: the traceable core of ``decode``.
 
     Not jitted, so that a caller can run it inside its own program (``sedd
@@ -225,7 +225,7 @@ def rounds(key: jax.Array, target_state: Any, drafter_state: Any, text: jax.Arra
                                              "verification"))
 def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Array, prompt_len: jax.Array, *,
            target: Callable, drafter: Callable, length: int, k: int, categorical: str = "precise",
-           shared: bool = False, verification: str = "block") -> tuple:
+           shared: bool = False, verification: str = "joint") -> tuple:
     """Text of `length` tokens by rounds of (2), every row at its own position, in one compiled program.
 
     Args:
@@ -243,7 +243,7 @@ def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Ar
       length: L; k: drafts a round; categorical: the method of the redraws.
       shared: the drafter reads and returns the target's state (drafter_state unused): one network
         that drafts the next round in the call that verifies this one (``sedd.kinds.spec``).
-      verification: "block" (3) or "token" (2), ``round_law``: the same law, (3) keeps more drafts.
+      verification: "joint" (3) or "token" (2), ``round_law``: the same law, (3) keeps more drafts.
     Returns:
       (text int32[B, L], stats): stats["rounds"] int32[] target calls made (the batch's);
       stats["rounds_per_sample"] int32[B]; stats["accepted_at"] int32[k]: rows in which the

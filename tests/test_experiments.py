@@ -368,9 +368,9 @@ def test_speculative_bench_parts(tmp_path):
     target, drafts, _ = speculative.speculative_runs(True, argparse.Namespace(target=""))
     drafts = {name: d for name, d in drafts.items() if "block" in name}
     study = speculative.bench_speculative(target, drafts, {}, ks=[2], batches=[1], repeats=1, quality_samples=4,
-                                    verifications=("block", "token"))
+                                    verifications=("joint", "token"))
     block_row, row = study["rows"]
-    assert (block_row["verification"], row["verification"]) == ("block", "token") and "token" in row["drafter"]
+    assert (block_row["verification"], row["verification"]) == ("joint", "token") and "token" in row["drafter"]
     assert row["k"] == 2 and row["drafter_calls"] == row["target_calls"] and len(row["acceptance_by_position"]) == 2
     assert 1 <= row["tokens_per_call"] <= 3 and row["quality"] == "exact_nats_per_token" and row["nll"] > 0
     assert row["vs_ar_b1"] > 0 and study["ar"]["nll_se"] > 0

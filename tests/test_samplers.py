@@ -382,7 +382,7 @@ def test_two_level_draw_has_the_law():
     p[[3, 17, 59]] = 0.0
     p /= p.sum()
     draws = categorical.sample_two_level(jax.random.key(9), jnp.broadcast_to(jnp.asarray(p, jnp.float32),
-                                                                              (200_000, 60)), block=8)
+                                                                              (200_000, 60)), bucket=8)
     freq = np.bincount(np.asarray(draws), minlength=60) / 200_000
     print(f"two-level, D = 60, K = 8: TV {reference.tv(freq, p):.4f}, bound {reference.tv_noise_bound(p, 200_000):.4f}")
     assert reference.tv(freq, p) < reference.tv_noise_bound(p, 200_000)

@@ -154,16 +154,16 @@ SLOW = pytest.mark.slow  # the same law checked again at another layout or rule 
 
 
 @pytest.mark.parametrize("temperature,top_p,layout,verification,tau", [
-    (1.0, 1.0, spec.Layout(2, 3), "block", spec.DRAFT_TEMPERATURE),
-    (0.7, 0.9, spec.Layout(3, 4), "block", spec.DRAFT_TEMPERATURE),
+    (1.0, 1.0, spec.Layout(2, 3), "joint", spec.DRAFT_TEMPERATURE),
+    (0.7, 0.9, spec.Layout(3, 4), "joint", spec.DRAFT_TEMPERATURE),
     pytest.param(1.0, 1.0, spec.Layout(3, 4), "token", 1.0, marks=SLOW),
-    pytest.param(1.0, 1.0, spec.Layout(2, 3), "block", 0.3, marks=SLOW),
+    pytest.param(1.0, 1.0, spec.Layout(2, 3), "joint", 0.3, marks=SLOW),
     # leaner layouts: an outcome past the last group drafts from it (fewer drafts; none after k=2 g=1 keeps 2)
-    (1.0, 1.0, spec.Layout(2, 1), "token", 1.0), (0.7, 0.9, spec.Layout(3, 2), "block", spec.DRAFT_TEMPERATURE),
-    pytest.param(1.0, 1.0, spec.Layout(2, 1), "block", spec.DRAFT_TEMPERATURE, marks=SLOW),
-    pytest.param(0.7, 0.9, spec.Layout(3, 1), "block", spec.DRAFT_TEMPERATURE, marks=SLOW),
+    (1.0, 1.0, spec.Layout(2, 1), "token", 1.0), (0.7, 0.9, spec.Layout(3, 2), "joint", spec.DRAFT_TEMPERATURE),
+    pytest.param(1.0, 1.0, spec.Layout(2, 1), "joint", spec.DRAFT_TEMPERATURE, marks=SLOW),
+    pytest.param(0.7, 0.9, spec.Layout(3, 1), "joint", spec.DRAFT_TEMPERATURE, marks=SLOW),
     pytest.param(0.7, 0.9, spec.Layout(3, 2), "token", 1.0, marks=SLOW),
-    pytest.param(1.0, 1.0, spec.Layout(1, 1), "block", spec.DRAFT_TEMPERATURE, marks=SLOW)])
+    pytest.param(1.0, 1.0, spec.Layout(1, 1), "joint", spec.DRAFT_TEMPERATURE, marks=SLOW)])
 def test_self_speculation_draws_the_causal_halfs_law(temperature, top_p, layout, verification, tau):
     """Over all 3^6 sequences, the drawn text's law is the causal half's exact law within the sampling noise.
 

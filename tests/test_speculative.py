@@ -157,7 +157,7 @@ def _adversary(cond: np.ndarray) -> np.ndarray:
     return 0.98 * worst + 0.02 * (1 - worst) / (V - 1)
 
 
-def _draws(target, drafter, k: int, seed: int = 0, verification: str = "block") -> tuple[np.ndarray, dict]:
+def _draws(target, drafter, k: int, seed: int = 0, verification: str = "joint") -> tuple[np.ndarray, dict]:
     prompt = jnp.zeros((N, L), jnp.int32)
     text, stats = speculative.decode(jax.random.key(seed), None, None, prompt, jnp.zeros((N,), jnp.int32),
                                      target=target, drafter=drafter, length=L, k=k, verification=verification)
@@ -304,7 +304,7 @@ def test_a_round_writes_the_targets_law_exactly(drafter):
 
     Over every draft of k = 3 tokens (V = 3), with laws that depend on the whole prefix: for every
     string w of k + 1 tokens, sum_j P(the round writes w_<=j) p(w_>j | w_<=j) = p(w), for both
-    verifications; block verification keeps at least as many drafts on average (Sun et al.),
+    verifications; joint verification keeps at least as many drafts on average (Sun et al.),
     and with q = p both keep all k.
     """
     k, rng = 3, np.random.default_rng(7)
@@ -322,9 +322,9 @@ def test_a_round_writes_the_targets_law_exactly(drafter):
             continued = sum(law.get(w[:j + 1], 0.0) * p_joint(w) / p_joint(w[:j + 1]) for j in range(k + 1))
             assert abs(continued - p_joint(w)) < 1e-5, (verification, w, continued, p_joint(w))
     if drafter == "the_target":
-        assert kept["block"] == pytest.approx(k, abs=1e-4) and kept["token"] == pytest.approx(k, abs=1e-4)
+        assert kept["joint"] == pytest.approx(k, abs=1e-4) and kept["token"] == pytest.approx(k, abs=1e-4)
     else:  # 1.27 against 1.18 drafts a round with this seed
-        assert kept["block"] > kept["token"] + 0.05, kept
+        assert kept["joint"] > kept["token"] + 0.05, kept
 
 
 # --------------------------------------------------------------------------- an AR network as the target

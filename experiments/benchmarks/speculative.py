@@ -184,13 +184,13 @@ def speculative_runs(quick: bool, args) -> tuple:
 
 def bench_speculative(target, drafts: dict, specs: dict, ks: list[int], batches: list[int], repeats: int,
                       quality_samples: int, target_name: str = "random",
-                      verifications: tuple[str, ...] = ("block",), layouts: tuple[str | None, ...] = (None,)) -> dict:
+                      verifications: tuple[str, ...] = ("joint",), layouts: tuple[str | None, ...] = (None,)) -> dict:
     """Speculative sampling of the AR run `target` with each drafter and k, against its own KV-cached sampling.
 
     Per (drafter, k): the calls (the target's and the drafter's network calls, counted alike) and tokens a
     call, the acceptance by draft position, the seconds at each batch interleaved with ``causal.ancestral``'s (the
     ratio the median of per-round ratios), and the quality of quality_samples texts drawn the same way; each
-    cell once per verification ("block" or "token", ``sedd.speculative.round_law``); the spec run once per
+    cell once per verification ("joint" or "token", ``sedd.speculative.round_law``); the spec run once per
     layout ("K,GROUPS", None its trained one, "auto" the fastest at each batch: ``Kind.choose_layout``), each
     spec run of `specs` ({name: run}) in turn, against the same AR run in the same process.
     """

@@ -115,7 +115,7 @@ class ARDraft(drafts.Drafter):
 
 def speculative_sample(key: jax.Array, graphdef, state, num_samples: int, length: int, k: int = drafts.DEFAULT_K,
                        draft: Any = "ngram", temperature: float = 1.0, top_p: float = 1.0,
-                       prompt: jax.Array | None = None, verification: str = "block") -> tuple[jax.Array, dict]:
+                       prompt: jax.Array | None = None, verification: str = "joint") -> tuple[jax.Array, dict]:
     """Text of the AR network (graphdef, state) by speculative sampling (``sedd.speculative``): its law exactly.
 
     Args:
@@ -129,7 +129,7 @@ def speculative_sample(key: jax.Array, graphdef, state, num_samples: int, length
       temperature, top_p: on the target's law, so the text's (and on the drafter's, which only
         changes the acceptance).
       prompt: optional int32[B, P], the same P for every row.
-      verification: "block" or "token" (``sedd.speculative.round_law``): the same law.
+      verification: "joint" or "token" (``sedd.speculative.round_law``): the same law.
     Returns:
       (int32[B, L], stats): "nfe" the target's calls (the batch's), "nfe_per_sample",
       "draft_calls" the drafter's network calls a row, "accepted_at" int32[k]
@@ -164,19 +164,19 @@ class Options(causal.Options):
     Attributes:
       draft: None, "ngram" or a ``sedd.drafts.Drafter``.
       draft_k: drafts a round (None: ``sedd.drafts.DEFAULT_K``; refused without a draft).
-      verification: "block" or "token" (``sedd.speculative.round_law``).
+      verification: "joint" or "token" (``sedd.speculative.round_law``).
     """
 
     draft: Any = None
     draft_k: Any = None
-    verification: str = "block"
+    verification: str = "joint"
 
     def checked(self):
         if self.verification not in speculative.VERIFICATIONS:
             raise ValueError(f"verification must be one of {speculative.VERIFICATIONS}, got {self.verification!r}")
         if self.draft is None and self.draft_k is not None:
             raise ValueError(drafts.NEEDS_A_DRAFT)
-        if self.draft is None and self.verification != "block":
+        if self.draft is None and self.verification != "joint":
             raise ValueError("verification is for speculative sampling (a draft); without one an AR run draws each "
                              "token from its law")
         return super().checked()
@@ -231,7 +231,7 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts):
         in fewer calls of this network: draft="ngram" (prompt lookup) or a
         ``sedd.drafts.Drafter`` of another run; draft_k drafts a round (default
         ``sedd.drafts.DEFAULT_K``); temperature and top_p on this network's law;
-        verification "block" (default) or "token" (``sedd.speculative.round_law``).
+        verification "joint" (default) or "token" (``sedd.speculative.round_law``).
         A prompt (fixed_mask / fixed_tokens) is a prefix of the same length in every row.
 
         Raises:

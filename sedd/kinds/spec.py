@@ -61,7 +61,7 @@ with tau = ``DRAFT_TEMPERATURE`` (0.8), and that is the q the verifier is
 told, so the law of the text is unchanged. A group's law is a marginal over
 the tokens it does not see (the verifier's, the other drafts'), broader than
 the conditionals that verify it; sharpened it is kept more often (on the
-plays at k = 4, block verification, 1.99 -> 2.02 tokens a call; docs/speculative.md).
+plays at k = 4, joint verification, 1.99 -> 2.02 tokens a call; docs/speculative.md).
 
 Letters: B batch, L length, V vocabulary, k drafts a round, S cache rows.
 """
@@ -356,7 +356,7 @@ def _parts(graphdef, layout: Layout, temperature: float, top_p: float, draft_tem
 
 def speculate(key: jax.Array, graphdef, state, num_samples: int, length: int, layout,
            temperature: float = 1.0, top_p: float = 1.0, prompt: jax.Array | None = None,
-           categorical: str = "precise", verification: str = "block",
+           categorical: str = "precise", verification: str = "joint",
            draft_temperature: float = DRAFT_TEMPERATURE) -> tuple[jax.Array, dict]:
     """Text of the spec network (graphdef, state) by self-speculation: the causal half's law exactly.
 
@@ -369,7 +369,7 @@ def speculate(key: jax.Array, graphdef, state, num_samples: int, length: int, la
       temperature, top_p: on the causal half's law, so the text's (and on the drafts').
       prompt: optional int32[B, P], the same P for every row.
       categorical: the method of the verifier's redraws.
-      verification: "block" or "token" (``sedd.speculative.round_law``): the same law.
+      verification: "joint" or "token" (``sedd.speculative.round_law``): the same law.
       draft_temperature: tau > 0 of the drafts' law q^(1/tau) (module docstring): the same law.
     Returns:
       (int32[B, L], stats): "nfe" the network calls (the batch's: the rounds and the prefill),
@@ -525,14 +525,14 @@ class Options(causal.Options):
     """``causal.Options`` and a round's (``speculate``).
 
     Attributes:
-      verification: "block" or "token" (``sedd.speculative.round_law``).
+      verification: "joint" or "token" (``sedd.speculative.round_law``).
       draft_temperature: tau > 0 of the drafts' law q^(1/tau) (None: ``DRAFT_TEMPERATURE``).
       layout: a round's layout (``layout_of``: a ``Layout``, "K,GROUPS", "0"; None: the kind's).
       draft: refused: a spec run drafts for itself.
       draft_k: the k of the layout, when given (another k is refused: give a layout).
     """
 
-    verification: str = "block"
+    verification: str = "joint"
     draft_temperature: Any = None
     layout: Any = None
     draft: Any = None
@@ -649,7 +649,7 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
     def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):
         """Self-speculation (``speculate``): the causal half's law, up to k + 1 tokens a call.
 
-        rows is not used. Options (``Options``): temperature, top_p, categorical, verification ("block" or
+        rows is not used. Options (``Options``): temperature, top_p, categorical, verification ("joint" or
         "token", ``sedd.speculative.round_law``), draft_temperature (tau of the drafts' law q^(1/tau),
         default ``DRAFT_TEMPERATURE``), return_stats and a prompt that is a prefix of the same length in
         every row; layout (``layout_of``: a ``Layout``, "K,GROUPS", "0" no drafts; default ``self.layout``).

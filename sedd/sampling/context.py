@@ -162,7 +162,7 @@ class Context:
         if self.temperature == 1 and self.top_p == 1 and self.categorical == "precise":
             weights = jnp.exp(logits.astype(jnp.float32))  # ∝ q_l, (..., V)
             if weights.shape[-1] >= categorical_lib.TWO_LEVEL_MIN_DIM:
-                sums = categorical_lib.block_sums(weights)
+                sums = categorical_lib.bucket_sums(weights)
                 token, total = categorical_lib.sample_two_level(key, weights, sums=sums), sums.sum(-1)
             else:
                 token, total = sample_categorical(key, weights), weights.sum(-1)

@@ -52,7 +52,7 @@ class Speculation:
       categorical: the method of the redraws (``sedd.categorical.sample_categorical``).
       shared: the drafter reads the target's state (one network drafting in the target's call,
         ``sedd.speculative.decode``'s shared); prefill's drafter_state is then unused.
-      verification: "block" or "token" (``sedd.speculative.round_law``).
+      verification: "joint" or "token" (``sedd.speculative.round_law``).
     """
 
     parts: Callable
@@ -62,7 +62,7 @@ class Speculation:
     draft_state: Any = None
     categorical: str = "precise"
     shared: bool = False
-    verification: str = "block"
+    verification: str = "joint"
 
     def describe(self) -> dict:
         """What the server's model list says: {"draft": name, "draft_k": k}."""
@@ -98,7 +98,7 @@ def observe_rounds(batch_id: jax.Array, r, start, drafted, accepted, tokens, liv
 
 @functools.partial(jax.jit, static_argnames=("parts", "k", "categorical", "live", "shared", "verification"))
 def sample_rows(state, seeds, rows, mask, tokens, temperature, top_p, batch_id, *, parts, k, categorical, live,
-                shared=False, verification="block"):
+                shared=False, verification="joint"):
     """``RowsProgram.fn`` of speculative decoding: ``sedd.speculative.rounds`` per row (``map_rows``).
 
     Returns (ids int32[B, L], None, stats): stats["nfe"] and ["rounds"] int32[B] the target's calls

@@ -222,7 +222,7 @@ def absorbing_jump(ctx: Context, key: jax.Array, x: jax.Array, log_score: jax.Ar
         tokens = jnp.exp(log_score[..., :v])  # (B, L, V)
     else:
         tokens = ctx.score(log_score, x)[..., :v]
-    sums = categorical_lib.block_sums(tokens)  # (B, L, nb)
+    sums = categorical_lib.bucket_sums(tokens)  # (B, L, nb)
     jump = rate * sums.sum(-1)  # (B, L): c S
     k_jump, k_token = jax.random.split(key)
     unmask = categorical_lib.race(k_jump, jnp.stack([jnp.maximum(1.0 - jump, 0.0), jump], -1)) == 1
