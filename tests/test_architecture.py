@@ -281,3 +281,70 @@ def test_a_sampler_registered_here_is_driven_by_every_kind_and_served(kind, toy_
         frames = [e for e in client.post("/v1/completions", json={**body, "diffusing": True}).text.split("\n")
                   if e.startswith("data:") and "[DONE]" not in e]
         assert len(frames) > 1
+
+
+class _Unigram(kinds.Kind):
+    """A toy kind registered by a test (the "add a kind" dry run of docs/architecture.md): each position's own
+    law, from the network over an input of BOS alone (no context); its NLL exact. It imports the protocol and
+    nothing of another kind."""
+
+    exact = True
+    conditions = ()  # no prompt: it never sees the text
+
+    def network(self, seed=0):
+        v = self.config.vocab_size
+        return kinds.network_of(self.config, seed, num_tokens=v + 1, out_dim=v, scale_by_sigma=False,
+                                causal=False, time_conditioning=False, normalize=False)
+
+    def _logits(self, model, rows, **net):  # (B, L, V)
+        bos = jax.numpy.full((rows, self.config.data.seq_len), self.config.vocab_size, jax.numpy.int32)
+        return model.network_output(bos, None, **net)
+
+    def loss(self, key, model, x0, train, rngs=None):
+        logp = jax.nn.log_softmax(self._logits(model, x0.shape[0], deterministic=not train, rngs=rngs), -1)
+        return -jax.numpy.take_along_axis(logp, x0[..., None], -1)[..., 0].sum(-1)  # (B,) nats
+
+    def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False,
+                   **kwargs):
+        from sedd import evaluate
+        from flax import nnx
+
+        nll = nnx.jit(lambda model, x0: self.loss(None, model, x0, False))
+        return evaluate.dataset_nll(lambda x0: nll(net.model, x0), batches, max_batches=max_batches,
+                                    chars_per_token=chars_per_token, progress=progress)
+
+    def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):
+        self.check_given(steps=steps, sampler=predictor)
+        if set(options) - {"return_stats", "categorical"}:
+            raise ValueError(f"a model.kind={self.name!r} run takes no option {sorted(options)}")
+        tokens = jax.random.categorical(key, self._logits(net.model, num_samples)).astype(jax.numpy.int32)
+        return sampling.Samples(tokens, None, None)
+
+
+def test_a_kind_registered_here_trains_evaluates_samples_and_is_refused_by_serve(tiny_run, tmp_path, capsys):
+    """A new kind touches its module (here, this test), one registry line, its config value and its test:
+    `sedd train`'s loop, its exact NLL, `sedd sample` and `sedd eval` take it unchanged, and `sedd serve`,
+    which serves only kinds with a serving capability, refuses it in one line naming the kinds that have one."""
+    from sedd import cli, config as config_lib, serve, train
+
+    kinds.register("toy_unigram")(_Unigram)
+    try:
+        config = config_lib.load_config("tiny", [f"--config.data.data_dir={tiny_run[1]}", "--config.model.n_blocks=1",
+                                                 "--config.model.kind=toy_unigram", "--config.training.n_iters=4",
+                                                 "--config.training.eval_every=4", "--config.training.ckpt_every=4",
+                                                 "--config.training.eval_samples=0"])
+        out = train.train(config, tmp_path / "run", quiet=True)
+        assert out["bound"]["kind"] == "toy_unigram" and out["bound"]["stderr_nats_per_token"] == 0.0
+        assert 0 < out["bound"]["nats_per_token"] < 6
+        assert cli.main(["sample", "--workdir", str(tmp_path / "run"), "--num_samples", "2"]) == 0
+        assert capsys.readouterr().out.count("--- sample ") == 2
+        assert cli.main(["sample", "--workdir", str(tmp_path / "run"), "--steps", "4"]) == 2
+        assert "steps=4: a model.kind='toy_unigram' run writes left to right" in capsys.readouterr().err
+        assert cli.main(["eval", "--workdir", str(tmp_path / "run"), "--max_batches", "1"]) == 0
+        assert "nats_per_token" in capsys.readouterr().out
+        from sedd import runs
+        with pytest.raises(ValueError, match="sedd serve: a model.kind='toy_unigram' run cannot be served row by "
+                                             "row; model.kind 'ddit' or 'block' can"):
+            serve.create_app(runs.load(tmp_path / "run"), "toy")
+    finally:
+        del kinds.KINDS["toy_unigram"]
