@@ -147,11 +147,10 @@ def _sample(args) -> int:
     if args.draft_k is not None:  # the run's kind and the drafter check it (refused without a draft)
         options["draft_k"] = args.draft_k
     run.kind.check_given(steps=args.steps, sampler=args.sampler, suffix=bool(args.suffix), infill=bool(args.infill))
-    given = dict(options, layout=args.layout, return_trajectory=args.animate or None)  # all checked before timing
+    layout = None if args.layout == "auto" else args.layout
+    given = dict(options, layout=layout, return_trajectory=args.animate or None)  # all checked before timing
     if line := capabilities.tune(run.kind, run.net, given, args.workdir, args.num_samples, progress=True):
         print(line, file=sys.stderr, flush=True)  # its sampling's settings: the fastest here unless asked
-    if args.layout:
-        options["layout"] = args.layout
     if args.animate:
         steps = args.steps if args.steps is not None else run.config.sampling.steps
         mask, tokens = run_conditioning(run, args)
@@ -419,8 +418,9 @@ def _command(argv: list[str] | None) -> int:
                    "directory (one block of --draft_k <= its block size a call)")
     p.add_argument("--draft_k", type=int, default=None, help="drafts a round with --draft (default 4)")
     p.add_argument("--layout", default=None, help="a spec run only: its round, 'K,GROUPS' (K drafts a round, "
-                   "draft groups for the outcomes 0 .. GROUPS - 1; docs/speculative.md) or 'auto' (the default: "
-                   "the fastest on this device, timed once and kept in the run's layouts.json)")
+                   "draft groups for the outcomes 0 .. GROUPS - 1; '0': no drafts, its causal half alone; "
+                   "docs/speculative.md) or 'auto' (the default: the fastest on this device, timed once and kept "
+                   "in the run's layouts.json)")
 
     _add_eval(sub)
 

@@ -133,8 +133,9 @@ def _parser() -> argparse.ArgumentParser:
                              "(default: none, one token a call; a model.kind='spec' run drafts for itself)")
     parser.add_argument("--draft_k", type=int, default=None, help="drafts a round with --draft (default 4)")
     parser.add_argument("--layout", default=None,
-                        help="a spec run only: its round, 'K,GROUPS' or 'auto' (the default: the fastest on this "
-                             "device at batch 1, timed once and kept in the run's layouts.json; docs/speculative.md)")
+                        help="a spec run only: its round, 'K,GROUPS' ('0': no drafts) or 'auto' (the default: the "
+                             "fastest on this device at batch 1, timed once and kept in the run's layouts.json; "
+                             "docs/speculative.md)")
     return parser
 
 
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         limits, hosts, key = _options(args)
         run = runs.load(args.workdir, step=args.step)
         draft = args.draft if args.draft in ("", "ngram") else runs.load(args.draft)
-        given = {"layout": args.layout, "draft_k": args.draft_k}
+        given = {"layout": None if args.layout == "auto" else args.layout, "draft_k": args.draft_k}
         if line := capabilities.tune(run.kind, run.net, given, args.workdir, 1, progress=True):
             print(line, flush=True)  # its sampling's settings: the fastest here unless asked
         app = create_app(run, args.model_name or model_name(args.workdir), limits, hosts, key, draft=draft or None,
