@@ -21,31 +21,11 @@ pattern: each model class owns its loss and its sampling step).
           last draft and drafts the next, the causal half's law exactly.
 
 A new kind is one module of this package holding everything it knows, and
-in it one subclass of ``Kind`` registered with ``@register(name)`` (its
-import below registers it). What every kind is (``base.Kind``):
-
-  network(seed)                        the DDiT of the config's sizes
-  loss(key, model, x0, train, rngs)    the training objective, nats per sequence, float32[B]
-  likelihood(key, net, batches, ...)   its figure on a split: a bound, or an exact NLL
-  sample(key, net, num_samples, ...)   its sampler entry point, a ``sedd.sampling.Samples``
-  describe()                           what ``sedd serve``'s model list says of it
-  check_sampler / check_options /      refuse, before any work and in one line naming the kinds that take it,
-    check_given                        a sampler, an option or a value it cannot honour
-  settles(sampler), unwritten_id()     whether text can stream as it is written, and what a position not yet
-                                       written holds on the host
-
-with ``exact`` (its likelihood is the exact NLL), ``conditions`` (the prompt
-patterns it honours) and ``diffuses`` (it takes sampler steps). What only some
-kinds can do is a capability of ``sedd.kinds.capabilities`` that the kind's
-module gives its class (``ServesRows``, ``Speculates``, ``Drafts``,
-``Distills``, ``Tunes``); the CLI and the server ask for the capability, never
-for a kind. The kinds that hold a causal language model (AR, spec) share
-``sedd.kinds.causal``: its NLL, decoding and ``CausalKind``.
-
-The builders of the forward process (``build_graph``, ``build_noise``) and of
-the network (``build_model``) live in ``base`` too, so training and inference build
-the same objects from the same config. ``net`` below is a network split by
-``nnx.split(model, nnx.Param, ...)``: a ``Net(graphdef, params, rest)``.
+in it one subclass of ``Kind`` (``base``: what every kind is) registered with
+``@register(name)``; its import below registers it. What only some kinds can
+do is a capability of ``capabilities`` that the kind's class derives from;
+the kinds that hold a causal language model share ``causal``
+(docs/architecture.md, "Where a new thing goes").
 """
 
 from sedd.kinds.base import (KINDS, Kind, Net, abstract_network, build_graph, build_model, build_noise,

@@ -3,18 +3,7 @@
 A kind's module gives its ``Kind`` subclass a capability by deriving from its
 class here too and implementing its one method. The CLI, the server,
 distillation and ``sedd.runs`` ask through the functions below (or
-``isinstance``), which refuse in one line naming the kinds that can:
-
-  ServesRows   ``rows_program``: the batched program ``sedd serve`` runs,
-               each row alone with its own key, temperature and top_p
-  Speculates   ``speculation``: decoding by speculative rounds, with drafts
-               of another run or of its own network
-  Drafts       ``drafter``: its network as the drafts of a run that
-               speculates (a ``sedd.drafts.Drafter``)
-  Distills     ``noise_groups``: the network as groups of positions that
-               share a noise level (``sedd distill``)
-  Tunes        ``tune``: settings of its sampling chosen by timing them on
-               this device before sampling (a round's layout)
+``isinstance``), which refuse in one line naming the kinds that can.
 """
 
 from __future__ import annotations
@@ -26,77 +15,58 @@ from sedd.kinds.base import Kind, Net, kinds_that
 
 
 class ServesRows:
-    """A kind ``sedd serve`` runs as a batch of rows, each alone (``sedd.sampling.rows``)."""
+    """``sedd serve`` runs it as a batch of rows, each alone (``sedd.sampling.rows``)."""
 
     verb = "be served row by row"
 
     def rows_program(self, graphdef, *, steps: int, sampler: str, trajectory: bool,
                      live: bool) -> sampling.rows.RowsProgram:
-        """The batched program: each row alone, its temperature and top_p traced.
-
-        Args:
-          graphdef: the network's structure (its weights are the program's first argument).
-          steps, sampler: the sampler and its steps.
-          trajectory: also return the frames along the way; live: hand the states to the host at each call.
-        """
+        """The batched program, each row's temperature and top_p traced; its weights are its first argument.
+        trajectory: the frames along the way too; live: the states handed to the host at each call."""
         raise NotImplementedError
 
 
 class Speculates:
-    """A kind decoded by speculative rounds (``sedd.speculative``): it verifies drafts, its law exactly."""
+    """It is decoded by speculative rounds (``sedd.speculative``), its law exactly."""
 
     verb = "decode by speculative rounds"
 
     def speculation(self, graphdef, draft=None, k: int | None = None,
-                    draft_name: str | None = None) -> sampling.rounds.Speculation | None:
-        """How ``sedd serve`` decodes this kind by rounds; None: by its ``rows_program``.
-
-        Args:
-          graphdef: the network's structure.
-          draft: None, "ngram" or a ``sedd.drafts.Drafter`` of another run (``Drafts.drafter``).
-          k: drafts a round (None: the kind's default).
-          draft_name: what the server reports as the draft (a run's name).
-        Raises:
-          ValueError: a draft or a k this kind cannot take, in one line.
-        """
+                    draft_name: str | None = None) -> sampling.rounds.Speculation:
+        """Its rounds. draft: None, "ngram" or another run's ``sedd.drafts.Drafter``; k: drafts a round (None:
+        its default); draft_name: what the server reports. Raises a ValueError for a draft or k it cannot take."""
         raise NotImplementedError
 
 
 class Drafts:
-    """A kind whose network drafts for a run that speculates."""
+    """Its network drafts for a run that speculates."""
 
     verb = "draft for speculative sampling (the drafts: 'ngram', an AR run or a block-diffusion run)"
 
     def drafter(self, net: Net) -> drafts.Drafter:
-        """The network as a ``sedd.drafts.Drafter``."""
         raise NotImplementedError
 
 
 class Distills:
-    """A kind ``sedd distill`` trains fewer steps into (``sedd.sdtt``)."""
+    """``sedd distill`` trains fewer steps into it (``sedd.sdtt``)."""
 
     verb = "be distilled: it has no denoising steps to distill"
 
     def noise_groups(self, model, train: bool = False, rngs=None) -> tuple[int, Callable]:
-        """(b, fn): the network as positions in groups of b that share a noise level.
-
-        fn(x_t int32[B, L], x0 int32[B, L], sigma float[B, L / b]) -> log-score float32[B, L, D]; dropout from
-        rngs when train.
-        """
+        """(b, fn): the network as groups of b positions sharing a noise level, fn(x_t, x0, sigma float[B, L / b])
+        -> log-score float32[B, L, D]; dropout from rngs when train."""
         raise NotImplementedError
 
 
 class Tunes:
-    """A kind whose sampling has settings best chosen by timing them on the device that samples."""
+    """Settings of its sampling are chosen by timing them on the device that samples."""
 
     verb = "choose a round's layout"
 
-    def tune(self, net: Net, choice: Any = None, workdir=None, batch: int = 1, progress: bool = False) -> str:
-        """Set them (the fastest here unless `choice` names them; remembered in workdir); a line saying which.
-
-        Raises:
-          ValueError: a `choice` it cannot take, before any timing.
-        """
+    def tune(self, net: Net, options: dict | None = None, workdir=None, batch: int = 1,
+             progress: bool = False) -> str:
+        """Set them (the fastest here unless `options` name them; kept in workdir), every option of the sample
+        checked first; a line saying what was set."""
         raise NotImplementedError
 
 
@@ -129,10 +99,7 @@ def refuse_drafts(kind: Kind, options: dict) -> None:
 
 
 def tune(kind: Kind, net: Net, options: dict, workdir=None, batch: int = 1, progress: bool = False) -> str | None:
-    """``Tunes.tune`` of a kind that tunes (a line saying what it set); None for any other, which takes no layout.
-
-    options: the sample's options, a kind that tunes checking them all before any timing.
-    """
+    """``Tunes.tune`` of a kind that tunes; None for any other, which takes no layout."""
     if isinstance(kind, Tunes):
         return kind.tune(net, options, workdir, batch, progress)
     if options.get("layout") is not None:

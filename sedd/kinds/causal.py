@@ -10,23 +10,14 @@ x_l, so every one of the L tokens is predicted, the first from BOS alone:
 the exact negative log-likelihood, directly comparable with a diffusion
 model's bound on the same quantity (``sedd.evaluate.likelihood_bound``).
 
-A network is a causal LM here when it takes no time input and outputs
-V = out_dim logits over the real tokens, and embeds BOS = V (num_tokens > V:
-the spec network also embeds its drafts' MASK, V + 1). Its attention is causal
-by construction (the AR network, ``causal=True``) or by the mask this module
-passes (the spec network, whose attention is whatever its mask says).
-
-Decoding runs on the network's one decoding cache, which the caller holds
-(``DDiT.output_in_cache``): a step writes its row in place and reads the
-rows up to its own; past the model's length the cache is a ring of max_len
-rows, each token drawn given the max_len - 1 before it (a sliding window,
-``sedd.model.ring_mask``). Its next-token law equals that of the full pass
-(tests/test_ar.py). Temperature 0 is the argmax (greedy decoding).
-
-``CausalKind`` is what the kinds that hold one share: the exact NLL as their
-likelihood (so any of them can judge samples, ``sequence_nll``), a prefix
-prompt, text that stays once written, and their sampling options as one
-checked value (``Options``).
+A network is one when it takes no time input, outputs V = out_dim logits and
+embeds BOS = V (the spec network also its drafts' MASK, V + 1); its attention
+is causal by construction (the AR network) or by the mask passed here (the
+spec network). Decoding runs on the network's decoding cache
+(``DDiT.output_in_cache``), past the model's length on a ring (a sliding
+window); temperature 0 is the argmax. ``CausalKind`` is what the kinds that
+hold one share: the exact NLL as their likelihood (so either judges samples),
+a prefix prompt, and their options as one checked value (``Options``).
 
 Letters: B batch, L length, V vocabulary, S cache rows.
 """
@@ -236,33 +227,21 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0) -> tuple:
     r"""(prefill, target) of the causal LM `graphdef` for ``sedd.speculative.decode``, each row its own KV cache.
 
     ``target(state, text, start, k)`` scores the k + 1 positions start ..
-    start + k in one call: their inputs x_{start-1} (BOS at 0) and the k
-    drafts, against the cache of the positions before start. The cache is
-    the caller-held one of ``decode_in_cache`` (``DDiT.output_in_cache``):
-    the call writes its rows from `start` on in place, and a query sees the
-    rows up to its own position only, so the rows of rejected drafts (at or
-    past the next round's start) are written over by the next call before
-    any query sees them: the cache rolls back by the start alone, and after
-    a round it holds exactly what a cache built from scratch on the
-    accepted text holds (tests/test_speculative.py). The rows run in one
-    call, each written and read at its own start (``decode_in_cache`` with
-    a start a row), so rows accept different numbers of drafts; under
-    ``jax.vmap`` over the rows XLA's CPU compiler copied the cache around
-    every such write. The law returned is the network's
-    next-token law with temperature T and nucleus top_p (the law of the
-    text, ``sedd.sampling.shaped_law``; T = 0 the argmax).
-
-    Not cached: temperature and top_p may be traced float32[] values, so that
-    one program serves every value (``sedd serve``); ``speculative_target``
-    is the cached builder of Python values.
+    start + k in one call (``decode_rows``, each row at its own start): their
+    inputs x_{start-1} (BOS at 0) and the k drafts. A query sees the cache's
+    rows up to its own position only, so the rows of rejected drafts, at or
+    past the next round's start, are written over by the next call before
+    any query sees them: the cache rolls back by the start alone
+    (tests/test_speculative.py). The law returned is the network's with
+    temperature T and nucleus top_p (``sedd.sampling.shaped_law``; T = 0 the
+    argmax), T and top_p floats or traced (``sedd serve``'s rows);
+    ``speculative_target`` caches the builder of Python values.
 
     Returns:
       prefill(params_state, prompt int32[B, P]) -> state: the cache after the
-        prompt's P positions (P the same for every row, >= 0). Since each call
-        of target writes from its `start` on, a prompt buffer longer than the
-        given tokens may be prefilled whole (what follows `start` is never
-        seen); the cache holds max(max_len, P) + MAX_DRAFTS + 1 rows, every row
-        a round past the text's end writes (k <= ``sedd.speculative.MAX_DRAFTS``).
+        prompt's P positions (the same P every row; a longer buffer may be
+        prefilled whole, what follows `start` never seen); max(max_len, P) +
+        MAX_DRAFTS + 1 rows, every row a round past the text's end writes.
       target: as ``sedd.speculative.decode`` takes it; state = ((params, rest), cache).
     """
     def prefill(params_state, prompt):

@@ -411,60 +411,39 @@ LAYOUTS_FILE = "layouts.json"
 
 
 def candidates(k: int) -> list[Layout]:
-    """The layouts ``time_layouts`` times for a run trained at k: every group, two and one at k; every group and
-    one at about k / 2; at k = 1 two groups (one for each outcome) and one; and no drafts. From 1 position a
-    call to (k + 1)^2."""
-    half = max(1, k // 2)
-    return sorted({Layout(k, k + 1), Layout(k, min(2, k + 1)), Layout(k, 1), Layout(half, half + 1), Layout(half, 1),
-                   Layout(1, 2), Layout(1, 1), NO_DRAFTS}, key=lambda lay: (-lay.k, -lay.groups))
+    """The layouts ``time_layouts`` times for a run trained at k: no drafts; k = 1 with a group for each outcome;
+    about k / 2 and k with one group. Each compiles a program of its own (about 2 s at the default's size on a
+    2-core CPU), so the few that win somewhere: no drafts where a position costs as much as it adds, more drafts
+    a call where positions cost little; any other is given with ``--layout``."""
+    return sorted({NO_DRAFTS, Layout(1, 2), Layout(max(1, k // 2), 1), Layout(k, 1)},
+                  key=lambda lay: (-lay.k, -lay.groups))
 
 
-def time_layouts(graphdef, state, length: int, batch: int, layouts: list[Layout], *, temperature: float = 1.0,
-         top_p: float = 1.0, rounds: int = 5, progress: bool = False) -> list[dict]:
-    """Each layout's tokens/s on this device: texts of `length` at `batch`, timed interleaved, the median of rounds.
-
-    The figure is end to end (the network, the loop, the acceptance of this run's drafts), so it picks
-    what is fastest here whatever makes it so. Each layout compiles once first (not timed).
+def time_layouts(graphdef, state, length: int, batch: int, layouts: list[Layout], *, rounds: int = 5,
+                 progress: bool = False) -> list[dict]:
+    """Each layout's tokens/s on this device: texts of `length` at `batch`, timed interleaved, the median of rounds
+    (each compiled first, not timed). End to end (the network, the loop, how often this run's drafts are kept),
+    so it picks what is fastest here whatever makes it so.
 
     Returns:
       [{"layout": "K,GROUPS", "positions": n a call, "tokens_per_s", "tokens_per_call"}], fastest first.
     """
-
     def run(layout, seed):
-        out, stats = speculate(jax.random.key(seed), graphdef, state, batch, length, layout, temperature=temperature,
-                            top_p=top_p)
-        return jax.block_until_ready(out), stats
+        out, stats = speculate(jax.random.key(seed), graphdef, state, batch, length, layout)
+        return jax.block_until_ready(out), float(np.mean(np.asarray(stats["nfe_per_sample"])))
 
-    calls = {layout: [] for layout in layouts}
-    for layout in tqdm(layouts, desc="timing layouts", disable=not progress, leave=False):
-        run(layout, 0)  # compiled
-    seconds = {layout: [] for layout in layouts}
+    for layout in tqdm(layouts, desc="compiling the layouts to time", disable=not progress, leave=False):
+        run(layout, 0)
+    seconds, calls = {lay: [] for lay in layouts}, {lay: [] for lay in layouts}
     for r in range(rounds):
         for layout in layouts if r % 2 == 0 else layouts[::-1]:
             t = time.perf_counter()
-            _, stats = run(layout, r + 1)
+            calls[layout].append(run(layout, r + 1)[1])
             seconds[layout].append(time.perf_counter() - t)
-            calls[layout].append(float(np.mean(np.asarray(stats["nfe_per_sample"]))))
     rows = [{"layout": f"{lay.k},{lay.groups}", "positions": lay.positions,
              "tokens_per_s": batch * length / float(np.median(seconds[lay])),
-             "tokens_per_call": length / float(np.mean(calls[lay]))}
-            for lay in layouts]
+             "tokens_per_call": length / float(np.mean(calls[lay]))} for lay in layouts]
     return sorted(rows, key=lambda row: -row["tokens_per_s"])
-
-
-def _saved_layout(value, trained_k: int, path: Path) -> Layout:
-    """The layout an entry of a layouts file names: one of ``candidates(trained_k)``, else a ValueError naming the
-    file (a received file may name any layout: one of 64 drafts would cost a run of 32 tokens 4,225 positions a
-    call)."""
-    try:
-        layout = layout_of(value, trained_k) if isinstance(value, str) else None
-    except ValueError:
-        layout = None
-    if layout not in candidates(trained_k):
-        raise ValueError(f"{path} names the layout {str(value)[:40]!r} for this device, not one this run times "
-                         f"({', '.join(f'{lay.k},{lay.groups}' for lay in candidates(trained_k))}); delete the file "
-                         "(or its entry) to time the layouts again")
-    return layout
 
 
 def device_key(model: DDiT, batch: int) -> str:
@@ -473,38 +452,57 @@ def device_key(model: DDiT, batch: int) -> str:
     return f"{dev.platform} {dev.device_kind} | {kernels.cpu_model()} | {jnp.dtype(model.dtype).name} | batch {batch}"
 
 
+def _saved(entry, trained_k: int, wanted: list[Layout], path: Path) -> tuple[Layout, list] | None:
+    """(layout, timed rows) of a layouts file's entry chosen among every layout of `wanted`; None: time again.
+    A layout of more than the run's k drafts (a received file's "64,65" cost a run of 32 tokens 4,225
+    positions a call) or not a layout is refused, naming the file."""
+    if not isinstance(entry, dict) or "layout" not in entry:
+        return None
+    try:
+        layout = layout_of(entry["layout"], trained_k) if isinstance(entry["layout"], str) else None
+    except ValueError:
+        layout = None
+    if layout is None or layout.k > trained_k:
+        raise ValueError(f"{path} names the layout {str(entry['layout'])[:40]!r} for this device, not one this run "
+                         f"times (at most its {trained_k} drafts a round); delete the file (or its entry) to time "
+                         "the layouts again")
+    rows = [row for row in entry.get("timed", []) if isinstance(row, dict)] if isinstance(entry.get("timed"), list) \
+        else []
+    timed = {row.get("layout") for row in rows}
+    return (layout, rows) if layout in wanted and {f"{lay.k},{lay.groups}" for lay in wanted} <= timed else None
+
+
+def _against_no_drafts(layout: Layout, rows: list) -> str:
+    """How the layout's tokens/s compare with no drafts' in the timed rows ("" where either is missing)."""
+    speed = {row.get("layout"): row.get("tokens_per_s") for row in rows}
+    mine, alone = speed.get(f"{layout.k},{layout.groups}"), speed.get("0,0")
+    ok = all(isinstance(v, (int, float)) and v > 0 for v in (mine, alone))
+    return f", {mine / alone:.2f}x the tokens/s of no drafts" if ok and layout.k else ""
+
+
 def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, workdir=None, *,
                   layouts: list[Layout] | None = None, progress: bool = False) -> tuple[Layout, str]:
-    """The fastest of `layouts` (``candidates(trained_k)``) on this device at this batch (``time_layouts``), remembered
-    in workdir/layouts.json.
-
-    A choice saved for the same ``device_key`` is used as it is (delete the file, or its entry, to time
-    again); without a workdir nothing is saved.
+    """The fastest of `layouts` (``candidates(trained_k)``) on this device at this batch (``time_layouts``),
+    kept in workdir/layouts.json and read back for the same ``device_key`` (delete the file, or its entry, to
+    time again; without a workdir nothing is kept).
 
     Returns:
-      (the layout, a line saying what was chosen and from what).
+      (the layout, a line saying what was chosen, against no drafts, from what).
     """
-    model = nnx.merge(graphdef, *state)
-    where = device_key(model, batch)
+    where = device_key(nnx.merge(graphdef, *state), batch)
     path = None if workdir is None else Path(workdir) / LAYOUTS_FILE
-    saved = {}
+    wanted, saved = layouts or candidates(trained_k), {}
     if path is not None and path.exists():
         try:
             saved = json.loads(files.read_text(path, 1 << 20, root=workdir))
         except (ValueError, files.UnsafeFile) as e:
             raise ValueError(f"{path} is not a layouts file sedd wrote ({e}); delete it to time the layouts "
                              "again") from None
-        entry = saved.get(where) if isinstance(saved, dict) else None
-        wanted = layouts or candidates(trained_k)
-        if isinstance(entry, dict) and "layout" in entry:
-            layout = _saved_layout(entry["layout"], trained_k, path)
-            timed = entry.get("timed") if isinstance(entry.get("timed"), list) else []
-            timed = {row.get("layout") for row in timed if isinstance(row, dict)}
-            if layout in wanted and {f"{lay.k},{lay.groups}" for lay in wanted} <= timed:  # chosen among them all
-                return layout, f"layout {layout}, chosen earlier on this device ({path})"
-    rows = time_layouts(graphdef, state, length, batch, layouts or candidates(trained_k), progress=progress)
-    layout = layout_of(rows[0]["layout"], trained_k)
-    kept = ""
+        if found := _saved(saved.get(where) if isinstance(saved, dict) else None, trained_k, wanted, path):
+            layout, rows = found
+            return layout, f"layout {layout}{_against_no_drafts(layout, rows)}, chosen earlier on this device ({path})"
+    rows = time_layouts(graphdef, state, length, batch, wanted, progress=progress)
+    layout, kept = layout_of(rows[0]["layout"], trained_k), ""
     if path is not None:
         saved = dict(saved) if isinstance(saved, dict) else {}
         saved[where] = {"layout": rows[0]["layout"], "timed": rows}
@@ -514,7 +512,8 @@ def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, work
             kept = f" (not kept in {path}: {getattr(e, 'strerror', None) or e})"
     table = ", ".join(f"{r['layout']}: {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_call']:.2f} a call)"
                       for r in rows)
-    return layout, f"layout {layout}, the fastest here at batch {batch}: {table}{kept}"
+    return layout, (f"layout {layout}{_against_no_drafts(layout, rows)}, the fastest here at batch {batch}: "
+                    f"{table}{kept}")
 
 
 # =========================================================================== the kind
