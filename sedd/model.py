@@ -15,61 +15,39 @@ adaptive LayerNorm (adaLN), with rotary position embeddings (Su et al. 2021,
   each block: x += gate_a * Drop(Attn(modulate(LN(x), shift_a, scale_a)))
               x += gate_m * Drop(MLP (modulate(LN(x), shift_m, scale_m)))
 
-Where each piece lives:
-  sedd.layers       FREQ_DIM, ROTARY_BASE, LN_EPS, padded, modulate, per_position,
-                    timestep_embedding, apply_rotary, TimestepEmbedder, FinalLayer,
-                    linear, layer_norm, partitioned, broadcast_positions
-  sedd.ddit_block   DDiTBlock: adaLN attention and MLP
-  this module       DDiT (features, output_layer, network_output, log_score,
-                    output_rows, output_in_cache, empty_cache, keys_values),
-                    ring_mask, REMAT_POLICIES, block_diffusion_mask, param_count,
-                    non_embedding_param_count, matmul_params, flops_per_token
+Where each piece lives: ``sedd.layers`` (the embeddings of sigma and position,
+adaLN, the float32 layers, FinalLayer), ``sedd.ddit_block`` (DDiTBlock: adaLN
+attention and MLP), this module (DDiT, the decoding cache's call and
+``ring_mask``, ``block_diffusion_mask``, the counts of parameters and FLOPs).
 
 Shape letters used throughout this module:
   B batch, L sequence length, H hidden size, N attention heads, K head dim
   (H = N K), C conditioning width, F sinusoidal frequency features (256),
   G groups of positions with a noise level each, V vocabulary size, D output
-  width `out_dim` (the graph dim for diffusion: V + 1 for the absorbing graph,
-  whose mask id is V, V for the uniform graph; V next-token logits for the
-  autoregressive baseline).
+  width `out_dim` (V + 1 for the absorbing graph, whose mask id is V; V for
+  the uniform graph and for a causal LM's next-token logits).
 
-Precision: parameters are always float32. `dtype` is the compute dtype of the
-matmuls and attention; LayerNorm, the adaLN modulation, the residual stream
-and the returned log-score stay float32, as in the original's autocast set-up.
-The sigma embedding is float32 throughout. Below float32 (bfloat16), every
-product multiplies in `dtype` and accumulates and returns float32, in the
-backward pass too (`sedd.kernels.mixed_einsum`); in float32 the Linear
-products are nnx.Linear's own. Attention is `sedd.kernels.mixed_attention` in
-every dtype (head-major, normalised after the value product: faster than
-`jax.nn.dot_product_attention` on a CPU in float32 too).
-Dropout is `sedd.kernels.Dropout`, nnx.Dropout with masks from 16 random bits
-an element. What each speed path is for: `sedd.kernels`.
+Precision: parameters are float32; `dtype` is the compute dtype of the
+matmuls and attention (``sedd.kernels.mixed_einsum``, ``mixed_attention``:
+multiplied in `dtype`, accumulated and returned float32, the backward pass
+too); LayerNorm, adaLN, the residual stream, the sigma embedding and the
+log-score stay float32, as in the original's autocast set-up.
 
 Decoding: one cache of keys and values, which the caller holds and passes
-in and out (``empty_cache``, ``output_in_cache``): every decoder runs on it,
-the AR kind's steps, speculative rounds, the spec kind's rounds and block
-diffusion's blocks, written in place at a row, or on a ring by position past
-its rows (a sliding window, ``ring_mask``). A functional cache is what
+in and out (``empty_cache``, ``output_in_cache``), written in place at a
+row or on a ring by position past its rows (a sliding window,
+``ring_mask``): the AR kind's steps, speculative rounds, the spec kind's
+rounds and block diffusion's blocks all run on it. A functional cache is what
 ``jax.jit`` and ``lax`` loops carry without a module's state, and written in
-place it is what a CPU decodes fastest (``kernels.cache_attention``). The
-one other source of keys and values is not a cache: a clean context, read
-and never written (``keys_values``, then ``features(..., context=...)``),
-for block diffusion's bound, whose noisy blocks each see their own block and
-the clean ones before it: read by units (``kernels.unit_context_attention``)
-it skips the logits between noisy blocks that a cache's mask would compute.
+place it is what a CPU decodes fastest. The one other source of keys and
+values is not a cache: a clean context, read and never written
+(``keys_values``, then ``features(..., context=...)``), for block diffusion's
+bound: read by units (``kernels.unit_context_attention``) it skips the
+logits between noisy blocks that a cache's mask would compute.
 
-Logical axis names carried by parameters (metadata `out_sharding`, read with
-`nnx.get_partition_spec(nnx.state(model))`; a mesh's rules map them to mesh
-axes). Eager sharding is off, so the model builds with no mesh set:
-  "vocab"  the token side: embedding rows and output projection columns D
-  "embed"  the hidden size H (residual stream, LayerNorm scales)
-  "cond"   the conditioning width C (output side only in the C x C layer,
-           which is left replicated along its input)
-  "freq"   the F = 256 sinusoidal features of sigma
-  "qkv"    the packed query/key/value projection output, 3 H = (3, N, K)
-  "heads"  the concatenated attention head outputs, N K = H
-  "mlp"    the MLP hidden width, mlp_ratio * H
-  "adaln"  the adaLN modulation outputs, 6 H in blocks and 2 H in the final layer
+Parameters carry logical axis names ("vocab", "embed", "cond", "freq",
+"qkv", "heads", "mlp", "adaln"; docs/model.md lists them) as `out_sharding`
+metadata, eager sharding off: the model builds with no mesh set.
 """
 
 from __future__ import annotations

@@ -31,21 +31,10 @@ run unless --no_ema; the one published set otherwise); "params" holds the raw
 weights where the source has them, else the same set. Nothing of the
 optimizer is kept: a converted run samples and evaluates, it does not resume.
 
-The modules, one concept each (the arrows run down the list, never up):
-
-  write             `convert` and the `sedd convert` command (`main`)
-  read              `locate` a source's files, `read_original_config`, `read_source`
-  duo               DUO's Lightning checkpoint and the OmegaConf config inside it
-  original          the original SEDD's config -> ours (`config_from_original`)
-  source            the `Source` record and the `Layout` of its state dict
-  mdlm, bd3lm       the Hugging Face config of MDLM, and BD3-LM's fields beyond it
-  weights           state dict -> our parameters (`parameter_map`, `convert_params`)
-  fields            what every family's config shares (GPT-2's vocabulary, bounds)
-  torch_zip         `load_torch`: torch.save's zip archive through a restricted unpickler
-  pickle_scan       the opcode scan that refuses a pickle before it is unpickled
-  allowlist         the names a state dict's pickle may use; inert stand-ins
-  safetensors_file  `load_safetensors`
-  limits            `ConversionError`, `UnsafePickleError`, the bounds on a file
+The modules, one concept each: ``write`` (``convert``, the command), ``read``,
+``duo``, ``original``, ``source``, ``mdlm``, ``bd3lm``, ``weights``,
+``fields``, and the readers ``torch_zip``, ``pickle_scan``, ``allowlist``,
+``safetensors_file``, ``limits`` (docs/architecture.md draws them).
 """
 
 from sedd.convert.bd3lm import BD3LM_BUFFERS

@@ -6,40 +6,24 @@
   GET  /health           liveness and the engine's queue
   GET  /                 the playground (sedd/static/playground.html)
 
-A completion is one reverse diffusion over the model's whole sequence (length
-L). The prompt fixes the first P positions, the next M = max_tokens positions
-are the completion, the suffix (if any) fixes the S positions after them, and
-whatever lies beyond P + M + S is sampled too and cut from the answer, so
-prompt and suffix are always conditioned on exactly (the absorbing graph keeps
-fixed tokens fixed; see ``sedd.sampling.sample``).
+A diffusion run's completion is one reverse diffusion over the model's
+sequence: the prompt fixes the first positions, the suffix the positions
+after the completion, exactly (the absorbing graph keeps fixed tokens fixed).
+A run that speculates (an AR run with ``--draft``, a spec run) is served by
+rounds of drafts checked by the run (``sedd.sampling.rounds``), its law
+exactly. serve asks the run's kind for its program through its capability
+(``sedd.kinds.capabilities``) and names no kind and no sampler.
 
-An AR run is served by speculative decoding instead (``--draft``; each row
-its own rounds of drafts checked by the run, ``sedd.kinds.Kind.speculation``
-and ``sedd.sampling.rounds``): the prompt is a prefix, the text has the run's
-law exactly, and each answer says the network calls and the drafts kept.
-
-Requests go to an ``Engine``: one worker thread that runs the compiled
-sampler the run's kind gives (``sedd.kinds.Kind.rows_program``; serve itself
-knows no kind and no sampler). Requests that can share a program (same steps and sampler, and the
-same kind of answer: plain, diffusing frames, or streamed as it settles) that
-arrive within a short collection window run as one batch; every row has its
-own key ``fold_in(key(seed), row)`` and its own temperature and top_p (traced
-values, so no value compiles a program), and a seeded request gives the same
-text whatever it was batched with. Batch sizes are rounded up to a few sizes
-(``batch_size``) so a few compiled programs serve every load, and at most
-``Limits.max_programs`` are kept. The queue is bounded (503 when full), a
-request waits at most ``timeout_s`` seconds (then 503), and one whose client
-hung up is dropped before it runs.
-
-What a request meets before any of that (``Gate``): a Host header that must
-name this server (localhost by default: a page of another site cannot reach
-it through DNS rebinding), an optional API key (``Authorization: Bearer``),
-a JSON body (``Content-Type: application/json``, so a page cannot post to it
-cross-origin without a preflight) that arrives within ``body_timeout_s``.
-docs/serving.md shows how to call it and what to set before exposing it.
-The package: ``api`` (limits, the request, its plan, errors), ``engine``
-(batching), ``texts`` (ids as text and frames), ``app`` (routes and gate),
-``main`` (the command line).
+An ``Engine`` (one worker thread) runs requests that can share a compiled
+program and arrive within a short window as one batch, every row with its own
+key, temperature and top_p (traced: no value compiles a program); batch sizes
+are rounded to a few, at most ``Limits.max_programs`` programs kept, the
+queue bounded (503), a request's wait bounded. Before any of that the
+``Gate`` checks the Host header (localhost by default), an optional API key,
+a JSON body within ``body_timeout_s``. docs/serving.md says how to call it and
+what to set before exposing it. The package: ``api`` (limits, the request,
+its plan, errors), ``engine`` (batching), ``texts`` (ids as text and
+frames), ``app`` (routes and gate), ``main`` (the command line).
 
 Shapes: B batch rows, L length, N steps, V vocabulary, D = graph.dim.
 """
