@@ -6,7 +6,9 @@ then removes the noise left (Sec. 4 of Lou et al. 2024), in one compiled
 program (``run_loop``); a sampler may carry state across steps. Samplers are
 registered by name in ``PREDICTORS``, each with its equation above its step
 and the graphs and options it honours (an option it cannot honour is a
-ValueError, never ignored); docs/sampling.md lists and ranks them. Every
+ValueError, never ignored): "euler" and "analytic" (SEDD's tau-leaping and
+Tweedie samplers), and on the absorbing graph "first_hitting", "confidence",
+"dilated", "entropy_bound" and "remdm"; docs/sampling.md ranks them. Every
 draw counts its network evaluations (NFE, ``Samples.stats``).
 
 The package, one concept a module: ``loop`` (``run_loop``, ``Options``,
