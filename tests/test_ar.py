@@ -96,6 +96,9 @@ def test_ar_trains_with_the_same_trainer(tmp_path, caplog):
     run = runs.load(tmp_path / "ar")
     ids = run.sample(jax.random.key(0), 2).tokens  # through causal.ancestral
     assert ids.shape == (2, 16) and (ids < 8).all()
+    greedy = [run.sample(jax.random.key(k), 2, temperature=0.0).tokens for k in (0, 1)]  # was refused: the argmax
+    np.testing.assert_array_equal(*greedy)
+    assert (greedy[0] == greedy[0][0]).all()
     # The second call reuses the compiled program: causal.ancestral leaves the loaded model's state as it was (the
     # jitted call once wrote it back placed on the mesh, so the next call traced and compiled again).
     jax.config.update("jax_log_compiles", True)

@@ -413,6 +413,18 @@ def test_a_spec_runs_options_are_refused_before_any_layout_is_timed(copy_spec_ru
     assert not (copy_spec_run / "layouts.json").exists() and time.perf_counter() - t < 30
 
 
+def test_serve_takes_a_spec_runs_draft_k_only_as_its_layouts_k(copy_spec_run, capsys):
+    """`sedd serve --layout 1,1` took --draft_k 1 and 4 alike: the k of another layout is refused before it
+    listens, in one line."""
+    import servers
+    from sedd import serve
+
+    port = str(servers.free_port())
+    assert serve.main(["--workdir", str(copy_spec_run), "--layout", "1,1", "--draft_k", "2", "--port", port]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "draft_k=2: this run drafts 1 token a round in its layout" in err, err
+
+
 def test_a_layouts_file_naming_a_layout_the_run_does_not_time_is_refused_by_name(copy_spec_run, capsys):
     """A received layouts.json entry "64,65" for this device was used on a 32-token run (4,225 positions a call): an
     entry that is not one of the run's candidate layouts is refused in one line naming the file; the run's own
