@@ -126,7 +126,7 @@ if FAST:
     }
 else:
     OVERRIDES = {
-        "model.hidden_size": 128, "model.n_blocks": 3, "model.n_heads": 4, "model.cond_dim": 64,
+        "model.hidden_size": 128, "model.n_layers": 3, "model.n_heads": 4, "model.cond_dim": 64,
         "data.seq_len": 64, "training.batch_size": 32, "training.n_iters": 1500,
         "training.log_every": 50, "training.eval_every": 1500, "training.ckpt_every": 1500,
         "training.eval_batches": 4, "training.eval_samples": 1,
@@ -404,7 +404,7 @@ lap("score entropy")
 cfg = ml_collections.ConfigDict(config.to_dict())
 cfg.vocab_size = V  # train() sets this from the tokenizer; build_model reads it
 model = kinds.build_model(cfg)
-print(f"DDiT: {cfg.model.n_blocks} blocks, width {cfg.model.hidden_size}, {cfg.model.n_heads} heads; "
+print(f"DDiT: {cfg.model.n_layers} blocks, width {cfg.model.hidden_size}, {cfg.model.n_heads} heads; "
       f"{model_lib.param_count(model):,} parameters")
 x_t = absorbing.sample_transition(jax.random.key(2), x0, jnp.full((1, 1), 1.0))  # (1, L)
 log_score = model(x_t, jnp.array([1.0]))  # (B, L, D)

@@ -2,7 +2,7 @@
 
 One module per concept of the paper: ``graphs`` (the rate matrices Q),
 ``noise`` (the schedules), ``losses`` (denoising score entropy), ``model``
-(the DDiT; its block in ``ddit_block``, its layers in ``layers``, its speed
+(the DDiT; its block in ``ddit_layer``, its layers in ``layers``, its speed
 paths in ``kernels``), ``sampling`` (the sampling core every kind drives and
 the sampler registry), ``evaluate`` (the likelihood bound, exact NLL,
 generative perplexity); around them ``kinds`` (ddit, ar, block, spec: each

@@ -86,11 +86,12 @@ def override(config: ml_collections.ConfigDict, overrides: Sequence[str] = ()) -
         raise KeyError(_unknown_key_message(config, overrides, str(e))) from None
     except flags.Error as e:
         raise ValueError(str(e)) from None
-    given = {arg[len("--config."):].split("=")[0] for arg in overrides if arg.startswith("--config.")}
+    given, now = {arg[len("--config."):].split("=")[0] for arg in overrides if arg.startswith("--config.")}, \
+        values.config.to_dict()
     for key, (before, where, value) in MOVED.items():  # the old key of a moved meaning, given alone
-        if before in given and key not in given and _get(values.config.to_dict(), where) == value:
+        if where is not None and before in given and key not in given and _get(now, where) == value:
             raise ValueError(f"--config.{before} is not what a {where}={value!r} run reads: its meaning moved to "
-                             f"{key} (give --config.{key}={_get(values.config.to_dict(), before)!r})")
+                             f"{key} (give --config.{key}={_get(now, before)!r})")
     return values.config
 
 
@@ -98,6 +99,9 @@ def _unknown_key_message(config, overrides: Sequence[str], error: str) -> str:
     """ "unknown config key 'a.bb'; did you mean 'a.b'?" from ml_collections' hint."""
     keys = [arg[len("--config."):].split("=")[0] for arg in overrides if arg.startswith("--config.")]
     for key in keys:
+        renamed = [new for new, (before, where, _) in MOVED.items() if before == key and where is None]
+        if renamed:
+            return f"config key {key!r} is now {renamed[0]!r}"
         node, parts = config, key.split(".")
         for i, part in enumerate(parts):
             if not isinstance(node, ml_collections.ConfigDict) or part not in node:
@@ -143,12 +147,17 @@ before mesh.distributed one process), data.markov.* came with data.name = "marko
 optim.muon_lr_scale is read only by Muon, which the shipped configs offered from that key on."""
 
 
-MOVED: dict[str, tuple[str, str, Any]] = {
+MOVED: dict[str, tuple[str, str | None, Any]] = {
     "model.draft_k": ("model.block_size", "model.kind", "spec"),  # until 2026-12-05
+    "model.n_layers": ("model.n_blocks", None, None),  # until 2026-12-06: the original's name
 }
-"""key -> (the key its value was kept in before, and the key and value of the runs that kept it there): a
-spec run's drafts a round were its model.block_size until they got a key of their own (block_size now
-means a block run's block length only)."""
+"""key -> (the key its value was kept in before, and the key and value of the runs that kept it there, None:
+every run): a spec run's drafts a round were its model.block_size until they got a key of their own
+(block_size now means a block run's block length only); the network's transformer layers were
+model.n_blocks, the original's name, until "block" came to mean block diffusion's alone."""
+
+RENAMED_VALUES: dict[str, dict[Any, Any]] = {"model.remat": {"blocks": "layers"}}  # until 2026-12-06
+"""key -> {a value saved runs may hold: its name today}."""
 
 
 def _get(tree: Mapping[str, Any], key: str):
@@ -162,11 +171,17 @@ def moved(saved: Mapping[str, Any], config: dict, default: Mapping[str, Any]) ->
     """Fill in `config` (today's keys) each ``MOVED`` key that `saved` kept in another key; that key, whose value
     was the moved meaning's, gets its `default` (the shipped config's)."""
     for key, (before, where, value) in MOVED.items():
-        if _get(saved, key) is None and _get(saved, before) is not None and _get(saved, where) == value:
+        if _get(saved, key) is None and _get(saved, before) is not None and (where is None or
+                                                                            _get(saved, where) == value):
             section, name = key.rsplit(".", 1)
             config[section][name] = _get(saved, before)
             section, name = before.rsplit(".", 1)
-            config[section][name] = _get(default, before)
+            if _get(default, before) is not None:  # the key lives on, with another meaning
+                config[section][name] = _get(default, before)
+    for key, renamed in RENAMED_VALUES.items():
+        section, name = key.rsplit(".", 1)
+        if isinstance(config[section][name], str) and config[section][name] in renamed:
+            config[section][name] = renamed[config[section][name]]
 
 
 def migrate(saved: Mapping[str, Any]) -> ml_collections.ConfigDict:

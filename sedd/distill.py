@@ -58,7 +58,7 @@ ORDERS = {"random": None, "dilated": "dilated"}
 """distill.order -> the sampler its students draw with (None: the teacher's sampling.predictor): "random", the
 positions the analytic sampler unmasks at the schedule's rate (``sedd.sdtt.loss_per_position``); "dilated", a
 planned order (``sedd.sampling.Dilated``, ``sedd.sdtt.planned_loss_per_position``)."""
-ARCHITECTURE = ("model.kind", "model.block_size", "model.hidden_size", "model.n_blocks", "model.n_heads",
+ARCHITECTURE = ("model.kind", "model.block_size", "model.hidden_size", "model.n_layers", "model.n_heads",
                 "model.cond_dim", "model.mlp_ratio", "model.scale_by_sigma", "model.time_conditioning",
                 "model.normalize", "model.vocab_multiple", "graph.type", "noise.type", "noise.eps",
                 "noise.sigma_min", "noise.sigma_max", "data.seq_len", "vocab_size")

@@ -38,6 +38,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from flax import nnx
 
 
 class UnsafeFile(ValueError):
@@ -215,6 +216,46 @@ def _what(mode: int) -> str:
     return "not a regular file"
 
 
+def checkpoint_tree(folder: str | Path):
+    """The tree of a checkpoint's item folder as its metadata names it (nested dicts, a leaf's metadata at each
+    array), nothing read; None where the metadata cannot be read (the restore then names the problem)."""
+    log = logging.getLogger("absl")  # orbax warns that the item folder has no step metadata: it is the step's
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        saved = ocp.PyTreeCheckpointer().metadata(Path(folder))
+        return getattr(getattr(saved, "item_metadata", saved), "tree", saved)
+    except Exception:  # noqa: BLE001  orbax raises many types; the restore names the problem
+        return None
+    finally:
+        log.setLevel(level)
+
+
+OLD_LAYERS = "blocks"
+"""What checkpoints saved before 2026-12-06 name the network's layers (``DDiT.layers``; the original's name)."""
+
+
+def holds_key(tree, key: str) -> bool:
+    """Whether a checkpoint's tree (``files.checkpoint_tree``) holds a mapping with `key` anywhere."""
+    if isinstance(tree, dict):
+        return key in tree or any(holds_key(v, key) for v in tree.values())
+    return False
+
+
+def renamed(tree, old: str, new: str):
+    """`tree` with every mapping key `old` named `new` (nnx States, dicts, optax's tuples of states), leaves as
+    they are: a checkpoint saved under another name of a module restores into today's network."""
+    if isinstance(tree, nnx.State):  # its own mapping, whose inner levels are plain dicts
+        return nnx.State(renamed(dict(tree.raw_mapping), old, new))
+    if isinstance(tree, dict):
+        return type(tree)({(new if k == old else k): renamed(v, old, new) for k, v in tree.items()})
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return type(tree)(*(renamed(v, old, new) for v in tree))
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(renamed(v, old, new) for v in tree)
+    return tree
+
+
 def check_checkpoint_shapes(folder: str | Path, target) -> None:
     """Refuse a checkpoint whose arrays have other shapes than `target`'s, from its metadata, before any is read.
 
@@ -231,16 +272,9 @@ def check_checkpoint_shapes(folder: str | Path, target) -> None:
       ValueError: naming the first entry whose saved shape differs. A checkpoint
         whose metadata cannot be read is left to the restore to refuse.
     """
-    log = logging.getLogger("absl")  # orbax warns that the item folder has no step metadata: it is the step's
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        saved = ocp.PyTreeCheckpointer().metadata(Path(folder))
-        tree = getattr(getattr(saved, "item_metadata", saved), "tree", saved)
-    except Exception:  # noqa: BLE001  orbax raises many types; the restore names the problem
+    tree = checkpoint_tree(folder)
+    if tree is None:
         return
-    finally:
-        log.setLevel(level)
     for path, leaf in jax.tree_util.tree_leaves_with_path(target):
         node = tree
         try:
@@ -301,9 +335,9 @@ HASH_THREADS = max(1, min(8, os.cpu_count() or 1))  # hashlib lets go of the GIL
 def leaf_name(path) -> str:
     """An array's place in a train state as a name that does not depend on the containers that hold it.
 
-    ``['ema']['blocks'][0]['attn_qkv']['kernel'].value`` (an nnx State) and the
+    ``['ema']['layers'][0]['attn_qkv']['kernel'].value`` (an nnx State) and the
     same entry of plain dicts (``sedd convert`` saves those) are both
-    ``ema/blocks/0/attn_qkv/kernel``.
+    ``ema/layers/0/attn_qkv/kernel``.
     """
     names = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
     if names and names[-1] == "value" and isinstance(path[-1], jax.tree_util.GetAttrKey):

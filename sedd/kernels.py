@@ -319,8 +319,8 @@ def cache_attention(q: Array, keys: Array, values: Array, mask: Array, dtype: An
     ``mixed_attention``'s arithmetic (both products in `dtype`, accumulated in float32, the softmax
     normalised after the value product), on a cache laid out as it is read: groups first, rows next,
     three axes. A caller that writes its chunk's rows into the cache in place and then reads it
-    (``DDiTBlock.run``'s cache) leaves XLA one buffer: with a leading axis of one (batch 1, [1, N, S, K])
-    XLA's CPU compiler reshapes the written cache for each reader and copies every block's cache twice or
+    (``DDiTLayer.run``'s cache) leaves XLA one buffer: with a leading axis of one (batch 1, [1, N, S, K])
+    XLA's CPU compiler reshapes the written cache for each reader and copies every layer's cache twice or
     thrice a step (docs/model.md, "Decoding"). A forward pass (decoding): its gradient is JAX's own.
 
     Returns:

@@ -9,7 +9,7 @@
                                          parameters (their list: ``sedd.model``)
   FinalLayer                             LayerNorm, adaLN and the zero-initialised projection to D
 
-The transformer block built from them is ``sedd.ddit_block.DDiTBlock``; the
+The transformer layer built from them is ``sedd.ddit_layer.DDiTLayer``; the
 network, ``sedd.model.DDiT``. Precision, as there: parameters float32, the
 matmuls in the compute dtype, LayerNorm, adaLN and the sigma embedding float32.
 
@@ -136,7 +136,7 @@ def modulate(x: Array, shift: Array, scale: Array) -> Array:
       scale: as shift.
     Returns:
       float[B, L, H]; the identity when shift = scale = 0, so a zero-initialised
-      adaLN layer starts every block as a plain pre-LN block.
+      adaLN layer starts every layer as a plain pre-LN layer.
     """
     return x * (1.0 + broadcast_positions(scale)) + broadcast_positions(shift)
 
@@ -162,7 +162,7 @@ def per_position(mod: Array, length: int) -> Array:
     if mod.ndim == 2:
         return mod
     b, groups, width = mod.shape
-    # A broadcast XLA fuses into its consumers; jnp.repeat's gather was materialised (B, L, 6H) at every block.
+    # A broadcast XLA fuses into its consumers; jnp.repeat's gather was materialised (B, L, 6H) at every layer.
     return jnp.broadcast_to(mod[:, :, None, :], (b, groups, length // groups, width)).reshape(b, length, width)
 
 

@@ -10,13 +10,13 @@ Architecture (Sec. 5 / App. C of Lou et al. 2024), a DiT (Peebles & Xie 2023,
 adaptive LayerNorm (adaLN), with rotary position embeddings (Su et al. 2021,
 "RoFormer") in place of learned positions:
 
-  tokens -> Embed -> [DDiTBlock] x n_blocks -> FinalLayer -> log-score post-processing
+  tokens -> Embed -> [DDiTLayer] x n_layers -> FinalLayer -> log-score post-processing
   sigma  -> sinusoidal(256) -> Linear -> SiLU -> Linear -> SiLU = cond c
-  each block: x += gate_a * Drop(Attn(modulate(LN(x), shift_a, scale_a)))
+  each layer: x += gate_a * Drop(Attn(modulate(LN(x), shift_a, scale_a)))
               x += gate_m * Drop(MLP (modulate(LN(x), shift_m, scale_m)))
 
 Where each piece lives: ``sedd.layers`` (the embeddings of sigma and position,
-adaLN, the float32 layers, FinalLayer), ``sedd.ddit_block`` (DDiTBlock: adaLN
+adaLN, the float32 layers, FinalLayer), ``sedd.ddit_layer`` (DDiTLayer: adaLN
 attention and MLP), this module (DDiT, the decoding cache's call and
 ``ring_mask``, ``block_diffusion_mask``, the counts of parameters and FLOPs).
 
@@ -62,21 +62,21 @@ import numpy as np
 from flax import nnx
 
 from sedd import kernels
-from sedd.ddit_block import DDiTBlock
+from sedd.ddit_layer import DDiTLayer
 from sedd.graphs import log_expm1  # one stable log(e^sigma - 1) for the package
 from sedd.layers import FinalLayer, TimestepEmbedder, broadcast_positions, padded, partitioned
 from sedd.sharding import constrain_rows
 
 Array = jax.Array
 
-# model.remat: what the backward pass of a block keeps from its forward pass (jax.checkpoint
+# model.remat: what the backward pass of a layer keeps from its forward pass (jax.checkpoint
 # policies). "none": everything (no recomputation); "dots": the outputs of the weight matmuls
-# (not the attention products, which have batch dimensions), the rest recomputed; "blocks": only
-# each block's input, the whole block recomputed.
+# (not the attention products, which have batch dimensions), the rest recomputed; "layers": only
+# each layer's input, the whole layer recomputed.
 REMAT_POLICIES = {
     "none": None,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "blocks": jax.checkpoint_policies.nothing_saveable,
+    "layers": jax.checkpoint_policies.nothing_saveable,
 }
 
 
@@ -139,7 +139,7 @@ class DDiT(nnx.Module):
       num_tokens: rows of the embedding table, the ids an input may hold.
       out_dim: D, the width of the output.
       hidden_size: H.
-      n_blocks: number of transformer blocks.
+      n_layers: number of transformer layers (DDiTLayer; the original's DDiTBlocks).
       n_heads: N; H must be divisible by N and K = H / N even (rotary pairs channels).
       cond_dim: C, width of the sigma conditioning.
       mlp_ratio: MLP hidden width as a multiple of H.
@@ -153,7 +153,7 @@ class DDiT(nnx.Module):
       time_conditioning: if False there is no sigma embedding and the adaLN layers
         read a zero conditioning vector, so their outputs are their (learned)
         biases: shift, scale and gate become learned per-channel constants and the
-        blocks are plain pre-LN blocks. sigma may then be None (it is still
+        layers are plain pre-LN layers. sigma may then be None (it is still
         required when scale_by_sigma applies).
       normalize: the network predicts a distribution over the clean token (the
         mean parameterization) and ``log_score`` turns it into the score.
@@ -173,9 +173,9 @@ class DDiT(nnx.Module):
         ``tensor`` or ``fsdp`` can split them. The padding rows are never
         looked up and the padding columns are sliced off the output, so
         outputs, losses and samplers see D; 1 (default) pads nothing.
-      remat: what a block's backward pass keeps of its forward pass, a key of
+      remat: what a layer's backward pass keeps of its forward pass, a key of
         ``REMAT_POLICIES``: "none" (default), "dots" (the weight matmuls'
-        outputs) or "blocks" (the block's input only; the rest recomputed).
+        outputs) or "layers" (the layer's input only; the rest recomputed).
       rngs: nnx.Rngs with a 'params' stream (or default) and a 'dropout' stream
         (or default).
     """
@@ -186,7 +186,7 @@ class DDiT(nnx.Module):
         num_tokens: int,
         out_dim: int,
         hidden_size: int,
-        n_blocks: int,
+        n_layers: int,
         n_heads: int,
         cond_dim: int = 128,
         mlp_ratio: int = 4,
@@ -245,9 +245,9 @@ class DDiT(nnx.Module):
             rngs=rngs,
         )
         self.sigma_map = TimestepEmbedder(cond_dim, rngs=rngs) if time_conditioning else None
-        self.blocks = nnx.List(
+        self.layers = nnx.List(
             [
-                DDiTBlock(
+                DDiTLayer(
                     hidden_size,
                     n_heads,
                     cond_dim,
@@ -257,7 +257,7 @@ class DDiT(nnx.Module):
                     dtype=dtype,
                     rngs=rngs,
                 )
-                for _ in range(n_blocks)
+                for _ in range(n_layers)
             ]
         )
         self.output_layer = FinalLayer(hidden_size, out_dim, cond_dim, dtype=dtype, vocab_multiple=vocab_multiple,
@@ -344,17 +344,17 @@ class DDiT(nnx.Module):
         deterministic: bool | None = None,
         rngs: nnx.Rngs | Array | None = None,
     ) -> tuple[Array, Array]:
-        """The residual stream after the last block and the conditioning: what ``output_layer`` reads.
+        """The residual stream after the last layer and the conditioning: what ``output_layer`` reads.
 
-        Arguments as ``network_output``, and context: per block (keys,
+        Arguments as ``network_output``, and context: per layer (keys,
         values), each [B, S, N, K] (``keys_values``'s), S positions of another
         call, read and never written; each query then sees its own unit of
         `unit` positions of x and the context positions of mask, bool[L, S]
-        (block diffusion's bound; ``sedd.ddit_block.DDiTBlock.run``). With
-        ``remat`` other than "none" the blocks run as one scan, each under
+        (block diffusion's bound; ``sedd.ddit_layer.DDiTLayer.run``). With
+        ``remat`` other than "none" the layers run as one scan, each under
         ``jax.checkpoint`` with its policy (not with a context: it is
         inference); their dropout masks then come from one key drawn for each
-        block, other masks than without remat, of the same law.
+        layer, other masks than without remat, of the same law.
 
         Returns:
           (float32[B, L, H], float32[B, C] or float32[B, G, C]).
@@ -365,34 +365,34 @@ class DDiT(nnx.Module):
             rngs = nnx.Rngs(dropout=rngs)
         h, c = self._inputs(x, sigma, positions)  # (B, L, H), (B, C) or (B, G, C)
 
-        def run(block, h, rngs, ctx=None):
-            return constrain_rows(block(h, c, positions=positions, mask=mask, context=ctx, unit=unit,
+        def run(layer, h, rngs, ctx=None):
+            return constrain_rows(layer(h, c, positions=positions, mask=mask, context=ctx, unit=unit,
                                         deterministic=deterministic, rngs=rngs))  # (B, L, H)
 
         if context is not None:
-            if len(context) != len(self.blocks):
-                raise ValueError(f"context holds {len(context)} blocks' keys and values, the model has "
-                                 f"{len(self.blocks)} blocks")
-            for block, ctx in zip(self.blocks, context):
-                h = run(block, h, rngs, ctx)  # (B, L, H)
+            if len(context) != len(self.layers):
+                raise ValueError(f"context holds {len(context)} layers' keys and values, the model has "
+                                 f"{len(self.layers)} layers")
+            for layer, ctx in zip(self.layers, context):
+                h = run(layer, h, rngs, ctx)  # (B, L, H)
             return h, c
         if self.remat == "none":
-            for block in self.blocks:
-                h = run(block, h, rngs)  # (B, L, H)
+            for layer in self.layers:
+                h = run(layer, h, rngs)  # (B, L, H)
             return h, c
 
-        # The blocks as one jax.lax.scan over their stacked weights, each under jax.checkpoint:
-        # the backward loop recomputes a block just before its gradient, so one block's
+        # The layers as one jax.lax.scan over their stacked weights, each under jax.checkpoint:
+        # the backward loop recomputes a layer just before its gradient, so one layer's
         # intermediates are live at a time. (Unrolled, XLA's CPU compiler drops the
         # checkpoint's optimization barriers and merges the recomputation into the forward
-        # pass, which then keeps every block's intermediates; a loop cannot be merged.)
-        graphdef, _, other = nnx.split(self.blocks[0], nnx.Param, ...)
-        stacked = jax.tree.map(lambda *p: jnp.stack(p), *(nnx.state(blk, nnx.Param) for blk in self.blocks))
-        drop = self.blocks[0].dropout1
+        # pass, which then keeps every layer's intermediates; a loop cannot be merged.)
+        graphdef, _, other = nnx.split(self.layers[0], nnx.Param, ...)
+        stacked = jax.tree.map(lambda *p: jnp.stack(p), *(nnx.state(blk, nnx.Param) for blk in self.layers))
+        drop = self.layers[0].dropout1
         if drop.rate > 0 and not (drop.deterministic if deterministic is None else deterministic):
-            # Dropout keys drawn here, one a block, from which its two dropout layers draw in turn.
+            # Dropout keys drawn here, one a layer, from which its two dropout layers draw in turn.
             keys = jnp.stack([jax.random.key_data(rngs.dropout() if rngs is not None else blk.dropout1.rngs())
-                              for blk in self.blocks])  # (n_blocks, ...)
+                              for blk in self.layers])  # (n_layers, ...)
         else:
             keys = None
 
@@ -405,7 +405,7 @@ class DDiT(nnx.Module):
         return h, c
 
     def _inputs(self, x: Array, sigma: Array | None, positions) -> tuple[Array, Array]:
-        """What the first block reads: the embedded tokens float32[B, L, H] (rows split over a mesh) and the
+        """What the first layer reads: the embedded tokens float32[B, L, H] (rows split over a mesh) and the
         conditioning float32[B, C] or [B, G, C] (after its SiLU).
 
         Without time conditioning it is zeros float32[1, C], one row for the batch: every row's adaLN
@@ -421,30 +421,30 @@ class DDiT(nnx.Module):
 
     def keys_values(self, x: Array, sigma: Array | None, *, positions: Array | None = None,
                     mask: Array | None = None) -> tuple:
-        """Every block's rotary-embedded keys and values of x, dropout off: what ``features``' context reads.
+        """Every layer's rotary-embedded keys and values of x, dropout off: what ``features``' context reads.
 
-        The blocks run over x as ``features`` runs them (the same arguments),
-        each block's keys and values kept; the residual stream after the last
-        block is not computed. ``sedd.kinds.block``'s bound runs the clean text so,
+        The layers run over x as ``features`` runs them (the same arguments),
+        each layer's keys and values kept; the residual stream after the last
+        layer is not computed. ``sedd.kinds.block``'s bound runs the clean text so,
         once a batch, and then each noisy text against it.
 
         Returns:
-          per block (keys, values), each [B, L, N, K].
+          per layer (keys, values), each [B, L, N, K].
         """
         h, c = self._inputs(x, sigma, positions)  # (B, L, H), (B, C) or (B, G, C)
         out = []
-        for block in self.blocks:
-            h, kv = block.run(h, c, positions=positions, mask=mask, deterministic=True)
+        for layer in self.layers:
+            h, kv = layer.run(h, c, positions=positions, mask=mask, deterministic=True)
             h = constrain_rows(h)  # (B, L, H)
             out.append(kv)
         return tuple(out)
 
     def output_in_cache(self, x: Array, sigma: Array | None, *, positions: Array, mask: Array, cache: tuple,
                         at: Array | None = None, keep: int | None = None) -> tuple[Array, tuple]:
-        """The output of x written into and run against every block's decoding cache, dropout off.
+        """The output of x written into and run against every layer's decoding cache, dropout off.
 
         The one decoding path of the network (the module docstring): the
-        caller holds the cache as per-block (keys, values), each [B N, S, K]
+        caller holds the cache as per-layer (keys, values), each [B N, S, K]
         (``empty_cache``); x's L keys and values are written into it in place,
         at rows at .. at + L - 1, or with at None each position p at row p mod S
         (a ring: past S rows the newest overwrite the oldest, ``ring_mask``),
@@ -463,28 +463,28 @@ class DDiT(nnx.Module):
         Returns:
           (float32[B, L or keep, D], the caches after the write).
         """
-        if len(cache) != len(self.blocks):
-            raise ValueError(f"cache holds {len(cache)} blocks' keys and values, the model has "
-                             f"{len(self.blocks)} blocks")
+        if len(cache) != len(self.layers):
+            raise ValueError(f"cache holds {len(cache)} layers' keys and values, the model has "
+                             f"{len(self.layers)} layers")
         h, c = self._inputs(x, sigma, positions)  # (B, L, H), (B, C)
         out = []
-        for block, held in zip(self.blocks, cache):
-            h, kv = block.run(h, c, positions=positions, mask=mask, cache=held, at=at, deterministic=True)
+        for layer, held in zip(self.layers, cache):
+            h, kv = layer.run(h, c, positions=positions, mask=mask, cache=held, at=at, deterministic=True)
             out.append(kv)
         return self._output(h, c, keep), tuple(out)  # (B, L or keep, D)
 
     def empty_cache(self, batch: int, rows: int) -> tuple:
-        """Per block, zero (keys, values) [B N, S = rows, K]: ``output_in_cache``'s cache.
+        """Per layer, zero (keys, values) [B N, S = rows, K]: ``output_in_cache``'s cache.
 
         In the compute dtype on a GPU or TPU; in float32 on a CPU, whatever the compute dtype. The
         attention's products run in the cache's dtype, and XLA's CPU runtime multiplies bfloat16 by
         converting both operands to float32: a bfloat16 cache would be converted whole at every step
         (docs/model.md, "Decoding"). The weights' products keep the compute dtype.
         """
-        block = self.blocks[0]
-        shape = (batch * block.n_heads, rows, block.head_dim)
+        layer = self.layers[0]
+        shape = (batch * layer.n_heads, rows, layer.head_dim)
         dtype = jnp.float32 if jax.default_backend() == "cpu" else self.dtype
-        return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.blocks)
+        return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.layers)
 
     def output_rows(self, h: Array, c: Array, fn, *rows: Array, chunk: int = 0) -> Array:
         """fn(out, *row_chunks) over the final layer's output `out`, `chunk` positions at a time.
@@ -616,7 +616,7 @@ def non_embedding_param_count(model: DDiT) -> int:
     """Parameters outside the token embedding and the output projection.
 
     Both scale with the vocabulary, not with depth or width; excluding both gives
-    the "~90M non-embedding" of SEDD-small (12 blocks, H = 768).
+    the "~90M non-embedding" of SEDD-small (12 layers, H = 768).
     """
     n = param_count(model)
     n -= int(model.vocab_embed.embedding.size)
@@ -629,25 +629,25 @@ def non_embedding_param_count(model: DDiT) -> int:
 def matmul_params(model: DDiT) -> int:
     """N, the weights of the matmuls every token meets: n (4 H^2 + 2 r H^2) + H D.
 
-    qkv 3H^2 and the attention output H^2 per block, the MLP 2 r H^2 (r the
+    qkv 3H^2 and the attention output H^2 per layer, the MLP 2 r H^2 (r the
     MLP ratio), the output projection H D. Embedding lookups and the
     per-sequence adaLN / sigma layers are left out. Works on an abstract model
     (``nnx.eval_shape``).
     """
     h = model.hidden_size
-    mlp = model.blocks[0].mlp_in.kernel.shape[1]  # r H
-    return len(model.blocks) * (4 * h * h + 2 * mlp * h) + h * model.out_dim
+    mlp = model.layers[0].mlp_in.kernel.shape[1]  # r H
+    return len(model.layers) * (4 * h * h + 2 * mlp * h) + h * model.out_dim
 
 
 def flops_per_token(model: DDiT, seq_len: int, training: bool = True) -> float:
     """Model FLOPs per token (not hardware FLOPs: no rematerialisation, no elementwise work).
 
-        forward  = 2 N + 4 n L H        (QK^T and AV: 2 L H each, per block)
+        forward  = 2 N + 4 n L H        (QK^T and AV: 2 L H each, per layer)
         training = 6 N + 12 n L H       (backward = 2 x forward; PaLM App. B)
 
     with N = ``matmul_params(model)``. The attention term uses the full L for a
     causal model too: ``sedd.kernels.mixed_attention`` computes the whole score
     matrix and masks it.
     """
-    forward = 2 * matmul_params(model) + 4 * len(model.blocks) * seq_len * model.hidden_size
+    forward = 2 * matmul_params(model) + 4 * len(model.layers) * seq_len * model.hidden_size
     return 3 * forward if training else forward

@@ -66,7 +66,7 @@ class RunError(ValueError):
 MAX_CONFIG_BYTES = 256 << 10  # config.json (a trained run's is ~2 kB)
 MAX_TOKENIZER_BYTES = 64 << 20  # tokenizer.json, and each GPT-2 file it names (GPT-2's tokenizer.json is 1.4 MB)
 SIZE_BOUNDS = {
-    "model.hidden_size": (1, 1 << 14), "model.cond_dim": (1, 1 << 14), "model.n_blocks": (1, 256),
+    "model.hidden_size": (1, 1 << 14), "model.cond_dim": (1, 1 << 14), "model.n_layers": (1, 256),
     "model.n_heads": (1, 256), "model.mlp_ratio": (1, 64), "data.seq_len": (1, 1 << 17),
     "vocab_size": (2, 1 << 20), "sampling.steps": (1, 1 << 16), "model.vocab_multiple": (1, 1 << 12),
     "distill.rounds": (0, 16), "distill.round_steps": (1, 1 << 30), "distill.teacher_steps": (0, 1 << 16),
@@ -172,10 +172,10 @@ def _check_config(config: ml_collections.ConfigDict, path: Path | str) -> None:
     m = config.model
     rows = -(-(config.vocab_size + 1) // m.vocab_multiple) * m.vocab_multiple  # model.padded, without the model
     # Embedding and output (V + 1 rows each at most, padded), and per block attention (4 H^2), MLP (2 r H^2), adaLN (6 C H).
-    estimate = 2 * rows * m.hidden_size + m.n_blocks * (
+    estimate = 2 * rows * m.hidden_size + m.n_layers * (
         (4 + 2 * m.mlp_ratio) * m.hidden_size ** 2 + 6 * m.cond_dim * m.hidden_size)
     if estimate > MAX_PARAMETERS:
-        raise RunError(f"{path}: model.n_blocks = {m.n_blocks}, hidden_size = {m.hidden_size}, mlp_ratio = "
+        raise RunError(f"{path}: model.n_layers = {m.n_layers}, hidden_size = {m.hidden_size}, mlp_ratio = "
                        f"{m.mlp_ratio}, cond_dim = {m.cond_dim} and vocab_size = {config.vocab_size} make about "
                        f"{estimate:.2e} weights; at most {MAX_PARAMETERS:.2e} are built")
 
@@ -383,12 +383,17 @@ def restore(manager: ocp.CheckpointManager, target: dict, step: int | None = Non
                                   partial_restore=True)
     folder = Path(manager.directory) / str(step)
     try:
-        files.check_checkpoint_shapes(folder / "state", target)  # before any read
+        old = files.holds_key(files.checkpoint_tree(folder / "state"), files.OLD_LAYERS)  # saved before the rename
+        if old:
+            abstract = files.renamed(abstract, "layers", files.OLD_LAYERS)
+            args = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+                                          partial_restore=True)
+        files.check_checkpoint_shapes(folder / "state", files.renamed(target, "layers", files.OLD_LAYERS) if old else target)
         state = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
         if not bool(_all_finite([x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)])):
             raise ValueError("it holds non-finite values, which training never saves")
         files.verify_checksums(folder, state, folder.parent.parent)  # a flipped bit that leaves a finite value
-        return state
+        return files.renamed(state, files.OLD_LAYERS, "layers") if old else state
     except Exception as e:  # orbax raises many types for unreadable or mismatched files
         raise RuntimeError(  # one line: orbax's messages quote TensorStore specs over many lines
             f"could not restore the checkpoint of step {step} in {manager.directory}: {type(e).__name__}: "

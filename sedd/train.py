@@ -76,7 +76,7 @@ def is_adaln_kernel(params):
 
 
 OPTIMIZERS = ("adamw", "muon")
-MUON_MATRICES = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")  # the blocks' weight matrices, Muon's share
+MUON_MATRICES = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")  # the layers' weight matrices, Muon's share
 
 
 def muon_dimensions(params):

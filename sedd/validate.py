@@ -275,7 +275,7 @@ def memory_estimate(config, rows: int = 1) -> int:
     """
     m, L = config.model, config.data.seq_len
     vocab = -(-(config.vocab_size + 1) // m.vocab_multiple) * m.vocab_multiple
-    weights = 2 * vocab * m.hidden_size + m.n_blocks * (
+    weights = 2 * vocab * m.hidden_size + m.n_layers * (
         (4 + 2 * m.mlp_ratio) * m.hidden_size ** 2 + 6 * m.cond_dim * m.hidden_size)
     per_row = 2 * m.n_heads * L * L + 3 * L * vocab + 16 * L * m.hidden_size  # scores and their softmax
     return 4 * (3 * weights + rows * per_row)

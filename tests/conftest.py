@@ -49,7 +49,7 @@ def tiny_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tiny_run")
     config = config_lib.load_config("tiny", [f"--config.data.data_dir={tmp / 'data'}", "--config.training.n_iters=4",
                                              "--config.training.ckpt_every=2", "--config.training.eval_every=4",
-                                             "--config.model.n_blocks=1"])
+                                             "--config.model.n_layers=1"])
     train.train(config, tmp / "run", quiet=True)
     return tmp / "run", str(tmp / "data")
 
@@ -62,7 +62,7 @@ def tiny_spec_run(tiny_run, tmp_path_factory):
     """
     tmp = tmp_path_factory.mktemp("tiny_spec_run")
     config = config_lib.load_config("tiny", [f"--config.data.data_dir={tiny_run[1]}", "--config.model.kind=spec",
-                                             "--config.model.draft_k=2", "--config.model.n_blocks=1",
+                                             "--config.model.draft_k=2", "--config.model.n_layers=1",
                                              "--config.training.n_iters=2", "--config.training.ckpt_every=2",
                                              "--config.training.eval_every=2", "--config.training.eval_samples=0"])
     train.train(config, tmp / "run", quiet=True)

@@ -16,7 +16,7 @@ from sedd.model import DDiT
 
 
 def _ar_model(vocab=7, length=12, seed=0):
-    model = DDiT(num_tokens=vocab + 1, out_dim=vocab, hidden_size=32, n_blocks=2, n_heads=4, cond_dim=16,
+    model = DDiT(num_tokens=vocab + 1, out_dim=vocab, hidden_size=32, n_layers=2, n_heads=4, cond_dim=16,
                  dropout=0.0, max_len=length, causal=True, time_conditioning=False, rngs=nnx.Rngs(seed))
     # adaLN and the output layer start at zero; random weights make the test bite.
     state = nnx.state(model, nnx.Param)
@@ -82,7 +82,7 @@ def test_a_judge_is_its_nll_function_in_batches_of_one_shape_and_refuses_what_it
 def test_ar_trains_with_the_same_trainer(tmp_path, caplog):
     c = config_lib.load_config("markov")
     c.model.kind = "ar"
-    c.model.hidden_size, c.model.n_blocks, c.model.n_heads, c.model.cond_dim = 16, 1, 2, 8
+    c.model.hidden_size, c.model.n_layers, c.model.n_heads, c.model.cond_dim = 16, 1, 2, 8
     c.data.seq_len, c.data.markov.num_tokens = 16, 20_000
     c.training.batch_size, c.training.n_iters, c.training.log_every = 8, 6, 3
     c.training.eval_every = c.training.ckpt_every = 6

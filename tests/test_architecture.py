@@ -329,7 +329,7 @@ def test_a_kind_registered_here_trains_evaluates_samples_and_is_refused_by_serve
 
     kinds.register("toy_unigram")(_Unigram)
     try:
-        config = config_lib.load_config("tiny", [f"--config.data.data_dir={tiny_run[1]}", "--config.model.n_blocks=1",
+        config = config_lib.load_config("tiny", [f"--config.data.data_dir={tiny_run[1]}", "--config.model.n_layers=1",
                                                  "--config.model.kind=toy_unigram", "--config.training.n_iters=4",
                                                  "--config.training.eval_every=4", "--config.training.ckpt_every=4",
                                                  "--config.training.eval_samples=0"])

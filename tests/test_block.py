@@ -134,7 +134,7 @@ def test_block_bound_is_tight_at_the_exact_score(b):
 
 def _network(block_size, length=8, seed=0, **kw):
     """A DDiT of the block kind with random (nonzero) weights everywhere, over V + 1 ids."""
-    model = DDiT(num_tokens=V + 1, out_dim=V + 1, hidden_size=16, n_blocks=2, n_heads=2, cond_dim=8, dropout=0.0,
+    model = DDiT(num_tokens=V + 1, out_dim=V + 1, hidden_size=16, n_layers=2, n_heads=2, cond_dim=8, dropout=0.0,
                  max_len=length, scale_by_sigma=True, rngs=nnx.Rngs(seed), **kw)
     params = nnx.state(model, nnx.Param)
     keys = jax.random.split(jax.random.key(seed + 1), len(jax.tree.leaves(params)))
@@ -167,7 +167,7 @@ def test_b1_bound_is_the_exact_nll_of_the_conditional_model():
 
 
 @pytest.mark.parametrize("b, remat, time_conditioning", [(4, "none", True), (16, "none", True),
-                                                         (4, "blocks", False), (16, "dots", True)])
+                                                         (4, "layers", False), (16, "dots", True)])
 def test_the_bound_run_against_the_clean_context_is_the_full_forwards(b, remat, time_conditioning):
     """x0's keys and values once a batch, then x_t's L positions alone (block.bound_fns, what the block kind's
     likelihood runs): the scores and the bound of the [x_t ; x0] forward at every t (block.log_score), float32."""
@@ -403,7 +403,7 @@ def block_run(tmp_path_factory):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = cli.main(["train", "--config", "tiny", "--config.model.kind=block", "--config.model.block_size=8",
-                         "--config.model.n_blocks=1",  # the cache's layers: the network tests above use two
+                         "--config.model.n_layers=1",  # the cache's layers: the network tests above use two
                          f"--config.data.data_dir={tmp / 'data'}", "--workdir", str(tmp / "run")])
     assert code == 0 and "validation bound" in out.getvalue(), out.getvalue()[-3000:]
     return tmp / "run"

@@ -66,7 +66,7 @@ def test_max_to_keep_0_is_refused_before_any_work_and_the_checkpoints_stay(run_c
     """Was: a resume with max_to_keep=0 went from checkpoints ['20'] to [] and exited 0."""
     argv = ["train", "--config", "tiny", "--workdir", str(run_copy), f"--config.data.data_dir={tiny_run[1]}",
             "--config.training.n_iters=6", "--config.training.ckpt_every=2", "--config.training.eval_every=4",
-            "--config.model.n_blocks=1", "--config.training.max_to_keep=0"]
+            "--config.model.n_layers=1", "--config.training.max_to_keep=0"]
     assert cli.main(argv) == 2
     assert "training.max_to_keep must be an integer in [1, " in _one_line(capsys, "train")
     assert sorted(os.listdir(run_copy / runs.CHECKPOINTS)) == ["2", "4"]
@@ -116,7 +116,7 @@ def test_a_link_in_a_checkpoint_is_refused_and_a_resume_refuses_it_in_one_line(r
     meta.symlink_to(tmp_path / "elsewhere")
     argv = ["train", "--config", "tiny", "--workdir", str(run_copy), f"--config.data.data_dir={tiny_run[1]}",
             "--config.training.n_iters=6", "--config.training.ckpt_every=2", "--config.training.eval_every=4",
-            "--config.model.n_blocks=1"]
+            "--config.model.n_layers=1"]
     assert cli.main(argv) == 2
     assert f"{meta} is not a regular file or a folder (a symbolic link)" in _one_line(capsys, "train")
 

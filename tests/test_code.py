@@ -149,7 +149,7 @@ def code_runs(tmp_path_factory):
         config = config_lib.load_config("tiny", [
             "--config.data.name=code", f"--config.data.path={root}", f"--config.data.data_dir={tmp / 'data'}",
             "--config.training.n_iters=4", "--config.training.eval_every=4", "--config.training.ckpt_every=4",
-            "--config.model.n_blocks=1", f"--config.model.kind={kind}", "--config.training.eval_samples=0"])
+            "--config.model.n_layers=1", f"--config.model.kind={kind}", "--config.training.eval_samples=0"])
         train.train(config, tmp / kind, quiet=True)
         out.append(tmp / kind)
     return out

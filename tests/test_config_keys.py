@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import pytest
 
 from sedd import config as config_lib
 from sedd import runs
@@ -483,3 +484,29 @@ def test_a_run_of_the_previous_release_lacking_newer_keys_loads_and_samples(tmp_
     assert len(texts) == 2
     for text in texts:  # L tokens of the vocabulary, each one character but the separator
         assert len(text.replace(EOS_TEXT, "\0")) == L and set(text.replace(EOS_TEXT, "")) <= chars, text
+
+
+@pytest.mark.parametrize("optimizer", ["muon", "adamw"])
+def test_a_train_state_saved_with_the_layers_named_blocks_renames_whole(optimizer):
+    """Checkpoints saved before 2026-12-06 name the network's layers "blocks" (the original's name) in the
+    parameters, the EMA and every optimizer moment: ``files.renamed`` (what ``runs.restore`` reads them through)
+    renames each such key and keeps every leaf, both ways; and an old config's model.n_blocks and remat
+    "blocks" read as today's model.n_layers and "layers"."""
+    import ml_collections
+
+    from sedd import files, train
+
+    config = ml_collections.ConfigDict(config_lib.load_config("tiny", [f"--config.optim.optimizer={optimizer}",
+                                                                       "--config.model.n_layers=1"]).to_dict())
+    config.vocab_size = 11
+    state = train.Trainer(config).abstract_state
+    old = files.renamed(state, "layers", files.OLD_LAYERS)
+    keys = lambda tree: [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]  # noqa
+    assert any("['blocks']" in k for k in keys(old)) and not any("['layers']" in k for k in keys(old))
+    assert sum("['blocks']" in k for k in keys(old)) == sum("['layers']" in k for k in keys(state)) > 8
+    back = files.renamed(old, files.OLD_LAYERS, "layers")
+    assert jax.tree.structure(back) == jax.tree.structure(state) and keys(back) == keys(state)
+    migrated = config_lib.migrate({"model": {"n_blocks": 3, "remat": "blocks"}})
+    assert migrated.model.n_layers == 3 and migrated.model.remat == "layers"
+    with pytest.raises(KeyError, match="config key 'model.n_blocks' is now 'model.n_layers'"):
+        config_lib.load_config("tiny", ["--config.model.n_blocks=2"])

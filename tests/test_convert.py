@@ -425,7 +425,7 @@ def test_sedd_small_and_medium_convert_as_shapes(size, want):
     assert sum(int(np.prod(s)) for k, s in shapes.items() if k != ROTARY) == want
     assert convert.count_parameters(params) == want
     assert all(isinstance(p, jax.ShapeDtypeStruct) for p in jax.tree.leaves(params))
-    assert params["blocks"][0]["attn_qkv"]["kernel"].shape == (size["hidden_size"], 3 * size["hidden_size"])
+    assert params["layers"][0]["attn_qkv"]["kernel"].shape == (size["hidden_size"], 3 * size["hidden_size"])
 
 
 def test_load_torch_reads_dtypes_views_shared_storages_and_containers(tmp_path):

@@ -259,7 +259,7 @@ def test_uniform_mean_score_is_the_ratio_of_marginals():
     equals the exact reverse step p_s(y) K_{s->t}(y, x) / p_t(x) of that law.
     """
     d, length = 7, 5
-    net = DDiT(num_tokens=d, out_dim=d, hidden_size=16, n_blocks=1, n_heads=2, cond_dim=8, dropout=0.0,
+    net = DDiT(num_tokens=d, out_dim=d, hidden_size=16, n_layers=1, n_heads=2, cond_dim=8, dropout=0.0,
                max_len=length, normalize=True, rngs=nnx.Rngs(0))
     rng = np.random.default_rng(0)
     out = rng.standard_normal((2, length, d)).astype(np.float32) * 2

@@ -36,7 +36,7 @@ CHAIN = MarkovChain(vocab_size=V, order=1, seed=0, alpha=0.3)
 def _tiny(data_dir, *extra):
     return ["--config.data.name=markov", f"--config.data.markov.vocab_size={V}", "--config.data.markov.order=1",
             "--config.data.markov.num_tokens=20000", f"--config.data.seq_len={L}", f"--config.data.data_dir={data_dir}",
-            "--config.model.n_blocks=1", "--config.training.eval_samples=0", "--config.training.eval_batches=1",
+            "--config.model.n_layers=1", "--config.training.eval_samples=0", "--config.training.eval_batches=1",
             "--config.training.batch_size=32", "--config.sampling.predictor=analytic", *extra]
 
 
@@ -329,7 +329,7 @@ def test_block_diffusion_distils_within_its_blocks():
     from sedd import kinds
     config = ml_collections.ConfigDict({"vocab_size": 5, **config_lib.load_config("tiny", [
         "--config.model.kind=block", "--config.model.block_size=4", "--config.data.seq_len=8",
-        "--config.model.n_blocks=1"]).to_dict()})
+        "--config.model.n_layers=1"]).to_dict()})
     kind = kinds.get(config)
     model = kind.network(0)
     groups, fn = kind.noise_groups(model)

@@ -18,7 +18,7 @@ def _train(tmp, name: str, *overrides: str):
     """A tiny one-block run trained for 2 steps: its directory."""
     config = config_lib.load_config("tiny", [f"--config.data.data_dir={tmp / 'data'}",  # one corpus prepared once
                                              "--config.training.n_iters=2", "--config.training.ckpt_every=2",
-                                             "--config.training.eval_every=2", "--config.model.n_blocks=1",
+                                             "--config.training.eval_every=2", "--config.model.n_layers=1",
                                              "--config.data.seq_len=16", *overrides])
     train.train(config, tmp / name, quiet=True)
     return tmp / name

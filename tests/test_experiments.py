@@ -99,7 +99,7 @@ def test_compare_samplers_checks_its_input(tmp_path):
     assert compare.main(["--workdir", str(tmp_path / "nothing"), "--steps", "4"]) == 2
 
 
-TINY_STUDY = ["--config.model.hidden_size=32", "--config.model.n_blocks=1", "--config.model.n_heads=2",
+TINY_STUDY = ["--config.model.hidden_size=32", "--config.model.n_layers=1", "--config.model.n_heads=2",
               "--config.model.cond_dim=16", "--config.data.seq_len=32", "--config.training.batch_size=8",
               "--config.training.eval_batches=1", "--config.training.eval_samples=1", "--config.sampling.steps=4",
               "--config.model.dtype=float32"]  # as tiny (bfloat16 only adds compile time); a batch of 8 divides 1, 2 or 8 devices
@@ -135,7 +135,7 @@ def _untrained_markov_run(workdir: Path, graph: str) -> Path:
     from sedd.data import save_tokenizer
     from sedd.data.tokenizers import MarkovTokenizer
     config = config_lib.load_config("markov", [
-        "--config.model.hidden_size=16", "--config.model.n_blocks=1", "--config.model.n_heads=2",
+        "--config.model.hidden_size=16", "--config.model.n_layers=1", "--config.model.n_heads=2",
         "--config.model.cond_dim=8", "--config.data.seq_len=8", f"--config.graph.type={graph}",
         "--config.sampling.predictor=analytic"])
     config = ml_collections.ConfigDict(config.to_dict())  # unlocked, as train() fills vocab_size in
@@ -400,7 +400,7 @@ def test_a_spec_runs_first_drafts_are_kept_no_more_than_the_best_law_allows():
     from sedd import runs as runs_lib
     from sedd.data import load_dataset
 
-    config = nets.bench_config("markov", vocab_size=8, n_blocks=1, hidden_size=32, n_heads=2, draft_k=2, kind="spec")
+    config = nets.bench_config("markov", vocab_size=8, n_layers=1, hidden_size=32, n_heads=2, draft_k=2, kind="spec")
     config.data.markov.num_tokens = 20_000
     _, net = nets.random_net(config, "spec")
     run = runs_lib.from_parts(config, load_dataset(config.data).tokenizer, net.graphdef, net.params, net.rest)

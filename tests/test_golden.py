@@ -75,7 +75,7 @@ def _float32(monkeypatch):
 def _run(name: str, probe: int = 0) -> runs.Run:
     """The run `name`; probe > 0: its weights perturbed once more by PROBE_SCALE (the near-tie probe)."""
     tokenizer = CharTokenizer(CHARS)
-    config = config_lib.load_config("tiny", ["--config.model.n_blocks=1", f"--config.data.seq_len={L}",
+    config = config_lib.load_config("tiny", ["--config.model.n_layers=1", f"--config.data.seq_len={L}",
                                              f"--config.sampling.steps={STEPS}", "--config.model.dtype=float32",
                                              *RUNS[name]])
     config = ml_collections.ConfigDict(config.to_dict())

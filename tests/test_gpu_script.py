@@ -162,9 +162,9 @@ def test_decode_variants_give_ar_sample_tokens(dtype):
     assert len(np.unique(ref)) > 3  # not a constant draw
     low = bench.stored_in_compute_dtype(model)
     if dtype == "bfloat16":
-        assert model.blocks[0].attn_qkv.kernel[...].dtype == jnp.float32  # the caller's model is untouched
-        assert low.blocks[0].attn_qkv.kernel[...].dtype == jnp.bfloat16
-        assert low.blocks[0].norm1.scale[...].dtype == jnp.float32
+        assert model.layers[0].attn_qkv.kernel[...].dtype == jnp.float32  # the caller's model is untouched
+        assert low.layers[0].attn_qkv.kernel[...].dtype == jnp.bfloat16
+        assert low.layers[0].norm1.scale[...].dtype == jnp.float32
     for m, unroll in ((model, 3), (low, 1)) if dtype == "bfloat16" else ((model, 1), (model, 3)):
         out = bench.ar_decode(m, key, jnp.float32(1.0), num_samples=2, length=length, unroll=unroll)
         np.testing.assert_array_equal(np.asarray(out), ref)

@@ -28,7 +28,7 @@ convert_write = importlib.import_module("sedd.convert.write")
 def _tiny_args(data_dir: str) -> list[str]:
     """The command line of the session's tiny run (tests/conftest.py)."""
     return ["--config", "tiny", f"--config.data.data_dir={data_dir}", "--config.training.n_iters=4",
-            "--config.training.ckpt_every=2", "--config.training.eval_every=4", "--config.model.n_blocks=1"]
+            "--config.training.ckpt_every=2", "--config.training.eval_every=4", "--config.model.n_layers=1"]
 
 
 def _listing(folder) -> list:
@@ -783,7 +783,7 @@ def test_a_checkpoint_of_many_tensors_is_read_with_a_bounded_number_of_open_file
 @pytest.mark.parametrize("override,message", [
     ("--config.optim.lr=nan", "optim.lr = nan is not a finite number"),
     ("--config.data.seq_len=0", "data.seq_len = 0 is outside [1, 131072]"),
-    ("--config.model.n_blocks=100000", "model.n_blocks = 100000 is outside [1, 256]"),
+    ("--config.model.n_layers=100000", "model.n_layers = 100000 is outside [1, 256]"),
     ("--config.noise.sigma_max=inf", "noise.sigma_max = inf is not a finite number"),
     ("--config.model.dropout=1.5", "model.dropout must be a finite number in [0, 1]"),
 ])

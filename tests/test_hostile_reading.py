@@ -140,7 +140,7 @@ def test_a_resumed_run_refuses_a_tokenizer_that_is_not_a_regular_file(copy_run_d
     before = _listing(copy_run_dir)
     argv = ["train", "--config", "tiny", "--workdir", str(copy_run_dir), f"--config.data.data_dir={tiny_run[1]}",
             "--config.training.n_iters=6", "--config.training.ckpt_every=2", "--config.training.eval_every=4",
-            "--config.model.n_blocks=1"]
+            "--config.model.n_layers=1"]
     assert cli.main(argv) == 2
     _one_line(capsys, "train")
     assert _listing(copy_run_dir) == before

@@ -38,20 +38,20 @@ def _set(config: dict, key: str, value) -> dict:
 
 
 CONFIG_VALUES = [  # (key, value, what the one line says)
-    ("model.n_blocks", 100_000, "model.n_blocks = 100000 is outside [1, 256]"),  # was a hang building shapes
+    ("model.n_layers", 100_000, "model.n_layers = 100000 is outside [1, 256]"),  # was a hang building shapes
     ("data.seq_len", 10**9, "data.seq_len = 1000000000 is outside [1, 131072]"),  # was an abort inside XLA
     ("data.seq_len", 10**8, "data.seq_len = 100000000 is outside"),  # serve started, then answered 500
     ("model.hidden_size", 2**20, "model.hidden_size = 1048576 is outside"),
     ("model.n_heads", 0, "model.n_heads = 0 is outside [1, 256]"),
     ("sampling.steps", 10**9, "sampling.steps = 1000000000 is outside"),
     ("vocab_size", 10**7, "vocab_size = 10000000 is outside"),
-    ("model.n_blocks", "2", "model.n_blocks = '2' is a str; a run's config holds a int there"),
-    ("model.n_blocks", True, "model.n_blocks = True is a bool"),
+    ("model.n_layers", "2", "model.n_layers = '2' is a str; a run's config holds a int there"),
+    ("model.n_layers", True, "model.n_layers = True is a bool"),
     ("model.dropout", "0.1", "model.dropout = '0.1' is a str"),
     ("graph.type", ["absorbing"], "graph.type = ['absorbing'] is a list"),
     ("model.hidden_size", 16384, "make about"),  # every size in bounds, the product not
     ("model.vocab_multiple", 10**9, "model.vocab_multiple = 1000000000 is outside [1, 4096]"),  # a table of 1e9 rows
-    ("model.remat", "everything", "remat='everything' must be one of 'none', 'dots', 'blocks'"),
+    ("model.remat", "everything", "remat='everything' must be one of 'none', 'dots', 'layers'"),
 ]
 
 
@@ -59,7 +59,7 @@ CONFIG_VALUES = [  # (key, value, what the one line says)
 def test_a_config_value_out_of_bounds_is_one_line_before_anything_is_built(copy_run, capsys, key, value, message):
     workdir, config = copy_run
     if message == "make about":
-        _set(config, "model.n_blocks", 256)
+        _set(config, "model.n_layers", 256)
     (workdir / runs.CONFIG).write_text(json.dumps(_set(config, key, value)))
     t0 = time.monotonic()
     assert cli.main(["sample", "--workdir", str(workdir), "--steps", "2", "--num_samples", "1"]) == 2
@@ -186,7 +186,7 @@ def test_every_file_a_run_writes_is_renamed_into_place_never_written_through_a_l
 
     from sedd.kinds import spec
 
-    config = config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.n_blocks=1",
+    config = config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.n_layers=1",
                                              "--config.model.draft_k=2", "--config.data.seq_len=6"])
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = 3
@@ -230,7 +230,7 @@ def test_a_resumed_run_refuses_a_fifo_where_it_appends_or_writes(copy_run, tiny_
     os.mkfifo(workdir / entry)
     argv = ["train", "--config", "tiny", "--workdir", str(workdir), f"--config.data.data_dir={tiny_run[1]}",
             "--config.training.n_iters=6", "--config.training.ckpt_every=2", "--config.training.eval_every=4",
-            "--config.model.n_blocks=1"]
+            "--config.model.n_layers=1"]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("sedd train: error: ") and err.count("\n") == 1 and f"{entry} is not a regular file" in err

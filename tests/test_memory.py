@@ -81,7 +81,7 @@ def test_chunked_loss_equals_plain_at_gpt2_vocabulary(form):
     _assert_same(_loss_and_grads(config, 0, weights, x0), _loss_and_grads(config, 4, weights, x0))
 
 
-@pytest.mark.parametrize("remat", ["dots", "blocks"])
+@pytest.mark.parametrize("remat", ["dots", "layers"])
 def test_remat_changes_no_gradient(remat):
     config = _config(["--config.training.loss_chunk=8"])
     weights = _perturbed(kinds.build_model(config))
@@ -93,7 +93,7 @@ def test_remat_changes_no_gradient(remat):
 
 def test_remat_draws_dropout():
     """With remat and dropout the loss is not the dropout-free one, and another key draws other masks."""
-    config = _config(["--config.model.remat=blocks", "--config.model.dropout=0.3"])
+    config = _config(["--config.model.remat=layers", "--config.model.dropout=0.3"])
     weights = _perturbed(kinds.build_model(config))
     x0 = jax.random.randint(jax.random.key(2), (4, config.data.seq_len), 0, config.vocab_size)
     one = float(_loss_and_grads(config, 0, weights, x0, jax.random.key(7))[0])
@@ -117,7 +117,7 @@ def test_padded_vocabulary_is_the_same_network(kind):
     padded.vocab_embed.embedding[...] = padded.vocab_embed.embedding[...].at[:rows].set(plain.vocab_embed.embedding[...])
     padded.output_layer.linear.kernel[...] = jnp.zeros((32, 128)).at[:, :cols].set(plain.output_layer.linear.kernel[...])
     padded.output_layer.linear.bias[...] = jnp.zeros((128,)).at[:cols].set(plain.output_layer.linear.bias[...])
-    for name in ("blocks", "sigma_map"):
+    for name in ("layers", "sigma_map"):
         if getattr(plain, name) is not None:
             nnx.update(getattr(padded, name), nnx.state(getattr(plain, name)))
     nnx.update(padded.output_layer.norm_final, nnx.state(plain.output_layer.norm_final))
@@ -141,7 +141,7 @@ def test_bad_memory_settings_are_named():
     x0 = jnp.zeros((2, 32), jnp.int32)
     with pytest.raises(ValueError, match="loss_chunk=5 must divide the sequence length L=32"):
         _loss_and_grads(config, 5, weights, x0)
-    with pytest.raises(ValueError, match="remat='all' must be one of 'none', 'dots', 'blocks'"):
+    with pytest.raises(ValueError, match="remat='all' must be one of 'none', 'dots', 'layers'"):
         kinds.build_model(_config(["--config.model.remat=all"]))
     with pytest.raises(ValueError, match="vocab_multiple=0 must be an integer >= 1"):
         kinds.build_model(_config(["--config.model.vocab_multiple=0"]))
@@ -164,7 +164,7 @@ jax.config.update("jax_num_cpu_devices", 2)
 spec = importlib.util.spec_from_file_location("bench", sys.argv[1])
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
-sizes = ["--config.model.hidden_size=256", "--config.model.n_blocks=2", "--config.model.n_heads=4",
+sizes = ["--config.model.hidden_size=256", "--config.model.n_layers=2", "--config.model.n_heads=4",
          "--config.training.batch_size=8", "--config.data.seq_len=128", "--config.training.loss_chunk=32"]
 temp = lambda c: bench.train_step_memory(c)["temp_size_in_bytes"]
 out = {}
@@ -213,10 +213,10 @@ def test_fsdp_splits_activations_by_rows():
 @pytest.mark.slow  # 12 compiles: 2-4 min on 2 cores
 def test_memory_plan_picks_the_cheapest_setting_that_fits():
     """Under a device 10% smaller than the config needs, the plan's settings come in their order of cost
-    (accum_steps 1, 2, ...; remat none, dots, blocks within each), every one before the fit is over the
+    (accum_steps 1, 2, ...; remat none, dots, layers within each), every one before the fit is over the
     size and the fit within it; under a device too small for anything, no setting."""
     out = _plan("plan")
-    order = {"none": 0, "dots": 1, "blocks": 2}
+    order = {"none": 0, "dots": 1, "layers": 2}
     tried = out["tried"][1:]  # after the config as shipped (no remat, accum_steps 1): over the size
     assert out["tried"][0][2] > out["limit"] and tried, out
     assert [(a, order[r]) for r, a, _ in tried] == sorted((a, order[r]) for r, a, _ in tried), out

@@ -29,7 +29,7 @@ AR = dict(num_tokens=V + 1, out_dim=V, causal=True, time_conditioning=False)
 
 def make(kind=ABSORBING, **kw):
     kw = {"max_len": 16, "rngs": nnx.Rngs(0), **kind, **kw}
-    return M.DDiT(hidden_size=H, n_blocks=BLOCKS, n_heads=HEADS, **kw)
+    return M.DDiT(hidden_size=H, n_layers=BLOCKS, n_heads=HEADS, **kw)
 
 
 def perturb(model, seed=1, scale=0.3):
@@ -335,11 +335,11 @@ def test_a_cache_held_by_the_caller_gives_the_full_pass_and_refuses_a_wrong_one(
                                        cache=cache, at=jnp.int32(start))
         got.append(out)
     np.testing.assert_allclose(np.asarray(jnp.concatenate(got, axis=1)), full, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match=f"cache holds 1 blocks' keys and values, the model has {len(m.blocks)}"):
+    with pytest.raises(ValueError, match=f"cache holds 1 layers' keys and values, the model has {len(m.layers)}"):
         m.output_in_cache(x[:, :1], None, positions=np.arange(1), mask=np.ones((1, L), bool), cache=cache[:1],
                           at=jnp.int32(0))
     with pytest.raises(ValueError, match="a decoding cache is read as a mask over its rows says"):
-        m.blocks[0].run(jnp.zeros((2, 1, m.blocks[0].n_heads * m.blocks[0].head_dim)), jnp.zeros((2, 8)),
+        m.layers[0].run(jnp.zeros((2, 1, m.layers[0].n_heads * m.layers[0].head_dim)), jnp.zeros((2, 8)),
                         positions=np.arange(1), cache=cache[0], at=jnp.int32(0))
 
 
@@ -347,9 +347,9 @@ def test_a_cache_held_by_the_caller_gives_the_full_pass_and_refuses_a_wrong_one(
 def test_a_cache_held_by_the_caller_takes_each_sequence_at_its_own_place(monkeypatch, row_writes):
     """``output_in_cache`` with at int32[B]: sequences at different lengths (2 and 5) in one call, each equal to
     the full causal pass at its positions, and each row's cache to one written at its own place alone."""
-    from sedd import ddit_block
+    from sedd import ddit_layer
 
-    monkeypatch.setattr(ddit_block, "ROW_WRITES", row_writes)
+    monkeypatch.setattr(ddit_layer, "ROW_WRITES", row_writes)
     m = perturb(make(AR))
     x = tokens(0, V + 1)  # (2, L)
     full = np.asarray(nnx.jit(lambda mod, a: mod.network_output(a, None))(m, x))  # (B, L, V)
@@ -366,7 +366,7 @@ def test_a_cache_held_by_the_caller_takes_each_sequence_at_its_own_place(monkeyp
     alone = m.empty_cache(2, L)
     _, alone = m.output_in_cache(x[:, :8], None, positions=np.arange(8), mask=rows[None, :] <= np.arange(8)[:, None],
                                  cache=alone, at=jnp.int32(0))
-    heads = m.blocks[0].n_heads
+    heads = m.layers[0].n_heads
     for got, want in zip(jax.tree.leaves(cache), jax.tree.leaves(alone)):  # [B N, S, K]: row b's rows < start + n
         for b, start in enumerate(starts):
             np.testing.assert_allclose(np.asarray(got)[b * heads:(b + 1) * heads, :start + n],
@@ -377,8 +377,8 @@ def test_logical_axis_names_without_mesh():
     m = make()
     specs = nnx.get_partition_spec(nnx.state(m, nnx.Param))
     assert tuple(specs["vocab_embed"]["embedding"].get_value()) == ("vocab", "embed")
-    assert tuple(specs["blocks"][0]["attn_qkv"]["kernel"].get_value()) == ("embed", "qkv")
-    assert tuple(specs["blocks"][0]["mlp_in"]["kernel"].get_value()) == ("embed", "mlp")
+    assert tuple(specs["layers"][0]["attn_qkv"]["kernel"].get_value()) == ("embed", "qkv")
+    assert tuple(specs["layers"][0]["mlp_in"]["kernel"].get_value()) == ("embed", "mlp")
     assert tuple(specs["output_layer"]["linear"]["kernel"].get_value()) == ("embed", "vocab")
 
 
@@ -398,11 +398,11 @@ def test_param_counts():
 
 def test_errors():
     with pytest.raises(ValueError, match="hidden_size=30.*n_heads=4"):
-        M.DDiT(**ABSORBING, hidden_size=30, n_blocks=1, n_heads=4, rngs=nnx.Rngs(0))
+        M.DDiT(**ABSORBING, hidden_size=30, n_layers=1, n_heads=4, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="even"):
-        M.DDiT(**ABSORBING, hidden_size=30, n_blocks=1, n_heads=2, rngs=nnx.Rngs(0))
+        M.DDiT(**ABSORBING, hidden_size=30, n_layers=1, n_heads=2, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="out_dim=1"):
-        M.DDiT(num_tokens=1, out_dim=1, scale_by_sigma=True, hidden_size=8, n_blocks=1, n_heads=2,
+        M.DDiT(num_tokens=1, out_dim=1, scale_by_sigma=True, hidden_size=8, n_layers=1, n_heads=2,
                rngs=nnx.Rngs(0))
     m = make(max_len=4)
     with pytest.raises(ValueError, match="L=8.*max_len=4"):

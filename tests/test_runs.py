@@ -224,7 +224,7 @@ def test_wheel_ships_configs_and_corpus_and_trains_when_installed(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(site), SEDD_DATA_DIR=str(tmp_path / "data"), JAX_PLATFORMS="cpu")
     code = ("import sys, sedd, sedd.cli; assert sedd.__file__.startswith(sys.argv[1]), sedd.__file__; "
             "sys.exit(sedd.cli.main(['train', '--config', 'tiny', '--workdir', 'run', "
-            "'--config.training.n_iters=2', '--config.training.eval_every=2', '--config.model.n_blocks=1']))")
+            "'--config.training.n_iters=2', '--config.training.eval_every=2', '--config.model.n_layers=1']))")
     proc = subprocess.run([sys.executable, "-c", code, str(site)], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

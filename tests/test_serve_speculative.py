@@ -32,7 +32,7 @@ def _ar_run(seed: int, width: int = 0) -> runs.Run:
     """A tiny AR run over 12 characters, L = 16, its weights perturbed (so its law depends on the text)."""
     tokenizer = CharTokenizer(CHARS)
     extra = [f"--config.model.hidden_size={width}", "--config.model.cond_dim=16"] if width else []
-    config = config_lib.load_config("tiny", ["--config.model.kind=ar", "--config.model.n_blocks=1",
+    config = config_lib.load_config("tiny", ["--config.model.kind=ar", "--config.model.n_layers=1",
                                              f"--config.data.seq_len={L}", *extra])
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = tokenizer.vocab_size
@@ -45,7 +45,7 @@ def _block_run() -> runs.Run:
     """A tiny block-diffusion run (b = 4) over the same characters: a drafter of one block a call."""
     tokenizer = CharTokenizer(CHARS)
     config = config_lib.load_config("tiny", ["--config.model.kind=block", "--config.model.block_size=4",
-                                             "--config.model.n_blocks=1", f"--config.data.seq_len={L}"])
+                                             "--config.model.n_layers=1", f"--config.data.seq_len={L}"])
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = tokenizer.vocab_size
     graphdef, params, rest = nnx.split(kinds.get(config).network(3), nnx.Param, ...)

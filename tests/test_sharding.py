@@ -133,7 +133,7 @@ from sedd import config as C, runs, sharding as S, train as T
 
 cfg = C.load_config("tiny")
 cfg.vocab_size = 65  # D = 66: divides by 2, not by 8 (the replication fallback)
-cfg.model.n_blocks = 1  # every rule is met in one block, and 4 meshes compile 30% faster than with 2
+cfg.model.n_layers = 1  # every rule is met in one block, and 4 meshes compile 30% faster than with 2
 rng = np.random.default_rng(0)
 # Three steps: the output layer starts at zero, so the blocks' first gradients are zero and only the third
 # loss reads weights that a sharded update of the blocks wrote.
@@ -151,15 +151,15 @@ for shape in [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 1, 8)]:
     name = "x".join(map(str, shape))
     out["losses"][name] = losses
     p = st["params"]
-    # The optimizer's first moment of blocks[0].mlp_in (Muon's or AdamW's, whichever holds it).
+    # The optimizer's first moment of layers[0].mlp_in (Muon's or AdamW's, whichever holds it).
     mu = next(x for path, x in jax.tree_util.tree_flatten_with_path(st["opt_state"])[0]
-              if ".mu['blocks'][0]['mlp_in']['kernel']" in jax.tree_util.keystr(path))
+              if ".mu['layers'][0]['mlp_in']['kernel']" in jax.tree_util.keystr(path))
     out["specs"][name] = {
-        "mlp_in": str(p["blocks"][0]["mlp_in"]["kernel"][...].sharding.spec),
-        "attn_qkv": str(p["blocks"][0]["attn_qkv"]["kernel"][...].sharding.spec),
+        "mlp_in": str(p["layers"][0]["mlp_in"]["kernel"][...].sharding.spec),
+        "attn_qkv": str(p["layers"][0]["attn_qkv"]["kernel"][...].sharding.spec),
         "embedding": str(p["vocab_embed"]["embedding"][...].sharding.spec),
         "mu_mlp_in": str(mu.sharding.spec),
-        "ema_mlp_in": str(st["ema"]["blocks"][0]["mlp_in"]["kernel"][...].sharding.spec),
+        "ema_mlp_in": str(st["ema"]["layers"][0]["mlp_in"]["kernel"][...].sharding.spec),
         "step": str(st["step"].sharding.spec),
         "batch": str(tr.shard_batch(batches[0]).sharding.spec),
     }
@@ -285,7 +285,7 @@ cfg.training.eval_samples = 2
 cfg.sampling.steps = 2
 # The memory paths of big configs: blocks recomputed (a scan), the loss 8 positions at a time,
 # the vocabulary padded to 128 rows (86 -> 128, which fsdp = 2 splits).
-cfg.model.remat, cfg.training.loss_chunk, cfg.model.vocab_multiple = "blocks", 8, 128
+cfg.model.remat, cfg.training.loss_chunk, cfg.model.vocab_multiple = "layers", 8, 128
 if n_proc > 1:
     cfg.mesh.coordinator_address = f"localhost:{port}"
     cfg.mesh.num_processes = n_proc
@@ -351,7 +351,7 @@ pid, port, workdir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 from sedd import config as C, train as T
 cfg = C.load_config("tiny", ["--config.training.n_iters=100000", "--config.training.log_every=1",
                              "--config.training.eval_every=100000", "--config.training.ckpt_every=100000",
-                             "--config.model.n_blocks=1",  # the signal does not depend on depth: a faster compile
+                             "--config.model.n_layers=1",  # the signal does not depend on depth: a faster compile
                              f"--config.mesh.coordinator_address=localhost:{port}",
                              "--config.mesh.num_processes=2", f"--config.mesh.process_id={pid}"])
 res = T.train(cfg, workdir, quiet=True)

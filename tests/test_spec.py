@@ -37,7 +37,7 @@ def _tiny(k: int = K, dtype: str = "auto"):
     from sedd import config as config_lib
     from sedd import kinds
 
-    config = config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.n_blocks=1",
+    config = config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.n_layers=1",
                                              f"--config.model.draft_k={k}", f"--config.data.seq_len={L}",
                                              f"--config.model.dtype={dtype}"])
     config = ml_collections.ConfigDict(config.to_dict())
@@ -303,7 +303,7 @@ def test_a_tiny_spec_run_trains_evaluates_and_samples(tmp_path):
 
     work = tmp_path / "spec"
     cmd = [sys.executable, "-m", "sedd.cli", "train", "--config", "tiny", "--workdir", str(work),
-           "--config.model.kind=spec", "--config.model.draft_k=4", "--config.model.n_blocks=1",
+           "--config.model.kind=spec", "--config.model.draft_k=4", "--config.model.n_layers=1",
            "--config.training.n_iters=4", "--config.training.eval_every=4", "--config.training.ckpt_every=4"]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
     run = runs.load(work)
@@ -335,7 +335,7 @@ def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds():
     from sedd.data.tokenizers import CharTokenizer
 
     tokenizer, length = CharTokenizer("abcdefgh ,.\n"), 16
-    config = config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.n_blocks=1",
+    config = config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.n_layers=1",
                                              "--config.model.draft_k=3", f"--config.data.seq_len={length}"])
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = tokenizer.vocab_size

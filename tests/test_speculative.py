@@ -341,7 +341,7 @@ def _tiny_ar(scale: float = 0.5):
     from sedd.kinds import causal
     from sedd import config as config_lib
 
-    config = config_lib.load_config("tiny", ["--config.model.kind=ar", "--config.model.n_blocks=1",
+    config = config_lib.load_config("tiny", ["--config.model.kind=ar", "--config.model.n_layers=1",
                                              f"--config.data.seq_len={L}"])
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = V
@@ -433,7 +433,7 @@ def _tiny_block():
     from sedd import config as config_lib
 
     config = config_lib.load_config("tiny", ["--config.model.kind=block", "--config.model.block_size=3",
-                                             "--config.model.n_blocks=1", f"--config.data.seq_len={L}"])
+                                             "--config.model.n_layers=1", f"--config.data.seq_len={L}"])
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = V
     kind = kinds.get(config)
@@ -508,7 +508,7 @@ def test_sedd_sample_drafts_with_a_block_run(tmp_path, capsys):
     data = tmp_path / "data"
     for name, kind in (("ar", ["--config.model.kind=ar"]),
                        ("block", ["--config.model.kind=block", "--config.model.block_size=8"])):
-        assert cli.main(["train", "--config", "tiny", *kind, "--config.model.n_blocks=1", "--config.training.n_iters=2",
+        assert cli.main(["train", "--config", "tiny", *kind, "--config.model.n_layers=1", "--config.training.n_iters=2",
                          "--config.training.eval_every=2", "--config.training.ckpt_every=2",
                          f"--config.data.data_dir={data}", "--workdir", str(tmp_path / name)]) == 0
     out = tmp_path / "samples.jsonl"

@@ -39,7 +39,7 @@ KINDS = {"spec": ["--config.model.kind=spec", "--config.model.draft_k=3"],
 def _run(kind: str) -> runs.Run:
     """A tiny run of `kind` over 12 characters, L = 16, weights perturbed so its law depends on the text."""
     tokenizer = CharTokenizer(CHARS)
-    config = config_lib.load_config("tiny", ["--config.model.n_blocks=1", f"--config.data.seq_len={L}",
+    config = config_lib.load_config("tiny", ["--config.model.n_layers=1", f"--config.data.seq_len={L}",
                                              *KINDS[kind]])
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = tokenizer.vocab_size

@@ -161,7 +161,7 @@ def test_own_text_file_prompts_and_bad_checkpoints(data_dir, tmp_path, capsys):
     workdir = tmp_path / "run"
     args = ["train", "--config", "tiny", "--workdir", str(workdir), f"--config.data.path={corpus}", f"--config.data.data_dir={data_dir}",
             "--config.training.n_iters=4", "--config.training.ckpt_every=2",
-            "--config.model.n_blocks=1"]  # one block: a user's file and its prompts do not depend on depth
+            "--config.model.n_layers=1"]  # one block: a user's file and its prompts do not depend on depth
     assert cli.main(args) == 0
     assert "for the unigram law of the training data" in capsys.readouterr().out
 
@@ -207,7 +207,7 @@ def test_train_names_its_dtype_times_its_steps_and_marks_its_samples(data_dir, t
     samples are marked as `sedd sample` marks them."""
     args = ["train", "--config", "tiny", "--workdir", str(tmp_path / "run"), f"--config.data.data_dir={data_dir}",
             "--config.model.dtype=auto", "--config.training.n_iters=17", "--config.training.eval_every=100",
-            "--config.training.ckpt_every=100", "--config.model.n_blocks=1"]
+            "--config.training.ckpt_every=100", "--config.model.n_layers=1"]
     assert cli.main(args) == 0
     lines = capsys.readouterr().out.splitlines()
     assert train_lib.dtype_line("auto") in lines, lines
@@ -288,7 +288,7 @@ def test_adaln_lr_scale_scales_only_the_adaln_kernels_updates():
     params = nnx.state(kinds.build_model(config), nnx.Param)
     grads = jax.tree.map(lambda p: np.full(p.shape, 0.5, np.float32), params)
     mask = train_lib.is_adaln_kernel(params)
-    assert sum(jax.tree.leaves(mask)) == config.model.n_blocks + 1  # every block's and the final layer's
+    assert sum(jax.tree.leaves(mask)) == config.model.n_layers + 1  # every block's and the final layer's
     updates = {}
     for scale in (1.0, 0.1):
         config.optim.adaln_lr_scale = scale
@@ -305,8 +305,8 @@ def test_adaln_lr_scale_scales_only_the_adaln_kernels_updates():
         train_lib.build_optimizer(config)
 
 
-def test_muon_orthogonalises_the_blocks_matrices_and_adamw_takes_the_rest():
-    """optim.optimizer = "muon": each block matrix moves by lr_muon 0.2 sqrt(max dim) NS(g), NS(g) ~ U V^T of
+def test_muon_orthogonalises_the_layers_matrices_and_adamw_takes_the_rest():
+    """optim.optimizer = "muon": each layer matrix moves by lr_muon 0.2 sqrt(max dim) NS(g), NS(g) ~ U V^T of
     g = U S V^T; every other parameter by AdamW's, a step of about lr sign(g) for a constant g."""
     import ml_collections
     import optax
@@ -332,7 +332,7 @@ def test_muon_orthogonalises_the_blocks_matrices_and_adamw_takes_the_rest():
         specs, is_leaf=lambda s: s is None or isinstance(s, optax.contrib.MuonDimensionNumbers))[0]
     is_muon = jax.tree.unflatten(jax.tree.structure(params), [s is not None for _, s in flat])
     paths = [jax.tree_util.keystr(p) for p, s in flat if s is not None]
-    assert len(paths) == 4 * config.model.n_blocks and all("blocks" in p and "kernel" in p for p in paths)
+    assert len(paths) == 4 * config.model.n_layers and all("layers" in p and "kernel" in p for p in paths)
     tx, _ = train_lib.build_optimizer(config)
     state, update = tx.init(params), jax.jit(tx.update)
     for _ in range(2):  # the second step has the full lr (warmup 1)

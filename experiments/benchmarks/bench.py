@@ -82,7 +82,7 @@ def parser() -> argparse.ArgumentParser:
                    "(default: experiments/benchmarks/results/NAME_PLATFORM.json)")
     p.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds")
     p.add_argument("--width", type=int, default=None, help="H (train default 512, ar default 128)")
-    p.add_argument("--blocks", type=int, default=None, help="n_blocks (train default 2, ar default 2)")
+    p.add_argument("--blocks", type=int, default=None, help="n_layers (train default 2, ar default 2)")
     p.add_argument("--seq_len", type=int, default=None, help="L (default 128)")
     p.add_argument("--batch_sizes", type=int, nargs="+", default=None,
                    help="train default: 32; ar default: 1 64")

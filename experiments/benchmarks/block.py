@@ -95,7 +95,7 @@ def run_block(quick: bool, args) -> dict:
         repeats = args.repeats
     else:
         config = nets.bench_config(hidden_size=args.width, n_heads=max(args.width // 64, 1),
-                                   n_blocks=args.blocks, cond_dim=64, seq_len=args.seq_len)
+                                   n_layers=args.blocks, cond_dim=64, seq_len=args.seq_len)
         if args.width >= 768:  # GPT-2 small's vocabulary too
             config.vocab_size = 50257
         lengths, batches, block_sizes, sedd_steps = [args.length], args.batch_sizes, [4, 8, 16], args.steps

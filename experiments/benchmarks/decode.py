@@ -154,7 +154,7 @@ def run_decode(quick: bool, args) -> dict:
         length, repeats, unrolls = 32, 1, args.unroll
     else:
         config = nets.bench_config(hidden_size=args.width, n_heads=max(args.width // 64, 1),
-                                   n_blocks=args.blocks, cond_dim=128, seq_len=args.seq_len)
+                                   n_layers=args.blocks, cond_dim=128, seq_len=args.seq_len)
         config.vocab_size = args.vocab or (50257 if args.width >= 768 else config.vocab_size)
         length, repeats, unrolls = args.length, args.repeats, args.unroll
     if args.dtype:

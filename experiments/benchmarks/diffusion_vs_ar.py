@@ -87,7 +87,7 @@ def run_ar(quick: bool, args) -> dict:
         batches, steps_list, max_direct, repeats = [2], [2, 4, 8], 4, 1
     else:
         config = nets.bench_config(hidden_size=args.width, n_heads=max(args.width // 64, 1),
-                                   n_blocks=args.blocks, cond_dim=64, seq_len=args.seq_len)
+                                   n_layers=args.blocks, cond_dim=64, seq_len=args.seq_len)
         batches, steps_list, max_direct, repeats = args.batch_sizes, args.steps, args.max_direct_steps, 3
     if args.dtype:
         config.model.dtype = args.dtype

@@ -50,7 +50,7 @@ SHIPPED_VOCAB = {"shakespeare_char": 85, "tiny": 85, "text8": 28, "owt_small": 5
 
 
 # What the memory plan varies, cheapest first: accumulation (fewer sequences a call) costs
-# nothing in compute; remat costs a forward pass of what it recomputes ("dots" less than "blocks").
+# nothing in compute; remat costs a forward pass of what it recomputes ("dots" less than "layers").
 REMAT_ORDER = ("none", "dots", "blocks")
 
 
@@ -89,7 +89,7 @@ def memory_plan(config, device_gib: float | None) -> dict:
 
     Settings are tried in the order of their cost, accum_steps 1, 2, 4, ... (the
     per-call batch divided by it, so the update sees the same sequences) and
-    within each remat none, dots, blocks, and the first whose peak fits is the
+    within each remat none, dots, layers, and the first whose peak fits is the
     plan; none fits when one sequence a device with remat = blocks does not.
     """
     rows = [dict(train_step_memory(config), accum_steps=config.training.accum_steps, remat=config.model.remat,
@@ -148,7 +148,7 @@ def run_memory(quick: bool, args) -> dict:
                          f"{r['compile_s']:.0f}", mark])
         if args.device_gib and plan["fit"] is None:
             print(f"{name}: no setting fits {args.device_gib} GiB a device, even one sequence a device with "
-                  "remat=blocks: add devices (fsdp splits the weights and optimizer state) or shorten L")
+                  "remat=layers: add devices (fsdp splits the weights and optimizer state) or shorten L")
         elif args.device_gib:
             f, shipped = plan["fit"], plan["rows"][0]
             fits = shipped["peak_bytes_estimate"] <= args.device_gib * 2**30

@@ -13,7 +13,7 @@ from sedd import model as model_lib
 def bench_config(base: str = "shakespeare_char", vocab_size: int = 85, **model_overrides):
     """A shipped config with vocab_size set (normally set from the tokenizer) and model overrides.
 
-    Keys: hidden_size, n_blocks, n_heads, cond_dim, seq_len, batch_size, kind, dtype.
+    Keys: hidden_size, n_layers, n_heads, cond_dim, seq_len, batch_size, kind, dtype.
     """
     c = config_lib.load_config(base)
     c.vocab_size = vocab_size

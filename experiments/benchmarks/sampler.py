@@ -79,7 +79,7 @@ def run_sampler(quick: bool, args) -> dict:
     else:
         cases = [
             (nets.bench_config(), args.batch),  # the default char model (sedd/configs/shakespeare_char.py), V 85
-            (nets.bench_config(vocab_size=50257, hidden_size=128, n_blocks=2, n_heads=2, cond_dim=64,
+            (nets.bench_config(vocab_size=50257, hidden_size=128, n_layers=2, n_heads=2, cond_dim=64,
                                seq_len=128), args.batch_gpt2),
         ]
         repeats, loop_steps, predictors, key_impls = args.repeats, 16, None, ("rbg",)
@@ -92,7 +92,7 @@ def run_sampler(quick: bool, args) -> dict:
     for r in results:
         m = r["model"]
         for k, v in r["ratio_to_forward"].items():
-            rows.append([m["hidden_size"], m["n_blocks"], m["seq_len"], m["batch_size"], m["vocab_size"],
+            rows.append([m["hidden_size"], m["n_layers"], m["seq_len"], m["batch_size"], m["vocab_size"],
                          k, f"{r['forward_s'] * 1e3:.1f}", f"{v:.3f}"])
     table = format_table(["H", "blocks", "L", "B", "V", "step (predictor/categorical)", "forward ms",
                           "step / forward"], rows)

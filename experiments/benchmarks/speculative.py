@@ -62,7 +62,7 @@ def call_cost(config, ns: list[int], repeats: int, calls: int | None = None, bat
     call = {n: [(b - a) / calls for a, b in zip(times[n, calls], times[n, 2 * calls])] for n in ns}  # seconds
     rows_out = [{"n": n, "ms_per_call": median(call[n]) * 1e3, "ratio_to_n1": paired_ratio(call[n], call[ns[0]])}
                 for n in ns]
-    return {"model": dict(width=c.model.hidden_size, blocks=c.model.n_blocks, vocab_size=c.vocab_size,
+    return {"model": dict(width=c.model.hidden_size, blocks=c.model.n_layers, vocab_size=c.vocab_size,
                           cache=rows, start=start, dtype=c.model.dtype), "batch": batch, "calls": calls,
             "rows": rows_out}
 
@@ -146,7 +146,7 @@ def loop_profile(config, layouts: list[str], repeats: int) -> dict:
               "network_ms_a_step": times[f"spec {n} network"] / rounds[n] * 1e3} for n in layouts]
     for row in rows:
         row["outside_network"] = 1 - row["network_ms_a_step"] / row["ms_a_step"]
-    return {"model": dict(width=config.model.hidden_size, blocks=config.model.n_blocks, vocab_size=config.vocab_size,
+    return {"model": dict(width=config.model.hidden_size, blocks=config.model.n_layers, vocab_size=config.vocab_size,
                           dtype=config.model.dtype), "rows": rows}
 
 
@@ -170,7 +170,7 @@ def speculative_runs(quick: bool, args) -> tuple:
     # Random weights (every parameter nonzero) on the Markov chain's tiny config: the smoke run of --quick.
     config = config_lib.load_config("markov")
     config.vocab_size = int(config.data.markov.vocab_size)
-    config.model.n_blocks = 1
+    config.model.n_layers = 1
 
     def random_run(kind, **model):
         c = config.copy_and_resolve_references()
@@ -463,7 +463,7 @@ def run_speculative(quick: bool, args) -> dict:
         ns, ks, batches, quality_samples, repeats = [1, 2, 4, 8], [2, 4], [1], 8, 1
     else:
         sizes = {"shakespeare_char": nets.bench_config(vocab_size=65),
-                 "gpt2_small": nets.bench_config(hidden_size=768, n_blocks=12, n_heads=12, seq_len=256)}
+                 "gpt2_small": nets.bench_config(hidden_size=768, n_layers=12, n_heads=12, seq_len=256)}
         sizes["gpt2_small"].vocab_size = 50257
         ns = args.positions or list(range(1, 33))
         ks, batches, quality_samples, repeats = [2, 4, 8, 16], args.batch_sizes, args.quality_samples, args.repeats

@@ -109,7 +109,7 @@ def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = 
         "n_params": trainer.n_params,
         "matmul_params_N": nets.matmul_params(config),
         "flops_per_token": fpt,
-        "flops_formula": "6N + 12 n_blocks L H",
+        "flops_formula": "6N + 12 n_layers L H",
         "compile_s": t_compile,
         "step_s": step_s,
         "tokens_per_s": tokens / step_s,
@@ -154,7 +154,7 @@ def run_train(quick: bool, args) -> dict:
         repeats, mm_n = args.repeats, args.matmul_n
     else:
         cases = [
-            nets.bench_config(hidden_size=args.width, n_heads=args.width // 64, n_blocks=args.blocks,
+            nets.bench_config(hidden_size=args.width, n_heads=args.width // 64, n_layers=args.blocks,
                               seq_len=args.seq_len, batch_size=b)
             for b in args.batch_sizes
         ]
@@ -173,7 +173,7 @@ def run_train(quick: bool, args) -> dict:
     finally:
         kernels.ATTENTION = saved
     rows = [[r["attention_setting"] + ("" if r["attention"] == r["attention_setting"] else f" ({r['attention']})"),
-             r["model"]["hidden_size"], r["model"]["n_blocks"], r["model"]["seq_len"], r["model"]["batch_size"],
+             r["model"]["hidden_size"], r["model"]["n_layers"], r["model"]["seq_len"], r["model"]["batch_size"],
              f"{r['n_params'] / 1e6:.2f}M", f"{r['flops_per_token'] / 1e6:.1f}", f"{r['tokens_per_s']:.0f}",
              f"{r['achieved_flops_per_s'] / 1e9:.1f}", f"{r['peak_matmul_flops_per_s'] / 1e9:.1f}",
              f"{r['mfu']:.2f}", "-" if r["mfu_datasheet"] is None else f"{r['mfu_datasheet']:.2f}",

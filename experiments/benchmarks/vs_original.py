@@ -191,7 +191,7 @@ def ours_config(args):
     c = config_lib.load_config("shakespeare_char")
     c.vocab_size = args.vocab
     c.seed = args.seed
-    c.model.update(hidden_size=args.hidden, n_blocks=args.blocks, n_heads=args.heads, cond_dim=args.cond_dim,
+    c.model.update(hidden_size=args.hidden, n_layers=args.blocks, n_heads=args.heads, cond_dim=args.cond_dim,
                    dropout=args.dropout, dtype=args.dtype, scale_by_sigma=True, normalize=False)
     c.graph.type, c.noise.type = "absorbing", "loglinear"
     c.data.seq_len = args.length

@@ -14,7 +14,7 @@ def get_config():
     """The markov config: a small DDiT on a synthetic chain whose law is known exactly."""
     c = shakespeare_char.get_config()
     c.model.hidden_size = 64
-    c.model.n_blocks = 2
+    c.model.n_layers = 2
     c.model.n_heads = 4
     c.model.cond_dim = 32
     c.data.name = "markov"

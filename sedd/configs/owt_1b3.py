@@ -4,7 +4,7 @@
 1.41B parameters, 1.21B outside the vocabulary tables (GPT-3 XL's shape).
 Sized for 64 devices of 40 GB with the weights, gradients and optimizer
 state split over all of them (``mesh.fsdp = 64``; 8 sequences a device):
-every block recomputed in the backward pass (``model.remat = "blocks"``),
+every layer recomputed in the backward pass (``model.remat = "layers"``),
 the loss 128 positions at a time (``training.loss_chunk``), the vocabulary
 padded to 50,304 rows so ``fsdp`` and ``tensor`` split it. Its memory plan
 (docs/scaling.md):
@@ -21,10 +21,10 @@ def get_config():
     """The owt_1b3 config: owt_small's recipe at 24 x 2048, L = 2048, on an fsdp mesh of 64."""
     c = owt_small.get_config()
     c.model.hidden_size = 2048
-    c.model.n_blocks = 24
+    c.model.n_layers = 24
     c.model.n_heads = 16
     c.model.cond_dim = 256
-    c.model.remat = "blocks"
+    c.model.remat = "layers"
     c.data.seq_len = 2048
     c.training.batch_size = 512
     c.optim.lr = 2e-4  # GPT-3 XL's peak rate at this size

@@ -13,7 +13,7 @@ def get_config():
     """The owt_small config: SEDD small on OpenWebText with the GPT-2 tokenizer."""
     c = shakespeare_char.get_config()
     c.model.hidden_size = 768
-    c.model.n_blocks = 12
+    c.model.n_layers = 12
     c.model.n_heads = 12
     c.model.cond_dim = 128
     c.model.dropout = 0.1

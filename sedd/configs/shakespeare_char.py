@@ -25,7 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.block_size = 16  # "block": tokens per block, a divisor of data.seq_len
     c.model.draft_k = 4  # "spec": drafts a round, what the network learns to draft (4 is good)
     c.model.hidden_size = 128  # H, the width of the residual stream
-    c.model.n_blocks = 4  # transformer blocks
+    c.model.n_layers = 4  # transformer layers (the original's "blocks")
     c.model.n_heads = 8  # attention heads; H / n_heads must be even (rotary)
     c.model.cond_dim = 64  # width of the sigma conditioning vector
     c.model.mlp_ratio = 4  # MLP hidden width as a multiple of H
@@ -33,7 +33,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.scale_by_sigma = True  # absorbing graph: SEDD's log(e^sigma - 1) output offset
     c.model.time_conditioning = True  # False: no sigma input (RADD; absorbing graph with scale_by_sigma)
     c.model.normalize = True  # the network predicts p(x0 | x_t) (absorbing: MDLM SUBS; uniform: DUO); False: SEDD's score
-    c.model.remat = "none"  # what a block's backward keeps: "none" (all), "dots" (weight matmul outputs), "blocks" (its input)
+    c.model.remat = "none"  # what a layer's backward keeps: "none" (all), "dots" (weight matmul outputs), "layers" (its input)
     c.model.vocab_multiple = 1  # pad the embedding rows and output columns to a multiple (128: splittable by a mesh)
     c.model.dtype = "auto"  # compute dtype: "auto" (bfloat16 where it runs fast: GPU, TPU, AVX512-BF16 CPU), "float32", "bfloat16"
 

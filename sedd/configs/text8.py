@@ -11,7 +11,7 @@ def get_config():
     """The text8 config: a 12 x 768 DDiT on text8 characters."""
     c = shakespeare_char.get_config()
     c.model.hidden_size = 768
-    c.model.n_blocks = 12
+    c.model.n_layers = 12
     c.model.n_heads = 12
     c.model.cond_dim = 128
     c.model.dropout = 0.0

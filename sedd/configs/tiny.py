@@ -7,7 +7,7 @@ def get_config():
     """The tiny config: the default shrunk to compile and train in seconds."""
     c = shakespeare_char.get_config()
     c.model.hidden_size = 32
-    c.model.n_blocks = 2
+    c.model.n_layers = 2
     c.model.n_heads = 2
     c.model.cond_dim = 16
     c.data.seq_len = 32

@@ -95,7 +95,7 @@ def lightning_source(path: Path, ema: bool) -> Source:
               **{theirs: model[ours] for theirs, ours in (
                   ("hidden_dim", "hidden_size"), ("n_blocks", "n_blocks"), ("n_heads", "n_heads"),
                   ("cond_dim", "cond_dim"), ("model_length", "length"), ("dropout", "dropout")) if ours in model}}
-    n_blocks = config_from_original(config).model.n_blocks  # checks every field and size first
+    n_blocks = config_from_original(config).model.n_layers  # checks every field and size first
     step = training_step(obj.get("global_step", 0), str(path))
     if not ema:
         return Source(config, path, path, state, state, step, "model")

@@ -75,7 +75,7 @@ def config_from_peer(orig: Mapping, tokenizer_path: str, dtype: str) -> ml_colle
     c.model.kind = "ddit"
     if family == "bd3lm":
         c.model.kind, c.model.block_size = "block", block_size_of(orig, sizes["length"], time_conditioning)
-    c.model.hidden_size, c.model.n_heads, c.model.n_blocks = hidden, heads, sizes["n_blocks"]
+    c.model.hidden_size, c.model.n_heads, c.model.n_layers = hidden, heads, sizes["n_blocks"]
     c.model.cond_dim = sizes["cond_dim"]
     c.model.mlp_ratio = 4
     c.model.dropout = field(orig, "", "dropout", float)

@@ -91,7 +91,7 @@ def config_from_original(orig: Mapping, tokenizer_path: str = "", dtype: str = "
     c.model.kind = "ddit"
     c.model.hidden_size = hidden
     c.model.n_heads = heads
-    c.model.n_blocks = sizes["n_blocks"]
+    c.model.n_layers = sizes["n_blocks"]
     c.model.cond_dim = sizes["cond_dim"]
     c.model.mlp_ratio = 4  # fixed in the original's DDiTBlock
     c.model.dropout = field(model, "model", "dropout", float)

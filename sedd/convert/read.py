@@ -148,7 +148,7 @@ def read_source(src: str | Path, ema: bool = True) -> Source:
         return lightning_source(Path(src).expanduser(), ema)
     config_file, weights_file = locate(src)
     config = read_original_config(config_file)
-    n_blocks = config_from_original(config).model.n_blocks
+    n_blocks = config_from_original(config).model.n_layers
     if weights_file.suffix == ".safetensors":
         return Source(config, config_file, weights_file, load_safetensors(weights_file), None, 0, "published")
     obj = load_torch(weights_file)

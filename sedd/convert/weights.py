@@ -1,16 +1,17 @@
 r"""A source's state dict -> our parameters: the name map, every tensor checked, a constant sigma embedding folded.
 
-State dict -> our parameters (sedd/model.py; i = 0..n_blocks-1). Every
-PyTorch Linear stores weight [out, in] and computes x W^T; ours stores the
-kernel [in, out] and computes x K, so K = W^T:
+State dict -> our parameters (sedd/model.py; i = 0..n_blocks-1, the
+original's transformer blocks, our layers). Every PyTorch Linear stores
+weight [out, in] and computes x W^T; ours stores the kernel [in, out] and
+computes x K, so K = W^T:
 
   vocab_embed.embedding                  vocab_embed.embedding          [D, H]
   sigma_map.mlp.{0,2}.weight / .bias     sigma_map.fc{1,2}.kernel^T / .bias
-  blocks.i.norm{1,2}.weight              blocks.i.norm{1,2}.scale
-  blocks.i.attn_qkv.weight               blocks.i.attn_qkv.kernel^T      (3, N, K) packing kept
-  blocks.i.attn_out.weight               blocks.i.attn_out.kernel^T
-  blocks.i.mlp.{0,2}.weight / .bias      blocks.i.mlp_{in,out}.kernel^T / .bias
-  blocks.i.adaLN_modulation.weight/.bias blocks.i.adaLN_modulation.kernel^T / .bias
+  blocks.i.norm{1,2}.weight              layers.i.norm{1,2}.scale
+  blocks.i.attn_qkv.weight               layers.i.attn_qkv.kernel^T      (3, N, K) packing kept
+  blocks.i.attn_out.weight               layers.i.attn_out.kernel^T
+  blocks.i.mlp.{0,2}.weight / .bias      layers.i.mlp_{in,out}.kernel^T / .bias
+  blocks.i.adaLN_modulation.weight/.bias layers.i.adaLN_modulation.kernel^T / .bias
   output_layer.norm_final.weight         output_layer.norm_final.scale
   output_layer.linear.weight / .bias     output_layer.linear.kernel^T / .bias
   output_layer.adaLN_modulation.*        output_layer.adaLN_modulation.kernel^T / .bias
@@ -51,13 +52,13 @@ def parameter_map(n_blocks: int, sigma_map: bool = True) -> list[tuple[str, str,
     if sigma_map:
         out += linear("sigma_map.mlp.0", "sigma_map.fc1") + linear("sigma_map.mlp.2", "sigma_map.fc2")
     for i in range(n_blocks):
-        b = f"blocks.{i}"
-        out += [(f"{b}.norm1.weight", f"{b}.norm1.scale", False),
-                (f"{b}.attn_qkv.weight", f"{b}.attn_qkv.kernel", True),
-                (f"{b}.attn_out.weight", f"{b}.attn_out.kernel", True),
-                (f"{b}.norm2.weight", f"{b}.norm2.scale", False)]
-        out += linear(f"{b}.mlp.0", f"{b}.mlp_in") + linear(f"{b}.mlp.2", f"{b}.mlp_out")
-        out += linear(f"{b}.adaLN_modulation", f"{b}.adaLN_modulation")
+        b, ours = f"blocks.{i}", f"layers.{i}"  # the original's transformer blocks, our layers
+        out += [(f"{b}.norm1.weight", f"{ours}.norm1.scale", False),
+                (f"{b}.attn_qkv.weight", f"{ours}.attn_qkv.kernel", True),
+                (f"{b}.attn_out.weight", f"{ours}.attn_out.kernel", True),
+                (f"{b}.norm2.weight", f"{ours}.norm2.scale", False)]
+        out += linear(f"{b}.mlp.0", f"{ours}.mlp_in") + linear(f"{b}.mlp.2", f"{ours}.mlp_out")
+        out += linear(f"{b}.adaLN_modulation", f"{ours}.adaLN_modulation")
     out += [("output_layer.norm_final.weight", "output_layer.norm_final.scale", False)]
     out += linear("output_layer.linear", "output_layer.linear")
     out += linear("output_layer.adaLN_modulation", "output_layer.adaLN_modulation")
@@ -65,7 +66,7 @@ def parameter_map(n_blocks: int, sigma_map: bool = True) -> list[tuple[str, str,
 
 
 def _path_name(path) -> str:
-    """'blocks.0.attn_qkv.kernel' of a jax key path into an nnx.State (the Variable's 'value' dropped)."""
+    """'layers.0.attn_qkv.kernel' of a jax key path into an nnx.State (the Variable's 'value' dropped)."""
     parts = []
     for k in path:
         if isinstance(k, jax.tree_util.GetAttrKey):
@@ -163,7 +164,7 @@ def convert_params(state_dict: Mapping[str, Any], config, prefix: str = "", fold
     """
     abstract = abstract_params(config)
     targets = {_path_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(abstract)[0]}
-    n_blocks = config.model.n_blocks
+    n_blocks = config.model.n_layers
     plan = parameter_map(n_blocks, sigma_map=not fold_sigma)
     if sorted(dst for _, dst, _ in plan) != sorted(targets):  # a change in sedd.model not mirrored here
         raise ConversionError(f"internal: the parameter map does not cover the network exactly: "
@@ -205,7 +206,8 @@ def convert_params(state_dict: Mapping[str, Any], config, prefix: str = "", fold
     if problems:
         raise ConversionError("the checkpoint does not fit the config:\n  " + "\n  ".join(problems[:20]))
     if fold_sigma and not any(isinstance(x, jax.ShapeDtypeStruct) for x in out.values()):
-        out.update(fold_sigma_map(sd, n_blocks))  # the adaLN layers' names are the same on both sides
+        ours = {src: dst for src, dst, _ in plan}
+        out.update({ours[src]: bias for src, bias in fold_sigma_map(sd, n_blocks).items()})
     as_array = lambda x: x if isinstance(x, jax.ShapeDtypeStruct) else jnp.asarray(x)  # noqa: E731
     return jax.tree_util.tree_map_with_path(lambda p, _: as_array(out[_path_name(p)]), abstract)
 

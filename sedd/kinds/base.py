@@ -125,7 +125,7 @@ def abstract_network(kind: Kind, seed: int = 0) -> tuple:
 def network_of(config, seed: int, **arch) -> DDiT:
     """The DDiT of config.model's sizes, with the kind's inputs, outputs and attention in `arch`."""
     m = config.model
-    return DDiT(hidden_size=m.hidden_size, n_blocks=m.n_blocks, n_heads=m.n_heads, cond_dim=m.cond_dim,
+    return DDiT(hidden_size=m.hidden_size, n_layers=m.n_layers, n_heads=m.n_heads, cond_dim=m.cond_dim,
                 mlp_ratio=m.mlp_ratio, dropout=m.dropout, max_len=config.data.seq_len,
                 dtype=compute_dtype(m.dtype), vocab_multiple=m.vocab_multiple, remat=m.remat,
                 rngs=nnx.Rngs(params=seed, dropout=seed + 1), **arch)

@@ -143,7 +143,7 @@ def decode_rows(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array) 
     b = inputs.shape[0]
     if b <= ROWS_IN_ONE_CALL:
         return decode_in_cache(model, cache, inputs, start)
-    n = model.blocks[0].n_heads
+    n = model.layers[0].n_heads
     rows = jax.tree.map(lambda a: a.reshape(b, n, *a.shape[1:]), cache)  # (B, N, S, K) each
     logits, rows = jax.vmap(lambda c, x, s: decode_in_cache(model, c, x[None], s))(rows, inputs, start)
     return logits[:, 0], jax.tree.map(lambda a: a.reshape(b * n, *a.shape[2:]), rows)

@@ -1,4 +1,4 @@
-"""DDiTBlock: one adaLN-Zero transformer block of the DDiT (Peebles & Xie 2023).
+"""DDiTLayer: one adaLN-Zero transformer layer of the DDiT (the original's DDiTBlock; Peebles & Xie 2023).
 
   x += gate_a * Drop(Attn(modulate(LN(x), shift_a, scale_a)))     rotary self-attention
   x += gate_m * Drop(MLP (modulate(LN(x), shift_m, scale_m)))     GELU MLP
@@ -33,11 +33,11 @@ Array = jax.Array
 
 
 ROW_WRITES = 64
-"""``DDiTBlock.run``'s writes at a place a sequence: one write each up to this many sequences, a scatter past it."""
+"""``DDiTLayer.run``'s writes at a place a sequence: one write each up to this many sequences, a scatter past it."""
 
 
-class DDiTBlock(nnx.Module):
-    """One adaLN-modulated transformer block (Peebles & Xie 2023), rotary attention.
+class DDiTLayer(nnx.Module):
+    """One adaLN-modulated transformer layer (Peebles & Xie 2023), rotary attention.
 
     Args:
       hidden_size: H.
@@ -74,7 +74,7 @@ class DDiTBlock(nnx.Module):
         self.norm2 = layer_norm(h, rngs)
         self.mlp_in = linear(h, mlp_ratio * h, ("embed", "mlp"), dtype=dtype, rngs=rngs)
         self.mlp_out = linear(mlp_ratio * h, h, ("mlp", "embed"), dtype=dtype, rngs=rngs)
-        # Zero init makes every block the identity map at start (gates are 0),
+        # Zero init makes every layer the identity map at start (gates are 0),
         # the "adaLN-Zero" choice of Peebles & Xie 2023.
         self.adaLN_modulation = linear(cond_dim, 6 * h, ("cond", "adaln"), zero=True, dtype=dtype, rngs=rngs)
         # deterministic=True: a fresh model is in eval mode; `model.train()` flips it.
@@ -82,7 +82,7 @@ class DDiTBlock(nnx.Module):
         self.dropout2 = kernels.Dropout(dropout, deterministic=True, rngs=rngs)
 
     def __call__(self, x: Array, c: Array, **kwargs) -> Array:
-        """The block's output float32[B, L, H] (``run``'s first value, the same arguments)."""
+        """The layer's output float32[B, L, H] (``run``'s first value, the same arguments)."""
         return self.run(x, c, **kwargs)[0]
 
     def _write(self, held: Array, new: Array, at: Array | None, positions) -> Array:
@@ -119,7 +119,7 @@ class DDiTBlock(nnx.Module):
         deterministic: bool | None = None,
         rngs: nnx.Rngs | None = None,
     ) -> tuple[Array, tuple[Array, Array]]:
-        """The block's output and the keys and values its attention read.
+        """The layer's output and the keys and values its attention read.
 
         Args:
           x: float32[B, L, H] residual stream.
