@@ -1,4 +1,4 @@
-"""The building blocks of the DDiT (``sedd.model``): embeddings of sigma and of position, adaLN, its layers.
+"""The pieces of the DDiT (``sedd.model``): embeddings of sigma and of position, adaLN, its layers.
 
   timestep_embedding, TimestepEmbedder   sigma -> sinusoidal(F) -> Linear -> SiLU -> Linear (DiT)
   apply_rotary                           rotary position embedding (Su et al. 2021, RoFormer)
