@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sedd import drafts, sampling, speculative
-from sedd.kinds import causal
+import sedd.kinds.causal as causal
 from sedd.kinds.base import network_of, register
 from sedd.kinds.capabilities import Drafts, Speculates
 from sedd.sampling import shaped_law

@@ -82,7 +82,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from sedd import drafts, files, kernels, sampling, speculative
-from sedd.kinds import causal
+import sedd.kinds.causal as causal
 from sedd.kinds.base import network_of, register
 from sedd.kinds.capabilities import Speculates, Tunes
 from sedd.model import DDiT
