@@ -195,23 +195,23 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts):
         the KV cache), "ngram" or a ``sedd.drafts.Drafter`` of another run (``drafter``), checked by
         it (``Drafter.checked``). The drafter draws at the row's temperature.
         """
-        vocab = self.config.vocab_size
+        vocab, categorical = self.config.vocab_size, self.config.sampling.categorical
         draft = drafts.get(draft, vocab)
-        if draft is None and k is not None:
-            raise ValueError(drafts.NEEDS_A_DRAFT)
-        k = 0 if draft is None else draft.checked(vocab, drafts.DEFAULT_K if k is None else k)
-        source = draft or drafts.Ngram(vocab)  # k = 0: never asked for a draft
+        if draft is None:
+            if k is not None:
+                raise ValueError(drafts.NEEDS_A_DRAFT)
+            return causal.without_drafts(graphdef, vocab, categorical)
+        k = draft.checked(vocab, drafts.DEFAULT_K if k is None else k)
 
         def parts(temperature, top_p):
             t_prefill, target = causal.build_speculative_target(graphdef, temperature, top_p)
-            d_prefill, drafter = source.parts(temperature, top_p)
-            if source.state is None:
+            d_prefill, drafter = draft.parts(temperature, top_p)
+            if draft.state is None:
                 return (lambda state, prompt: (t_prefill(state, prompt), None)), target, drafter
             return (lambda state, prompt: (t_prefill(state[0], prompt), d_prefill(state[1], prompt))), target, drafter
 
-        name = None if draft is None else draft_name or draft.name
-        return sampling.rounds.Speculation(parts, k, name, draft_calls=source.calls(k) if k else 0,
-                                           draft_state=source.state, categorical=self.config.sampling.categorical)
+        return sampling.rounds.Speculation(parts, k, draft_name or draft.name, draft_calls=draft.calls(k),
+                                           draft_state=draft.state, categorical=categorical)
 
     def network(self, seed=0):
         """Inputs V + 1 ids (BOS = V), outputs the V next-token logits, causal attention, no time input."""

@@ -281,6 +281,17 @@ def speculative_target(graphdef, *, temperature: float = 1.0, top_p: float = 1.0
     return build_speculative_target(graphdef, temperature, top_p)
 
 
+def without_drafts(graphdef, vocab: int, categorical: str) -> sampling.rounds.Speculation:
+    """The rounds of the causal LM `graphdef` alone, k = 0 (``sedd serve``'s rows of a run without drafts): each
+    a call that writes the one token it draws, ancestral sampling on the KV cache. The drafter a round asks for
+    its k = 0 drafts is prompt lookup's (empty: no draft, no call)."""
+    def parts(temperature, top_p):
+        prefill, target = build_speculative_target(graphdef, temperature, top_p)
+        return (lambda state, text: (prefill(state, text), None)), target, speculative.ngram_drafter(vocab)
+
+    return sampling.rounds.Speculation(parts, 0, None, categorical=categorical)
+
+
 
 # =========================================================================== the kinds that hold one
 

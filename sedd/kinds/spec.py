@@ -81,7 +81,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from sedd import drafts, files, kernels, sampling, speculative
+from sedd import files, kernels, sampling, speculative
 import sedd.kinds.causal as causal
 from sedd.kinds.base import network_of, register
 from sedd.kinds.capabilities import Speculates, Tunes
@@ -616,17 +616,11 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
 
     def speculation(self, graphdef, draft=None, k=None, draft_name=None):
         """Rounds of this run's layout (``speculative_parts``), one state shared by target and drafter; with no
-        drafts, the causal half alone (``sedd.kinds.causal.build_speculative_target``, k = 0)."""
+        drafts, the causal half alone (``sedd.kinds.causal.without_drafts``)."""
         layout = self._layout(self.options(draft=draft, draft_k=k))
         categorical = self.config.sampling.categorical
         if not layout.k:
-            never_asked = drafts.Ngram(self.config.vocab_size).parts(1.0, 1.0)[1]  # k = 0: no round drafts
-
-            def causal_parts(temperature, top_p):
-                prefill, target = causal.build_speculative_target(graphdef, temperature, top_p)
-                return (lambda state, text: (prefill(state, text), None)), target, never_asked
-
-            return sampling.rounds.Speculation(causal_parts, 0, None, categorical=categorical)
+            return causal.without_drafts(graphdef, self.config.vocab_size, categorical)
 
         def parts(temperature, top_p):
             prefill, target, drafter = speculative_parts(graphdef, layout, temperature, top_p)
