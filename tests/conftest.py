@@ -33,6 +33,18 @@ jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop jax's in-memory compiled programs after each test file (the persistent cache above keeps them).
+
+    Each compiled CPU program holds memory maps of its own, and the suite compiles thousands: kept all
+    session, one process passed 63,000 maps, and past the kernel's vm.max_map_count (65,530 by default)
+    XLA aborts or segfaults in the next compilation (in tests/test_serve.py, late in the run).
+    """
+    yield
+    jax.clear_caches()
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _OWN:
         shutil.rmtree(_CACHE, ignore_errors=True)
