@@ -451,8 +451,8 @@ lap("training")
 # ## 6. Sampling: running the noise backwards
 #
 # Start from the limit law (all MASK) and step $t \to t - \Delta t$ on a grid
-# from 1 to $\epsilon$ (Sec. 4). Two predictors, registered by name in
-# `sedd.sampling.PREDICTORS`:
+# from 1 to $\epsilon$ (Sec. 4). Two samplers, registered by name in
+# `sedd.sampling.SAMPLERS`:
 #
 # **Euler / tau-leaping** with the learned reverse rate (our row convention):
 #
@@ -474,14 +474,14 @@ steps = config.sampling.steps
 n_show = 2 if FAST else 3
 for name in ("analytic", "euler"):  # the two of the paper; docs/sampling.md has the others
     ids = sampling.sample(jax.random.key(3), score_fn, graph, sched, (n_show, L), steps,
-                          predictor=name, score_params=params).tokens
-    print(f"--- predictor {name!r}, {steps} steps")
+                          sampler=name, score_params=params).tokens
+    print(f"--- sampler {name!r}, {steps} steps")
     for row in np.asarray(ids):
         print("   ", show(row))
 lap("sampling with the trained model")
 
 # %% [markdown]
-# With the absorbing graph and the log-linear schedule the two predictors
+# With the absorbing graph and the log-linear schedule the two samplers
 # coincide: at a mask both give token $y$ the weight
 # $(e^{\Delta\sigma} - 1)\, s_y = \Delta t\, \sigma(t)\, s_y$, and a token never
 # moves, so with one key they draw the same text (`docs/sampling.md`). They
@@ -497,7 +497,7 @@ n_seq = 64 if FAST else 256
 tv = {name: [] for name in ("analytic", "euler")}  # the others are for the absorbing graph
 for name in tv:
     for n in step_grid:
-        ids = sampling.sample(jax.random.key(4), exact_uniform, uniform, geometric, (n_seq, 32), n, predictor=name).tokens
+        ids = sampling.sample(jax.random.key(4), exact_uniform, uniform, geometric, (n_seq, 32), n, sampler=name).tokens
         freq = np.bincount(np.asarray(ids).reshape(-1), minlength=V) / ids.size
         tv[name].append(0.5 * np.abs(freq - pi).sum())
     print(f"{name:>9}: TV to the unigram law " + "  ".join(f"{n} steps {d:.3f}" for n, d in zip(step_grid, tv[name])))
@@ -509,8 +509,8 @@ for name, d in tv.items():
 ax.axhline(floor, color="grey", ls="--", label="exact samples (noise floor)")
 ax.set(xscale="log", xlabel="steps", ylabel="TV distance", title="uniform graph, exact score")
 ax.legend()
-save(fig, "predictors.png")
-lap("predictors with the exact score")
+save(fig, "samplers.png")
+lap("samplers with the exact score")
 
 # %% [markdown]
 # **Watching the denoising.** `sample(..., return_trajectory=True)` also

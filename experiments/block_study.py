@@ -44,7 +44,7 @@ from experiments.timing import format_table, interleaved, machine, median, paire
 from experiments.writing import by_blocks, writer  # noqa: E402
 from sedd import evaluate, figures, runs  # noqa: E402
 
-# (label, predictor, options, steps): a block model's steps are per block (None: one token a step), SEDD's in all
+# (label, sampler, options, steps): a block model's steps are per block (None: one token a step), SEDD's in all
 WHOLE = [("EB 128", "entropy_bound", {}, 128), ("analytic 128", "analytic", {}, 128)]
 BLOCKS = [("EB", "entropy_bound", {}, None), ("threshold 0.9", "confidence", {"threshold": 0.9}, None)]
 ANCESTRAL = [("ancestral", None, {}, None)]
@@ -67,8 +67,8 @@ def study(ar_dir: str, run_dirs: list[str], num_samples: int, length: int, repea
     for workdir in [ar_dir, *run_dirs]:
         run = runs.load(workdir)
         bound = figures.evaluate_run(workdir, num_t=64, batch_size=32, max_batches=eval_batches)
-        for label, predictor, options, steps in samplers(run):
-            samples = np.asarray(writer(run, predictor, options, steps, num_samples, run.seq_len, key)().tokens)
+        for label, sampler, options, steps in samplers(run):
+            samples = np.asarray(writer(run, sampler, options, steps, num_samples, run.seq_len, key)().tokens)
             quality = evaluate.generative_perplexity(figures.judge_nll(judge), samples)
             row = {"model": run.kind.label, "workdir": str(workdir), "sampler": label,
                    "bits_per_char": bound["bits_per_char"], "exact": bound["exact"],
@@ -79,7 +79,7 @@ def study(ar_dir: str, run_dirs: list[str], num_samples: int, length: int, repea
                 row.update(exact_nats_per_char=nll, exact_2se=2 * se, scored_share=scored)
             for batch in (1, 16):
                 fns = {"ar": writer(judge, None, {}, None, batch, length, key),
-                       "this": writer(run, predictor, options, steps, batch, length, key)}
+                       "this": writer(run, sampler, options, steps, batch, length, key)}
                 out = fns["this"]()
                 nfe = int(out.stats["nfe"]) if out.stats else length  # the AR loop: one call a token
                 times = interleaved(fns, repeats)

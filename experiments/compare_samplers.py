@@ -14,7 +14,7 @@ are skipped, with a line saying so: the uniform graph has no masks to order,
 so no first_hitting or confidence there), all with the same judge and seed.
 
 A sampler is NAME[:KEY=VALUE[:KEY=VALUE...]] (a name in
-``sedd.sampling.PREDICTORS`` and keyword options of ``sedd.sampling.sample``:
+``sedd.sampling.SAMPLERS`` and keyword options of ``sedd.sampling.sample``:
 temperature, top_p, corrector_steps, cache, order, max_entropy, schedule,
 eta, ...). Each entry of --steps is an NFE budget: the sampler runs
 (budget - 1) // (1 + corrector_steps) steps (one call each, plus the
@@ -99,8 +99,8 @@ def _value(text: str):
 def parse_sampler(spec: str) -> tuple[str, dict]:
     """"remdm:schedule=loop:eta=0.02" -> ("remdm", {"schedule": "loop", "eta": 0.02})."""
     name, *opts = spec.strip().split(":")
-    if name not in sampling.PREDICTORS:
-        raise ValueError(f"unknown sampler {name!r} in {spec!r}; expected one of {sorted(sampling.PREDICTORS)}")
+    if name not in sampling.SAMPLERS:
+        raise ValueError(f"unknown sampler {name!r} in {spec!r}; expected one of {sorted(sampling.SAMPLERS)}")
     options = {}
     for o in opts:
         if "=" not in o:
@@ -213,7 +213,7 @@ def compare_samplers(
         n_steps = max(1, per_block // (1 + int(opts.get("corrector_steps", 0))))
 
         def call():
-            return run.sample(key, num_samples, steps=n_steps, predictor=name, categorical=categorical,
+            return run.sample(key, num_samples, steps=n_steps, sampler=name, categorical=categorical,
                               return_stats=True, **opts)
 
         start = time.perf_counter()
@@ -363,7 +363,7 @@ def main(argv=None) -> int:
     runs_arg = p.add_mutually_exclusive_group(required=True)
     runs_arg.add_argument("--workdir", help="a trained diffusion run directory")
     runs_arg.add_argument("--workdirs", nargs="+", help="several runs in one report (needs --out)")
-    p.add_argument("--samplers", "--predictors", dest="samplers", default=",".join(DEFAULT_SAMPLERS),
+    p.add_argument("--samplers", default=",".join(DEFAULT_SAMPLERS),
                    help="comma-separated NAME[:KEY=VALUE...] sampler specs")
     p.add_argument("--steps", default=",".join(map(str, DEFAULT_STEPS)),
                    help="comma-separated NFE budgets (positive integers)")

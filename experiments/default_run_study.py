@@ -72,7 +72,7 @@ CANDIDATES = {
     "uniform_t": [*PREVIOUS, "--config.training.t_power=0.0"],  # and SEDD's uniform t
     "sedd_adamw": [*PREVIOUS, "--config.optim.adaln_lr_scale=1.0",
                    "--config.training.t_power=0.0"],  # the original's AdamW and t
-    "analytic": ["--config.sampling.predictor=analytic"],  # the default's training, SEDD's Tweedie sampler
+    "analytic": ["--config.sampling.sampler=analytic"],  # the default's training, SEDD's Tweedie sampler
     "radd": ["--config.model.time_conditioning=False"],  # RADD's time-independent network
     "ar": ["--config.model.kind=ar"],  # the causal baseline of the same size
     # block diffusion (docs/block_diffusion.md): SEDD inside blocks of b letters, AR across them
@@ -135,14 +135,14 @@ def curve(workdir: Path) -> list[tuple[float, float]]:
     return [(r["elapsed_s"] / 60, r["val_estimate_bits_per_char"]) for r in rows if "val_estimate_bits_per_char" in r]
 
 
-def sample_nll(run: runs.Run, chain: MarkovChain, predictor: str | None = None) -> tuple[float, float, float]:
+def sample_nll(run: runs.Run, chain: MarkovChain, sampler: str | None = None) -> tuple[float, float, float]:
     """Exact NLL of the run's samples under the chain, nats/char, its standard error, and the share scored.
 
-    The NUM_SAMPLES samples are drawn by `predictor` (default: the run's
-    config.sampling.predictor) with the run's steps and scored by ``texts_nll``.
+    The NUM_SAMPLES samples are drawn by `sampler` (default: the run's
+    config.sampling.sampler) with the run's steps and scored by ``texts_nll``.
     """
-    predictor = predictor if run.kind.diffuses else None  # a kind that writes left to right takes no sampler
-    return texts_nll(run.generate(jax.random.key(0), NUM_SAMPLES, predictor=predictor), chain)
+    sampler = sampler if run.kind.diffuses else None  # a kind that writes left to right takes no sampler
+    return texts_nll(run.generate(jax.random.key(0), NUM_SAMPLES, sampler=sampler), chain)
 
 
 def any_order_denoiser(run: runs.Run) -> bool:
@@ -331,7 +331,7 @@ def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], step
     """Train one candidate on one corpus (or read its study.json when it has one) and write its figures."""
     workdir = out / corpus / candidate
     result_file = workdir / "study.json"
-    sampler = config_lib.load_config(config_lib.DEFAULT_CONFIG, overrides).sampling.predictor
+    sampler = config_lib.load_config(config_lib.DEFAULT_CONFIG, overrides).sampling.sampler
     if result_file.exists():
         result = json.loads(result_file.read_text())
         if changes := settings_changes(workdir, overrides):
@@ -397,7 +397,7 @@ def table(corpus: str, results: list[dict]) -> str:
         lines += ["", f"Entropy rate {results[0]['rate_bits_per_char']:.3f} bits/char = "
                   f"{results[0]['rate_nats_per_char']:.3f} nats/char, unigram entropy "
                   f"{results[0]['unigram_bits_per_char']:.3f} bits/char. Samples' NLL: {NUM_SAMPLES} samples of the "
-                  "sampler named (config.sampling.predictor of the settings, the run's steps), scored exactly "
+                  "sampler named (config.sampling.sampler of the settings, the run's steps), scored exactly "
                   "under the chain. Random order / surest first: the model's law drawn one letter a step, in "
                   "the absorbing process's random order (the law of `analytic` and `euler`) or lowest denoiser "
                   "entropy first (`entropy_bound`'s order), each letter beside the chain's exact law "

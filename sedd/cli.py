@@ -390,10 +390,9 @@ def _command(argv: list[str] | None) -> int:
     p = sub.add_parser("sample", help="write text with a trained model")
     p.add_argument("--workdir", required=True, help="run directory of a trained model")
     p.add_argument("--steps", type=int, default=None, help="reverse steps (default: the config's)")
-    p.add_argument("--sampler", default=None, help="a sampler of sedd.sampling.PREDICTORS: "
-                   + ", ".join(sampling.PREDICTORS) + " (default: the config's); on the absorbing graph "
+    p.add_argument("--sampler", default=None, help="a sampler of sedd.sampling.SAMPLERS: "
+                   + ", ".join(sampling.SAMPLERS) + " (default: the config's); on the absorbing graph "
                    "with log-linear noise analytic and euler are one kernel and draw the same text")
-    p.add_argument("--predictor", dest="sampler", help="the old name of --sampler")
     p.add_argument("--num_samples", type=int, default=4)
     p.add_argument("--seed", type=int, default=0, help="the same seed gives the same samples")
     escapes = r" (\n, \t and \\ are a newline, a tab and a backslash)"

@@ -150,11 +150,13 @@ optim.muon_lr_scale is read only by Muon, which the shipped configs offered from
 MOVED: dict[str, tuple[str, str | None, Any]] = {
     "model.draft_k": ("model.block_size", "model.kind", "spec"),  # until 2026-12-05
     "model.n_layers": ("model.n_blocks", None, None),  # until 2026-12-06: the original's name
+    "sampling.sampler": ("sampling.predictor", None, None),  # until 2026-12-06: one word for samplers
 }
 """key -> (the key its value was kept in before, and the key and value of the runs that kept it there, None:
 every run): a spec run's drafts a round were its model.block_size until they got a key of their own
 (block_size now means a block run's block length only); the network's transformer layers were
-model.n_blocks, the original's name, until "block" came to mean block diffusion's alone."""
+model.n_blocks, the original's name, until "block" came to mean block diffusion's alone; a run's sampler was its
+sampling.predictor until "sampler" became the one word for them."""
 
 RENAMED_VALUES: dict[str, dict[Any, Any]] = {"model.remat": {"blocks": "layers"}}  # until 2026-12-06
 """key -> {a value saved runs may hold: its name today}."""

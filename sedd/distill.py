@@ -31,7 +31,7 @@ estimate is the student's score-entropy bound estimate, as `sedd train`'s.
 distill.order picks the sampler distilled: "random" (the default), the
 analytic sampler's positions at the schedule's rate; "dilated", the dilated
 sampler's planned order (SEDD runs; N0 must divide the length), whose
-students sample with it by default (sampling.predictor = "dilated").
+students sample with it by default (sampling.sampler = "dilated").
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ DEFAULT_ROUNDS = 3  # 8x fewer steps, the figure the issue (51) asks of a studen
 DEFAULT_DIVERGENCE = "kl_backward"  # SDTT's best; why it is ours too: sedd.sdtt's docstring
 DEFAULT_TARGET = "x0"  # SDTT's target: on Markov text it moved few-step samples where the two-step law did not
 ORDERS = {"random": None, "dilated": "dilated"}
-"""distill.order -> the sampler its students draw with (None: the teacher's sampling.predictor): "random", the
+"""distill.order -> the sampler its students draw with (None: the teacher's sampling.sampler): "random", the
 positions the analytic sampler unmasks at the schedule's rate (``sedd.sdtt.loss_per_position``); "dilated", a
 planned order (``sedd.sampling.Dilated``, ``sedd.sdtt.planned_loss_per_position``)."""
 ARCHITECTURE = ("model.kind", "model.block_size", "model.hidden_size", "model.n_layers", "model.n_heads",
@@ -230,7 +230,7 @@ def distill_config(teacher: str | Path, overrides=(), rounds: int | None = None)
     if d.teacher_steps >= 2 and d.teacher_steps % 2 ** max(d.rounds, 0) == 0:
         c.sampling.steps = d.teacher_steps // 2 ** d.rounds
     if ORDERS.get(d.order):
-        c.sampling.predictor = ORDERS[d.order]
+        c.sampling.sampler = ORDERS[d.order]
     check_distillable(c)
     runs.read_tokenizer(teacher, base.vocab_size)  # a regular file of the teacher's (sedd.files), before any work
     return c

@@ -515,7 +515,7 @@ class Run:
         return kinds.params_score_fn(self.graphdef)((self.params, self.rest), x, sigma)
 
     def sample(self, key: jax.Array, num_samples: int, steps: int | None = None,
-               predictor: str | None = None, **sampler_options) -> sampling.Samples:
+               sampler: str | None = None, **sampler_options) -> sampling.Samples:
         """num_samples sequences drawn by the run's kind, as NumPy arrays in a ``sedd.sampling.Samples``.
 
         Its tokens are int32[num_samples, L] (int32[num_samples, max_length] with max_length). The
@@ -543,12 +543,12 @@ class Run:
                 raise ValueError(f"stop=True ends a text at the tokenizer's end-of-text token, and the "
                                  f"{self.tokenizer.name!r} tokenizer of this run has none")
             sampler_options["stop_id"] = int(self.tokenizer.eos_id)
-        out = self.kind.sample(key, self.net, num_samples, steps, predictor, self.row_sharding(num_samples),
+        out = self.kind.sample(key, self.net, num_samples, steps, sampler, self.row_sharding(num_samples),
                                **sampler_options)
         return jax.tree.map(np.asarray, out)
 
     def generate(self, key: jax.Array, num_samples: int, steps: int | None = None,
-                 predictor: str | None = None, prefix: str | None = None, suffix: str | None = None,
+                 sampler: str | None = None, prefix: str | None = None, suffix: str | None = None,
                  infill: str | None = None, blank: str = "_", **sampler_options) -> list[str]:
         """Texts written by the model, optionally around a prefix, a suffix or an infill template.
 
@@ -556,7 +556,7 @@ class Run:
           key: a ``jax.random`` key.
           num_samples: number of texts.
           steps: reverse steps (default: config.sampling.steps).
-          predictor: a name in ``sedd.sampling.PREDICTORS`` (default: the config's).
+          sampler: a name in ``sedd.sampling.SAMPLERS`` (default: the config's).
           prefix, suffix: text the samples start / end with (the suffix ends
             the whole text, at max_length when that is given).
           infill: a template whose `blank` characters are generated (see
@@ -576,7 +576,7 @@ class Run:
         if mask is not None:
             sampler_options.update(fixed_mask=jnp.asarray(mask), fixed_tokens=jnp.asarray(tokens))
         stop = bool(sampler_options.get("stop"))
-        ids = (out := self.sample(key, num_samples, steps, predictor, **sampler_options)).tokens
+        ids = (out := self.sample(key, num_samples, steps, sampler, **sampler_options)).tokens
         if infill:
             ids = ids[:, : len(infill)]
         if stop:  # each text up to its first end-of-text token

@@ -163,7 +163,7 @@ class Trainer:
     def __init__(self, config, mesh: jax.sharding.Mesh | None = None, zero1: bool | None = None):
         self.config = config
         self.kind = kinds.get(config)
-        self.kind.check_sampler(config.sampling.predictor)  # before training, not at its first evaluation
+        self.kind.check_sampler(config.sampling.sampler)  # before training, not at its first evaluation
         self.tx, self.schedule = build_optimizer(config)
         self.mesh = mesh if mesh is not None else sharding_lib.make_mesh(config.mesh)
         rules = sharding_lib.make_rules(config.mesh.rules)

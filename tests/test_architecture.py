@@ -49,7 +49,7 @@ def test_functions_are_short():
 def test_sample_has_one_signature_and_one_return_type():
     params = inspect.signature(sampling.sample).parameters
     assert len(params) <= 14, list(params)
-    assert list(params)[:11] == ["key", "score_fn", "graph", "noise", "shape", "steps", "predictor", "denoise",
+    assert list(params)[:11] == ["key", "score_fn", "graph", "noise", "shape", "steps", "sampler", "denoise",
                                  "eps", "fixed_mask", "fixed_tokens"]
     graph, sched = graphs.Absorbing(3), noise.LogLinear(1e-3)
 
@@ -75,11 +75,11 @@ def test_options_value_and_keywords_draw_alike():
                                       jax.numpy.zeros(x.shape + (1,))], -1)
 
     key = jax.random.key(1)
-    kw = sampling.sample(key, score_fn, graph, sched, (64, 4), 4, predictor="confidence", order="random",
+    kw = sampling.sample(key, score_fn, graph, sched, (64, 4), 4, sampler="confidence", order="random",
                          top_p=0.9).tokens
-    value = sampling.sample(key, score_fn, graph, sched, (64, 4), 4, predictor="confidence",
+    value = sampling.sample(key, score_fn, graph, sched, (64, 4), 4, sampler="confidence",
                             options=sampling.Options.make(order="random", top_p=0.9)).tokens
-    over = sampling.sample(key, score_fn, graph, sched, (64, 4), 4, predictor="confidence",
+    over = sampling.sample(key, score_fn, graph, sched, (64, 4), 4, sampler="confidence",
                            options=sampling.Options.make(order="random", top_p=0.5), top_p=0.9).tokens
     np.testing.assert_array_equal(kw, value)
     np.testing.assert_array_equal(kw, over)
@@ -188,7 +188,7 @@ def test_serve_and_the_cli_name_no_kind_and_serve_no_sampler():
     sampler's in serve."""
     kind_names = set(kinds.KINDS) | {k.__name__ for k in kinds.KINDS.values()}
     kind_names |= {"prefix_only", "block_size", "block", "speculates", "choose_layout", "layout_of"}
-    names = kind_names | set(sampling.PREDICTORS) | {"ReMDM"} | {type(s).__name__ for s in sampling.PREDICTORS.values()}
+    names = kind_names | set(sampling.SAMPLERS) | {"ReMDM"} | {type(s).__name__ for s in sampling.SAMPLERS.values()}
     found = []
     cli = ast.parse((SEDD / "cli.py").read_text())
     for node in ast.walk(cli):
@@ -251,7 +251,7 @@ def toy_sampler():
     try:
         yield name
     finally:
-        del sampling.PREDICTORS[name]
+        del sampling.SAMPLERS[name]
 
 
 @pytest.mark.parametrize("kind", ["ddit", "block"])
@@ -264,7 +264,7 @@ def test_a_sampler_registered_here_is_driven_by_every_kind_and_served(kind, toy_
     from test_golden import _cached_run
 
     run = _cached_run(kind)
-    out = run.sample(jax.random.key(0), 2, steps=4, predictor=toy_sampler, return_trajectory=True)
+    out = run.sample(jax.random.key(0), 2, steps=4, sampler=toy_sampler, return_trajectory=True)
     tokens, traj = np.asarray(out.tokens), np.asarray(out.trajectory)
     assert tokens.shape == (2, run.seq_len) and tokens.max() < run.config.vocab_size  # no mask left
     mask = run.graph.mask
@@ -313,8 +313,8 @@ class _Unigram(kinds.Kind):
         return evaluate.dataset_nll(lambda x0: nll(net.model, x0), batches, max_batches=max_batches,
                                     chars_per_token=chars_per_token, progress=progress)
 
-    def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):
-        self.check_given(steps=steps, sampler=predictor)
+    def sample(self, key, net, num_samples, steps=None, sampler=None, rows=None, **options):
+        self.check_given(steps=steps, sampler=sampler)
         if set(options) - {"return_stats", "categorical"}:
             raise ValueError(f"a model.kind={self.name!r} run takes no option {sorted(options)}")
         tokens = jax.random.categorical(key, self._logits(net.model, num_samples)).astype(jax.numpy.int32)

@@ -88,21 +88,21 @@ def exact_block_fn(b):
 # --------------------------------------------------------------------------- exact laws
 
 
-@pytest.mark.parametrize("b, predictor, steps", [(1, "analytic", 1), (2, "first_hitting", 2), (2, "confidence", 2),
+@pytest.mark.parametrize("b, sampler, steps", [(1, "analytic", 1), (2, "first_hitting", 2), (2, "confidence", 2),
                                                  (4, "first_hitting", 4)])
-def test_block_sampler_draws_the_exact_law(b, predictor, steps):
+def test_block_sampler_draws_the_exact_law(b, sampler, steps):
     """With P0's exact block scores the block sampler draws P0: b = 1 is P0's AR chain rule, b = L SEDD's sampler.
 
     first_hitting and random-order unmasking are exact at one position a step
     (sedd.sampling); a single masked position is drawn exactly by the analytic
     denoise. TV within the noise bound of N_SAMPLES exact draws.
     """
-    options = {"order": "random"} if predictor == "confidence" else {}
+    options = {"order": "random"} if sampler == "confidence" else {}
     out = block.sample_blocks(jax.random.key(b), exact_scorer(b), None, GRAPH, noise_lib.LogLinear(1e-3), (N_SAMPLES, L),
-                       b, steps, predictor, **options)
+                       b, steps, sampler, **options)
     law = reference.empirical_law(np.asarray(out.tokens), V)
     dist = reference.tv(law, P0)
-    assert dist < reference.tv_noise_bound(P0, N_SAMPLES), (b, predictor, dist)
+    assert dist < reference.tv_noise_bound(P0, N_SAMPLES), (b, sampler, dist)
 
 
 def test_a_prompt_is_kept_and_the_rest_drawn_from_the_conditional_law():
@@ -215,8 +215,8 @@ def _uncached_scorer(graphdef, b, length):
                         lambda params, ctx, x: (jax.lax.dynamic_update_slice(ctx[0], x, (0, ctx[1])), ctx[1] + b))
 
 
-@pytest.mark.parametrize("time_conditioning, predictor", [(True, "entropy_bound"), (False, "analytic")])
-def test_kv_cache_gives_the_uncached_scores_and_samples(time_conditioning, predictor):
+@pytest.mark.parametrize("time_conditioning, sampler", [(True, "entropy_bound"), (False, "analytic")])
+def test_kv_cache_gives_the_uncached_scores_and_samples(time_conditioning, sampler):
     length, b = 8, 2
     model = _network(b, length, time_conditioning=time_conditioning)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -236,7 +236,7 @@ def test_kv_cache_gives_the_uncached_scores_and_samples(time_conditioning, predi
         clean = text[:, i * b:(i + 1) * b]
         ctx_c, ctx_u = commit_c(state, ctx_c, clean), commit_u(state, ctx_u, clean)
     noise = noise_lib.LogLinear(1e-3)
-    draws = [block.sample_blocks(jax.random.key(5), s, state, GRAPH, noise, (4, length), b, 4, predictor).tokens
+    draws = [block.sample_blocks(jax.random.key(5), s, state, GRAPH, noise, (4, length), b, 4, sampler).tokens
              for s in (cached, uncached)]
     np.testing.assert_array_equal(*draws)
 
@@ -295,20 +295,20 @@ def _same_draws_one_call_fewer_a_block(outs, blocks):
                                   np.asarray(outs[1].stats["nfe_per_sample"]) - (blocks - 1))
 
 
-@pytest.mark.parametrize("predictor", ["entropy_bound", "analytic", "confidence"])
-def test_a_blocks_commit_and_its_first_score_are_one_call(predictor):
+@pytest.mark.parametrize("sampler", ["entropy_bound", "analytic", "confidence"])
+def test_a_blocks_commit_and_its_first_score_are_one_call(sampler):
     """With commit_score each block's first sampler call comes with its predecessor's commit: the same draws as
     committing and scoring apart, with one call fewer a block after the first (P0's exact scorer, b = 1)."""
     noise = noise_lib.LogLinear(1e-3)
-    outs = [block.sample_blocks(jax.random.key(3), exact_scorer(1, fused), None, GRAPH, noise, (64, L), 1, 2, predictor,
+    outs = [block.sample_blocks(jax.random.key(3), exact_scorer(1, fused), None, GRAPH, noise, (64, L), 1, 2, sampler,
                          return_stats=True) for fused in (True, False)]
     _same_draws_one_call_fewer_a_block(outs, L)
 
 
 @pytest.mark.slow  # 3 x 10 s on 2 cores; the exact scorer's test above checks the sampler, the windowed
 # forward's test (below) the network's commit_score past the window
-@pytest.mark.parametrize("predictor", ["entropy_bound", "analytic", "confidence"])
-def test_a_blocks_commit_and_its_first_score_are_one_call_in_the_network(predictor):
+@pytest.mark.parametrize("sampler", ["entropy_bound", "analytic", "confidence"])
+def test_a_blocks_commit_and_its_first_score_are_one_call_in_the_network(sampler):
     """As above with the network's KV cache, past its window."""
     length, b = 8, 2
     model = _network(b, length)
@@ -316,7 +316,7 @@ def test_a_blocks_commit_and_its_first_score_are_one_call_in_the_network(predict
     fused = block.network_scorer(graphdef, length, b)
     apart = block.Scorer(fused.init, fused.score, fused.commit)  # no commit_score
     noise = noise_lib.LogLinear(1e-3)
-    outs = [block.sample_blocks(jax.random.key(3), s, (params, rest), GRAPH, noise, (3, 2 * length + 2), b, 2, predictor,
+    outs = [block.sample_blocks(jax.random.key(3), s, (params, rest), GRAPH, noise, (3, 2 * length + 2), b, 2, sampler,
                          return_stats=True) for s in (fused, apart)]
     _same_draws_one_call_fewer_a_block(outs, (2 * length + 2) // b)
 

@@ -28,7 +28,7 @@ def test_sample_help_names_every_registered_sampler(capsys):
         cli.main(["sample", "--help"])
     assert exit_.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help at spaces
-    missing = [name for name in sampling.PREDICTORS if not re.search(rf"\b{name}\b", text)]
+    missing = [name for name in sampling.SAMPLERS if not re.search(rf"\b{name}\b", text)]
     assert not missing, f"`sedd sample --help` does not name {missing}: {text}"
 
 

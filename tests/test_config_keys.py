@@ -405,7 +405,7 @@ def test_every_key_the_code_reads_exists_in_every_shipped_config():
     # The walker sees each kind of module: a sample of the reads it must find.
     found = {r.key for r in reads}
     assert {"training.ema", "optim.lr", "mesh.cpu_devices", "mesh.data", "data.markov.order",
-            "sampling.predictor", "model.hidden_size", "noise.eps"} <= found, sorted(found)
+            "sampling.sampler", "model.hidden_size", "noise.eps"} <= found, sorted(found)
     missing = [str(r) for r in reads if r.key not in keys | FILLED_IN and r.how != "dynamic"]
     assert not missing, "the code reads keys no shipped config defines:\n" + "\n".join(missing)
     fallbacks = [str(r) for r in reads if r.how in FALLBACKS]

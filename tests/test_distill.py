@@ -37,7 +37,7 @@ def _tiny(data_dir, *extra):
     return ["--config.data.name=markov", f"--config.data.markov.vocab_size={V}", "--config.data.markov.order=1",
             "--config.data.markov.num_tokens=20000", f"--config.data.seq_len={L}", f"--config.data.data_dir={data_dir}",
             "--config.model.n_layers=1", "--config.training.eval_samples=0", "--config.training.eval_batches=1",
-            "--config.training.batch_size=32", "--config.sampling.predictor=analytic", *extra]
+            "--config.training.batch_size=32", "--config.sampling.sampler=analytic", *extra]
 
 
 def _distill_overrides(data_dir):
@@ -235,7 +235,7 @@ def test_a_planned_round_moves_the_students_one_step_toward_its_teachers_two_ste
     workdir = tmp_path / "student"
     config = distill.distill_config(teacher, [*_distill_overrides(data_dir), "--config.distill.order=dilated"],
                                     rounds=1)
-    assert config.sampling.predictor == "dilated" and config.sampling.steps == 2
+    assert config.sampling.sampler == "dilated" and config.sampling.steps == 2
     distill.distill(config, workdir, quiet=True)
     t, s = runs.load(teacher), runs.load(workdir)
     before, after = planned_divergences(t, t, 4), planned_divergences(s, t, 4)
@@ -286,7 +286,7 @@ def test_a_distilled_run_samples_evaluates_and_serves(student, capsys):
     stats = run.sample(jax.random.key(0), 4, return_stats=True).stats  # the last round's one step and the denoise
     assert int(stats["nfe"]) <= 2
     for sampler in ("euler", "first_hitting", "confidence"):  # any registered sampler
-        assert len(run.generate(jax.random.key(0), 2, predictor=sampler)) == 2
+        assert len(run.generate(jax.random.key(0), 2, sampler=sampler)) == 2
     pytest.importorskip("starlette")
     from starlette.testclient import TestClient
 

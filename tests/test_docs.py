@@ -50,7 +50,7 @@ def test_every_sampler_list_names_every_registered_sampler(capsys):
     with pytest.raises(SystemExit):
         cli.main(["sample", "--help"])
     helped = " ".join(capsys.readouterr().out.split())
-    for name, sampler in sampling.PREDICTORS.items():
+    for name, sampler in sampling.SAMPLERS.items():
         assert f"`{name}`" in readme, f"README.md does not name the sampler {name!r}"
         assert f'"{name}"' in sampling.__doc__, f"sedd.sampling's docstring does not list {name!r}"
         assert type(sampler).__name__ in sampling.__all__, f"sedd.sampling.__all__ lacks {type(sampler).__name__}"

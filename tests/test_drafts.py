@@ -118,7 +118,7 @@ def test_sample_refuses_what_a_left_to_right_run_cannot_honour(tmp_path, capsys,
                 if field == "suffix":
                     run.generate(jax.random.key(0), 1, prefix="a", suffix="x")
                 else:
-                    run.sample(jax.random.key(0), 1, **{"predictor" if field == "sampler" else field: value})
+                    run.sample(jax.random.key(0), 1, **{field: value})
             assert r.json()["error"]["message"] == str(e.value)
 
 

@@ -137,7 +137,7 @@ def _untrained_markov_run(workdir: Path, graph: str) -> Path:
     config = config_lib.load_config("markov", [
         "--config.model.hidden_size=16", "--config.model.n_layers=1", "--config.model.n_heads=2",
         "--config.model.cond_dim=8", "--config.data.seq_len=8", f"--config.graph.type={graph}",
-        "--config.sampling.predictor=analytic"])
+        "--config.sampling.sampler=analytic"])
     config = ml_collections.ConfigDict(config.to_dict())  # unlocked, as train() fills vocab_size in
     config.vocab_size = config.data.markov.vocab_size
     workdir.mkdir(parents=True)

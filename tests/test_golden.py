@@ -107,19 +107,19 @@ def _samplers(name: str) -> list:
         return [("default", {}), ("t07_p09", {"temperature": 0.7, "top_p": 0.9}),
                 ("token", {"verification": "token"})]
     if name == "uniform":
-        return [("euler", {"predictor": "euler"}), ("analytic", {"predictor": "analytic"}),
-                ("analytic_corrector", {"predictor": "analytic", "corrector_steps": 1})]
+        return [("euler", {"sampler": "euler"}), ("analytic", {"sampler": "analytic"}),
+                ("analytic_corrector", {"sampler": "analytic", "corrector_steps": 1})]
     if name == "timeless":
-        return [("analytic_cache", {"predictor": "analytic", "cache": True}),
-                ("confidence_cache", {"predictor": "confidence", "cache": True})]
-    return [(s, {"predictor": s}) for s in ABSORBING] + [
-        ("confidence_t07_p09", {"predictor": "confidence", "temperature": 0.7, "top_p": 0.9}),
-        ("analytic_t07_p09", {"predictor": "analytic", "temperature": 0.7, "top_p": 0.9}),
-        ("confidence_margin_thr", {"predictor": "confidence", "order": "margin", "threshold": 0.5}),
-        ("confidence_entropy", {"predictor": "confidence", "order": "entropy"}),
-        ("confidence_thr", {"predictor": "confidence", "threshold": 0.3}),
-        ("dilated_strided", {"predictor": "dilated", "order": "strided"}),
-        ("remdm_loop", {"predictor": "remdm", "schedule": "loop"})]
+        return [("analytic_cache", {"sampler": "analytic", "cache": True}),
+                ("confidence_cache", {"sampler": "confidence", "cache": True})]
+    return [(s, {"sampler": s}) for s in ABSORBING] + [
+        ("confidence_t07_p09", {"sampler": "confidence", "temperature": 0.7, "top_p": 0.9}),
+        ("analytic_t07_p09", {"sampler": "analytic", "temperature": 0.7, "top_p": 0.9}),
+        ("confidence_margin_thr", {"sampler": "confidence", "order": "margin", "threshold": 0.5}),
+        ("confidence_entropy", {"sampler": "confidence", "order": "entropy"}),
+        ("confidence_thr", {"sampler": "confidence", "threshold": 0.3}),
+        ("dilated_strided", {"sampler": "dilated", "order": "strided"}),
+        ("remdm_loop", {"sampler": "remdm", "schedule": "loop"})]
 
 
 def _library_cases():
@@ -128,7 +128,7 @@ def _library_cases():
             for sampler, options in _samplers(name):
                 yield f"{name}/{sampler}/{cond}", name, {**prompt, **options}
         if name in ("ddit", "block"):  # text past the model's length
-            yield f"{name}/analytic/long", name, {"predictor": "analytic", "max_length": L + 8, "prefix": "ab"}
+            yield f"{name}/analytic/long", name, {"sampler": "analytic", "max_length": L + 8, "prefix": "ab"}
 
 
 def _library_tokens(run: runs.Run, options: dict, attempt: int) -> dict:
@@ -258,8 +258,8 @@ def test_a_planted_change_fails_the_golden_tokens(plant, monkeypatch):
     case = "ddit/confidence_t07_p09/none"
     options = dict(next(o for c, _, o in LIBRARY if c == case))
     if plant == "order":
-        monkeypatch.setitem(sampling.PREDICTORS, "confidence_swapped", _SwappedOrder())
-        options["predictor"] = "confidence_swapped"
+        monkeypatch.setitem(sampling.SAMPLERS, "confidence_swapped", _SwappedOrder())
+        options["sampler"] = "confidence_swapped"
     else:
         options["temperature"] = 0.75
     with pytest.raises(AssertionError, match="the tokens changed"):

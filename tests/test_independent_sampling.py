@@ -42,7 +42,7 @@ SETUPS = {
     "absorbing": (graphs.Absorbing(V), noise.LogLinear(1e-3)),
     "uniform": (graphs.Uniform(V), noise.Geometric(1e-3, 15.0)),
 }
-PREDICTORS = ("analytic", "euler")
+SAMPLERS = ("analytic", "euler")
 
 X0 = reference.all_sequences(V, L)  # (27, L)
 P0 = np.random.default_rng(0).dirichlet(np.ones(len(X0)))  # (27,)
@@ -83,7 +83,7 @@ def analytic_kernel(graph, s, ds, states):
 
 
 @functools.lru_cache(maxsize=None)
-def reference_law(kind, predictor, steps, fixed=()):
+def reference_law(kind, sampler, steps, fixed=()):
     """The exact law over the 27 clean sequences of the scheme; fixed = ((position, token), ...)."""
     graph, schedule = SETUPS[kind]
     states = reference.all_sequences(graph.dim, L)  # (M, L), M = D^L
@@ -111,7 +111,7 @@ def reference_law(kind, predictor, steps, fixed=()):
         sigma, dsigma = reference.schedule_by_definition(schedule, t)
         sigma_next, _ = reference.schedule_by_definition(schedule, t_next)
         s = ratios(graph, sigma)
-        if predictor == "euler":
+        if sampler == "euler":
             kernel = euler_kernel(graph, s, (t - t_next) * dsigma, states)
         else:
             kernel = analytic_kernel(graph, s, sigma - sigma_next, states)
@@ -128,16 +128,16 @@ def reference_law(kind, predictor, steps, fixed=()):
     return out
 
 
-@pytest.mark.parametrize("predictor", PREDICTORS)
+@pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("kind", SETUPS)
-def test_reference_converges_to_p0(kind, predictor):
+def test_reference_converges_to_p0(kind, sampler):
     """The reference scheme is first order: its error halves each time the steps double."""
-    err = {s: reference.tv(reference_law(kind, predictor, s), P0) for s in (32, 64, 128)}
+    err = {s: reference.tv(reference_law(kind, sampler, s), P0) for s in (32, 64, 128)}
     assert err[128] < 6e-3, err
     assert 1.6 < err[32] / err[64] < 2.4 and 1.6 < err[64] / err[128] < 2.4, err
 
 
-def run_sampler(kind, predictor, fixed=()):
+def run_sampler(kind, sampler, fixed=()):
     graph, schedule = SETUPS[kind]
     shape = (N_SAMPLES, L)
     kwargs = {}
@@ -147,31 +147,31 @@ def run_sampler(kind, predictor, fixed=()):
             mask[:, l], tokens[:, l] = True, token
         kwargs = dict(fixed_mask=mask, fixed_tokens=tokens)
     x = sampling.sample(jax.random.key(1), EXACT[kind], graph, schedule, shape, STEPS,
-                        predictor=predictor, **kwargs).tokens
+                        sampler=sampler, **kwargs).tokens
     assert x.shape == shape and x.dtype == jnp.int32
     return np.asarray(x)
 
 
-@pytest.mark.parametrize("predictor", PREDICTORS)
+@pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("kind", SETUPS)
-def test_sampler_law_is_the_schemes(kind, predictor):
-    x = run_sampler(kind, predictor)
-    want = reference_law(kind, predictor, STEPS)
+def test_sampler_law_is_the_schemes(kind, sampler):
+    x = run_sampler(kind, sampler)
+    want = reference_law(kind, sampler, STEPS)
     got = reference.empirical_law(x, V)  # fails on a MASK left in the output
     assert reference.tv(got, want) < reference.tv_noise_bound(want, N_SAMPLES)
 
 
-@pytest.mark.parametrize("predictor", PREDICTORS)
+@pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize(
     "kind, fixed",
     [("absorbing", ((0, 1),)), ("absorbing", ((L - 1, 2),)), ("uniform", ((0, 2), (L - 1, 0)))],
     ids=["absorbing-prefix", "absorbing-suffix", "uniform-both_ends"],
 )
-def test_conditioned_law_is_the_schemes(kind, fixed, predictor):
+def test_conditioned_law_is_the_schemes(kind, fixed, sampler):
     """Exact conditioning for the absorbing graph, the clamped approximation for the uniform one."""
-    x = run_sampler(kind, predictor, fixed)
+    x = run_sampler(kind, sampler, fixed)
     for l, token in fixed:
         assert (x[:, l] == token).all(), (l, np.unique(x[:, l]))
-    want = reference_law(kind, predictor, STEPS, fixed)
+    want = reference_law(kind, sampler, STEPS, fixed)
     got = reference.empirical_law(x, V)
     assert reference.tv(got, want) < reference.tv_noise_bound(want, N_SAMPLES)

@@ -44,14 +44,18 @@ def test_inference_builds_no_optimizer(tiny_run, monkeypatch, capsys):
     assert "nats_per_token" in capsys.readouterr().out
 
 
-def test_sample_takes_the_sampler_by_its_name_and_by_its_old_one(tiny_run, capsys):
+def test_sample_takes_the_sampler_by_its_name_and_a_saved_runs_old_key_reads_as_it(tiny_run, capsys):
     workdir, _ = tiny_run
     texts = []
-    for flag in ("--sampler", "--predictor"):
+    for sampler in ("first_hitting", "first_hitting", "analytic"):
         assert cli.main(["sample", "--workdir", str(workdir), "--steps", "4", "--num_samples", "2", "--seed", "3",
-                         flag, "first_hitting"]) == 0
+                         "--sampler", sampler]) == 0
         texts.append(capsys.readouterr().out)
-    assert texts[0] == texts[1]
+    assert texts[0] == texts[1] != texts[2]
+    # Runs saved before 2026-12-06 keep their sampler in sampling.predictor: read as today's sampling.sampler.
+    assert config_lib.migrate({"sampling": {"predictor": "euler"}}).sampling.sampler == "euler"
+    with pytest.raises(KeyError, match="config key 'sampling.predictor' is now 'sampling.sampler'"):
+        config_lib.load_config("tiny", ["--config.sampling.predictor=euler"])
     assert cli.main(["sample", "--workdir", str(workdir), "--sampler", "no_such_sampler"]) != 0
 
 

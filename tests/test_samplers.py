@@ -95,13 +95,13 @@ def counted(score_fn):
     return fn, calls
 
 
-def draw(predictor, steps, n=N_SAMPLES, graph=ABSORBING, sched=LOGLINEAR, score_fn=None, seed=0, **kw):
+def draw(sampler, steps, n=N_SAMPLES, graph=ABSORBING, sched=LOGLINEAR, score_fn=None, seed=0, **kw):
     """Samples and stats of sampling.sample; every draw checks its reported NFE against the calls counted."""
     score_fn, calls = counted(score_fn or EXACT["absorbing" if graph.absorb else "uniform"])
     out = sampling.sample(jax.random.key(seed), score_fn, graph, sched, (n, L), steps,
-                          predictor=predictor, return_stats=True, **kw)
+                          sampler=sampler, return_stats=True, **kw)
     jax.effects_barrier()
-    assert int(out.stats["nfe"]) == len(calls), (predictor, kw, int(out.stats["nfe"]), len(calls))
+    assert int(out.stats["nfe"]) == len(calls), (sampler, kw, int(out.stats["nfe"]), len(calls))
     traj = () if out.trajectory is None else (np.asarray(out.trajectory),)
     return (np.asarray(out.tokens), *traj, out.stats)
 
@@ -110,7 +110,7 @@ def draw(predictor, steps, n=N_SAMPLES, graph=ABSORBING, sched=LOGLINEAR, score_
 
 
 @pytest.mark.parametrize(
-    "predictor, steps, options, margin",
+    "sampler, steps, options, margin",
     [
         ("first_hitting", L, {}, 0.0),
         ("confidence", L, {"order": "random"}, 0.0),
@@ -121,12 +121,12 @@ def draw(predictor, steps, n=N_SAMPLES, graph=ABSORBING, sched=LOGLINEAR, score_
     ],
     ids=["first_hitting", "any_order_ar", "dilated_order", "remdm_cap", "remdm_rescale", "remdm_loop"],
 )
-def test_exact_samplers_reproduce_p0(predictor, steps, options, margin):
+def test_exact_samplers_reproduce_p0(sampler, steps, options, margin):
     """first_hitting and random- or dilated-order unmasking one position a step are exact at L steps
     (no allowance); ReMDM keeps MDLM's marginals and is held to the 64-step allowance."""
-    x, stats = draw(predictor, steps, **options)
+    x, stats = draw(sampler, steps, **options)
     dist = reference.tv(reference.empirical_law(x, V), P0)
-    print(f"{predictor} {options} steps={steps}: TV={dist:.4f} bound={NOISE_BOUND + margin:.4f} "
+    print(f"{sampler} {options} steps={steps}: TV={dist:.4f} bound={NOISE_BOUND + margin:.4f} "
           f"nfe={int(stats['nfe'])}")
     assert dist < NOISE_BOUND + margin
 
@@ -178,13 +178,13 @@ def test_corrector_is_no_worse(graph_name):
 
 
 FAST = ("analytic", "confidence")  # the rest of the samplers share the code; they run with -m slow
-ALL = [p if p in FAST else pytest.param(p, marks=pytest.mark.slow) for p in sorted(sampling.PREDICTORS)]
+ALL = [p if p in FAST else pytest.param(p, marks=pytest.mark.slow) for p in sorted(sampling.SAMPLERS)]
 
 
-@pytest.mark.parametrize("predictor", ALL)
-def test_temperature_one_and_top_p_one_are_the_base_sampler(predictor):
-    base, _ = draw(predictor, 8, n=256)
-    same, _ = draw(predictor, 8, n=256, temperature=1.0, top_p=1.0)
+@pytest.mark.parametrize("sampler", ALL)
+def test_temperature_one_and_top_p_one_are_the_base_sampler(sampler):
+    base, _ = draw(sampler, 8, n=256)
+    same, _ = draw(sampler, 8, n=256, temperature=1.0, top_p=1.0)
     np.testing.assert_array_equal(base, same)
 
 
@@ -218,20 +218,20 @@ def test_large_vocabulary_steps_keep_the_law():
     assert reference.tv(got, want) < reference.tv_noise_bound(want, int(np.sum(out != graph.mask)))
 
 
-@pytest.mark.parametrize("predictor", ALL)
-def test_top_p_never_leaves_the_nucleus(predictor):
+@pytest.mark.parametrize("sampler", ALL)
+def test_top_p_never_leaves_the_nucleus(sampler):
     keep = nucleus_sets(PRODUCT, 0.6)
     x = sampling.sample(jax.random.key(3), product_score, PRODUCT_GRAPH, LOGLINEAR, (512, L2), 8,
-                        predictor=predictor, top_p=0.6).tokens
+                        sampler=sampler, top_p=0.6).tokens
     x = np.asarray(x)
     assert x.max() < V2
     inside = keep[np.arange(L2)[None, :], x]
     assert inside.all(), f"{(~inside).sum()} tokens outside the nucleus"
-    if predictor != "confidence" and predictor in FAST:
+    if sampler != "confidence" and sampler in FAST:
         return
     # Temperature 0 takes the most probable token everywhere.
     x = np.asarray(sampling.sample(jax.random.key(4), product_score, PRODUCT_GRAPH, LOGLINEAR, (64, L2), 8,
-                                   predictor=predictor, temperature=0.0).tokens)
+                                   sampler=sampler, temperature=0.0).tokens)
     np.testing.assert_array_equal(x, np.broadcast_to(PRODUCT.argmax(-1), x.shape))
 
 
@@ -240,7 +240,7 @@ def test_top_p_never_leaves_the_nucleus(predictor):
 def test_confidence_unmasks_its_scheduled_count(order):
     steps = 5
     traj = sampling.sample(jax.random.key(5), product_score, PRODUCT_GRAPH, LOGLINEAR, (64, L2), steps,
-                           predictor="confidence", order=order, return_trajectory=True).trajectory
+                           sampler="confidence", order=order, return_trajectory=True).trajectory
     masked = (np.asarray(traj) == PRODUCT_GRAPH.mask).sum(-1)  # (N + 1, B)
     for n in range(steps):
         want = -(-masked[n] // (steps - n))  # ceil(masked / steps left)
@@ -259,19 +259,19 @@ def test_planned_orders_write_their_positions(order):
     graph = graphs.Absorbing(3)
     score = lambda x, sigma: jnp.zeros(x.shape + (4,))  # noqa: E731  any tokens: the order is by position alone
     traj = np.asarray(sampling.sample(jax.random.key(0), score, graph, LOGLINEAR, (5, length), steps,
-                                      predictor="dilated", order=order, return_trajectory=True).trajectory)
+                                      sampler="dilated", order=order, return_trajectory=True).trajectory)
     for n in range(steps):
         written = (traj[n] == graph.mask) & (traj[n + 1] != graph.mask)  # (B, L)
         np.testing.assert_array_equal(written, np.broadcast_to((rank // (length // steps)) == n, written.shape))
     with pytest.raises(ValueError, match="takes order in"):
-        sampling.sample(jax.random.key(0), score, graph, LOGLINEAR, (1, length), steps, predictor="dilated",
+        sampling.sample(jax.random.key(0), score, graph, LOGLINEAR, (1, length), steps, sampler="dilated",
                         order="confidence")
 
 
 def test_entropy_bound_respects_its_bound():
     bound, steps = 1.0, L2
     out = sampling.sample(jax.random.key(6), product_score, PRODUCT_GRAPH, LOGLINEAR, (256, L2),
-                          steps, predictor="entropy_bound", max_entropy=bound,
+                          steps, sampler="entropy_bound", max_entropy=bound,
                           return_trajectory=True, return_stats=True)
     traj, stats = out.trajectory, out.stats
     traj = np.asarray(traj) == PRODUCT_GRAPH.mask  # (N + 1, B, L2) masked
@@ -293,7 +293,7 @@ def test_entropy_bound_respects_its_bound():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "predictor, steps, n, options, kind",
+    "sampler, steps, n, options, kind",
     [
         ("analytic", 16, 8, {}, "absorbing"),
         ("analytic", 16, 1, {"cache": True}, "time_independent"),
@@ -305,18 +305,18 @@ def test_entropy_bound_respects_its_bound():
         ("remdm", 16, 4, {"schedule": "loop"}, "absorbing"),
     ],
 )
-def test_nfe_is_the_number_of_calls(predictor, steps, n, options, kind):
+def test_nfe_is_the_number_of_calls(sampler, steps, n, options, kind):
     """More cases than the draws of the default tests (each of which checks its NFE in ``draw``)."""
     graph, sched = (UNIFORM, GEOMETRIC) if kind == "uniform" else (ABSORBING, LOGLINEAR)
     base = {"absorbing": EXACT["absorbing"], "uniform": EXACT["uniform"], "time_independent": TIME_INDEPENDENT}
-    x, traj, stats = draw(predictor, steps, n=n, graph=graph, sched=sched, score_fn=base[kind],
+    x, traj, stats = draw(sampler, steps, n=n, graph=graph, sched=sched, score_fn=base[kind],
                           return_trajectory=True, **options)
-    if predictor == "analytic" and kind != "uniform":
+    if sampler == "analytic" and kind != "uniform":
         has_mask = (traj == graph.mask).any(-1)  # (N + 1, n): the states the steps and the denoise start from
         if options.get("cache"):
             has_mask &= np.concatenate([np.ones((1, n), bool), (traj[1:] != traj[:-1]).any(-1)])
         np.testing.assert_array_equal(np.asarray(stats["nfe_per_sample"]), has_mask.sum(0))
-    if predictor == "first_hitting":
+    if sampler == "first_hitting":
         assert x.max() < V and int(stats["nfe"]) == steps + 1  # the denoise fills what 2 steps left
 
 
@@ -354,7 +354,7 @@ def test_blocks_generate_past_the_window():
     mask[:, 0] = True
     tokens = np.ones((n, 8), np.int32)
     out = sampling.sample_long(jax.random.key(8), EXACT["absorbing"], ABSORBING, LOGLINEAR, (n, L), L, 8, 2,
-                               predictor="first_hitting", return_stats=True, fixed_mask=mask, fixed_tokens=tokens)
+                               sampler="first_hitting", return_stats=True, fixed_mask=mask, fixed_tokens=tokens)
     x, stats = out.tokens, out.stats
     x = np.asarray(x)
     assert x.shape == (n, 8) and x.max() < V and (x[:, 0] == 1).all()
@@ -422,33 +422,33 @@ def test_large_vocabulary_draws_tiny_probabilities_at_their_rate():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(predictor="first_hitting", graph=UNIFORM), "absorbing graph"),
-        (dict(predictor="analytic", graph=UNIFORM, temperature=0.5), "absorbing graph only"),
-        (dict(predictor="analytic", graph=UNIFORM, top_p=0.9), "absorbing graph only"),
-        (dict(predictor="analytic", graph=UNIFORM, cache=True), "absorbing graph only"),
-        (dict(predictor="first_hitting", corrector_steps=1), "cannot honour corrector_steps"),
-        (dict(predictor="remdm", corrector_steps=1), "cannot honour corrector_steps"),
+        (dict(sampler="first_hitting", graph=UNIFORM), "absorbing graph"),
+        (dict(sampler="analytic", graph=UNIFORM, temperature=0.5), "absorbing graph only"),
+        (dict(sampler="analytic", graph=UNIFORM, top_p=0.9), "absorbing graph only"),
+        (dict(sampler="analytic", graph=UNIFORM, cache=True), "absorbing graph only"),
+        (dict(sampler="first_hitting", corrector_steps=1), "cannot honour corrector_steps"),
+        (dict(sampler="remdm", corrector_steps=1), "cannot honour corrector_steps"),
         (dict(temperature=-1.0), "temperature"),
         (dict(top_p=0.0), "top_p"),
         (dict(top_p=1.5), "top_p"),
         (dict(corrector_steps=-1), "corrector_steps"),
         (dict(cache=1), "cache"),
         (dict(order="random"), r"takes no option \['order'\]"),
-        (dict(predictor="confidence", order="left"), "unknown order"),
-        (dict(predictor="entropy_bound", max_entropy=-1.0), "max_entropy"),
-        (dict(predictor="remdm", schedule="cosine"), "unknown schedule"),
-        (dict(predictor="remdm", eta=2.0), "eta"),
-        (dict(predictor="remdm", t_on=0.01, t_off=0.05), "t_off < t_on"),
+        (dict(sampler="confidence", order="left"), "unknown order"),
+        (dict(sampler="entropy_bound", max_entropy=-1.0), "max_entropy"),
+        (dict(sampler="remdm", schedule="cosine"), "unknown schedule"),
+        (dict(sampler="remdm", eta=2.0), "eta"),
+        (dict(sampler="remdm", t_on=0.01, t_off=0.05), "t_off < t_on"),
         (dict(max_length=8, return_trajectory=True), "return_trajectory"),
         (dict(max_length=2), "max_length must be an integer >= "),
         (dict(options={"temperature": 0.5}), "options must be a sedd.sampling.Options"),
-        (dict(predictor="first_hitting", options=sampling.Options(corrector_steps=1)),
+        (dict(sampler="first_hitting", options=sampling.Options(corrector_steps=1)),
          "cannot honour corrector_steps"),
         (dict(max_length=8, block_length=4), "block_length"),
     ],
 )
 def test_option_errors(kwargs, match):
-    args = dict(graph=ABSORBING, predictor="analytic")
+    args = dict(graph=ABSORBING, sampler="analytic")
     args.update(kwargs)
     graph = args.pop("graph")
     score_fn = EXACT["absorbing" if graph.absorb else "uniform"]
@@ -460,20 +460,20 @@ def test_option_errors(kwargs, match):
             sampling.sample(jax.random.key(0), score_fn, graph, sched, (4, L), 3, **args)
 
 
-def test_a_predictor_function_takes_no_generic_option():
-    name = "test_function_predictor"
+def test_a_sampler_function_takes_no_generic_option():
+    name = "test_function_sampler"
 
-    @sampling.register_predictor(name)
+    @sampling.register_sampler(name)
     def stay(key, score_fn, graph, noise, x, t, dt, categorical):
         score_fn(x, jnp.full(x.shape[:1], 1.0))
         return x
 
     try:
         stats = sampling.sample(jax.random.key(0), EXACT["absorbing"], ABSORBING, LOGLINEAR, (4, L), 3,
-                                predictor=name, denoise=False, return_stats=True).stats
+                                sampler=name, denoise=False, return_stats=True).stats
         assert int(stats["nfe"]) == 3  # one call a step, counted while tracing
         with pytest.raises(ValueError, match="cannot honour temperature"):
             sampling.sample(jax.random.key(0), EXACT["absorbing"], ABSORBING, LOGLINEAR, (4, L), 3,
-                            predictor=name, temperature=0.5)
+                            sampler=name, temperature=0.5)
     finally:
-        del sampling.PREDICTORS[name]
+        del sampling.SAMPLERS[name]

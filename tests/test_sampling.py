@@ -76,18 +76,18 @@ def test_exact_score_matches_enumeration(graph_name):
                 np.testing.assert_allclose(got[:, l, y], want, atol=2e-5, err_msg=f"{sigma} {l} {y}")
 
 
-@pytest.mark.parametrize("predictor", ["analytic", "euler"])
+@pytest.mark.parametrize("sampler", ["analytic", "euler"])
 @pytest.mark.parametrize("graph_name", ["absorbing", "uniform"])
-def test_sampler_matches_p0(graph_name, predictor):
+def test_sampler_matches_p0(graph_name, sampler):
     graph, sched = SETUPS[graph_name]
     x = sampling.sample(jax.random.key(0), EXACT[graph_name], graph, sched, (N_SAMPLES, L),
-                        STEPS, predictor=predictor).tokens
+                        STEPS, sampler=sampler).tokens
     x = np.asarray(x)
     assert x.dtype == np.int32 and x.shape == (N_SAMPLES, L)
     assert x.min() >= 0 and x.max() < V
     dist = reference.tv(reference.empirical_law(x, V), P0)
     bound = tv_bound(P0, N_SAMPLES, MARGIN)
-    print(f"{graph_name} {predictor} steps={STEPS} n={N_SAMPLES}: TV={dist:.4f} bound={bound:.4f}")
+    print(f"{graph_name} {sampler} steps={STEPS} n={N_SAMPLES}: TV={dist:.4f} bound={bound:.4f}")
     assert dist < bound
 
 
@@ -218,21 +218,21 @@ def test_score_params_are_traced():
     assert len(traces) == 2
 
 
-def test_registered_predictor_is_used():
+def test_a_registered_sampler_is_used():
     name = "test_stay_put"
 
-    @sampling.register_predictor(name)
+    @sampling.register_sampler(name)
     def stay(key, score_fn, graph, noise, x, t, dt, categorical):
         return x
 
     try:
         with pytest.raises(ValueError, match="already registered"):
-            sampling.register_predictor(name)(stay)
+            sampling.register_sampler(name)(stay)
         x = sampling.sample(jax.random.key(7), EXACT["absorbing"], ABSORBING, LOGLINEAR,
-                            (4, L), 3, predictor=name, denoise=False).tokens
+                            (4, L), 3, sampler=name, denoise=False).tokens
         assert bool(jnp.all(x == ABSORBING.mask))
     finally:
-        del sampling.PREDICTORS[name]
+        del sampling.SAMPLERS[name]
 
 
 def test_gumbel32_runs():
@@ -247,7 +247,7 @@ def test_gumbel32_runs():
     [
         (dict(steps=0), "steps"),
         (dict(steps=2.5), "steps"),
-        (dict(predictor="heun"), r"unknown predictor 'heun'.*analytic.*euler"),
+        (dict(sampler="heun"), r"unknown sampler 'heun'.*analytic.*euler"),
         (dict(categorical="float16"), r"unknown categorical method 'float16'"),
         (dict(final="mode"), "unknown final"),
         (dict(final="argmax", denoise=False), "denoise"),
@@ -289,15 +289,15 @@ def test_unfixed_positions_of_fixed_tokens_are_ignored():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("predictor", ["analytic", "euler"])
+@pytest.mark.parametrize("sampler", ["analytic", "euler"])
 @pytest.mark.parametrize("graph_name", ["absorbing", "uniform"])
-def test_sampler_matches_p0_many_steps(graph_name, predictor):
+def test_sampler_matches_p0_many_steps(graph_name, sampler):
     """Tighter: 256 steps, 100k samples, a quarter of the margin."""
     graph, sched = SETUPS[graph_name]
     n = 100_000
     x = sampling.sample(jax.random.key(10), EXACT[graph_name], graph, sched, (n, L), 256,
-                        predictor=predictor).tokens
+                        sampler=sampler).tokens
     dist = reference.tv(reference.empirical_law(x, V), P0)
     bound = tv_bound(P0, n, MARGIN / 4)
-    print(f"{graph_name} {predictor} steps=256 n={n}: TV={dist:.4f} bound={bound:.4f}")
+    print(f"{graph_name} {sampler} steps=256 n={n}: TV={dist:.4f} bound={bound:.4f}")
     assert dist < bound

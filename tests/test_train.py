@@ -36,13 +36,13 @@ def read_metrics(workdir):
 
 
 def test_a_sampler_the_graph_cannot_run_fails_before_training(data_dir, tmp_path):
-    c = tiny(data_dir, **{"graph.type": "uniform", "noise.type": "geometric"})  # sampling.predictor: entropy_bound
-    with pytest.raises(ValueError, match="sampling.predictor='entropy_bound' runs on the absorbing graph.*"
-                                         "--config.sampling.predictor=analytic"):
+    c = tiny(data_dir, **{"graph.type": "uniform", "noise.type": "geometric"})  # sampling.sampler: entropy_bound
+    with pytest.raises(ValueError, match="sampling.sampler='entropy_bound' runs on the absorbing graph.*"
+                                         "--config.sampling.sampler=analytic"):
         train_lib.train(c, tmp_path / "run", quiet=True)
     assert not (tmp_path / "run" / "checkpoints").exists()
-    with pytest.raises(ValueError, match="unknown sampling.predictor 'tweedie'"):
-        train_lib.train(tiny(data_dir, **{"sampling.predictor": "tweedie"}), tmp_path / "run2", quiet=True)
+    with pytest.raises(ValueError, match="unknown sampling.sampler 'tweedie'"):
+        train_lib.train(tiny(data_dir, **{"sampling.sampler": "tweedie"}), tmp_path / "run2", quiet=True)
 
 
 @pytest.mark.dtypes  # end to end: .ci/run runs it again in the other compute dtype
@@ -51,7 +51,7 @@ def test_tiny_run_end_to_end(graph, data_dir, tmp_path):
     c = tiny(data_dir, **{"graph.type": graph, "training.n_iters": 6, "training.log_every": 3,
                           "training.eval_every": 6, "noise.type": "geometric" if graph == "uniform" else "loglinear",
                           # the default's surest-first sampler unmasks: the uniform graph takes SEDD's Tweedie
-                          "sampling.predictor": "analytic" if graph == "uniform" else "entropy_bound"})
+                          "sampling.sampler": "analytic" if graph == "uniform" else "entropy_bound"})
     result = train_lib.train(c, tmp_path / "run", quiet=True)
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [3, 6]

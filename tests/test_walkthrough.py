@@ -25,7 +25,7 @@ FIGURES = (
     "forward_process.png",
     "score_entropy.png",
     "training.png",
-    "predictors.png",
+    "samplers.png",
     "denoising.png",
     "likelihood_integrand.png",
 )

@@ -7,7 +7,7 @@ command line and dispatches:
 
   python experiments/benchmarks/bench.py train    [--quick] [--json PATH] [--config NAME --batch_sizes B] ...
                                                    tokens/s, FLOPs/token, MFU, peak memory (a GPU's)
-  python experiments/benchmarks/bench.py sampler  [--quick] ...   predictor step / forward pass
+  python experiments/benchmarks/bench.py sampler  [--quick] ...   sampler step / forward pass
   python experiments/benchmarks/bench.py ar       [--quick] ...   diffusion vs AR time to L tokens
   python experiments/benchmarks/bench.py block    [--quick] [--workdirs RUN ...] ...   AR, SEDD, block models: N tokens
   python experiments/benchmarks/bench.py bound    [--quick] [--block_sizes B ...] ...  the likelihood bound of a batch:

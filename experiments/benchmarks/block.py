@@ -51,10 +51,10 @@ def _writers(config, length: int, batch: int, block_sizes: list[int], sedd_steps
         run = blocks.get(b)
         kind, net = (run.kind, run.net) if run else nets.random_net(config, "block", b)
         if run:
-            options, what = dict(predictor="confidence", threshold=0.9), "confidence, threshold 0.9, <= b steps"
+            options, what = dict(sampler="confidence", threshold=0.9), "confidence, threshold 0.9, <= b steps"
             steps = b
         else:
-            options, what = dict(predictor="confidence"), f"confidence, {per_step} tokens a step"
+            options, what = dict(sampler="confidence"), f"confidence, {per_step} tokens a step"
             steps = max(b // per_step, 1)
         fn = functools.partial(kind.sample, key, net, batch, steps, max_length=length, return_stats=True, **options)
         out[f"block b={b}"] = (fn, b, what)

@@ -209,7 +209,7 @@ def run_decode(quick: bool, args) -> dict:
     for b in ([] if args.no_block else args.block_sizes):
         kind, net = nets.random_net(config, "block", b)
         steps = max(b // per_step, 1)
-        fn = functools.partial(kind.sample, key, net, batch, steps, predictor="confidence", max_length=length,
+        fn = functools.partial(kind.sample, key, net, batch, steps, sampler="confidence", max_length=length,
                                return_stats=True)
         nfe = int(fn().stats["nfe"])  # also compiles
         blocks[f"block b={b}, {min(per_step, b)} tokens a call"] = (fn, nfe)

@@ -13,7 +13,7 @@ from sedd import sampling
 
 
 def bench_sampler(config, batch: int, repeats: int = 5, t: float = 0.5, steps: int = 128,
-                  loop_steps: int = 16, predictors: list[str] | None = None,
+                  loop_steps: int = 16, samplers: list[str] | None = None,
                   key_impls: tuple[str, ...] = ("rbg",)) -> dict:
     """One sampler step divided by one plain forward pass, per sampler and categorical method.
 
@@ -35,14 +35,14 @@ def bench_sampler(config, batch: int, repeats: int = 5, t: float = 0.5, steps: i
     fwd = jax.jit(score_fn)
     fns = {"forward": lambda: fwd(params, x, sigma)}
     t_, dt = jnp.float32(t), jnp.float32(1.0 / steps)
-    names = predictors or [p for p in sorted(sampling.PREDICTORS)
-                           if graph.absorb or "uniform" in sampling.PREDICTORS[p].graphs]
+    names = samplers or [p for p in sorted(sampling.SAMPLERS)
+                           if graph.absorb or "uniform" in sampling.SAMPLERS[p].graphs]
     for name in names:
 
         @jax.jit
         def step(params, key, x, name=name, cat="precise"):
             return sampling.one_step(key, functools.partial(score_fn, params), graph, noise, x, t_, dt,
-                                     predictor=name, categorical=cat)
+                                     sampler=name, categorical=cat)
 
         for cat in sampling.CATEGORICAL_METHODS:
             step_c = jax.jit(functools.partial(step.__wrapped__, cat=cat))
@@ -66,27 +66,27 @@ def bench_sampler(config, batch: int, repeats: int = 5, t: float = 0.5, steps: i
         "graph_dim": graph.dim,
         "forward_s": median(times["forward"]),
         "ratio_to_forward": ratios,
-        "default_path": f"{config.sampling.predictor}/{config.sampling.categorical}",
+        "default_path": f"{config.sampling.sampler}/{config.sampling.categorical}",
         "times_s": times,
     }
 
 
 def run_sampler(quick: bool, args) -> dict:
-    """The sampler benchmark: time of a predictor step relative to a forward pass; dict with a table."""
+    """The sampler benchmark: time of a sampler step relative to a forward pass; dict with a table."""
     if quick:
         cases = [(nets.bench_config("tiny", vocab_size=1000), 4)]
-        repeats, loop_steps, predictors, key_impls = 2, 4, ["analytic"], ()
+        repeats, loop_steps, samplers, key_impls = 2, 4, ["analytic"], ()
     else:
         cases = [
             (nets.bench_config(), args.batch),  # the default char model (sedd/configs/shakespeare_char.py), V 85
             (nets.bench_config(vocab_size=50257, hidden_size=128, n_layers=2, n_heads=2, cond_dim=64,
                                seq_len=128), args.batch_gpt2),
         ]
-        repeats, loop_steps, predictors, key_impls = args.repeats, 16, None, ("rbg",)
+        repeats, loop_steps, samplers, key_impls = args.repeats, 16, None, ("rbg",)
     for c, _ in cases:
         if args.dtype:
             c.model.dtype = args.dtype
-    results = [bench_sampler(c, b, repeats=repeats, loop_steps=loop_steps, predictors=predictors,
+    results = [bench_sampler(c, b, repeats=repeats, loop_steps=loop_steps, samplers=samplers,
                              key_impls=key_impls) for c, b in cases]
     rows = []
     for r in results:
@@ -94,7 +94,7 @@ def run_sampler(quick: bool, args) -> dict:
         for k, v in r["ratio_to_forward"].items():
             rows.append([m["hidden_size"], m["n_layers"], m["seq_len"], m["batch_size"], m["vocab_size"],
                          k, f"{r['forward_s'] * 1e3:.1f}", f"{v:.3f}"])
-    table = format_table(["H", "blocks", "L", "B", "V", "step (predictor/categorical)", "forward ms",
+    table = format_table(["H", "blocks", "L", "B", "V", "step (sampler/categorical)", "forward ms",
                           "step / forward"], rows)
     return {"benchmark": "sampler", "results": results, "table": table}
 

@@ -168,7 +168,7 @@ class Ours:
         def once(key):
             return self.sampling.sample(
                 key, self.score_fn, self.trainer.kind.graph, self.trainer.kind.noise, (args.batch, args.length),
-                args.sample_steps, predictor="analytic", denoise=True, eps=c.sampling.eps,
+                args.sample_steps, sampler="analytic", denoise=True, eps=c.sampling.eps,
                 score_params=(self.state["params"], self.trainer.rest), return_stats=True)
 
         if self.nfe is None:  # compile
@@ -200,7 +200,7 @@ def ours_config(args):
     # configs/config.yaml of the original
     c.optim.update(optimizer="adamw", lr=3e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, warmup=2500,
                    schedule="constant", grad_clip=1.0)
-    c.sampling.update(predictor="analytic", steps=args.sample_steps, eps=1e-5)
+    c.sampling.update(sampler="analytic", steps=args.sample_steps, eps=1e-5)
     c.mesh.cpu_devices = args.cpu_devices
     return c
 

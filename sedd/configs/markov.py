@@ -39,5 +39,5 @@ def get_config():
     c.model.normalize = False  # SEDD's score output, as those figures were measured
     c.optim.warmup = 100
     c.sampling.steps = 32
-    c.sampling.predictor = "analytic"  # as the figures of docs/sampling.md and the README were drawn
+    c.sampling.sampler = "analytic"  # as the figures of docs/sampling.md and the README were drawn
     return c

@@ -43,5 +43,5 @@ def get_config():
     c.optim.warmup = 2500
     c.optim.schedule = "constant"
     c.sampling.steps = 1024
-    c.sampling.predictor = "analytic"  # the original's Tweedie sampler
+    c.sampling.sampler = "analytic"  # the original's Tweedie sampler
     return c

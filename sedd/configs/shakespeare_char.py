@@ -98,9 +98,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.optim.adaln_lr_scale = 0.1  # lr multiplier of the adaLN modulation kernels (1.0 = the original SEDD)
 
     c.sampling = ml_collections.ConfigDict()
-    # the surest positions first (EB-sampler; absorbing graph only), or any name in sedd.sampling.PREDICTORS:
+    # the surest positions first (EB-sampler; absorbing graph only), or any name in sedd.sampling.SAMPLERS:
     # "analytic" (SEDD's Tweedie tau-leaping; also on the uniform graph), "euler", "first_hitting", ...
-    c.sampling.predictor = "entropy_bound"
+    c.sampling.sampler = "entropy_bound"
     c.sampling.steps = 128  # reverse steps
     c.sampling.categorical = "precise"  # "precise" (exact small probabilities) or "gumbel32"
     c.sampling.eps = 1e-5  # the last time of the reverse grid

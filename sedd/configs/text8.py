@@ -33,5 +33,5 @@ def get_config():
     c.optim.optimizer = "adamw"  # as SEDD's and MD4's text8 runs (Muon is measured on the CPU default only)
     c.model.normalize = False  # SEDD's score output, as its text8 runs
     c.sampling.steps = 256
-    c.sampling.predictor = "analytic"  # SEDD's Tweedie sampler, as the field's text8 samples
+    c.sampling.sampler = "analytic"  # SEDD's Tweedie sampler, as the field's text8 samples
     return c

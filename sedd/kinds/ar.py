@@ -224,7 +224,7 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts):
         return causal.sequence_nll(model, x0, deterministic=not train, rngs=rngs,
                                    chunk=self.config.training.loss_chunk)
 
-    def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):
+    def sample(self, key, net, num_samples, steps=None, sampler=None, rows=None, **options):
         """L ancestral steps with the KV cache (``causal.ancestral``; temperature 0 the argmax); rows is not used.
 
         With draft: speculative sampling (``speculative_sample``), the same law
@@ -238,7 +238,7 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts):
           ValueError: steps or a sampler (``check_given``); an option ``options`` refuses; draft_k without a
             draft; a drafter's refusal (``sedd.drafts.Drafter.checked``).
         """
-        self.check_given(steps=steps, sampler=predictor)
+        self.check_given(steps=steps, sampler=sampler)
         o = self.options(**options)
         length = self.config.data.seq_len
         if o.draft is not None:

@@ -196,20 +196,20 @@ class Kind:
         raise NotImplementedError
 
     def sample(self, key: jax.Array, net: Net, num_samples: int, steps: int | None = None,
-               predictor: str | None = None, rows: jax.sharding.Sharding | None = None,
+               sampler: str | None = None, rows: jax.sharding.Sharding | None = None,
                **options) -> sampling.Samples:
         """num_samples sequences; the config's sampling section gives the defaults; rows: their placement."""
         raise NotImplementedError
 
     def check_sampler(self, name: str) -> None:
-        """Raise a ValueError, before any training, when config.sampling.predictor = name cannot sample the run.
+        """Raise a ValueError, before any training, when config.sampling.sampler = name cannot sample the run.
 
         Raises:
           sedd.sampling.UnknownSampler: a name that is not registered.
         """
-        if name not in sampling.PREDICTORS:
-            raise sampling.UnknownSampler(f"unknown sampling.predictor {name!r}; expected one of "
-                                          f"{sorted(sampling.PREDICTORS)}")
+        if name not in sampling.SAMPLERS:
+            raise sampling.UnknownSampler(f"unknown sampling.sampler {name!r}; expected one of "
+                                          f"{sorted(sampling.SAMPLERS)}")
 
     def check_options(self, sampler: str, **options) -> None:
         """Raise a ValueError when ``sample`` cannot run `sampler` on this kind with these options (temperature,

@@ -398,7 +398,7 @@ def draw_blocks(key, times, params, ctx, text, fixed, first, shaping=None, *, sc
 
 
 def draw(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Callable, fixed: jax.Array,
-         text: jax.Array, times: jax.Array, *, block_size: int, predictor: str, denoise: bool,
+         text: jax.Array, times: jax.Array, *, block_size: int, sampler: str, denoise: bool,
          options: sampling.Options, stop_id: int | None = None, shaping: tuple | None = None) -> tuple:
     """``sample_blocks``'s traced core: every block of `text` drawn from all-MASK and committed, from an empty context.
 
@@ -409,7 +409,7 @@ def draw(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Calla
       fixed: bool[B, T] the prompt's positions (a prefix), T a multiple of b;
         text: int32[B, T] the prompt's tokens there.
       times: float[steps + 1] the sampler's time grid.
-      block_size, predictor, denoise, options, stop_id: as ``sample_blocks`` (options
+      block_size, sampler, denoise, options, stop_id: as ``sample_blocks`` (options
         checked, its time_grid unset).
       shaping: None, or traced (temperature, top_p) (``sedd.sampling.run_loop``).
     Returns:
@@ -417,7 +417,7 @@ def draw(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Calla
     """
     ctx, text, nfe, nfe_row, drawn, frames = draw_blocks(
         key, times, params, scorer.init(params, text.shape[0]), text, fixed, jnp.int32(0), shaping, scorer=scorer,
-        graph=graph, noise=noise, block_size=block_size, sampler=sampling.get_sampler(predictor),
+        graph=graph, noise=noise, block_size=block_size, sampler=sampling.get_sampler(sampler),
         denoise=bool(denoise), options=options, blocks=text.shape[1] // block_size, stop_id=stop_id)
     return text, frames, nfe, nfe_row, drawn
 
@@ -435,12 +435,12 @@ def _prefix_lengths(fixed_mask, shape) -> np.ndarray:
 
 
 def sample_blocks(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Callable, shape: tuple[int, int],
-           block_size: int, steps: int, predictor: str = "analytic", denoise: bool = True, eps: float = 1e-5,
+           block_size: int, steps: int, sampler: str = "analytic", denoise: bool = True, eps: float = 1e-5,
            fixed_mask=None, fixed_tokens=None, *, options: sampling.Options | None = None,
            **option_values) -> sampling.Samples:
     r"""Text of T tokens drawn block by block: each block by ``sedd.sampling``'s loop, then committed.
 
-    Block i is drawn from all-MASK by ``predictor`` in ``steps`` steps (plus
+    Block i is drawn from all-MASK by ``sampler`` in ``steps`` steps (plus
     the denoise) with the key fold_in(key, i), its network calls on the b
     positions of the block against the scorer's context; then the clean
     block is committed (one more call). The whole text is one compiled
@@ -456,7 +456,7 @@ def sample_blocks(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noi
       shape: (B, T), T >= 1 (rounded up to whole blocks for the draw, cut after).
       block_size: b.
       steps: sampler steps per block.
-      predictor, denoise, eps: as ``sedd.sampling.sample``.
+      sampler, denoise, eps: as ``sedd.sampling.sample``.
       fixed_mask, fixed_tokens: bool / int[B, T], a prompt: True on each row's
         first P_row positions only.
       options, **option_values: as ``sedd.sampling.sample`` (temperature, top_p,
@@ -474,7 +474,7 @@ def sample_blocks(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noi
     if not graph.absorb:
         raise ValueError("block diffusion samples on the absorbing graph (each block starts all-MASK)")
     stop_id = option_values.pop("stop_id", None)
-    opts = sampling.options_from(options, option_values).checked(predictor, graph, bool(denoise))
+    opts = sampling.options_from(options, option_values).checked(sampler, graph, bool(denoise))
     (rows, length), steps = sampling.check_shape(shape), sampling.check_int("steps", steps, 1)
     times = sampling.time_grid(opts.time_grid, steps, eps)
     b = sampling.check_int("block_size", block_size, 1)
@@ -489,7 +489,7 @@ def sample_blocks(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noi
         fixed[:, :length] = _prefix_lengths(mask, (rows, length))[:, None] > np.arange(length)[None, :]
         text = text.at[:, :length].set(jnp.where(mask, tokens, 0))
     text, traj, nfe, nfe_row, drawn = draw(
-        key, scorer, params, graph, noise, jnp.asarray(fixed), text, times, block_size=b, predictor=predictor,
+        key, scorer, params, graph, noise, jnp.asarray(fixed), text, times, block_size=b, sampler=sampler,
         denoise=bool(denoise), options=dataclasses.replace(opts, time_grid=None),
         stop_id=None if stop_id is None else int(stop_id))
     if stop_id is not None and traj is None:  # the blocks never drawn
@@ -528,10 +528,10 @@ def serving_scorer(graphdef, window: int, block_size: int, live: bool) -> Scorer
     return Scorer(lambda params, batch: base.init(params[0], batch), score, commit)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "graph", "noise", "steps", "predictor", "eps",
+@functools.partial(jax.jit, static_argnames=("graphdef", "graph", "noise", "steps", "sampler", "eps",
                                              "categorical", "trajectory", "live", "block_size"))
 def sample_rows(state, seeds, row_ids, mask, tokens, temperature, top_p, batch_id, *, graphdef, graph, noise,
-                steps, predictor, eps, categorical, trajectory, live, block_size):
+                steps, sampler, eps, categorical, trajectory, live, block_size):
     """``RowsProgram.fn`` of a block model: ``draw`` per row, its T and top_p traced (``sedd.sampling.rows.map_rows``).
 
     The prompt is a prefix. With trajectory, frames is int32[B, F, L]: the
@@ -541,13 +541,13 @@ def sample_rows(state, seeds, row_ids, mask, tokens, temperature, top_p, batch_i
     length = mask.shape[1]
     scorer = serving_scorer(graphdef, length, block_size, live)
     options = sampling.Options.make(categorical=categorical, return_trajectory=trajectory, return_stats=True,
-                                    axis_name=rows_lib.AXIS).checked(predictor, graph, True)
+                                    axis_name=rows_lib.AXIS).checked(sampler, graph, True)
     times = sampling.time_grid(None, steps, eps)
 
     def one(key, m, t, temp, p):  # (1, L)
         text, frames, _, nfe_row, _ = draw(key, scorer, (state, batch_id), graph, noise, m[None],
                                            jnp.where(m, t, 0)[None], times, block_size=block_size,
-                                           predictor=predictor, denoise=True, options=options, shaping=(temp, p))
+                                           sampler=sampler, denoise=True, options=options, shaping=(temp, p))
         return text[0], None if frames is None else frames[:, 0], nfe_row[0]
 
     return rows_lib.map_rows(one, seeds, row_ids, mask, tokens, temperature, top_p)
@@ -572,10 +572,10 @@ def serving_frames(traj: np.ndarray, start: int, length: int, steps: int, *, blo
     return traj[:, kept], calls[kept], [{"block": int(i)} for i in blocks[kept]]
 
 
-def rows_program(graphdef, graph: Graph, noise: Callable, *, block_size: int, steps: int, predictor: str,
+def rows_program(graphdef, graph: Graph, noise: Callable, *, block_size: int, steps: int, sampler: str,
                  eps: float, categorical: str, trajectory: bool, live: bool) -> rows_lib.RowsProgram:
     """The ``sedd.sampling.rows.RowsProgram`` of the block network `graphdef`."""
-    static = dict(graphdef=graphdef, graph=graph, noise=noise, steps=steps, predictor=predictor, eps=eps,
+    static = dict(graphdef=graphdef, graph=graph, noise=noise, steps=steps, sampler=sampler, eps=eps,
                   categorical=categorical, trajectory=trajectory, live=live, block_size=block_size)
     return rows_lib.RowsProgram(sample_rows, static,
                                 functools.partial(serving_frames, block_size=block_size, mask_id=graph.mask))
@@ -622,7 +622,7 @@ class BlockDiffusion(Diffusion, Drafts):
     def rows_program(self, graphdef, *, steps, sampler, trajectory, live):
         s = self.config.sampling
         return rows_program(graphdef, self.graph, self.noise, block_size=self.block_size, steps=steps,
-                            predictor=sampler, eps=float(s.eps), categorical=s.categorical,
+                            sampler=sampler, eps=float(s.eps), categorical=s.categorical,
                             trajectory=trajectory, live=live)
 
     def noise_groups(self, model, train=False, rngs=None):
@@ -657,7 +657,7 @@ class BlockDiffusion(Diffusion, Drafts):
                                       score_params=net.state, progress=progress, prepare=fns.prepare,
                                       per_position=per_position_fn(self.block_size), **kwargs)
 
-    def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):
+    def sample(self, key, net, num_samples, steps=None, sampler=None, rows=None, **options):
         """``sample_blocks``: block by block with the KV cache; max_length tokens (default data.seq_len).
 
         steps are per block. rows is not used: the rows stay where the
@@ -679,4 +679,4 @@ class BlockDiffusion(Diffusion, Drafts):
         length = options.pop("max_length", None) or self.config.data.seq_len
         scorer = network_scorer(net.graphdef, self.config.data.seq_len, self.block_size)
         return sample_blocks(key, scorer, net.state, self.graph, self.noise, (num_samples, length), self.block_size,
-                      s.steps if steps is None else steps, predictor or s.predictor, eps=s.eps, **options)
+                      s.steps if steps is None else steps, sampler or s.sampler, eps=s.eps, **options)

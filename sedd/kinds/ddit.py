@@ -85,9 +85,9 @@ class Diffusion(Kind, ServesRows, Distills):
         try:
             sampling.check_graph(name, self.graph)
         except ValueError:
-            supported = sampling.PREDICTORS[name].graphs
-            raise ValueError(f"sampling.predictor={name!r} runs on the {' and '.join(supported)} graph, and "
-                             f"graph.type={self.config.graph.type!r}: add --config.sampling.predictor=analytic "
+            supported = sampling.SAMPLERS[name].graphs
+            raise ValueError(f"sampling.sampler={name!r} runs on the {' and '.join(supported)} graph, and "
+                             f"graph.type={self.config.graph.type!r}: add --config.sampling.sampler=analytic "
                              "(or euler)") from None
 
     def check_options(self, sampler, **options):
@@ -113,7 +113,7 @@ class Diffusion(Kind, ServesRows, Distills):
     def rows_program(self, graphdef, *, steps, sampler, trajectory, live):
         s = self.config.sampling
         return sampling.rows.full_sequence_program(
-            params_score_fn(graphdef), self.graph, self.noise, steps=steps, predictor=sampler, eps=float(s.eps),
+            params_score_fn(graphdef), self.graph, self.noise, steps=steps, sampler=sampler, eps=float(s.eps),
             categorical=s.categorical, trajectory=trajectory, live=live)
 
     def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False,
@@ -123,7 +123,7 @@ class Diffusion(Kind, ServesRows, Distills):
                                       max_batches=max_batches, chars_per_token=chars_per_token,
                                       score_params=net.state, progress=progress, **kwargs)
 
-    def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):
+    def sample(self, key, net, num_samples, steps=None, sampler=None, rows=None, **options):
         """``sedd.sampling.sample`` (``sample_long`` with max_length / block_length) on this network.
 
         Raises:
@@ -135,7 +135,7 @@ class Diffusion(Kind, ServesRows, Distills):
         s = self.config.sampling
         self._check_cache(options)
         options.setdefault("categorical", s.categorical)
-        args = dict(predictor=predictor or s.predictor, eps=s.eps, score_params=net.state, **options)
+        args = dict(sampler=sampler or s.sampler, eps=s.eps, score_params=net.state, **options)
         shape = (num_samples, self.config.data.seq_len)
         steps = s.steps if steps is None else steps
         score_fn = params_score_fn(net.graphdef, rows)

@@ -639,7 +639,7 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
         return loss(model, x0, self.draft_k, deterministic=not train, rngs=rngs,
                     draft_weight=self.draft_weight, draft_target=self.draft_target)
 
-    def sample(self, key, net, num_samples, steps=None, predictor=None, rows=None, **options):
+    def sample(self, key, net, num_samples, steps=None, sampler=None, rows=None, **options):
         """Self-speculation (``speculate``): the causal half's law, up to k + 1 tokens a call.
 
         rows is not used. Options (``Options``): temperature, top_p, categorical, verification ("joint" or
@@ -652,7 +652,7 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
           ValueError: steps or a sampler (``check_given``), a draft (this run drafts for itself), another
             draft_k, any other option.
         """
-        self.check_given(steps=steps, sampler=predictor)
+        self.check_given(steps=steps, sampler=sampler)
         o = self.options(**options)
         tau = DRAFT_TEMPERATURE if o.draft_temperature is None else o.draft_temperature
         tokens, stats = speculate(key, net.graphdef, net.state, num_samples, self.config.data.seq_len,

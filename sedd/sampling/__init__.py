@@ -4,7 +4,7 @@ Sampling runs the forward chain backwards from its limit law on a time grid,
 one sampler step at a time, the conditioning re-imposed after each step,
 then removes the noise left (Sec. 4 of Lou et al. 2024), in one compiled
 program (``run_loop``); a sampler may carry state across steps. Samplers are
-registered by name in ``PREDICTORS``, each with its equation above its step
+registered by name in ``SAMPLERS``, each with its equation above its step
 and the graphs and options it honours (an option it cannot honour is a
 ValueError, never ignored): "euler" and "analytic" (SEDD's tau-leaping and
 Tweedie samplers), and on the absorbing graph "first_hitting", "confidence",
@@ -23,15 +23,15 @@ and top_p per row in one batched program: what ``sedd serve`` runs),
 fixed positions). ``sedd.kinds.block`` drives the same loop a block at a
 time. A new sampler is a ``Sampler`` subclass registered with
 ``register_sampler`` (a stateless one a function with
-``register_predictor``), traceable code only.
+``register_sampler``), traceable code only.
 
 Shapes: B batch, L length, D = graph.dim, V = graph.vocab_size, N steps.
 """
 
 from sedd.categorical import METHODS as CATEGORICAL_METHODS
 from sedd.sampling.context import Context, entropy, nucleus, shaped_law
-from sedd.sampling.samplers import (GENERIC_OPTIONS, PREDICTORS, Analytic, Euler, FunctionPredictor, Sampler,
-                                    UnknownSampler, check_graph, corrector_step, get_sampler, register_predictor,
+from sedd.sampling.samplers import (GENERIC_OPTIONS, SAMPLERS, Analytic, Euler, FunctionSampler, Sampler,
+                                    UnknownSampler, check_graph, corrector_step, get_sampler, register_sampler,
                                     register_sampler)
 from sedd.sampling.absorbing import (PLANNED_ORDERS, AbsorbingSampler, Confidence, Dilated, EntropyBound, FirstHitting,
                                      ReMDM, planned_rank)
@@ -42,9 +42,9 @@ from sedd.sampling.prompts import MASK_CHAR, check_length, text_conditioning
 from sedd.sampling import rounds, rows
 
 __all__ = [
-    "CATEGORICAL_METHODS", "Context", "entropy", "nucleus", "shaped_law", "GENERIC_OPTIONS", "PREDICTORS",
-    "Analytic", "Euler", "FunctionPredictor", "Sampler", "UnknownSampler", "check_graph", "corrector_step",
-    "get_sampler", "register_predictor", "register_sampler", "AbsorbingSampler", "Confidence", "EntropyBound",
+    "CATEGORICAL_METHODS", "Context", "entropy", "nucleus", "shaped_law", "GENERIC_OPTIONS", "SAMPLERS",
+    "Analytic", "Euler", "FunctionSampler", "Sampler", "UnknownSampler", "check_graph", "corrector_step",
+    "get_sampler", "register_sampler", "register_sampler", "AbsorbingSampler", "Confidence", "EntropyBound",
     "FirstHitting", "ReMDM", "Dilated", "PLANNED_ORDERS", "planned_rank", "FINALS", "Options", "Samples",
     "check_int", "check_shape", "conditioning", "denoise_step", "one_step", "options_from", "run_loop", "sample",
     "start_carry", "time_grid", "sample_long",

@@ -1,6 +1,6 @@
 """The absorbing graph's own samplers: first hitting, confidence (MaskGIT), entropy bound (EB), ReMDM.
 
-Each is registered by name in ``sedd.sampling.PREDICTORS`` with its equation
+Each is registered by name in ``sedd.sampling.SAMPLERS`` with its equation
 above its ``step``.
 
 Shapes: B batch, L length, D = graph.dim, V = graph.vocab_size.

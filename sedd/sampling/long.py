@@ -35,7 +35,7 @@ def sample_long(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable
       max_length: the length of the text, >= L.
       block_length: new tokens per window after the first, in [1, L] (default L // 2).
       fixed_mask, fixed_tokens: as in ``sample``, of shape (B, max_length).
-      **sample_args: the other arguments of ``sample`` (predictor, denoise,
+      **sample_args: the other arguments of ``sample`` (sampler, denoise,
         eps, score_params, options and option keywords; no trajectory), and
         stop_id: a token id that ends the text: no window is drawn after the
         one in which every row has written it, and the positions not drawn
@@ -48,9 +48,9 @@ def sample_long(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable
     stop_id = sample_args.pop("stop_id", None)
     if stop_id is not None and not 0 <= int(stop_id) < graph.vocab_size:
         raise ValueError(f"stop_id must be a token id in [0, {graph.vocab_size}), got {stop_id!r}")
-    predictor, denoise = sample_args.pop("predictor", "analytic"), bool(sample_args.pop("denoise", True))
+    sampler, denoise = sample_args.pop("sampler", "analytic"), bool(sample_args.pop("denoise", True))
     eps, score_params = sample_args.pop("eps", 1e-5), sample_args.pop("score_params", None)
-    opts = options_from(sample_args.pop("options", None), sample_args).checked(predictor, graph, denoise)
+    opts = options_from(sample_args.pop("options", None), sample_args).checked(sampler, graph, denoise)
     times = time_grid(opts.time_grid, check_int("steps", steps, 1), eps)  # checked once: every window shares them
     if opts.return_trajectory:
         raise ValueError("return_trajectory is not available with max_length (one trajectory per window)")
@@ -64,7 +64,7 @@ def sample_long(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable
     user_tokens = jnp.zeros((b, max_length), jnp.int32) if fixed_tokens is None else fixed_tokens
     nfe, nfe_row = jnp.int32(0), jnp.zeros((b,), jnp.int32)
     loop = functools.partial(run_loop, score_fn=score_fn, graph=graph, noise=noise, shape=(b, length),
-                             sampler=get_sampler(predictor), denoise=denoise,
+                             sampler=get_sampler(sampler), denoise=denoise,
                              options=dataclasses.replace(opts, time_grid=None))
     done, start, w = 0, 0, 0
     while done < max_length:

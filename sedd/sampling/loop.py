@@ -29,7 +29,7 @@ from sedd.categorical import METHODS as CATEGORICAL_METHODS
 from sedd.categorical import sample_categorical
 from sedd.graphs import Graph, ScoreFn
 from sedd.sampling.context import Context
-from sedd.sampling.samplers import GENERIC_OPTIONS, PREDICTORS, Sampler, check_graph, corrector_step
+from sedd.sampling.samplers import GENERIC_OPTIONS, SAMPLERS, Sampler, check_graph, corrector_step
 
 FINALS = ("sample", "argmax")
 
@@ -200,15 +200,15 @@ class Options:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "own"}
         return Options.make(**{**fields, **dict(self.own), **values})
 
-    def checked(self, predictor: str, graph: Graph, denoise: bool = True) -> Options:
+    def checked(self, name: str, graph: Graph, denoise: bool = True) -> Options:
         """These options with the sampler's defaults filled in, each value checked against sampler and graph.
 
         Raises:
-          ValueError: an unknown predictor, categorical method or final; an
+          ValueError: an unknown sampler, categorical method or final; an
             option the sampler or graph cannot honour; an unknown or bad
             sampler option.
         """
-        sampler = check_graph(predictor, graph)
+        sampler = check_graph(name, graph)
         if self.categorical not in CATEGORICAL_METHODS:
             raise ValueError(f"unknown categorical method {self.categorical!r}; expected one of {CATEGORICAL_METHODS}")
         if self.final not in FINALS:
@@ -225,19 +225,19 @@ class Options:
         if not isinstance(cache, bool):
             raise ValueError(f"cache must be True or False, got {cache!r}")
         wanted = {"temperature": t != 1, "top_p": p != 1, "corrector_steps": corrector_steps > 0, "cache": cache}
-        for name, used in wanted.items():
-            if used and name not in sampler.honours:
-                raise ValueError(f"sampler {predictor!r} cannot honour {name}; it takes "
+        for option, used in wanted.items():
+            if used and option not in sampler.honours:
+                raise ValueError(f"sampler {name!r} cannot honour {option}; it takes "
                                  f"{sorted(sampler.honours) or 'none of the generic options'}")
-        for name in ("temperature", "top_p", "cache"):
-            if wanted[name] and not graph.absorb:
-                why = ("it needs the absorbing score's p(x0 | unmasked) times 1 / (e^sigma - 1)" if name == "cache"
+        for option in ("temperature", "top_p", "cache"):
+            if wanted[option] and not graph.absorb:
+                why = ("it needs the absorbing score's p(x0 | unmasked) times 1 / (e^sigma - 1)" if option == "cache"
                        else "it acts on the denoiser p(x0 | x_t), which the absorbing score gives directly")
-                raise ValueError(f"{name} is for the absorbing graph only: {why}")
+                raise ValueError(f"{option} is for the absorbing graph only: {why}")
         own = dict(self.own)
         unknown = sorted(set(own) - set(sampler.options))
         if unknown:
-            raise ValueError(f"sampler {predictor!r} takes no option {unknown}; its own options are "
+            raise ValueError(f"sampler {name!r} takes no option {unknown}; its own options are "
                              f"{sorted(sampler.options) or 'none'}, the generic ones {list(GENERIC_OPTIONS)}")
         merged = {**sampler.options, **own}
         sampler.check(merged)
@@ -333,7 +333,7 @@ def conditioning(fixed_mask, fixed_tokens, shape: tuple[int, int], graph: Graph)
 
 
 def sample(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, shape: tuple[int, int], steps: int,
-           predictor: str = "analytic", denoise: bool = True, eps: float = 1e-5, fixed_mask: jax.Array | None = None,
+           sampler: str = "analytic", denoise: bool = True, eps: float = 1e-5, fixed_mask: jax.Array | None = None,
            fixed_tokens: jax.Array | None = None, *, score_params: Any = None, options: Options | None = None,
            **option_values) -> Samples:
     r"""Draw sequences from the reverse diffusion, Sec. 4 of Lou et al. 2024.
@@ -366,7 +366,7 @@ def sample(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, sha
       noise: the schedule, ``noise(t) -> (sigma_bar(t), d sigma_bar / dt)``.
       shape: (B, L).
       steps: N >= 1 sampler steps (the budget of network calls, plus the denoise).
-      predictor: a name in ``PREDICTORS`` (see the module docstring).
+      sampler: a name in ``SAMPLERS`` (see the module docstring).
       denoise: apply the final denoising step.
       eps: the last time of the default grid linspace(1, eps, N + 1), in (0, 1).
       fixed_mask: bool[B, L], True where the token is given; or None.
@@ -386,12 +386,12 @@ def sample(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, sha
         bad time grid, bad conditioning arrays, or options that
         ``Options.checked`` refuses.
     """
-    opts = options_from(options, option_values).checked(predictor, graph, bool(denoise))
+    opts = options_from(options, option_values).checked(sampler, graph, bool(denoise))
     shape, steps = check_shape(shape), check_int("steps", steps, 1)
     times = time_grid(opts.time_grid, steps, eps)
     fixed_mask, fixed_tokens = conditioning(fixed_mask, fixed_tokens, shape, graph)
     x, traj, stats = run_loop(key, times, fixed_mask, fixed_tokens, score_params, score_fn=score_fn, graph=graph,
-                                  noise=noise, shape=shape, sampler=PREDICTORS[predictor], denoise=bool(denoise),
+                                  noise=noise, shape=shape, sampler=SAMPLERS[sampler], denoise=bool(denoise),
                                options=dataclasses.replace(opts, time_grid=None))
     return Samples(x, traj, stats if opts.return_stats else None)
 
@@ -399,16 +399,16 @@ def sample(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, sha
 
 
 def one_step(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, x: jax.Array, t, dt,
-             predictor: str = "analytic", **option_values) -> jax.Array:
+             sampler: str = "analytic", **option_values) -> jax.Array:
     """One step of a registered sampler from x at time t to t - dt (its state freshly initialised).
 
     For benchmarks and tests of a single step; traceable (jit it with the
     strings static). Options as ``sample``'s keywords. Returns int32[B, L].
     """
-    opts = Options.make(**option_values).checked(predictor, graph)
-    sampler = PREDICTORS[predictor]
+    opts = Options.make(**option_values).checked(sampler, graph)
+    step = SAMPLERS[sampler]
     times = jnp.stack([jnp.asarray(t, jnp.float32), jnp.asarray(t - dt, jnp.float32)])
     ctx = Context(score_fn, graph, noise, opts, 1)
-    return sampler.step(ctx, key, start_carry(ctx, sampler, x, times), jnp.int32(0), times[0], times[1])["x"]
+    return step.step(ctx, key, start_carry(ctx, step, x, times), jnp.int32(0), times[0], times[1])["x"]
 
 

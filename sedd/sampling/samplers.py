@@ -2,7 +2,7 @@
 
 A sampler is a ``Sampler`` (``init`` its state, ``step`` it N times, each
 step calling the network only through ``Context.evaluate``) registered by
-name in ``PREDICTORS``; ``check_graph`` decides whether it runs on a graph.
+name in ``SAMPLERS``; ``check_graph`` decides whether it runs on a graph.
 The absorbing graph's own samplers are in ``sedd.sampling.absorbing``.
 
 Shapes: B batch, L length, D = graph.dim, V = graph.vocab_size.
@@ -20,8 +20,8 @@ from sedd.categorical import sample_categorical
 from sedd.graphs import Graph
 from sedd.sampling.context import Context
 
-PREDICTORS: dict[str, "Sampler"] = {}
-"""Sampler name -> ``Sampler``; fill it with ``register_sampler`` or ``register_predictor``."""
+SAMPLERS: dict[str, "Sampler"] = {}
+"""Sampler name -> ``Sampler``; fill it with ``register_sampler``."""
 
 GENERIC_OPTIONS = ("temperature", "top_p", "corrector_steps", "cache")
 
@@ -65,23 +65,24 @@ class Sampler:
 
 
 def register_sampler(name: str) -> Callable:
-    """Decorator of a ``Sampler`` subclass (or instance): make it ``sample(..., predictor=name)``.
+    """Decorator that makes ``sample(..., sampler=name)`` run a ``Sampler`` subclass (or instance), or a
+    stateless step function (key, score_fn, graph, noise, x, t, dt, categorical) -> x (``FunctionSampler``).
 
     Names are unique: registering one twice is a ValueError, so a name always
     means the same sampler (``sample`` caches its compiled loop per sampler).
     """
 
     def register(obj):
-        if name in PREDICTORS:
-            raise ValueError(f"predictor {name!r} is already registered")
-        PREDICTORS[name] = obj() if isinstance(obj, type) else obj
+        if name in SAMPLERS:
+            raise ValueError(f"sampler {name!r} is already registered")
+        SAMPLERS[name] = obj() if isinstance(obj, type) else obj if isinstance(obj, Sampler) else FunctionSampler(obj)
         return obj
 
     return register
 
 
 class UnknownSampler(ValueError):
-    """A sampler name that is not in ``PREDICTORS``."""
+    """A sampler name that is not in ``SAMPLERS``."""
 
 
 def get_sampler(name: str) -> Sampler:
@@ -90,9 +91,9 @@ def get_sampler(name: str) -> Sampler:
     Raises:
       UnknownSampler: naming the registered ones.
     """
-    if name not in PREDICTORS:
-        raise UnknownSampler(f"unknown predictor {name!r}; expected one of {sorted(PREDICTORS)}")
-    return PREDICTORS[name]
+    if name not in SAMPLERS:
+        raise UnknownSampler(f"unknown sampler {name!r}; expected one of {sorted(SAMPLERS)}")
+    return SAMPLERS[name]
 
 
 def check_graph(name: str, graph: Graph) -> Sampler:
@@ -109,8 +110,8 @@ def check_graph(name: str, graph: Graph) -> Sampler:
     return sampler
 
 
-class FunctionPredictor(Sampler):
-    """A stateless predictor function (key, score_fn, graph, noise, x, t, dt, categorical) -> x.
+class FunctionSampler(Sampler):
+    """A stateless step function (key, score_fn, graph, noise, x, t, dt, categorical) -> x.
 
     Its NFE per step is the number of times it calls score_fn, counted while
     tracing; it takes none of the generic options.
@@ -130,18 +131,6 @@ class FunctionPredictor(Sampler):
 
         x = self.fn(key, counted, ctx.graph, ctx.noise, carry["x"], t, t - t_next, ctx.categorical)
         return dict(carry, x=x, nfe=carry["nfe"] + len(calls), nfe_row=carry["nfe_row"] + len(calls))
-
-
-def register_predictor(name: str) -> Callable:
-    """Decorator of a stateless predictor function (see the module docstring)."""
-
-    def register(fn):
-        register_sampler(name)(FunctionPredictor(fn))
-        return fn
-
-    return register
-
-
 
 
 @register_sampler("euler")

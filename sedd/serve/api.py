@@ -173,11 +173,11 @@ def plan(run: runs.Run, req: CompletionRequest, limits: Limits) -> Plan:
             run.kind.check_given(**{name: value})
         except ValueError as e:
             raise APIError(400, str(e), name, "unsupported_value") from None
-    sampler = req.sampler or s.predictor
+    sampler = req.sampler or s.sampler
     try:
         run.kind.check_sampler(sampler)
     except sampling.UnknownSampler:
-        raise APIError(400, f"unknown sampler {sampler!r}; expected one of {sorted(sampling.PREDICTORS)}",
+        raise APIError(400, f"unknown sampler {sampler!r}; expected one of {sorted(sampling.SAMPLERS)}",
                        "sampler", "unknown_sampler") from None
     except ValueError as e:
         raise APIError(400, f"sampler {sampler!r} cannot sample this model: {e}", "sampler",

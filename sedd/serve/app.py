@@ -189,9 +189,9 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
                                                          "data": run.config.data.name,
                                                          **run.kind.describe(),
                                                          **(speculation.describe() if speculation else {}),
-                                                         "sampler": run.config.sampling.predictor,
+                                                         "sampler": run.config.sampling.sampler,
                                                          "steps": run.config.sampling.steps,
-                                                         "samplers": sorted(sampling.PREDICTORS)}]})
+                                                         "samplers": sorted(sampling.SAMPLERS)}]})
 
     async def completions(request: Request):
         body = await _read_body(request, limits)

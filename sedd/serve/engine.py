@@ -302,7 +302,7 @@ class Engine:
         """Compile the program of every batch size (``batch_sizes(max_batch)``) before serving."""
         s = self.run.config.sampling
         L = self.run.seq_len
-        p = Plan(1, steps or s.steps, sampler or s.predictor, 0, np.zeros(L, bool), np.zeros(L, np.int32), 0, L, L, 0)
+        p = Plan(1, steps or s.steps, sampler or s.sampler, 0, np.zeros(L, bool), np.zeros(L, np.int32), 0, L, L, 0)
         p = self._one_program(p)
         for size in batch_sizes(self.limits.max_batch):
             self.run_batch([Job(dataclasses.replace(p, n=size), trajectory, concurrent.futures.Future())])
