@@ -117,7 +117,12 @@ class BoundEstimate(NamedTuple):
     stderr: jax.Array
 
 
-def likelihood_bound(
+def likelihood_bound(*args, **kwargs) -> jax.Array:
+    """``likelihood_bound_with_stderr(...).bound``: float32[B] nats per sequence, the same arguments."""
+    return likelihood_bound_with_stderr(*args, **kwargs).bound
+
+
+def likelihood_bound_with_stderr(
     key: jax.Array,
     score_fn: ScoreFn,
     graph: Graph,
@@ -132,8 +137,8 @@ def likelihood_bound(
     t_batch: int | None = None,
     per_position: Callable = losses.loss_per_position,
     prepare: Callable | None = None,
-) -> jax.Array:
-    r"""Upper bound on -log p_theta(x0), nats per sequence (Thm. 3.6 / Eq. (13), Lou et al. 2024).
+) -> BoundEstimate:
+    r"""Upper bound on -log p_theta(x0), nats per sequence (Thm. 3.6 / Eq. (13), Lou et al. 2024), with its error.
 
         -log p_theta(x0) <= int_0^1 E_{x_t ~ p_{sigma(t)}(. | x0)} sum_l sigma'(t)
                               SE_l(s_theta(x_t, sigma(t)), sigma(t), x_t, x0) dt
@@ -143,8 +148,11 @@ def likelihood_bound(
     the second term is ``prior_kl``. The t integral over [t_min, 1] is
     estimated on a stratified grid (n points, one uniform shift per
     repetition, a fresh x_t at each point), averaged over R repetitions. The
-    derivation, the standard error and why the bound is tight at the exact
-    score: docs/math.md, "The likelihood bound".
+    Monte Carlo standard error of each sequence's estimate is the spread of the
+    R repetitions (R >= 2), or for R = 1 the iid formula over the n grid
+    points, which overestimates it; inf for R = n = 1. The derivation, the
+    standard error and why the bound is tight at the exact score: docs/math.md,
+    "The likelihood bound".
 
     Args:
       key: a ``jax.random`` key (grid shift and x_t draws).
@@ -172,42 +180,8 @@ def likelihood_bound(
         model's clean keys and values: ``sedd.kinds.block.bound_fns``). Static, as
         per_position.
     Returns:
-      float32[B] nats per sequence. With its Monte Carlo standard error:
-      ``likelihood_bound_with_stderr``.
-    """
-    return likelihood_bound_with_stderr(
-        key, score_fn, graph, noise, x0, num_t, num_samples=num_samples, t_min=t_min, prior=prior,
-        score_params=score_params, t_batch=t_batch, per_position=per_position, prepare=prepare,
-    ).bound
-
-
-def likelihood_bound_with_stderr(
-    key: jax.Array,
-    score_fn: ScoreFn,
-    graph: Graph,
-    noise: Callable,
-    x0: jax.Array,
-    num_t: int = 64,
-    *,
-    num_samples: int = 1,
-    t_min: float = 1e-5,
-    prior: bool = True,
-    score_params: Any = None,
-    t_batch: int | None = None,
-    per_position: Callable = losses.loss_per_position,
-    prepare: Callable | None = None,
-) -> BoundEstimate:
-    """``likelihood_bound`` and the Monte Carlo standard error of each sequence's estimate.
-
-    The standard error is the spread of the R repetitions (R >= 2), or for
-    R = 1 the iid formula over the n grid points, which overestimates it
-    (docs/math.md, "The likelihood bound"); inf for R = n = 1.
-
-    Args:
-      key, score_fn, graph, noise, x0, num_t, num_samples, t_min, prior,
-      score_params, t_batch, per_position, prepare: as ``likelihood_bound``.
-    Returns:
-      BoundEstimate(bound, stderr), each float32[B] nats per sequence.
+      BoundEstimate(bound, stderr), each float32[B] nats per sequence; the bound
+      alone: ``likelihood_bound``.
     """
     if not (isinstance(num_t, int) and num_t >= 1 and isinstance(num_samples, int) and num_samples >= 1):
         raise ValueError(f"num_t and num_samples must be integers >= 1, got {num_t!r}, {num_samples!r}")
