@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -337,14 +338,9 @@ def check_training(config) -> None:
     Raises:
       ValueError: one line naming the key, its bound and the value.
     """
-    t, o = config.training, config.optim
-    values = {"training.n_iters": t.n_iters, "training.batch_size": t.batch_size, "training.accum_steps": t.accum_steps,
-              "training.max_to_keep": t.max_to_keep, "training.keep_period": t.keep_period,
-              "training.eval_batches": t.eval_batches, "training.eval_samples": t.eval_samples,
-              "optim.warmup": o.warmup, "optim.grad_clip": o.grad_clip,
-              "data.markov.num_tokens": config.data.markov.num_tokens}
+    t = config.training
     for key, bound in TRAINING_BOUNDS.items():
-        bound.check(key, values[key])
+        bound.check(key, functools.reduce(getattr, key.split("."), config))
     if t.accum_steps > t.n_iters:
         raise ValueError(f"training.accum_steps = {shown(t.accum_steps)} is more than training.n_iters = "
                          f"{shown(t.n_iters)}: no update would ever be applied")
