@@ -199,6 +199,7 @@ class ZeroShot(TextFiles, skip_registration=True):
 
 class _WikiText(ZeroShot, skip_registration=True):
     FILES = {"test": ("wiki.test.raw",), "validation": ("wiki.valid.raw",)}
+    detokenize = staticmethod(wt_detokenizer)
     HEADING = re.compile(r"^ = [^=].* = \n?$")
 
     def rows(self, path):
@@ -213,9 +214,6 @@ class _WikiText(ZeroShot, skip_registration=True):
                                           "' = Robert Boulter = '")
                 heading = True
             yield line if line.strip() else ""
-
-    def detokenize(self, row):
-        return wt_detokenizer(row)
 
 
 @zero_shot("wikitext2")
@@ -248,6 +246,7 @@ class PTB(ZeroShot, skip_registration=True):
     FILES = {"test": ("ptb.test.txt",), "validation": ("ptb.valid.txt",)}
     EXPECTS = ("ptb.test.txt of the Penn Treebank (Mikolov's simple-examples/data: one lower-cased, tokenized "
                "sentence per line with <unk> and N), or the folder holding it")
+    detokenize = staticmethod(ptb_detokenizer)
 
     def rows(self, path):
         seen_unk = False
@@ -264,9 +263,6 @@ class PTB(ZeroShot, skip_registration=True):
         if not seen_unk:
             raise self.wrong_file(path, "no <unk> in its first 1,000 lines")
 
-    def detokenize(self, row):
-        return ptb_detokenizer(row)
-
 
 @zero_shot("lm1b")
 class LM1B(ZeroShot, skip_registration=True):
@@ -279,15 +275,13 @@ class LM1B(ZeroShot, skip_registration=True):
     FILES = {"test": ("news.en.heldout-*",)}
     EXPECTS = ("the folder heldout-monolingual.tokenized.shuffled of 1-billion-word-language-modeling-benchmark-"
                "r13output.tar.gz (files news.en.heldout-000NN-of-00050, one tokenized sentence per line)")
+    detokenize = staticmethod(lm1b_detokenizer)
 
     def rows(self, path):
         for offset, line in self.lines(path):
             if offset == 0 and line.lstrip().startswith(("{", "[")):
                 raise self.wrong_file(path, "it is JSON, not one sentence per line")
             yield line.strip()
-
-    def detokenize(self, row):
-        return lm1b_detokenizer(row)
 
 
 @zero_shot("lambada")
@@ -299,6 +293,7 @@ class Lambada(ZeroShot, skip_registration=True):
     FILES = {"test": ("lambada_test.jsonl",)}
     EXPECTS = ("OpenAI's lambada_test.jsonl (https://openaipublic.blob.core.windows.net/gpt-2/data/"
                "lambada_test.jsonl): one JSON object {\"text\": ...} per line")
+    detokenize = staticmethod(lambada_detokenizer)
 
     def rows(self, path):
         for offset, line in self.lines(path):
@@ -312,6 +307,3 @@ class Lambada(ZeroShot, skip_registration=True):
                 raise self.wrong_file(path, f"the line at byte offset {offset} is not a JSON object with a "
                                       f"\"text\" string: {type(e).__name__}: {e}") from None
             yield text
-
-    def detokenize(self, row):
-        return lambada_detokenizer(row)
