@@ -26,6 +26,7 @@ once, where it is read (``read_config``).
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import math
 import os
@@ -297,10 +298,6 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def _may_change(key: str) -> bool:
-    return any(key == k or (k.endswith("*") and key.startswith(k[:-1])) for k in MAY_CHANGE_ON_RESUME)
-
-
 def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
     """(key, saved value, current value) for every key of `current` that differs from `saved`.
 
@@ -312,12 +309,8 @@ def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
     """
     saved, current = _flat(config_lib.migrate(saved).to_dict()), _flat(current)
     missing = object()
-    changes = []
-    for key, now in sorted(current.items()):
-        was = saved.get(key, missing)
-        if key != "vocab_size" and was != now:
-            changes.append((key, "(absent)" if was is missing else was, now))
-    return changes
+    return [(key, "(absent)" if was is missing else was, now) for key, now in sorted(current.items())
+            if key != "vocab_size" and (was := saved.get(key, missing)) != now]
 
 
 def check_compatible(workdir: str | Path, config) -> None:
@@ -332,7 +325,8 @@ def check_compatible(workdir: str | Path, config) -> None:
     if not (Path(workdir) / CONFIG).exists():
         return
     saved = json.loads(_read_bounded(Path(workdir) / CONFIG, MAX_CONFIG_BYTES))
-    refused = [c for c in config_changes(saved, config.to_dict()) if not _may_change(c[0])]
+    refused = [c for c in config_changes(saved, config.to_dict())
+               if not any(fnmatch.fnmatchcase(c[0], k) for k in MAY_CHANGE_ON_RESUME)]
     if refused:
         lines = "\n".join(f"  {k}: saved {a!r}, now {b!r}" for k, a, b in refused)
         raise ValueError(
