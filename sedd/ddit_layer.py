@@ -50,18 +50,8 @@ class DDiTLayer(nnx.Module):
       rngs: parameter keys and the 'dropout' stream.
     """
 
-    def __init__(
-        self,
-        hidden_size: int,
-        n_heads: int,
-        cond_dim: int,
-        *,
-        mlp_ratio: int = 4,
-        dropout: float = 0.1,
-        causal: bool = False,
-        dtype: Any = jnp.float32,
-        rngs: nnx.Rngs,
-    ):
+    def __init__(self, hidden_size: int, n_heads: int, cond_dim: int, *, mlp_ratio: int = 4, dropout: float = 0.1,
+                 causal: bool = False, dtype: Any = jnp.float32, rngs: nnx.Rngs):
         h = hidden_size
         self.n_heads = n_heads
         self.head_dim = h // n_heads
@@ -105,20 +95,10 @@ class DDiTLayer(nnx.Module):
             held = jax.lax.dynamic_update_slice(held, new[i * n:(i + 1) * n], (i * n, at[i], 0))
         return held
 
-    def run(
-        self,
-        x: Array,
-        c: Array,
-        *,
-        positions: Array | None = None,
-        mask: Array | None = None,
-        cache: tuple[Array, Array] | None = None,
-        at: Array | None = None,
-        context: tuple[Array, Array] | None = None,
-        unit: int | None = None,
-        deterministic: bool | None = None,
-        rngs: nnx.Rngs | None = None,
-    ) -> tuple[Array, tuple[Array, Array]]:
+    def run(self, x: Array, c: Array, *, positions: Array | None = None, mask: Array | None = None,
+            cache: tuple[Array, Array] | None = None, at: Array | None = None,
+            context: tuple[Array, Array] | None = None, unit: int | None = None, deterministic: bool | None = None,
+            rngs: nnx.Rngs | None = None) -> tuple[Array, tuple[Array, Array]]:
         """The layer's output and the keys and values its attention read.
 
         Args:

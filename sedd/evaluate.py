@@ -122,22 +122,11 @@ def likelihood_bound(*args, **kwargs) -> jax.Array:
     return likelihood_bound_with_stderr(*args, **kwargs).bound
 
 
-def likelihood_bound_with_stderr(
-    key: jax.Array,
-    score_fn: ScoreFn,
-    graph: Graph,
-    noise: Callable,
-    x0: jax.Array,
-    num_t: int = 64,
-    *,
-    num_samples: int = 1,
-    t_min: float = 1e-5,
-    prior: bool = True,
-    score_params: Any = None,
-    t_batch: int | None = None,
-    per_position: Callable = losses.loss_per_position,
-    prepare: Callable | None = None,
-) -> BoundEstimate:
+def likelihood_bound_with_stderr(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, x0: jax.Array,
+                                 num_t: int = 64, *, num_samples: int = 1, t_min: float = 1e-5, prior: bool = True,
+                                 score_params: Any = None, t_batch: int | None = None,
+                                 per_position: Callable = losses.loss_per_position,
+                                 prepare: Callable | None = None) -> BoundEstimate:
     r"""Upper bound on -log p_theta(x0), nats per sequence (Thm. 3.6 / Eq. (13), Lou et al. 2024), with its error.
 
         -log p_theta(x0) <= int_0^1 E_{x_t ~ p_{sigma(t)}(. | x0)} sum_l sigma'(t)
@@ -233,20 +222,9 @@ def _dataset_figures(per_sequence: Callable, batches: Iterable, max_batches: int
     return out
 
 
-def dataset_bound(
-    key: jax.Array,
-    score_fn: ScoreFn,
-    graph: Graph,
-    noise: Callable,
-    batches: Iterable,
-    num_t: int = 64,
-    *,
-    max_batches: int | None = None,
-    chars_per_token: float | None = None,
-    score_params: Any = None,
-    progress: bool = False,
-    **kwargs,
-) -> dict:
+def dataset_bound(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, batches: Iterable, num_t: int = 64,
+                  *, max_batches: int | None = None, chars_per_token: float | None = None, score_params: Any = None,
+                  progress: bool = False, **kwargs) -> dict:
     """The bound averaged over a split: nats/token and the units of ``losses.units``.
 
     Args:
@@ -266,8 +244,7 @@ def dataset_bound(
         return likelihood_bound_with_stderr(jax.random.fold_in(key, i), score_fn, graph, noise, x0, num_t,
                                             score_params=score_params, **kwargs)
 
-    return {**_dataset_figures(per_sequence, batches, max_batches, chars_per_token, progress, "bound"),
-            "exact": False}
+    return {**_dataset_figures(per_sequence, batches, max_batches, chars_per_token, progress, "bound"), "exact": False}
 
 
 def dataset_nll(nll: Callable, batches: Iterable, *, max_batches: int | None = None,
@@ -278,8 +255,7 @@ def dataset_nll(nll: Callable, batches: Iterable, *, max_batches: int | None = N
       nll: x0 int32[B, L] -> float[B] nats per sequence (e.g. an AR model's ``sedd.kinds.causal.nll``).
       batches, max_batches, chars_per_token, progress: as ``dataset_bound``.
     """
-    figures = _dataset_figures(lambda i, x0: (nll(x0), None), batches, max_batches,
-                               chars_per_token, progress, "nll")
+    figures = _dataset_figures(lambda i, x0: (nll(x0), None), batches, max_batches, chars_per_token, progress, "nll")
     return {**figures, "exact": True}
 
 

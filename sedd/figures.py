@@ -72,18 +72,9 @@ def check_same_vocabulary(tokenizer, other, what: str = "the judge") -> None:
             "mean different strings. Train the judge on the same data and tokenizer.")
 
 
-def evaluate_run(
-    workdir: str | Path,
-    split: str | None = None,
-    num_t: int = 64,
-    batch_size: int = 32,
-    max_batches: int | None = 8,
-    seed: int = 0,
-    data: dict | None = None,
-    progress: bool = True,
-    step: int | None = None,
-    **kwargs,
-) -> dict:
+def evaluate_run(workdir: str | Path, split: str | None = None, num_t: int = 64, batch_size: int = 32,
+                 max_batches: int | None = 8, seed: int = 0, data: dict | None = None, progress: bool = True,
+                 step: int | None = None, **kwargs) -> dict:
     """The likelihood figures of a trained run on a split of a dataset (``sedd eval``).
 
     The figure of the run's kind (EMA weights): the bound of

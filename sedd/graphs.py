@@ -139,9 +139,7 @@ class Graph(abc.ABC):
         """
 
     @abc.abstractmethod
-    def score_entropy(
-        self, log_score: jax.Array, sigma: jax.Array, x: jax.Array, x0: jax.Array
-    ) -> jax.Array:
+    def score_entropy(self, log_score: jax.Array, sigma: jax.Array, x: jax.Array, x0: jax.Array) -> jax.Array:
         r"""Denoising score entropy at one position, Eq. (8) of Lou et al. 2024.
 
             sum_{y != x} Q[y, x] (s_y - r_y log s_y + K(r_y)),
@@ -178,9 +176,7 @@ class Graph(abc.ABC):
         rates = jnp.where(here, 0.0, rates)
         return rates - here * rates.sum(-1, keepdims=True)
 
-    def sample_rate(
-        self, key: jax.Array, i: jax.Array, rate: jax.Array, method: str = "precise"
-    ) -> jax.Array:
+    def sample_rate(self, key: jax.Array, i: jax.Array, rate: jax.Array, method: str = "precise") -> jax.Array:
         """One tau-leaping step: a draw from the categorical one_hot(i) + rate.
 
         Args:
@@ -266,9 +262,7 @@ class Uniform(Graph):
         log_m_plus_n = jnp.logaddexp(log_m, jnp.log(jnp.asarray(n, log_score.dtype)))
         is_x0 = _one_hot(x0, n, dtype=bool)  # (..., D)
         clean = (x == x0)[..., None]  # (..., 1)
-        log_ratio = jnp.where(
-            clean, log_m - log_m_plus_n, jnp.where(is_x0, log_m_plus_n - log_m, 0.0)
-        )
+        log_ratio = jnp.where(clean, log_m - log_m_plus_n, jnp.where(is_x0, log_m_plus_n - log_m, 0.0))
         terms = _entropy_term(log_score, log_ratio)  # (..., D)
         terms = jnp.where(_one_hot(x, n, dtype=bool), 0.0, terms)
         return terms.sum(-1) / n
@@ -309,9 +303,7 @@ class Absorbing(Graph):
         """e^{-sigma} e_i + (1 - e^{-sigma}) e_M (which is e_M for i = M)."""
         dtype = _float_dtype(sigma)
         sigma = jnp.asarray(sigma, dtype)[..., None]
-        return jnp.exp(-sigma) * _one_hot(i, self.dim, dtype) - jnp.expm1(-sigma) * _one_hot(
-            self.mask, self.dim, dtype
-        )
+        return jnp.exp(-sigma) * _one_hot(i, self.dim, dtype) - jnp.expm1(-sigma) * _one_hot(self.mask, self.dim, dtype)
 
     def transp_transition(self, i, sigma):
         """Column i: e^{-sigma} e_i for a token; (1 - e^{-sigma}) 1 + e^{-sigma} e_M for M."""
@@ -334,9 +326,7 @@ class Absorbing(Graph):
         dsigma = jnp.asarray(dsigma, score.dtype)[..., None]
         token_total = score[..., : self.mask].sum(-1, keepdims=True)
         is_mask = _one_hot(self.mask, self.dim, score.dtype)
-        return jnp.where(
-            is_mask > 0, score - jnp.expm1(dsigma) * token_total, jnp.exp(dsigma) * score
-        )
+        return jnp.where(is_mask > 0, score - jnp.expm1(dsigma) * token_total, jnp.exp(dsigma) * score)
 
     def score_entropy(self, log_score, sigma, x, x0):
         """Nonzero only at masked positions (Q[y, x] = 0 for y != x unless x = M).

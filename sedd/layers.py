@@ -71,16 +71,8 @@ _zeros = nnx.initializers.zeros_init()
 _ones = nnx.initializers.ones_init()
 
 
-def linear(
-    n_in: int,
-    n_out: int,
-    names: tuple[str | None, str],
-    *,
-    use_bias: bool = True,
-    zero: bool = False,
-    dtype: Any = jnp.float32,
-    rngs: nnx.Rngs,
-) -> nnx.Linear:
+def linear(n_in: int, n_out: int, names: tuple[str | None, str], *, use_bias: bool = True, zero: bool = False,
+           dtype: Any = jnp.float32, rngs: nnx.Rngs) -> nnx.Linear:
     """A float32-parameter Linear layer with logical axis names on its kernel and bias.
 
     The kernel starts as torch's default nn.Linear init (the original's), or
@@ -251,15 +243,11 @@ class FinalLayer(nnx.Module):
       rngs: parameter keys.
     """
 
-    def __init__(
-        self, hidden_size: int, out_dim: int, cond_dim: int, *, dtype: Any = jnp.float32, vocab_multiple: int = 1,
-        rngs: nnx.Rngs
-    ):
+    def __init__(self, hidden_size: int, out_dim: int, cond_dim: int, *, dtype: Any = jnp.float32,
+                 vocab_multiple: int = 1, rngs: nnx.Rngs):
         self.out_dim = out_dim
         self.norm_final = layer_norm(hidden_size, rngs)
-        self.adaLN_modulation = linear(
-            cond_dim, 2 * hidden_size, ("cond", "adaln"), zero=True, dtype=dtype, rngs=rngs
-        )
+        self.adaLN_modulation = linear(cond_dim, 2 * hidden_size, ("cond", "adaln"), zero=True, dtype=dtype, rngs=rngs)
         # Zero init: the network starts with output 0, so the log-score starts at
         # the scale-by-sigma prior alone (see DDiT.__call__).
         # Padded to a multiple of vocab_multiple columns so a mesh axis can split them;

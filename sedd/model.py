@@ -180,27 +180,11 @@ class DDiT(nnx.Module):
         (or default).
     """
 
-    def __init__(
-        self,
-        *,
-        num_tokens: int,
-        out_dim: int,
-        hidden_size: int,
-        n_layers: int,
-        n_heads: int,
-        cond_dim: int = 128,
-        mlp_ratio: int = 4,
-        dropout: float = 0.1,
-        max_len: int = 1024,
-        scale_by_sigma: bool = False,
-        causal: bool = False,
-        time_conditioning: bool = True,
-        normalize: bool = False,
-        dtype: Any = jnp.float32,
-        vocab_multiple: int = 1,
-        remat: str = "none",
-        rngs: nnx.Rngs,
-    ):
+    def __init__(self, *, num_tokens: int, out_dim: int, hidden_size: int, n_layers: int, n_heads: int,
+                 cond_dim: int = 128, mlp_ratio: int = 4, dropout: float = 0.1, max_len: int = 1024,
+                 scale_by_sigma: bool = False, causal: bool = False, time_conditioning: bool = True,
+                 normalize: bool = False, dtype: Any = jnp.float32, vocab_multiple: int = 1, remat: str = "none",
+                 rngs: nnx.Rngs):
         if hidden_size % n_heads != 0:
             raise ValueError(f"hidden_size={hidden_size} must be divisible by n_heads={n_heads}.")
         head_dim = hidden_size // n_heads
@@ -287,17 +271,9 @@ class DDiT(nnx.Module):
             raise ValueError(f"sigma must have shape [B] = ({b},), or [B, G] with G dividing L = {l} "
                              f"(a noise level per group of positions); got shape {shape}.")
 
-    def network_output(
-        self,
-        x: Array,
-        sigma: Array | None,
-        *,
-        positions: Array | None = None,
-        mask: Array | None = None,
-        keep: int | None = None,
-        deterministic: bool | None = None,
-        rngs: nnx.Rngs | Array | None = None,
-    ) -> Array:
+    def network_output(self, x: Array, sigma: Array | None, *, positions: Array | None = None,
+                       mask: Array | None = None, keep: int | None = None, deterministic: bool | None = None,
+                       rngs: nnx.Rngs | Array | None = None) -> Array:
         """The raw output of the final layer, before log-score post-processing.
 
         An autoregressive baseline (causal=True, time_conditioning=False) reads
@@ -332,18 +308,9 @@ class DDiT(nnx.Module):
             h = h[:, :keep]
         return self.output_layer(h, c)  # (B, L or keep, D)
 
-    def features(
-        self,
-        x: Array,
-        sigma: Array | None,
-        *,
-        positions: Array | None = None,
-        mask: Array | None = None,
-        context: tuple | None = None,
-        unit: int | None = None,
-        deterministic: bool | None = None,
-        rngs: nnx.Rngs | Array | None = None,
-    ) -> tuple[Array, Array]:
+    def features(self, x: Array, sigma: Array | None, *, positions: Array | None = None, mask: Array | None = None,
+                 context: tuple | None = None, unit: int | None = None, deterministic: bool | None = None,
+                 rngs: nnx.Rngs | Array | None = None) -> tuple[Array, Array]:
         """The residual stream after the last layer and the conditioning: what ``output_layer`` reads.
 
         Arguments as ``network_output``, and context: per layer (keys,
@@ -511,15 +478,8 @@ class DDiT(nnx.Module):
         return kernels.chunked_rows(lambda shared, h, *r: fn(nnx.merge(graphdef, shared[0])(h, shared[1]), *r),
                                     chunk, (state, c), h, *rows)
 
-    def __call__(
-        self,
-        x: Array,
-        sigma: Array | None,
-        *,
-        deterministic: bool | None = None,
-        rngs: nnx.Rngs | Array | None = None,
-        **attention,
-    ) -> Array:
+    def __call__(self, x: Array, sigma: Array | None, *, deterministic: bool | None = None,
+                 rngs: nnx.Rngs | Array | None = None, **attention) -> Array:
         """Log-score of the reverse process: ``log_score`` of the ``network_output``.
 
         Args:

@@ -102,8 +102,7 @@ def load_dataset(config, tokenizer=None) -> TextData:
         return load_markov(config)
     data_dir = check_data_dir(config.data_dir or default_data_dir())
     builder = _builder(config)
-    cache_dir = (Path(data_dir) / "sedd_tokens" / builder.name / builder.builder_config.name
-                 / str(builder.version))
+    cache_dir = Path(data_dir) / "sedd_tokens" / builder.name / builder.builder_config.name / str(builder.version)
     if tokenizer is None:
         if config.tokenizer == "char":
             # The vocabulary needs one pass over the corpus: keep it for later runs.

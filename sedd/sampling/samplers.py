@@ -180,8 +180,7 @@ class Analytic(Sampler):
 
 def large_absorbing_step(ctx: Context) -> bool:
     """Whether euler / analytic take the absorbing graph's factorised draw (``absorbing_jump``)."""
-    return (ctx.graph.absorb and ctx.categorical == "precise"
-            and ctx.graph.dim >= categorical_lib.TWO_LEVEL_MIN_DIM)
+    return ctx.graph.absorb and ctx.categorical == "precise" and ctx.graph.dim >= categorical_lib.TWO_LEVEL_MIN_DIM
 
 
 def absorbing_jump(ctx: Context, key: jax.Array, x: jax.Array, log_score: jax.Array, rate: jax.Array) -> jax.Array:
