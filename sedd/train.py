@@ -117,15 +117,13 @@ def build_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedul
     o, t = config.optim, config.training
     if t.accum_steps < 1:
         raise ValueError(f"training.accum_steps must be >= 1, got {t.accum_steps}")
-    adaln_scale = o.adaln_lr_scale
-    if not adaln_scale > 0:
-        raise ValueError(f"optim.adaln_lr_scale must be > 0, got {adaln_scale!r}")
+    if not o.adaln_lr_scale > 0:
+        raise ValueError(f"optim.adaln_lr_scale must be > 0, got {o.adaln_lr_scale!r}")
     schedule = learning_rate_schedule(o, t.n_iters // t.accum_steps)
     parts = [optax.clip_by_global_norm(o.grad_clip)] if o.grad_clip > 0 else []
-    name = o.optimizer
-    if name == "adamw":
+    if o.optimizer == "adamw":
         parts.append(optax.adamw(schedule, b1=o.beta1, b2=o.beta2, eps=o.eps, weight_decay=o.weight_decay))
-    elif name == "muon":
+    elif o.optimizer == "muon":
         muon_scale = o.muon_lr_scale
         if not muon_scale > 0:
             raise ValueError(f"optim.muon_lr_scale must be > 0, got {muon_scale!r}")
@@ -134,9 +132,9 @@ def build_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedul
             muon_weight_dimension_numbers=muon_dimensions, adam_learning_rate=schedule, adam_b1=o.beta1,
             adam_b2=o.beta2, eps=o.eps, adam_weight_decay=o.weight_decay))
     else:
-        raise ValueError(f"optim.optimizer={name!r}: expected one of {', '.join(OPTIMIZERS)}")
-    if adaln_scale != 1.0:
-        parts.append(optax.masked(optax.scale(adaln_scale), is_adaln_kernel))
+        raise ValueError(f"optim.optimizer={o.optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
+    if o.adaln_lr_scale != 1.0:
+        parts.append(optax.masked(optax.scale(o.adaln_lr_scale), is_adaln_kernel))
     tx = optax.chain(*parts)
     if t.accum_steps > 1:
         tx = optax.MultiSteps(tx, every_k_schedule=t.accum_steps)
@@ -184,12 +182,8 @@ class Trainer:
         self._init_jit = jax.jit(self._init_state, out_shardings=self.state_sharding)
         self.abstract_state = jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, self.state_sharding)
-        self.train_step = jax.jit(
-            self._train_step,
-            in_shardings=(self.state_sharding, self.batch_sharding),
-            out_shardings=(self.state_sharding, replicated),
-            donate_argnums=0,
-        )
+        self.train_step = jax.jit(self._train_step, in_shardings=(self.state_sharding, self.batch_sharding),
+                                  out_shardings=(self.state_sharding, replicated), donate_argnums=0)
         self._loss_jit = jax.jit(lambda p, x, k: self._loss(p, k, x, train=False)[1], out_shardings=replicated)
 
     def init_state(self) -> dict:
