@@ -44,10 +44,8 @@ def config_path(name_or_path: str = DEFAULT_CONFIG) -> Path:
     if not path.suffix and name_or_path in shipped_configs():
         path = Path(str(importlib.resources.files("sedd.configs") / f"{name_or_path}.py"))
     if not path.is_file():
-        raise FileNotFoundError(
-            f"no config file {name_or_path!r}; give a path to a .py file with get_config(), "
-            f"or one of the shipped configs {shipped_configs()}"
-        )
+        raise FileNotFoundError(f"no config file {name_or_path!r}; give a path to a .py file with get_config(), "
+                                f"or one of the shipped configs {shipped_configs()}")
     return path
 
 

@@ -88,18 +88,10 @@ def linear(n_in: int, n_out: int, names: tuple[str | None, str], *, use_bias: bo
     Returns:
       nnx.Linear mapping float[..., n_in] to float[..., n_out].
     """
-    return nnx.Linear(
-        n_in,
-        n_out,
-        use_bias=use_bias,
-        dtype=dtype,
-        param_dtype=jnp.float32,
-        # Below float32: multiply in dtype, accumulate and return float32 (kernels.mixed_einsum).
-        **kernels.linear_kwargs(dtype),
-        kernel_init=partitioned(_zeros if zero else _torch_like, names),
-        bias_init=partitioned(_zeros, (names[1],)),
-        rngs=rngs,
-    )
+    # Below float32: multiply in dtype, accumulate and return float32 (kernels.mixed_einsum).
+    return nnx.Linear(n_in, n_out, use_bias=use_bias, dtype=dtype, param_dtype=jnp.float32,
+                      **kernels.linear_kwargs(dtype), kernel_init=partitioned(_zeros if zero else _torch_like, names),
+                      bias_init=partitioned(_zeros, (names[1],)), rngs=rngs)
 
 
 def layer_norm(h: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
@@ -107,16 +99,8 @@ def layer_norm(h: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
 
     Its scale carries the logical axis name "embed"; epsilon is ``LN_EPS``.
     """
-    return nnx.LayerNorm(
-        h,
-        epsilon=LN_EPS,
-        use_bias=False,
-        use_scale=True,
-        dtype=jnp.float32,
-        param_dtype=jnp.float32,
-        scale_init=partitioned(_ones, ("embed",)),
-        rngs=rngs,
-    )
+    return nnx.LayerNorm(h, epsilon=LN_EPS, use_bias=False, use_scale=True, dtype=jnp.float32,
+                         param_dtype=jnp.float32, scale_init=partitioned(_ones, ("embed",)), rngs=rngs)
 
 
 def modulate(x: Array, shift: Array, scale: Array) -> Array:

@@ -189,10 +189,8 @@ class DDiT(nnx.Module):
             raise ValueError(f"hidden_size={hidden_size} must be divisible by n_heads={n_heads}.")
         head_dim = hidden_size // n_heads
         if head_dim % 2 != 0:
-            raise ValueError(
-                f"head_dim = hidden_size / n_heads = {hidden_size} / {n_heads} = {head_dim} "
-                "must be even: rotary embedding rotates channel pairs."
-            )
+            raise ValueError(f"head_dim = hidden_size / n_heads = {hidden_size} / {n_heads} = {head_dim} "
+                             "must be even: rotary embedding rotates channel pairs.")
         if num_tokens < 1 or out_dim < 1:
             raise ValueError(f"num_tokens={num_tokens} and out_dim={out_dim} must be >= 1.")
         if scale_by_sigma and out_dim < 2:
@@ -220,30 +218,12 @@ class DDiT(nnx.Module):
         # Scaled like torch's kaiming_uniform on the [num_tokens, H] table
         # (fan_in = H), as in the original.
         emb_init = nnx.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform", in_axis=-1, out_axis=-2)
-        self.vocab_embed = nnx.Embed(
-            padded(num_tokens, vocab_multiple),
-            hidden_size,
-            dtype=jnp.float32,
-            param_dtype=jnp.float32,
-            embedding_init=partitioned(emb_init, ("vocab", "embed")),
-            rngs=rngs,
-        )
+        self.vocab_embed = nnx.Embed(padded(num_tokens, vocab_multiple), hidden_size, dtype=jnp.float32,
+                                     param_dtype=jnp.float32, embedding_init=partitioned(emb_init, ("vocab", "embed")),
+                                     rngs=rngs)
         self.sigma_map = TimestepEmbedder(cond_dim, rngs=rngs) if time_conditioning else None
-        self.layers = nnx.List(
-            [
-                DDiTLayer(
-                    hidden_size,
-                    n_heads,
-                    cond_dim,
-                    mlp_ratio=mlp_ratio,
-                    dropout=dropout,
-                    causal=causal,
-                    dtype=dtype,
-                    rngs=rngs,
-                )
-                for _ in range(n_layers)
-            ]
-        )
+        self.layers = nnx.List([DDiTLayer(hidden_size, n_heads, cond_dim, mlp_ratio=mlp_ratio, dropout=dropout,
+                                          causal=causal, dtype=dtype, rngs=rngs) for _ in range(n_layers)])
         self.output_layer = FinalLayer(hidden_size, out_dim, cond_dim, dtype=dtype, vocab_multiple=vocab_multiple,
                                        rngs=rngs)
 
@@ -261,10 +241,8 @@ class DDiT(nnx.Module):
                              f"{jnp.shape(positions)}.")
         if sigma is None:
             if self.time_conditioning or self.scale_by_sigma:
-                raise ValueError(
-                    "sigma is None but the model needs it (time_conditioning="
-                    f"{self.time_conditioning}, scale_by_sigma={self.scale_by_sigma})."
-                )
+                raise ValueError("sigma is None but the model needs it (time_conditioning="
+                                 f"{self.time_conditioning}, scale_by_sigma={self.scale_by_sigma}).")
             return
         shape = jnp.shape(sigma)
         if not (shape == (b,) or (len(shape) == 2 and shape[0] == b and shape[1] >= 1 and l % shape[1] == 0)):

@@ -69,10 +69,8 @@ def text_conditioning(tokenizer, seq_len: int, num: int, prefix: str = "", suffi
         pre = np.asarray(tokenizer.encode(prefix), np.int32) if prefix else np.zeros(0, np.int32)
         suf = np.asarray(tokenizer.encode(suffix), np.int32) if suffix else np.zeros(0, np.int32)
         if len(pre) + len(suf) > seq_len:
-            raise ValueError(
-                f"prefix ({len(pre)} tokens) + suffix ({len(suf)} tokens) is longer than the "
-                f"model's sequence length {seq_len}"
-            )
+            raise ValueError(f"prefix ({len(pre)} tokens) + suffix ({len(suf)} tokens) is longer than the "
+                             f"model's sequence length {seq_len}")
         mask[: len(pre)], tokens[: len(pre)] = True, pre
         if len(suf):
             mask[seq_len - len(suf):], tokens[seq_len - len(suf):] = True, suf
