@@ -150,6 +150,38 @@ def test_drafts_trained_on_the_causal_law_average_the_data_loss_over_it():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
 
 
+def test_drafts_trained_on_the_causal_halfs_own_text():
+    """training.draft_target='own': the NLL term on the data x; the drafts' term (4) on the B texts the causal
+    half writes from the loss's key (``causal.ancestral`` at temperature 1), the causal law held fixed there."""
+    from flax import nnx
+
+    graphdef, state = _tiny()
+    model = nnx.merge(graphdef, *state)
+    x, w, key = jnp.asarray(SEQS[::97]), 0.5, jax.random.key(3)
+    own = causal.ancestral(key, graphdef, state, x.shape[0], L)
+    assert own.shape == x.shape and not np.array_equal(np.asarray(own), np.asarray(x))
+    got = spec.loss(model, x, K, draft_weight=w, draft_target="own", key=key)
+    # (4) on the own texts is the "causal" loss there less their NLL (its enumeration is the test above)
+    on_own = (spec.loss(model, own, K, draft_weight=w, draft_target="causal")
+              - spec.token_nlls(model, own, K)[0].sum(-1))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(spec.token_nlls(model, x, K)[0].sum(-1) + on_own),
+                               rtol=1e-4)
+    fixed = jax.nn.softmax(spec.halves(model, own, K)[0].astype(jnp.float32), axis=-1)
+
+    def by_hand(m):
+        log_p = jax.nn.log_softmax(spec.halves(m, x, K)[0].astype(jnp.float32), axis=-1)
+        drafts = spec.halves(m, own, K)[1]
+        return (-jnp.take_along_axis(log_p, x[..., None], axis=-1).sum()
+                - w * (fixed * jax.nn.log_softmax(drafts.astype(jnp.float32), axis=-1)).sum())
+
+    grads = nnx.jit(nnx.grad(lambda m: spec.loss(m, x, K, draft_weight=w, draft_target="own", key=key).sum()))(model)
+    want = nnx.jit(nnx.grad(by_hand))(model)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="give a key"):
+        spec.loss(model, x, K, draft_target="own")
+
+
 SLOW = pytest.mark.slow  # the same law checked again at another layout or rule (-m slow; the default keeps one of each)
 
 

@@ -132,12 +132,13 @@ def token_nlls(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None 
     return causal.nll_of_logits(p_logits, x), causal.nll_of_logits(q_logits, x)
 
 
-DRAFT_TARGETS = ("data", "causal")
-"""What the drafts learn, training.draft_target: the text's next tokens, or the causal half's laws (``loss``)."""
+DRAFT_TARGETS = ("data", "causal", "own")
+"""What the drafts learn, training.draft_target: the text's next tokens, the causal half's laws on the text, or
+its laws on text it wrote itself (``loss``)."""
 
 
 def loss(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True, rngs=None,
-         draft_weight: float = 1.0, draft_target: str = "data") -> jax.Array:
+         draft_weight: float = 1.0, draft_target: str = "data", key: jax.Array | None = None) -> jax.Array:
     """(3): the causal half's NLL and w times the drafts' cross-entropy, nats per sequence, float32[B].
 
     w = training.draft_weight: below 1 the shared network spends less of itself on the drafts (a
@@ -152,16 +153,29 @@ def loss(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True
     sum_v min(p, q) (``sedd.speculative``), largest at q = p. q cannot see the tokens between a(l)
     and l, so its best is p averaged over them; (4) averages p over the text's tokens there, and each
     term gives the whole law p(. | x_<l) where (3) gives one token drawn from the data's (the same
-    mean if p fits the data, less noise). The NLL term, the likelihood and the sampler are (1)
-    unchanged: the text keeps p's law exactly either way.
+    mean if p fits the data, less noise). "own": (4) on B texts y the causal half writes now (from
+    `key`, ``causal.ancestral`` at temperature 1, no gradient through the draw), in place of the data:
+    the tokens between a(l) and l are then the ones sampling meets, so q learns p averaged over p's own
+    law there, which is what a round's drafts face (on-policy, as drafters distilled from their target
+    are); the NLL stays on x. The NLL term, the likelihood and the sampler are (1) unchanged: the text
+    keeps p's law exactly either way.
     """
     if draft_target not in DRAFT_TARGETS:
         raise ValueError(f"draft_target must be one of {DRAFT_TARGETS}, got {draft_target!r}")
-    p_logits, q_logits = halves(model, x, k, deterministic, rngs)
-    nll_p = causal.nll_of_logits(p_logits, x)
+    b, length = x.shape
+    texts = x
+    if draft_target == "own":
+        if key is None:
+            raise ValueError('draft_target="own" draws the causal half\'s texts: give a key')
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        own = causal.ancestral(key, graphdef, jax.lax.stop_gradient((params, rest)), b, length)  # (B, L)
+        texts = jnp.concatenate([x, own.astype(x.dtype)])  # (2B, L): one call for both
+    p_logits, q_logits = halves(model, texts, k, deterministic, rngs)
+    nll_p = causal.nll_of_logits(p_logits[:b], x)
     if draft_target == "data":
         nll_q = causal.nll_of_logits(q_logits, x)
     else:
+        p_logits, q_logits = p_logits[-b:], q_logits[-b:]  # "own": the texts it wrote
         p = jax.nn.softmax(jax.lax.stop_gradient(p_logits).astype(jnp.float32), axis=-1)
         nll_q = -jnp.sum(p * jax.nn.log_softmax(q_logits.astype(jnp.float32), axis=-1), axis=-1)
     return nll_p.sum(-1) + draft_weight * nll_q.sum(-1)
@@ -583,7 +597,8 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
         target = config.training.draft_target
         if target not in DRAFT_TARGETS:
             raise ValueError(f"training.draft_target={target!r} (what model.kind='spec' trains its drafts on) must "
-                             f"be one of {DRAFT_TARGETS}: the text's tokens, or the causal half's laws")
+                             f"be one of {DRAFT_TARGETS}: the text's tokens, the causal half's laws on it, or its laws "
+                             "on text it writes")
         self.draft_k, self.draft_weight, self.draft_target = k, float(w), target
         self.layout = Layout(k, k + 1)
 
@@ -595,8 +610,9 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
         """The layout a sample with options `o` runs: theirs or the kind's; a draft_k that is not its k refused."""
         layout = self.layout if o.layout is None else layout_of(o.layout, self.draft_k)
         if o.draft_k is not None and o.draft_k != layout.k:
-            raise ValueError(f"draft_k={o.draft_k!r}: this run drafts {layout.k} token{'s' * (layout.k != 1)} a round in its layout "
-                             f"({layout}); a spec run's drafts a round are its layout's k (--layout K,GROUPS)")
+            raise ValueError(f"draft_k={o.draft_k!r}: this run drafts {layout.k} token{'s' * (layout.k != 1)} a round "
+                             f"in its layout ({layout}); a spec run's drafts a round are its layout's k (--layout "
+                             "K,GROUPS)")
         return layout
 
     def tune(self, net, options=None, workdir=None, batch=1, progress=False):
@@ -637,7 +653,7 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
     def loss(self, key, model, x0, train, rngs=None):
         """(3) of the module docstring: the causal half's NLL plus the one-step drafts' cross-entropy."""
         return loss(model, x0, self.draft_k, deterministic=not train, rngs=rngs,
-                    draft_weight=self.draft_weight, draft_target=self.draft_target)
+                    draft_weight=self.draft_weight, draft_target=self.draft_target, key=key)
 
     def sample(self, key, net, num_samples, steps=None, sampler=None, rows=None, **options):
         """Self-speculation (``speculate``): the causal half's law, up to k + 1 tokens a call.
