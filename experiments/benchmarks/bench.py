@@ -130,8 +130,11 @@ def parser() -> argparse.ArgumentParser:
                    "AR's text and the first --spec run's in each, interleaved (which is AR at its best here)")
     p.add_argument("--positions", type=int, nargs="+", default=None,
                    help="speculative: the n of the call-cost curve (default 1 .. 32)")
+    p.add_argument("--widths", type=int, nargs="+", default=None,
+                   help="speculative: the call-cost curve of the plays' network at these widths (--blocks layers, "
+                   "default 4; max(8, W / 64) heads) in place of the default's and GPT-2 small's")
     p.add_argument("--verifications", default="joint", help="speculative: comma-separated, each cell verified by "
-                   "each: 'block' (Sun et al.) and/or 'token' (Leviathan et al.); the same law")
+                   "each: 'joint' (Sun et al.'s block verification) and/or 'token' (Leviathan et al.); the same law")
     p.add_argument("--picture", default="", help="speculative: a PNG of tokens a call and tokens/s against quality")
     p.add_argument("--dump", default="", help="decode: a folder for the AR loop's HLO and the traces (.xplane.pb.gz)")
     return p

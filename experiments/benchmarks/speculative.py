@@ -465,12 +465,15 @@ def run_speculative(quick: bool, args) -> dict:
         sizes = {"shakespeare_char": nets.bench_config(vocab_size=65),
                  "gpt2_small": nets.bench_config(hidden_size=768, n_layers=12, n_heads=12, seq_len=256)}
         sizes["gpt2_small"].vocab_size = 50257
+        if args.widths:  # the plays' network (V = 65) at each width: where a call on more positions starts to pay
+            sizes = {f"width {w}": nets.bench_config(vocab_size=65, hidden_size=w, n_layers=args.blocks or 4,
+                                                     n_heads=max(8, w // 64)) for w in args.widths}
         ns = args.positions or list(range(1, 33))
         ks, batches, quality_samples, repeats = [2, 4, 8, 16], args.batch_sizes, args.quality_samples, args.repeats
     curves, ceilings = cost_curves({} if args.target and not args.cost_only else sizes, ns, batches, repeats, args)
     profile = None
-    if args.cost_only or quick or args.profile_size:  # where a step's time goes, at the default's size or the one asked
-        size = "tiny" if quick else args.profile_size or "shakespeare_char"
+    size = "tiny" if quick else args.profile_size or "shakespeare_char"
+    if (args.cost_only or quick or args.profile_size) and size in sizes:  # where a step's time goes, at that size
         config = sizes[size].copy_and_resolve_references()
         config.data.seq_len = min(config.data.seq_len, 128)
         if args.dtype:
