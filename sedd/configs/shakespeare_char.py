@@ -72,7 +72,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.training.loss_chunk = 0  # >0: the output layer and loss this many positions at a time (no [B, L, V] array)
     c.training.draft_weight = 1.0  # model.kind = "spec": the weight of the drafts' cross-entropy beside the NLL
     # model.kind = "spec": drafts learn the text ("data"), the causal half's laws on it ("causal"), or its laws on
-    # text it writes each step ("own": on-policy; a step costs about twice as much, sedd.kinds.spec.loss)
+    # text it writes each step ("own": on-policy; each step also writes a batch, token by token: sedd.kinds.spec.loss)
     c.training.draft_target = "data"
     c.training.sampling_eps = 1e-3  # t ~ U[sampling_eps, 1]
     c.training.low_discrepancy = False  # stratified t over the batch (VDM/MD4); off as in SEDD

@@ -426,9 +426,9 @@ LAYOUTS_FILE = "layouts.json"
 
 def candidates(k: int) -> list[Layout]:
     """The layouts ``time_layouts`` times for a run trained at k: no drafts; k = 1 with a group for each outcome;
-    about k / 2 and k with one group. Each compiles a program of its own (about 2 s at the default's size on a
-    2-core CPU), so the few that win somewhere: no drafts where a position costs as much as it adds, more drafts
-    a call where positions cost little; any other is given with ``--layout``."""
+    about k / 2 and k with one group. Each compiles a program of its own (docs/studies/speculative.md times it),
+    so the few that win somewhere: no drafts where a position costs as much as it adds, more drafts a call where
+    positions cost little; any other is given with ``--layout``."""
     return sorted({NO_DRAFTS, Layout(1, 2), Layout(max(1, k // 2), 1), Layout(k, 1)},
                   key=lambda lay: (-lay.k, -lay.groups))
 
