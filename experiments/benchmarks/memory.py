@@ -46,7 +46,8 @@ def train_step_memory(config, mesh: jax.sharding.Mesh | None = None) -> dict:
 
 
 # The vocabulary each config trains with (set from the tokenizer in a real run): the plays give 85 ids.
-SHIPPED_VOCAB = {"shakespeare_char": 85, "tiny": 85, "text8": 28, "owt_small": 50257, "owt_1b3": 50257, "markov": 8}
+SHIPPED_VOCAB = {"shakespeare_char": 85, "shakespeare_wide": 85, "tiny": 85,
+                 "text8": 28, "owt_small": 50257, "owt_1b3": 50257, "markov": 8}
 
 
 # What the memory plan varies, cheapest first: accumulation (fewer sequences a call) costs

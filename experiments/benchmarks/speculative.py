@@ -12,7 +12,7 @@ import numpy as np
 from experiments.benchmarks import nets
 from experiments.quality import sample_quality
 from experiments.timing import format_table, interleaved, median, paired_ratio, tokens_per_call
-from sedd.kinds import causal
+from sedd.kinds import capabilities, causal
 from sedd import config as config_lib
 
 
@@ -191,7 +191,7 @@ def bench_speculative(target, drafts: dict, specs: dict, ks: list[int], batches:
     call, the acceptance by draft position, the seconds at each batch interleaved with ``causal.ancestral``'s (the
     ratio the median of per-round ratios), and the quality of quality_samples texts drawn the same way; each
     cell once per verification ("joint" or "token", ``sedd.speculative.round_law``); the spec run once per
-    layout ("K,GROUPS", None its trained one, "auto" the fastest at each batch: ``Kind.choose_layout``), each
+    layout ("K,GROUPS", None its trained one, "auto" the fastest at each batch: ``Tunes.tune``), each
     spec run of `specs` ({name: run}) in turn, against the same AR run in the same process.
     """
     from sedd.data.markov import chain_from_config  # noqa: PLC0415
@@ -222,7 +222,7 @@ def bench_speculative(target, drafts: dict, specs: dict, ks: list[int], batches:
         chosen = {}  # "auto": the layout the rule picks at each batch (timed here, nothing saved)
         if spec is not None and k == "auto":
             for batch in batches:
-                line = spec.kind.choose_layout(spec.net, "auto", None, batch)
+                line = capabilities.tune(spec.kind, spec.net, {}, None, batch)  # the fastest here, nothing kept
                 chosen[batch] = spec.kind.layout
                 print(f"  batch {batch}: {line}", flush=True)
 
