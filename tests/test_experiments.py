@@ -368,8 +368,12 @@ def test_speculative_bench_parts(tmp_path):
     target, drafts, _ = speculative.speculative_runs(True, argparse.Namespace(target=""))
     drafts = {name: d for name, d in drafts.items() if "block" in name}
     study = speculative.bench_speculative(target, drafts, {}, ks=[2], batches=[1], repeats=1, quality_samples=4,
-                                    verifications=("joint", "token"))
-    block_row, row = study["rows"]
+                                    verifications=("joint", "token"), temperatures=(1.0, 0.0))
+    block_row, row, *greedy = study["rows"]
+    assert [r["temperature"] for r in study["rows"]] == [1.0, 1.0, 0.0, 0.0]
+    # T 0: every row writes the target's greedy text, so its quality is AR's own at T 0, whatever was kept
+    greedy_nll = study["ar_by_temperature"]["0"]["nll"]
+    assert all(0.5 <= r["tokens_per_call"] <= 1.5 and r["nll"] == greedy_nll for r in greedy)
     assert (block_row["verification"], row["verification"]) == ("joint", "token") and "token" in row["drafter"]
     assert row["k"] == 2 and row["drafter_calls"] == row["target_calls"] and len(row["acceptance_by_position"]) == 2
     assert 1 <= row["tokens_per_call"] <= 3 and row["quality"] == "exact_nats_per_token" and row["nll"] > 0

@@ -135,6 +135,8 @@ def parser() -> argparse.ArgumentParser:
                    "default 4; max(8, W / 64) heads) in place of the default's and GPT-2 small's")
     p.add_argument("--verifications", default="joint", help="speculative: comma-separated, each cell verified by "
                    "each: 'joint' (Sun et al.'s block verification) and/or 'token' (Leviathan et al.); the same law")
+    p.add_argument("--temperatures", type=float, nargs="+", default=[1.0],
+                   help="speculative: each cell at each temperature, against AR at it (0: greedy, one text)")
     p.add_argument("--picture", default="", help="speculative: a PNG of tokens a call and tokens/s against quality")
     p.add_argument("--dump", default="", help="decode: a folder for the AR loop's HLO and the traces (.xplane.pb.gz)")
     return p

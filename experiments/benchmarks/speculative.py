@@ -184,7 +184,8 @@ def speculative_runs(quick: bool, args) -> tuple:
 
 def bench_speculative(target, drafts: dict, specs: dict, ks: list[int], batches: list[int], repeats: int,
                       quality_samples: int, target_name: str = "random",
-                      verifications: tuple[str, ...] = ("joint",), layouts: tuple[str | None, ...] = (None,)) -> dict:
+                      verifications: tuple[str, ...] = ("joint",), layouts: tuple[str | None, ...] = (None,),
+                      temperatures: tuple[float, ...] = (1.0,)) -> dict:
     """Speculative sampling of the AR run `target` with each drafter and k, against its own KV-cached sampling.
 
     Per (drafter, k): the calls (the target's and the drafter's network calls, counted alike) and tokens a
@@ -192,32 +193,36 @@ def bench_speculative(target, drafts: dict, specs: dict, ks: list[int], batches:
     ratio the median of per-round ratios), and the quality of quality_samples texts drawn the same way; each
     cell once per verification ("joint" or "token", ``sedd.speculative.round_law``); the spec run once per
     layout ("K,GROUPS", None its trained one, "auto" the fastest at each batch: ``Tunes.tune``), each
-    spec run of `specs` ({name: run}) in turn, against the same AR run in the same process.
+    spec run of `specs` ({name: run}) in turn, against the same AR run in the same process; each cell at
+    each of `temperatures` against AR at the same one (at 0 every text is the greedy one: a spec row's
+    "greedy_exact" says whether its texts are its causal half's greedy text, token for token).
     """
     from sedd.data.markov import chain_from_config  # noqa: PLC0415
 
     chain = chain_from_config(target.config.data) if target.config.data.name == "markov" else None
     length = target.seq_len
     key = jax.random.key(0)
-    own = target.sample(jax.random.key(1), quality_samples).tokens
-    ar_quality = sample_quality(own, target, chain)
-    cells = []  # (name, k or the spec run's layout, draft or None, spec run or None, verification)
-    for how in verifications:
-        tag = "" if len(verifications) == 1 else f", {how}"
+    ar_quality = {t: sample_quality(target.sample(jax.random.key(1), quality_samples, temperature=t).tokens,
+                                    target, chain) for t in temperatures}
+    cells = []  # (name, k or the spec run's layout, draft or None, spec run or None, verification, temperature)
+    for t, how in [(t, how) for t in temperatures for how in verifications]:
+        tag = ("" if len(verifications) == 1 else f", {how}") + ("" if len(temperatures) == 1 else f", T {t:g}")
         for name, draft in drafts.items():
             # A diffusion drafter drafts within one of its blocks: k up to its block's b positions.
             cap = draft.kind.one_token_steps(draft.seq_len) if not isinstance(draft, str) and draft.kind.diffuses \
                 else None
-            cells += [(name + tag, k, draft, None, how) for k in ks if cap is None or k <= cap]
+            cells += [(name + tag, k, draft, None, how, t) for k in ks if cap is None or k <= cap]
         for spec_name, spec in specs.items():
-            cells += [(f"{spec_name} (spec {layout or 'trained'}{tag})", layout, None, spec, how) for layout in layouts]
+            cells += [(f"{spec_name} (spec {layout or 'trained'}{tag})", layout, None, spec, how, t)
+                      for layout in layouts]
     rows = []
-    for name, k, draft, spec, how in cells:
-        def sample(batch, key=key, draft=draft, k=k, how=how, spec=spec):
+    for name, k, draft, spec, how, temp in cells:
+        def sample(batch, key=key, draft=draft, k=k, how=how, spec=spec, temp=temp):
             if spec is not None:  # k: the spec run's layout
                 layout = chosen.get(batch, chosen.get(min(batches), k))  # the quality samples: batch 1's
-                return spec.sample(key, batch, return_stats=True, verification=how, layout=layout)
-            return target.sample(key, batch, draft=draft, draft_k=k, return_stats=True, verification=how)
+                return spec.sample(key, batch, return_stats=True, verification=how, layout=layout, temperature=temp)
+            return target.sample(key, batch, draft=draft, draft_k=k, return_stats=True, verification=how,
+                                 temperature=temp)
 
         chosen = {}  # "auto": the layout the rule picks at each batch (timed here, nothing saved)
         if spec is not None and k == "auto":
@@ -232,17 +237,19 @@ def bench_speculative(target, drafts: dict, specs: dict, ks: list[int], batches:
         drafter_calls = np.asarray(st.get("draft_calls", np.zeros_like(rounds)), np.float64)
         calls = rounds + drafter_calls  # (B,) a text's network calls
         per_call, per_call_se = tokens_per_call(length, calls)
-        row = {"drafter": name, "k": k, "verification": how, "target_calls": float(rounds.mean()),
+        row = {"drafter": name, "k": k, "verification": how, "temperature": temp, "target_calls": float(rounds.mean()),
                "drafter_calls": float(drafter_calls.mean()), "tokens_per_call": per_call,
                "tokens_per_call_se": per_call_se,
                "tokens_per_target_call": float(length / rounds.mean()),
                "acceptance_by_position": (np.asarray(st["accepted_at"], np.float64) / rounds.sum()).tolist(),
                **sample_quality(out.tokens, target, chain)}
         if spec is not None:  # lossless in practice: the spec run's causal half drawn one token at a time, no drafts
-            direct = np.asarray(causal.ancestral_model(jax.random.key(2), spec.model, quality_samples, length))
+            direct = np.asarray(causal.ancestral_model(jax.random.key(2), spec.model, quality_samples, length, temp))
             row["own"] = sample_quality(direct, target, chain)
+            if temp == 0:
+                row["greedy_exact"] = bool(np.array_equal(np.asarray(out.tokens), direct))
         for batch in batches:
-            times = interleaved({"ar": lambda b=batch: target.sample(key, b).tokens,
+            times = interleaved({"ar": lambda b=batch: target.sample(key, b, temperature=temp).tokens,
                                  "spec": lambda b=batch: sample(b).tokens}, repeats, warmup=2)  # AR traces twice
             row[f"tokens_per_s_b{batch}"] = batch * length / median(times["spec"])
             row[f"ar_tokens_per_s_b{batch}"] = batch * length / median(times["ar"])
@@ -252,7 +259,8 @@ def bench_speculative(target, drafts: dict, specs: dict, ks: list[int], batches:
         rows.append(row)
         print(f"  {name} k={k}: {row['tokens_per_call']:.2f} tokens a call, "
               + ", ".join(f"{row[f'vs_ar_b{b}']:.2f}x AR at batch {b}" for b in batches), flush=True)
-    return {"target": target_name, "length": length, "ar": ar_quality,
+    return {"target": target_name, "length": length, "ar": ar_quality[temperatures[0]],
+            "ar_by_temperature": {f"{t:g}": q for t, q in ar_quality.items()},
             "quality_samples": quality_samples, "rows": rows}
 
 
@@ -389,6 +397,8 @@ def speculative_picture(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     study = result["study"]
+    first = study["rows"][0].get("temperature", 1.0) if study["rows"] else 1.0  # the first temperature's cells
+    study = {**study, "rows": [r for r in study["rows"] if r.get("temperature", 1.0) == first]}
     batch = min(int(k.rsplit("b", 1)[1]) for k in study["rows"][0] if k.startswith("vs_ar_b")) if study["rows"] else 1
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     markers = dict(zip(sorted({r["drafter"] for r in study["rows"]}), "osD^v<>p*h"))
@@ -494,22 +504,27 @@ def run_speculative(quick: bool, args) -> dict:
         target, drafts, specs = speculative_runs(quick, args)
         study = bench_speculative(target, drafts, specs, ks, batches, repeats, quality_samples,
                                   args.target or "random weights",
-                                  tuple(args.verifications.split(",")), tuple(args.layouts or (None,)))
-        a = study["ar"]
-        rows = [["AR, KV cache", "-", "1.00", "-", f"{a['nll']:.4f} +- {a['nll_se']:.4f}",
-                 f"{a['unigram_entropy_bits']:.3f}"] + ["1.00"] * len(batches)]
-        for r in study["rows"]:
-            rows.append([r["drafter"], r["k"], f"{r['tokens_per_call']:.3f} +- {r['tokens_per_call_se']:.3f}",
-                         " ".join(f"{p:.2f}" for p in r["acceptance_by_position"]),
-                         f"{r['nll']:.4f} +- {r['nll_se']:.4f}", f"{r['unigram_entropy_bits']:.3f}"]
-                        + [f"{r[f'vs_ar_b{b}']:.2f}" for b in batches])
-            if "own" in r:  # the spec run's causal half drawn without drafts: the law its row must match
-                o = r["own"]
-                rows.append(["  its causal half, no drafts", "-", "1.00", "-", f"{o['nll']:.4f} +- {o['nll_se']:.4f}",
-                             f"{o['unigram_entropy_bits']:.3f}"] + ["-"] * len(batches))
-        lines.append(f"speculative sampling of {study['target']} (L {study['length']}); quality: {a['quality']} "
-                     f"of {quality_samples} samples")
-        lines.append(format_table(["drafter", "k", "tok/call", "acceptance by position", "NLL", "unigram H (bits)"]
+                                  tuple(args.verifications.split(",")), tuple(args.layouts or (None,)),
+                                  tuple(args.temperatures))
+        rows = []
+        for t, a in study["ar_by_temperature"].items():
+            rows.append(["AR, KV cache", "-", t, "1.00", "-", f"{a['nll']:.4f} +- {a['nll_se']:.4f}",
+                         f"{a['unigram_entropy_bits']:.3f}"] + ["1.00"] * len(batches))
+            for r in (r for r in study["rows"] if f"{r['temperature']:g}" == t):
+                rows.append([r["drafter"], r["k"], t, f"{r['tokens_per_call']:.3f} +- {r['tokens_per_call_se']:.3f}",
+                             " ".join(f"{p:.2f}" for p in r["acceptance_by_position"]),
+                             f"{r['nll']:.4f} +- {r['nll_se']:.4f}", f"{r['unigram_entropy_bits']:.3f}"]
+                            + [f"{r[f'vs_ar_b{b}']:.2f}" for b in batches])
+                if "own" in r:  # the spec run's causal half drawn without drafts: the law its row must match
+                    o = r["own"]
+                    exact = {True: ", its greedy text", False: ", NOT its greedy text"}.get(r.get("greedy_exact"), "")
+                    rows.append([f"  its causal half, no drafts{exact}", "-", t, "1.00", "-",
+                                 f"{o['nll']:.4f} +- {o['nll_se']:.4f}", f"{o['unigram_entropy_bits']:.3f}"]
+                                + ["-"] * len(batches))
+        lines.append(f"speculative sampling of {study['target']} (L {study['length']}); quality: "
+                     f"{study['ar']['quality']} of {quality_samples} samples at each temperature T "
+                     "(T 0: every text the greedy one)")
+        lines.append(format_table(["drafter", "k", "T", "tok/call", "acceptance by position", "NLL", "unigram H (bits)"]
                                   + [f"vs AR b={b}" for b in batches], rows))
     if profile is not None and study is not None and specs:  # the runs' tokens a call at that size's prices
         ar_ms = profile["rows"][0]["ms_a_step"]

@@ -259,17 +259,18 @@ def round_mask(k: int, groups: int | None = None) -> np.ndarray:
 
 def _call(model: DDiT, cache: tuple, start, tokens: jax.Array, positions: jax.Array,
           own: np.ndarray) -> tuple[jax.Array, tuple]:
-    """One row's call: tokens int[n] at `positions`, written into cache rows start .. start + n - 1, each seeing the
-    rows < start (the text) and the call's own rows as own bool[n, n] says; returns (logits float32[n, V], cache).
+    """One call of every row: tokens int[B, n] at `positions` ([B,] n), written into cache rows start .. start + n - 1
+    (start int32[] or int32[B], a row's own), each seeing the rows < start (the text) and the call's own rows as own
+    bool[n, n] says; returns (logits float32[B, n, V], cache).
 
     Rows past the call's causal positions hold its draft groups' keys and values: they lie at or past the next
     round's start, which writes its own rows over them before any query of its sees them."""
-    n, rows = tokens.shape[0], cache[0][0].shape[1]
-    rel = jnp.arange(rows) - start  # (S,) a row's place in this call; < 0: the text before it
+    n, rows = tokens.shape[1], cache[0][0].shape[1]
+    rel = jnp.arange(rows) - jnp.asarray(start)[..., None]  # ([B,] S) a row's place in this call; < 0: the text
     inside = (rel >= 0) & (rel < n)
-    sees = (rel < 0)[None, :] | (inside[None, :] & jnp.asarray(own)[:, jnp.clip(rel, 0, n - 1)])  # (n, S)
-    out, cache = model.output_in_cache(tokens[None], None, positions=positions, mask=sees, cache=cache, at=start)
-    return out[0], cache
+    own = jnp.moveaxis(jnp.take(jnp.asarray(own), jnp.clip(rel, 0, n - 1), axis=1), 0, -2)  # ([B,] n, S)
+    sees = (rel < 0)[..., None, :] | (inside[..., None, :] & own)
+    return model.output_in_cache(tokens, None, positions=positions, mask=sees, cache=cache, at=start)
 
 
 DRAFT_TEMPERATURE = 0.8
@@ -286,7 +287,7 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0,
                       draft_temperature=DRAFT_TEMPERATURE) -> tuple:
     r"""(prefill, target, drafter) of the spec network `graphdef` for ``sedd.speculative.decode(shared=True)``.
 
-    Each row has its own cache and start (the rows run under ``jax.vmap``).
+    Each row has its own start: one call of the batch writes each row's cache rows at its own.
     The state, shared by target and drafter: ((params, rest), caches, laws
     float32[B, groups, k, V] of each group's drafts, the last round's start
     int32[B]). temperature and top_p may be traced (a server's rows);
@@ -318,16 +319,11 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0,
         first_mask = np.where(idx[:, None] < n_c, (idx[None, :] <= idx[:, None]) & (idx[None, :] < n_c),
                               (idx[None, :] <= seen) | (idx[None, :] >= n_c))
         positions = jnp.asarray(np.concatenate([np.arange(n_c), p + np.arange(k)]), jnp.int32)
-
-        def one(row):  # (P,)
-            tokens = jnp.concatenate([jnp.full((1,), causal.bos_id(model), jnp.int32), row[:n_c - 1].astype(jnp.int32),
-                                      jnp.full((k,), mask_id(model), jnp.int32)])
-            out, cache = _call(model, model.empty_cache(1, rows_of(model)), 0, tokens, positions, first_mask)
-            first = shaped_law(out[n_c:], temperature, top_p)  # (k, V)
-            laws = jnp.zeros((groups, k, model.out_dim), jnp.float32).at[0].set(first)
-            return cache, laws
-
-        caches, laws = jax.vmap(one)(prompt)
+        tokens = jnp.concatenate([jnp.full((b, 1), causal.bos_id(model), jnp.int32), prompt[:, :n_c - 1].astype(
+            jnp.int32), jnp.full((b, k), mask_id(model), jnp.int32)], 1)
+        out, caches = _call(model, model.empty_cache(b, rows_of(model)), 0, tokens, positions, first_mask)
+        first = shaped_law(out[:, n_c:], temperature, top_p)  # (B, k, V)
+        laws = jnp.zeros((b, groups, k, model.out_dim), jnp.float32).at[:, 0].set(first)
         return params_state, caches, laws, jnp.full((b,), p - 1, jnp.int32)
 
     mask = round_mask(k, groups)
@@ -337,15 +333,14 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0,
         params_state, caches, _, _ = state
         model = nnx.merge(graphdef, *params_state)
 
-        def one(cache, row, s):  # (S...), (T,), ()
-            prev = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)], causal.bos_id(model))
-            tokens = jnp.concatenate([prev[None], jax.lax.dynamic_slice(row, (s,), (k,)),
-                                      jnp.full((k * groups,), mask_id(model), jnp.int32)])
-            out, cache = _call(model, cache, s, tokens, s + jnp.asarray(offsets, jnp.int32), mask)
-            shaped = shaped_law(out, temperature, top_p)  # (k + 1 + groups k, V)
-            return shaped[:k + 1], shaped[k + 1:].reshape(groups, k, -1), cache
-
-        p, laws, caches = jax.vmap(one)(caches, text, start)
+        b = text.shape[0]
+        prev = jnp.where(start > 0, jnp.take_along_axis(text, jnp.maximum(start - 1, 0)[:, None], 1)[:, 0],
+                         causal.bos_id(model))  # (B,)
+        drafts = jnp.take_along_axis(text, start[:, None] + jnp.arange(k)[None, :], 1)  # (B, k)
+        tokens = jnp.concatenate([prev[:, None], drafts, jnp.full((b, k * groups), mask_id(model), jnp.int32)], 1)
+        out, caches = _call(model, caches, start, tokens, start[:, None] + jnp.asarray(offsets, jnp.int32), mask)
+        shaped = shaped_law(out, temperature, top_p)  # (B, k + 1 + groups k, V)
+        p, laws = shaped[:, :k + 1], shaped[:, k + 1:].reshape(b, groups, k, -1)
         return p, (params_state, caches, laws, start)
 
     def drafter(key, state, text, start, k_):
