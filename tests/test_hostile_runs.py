@@ -442,6 +442,6 @@ def test_a_layouts_file_naming_a_layout_the_run_does_not_time_is_refused_by_name
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and f"{path} names the layout" in err and "not one this run times" in err
     timed = [{"layout": f"{lay.k},{lay.groups}"} for lay in spec.candidates(2)]  # as sedd writes it
-    path.write_text(json.dumps({where: {"layout": "1,1", "timed": timed}}))
+    path.write_text(json.dumps({where: {"layout": "1,2", "timed": timed}}))
     assert cli.main(["sample", "--workdir", str(copy_spec_run), "--num_samples", "1"]) == 0
     assert "chosen earlier on this device" in capsys.readouterr().err

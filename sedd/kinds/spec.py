@@ -420,11 +420,12 @@ LAYOUTS_FILE = "layouts.json"
 
 
 def candidates(k: int) -> list[Layout]:
-    """The layouts ``time_layouts`` times for a run trained at k: no drafts; k = 1 with a group for each outcome;
-    about k / 2 and k with one group. Each compiles a program of its own (docs/studies/speculative.md times it),
-    so the few that win somewhere: no drafts where a position costs as much as it adds, more drafts a call where
-    positions cost little; any other is given with ``--layout``."""
-    return sorted({NO_DRAFTS, Layout(1, 2), Layout(max(1, k // 2), 1), Layout(k, 1)},
+    """The layouts ``time_layouts`` times for a run trained at k: no drafts; k = 1 and about k / 2 with two
+    groups; k with one group. Each compiles a program of its own (docs/studies/speculative.md times it), so
+    the few that win somewhere: no drafts where a position costs as much as it adds, more drafts a call where
+    positions cost little (the second group keeps drafts for the round after a kept draft, which one group
+    cannot); any other is given with ``--layout``."""
+    return sorted({NO_DRAFTS, Layout(1, 2), Layout(max(1, k // 2), 2), Layout(k, 1)},
                   key=lambda lay: (-lay.k, -lay.groups))
 
 
