@@ -509,25 +509,29 @@ def run_speculative(quick: bool, args) -> dict:
         rows = []
         for t, a in study["ar_by_temperature"].items():
             rows.append(["AR, KV cache", "-", t, "1.00", "-", f"{a['nll']:.4f} +- {a['nll_se']:.4f}",
-                         f"{a['unigram_entropy_bits']:.3f}"] + ["1.00"] * len(batches) + ["-"])
+                         f"{a['unigram_entropy_bits']:.3f}"] + ["1.00"] * len(batches) + ["-", "-"])
             for r in (r for r in study["rows"] if f"{r['temperature']:g}" == t):
                 rows.append([r["drafter"], r["k"], t, f"{r['tokens_per_call']:.3f} +- {r['tokens_per_call_se']:.3f}",
                              " ".join(f"{p:.2f}" for p in r["acceptance_by_position"]),
                              f"{r['nll']:.4f} +- {r['nll_se']:.4f}", f"{r['unigram_entropy_bits']:.3f}"]
                             + [f"{r[f'vs_ar_b{b}']:.2f}" for b in batches]
-                            + [f"{1.5 * r['tokens_per_call'] / r[f'vs_ar_b{batches[0]}']:.2f}"])
+                            + [f"{1.5 * r['tokens_per_call'] / r[f'vs_ar_b{batches[0]}']:.2f}",
+                               f"{r[f'ar_tokens_per_s_b{batches[0]}']:,.0f}"])
                 if "own" in r:  # the spec run's causal half drawn without drafts: the law its row must match
                     o = r["own"]
                     exact = {True: ", its greedy text", False: ", NOT its greedy text"}.get(r.get("greedy_exact"), "")
                     rows.append([f"  its causal half, no drafts{exact}", "-", t, "1.00", "-",
                                  f"{o['nll']:.4f} +- {o['nll_se']:.4f}", f"{o['unigram_entropy_bits']:.3f}"]
-                                + ["-"] * (len(batches) + 1))
+                                + ["-"] * (len(batches) + 2))
         lines.append(f"speculative sampling of {study['target']} (L {study['length']}); quality: "
                      f"{study['ar']['quality']} of {quality_samples} samples at each temperature T "
                      f"(T 0: every text the greedy one); 1.5x needs: the tokens a call the row's calls, at the "
-                     f"price they were timed at, would have to write for 1.5x AR at batch {batches[0]}")
+                     f"price they were timed at, would have to write for 1.5x AR at batch {batches[0]}; AR tok/s: "
+                     f"AR's own at batch {batches[0]} in the row's cell (each ratio is against the AR of its cell: "
+                     "where AR ran slower than in the other cells, the ratio overstates)")
         lines.append(format_table(["drafter", "k", "T", "tok/call", "acceptance by position", "NLL", "unigram H (bits)"]
-                                  + [f"vs AR b={b}" for b in batches] + ["1.5x needs"], rows))
+                                  + [f"vs AR b={b}" for b in batches] + ["1.5x needs", f"AR tok/s b={batches[0]}"],
+                                  rows))
     if profile is not None and study is not None and specs:  # the runs' tokens a call at that size's prices
         ar_ms = profile["rows"][0]["ms_a_step"]
         priced = {r["loop"].rsplit(" ", 1)[1]: r["ms_a_step"] for r in profile["rows"][1:]}
