@@ -196,8 +196,10 @@ def test_gpu_script_toy_dry_run(tmp_path):
     run = subprocess.run(["bash", "experiments/benchmarks/gpu.sh", "--toy", str(tmp_path)], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    for name in ("decode", "train_attention", "decode_flags_default", "decode_flags_while", "speculative"):
-        assert (tmp_path / f"{name}.json").exists(), (name, (tmp_path / f"{name}.log").read_text()[-2000:])
+    parts = {name: name for name in ("decode", "train_attention", "decode_flags_default", "decode_flags_while",
+                                     "speculative")} | {"spec_runs": "spec_bench"}  # a JSON file: its part's log
+    for name, part in parts.items():
+        assert (tmp_path / f"{name}.json").exists(), (name, (tmp_path / f"{part}.log").read_text()[-2000:])
     decode = json.loads((tmp_path / "decode.json").read_text())
     assert all(r["same_tokens_as_ar_sample"] for r in decode["results"] if r["what"].startswith("AR"))
     assert any(r["what"].startswith("block b=4") for r in decode["results"])
@@ -206,5 +208,9 @@ def test_gpu_script_toy_dry_run(tmp_path):
     assert [r["attention_setting"] for r in train] == ["mixed", "cudnn"]
     assert all(r["attention"] == "mixed" for r in train)  # a CPU takes no cuDNN
     assert all(r["peak_iters"] == 2 and r["peak_one_call_flops_per_s"] > 0 for r in train)
+    spec = json.loads((tmp_path / "spec_runs.json").read_text())["study"]  # part 5: runs trained by the script
+    assert [r["temperature"] for r in spec["rows"]] == [1.0, 0.0]
+    assert spec["rows"][1]["greedy_exact"] is True  # at temperature 0 the spec run writes its causal half's text
     summary = (tmp_path / "summary.txt").read_text()
     assert "ms a call" in summary and "MFU vs loop" in summary and "one AR call on n new positions" in summary
+    assert "speculative sampling of" in summary

@@ -19,6 +19,10 @@
 #      in the command buffer (CUDA graphs). docs/benchmarks.md ("On a GPU") has an H200's figures.
 #   4. speculative: the cost of one KV-cached AR call on n = 1..32 new positions at the default's
 #      and GPT-2 small's sizes (bfloat16), batch 1: how many tokens a round must write to pay.
+#   5. spec_train, spec_bench: the wide config's spec and AR runs trained here (450 steps each), then
+#      the spec run's chosen layout (and 1,2 and 2,2) against AR with its KV cache, interleaved, batch 1
+#      and 4, temperature 1 and 0, and its tokens a call at GPT-2 small's prices (docs/speculative.md).
+#      GPU_SH_PARTS="speculative spec_train spec_bench" runs the self-speculation study alone.
 # On a machine without sedd's own needs installed: PYTHONPATH=<their wheels>:$PWD (the docs say which).
 #   --full adds the older parts after these (sampler, diffusion vs AR, memory, owt_small as shipped).
 # --toy runs every part at tiny sizes on any machine (a CPU's dry run, tests/test_gpu_script.py).
@@ -69,12 +73,17 @@ if [ "$TOY" = 1 ]; then
   DECODE_FLAGS="--quick --unroll --no_block"
   TRAIN="--quick --peak_iters 2"
   SPEC="--quick --cost_only"
+  SPEC_TRAIN="--config.training.n_iters=3 --config.training.eval_every=3 --config.training.ckpt_every=3 \
+--config.training.batch_size=4 --config.model.hidden_size=64 --config.model.n_heads=2 --config.data.seq_len=32"
+  SPEC_BENCH="--layouts auto --quality_samples 4 --repeats 1 --batch_sizes 1"
 else
   DECODE="--width 768 --blocks 12 --seq_len 1024 --length 1024 --dtype bfloat16 --repeats 3 --unroll 4 --block_sizes 4 16"
   DECODE_FLAGS="--width 768 --blocks 12 --seq_len 1024 --length 1024 --dtype bfloat16 --repeats 2 --unroll --block_sizes 4"
   TRAIN="--config owt_small --batch_sizes 32 --config.model.remat=none --config.training.loss_chunk=0
     --config.model.vocab_multiple=1 --dtype bfloat16 --matmul_n 8192 --peak_iters 16 --repeats 5 --no_profile"
   SPEC="--cost_only --dtype bfloat16 --repeats 5"
+  SPEC_TRAIN=""
+  SPEC_BENCH="--layouts auto 1,2 2,2 --quality_samples 64 --repeats 5 --batch_sizes 1 4 --profile_size gpt2_small"
 fi
 
 # 1. Decode at batch 1, traced.
@@ -91,6 +100,12 @@ part decode_flags_while 120 XLA_FLAGS="${XLA_FLAGS:-} $CMD_ALL --xla_gpu_graph_m
   $B decode $DECODE_FLAGS --json "$OUT/decode_flags_while.json"
 # 4. Speculative sampling's call-cost curve: one AR call on n new positions, n = 1..32, two sizes.
 part speculative 150 -- $B speculative $SPEC --json "$OUT/speculative.json"
+# 5. Self-speculation against AR, trained here: the wide config (docs/speculative.md) as a spec run and an AR run.
+RUNS="$OUT/runs"
+part spec_train 200 -- bash -c "$PY -m sedd.cli train --config shakespeare_wide --workdir $RUNS/wide_spec $SPEC_TRAIN &&
+  $PY -m sedd.cli train --config shakespeare_wide --workdir $RUNS/wide_ar --config.model.kind=ar $SPEC_TRAIN"
+part spec_bench 300 -- $B speculative --target "$RUNS/wide_ar" --drafts none --spec "$RUNS/wide_spec" \
+  --temperatures 1 0 $SPEC_BENCH --json "$OUT/spec_runs.json"
 
 if [ "$FULL" = 1 ] && [ "$TOY" = 0 ]; then
   part sampler 90 -- $B sampler --batch 64 --batch_gpt2 32 --dtype bfloat16 --repeats 7 --json "$OUT/sampler_gpu.json"

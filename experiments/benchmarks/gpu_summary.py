@@ -10,7 +10,8 @@ from experiments.timing import format_table
 
 def gpu_summary(folder: str) -> str:
     """The table of experiments/benchmarks/gpu.sh: decode ms a call (each XLA_FLAGS variant), the training step's
-    tokens/s and MFU against the measured matmul rate and the datasheet's, from the JSON files in `folder`."""
+    tokens/s and MFU against the measured matmul rate and the datasheet's, from the JSON files in `folder`;
+    then the trained spec run against AR (spec_runs.md)."""
     rows = []
     for path in sorted(Path(folder).glob("decode*.json")):
         r = json.loads(path.read_text())
@@ -43,5 +44,7 @@ def gpu_summary(folder: str) -> str:
                      for r in curve["rows"]]
     out += ["", "one AR call on n new positions, batch 1 (when a draft of n - 1 tokens pays)",
             format_table(["file", "size", "n", "ms a call", "vs n=1"], rows) if rows else "(none)"]
+    for path in sorted(Path(folder).glob("spec_runs*.md")):  # bench.py speculative's own tables of the trained runs
+        out += ["", path.read_text().rstrip()]
     return "\n".join(out)
 

@@ -217,9 +217,9 @@ def bench_speculative(target, drafts: dict, specs: dict, ks: list[int], batches:
                       for layout in layouts]
     rows = []
     for name, k, draft, spec, how, temp in cells:
-        def sample(batch, key=key, draft=draft, k=k, how=how, spec=spec, temp=temp):
-            if spec is not None:  # k: the spec run's layout
-                layout = chosen.get(batch, chosen.get(min(batches), k))  # the quality samples: batch 1's
+        def sample(batch, key=key, draft=draft, k=k, how=how, spec=spec, temp=temp, timed=True):
+            if spec is not None:  # k: the spec run's layout; "auto": the one chosen at the batch timed
+                layout = chosen.get(batch if timed else min(batches), k)  # the quality samples: the first batch's
                 return spec.sample(key, batch, return_stats=True, verification=how, layout=layout, temperature=temp)
             return target.sample(key, batch, draft=draft, draft_k=k, return_stats=True, verification=how,
                                  temperature=temp)
@@ -231,7 +231,7 @@ def bench_speculative(target, drafts: dict, specs: dict, ks: list[int], batches:
                 chosen[batch] = spec.kind.layout
                 print(f"  batch {batch}: {line}", flush=True)
 
-        out = sample(quality_samples, jax.random.key(1))
+        out = sample(quality_samples, jax.random.key(1), timed=False)
         st = out.stats
         rounds = np.asarray(st["nfe_per_sample"], np.float64)
         drafter_calls = np.asarray(st.get("draft_calls", np.zeros_like(rounds)), np.float64)
