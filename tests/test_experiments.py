@@ -382,6 +382,34 @@ def test_speculative_bench_parts(tmp_path):
     assert (tmp_path / "speculative.png").stat().st_size > 1000
 
 
+def test_an_auto_rows_quality_samples_use_the_first_batchs_layout(monkeypatch):
+    """bench_speculative's "auto" row: its quality samples (and so its tokens a call) come from the layout chosen
+    at the first batch, even when their count equals another batch timed (here 2, chosen no drafts there)."""
+    import argparse
+
+    from sedd.kinds import spec as spec_kind
+
+    from sedd import runs as runs_lib
+
+    target, _, _ = speculative.speculative_runs(True, argparse.Namespace(target=""))
+    config = target.config.copy_and_resolve_references()  # the tiny Markov AR's config, as a spec run
+    config.model.update(kind="spec", draft_k=2)
+    _, net = nets.random_net(config, "spec")
+    name, run = "spec", runs_lib.from_parts(config, None, net.graphdef, net.params, net.rest)
+
+    def tune(kind, net, options, path, batch):  # as capabilities.tune, but chosen by rule: drafts at batch 1 only
+        kind.layout = spec_kind.layout_of("1,2" if batch == 1 else "0", kind.draft_k)
+        return f"batch {batch}: {kind.layout}"
+
+    monkeypatch.setattr(speculative.capabilities, "tune", tune)
+    study = speculative.bench_speculative(target, {}, {name: run}, ks=[], batches=[1, 2], repeats=1,
+                                          quality_samples=2, layouts=("auto",))
+    row, = study["rows"]
+    assert row["chosen"] == {"1": str(spec_kind.layout_of("1,2", 0)), "2": str(spec_kind.NO_DRAFTS)}
+    assert len(row["acceptance_by_position"]) == 1  # one draft a round: the samples were drawn with 1,2
+    assert row["target_calls"] < run.seq_len  # fewer calls than tokens: drafts kept (no drafts: one call a token)
+
+
 def test_the_best_draft_overlap_is_the_maximum_over_the_simplex():
     """speculative.best_overlap, the ceiling of how often a draft that skips a token is kept, equals the
     brute-force maximum over a fine grid of laws (V = 3), and no law on the grid beats it."""
