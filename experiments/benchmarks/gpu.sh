@@ -23,6 +23,7 @@
 #      the spec run's chosen layout (and 1,2 and 2,2) against AR with its KV cache, interleaved, batch 1
 #      and 4, temperature 1 and 0, and its tokens a call at GPT-2 small's prices (docs/speculative.md).
 #      GPU_SH_PARTS="speculative spec_train spec_bench" runs the self-speculation study alone.
+#   6. spec_default_train, spec_default_bench: the same at the default's width (not with --toy).
 # On a machine without sedd's own needs installed: PYTHONPATH=<their wheels>:$PWD (the docs say which).
 #   --full adds the older parts after these (sampler, diffusion vs AR, memory, owt_small as shipped).
 # --toy runs every part at tiny sizes on any machine (a CPU's dry run, tests/test_gpu_script.py).
@@ -107,6 +108,15 @@ part spec_train 200 -- bash -c "$PY -m sedd.cli train --config shakespeare_wide 
   $PY -m sedd.cli train --config shakespeare_wide --workdir $RUNS/wide_ar --config.model.kind=ar $SPEC_TRAIN"
 part spec_bench 300 -- $B speculative --target "$RUNS/wide_ar" --drafts none --spec "$RUNS/wide_spec" \
   --temperatures 1 0 $SPEC_BENCH --json "$OUT/spec_runs.json"
+# 6. The same at the default's width (on a CPU no layout pays there; on a GPU a call on a few positions may cost
+#    about one), last: the budget skips it first. Not in the toy run (the same code as part 5).
+if [ "$TOY" = 0 ]; then
+  part spec_default_train 150 -- bash -c "$PY -m sedd.cli train --workdir $RUNS/default_spec --config.model.kind=spec &&
+    $PY -m sedd.cli train --workdir $RUNS/default_ar --config.model.kind=ar"
+  part spec_default_bench 200 -- $B speculative --target "$RUNS/default_ar" --drafts none --spec "$RUNS/default_spec" \
+    --temperatures 1 0 --layouts auto 1,2 4,1 --quality_samples 64 --repeats 5 --batch_sizes 1 4 \
+    --json "$OUT/spec_runs_default.json"
+fi
 
 if [ "$FULL" = 1 ] && [ "$TOY" = 0 ]; then
   part sampler 90 -- $B sampler --batch 64 --batch_gpt2 32 --dtype bfloat16 --repeats 7 --json "$OUT/sampler_gpu.json"
