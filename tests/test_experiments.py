@@ -387,9 +387,8 @@ def test_an_auto_rows_quality_samples_use_the_first_batchs_layout(monkeypatch):
     at the first batch, even when their count equals another batch timed (here 2, chosen no drafts there)."""
     import argparse
 
-    from sedd.kinds import spec as spec_kind
-
     from sedd import runs as runs_lib
+    from sedd.kinds import spec as spec_kind
 
     target, _, _ = speculative.speculative_runs(True, argparse.Namespace(target=""))
     config = target.config.copy_and_resolve_references()  # the tiny Markov AR's config, as a spec run
