@@ -22,7 +22,7 @@
 #   5. spec_train, spec_bench: the wide config's spec and AR runs trained here (450 steps each), then
 #      the spec run's chosen layout (and 1,2 and 2,2) against AR with its KV cache, interleaved, batch 1
 #      and 4, temperature 1 and 0, and its tokens a call at GPT-2 small's prices (docs/speculative.md).
-#      GPU_SH_PARTS="speculative spec_train spec_bench" runs the self-speculation study alone.
+#      GPU_SH_PARTS="spec_train spec_bench" GPU_SH_BUDGET=580 runs the self-speculation study alone.
 #   6. spec_default_train, spec_default_bench: the same at the default's width (not with --toy).
 # On a machine without sedd's own needs installed: PYTHONPATH=<their wheels>:$PWD (the docs say which).
 #   --full adds the older parts after these (sampler, diffusion vs AR, memory, owt_small as shipped).
@@ -104,7 +104,7 @@ part speculative 150 -- $B speculative $SPEC --json "$OUT/speculative.json"
 # 5. Self-speculation against AR, trained here: the wide config (docs/speculative.md) as a spec run and an AR run.
 RUNS="${GPU_SH_RUNS:-$(mktemp -d)}"  # not under OUT: two checkpoints of 26M parameters and their optimizer state
 echo "runs of part 5 in $RUNS"
-part spec_train 200 -- bash -c "$PY -m sedd.cli train --config shakespeare_wide --workdir $RUNS/wide_spec $SPEC_TRAIN &&
+part spec_train 300 -- bash -c "$PY -m sedd.cli train --config shakespeare_wide --workdir $RUNS/wide_spec $SPEC_TRAIN &&
   $PY -m sedd.cli train --config shakespeare_wide --workdir $RUNS/wide_ar --config.model.kind=ar $SPEC_TRAIN"
 part spec_bench 300 -- $B speculative --target "$RUNS/wide_ar" --drafts none --spec "$RUNS/wide_spec" \
   --temperatures 1 0 $SPEC_BENCH --json "$OUT/spec_runs.json"
