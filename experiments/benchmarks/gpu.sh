@@ -102,7 +102,7 @@ part decode_flags_while 120 XLA_FLAGS="${XLA_FLAGS:-} $CMD_ALL --xla_gpu_graph_m
 # 4. Speculative sampling's call-cost curve: one AR call on n new positions, n = 1..32, two sizes.
 part speculative 150 -- $B speculative $SPEC --json "$OUT/speculative.json"
 # 5. Self-speculation against AR, trained here: the wide config (docs/speculative.md) as a spec run and an AR run.
-RUNS="${GPU_SH_RUNS:-$(mktemp -d)}"  # not under OUT: two checkpoints of 26M parameters and their optimizer state
+RUNS="${GPU_SH_RUNS:-${OUT%/}.runs}"  # beside OUT, not in it: two checkpoints of 26M parameters and their optimizer state
 echo "runs of part 5 in $RUNS"
 part spec_train 300 -- bash -c "$PY -m sedd.cli train --config shakespeare_wide --workdir $RUNS/wide_spec $SPEC_TRAIN &&
   $PY -m sedd.cli train --config shakespeare_wide --workdir $RUNS/wide_ar --config.model.kind=ar $SPEC_TRAIN"
