@@ -117,6 +117,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default="", help="speculative: the AR run sampled (default with --quick: tiny random runs)")
     p.add_argument("--drafts", default="", help="speculative: comma-separated drafters, 'ngram' or run directories "
                    "(a smaller AR run, a block run; default ngram; none: the --spec run alone)")
+    p.add_argument("--draft_ks", type=int, nargs="+", default=None,
+                   help="speculative: the drafts a round of each --drafts drafter (default 2 4 8 16)")
     p.add_argument("--spec", default="", help="speculative: comma-separated "
                    "model.kind='spec' runs, each sampled with its own drafts")
     p.add_argument("--layouts", nargs="+", default=None, help="speculative: the --spec runs' round layouts, each "

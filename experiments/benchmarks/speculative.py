@@ -470,7 +470,7 @@ def run_speculative(quick: bool, args) -> dict:
     """Speculative sampling: the call-cost curve at two sizes, and drafters against AR with its KV cache."""
     if quick:
         sizes = {"tiny": nets.bench_config("tiny")}
-        ns, ks, batches, quality_samples, repeats = [1, 2, 4, 8], [2, 4], [1], 8, 1
+        ns, ks, batches, quality_samples, repeats = [1, 2, 4, 8], args.draft_ks or [2, 4], [1], 8, 1
     else:
         sizes = {"shakespeare_char": nets.bench_config(vocab_size=65),
                  "gpt2_small": nets.bench_config(hidden_size=768, n_layers=12, n_heads=12, seq_len=256)}
@@ -479,7 +479,8 @@ def run_speculative(quick: bool, args) -> dict:
             sizes = {f"width {w}": nets.bench_config(vocab_size=65, hidden_size=w, n_layers=args.blocks or 4,
                                                      n_heads=max(8, w // 64)) for w in args.widths}
         ns = args.positions or list(range(1, 33))
-        ks, batches, quality_samples, repeats = [2, 4, 8, 16], args.batch_sizes, args.quality_samples, args.repeats
+        ks, batches, quality_samples, repeats = (args.draft_ks or [2, 4, 8, 16], args.batch_sizes, args.quality_samples,
+                                                 args.repeats)
     curves, ceilings = cost_curves({} if args.target and not args.cost_only else sizes, ns, batches, repeats, args)
     profile = None
     size = "tiny" if quick else args.profile_size or "shakespeare_char"
