@@ -209,8 +209,9 @@ def test_gpu_script_toy_dry_run(tmp_path):
     assert all(r["attention"] == "mixed" for r in train)  # a CPU takes no cuDNN
     assert all(r["peak_iters"] == 2 and r["peak_one_call_flops_per_s"] > 0 for r in train)
     spec = json.loads((tmp_path / "spec_runs.json").read_text())["study"]  # part 5: runs trained by the script
-    assert [r["temperature"] for r in spec["rows"]] == [1.0, 0.0]
-    assert spec["rows"][1]["greedy_exact"] is True  # at temperature 0 the spec run writes its causal half's text
+    assert [(r["temperature"], r["k"]) for r in spec["rows"]] == [(1.0, 4), (1.0, "auto"), (0.0, 4), (0.0, "auto")]
+    assert all("small_ar" in r["drafter"] and r["drafter_calls"] > 0 for r in spec["rows"][::2])  # the drafted AR
+    assert spec["rows"][3]["greedy_exact"] is True  # at temperature 0 the spec run writes its causal half's text
     summary = (tmp_path / "summary.txt").read_text()
     assert "ms a call" in summary and "MFU vs loop" in summary and "one AR call on n new positions" in summary
     assert "speculative sampling of" in summary
