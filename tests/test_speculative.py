@@ -418,6 +418,27 @@ def test_an_ar_run_samples_with_drafts_from_itself_and_from_ngrams():
     assert all(t.startswith("ab") for t in prompt)
 
 
+def test_an_ar_network_drafting_after_a_prompt_keeps_the_targets_law():
+    """ar.speculative_sample with a prompt, another AR network drafting (both prefilled in the one program): the
+    text continues the prompt with the target's law given it, by enumeration; at temperature 0 its greedy text."""
+    from sedd.kinds import ar, causal
+
+    graphdef, state, law = _tiny_ar(0.2)
+    draft = ar.ARDraft(*_tiny_ar(0.5)[:2])
+    given = np.array([1, 2])
+    cond = law * (SEQS[:, :2] == given).all(1)
+    cond /= cond.sum()  # the target's law of the texts that start with the prompt
+    n = N // 4
+    prompt = jnp.asarray(np.tile(given, (n, 1)), jnp.int32)
+    text, stats = ar.speculative_sample(jax.random.key(3), graphdef, state, n, L, 3, draft, prompt=prompt)
+    assert reference.tv(reference.empirical_law(np.asarray(text), V), cond) < reference.tv_noise_bound(cond, n)
+    assert np.asarray(stats["nfe_per_sample"]).mean() < L - 2 - 0.5  # drafts were kept
+    greedy, _ = ar.speculative_sample(jax.random.key(4), graphdef, state, 2, L, 3, draft, temperature=0.0,
+                                      prompt=prompt[:2])
+    np.testing.assert_array_equal(np.asarray(greedy), np.asarray(
+        causal.ancestral(jax.random.key(5), graphdef, state, 2, L, 0.0, prompt[:2])))
+
+
 # --------------------------------------------------------------------------- a block-diffusion network as the drafter
 
 
