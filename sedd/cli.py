@@ -161,7 +161,7 @@ def _sample(args) -> int:
                          trajectory_every=every, **options)
         _animate(run, out.trajectory, every, steps, 4.0 / len(out.trajectory))
         texts = [run.decode(row) for row in out.tokens]
-        calls = None
+        calls, stats = None, None
     else:
         texts, stats = run.generate(key, args.num_samples, args.steps, args.sampler, prefix=args.prefix,
                                     suffix=args.suffix, infill=args.infill, blank=args.blank, return_stats=True,
@@ -185,8 +185,11 @@ def _sample(args) -> int:
     if args.output:
         print(f"wrote {len(texts)} samples to {args.output}")
     if calls is not None:
+        drafter = float(np.mean(stats.get("draft_calls", 0)))  # a drafter network's calls: a small one's cost less
         print(f"network calls: {calls.mean():.1f} a text of {length} tokens, {length / calls.mean():.2f} tokens a call"
-              + ("" if calls.min() == calls.max() else f" ({calls.min()}-{calls.max()} calls)"), file=sys.stderr)
+              + ("" if calls.min() == calls.max() else f" ({calls.min()}-{calls.max()} calls)")
+              + (f"; the target's {calls.mean() - drafter:.1f} ({length / (calls.mean() - drafter):.2f} tokens a call), "
+                 f"the drafter's {drafter:.1f}" if drafter else ""), file=sys.stderr)
     _explain_separator(texts)
     return 0
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -545,12 +546,17 @@ def test_sedd_sample_drafts_with_a_block_run(tmp_path, capsys):
             32 / line["network_calls"], rel=1e-3), line  # the tiny config's 32 tokens
     printed = capsys.readouterr().err  # beside the texts, not among them
     assert "network calls: " in printed and " tokens a call" in printed, printed
-    for draft in ("ngram", None):  # the calls of any way of writing, printed alike
+    target, drafter = (float(x) for x in re.search(r"the target's ([\d.]+) .*the drafter's ([\d.]+)", printed).groups())
+    calls = np.mean([line["network_calls"] for line in lines])
+    assert target == drafter == pytest.approx(calls / 2, abs=0.06), printed  # a block drafter: one call a round
+    for draft in ("ngram", None):  # the calls of any way of writing, printed alike; no drafter network's
         assert cli.main(["sample", "--workdir", str(tmp_path / "ar"), "--num_samples", "1"]
                         + (["--draft", draft] if draft else [])) == 0
-        assert "network calls: " in capsys.readouterr().err
+        printed = capsys.readouterr().err
+        assert "network calls: " in printed and "the drafter's" not in printed, printed
     assert cli.main(["sample", "--workdir", str(tmp_path / "ar"), "--draft", str(tmp_path / "block"),
                      "--draft_k", "9"]) == 2
     assert "block size" in capsys.readouterr().err
     assert cli.main(["sample", "--workdir", str(tmp_path / "ar"), "--layout", "2,1"]) == 2  # a spec run's option
-    assert "layout='2,1'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--layout 2,1" in err and "cannot choose a round's layout" in err and "'spec' can" in err, err
