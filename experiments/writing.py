@@ -1,9 +1,12 @@
 """How a study asks a run to write texts: by what its kind does (``sedd.kinds.Kind``), never by its name.
 
 A kind says whether it samples by denoising steps (``diffuses``), how many
-steps write one token a step over a length (``one_token_steps``: L for SEDD,
-b for a block model, which takes its steps a block), whether it drafts and
-verifies itself (``speculates``), and a short name for tables (``label``).
+steps write one token a step over a length (a diffusing kind's
+``one_token_steps``: L for SEDD, b for a block model, which takes its steps a
+block), and a short name for tables (``label``). A run that does not diffuse
+is a causal LM (an AR run, a spec run's causal half): given no options it
+writes one token a call on its KV cache, at any length; its options (a
+draft, a spec run's layout) choose its speculative rounds.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ def by_blocks(kind, length: int) -> bool:
 
 def steps_of(run: runs.Run, steps: int | None) -> int | None:
     """`steps`, or where None the steps that write one token a step (a block's for a block model; None for AR)."""
-    return steps or run.kind.one_token_steps(run.seq_len)
+    return steps or (run.kind.one_token_steps(run.seq_len) if run.kind.diffuses else None)
 
 
 def writer(run: runs.Run, sampler: str | None, options: dict, steps: int | None, batch: int, length: int, key,
@@ -36,7 +39,8 @@ def writer(run: runs.Run, sampler: str | None, options: dict, steps: int | None,
     Args:
       run: a loaded run of any kind.
       sampler, options: a diffusion run's sampler and its options; for a run that does not diffuse, the
-        options of its ``Run.sample`` (a draft, draft_k, ...), none for its plain KV-cached loop.
+        options of its ``Run.sample`` (a draft, draft_k, a spec run's layout, ...), none for the causal LM's
+        plain KV-cached loop (a spec run's causal half alone, too).
       steps: a diffusion run's steps (per block for a block model); None: one token a step (``steps_of``).
       batch, length: the texts' count and tokens.
       key: the random key of every call (each call writes the same texts).
@@ -45,9 +49,9 @@ def writer(run: runs.Run, sampler: str | None, options: dict, steps: int | None,
       () -> ``sampling.Samples`` with stats (None for the plain AR loop, whose calls are `length`).
     """
     kind = run.kind
-    if not (kind.diffuses or kind.speculates or options):  # the AR baseline's own loop, at any length
+    if not (kind.diffuses or options):  # the causal LM's own loop, one token a call, at any length
         return lambda: sampling.Samples(causal.ancestral(key, run.net.graphdef, run.net.state, batch, length))
-    if not kind.diffuses:  # its drafts, or its own speculative rounds: its length L
+    if not kind.diffuses:  # its drafts, or a spec run's own rounds: its length L
         return lambda: run.sample(key, batch, return_stats=True, **options)
     extra = {"max_length": length} if max_length else {}
     return lambda: kind.sample(key, run.net, batch, steps_of(run, steps), sampler, return_stats=True, **extra,

@@ -143,7 +143,7 @@ def _experiments():
 
 def test_experiments_ask_the_kind_instead_of_its_name():
     """A study or benchmark asks a run's kind what it does (``label``, ``diffuses``, ``one_token_steps``, ``exact``,
-    ``speculates``, ``conditions``): it never reads a kind's name nor compares a kind's name with anything.
+    its capabilities, ``conditions``): it never reads a kind's name nor compares a kind's name with anything.
 
     Building a config of a kind (``config.model.kind = "ar"`` to train a baseline) sets a value and is fine.
     """

@@ -1,5 +1,5 @@
 """The memory paths change no number: the chunked loss (training.loss_chunk), rematerialised
-blocks (model.remat) and the padded vocabulary (model.vocab_multiple) against the plain model,
+layers (model.remat) and the padded vocabulary (model.vocab_multiple) against the plain model,
 values and gradients, on every loss form; their errors. The memory they save is measured by
 `bench.py memory` (docs/scaling.md), not here."""
 

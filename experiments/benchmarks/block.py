@@ -26,7 +26,7 @@ def _writers(config, length: int, batch: int, block_sizes: list[int], sedd_steps
     """
     key = jax.random.key(0)
     out = {}
-    ar_runs = [r for r in given if not (r.kind.diffuses or r.kind.speculates)]  # one token a call, KV cache
+    ar_runs = [r for r in given if not r.kind.diffuses]  # causal LMs: one token a call, KV cache
     whole = [r for r in given if r.kind.diffuses and not by_blocks(r.kind, r.seq_len)]
     blocks = {r.kind.one_token_steps(r.seq_len): r for r in given if by_blocks(r.kind, r.seq_len)}  # b -> run
     if ar_runs:

@@ -52,7 +52,7 @@ SHIPPED_VOCAB = {"shakespeare_char": 85, "shakespeare_wide": 85, "tiny": 85,
 
 # What the memory plan varies, cheapest first: accumulation (fewer sequences a call) costs
 # nothing in compute; remat costs a forward pass of what it recomputes ("dots" less than "layers").
-REMAT_ORDER = ("none", "dots", "blocks")
+REMAT_ORDER = ("none", "dots", "layers")
 
 
 def parse_mesh(text: str) -> dict[str, int]:
@@ -91,7 +91,7 @@ def memory_plan(config, device_gib: float | None) -> dict:
     Settings are tried in the order of their cost, accum_steps 1, 2, 4, ... (the
     per-call batch divided by it, so the update sees the same sequences) and
     within each remat none, dots, layers, and the first whose peak fits is the
-    plan; none fits when one sequence a device with remat = blocks does not.
+    plan; none fits when one sequence a device with remat = layers does not.
     """
     rows = [dict(train_step_memory(config), accum_steps=config.training.accum_steps, remat=config.model.remat,
                  batch_size=config.training.batch_size, loss_chunk=config.training.loss_chunk, shipped=True)]
