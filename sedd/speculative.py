@@ -259,6 +259,28 @@ def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Ar
     return text[:, :length], {"rounds": r, "rounds_per_sample": rounds_row, "accepted_at": accepted_at.sum(0)}
 
 
+@functools.partial(jax.jit, static_argnames=("prefill", "target", "d_prefill", "drafter", "length", "k",
+                                             "categorical", "shared", "verification"))
+def decode_prompted(key: jax.Array, target_params: Any, drafter_params: Any, given: jax.Array, *, prefill: Callable,
+                    target: Callable, d_prefill: Callable | None, drafter: Callable, length: int, k: int,
+                    categorical: str = "precise", shared: bool = False, verification: str = "joint") -> tuple:
+    """``decode`` after a prompt, the prefills inside the one program (eager, a network's prefill dispatches its ops
+    one by one: 47 ms a text of a 1024-wide AR run on a 2-core CPU, a third of its drafted text's time).
+
+    Args:
+      given: int32[B, P] the prompt, the same P in every row (P = 0: none).
+      prefill(target_params, given) -> the target's state; d_prefill(drafter_params, given) -> the drafter's
+        (None: no drafter state, as with ``shared``).
+      the rest: as ``decode``.
+    """
+    b, p = given.shape
+    text = jnp.zeros((b, length), jnp.int32).at[:, :p].set(given)
+    d_state = None if d_prefill is None else d_prefill(drafter_params, given)
+    return decode(key, prefill(target_params, given), d_state, text, jnp.full((b,), p, jnp.int32), target=target,
+                  drafter=drafter, length=length, k=k, categorical=categorical, shared=shared,
+                  verification=verification)
+
+
 @functools.lru_cache(maxsize=None)
 def ngram_drafter(vocab_size: int, n: int = 2) -> Callable:
     """The prompt-lookup drafter (Saxena 2023): after the latest earlier occurrence of the last n tokens.

@@ -144,23 +144,12 @@ def speculative_sample(key: jax.Array, graphdef, state, num_samples: int, length
     prefill, target = causal.speculative_target(graphdef, temperature=temperature, top_p=top_p)
     d_prefill, drafter = draft.cached_parts(temperature, top_p)
     given = jnp.zeros((num_samples, 0), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
-    out, stats = _draw(key, state, draft.state, given, parts=(prefill, target, d_prefill, drafter), length=length,
-                       k=k, verification=verification)
+    out, stats = speculative.decode_prompted(key, state, draft.state, given, prefill=prefill, target=target,
+                                             d_prefill=d_prefill, drafter=drafter, length=length, k=k,
+                                             verification=verification)
     rounds = stats["rounds_per_sample"]
     return out, {"nfe": stats["rounds"], "nfe_per_sample": rounds,
                  "draft_calls": rounds * draft.calls(k), "accepted_at": stats["accepted_at"]}
-
-
-@functools.partial(jax.jit, static_argnames=("parts", "length", "k", "verification"))
-def _draw(key, state, draft_state, given, *, parts, length, k, verification):
-    """``speculative_sample``'s two prefills and its rounds in one program: run eagerly, a prompt's prefill of the
-    target dispatched its ops one by one (47 ms a text of the wide AR run, a third of its drafted text's time)."""
-    prefill, target, d_prefill, drafter = parts
-    b, p = given.shape
-    text = jnp.zeros((b, length), jnp.int32).at[:, :p].set(given)
-    return speculative.decode(key, prefill(state, given), d_prefill(draft_state, given), text,
-                              jnp.full((b,), p, jnp.int32), target=target, drafter=drafter, length=length, k=k,
-                              verification=verification)
 
 
 # =========================================================================== the kind

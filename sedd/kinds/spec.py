@@ -359,8 +359,7 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0,
 
 @functools.lru_cache(maxsize=None)
 def _parts(graphdef, layout: Layout, temperature: float, top_p: float, draft_temperature: float) -> tuple:
-    prefill, target, drafter = speculative_parts(graphdef, layout, temperature, top_p, draft_temperature)
-    return jax.jit(prefill), target, drafter  # the prefill compiled too (eager, its dispatches cost more than it)
+    return speculative_parts(graphdef, layout, temperature, top_p, draft_temperature)  # one jit cache entry each
 
 
 def speculate(key: jax.Array, graphdef, state, num_samples: int, length: int, layout,
@@ -390,26 +389,16 @@ def speculate(key: jax.Array, graphdef, state, num_samples: int, length: int, la
         calls = jnp.full((num_samples,), length, jnp.int32)
         return tokens, {"nfe": jnp.int32(length), "nfe_per_sample": calls, "draft_calls": jnp.zeros_like(calls),
                         "accepted_at": jnp.zeros((0,), jnp.int32)}
-    p = 0 if prompt is None else int(prompt.shape[1])
-    given = jnp.zeros((num_samples, p), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
+    given = jnp.zeros((num_samples, 0), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
     if not (isinstance(draft_temperature, (int, float)) and draft_temperature > 0):
         raise ValueError(f"draft_temperature must be a number > 0, got {draft_temperature!r}")
-    parts = _parts(graphdef, layout, float(temperature), float(top_p), float(draft_temperature))
-    return _draw(key, state, given, parts=parts, length=length, k=layout.k, categorical=categorical,
-                 verification=verification)
-
-
-@functools.partial(jax.jit, static_argnames=("parts", "length", "k", "categorical", "verification"))
-def _draw(key, state, given, *, parts, length, k, categorical, verification):
-    """``speculate``'s prefill and rounds in one program: one dispatch a text, no eager step between calls."""
-    prefill, target, drafter = parts
-    b, p = given.shape
-    text = jnp.zeros((b, length), jnp.int32).at[:, :p].set(given)
-    out, stats = speculative.decode(key, prefill(state, given), None, text, jnp.full((b,), p, jnp.int32),
-                                    target=target, drafter=drafter, length=length, k=k,
-                                    categorical=categorical, shared=True, verification=verification)
-    return out, {"nfe": stats["rounds"] + 1, "nfe_per_sample": stats["rounds_per_sample"] + 1,
-                 "draft_calls": jnp.zeros((b,), jnp.int32), "accepted_at": stats["accepted_at"]}
+    prefill, target, drafter = _parts(graphdef, layout, float(temperature), float(top_p), float(draft_temperature))
+    out, stats = speculative.decode_prompted(key, state, None, given, prefill=prefill, target=target, d_prefill=None,
+                                             drafter=drafter, length=length, k=layout.k, categorical=categorical,
+                                             shared=True, verification=verification)
+    rounds = stats["rounds_per_sample"] + 1  # and the prefill's call
+    return out, {"nfe": stats["rounds"] + 1, "nfe_per_sample": rounds, "draft_calls": jnp.zeros_like(rounds),
+                 "accepted_at": stats["accepted_at"]}
 
 
 # --------------------------------------------------------------------------- choosing a layout
