@@ -385,7 +385,7 @@ class DDiT(nnx.Module):
         return tuple(out)
 
     def output_in_cache(self, x: Array, sigma: Array | None, *, positions: Array, mask: Array, cache: tuple,
-                        at: Array | None = None, keep: int | None = None) -> tuple[Array, tuple]:
+                        at: Array | None = None, keep: int | None = None, features: bool = False) -> tuple:
         """The output of x written into and run against every layer's decoding cache, dropout off.
 
         The one decoding path of the network (the module docstring): the
@@ -405,8 +405,10 @@ class DDiT(nnx.Module):
           x: int[B, L]; sigma: as ``network_output``'s.
           positions: int[L] or int[B, L] rotary positions.
           keep: only the first `keep` positions go through the final layer (``network_output``'s).
+          features: also return the residual stream after the last layer, float32[B, L, H] (what the final
+            layer reads: a draft head's input, ``sedd.kinds.spec_head``).
         Returns:
-          (float32[B, L or keep, D], the caches after the write).
+          (float32[B, L or keep, D], the caches after the write), and the stream with `features`.
         """
         if len(cache) != len(self.layers):
             raise ValueError(f"cache holds {len(cache)} layers' keys and values, the model has "
@@ -416,6 +418,8 @@ class DDiT(nnx.Module):
         for layer, held in zip(self.layers, cache):
             h, kv = layer.run(h, c, positions=positions, mask=mask, cache=held, at=at, deterministic=True)
             out.append(kv)
+        if features:
+            return self._output(h, c, keep), tuple(out), h  # (B, L or keep, D), caches, (B, L, H)
         return self._output(h, c, keep), tuple(out)  # (B, L or keep, D)
 
     def empty_cache(self, batch: int, rows: int) -> tuple:

@@ -355,8 +355,10 @@ def test_a_tiny_spec_run_trains_evaluates_and_samples(tmp_path):
     assert "layout k=4 groups=1 (9 positions a call), as asked" in out and "network calls: " in out, out
 
 
-def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds():
-    """sedd serve with a spec run and no --draft: temperature 0 writes the causal half's argmax text, in rounds."""
+@pytest.mark.parametrize("head", [0, 16])
+def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds(head):
+    """sedd serve with a spec run and no --draft: temperature 0 writes the causal half's argmax text, in rounds
+    (its draft half's, or with model.draft_head its head's, k steps a round)."""
     pytest.importorskip("starlette")
     import ml_collections
     from flax import nnx
@@ -368,7 +370,8 @@ def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds():
 
     tokenizer, length = CharTokenizer("abcdefgh ,.\n"), 16
     config = config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.n_layers=1",
-                                             "--config.model.draft_k=3", f"--config.data.seq_len={length}"])
+                                             "--config.model.draft_k=3", f"--config.data.seq_len={length}",
+                                             f"--config.model.draft_head={head}"])
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = tokenizer.vocab_size
     graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
@@ -388,13 +391,15 @@ def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds():
         ids.append(int(jnp.argmax(logits[0, -1])))
     assert out["choices"][0]["text"] == tokenizer.decode(ids[4:])
     s = out["speculative"]
-    assert s["draft_calls"] == 0 and s["tokens"] == 9 and 9 / 4 <= s["target_calls"] <= 9
+    assert s["draft_calls"] == (3 * s["target_calls"] if head else 0), s
+    assert s["tokens"] == 9 and 9 / 4 <= s["target_calls"] <= 9
 
 
 @pytest.mark.parametrize("key,value,named", [("training.draft_weight", "-1.0", "draft_weight"),
                                              ("training.draft_weight", "nan", "draft_weight"),
                                              ("training.draft_target", "text", "draft_target"),
                                              ("model.draft_k", "0", "draft_k"),
+                                             ("model.draft_head", "-1", "draft_head"),
                                              ("training.loss_chunk", "8", "loss_chunk")])
 def test_a_spec_config_with_a_bad_value_is_refused_naming_it(key, value, named):
     """model.kind='spec' refuses, before any training, a draft weight, a k or an option it cannot honour."""

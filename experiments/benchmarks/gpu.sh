@@ -20,9 +20,9 @@
 #   4. speculative: the cost of one KV-cached AR call on n = 1..32 new positions at the default's
 #      and GPT-2 small's sizes (bfloat16), batch 1: how many tokens a round must write to pay.
 #   5. spec_train, spec_bench: the wide config's spec and AR runs trained here (450 steps each), and the
-#      default's AR run (the drafter), then the spec run's chosen layout (and 1,2 and 2,2) and the wide AR
-#      run drafted for by the default's (k = 4) against AR with its KV cache, interleaved, batch 1 and 4,
-#      temperature 1 and 0, and the spec run's tokens a call at GPT-2 small's prices (docs/speculative.md).
+#      default's AR run (the drafter), then the spec run's chosen layout (and its head's 4 and 2 drafts a
+#      round) and the wide AR run drafted for by the default's (k = 4) against AR with its KV cache,
+#      interleaved, batch 1 and 4, temperature 1 and 0 (docs/speculative.md).
 #      GPU_SH_PARTS="spec_train spec_bench" GPU_SH_BUDGET=580 runs the self-speculation study alone.
 #   6. spec_default_train, spec_default_bench: the same at the default's width (not with --toy).
 # On a machine without sedd's own needs installed: PYTHONPATH=<their wheels>:$PWD (the docs say which).
@@ -85,7 +85,7 @@ else
     --config.model.vocab_multiple=1 --dtype bfloat16 --matmul_n 8192 --peak_iters 16 --repeats 5 --no_profile"
   SPEC="--cost_only --dtype bfloat16 --repeats 5"
   SPEC_TRAIN=""
-  SPEC_BENCH="--layouts auto 1,2 2,2 --quality_samples 64 --repeats 5 --batch_sizes 1 4 --profile_size gpt2_small"
+  SPEC_BENCH="--layouts auto 4 2 --quality_samples 64 --repeats 5 --batch_sizes 1 4"
 fi
 
 # 1. Decode at batch 1, traced.

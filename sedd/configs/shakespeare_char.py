@@ -24,6 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.kind = "ddit"  # "ddit" (diffusion), "ar" (causal baseline), "block" (block diffusion), "spec" (self-speculation)
     c.model.block_size = 16  # "block": tokens per block, a divisor of data.seq_len
     c.model.draft_k = 4  # "spec": drafts a round, what the network learns to draft (4 is good)
+    c.model.draft_head = 0  # "spec": 0 drafts with a draft half; N > 0 with a draft head of width N (sedd.kinds.spec_head)
     c.model.hidden_size = 128  # H, the width of the residual stream
     c.model.n_layers = 4  # transformer layers (the original's "blocks")
     c.model.n_heads = 8  # attention heads; H / n_heads must be even (rotary)

@@ -114,7 +114,7 @@ def nll(model: DDiT, x: jax.Array) -> jax.Array:
 # --------------------------------------------------------------------------- decoding
 
 
-def decode_in_cache(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array) -> tuple[jax.Array, tuple]:
+def decode_in_cache(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array, features: bool = False) -> tuple:
     """n positions start .. start + n - 1 through the network on the cache the caller holds, causally.
 
     Each position sees the cache rows up to its own; the chunk's rows are written in place.
@@ -123,30 +123,34 @@ def decode_in_cache(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Arr
       cache: ``model.empty_cache(B, S)``'s, holding positions < start; start + n <= S.
       inputs: int[B, n] the inputs at those positions (BOS at 0, x_{p-1} at p).
       start: int32[] the first position, or int32[B]: each row's own (rows at different lengths).
+      features: also return the residual stream after the last layer (``DDiT.output_in_cache``'s).
     Returns:
-      (float32[B, n, V] the logits of x_start .. x_{start+n-1}, the cache after the write).
+      (float32[B, n, V] the logits of x_start .. x_{start+n-1}, the cache after the write), and with
+      `features` float32[B, n, H].
     """
     n, rows = inputs.shape[1], cache[0][0].shape[1]
     positions = jnp.asarray(start)[..., None] + jnp.arange(n)  # (n,) or (B, n)
     mask = jnp.arange(rows) <= positions[..., None]  # ([B,] n, S)
-    return model.output_in_cache(inputs, None, positions=positions, mask=mask, cache=cache, at=start)
+    return model.output_in_cache(inputs, None, positions=positions, mask=mask, cache=cache, at=start,
+                                 features=features)
 
 
 ROWS_IN_ONE_CALL = 64
 """``decode_rows``: up to this many rows in one call (the network's writes at a place a row, unrolled)."""
 
 
-def decode_rows(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array) -> tuple[jax.Array, tuple]:
+def decode_rows(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array, features: bool = False) -> tuple:
     """``decode_in_cache`` with start int32[B], a start a row: the rows in one call up to
     ``ROWS_IN_ONE_CALL`` rows (one write a row); past it one program a row under ``jax.vmap`` (a batched
     call's writes and masks grow with B; a test samples 50,000 rows at once)."""
     b = inputs.shape[0]
     if b <= ROWS_IN_ONE_CALL:
-        return decode_in_cache(model, cache, inputs, start)
+        return decode_in_cache(model, cache, inputs, start, features)
     n = model.layers[0].n_heads
     rows = jax.tree.map(lambda a: a.reshape(b, n, *a.shape[1:]), cache)  # (B, N, S, K) each
-    logits, rows = jax.vmap(lambda c, x, s: decode_in_cache(model, c, x[None], s))(rows, inputs, start)
-    return logits[:, 0], jax.tree.map(lambda a: a.reshape(b * n, *a.shape[2:]), rows)
+    out = jax.vmap(lambda c, x, s: decode_in_cache(model, c, x[None], s, features))(rows, inputs, start)
+    rows = jax.tree.map(lambda a: a.reshape(b * n, *a.shape[2:]), out[1])
+    return (out[0][:, 0], rows, out[2][:, 0]) if features else (out[0][:, 0], rows)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "length", "categorical", "top_p"))
@@ -223,7 +227,7 @@ def ancestral_model(key: jax.Array, model: DDiT, num_samples: int, length: int, 
 # --------------------------------------------------------------------------- the target of speculative sampling
 
 
-def build_speculative_target(graphdef, temperature=1.0, top_p=1.0) -> tuple:
+def build_speculative_target(graphdef, temperature=1.0, top_p=1.0, features: bool = False) -> tuple:
     r"""(prefill, target) of the causal LM `graphdef` for ``sedd.speculative.decode``, each row its own KV cache.
 
     ``target(state, text, start, k)`` scores the k + 1 positions start ..
@@ -243,25 +247,35 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0) -> tuple:
         prefilled whole, what follows `start` never seen); max(max_len, P) +
         MAX_DRAFTS + 1 rows, every row a round past the text's end writes.
       target: as ``sedd.speculative.decode`` takes it; state = ((params, rest), cache).
+      With `features`, the state also holds the residual stream after the last layer at the positions
+      of the last call, float32[B, MAX_DRAFTS + 1, H] (its first n rows; one shape for every call), and
+      the first of them int32[B] (the prompt's last position after the prefill, -1 without a prompt):
+      what a draft head reads (``sedd.kinds.spec_head``).
     """
     def prefill(params_state, prompt):
         model = nnx.merge(graphdef, *params_state)
         check(model)
         b, p = prompt.shape
         cache = model.empty_cache(b, max(model.max_len, p) + speculative.MAX_DRAFTS + 1)
+        h = jnp.zeros((b, speculative.MAX_DRAFTS + 1, model.hidden_size), jnp.float32)
         if p:
-            cache = decode_in_cache(model, cache, inputs(model, prompt), jnp.int32(0))[1]
-        return params_state, cache
+            _, cache, *last = decode_in_cache(model, cache, inputs(model, prompt), jnp.int32(0), features)
+            h = h.at[:, 0].set(last[0][:, -1]) if features else None
+        return (params_state, cache, h, jnp.full((b,), p - 1, jnp.int32)) if features else (params_state, cache)
 
     def target(state, text, start, k):
-        params_state, cache = state
+        params_state, cache = state[:2]
         model = nnx.merge(graphdef, *params_state)
         fits(cache, text)
         rows = jnp.arange(text.shape[0])[:, None]
         prev = jnp.where(start > 0, text[rows[:, 0], jnp.maximum(start - 1, 0)], bos_id(model))  # (B,)
         chunk = jnp.concatenate([prev[:, None], text[rows, start[:, None] + jnp.arange(k)]], axis=1)  # (B, k + 1)
-        logits, cache = decode_rows(model, cache, chunk, start)  # (B, k + 1, V), each row at its start
-        return shaped_law(logits, temperature, top_p), (params_state, cache)
+        logits, cache, *h = decode_rows(model, cache, chunk, start, features)  # (B, k + 1, V), each row at its start
+        p = shaped_law(logits, temperature, top_p)
+        if not features:
+            return p, (params_state, cache)
+        h = state[2].at[:, :k + 1].set(h[0].astype(jnp.float32))  # (B, MAX_DRAFTS + 1, H), in place
+        return p, (params_state, cache, h, start)
 
     return prefill, target
 

@@ -63,6 +63,10 @@ the tokens it does not see (the verifier's, the other drafts'), broader than
 the conditionals that verify it; sharpened it is kept more often (on the
 plays at k = 4, joint verification, 1.99 -> 2.02 tokens a call; docs/speculative.md).
 
+A run with model.draft_head = N > 0 has no draft half: a small head of width N drafts after each call
+from the causal half's features and the token the verifier just wrote, which the groups cannot see
+(``sedd.kinds.spec_head``; layouts "K" with groups = 0).
+
 Letters: B batch, L length, V vocabulary, k drafts a round, S cache rows.
 """
 
@@ -83,6 +87,7 @@ from tqdm.auto import tqdm
 
 from sedd import files, kernels, sampling, speculative
 import sedd.kinds.causal as causal
+from sedd.kinds import spec_head
 from sedd.kinds.base import network_of, register
 from sedd.kinds.capabilities import Speculates, Tunes
 from sedd.model import DDiT
@@ -192,8 +197,9 @@ class Layout(NamedTuple):
     group's drafts from the new start on (k - (j - groups + 1) of them: the round after has fewer drafts,
     none when groups = 1 and all k were kept). k = 0 (groups = 0, ``NO_DRAFTS``) is the causal half
     alone on its KV cache, one token a call (``sedd.kinds.causal.ancestral``): where a call on more
-    positions costs about as much more as the positions it adds, the fastest. Every layout keeps the
-    causal half's law.
+    positions costs about as much more as the positions it adds, the fastest. groups = 0 with k >= 1 is a
+    run with a draft head (``sedd.kinds.spec_head``): k drafts from the head after each call, a call on k + 1
+    positions. Every layout keeps the causal half's law.
     """
 
     k: int
@@ -206,6 +212,8 @@ class Layout(NamedTuple):
     def __str__(self) -> str:
         if not self.k:
             return "no drafts (the causal half alone, 1 position a call)"
+        if not self.groups:
+            return f"k={self.k} from the draft head ({self.positions} positions a call)"
         return f"k={self.k} groups={self.groups} ({self.positions} positions a call)"
 
 
@@ -213,28 +221,38 @@ NO_DRAFTS = Layout(0, 0)
 """The layout of no drafts: the causal half alone, one token a call ("0" on the command line)."""
 
 
-def layout_of(value, trained_k: int) -> Layout:
+def layout_of(value, trained_k: int, head: bool | None = False) -> Layout:
     """A ``Layout`` from a Layout, an int k (a group for every outcome), or "K,GROUPS" / "K" (the CLI's).
 
     None: the run's own k (trained_k) with every group; 0 or "0": ``NO_DRAFTS``. Raises a ValueError
     naming the value unless 1 <= k <= ``speculative.MAX_DRAFTS`` and 1 <= groups <= k + 1 (a group of
     another size than trained_k keeps the law; its drafts were not what training showed), or k = groups = 0.
+    With `head` (a run with a draft head) an int or "K" is k head drafts, groups = 0, and groups must be 0;
+    head None: the format alone, either kind of run.
     """
     if value is None:
-        return Layout(trained_k, trained_k + 1)
+        return Layout(trained_k, 0 if head else trained_k + 1)
     if isinstance(value, str):
         parts = value.split(",")
         if not (1 <= len(parts) <= 2 and all(p.isascii() and p.isdigit() and len(p) <= 3 for p in parts)):
             raise ValueError(f"layout={value[:40]!r} must be 'K' or 'K,GROUPS' (drafts a round, draft groups; "
                              "0: no drafts), e.g. '4,2'")
         k = int(parts[0])
-        value = Layout(k, int(parts[1]) if len(parts) == 2 else k + 1 if k else 0)
+        value = Layout(k, int(parts[1]) if len(parts) == 2 else 0 if head or not k else k + 1)
     elif isinstance(value, int) and not isinstance(value, bool):
-        value = Layout(value, value + 1 if value else 0)
+        value = Layout(value, 0 if head or not value else value + 1)
     if not isinstance(value, tuple) or len(value) != 2:
         raise ValueError(f"layout={value!r} must be a spec.Layout, an int k or 'K,GROUPS'")
     k, groups = value
     ints = isinstance(k, int) and isinstance(groups, int) and not isinstance(k, bool) and not isinstance(groups, bool)
+    if head and ints and groups and k:
+        raise ValueError(f"layout k={k} groups={groups}: this run drafts with its draft head, which takes no draft "
+                         f"groups: give 'K' (k head drafts a round) or '0' (no drafts)")
+    if ints and not groups and 1 <= k <= speculative.MAX_DRAFTS:
+        if head is False:
+            raise ValueError(f"layout k={k} groups=0 drafts with a draft head, and this run has none "
+                             "(model.draft_head = 0): give 'K,GROUPS' with GROUPS in [1, K + 1], or '0'")
+        return Layout(k, 0)
     if not (ints and (k == groups == 0 or (1 <= k <= speculative.MAX_DRAFTS and 1 <= groups <= k + 1))):
         raise ValueError(f"layout k={k!r} groups={groups!r}: k must be in [1, {speculative.MAX_DRAFTS}] and groups "
                          "in [1, k + 1], or both 0 (no drafts)")
@@ -357,15 +375,25 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0,
     return prefill, target, drafter
 
 
+def parts_of(graphdef, layout, temperature=1.0, top_p=1.0, draft_temperature=None) -> tuple:
+    """(prefill, target, drafter) of `layout`: the draft groups' (``speculative_parts``), or the draft head's
+    where groups = 0 (``sedd.kinds.spec_head.speculative_parts``); draft_temperature None: the default of each."""
+    if layout.groups:
+        return speculative_parts(graphdef, layout, temperature, top_p,
+                                 DRAFT_TEMPERATURE if draft_temperature is None else draft_temperature)
+    return spec_head.speculative_parts(graphdef, layout.k, temperature, top_p, spec_head.HEAD_DRAFT_TEMPERATURE
+                                       if draft_temperature is None else draft_temperature)
+
+
 @functools.lru_cache(maxsize=None)
-def _parts(graphdef, layout: Layout, temperature: float, top_p: float, draft_temperature: float) -> tuple:
-    return speculative_parts(graphdef, layout, temperature, top_p, draft_temperature)  # one jit cache entry each
+def _parts(graphdef, layout: Layout, temperature: float, top_p: float, draft_temperature) -> tuple:
+    return parts_of(graphdef, layout, temperature, top_p, draft_temperature)  # one jit cache entry each
 
 
 def speculate(key: jax.Array, graphdef, state, num_samples: int, length: int, layout,
            temperature: float = 1.0, top_p: float = 1.0, prompt: jax.Array | None = None,
            categorical: str = "precise", verification: str = "joint",
-           draft_temperature: float = DRAFT_TEMPERATURE) -> tuple[jax.Array, dict]:
+           draft_temperature: float | None = None) -> tuple[jax.Array, dict]:
     """Text of the spec network (graphdef, state) by self-speculation: the causal half's law exactly.
 
     Args:
@@ -373,31 +401,39 @@ def speculate(key: jax.Array, graphdef, state, num_samples: int, length: int, la
       graphdef, state: the network, state = (params, rest).
       num_samples, length: B, L (L at most the model's length).
       layout: a ``Layout``, or an int k (drafts a round, a group for every outcome: the run's
-        model.draft_k is what it was trained to draft); ``NO_DRAFTS``: ``sedd.kinds.causal.ancestral``.
+        model.draft_k is what it was trained to draft); ``NO_DRAFTS``: ``sedd.kinds.causal.ancestral``;
+        Layout(k, 0): k drafts a round from the network's draft head (``sedd.kinds.spec_head``).
       temperature, top_p: on the causal half's law, so the text's (and on the drafts').
       prompt: optional int32[B, P], the same P for every row.
       categorical: the method of the verifier's redraws.
       verification: "joint" or "token" (``sedd.speculative.round_law``): the same law.
-      draft_temperature: tau > 0 of the drafts' law q^(1/tau) (module docstring): the same law.
+      draft_temperature: tau > 0 of the drafts' law q^(1/tau) (module docstring): the same law; None:
+        ``DRAFT_TEMPERATURE`` for groups, ``sedd.kinds.spec_head.HEAD_DRAFT_TEMPERATURE`` for a head.
     Returns:
       (int32[B, L], stats): "nfe" the network calls (the batch's: the rounds and the prefill),
-      "nfe_per_sample", "draft_calls" 0 (the drafts come from the same calls), "accepted_at" int32[k].
+      "nfe_per_sample", "draft_calls" (0 for groups: the drafts come from the same calls; a head's steps,
+      k a round), "accepted_at" int32[k].
     """
-    layout = layout_of(layout, 0)
+    layout = layout_of(layout, 0, head=None)
     if not layout.k:  # one call a token, no round
         tokens = causal.ancestral(key, graphdef, state, num_samples, length, temperature, prompt, categorical, top_p)
         calls = jnp.full((num_samples,), length, jnp.int32)
         return tokens, {"nfe": jnp.int32(length), "nfe_per_sample": calls, "draft_calls": jnp.zeros_like(calls),
                         "accepted_at": jnp.zeros((0,), jnp.int32)}
     given = jnp.zeros((num_samples, 0), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
-    if not (isinstance(draft_temperature, (int, float)) and draft_temperature > 0):
+    if draft_temperature is not None and not (isinstance(draft_temperature, (int, float)) and draft_temperature > 0):
         raise ValueError(f"draft_temperature must be a number > 0, got {draft_temperature!r}")
-    prefill, target, drafter = _parts(graphdef, layout, float(temperature), float(top_p), float(draft_temperature))
+    if not layout.groups:
+        spec_head.head_of(nnx.merge(graphdef, *state))  # a clear error for a run without a head
+    prefill, target, drafter = _parts(graphdef, layout, float(temperature), float(top_p),
+                                      None if draft_temperature is None else float(draft_temperature))
     out, stats = speculative.decode_prompted(key, state, None, given, prefill=prefill, target=target, d_prefill=None,
                                              drafter=drafter, length=length, k=layout.k, categorical=categorical,
                                              shared=True, verification=verification)
-    rounds = stats["rounds_per_sample"] + 1  # and the prefill's call
-    return out, {"nfe": stats["rounds"] + 1, "nfe_per_sample": rounds, "draft_calls": jnp.zeros_like(rounds),
+    prefilled = 1 if layout.groups or given.shape[1] else 0  # a head's prefill without a prompt makes no call
+    rounds = stats["rounds_per_sample"] + prefilled
+    draft_calls = jnp.zeros_like(rounds) if layout.groups else stats["rounds_per_sample"] * layout.k
+    return out, {"nfe": stats["rounds"] + prefilled, "nfe_per_sample": rounds, "draft_calls": draft_calls,
                  "accepted_at": stats["accepted_at"]}
 
 
@@ -408,12 +444,15 @@ LAYOUTS_FILE = "layouts.json"
 """The layouts chosen for a run, by device and batch, in its run directory (``choose_layout``)."""
 
 
-def candidates(k: int) -> list[Layout]:
+def candidates(k: int, head: bool = False) -> list[Layout]:
     """The layouts ``time_layouts`` times for a run trained at k: no drafts; k = 1 and about k / 2 with two
     groups; k with one group. Each compiles a program of its own (docs/studies/speculative.md times it), so
     the few that win somewhere: no drafts where a position costs as much as it adds, more drafts a call where
     positions cost little (the second group keeps drafts for the round after a kept draft, which one group
-    cannot); any other is given with ``--layout``."""
+    cannot); any other is given with ``--layout``. A run with a draft head: no drafts, about k / 2 and k
+    head drafts."""
+    if head:
+        return sorted({NO_DRAFTS, Layout(max(1, k // 2), 0), Layout(k, 0)}, key=lambda lay: -lay.k)
     return sorted({NO_DRAFTS, Layout(1, 2), Layout(max(1, k // 2), 2), Layout(k, 1)},
                   key=lambda lay: (-lay.k, -lay.groups))
 
@@ -451,14 +490,14 @@ def device_key(model: DDiT, batch: int) -> str:
     return f"{dev.platform} {dev.device_kind} | {kernels.cpu_model()} | {jnp.dtype(model.dtype).name} | batch {batch}"
 
 
-def _saved(entry, trained_k: int, wanted: list[Layout], path: Path) -> tuple[Layout, list] | None:
+def _saved(entry, trained_k: int, wanted: list[Layout], path: Path, head: bool = False) -> tuple[Layout, list] | None:
     """(layout, timed rows) of a layouts file's entry chosen among every layout of `wanted`; None: time again.
     A layout of more than the run's k drafts (a received file's "64,65" cost a run of 32 tokens 4,225
     positions a call) or not a layout is refused, naming the file."""
     if not isinstance(entry, dict) or "layout" not in entry:
         return None
     try:
-        layout = layout_of(entry["layout"], trained_k) if isinstance(entry["layout"], str) else None
+        layout = layout_of(entry["layout"], trained_k, head) if isinstance(entry["layout"], str) else None
     except ValueError:
         layout = None
     if layout is None or layout.k > trained_k:
@@ -480,8 +519,8 @@ def _against_no_drafts(layout: Layout, rows: list) -> str:
 
 
 def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, workdir=None, *,
-                  layouts: list[Layout] | None = None, progress: bool = False) -> tuple[Layout, str]:
-    """The fastest of `layouts` (``candidates(trained_k)``) on this device at this batch (``time_layouts``),
+                  layouts: list[Layout] | None = None, progress: bool = False, head: bool = False) -> tuple[Layout, str]:
+    """The fastest of `layouts` (``candidates(trained_k, head)``) on this device at this batch (``time_layouts``),
     kept in workdir/layouts.json and read back for the same ``device_key`` (delete the file, or its entry, to
     time again; without a workdir nothing is kept).
 
@@ -490,18 +529,18 @@ def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, work
     """
     where = device_key(nnx.merge(graphdef, *state), batch)
     path = None if workdir is None else Path(workdir) / LAYOUTS_FILE
-    wanted, saved = layouts or candidates(trained_k), {}
+    wanted, saved = layouts or candidates(trained_k, head), {}
     if path is not None and path.exists():
         try:
             saved = json.loads(files.read_text(path, 1 << 20, root=workdir))
         except (ValueError, files.UnsafeFile) as e:
             raise ValueError(f"{path} is not a layouts file sedd wrote ({e}); delete it to time the layouts "
                              "again") from None
-        if found := _saved(saved.get(where) if isinstance(saved, dict) else None, trained_k, wanted, path):
+        if found := _saved(saved.get(where) if isinstance(saved, dict) else None, trained_k, wanted, path, head):
             layout, rows = found
             return layout, f"layout {layout}{_against_no_drafts(layout, rows)}, chosen earlier on this device ({path})"
     rows = time_layouts(graphdef, state, length, batch, wanted, progress=progress)
-    layout, kept = layout_of(rows[0]["layout"], trained_k), ""
+    layout, kept = layout_of(rows[0]["layout"], trained_k, head), ""
     if path is not None:
         saved = dict(saved) if isinstance(saved, dict) else {}
         saved[where] = {"layout": rows[0]["layout"], "timed": rows}
@@ -524,7 +563,8 @@ class Options(causal.Options):
 
     Attributes:
       verification: "joint" or "token" (``sedd.speculative.round_law``).
-      draft_temperature: tau > 0 of the drafts' law q^(1/tau) (None: ``DRAFT_TEMPERATURE``).
+      draft_temperature: tau > 0 of the drafts' law q^(1/tau) (None: ``DRAFT_TEMPERATURE``, a head's
+        ``sedd.kinds.spec_head.HEAD_DRAFT_TEMPERATURE``).
       layout: a round's layout (``layout_of``: a ``Layout``, "K,GROUPS", "0"; None: the kind's).
       draft: refused: a spec run drafts for itself.
       draft_k: the k of the layout, when given (another k is refused: give a layout).
@@ -546,7 +586,7 @@ class Options(causal.Options):
             raise ValueError("a draft (--draft) drafts for an AR run (model.kind='ar'); this run's model.kind is "
                              "'spec', which drafts for itself")
         if self.layout is not None:
-            layout_of(self.layout, 1)  # its format, before any work
+            layout_of(self.layout, 1, head=None)  # its format, before any work
         return super().checked()
 
 
@@ -557,10 +597,14 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
     Its likelihood is its causal half's exact NLL, and its samples have that
     half's law exactly (speculative sampling of its own drafts).
 
+    With model.draft_head = N > 0 its drafts come from a draft head of width N instead of a draft half
+    (``sedd.kinds.spec_head``): drafts that read the token the verifier wrote.
+
     Attributes:
       draft_k: k = model.draft_k, the drafts a round it was trained to draft.
-      layout: the round's ``Layout`` when none is given: every outcome's group at draft_k until ``tune``
-        sets the fastest here.
+      head: N, the draft head's width (0: drafts from the draft half).
+      layout: the round's ``Layout`` when none is given: every outcome's group at draft_k (k head drafts)
+        until ``tune`` sets the fastest here.
     """
 
     options_type = Options
@@ -584,16 +628,21 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
             raise ValueError(f"training.draft_target={target!r} (what model.kind='spec' trains its drafts on) must "
                              f"be one of {DRAFT_TARGETS}: the text's tokens, the causal half's laws on it, or its laws "
                              "on text it writes")
-        self.draft_k, self.draft_weight, self.draft_target = k, float(w), target
-        self.layout = Layout(k, k + 1)
+        head = config.model.draft_head
+        if isinstance(head, bool) or not (isinstance(head, int) and 0 <= head <= 1 << 16):
+            raise ValueError(f"model.draft_head={head!r} (the width of model.kind='spec''s draft head) must be an "
+                             "integer in [0, 65536]: 0 drafts with the draft half, N > 0 with a head of width N "
+                             "(256 is a good start)")
+        self.draft_k, self.draft_weight, self.draft_target, self.head = k, float(w), target, head
+        self.layout = Layout(k, 0 if head else k + 1)
 
     @property
     def label(self):
-        return f"spec k={self.draft_k}"
+        return f"spec k={self.draft_k}" + (f" head={self.head}" if self.head else "")
 
     def _layout(self, o: Options) -> Layout:
         """The layout a sample with options `o` runs: theirs or the kind's; a draft_k that is not its k refused."""
-        layout = self.layout if o.layout is None else layout_of(o.layout, self.draft_k)
+        layout = self.layout if o.layout is None else layout_of(o.layout, self.draft_k, bool(self.head))
         if o.draft_k is not None and o.draft_k != layout.k:
             raise ValueError(f"draft_k={o.draft_k!r}: this run drafts {layout.k} token{'s' * (layout.k != 1)} a round "
                              f"in its layout ({layout}); a spec run's drafts a round are its layout's k (--layout "
@@ -609,9 +658,10 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
         if o.layout is not None:
             self.layout = self._layout(o)
             return f"layout {self.layout}, as asked"
-        layouts = None if o.draft_k is None else [lay for lay in candidates(o.draft_k) if lay.k == o.draft_k]
+        head = bool(self.head)
+        layouts = None if o.draft_k is None else [lay for lay in candidates(o.draft_k, head) if lay.k == o.draft_k]
         self.layout, line = choose_layout(net.graphdef, net.state, self.config.data.seq_len, batch, self.draft_k,
-                                          workdir, layouts=layouts, progress=progress)
+                                          workdir, layouts=layouts, progress=progress, head=head)
         self._layout(o)
         return line
 
@@ -624,20 +674,23 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
             return causal.without_drafts(graphdef, self.config.vocab_size, categorical)
 
         def parts(temperature, top_p):
-            prefill, target, drafter = speculative_parts(graphdef, layout, temperature, top_p)
+            prefill, target, drafter = parts_of(graphdef, layout, temperature, top_p)
             return (lambda state, text: (prefill(state, text), None)), target, drafter
 
-        return sampling.rounds.Speculation(parts, layout.k, "self", categorical=categorical, shared=True)
+        return sampling.rounds.Speculation(parts, layout.k, "self", categorical=categorical, shared=True,
+                                           draft_calls=0 if layout.groups else layout.k)
 
     def network(self, seed=0):
         """Inputs V + 2 ids (BOS = V, MASK = V + 1), V logits out, no time input; attention by mask."""
         v = self.config.vocab_size
-        return network_of(self.config, seed, num_tokens=v + 2, out_dim=v, scale_by_sigma=False, causal=False,
-                          time_conditioning=False, normalize=False)
+        net = network_of(self.config, seed, num_tokens=v + 2, out_dim=v, scale_by_sigma=False, causal=False,
+                         time_conditioning=False, normalize=False)
+        return spec_head.attach(net, self.head, seed) if self.head else net
 
     def loss(self, key, model, x0, train, rngs=None):
-        """(3) of the module docstring: the causal half's NLL plus the one-step drafts' cross-entropy."""
-        return loss(model, x0, self.draft_k, deterministic=not train, rngs=rngs,
+        """(3) of the module docstring: the causal half's NLL plus the one-step drafts' cross-entropy; with a draft
+        head, (2) of ``sedd.kinds.spec_head``: the causal half's NLL plus the head's."""
+        return (spec_head.loss if self.head else loss)(model, x0, self.draft_k, deterministic=not train, rngs=rngs,
                     draft_weight=self.draft_weight, draft_target=self.draft_target, key=key)
 
     def sample(self, key, net, num_samples, steps=None, sampler=None, rows=None, **options):
@@ -655,8 +708,8 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
         """
         self.check_given(steps=steps, sampler=sampler)
         o = self.options(**options)
-        tau = DRAFT_TEMPERATURE if o.draft_temperature is None else o.draft_temperature
         tokens, stats = speculate(key, net.graphdef, net.state, num_samples, self.config.data.seq_len,
                                   self._layout(o), temperature=o.temperature, top_p=o.top_p, prompt=o.prompt,
-                                  categorical=o.categorical, verification=o.verification, draft_temperature=tau)
+                                  categorical=o.categorical, verification=o.verification,
+                                  draft_temperature=o.draft_temperature)
         return sampling.Samples(tokens, None, stats if o.return_stats else None)

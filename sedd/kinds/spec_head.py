@@ -1,0 +1,182 @@
+r"""A spec run's draft head: a small recurrent network that drafts from the causal half's last features and
+the token the verifier just wrote (``model.draft_head`` > 0; EAGLE- and ReDrafter-style).
+
+The TiDAR draft half (``sedd.kinds.spec``) drafts in the call that verifies, so its drafts cannot see the
+token that call writes: a draft is kept at most sum_v min(p, q) of a law averaged over that token, 0.55 of
+the time on the plays and 0.67 at best. The head drafts after the call, from what the call computed:
+
+    h_l            the causal half's residual stream after its last layer at position l (input x_{l-1}):
+                   what its output layer reads to give p(x_l | x_<l), a summary of x_<l;
+    s_0 = P LN(h_l),   s_i = s_{i-1} + W_2 gelu(W_1 [LN(s_{i-1}); E x_{l+i-1}]),
+    q_i(.) = softmax(U LN(s_i)),   i = 1 .. k:                                                      (1)
+
+q_i is the head's law of x_{l+i} given h_l and the tokens x_l .. x_{l+i-1} (the first the verifier's, the
+rest drafts): each step is a call of a network of 4 N^2 + N (H + V) weights (N = model.draft_head),
+against the causal half's ~12 H^2 a layer, so the k steps of a round cost a fraction of one causal call.
+
+A round at start s (text x_<s, drafts y_s .. y_{s+k-1}) is one causal call on the k + 1 positions
+s .. s + k (``sedd.kinds.causal.build_speculative_target`` with features): it gives the laws p_i the
+drafts are verified against (``sedd.speculative``) and the features h there. If j drafts are kept and
+the verifier writes x_{s+j}, the next round's drafts come from (1) at l = s + j: h_{s+j} saw only
+x_<s+j (kept drafts and the text), and the first step reads x_{s+j}. Each draft y was drawn from q_i
+given the prefix and the drafts before it, which is what speculative sampling asks of q ((1) of
+``sedd.speculative``), so the text has the causal half's law exactly (tests/test_spec_head.py, by
+enumeration). The drafts are drawn from q_i shaped like p (temperature, top_p) and sharpened by tau
+(``sedd.kinds.spec.sharpened``); the law told the verifier is the one drawn from.
+
+Training (``loss``): the causal half's NLL as an AR run's, and the head on the same forward's features,
+held fixed (no gradient reaches the causal half, so its likelihood is an AR network's):
+
+    -sum_l log p(x_l | x_<l)  +  w sum_{i=1..k} sum_{l + i < L} CE(target_{l+i}, q_i at l),        (2)
+
+target = training.draft_target: "data" the token x_{l+i}; "causal" the causal half's law p(. | x_<l+i)
+(the law a draft is kept against); "own" that law on text the causal half writes. No draft half is
+computed: a step costs an AR run's.
+
+Letters: B batch, L length, H width, N the head's width, V vocabulary, k drafts a round.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from sedd import layers
+import sedd.kinds.causal as causal
+from sedd.model import DDiT
+from sedd.sampling import shaped_law
+
+
+class DraftHead(nnx.Module):
+    """(1) of the module docstring: ``begin`` maps the causal half's features to s_0, ``step`` reads a token.
+
+    Args:
+      hidden_size: H, the causal half's width.
+      vocab: V.
+      width: N.
+      dtype: the compute dtype of its products (the network's).
+      rngs: parameter keys.
+    """
+
+    def __init__(self, hidden_size: int, vocab: int, width: int, *, dtype: Any = jnp.float32, rngs: nnx.Rngs):
+        self.norm_in = layers.layer_norm(hidden_size, rngs)
+        self.project = layers.linear(hidden_size, width, ("embed", "mlp"), dtype=dtype, rngs=rngs)
+        self.embed = nnx.Embed(vocab, width, dtype=jnp.float32, param_dtype=jnp.float32, rngs=rngs,
+                               embedding_init=layers.partitioned(nnx.initializers.normal(1.0), ("vocab", "embed")))
+        self.norm_step = layers.layer_norm(width, rngs)
+        self.fc1 = layers.linear(2 * width, 2 * width, ("embed", "mlp"), dtype=dtype, rngs=rngs)
+        self.fc2 = layers.linear(2 * width, width, ("mlp", "embed"), dtype=dtype, rngs=rngs)
+        self.norm_out = layers.layer_norm(width, rngs)
+        self.out = layers.linear(width, vocab, ("embed", "vocab"), dtype=dtype, rngs=rngs)
+        self.dtype = dtype
+
+    def begin(self, h: jax.Array) -> jax.Array:
+        """s_0 = P LN(h): float32[..., N] from the features float[..., H]."""
+        return self.project(self.norm_in(h.astype(jnp.float32)).astype(self.dtype)).astype(jnp.float32)
+
+    def step(self, s: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """s_i and the logits of q_i from s_{i-1} float32[..., N] and the token y int[...] before the drafted one."""
+        u = jnp.concatenate([self.norm_step(s), self.embed(y)], axis=-1).astype(self.dtype)  # (..., 2N)
+        s = s + self.fc2(jax.nn.gelu(self.fc1(u))).astype(jnp.float32)
+        return s, self.out(self.norm_out(s).astype(self.dtype)).astype(jnp.float32)  # (..., N), (..., V)
+
+
+def attach(model: DDiT, width: int, seed: int) -> DDiT:
+    """The spec network `model` with a ``DraftHead`` of width N = `width` as its ``draft_head``."""
+    model.draft_head = DraftHead(model.hidden_size, model.out_dim, width, dtype=model.dtype,
+                                 rngs=nnx.Rngs(params=seed + 2))
+    return model
+
+
+def head_of(model: DDiT) -> DraftHead:
+    """The network's draft head; a ValueError for a spec network without one."""
+    head = getattr(model, "draft_head", None)
+    if not isinstance(head, DraftHead):
+        raise ValueError("this spec network has no draft head (model.draft_head = 0: its drafts come from its "
+                         "draft half, a layout 'K,GROUPS'); a head is trained with model.draft_head = N > 0")
+    return head
+
+
+def head_nll(head: DraftHead, h: jax.Array, text: jax.Array, k: int, law: jax.Array | None = None) -> jax.Array:
+    """The head's cross-entropy of (2) at every start l, summed over its k steps: float32[B, L] nats.
+
+    Args:
+      h: float32[B, L] features of the text's positions (held fixed by the caller).
+      text: int[B, L] the text.
+      law: None (the target is the text's token), or float32[B, L, V] the causal half's law at each position.
+    """
+    length = text.shape[1]
+    s, total = head.begin(h), jnp.zeros(text.shape, jnp.float32)  # (B, L, N), (B, L)
+    for i in range(1, min(k, length - 1) + 1):
+        y = jnp.pad(text[:, i - 1:], ((0, 0), (0, i - 1)))  # (B, L) x_{l+i-1}: what step i reads
+        s, logits = head.step(s, y)  # (B, L, N), (B, L, V): q_i at l, the law of x_{l+i}
+        logq = jax.nn.log_softmax(logits, axis=-1)
+        if law is None:
+            nll = causal.nll_of_logits(logits, jnp.pad(text[:, i:], ((0, 0), (0, i))))
+        else:
+            nll = -jnp.sum(jnp.pad(law[:, i:], ((0, 0), (0, i), (0, 0))) * logq, axis=-1)
+        total += jnp.where(jnp.arange(length) < length - i, nll, 0.0)  # l + i < L
+    return total
+
+
+def loss(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True, rngs=None,
+         draft_weight: float = 1.0, draft_target: str = "data", key: jax.Array | None = None) -> jax.Array:
+    """(2): the causal half's NLL and w times the head's cross-entropy, nats per sequence, float32[B].
+
+    draft_target as ``sedd.kinds.spec.loss``'s ("own" draws B texts of the causal half each call, from `key`).
+    """
+    b, length = x.shape
+    texts = x
+    if draft_target == "own":
+        if key is None:
+            raise ValueError('draft_target="own" draws the causal half\'s texts: give a key')
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        own = causal.ancestral(key, graphdef, jax.lax.stop_gradient((params, rest)), b, length)  # (B, L)
+        texts = jnp.concatenate([x, own.astype(x.dtype)])  # (2B, L): one call for both
+    h, c = model.features(causal.inputs(model, texts), None, mask=np.tril(np.ones((length, length), bool)),
+                          deterministic=deterministic, rngs=rngs)  # (B', L, H)
+    logits = model.output_layer(h, c)  # (B', L, V)
+    nll_p = causal.nll_of_logits(logits[:b], x).sum(-1)  # (B,)
+    law = None if draft_target == "data" else jax.nn.softmax(jax.lax.stop_gradient(logits[-b:]), axis=-1)
+    drafts = head_nll(head_of(model), jax.lax.stop_gradient(h[-b:]), texts[-b:], k, law)  # (B, L)
+    return nll_p + draft_weight * drafts.sum(-1)
+
+
+HEAD_DRAFT_TEMPERATURE = 1.0
+"""tau of a head's drafts, q_i^(1/tau): its laws are conditionals like p's, not marginals to sharpen."""
+
+
+def speculative_parts(graphdef, k: int, temperature=1.0, top_p=1.0,
+                      draft_temperature: float = HEAD_DRAFT_TEMPERATURE) -> tuple:
+    """(prefill, target, drafter) of the spec network with a head `graphdef` for ``sedd.speculative.decode``
+    (shared=True): the causal half on its KV cache (features kept) verifies, the head drafts k tokens a round.
+
+    state: ((params, rest), cache, features float32[B, MAX_DRAFTS + 1, H] of the last call, its start int32[B]).
+    The drafter gives no draft at start 0 (no token to read yet), nor after a prefill of a buffer longer than
+    the prompt (``sedd serve``'s: no feature of the prompt's last position): that round writes one token.
+    """
+    prefill, target = causal.build_speculative_target(graphdef, temperature, top_p, features=True)
+    from sedd.kinds.spec import sharpened  # the module that holds this one
+
+    def drafter(key, state, text, start, k_):
+        params_state, _, features, last = state
+        head = head_of(nnx.merge(graphdef, *params_state))
+        rows = jnp.arange(text.shape[0])
+        kept = jnp.clip(start - last - 1, 0, k)  # (B,) the drafts the last round kept: h at its start + kept
+        s = head.begin(features[rows, kept])  # (B, N)
+        y = text[rows, jnp.maximum(start - 1, 0)]  # (B,) the verifier's last token
+        drafted, laws = [], []
+        for i in range(k):
+            s, logits = head.step(s, y)
+            q = sharpened(shaped_law(logits, temperature, top_p), draft_temperature)  # (B, V)
+            y = jax.random.categorical(jax.random.fold_in(key, i), jnp.log(q), axis=-1).astype(jnp.int32)
+            drafted.append(y)
+            laws.append(q)
+        fresh = (start > 0) & (start > last)  # else no token read yet, or a buffer prefilled past the start
+        return jnp.stack(drafted, 1), jnp.stack(laws, 1), state, jnp.where(fresh, k, 0).astype(jnp.int32)
+
+    return prefill, target, drafter
