@@ -551,8 +551,10 @@ def run_speculative(quick: bool, args) -> dict:
                             quality_samples, tuple(args.dtypes.split(",")))
         lines += dtype_lines(dtypes, Path(args.spec.split(",")[0]).name)
     overlaps = {}
-    grouped = {name: run for name, run in specs.items() if not run.kind.head}  # a head's drafts see that token
-    if study is not None and grouped:  # each spec run's first drafts against the most any such draft could keep
+    # Each spec run's first drafts against the most any such draft could keep (a draft head's see the verifier's
+    # token: not these).
+    grouped = {} if study is None else {name: run for name, run in specs.items() if not run.kind.head}
+    if grouped:
         overlaps = {name: draft_overlap(run) for name, run in grouped.items()}
         names = list(next(iter(overlaps.values())))
         lines.append("a group's first draft kept (one draft, the verifier's token unseen), exactly over that token, "
