@@ -111,6 +111,16 @@ def nll(model: DDiT, x: jax.Array) -> jax.Array:
     return sequence_nll(model, x, deterministic=True)
 
 
+def with_own_texts(model: DDiT, x: jax.Array, key: jax.Array | None) -> jax.Array:
+    """x int[B, L] and below it B texts the network writes now from `key` (``ancestral`` at temperature 1, no
+    gradient through the draw): int[2B, L], one forward for both (a spec run's on-policy drafts' targets)."""
+    if key is None:
+        raise ValueError('draft_target="own" draws the causal half\'s texts: give a key')
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    own = ancestral(key, graphdef, jax.lax.stop_gradient((params, rest)), *x.shape)  # (B, L)
+    return jnp.concatenate([x, own.astype(x.dtype)])
+
+
 # --------------------------------------------------------------------------- decoding
 
 

@@ -168,13 +168,7 @@ def loss(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True
     if draft_target not in DRAFT_TARGETS:
         raise ValueError(f"draft_target must be one of {DRAFT_TARGETS}, got {draft_target!r}")
     b, length = x.shape
-    texts = x
-    if draft_target == "own":
-        if key is None:
-            raise ValueError('draft_target="own" draws the causal half\'s texts: give a key')
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-        own = causal.ancestral(key, graphdef, jax.lax.stop_gradient((params, rest)), b, length)  # (B, L)
-        texts = jnp.concatenate([x, own.astype(x.dtype)])  # (2B, L): one call for both
+    texts = causal.with_own_texts(model, x, key) if draft_target == "own" else x  # (B or 2B, L)
     p_logits, q_logits = halves(model, texts, k, deterministic, rngs)
     nll_p = causal.nll_of_logits(p_logits[:b], x)
     if draft_target == "data":

@@ -130,13 +130,7 @@ def loss(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True
     draft_target as ``sedd.kinds.spec.loss``'s ("own" draws B texts of the causal half each call, from `key`).
     """
     b, length = x.shape
-    texts = x
-    if draft_target == "own":
-        if key is None:
-            raise ValueError('draft_target="own" draws the causal half\'s texts: give a key')
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-        own = causal.ancestral(key, graphdef, jax.lax.stop_gradient((params, rest)), b, length)  # (B, L)
-        texts = jnp.concatenate([x, own.astype(x.dtype)])  # (2B, L): one call for both
+    texts = causal.with_own_texts(model, x, key) if draft_target == "own" else x  # (B or 2B, L)
     h, c = model.features(causal.inputs(model, texts), None, mask=np.tril(np.ones((length, length), bool)),
                           deterministic=deterministic, rngs=rngs)  # (B', L, H)
     logits = model.output_layer(h, c)  # (B', L, V)
