@@ -281,6 +281,13 @@ def decode_prompted(key: jax.Array, target_params: Any, drafter_params: Any, giv
                   verification=verification)
 
 
+def sharpened(q: jax.Array, tau) -> jax.Array:
+    """q^(1/tau) renormalised along the last axis (tau = 1: q; the zeros of q stay zeros): a drafter's law
+    sharpened; drafts drawn from it keep the target's law when the verifier is told it."""
+    q = jnp.where(q > 0, jnp.exp(jnp.log(jnp.where(q > 0, q, 1.0)) / tau), 0.0)
+    return q / jnp.sum(q, axis=-1, keepdims=True)
+
+
 @functools.lru_cache(maxsize=None)
 def ngram_drafter(vocab_size: int, n: int = 2) -> Callable:
     """The prompt-lookup drafter (Saxena 2023): after the latest earlier occurrence of the last n tokens.

@@ -21,6 +21,7 @@ import pytest
 import reference
 from flax import nnx
 
+from sedd import speculative
 from sedd.kinds import causal, spec
 from sedd.sampling import shaped_law
 
@@ -227,7 +228,7 @@ def test_past_the_last_group_a_round_drafts_from_it_from_the_new_start():
         group, skip = min(j, groups - 1), j - min(j, groups - 1)
         _, q, _, count = drafter(jax.random.key(0), state, None, start, k)
         assert int(count[0]) == k - skip
-        np.testing.assert_allclose(np.asarray(q[0, :k - skip]), np.asarray(spec.sharpened(laws[0, group, skip:], tau)),
+        np.testing.assert_allclose(np.asarray(q[0, :k - skip]), np.asarray(speculative.sharpened(laws[0, group, skip:], tau)),
                                    rtol=1e-6)
         drawn = jax.vmap(lambda key: drafter(key, state, None, start, k)[0][0])(
             jax.random.split(jax.random.key(j), 20_000))  # (n, k)
@@ -281,8 +282,8 @@ def test_a_layout_is_chosen_by_its_speed_here_and_kept_in_the_run_directory(tmp_
 def test_sharpened_drafts_and_a_bad_draft_temperature():
     """q^(1/tau) renormalised, zeros kept; tau = 1 is q; a tau that is not > 0 is refused naming it."""
     q = jnp.asarray([[0.5, 0.3, 0.2, 0.0]])
-    np.testing.assert_allclose(np.asarray(spec.sharpened(q, 1.0)), np.asarray(q), rtol=1e-6)
-    sharp = np.asarray(spec.sharpened(q, 0.5))[0]
+    np.testing.assert_allclose(np.asarray(speculative.sharpened(q, 1.0)), np.asarray(q), rtol=1e-6)
+    sharp = np.asarray(speculative.sharpened(q, 0.5))[0]
     np.testing.assert_allclose(sharp, np.asarray([25, 9, 4, 0]) / 38, rtol=1e-5)
     graphdef, state = _tiny()
     with pytest.raises(ValueError, match="draft_temperature must be a number > 0, got 0"):

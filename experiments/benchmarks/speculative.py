@@ -551,10 +551,8 @@ def run_speculative(quick: bool, args) -> dict:
                             quality_samples, tuple(args.dtypes.split(",")))
         lines += dtype_lines(dtypes, Path(args.spec.split(",")[0]).name)
     overlaps = {}
-    # Each spec run's first drafts against the most any such draft could keep (a draft head's see the verifier's
-    # token: not these).
     grouped = {} if study is None else {name: run for name, run in specs.items() if not run.kind.head}
-    if grouped:
+    if grouped:  # each spec run's first group drafts against the most any such draft could keep (a head's see more)
         overlaps = {name: draft_overlap(run) for name, run in grouped.items()}
         names = list(next(iter(overlaps.values())))
         lines.append("a group's first draft kept (one draft, the verifier's token unseen), exactly over that token, "
@@ -562,8 +560,7 @@ def run_speculative(quick: bool, args) -> dict:
         lines.append(format_table(["spec run"] + names, [[name] + [f"{o[n]['mean']:.3f} +- {o[n]['se']:.3f}"
                                                                   for n in names] for name, o in overlaps.items()]))
     result = {"benchmark": "speculative", "call_cost": curves, "layout_ceiling": ceilings, "loop_profile": profile,
-              "study": study,
-              "draft_overlap": overlaps, "dtypes": dtypes, "table": "\n\n".join(lines)}
+              "study": study, "draft_overlap": overlaps, "dtypes": dtypes, "table": "\n\n".join(lines)}
     if args.picture and study is not None:
         path = Path(args.picture)
         speculative_picture(result, path)

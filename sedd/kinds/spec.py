@@ -239,13 +239,11 @@ def layout_of(value, trained_k: int, head: bool | None = False) -> Layout:
         raise ValueError(f"layout={value!r} must be a spec.Layout, an int k or 'K,GROUPS'")
     k, groups = value
     ints = isinstance(k, int) and isinstance(groups, int) and not isinstance(k, bool) and not isinstance(groups, bool)
-    if head and ints and groups and k:
-        raise ValueError(f"layout k={k} groups={groups}: this run drafts with its draft head, which takes no draft "
-                         f"groups: give 'K' (k head drafts a round) or '0' (no drafts)")
+    if ints and k and head is not None and bool(groups) == bool(head):  # groups = 0: head drafts
+        raise ValueError(f"layout k={k} groups={groups}: " + ("this run drafts with its draft head, which takes no "
+                         "draft groups: give 'K' (k head drafts a round) or '0'" if head else "groups=0 drafts with a "
+                         "draft head, and this run has none (model.draft_head = 0): give 'K,GROUPS' or '0'"))
     if ints and not groups and 1 <= k <= speculative.MAX_DRAFTS:
-        if head is False:
-            raise ValueError(f"layout k={k} groups=0 drafts with a draft head, and this run has none "
-                             "(model.draft_head = 0): give 'K,GROUPS' with GROUPS in [1, K + 1], or '0'")
         return Layout(k, 0)
     if not (ints and (k == groups == 0 or (1 <= k <= speculative.MAX_DRAFTS and 1 <= groups <= k + 1))):
         raise ValueError(f"layout k={k!r} groups={groups!r}: k must be in [1, {speculative.MAX_DRAFTS}] and groups "
@@ -287,12 +285,6 @@ def _call(model: DDiT, cache: tuple, start, tokens: jax.Array, positions: jax.Ar
 
 DRAFT_TEMPERATURE = 0.8
 """tau of the drafts' law q^(1/tau) (module docstring): 1 draws from the groups' laws as they are."""
-
-
-def sharpened(q: jax.Array, tau) -> jax.Array:
-    """q^(1/tau) renormalised along the last axis (tau = 1: q; the zeros of q stay zeros)."""
-    q = jnp.where(q > 0, jnp.exp(jnp.log(jnp.where(q > 0, q, 1.0)) / tau), 0.0)
-    return q / jnp.sum(q, axis=-1, keepdims=True)
 
 
 def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0,
@@ -362,7 +354,7 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0,
         skip = j - group  # (B,) its first `skip` positions are written already
         law = jnp.take_along_axis(laws, group[:, None, None, None], axis=1)[:, 0]  # (B, k, V)
         at = jnp.minimum(skip[:, None] + jnp.arange(k)[None, :], k - 1)  # (B, k)
-        q = sharpened(jnp.take_along_axis(law, at[..., None], axis=1), draft_temperature)  # (B, k, V)
+        q = speculative.sharpened(jnp.take_along_axis(law, at[..., None], axis=1), draft_temperature)  # (B, k, V)
         drafted = jax.random.categorical(key, jnp.log(q), axis=-1).astype(jnp.int32)  # (B, k)
         return drafted, q, state, k - skip
 
@@ -557,8 +549,7 @@ class Options(causal.Options):
 
     Attributes:
       verification: "joint" or "token" (``sedd.speculative.round_law``).
-      draft_temperature: tau > 0 of the drafts' law q^(1/tau) (None: ``DRAFT_TEMPERATURE``, a head's
-        ``sedd.kinds.spec_head.HEAD_DRAFT_TEMPERATURE``).
+      draft_temperature: tau > 0 of the drafts' law q^(1/tau) (None: the default of the groups or the head).
       layout: a round's layout (``layout_of``: a ``Layout``, "K,GROUPS", "0"; None: the kind's).
       draft: refused: a spec run drafts for itself.
       draft_k: the k of the layout, when given (another k is refused: give a layout).

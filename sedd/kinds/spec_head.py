@@ -22,7 +22,7 @@ x_<s+j (kept drafts and the text), and the first step reads x_{s+j}. Each draft 
 given the prefix and the drafts before it, which is what speculative sampling asks of q ((1) of
 ``sedd.speculative``), so the text has the causal half's law exactly (tests/test_spec_head.py, by
 enumeration). The drafts are drawn from q_i shaped like p (temperature, top_p) and sharpened by tau
-(``sedd.kinds.spec.sharpened``); the law told the verifier is the one drawn from.
+(``sedd.speculative.sharpened``); the law told the verifier is the one drawn from.
 
 Training (``loss``): the causal half's NLL as an AR run's, and the head on the same forward's features,
 held fixed (no gradient reaches the causal half, so its likelihood is an AR network's):
@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sedd import layers
+from sedd import layers, speculative
 import sedd.kinds.causal as causal
 from sedd.model import DDiT
 from sedd.sampling import shaped_law
@@ -154,7 +154,6 @@ def speculative_parts(graphdef, k: int, temperature=1.0, top_p=1.0,
     the prompt (``sedd serve``'s: no feature of the prompt's last position): that round writes one token.
     """
     prefill, target = causal.build_speculative_target(graphdef, temperature, top_p, features=True)
-    from sedd.kinds.spec import sharpened  # the module that holds this one
 
     def drafter(key, state, text, start, k_):
         params_state, _, features, last = state
@@ -166,7 +165,7 @@ def speculative_parts(graphdef, k: int, temperature=1.0, top_p=1.0,
         drafted, laws = [], []
         for i in range(k):
             s, logits = head.step(s, y)
-            q = sharpened(shaped_law(logits, temperature, top_p), draft_temperature)  # (B, V)
+            q = speculative.sharpened(shaped_law(logits, temperature, top_p), draft_temperature)  # (B, V)
             y = jax.random.categorical(jax.random.fold_in(key, i), jnp.log(q), axis=-1).astype(jnp.int32)
             drafted.append(y)
             laws.append(q)
