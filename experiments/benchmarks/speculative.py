@@ -295,6 +295,7 @@ def draft_overlap(run, sequences: int = 16, tau: float | None = None) -> dict:
     """
     from flax import nnx  # noqa: PLC0415
 
+    from sedd import speculative  # noqa: PLC0415
     from sedd.kinds import spec  # noqa: PLC0415
     from sedd.data import load_dataset  # noqa: PLC0415
 
@@ -324,7 +325,7 @@ def draft_overlap(run, sequences: int = 16, tau: float | None = None) -> dict:
             w = p[b, s]  # p(v | x_<s)
             cond = np.asarray(after_each(model, x[b], s), np.float64)  # (V, V)
             draft = q[b, s + 1]
-            sharp = np.asarray(spec.sharpened(draft, tau), np.float64)
+            sharp = np.asarray(speculative.sharpened(draft, tau), np.float64)
             for name, law in (("q", draft), (f"q sharpened (tau {tau})", sharp),
                               ("the mixture", w @ cond)):
                 kept[name].append(float(w @ np.minimum(cond, law[None]).sum(-1)))
