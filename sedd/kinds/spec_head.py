@@ -11,8 +11,8 @@ the time on the plays and 0.67 at best. The head drafts after the call, from wha
     q_i(.) = softmax(U LN(s_i)),   i = 1 .. k:                                                      (1)
 
 q_i is the head's law of x_{l+i} given h_l and the tokens x_l .. x_{l+i-1} (the first the verifier's, the
-rest drafts): each step is a call of a network of 4 N^2 + N (H + V) weights (N = model.draft_head),
-against the causal half's ~12 H^2 a layer, so the k steps of a round cost a fraction of one causal call.
+rest drafts): each step is a call of a network of 6 N^2 + N V weights (N = model.draft_head; N H more
+for s_0), against the causal half's ~12 H^2 a layer, so the k steps of a round cost a fraction of a call.
 
 A round at start s (text x_<s, drafts y_s .. y_{s+k-1}) is one causal call on the k + 1 positions
 s .. s + k (``sedd.kinds.causal.build_speculative_target`` with features): it gives the laws p_i the
