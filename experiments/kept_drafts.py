@@ -1,6 +1,7 @@
 """How many of a spec run's drafts its rounds keep, by position, at temperature 1 and 0.
 
     python experiments/kept_drafts.py RUN [RUN ...] [--layouts 4,1 4,5] [--samples 128] [--json FILE]
+    python experiments/kept_drafts.py runs/wide_spec --layouts 4 2       # a run with a draft head
 
 For each run (``model.kind = "spec"``) and layout, `--samples` texts are written with ``Run.sample`` after
 the first `--prompt` tokens of as many validation texts (the causal half's law exactly, whatever the drafts;
@@ -52,7 +53,7 @@ def validation_nll(workdir: Path) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="spec run directories")
-    p.add_argument("--layouts", nargs="+", default=["4,1", "4,5"], help="round layouts, each 'K,GROUPS'")
+    p.add_argument("--layouts", nargs="+", default=["4,1", "4,5"], help="round layouts, each 'K,GROUPS' ('K' for a run with a draft head)")
     p.add_argument("--samples", type=int, default=128, help="texts a cell, each after its own prompt")
     p.add_argument("--prompt", type=int, default=8, help="tokens of a validation text each row starts from")
     p.add_argument("--json", default="", help="write the rows here too")
