@@ -267,11 +267,13 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0, features: boo
         check(model)
         b, p = prompt.shape
         cache = model.empty_cache(b, max(model.max_len, p) + speculative.MAX_DRAFTS + 1)
-        h = jnp.zeros((b, speculative.MAX_DRAFTS + 1, model.hidden_size), jnp.float32)
         if p:
             _, cache, *last = decode_in_cache(model, cache, inputs(model, prompt), jnp.int32(0), features)
-            h = h.at[:, 0].set(last[0][:, -1]) if features else None
-        return (params_state, cache, h, jnp.full((b,), p - 1, jnp.int32)) if features else (params_state, cache)
+        if not features:
+            return params_state, cache
+        h = jnp.zeros((b, speculative.MAX_DRAFTS + 1, model.hidden_size), jnp.float32)
+        h = h.at[:, 0].set(last[0][:, -1]) if p else h  # the prompt's last position
+        return params_state, cache, h, jnp.full((b,), p - 1, jnp.int32)
 
     def target(state, text, start, k):
         params_state, cache = state[:2]

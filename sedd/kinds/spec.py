@@ -87,7 +87,7 @@ from tqdm.auto import tqdm
 
 from sedd import files, kernels, sampling, speculative
 import sedd.kinds.causal as causal
-from sedd.kinds import spec_head
+import sedd.kinds.spec_head as spec_head
 from sedd.kinds.base import network_of, register
 from sedd.kinds.capabilities import Speculates, Tunes
 from sedd.model import DDiT
