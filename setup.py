@@ -27,13 +27,25 @@ setup(
         "tqdm>=4.66",  # progress bars
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3",  # the README's test command runs two workers (-n 2)
-                 "scipy>=1.13", "matplotlib>=3.8", "jupytext>=1.16", "tokenizers>=0.20",
-                 "safetensors>=0.4", "pyyaml>=6",
-                 "starlette>=0.37", "pydantic>=2.4", "uvicorn[standard]>=0.30", "sse-starlette>=2", "openai>=1.40",
-                 "httpx>=0.27",
-                 "selenium>=4.20",  # the playground test drives Debian's chromium (installed by .ci/run)
-                 "wheel"],  # builds the wheel offline in tests/test_runs.py
+        "test": [
+            "pytest>=8",
+            "pytest-xdist>=3",  # the README's test command runs two workers (-n 2)
+            "scipy>=1.13",
+            "matplotlib>=3.8",
+            "jupytext>=1.16",
+            "tokenizers>=0.20",
+            "safetensors>=0.4",
+            "pyyaml>=6",
+            "starlette>=0.37",
+            "pydantic>=2.4",
+            "uvicorn[standard]>=0.30",
+            "sse-starlette>=2",
+            "openai>=1.40",
+            "httpx>=0.27",
+            "selenium>=4.20",  # the playground test drives Debian's chromium (installed by .ci/run)
+            "wheel",  # builds the wheel offline in tests/test_runs.py
+            "ruff==0.17.6",  # .ci/run: `ruff check` and `ruff format --check` (pinned: a new ruff may reformat)
+        ],
         "gpt2": ["tokenizers>=0.20"],  # GPT-2 BPE from local vocabulary files
         "convert": ["pyyaml>=6", "tokenizers>=0.20"],  # sedd convert (no torch; safetensors read by our own reader)
         # sedd serve: a bare Starlette app (FastAPI's layers cost ~18% of the requests/s), httptools (2.3x h11's)

@@ -120,17 +120,31 @@ print(f"jax {jax.__version__} on {jax.devices()[0].platform}")
 # %%
 if FAST:
     OVERRIDES = {
-        "training.n_iters": 20, "training.log_every": 10, "training.eval_every": 20,
-        "training.ckpt_every": 20, "training.eval_batches": 1, "training.eval_samples": 1,
+        "training.n_iters": 20,
+        "training.log_every": 10,
+        "training.eval_every": 20,
+        "training.ckpt_every": 20,
+        "training.eval_batches": 1,
+        "training.eval_samples": 1,
         "sampling.steps": 8,
     }
 else:
     OVERRIDES = {
-        "model.hidden_size": 128, "model.n_layers": 3, "model.n_heads": 4, "model.cond_dim": 64,
-        "data.seq_len": 64, "training.batch_size": 32, "training.n_iters": 1500,
-        "training.log_every": 50, "training.eval_every": 1500, "training.ckpt_every": 1500,
-        "training.eval_batches": 4, "training.eval_samples": 1,
-        "optim.lr": 2e-3, "optim.warmup": 100, "sampling.steps": 64,
+        "model.hidden_size": 128,
+        "model.n_layers": 3,
+        "model.n_heads": 4,
+        "model.cond_dim": 64,
+        "data.seq_len": 64,
+        "training.batch_size": 32,
+        "training.n_iters": 1500,
+        "training.log_every": 50,
+        "training.eval_every": 1500,
+        "training.ckpt_every": 1500,
+        "training.eval_batches": 4,
+        "training.eval_samples": 1,
+        "optim.lr": 2e-3,
+        "optim.warmup": 100,
+        "sampling.steps": 64,
     }
 config = config_lib.load_config("tiny", [f"--config.{k}={v}" for k, v in OVERRIDES.items()])
 
@@ -140,14 +154,16 @@ V = tok.vocab_size  # characters + one EOS id
 L = config.data.seq_len
 val_tokens = np.asarray(dataset.tokens("validation"))
 train_counts = np.bincount(np.asarray(dataset.tokens("train")), minlength=V)
-print(f"vocabulary: {V} tokens ({V - 1} characters + EOS); "
-      f"{dataset.num_tokens('train'):,} training tokens; sequence length L = {L}")
+print(
+    f"vocabulary: {V} tokens ({V - 1} characters + EOS); "
+    f"{dataset.num_tokens('train'):,} training tokens; sequence length L = {L}"
+)
 print(f"unigram entropy of the training text: {dataset.unigram_entropy_bits():.3f} bits/char")
 
 # A fixed stretch of validation text to watch throughout.
 head = tok.decode(val_tokens[:40_000])
 start = max(head.find("JULIA.\nThen let"), 0)
-x0 = jnp.asarray(val_tokens[start:start + L], jnp.int32)[None]  # (1, L)
+x0 = jnp.asarray(val_tokens[start : start + L], jnp.int32)[None]  # (1, L)
 GLYPHS = {V: "▒", tok.eos_id: "¶"}  # the absorbing graph's MASK (id V), end of document
 
 
@@ -190,8 +206,10 @@ for g in (graphs.Absorbing(4), graphs.Uniform(5)):
     q_dense = g.rate(states)  # (D, D): row i is Q[i, :]
     sigma = 0.7
     err = jnp.abs(jax.scipy.linalg.expm(sigma * q_dense) - g.transition(states, sigma)).max()
-    print(f"{type(g).__name__}: rows of Q sum to {float(jnp.abs(q_dense.sum(1)).max()):.1e}; "
-          f"max |expm(sigma Q) - transition| = {float(err):.1e}")
+    print(
+        f"{type(g).__name__}: rows of Q sum to {float(jnp.abs(q_dense.sum(1)).max()):.1e}; "
+        f"max |expm(sigma Q) - transition| = {float(err):.1e}"
+    )
 
 # %% [markdown]
 # Sampling $x_t \sim p_{t|0}(\cdot \mid x_0)$ is one uniform draw per position
@@ -282,13 +300,17 @@ exact_absorbing = exact_unigram_log_score(absorbing)
 sigma = 0.5
 s_mask = jnp.exp(exact_absorbing(jnp.full((1, 1), absorbing.mask), jnp.array([sigma])))[0, 0]  # (D,)
 top = np.argsort(-np.asarray(s_mask[:V]))[:6]
-print(f"at a MASK, sigma_bar = {sigma}: largest ratios "
-      + ", ".join(f"{tok.decode([i])!r}: {float(s_mask[i]):.4f}" for i in top))
+print(
+    f"at a MASK, sigma_bar = {sigma}: largest ratios "
+    + ", ".join(f"{tok.decode([i])!r}: {float(s_mask[i]):.4f}" for i in top)
+)
 print(f"  closed form pi(y)/(e^sigma - 1) for {tok.decode([top[0]])!r}: {pi[top[0]] / math.expm1(sigma):.4f}")
 print(f"  sum over tokens {float(s_mask[:V].sum()):.4f} = 1/(e^sigma - 1) = {1 / math.expm1(sigma):.4f}")
 rate_out = absorbing.reverse_rate(jnp.array(absorbing.mask), s_mask)
-print(f"  reverse_rate out of MASK: diagonal {float(rate_out[absorbing.mask]):.4f} "
-      f"(minus the total rate of unmasking, per unit of dsigma)")
+print(
+    f"  reverse_rate out of MASK: diagonal {float(rate_out[absorbing.mask]):.4f} "
+    f"(minus the total rate of unmasking, per unit of dsigma)"
+)
 lap("concrete scores")
 
 # %% [markdown]
@@ -329,12 +351,20 @@ for r in (0.25, 1.0, 4.0):
     sig_r = math.log1p(1.0 / r)  # the sigma_bar at which r_{x0} = r
     # Log-scores: log_s at x_0, -60 (ratio ~0) at every other token, 0 at MASK.
     ls = jnp.full((log_s.shape[0], absorbing.dim), -60.0).at[:, x_tok].set(log_s).at[:, absorbing.mask].set(0.0)
-    se = absorbing.score_entropy(ls, jnp.full((log_s.shape[0],), sig_r),
-                                 jnp.full((log_s.shape[0],), absorbing.mask), jnp.full((log_s.shape[0],), x_tok))
+    se = absorbing.score_entropy(
+        ls,
+        jnp.full((log_s.shape[0],), sig_r),
+        jnp.full((log_s.shape[0],), absorbing.mask),
+        jnp.full((log_s.shape[0],), x_tok),
+    )
     ax.plot(jnp.exp(log_s), se, label=f"r = {r}")
     print(f"r = {r}: min over the grid {float(se.min()):.2e} at s = {float(jnp.exp(log_s[se.argmin()])):.3f}")
-ax.set(xscale="log", xlabel="model ratio s", ylabel="score entropy (nats)",
-       title=r"$s - r\log s + K(r)$: 0 exactly at $s = r$")
+ax.set(
+    xscale="log",
+    xlabel="model ratio s",
+    ylabel="score entropy (nats)",
+    title=r"$s - r\log s + K(r)$: 0 exactly at $s = r$",
+)
 ax.legend()
 save(fig, "score_entropy.png")
 
@@ -375,8 +405,10 @@ n_rep = 4 if FAST else 16
 reps = np.stack([np.asarray(unigram_bound(k)) @ pi for k in jax.random.split(jax.random.key(1), n_rep)])
 prior = -math.log1p(-math.exp(-float(loglinear(1.0)[0])))  # KL(p_{1|0} || all-MASK) = -log P(masked at t=1)
 entropy = float(-(pi * np.log(pi)).sum())
-print(f"E_pi[DSE bound] = {reps.mean() + prior:.4f} +- {reps.std(ddof=1) / math.sqrt(n_rep):.4f} nats "
-      f"vs H(pi) = {entropy:.4f} nats (prior term {prior:.1e}; {n_t} times x {n_rep} repetitions)")
+print(
+    f"E_pi[DSE bound] = {reps.mean() + prior:.4f} +- {reps.std(ddof=1) / math.sqrt(n_rep):.4f} nats "
+    f"vs H(pi) = {entropy:.4f} nats (prior term {prior:.1e}; {n_t} times x {n_rep} repetitions)"
+)
 lap("score entropy")
 
 # %% [markdown]
@@ -404,14 +436,18 @@ lap("score entropy")
 cfg = ml_collections.ConfigDict(config.to_dict())
 cfg.vocab_size = V  # train() sets this from the tokenizer; build_model reads it
 model = kinds.build_model(cfg)
-print(f"DDiT: {cfg.model.n_layers} blocks, width {cfg.model.hidden_size}, {cfg.model.n_heads} heads; "
-      f"{model_lib.param_count(model):,} parameters")
+print(
+    f"DDiT: {cfg.model.n_layers} blocks, width {cfg.model.hidden_size}, {cfg.model.n_heads} heads; "
+    f"{model_lib.param_count(model):,} parameters"
+)
 x_t = absorbing.sample_transition(jax.random.key(2), x0, jnp.full((1, 1), 1.0))  # (1, L)
 log_score = model(x_t, jnp.array([1.0]))  # (B, L, D)
 pos = int(jnp.argmax(x_t[0] == absorbing.mask))
-print(f"log_score shape {log_score.shape}; at a masked position sum_y s_y = "
-      f"{float(jnp.exp(log_score[0, pos, :V]).sum()):.4f}, 1/(e^1 - 1) = {1 / math.expm1(1.0):.4f}; "
-      f"entry at the current token {float(log_score[0, pos, absorbing.mask])}")
+print(
+    f"log_score shape {log_score.shape}; at a masked position sum_y s_y = "
+    f"{float(jnp.exp(log_score[0, pos, :V]).sum()):.4f}, 1/(e^1 - 1) = {1 / math.expm1(1.0):.4f}; "
+    f"entry at the current token {float(log_score[0, pos, absorbing.mask])}"
+)
 lap("DDiT")
 
 # %% [markdown]
@@ -430,9 +466,11 @@ t0 = time.perf_counter()
 result = train_lib.train(config, WORKDIR, quiet=FAST)
 train_seconds = time.perf_counter() - t0
 rows = [json.loads(line) for line in (WORKDIR / "metrics.jsonl").read_text().splitlines()]
-print(f"trained {result['step']} steps in {train_seconds:.0f} s; validation bound "
-      f"{result['bound']['bits_per_char']:.3f} bits/char (the unigram entropy is "
-      f"{result['unigram_entropy_bits']:.3f} bits/token)")
+print(
+    f"trained {result['step']} steps in {train_seconds:.0f} s; validation bound "
+    f"{result['bound']['bits_per_char']:.3f} bits/char (the unigram entropy is "
+    f"{result['unigram_entropy_bits']:.3f} bits/token)"
+)
 print("sample at the end of training:", repr(result["samples"][0]))
 
 fig, ax = plt.subplots(figsize=(5.5, 3.6))
@@ -473,8 +511,9 @@ lap("training")
 steps = config.sampling.steps
 n_show = 2 if FAST else 3
 for name in ("analytic", "euler"):  # the two of the paper; docs/sampling.md has the others
-    ids = sampling.sample(jax.random.key(3), score_fn, graph, sched, (n_show, L), steps,
-                          sampler=name, score_params=params).tokens
+    ids = sampling.sample(
+        jax.random.key(3), score_fn, graph, sched, (n_show, L), steps, sampler=name, score_params=params
+    ).tokens
     print(f"--- sampler {name!r}, {steps} steps")
     for row in np.asarray(ids):
         print("   ", show(row))
@@ -501,8 +540,15 @@ for name in tv:
         freq = np.bincount(np.asarray(ids).reshape(-1), minlength=V) / ids.size
         tv[name].append(0.5 * np.abs(freq - pi).sum())
     print(f"{name:>9}: TV to the unigram law " + "  ".join(f"{n} steps {d:.3f}" for n, d in zip(step_grid, tv[name])))
-floor = np.mean([0.5 * np.abs(np.bincount(np.random.default_rng(i).choice(V, n_seq * 32, p=pi), minlength=V)
-                              / (n_seq * 32) - pi).sum() for i in range(8)])
+floor = np.mean(
+    [
+        0.5
+        * np.abs(
+            np.bincount(np.random.default_rng(i).choice(V, n_seq * 32, p=pi), minlength=V) / (n_seq * 32) - pi
+        ).sum()
+        for i in range(8)
+    ]
+)
 fig, ax = plt.subplots(figsize=(5.5, 3.6))
 for name, d in tv.items():
     ax.plot(step_grid, d, "o-", label=name)
@@ -520,8 +566,17 @@ lap("samplers with the exact score")
 
 # %%
 every = max(steps // 8, 1)
-drawn = sampling.sample(jax.random.key(5), score_fn, graph, sched, (1, L), steps,
-                        score_params=params, return_trajectory=True, trajectory_every=every)
+drawn = sampling.sample(
+    jax.random.key(5),
+    score_fn,
+    graph,
+    sched,
+    (1, L),
+    steps,
+    score_params=params,
+    return_trajectory=True,
+    trajectory_every=every,
+)
 traj = np.asarray(drawn.trajectory)[:, 0]  # (S, L)
 for i, row in enumerate(traj):
     print(f"step {i * every:4d}: {show(row)}")
@@ -552,8 +607,17 @@ fixed_mask = np.zeros((n_show, L), bool)
 fixed_mask[:, :quarter] = True
 fixed_mask[:, -quarter:] = True
 fixed_tokens = np.repeat(np.asarray(x0), n_show, axis=0)
-infilled = sampling.sample(jax.random.key(6), score_fn, graph, sched, (n_show, L), steps,
-                           fixed_mask=fixed_mask, fixed_tokens=fixed_tokens, score_params=params).tokens
+infilled = sampling.sample(
+    jax.random.key(6),
+    score_fn,
+    graph,
+    sched,
+    (n_show, L),
+    steps,
+    fixed_mask=fixed_mask,
+    fixed_tokens=fixed_tokens,
+    score_params=params,
+).tokens
 infilled = np.asarray(infilled)
 assert (infilled[fixed_mask] == fixed_tokens[fixed_mask]).all()
 print("original:", show(x0[0, :quarter]) + "[" + show(x0[0, quarter:-quarter]) + "]" + show(x0[0, -quarter:]))
@@ -587,20 +651,27 @@ def integrand(params, key, t):  # sigma(t) * sum_l SE_l at time t: (B,) nats per
     return losses.loss_fn(key, fn, graph, sched, batch, t=jnp.full((batch.shape[0],), t))
 
 
-values = jnp.stack([integrand(params, jax.random.fold_in(jax.random.key(7), i), t) for i, t in enumerate(t_grid)])  # (n_t, B)
+values = jnp.stack(
+    [integrand(params, jax.random.fold_in(jax.random.key(7), i), t) for i, t in enumerate(t_grid)]
+)  # (n_t, B)
 nats_per_seq = float(values.mean() + evaluate.prior_kl(graph, sched, batch).mean())
 u = losses.units(nats_per_seq / L, chars_per_token=dataset.chars_per_token)
-print(f"by hand: {nats_per_seq:.1f} nats/sequence = {u['nats_per_token']:.3f} nats/char = "
-      f"{u['bits_per_char']:.3f} bits/char; perplexity <= {u['ppl_bound']:.2f} ({n_t} times x {n_batch} sequences)")
+print(
+    f"by hand: {nats_per_seq:.1f} nats/sequence = {u['nats_per_token']:.3f} nats/char = "
+    f"{u['bits_per_char']:.3f} bits/char; perplexity <= {u['ppl_bound']:.2f} ({n_t} times x {n_batch} sequences)"
+)
 
 n_rep = 2 if FAST else 4
-bound, stderr = evaluate.likelihood_bound_with_stderr(jax.random.key(8), score_fn, graph, sched, batch, num_t=n_t,
-                                                      num_samples=n_rep, score_params=params)  # (B,), (B,)
+bound, stderr = evaluate.likelihood_bound_with_stderr(
+    jax.random.key(8), score_fn, graph, sched, batch, num_t=n_t, num_samples=n_rep, score_params=params
+)  # (B,), (B,)
 ul = losses.units(float(bound.mean()) / L, chars_per_token=dataset.chars_per_token)
 se = float(jnp.sqrt((stderr**2).sum())) / bound.shape[0]  # of the batch mean
-print(f"sedd.evaluate.likelihood_bound: {float(bound.mean()):.1f} +- {se:.1f} nats/sequence = "
-      f"{ul['bits_per_char']:.3f} bits/char; perplexity <= {ul['ppl_bound']:.2f} "
-      f"(unigram entropy {dataset.unigram_entropy_bits():.3f} bits/char)")
+print(
+    f"sedd.evaluate.likelihood_bound: {float(bound.mean()):.1f} +- {se:.1f} nats/sequence = "
+    f"{ul['bits_per_char']:.3f} bits/char; perplexity <= {ul['ppl_bound']:.2f} "
+    f"(unigram entropy {dataset.unigram_entropy_bits():.3f} bits/char)"
+)
 
 fig, ax = plt.subplots(figsize=(5.5, 3.6))
 ax.plot(t_grid, values.mean(1) / L, "o-")

@@ -34,6 +34,7 @@ import numpy as np
 
 if not __package__:  # run as a file: import experiments/ by its location (experiments/__init__.py says why)
     import importlib.util
+
     _spec = importlib.util.spec_from_file_location("experiments", Path(__file__).resolve().parent / "__init__.py")
     if "experiments" not in sys.modules:
         sys.modules["experiments"] = importlib.util.module_from_spec(_spec)
@@ -57,8 +58,15 @@ def samplers(run: runs.Run) -> list[tuple]:
     return BLOCKS if by_blocks(run.kind, run.seq_len) else WHOLE
 
 
-def study(ar_dir: str, run_dirs: list[str], num_samples: int, length: int, repeats: int, eval_batches: int,
-          markov_seed: int | None = None) -> dict:
+def study(
+    ar_dir: str,
+    run_dirs: list[str],
+    num_samples: int,
+    length: int,
+    repeats: int,
+    eval_batches: int,
+    markov_seed: int | None = None,
+) -> dict:
     """The rows of the study (one per run and sampler) and the machine; with markov_seed, the samples' exact NLL."""
     judge = figures.load_judge(ar_dir)
     chain = None if markov_seed is None else markov_chain(markov_seed)
@@ -70,16 +78,23 @@ def study(ar_dir: str, run_dirs: list[str], num_samples: int, length: int, repea
         for label, sampler, options, steps in samplers(run):
             samples = np.asarray(writer(run, sampler, options, steps, num_samples, run.seq_len, key)().tokens)
             quality = evaluate.generative_perplexity(figures.judge_nll(judge), samples)
-            row = {"model": run.kind.label, "workdir": str(workdir), "sampler": label,
-                   "bits_per_char": bound["bits_per_char"], "exact": bound["exact"],
-                   "judge_nats_per_char": quality["judge_nats_per_token"],
-                   "entropy_bits": float(evaluate.sample_entropy_bits(samples).mean())}
+            row = {
+                "model": run.kind.label,
+                "workdir": str(workdir),
+                "sampler": label,
+                "bits_per_char": bound["bits_per_char"],
+                "exact": bound["exact"],
+                "judge_nats_per_char": quality["judge_nats_per_token"],
+                "entropy_bits": float(evaluate.sample_entropy_bits(samples).mean()),
+            }
             if chain is not None:
                 nll, se, scored = texts_nll([run.decode(s) for s in samples], chain)
                 row.update(exact_nats_per_char=nll, exact_2se=2 * se, scored_share=scored)
             for batch in (1, 16):
-                fns = {"ar": writer(judge, None, {}, None, batch, length, key),
-                       "this": writer(run, sampler, options, steps, batch, length, key)}
+                fns = {
+                    "ar": writer(judge, None, {}, None, batch, length, key),
+                    "this": writer(run, sampler, options, steps, batch, length, key),
+                }
                 out = fns["this"]()
                 nfe = int(out.stats["nfe"]) if out.stats else length  # the AR loop: one call a token
                 times = interleaved(fns, repeats)
@@ -98,12 +113,33 @@ def write(result: dict, out: Path) -> None:
     """block_study.json, .md (the table) and .png (quality against speed x AR at batch 1)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "block_study.json").write_text(json.dumps(result, indent=1, default=float))
-    header = ["model", "sampler", "bound bits/char", "judge nats/char", "entropy bits", "tok/s B=1", "x AR B=1",
-              "NFE B=1", "tok/s B=16", "x AR B=16"]
-    rows = [[r["model"], r["sampler"], f"{r['bits_per_char']:.3f}" + (" (exact)" if r["exact"] else ""),
-             f"{r['judge_nats_per_char']:.3f}", f"{r['entropy_bits']:.2f}", f"{r['tokens_per_s_b1']:.0f}",
-             f"{r['vs_ar_b1']:.2f}", r["nfe_b1"], f"{r['tokens_per_s_b16']:.0f}", f"{r['vs_ar_b16']:.2f}"]
-            for r in result["rows"]]
+    header = [
+        "model",
+        "sampler",
+        "bound bits/char",
+        "judge nats/char",
+        "entropy bits",
+        "tok/s B=1",
+        "x AR B=1",
+        "NFE B=1",
+        "tok/s B=16",
+        "x AR B=16",
+    ]
+    rows = [
+        [
+            r["model"],
+            r["sampler"],
+            f"{r['bits_per_char']:.3f}" + (" (exact)" if r["exact"] else ""),
+            f"{r['judge_nats_per_char']:.3f}",
+            f"{r['entropy_bits']:.2f}",
+            f"{r['tokens_per_s_b1']:.0f}",
+            f"{r['vs_ar_b1']:.2f}",
+            r["nfe_b1"],
+            f"{r['tokens_per_s_b16']:.0f}",
+            f"{r['vs_ar_b16']:.2f}",
+        ]
+        for r in result["rows"]
+    ]
     if "markov_seed" in result:  # the exact NLL beside the judge's
         header.insert(4, "exact NLL nats/char")
         for row, r in zip(rows, result["rows"]):
@@ -112,8 +148,10 @@ def write(result: dict, out: Path) -> None:
     (out / "block_study.md").write_text(table + "\n")
     print(table)
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     quality = "exact_nats_per_char" if "markov_seed" in result else "judge_nats_per_char"
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in result["rows"]:
@@ -141,11 +179,17 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--eval_batches", type=int, default=8)
     p.add_argument("--out", default="block_study")
-    p.add_argument("--markov-seed", type=int, default=None,
-                   help="runs of default_run_study.py's markov corpus of this chain seed: score samples exactly")
+    p.add_argument(
+        "--markov-seed",
+        type=int,
+        default=None,
+        help="runs of default_run_study.py's markov corpus of this chain seed: score samples exactly",
+    )
     args = p.parse_args(argv)
-    write(study(args.ar, args.runs, args.num_samples, args.length, args.repeats, args.eval_batches,
-                args.markov_seed), Path(args.out))
+    write(
+        study(args.ar, args.runs, args.num_samples, args.length, args.repeats, args.eval_batches, args.markov_seed),
+        Path(args.out),
+    )
     return 0
 
 

@@ -56,6 +56,7 @@ from tqdm.auto import tqdm
 
 if not __package__:  # run as a file: import experiments/ by its location (experiments/__init__.py says why)
     import importlib.util
+
     _spec = importlib.util.spec_from_file_location("experiments", Path(__file__).resolve().parent / "__init__.py")
     if "experiments" not in sys.modules:
         sys.modules["experiments"] = importlib.util.module_from_spec(_spec)
@@ -70,9 +71,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file backend)
 
 DEFAULT_STEPS = (16, 64, 128)
-DEFAULT_SAMPLERS = ("analytic", "analytic:top_p=0.9", "analytic:corrector_steps=1", "first_hitting",
-                    "confidence", "confidence:order=random", "entropy_bound:max_entropy=1.0", "remdm:eta=0.02",
-                    "remdm:schedule=loop:eta=0.02")
+DEFAULT_SAMPLERS = (
+    "analytic",
+    "analytic:top_p=0.9",
+    "analytic:corrector_steps=1",
+    "first_hitting",
+    "confidence",
+    "confidence:order=random",
+    "entropy_bound:max_entropy=1.0",
+    "remdm:eta=0.02",
+    "remdm:schedule=loop:eta=0.02",
+)
 
 
 def check_steps(steps: Sequence) -> list[int]:
@@ -97,7 +106,7 @@ def _value(text: str):
 
 
 def parse_sampler(spec: str) -> tuple[str, dict]:
-    """"remdm:schedule=loop:eta=0.02" -> ("remdm", {"schedule": "loop", "eta": 0.02})."""
+    """ "remdm:schedule=loop:eta=0.02" -> ("remdm", {"schedule": "loop", "eta": 0.02})."""
     name, *opts = spec.strip().split(":")
     if name not in sampling.SAMPLERS:
         raise ValueError(f"unknown sampler {name!r} in {spec!r}; expected one of {sorted(sampling.SAMPLERS)}")
@@ -134,7 +143,8 @@ def find_judge(workdir: Path, judge, tokenizer, chain) -> tuple:
     if judge_model is None and chain is None:
         raise FileNotFoundError(
             f"no judge for {workdir}: pass --judge AR_RUN_DIR, or train the AR baseline into {workdir / 'ar'}:\n"
-            f"  sedd train --config CONFIG --config.model.kind=ar --workdir {workdir / 'ar'}")
+            f"  sedd train --config CONFIG --config.model.kind=ar --workdir {workdir / 'ar'}"
+        )
     return judge, judge_model
 
 
@@ -184,8 +194,10 @@ def compare_samplers(
     run = runs.load(workdir)
     config, tokenizer = run.config, run.tokenizer
     if not run.kind.diffuses:
-        raise ValueError(f"{workdir} holds a run that does not diffuse ({run.kind.label}); compare_samplers needs a "
-                         "diffusion run (pass an AR run as --judge)")
+        raise ValueError(
+            f"{workdir} holds a run that does not diffuse ({run.kind.label}); compare_samplers needs a "
+            "diffusion run (pass an AR run as --judge)"
+        )
     if skip_unsupported:
         specs = supported(run, specs, workdir)
     chain = chain_from_config(config.data) if config.data.name == "markov" else None
@@ -213,8 +225,9 @@ def compare_samplers(
         n_steps = max(1, per_block // (1 + int(opts.get("corrector_steps", 0))))
 
         def call():
-            return run.sample(key, num_samples, steps=n_steps, sampler=name, categorical=categorical,
-                              return_stats=True, **opts)
+            return run.sample(
+                key, num_samples, steps=n_steps, sampler=name, categorical=categorical, return_stats=True, **opts
+            )
 
         start = time.perf_counter()
         out = call()
@@ -224,9 +237,17 @@ def compare_samplers(
             out = call()
             wall = time.perf_counter() - start
         samples, stats = out.tokens, out.stats
-        rows.append({"sampler": spec, "budget": budget, "steps": n_steps,
-                     "nfe": float(np.mean(stats["nfe_per_sample"])), "nfe_batch": int(stats["nfe"]),
-                     "wall_s": wall if time_calls else None, **score(samples)})
+        rows.append(
+            {
+                "sampler": spec,
+                "budget": budget,
+                "steps": n_steps,
+                "nfe": float(np.mean(stats["nfe_per_sample"])),
+                "nfe_batch": int(stats["nfe"]),
+                "wall_s": wall if time_calls else None,
+                **score(samples),
+            }
+        )
     if chain is not None:
         rows.append({"sampler": "data", **score(chain.sample(num_samples, length, seed=seed + 1))})
     if include_ar and judge_model is not None:
@@ -234,14 +255,25 @@ def compare_samplers(
         rows.append({"sampler": "ar (kv cache)", "nfe": float(length), **score(samples)})
     if write:
         out_dir = Path(out_dir) if out_dir is not None else workdir
-        write_report(rows, out_dir, meta={"workdir": str(workdir), "judge": str(judge) if judge else None,
-                                          "num_samples": num_samples, "seed": seed, "categorical": categorical,
-                                          "seq_len": length, "step": run.step})
+        write_report(
+            rows,
+            out_dir,
+            meta={
+                "workdir": str(workdir),
+                "judge": str(judge) if judge else None,
+                "num_samples": num_samples,
+                "seed": seed,
+                "categorical": categorical,
+                "seq_len": length,
+                "step": run.step,
+            },
+        )
     return rows
 
 
-def compare_runs(workdirs: Sequence[str | Path], out_dir: str | Path, samplers: Sequence[str] = DEFAULT_SAMPLERS,
-                 **options) -> list[dict]:
+def compare_runs(
+    workdirs: Sequence[str | Path], out_dir: str | Path, samplers: Sequence[str] = DEFAULT_SAMPLERS, **options
+) -> list[dict]:
     """`compare_samplers` on each run (the samplers its kind supports), in one report in out_dir.
 
     Rows are named "RUN: SAMPLER" (RUN the directory's name) and carry a "run"
@@ -255,8 +287,9 @@ def compare_runs(workdirs: Sequence[str | Path], out_dir: str | Path, samplers: 
         raise ValueError(f"--workdirs needs one or more runs of distinct directory names, got {names}")
     rows, include_ar = [], options.pop("include_ar", True)
     for i, (workdir, name) in enumerate(zip(workdirs, names)):
-        got = compare_samplers(workdir, samplers, skip_unsupported=True, write=False,
-                               include_ar=include_ar and i == 0, **options)
+        got = compare_samplers(
+            workdir, samplers, skip_unsupported=True, write=False, include_ar=include_ar and i == 0, **options
+        )
         for row in got:
             if row["sampler"] in ("data", "ar (kv cache)"):
                 if i:
@@ -264,14 +297,36 @@ def compare_runs(workdirs: Sequence[str | Path], out_dir: str | Path, samplers: 
             else:
                 row["sampler"] = f"{name}: {row['sampler']}"
             rows.append({"run": name, **row})
-    write_report(rows, out_dir, meta={"workdirs": [str(w) for w in workdirs], "samplers": list(samplers),
-                                      **{k: str(v) for k, v in options.items() if k in ("judge", "seed")}})
+    write_report(
+        rows,
+        out_dir,
+        meta={
+            "workdirs": [str(w) for w in workdirs],
+            "samplers": list(samplers),
+            **{k: str(v) for k, v in options.items() if k in ("judge", "seed")},
+        },
+    )
     return rows
 
 
-COLUMNS = ("run", "sampler", "budget", "steps", "nfe", "nfe_batch", "wall_s", "gen_ppl", "judge_nats_per_token",
-           "entropy_bits", "exact_nats_per_token", "exact_nats_per_token_se", "true_nats_per_token", "ngram_kl_nats",
-           "ngram_entropy_nats", "true_ngram_entropy_nats")
+COLUMNS = (
+    "run",
+    "sampler",
+    "budget",
+    "steps",
+    "nfe",
+    "nfe_batch",
+    "wall_s",
+    "gen_ppl",
+    "judge_nats_per_token",
+    "entropy_bits",
+    "exact_nats_per_token",
+    "exact_nats_per_token_se",
+    "true_nats_per_token",
+    "ngram_kl_nats",
+    "ngram_entropy_nats",
+    "true_ngram_entropy_nats",
+)
 
 
 def write_report(rows: list[dict], out_dir: str | Path, meta: dict | None = None) -> dict[str, Path]:
@@ -279,8 +334,11 @@ def write_report(rows: list[dict], out_dir: str | Path, meta: dict | None = None
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cols = [c for c in COLUMNS if any(r.get(c) is not None for r in rows)]
-    paths = {"csv": out_dir / "compare_samplers.csv", "md": out_dir / "compare_samplers.md",
-             "png": out_dir / "compare_samplers.png"}
+    paths = {
+        "csv": out_dir / "compare_samplers.csv",
+        "md": out_dir / "compare_samplers.md",
+        "png": out_dir / "compare_samplers.png",
+    }
     with open(paths["csv"], "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
@@ -307,13 +365,21 @@ def plot(rows: list[dict], path: Path) -> None:
     """
     markov = any("exact_nats_per_token" in r for r in rows)
     if markov:
-        panels = [("nfe", "exact_nats_per_token", "NFE per sequence", "exact NLL of samples (nats/token)"),
-                  ("nfe", "ngram_kl_nats", "NFE per sequence", "KL(samples' n-gram law || chain's) (nats)"),
-                  ("ngram_entropy_nats", "exact_nats_per_token", "entropy of the samples' n-gram law (nats)",
-                   "exact NLL of samples (nats/token)")]
+        panels = [
+            ("nfe", "exact_nats_per_token", "NFE per sequence", "exact NLL of samples (nats/token)"),
+            ("nfe", "ngram_kl_nats", "NFE per sequence", "KL(samples' n-gram law || chain's) (nats)"),
+            (
+                "ngram_entropy_nats",
+                "exact_nats_per_token",
+                "entropy of the samples' n-gram law (nats)",
+                "exact NLL of samples (nats/token)",
+            ),
+        ]
     else:
-        panels = [("nfe", "gen_ppl", "NFE per sequence", "judge gen-PPL"),
-                  ("entropy_bits", "gen_ppl", "unigram entropy of samples (bits)", "judge gen-PPL")]
+        panels = [
+            ("nfe", "gen_ppl", "NFE per sequence", "judge gen-PPL"),
+            ("entropy_bits", "gen_ppl", "unigram entropy of samples (bits)", "judge gen-PPL"),
+        ]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 5.0))
     names = list(dict.fromkeys(r["sampler"] for r in rows))
     colors = plt.cm.tab20(np.linspace(0, 1, max(len(names), 2)))
@@ -334,8 +400,11 @@ def plot(rows: list[dict], path: Path) -> None:
             true = next(r["true_nats_per_token"] for r in rows if "true_nats_per_token" in r)
             ax.axhline(true, ls="--", color="gray", label="true entropy")
         if xk == "ngram_entropy_nats":
-            ax.axvline(next(r["true_ngram_entropy_nats"] for r in rows if "true_ngram_entropy_nats" in r),
-                       ls="--", color="gray")
+            ax.axvline(
+                next(r["true_ngram_entropy_nats"] for r in rows if "true_ngram_entropy_nats" in r),
+                ls="--",
+                color="gray",
+            )
         if xk == "nfe":
             ax.set_xscale("log", base=2)
         if yk in ("ngram_kl_nats", "gen_ppl"):
@@ -351,7 +420,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def int_list(text: str) -> list[int]:
-    """"8,16,32" -> [8, 16, 32], or a ValueError naming the text."""
+    """ "8,16,32" -> [8, 16, 32], or a ValueError naming the text."""
     try:
         return check_steps([int(s) for s in text.split(",") if s.strip()])
     except ValueError:
@@ -363,10 +432,12 @@ def main(argv=None) -> int:
     runs_arg = p.add_mutually_exclusive_group(required=True)
     runs_arg.add_argument("--workdir", help="a trained diffusion run directory")
     runs_arg.add_argument("--workdirs", nargs="+", help="several runs in one report (needs --out)")
-    p.add_argument("--samplers", default=",".join(DEFAULT_SAMPLERS),
-                   help="comma-separated NAME[:KEY=VALUE...] sampler specs")
-    p.add_argument("--steps", default=",".join(map(str, DEFAULT_STEPS)),
-                   help="comma-separated NFE budgets (positive integers)")
+    p.add_argument(
+        "--samplers", default=",".join(DEFAULT_SAMPLERS), help="comma-separated NAME[:KEY=VALUE...] sampler specs"
+    )
+    p.add_argument(
+        "--steps", default=",".join(map(str, DEFAULT_STEPS)), help="comma-separated NFE budgets (positive integers)"
+    )
     p.add_argument("--num_samples", type=int, default=16, help="samples per cell")
     p.add_argument("--judge", default=None, help="an AR run directory (default: WORKDIR/ar if it exists)")
     p.add_argument("--seed", type=int, default=0)
@@ -378,8 +449,14 @@ def main(argv=None) -> int:
         p.error("--workdirs writes one report for all runs: give --out DIR")
     try:
         samplers = [s for s in args.samplers.split(",") if s.strip()]
-        options = dict(steps=int_list(args.steps), num_samples=args.num_samples, judge=args.judge, seed=args.seed,
-                       categorical=args.categorical, time_calls=args.time)
+        options = dict(
+            steps=int_list(args.steps),
+            num_samples=args.num_samples,
+            judge=args.judge,
+            seed=args.seed,
+            categorical=args.categorical,
+            time_calls=args.time,
+        )
         if args.workdirs:
             rows = compare_runs(args.workdirs, args.out, samplers, **options)
         else:

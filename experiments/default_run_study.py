@@ -52,13 +52,19 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
 if not __package__:  # run as a file: import experiments/ by its location (experiments/__init__.py says why)
     import importlib.util
+
     _spec = importlib.util.spec_from_file_location("experiments", Path(__file__).resolve().parent / "__init__.py")
     if "experiments" not in sys.modules:
         sys.modules["experiments"] = importlib.util.module_from_spec(_spec)
         _spec.loader.exec_module(sys.modules["experiments"])
 
-from experiments.quality import (LETTERS, markov_chain, texts_nll, unigram_entropy_nats,  # noqa: E402
-                                 write_markov_corpus)
+from experiments.quality import (
+    LETTERS,
+    markov_chain,
+    texts_nll,
+    unigram_entropy_nats,  # noqa: E402
+    write_markov_corpus,
+)
 from sedd import config as config_lib  # noqa: E402
 from sedd import figures, kinds, runs  # noqa: E402
 from sedd.data.markov import MarkovChain  # noqa: E402
@@ -70,8 +76,11 @@ CANDIDATES = {
     "score": SCORE,  # the default before SUBS: SEDD's unnormalized score output, 2,000 steps
     "adamw": PREVIOUS,  # the default before optim.optimizer: AdamW everywhere, 4 heads, EMA 0.995
     "uniform_t": [*PREVIOUS, "--config.training.t_power=0.0"],  # and SEDD's uniform t
-    "sedd_adamw": [*PREVIOUS, "--config.optim.adaln_lr_scale=1.0",
-                   "--config.training.t_power=0.0"],  # the original's AdamW and t
+    "sedd_adamw": [
+        *PREVIOUS,
+        "--config.optim.adaln_lr_scale=1.0",
+        "--config.training.t_power=0.0",
+    ],  # the original's AdamW and t
     "analytic": ["--config.sampling.sampler=analytic"],  # the default's training, SEDD's Tweedie sampler
     "radd": ["--config.model.time_conditioning=False"],  # RADD's time-independent network
     "ar": ["--config.model.kind=ar"],  # the causal baseline of the same size
@@ -120,8 +129,11 @@ def train(workdir: Path, overrides: list[str]) -> float:
     with log.open("w") as f:
         f.write("sedd " + " ".join(args) + "\n")
         f.flush()
-        code = subprocess.call([sys.executable, "-c", "import sys, sedd.cli; sys.exit(sedd.cli.main())", *args],
-                               stdout=f, stderr=subprocess.STDOUT)
+        code = subprocess.call(
+            [sys.executable, "-c", "import sys, sedd.cli; sys.exit(sedd.cli.main())", *args],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
     minutes = (time.perf_counter() - start) / 60
     if code:
         tail = "\n".join(log.read_text().splitlines()[-15:])
@@ -162,8 +174,14 @@ def kind_facts(workdir: Path) -> dict:
     return {"label": kind.label, "exact": kind.exact, "diffuses": kind.diffuses}
 
 
-def reveal_profile(run: runs.Run, chain: MarkovChain, num_samples: int = NUM_SAMPLES, bins: int = 8,
-                   seed: int = 0, order: str = "random") -> dict:
+def reveal_profile(
+    run: runs.Run,
+    chain: MarkovChain,
+    num_samples: int = NUM_SAMPLES,
+    bins: int = 8,
+    seed: int = 0,
+    order: str = "random",
+) -> dict:
     r"""Where a sample's excess NLL is paid: the model's draw one letter a step, each beside the chain's exact law.
 
     The absorbing reverse process unmasks one position at a time, in a uniformly
@@ -224,16 +242,24 @@ def reveal_profile(run: runs.Run, chain: MarkovChain, num_samples: int = NUM_SAM
         log_p, log_q = np.log(np.maximum(p, 1e-300)), np.log(np.maximum(q, 1e-300))
         ce, h_p = -(q * log_p).sum(-1), -(p * log_p).sum(-1)
         i = min(k * bins // length, bins - 1)
-        for name, value in (("excess", ce - h_p), ("kl_qp", ce + (q * log_q).sum(-1)),
-                            ("kl_pq", (p * (log_p - log_q)).sum(-1)), ("tail_mass", (q * (p < 1e-3)).sum(-1))):
+        for name, value in (
+            ("excess", ce - h_p),
+            ("kl_qp", ce + (q * log_q).sum(-1)),
+            ("kl_pq", (p * (log_p - log_q)).sum(-1)),
+            ("tail_mass", (q * (p < 1e-3)).sum(-1)),
+        ):
             sums[name][i] += value.sum()
         counts[i] += b
         total += ce
         own -= (q * log_q).sum(-1)
         kl += ce + (q * log_q).sum(-1)
         x[rows, pos] = (q.cumsum(-1) < rng.random((b, 1))).sum(-1).clip(0, v - 1)  # a letter from q
-    return {"nll": float(total.mean() / length), "entropy": float(own.mean() / length),
-            "kl": float(kl.mean() / length), **{n: (s / counts).tolist() for n, s in sums.items()}}
+    return {
+        "nll": float(total.mean() / length),
+        "entropy": float(own.mean() / length),
+        "kl": float(kl.mean() / length),
+        **{n: (s / counts).tolist() for n, s in sums.items()},
+    }
 
 
 def conditional_kl(run: runs.Run, chain: MarkovChain, sequences: int = 64, sigma: float = 1e-3) -> dict:
@@ -295,9 +321,13 @@ def settings_changes(workdir: Path, overrides: list[str]) -> list[tuple[str, obj
     def same_text(a, b) -> bool:
         return Path(a).is_file() and Path(b).is_file() and Path(a).read_text() == Path(b).read_text()
 
-    return [c for c in runs.config_changes(saved, now)
-            if c[0] != "data.data_dir" and not c[0].startswith("sampling.")
-            and not (c[0] == "data.path" and same_text(c[1], c[2]))]
+    return [
+        c
+        for c in runs.config_changes(saved, now)
+        if c[0] != "data.data_dir"
+        and not c[0].startswith("sampling.")
+        and not (c[0] == "data.path" and same_text(c[1], c[2]))
+    ]
 
 
 def fill_sample_figures(result: dict, workdir: Path, chain: MarkovChain, sampler: str) -> bool:
@@ -306,17 +336,23 @@ def fill_sample_figures(result: dict, workdir: Path, chain: MarkovChain, sampler
     Returns whether anything was measured.
     """
     profile = result.get("profile")  # {} for an AR run: nothing to measure
-    wanted = {"samples": result.get("samples_sampler") != sampler or "samples_nll_2se" not in result,
-              "conditional": "conditional" not in result,
-              "profile": profile is None or bool(profile) and "kl" not in profile,  # or one from before H(Q), KL
-              "profile_surest": "profile_surest" not in result}
+    wanted = {
+        "samples": result.get("samples_sampler") != sampler or "samples_nll_2se" not in result,
+        "conditional": "conditional" not in result,
+        "profile": profile is None or bool(profile) and "kl" not in profile,  # or one from before H(Q), KL
+        "profile_surest": "profile_surest" not in result,
+    }
     if not any(wanted.values()):
         return False
     run = runs.load(workdir)
     if wanted["samples"]:
         nll, se, scored = sample_nll(run, chain, sampler)
-        result.update(samples_sampler=sampler, samples_nll_nats_per_char=nll, samples_nll_2se=2 * se,
-                      samples_scored_fraction=scored)
+        result.update(
+            samples_sampler=sampler,
+            samples_nll_nats_per_char=nll,
+            samples_nll_2se=2 * se,
+            samples_scored_fraction=scored,
+        )
     if wanted["conditional"]:
         result["conditional"] = conditional_kl(run, chain)
     if wanted["profile"]:
@@ -326,8 +362,7 @@ def fill_sample_figures(result: dict, workdir: Path, chain: MarkovChain, sampler
     return True
 
 
-def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], steps: int,
-              chain_seed: int | None) -> dict:
+def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], steps: int, chain_seed: int | None) -> dict:
     """Train one candidate on one corpus (or read its study.json when it has one) and write its figures."""
     workdir = out / corpus / candidate
     result_file = workdir / "study.json"
@@ -336,8 +371,7 @@ def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], step
         result = json.loads(result_file.read_text())
         if changes := settings_changes(workdir, overrides):
             lines = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, a, b in changes)
-            raise ValueError(f"{workdir} was trained with other settings ({lines}); delete it or choose "
-                             "another --out")
+            raise ValueError(f"{workdir} was trained with other settings ({lines}); delete it or choose another --out")
         result["candidate"] = candidate  # a run copied in from another candidate's folder
         result.update(kind_facts(workdir))  # a result written before the report asked the kind
         print(f"{corpus}/{candidate}: done before, read from {result_file}")
@@ -351,16 +385,25 @@ def study_run(out: Path, corpus: str, candidate: str, overrides: list[str], step
     per = figs["bits_per_char"] / figs["nats_per_token"]  # bits/char per nat/token (EOS has no chars)
     points = curve(workdir)
     result = {
-        "corpus": corpus, "candidate": candidate, "overrides": overrides, "steps": steps, "kind": figs["kind"],
+        "corpus": corpus,
+        "candidate": candidate,
+        "overrides": overrides,
+        "steps": steps,
+        "kind": figs["kind"],
         **kind_facts(workdir),
-        "minutes": minutes, "loop_minutes": points[-1][0] if points else minutes,
+        "minutes": minutes,
+        "loop_minutes": points[-1][0] if points else minutes,
         "bound_bits_per_char": figs["bits_per_char"],
-        "bound_2se_bits_per_char": 2 * figs["stderr_nats_per_token"] * per, "curve": points,
+        "bound_2se_bits_per_char": 2 * figs["stderr_nats_per_token"] * per,
+        "curve": points,
     }
     if chain_seed is not None:
         chain = markov_chain(chain_seed)
-        result.update(rate_nats_per_char=chain.entropy_rate(), rate_bits_per_char=chain.entropy_rate() / LN2,
-                      unigram_bits_per_char=unigram_entropy_nats(chain) / LN2)
+        result.update(
+            rate_nats_per_char=chain.entropy_rate(),
+            rate_bits_per_char=chain.entropy_rate() / LN2,
+            unigram_bits_per_char=unigram_entropy_nats(chain) / LN2,
+        )
         fill_sample_figures(result, workdir, chain, sampler)
     result_file.write_text(json.dumps(result, indent=2))
     return result
@@ -374,53 +417,81 @@ def table(corpus: str, results: list[dict]) -> str:
     markov = "rate_bits_per_char" in results[0]
     head = ["candidate", "kind", "steps", "minutes", "bound bits/char ± 2 s.e."]
     if markov:
-        head += ["gap to rate, bits/char", "sampler", "samples' NLL, nats/char ± 2 s.e.", "gap to rate, nats/char",
-                 "random order: NLL / H(Q) / KL(Q‖P)", "surest first: NLL / H(Q) / KL(Q‖P)", "sample chars scored",
-                 "one letter: KL(p‖q) / KL(q‖p), nats", "q on p < 1e-3"]
+        head += [
+            "gap to rate, bits/char",
+            "sampler",
+            "samples' NLL, nats/char ± 2 s.e.",
+            "gap to rate, nats/char",
+            "random order: NLL / H(Q) / KL(Q‖P)",
+            "surest first: NLL / H(Q) / KL(Q‖P)",
+            "sample chars scored",
+            "one letter: KL(p‖q) / KL(q‖p), nats",
+            "q on p < 1e-3",
+        ]
     lines = [f"### {corpus}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        row = [r["candidate"], r["label"], str(r["steps"]), f"{r['minutes']:.1f}",
-               f"{r['bound_bits_per_char']:.3f} ± {r['bound_2se_bits_per_char']:.3f}"]
+        row = [
+            r["candidate"],
+            r["label"],
+            str(r["steps"]),
+            f"{r['minutes']:.1f}",
+            f"{r['bound_bits_per_char']:.3f} ± {r['bound_2se_bits_per_char']:.3f}",
+        ]
         if markov:
             se = f" ± {r['samples_nll_2se']:.3f}" if "samples_nll_2se" in r else ""
             orders = [r.get("profile") or {}, r.get("profile_surest") or {}]
-            row += [f"{r['bound_bits_per_char'] - r['rate_bits_per_char']:+.3f}",
-                    f"`{r.get('samples_sampler', '')}`" if r["diffuses"] else "",
-                    f"{r['samples_nll_nats_per_char']:.3f}{se}",
-                    f"{r['samples_nll_nats_per_char'] - r['rate_nats_per_char']:+.3f}",
-                    *(f"{o['nll']:.3f} / {o['entropy']:.3f} / {o['kl']:.3f}" if "kl" in o else "" for o in orders),
-                    f"{r['samples_scored_fraction']:.0%}"]
+            row += [
+                f"{r['bound_bits_per_char'] - r['rate_bits_per_char']:+.3f}",
+                f"`{r.get('samples_sampler', '')}`" if r["diffuses"] else "",
+                f"{r['samples_nll_nats_per_char']:.3f}{se}",
+                f"{r['samples_nll_nats_per_char'] - r['rate_nats_per_char']:+.3f}",
+                *(f"{o['nll']:.3f} / {o['entropy']:.3f} / {o['kl']:.3f}" if "kl" in o else "" for o in orders),
+                f"{r['samples_scored_fraction']:.0%}",
+            ]
             cond = r.get("conditional") or {}
             row += [f"{cond['kl_pq']:.3f} / {cond['kl_qp']:.3f}", f"{cond['tail_mass']:.1%}"] if cond else ["", ""]
         lines.append("| " + " | ".join(row) + " |")
     if markov:
-        lines += ["", f"Entropy rate {results[0]['rate_bits_per_char']:.3f} bits/char = "
-                  f"{results[0]['rate_nats_per_char']:.3f} nats/char, unigram entropy "
-                  f"{results[0]['unigram_bits_per_char']:.3f} bits/char. Samples' NLL: {NUM_SAMPLES} samples of the "
-                  "sampler named (config.sampling.sampler of the settings, the run's steps), scored exactly "
-                  "under the chain. Random order / surest first: the model's law drawn one letter a step, in "
-                  "the absorbing process's random order (the law of `analytic` and `euler`) or lowest denoiser "
-                  "entropy first (`entropy_bound`'s order), each letter beside the chain's exact law "
-                  "(`reveal_profile`, letters only): the samples' NLL per letter with each draw averaged out, "
-                  "their own entropy H(Q) and their divergence KL(Q‖P) from the chain, nats/char "
-                  "(NLL = H(Q) + KL(Q‖P)); a sampler that bought its NLL with diversity would show H(Q) under "
-                  "the rate. Samples are cut at the characters that "
-                  "are not letters a-l (document separators `<|endoftext|>`, newlines), which are dropped; "
-                  "pieces shorter than the order are not scored. The bound counts the separators. "
-                  "One letter: the network's denoiser q at one masked letter with all the others given, against "
-                  "the chain's p given both sides (`conditional_kl`); KL(q‖p) is what a sample pays, KL(p‖q) "
-                  "what the bound pays (AR: not measured)."]
+        lines += [
+            "",
+            f"Entropy rate {results[0]['rate_bits_per_char']:.3f} bits/char = "
+            f"{results[0]['rate_nats_per_char']:.3f} nats/char, unigram entropy "
+            f"{results[0]['unigram_bits_per_char']:.3f} bits/char. Samples' NLL: {NUM_SAMPLES} samples of the "
+            "sampler named (config.sampling.sampler of the settings, the run's steps), scored exactly "
+            "under the chain. Random order / surest first: the model's law drawn one letter a step, in "
+            "the absorbing process's random order (the law of `analytic` and `euler`) or lowest denoiser "
+            "entropy first (`entropy_bound`'s order), each letter beside the chain's exact law "
+            "(`reveal_profile`, letters only): the samples' NLL per letter with each draw averaged out, "
+            "their own entropy H(Q) and their divergence KL(Q‖P) from the chain, nats/char "
+            "(NLL = H(Q) + KL(Q‖P)); a sampler that bought its NLL with diversity would show H(Q) under "
+            "the rate. Samples are cut at the characters that "
+            "are not letters a-l (document separators `<|endoftext|>`, newlines), which are dropped; "
+            "pieces shorter than the order are not scored. The bound counts the separators. "
+            "One letter: the network's denoiser q at one masked letter with all the others given, against "
+            "the chain's p given both sides (`conditional_kl`); KL(q‖p) is what a sample pays, KL(p‖q) "
+            "what the bound pays (AR: not measured).",
+        ]
         profiled = [r for r in results if r.get("profile")]
         if profiled:
             bins = len(profiled[0]["profile"]["excess"])
             head = ["candidate", *(f"{i / bins:.3g}-{(i + 1) / bins:.3g}" for i in range(bins))]
-            lines += ["", "Excess of each sampled letter over the chain's own uncertainty, CE(q, p) - H(p) in "
-                      "nats, by the fraction of the window already revealed when it was drawn (`reveal_profile`):",
-                      "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-            lines += ["| " + " | ".join([r["candidate"], *(f"{e:.3f}" for e in r["profile"]["excess"])]) + " |"
-                      for r in profiled]
-    lines += ["", "Minutes: wall time of `sedd train` (start-up, compilation, evaluations and samples included). "
-              "AR: the exact NLL (its 2 s.e. is 0 here), not a bound."]
+            lines += [
+                "",
+                "Excess of each sampled letter over the chain's own uncertainty, CE(q, p) - H(p) in "
+                "nats, by the fraction of the window already revealed when it was drawn (`reveal_profile`):",
+                "",
+                "| " + " | ".join(head) + " |",
+                "|" + "---|" * len(head),
+            ]
+            lines += [
+                "| " + " | ".join([r["candidate"], *(f"{e:.3f}" for e in r["profile"]["excess"])]) + " |"
+                for r in profiled
+            ]
+    lines += [
+        "",
+        "Minutes: wall time of `sedd train` (start-up, compilation, evaluations and samples included). "
+        "AR: the exact NLL (its 2 s.e. is 0 here), not a bound.",
+    ]
     return "\n".join(lines)
 
 
@@ -432,8 +503,14 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
             style = "--" if r["exact"] else "-"  # an exact NLL (AR), not a bound
             xs, ys = zip(*r["curve"]) if r["curve"] else ((), ())
             (line,) = ax.plot(xs, ys, style, marker=".", label=r["candidate"])
-            ax.errorbar([r["loop_minutes"]], [r["bound_bits_per_char"]], yerr=[r["bound_2se_bits_per_char"]],
-                        fmt="o", color=line.get_color(), capsize=3)
+            ax.errorbar(
+                [r["loop_minutes"]],
+                [r["bound_bits_per_char"]],
+                yerr=[r["bound_2se_bits_per_char"]],
+                fmt="o",
+                color=line.get_color(),
+                capsize=3,
+            )
         if "rate_bits_per_char" in rows[0]:
             ax.axhline(rows[0]["rate_bits_per_char"], color="k", lw=0.8, label="entropy rate")
             ax.axhline(rows[0]["unigram_bits_per_char"], color="gray", lw=0.8, ls=":", label="unigram entropy")
@@ -458,8 +535,11 @@ def candidate_steps(overrides: list[str], steps: int) -> int:
 def schedule(steps: int) -> list[str]:
     """n_iters, and four evaluations with a metrics row at each."""
     eval_every = max(1, steps // 4)
-    return [f"--config.training.n_iters={steps}", f"--config.training.eval_every={eval_every}",
-            f"--config.training.log_every={math.gcd(eval_every, 50)}"]
+    return [
+        f"--config.training.n_iters={steps}",
+        f"--config.training.eval_every={eval_every}",
+        f"--config.training.log_every={math.gcd(eval_every, 50)}",
+    ]
 
 
 def int_list(text: str) -> list[int]:
@@ -486,13 +566,24 @@ def main(argv=None) -> int:
     p.add_argument("--markov-seeds", default="0", help="comma-separated seeds of the markov chains (default 0)")
     p.add_argument("--markov-lines", type=int, default=2000, help="sequences of each markov corpus")
     p.add_argument("--candidates", default=None, help=f"comma-separated among {', '.join(CANDIDATES)} (default all)")
-    p.add_argument("--steps", type=int, default=None, help="training steps of every run (default: the default "
-                   "config's training.n_iters)")
-    p.add_argument("--override", action="append", default=[], help="a --config.X=Y override for every run "
-                   "(repeatable; write it as --override=--config.X=Y)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps of every run (default: the default config's training.n_iters)",
+    )
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="a --config.X=Y override for every run (repeatable; write it as --override=--config.X=Y)",
+    )
     p.add_argument("--no-plot", action="store_true", help="write no study.png")
-    p.add_argument("--report", action="store_true", help="train nothing: the table and plot of the runs already "
-                   "finished under --out among those named")
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="train nothing: the table and plot of the runs already finished under --out among those named",
+    )
     args = p.parse_args(argv)
     try:
         candidates = pick_candidates(args.candidates)

@@ -49,13 +49,19 @@ import numpy as np
 
 if not __package__:  # run as a file: import experiments/ by its location (experiments/__init__.py says why)
     import importlib.util
+
     _spec = importlib.util.spec_from_file_location("experiments", Path(__file__).resolve().parent / "__init__.py")
     if "experiments" not in sys.modules:
         sys.modules["experiments"] = importlib.util.module_from_spec(_spec)
         _spec.loader.exec_module(sys.modules["experiments"])
 
-from experiments.quality import (LETTERS, letters_entropy_bits, markov_chain, texts_nll,  # noqa: E402
-                                 unigram_entropy_nats)
+from experiments.quality import (
+    LETTERS,
+    letters_entropy_bits,
+    markov_chain,
+    texts_nll,  # noqa: E402
+    unigram_entropy_nats,
+)
 from experiments.timing import format_table, interleaved, machine, median, paired_ratio  # noqa: E402
 from sedd import distill, figures, kinds, runs, sampling  # noqa: E402
 from sedd.kinds import causal
@@ -64,8 +70,16 @@ LN2 = math.log(2)
 SAMPLER = "analytic"  # the step distilled (euler is the same kernel on the absorbing graph with log-linear noise)
 
 
-def exact_figures(chain, steps: int, num_samples: int, length: int, noise_eps: float, end: float,
-                  seed: int = 0, order: str | None = None) -> dict:
+def exact_figures(
+    chain,
+    steps: int,
+    num_samples: int,
+    length: int,
+    noise_eps: float,
+    end: float,
+    seed: int = 0,
+    order: str | None = None,
+) -> dict:
     """The figures of ``sample_figures`` for a sampler with the chain's exact denoiser (no network).
 
     order None, the analytic sampler: at a masked position the step t -> s
@@ -99,8 +113,13 @@ def exact_figures(chain, steps: int, num_samples: int, length: int, noise_eps: f
     x = draw(x, x < 0)
     texts = ["".join(LETTERS[i] for i in row) for row in x]
     nll, se, scored = texts_nll(texts, chain)
-    return {"nll_nats_per_char": nll, "nll_2se": 2 * se, "scored_share": scored,
-            "unigram_bits": letters_entropy_bits(texts), "nfe": 0}
+    return {
+        "nll_nats_per_char": nll,
+        "nll_2se": 2 * se,
+        "scored_share": scored,
+        "unigram_bits": letters_entropy_bits(texts),
+        "nfe": 0,
+    }
 
 
 def sampler_of(name: str) -> tuple[str, dict]:
@@ -116,18 +135,35 @@ def models(teacher: str, students: list[str]) -> list[dict]:
     ``SAMPLER``.
     """
     rows = [json.loads(line) for line in (Path(teacher) / runs.METRICS).read_text().splitlines() if line.strip()]
-    out = [{"label": "teacher", "workdir": teacher, "step": None, "round": 0, "divergence": None, "sampler": SAMPLER,
-            "minutes": rows[-1]["elapsed_s"] / 60 if rows else None}]
+    out = [
+        {
+            "label": "teacher",
+            "workdir": teacher,
+            "step": None,
+            "round": 0,
+            "divergence": None,
+            "sampler": SAMPLER,
+            "minutes": rows[-1]["elapsed_s"] / 60 if rows else None,
+        }
+    ]
     for workdir in students:
         config = runs.read_config(workdir)
         d = config.distill
         if d.rounds < 1:
             raise ValueError(f"{workdir} is not a distillation (distill.rounds = 0)")
         for r in distill.round_figures(workdir, config):
-            out.append({"label": f"{Path(workdir).name} round {r['round']}", "workdir": workdir,
-                        "step": r["round"] * d.round_steps, "round": r["round"], "divergence": d.divergence,
-                        "minutes": r["minutes"], "distilled_steps": r["steps"],
-                        "sampler": distill.ORDERS[d.order] or SAMPLER})
+            out.append(
+                {
+                    "label": f"{Path(workdir).name} round {r['round']}",
+                    "workdir": workdir,
+                    "step": r["round"] * d.round_steps,
+                    "round": r["round"],
+                    "divergence": d.divergence,
+                    "minutes": r["minutes"],
+                    "distilled_steps": r["steps"],
+                    "sampler": distill.ORDERS[d.order] or SAMPLER,
+                }
+            )
     return out
 
 
@@ -137,8 +173,13 @@ def sample_figures(run: runs.Run, steps: int, num_samples: int, chain, key, samp
     out = run.sample(key, num_samples, steps, name, return_stats=True, **options)
     texts = [run.decode(row) for row in out.tokens]
     nll, se, scored = texts_nll(texts, chain)
-    return {"nll_nats_per_char": nll, "nll_2se": 2 * se, "scored_share": scored,
-            "unigram_bits": letters_entropy_bits(texts), "nfe": int(out.stats["nfe"])}
+    return {
+        "nll_nats_per_char": nll,
+        "nll_2se": 2 * se,
+        "scored_share": scored,
+        "unigram_bits": letters_entropy_bits(texts),
+        "nfe": int(out.stats["nfe"]),
+    }
 
 
 def speed(run: runs.Run, steps: list[int], repeats: int, key, samplers=(SAMPLER,)) -> dict[tuple, dict]:
@@ -152,15 +193,32 @@ def speed(run: runs.Run, steps: list[int], repeats: int, key, samplers=(SAMPLER,
     for sampler in samplers:
         name, options = sampler_of(sampler)
         for n in steps:
-            fns[sampler, n] = lambda n=n, name=name, options=options: run.kind.sample(
-                key, run.net, 1, n, name, **options).tokens
+            fns[sampler, n] = lambda n=n, name=name, options=options: (
+                run.kind.sample(key, run.net, 1, n, name, **options).tokens
+            )
     times = interleaved(fns, repeats)
-    return {k: {"chars_per_s": length / median(times[k]), "vs_ar": paired_ratio(times["ar"], times[k]),
-                "ar_chars_per_s": length / median(times["ar"])} for k in fns if k != "ar"}
+    return {
+        k: {
+            "chars_per_s": length / median(times[k]),
+            "vs_ar": paired_ratio(times["ar"], times[k]),
+            "ar_chars_per_s": length / median(times["ar"]),
+        }
+        for k in fns
+        if k != "ar"
+    }
 
 
-def study(teacher: str, students: list[str], markov_seed: int, steps: list[int], num_samples: int,
-          repeats: int, eval_batches: int, references: tuple[str, ...] = (), exact: bool = False) -> dict:
+def study(
+    teacher: str,
+    students: list[str],
+    markov_seed: int,
+    steps: list[int],
+    num_samples: int,
+    repeats: int,
+    eval_batches: int,
+    references: tuple[str, ...] = (),
+    exact: bool = False,
+) -> dict:
     """Every model's figures at every N (``sample_figures``), its bound and minutes, and the speed of each N.
 
     references: other samplers of the teacher drawn at the same N (rows "teacher, <sampler>"; "strided" is the
@@ -172,18 +230,31 @@ def study(teacher: str, students: list[str], markov_seed: int, steps: list[int],
     rows = []
     for m in models(teacher, students):
         run = runs.load(m["workdir"], step=m["step"])
-        bound = figures.evaluate_run(m["workdir"], num_t=64, batch_size=32, max_batches=eval_batches,
-                                     step=m["step"], progress=False)
+        bound = figures.evaluate_run(
+            m["workdir"], num_t=64, batch_size=32, max_batches=eval_batches, step=m["step"], progress=False
+        )
         for n in steps:
-            row = {**m, "steps": n, "bound_bits_per_char": bound["bits_per_char"],
-                   **sample_figures(run, n, num_samples, chain, key, m["sampler"])}
+            row = {
+                **m,
+                "steps": n,
+                "bound_bits_per_char": bound["bits_per_char"],
+                **sample_figures(run, n, num_samples, chain, key, m["sampler"]),
+            }
             rows.append(row)
             print(json.dumps(row, default=float), flush=True)
     base = runs.load(teacher)
     for label, sampler in [("teacher, " + r, r) for r in references]:  # other samplers of the teacher, for reference
         for n in steps:
-            rows.append({**rows[0], "label": label, "minutes": None, "steps": n, "sampler": sampler,
-                         **sample_figures(base, n, num_samples, chain, key, sampler)})
+            rows.append(
+                {
+                    **rows[0],
+                    "label": label,
+                    "minutes": None,
+                    "steps": n,
+                    "sampler": sampler,
+                    **sample_figures(base, n, num_samples, chain, key, sampler),
+                }
+            )
             print(json.dumps(rows[-1], default=float), flush=True)
     used = tuple(dict.fromkeys(r["sampler"] for r in rows))
     rates = speed(base, steps, repeats, key, used)
@@ -191,40 +262,80 @@ def study(teacher: str, students: list[str], markov_seed: int, steps: list[int],
         row.update(rates.get((row["sampler"], row["steps"]), {"chars_per_s": math.nan, "vs_ar": math.nan}))
     if exact:
         c = base.config
-        for order in [None] + [o for o in sampling.PLANNED_ORDERS if o in {sampler_of(u)[1].get("order", u)
-                                                                           for u in used}]:
+        for order in [None] + [
+            o for o in sampling.PLANNED_ORDERS if o in {sampler_of(u)[1].get("order", u) for u in used}
+        ]:
             for n in steps:
                 label = "exact denoiser" + (f", {order}" if order else "")
-                rows.append({"label": label, "steps": n, "minutes": None, "bound_bits_per_char": math.nan,
-                             "chars_per_s": math.nan, "vs_ar": math.nan, "sampler": order or SAMPLER,
-                             **exact_figures(chain, n, num_samples, base.seq_len, c.noise.eps, c.sampling.eps,
-                                             order=order)})
-    return {"rows": rows, "machine": machine(), "length": base.seq_len, "markov_seed": markov_seed,
-            "num_samples": num_samples,
-            "sampler": SAMPLER, "rate_nats_per_char": chain.entropy_rate(),
-            "unigram_bits": unigram_entropy_nats(chain) / LN2}
+                rows.append(
+                    {
+                        "label": label,
+                        "steps": n,
+                        "minutes": None,
+                        "bound_bits_per_char": math.nan,
+                        "chars_per_s": math.nan,
+                        "vs_ar": math.nan,
+                        "sampler": order or SAMPLER,
+                        **exact_figures(chain, n, num_samples, base.seq_len, c.noise.eps, c.sampling.eps, order=order),
+                    }
+                )
+    return {
+        "rows": rows,
+        "machine": machine(),
+        "length": base.seq_len,
+        "markov_seed": markov_seed,
+        "num_samples": num_samples,
+        "sampler": SAMPLER,
+        "rate_nats_per_char": chain.entropy_rate(),
+        "unigram_bits": unigram_entropy_nats(chain) / LN2,
+    }
 
 
 def write(result: dict, out: Path, plot: bool = True) -> None:
     """distill_study.json, .md (the table) and .png (NLL and entropy against N, a line per model)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "distill_study.json").write_text(json.dumps(result, indent=1, default=float))
-    header = ["model", "sampler", "N", "calls", "exact NLL nats/char", "unigram bits", "bound bits/char", "minutes",
-              "chars/s B=1", "x AR B=1"]
+    header = [
+        "model",
+        "sampler",
+        "N",
+        "calls",
+        "exact NLL nats/char",
+        "unigram bits",
+        "bound bits/char",
+        "minutes",
+        "chars/s B=1",
+        "x AR B=1",
+    ]
     num = lambda x, f: "" if x is None or not math.isfinite(x) else format(x, f)  # noqa: E731
-    table = [[r["label"], r["sampler"], r["steps"], r["nfe"], f"{r['nll_nats_per_char']:.3f} +- {r['nll_2se']:.3f}",
-              f"{r['unigram_bits']:.3f}", num(r["bound_bits_per_char"], ".3f"), num(r["minutes"], ".1f"),
-              num(r["chars_per_s"], ".0f"), num(r["vs_ar"], ".2f")] for r in result["rows"]]
+    table = [
+        [
+            r["label"],
+            r["sampler"],
+            r["steps"],
+            r["nfe"],
+            f"{r['nll_nats_per_char']:.3f} +- {r['nll_2se']:.3f}",
+            f"{r['unigram_bits']:.3f}",
+            num(r["bound_bits_per_char"], ".3f"),
+            num(r["minutes"], ".1f"),
+            num(r["chars_per_s"], ".0f"),
+            num(r["vs_ar"], ".2f"),
+        ]
+        for r in result["rows"]
+    ]
     text = format_table(header, table)
     (out / "distill_study.md").write_text(
         f"chain {result['markov_seed']}: entropy rate {result['rate_nats_per_char']:.3f} nats/char, unigram "
-        f"entropy {result['unigram_bits']:.3f} bits\n\n{text}\n")
+        f"entropy {result['unigram_bits']:.3f} bits\n\n{text}\n"
+    )
     print(text)
     if not plot:
         return
     import matplotlib  # noqa: PLC0415  (optional dependency: plots only)
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415  (optional dependency: plots only)
+
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     labels = list(dict.fromkeys(r["label"] for r in result["rows"]))
     families = list(dict.fromkeys(r["workdir"] for r in result["rows"] if r.get("round")))  # the distillations
@@ -241,16 +352,24 @@ def write(result: dict, out: Path, plot: bool = True) -> None:
             cmap = maps[families.index(rs[0]["workdir"]) % len(maps)]
             style = dict(color=cmap(0.35 + 0.6 * rs[0]["round"] / rounds))
         elif label.startswith("teacher, "):  # another sampler of the teacher
-            style = dict(color=["goldenrod", "tab:green", "tab:purple", "tab:brown"][others.index(label) % 4],
-                         ls="-.")
-        left.errorbar([r["steps"] for r in rs], [r["nll_nats_per_char"] for r in rs],
-                      yerr=[r["nll_2se"] for r in rs], marker="o", ms=3, capsize=2, label=label, **style)
-        right.plot([r["steps"] for r in rs], [r["unigram_bits"] for r in rs], marker="o", ms=3, label=label,
-                   **style)
+            style = dict(color=["goldenrod", "tab:green", "tab:purple", "tab:brown"][others.index(label) % 4], ls="-.")
+        left.errorbar(
+            [r["steps"] for r in rs],
+            [r["nll_nats_per_char"] for r in rs],
+            yerr=[r["nll_2se"] for r in rs],
+            marker="o",
+            ms=3,
+            capsize=2,
+            label=label,
+            **style,
+        )
+        right.plot([r["steps"] for r in rs], [r["unigram_bits"] for r in rs], marker="o", ms=3, label=label, **style)
     left.axhline(result["rate_nats_per_char"], color="gray", ls=":", lw=0.8, label="the chain's entropy rate")
     right.axhline(result["unigram_bits"], color="gray", ls=":", lw=0.8, label="the chain's unigram entropy")
-    for ax, what in ((left, "samples' exact NLL under the chain (nats/char, 2 s.e.)"),
-                     (right, "unigram entropy of the samples' letters (bits)")):
+    for ax, what in (
+        (left, "samples' exact NLL under the chain (nats/char, 2 s.e.)"),
+        (right, "unigram entropy of the samples' letters (bits)"),
+    ):
         ax.set_xscale("log", base=2)
         ax.set_xlabel(f"network calls per {result['length']} characters (N steps)")
         ax.set_ylabel(what)
@@ -276,8 +395,21 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     steps = [int(s) for s in re.split(r"[,\s]+", args.steps.strip()) if s]
     references = tuple(s for s in args.references.split(",") if s)
-    write(study(args.teacher, args.students, args.markov_seed, steps, args.num_samples, args.repeats,
-                args.eval_batches, references, args.exact), Path(args.out), plot=not args.no_plot)
+    write(
+        study(
+            args.teacher,
+            args.students,
+            args.markov_seed,
+            steps,
+            args.num_samples,
+            args.repeats,
+            args.eval_batches,
+            references,
+            args.exact,
+        ),
+        Path(args.out),
+        plot=not args.no_plot,
+    )
     return 0
 
 

@@ -54,10 +54,23 @@ CKPT_EVERY = 5
 
 
 def command(workdir: Path, data_dir: Path, steps: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "sedd.cli", "train", "--config", "tiny", "--workdir", str(workdir),
-            f"--config.data.data_dir={data_dir}", f"--config.training.n_iters={steps}",
-            f"--config.training.ckpt_every={CKPT_EVERY}", "--config.training.log_every=1",
-            "--config.training.eval_every=100000", "--config.training.eval_samples=0", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "sedd.cli",
+        "train",
+        "--config",
+        "tiny",
+        "--workdir",
+        str(workdir),
+        f"--config.data.data_dir={data_dir}",
+        f"--config.training.n_iters={steps}",
+        f"--config.training.ckpt_every={CKPT_EVERY}",
+        "--config.training.log_every=1",
+        "--config.training.eval_every=100000",
+        "--config.training.eval_samples=0",
+        *extra,
+    ]
 
 
 def run_to_end(cmd: list[str], timeout: float = 600) -> str:
@@ -81,8 +94,10 @@ def final_state(workdir: Path) -> dict:
 
 
 def max_difference(a: dict, b: dict) -> float:
-    return max(float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))) if x.size else 0.0
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+    return max(
+        float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))) if x.size else 0.0
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
 
 
 def checkpoints_readable(workdir: Path) -> bool:
@@ -116,8 +131,9 @@ class Trials:
 
     def start(self, workdir: Path) -> tuple[subprocess.Popen, float]:
         """A training process, once it has trained its first step (compilation done)."""
-        proc = subprocess.Popen(command(workdir, self.data_dir, self.steps), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            command(workdir, self.data_dir, self.steps), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.time() + 300
         while trained_steps(workdir) < 1 and proc.poll() is None and time.time() < deadline:
             time.sleep(0.01)
@@ -129,8 +145,12 @@ class Trials:
         state = final_state(workdir)
         diff = max_difference(state, self.reference)
         survived = int(state["step"]) == self.steps and diff < 1e-5 and checkpoints_readable(workdir)
-        return {"survived": survived, "lost": max(interrupted_at - resumed_from(out), 0), "equal": diff == 0.0,
-                "diff": diff}
+        return {
+            "survived": survived,
+            "lost": max(interrupted_at - resumed_from(out), 0),
+            "equal": diff == 0.0,
+            "diff": diff,
+        }
 
     def signal_trial(self, sig: int, mid_save: bool = False) -> dict:
         workdir = self.workdir()
@@ -172,12 +192,17 @@ class Trials:
         one = next(d for d in (self.root / "reference" / "checkpoints").iterdir() if d.name.isdigit())
         pages = sum(-(-f.stat().st_size // 4096) for f in one.rglob("*") if f.is_file())
         kib = int(2.3 * 4 * pages) + 64
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(disk)],
-                          capture_output=True).returncode != 0:
+        if (
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(disk)], capture_output=True
+            ).returncode
+            != 0
+        ):
             return None
         try:
-            proc = subprocess.run(command(disk / "run", self.data_dir, self.steps), capture_output=True, text=True,
-                                  timeout=600)
+            proc = subprocess.run(
+                command(disk / "run", self.data_dir, self.steps), capture_output=True, text=True, timeout=600
+            )
             said = "the disk is full" in proc.stderr and "checkpoints on disk are intact" in proc.stderr
             workdir = self.workdir()
             shutil.copytree(disk / "run", workdir)  # "free some space": move the run to a larger disk
@@ -220,8 +245,12 @@ class Trials:
         workdir = self.workdir()
         run_to_end(command(workdir, self.data_dir, CKPT_EVERY))
         before = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
-        proc = subprocess.run(command(workdir, self.data_dir, self.steps, "--config.optim.lr=0.01"),
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            command(workdir, self.data_dir, self.steps, "--config.optim.lr=0.01"),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         untouched = sorted(p.relative_to(workdir) for p in workdir.rglob("*")) == before
         named = proc.returncode == 2 and "optim.lr: saved 0.002, now 0.01" in proc.stderr
         return {"survived": named and untouched, "lost": 0, "equal": None, "diff": None}
@@ -236,9 +265,15 @@ class Trials:
         extra = ""
         if fault == "SIGKILL":
             extra = f" ({sum(r.get('mid_save', False) for r in results)} killed mid-write)"
-        self.rows.append((f"{fault}{extra}", len(results), f"{sum(r['survived'] for r in results)}",
-                          f"{np.mean(lost):.1f} / {max(lost)}",
-                          f"{sum(equal)} of {len(equal)}" if equal else "n/a (run stops)"))
+        self.rows.append(
+            (
+                f"{fault}{extra}",
+                len(results),
+                f"{sum(r['survived'] for r in results)}",
+                f"{np.mean(lost):.1f} / {max(lost)}",
+                f"{sum(equal)} of {len(equal)}" if equal else "n/a (run stops)",
+            )
+        )
         print(f"  {self.rows[-1]}", flush=True)
 
 
@@ -274,11 +309,14 @@ def main(argv=None) -> int:
         trials.add(f"NaN at step {args.steps // 2 + 3}", [trials.nan_trial(args.steps // 2 + 3)])
         trials.add("resume with a changed optim.lr", [trials.changed_config_trial()])
 
-    lines = [f"`python experiments/faults.py --trials {args.trials} --steps {args.steps} --seed {args.seed}`: "
-             f"the tiny config, {args.steps} steps, a checkpoint every {CKPT_EVERY}; {time.time() - t_start:.0f} s "
-             "on this machine.", "",
-             "| fault | trials | survived | steps lost (mean / max) | final state bitwise equal |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"`python experiments/faults.py --trials {args.trials} --steps {args.steps} --seed {args.seed}`: "
+        f"the tiny config, {args.steps} steps, a checkpoint every {CKPT_EVERY}; {time.time() - t_start:.0f} s "
+        "on this machine.",
+        "",
+        "| fault | trials | survived | steps lost (mean / max) | final state bitwise equal |",
+        "|---|---|---|---|---|",
+    ]
     lines += [f"| {' | '.join(str(c) for c in row)} |" for row in trials.rows]
     table = "\n".join(lines)
     print("\n" + table)

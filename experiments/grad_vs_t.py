@@ -55,7 +55,9 @@ def main() -> None:
             ls.append(np.asarray(value))
             gs.append(np.asarray(norm(grads)))
         ls, gs = np.concatenate(ls), np.concatenate(gs)
-        print(f"{t:<8g} {ls.mean():9.1f} {np.sqrt(np.mean(ls**2)):9.1f} {gs.mean():12.1f} {np.sqrt(np.mean(gs**2)):11.1f}")
+        print(
+            f"{t:<8g} {ls.mean():9.1f} {np.sqrt(np.mean(ls**2)):9.1f} {gs.mean():12.1f} {np.sqrt(np.mean(gs**2)):11.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -36,12 +36,22 @@ def kept(run, layout: str, temperature: float, prompt: np.ndarray) -> dict:
     b, given = prompt.shape
     tokens = np.zeros((b, run.seq_len), np.int32)
     tokens[:, :given] = prompt
-    stats = run.sample(jax.random.key(0), b, return_stats=True, layout=layout, temperature=temperature,
-                       fixed_mask=np.arange(run.seq_len)[None].repeat(b, 0) < given, fixed_tokens=tokens).stats
+    stats = run.sample(
+        jax.random.key(0),
+        b,
+        return_stats=True,
+        layout=layout,
+        temperature=temperature,
+        fixed_mask=np.arange(run.seq_len)[None].repeat(b, 0) < given,
+        fixed_tokens=tokens,
+    ).stats
     rounds = np.asarray(stats["nfe_per_sample"], np.float64)  # (B,) calls a text
-    return {"layout": layout, "temperature": temperature,
-            "kept_by_position": (np.asarray(stats["accepted_at"], np.float64) / rounds.sum()).tolist(),
-            "tokens_per_call": (run.seq_len - prompt.shape[1]) / float(rounds.mean())}
+    return {
+        "layout": layout,
+        "temperature": temperature,
+        "kept_by_position": (np.asarray(stats["accepted_at"], np.float64) / rounds.sum()).tolist(),
+        "tokens_per_call": (run.seq_len - prompt.shape[1]) / float(rounds.mean()),
+    }
 
 
 def validation_nll(workdir: Path) -> float:
@@ -53,7 +63,12 @@ def validation_nll(workdir: Path) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="spec run directories")
-    p.add_argument("--layouts", nargs="+", default=["4,1", "4,5"], help="round layouts, each 'K,GROUPS' ('K' for a run with a draft head)")
+    p.add_argument(
+        "--layouts",
+        nargs="+",
+        default=["4,1", "4,5"],
+        help="round layouts, each 'K,GROUPS' ('K' for a run with a draft head)",
+    )
     p.add_argument("--samples", type=int, default=128, help="texts a cell, each after its own prompt")
     p.add_argument("--prompt", type=int, default=8, help="tokens of a validation text each row starts from")
     p.add_argument("--json", default="", help="write the rows here too")
@@ -64,13 +79,20 @@ def main(argv=None) -> int:
         nll, prompt = validation_nll(workdir), prompts(run, args.samples, args.prompt)
         for layout in args.layouts:
             for temperature in (1.0, 0.0):
-                row = {"run": str(workdir), "draft_target": run.config.training.draft_target,
-                       "validation_bits_per_char": nll, **kept(run, layout, temperature, prompt)}
+                row = {
+                    "run": str(workdir),
+                    "draft_target": run.config.training.draft_target,
+                    "validation_bits_per_char": nll,
+                    **kept(run, layout, temperature, prompt),
+                }
                 rows.append(row)
-                print(f"{workdir.name} ({row['draft_target']}, validation "
-                      f"{nll:.3f} bits/char) layout {layout} T={temperature:g}: kept by "
-                      f"position {' '.join(f'{k:.3f}' for k in row['kept_by_position'])}, "
-                      f"{row['tokens_per_call']:.3f} tokens a call", flush=True)
+                print(
+                    f"{workdir.name} ({row['draft_target']}, validation "
+                    f"{nll:.3f} bits/char) layout {layout} T={temperature:g}: kept by "
+                    f"position {' '.join(f'{k:.3f}' for k in row['kept_by_position'])}, "
+                    f"{row['tokens_per_call']:.3f} tokens a call",
+                    flush=True,
+                )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0

@@ -124,8 +124,15 @@ def export(args) -> None:
     xt[:, 1::3] = GPT2  # MASK
     sigma = torch.tensor([0.3, 2.5])
     arrays = {"x0": x0.numpy(), "xt": xt.numpy(), "sigma": sigma.numpy()}
-    model_cfg = {"hidden_size": s["hidden"], "cond_dim": s["cond"], "n_heads": s["heads"], "n_blocks": s["blocks"],
-                 "dropout": 0.0, "scale_by_sigma": True, "length": s["length"]}
+    model_cfg = {
+        "hidden_size": s["hidden"],
+        "cond_dim": s["cond"],
+        "n_heads": s["heads"],
+        "n_blocks": s["blocks"],
+        "dropout": 0.0,
+        "scale_by_sigma": True,
+        "length": s["length"],
+    }
 
     if args.mdlm:
         dit = _load_module("mdlm_dit", Path(args.mdlm) / "models" / "dit.py")
@@ -133,23 +140,53 @@ def export(args) -> None:
         _randomize(m, torch)
         folder = out / "mdlm"
         folder.mkdir()
-        safetensors.torch.save_file({"backbone." + k: t.contiguous() for k, t in m.state_dict().items()},
-                                    str(folder / "model.safetensors"), metadata={"format": "pt"})
-        (folder / "config.json").write_text(json.dumps({  # kuleshov-group/mdlm-owt's config.json, resized
-            "architectures": ["MDLM"], "auto_map": {"AutoConfig": "configuration_mdlm.MDLMConfig",
-                                                    "AutoModelForMaskedLM": "modeling_mdlm.MDLM"},
-            "cond_dim": s["cond"], "dropout": 0.0, "hidden_dim": s["hidden"], "model_length": s["length"],
-            "model_type": "mdlm", "n_blocks": s["blocks"], "n_heads": s["heads"], "return_dict": False,
-            "time_conditioning": False, "torch_dtype": "float32", "transformers_version": "4.38.2",
-            "vocab_size": v}))
+        safetensors.torch.save_file(
+            {"backbone." + k: t.contiguous() for k, t in m.state_dict().items()},
+            str(folder / "model.safetensors"),
+            metadata={"format": "pt"},
+        )
+        (folder / "config.json").write_text(
+            json.dumps(
+                {  # kuleshov-group/mdlm-owt's config.json, resized
+                    "architectures": ["MDLM"],
+                    "auto_map": {
+                        "AutoConfig": "configuration_mdlm.MDLMConfig",
+                        "AutoModelForMaskedLM": "modeling_mdlm.MDLM",
+                    },
+                    "cond_dim": s["cond"],
+                    "dropout": 0.0,
+                    "hidden_dim": s["hidden"],
+                    "model_length": s["length"],
+                    "model_type": "mdlm",
+                    "n_blocks": s["blocks"],
+                    "n_heads": s["heads"],
+                    "return_dict": False,
+                    "time_conditioning": False,
+                    "torch_dtype": "float32",
+                    "transformers_version": "4.38.2",
+                    "vocab_size": v,
+                }
+            )
+        )
         with torch.no_grad():  # Diffusion._process_sigma: time_conditioning false feeds zeros
             arrays["mdlm"] = _subs(m(xt, torch.zeros(2)), torch).numpy()
 
     if args.bd3lms:
         from models.hf import BD3LM, BD3LMConfig
-        config = BD3LMConfig(block_size=4, vocab_size=v, model_length=s["length"], hidden_dim=s["hidden"],
-                             cond_dim=s["cond"], n_blocks=s["blocks"], n_heads=s["heads"], dropout=0.0,
-                             time_conditioning=False, attn_backend="sdpa", return_dict=False)
+
+        config = BD3LMConfig(
+            block_size=4,
+            vocab_size=v,
+            model_length=s["length"],
+            hidden_dim=s["hidden"],
+            cond_dim=s["cond"],
+            n_blocks=s["blocks"],
+            n_heads=s["heads"],
+            dropout=0.0,
+            time_conditioning=False,
+            attn_backend="sdpa",
+            return_dict=False,
+        )
         b = BD3LM(config).eval()
         _randomize(b, torch)
         with torch.no_grad():
@@ -161,22 +198,39 @@ def export(args) -> None:
 
     if args.duo:
         import omegaconf
+
         dit = _load_module("duo_dit", Path(args.duo) / "models" / "dit.py")
-        config = omegaconf.OmegaConf.create({
-            "algo": {"name": "duo", "backbone": "dit", "parameterization": "mean", "time_conditioning": True,
-                     "causal_attention": False, "T": 0},
-            "model": {**model_cfg, "name": "tiny", "type": "ddit"},
-            "noise": {"type": "log-linear", "eps": 1e-3},
-            "training": {"ema": 0.9999}})
+        config = omegaconf.OmegaConf.create(
+            {
+                "algo": {
+                    "name": "duo",
+                    "backbone": "dit",
+                    "parameterization": "mean",
+                    "time_conditioning": True,
+                    "causal_attention": False,
+                    "T": 0,
+                },
+                "model": {**model_cfg, "name": "tiny", "type": "ddit"},
+                "noise": {"type": "log-linear", "eps": 1e-3},
+                "training": {"ema": 0.9999},
+            }
+        )
         m = dit.DIT(config, vocab_size=v).eval()
         _randomize(m, torch)
         x = torch.randint(0, v, (2, s["length"]), generator=gen)
         shadow = [p.detach().clone() * 0.5 for p in m.parameters()]  # an EMA unlike the raw weights
-        ckpt = {"epoch": 0, "global_step": 7, "pytorch-lightning_version": "2.2.1",
-                "state_dict": {"backbone." + k: t for k, t in m.state_dict().items()},
-                "ema": {"decay": 0.9999, "num_updates": 7, "shadow_params": shadow},
-                "hyper_parameters": {"config": config}, "loops": {}, "callbacks": {}, "optimizer_states": [],
-                "lr_schedulers": []}
+        ckpt = {
+            "epoch": 0,
+            "global_step": 7,
+            "pytorch-lightning_version": "2.2.1",
+            "state_dict": {"backbone." + k: t for k, t in m.state_dict().items()},
+            "ema": {"decay": 0.9999, "num_updates": 7, "shadow_params": shadow},
+            "hyper_parameters": {"config": config},
+            "loops": {},
+            "callbacks": {},
+            "optimizer_states": [],
+            "lr_schedulers": [],
+        }
         (out / "duo").mkdir()
         torch.save(ckpt, out / "duo" / "duo.ckpt")  # DUO_BASE.on_save_checkpoint + Lightning's dict
         with torch.no_grad():
@@ -208,7 +262,9 @@ def compare(out: Path, tokenizer: Path, families: list[str]) -> dict:
         convert.convert(src, run_dir, tokenizer_path=tokenizer)
         run = runs.load(run_dir)
         if family == "mdlm":
-            ours = np.asarray(run.score_fn(jnp.asarray(xt), jnp.asarray(sigma))) + np.log(np.expm1(sigma))[:, None, None]
+            ours = (
+                np.asarray(run.score_fn(jnp.asarray(xt), jnp.asarray(sigma))) + np.log(np.expm1(sigma))[:, None, None]
+            )
             got, want = ours[masked][:, :GPT2], theirs["mdlm"][masked][:, :GPT2]
         elif family == "bd3lm":
             ours = np.asarray(block.log_score(run.model, jnp.asarray(xt), jnp.asarray(x0), jnp.asarray(sigma), 4))
@@ -260,8 +316,11 @@ def main(argv=None) -> int:
             if getattr(args, flag):
                 cmd += [f"--{flag}", str(Path(getattr(args, flag)).absolute())]
         # The torch Python imports the flash_attn stand-in, and BD3-LM's package `models`, from these folders.
-        paths = [str(tmp / "shim")] + ([str(Path(args.bd3lms).absolute())] if args.bd3lms else []) \
+        paths = (
+            [str(tmp / "shim")]
+            + ([str(Path(args.bd3lms).absolute())] if args.bd3lms else [])
             + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        )
         subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)})
         tokenizer = Path(args.tokenizer_path) if args.tokenizer_path else _toy_gpt2(tmp)
         results = compare(tmp, tokenizer, families)
@@ -288,9 +347,15 @@ def _written_by(tmp: Path, families: list[str]) -> dict[str, str]:
 def _toy_gpt2(tmp: Path) -> Path:
     """A byte-level BPE in GPT-2's file layout (the weights do not depend on the tokenizer's merges)."""
     import tokenizers
+
     bpe = tokenizers.ByteLevelBPETokenizer()
-    bpe.train_from_iterator(["the cat sat on the mat."] * 20, vocab_size=300, min_frequency=1,
-                            special_tokens=["<|endoftext|>"], show_progress=False)
+    bpe.train_from_iterator(
+        ["the cat sat on the mat."] * 20,
+        vocab_size=300,
+        min_frequency=1,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+    )
     (tmp / "gpt2").mkdir()
     bpe.save_model(str(tmp / "gpt2"))
     return tmp / "gpt2"

@@ -82,7 +82,7 @@ def ngram_law(x: np.ndarray, vocab_size: int, n: int) -> np.ndarray:
     x = np.asarray(x, np.int64)
     idx = np.zeros((x.shape[0], x.shape[1] - n + 1), np.int64)
     for j in range(n):
-        idx = idx * vocab_size + x[:, j: x.shape[1] - n + 1 + j]
+        idx = idx * vocab_size + x[:, j : x.shape[1] - n + 1 + j]
     return np.bincount(idx.ravel(), minlength=vocab_size**n) / idx.size
 
 
@@ -101,12 +101,14 @@ def chain_figures(chain: MarkovChain, x: np.ndarray) -> dict:
     with np.errstate(divide="ignore"):
         kl = float(np.sum(emp[seen] * (np.log(emp[seen]) - np.log(truth[seen]))))
     nll = -chain.log_prob(x) / length  # (B,) nats/token
-    return {"exact_nats_per_token": float(nll.mean()),
-            "exact_nats_per_token_se": float(nll.std(ddof=1) / np.sqrt(len(nll))),
-            "true_nats_per_token": chain.sequence_entropy(length) / length,
-            "ngram_kl_nats": kl,
-            "ngram_entropy_nats": float(-np.sum(emp[seen] * np.log(emp[seen]))),
-            "true_ngram_entropy_nats": chain.sequence_entropy(n)}
+    return {
+        "exact_nats_per_token": float(nll.mean()),
+        "exact_nats_per_token_se": float(nll.std(ddof=1) / np.sqrt(len(nll))),
+        "true_nats_per_token": chain.sequence_entropy(length) / length,
+        "ngram_kl_nats": kl,
+        "ngram_entropy_nats": float(-np.sum(emp[seen] * np.log(emp[seen]))),
+        "true_ngram_entropy_nats": chain.sequence_entropy(n),
+    }
 
 
 def sample_quality(x: np.ndarray, target_run, chain: MarkovChain | None) -> dict:
@@ -125,6 +127,9 @@ def sample_quality(x: np.ndarray, target_run, chain: MarkovChain | None) -> dict
         what = "target_nats_per_token"
     counts = np.bincount(x.ravel(), minlength=int(x.max()) + 1) / x.size
     seen = counts[counts > 0]
-    return {"quality": what, "nll": float(nll.mean()),
-            "nll_se": float(nll.std(ddof=1) / np.sqrt(len(nll))) if len(nll) > 1 else float("nan"),
-            "unigram_entropy_bits": float(-(seen * np.log2(seen)).sum())}
+    return {
+        "quality": what,
+        "nll": float(nll.mean()),
+        "nll_se": float(nll.std(ddof=1) / np.sqrt(len(nll))) if len(nll) > 1 else float("nan"),
+        "unigram_entropy_bits": float(-(seen * np.log2(seen)).sum()),
+    }

@@ -32,8 +32,16 @@ def steps_of(run: runs.Run, steps: int | None) -> int | None:
     return steps or (run.kind.one_token_steps(run.seq_len) if run.kind.diffuses else None)
 
 
-def writer(run: runs.Run, sampler: str | None, options: dict, steps: int | None, batch: int, length: int, key,
-           max_length: bool = True) -> Callable[[], sampling.Samples]:
+def writer(
+    run: runs.Run,
+    sampler: str | None,
+    options: dict,
+    steps: int | None,
+    batch: int,
+    length: int,
+    key,
+    max_length: bool = True,
+) -> Callable[[], sampling.Samples]:
     """A function of no arguments that writes `batch` unprompted texts of `length` tokens with the run.
 
     Args:
@@ -54,5 +62,6 @@ def writer(run: runs.Run, sampler: str | None, options: dict, steps: int | None,
     if not kind.diffuses:  # its drafts, or a spec run's own rounds: its length L
         return lambda: run.sample(key, batch, return_stats=True, **options)
     extra = {"max_length": length} if max_length else {}
-    return lambda: kind.sample(key, run.net, batch, steps_of(run, steps), sampler, return_stats=True, **extra,
-                               **options)
+    return lambda: kind.sample(
+        key, run.net, batch, steps_of(run, steps), sampler, return_stats=True, **extra, **options
+    )

@@ -111,12 +111,13 @@ def bucket_sums(probs: jax.Array, bucket: int | None = None) -> jax.Array:
     window = (1,) * (probs.ndim - 1) + (k,)
     sums = jax.lax.reduce_window(probs, 0.0, jax.lax.add, window, window, "VALID")  # (..., full)
     if full * k < d:
-        sums = jnp.concatenate([sums, probs[..., full * k:].sum(-1, keepdims=True)], -1)
+        sums = jnp.concatenate([sums, probs[..., full * k :].sum(-1, keepdims=True)], -1)
     return sums
 
 
-def sample_two_level(key: jax.Array, probs: jax.Array, bucket: int | None = None,
-                     sums: jax.Array | None = None) -> jax.Array:
+def sample_two_level(
+    key: jax.Array, probs: jax.Array, bucket: int | None = None, sums: jax.Array | None = None
+) -> jax.Array:
     r"""An exact draw ∝ probs in two exponential races: a bucket by its sum, then an entry inside it.
 
         P(d) = S_{b(d)} / \sum_b S_b  \cdot  p_d / S_{b(d)} = p_d / \sum p,

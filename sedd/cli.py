@@ -1,14 +1,14 @@
 """The `sedd` command: train | distill | sample | eval | convert | serve. Thin: it parses and calls library functions.
 
-  sedd train  [--config FILE|NAME] [--workdir DIR] [--config.section.key=value ...]
-  sedd sample --workdir DIR [--steps N] [--sampler P] [--num_samples K] [--seed S]
-              [--prefix TEXT] [--suffix TEXT] [--infill TEMPLATE [--blank C]] [--temperature T] [--top_p P]
-              [--output FILE[.jsonl]] [--animate]
-  sedd distill --teacher RUN --workdir DIR [--rounds R] [--config.section.key=value ...]
-  sedd eval   --workdir DIR [--split S] [--num_t N] [--max_batches K] [--config.data.path=... ...]
-              [--code_samples K [--prompt_chars P] [--judge AR_RUN]]
-  sedd convert SRC DST [--no_ema] [--tokenizer_path PATH] [--dtype D]   (SEDD's, MDLM's, BD3-LM's, DUO's weights)
-  sedd serve  --workdir DIR [--host 127.0.0.1] [--port 8000] [...]       (needs sedd-jax[serve])
+sedd train  [--config FILE|NAME] [--workdir DIR] [--config.section.key=value ...]
+sedd sample --workdir DIR [--steps N] [--sampler P] [--num_samples K] [--seed S]
+            [--prefix TEXT] [--suffix TEXT] [--infill TEMPLATE [--blank C]] [--temperature T] [--top_p P]
+            [--output FILE[.jsonl]] [--animate]
+sedd distill --teacher RUN --workdir DIR [--rounds R] [--config.section.key=value ...]
+sedd eval   --workdir DIR [--split S] [--num_t N] [--max_batches K] [--config.data.path=... ...]
+            [--code_samples K [--prompt_chars P] [--judge AR_RUN]]
+sedd convert SRC DST [--no_ema] [--tokenizer_path PATH] [--dtype D]   (SEDD's, MDLM's, BD3-LM's, DUO's weights)
+sedd serve  --workdir DIR [--host 127.0.0.1] [--port 8000] [...]       (needs sedd-jax[serve])
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from sedd.kinds import capabilities
 from sedd.sampling import text_conditioning
 
 
-
 def _train(args, overrides: list[str]) -> int:
     config = config_lib.load_config(args.config, overrides)
     runs.check_config(config, f"--config {args.config}" + " and its overrides" * bool(overrides))  # before any work
@@ -52,12 +51,17 @@ def _train(args, overrides: list[str]) -> int:
     if bound["exact"]:  # a model with an exact likelihood (the AR baseline) reports its NLL
         print(f"step {result['step']}: validation NLL {bound[f'bits_per_{unit}']:.3f} bits/{unit}", end="")
     else:
-        print(f"step {result['step']}: validation bound {bound[f'bits_per_{unit}']:.3f} "
-              f"+- {2 * bound['stderr_nats_per_token'] * per:.3f} bits/{unit} (2 standard errors; an upper bound "
-              f"on the NLL of the data)", end="")
-    print(f", against {entropy:.3f} bits/{unit} for the unigram law of the training data.\n"
-          f"`sedd eval --workdir {workdir} --batch_size {t.batch_size} --max_batches {t.eval_batches}` "
-          f"computes the same figure.")
+        print(
+            f"step {result['step']}: validation bound {bound[f'bits_per_{unit}']:.3f} "
+            f"+- {2 * bound['stderr_nats_per_token'] * per:.3f} bits/{unit} (2 standard errors; an upper bound "
+            f"on the NLL of the data)",
+            end="",
+        )
+    print(
+        f", against {entropy:.3f} bits/{unit} for the unigram law of the training data.\n"
+        f"`sedd eval --workdir {workdir} --batch_size {t.batch_size} --max_batches {t.eval_batches}` "
+        f"computes the same figure."
+    )
     for i, s in enumerate(result["samples"]):  # marked as `sedd sample` marks them
         print(f"--- sample {i}\n{s}")
     _explain_separator(result["samples"])
@@ -74,9 +78,12 @@ def _distill(args, overrides: list[str]) -> int:
     config = distill.distill_config(args.teacher, overrides, args.rounds)
     runs.check_config(config, f"--teacher {args.teacher}" + " and the overrides" * bool(overrides))
     d = config.distill
-    print(f"run directory: {args.workdir}\nteacher: {d.teacher} (step {d.teacher_step}, {d.teacher_steps} steps); "
-          f"{d.rounds} round(s) of {d.round_steps} steps, divergence {d.divergence}: "
-          + " -> ".join(str(d.teacher_steps >> r) for r in range(d.rounds + 1)) + " sampling steps")
+    print(
+        f"run directory: {args.workdir}\nteacher: {d.teacher} (step {d.teacher_step}, {d.teacher_steps} steps); "
+        f"{d.rounds} round(s) of {d.round_steps} steps, divergence {d.divergence}: "
+        + " -> ".join(str(d.teacher_steps >> r) for r in range(d.rounds + 1))
+        + " sampling steps"
+    )
     result = distill.distill(config, args.workdir, split_cpu=True)
     if result.get("stopped"):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -86,10 +93,14 @@ def _distill(args, overrides: list[str]) -> int:
     print()
     for r in result["rounds"]:
         minutes = "?" if r["minutes"] is None else f"{r['minutes']:.1f}"
-        print(f"round {r['round']}: {r['steps']} steps, {minutes} min, divergence "
-              f"{r['loss_nats_per_token']:.4f} nats/token (last logged)")
-    print(f"step {result['step']}: validation bound {bound[f'bits_per_{unit}']:.3f} bits/{unit}; the student samples "
-          f"with {config.sampling.steps} steps by default")
+        print(
+            f"round {r['round']}: {r['steps']} steps, {minutes} min, divergence "
+            f"{r['loss_nats_per_token']:.4f} nats/token (last logged)"
+        )
+    print(
+        f"step {result['step']}: validation bound {bound[f'bits_per_{unit}']:.3f} bits/{unit}; the student samples "
+        f"with {config.sampling.steps} steps by default"
+    )
     for i, s in enumerate(result["samples"]):
         print(f"--- sample {i}\n{s}")
     print(f"\nmore: sedd sample --workdir {args.workdir} --seed 1")
@@ -110,8 +121,9 @@ def animation_labels(frames: int, every: int, steps: int) -> list[str]:
     blocks = (frames - 1) // per
     if frames < per or (frames - 1) % per:  # a shape neither of the above: count the frames
         return [f"[frame {n}/{frames - 1}]" for n in range(frames)]
-    return [f"[block {n // per + 1}/{blocks}, step {n % per * every}/{steps}]" for n in range(frames - 1)] + \
-        [f"[{blocks} blocks of {steps} steps: done]"]
+    return [f"[block {n // per + 1}/{blocks}, step {n % per * every}/{steps}]" for n in range(frames - 1)] + [
+        f"[{blocks} blocks of {steps} steps: done]"
+    ]
 
 
 def _animate(run: runs.Run, trajectory, every: int, steps: int, delay: float) -> None:
@@ -157,22 +169,41 @@ def _sample(args) -> int:
         if mask is not None:
             options.update(fixed_mask=mask, fixed_tokens=tokens)
         every = max(1, steps // 64)  # 65 to 128 frames from 64 steps up, shown in about 4 s in all
-        out = run.sample(key, args.num_samples, args.steps, args.sampler, return_trajectory=True,
-                         trajectory_every=every, **options)
+        out = run.sample(
+            key, args.num_samples, args.steps, args.sampler, return_trajectory=True, trajectory_every=every, **options
+        )
         _animate(run, out.trajectory, every, steps, 4.0 / len(out.trajectory))
         texts = [run.decode(row) for row in out.tokens]
         calls, stats = None, None
     else:
-        texts, stats = run.generate(key, args.num_samples, args.steps, args.sampler, prefix=args.prefix,
-                                    suffix=args.suffix, infill=args.infill, blank=args.blank, return_stats=True,
-                                    **options)
+        texts, stats = run.generate(
+            key,
+            args.num_samples,
+            args.steps,
+            args.sampler,
+            prefix=args.prefix,
+            suffix=args.suffix,
+            infill=args.infill,
+            blank=args.blank,
+            return_stats=True,
+            **options,
+        )
         calls = network_calls(stats, args.num_samples)
     length = args.max_length or run.seq_len
     if args.output:  # checked before sampling (sedd.validate.check_path); a disk may still fill
         if args.output.endswith(".jsonl"):  # one JSON string per line: splits back into samples whatever they hold
-            out = "".join(json.dumps({"sample": i, "text": t} | ({} if calls is None else {
-                "network_calls": int(calls[i]), "tokens_per_call": round(length / calls[i], 4)})) + "\n"
-                for i, t in enumerate(texts))
+            out = "".join(
+                json.dumps(
+                    {"sample": i, "text": t}
+                    | (
+                        {}
+                        if calls is None
+                        else {"network_calls": int(calls[i]), "tokens_per_call": round(length / calls[i], 4)}
+                    )
+                )
+                + "\n"
+                for i, t in enumerate(texts)
+            )
         else:
             out = "".join(f"--- sample {i}\n{t}\n" for i, t in enumerate(texts))
         try:
@@ -186,10 +217,17 @@ def _sample(args) -> int:
         print(f"wrote {len(texts)} samples to {args.output}")
     if calls is not None:
         drafter = float(np.mean(stats.get("draft_calls", 0)))  # a drafter network's calls: a small one's cost less
-        print(f"network calls: {calls.mean():.1f} a text of {length} tokens, {length / calls.mean():.2f} tokens a call"
-              + ("" if calls.min() == calls.max() else f" ({calls.min()}-{calls.max()} calls)")
-              + (f"; the target's {calls.mean() - drafter:.1f} ({length / (calls.mean() - drafter):.2f} tokens a call), "
-                 f"the drafter's {drafter:.1f}" if drafter else ""), file=sys.stderr)
+        print(
+            f"network calls: {calls.mean():.1f} a text of {length} tokens, {length / calls.mean():.2f} tokens a call"
+            + ("" if calls.min() == calls.max() else f" ({calls.min()}-{calls.max()} calls)")
+            + (
+                f"; the target's {calls.mean() - drafter:.1f} ({length / (calls.mean() - drafter):.2f} tokens a call), "
+                f"the drafter's {drafter:.1f}"
+                if drafter
+                else ""
+            ),
+            file=sys.stderr,
+        )
     _explain_separator(texts)
     return 0
 
@@ -230,22 +268,38 @@ def _explain_separator(texts: list[str]) -> None:
 
 def run_conditioning(run: runs.Run, args):
     """fixed_mask / fixed_tokens of the CLI's --prefix / --suffix / --infill."""
-    return text_conditioning(run.tokenizer, args.max_length or run.seq_len, args.num_samples, args.prefix,
-                             args.suffix, args.infill, args.blank)
+    return text_conditioning(
+        run.tokenizer,
+        args.max_length or run.seq_len,
+        args.num_samples,
+        args.prefix,
+        args.suffix,
+        args.infill,
+        args.blank,
+    )
 
 
 def _eval(args, overrides: list[str]) -> int:
     data = eval_data(args.workdir, overrides)
     if n := split_cpu_for_eval(args.workdir, args.batch_size):  # stderr: stdout is the table of figures
-        print(f"this CPU as {n} devices, each batch split over them as in sedd train (mesh.cpu_devices)",
-              file=sys.stderr)
-    result = figures.evaluate_run(args.workdir, split=args.split, num_t=args.num_t, batch_size=args.batch_size,
-                                  max_batches=args.max_batches or None, seed=args.seed, data=data)
+        print(
+            f"this CPU as {n} devices, each batch split over them as in sedd train (mesh.cpu_devices)", file=sys.stderr
+        )
+    result = figures.evaluate_run(
+        args.workdir,
+        split=args.split,
+        num_t=args.num_t,
+        batch_size=args.batch_size,
+        max_batches=args.max_batches or None,
+        seed=args.seed,
+        data=data,
+    )
     if args.code_samples:  # completions of held-out code: do they parse, how much is copied
         run = runs.load(args.workdir)
         judge = figures.load_judge(args.judge, run.tokenizer) if args.judge else None
-        code, _ = figures.code_figures(run, figures.run_data(run, data), args.code_samples, args.prompt_chars,
-                                       args.seed, judge)
+        code, _ = figures.code_figures(
+            run, figures.run_data(run, data), args.code_samples, args.prompt_chars, args.seed, judge
+        )
         result.update(code)
     for k, v in result.items():
         print(f"{k:>24}: {v:.4f}" if isinstance(v, float) else f"{k:>24}: {v}")
@@ -296,7 +350,7 @@ def eval_data(workdir: str | Path, overrides: list[str]) -> dict:
     if overrides:  # --config.data.path=other.txt: the bound on other text, zero-shot
         config = config_lib.override(config, overrides)
     data = config.data.to_dict()
-    given = {arg[len("--config.data."):].split("=")[0] for arg in overrides if arg.startswith("--config.data.")}
+    given = {arg[len("--config.data.") :].split("=")[0] for arg in overrides if arg.startswith("--config.data.")}
     if data["name"] == "markov":  # drawn from the config's chain: no file is read or written
         return data
     if "data_dir" in given:  # before the run is loaded
@@ -305,14 +359,19 @@ def eval_data(workdir: str | Path, overrides: list[str]) -> dict:
     builder = BUILDERS[name].name if name in BUILDERS else None  # an unknown name is load_dataset's error
     folder = Path(data["data_dir"] or default_data_dir()).expanduser() / str(builder)
     if "data_dir" not in given and data["data_dir"] and not (builder and _owned_folder(folder)):
-        warnings.warn(f"the run's data.data_dir {data['data_dir']!r} holds no preparation of {name!r} of yours; "
-                      f"using {default_data_dir()} instead (--config.data.data_dir=DIR to choose)", stacklevel=2)
+        warnings.warn(
+            f"the run's data.data_dir {data['data_dir']!r} holds no preparation of {name!r} of yours; "
+            f"using {default_data_dir()} instead (--config.data.data_dir=DIR to choose)",
+            stacklevel=2,
+        )
         data["data_dir"] = ""
         folder = Path(default_data_dir()).expanduser() / str(builder)
     if data["path"] and "path" not in given and not _prepared_from(folder, data["path"]):
-        raise ValueError(f"the run names data.path={data['path']!r}, which was not prepared in {folder}; sedd eval "
-                         "reads a file a run names only where this user prepared it before. Pass "
-                         "--config.data.path=... to evaluate on that file or another")
+        raise ValueError(
+            f"the run names data.path={data['path']!r}, which was not prepared in {folder}; sedd eval "
+            "reads a file a run names only where this user prepared it before. Pass "
+            "--config.data.path=... to evaluate on that file or another"
+        )
     return data
 
 
@@ -335,22 +394,33 @@ def _prepared_from(folder: Path, path: str) -> bool:
 
 def _add_eval(sub) -> None:
     """`sedd eval`'s options."""
-    p = sub.add_parser("eval", help="likelihood bound of a trained run",
-                       description="The likelihood bound of a trained run on a split of its data, or on other "
-                       "data with --config.data.name=... --config.data.path=... (zero-shot). A run's own data.path "
-                       "and data_dir are followed only where this user prepared that data (docs/reliability.md).")
+    p = sub.add_parser(
+        "eval",
+        help="likelihood bound of a trained run",
+        description="The likelihood bound of a trained run on a split of its data, or on other "
+        "data with --config.data.name=... --config.data.path=... (zero-shot). A run's own data.path "
+        "and data_dir are followed only where this user prepared that data (docs/reliability.md).",
+    )
     p.add_argument("--workdir", required=True, help="run directory of a trained model")
     p.add_argument("--split", default=None, help="validation (default where the data has it), test or train")
     p.add_argument("--num_t", type=int, default=64, help="points of the t grid of the bound")
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--max_batches", type=int, default=8, help="0 = the whole split")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--code_samples", type=int, default=0, help="also complete this many windows of held-out code "
-                   "from their first --prompt_chars characters: the share that parses, of lines that tokenise, of "
-                   "characters copied from training (docs/code.md)")
+    p.add_argument(
+        "--code_samples",
+        type=int,
+        default=0,
+        help="also complete this many windows of held-out code "
+        "from their first --prompt_chars characters: the share that parses, of lines that tokenise, of "
+        "characters copied from training (docs/code.md)",
+    )
     p.add_argument("--prompt_chars", type=int, default=48, help="characters of each code prompt")
-    p.add_argument("--judge", default="", help="with --code_samples: an AR run of the same data that scores the "
-                   "completions (nats/char)")
+    p.add_argument(
+        "--judge",
+        default="",
+        help="with --code_samples: an AR run of the same data that scores the completions (nats/char)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,63 +444,109 @@ def _command(argv: list[str] | None) -> int:
     parser = validate.OneLineParser(prog="sedd", description="Score Entropy Discrete Diffusion in JAX")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("train", help="train (or resume) a model", description="Train or resume. "
-                       "Override any config field with --config.section.key=value.")
-    p.add_argument("--config", default=config_lib.DEFAULT_CONFIG,
-                   help=f"a config file, or a shipped config's name ({', '.join(config_lib.shipped_configs())})")
+    p = sub.add_parser(
+        "train",
+        help="train (or resume) a model",
+        description="Train or resume. Override any config field with --config.section.key=value.",
+    )
+    p.add_argument(
+        "--config",
+        default=config_lib.DEFAULT_CONFIG,
+        help=f"a config file, or a shipped config's name ({', '.join(config_lib.shipped_configs())})",
+    )
     p.add_argument("--workdir", default=None, help="run directory (default: checkpoints/<config name>)")
 
-    p = sub.add_parser("distill", help="a student that samples in fewer steps (distillation through time)",
-                       description="Self-distillation through time (SDTT): each round a student whose one step "
-                       "matches two of its teacher's, halving the sampling steps; a run directory like any other "
-                       "(docs/distillation.md). Override any config field with --config.section.key=value "
-                       "(distill.round_steps, distill.divergence, optim.lr, ...).")
+    p = sub.add_parser(
+        "distill",
+        help="a student that samples in fewer steps (distillation through time)",
+        description="Self-distillation through time (SDTT): each round a student whose one step "
+        "matches two of its teacher's, halving the sampling steps; a run directory like any other "
+        "(docs/distillation.md). Override any config field with --config.section.key=value "
+        "(distill.round_steps, distill.divergence, optim.lr, ...).",
+    )
     p.add_argument("--teacher", required=True, help="run directory of the trained teacher (absorbing graph)")
     p.add_argument("--workdir", required=True, help="run directory of the distillation (resumed if it exists)")
-    p.add_argument("--rounds", type=int, default=None,
-                   help=f"halvings of the teacher's sampling steps (default {distill.DEFAULT_ROUNDS}: 8x fewer)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help=f"halvings of the teacher's sampling steps (default {distill.DEFAULT_ROUNDS}: 8x fewer)",
+    )
 
     p = sub.add_parser("sample", help="write text with a trained model")
     p.add_argument("--workdir", required=True, help="run directory of a trained model")
     p.add_argument("--steps", type=int, default=None, help="reverse steps (default: the config's)")
-    p.add_argument("--sampler", default=None, help="a sampler of sedd.sampling.SAMPLERS: "
-                   + ", ".join(sampling.SAMPLERS) + " (default: the config's); on the absorbing graph "
-                   "with log-linear noise analytic and euler are one kernel and draw the same text")
+    p.add_argument(
+        "--sampler",
+        default=None,
+        help="a sampler of sedd.sampling.SAMPLERS: "
+        + ", ".join(sampling.SAMPLERS)
+        + " (default: the config's); on the absorbing graph "
+        "with log-linear noise analytic and euler are one kernel and draw the same text",
+    )
     p.add_argument("--num_samples", type=int, default=4)
     p.add_argument("--seed", type=int, default=0, help="the same seed gives the same samples")
     escapes = r" (\n, \t and \\ are a newline, a tab and a backslash)"
     p.add_argument("--prefix", default="", type=unescape, help="text the samples start with" + escapes)
     p.add_argument("--suffix", default="", type=unescape, help="text the samples end with" + escapes)
-    p.add_argument("--infill", default="", type=unescape, help="a template whose --blank characters are filled in"
-                   + escapes)
+    p.add_argument(
+        "--infill", default="", type=unescape, help="a template whose --blank characters are filled in" + escapes
+    )
     p.add_argument("--blank", default="_", help="the character of an infill template to fill in (default: _)")
     p.add_argument("--temperature", type=float, default=1.0, help="on the denoiser's p(x0); 0 = argmax (default 1)")
     p.add_argument("--top_p", type=float, default=1.0, help="nucleus of the denoiser's p(x0) (default 1: off)")
-    p.add_argument("--output", default="", help="write the samples to this file: FILE.jsonl one JSON object per "
-                   "line ({\"sample\": i, \"text\": ...}); any other name, text with a '--- sample i' line before each")
-    p.add_argument("--max_length", type=int, default=None,
-                   help="tokens of text (default: the model's length); past it a SEDD run draws overlapping "
-                   "windows, a block run more blocks")
-    p.add_argument("--stop", action="store_true", help="end each text at its first <|endoftext|> (a block run "
-                   "stops drawing once every text has one)")
-    p.add_argument("--animate", action="store_true", help="show the denoising of the first sample, redrawn "
-                   "in place on a terminal; into a file or pipe, its frames one after another")
-    p.add_argument("--draft", default="", help="an AR run only: speculative sampling, the run's own law in fewer "
-                   "calls, with drafts from 'ngram' (prompt lookup), a smaller AR run's or a block-diffusion run's "
-                   "directory (one block of --draft_k <= its block size a call)")
+    p.add_argument(
+        "--output",
+        default="",
+        help="write the samples to this file: FILE.jsonl one JSON object per "
+        'line ({"sample": i, "text": ...}); any other name, text with a \'--- sample i\' line before each',
+    )
+    p.add_argument(
+        "--max_length",
+        type=int,
+        default=None,
+        help="tokens of text (default: the model's length); past it a SEDD run draws overlapping "
+        "windows, a block run more blocks",
+    )
+    p.add_argument(
+        "--stop",
+        action="store_true",
+        help="end each text at its first <|endoftext|> (a block run stops drawing once every text has one)",
+    )
+    p.add_argument(
+        "--animate",
+        action="store_true",
+        help="show the denoising of the first sample, redrawn "
+        "in place on a terminal; into a file or pipe, its frames one after another",
+    )
+    p.add_argument(
+        "--draft",
+        default="",
+        help="an AR run only: speculative sampling, the run's own law in fewer "
+        "calls, with drafts from 'ngram' (prompt lookup), a smaller AR run's or a block-diffusion run's "
+        "directory (one block of --draft_k <= its block size a call)",
+    )
     p.add_argument("--draft_k", type=int, default=None, help="drafts a round with --draft (default 4)")
-    p.add_argument("--layout", default=None, help="a spec run only: its round, 'K,GROUPS' (K drafts a round, "
-                   "draft groups for the outcomes 0 .. GROUPS - 1; '0': no drafts, its causal half alone; "
-                   "docs/speculative.md) or 'auto' (the default: the fastest on this device, timed once and kept "
-                   "in the run's layouts.json)")
+    p.add_argument(
+        "--layout",
+        default=None,
+        help="a spec run only: its round, 'K,GROUPS' (K drafts a round, "
+        "draft groups for the outcomes 0 .. GROUPS - 1; '0': no drafts, its causal half alone; "
+        "docs/speculative.md) or 'auto' (the default: the fastest on this device, timed once and kept "
+        "in the run's layouts.json)",
+    )
 
     _add_eval(sub)
 
-    sub.add_parser("convert", add_help=False, help="the original PyTorch SEDD weights -> a run directory "
-                   "(`sedd convert --help`)")
+    sub.add_parser(
+        "convert", add_help=False, help="the original PyTorch SEDD weights -> a run directory (`sedd convert --help`)"
+    )
 
-    sub.add_parser("serve", add_help=False, help="an OpenAI-style completions server with a playground page "
-                   "(`sedd serve --help`; needs sedd-jax[serve])")
+    sub.add_parser(
+        "serve",
+        add_help=False,
+        help="an OpenAI-style completions server with a playground page (`sedd serve --help`; needs sedd-jax[serve])",
+    )
 
     args, rest = parser.parse_known_args(argv)
     try:  # every number and path, before any work (sedd serve and sedd convert check their own)
@@ -447,8 +563,11 @@ def _command(argv: list[str] | None) -> int:
         try:
             from sedd import serve  # optional dependency: Starlette and uvicorn come with sedd-jax[serve]
         except ImportError as e:  # the distribution is sedd-jax: PyPI's `sedd` is an unrelated package
-            print(f"sedd serve: error: it needs the serve extra: pip install 'sedd-jax[serve]' "
-                  f"(pip install -e '.[serve]' in a clone) ({e})", file=sys.stderr)
+            print(
+                f"sedd serve: error: it needs the serve extra: pip install 'sedd-jax[serve]' "
+                f"(pip install -e '.[serve]' in a clone) ({e})",
+                file=sys.stderr,
+            )
             return 2
         return serve.main(rest)
     try:

@@ -76,7 +76,7 @@ def statement_cut(text: str) -> str | None:
             previous = line
         offset += len(line)
     last = [s for s in starts if s > 0]
-    return text[:last[-1]] if last else None
+    return text[: last[-1]] if last else None
 
 
 def parses(text: str) -> bool | None:
@@ -124,9 +124,12 @@ def parse_figures(texts: Iterable[str]) -> dict:
     texts = list(texts)
     verdicts = [parses(t) for t in texts]
     measured = [v for v in verdicts if v is not None]
-    return {"parse_rate": float(np.mean(measured)) if measured else float("nan"),
-            "complete_share": len(measured) / len(texts) if texts else float("nan"),
-            "tokenise_rate": line_tokenise_rate(texts), "count": len(texts)}
+    return {
+        "parse_rate": float(np.mean(measured)) if measured else float("nan"),
+        "complete_share": len(measured) / len(texts) if texts else float("nan"),
+        "tokenise_rate": line_tokenise_rate(texts),
+        "count": len(texts),
+    }
 
 
 def top_level_starts(source: str) -> list[int]:
@@ -159,21 +162,28 @@ def top_level_starts(source: str) -> list[int]:
 
 def _follows_decorator(lines: list[str], row: int) -> bool:
     """Whether the last non-blank, non-comment line before 1-based `row` is a decorator's."""
-    for line in reversed(lines[:row - 1]):
+    for line in reversed(lines[: row - 1]):
         if line.strip() and not line.lstrip().startswith("#"):
             return line.startswith("@")
     return False
 
 
-def prompts(documents: Iterable[str], count: int, length: int, prompt_chars: int, seed: int = 0
-            ) -> list[tuple[str, str]]:
+def prompts(
+    documents: Iterable[str], count: int, length: int, prompt_chars: int, seed: int = 0
+) -> list[tuple[str, str]]:
     """(prompt, continuation) pairs of held-out code: windows of `length` characters that start at a top-level
     statement (drawn with a fixed seed), the first `prompt_chars` of each its prompt."""
-    windows = [doc[s:s + length] for doc in documents for s in top_level_starts(doc)
-               if len(doc) - s >= length and EOS_TEXT not in doc[s:s + length]]
+    windows = [
+        doc[s : s + length]
+        for doc in documents
+        for s in top_level_starts(doc)
+        if len(doc) - s >= length and EOS_TEXT not in doc[s : s + length]
+    ]
     if len(windows) < count:
-        raise ValueError(f"the documents hold {len(windows)} windows of {length} characters from a top-level "
-                         f"statement; {count} asked")
+        raise ValueError(
+            f"the documents hold {len(windows)} windows of {length} characters from a top-level "
+            f"statement; {count} asked"
+        )
     chosen = np.random.default_rng(seed).choice(len(windows), count, replace=False)
     return [(windows[i][:prompt_chars], windows[i][prompt_chars:]) for i in sorted(chosen)]
 
@@ -198,7 +208,7 @@ def window_hashes(text: str, n: int) -> np.ndarray:
         while n:
             shift = np.uint64(pow(HASH_BASE, size, 1 << 64))
             if n & 1:
-                out = out * shift + block[width:width + count]
+                out = out * shift + block[width : width + count]
                 width += size
             n >>= 1
             if n:
@@ -224,7 +234,7 @@ class Memorisation:
             starts = np.flatnonzero(self.table[at] == hashes)
             np.add.at(covered, starts, 1)  # +1 where a copied window starts, -1 where it ends
             np.add.at(covered, starts + n, -1)
-        return np.cumsum(covered)[:len(text)] > 0
+        return np.cumsum(covered)[: len(text)] > 0
 
     def share(self, texts: Iterable[str]) -> float:
         """The share of all the texts' characters inside a copy (EOS markers left out)."""

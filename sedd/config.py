@@ -44,8 +44,10 @@ def config_path(name_or_path: str = DEFAULT_CONFIG) -> Path:
     if not path.suffix and name_or_path in shipped_configs():
         path = Path(str(importlib.resources.files("sedd.configs") / f"{name_or_path}.py"))
     if not path.is_file():
-        raise FileNotFoundError(f"no config file {name_or_path!r}; give a path to a .py file with get_config(), "
-                                f"or one of the shipped configs {shipped_configs()}")
+        raise FileNotFoundError(
+            f"no config file {name_or_path!r}; give a path to a .py file with get_config(), "
+            f"or one of the shipped configs {shipped_configs()}"
+        )
     return path
 
 
@@ -77,25 +79,30 @@ def override(config: ml_collections.ConfigDict, overrides: Sequence[str] = ()) -
             raise ValueError(f"unexpected argument {arg!r}; overrides look like --config.training.n_iters=100")
     values = flags.FlagValues()
     try:
-        config_flags.DEFINE_config_dict("config", ml_collections.ConfigDict(config.to_dict()),
-                                        flag_values=values, lock_config=True, sys_argv=argv)
+        config_flags.DEFINE_config_dict(
+            "config", ml_collections.ConfigDict(config.to_dict()), flag_values=values, lock_config=True, sys_argv=argv
+        )
         values(argv)
     except (AttributeError, KeyError) as e:  # a missing key; ml_collections names the closest one
         raise KeyError(_unknown_key_message(config, overrides, str(e))) from None
     except flags.Error as e:
         raise ValueError(str(e)) from None
-    given, now = {arg[len("--config."):].split("=")[0] for arg in overrides if arg.startswith("--config.")}, \
-        values.config.to_dict()
+    given, now = (
+        {arg[len("--config.") :].split("=")[0] for arg in overrides if arg.startswith("--config.")},
+        values.config.to_dict(),
+    )
     for key, (before, where, value) in MOVED.items():  # the old key of a moved meaning, given alone
         if where is not None and before in given and key not in given and _get(now, where) == value:
-            raise ValueError(f"--config.{before} is not what a {where}={value!r} run reads: its meaning moved to "
-                             f"{key} (give --config.{key}={_get(now, before)!r})")
+            raise ValueError(
+                f"--config.{before} is not what a {where}={value!r} run reads: its meaning moved to "
+                f"{key} (give --config.{key}={_get(now, before)!r})"
+            )
     return values.config
 
 
 def _unknown_key_message(config, overrides: Sequence[str], error: str) -> str:
     """ "unknown config key 'a.bb'; did you mean 'a.b'?" from ml_collections' hint."""
-    keys = [arg[len("--config."):].split("=")[0] for arg in overrides if arg.startswith("--config.")]
+    keys = [arg[len("--config.") :].split("=")[0] for arg in overrides if arg.startswith("--config.")]
     for key in keys:
         renamed = [new for new, (before, where, _) in MOVED.items() if before == key and where is None]
         if renamed:
@@ -172,8 +179,11 @@ def moved(saved: Mapping[str, Any], config: dict, default: Mapping[str, Any]) ->
     """Fill in `config` (today's keys) each ``MOVED`` key that `saved` kept in another key; that key, whose value
     was the moved meaning's, gets its `default` (the shipped config's)."""
     for key, (before, where, value) in MOVED.items():
-        if _get(saved, key) is None and _get(saved, before) is not None and (where is None or
-                                                                            _get(saved, where) == value):
+        if (
+            _get(saved, key) is None
+            and _get(saved, before) is not None
+            and (where is None or _get(saved, where) == value)
+        ):
             section, name = key.rsplit(".", 1)
             config[section][name] = _get(saved, before)
             section, name = before.rsplit(".", 1)

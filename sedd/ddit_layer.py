@@ -50,8 +50,18 @@ class DDiTLayer(nnx.Module):
       rngs: parameter keys and the 'dropout' stream.
     """
 
-    def __init__(self, hidden_size: int, n_heads: int, cond_dim: int, *, mlp_ratio: int = 4, dropout: float = 0.1,
-                 causal: bool = False, dtype: Any = jnp.float32, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        hidden_size: int,
+        n_heads: int,
+        cond_dim: int,
+        *,
+        mlp_ratio: int = 4,
+        dropout: float = 0.1,
+        causal: bool = False,
+        dtype: Any = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
         h = hidden_size
         self.n_heads = n_heads
         self.head_dim = h // n_heads
@@ -89,16 +99,25 @@ class DDiTLayer(nnx.Module):
         b, n = jnp.shape(at)[0], self.n_heads
         if b > ROW_WRITES:
             write = jax.vmap(lambda h, x, a: jax.lax.dynamic_update_slice(h, x, (0, a, 0)))
-            return write(held.reshape(b, n, *held.shape[1:]), new.reshape(b, n, *new.shape[1:]), at).reshape(
-                held.shape)
+            return write(held.reshape(b, n, *held.shape[1:]), new.reshape(b, n, *new.shape[1:]), at).reshape(held.shape)
         for i in range(b):
-            held = jax.lax.dynamic_update_slice(held, new[i * n:(i + 1) * n], (i * n, at[i], 0))
+            held = jax.lax.dynamic_update_slice(held, new[i * n : (i + 1) * n], (i * n, at[i], 0))
         return held
 
-    def run(self, x: Array, c: Array, *, positions: Array | None = None, mask: Array | None = None,
-            cache: tuple[Array, Array] | None = None, at: Array | None = None,
-            context: tuple[Array, Array] | None = None, unit: int | None = None, deterministic: bool | None = None,
-            rngs: nnx.Rngs | None = None) -> tuple[Array, tuple[Array, Array]]:
+    def run(
+        self,
+        x: Array,
+        c: Array,
+        *,
+        positions: Array | None = None,
+        mask: Array | None = None,
+        cache: tuple[Array, Array] | None = None,
+        at: Array | None = None,
+        context: tuple[Array, Array] | None = None,
+        unit: int | None = None,
+        deterministic: bool | None = None,
+        rngs: nnx.Rngs | None = None,
+    ) -> tuple[Array, tuple[Array, Array]]:
         """The layer's output and the keys and values its attention read.
 
         Args:
@@ -129,8 +148,10 @@ class DDiTLayer(nnx.Module):
         if cache is not None and mask is None:
             raise ValueError("a decoding cache is read as a mask over its rows says: give mask")
         if context is not None and not (unit and x.shape[1] % unit == 0 and mask is not None):
-            raise ValueError("a context is read by units of positions: give unit dividing the chunk's length "
-                             "and a mask over the context")
+            raise ValueError(
+                "a context is read by units of positions: give unit dividing the chunk's length "
+                "and a mask over the context"
+            )
         b, l, h = x.shape
         mod = per_position(self.adaLN_modulation(c).astype(jnp.float32), l)  # (B, 6H) or (B, L, 6H)
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = jnp.split(mod, 6, axis=-1)
@@ -148,7 +169,8 @@ class DDiTLayer(nnx.Module):
             k, v = (self._write(held, grouped(new).astype(held.dtype), at, pos) for held, new in zip(cache, (k, v)))
             if jnp.ndim(mask) == 3:  # a mask a sequence, (B, L, S): the same for its heads
                 mask = jnp.broadcast_to(mask[:, None], (b, self.n_heads, *mask.shape[1:])).reshape(
-                    b * self.n_heads, *mask.shape[1:])
+                    b * self.n_heads, *mask.shape[1:]
+                )
             att = kernels.cache_attention(grouped(q), k, v, mask, held_dtype)  # (B N, L, K)
             att = jnp.swapaxes(att.reshape(b, self.n_heads, l, self.head_dim), 1, 2)  # (B, L, N, K)
         elif context is not None:  # its own unit of the chunk and the context's positions of mask

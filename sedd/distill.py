@@ -58,10 +58,26 @@ ORDERS = {"random": None, "dilated": "dilated"}
 """distill.order -> the sampler its students draw with (None: the teacher's sampling.sampler): "random", the
 positions the analytic sampler unmasks at the schedule's rate (``sedd.sdtt.loss_per_position``); "dilated", a
 planned order (``sedd.sampling.Dilated``, ``sedd.sdtt.planned_loss_per_position``)."""
-ARCHITECTURE = ("model.kind", "model.block_size", "model.hidden_size", "model.n_layers", "model.n_heads",
-                "model.cond_dim", "model.mlp_ratio", "model.scale_by_sigma", "model.time_conditioning",
-                "model.normalize", "model.vocab_multiple", "graph.type", "noise.type", "noise.eps",
-                "noise.sigma_min", "noise.sigma_max", "data.seq_len", "vocab_size")
+ARCHITECTURE = (
+    "model.kind",
+    "model.block_size",
+    "model.hidden_size",
+    "model.n_layers",
+    "model.n_heads",
+    "model.cond_dim",
+    "model.mlp_ratio",
+    "model.scale_by_sigma",
+    "model.time_conditioning",
+    "model.normalize",
+    "model.vocab_multiple",
+    "graph.type",
+    "noise.type",
+    "noise.eps",
+    "noise.sigma_min",
+    "noise.sigma_max",
+    "data.seq_len",
+    "vocab_size",
+)
 """Keys a distillation keeps from its teacher: the network's shapes and what its output means."""
 
 
@@ -77,8 +93,11 @@ class DistillTrainer(train.Trainer):
         super().__init__(config, mesh, zero1)
         d = config.distill
         self.round_steps, self.rounds, self.teacher_steps = d.round_steps, d.rounds, d.teacher_steps
-        self.rank = None if d.order == "random" else \
-            jnp.asarray(planned_rank(d.order, config.data.seq_len, d.teacher_steps), jnp.int32)
+        self.rank = (
+            None
+            if d.order == "random"
+            else jnp.asarray(planned_rank(d.order, config.data.seq_len, d.teacher_steps), jnp.int32)
+        )
 
     def state_of(self, params) -> dict:
         return {**super().state_of(params), "teacher": jax.tree.map(jnp.copy, params)}
@@ -110,14 +129,32 @@ class DistillTrainer(train.Trainer):
         with sharding_lib.split_rows(self.batch_sharding):
             if self.rank is None:
                 per_position = sdtt.loss_per_position(
-                    k_loss, teacher_fn, student_fn, self.kind.graph, self.kind.noise, batch, dt,
-                    block_size=groups, t_min=c.training.sampling_eps, t_end=c.sampling.eps,
-                    divergence_name=c.distill.divergence, target=c.distill.target)
+                    k_loss,
+                    teacher_fn,
+                    student_fn,
+                    self.kind.graph,
+                    self.kind.noise,
+                    batch,
+                    dt,
+                    block_size=groups,
+                    t_min=c.training.sampling_eps,
+                    t_end=c.sampling.eps,
+                    divergence_name=c.distill.divergence,
+                    target=c.distill.target,
+                )
             else:
                 per_position = sdtt.planned_loss_per_position(
-                    k_loss, teacher_fn, student_fn, self.kind.graph, self.kind.noise, batch, self.rank,
-                    jnp.right_shift(jnp.int32(self.teacher_steps), r), t_end=c.sampling.eps,
-                    divergence_name=c.distill.divergence)
+                    k_loss,
+                    teacher_fn,
+                    student_fn,
+                    self.kind.graph,
+                    self.kind.noise,
+                    batch,
+                    self.rank,
+                    jnp.right_shift(jnp.int32(self.teacher_steps), r),
+                    t_end=c.sampling.eps,
+                    divergence_name=c.distill.divergence,
+                )
             per_seq = per_position.sum(-1)
         return per_seq.mean(), per_seq
 
@@ -143,16 +180,20 @@ def check_distillable(config) -> None:
     d, t = config.distill, config.training
     for key in ("log_every", "eval_every", "ckpt_every"):  # as sedd.train.train: steps between them, divisors
         if not (isinstance(t[key], int) and not isinstance(t[key], bool) and t[key] >= 1):
-            raise ValueError(f"training.{key}={validate.shown(t[key])} must be an integer >= 1 (steps between "
-                             f"{key.split('_')[0]}s)")
+            raise ValueError(
+                f"training.{key}={validate.shown(t[key])} must be an integer >= 1 (steps between {key.split('_')[0]}s)"
+            )
     if not (isinstance(d.round_steps, int) and d.round_steps >= 1):
-        raise ValueError(f"distill.round_steps={validate.shown(d.round_steps)} must be an integer >= 1 (training "
-                         "steps a round)")
+        raise ValueError(
+            f"distill.round_steps={validate.shown(d.round_steps)} must be an integer >= 1 (training steps a round)"
+        )
     kind = kinds.get(config)
     if config.graph.type != "absorbing":
-        raise ValueError(f"sedd distill needs graph.type='absorbing' (the teacher has {config.graph.type!r}): "
-                         "distillation through time matches the absorbing graph's steps; the uniform graph's "
-                         "few-step method is DUO's consistency distillation, not implemented here")
+        raise ValueError(
+            f"sedd distill needs graph.type='absorbing' (the teacher has {config.graph.type!r}): "
+            "distillation through time matches the absorbing graph's steps; the uniform graph's "
+            "few-step method is DUO's consistency distillation, not implemented here"
+        )
     if not d.teacher:
         raise ValueError("distill.teacher is empty: sedd distill --teacher RUN fills it in")
     capabilities.able(kind, capabilities.Distills, "sedd distill")
@@ -164,20 +205,29 @@ def check_distillable(config) -> None:
         raise ValueError(f"distill.order={d.order!r}; expected one of {', '.join(ORDERS)}")
     length = config.data.seq_len
     if d.order != "random" and kind.noise_groups(None)[0] != length:
-        raise ValueError(f"distill.order={d.order!r} is a planned order of the whole sequence; model.kind="
-                         f"{kind.name!r} denoises in blocks: use distill.order='random'")
+        raise ValueError(
+            f"distill.order={d.order!r} is a planned order of the whole sequence; model.kind="
+            f"{kind.name!r} denoises in blocks: use distill.order='random'"
+        )
     if d.order != "random" and length % max(d.teacher_steps, 1):
-        raise ValueError(f"distill.order={d.order!r} writes L / N positions a step: distill.teacher_steps="
-                         f"{d.teacher_steps} must divide data.seq_len={length}")
-    if not (1 <= d.rounds <= 16 and d.teacher_steps >= 2 and d.teacher_steps % 2 ** d.rounds == 0):
-        raise ValueError(f"distill.rounds={d.rounds} halvings of distill.teacher_steps={d.teacher_steps} must "
-                         f"leave an integer number of steps >= 1: N0 must divide by 2^rounds")
+        raise ValueError(
+            f"distill.order={d.order!r} writes L / N positions a step: distill.teacher_steps="
+            f"{d.teacher_steps} must divide data.seq_len={length}"
+        )
+    if not (1 <= d.rounds <= 16 and d.teacher_steps >= 2 and d.teacher_steps % 2**d.rounds == 0):
+        raise ValueError(
+            f"distill.rounds={d.rounds} halvings of distill.teacher_steps={d.teacher_steps} must "
+            f"leave an integer number of steps >= 1: N0 must divide by 2^rounds"
+        )
     if d.round_steps % t.ckpt_every:
-        raise ValueError(f"training.ckpt_every={t.ckpt_every} must divide distill.round_steps={d.round_steps}, "
-                         "so that every round's student is saved")
+        raise ValueError(
+            f"training.ckpt_every={t.ckpt_every} must divide distill.round_steps={d.round_steps}, "
+            "so that every round's student is saved"
+        )
     if t.n_iters != d.rounds * d.round_steps:
-        raise ValueError(f"training.n_iters={t.n_iters} must be distill.rounds x distill.round_steps = "
-                         f"{d.rounds * d.round_steps}")
+        raise ValueError(
+            f"training.n_iters={t.n_iters} must be distill.rounds x distill.round_steps = {d.rounds * d.round_steps}"
+        )
 
 
 def distill_config(teacher: str | Path, overrides=(), rounds: int | None = None) -> ml_collections.ConfigDict:
@@ -207,7 +257,7 @@ def distill_config(teacher: str | Path, overrides=(), rounds: int | None = None)
     c.optim.schedule = "constant"
     c = config_lib.override(c, overrides) if overrides else c
     d = c.distill
-    given = {a[len("--config."):].split("=")[0] for a in overrides if a.startswith("--config.")}
+    given = {a[len("--config.") :].split("=")[0] for a in overrides if a.startswith("--config.")}
     if rounds is not None:
         d.rounds = rounds
     # Every number as `sedd train` checks it (types, sizes: distill.rounds in [0, 16], round_steps >= 1), before
@@ -225,10 +275,12 @@ def distill_config(teacher: str | Path, overrides=(), rounds: int | None = None)
     mine, its = _flat(c.to_dict()), _flat(base.to_dict())
     changed = [k for k in ARCHITECTURE if mine[k] != its[k]]
     if changed:
-        raise ValueError(f"a distillation keeps its teacher's network and process; {', '.join(changed)} cannot "
-                         "change (a student is initialised from its teacher's weights)")
+        raise ValueError(
+            f"a distillation keeps its teacher's network and process; {', '.join(changed)} cannot "
+            "change (a student is initialised from its teacher's weights)"
+        )
     if d.teacher_steps >= 2 and d.teacher_steps % 2 ** max(d.rounds, 0) == 0:
-        c.sampling.steps = d.teacher_steps // 2 ** d.rounds
+        c.sampling.steps = d.teacher_steps // 2**d.rounds
     if ORDERS.get(d.order):
         c.sampling.sampler = ORDERS[d.order]
     check_distillable(c)
@@ -244,8 +296,9 @@ def _flat(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def distill(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = False,
-            split_cpu: bool = False) -> dict:
+def distill(
+    config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = False, split_cpu: bool = False
+) -> dict:
     """Distil (or resume distilling) into `workdir` with the config of ``distill_config``; the final figures.
 
     The teacher's tokenizer is copied into a new run directory first (the
@@ -289,7 +342,13 @@ def round_figures(workdir: str | Path, config) -> list[dict]:
         end = inside[-1] if inside else None
         monotone = all(b["elapsed_s"] >= a["elapsed_s"] for a, b in zip(inside, inside[1:]))
         minutes = (end["elapsed_s"] - before) / 60 if end and monotone and end["elapsed_s"] >= before else None
-        out.append({"round": r, "steps": d.teacher_steps >> r, "minutes": minutes,
-                    "loss_nats_per_token": end["loss_nats_per_token"] if end else math.nan})
+        out.append(
+            {
+                "round": r,
+                "steps": d.teacher_steps >> r,
+                "minutes": minutes,
+                "loss_nats_per_token": end["loss_nats_per_token"] if end else math.nan,
+            }
+        )
         before = end["elapsed_s"] if end else before
     return out

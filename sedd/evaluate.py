@@ -86,11 +86,22 @@ def prior_kl(graph: Graph, noise: Callable, x0: jax.Array) -> jax.Array:
 
 
 @functools.partial(
-    jax.jit, static_argnames=("score_fn", "graph", "noise", "num_t", "num_samples", "t_min", "t_batch",
-                              "per_position", "prepare")
+    jax.jit,
+    static_argnames=(
+        "score_fn",
+        "graph",
+        "noise",
+        "num_t",
+        "num_samples",
+        "t_min",
+        "t_batch",
+        "per_position",
+        "prepare",
+    ),
 )
-def _dse_integrals(key, x0, score_params, *, score_fn, graph, noise, num_t, num_samples, t_min, t_batch,
-                   per_position, prepare):
+def _dse_integrals(
+    key, x0, score_params, *, score_fn, graph, noise, num_t, num_samples, t_min, t_batch, per_position, prepare
+):
     """R independent stratified estimates of int_{t_min}^1 E[sigma' SE] dt: float32[R, B]."""
     if prepare is not None:  # once, outside the map over t
         score_params = prepare(score_params, x0)
@@ -122,11 +133,22 @@ def likelihood_bound(*args, **kwargs) -> jax.Array:
     return likelihood_bound_with_stderr(*args, **kwargs).bound
 
 
-def likelihood_bound_with_stderr(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, x0: jax.Array,
-                                 num_t: int = 64, *, num_samples: int = 1, t_min: float = 1e-5, prior: bool = True,
-                                 score_params: Any = None, t_batch: int | None = None,
-                                 per_position: Callable = losses.loss_per_position,
-                                 prepare: Callable | None = None) -> BoundEstimate:
+def likelihood_bound_with_stderr(
+    key: jax.Array,
+    score_fn: ScoreFn,
+    graph: Graph,
+    noise: Callable,
+    x0: jax.Array,
+    num_t: int = 64,
+    *,
+    num_samples: int = 1,
+    t_min: float = 1e-5,
+    prior: bool = True,
+    score_params: Any = None,
+    t_batch: int | None = None,
+    per_position: Callable = losses.loss_per_position,
+    prepare: Callable | None = None,
+) -> BoundEstimate:
     r"""Upper bound on -log p_theta(x0), nats per sequence (Thm. 3.6 / Eq. (13), Lou et al. 2024), with its error.
 
         -log p_theta(x0) <= int_0^1 E_{x_t ~ p_{sigma(t)}(. | x0)} sum_l sigma'(t)
@@ -180,8 +202,17 @@ def likelihood_bound_with_stderr(key: jax.Array, score_fn: ScoreFn, graph: Graph
     if x0.ndim != 2:
         raise ValueError(f"x0 must be int[B, L], got shape {x0.shape}")
     values = _dse_integrals(
-        key, x0, score_params, score_fn=score_fn, graph=graph, noise=noise, num_t=num_t,
-        num_samples=num_samples, t_min=float(t_min), t_batch=t_batch, per_position=per_position,
+        key,
+        x0,
+        score_params,
+        score_fn=score_fn,
+        graph=graph,
+        noise=noise,
+        num_t=num_t,
+        num_samples=num_samples,
+        t_min=float(t_min),
+        t_batch=t_batch,
+        per_position=per_position,
         prepare=prepare,
     )  # (R, n, B)
     per_rep = values.mean(1)  # (R, B)
@@ -195,8 +226,14 @@ def likelihood_bound_with_stderr(key: jax.Array, score_fn: ScoreFn, graph: Graph
     return BoundEstimate(bound, stderr)
 
 
-def _dataset_figures(per_sequence: Callable, batches: Iterable, max_batches: int | None,
-                     chars_per_token: float | None, progress: bool, desc: str) -> dict:
+def _dataset_figures(
+    per_sequence: Callable,
+    batches: Iterable,
+    max_batches: int | None,
+    chars_per_token: float | None,
+    progress: bool,
+    desc: str,
+) -> dict:
     """Average per-sequence nats over batches: ``per_sequence(i, x0) -> (nats float[B], stderr float[B] or None)``."""
     total, var, n_seq, n_tok = 0.0, 0.0, 0, 0
     if max_batches is None and hasattr(batches, "__len__"):
@@ -217,14 +254,26 @@ def _dataset_figures(per_sequence: Callable, batches: Iterable, max_batches: int
     if n_tok == 0:
         raise ValueError("no batches to evaluate")
     out = losses.units(total / n_tok, chars_per_token)
-    out.update(nats_per_seq=total / n_seq, stderr_nats_per_token=math.sqrt(var) / n_tok,
-               num_sequences=n_seq, num_tokens=n_tok)
+    out.update(
+        nats_per_seq=total / n_seq, stderr_nats_per_token=math.sqrt(var) / n_tok, num_sequences=n_seq, num_tokens=n_tok
+    )
     return out
 
 
-def dataset_bound(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, batches: Iterable, num_t: int = 64,
-                  *, max_batches: int | None = None, chars_per_token: float | None = None, score_params: Any = None,
-                  progress: bool = False, **kwargs) -> dict:
+def dataset_bound(
+    key: jax.Array,
+    score_fn: ScoreFn,
+    graph: Graph,
+    noise: Callable,
+    batches: Iterable,
+    num_t: int = 64,
+    *,
+    max_batches: int | None = None,
+    chars_per_token: float | None = None,
+    score_params: Any = None,
+    progress: bool = False,
+    **kwargs,
+) -> dict:
     """The bound averaged over a split: nats/token and the units of ``losses.units``.
 
     Args:
@@ -240,15 +289,23 @@ def dataset_bound(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callab
       independent across sequences), num_sequences, num_tokens, and exact =
       False.
     """
+
     def per_sequence(i, x0):
-        return likelihood_bound_with_stderr(jax.random.fold_in(key, i), score_fn, graph, noise, x0, num_t,
-                                            score_params=score_params, **kwargs)
+        return likelihood_bound_with_stderr(
+            jax.random.fold_in(key, i), score_fn, graph, noise, x0, num_t, score_params=score_params, **kwargs
+        )
 
     return {**_dataset_figures(per_sequence, batches, max_batches, chars_per_token, progress, "bound"), "exact": False}
 
 
-def dataset_nll(nll: Callable, batches: Iterable, *, max_batches: int | None = None,
-                chars_per_token: float | None = None, progress: bool = False) -> dict:
+def dataset_nll(
+    nll: Callable,
+    batches: Iterable,
+    *,
+    max_batches: int | None = None,
+    chars_per_token: float | None = None,
+    progress: bool = False,
+) -> dict:
     """The exact NLL of a model over a split, in the units of ``dataset_bound`` (stderr 0, exact = True).
 
     Args:
@@ -286,7 +343,7 @@ def samples_nll(nll: Callable, samples, batch_size: int = 64) -> np.ndarray:
     samples = np.asarray(samples)
     out = []
     for i in range(0, len(samples), batch_size):
-        chunk = samples[i:i + batch_size]
+        chunk = samples[i : i + batch_size]
         pad = batch_size - len(chunk) if len(samples) > batch_size else 0  # one compiled shape
         x = np.concatenate([chunk, np.repeat(chunk[:1], pad, 0)]) if pad else chunk
         out.append(np.asarray(nll(jnp.asarray(x, jnp.int32)), np.float64)[: len(chunk)])

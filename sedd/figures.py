@@ -31,9 +31,11 @@ def load_judge(workdir: str | Path, tokenizer=None) -> runs.Run:
     """
     judge = runs.load(workdir)
     if not judge.kind.exact:
-        raise ValueError(f"the judge {workdir} is a model.kind={judge.kind.name!r} run, whose likelihood is a "
-                         "bound; a judge's must be exact: an AR baseline (train one with --config.model.kind=ar) "
-                         "or a spec run")
+        raise ValueError(
+            f"the judge {workdir} is a model.kind={judge.kind.name!r} run, whose likelihood is a "
+            "bound; a judge's must be exact: an AR baseline (train one with --config.model.kind=ar) "
+            "or a spec run"
+        )
     if tokenizer is not None:
         check_same_vocabulary(tokenizer, judge.tokenizer, what=f"the judge {workdir}")
     return judge
@@ -69,12 +71,22 @@ def check_same_vocabulary(tokenizer, other, what: str = "the judge") -> None:
         raise ValueError(
             f"{what} has another vocabulary ({other.to_dict().get('name')}, {other.vocab_size} ids) than "
             f"the model ({tokenizer.to_dict().get('name')}, {tokenizer.vocab_size} ids); token ids would "
-            "mean different strings. Train the judge on the same data and tokenizer.")
+            "mean different strings. Train the judge on the same data and tokenizer."
+        )
 
 
-def evaluate_run(workdir: str | Path, split: str | None = None, num_t: int = 64, batch_size: int = 32,
-                 max_batches: int | None = 8, seed: int = 0, data: dict | None = None, progress: bool = True,
-                 step: int | None = None, **kwargs) -> dict:
+def evaluate_run(
+    workdir: str | Path,
+    split: str | None = None,
+    num_t: int = 64,
+    batch_size: int = 32,
+    max_batches: int | None = 8,
+    seed: int = 0,
+    data: dict | None = None,
+    progress: bool = True,
+    step: int | None = None,
+    **kwargs,
+) -> dict:
     """The likelihood figures of a trained run on a split of a dataset (``sedd eval``).
 
     The figure of the run's kind (EMA weights): the bound of
@@ -119,24 +131,44 @@ def run_data(run: runs.Run, data: dict | None = None):
     except OutOfVocabulary as e:
         if not data:  # the run's own data: a corpus edited since the run was trained
             raise
-        raise ValueError(f"{dcfg.path or dcfg.name}: {e}. This run reads and writes only those characters: give "
-                         "it a text made of them (its own kind of text), or train a run on this one (sedd train "
-                         f"--config.data.path={dcfg.path or '...'})") from None
+        raise ValueError(
+            f"{dcfg.path or dcfg.name}: {e}. This run reads and writes only those characters: give "
+            "it a text made of them (its own kind of text), or train a run on this one (sedd train "
+            f"--config.data.path={dcfg.path or '...'})"
+        ) from None
     if dataset.tokenizer.to_dict() != run.tokenizer.to_dict():
         check_same_vocabulary(run.tokenizer, dataset.tokenizer, what="the evaluation data")
     return dataset
 
 
-def run_figures(run: runs.Run, dataset, split: str = "validation", num_t: int = 64, batch_size: int = 32,
-                max_batches: int | None = 8, seed: int = 0, progress: bool = True, **kwargs) -> dict:
+def run_figures(
+    run: runs.Run,
+    dataset,
+    split: str = "validation",
+    num_t: int = 64,
+    batch_size: int = 32,
+    max_batches: int | None = 8,
+    seed: int = 0,
+    progress: bool = True,
+    **kwargs,
+) -> dict:
     """The likelihood figures of a loaded run on a split of a dataset: ``sedd.runs.Run.likelihood``."""
     return run.likelihood(dataset, split, num_t, batch_size, max_batches, seed, progress, **kwargs)
 
 
-def code_figures(run: runs.Run, dataset, num_prompts: int = 32, prompt_chars: int = 48, seed: int = 0,
-                 judge: runs.Run | None = None, min_chars: int = code_measures.MIN_CHARS, steps: int | None = None,
-                 sampler: str | None = None, memorisation: code_measures.Memorisation | None = None,
-                 **options) -> tuple[dict, list[str]]:
+def code_figures(
+    run: runs.Run,
+    dataset,
+    num_prompts: int = 32,
+    prompt_chars: int = 48,
+    seed: int = 0,
+    judge: runs.Run | None = None,
+    min_chars: int = code_measures.MIN_CHARS,
+    steps: int | None = None,
+    sampler: str | None = None,
+    memorisation: code_measures.Memorisation | None = None,
+    **options,
+) -> tuple[dict, list[str]]:
     """The measures of code (``sedd.code_measures``) on completions of held-out code, and on the code itself.
 
     num_prompts windows of the run's length L that start at a top-level
@@ -160,21 +192,35 @@ def code_figures(run: runs.Run, dataset, num_prompts: int = 32, prompt_chars: in
     tokens = np.zeros((num_prompts, run.seq_len), np.int32)
     for i, (prompt, _) in enumerate(pairs):
         ids = run.tokenizer.encode(prompt)
-        mask[i, :len(ids)], tokens[i, :len(ids)] = True, ids
+        mask[i, : len(ids)], tokens[i, : len(ids)] = True, ids
     if len(set(mask.sum(1).tolist())) != 1:
-        raise ValueError(f"the prompts are {sorted(set(mask.sum(1).tolist()))} tokens long: an AR run takes prompts "
-                         "of one length (a character tokenizer gives them)")
-    out = run.sample(jax.random.key(seed), num_prompts, steps, sampler, fixed_mask=jnp.asarray(mask),
-                     fixed_tokens=jnp.asarray(tokens), return_stats=True, **options)
+        raise ValueError(
+            f"the prompts are {sorted(set(mask.sum(1).tolist()))} tokens long: an AR run takes prompts "
+            "of one length (a character tokenizer gives them)"
+        )
+    out = run.sample(
+        jax.random.key(seed),
+        num_prompts,
+        steps,
+        sampler,
+        fixed_mask=jnp.asarray(mask),
+        fixed_tokens=jnp.asarray(tokens),
+        return_stats=True,
+        **options,
+    )
     texts = [run.decode(row) for row in out.tokens]
-    memo = memorisation or code_measures.Memorisation("\x00".join(read_documents(dataset.builder, "train")),
-                                                      min_chars)
+    memo = memorisation or code_measures.Memorisation("\x00".join(read_documents(dataset.builder, "train")), min_chars)
     result = {"prompts": num_prompts, "prompt_chars": prompt_chars, "min_chars": memo.min_chars}
     for name, batch in (("samples", texts), ("data", [p + c for p, c in pairs])):
         figures = code_measures.parse_figures(batch)
-        result.update({f"{name}_parse_rate": figures["parse_rate"], f"{name}_complete_share": figures["complete_share"],
-                       f"{name}_tokenise_rate": figures["tokenise_rate"],
-                       f"{name}_memorised_share": memo.share([t[prompt_chars:] for t in batch])})
+        result.update(
+            {
+                f"{name}_parse_rate": figures["parse_rate"],
+                f"{name}_complete_share": figures["complete_share"],
+                f"{name}_tokenise_rate": figures["tokenise_rate"],
+                f"{name}_memorised_share": memo.share([t[prompt_chars:] for t in batch]),
+            }
+        )
     stats = out.stats or {}
     nfe = int(stats["nfe"]) if "nfe" in stats else None  # the batch's calls: its slowest row's
     row_nfe = float(np.mean(stats["nfe_per_sample"])) if "nfe_per_sample" in stats else nfe
@@ -183,6 +229,8 @@ def code_figures(run: runs.Run, dataset, num_prompts: int = 32, prompt_chars: in
     if judge is not None:
         check_same_vocabulary(run.tokenizer, judge.tokenizer)
         quality = evaluate.generative_perplexity(judge_nll(judge), np.asarray(out.tokens))
-        result.update(judge_nats_per_char=quality["judge_nats_per_token"] / dataset.chars_per_token,
-                      entropy_bits=quality["entropy_bits"])
+        result.update(
+            judge_nats_per_char=quality["judge_nats_per_token"] / dataset.chars_per_token,
+            entropy_bits=quality["entropy_bits"],
+        )
     return result, texts

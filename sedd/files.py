@@ -105,8 +105,17 @@ def copy(src: str | Path, dst: str | Path, limit: int, root: str | Path | None =
 
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-RUN_NAMES = ("config.json", "tokenizer.json", "metrics.jsonl", "checkpoints", "checkpoints_unreadable", "tensorboard",
-             "layouts.json", "converted.json", "gpt2")
+RUN_NAMES = (
+    "config.json",
+    "tokenizer.json",
+    "metrics.jsonl",
+    "checkpoints",
+    "checkpoints_unreadable",
+    "tensorboard",
+    "layouts.json",
+    "converted.json",
+    "gpt2",
+)
 """What sedd writes at the top of a run directory (``sedd.runs``, ``sedd.train``, a spec run's layouts, ``sedd
 convert``'s record and tokenizer folder): no output of a command may land on one of them or under it."""
 
@@ -208,9 +217,14 @@ def _inside(path: Path, root: str | Path | None) -> Path:
 
 def _what(mode: int) -> str:
     """A file type in words."""
-    for test, word in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+    for test, word in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return word
     return "not a regular file"
@@ -285,8 +299,10 @@ def check_checkpoint_shapes(folder: str | Path, target) -> None:
             continue  # an entry the checkpoint lacks: orbax's restore names it
         shape = getattr(node, "shape", None)
         if shape is not None and tuple(shape) != tuple(leaf.shape):
-            raise ValueError(f"{jax.tree_util.keystr(path)} has shape {tuple(shape)} in the checkpoint and "
-                             f"{tuple(leaf.shape)} in the config's network: the checkpoint is another network's.")
+            raise ValueError(
+                f"{jax.tree_util.keystr(path)} has shape {tuple(shape)} in the checkpoint and "
+                f"{tuple(leaf.shape)} in the config's network: the checkpoint is another network's."
+            )
 
 
 MAX_CHECKPOINT_ENTRIES = 1 << 20  # files and folders under a run's checkpoints/ (a tiny run's checkpoint: ~25)
@@ -317,14 +333,18 @@ def check_checkpoints(folder: str | Path, root: str | Path, limit: int = MAX_CHE
         for entry in os.scandir(todo.pop()):
             seen += 1
             if seen > limit:
-                raise UnsafeFile(f"{folder} holds more than {limit:,} files and folders; a run's checkpoints are "
-                                 "fewer (move some away)")
+                raise UnsafeFile(
+                    f"{folder} holds more than {limit:,} files and folders; a run's checkpoints are "
+                    "fewer (move some away)"
+                )
             mode = entry.stat(follow_symlinks=False).st_mode
             if stat.S_ISDIR(mode):
                 todo.append(Path(entry.path))
             elif not stat.S_ISREG(mode):
-                raise UnsafeFile(f"{entry.path} is not a regular file or a folder ({_what(mode)}); a checkpoint "
-                                 "holds only the files and folders sedd wrote, and nothing of it was read")
+                raise UnsafeFile(
+                    f"{entry.path} is not a regular file or a folder ({_what(mode)}); a checkpoint "
+                    "holds only the files and folders sedd wrote, and nothing of it was read"
+                )
 
 
 CHECKSUMS = "sedd_checksums.json"
@@ -401,8 +421,12 @@ def verify_checksums(step_folder: str | Path, restored, root: str | Path) -> Non
     """
     path = Path(step_folder) / CHECKSUMS
     if not os.path.lexists(path):
-        warnings.warn(f"{step_folder} has no {CHECKSUMS} (saved before sedd wrote checksums, or by a multi-process "
-                      "job): its arrays are loaded without a check of their bytes", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"{step_folder} has no {CHECKSUMS} (saved before sedd wrote checksums, or by a multi-process "
+            "job): its arrays are loaded without a check of their bytes",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return
     try:
         saved = json.loads(read_text(path, 64 << 20, root))
@@ -414,8 +438,11 @@ def verify_checksums(step_folder: str | Path, restored, root: str | Path) -> Non
     got = _digests(restored, {name: w[0] for name, w in want.items()})
     for name, entry in got.items():
         if name not in want:
-            raise ValueError(f"the array {name} has no checksum in {path}; the checkpoint was changed after it was "
-                             "saved")
+            raise ValueError(
+                f"the array {name} has no checksum in {path}; the checkpoint was changed after it was saved"
+            )
         if (entry["dtype"], entry["shape"], entry["sha256"]) != want[name]:
-            raise ValueError(f"the array {name} differs from the SHA-256 saved with it in {path}: the checkpoint's "
-                             "files were changed or damaged after it was saved (flipped bits on a disk, a bad copy)")
+            raise ValueError(
+                f"the array {name} differs from the SHA-256 saved with it in {path}: the checkpoint's "
+                "files were changed or damaged after it was saved (flipped bits on a disk, a bad copy)"
+            )

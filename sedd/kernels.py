@@ -296,8 +296,9 @@ def mixed_attention(q: Array, k: Array, v: Array, causal: bool, dtype: Any, mask
     function, its output rounded to `dtype` before the float32 cast.
     """
     if attention_implementation() == "cudnn" and _cudnn_ok(q, dtype, mask):
-        out = jax.nn.dot_product_attention(q.astype(dtype), k.astype(dtype), v.astype(dtype), is_causal=causal,
-                                           implementation="cudnn")  # (B, L, N, K)
+        out = jax.nn.dot_product_attention(
+            q.astype(dtype), k.astype(dtype), v.astype(dtype), is_causal=causal, implementation="cudnn"
+        )  # (B, L, N, K)
         return out.astype(jnp.float32)
     # Head-major operands: XLA's CPU runtime multiplies bfloat16 into float32
     # only when the batch axes lead (other layouts fail in its DotThunk).
@@ -331,8 +332,9 @@ def cache_attention(q: Array, keys: Array, values: Array, mask: Array, dtype: An
     return _softmax_values(logits[None], values[None], dtype)[0]  # (G, L, K)
 
 
-def unit_context_attention(q: Array, k: Array, v: Array, context: tuple[Array, Array], unit: int, mask: Array,
-                           dtype: Any) -> Array:
+def unit_context_attention(
+    q: Array, k: Array, v: Array, context: tuple[Array, Array], unit: int, mask: Array, dtype: Any
+) -> Array:
     """Softmax attention of each query over its own unit of the chunk and the context positions `mask` allows.
 
     ``mixed_attention(q, [k ; ck], [v ; cv], mask=[U | mask])``, U the
@@ -368,8 +370,9 @@ def unit_context_attention(q: Array, k: Array, v: Array, context: tuple[Array, A
     top = jnp.maximum(own.max(-1, keepdims=True), far.max(-1, keepdims=True))  # (B, N, L, 1), finite: own unit
     w_own, w_far = jnp.exp(own - top), jnp.exp(far - top)
     total = w_own.sum(-1, keepdims=True) + w_far.sum(-1, keepdims=True)  # (B, N, L, 1)
-    out = jnp.einsum("bnuqs,bnusk->bnuqk", by_unit(w_own).astype(dtype), by_unit(v).astype(dtype),
-                     preferred_element_type=jnp.float32).reshape(b, n, length, kd)  # (B, N, L, K)
+    out = jnp.einsum(
+        "bnuqs,bnusk->bnuqk", by_unit(w_own).astype(dtype), by_unit(v).astype(dtype), preferred_element_type=jnp.float32
+    ).reshape(b, n, length, kd)  # (B, N, L, K)
     out = out + jnp.einsum("bnqs,bnsk->bnqk", w_far.astype(dtype), cv.astype(dtype), preferred_element_type=jnp.float32)
     return jnp.swapaxes(out / total, 1, 2)  # (B, L, N, K)
 
@@ -470,8 +473,12 @@ def keep_freed_memory() -> bool:
     environment sets ``SEDD_PLAIN_MALLOC`` (to keep glibc's defaults: memory
     handed back).
     """
-    if (os.environ.get("SEDD_PLAIN_MALLOC") or platform.system() != "Linux" or platform.libc_ver()[0] != "glibc"
-            or accelerator_installed()):
+    if (
+        os.environ.get("SEDD_PLAIN_MALLOC")
+        or platform.system() != "Linux"
+        or platform.libc_ver()[0] != "glibc"
+        or accelerator_installed()
+    ):
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -486,4 +493,5 @@ def accelerator_installed() -> bool:
     if platforms and all(p.strip() == "cpu" for p in platforms.split(",")):
         return False
     return bool(importlib.metadata.entry_points(group="jax_plugins")) or any(
-        importlib.util.find_spec(m) is not None for m in ("jax_plugins", "libtpu"))
+        importlib.util.find_spec(m) is not None for m in ("jax_plugins", "libtpu")
+    )

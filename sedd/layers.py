@@ -71,8 +71,16 @@ _zeros = nnx.initializers.zeros_init()
 _ones = nnx.initializers.ones_init()
 
 
-def linear(n_in: int, n_out: int, names: tuple[str | None, str], *, use_bias: bool = True, zero: bool = False,
-           dtype: Any = jnp.float32, rngs: nnx.Rngs) -> nnx.Linear:
+def linear(
+    n_in: int,
+    n_out: int,
+    names: tuple[str | None, str],
+    *,
+    use_bias: bool = True,
+    zero: bool = False,
+    dtype: Any = jnp.float32,
+    rngs: nnx.Rngs,
+) -> nnx.Linear:
     """A float32-parameter Linear layer with logical axis names on its kernel and bias.
 
     The kernel starts as torch's default nn.Linear init (the original's), or
@@ -89,9 +97,17 @@ def linear(n_in: int, n_out: int, names: tuple[str | None, str], *, use_bias: bo
       nnx.Linear mapping float[..., n_in] to float[..., n_out].
     """
     # Below float32: multiply in dtype, accumulate and return float32 (kernels.mixed_einsum).
-    return nnx.Linear(n_in, n_out, use_bias=use_bias, dtype=dtype, param_dtype=jnp.float32,
-                      **kernels.linear_kwargs(dtype), kernel_init=partitioned(_zeros if zero else _torch_like, names),
-                      bias_init=partitioned(_zeros, (names[1],)), rngs=rngs)
+    return nnx.Linear(
+        n_in,
+        n_out,
+        use_bias=use_bias,
+        dtype=dtype,
+        param_dtype=jnp.float32,
+        **kernels.linear_kwargs(dtype),
+        kernel_init=partitioned(_zeros if zero else _torch_like, names),
+        bias_init=partitioned(_zeros, (names[1],)),
+        rngs=rngs,
+    )
 
 
 def layer_norm(h: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
@@ -99,8 +115,16 @@ def layer_norm(h: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
 
     Its scale carries the logical axis name "embed"; epsilon is ``LN_EPS``.
     """
-    return nnx.LayerNorm(h, epsilon=LN_EPS, use_bias=False, use_scale=True, dtype=jnp.float32,
-                         param_dtype=jnp.float32, scale_init=partitioned(_ones, ("embed",)), rngs=rngs)
+    return nnx.LayerNorm(
+        h,
+        epsilon=LN_EPS,
+        use_bias=False,
+        use_scale=True,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        scale_init=partitioned(_ones, ("embed",)),
+        rngs=rngs,
+    )
 
 
 def modulate(x: Array, shift: Array, scale: Array) -> Array:
@@ -227,8 +251,16 @@ class FinalLayer(nnx.Module):
       rngs: parameter keys.
     """
 
-    def __init__(self, hidden_size: int, out_dim: int, cond_dim: int, *, dtype: Any = jnp.float32,
-                 vocab_multiple: int = 1, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        hidden_size: int,
+        out_dim: int,
+        cond_dim: int,
+        *,
+        dtype: Any = jnp.float32,
+        vocab_multiple: int = 1,
+        rngs: nnx.Rngs,
+    ):
         self.out_dim = out_dim
         self.norm_final = layer_norm(hidden_size, rngs)
         self.adaLN_modulation = linear(cond_dim, 2 * hidden_size, ("cond", "adaln"), zero=True, dtype=dtype, rngs=rngs)
@@ -236,8 +268,9 @@ class FinalLayer(nnx.Module):
         # the scale-by-sigma prior alone (see DDiT.__call__).
         # Padded to a multiple of vocab_multiple columns so a mesh axis can split them;
         # the padding is sliced off the output, so its columns get no gradient and stay 0.
-        self.linear = linear(hidden_size, padded(out_dim, vocab_multiple), ("embed", "vocab"), zero=True,
-                             dtype=dtype, rngs=rngs)
+        self.linear = linear(
+            hidden_size, padded(out_dim, vocab_multiple), ("embed", "vocab"), zero=True, dtype=dtype, rngs=rngs
+        )
         self.dtype = dtype
 
     def __call__(self, x: Array, c: Array) -> Array:
@@ -247,4 +280,3 @@ class FinalLayer(nnx.Module):
         y = modulate(self.norm_final(x.astype(jnp.float32)), shift, scale)  # (B, L, H)
         out = self.linear(y.astype(self.dtype)).astype(jnp.float32)  # (B, L, D padded)
         return out[..., : self.out_dim] if out.shape[-1] != self.out_dim else out  # (B, L, D)
-

@@ -25,8 +25,9 @@ import jax.numpy as jnp
 from sedd.graphs import Graph, ScoreFn
 
 
-def sample_times(key: jax.Array, batch_size: int, sampling_eps: float = 1e-3, low_discrepancy: bool = False,
-                 power: float = 0.0) -> tuple[jax.Array, jax.Array]:
+def sample_times(
+    key: jax.Array, batch_size: int, sampling_eps: float = 1e-3, low_discrepancy: bool = False, power: float = 0.0
+) -> tuple[jax.Array, jax.Array]:
     r"""Times t in [sampling_eps, 1], one per sequence, and their importance weights: float32[B] each.
 
     SEDD draws t ~ U[eps, 1]: t = (1 - eps) u + eps. With ``power`` = p > 0, t
@@ -68,9 +69,18 @@ def sample_times(key: jax.Array, batch_size: int, sampling_eps: float = 1e-3, lo
     return t, z * t**power / (1 - sampling_eps)
 
 
-def loss_per_position(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, x0: jax.Array,
-                      t: jax.Array | None = None, sampling_eps: float = 1e-3, low_discrepancy: bool = False,
-                      t_power: float = 0.0, entropy_fn: Callable | None = None) -> jax.Array:
+def loss_per_position(
+    key: jax.Array,
+    score_fn: ScoreFn,
+    graph: Graph,
+    noise: Callable,
+    x0: jax.Array,
+    t: jax.Array | None = None,
+    sampling_eps: float = 1e-3,
+    low_discrepancy: bool = False,
+    t_power: float = 0.0,
+    entropy_fn: Callable | None = None,
+) -> jax.Array:
     """One Monte Carlo draw of sigma(t) * SE at every position: float32[B, L] nats.
 
     Args:

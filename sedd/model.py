@@ -128,8 +128,11 @@ def ring_mask(positions: Array, rows: int, window: int, unit: int = 1) -> Array:
     last = positions.max()
     held = last - (last - jnp.arange(rows)) % rows  # (S,) the position in each row
     own = positions // unit  # (L,)
-    return ((held[None, :] >= 0) & (held[None, :] // unit <= own[:, None])
-            & (held[None, :] >= (own[:, None] + 1) * unit - window))  # (L, S)
+    return (
+        (held[None, :] >= 0)
+        & (held[None, :] // unit <= own[:, None])
+        & (held[None, :] >= (own[:, None] + 1) * unit - window)
+    )  # (L, S)
 
 
 class DDiT(nnx.Module):
@@ -180,17 +183,35 @@ class DDiT(nnx.Module):
         (or default).
     """
 
-    def __init__(self, *, num_tokens: int, out_dim: int, hidden_size: int, n_layers: int, n_heads: int,
-                 cond_dim: int = 128, mlp_ratio: int = 4, dropout: float = 0.1, max_len: int = 1024,
-                 scale_by_sigma: bool = False, causal: bool = False, time_conditioning: bool = True,
-                 normalize: bool = False, dtype: Any = jnp.float32, vocab_multiple: int = 1, remat: str = "none",
-                 rngs: nnx.Rngs):
+    def __init__(
+        self,
+        *,
+        num_tokens: int,
+        out_dim: int,
+        hidden_size: int,
+        n_layers: int,
+        n_heads: int,
+        cond_dim: int = 128,
+        mlp_ratio: int = 4,
+        dropout: float = 0.1,
+        max_len: int = 1024,
+        scale_by_sigma: bool = False,
+        causal: bool = False,
+        time_conditioning: bool = True,
+        normalize: bool = False,
+        dtype: Any = jnp.float32,
+        vocab_multiple: int = 1,
+        remat: str = "none",
+        rngs: nnx.Rngs,
+    ):
         if hidden_size % n_heads != 0:
             raise ValueError(f"hidden_size={hidden_size} must be divisible by n_heads={n_heads}.")
         head_dim = hidden_size // n_heads
         if head_dim % 2 != 0:
-            raise ValueError(f"head_dim = hidden_size / n_heads = {hidden_size} / {n_heads} = {head_dim} "
-                             "must be even: rotary embedding rotates channel pairs.")
+            raise ValueError(
+                f"head_dim = hidden_size / n_heads = {hidden_size} / {n_heads} = {head_dim} "
+                "must be even: rotary embedding rotates channel pairs."
+            )
         if num_tokens < 1 or out_dim < 1:
             raise ValueError(f"num_tokens={num_tokens} and out_dim={out_dim} must be >= 1.")
         if scale_by_sigma and out_dim < 2:
@@ -218,14 +239,33 @@ class DDiT(nnx.Module):
         # Scaled like torch's kaiming_uniform on the [num_tokens, H] table
         # (fan_in = H), as in the original.
         emb_init = nnx.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform", in_axis=-1, out_axis=-2)
-        self.vocab_embed = nnx.Embed(padded(num_tokens, vocab_multiple), hidden_size, dtype=jnp.float32,
-                                     param_dtype=jnp.float32, embedding_init=partitioned(emb_init, ("vocab", "embed")),
-                                     rngs=rngs)
+        self.vocab_embed = nnx.Embed(
+            padded(num_tokens, vocab_multiple),
+            hidden_size,
+            dtype=jnp.float32,
+            param_dtype=jnp.float32,
+            embedding_init=partitioned(emb_init, ("vocab", "embed")),
+            rngs=rngs,
+        )
         self.sigma_map = TimestepEmbedder(cond_dim, rngs=rngs) if time_conditioning else None
-        self.layers = nnx.List([DDiTLayer(hidden_size, n_heads, cond_dim, mlp_ratio=mlp_ratio, dropout=dropout,
-                                          causal=causal, dtype=dtype, rngs=rngs) for _ in range(n_layers)])
-        self.output_layer = FinalLayer(hidden_size, out_dim, cond_dim, dtype=dtype, vocab_multiple=vocab_multiple,
-                                       rngs=rngs)
+        self.layers = nnx.List(
+            [
+                DDiTLayer(
+                    hidden_size,
+                    n_heads,
+                    cond_dim,
+                    mlp_ratio=mlp_ratio,
+                    dropout=dropout,
+                    causal=causal,
+                    dtype=dtype,
+                    rngs=rngs,
+                )
+                for _ in range(n_layers)
+            ]
+        )
+        self.output_layer = FinalLayer(
+            hidden_size, out_dim, cond_dim, dtype=dtype, vocab_multiple=vocab_multiple, rngs=rngs
+        )
 
     def _check_inputs(self, x: Array, sigma: Array | None, positions) -> None:
         """Trace-time checks of static shapes (values cannot be checked under jit)."""
@@ -237,21 +277,34 @@ class DDiT(nnx.Module):
         if positions is None and l > self.max_len:
             raise ValueError(f"sequence length L={l} exceeds max_len={self.max_len}.")
         if positions is not None and jnp.shape(positions) not in ((l,), (b, l)):
-            raise ValueError(f"positions must have shape [L] = ({l},) or [B, L] = ({b}, {l}); got shape "
-                             f"{jnp.shape(positions)}.")
+            raise ValueError(
+                f"positions must have shape [L] = ({l},) or [B, L] = ({b}, {l}); got shape {jnp.shape(positions)}."
+            )
         if sigma is None:
             if self.time_conditioning or self.scale_by_sigma:
-                raise ValueError("sigma is None but the model needs it (time_conditioning="
-                                 f"{self.time_conditioning}, scale_by_sigma={self.scale_by_sigma}).")
+                raise ValueError(
+                    "sigma is None but the model needs it (time_conditioning="
+                    f"{self.time_conditioning}, scale_by_sigma={self.scale_by_sigma})."
+                )
             return
         shape = jnp.shape(sigma)
         if not (shape == (b,) or (len(shape) == 2 and shape[0] == b and shape[1] >= 1 and l % shape[1] == 0)):
-            raise ValueError(f"sigma must have shape [B] = ({b},), or [B, G] with G dividing L = {l} "
-                             f"(a noise level per group of positions); got shape {shape}.")
+            raise ValueError(
+                f"sigma must have shape [B] = ({b},), or [B, G] with G dividing L = {l} "
+                f"(a noise level per group of positions); got shape {shape}."
+            )
 
-    def network_output(self, x: Array, sigma: Array | None, *, positions: Array | None = None,
-                       mask: Array | None = None, keep: int | None = None, deterministic: bool | None = None,
-                       rngs: nnx.Rngs | Array | None = None) -> Array:
+    def network_output(
+        self,
+        x: Array,
+        sigma: Array | None,
+        *,
+        positions: Array | None = None,
+        mask: Array | None = None,
+        keep: int | None = None,
+        deterministic: bool | None = None,
+        rngs: nnx.Rngs | Array | None = None,
+    ) -> Array:
         """The raw output of the final layer, before log-score post-processing.
 
         An autoregressive baseline (causal=True, time_conditioning=False) reads
@@ -274,8 +327,9 @@ class DDiT(nnx.Module):
         Returns:
           float32[B, L, D], or float32[B, keep, D].
         """
-        h, c = self.features(x, sigma, positions=positions, mask=mask, deterministic=deterministic,
-                             rngs=rngs)  # (B, L, H), (B, C) or (B, G, C)
+        h, c = self.features(
+            x, sigma, positions=positions, mask=mask, deterministic=deterministic, rngs=rngs
+        )  # (B, L, H), (B, C) or (B, G, C)
         return self._output(h, c, keep)  # (B, L or keep, D)
 
     def _output(self, h: Array, c: Array, keep: int | None) -> Array:
@@ -286,9 +340,18 @@ class DDiT(nnx.Module):
             h = h[:, :keep]
         return self.output_layer(h, c)  # (B, L or keep, D)
 
-    def features(self, x: Array, sigma: Array | None, *, positions: Array | None = None, mask: Array | None = None,
-                 context: tuple | None = None, unit: int | None = None, deterministic: bool | None = None,
-                 rngs: nnx.Rngs | Array | None = None) -> tuple[Array, Array]:
+    def features(
+        self,
+        x: Array,
+        sigma: Array | None,
+        *,
+        positions: Array | None = None,
+        mask: Array | None = None,
+        context: tuple | None = None,
+        unit: int | None = None,
+        deterministic: bool | None = None,
+        rngs: nnx.Rngs | Array | None = None,
+    ) -> tuple[Array, Array]:
         """The residual stream after the last layer and the conditioning: what ``output_layer`` reads.
 
         Arguments as ``network_output``, and context: per layer (keys,
@@ -311,13 +374,17 @@ class DDiT(nnx.Module):
         h, c = self._inputs(x, sigma, positions)  # (B, L, H), (B, C) or (B, G, C)
 
         def run(layer, h, rngs, ctx=None):
-            return constrain_rows(layer(h, c, positions=positions, mask=mask, context=ctx, unit=unit,
-                                        deterministic=deterministic, rngs=rngs))  # (B, L, H)
+            return constrain_rows(
+                layer(
+                    h, c, positions=positions, mask=mask, context=ctx, unit=unit, deterministic=deterministic, rngs=rngs
+                )
+            )  # (B, L, H)
 
         if context is not None:
             if len(context) != len(self.layers):
-                raise ValueError(f"context holds {len(context)} layers' keys and values, the model has "
-                                 f"{len(self.layers)} layers")
+                raise ValueError(
+                    f"context holds {len(context)} layers' keys and values, the model has {len(self.layers)} layers"
+                )
             for layer, ctx in zip(self.layers, context):
                 h = run(layer, h, rngs, ctx)  # (B, L, H)
             return h, c
@@ -336,8 +403,12 @@ class DDiT(nnx.Module):
         drop = self.layers[0].dropout1
         if drop.rate > 0 and not (drop.deterministic if deterministic is None else deterministic):
             # Dropout keys drawn here, one a layer, from which its two dropout layers draw in turn.
-            keys = jnp.stack([jax.random.key_data(rngs.dropout() if rngs is not None else blk.dropout1.rngs())
-                              for blk in self.layers])  # (n_layers, ...)
+            keys = jnp.stack(
+                [
+                    jax.random.key_data(rngs.dropout() if rngs is not None else blk.dropout1.rngs())
+                    for blk in self.layers
+                ]
+            )  # (n_layers, ...)
         else:
             keys = None
 
@@ -364,8 +435,9 @@ class DDiT(nnx.Module):
         sigma = jnp.asarray(sigma)
         return h, jax.nn.silu(self.sigma_map(sigma.reshape(-1))).reshape(*sigma.shape, -1)  # (B, C) or (B, G, C)
 
-    def keys_values(self, x: Array, sigma: Array | None, *, positions: Array | None = None,
-                    mask: Array | None = None) -> tuple:
+    def keys_values(
+        self, x: Array, sigma: Array | None, *, positions: Array | None = None, mask: Array | None = None
+    ) -> tuple:
         """Every layer's rotary-embedded keys and values of x, dropout off: what ``features``' context reads.
 
         The layers run over x as ``features`` runs them (the same arguments),
@@ -384,8 +456,18 @@ class DDiT(nnx.Module):
             out.append(kv)
         return tuple(out)
 
-    def output_in_cache(self, x: Array, sigma: Array | None, *, positions: Array, mask: Array, cache: tuple,
-                        at: Array | None = None, keep: int | None = None, features: bool = False) -> tuple:
+    def output_in_cache(
+        self,
+        x: Array,
+        sigma: Array | None,
+        *,
+        positions: Array,
+        mask: Array,
+        cache: tuple,
+        at: Array | None = None,
+        keep: int | None = None,
+        features: bool = False,
+    ) -> tuple:
         """The output of x written into and run against every layer's decoding cache, dropout off.
 
         The one decoding path of the network (the module docstring): the
@@ -411,8 +493,9 @@ class DDiT(nnx.Module):
           (float32[B, L or keep, D], the caches after the write), and the stream with `features`.
         """
         if len(cache) != len(self.layers):
-            raise ValueError(f"cache holds {len(cache)} layers' keys and values, the model has "
-                             f"{len(self.layers)} layers")
+            raise ValueError(
+                f"cache holds {len(cache)} layers' keys and values, the model has {len(self.layers)} layers"
+            )
         h, c = self._inputs(x, sigma, positions)  # (B, L, H), (B, C)
         out = []
         for layer, held in zip(self.layers, cache):
@@ -454,14 +537,21 @@ class DDiT(nnx.Module):
           float[B, L].
         """
         if c.ndim != 2:
-            raise ValueError("output_rows takes one conditioning vector a sequence, c of shape [B, C]; "
-                             f"got {c.shape}")
+            raise ValueError(f"output_rows takes one conditioning vector a sequence, c of shape [B, C]; got {c.shape}")
         graphdef, state = nnx.split(self.output_layer)
-        return kernels.chunked_rows(lambda shared, h, *r: fn(nnx.merge(graphdef, shared[0])(h, shared[1]), *r),
-                                    chunk, (state, c), h, *rows)
+        return kernels.chunked_rows(
+            lambda shared, h, *r: fn(nnx.merge(graphdef, shared[0])(h, shared[1]), *r), chunk, (state, c), h, *rows
+        )
 
-    def __call__(self, x: Array, sigma: Array | None, *, deterministic: bool | None = None,
-                 rngs: nnx.Rngs | Array | None = None, **attention) -> Array:
+    def __call__(
+        self,
+        x: Array,
+        sigma: Array | None,
+        *,
+        deterministic: bool | None = None,
+        rngs: nnx.Rngs | Array | None = None,
+        **attention,
+    ) -> Array:
         """Log-score of the reverse process: ``log_score`` of the ``network_output``.
 
         Args:

@@ -33,8 +33,10 @@ class Geometric:
 
     def __post_init__(self):
         if not (0 < self.sigma_min < self.sigma_max):
-            raise ValueError("Geometric noise needs 0 < sigma_min < sigma_max, got "
-                             f"sigma_min={self.sigma_min!r}, sigma_max={self.sigma_max!r}")
+            raise ValueError(
+                "Geometric noise needs 0 < sigma_min < sigma_max, got "
+                f"sigma_min={self.sigma_min!r}, sigma_max={self.sigma_max!r}"
+            )
 
     def __call__(self, t: jax.Array) -> tuple[jax.Array, jax.Array]:
         t = jnp.asarray(t, jnp.result_type(t, jnp.float32))

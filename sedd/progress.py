@@ -84,8 +84,15 @@ class Pace:
       clock: seconds now (a fake one in tests).
     """
 
-    def __init__(self, n_iters: int, window: int = PACE_STEPS, active: bool = True, settle: int = PACE_SETTLE,
-                 weight: float = PACE_WEIGHT, clock=time.perf_counter):
+    def __init__(
+        self,
+        n_iters: int,
+        window: int = PACE_STEPS,
+        active: bool = True,
+        settle: int = PACE_SETTLE,
+        weight: float = PACE_WEIGHT,
+        clock=time.perf_counter,
+    ):
         self.n_iters, self.window, self.settle, self.weight, self.clock = n_iters, window, settle, weight, clock
         self.active, self.said = active, not active
         self.opens_after = None  # the step after which the next window opens
@@ -113,20 +120,26 @@ class Pace:
         now = self.clock()
         per_step = (now - opened_at) / (step - start)
         first = self.seconds_per_step is None
-        self.seconds_per_step = per_step if first else self.weight * per_step + (1 - self.weight) * self.seconds_per_step
+        self.seconds_per_step = (
+            per_step if first else self.weight * per_step + (1 - self.weight) * self.seconds_per_step
+        )
         self.opened = (step, now) if step + self.window < self.n_iters else None
         if self.said or step >= self.n_iters:
             return None
         self.said = True
         left = self.n_iters - step
-        return (f"speed: {1 / per_step:.3g} steps/s (steps {start + 1}-{step}, compilation excluded); the "
-                f"{left:,} steps left take about {format_duration(left * per_step)}, evaluations and the final "
-                "bound not counted (re-estimated at each evaluation)")
+        return (
+            f"speed: {1 / per_step:.3g} steps/s (steps {start + 1}-{step}, compilation excluded); the "
+            f"{left:,} steps left take about {format_duration(left * per_step)}, evaluations and the final "
+            "bound not counted (re-estimated at each evaluation)"
+        )
 
     def left(self, step: int) -> str | None:
         """The time the steps after `step` will take at the recent pace, as a line; None before a window closed."""
         if not self.active or self.seconds_per_step is None or step >= self.n_iters:
             return None
         left = self.n_iters - step
-        return (f"speed: {1 / self.seconds_per_step:.3g} steps/s lately; the {left:,} steps left take about "
-                f"{format_duration(left * self.seconds_per_step)}, evaluations and the final bound not counted")
+        return (
+            f"speed: {1 / self.seconds_per_step:.3g} steps/s lately; the {left:,} steps left take about "
+            f"{format_duration(left * self.seconds_per_step)}, evaluations and the final bound not counted"
+        )

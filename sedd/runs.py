@@ -67,10 +67,18 @@ class RunError(ValueError):
 MAX_CONFIG_BYTES = 256 << 10  # config.json (a trained run's is ~2 kB)
 MAX_TOKENIZER_BYTES = 64 << 20  # tokenizer.json, and each GPT-2 file it names (GPT-2's tokenizer.json is 1.4 MB)
 SIZE_BOUNDS = {
-    "model.hidden_size": (1, 1 << 14), "model.cond_dim": (1, 1 << 14), "model.n_layers": (1, 256),
-    "model.n_heads": (1, 256), "model.mlp_ratio": (1, 64), "data.seq_len": (1, 1 << 17),
-    "vocab_size": (2, 1 << 20), "sampling.steps": (1, 1 << 16), "model.vocab_multiple": (1, 1 << 12),
-    "distill.rounds": (0, 16), "distill.round_steps": (1, 1 << 30), "distill.teacher_steps": (0, 1 << 16),
+    "model.hidden_size": (1, 1 << 14),
+    "model.cond_dim": (1, 1 << 14),
+    "model.n_layers": (1, 256),
+    "model.n_heads": (1, 256),
+    "model.mlp_ratio": (1, 64),
+    "data.seq_len": (1, 1 << 17),
+    "vocab_size": (2, 1 << 20),
+    "sampling.steps": (1, 1 << 16),
+    "model.vocab_multiple": (1, 1 << 12),
+    "distill.rounds": (0, 16),
+    "distill.round_steps": (1, 1 << 30),
+    "distill.teacher_steps": (0, 1 << 16),
 }
 """[low, high] of each size a run's config gives, checked before anything is built from it (the
 bounds of ``sedd.convert`` for the same sizes; sedd-medium has hidden_size 1024, 24 blocks, 16 heads,
@@ -148,8 +156,9 @@ def _check_config(config: ml_collections.ConfigDict, path: Path | str) -> None:
         elif want in (list, tuple):  # JSON has lists where a ConfigDict has tuples
             ok = isinstance(value, (list, tuple))
         if not ok:
-            raise RunError(f"{path}: {key} = {value!r} is a {type(value).__name__}; a run's config holds a "
-                           f"{want.__name__} there")
+            raise RunError(
+                f"{path}: {key} = {value!r} is a {type(value).__name__}; a run's config holds a {want.__name__} there"
+            )
         if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN and Infinity parse
             raise RunError(f"{path}: {key} = {value!r} is not a finite number")
     if "vocab_size" not in values:
@@ -174,11 +183,14 @@ def _check_config(config: ml_collections.ConfigDict, path: Path | str) -> None:
     rows = -(-(config.vocab_size + 1) // m.vocab_multiple) * m.vocab_multiple  # model.padded, without the model
     # Embedding and output (V + 1 rows each at most, padded), and per block attention (4 H^2), MLP (2 r H^2), adaLN (6 C H).
     estimate = 2 * rows * m.hidden_size + m.n_layers * (
-        (4 + 2 * m.mlp_ratio) * m.hidden_size ** 2 + 6 * m.cond_dim * m.hidden_size)
+        (4 + 2 * m.mlp_ratio) * m.hidden_size**2 + 6 * m.cond_dim * m.hidden_size
+    )
     if estimate > MAX_PARAMETERS:
-        raise RunError(f"{path}: model.n_layers = {m.n_layers}, hidden_size = {m.hidden_size}, mlp_ratio = "
-                       f"{m.mlp_ratio}, cond_dim = {m.cond_dim} and vocab_size = {config.vocab_size} make about "
-                       f"{estimate:.2e} weights; at most {MAX_PARAMETERS:.2e} are built")
+        raise RunError(
+            f"{path}: model.n_layers = {m.n_layers}, hidden_size = {m.hidden_size}, mlp_ratio = "
+            f"{m.mlp_ratio}, cond_dim = {m.cond_dim} and vocab_size = {config.vocab_size} make about "
+            f"{estimate:.2e} weights; at most {MAX_PARAMETERS:.2e} are built"
+        )
 
 
 def read_tokenizer(workdir: str | Path, vocab_size: int):
@@ -195,19 +207,24 @@ def read_tokenizer(workdir: str | Path, vocab_size: int):
     try:
         saved = json.loads(_read_bounded(path, MAX_TOKENIZER_BYTES))
         if not (isinstance(saved, dict) and isinstance(saved.get("name"), str)):
-            raise RunError("a tokenizer is a JSON object with a \"name\"")
+            raise RunError('a tokenizer is a JSON object with a "name"')
         if saved["name"] == "gpt2":
             _check_gpt2_files(Path(str(saved.get("path", ""))).expanduser())
         tokenizer = tokenizer_from_dict(saved)
     except FileNotFoundError as e:
         raise RunError(f"{path}: {e}") from None
     except Exception as e:  # noqa: BLE001  the tokenizers package raises a bare Exception for a bad file
-        message = e.args[0] if isinstance(e, RunError) and e.args else \
-            f"{type(e).__name__}: {str(e)[:600 if isinstance(e, ValueError) else 200]}"  # ours are bounded
+        message = (
+            e.args[0]
+            if isinstance(e, RunError) and e.args
+            else f"{type(e).__name__}: {str(e)[: 600 if isinstance(e, ValueError) else 200]}"
+        )  # ours are bounded
         raise RunError(f"{path}: not a tokenizer this package can read: {message}") from None
     if tokenizer.vocab_size != vocab_size:
-        raise RunError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens and the model (config.json "
-                       f"vocab_size) {vocab_size}; ids would mean other strings")
+        raise RunError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens and the model (config.json "
+            f"vocab_size) {vocab_size}; ids would mean other strings"
+        )
     return tokenizer
 
 
@@ -215,8 +232,7 @@ def _check_gpt2_files(path: Path) -> None:
     """A GPT-2 tokenizer's files are regular files of bounded size (not a device, a FIFO, a huge file)."""
     for f in [path] if not path.is_dir() else [path / n for n in ("tokenizer.json", "vocab.json", "merges.txt")]:
         if f.exists() and not (f.is_file() and f.stat().st_size <= MAX_TOKENIZER_BYTES):
-            raise RunError(f"the GPT-2 tokenizer file {f} is not a regular file of at most {MAX_TOKENIZER_BYTES} "
-                           "bytes")
+            raise RunError(f"the GPT-2 tokenizer file {f} is not a regular file of at most {MAX_TOKENIZER_BYTES} bytes")
 
 
 RUN_ENTRIES = (CONFIG, TOKENIZER, METRICS, CHECKPOINTS, "checkpoints_unreadable", "tensorboard")
@@ -241,12 +257,16 @@ def check_run_links(workdir: str | Path) -> None:
         found += sorted(ckpts.iterdir())
     for path in found:
         if path.is_symlink():
-            raise RunError(f"{path} is a symbolic link (to {os.readlink(path)}); a run directory's files and "
-                           "checkpoints are written, moved and deleted in place, so links out of it are refused. "
-                           "Replace the link by a folder (or move the run away) and run again; nothing was touched")
+            raise RunError(
+                f"{path} is a symbolic link (to {os.readlink(path)}); a run directory's files and "
+                "checkpoints are written, moved and deleted in place, so links out of it are refused. "
+                "Replace the link by a folder (or move the run away) and run again; nothing was touched"
+            )
         if path.name in (CONFIG, TOKENIZER, METRICS) and path.exists() and not path.is_file():  # a FIFO blocked
-            raise RunError(f"{path} is not a regular file (a FIFO, a device or a folder); a run's files are read and "
-                           "written only as regular files; nothing was touched")
+            raise RunError(
+                f"{path} is not a regular file (a FIFO, a device or a folder); a run's files are read and "
+                "written only as regular files; nothing was touched"
+            )
 
 
 def move_inside(src: Path, folder: Path) -> Path:
@@ -263,8 +283,10 @@ def move_inside(src: Path, folder: Path) -> Path:
     run = src.parent.parent
     for path in (src, src.parent, folder):
         if path.is_symlink():
-            raise RunError(f"{path} is a symbolic link (to {os.readlink(path)}); an unreadable checkpoint is moved "
-                           "only inside its run directory, so nothing was moved")
+            raise RunError(
+                f"{path} is a symbolic link (to {os.readlink(path)}); an unreadable checkpoint is moved "
+                "only inside its run directory, so nothing was moved"
+            )
     if folder.resolve().parent != run.resolve() or src.resolve().parent.parent != run.resolve():
         raise RunError(f"{folder} is not a folder of the run directory {run}; nothing was moved")
     folder.mkdir(exist_ok=True)
@@ -278,9 +300,18 @@ def move_inside(src: Path, folder: Path) -> Path:
 
 
 MAY_CHANGE_ON_RESUME = (
-    "training.n_iters", "training.log_every", "training.eval_every", "training.ckpt_every",
-    "training.max_to_keep", "training.keep_period", "training.eval_batches", "training.eval_samples",
-    "sampling.*", "mesh.*", "data.data_dir", "model.dtype",
+    "training.n_iters",
+    "training.log_every",
+    "training.eval_every",
+    "training.ckpt_every",
+    "training.max_to_keep",
+    "training.keep_period",
+    "training.eval_batches",
+    "training.eval_samples",
+    "sampling.*",
+    "mesh.*",
+    "data.data_dir",
+    "model.dtype",
 )
 """Config keys a resumed run may change: when and what it logs, evaluates and saves, how long it
 runs, the mesh it runs on and its compute precision (parameters are float32 in any), where the
@@ -309,8 +340,11 @@ def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
     """
     saved, current = _flat(config_lib.migrate(saved).to_dict()), _flat(current)
     missing = object()
-    return [(key, "(absent)" if was is missing else was, now) for key, now in sorted(current.items())
-            if key != "vocab_size" and (was := saved.get(key, missing)) != now]
+    return [
+        (key, "(absent)" if was is missing else was, now)
+        for key, now in sorted(current.items())
+        if key != "vocab_size" and (was := saved.get(key, missing)) != now
+    ]
 
 
 def check_compatible(workdir: str | Path, config) -> None:
@@ -325,15 +359,19 @@ def check_compatible(workdir: str | Path, config) -> None:
     if not (Path(workdir) / CONFIG).exists():
         return
     saved = json.loads(_read_bounded(Path(workdir) / CONFIG, MAX_CONFIG_BYTES))
-    refused = [c for c in config_changes(saved, config.to_dict())
-               if not any(fnmatch.fnmatchcase(c[0], k) for k in MAY_CHANGE_ON_RESUME)]
+    refused = [
+        c
+        for c in config_changes(saved, config.to_dict())
+        if not any(fnmatch.fnmatchcase(c[0], k) for k in MAY_CHANGE_ON_RESUME)
+    ]
     if refused:
         lines = "\n".join(f"  {k}: saved {a!r}, now {b!r}" for k, a, b in refused)
         raise ValueError(
             f"{workdir} holds a run trained with a different config; these keys cannot change on resume:\n"
             f"{lines}\nResume with the config and overrides the run was started with (only "
             f"{', '.join(MAY_CHANGE_ON_RESUME)} may change), or use a new --workdir. "
-            "The run directory was left as it is.")
+            "The run directory was left as it is."
+        )
 
 
 def checkpoint_manager(workdir: str | Path, config=None) -> ocp.CheckpointManager:
@@ -354,7 +392,9 @@ def checkpoint_manager(workdir: str | Path, config=None) -> ocp.CheckpointManage
         kept = [keep.LatestN(max(t.max_to_keep, 1))] + ([keep.EveryNSteps(t.keep_period)] if t.keep_period else [])
         options = ocp.CheckpointManagerOptions(  # orbax deletes only after the newer checkpoint is whole
             save_decision_policy=ocp.checkpoint_managers.save_decision_policy.FixedIntervalPolicy(t.ckpt_every),
-            preservation_policy=keep.AnyPreservationPolicy(kept), enable_async_checkpointing=False)
+            preservation_policy=keep.AnyPreservationPolicy(kept),
+            enable_async_checkpointing=False,
+        )
     return ocp.CheckpointManager(Path(workdir).absolute() / CHECKPOINTS, options=options)
 
 
@@ -373,16 +413,20 @@ def restore(manager: ocp.CheckpointManager, target: dict, step: int | None = Non
     """
     step = manager.latest_step() if step is None else step
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target)
-    args = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
-                                  partial_restore=True)
+    args = ocp.args.PyTreeRestore(
+        abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract), partial_restore=True
+    )
     folder = Path(manager.directory) / str(step)
     try:
         old = files.holds_key(files.checkpoint_tree(folder / "state"), files.OLD_LAYERS)  # saved before the rename
         if old:
             abstract = files.renamed(abstract, "layers", files.OLD_LAYERS)
-            args = ocp.args.PyTreeRestore(abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
-                                          partial_restore=True)
-        files.check_checkpoint_shapes(folder / "state", files.renamed(target, "layers", files.OLD_LAYERS) if old else target)
+            args = ocp.args.PyTreeRestore(
+                abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract), partial_restore=True
+            )
+        files.check_checkpoint_shapes(
+            folder / "state", files.renamed(target, "layers", files.OLD_LAYERS) if old else target
+        )
         state = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
         if not bool(_all_finite([x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)])):
             raise ValueError("it holds non-finite values, which training never saves")
@@ -392,7 +436,8 @@ def restore(manager: ocp.CheckpointManager, target: dict, step: int | None = Non
         raise RuntimeError(  # one line: orbax's messages quote TensorStore specs over many lines
             f"could not restore the checkpoint of step {step} in {manager.directory}: {type(e).__name__}: "
             f"{' '.join(str(e)[:2000].split())[:400]} It is corrupt or was written by an incompatible config. "
-            "The run directory was left as it is; move it away or pass a new --workdir.") from e
+            "The run directory was left as it is; move it away or pass a new --workdir."
+        ) from e
 
 
 @jax.jit
@@ -401,8 +446,9 @@ def _all_finite(leaves: list) -> jax.Array:
     return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves] or [jnp.bool_(True)]))
 
 
-def restore_newest(manager: ocp.CheckpointManager, target: dict,
-                   quarantine: str | Path | None = None) -> tuple[dict, int]:
+def restore_newest(
+    manager: ocp.CheckpointManager, target: dict, quarantine: str | Path | None = None
+) -> tuple[dict, int]:
     """(state, step) of the newest checkpoint that reads whole, falling back to older ones.
 
     Each unreadable checkpoint (truncated, corrupt, killed mid-write) is named
@@ -425,17 +471,25 @@ def restore_newest(manager: ocp.CheckpointManager, target: dict,
             skipped.append((step, e.__cause__))
             continue
         for bad, err in skipped:
-            where = "" if quarantine is None else \
-                f"; moved to {move_inside(Path(manager.directory) / str(bad), Path(quarantine))}"
-            warnings.warn(f"skipped the checkpoint of step {bad} in {manager.directory}: it cannot be read "
-                          f"({type(err).__name__}: {str(err)[:200]}){where}. Using step {step}.",
-                          RuntimeWarning, stacklevel=2)
+            where = (
+                ""
+                if quarantine is None
+                else f"; moved to {move_inside(Path(manager.directory) / str(bad), Path(quarantine))}"
+            )
+            warnings.warn(
+                f"skipped the checkpoint of step {bad} in {manager.directory}: it cannot be read "
+                f"({type(err).__name__}: {str(err)[:200]}){where}. Using step {step}.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if skipped and quarantine is not None:
             manager.reload()
         return state, step
     errors = "\n".join(f"  step {s}: {type(e).__name__}: {str(e)[:300]}" for s, e in skipped)
-    raise RuntimeError(f"no checkpoint in {manager.directory} can be read:\n{errors}\n"
-                       "The run directory was left as it is; move it away or pass a new --workdir.")
+    raise RuntimeError(
+        f"no checkpoint in {manager.directory} can be read:\n{errors}\n"
+        "The run directory was left as it is; move it away or pass a new --workdir."
+    )
 
 
 def inference_mesh(config) -> jax.sharding.Mesh:
@@ -508,8 +562,9 @@ class Run:
         """The log-score of the model: (x int32[B, L], sigma float[B]) -> float32[B, L, D]."""
         return kinds.params_score_fn(self.graphdef)((self.params, self.rest), x, sigma)
 
-    def sample(self, key: jax.Array, num_samples: int, steps: int | None = None,
-               sampler: str | None = None, **sampler_options) -> sampling.Samples:
+    def sample(
+        self, key: jax.Array, num_samples: int, steps: int | None = None, sampler: str | None = None, **sampler_options
+    ) -> sampling.Samples:
         """num_samples sequences drawn by the run's kind, as NumPy arrays in a ``sedd.sampling.Samples``.
 
         Its tokens are int32[num_samples, L] (int32[num_samples, max_length] with max_length). The
@@ -534,16 +589,28 @@ class Run:
             sampler_options["draft"] = kinds.capabilities.drafter(draft.kind, draft.net)
         if sampler_options.pop("stop", False):  # end at the document separator
             if getattr(self.tokenizer, "eos_id", None) is None:
-                raise ValueError(f"stop=True ends a text at the tokenizer's end-of-text token, and the "
-                                 f"{self.tokenizer.name!r} tokenizer of this run has none")
+                raise ValueError(
+                    f"stop=True ends a text at the tokenizer's end-of-text token, and the "
+                    f"{self.tokenizer.name!r} tokenizer of this run has none"
+                )
             sampler_options["stop_id"] = int(self.tokenizer.eos_id)
-        out = self.kind.sample(key, self.net, num_samples, steps, sampler, self.row_sharding(num_samples),
-                               **sampler_options)
+        out = self.kind.sample(
+            key, self.net, num_samples, steps, sampler, self.row_sharding(num_samples), **sampler_options
+        )
         return jax.tree.map(np.asarray, out)
 
-    def generate(self, key: jax.Array, num_samples: int, steps: int | None = None,
-                 sampler: str | None = None, prefix: str | None = None, suffix: str | None = None,
-                 infill: str | None = None, blank: str = "_", **sampler_options) -> list[str]:
+    def generate(
+        self,
+        key: jax.Array,
+        num_samples: int,
+        steps: int | None = None,
+        sampler: str | None = None,
+        prefix: str | None = None,
+        suffix: str | None = None,
+        infill: str | None = None,
+        blank: str = "_",
+        **sampler_options,
+    ) -> list[str]:
         """Texts written by the model, optionally around a prefix, a suffix or an infill template.
 
         Args:
@@ -564,9 +631,15 @@ class Run:
         """
         self.kind.check_given(suffix=bool(suffix), infill=bool(infill))  # as sedd serve refuses them
         length = sampler_options.get("max_length") or self.seq_len
-        mask, tokens = sampling.text_conditioning(self.tokenizer, length, num_samples,
-                                                  prefix=prefix or "", suffix=suffix or "", infill=infill or "",
-                                                  blank=blank)
+        mask, tokens = sampling.text_conditioning(
+            self.tokenizer,
+            length,
+            num_samples,
+            prefix=prefix or "",
+            suffix=suffix or "",
+            infill=infill or "",
+            blank=blank,
+        )
         if mask is not None:
             sampler_options.update(fixed_mask=jnp.asarray(mask), fixed_tokens=jnp.asarray(tokens))
         stop = bool(sampler_options.get("stop"))
@@ -583,8 +656,17 @@ class Run:
         """One sequence of token ids (int[L]) as text."""
         return self.tokenizer.decode(np.asarray(ids).reshape(-1))
 
-    def likelihood(self, dataset, split: str = "validation", num_t: int = 64, batch_size: int = 32,
-                   max_batches: int | None = 8, seed: int = 0, progress: bool = True, **kwargs) -> dict:
+    def likelihood(
+        self,
+        dataset,
+        split: str = "validation",
+        num_t: int = 64,
+        batch_size: int = 32,
+        max_batches: int | None = 8,
+        seed: int = 0,
+        progress: bool = True,
+        **kwargs,
+    ) -> dict:
         """Its kind's figures (``Kind.likelihood``) on `batch_size` x `max_batches` rows (None: all) of a split
         of `dataset` (read with its tokenizer), with "split", "kind", "num_t" (and "true_nats_per_token" for data
         of a known law): what ``sedd eval`` and the end of ``sedd.train.train`` report."""
@@ -593,8 +675,16 @@ class Run:
         n_batches = -(-dataset.packed(split).num_sequences // batch_size)
         max_batches = n_batches if max_batches is None else min(max_batches, n_batches)  # a bar with a total
         batches = map(self.place_rows, dataset.eval_batches(batch_size, split=split))  # each device its rows
-        out = self.kind.likelihood(jax.random.key(seed), self.net, batches, num_t, max_batches=max_batches,
-                                   chars_per_token=dataset.chars_per_token, progress=progress, **kwargs)
+        out = self.kind.likelihood(
+            jax.random.key(seed),
+            self.net,
+            batches,
+            num_t,
+            max_batches=max_batches,
+            chars_per_token=dataset.chars_per_token,
+            progress=progress,
+            **kwargs,
+        )
         out.update(split=split, kind=self.kind.name, num_t=num_t)
         if hasattr(dataset, "true_nats_per_token"):
             out["true_nats_per_token"] = dataset.true_nats_per_token()
@@ -607,13 +697,22 @@ def _positive_int(name: str, value) -> int:
     return int(value)
 
 
-def from_parts(config, tokenizer, model_or_graphdef, params, rest=None, step: int = 0,
-               mesh: jax.sharding.Mesh | None = None) -> Run:
+def from_parts(
+    config, tokenizer, model_or_graphdef, params, rest=None, step: int = 0, mesh: jax.sharding.Mesh | None = None
+) -> Run:
     """A Run around weights already in memory (during training, or in a notebook)."""
     if rest is None:
         model_or_graphdef, _, rest = nnx.split(model_or_graphdef, nnx.Param, ...)
-    return Run(config=config, tokenizer=tokenizer, kind=kinds.get(config), graphdef=model_or_graphdef,
-               params=params, rest=rest, step=int(step), mesh=mesh if mesh is not None else inference_mesh(config))
+    return Run(
+        config=config,
+        tokenizer=tokenizer,
+        kind=kinds.get(config),
+        graphdef=model_or_graphdef,
+        params=params,
+        rest=rest,
+        step=int(step),
+        mesh=mesh if mesh is not None else inference_mesh(config),
+    )
 
 
 def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
@@ -680,6 +779,13 @@ def lineage(config, step: int) -> dict | None:
     if d.rounds < 1:
         return None
     r = min(-(-int(step) // d.round_steps), d.rounds)
-    return {"teacher": d.teacher, "teacher_step": d.teacher_step, "round": r, "rounds": d.rounds,
-            "steps": max(d.teacher_steps >> r, 1), "divergence": d.divergence, "target": d.target,
-            "order": d.order}
+    return {
+        "teacher": d.teacher,
+        "teacher_step": d.teacher_step,
+        "round": r,
+        "rounds": d.rounds,
+        "steps": max(d.teacher_steps >> r, 1),
+        "divergence": d.divergence,
+        "target": d.target,
+        "order": d.order,
+    }

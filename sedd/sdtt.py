@@ -91,8 +91,9 @@ BlockScoreFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 at x_t, each noise group at its own sigma (block diffusion also reads x0's blocks before each)."""
 
 
-def step_log_law(graph: Graph, log_score: jax.Array, x: jax.Array, sigma: jax.Array,
-                 sigma_next: jax.Array) -> jax.Array:
+def step_log_law(
+    graph: Graph, log_score: jax.Array, x: jax.Array, sigma: jax.Array, sigma_next: jax.Array
+) -> jax.Array:
     r"""log p(x_s^l = . | x_t): one euler / analytic step t -> s of the absorbing graph, Eq. (1), at every position.
 
     Computed in logs: log c = log(e^{dsigma} - 1) (``log_expm1``), log S a
@@ -129,7 +130,7 @@ def two_step_log_law(graph: Graph, log_p1: jax.Array, log_p2: jax.Array) -> jax.
       float32[B, L, D], each row summing to 1.
     """
     m = graph.mask
-    carried = log_p1[..., m:m + 1] + log_p2  # (B, L, D): P1(M) P2(.)
+    carried = log_p1[..., m : m + 1] + log_p2  # (B, L, D): P1(M) P2(.)
     tokens = jnp.logaddexp(log_p1[..., :m], carried[..., :m])
     return jnp.maximum(jnp.concatenate([tokens, carried[..., m:]], axis=-1), LOG_FLOOR)
 
@@ -147,7 +148,7 @@ def x0_target(graph: Graph, log_q: jax.Array, log_p2: jax.Array) -> jax.Array:
       log_q: float32[B, L, D] the two-step law (``two_step_log_law``); log_p2: the second step's.
     """
     m = graph.mask
-    stay = log_q[..., m:m + 1]
+    stay = log_q[..., m : m + 1]
     tokens = log_p2[..., :m] - jax.nn.logsumexp(log_p2[..., :m], axis=-1, keepdims=True)
     moved = jnp.log(jnp.maximum(-jnp.expm1(stay), 1e-35))  # log(1 - q(M))
     return jnp.maximum(jnp.concatenate([tokens + moved, stay], axis=-1), LOG_FLOOR)
@@ -168,9 +169,21 @@ def divergence(name: str, log_q: jax.Array, log_p: jax.Array) -> jax.Array:
     raise ValueError(f"unknown distillation divergence {name!r}; expected one of {', '.join(DIVERGENCES)}")
 
 
-def loss_per_position(key: jax.Array, teacher_fn: BlockScoreFn, student_fn: BlockScoreFn, graph: Graph,
-                      noise: Callable, x0: jax.Array, dt: jax.Array, *, block_size: int, t_min: float,
-                      t_end: float, divergence_name: str = "kl_backward", target: str = "x0") -> jax.Array:
+def loss_per_position(
+    key: jax.Array,
+    teacher_fn: BlockScoreFn,
+    student_fn: BlockScoreFn,
+    graph: Graph,
+    noise: Callable,
+    x0: jax.Array,
+    dt: jax.Array,
+    *,
+    block_size: int,
+    t_min: float,
+    t_end: float,
+    divergence_name: str = "kl_backward",
+    target: str = "x0",
+) -> jax.Array:
     r"""One draw of the SDTT objective at every position: float32[B, L], nats.
 
     Each noise group (the row for SEDD, each block for block diffusion) draws
@@ -215,9 +228,19 @@ def loss_per_position(key: jax.Array, teacher_fn: BlockScoreFn, student_fn: Bloc
     return jnp.where(x_u == graph.mask, divergence(divergence_name, log_q, log_p), 0.0)
 
 
-def planned_loss_per_position(key: jax.Array, teacher_fn: BlockScoreFn, student_fn: BlockScoreFn, graph: Graph,
-                              noise: Callable, x0: jax.Array, rank: jax.Array, teacher_steps: jax.Array, *,
-                              t_end: float, divergence_name: str = "kl_backward") -> jax.Array:
+def planned_loss_per_position(
+    key: jax.Array,
+    teacher_fn: BlockScoreFn,
+    student_fn: BlockScoreFn,
+    graph: Graph,
+    noise: Callable,
+    x0: jax.Array,
+    rank: jax.Array,
+    teacher_steps: jax.Array,
+    *,
+    t_end: float,
+    divergence_name: str = "kl_backward",
+) -> jax.Array:
     r"""One draw of SDTT's objective for a sampler of a planned order (``sedd.sampling.Dilated``): float32[B, L].
 
     The sampler's step n of N writes the positions whose place in the order

@@ -82,19 +82,25 @@ def mesh_shape(mesh_config, n_devices: int) -> tuple[int, int, int]:
     shown = "(" + ", ".join(f"{a}={s}" for a, s in zip(MESH_AXES, requested)) + ")"
     free = [i for i, s in enumerate(requested) if s == -1]
     if len(free) > 1 or any(s == 0 or s < -1 for s in requested):
-        raise ValueError(f"mesh {shown} is not valid: each axis must be a positive size, and at most one may be -1 "
-                         "(all remaining devices)")
+        raise ValueError(
+            f"mesh {shown} is not valid: each axis must be a positive size, and at most one may be -1 "
+            "(all remaining devices)"
+        )
     fixed = math.prod(s for s in requested if s != -1)
     if free:
         if n_devices % fixed:
-            raise ValueError(f"mesh {shown} does not fit {n_devices} devices: {n_devices} is not divisible by {fixed}; "
-                             "set config.mesh.{data,fsdp,tensor} so that their product is the device count")
+            raise ValueError(
+                f"mesh {shown} does not fit {n_devices} devices: {n_devices} is not divisible by {fixed}; "
+                "set config.mesh.{data,fsdp,tensor} so that their product is the device count"
+            )
         shape = list(requested)
         shape[free[0]] = n_devices // fixed
         return tuple(shape)
     if fixed != n_devices:
-        raise ValueError(f"mesh {shown} needs {fixed} devices but there are {n_devices}; set config.mesh.{{data,fsdp,"
-                         "tensor} so that their product is the device count (or one of them to -1)")
+        raise ValueError(
+            f"mesh {shown} needs {fixed} devices but there are {n_devices}; set config.mesh.{{data,fsdp,"
+            "tensor} so that their product is the device count (or one of them to -1)"
+        )
     return requested
 
 
@@ -187,9 +193,14 @@ def param_shardings(tree, mesh: Mesh, rules=None):
     rules = _rules(rules)
     specs = nnx.get_partition_spec(tree)
     # An empty node (optax's MaskedNode, where a masked optimizer keeps no state) holds no array.
-    return jax.tree.map(lambda spec, x: x if not jax.tree.leaves(x) else
-                        NamedSharding(mesh, logical_to_mesh(tuple(spec), np.shape(x), mesh, rules)),
-                        specs, tree, is_leaf=lambda s: isinstance(s, P))
+    return jax.tree.map(
+        lambda spec, x: (
+            x if not jax.tree.leaves(x) else NamedSharding(mesh, logical_to_mesh(tuple(spec), np.shape(x), mesh, rules))
+        ),
+        specs,
+        tree,
+        is_leaf=lambda s: isinstance(s, P),
+    )
 
 
 def optimizer_shardings(tree, shardings, mesh: Mesh):
@@ -287,8 +298,10 @@ def shard_batch(local_batch, mesh: Mesh, rules=None) -> jax.Array:
     global_rows = local_batch.shape[0] * jax.process_count()
     n = batch_divisor(mesh, rules)
     if global_rows % n:
-        raise ValueError(f"global batch size {global_rows} must divide by the {n} batch shards of the mesh "
-                         f"{dict(mesh.shape)} (data x fsdp); change training.batch_size or config.mesh")
+        raise ValueError(
+            f"global batch size {global_rows} must divide by the {n} batch shards of the mesh "
+            f"{dict(mesh.shape)} (data x fsdp); change training.batch_size or config.mesh"
+        )
     return jax.make_array_from_process_local_data(batch_sharding(mesh, rules), local_batch)
 
 
@@ -355,8 +368,10 @@ def split_cpu(config) -> int:
     want = int(config.mesh.cpu_devices)
     if want < 0:
         raise ValueError(f"mesh.cpu_devices must be >= 0 (0 = auto), got {want}")
-    if ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
-            or jax.config.jax_num_cpu_devices != -1):
+    if (
+        "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+        or jax.config.jax_num_cpu_devices != -1
+    ):
         return 0
     if want == 0:
         if jax.distributed.is_initialized():

@@ -65,8 +65,9 @@ VERIFICATIONS = ("joint", "token")
 """How a round decides what it keeps, (2) or (3): ``round_law``'s method."""
 
 
-def round_law(p: jax.Array, q: jax.Array, drafted: jax.Array,
-              method: str = "joint", count: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+def round_law(
+    p: jax.Array, q: jax.Array, drafted: jax.Array, method: str = "joint", count: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
     """What a round writes given its drafts, as laws: how many drafts it keeps, and the token after them.
 
     "token", (2): draft j is kept with probability a_j = min(1, p_j(y_j) / q_j(y_j)) given the ones
@@ -124,8 +125,9 @@ def round_law(p: jax.Array, q: jax.Array, drafted: jax.Array,
     rho = residual.sum(-1)  # (B, k)
     if method == "joint":
         denominator = rho + 1.0 - weight
-        h = jnp.concatenate([jnp.where(denominator > 0, rho / jnp.where(denominator > 0, denominator, 1.0), 0.0),
-                             w[:, k:]], axis=1)  # (B, k + 1)
+        h = jnp.concatenate(
+            [jnp.where(denominator > 0, rho / jnp.where(denominator > 0, denominator, 1.0), 0.0), w[:, k:]], axis=1
+        )  # (B, k + 1)
         if count is not None:  # the rule of `count` drafts: h_count = w_count, no coin past it
             at = jnp.arange(k + 1)[None, :]
             h = jnp.where(at < count[:, None], h, jnp.where(at == count[:, None], w, 0.0))
@@ -139,8 +141,15 @@ def round_law(p: jax.Array, q: jax.Array, drafted: jax.Array,
     return stop, after
 
 
-def verify(key: jax.Array, p: jax.Array, q: jax.Array, drafted: jax.Array, categorical: str = "precise",
-           method: str = "joint", count: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+def verify(
+    key: jax.Array,
+    p: jax.Array,
+    q: jax.Array,
+    drafted: jax.Array,
+    categorical: str = "precise",
+    method: str = "joint",
+    count: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
     """One round's check, (2) or (3): how many drafts are kept, and the tokens the round writes.
 
     Args:
@@ -164,9 +173,22 @@ def verify(key: jax.Array, p: jax.Array, q: jax.Array, drafted: jax.Array, categ
     return accepted, tokens
 
 
-def rounds(key: jax.Array, target_state: Any, drafter_state: Any, text: jax.Array, start: jax.Array,
-           end: jax.Array, *, target: Callable, drafter: Callable, k: int, categorical: str = "precise",
-           on_round: Callable | None = None, shared: bool = False, verification: str = "joint") -> tuple:
+def rounds(
+    key: jax.Array,
+    target_state: Any,
+    drafter_state: Any,
+    text: jax.Array,
+    start: jax.Array,
+    end: jax.Array,
+    *,
+    target: Callable,
+    drafter: Callable,
+    k: int,
+    categorical: str = "precise",
+    on_round: Callable | None = None,
+    shared: bool = False,
+    verification: str = "joint",
+) -> tuple:
     """Rounds of (2) until every row has written its positions up to `end`: the traceable core of ``decode``.
 
     Not jitted, so that a caller can run it inside its own program (``sedd
@@ -209,23 +231,50 @@ def rounds(key: jax.Array, target_state: Any, drafter_state: Any, text: jax.Arra
         written = jnp.arange(k + 1)[None, :] + start[:, None]  # (B, k + 1)
         keep = live[:, None] & (jnp.arange(k + 1)[None, :] <= accepted[:, None])
         text = text.at[jnp.arange(b)[:, None], written].set(
-            jnp.where(keep, tokens, jnp.take_along_axis(text, written, axis=1)))
+            jnp.where(keep, tokens, jnp.take_along_axis(text, written, axis=1))
+        )
         counted = live[:, None] & (jnp.arange(k)[None, :] < accepted[:, None])  # (B, k)
-        return (r + 1, text, jnp.where(live, start + accepted + 1, start), t_state, d_state,
-                rounds_row + live.astype(jnp.int32), accepted_at + counted.astype(jnp.int32))
+        return (
+            r + 1,
+            text,
+            jnp.where(live, start + accepted + 1, start),
+            t_state,
+            d_state,
+            rounds_row + live.astype(jnp.int32),
+            accepted_at + counted.astype(jnp.int32),
+        )
 
-    carry = (jnp.int32(0), text, start, target_state, drafter_state, jnp.zeros((b,), jnp.int32),
-             jnp.zeros((b, k), jnp.int32))
-    r, text, _, _, _, rounds_row, accepted_at = jax.lax.while_loop(
-        lambda c: jnp.any(c[2] < end), round_, carry)
+    carry = (
+        jnp.int32(0),
+        text,
+        start,
+        target_state,
+        drafter_state,
+        jnp.zeros((b,), jnp.int32),
+        jnp.zeros((b, k), jnp.int32),
+    )
+    r, text, _, _, _, rounds_row, accepted_at = jax.lax.while_loop(lambda c: jnp.any(c[2] < end), round_, carry)
     return text, r, rounds_row, accepted_at
 
 
-@functools.partial(jax.jit, static_argnames=("target", "drafter", "length", "k", "categorical", "shared",
-                                             "verification"))
-def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Array, prompt_len: jax.Array, *,
-           target: Callable, drafter: Callable, length: int, k: int, categorical: str = "precise",
-           shared: bool = False, verification: str = "joint") -> tuple:
+@functools.partial(
+    jax.jit, static_argnames=("target", "drafter", "length", "k", "categorical", "shared", "verification")
+)
+def decode(
+    key: jax.Array,
+    target_state: Any,
+    drafter_state: Any,
+    prompt: jax.Array,
+    prompt_len: jax.Array,
+    *,
+    target: Callable,
+    drafter: Callable,
+    length: int,
+    k: int,
+    categorical: str = "precise",
+    shared: bool = False,
+    verification: str = "joint",
+) -> tuple:
     """Text of `length` tokens by rounds of (2), every row at its own position, in one compiled program.
 
     Args:
@@ -252,18 +301,53 @@ def decode(key: jax.Array, target_state: Any, drafter_state: Any, prompt: jax.Ar
     """
     b = prompt.shape[0]
     text = jnp.zeros((b, length + k + 1), jnp.int32).at[:, :length].set(prompt)
-    text, r, rounds_row, accepted_at = rounds(key, target_state, drafter_state, text, prompt_len,
-                                              jnp.full((b,), length, jnp.int32), target=target, drafter=drafter,
-                                              k=k, categorical=categorical, shared=shared,
-                                              verification=verification)
+    text, r, rounds_row, accepted_at = rounds(
+        key,
+        target_state,
+        drafter_state,
+        text,
+        prompt_len,
+        jnp.full((b,), length, jnp.int32),
+        target=target,
+        drafter=drafter,
+        k=k,
+        categorical=categorical,
+        shared=shared,
+        verification=verification,
+    )
     return text[:, :length], {"rounds": r, "rounds_per_sample": rounds_row, "accepted_at": accepted_at.sum(0)}
 
 
-@functools.partial(jax.jit, static_argnames=("prefill", "target", "d_prefill", "drafter", "length", "k",
-                                             "categorical", "shared", "verification"))
-def decode_prompted(key: jax.Array, target_params: Any, drafter_params: Any, given: jax.Array, *, prefill: Callable,
-                    target: Callable, d_prefill: Callable | None, drafter: Callable, length: int, k: int,
-                    categorical: str = "precise", shared: bool = False, verification: str = "joint") -> tuple:
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "prefill",
+        "target",
+        "d_prefill",
+        "drafter",
+        "length",
+        "k",
+        "categorical",
+        "shared",
+        "verification",
+    ),
+)
+def decode_prompted(
+    key: jax.Array,
+    target_params: Any,
+    drafter_params: Any,
+    given: jax.Array,
+    *,
+    prefill: Callable,
+    target: Callable,
+    d_prefill: Callable | None,
+    drafter: Callable,
+    length: int,
+    k: int,
+    categorical: str = "precise",
+    shared: bool = False,
+    verification: str = "joint",
+) -> tuple:
     """``decode`` after a prompt, the prefills inside the one program (eager, a network's prefill dispatches its ops
     one by one: 47 ms a text of a 1024-wide AR run on a 2-core CPU, a third of its drafted text's time).
 
@@ -276,9 +360,20 @@ def decode_prompted(key: jax.Array, target_params: Any, drafter_params: Any, giv
     b, p = given.shape
     text = jnp.zeros((b, length), jnp.int32).at[:, :p].set(given)
     d_state = None if d_prefill is None else d_prefill(drafter_params, given)
-    return decode(key, prefill(target_params, given), d_state, text, jnp.full((b,), p, jnp.int32), target=target,
-                  drafter=drafter, length=length, k=k, categorical=categorical, shared=shared,
-                  verification=verification)
+    return decode(
+        key,
+        prefill(target_params, given),
+        d_state,
+        text,
+        jnp.full((b,), p, jnp.int32),
+        target=target,
+        drafter=drafter,
+        length=length,
+        k=k,
+        categorical=categorical,
+        shared=shared,
+        verification=verification,
+    )
 
 
 def sharpened(q: jax.Array, tau) -> jax.Array:
@@ -302,11 +397,12 @@ def ngram_drafter(vocab_size: int, n: int = 2) -> Callable:
     def drafter(key, state, text, start, k):
         b, t = text.shape
         j = jnp.arange(t)  # candidate match starts
-        last = jnp.stack([jnp.take_along_axis(text, jnp.maximum(start - n + i, 0)[:, None], 1)[:, 0]
-                          for i in range(n)], 1)  # (B, n)
+        last = jnp.stack(
+            [jnp.take_along_axis(text, jnp.maximum(start - n + i, 0)[:, None], 1)[:, 0] for i in range(n)], 1
+        )  # (B, n)
         match = jnp.ones((b, t), bool)
         for i in range(n):
-            match &= jnp.take_along_axis(text, jnp.minimum(j + i, t - 1)[None, :].repeat(b, 0), 1) == last[:, i:i + 1]
+            match &= jnp.take_along_axis(text, jnp.minimum(j + i, t - 1)[None, :].repeat(b, 0), 1) == last[:, i : i + 1]
         match &= (j[None, :] + n < start[:, None]) & (start[:, None] >= n)
         found = jnp.any(match, 1)
         at = jnp.max(jnp.where(match, j[None, :], -1), 1) + n  # (B,) where the continuation starts

@@ -60,18 +60,22 @@ def learning_rate_schedule(optim, n_updates: int) -> optax.Schedule:
     warmup = max(optim.warmup, 1)
     if optim.schedule == "constant":
         return optax.join_schedules(
-            [optax.linear_schedule(0.0, optim.lr, warmup), optax.constant_schedule(optim.lr)], [warmup])
+            [optax.linear_schedule(0.0, optim.lr, warmup), optax.constant_schedule(optim.lr)], [warmup]
+        )
     if optim.schedule == "cosine":
         return optax.warmup_cosine_decay_schedule(
-            0.0, optim.lr, warmup, max(n_updates, optim.warmup + 1), end_value=0.1 * optim.lr)
+            0.0, optim.lr, warmup, max(n_updates, optim.warmup + 1), end_value=0.1 * optim.lr
+        )
     raise ValueError(f"unknown optim.schedule {optim.schedule!r}; expected 'constant' or 'cosine'")
 
 
 def is_adaln_kernel(params):
     """A bool pytree like `params`: True at the kernels of the adaLN modulation layers."""
+
     def test(path, _):
         names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
         return "adaLN_modulation" in names and "kernel" in names
+
     return jax.tree_util.tree_map_with_path(test, params)
 
 
@@ -82,9 +86,11 @@ MUON_MATRICES = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")  # the layers' wei
 def muon_dimensions(params):
     """Muon's spec tree: a MuonDimensionNumbers (x W, W = [in, out]) at each block's four weight matrices,
     None (AdamW) at everything else: embedding, output layer, adaLN and sigma layers, LayerNorms, biases."""
+
     def spec(path, _):
         names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
         return optax.contrib.MuonDimensionNumbers() if "kernel" in names and set(names) & set(MUON_MATRICES) else None
+
     return jax.tree_util.tree_map_with_path(spec, params)
 
 
@@ -127,10 +133,19 @@ def build_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedul
         muon_scale = o.muon_lr_scale
         if not muon_scale > 0:
             raise ValueError(f"optim.muon_lr_scale must be > 0, got {muon_scale!r}")
-        parts.append(optax.contrib.muon(
-            lambda n: muon_scale * schedule(n), consistent_rms=0.2, weight_decay=o.weight_decay,
-            muon_weight_dimension_numbers=muon_dimensions, adam_learning_rate=schedule, adam_b1=o.beta1,
-            adam_b2=o.beta2, eps=o.eps, adam_weight_decay=o.weight_decay))
+        parts.append(
+            optax.contrib.muon(
+                lambda n: muon_scale * schedule(n),
+                consistent_rms=0.2,
+                weight_decay=o.weight_decay,
+                muon_weight_dimension_numbers=muon_dimensions,
+                adam_learning_rate=schedule,
+                adam_b1=o.beta1,
+                adam_b2=o.beta2,
+                eps=o.eps,
+                adam_weight_decay=o.weight_decay,
+            )
+        )
     else:
         raise ValueError(f"optim.optimizer={o.optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
     if o.adaln_lr_scale != 1.0:
@@ -174,16 +189,22 @@ class Trainer:
             zero1 = config.optim.optimizer == "muon"
         if zero1:
             self.state_sharding["opt_state"] = sharding_lib.optimizer_shardings(
-                abstract["opt_state"], self.state_sharding["opt_state"], self.mesh)
+                abstract["opt_state"], self.state_sharding["opt_state"], self.mesh
+            )
         self.batch_sharding = sharding_lib.batch_sharding(self.mesh, rules)
         self.batch_divisor = sharding_lib.batch_divisor(self.mesh, rules)
         self._rules = rules
         replicated = sharding_lib.replicated(self.mesh)
         self._init_jit = jax.jit(self._init_state, out_shardings=self.state_sharding)
         self.abstract_state = jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, self.state_sharding)
-        self.train_step = jax.jit(self._train_step, in_shardings=(self.state_sharding, self.batch_sharding),
-                                  out_shardings=(self.state_sharding, replicated), donate_argnums=0)
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, self.state_sharding
+        )
+        self.train_step = jax.jit(
+            self._train_step,
+            in_shardings=(self.state_sharding, self.batch_sharding),
+            out_shardings=(self.state_sharding, replicated),
+            donate_argnums=0,
+        )
         self._loss_jit = jax.jit(lambda p, x, k: self._loss(p, k, x, train=False)[1], out_shardings=replicated)
 
     def init_state(self) -> dict:
@@ -264,8 +285,7 @@ class Trainer:
             "key": state["key"],
             "bad_step": jnp.where((state["bad_step"] < 0) & ~finite, step + 1, state["bad_step"]),  # 1-based, as logged
         }
-        metrics = {"loss_nats_per_token": loss / batch.shape[1], "grad_norm": grad_norm,
-                   "lr": self.schedule(n_updates)}
+        metrics = {"loss_nats_per_token": loss / batch.shape[1], "grad_norm": grad_norm, "lr": self.schedule(n_updates)}
         return new_state, metrics
 
 
@@ -375,9 +395,11 @@ class StopRequest:
     def _answer_one(self, signum):
         self.count += 1
         if self.count == 1:
-            self._say(f"\n{self.NAMES[signum]}: saving a checkpoint at the end of this step, then stopping "
-                      "(Ctrl-C again does not interrupt the save; Ctrl-\\ quits now, losing the steps since the "
-                      "last checkpoint)")
+            self._say(
+                f"\n{self.NAMES[signum]}: saving a checkpoint at the end of this step, then stopping "
+                "(Ctrl-C again does not interrupt the save; Ctrl-\\ quits now, losing the steps since the "
+                "last checkpoint)"
+            )
         else:
             self._say(f"\n{self.NAMES[signum]} again: still saving, then stopping; the save is not interrupted")
 
@@ -425,17 +447,27 @@ def _save_failed(e: Exception, manager: ocp.CheckpointManager, what: str = "") -
         reason = f"{type(e).__name__}: {str(e)[:500]}"
     manager.reload()
     newest = manager.latest_step()
-    kept = (f"the checkpoints on disk are intact, the newest is step {newest}" if newest is not None
-            else "there is no earlier checkpoint")
-    return RuntimeError(f"{what or f'saving a checkpoint in {manager.directory}'} failed: {reason}. {kept[0].upper()}{kept[1:]}. "
-                        f"{'Free some space, then r' if full else 'R'}un the same command to resume.")
+    kept = (
+        f"the checkpoints on disk are intact, the newest is step {newest}"
+        if newest is not None
+        else "there is no earlier checkpoint"
+    )
+    return RuntimeError(
+        f"{what or f'saving a checkpoint in {manager.directory}'} failed: {reason}. {kept[0].upper()}{kept[1:]}. "
+        f"{'Free some space, then r' if full else 'R'}un the same command to resume."
+    )
 
 
 # =========================================================================== the loop
 
 
-def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = False,
-          split_cpu: bool = False, make_trainer: Callable[..., Trainer] = Trainer) -> dict:
+def train(
+    config: ml_collections.ConfigDict,
+    workdir: str | Path,
+    quiet: bool = False,
+    split_cpu: bool = False,
+    make_trainer: Callable[..., Trainer] = Trainer,
+) -> dict:
     """Train (or resume) the run in `workdir`; returns the final figures.
 
     make_trainer(config, mesh) builds the ``Trainer`` (a subclass trains
@@ -462,8 +494,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     t = config.training
     for key in ("log_every", "eval_every", "ckpt_every"):  # steps between logs, evaluations, checkpoints
         if not (isinstance(t[key], int) and t[key] >= 1):
-            raise ValueError(f"training.{key}={t[key]!r} must be an integer >= 1 (steps between "
-                             f"{key.split('_')[0]}s; training.n_iters={t.n_iters} for once at the end)")
+            raise ValueError(
+                f"training.{key}={t[key]!r} must be an integer >= 1 (steps between "
+                f"{key.split('_')[0]}s; training.n_iters={t.n_iters} for once at the end)"
+            )
 
     # ---- processes and mesh: a multi-host job connects before any device is
     # touched; a mesh that does not fit the devices fails here, before data is read
@@ -501,12 +535,15 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     trainer = make_trainer(config, mesh)
     for divisor, what in ((jax.process_count(), "processes"), (trainer.batch_divisor, "batch shards of the mesh")):
         if t.batch_size % divisor:
-            raise ValueError(f"training.batch_size={t.batch_size} must divide by the {divisor} {what} "
-                             f"(mesh {dict(mesh.shape)}); change the batch size or config.mesh")
+            raise ValueError(
+                f"training.batch_size={t.batch_size} must divide by the {divisor} {what} "
+                f"(mesh {dict(mesh.shape)}); change the batch size or config.mesh"
+            )
     manager = runs.checkpoint_manager(workdir, config)
     if manager.all_steps():  # onto this run's mesh, whatever mesh wrote it; an unreadable newest one is set aside
-        state, at = runs.restore_newest(manager, trainer.abstract_state,
-                                        quarantine=workdir / UNREADABLE if lead else None)
+        state, at = runs.restore_newest(
+            manager, trainer.abstract_state, quarantine=workdir / UNREADABLE if lead else None
+        )
         if jax.process_count() > 1:  # process 0 has moved what nobody can read
             multihost_utils.sync_global_devices("sedd: checkpoints restored")
             manager.reload()
@@ -520,14 +557,15 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
     if cpt:  # the figure the end of the run compares with, per character
         eos = f"; {EOS_TEXT} between documents is a token of none" if tokenizer.eos_id is not None else ""
         per_char = f" = {entropy / cpt:.3f} bits/char ({cpt:.4f} characters per token{eos})"
-    say(f"model: {trainer.n_params / 1e6:.2f}M parameters; data: {dataset.num_tokens('train'):,} train tokens, "
-        f"vocabulary {tokenizer.vocab_size}, unigram entropy of the train split {entropy:.3f} bits/token{per_char}")
+    say(
+        f"model: {trainer.n_params / 1e6:.2f}M parameters; data: {dataset.num_tokens('train'):,} train tokens, "
+        f"vocabulary {tokenizer.vocab_size}, unigram entropy of the train split {entropy:.3f} bits/token{per_char}"
+    )
     say(dtype_line(config.model.dtype))
 
     def val_figures(params) -> dict:
         nats = estimate_loss(trainer, params, dataset, t.eval_batches, t.batch_size, config.seed)
-        return {f"val_estimate_{k}": v for k, v in losses.units(nats, chars_per_token=cpt).items()
-                if k != "ppl_bound"}
+        return {f"val_estimate_{k}": v for k, v in losses.units(nats, chars_per_token=cpt).items() if k != "ppl_bound"}
 
     def model_run(state) -> runs.Run:
         return runs.from_parts(config, tokenizer, trainer.graphdef, state["ema"], trainer.rest, step, mesh)
@@ -538,11 +576,17 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
             raise FloatingPointError(
                 f"non-finite loss or gradient at step {bad}; nothing from step {bad} on was applied "
                 f"or saved. The last checkpoint is step {manager.latest_step()} in {workdir}. "
-                "Try a lower optim.lr or optim.grad_clip, or float32 compute (model.dtype).")
+                "Try a lower optim.lr or optim.grad_clip, or float32 compute (model.dtype)."
+            )
 
     # ---- the loop
-    batches = dataset.train_batches(t.batch_size, seed=config.seed, start_step=step,
-                                    process_index=jax.process_index(), process_count=jax.process_count())
+    batches = dataset.train_batches(
+        t.batch_size,
+        seed=config.seed,
+        start_step=step,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
     writer = MetricsWriter(workdir, active=lead)
     val = {}
     tokens_per_step = t.batch_size * config.data.seq_len
@@ -558,8 +602,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
         check_finite(state)
         free = shutil.disk_usage(manager.directory).free
         if free < 1.25 * state_bytes + 2**16:  # refuse before orbax half-writes a checkpoint
-            raise _save_failed(OSError(errno.ENOSPC, f"{free / 2**20:.1f} MiB free, a checkpoint needs about "
-                                                     f"{state_bytes / 2**20:.1f} MiB"), manager)
+            raise _save_failed(
+                OSError(
+                    errno.ENOSPC, f"{free / 2**20:.1f} MiB free, a checkpoint needs about {state_bytes / 2**20:.1f} MiB"
+                ),
+                manager,
+            )
         try:
             manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
             if lead:  # after orbax finished the step's folder: a SHA-256 of each array, verified at every restore
@@ -567,8 +615,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
         except Exception as e:
             raise _save_failed(e, manager) from e
 
-    with StopRequest(say=(lambda msg: None) if quiet else None) as stop, \
-            tqdm(total=t.n_iters, initial=step, disable=quiet, desc="train", dynamic_ncols=True) as bar:
+    with (
+        StopRequest(say=(lambda msg: None) if quiet else None) as stop,
+        tqdm(total=t.n_iters, initial=step, disable=quiet, desc="train", dynamic_ncols=True) as bar,
+    ):
         say.bar = bar
         failed = True
         try:
@@ -585,8 +635,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, quiet: bool = 
                     check_finite(state)
                     now = time.perf_counter()
                     row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
-                    row.update({f"loss_{k}": v for k, v in losses.units(row["loss_nats_per_token"], cpt).items()
-                                if k.startswith("bits")})
+                    row.update(
+                        {
+                            f"loss_{k}": v
+                            for k, v in losses.units(row["loss_nats_per_token"], cpt).items()
+                            if k.startswith("bits")
+                        }
+                    )
                     row["tokens_per_s"] = (step - last_step) * tokens_per_step / max(now - last_time, 1e-9)
                     last_time, last_step = now, step
                     row["elapsed_s"] = now - loop_start  # this process's seconds in the loop, evaluations included

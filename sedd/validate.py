@@ -64,8 +64,10 @@ def clipped(message: str) -> str:
     was expected) kept. A value a message echoes (a 5,000-character SEDD_COMPUTE_DTYPE, a list of 18 kB of
     characters a run cannot write) is then never shown whole."""
     keep = MAX_LINE // 2 - 40
-    return "\n".join(line if len(line) <= MAX_LINE else f"{line[:keep]} ... ({len(line):,} characters) ... "
-                     f"{line[-keep:]}" for line in short_numbers(message).split("\n"))
+    return "\n".join(
+        line if len(line) <= MAX_LINE else f"{line[:keep]} ... ({len(line):,} characters) ... {line[-keep:]}"
+        for line in short_numbers(message).split("\n")
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +85,11 @@ class Bound:
     def check(self, name: str, value) -> None:
         """Raise ValueError (one line naming `name`) unless value is a number of this bound."""
         types = (int,) if self.integer else (int, float)
-        ok = isinstance(value, types) and not isinstance(value, bool) and \
-            (isinstance(value, int) or math.isfinite(value))  # isfinite(10**400) is an OverflowError
+        ok = (
+            isinstance(value, types)
+            and not isinstance(value, bool)
+            and (isinstance(value, int) or math.isfinite(value))
+        )  # isfinite(10**400) is an OverflowError
         if ok and self.low <= value <= self.high and not (self.open_low and value == self.low):
             return
         what = "an integer" if self.integer else "a finite number"
@@ -190,12 +195,16 @@ def check_output_outside(flag: str, path: str, run: str) -> None:
     directory `run` (``sedd.files.RUN_NAMES``): `sedd sample --output RUN/config.json` overwrote the run's config."""
     out, home = Path(path).expanduser().resolve(), Path(run).expanduser().resolve()
     if home in out.parents and (name := out.relative_to(home).parts[0]) in files.RUN_NAMES:
-        raise ValueError(f"{flag} {path} is {out}, inside the run's own {name}: the samples would overwrite what the "
-                         f"run {run} needs; write them elsewhere")
+        raise ValueError(
+            f"{flag} {path} is {out}, inside the run's own {name}: the samples would overwrite what the "
+            f"run {run} needs; write them elsewhere"
+        )
 
 
-FETCH = ("`huggingface-cli download louaaron/sedd-small --local-dir sedd-small` (the authors' weights) and "
-         "`huggingface-cli download gpt2 vocab.json merges.txt --local-dir gpt2` (GPT-2's tokenizer)")
+FETCH = (
+    "`huggingface-cli download louaaron/sedd-small --local-dir sedd-small` (the authors' weights) and "
+    "`huggingface-cli download gpt2 vocab.json merges.txt --local-dir gpt2` (GPT-2's tokenizer)"
+)
 """How `sedd convert`'s files are fetched (docs/pretrained.md, section 1): named where one is missing."""
 
 
@@ -224,8 +233,10 @@ def check_path(flag: str, path: str, kind: str) -> None:
         raise ValueError(f"{flag} {path}: {e.strerror or e}") from None
     if kind == "source":
         if st is None:  # `sedd convert sedd-small ...` as docs/pretrained.md writes it, before fetching the files
-            raise ValueError(f"{flag} {path} does not exist. sedd downloads nothing: fetch the files first, as "
-                             f"docs/pretrained.md (section 1) says: {FETCH}")
+            raise ValueError(
+                f"{flag} {path} does not exist. sedd downloads nothing: fetch the files first, as "
+                f"docs/pretrained.md (section 1) says: {FETCH}"
+            )
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
             raise ValueError(f"{flag} {path} is neither a regular file nor a folder (a FIFO, a device, ...)")
         return
@@ -277,7 +288,8 @@ def memory_estimate(config, rows: int = 1) -> int:
     m, L = config.model, config.data.seq_len
     vocab = -(-(config.vocab_size + 1) // m.vocab_multiple) * m.vocab_multiple
     weights = 2 * vocab * m.hidden_size + m.n_layers * (
-        (4 + 2 * m.mlp_ratio) * m.hidden_size ** 2 + 6 * m.cond_dim * m.hidden_size)
+        (4 + 2 * m.mlp_ratio) * m.hidden_size**2 + 6 * m.cond_dim * m.hidden_size
+    )
     per_row = 2 * m.n_heads * L * L + 3 * L * vocab + 16 * L * m.hidden_size  # scores and their softmax
     return 4 * (3 * weights + rows * per_row)
 
@@ -305,10 +317,12 @@ def check_memory(config, rows: int = 1, what: str = "") -> None:
     need, have = memory_estimate(config, rows), available_memory()
     if need > have:
         m = config.model
-        raise ValueError(f"{what}data.seq_len = {config.data.seq_len} with model.n_heads = {m.n_heads}, "
-                         f"hidden_size = {m.hidden_size} and vocab_size = {config.vocab_size}, {rows} sequence(s) "
-                         f"at once, needs about {need / 2**30:.1f} GiB (attention is quadratic in the length); "
-                         f"this machine has {have / 2**30:.1f} GiB")
+        raise ValueError(
+            f"{what}data.seq_len = {config.data.seq_len} with model.n_heads = {m.n_heads}, "
+            f"hidden_size = {m.hidden_size} and vocab_size = {config.vocab_size}, {rows} sequence(s) "
+            f"at once, needs about {need / 2**30:.1f} GiB (attention is quadratic in the length); "
+            f"this machine has {have / 2**30:.1f} GiB"
+        )
 
 
 # --------------------------------------------------------------------------- a config about to be trained
@@ -342,12 +356,16 @@ def check_training(config) -> None:
     for key, bound in TRAINING_BOUNDS.items():
         bound.check(key, functools.reduce(getattr, key.split("."), config))
     if t.accum_steps > t.n_iters:
-        raise ValueError(f"training.accum_steps = {shown(t.accum_steps)} is more than training.n_iters = "
-                         f"{shown(t.n_iters)}: no update would ever be applied")
+        raise ValueError(
+            f"training.accum_steps = {shown(t.accum_steps)} is more than training.n_iters = "
+            f"{shown(t.n_iters)}: no update would ever be applied"
+        )
     tokens, have = config.data.markov.num_tokens, available_memory(devices=False)
     if config.data.name == "markov" and (need := tokens * MARKOV_BYTES_PER_TOKEN) > have:
-        raise ValueError(f"data.markov.num_tokens = {shown(tokens)} needs about {need / 2**30:,.1f} GiB; this machine "
-                         f"has {have / 2**30:,.1f} GiB")
+        raise ValueError(
+            f"data.markov.num_tokens = {shown(tokens)} needs about {need / 2**30:,.1f} GiB; this machine "
+            f"has {have / 2**30:,.1f} GiB"
+        )
 
 
 def check_training_memory(config) -> None:
@@ -365,12 +383,16 @@ def check_training_memory(config) -> None:
     t, limit = config.training, device_limit()
     have = limit * jax.local_device_count() if limit else available_memory(devices=False)
     weights = memory_estimate(config, 0) // 3
-    for key, value, rows, extra in (("training.batch_size", t.batch_size, -(-t.batch_size // jax.process_count()),
-                                     4 * weights), ("training.eval_samples", t.eval_samples, t.eval_samples, 0)):
+    for key, value, rows, extra in (
+        ("training.batch_size", t.batch_size, -(-t.batch_size // jax.process_count()), 4 * weights),
+        ("training.eval_samples", t.eval_samples, t.eval_samples, 0),
+    ):
         need = memory_estimate(config, rows) + extra
         if need > have:
             m = config.model
-            raise ValueError(f"{key} = {shown(value)}: {rows:,} sequences of data.seq_len = {config.data.seq_len} "
-                             f"tokens (model.n_heads = {m.n_heads}, hidden_size = {m.hidden_size}) need at least "
-                             f"{need / 2**30:,.1f} GiB (attention is quadratic in the length); this process has "
-                             f"{have / 2**30:,.1f} GiB")
+            raise ValueError(
+                f"{key} = {shown(value)}: {rows:,} sequences of data.seq_len = {config.data.seq_len} "
+                f"tokens (model.n_heads = {m.n_heads}, hidden_size = {m.hidden_size}) need at least "
+                f"{need / 2**30:,.1f} GiB (attention is quadratic in the length); this process has "
+                f"{have / 2**30:,.1f} GiB"
+            )

@@ -59,9 +59,16 @@ def tiny_run(tmp_path_factory):
     model's own tests use two or more).
     """
     tmp = tmp_path_factory.mktemp("tiny_run")
-    config = config_lib.load_config("tiny", [f"--config.data.data_dir={tmp / 'data'}", "--config.training.n_iters=4",
-                                             "--config.training.ckpt_every=2", "--config.training.eval_every=4",
-                                             "--config.model.n_layers=1"])
+    config = config_lib.load_config(
+        "tiny",
+        [
+            f"--config.data.data_dir={tmp / 'data'}",
+            "--config.training.n_iters=4",
+            "--config.training.ckpt_every=2",
+            "--config.training.eval_every=4",
+            "--config.model.n_layers=1",
+        ],
+    )
     train.train(config, tmp / "run", quiet=True)
     return tmp / "run", str(tmp / "data")
 
@@ -73,9 +80,32 @@ def tiny_spec_run(tiny_run, tmp_path_factory):
     Read-only for its users (copy it to change it).
     """
     tmp = tmp_path_factory.mktemp("tiny_spec_run")
-    config = config_lib.load_config("tiny", [f"--config.data.data_dir={tiny_run[1]}", "--config.model.kind=spec",
-                                             "--config.model.draft_k=2", "--config.model.n_layers=1",
-                                             "--config.training.n_iters=2", "--config.training.ckpt_every=2",
-                                             "--config.training.eval_every=2", "--config.training.eval_samples=0"])
+    config = config_lib.load_config(
+        "tiny",
+        [
+            f"--config.data.data_dir={tiny_run[1]}",
+            "--config.model.kind=spec",
+            "--config.model.draft_k=2",
+            "--config.model.n_layers=1",
+            "--config.training.n_iters=2",
+            "--config.training.ckpt_every=2",
+            "--config.training.eval_every=2",
+            "--config.training.eval_samples=0",
+        ],
+    )
     train.train(config, tmp / "run", quiet=True)
     return tmp / "run"
+
+
+@pytest.fixture(scope="session")
+def gpt2_files(tmp_path_factory):
+    """A byte-level BPE trained here, saved in GPT-2's layout (vocab.json + merges.txt)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    folder = tmp_path_factory.mktemp("gpt2")
+    bpe = tokenizers.ByteLevelBPETokenizer()
+    texts = ["the cat sat on the mat, and the dog ate the bone.", "Zoë's café — “naïve” 1,234 times!\n"] * 50
+    bpe.train_from_iterator(
+        texts, vocab_size=300, min_frequency=1, special_tokens=["<|endoftext|>"], show_progress=False
+    )
+    bpe.save_model(str(folder))
+    return folder

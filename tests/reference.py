@@ -143,9 +143,7 @@ def exact_score_fn(graph, seqs, probs):
         p = jnp.asarray(probs, dtype)
         # weight[b, n, l] = p0(n) prod_{l' != l} exp(sigma Q)[x0_l', x_l']
         weight = jnp.stack(
-            [p * jnp.prod(here[:, :, [k for k in range(length) if k != l]], axis=2)
-             for l in range(length)],
-            axis=2,
+            [p * jnp.prod(here[:, :, [k for k in range(length) if k != l]], axis=2) for l in range(length)], axis=2
         )  # (B, N, L)
         num = jnp.einsum("bnl,nlv,bvy->bly", weight, onehot, trans)  # p_sigma(x with x_l = y)
         den = jnp.take_along_axis(num, x[..., None], axis=2)  # (B, L, 1) = p_sigma(x)

@@ -16,8 +16,19 @@ from sedd.model import DDiT
 
 
 def _ar_model(vocab=7, length=12, seed=0):
-    model = DDiT(num_tokens=vocab + 1, out_dim=vocab, hidden_size=32, n_layers=2, n_heads=4, cond_dim=16,
-                 dropout=0.0, max_len=length, causal=True, time_conditioning=False, rngs=nnx.Rngs(seed))
+    model = DDiT(
+        num_tokens=vocab + 1,
+        out_dim=vocab,
+        hidden_size=32,
+        n_layers=2,
+        n_heads=4,
+        cond_dim=16,
+        dropout=0.0,
+        max_len=length,
+        causal=True,
+        time_conditioning=False,
+        rngs=nnx.Rngs(seed),
+    )
     # adaLN and the output layer start at zero; random weights make the test bite.
     state = nnx.state(model, nnx.Param)
     leaves, tree = jax.tree.flatten(state)
@@ -31,8 +42,9 @@ def test_sequence_nll_and_sampling():
     model = _ar_model()
     x = jax.random.randint(jax.random.key(0), (2, 12), 0, 7)
     nll = causal.nll(model, x)
-    manual = -sum(jax.nn.log_softmax(causal.next_token_logits(model, x)[:, l])[jnp.arange(2), x[:, l]]
-                  for l in range(12))
+    manual = -sum(
+        jax.nn.log_softmax(causal.next_token_logits(model, x)[:, l])[jnp.arange(2), x[:, l]] for l in range(12)
+    )
     np.testing.assert_allclose(nll, manual, rtol=1e-5)
     s = causal.ancestral_model(jax.random.key(1), model, 4, 12, prompt=jnp.array([[1, 2]] * 4))
     assert s.shape == (4, 12) and s.dtype == jnp.int32
@@ -61,8 +73,9 @@ def test_greedy_decoding_is_the_argmax_of_the_full_pass_and_top_p_keeps_the_nucl
 
 
 def test_a_judge_is_its_nll_function_in_batches_of_one_shape_and_refuses_what_it_cannot_score():
-    c = ml_collections.ConfigDict(config_lib.load_config("tiny", ["--config.model.kind=ar",
-                                                                   "--config.data.seq_len=12"]).to_dict())
+    c = ml_collections.ConfigDict(
+        config_lib.load_config("tiny", ["--config.model.kind=ar", "--config.data.seq_len=12"]).to_dict()
+    )
     c.vocab_size = 7
     model = _ar_model()
     run = runs.from_parts(c, None, model, nnx.state(model, nnx.Param))
@@ -110,7 +123,6 @@ def test_ar_trains_with_the_same_trainer(tmp_path, caplog):
     assert not [r for r in caplog.records if "Compiling jit(_sample)" in r.getMessage()]
 
 
-
 def test_the_caller_held_cache_matches_full_forward_pass():
     """``causal.decode_in_cache`` (what ``causal.ancestral`` decodes with up to max_len): each step's logits."""
     model = _ar_model()
@@ -121,6 +133,7 @@ def test_the_caller_held_cache_matches_full_forward_pass():
     prev = jnp.full((3,), causal.bos_id(model), jnp.int32)
     for pos in range(12):
         logits, cache = step(cache, prev, jnp.int32(pos))
-        np.testing.assert_allclose(jax.nn.log_softmax(logits[:, 0]), jax.nn.log_softmax(full[:, pos]),
-                                   atol=2e-5, err_msg=f"position {pos}")
+        np.testing.assert_allclose(
+            jax.nn.log_softmax(logits[:, 0]), jax.nn.log_softmax(full[:, pos]), atol=2e-5, err_msg=f"position {pos}"
+        )
         prev = x[:, pos]

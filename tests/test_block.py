@@ -48,8 +48,9 @@ def exact_block_scores(prefix, start, x, sigma, b):
     part = jax.lax.dynamic_slice(seqs, (0, start), (len(SEQS), b))  # (N, b)
     keep = jnp.exp(-sigma)[:, None, None]  # (B, 1, 1)
     k = jnp.where(part[None] == x[:, None], keep, 0.0) + jnp.where(x[:, None] == MASK, 1 - keep, 0.0)  # (B, N, b)
-    others = jnp.stack([jnp.prod(jnp.delete(k, l, axis=2, assume_unique_indices=True), axis=2)
-                        for l in range(b)], axis=2)  # (B, N, b): prod over l' != l
+    others = jnp.stack(
+        [jnp.prod(jnp.delete(k, l, axis=2, assume_unique_indices=True), axis=2) for l in range(b)], axis=2
+    )  # (B, N, b): prod over l' != l
     tokens = jnp.einsum("bn,bnl,nly->bly", w, others * keep, jax.nn.one_hot(part, V))  # (B, b, V)
     to_mask = jnp.einsum("bn,bnl->bl", w, others)[..., None] * (1 - keep)  # (B, b, 1)
     num = jnp.concatenate([tokens, to_mask], axis=-1)  # (B, b, D)
@@ -79,17 +80,21 @@ def exact_scorer(b, fused=False):
 
 def exact_block_fn(b):
     """(x_t, x0, sigma float[B, n_b]) -> every block's exact log-score given x0's blocks before it."""
+
     def block_fn(x_t, x0, sigma):
-        return jnp.concatenate([exact_block_scores(x0, i * b, x_t[:, i * b:(i + 1) * b], sigma[:, i], b)
-                                for i in range(L // b)], axis=1)
+        return jnp.concatenate(
+            [exact_block_scores(x0, i * b, x_t[:, i * b : (i + 1) * b], sigma[:, i], b) for i in range(L // b)], axis=1
+        )
+
     return block_fn
 
 
 # --------------------------------------------------------------------------- exact laws
 
 
-@pytest.mark.parametrize("b, sampler, steps", [(1, "analytic", 1), (2, "first_hitting", 2), (2, "confidence", 2),
-                                                 (4, "first_hitting", 4)])
+@pytest.mark.parametrize(
+    "b, sampler, steps", [(1, "analytic", 1), (2, "first_hitting", 2), (2, "confidence", 2), (4, "first_hitting", 4)]
+)
 def test_block_sampler_draws_the_exact_law(b, sampler, steps):
     """With P0's exact block scores the block sampler draws P0: b = 1 is P0's AR chain rule, b = L SEDD's sampler.
 
@@ -98,8 +103,18 @@ def test_block_sampler_draws_the_exact_law(b, sampler, steps):
     denoise. TV within the noise bound of N_SAMPLES exact draws.
     """
     options = {"order": "random"} if sampler == "confidence" else {}
-    out = block.sample_blocks(jax.random.key(b), exact_scorer(b), None, GRAPH, noise_lib.LogLinear(1e-3), (N_SAMPLES, L),
-                       b, steps, sampler, **options)
+    out = block.sample_blocks(
+        jax.random.key(b),
+        exact_scorer(b),
+        None,
+        GRAPH,
+        noise_lib.LogLinear(1e-3),
+        (N_SAMPLES, L),
+        b,
+        steps,
+        sampler,
+        **options,
+    )
     law = reference.empirical_law(np.asarray(out.tokens), V)
     dist = reference.tv(law, P0)
     assert dist < reference.tv_noise_bound(P0, N_SAMPLES), (b, sampler, dist)
@@ -109,8 +124,19 @@ def test_a_prompt_is_kept_and_the_rest_drawn_from_the_conditional_law():
     """A 3-token prompt (ending inside block 2 of b = 2): the last token is drawn from P0(x_3 | x_0..2)."""
     prompt = np.array([1, 0, 2, 0])
     mask = np.broadcast_to(np.arange(L) < 3, (N_SAMPLES, L))
-    out = block.sample_blocks(jax.random.key(0), exact_scorer(2), None, GRAPH, noise_lib.LogLinear(1e-3), (N_SAMPLES, L), 2,
-                       2, "first_hitting", fixed_mask=mask, fixed_tokens=np.broadcast_to(prompt, (N_SAMPLES, L)))
+    out = block.sample_blocks(
+        jax.random.key(0),
+        exact_scorer(2),
+        None,
+        GRAPH,
+        noise_lib.LogLinear(1e-3),
+        (N_SAMPLES, L),
+        2,
+        2,
+        "first_hitting",
+        fixed_mask=mask,
+        fixed_tokens=np.broadcast_to(prompt, (N_SAMPLES, L)),
+    )
     x = np.asarray(out.tokens)
     assert (x[:, :3] == prompt[:3]).all()
     rows = reference.seq_index(np.array([[1, 0, 2, y] for y in range(V)]), V)
@@ -123,9 +149,17 @@ def test_a_prompt_is_kept_and_the_rest_drawn_from_the_conditional_law():
 def test_block_bound_is_tight_at_the_exact_score(b):
     """Eq. (2) of sedd.kinds.block with the exact block scores: the bound equals -log P0(x) within its error."""
     noise = noise_lib.Geometric(1e-4, 20.0)
-    bound, err = evaluate.likelihood_bound_with_stderr(jax.random.key(0), exact_block_fn(b), GRAPH, noise, SEQS,
-                                                       num_t=128, num_samples=16, t_batch=16,
-                                                       per_position=block.per_position_fn(b))
+    bound, err = evaluate.likelihood_bound_with_stderr(
+        jax.random.key(0),
+        exact_block_fn(b),
+        GRAPH,
+        noise,
+        SEQS,
+        num_t=128,
+        num_samples=16,
+        t_batch=16,
+        per_position=block.per_position_fn(b),
+    )
     bound, err, nll = np.asarray(bound), np.asarray(err), -np.log(P0)
     z = (bound - nll) / err
     assert np.all(np.abs(z) < 4.5), (z, bound, nll)
@@ -134,8 +168,19 @@ def test_block_bound_is_tight_at_the_exact_score(b):
 
 def _network(block_size, length=8, seed=0, **kw):
     """A DDiT of the block kind with random (nonzero) weights everywhere, over V + 1 ids."""
-    model = DDiT(num_tokens=V + 1, out_dim=V + 1, hidden_size=16, n_layers=2, n_heads=2, cond_dim=8, dropout=0.0,
-                 max_len=length, scale_by_sigma=True, rngs=nnx.Rngs(seed), **kw)
+    model = DDiT(
+        num_tokens=V + 1,
+        out_dim=V + 1,
+        hidden_size=16,
+        n_layers=2,
+        n_heads=2,
+        cond_dim=8,
+        dropout=0.0,
+        max_len=length,
+        scale_by_sigma=True,
+        rngs=nnx.Rngs(seed),
+        **kw,
+    )
     params = nnx.state(model, nnx.Param)
     keys = jax.random.split(jax.random.key(seed + 1), len(jax.tree.leaves(params)))
     leaves = [p + 0.3 * jax.random.normal(k, p.shape) for p, k in zip(jax.tree.leaves(params), keys)]
@@ -159,15 +204,25 @@ def test_b1_bound_is_the_exact_nll_of_the_conditional_model():
     p = jax.jit(fn)(state, masked, x0, sigma)[..., :V] + log_expm1(1.0)  # log p_theta(. | x0_<i)
     nll = -np.asarray(jnp.take_along_axis(p, x0[..., None], -1)[..., 0].sum(-1))
     noise = noise_lib.Geometric(1e-4, 20.0)
-    bound, err = evaluate.likelihood_bound_with_stderr(jax.random.key(1), fn, GRAPH, noise, x0, num_t=128,
-                                                       num_samples=16, t_batch=16, score_params=state,
-                                                       per_position=block.per_position_fn(1))
+    bound, err = evaluate.likelihood_bound_with_stderr(
+        jax.random.key(1),
+        fn,
+        GRAPH,
+        noise,
+        x0,
+        num_t=128,
+        num_samples=16,
+        t_batch=16,
+        score_params=state,
+        per_position=block.per_position_fn(1),
+    )
     z = (np.asarray(bound) - nll) / np.asarray(err)
     assert np.all(np.abs(z) < 4.5), (z, bound, nll)
 
 
-@pytest.mark.parametrize("b, remat, time_conditioning", [(4, "none", True), (16, "none", True),
-                                                         (4, "layers", False), (16, "dots", True)])
+@pytest.mark.parametrize(
+    "b, remat, time_conditioning", [(4, "none", True), (16, "none", True), (4, "layers", False), (16, "dots", True)]
+)
 def test_the_bound_run_against_the_clean_context_is_the_full_forwards(b, remat, time_conditioning):
     """x0's keys and values once a batch, then x_t's L positions alone (block.bound_fns, what the block kind's
     likelihood runs): the scores and the bound of the [x_t ; x0] forward at every t (block.log_score), float32."""
@@ -186,10 +241,12 @@ def test_the_bound_run_against_the_clean_context_is_the_full_forwards(b, remat, 
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     fns, noise = block.bound_fns(graphdef, b), noise_lib.LogLinear(1e-3)
     common = dict(num_t=8, num_samples=2, t_batch=4, score_params=(params, rest), per_position=block.per_position_fn(b))
-    want = evaluate.likelihood_bound_with_stderr(jax.random.key(2), block.params_block_fn(graphdef, b), GRAPH, noise,
-                                                 x0, **common)
-    got = evaluate.likelihood_bound_with_stderr(jax.random.key(2), fns.block_fn, GRAPH, noise, x0,
-                                                prepare=fns.prepare, **common)
+    want = evaluate.likelihood_bound_with_stderr(
+        jax.random.key(2), block.params_block_fn(graphdef, b), GRAPH, noise, x0, **common
+    )
+    got = evaluate.likelihood_bound_with_stderr(
+        jax.random.key(2), fns.block_fn, GRAPH, noise, x0, prepare=fns.prepare, **common
+    )
     np.testing.assert_allclose(np.asarray(got.bound), np.asarray(want.bound), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(got.stderr), np.asarray(want.stderr), rtol=1e-4, atol=1e-5)
 
@@ -205,14 +262,18 @@ def _uncached_scorer(graphdef, b, length):
     outputs are not read: block i's output depends on x_t's block i and x0's
     blocks < i only).
     """
+
     def score(state, ctx, x, sigma):
         text, start = ctx
         x_t = jax.lax.dynamic_update_slice(jnp.full_like(text, MASK), x, (0, start))
         scores = block.log_score(nnx.merge(graphdef, *state), x_t, text, sigma, b)
         return jax.lax.dynamic_slice(scores, (0, start, 0), (x.shape[0], b, scores.shape[2]))
 
-    return block.Scorer(lambda params, batch: (jnp.zeros((batch, length), jnp.int32), jnp.int32(0)), score,
-                        lambda params, ctx, x: (jax.lax.dynamic_update_slice(ctx[0], x, (0, ctx[1])), ctx[1] + b))
+    return block.Scorer(
+        lambda params, batch: (jnp.zeros((batch, length), jnp.int32), jnp.int32(0)),
+        score,
+        lambda params, ctx, x: (jax.lax.dynamic_update_slice(ctx[0], x, (0, ctx[1])), ctx[1] + b),
+    )
 
 
 @pytest.mark.parametrize("time_conditioning, sampler", [(True, "entropy_bound"), (False, "analytic")])
@@ -226,18 +287,19 @@ def test_kv_cache_gives_the_uncached_scores_and_samples(time_conditioning, sampl
     text = jnp.asarray(rng.integers(0, V, (3, length)), jnp.int32)
     ctx_c, ctx_u = cached.init(state, 3), uncached.init(state, 3)
     # Compiled as the sampler runs them (one program each, not one per operation: 4x faster on 2 cores).
-    score_c, score_u, commit_c, commit_u = map(jax.jit, (cached.score, uncached.score, cached.commit,
-                                                         uncached.commit))
+    score_c, score_u, commit_c, commit_u = map(jax.jit, (cached.score, uncached.score, cached.commit, uncached.commit))
     for i in range(length // b):
-        x = jnp.where(rng.random((3, b)) < 0.5, MASK, text[:, i * b:(i + 1) * b])
+        x = jnp.where(rng.random((3, b)) < 0.5, MASK, text[:, i * b : (i + 1) * b])
         sigma = jnp.asarray(rng.uniform(0.1, 3.0, 3), jnp.float32)
         got, want = score_c(state, ctx_c, x, sigma), score_u(state, ctx_u, x, sigma)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
-        clean = text[:, i * b:(i + 1) * b]
+        clean = text[:, i * b : (i + 1) * b]
         ctx_c, ctx_u = commit_c(state, ctx_c, clean), commit_u(state, ctx_u, clean)
     noise = noise_lib.LogLinear(1e-3)
-    draws = [block.sample_blocks(jax.random.key(5), s, state, GRAPH, noise, (4, length), b, 4, sampler).tokens
-             for s in (cached, uncached)]
+    draws = [
+        block.sample_blocks(jax.random.key(5), s, state, GRAPH, noise, (4, length), b, 4, sampler).tokens
+        for s in (cached, uncached)
+    ]
     np.testing.assert_array_equal(*draws)
 
 
@@ -251,8 +313,9 @@ def _windowed_log_score(model, x_t, x0, sigma, b, window):
     mask = block_diffusion_mask(length, b) & np.tile(band, (2, 2))
     blocks = length // b
     groups = jnp.concatenate([jnp.broadcast_to(sigma[:, None], (batch, blocks)), jnp.zeros((batch, blocks))], 1)
-    out = model.network_output(jnp.concatenate([x_t, x0], axis=1), groups, positions=np.concatenate([pos, pos]),
-                               mask=mask, keep=length)
+    out = model.network_output(
+        jnp.concatenate([x_t, x0], axis=1), groups, positions=np.concatenate([pos, pos]), mask=mask, keep=length
+    )
     return model.log_score(out, x_t, sigma)
 
 
@@ -269,30 +332,33 @@ def test_the_cache_past_its_window_is_the_windowed_forward():
     text = jnp.asarray(rng.integers(0, V, (3, total)), jnp.int32)
     ctx = fused_ctx = scorer.init(state, 3)
     # Each compiled once (not one program per operation): the same figures, 2x faster on 2 cores.
-    windowed = jax.jit(lambda state, x_t, text, sigma: _windowed_log_score(nnx.merge(graphdef, *state), x_t, text,
-                                                                           sigma, b, length))
+    windowed = jax.jit(
+        lambda state, x_t, text, sigma: _windowed_log_score(nnx.merge(graphdef, *state), x_t, text, sigma, b, length)
+    )
     score, commit_score, commit = map(jax.jit, (scorer.score, scorer.commit_score, scorer.commit))
     for start in range(0, total, b):
-        x = jnp.where(rng.random((3, b)) < 0.5, MASK, text[:, start:start + b])
+        x = jnp.where(rng.random((3, b)) < 0.5, MASK, text[:, start : start + b])
         sigma = jnp.asarray(rng.uniform(0.1, 3.0, 3), jnp.float32)
-        x_t = jnp.full_like(text, MASK).at[:, start:start + b].set(x)
-        want = np.asarray(windowed(state, x_t, text, sigma)[:, start:start + b])
+        x_t = jnp.full_like(text, MASK).at[:, start : start + b].set(x)
+        want = np.asarray(windowed(state, x_t, text, sigma)[:, start : start + b])
         np.testing.assert_allclose(np.asarray(score(state, ctx, x, sigma)), want, atol=2e-5, rtol=1e-5)
         if start:
-            fused_ctx, fused = commit_score(state, fused_ctx, text[:, start - b:start], x, sigma)
+            fused_ctx, fused = commit_score(state, fused_ctx, text[:, start - b : start], x, sigma)
             np.testing.assert_allclose(np.asarray(fused), want, atol=2e-5, rtol=1e-5)
             assert int(fused_ctx[1]) == start  # the clean block committed
-        ctx = commit(state, ctx, text[:, start:start + b])
+        ctx = commit(state, ctx, text[:, start : start + b])
     with pytest.raises(ValueError, match="a chunk of 11 positions exceeds the ring cache's 10 rows"):
-        model.output_in_cache(text[:, :11], jnp.ones((3,)), positions=np.arange(11), mask=np.ones((11, 10), bool),
-                              cache=ctx[0])
+        model.output_in_cache(
+            text[:, :11], jnp.ones((3,)), positions=np.arange(11), mask=np.ones((11, 10), bool), cache=ctx[0]
+        )
 
 
 def _same_draws_one_call_fewer_a_block(outs, blocks):
     np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
     assert int(outs[0].stats["nfe"]) == int(outs[1].stats["nfe"]) - (blocks - 1)
-    np.testing.assert_array_equal(np.asarray(outs[0].stats["nfe_per_sample"]),
-                                  np.asarray(outs[1].stats["nfe_per_sample"]) - (blocks - 1))
+    np.testing.assert_array_equal(
+        np.asarray(outs[0].stats["nfe_per_sample"]), np.asarray(outs[1].stats["nfe_per_sample"]) - (blocks - 1)
+    )
 
 
 @pytest.mark.parametrize("sampler", ["entropy_bound", "analytic", "confidence"])
@@ -300,8 +366,12 @@ def test_a_blocks_commit_and_its_first_score_are_one_call(sampler):
     """With commit_score each block's first sampler call comes with its predecessor's commit: the same draws as
     committing and scoring apart, with one call fewer a block after the first (P0's exact scorer, b = 1)."""
     noise = noise_lib.LogLinear(1e-3)
-    outs = [block.sample_blocks(jax.random.key(3), exact_scorer(1, fused), None, GRAPH, noise, (64, L), 1, 2, sampler,
-                         return_stats=True) for fused in (True, False)]
+    outs = [
+        block.sample_blocks(
+            jax.random.key(3), exact_scorer(1, fused), None, GRAPH, noise, (64, L), 1, 2, sampler, return_stats=True
+        )
+        for fused in (True, False)
+    ]
     _same_draws_one_call_fewer_a_block(outs, L)
 
 
@@ -316,8 +386,12 @@ def test_a_blocks_commit_and_its_first_score_are_one_call_in_the_network(sampler
     fused = block.network_scorer(graphdef, length, b)
     apart = block.Scorer(fused.init, fused.score, fused.commit)  # no commit_score
     noise = noise_lib.LogLinear(1e-3)
-    outs = [block.sample_blocks(jax.random.key(3), s, (params, rest), GRAPH, noise, (3, 2 * length + 2), b, 2, sampler,
-                         return_stats=True) for s in (fused, apart)]
+    outs = [
+        block.sample_blocks(
+            jax.random.key(3), s, (params, rest), GRAPH, noise, (3, 2 * length + 2), b, 2, sampler, return_stats=True
+        )
+        for s in (fused, apart)
+    ]
     _same_draws_one_call_fewer_a_block(outs, (2 * length + 2) // b)
 
 
@@ -328,10 +402,27 @@ def test_b_equal_l_is_sedds_sampler():
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     noise = noise_lib.LogLinear(1e-3)
     key = jax.random.key(2)
-    got = block.sample_blocks(key, block.network_scorer(graphdef, length, length), (params, rest), GRAPH, noise,
-                              (6, length), length, 8, "analytic").tokens
-    want = sampling.sample(jax.random.fold_in(key, 0), kinds.params_score_fn(graphdef), GRAPH, noise, (6, length), 8,
-                           "analytic", score_params=(params, rest)).tokens
+    got = block.sample_blocks(
+        key,
+        block.network_scorer(graphdef, length, length),
+        (params, rest),
+        GRAPH,
+        noise,
+        (6, length),
+        length,
+        8,
+        "analytic",
+    ).tokens
+    want = sampling.sample(
+        jax.random.fold_in(key, 0),
+        kinds.params_score_fn(graphdef),
+        GRAPH,
+        noise,
+        (6, length),
+        8,
+        "analytic",
+        score_params=(params, rest),
+    ).tokens
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
@@ -341,13 +432,34 @@ def test_past_the_window_and_stop_id():
     model = _network(b, length)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     scorer = block.network_scorer(graphdef, length, b)
-    out = block.sample_blocks(jax.random.key(0), scorer, (params, rest), GRAPH, noise_lib.LogLinear(1e-3),
-                       (2, 3 * length + 1), b, 2, "analytic", return_stats=True)
+    out = block.sample_blocks(
+        jax.random.key(0),
+        scorer,
+        (params, rest),
+        GRAPH,
+        noise_lib.LogLinear(1e-3),
+        (2, 3 * length + 1),
+        b,
+        2,
+        "analytic",
+        return_stats=True,
+    )
     assert out.tokens.shape == (2, 25) and int(np.asarray(out.tokens).max()) < V
     # 13 blocks, each: 2 steps (the first always calls), the denoise (skipped when nothing is masked), the commit
     assert 13 * 2 <= int(out.stats["nfe"]) <= 13 * 4
-    stopped = block.sample_blocks(jax.random.key(0), scorer, (params, rest), GRAPH, noise_lib.LogLinear(1e-3),
-                           (2, 3 * length), b, 2, "analytic", stop_id=0, return_stats=True)
+    stopped = block.sample_blocks(
+        jax.random.key(0),
+        scorer,
+        (params, rest),
+        GRAPH,
+        noise_lib.LogLinear(1e-3),
+        (2, 3 * length),
+        b,
+        2,
+        "analytic",
+        stop_id=0,
+        return_stats=True,
+    )
     x = np.asarray(stopped.tokens)
     assert (x == 0).any(1).all()
     end = max(int(np.argmax(row == 0)) // b + 1 for row in x) * b  # the block in which the last row stopped
@@ -369,7 +481,7 @@ def test_block_outputs_see_only_their_block_and_the_clean_blocks_before():
     later_0 = x0.at[:, 4:].set((x0[:, 4:] + 1) % V)
     for args in ((other_t, x0), (x_t, later_0)):
         got = np.asarray(block.log_score(model, *args, sigma, b))
-        np.testing.assert_allclose(got[:, i * b:(i + 1) * b], base[:, i * b:(i + 1) * b], atol=1e-5)
+        np.testing.assert_allclose(got[:, i * b : (i + 1) * b], base[:, i * b : (i + 1) * b], atol=1e-5)
     earlier_0 = x0.at[:, :2].set((x0[:, :2] + 1) % V)  # and it does read the clean blocks before it
     assert not np.allclose(np.asarray(block.log_score(model, x_t, earlier_0, sigma, b))[:, 4:6], base[:, 4:6])
 
@@ -379,12 +491,14 @@ def test_block_outputs_see_only_their_block_and_the_clean_blocks_before():
 
 def test_kind_errors():
     config = ml_collections.ConfigDict(
-        config_lib.load_config("tiny", ["--config.model.kind=block", "--config.model.block_size=5"]).to_dict())
+        config_lib.load_config("tiny", ["--config.model.kind=block", "--config.model.block_size=5"]).to_dict()
+    )
     config.vocab_size = 5
     with pytest.raises(ValueError, match="block_size=5 must be a positive divisor of data.seq_len=32"):
         kinds.get(config)
     config = ml_collections.ConfigDict(
-        config_lib.load_config("tiny", ["--config.model.kind=block", "--config.graph.type=uniform"]).to_dict())
+        config_lib.load_config("tiny", ["--config.model.kind=block", "--config.graph.type=uniform"]).to_dict()
+    )
     config.vocab_size = 5
     with pytest.raises(ValueError, match="absorbing"):
         kinds.get(config)
@@ -402,9 +516,19 @@ def block_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("block_run")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = cli.main(["train", "--config", "tiny", "--config.model.kind=block", "--config.model.block_size=8",
-                         "--config.model.n_layers=1",  # the cache's layers: the network tests above use two
-                         f"--config.data.data_dir={tmp / 'data'}", "--workdir", str(tmp / "run")])
+        code = cli.main(
+            [
+                "train",
+                "--config",
+                "tiny",
+                "--config.model.kind=block",
+                "--config.model.block_size=8",
+                "--config.model.n_layers=1",  # the cache's layers: the network tests above use two
+                f"--config.data.data_dir={tmp / 'data'}",
+                "--workdir",
+                str(tmp / "run"),
+            ]
+        )
     assert code == 0 and "validation bound" in out.getvalue(), out.getvalue()[-3000:]
     return tmp / "run"
 
@@ -414,8 +538,24 @@ def test_block_run_samples_past_its_length_and_evaluates(block_run, tmp_path, ca
     from sedd import cli
 
     out = tmp_path / "samples.jsonl"
-    assert cli.main(["sample", "--workdir", str(block_run), "--max_length", "256", "--prefix", "ROMEO:",
-                     "--num_samples", "2", "--output", str(out)]) == 0, capsys.readouterr().err[-2000:]
+    assert (
+        cli.main(
+            [
+                "sample",
+                "--workdir",
+                str(block_run),
+                "--max_length",
+                "256",
+                "--prefix",
+                "ROMEO:",
+                "--num_samples",
+                "2",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err[-2000:]
     texts = [json.loads(line)["text"] for line in out.read_text().splitlines()]
     # 256 characters (an <|endoftext|> is 13) after the prompt, 8 times the model's length of 32
     assert len(texts) == 2 and all(t.startswith("ROMEO:") and len(t) >= 200 for t in texts), texts
@@ -444,8 +584,9 @@ def test_block_run_is_served_to_the_openai_client_streamed_block_by_block(block_
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     limits = serve.Limits(max_steps=16, max_n=4, max_batch=8, window_s=0.1)
-    server = uvicorn.Server(uvicorn.Config(serve.create_app(run, "sedd-block", limits), host="127.0.0.1",
-                                           port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(serve.create_app(run, "sedd-block", limits), host="127.0.0.1", port=port, log_level="warning")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -457,8 +598,14 @@ def test_block_run_is_served_to_the_openai_client_streamed_block_by_block(block_
         c = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
         model = httpx.get(f"{base}/v1/models").json()["data"][0]
         assert (model["kind"], model["block_size"]) == ("block", 8)
-        args = dict(model="sedd-block", prompt="ROMEO:", max_tokens=12, n=2, seed=3,
-                    extra_body={"steps": 4, "sampler": "analytic"})
+        args = dict(
+            model="sedd-block",
+            prompt="ROMEO:",
+            max_tokens=12,
+            n=2,
+            seed=3,
+            extra_body={"steps": 4, "sampler": "analytic"},
+        )
         out = c.completions.create(**args, temperature=0.8)  # a traced temperature: any value, one program
         assert len(out.choices) == 2 and out.choices[0].text != out.choices[1].text
         for choice in out.choices:
@@ -472,27 +619,46 @@ def test_block_run_is_served_to_the_openai_client_streamed_block_by_block(block_
 
         # Streamed: each call's block placed into the text on the host, the settled prefix sent at once.
         slow_place = rows_lib.Placed.place
-        monkeypatch.setattr(rows_lib.Placed, "place", lambda self, start, states: (slow_place(self, start, states),
-                                                                                time.sleep(0.03)))
+        monkeypatch.setattr(
+            rows_lib.Placed, "place", lambda self, start, states: (slow_place(self, start, states), time.sleep(0.03))
+        )
         arrived = []
-        with httpx.stream("POST", f"{base}/v1/completions", timeout=120,
-                          json={**{k: v for k, v in args.items() if k != "extra_body"}, **args["extra_body"],
-                                "temperature": 0.8, "stream": True}) as r:
+        with httpx.stream(
+            "POST",
+            f"{base}/v1/completions",
+            timeout=120,
+            json={
+                **{k: v for k, v in args.items() if k != "extra_body"},
+                **args["extra_body"],
+                "temperature": 0.8,
+                "stream": True,
+            },
+        ) as r:
             for line in r.iter_lines():
                 if line.startswith("data:") and "[DONE]" not in line:
-                    arrived.append((time.monotonic(), json.loads(line[len("data:"):])))
+                    arrived.append((time.monotonic(), json.loads(line[len("data:") :])))
         last = max(t for t, k in arrived if k["choices"][0]["finish_reason"] is not None)
         assert len([k for t, k in arrived if k["choices"][0]["text"] and t < last - 0.05]) > 1
-        streamed = ["".join(k["choices"][0]["text"] for _, k in arrived if k["choices"][0]["index"] == i)
-                    for i in range(2)]
+        streamed = [
+            "".join(k["choices"][0]["text"] for _, k in arrived if k["choices"][0]["index"] == i) for i in range(2)
+        ]
         assert streamed == [ch.text for ch in out.choices]
 
         # Diffusing: the states of the blocks holding the completion (6..17: blocks 0, 1, 2), then the text.
-        body = {"prompt": "ROMEO:", "max_tokens": 12, "n": 1, "seed": 3, "steps": 4, "sampler": "analytic",
-                "temperature": 0.8, "diffusing": True}
+        body = {
+            "prompt": "ROMEO:",
+            "max_tokens": 12,
+            "n": 1,
+            "seed": 3,
+            "steps": 4,
+            "sampler": "analytic",
+            "temperature": 0.8,
+            "diffusing": True,
+        }
         r = httpx.post(f"{base}/v1/completions", json=body, timeout=120)
-        frames = [json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data:")
-                  and "[DONE]" not in line]
+        frames = [
+            json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data:") and "[DONE]" not in line
+        ]
         assert [f.get("block") for f in frames[:-1]] == [0] * 5 + [1] * 5 + [2] * 5
         assert frames[0]["choices"][0]["text"] == "ROMEO:" + serve.MASK_CHAR * 12 and frames[0]["nfe"] == 0
         assert frames[-1]["choices"][0]["completion"] == out.choices[0].text

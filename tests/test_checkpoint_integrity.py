@@ -64,9 +64,19 @@ def unblock():
 
 def test_max_to_keep_0_is_refused_before_any_work_and_the_checkpoints_stay(run_copy, tiny_run, capsys):
     """Was: a resume with max_to_keep=0 went from checkpoints ['20'] to [] and exited 0."""
-    argv = ["train", "--config", "tiny", "--workdir", str(run_copy), f"--config.data.data_dir={tiny_run[1]}",
-            "--config.training.n_iters=6", "--config.training.ckpt_every=2", "--config.training.eval_every=4",
-            "--config.model.n_layers=1", "--config.training.max_to_keep=0"]
+    argv = [
+        "train",
+        "--config",
+        "tiny",
+        "--workdir",
+        str(run_copy),
+        f"--config.data.data_dir={tiny_run[1]}",
+        "--config.training.n_iters=6",
+        "--config.training.ckpt_every=2",
+        "--config.training.eval_every=4",
+        "--config.model.n_layers=1",
+        "--config.training.max_to_keep=0",
+    ]
     assert cli.main(argv) == 2
     assert "training.max_to_keep must be an integer in [1, " in _one_line(capsys, "train")
     assert sorted(os.listdir(run_copy / runs.CHECKPOINTS)) == ["2", "4"]
@@ -114,9 +124,18 @@ def test_a_link_in_a_checkpoint_is_refused_and_a_resume_refuses_it_in_one_line(r
     meta = run_copy / runs.CHECKPOINTS / "2" / "_CHECKPOINT_METADATA"
     shutil.move(meta, tmp_path / "elsewhere")
     meta.symlink_to(tmp_path / "elsewhere")
-    argv = ["train", "--config", "tiny", "--workdir", str(run_copy), f"--config.data.data_dir={tiny_run[1]}",
-            "--config.training.n_iters=6", "--config.training.ckpt_every=2", "--config.training.eval_every=4",
-            "--config.model.n_layers=1"]
+    argv = [
+        "train",
+        "--config",
+        "tiny",
+        "--workdir",
+        str(run_copy),
+        f"--config.data.data_dir={tiny_run[1]}",
+        "--config.training.n_iters=6",
+        "--config.training.ckpt_every=2",
+        "--config.training.eval_every=4",
+        "--config.model.n_layers=1",
+    ]
     assert cli.main(argv) == 2
     assert f"{meta} is not a regular file or a folder (a symbolic link)" in _one_line(capsys, "train")
 
@@ -127,7 +146,7 @@ def test_a_link_in_a_checkpoint_is_refused_and_a_resume_refuses_it_in_one_line(r
 def _flip(path, at: float, n: int = 64) -> None:
     data = bytearray(open(path, "rb").read())
     i = int(len(data) * at)
-    data[i:i + n] = bytes(b ^ 0xFF for b in data[i:i + n])
+    data[i : i + n] = bytes(b ^ 0xFF for b in data[i : i + n])
     open(path, "wb").write(bytes(data))
 
 
@@ -135,6 +154,7 @@ def test_flipped_bytes_in_a_checkpoints_data_never_load_silently(run_copy, tmp_p
     """Was: 64 bytes flipped in the largest data file loaded as other weights (245 values of a kernel, all
     finite); now each flip is refused at the restore (a SHA-256 of each array, or orbax's own error)."""
     from sedd import train
+
     trainer = train.Trainer(runs.read_config(run_copy))
     for at in (0.2, 0.4, 0.6, 0.8):  # where the bytes land (which array, compressed how) depends on orbax
         copy = tmp_path / f"flipped{at}"
@@ -157,6 +177,7 @@ def _tamper(workdir, step: int, prefix: str = "ema/") -> str:
 def test_a_checkpoint_whose_arrays_differ_from_their_checksum_is_refused_by_name_everywhere(run_copy, capsys):
     """load (sample, eval and serve load through it): refused by name; resume: set aside, the previous one used."""
     from sedd import train
+
     name = _tamper(run_copy, 4)
     with pytest.raises(RuntimeError, match=f"step 4 .*{name} differs from the SHA-256 saved with it"):
         runs.load(run_copy, step=4)
@@ -164,12 +185,14 @@ def test_a_checkpoint_whose_arrays_differ_from_their_checksum_is_refused_by_name
         assert runs.load(run_copy).step == 2
     if importlib.util.find_spec("starlette"):  # sedd serve --step 4: one line, exit 2, before it listens
         from sedd.serve import main as serve_main
+
         assert serve_main(["--workdir", str(run_copy), "--step", "4"]) == 2
         assert name in _one_line(capsys, "serve")
     trainer = train.Trainer(runs.read_config(run_copy))
     with pytest.warns(RuntimeWarning, match="SHA-256"):  # a resume: moved aside, never deleted
-        _, step = runs.restore_newest(runs.checkpoint_manager(run_copy), trainer.abstract_state,
-                                      quarantine=run_copy / train.UNREADABLE)
+        _, step = runs.restore_newest(
+            runs.checkpoint_manager(run_copy), trainer.abstract_state, quarantine=run_copy / train.UNREADABLE
+        )
     assert step == 2 and (run_copy / train.UNREADABLE / "4" / files.CHECKSUMS).exists()
 
 

@@ -81,8 +81,12 @@ def test_train_says_its_lines_on_lines_of_their_own(monkeypatch, tty):
     carriage-return redraws kept off it, and lines said one after another hold no blank between them; on a
     terminal tqdm clears the bar, writes the line and redraws the bar below it."""
     out = _say_around_a_bar(monkeypatch, tty)
-    said = ["speed: 1.7 steps/s (steps 6-15, compilation excluded)", "[step 20] speed: 1.7 steps/s lately",
-            "[step 20] 'a sample'", "after the bar"]
+    said = [
+        "speed: 1.7 steps/s (steps 6-15, compilation excluded)",
+        "[step 20] speed: 1.7 steps/s lately",
+        "[step 20] 'a sample'",
+        "after the bar",
+    ]
     physical = out.split("\n")
     for line in said:
         shown = [row.rsplit("\r", 1)[-1] for row in physical if line in row]  # what a terminal leaves of the row
@@ -97,10 +101,14 @@ def test_train_says_its_lines_on_lines_of_their_own(monkeypatch, tty):
 CODE = "import os\n\n\ndef parse_header(line):\n    # ROMEO: a name here, not a play\n    return line.split()\n"
 
 
-@pytest.mark.parametrize("config, files, prefix", [
-    ("tiny", {"prog.txt": CODE * 20}, "'import os'"),  # the default config on one's own text: its opening
-    ("code", {"a.py": CODE * 20, "b.py": CODE}, r"'def parse_header(line):\n    '"),  # a code run: a function body
-], ids=["own-text", "code"])
+@pytest.mark.parametrize(
+    "config, files, prefix",
+    [
+        ("tiny", {"prog.txt": CODE * 20}, "'import os'"),  # the default config on one's own text: its opening
+        ("code", {"a.py": CODE * 20, "b.py": CODE}, r"'def parse_header(line):\n    '"),  # a code run: a function body
+    ],
+    ids=["own-text", "code"],
+)
 def test_the_closing_hint_prompts_with_the_runs_own_text(config, files, prefix, tmp_path, monkeypatch, capsys):
     """The `more: sedd sample ...` line after training suggests a prefix from the run's data, written so that
     the shell and `--prefix` read it back; the plays' "ROMEO:" only for the plays (these files can write it)."""
@@ -118,8 +126,20 @@ def test_the_closing_hint_prompts_with_the_runs_own_text(config, files, prefix, 
 
     monkeypatch.setattr(cli.train, "train", trained)
     path = corpus / "prog.txt" if config == "tiny" else corpus
-    assert cli.main(["train", "--config", config, "--workdir", str(workdir), f"--config.data.path={path}",
-                     f"--config.data.data_dir={tmp_path / 'data'}"]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--config",
+                config,
+                "--workdir",
+                str(workdir),
+                f"--config.data.path={path}",
+                f"--config.data.data_dir={tmp_path / 'data'}",
+            ]
+        )
+        == 0
+    )
     more = [line for line in capsys.readouterr().out.splitlines() if line.startswith("more: ")]
     assert more == [f"more: sedd sample --workdir {workdir} --prefix {prefix} --seed 1"], more
     assert cli.unescape(prefix[1:-1]) in CODE  # read back as the text it was taken from
@@ -129,8 +149,18 @@ def test_zero_shot_eval_on_a_text_outside_the_vocabulary_says_what_would_work(ti
     workdir, _ = tiny_run
     notes = tmp_path / "notes.md"
     notes.write_text(("# A `sedd eval` of 100% | 50% ~ <b> " + "".join(chr(0x4E00 + i) for i in range(40)) + "\n") * 20)
-    assert cli.main(["eval", "--workdir", str(workdir), f"--config.data.path={notes}",
-                     f"--config.data.data_dir={tmp_path / 'data'}"]) == 2
+    assert (
+        cli.main(
+            [
+                "eval",
+                "--workdir",
+                str(workdir),
+                f"--config.data.path={notes}",
+                f"--config.data.data_dir={tmp_path / 'data'}",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1, err
     assert err.startswith(f"sedd eval: error: {notes}: characters ['#', '%', '<', '>', '`', '|', '~', '一'"), err

@@ -40,8 +40,9 @@ def test_builder_splits_by_file_and_round_trips_exact_bytes(tmp_path):
     assert sorted(train + validation) == sorted(expected)
     assert validation and train and not set(train) & set(validation)
     # The side is a fixed function of the path: the hash decides, or the lowest hash when none falls below 5%.
-    shares = {n: sources.validation_share(Path(n)) for n in ("pkg/core.py", "pkg/util.py", "pkg/deep/more.py",
-                                                              "tool.py")}
+    shares = {
+        n: sources.validation_share(Path(n)) for n in ("pkg/core.py", "pkg/util.py", "pkg/deep/more.py", "tool.py")
+    }
     chosen = [n for n, s in shares.items() if s < builders.VAL_FRACTION] or [min(shares, key=shares.get)]
     assert sorted(validation) == sorted(FILES[n] for n in chosen)
     manifest = json.loads((Path(builder.data_dir) / builders.MANIFEST).read_text())
@@ -93,8 +94,10 @@ def test_load_dataset_encodes_code_exactly(tmp_path):
 
 
 def test_parse_cut_on_hand_written_samples():
-    assert cm.statement_cut("import os\n\ndef f(x):\n    return x + 1\n\n@dec\ndef g():\n    pa") == \
-        "import os\n\ndef f(x):\n    return x + 1\n\n"
+    assert (
+        cm.statement_cut("import os\n\ndef f(x):\n    return x + 1\n\n@dec\ndef g():\n    pa")
+        == "import os\n\ndef f(x):\n    return x + 1\n\n"
+    )
     assert cm.parses("import os\n\ndef f(x):\n    return x + 1\n\n@dec\ndef g():\n    pa") is True
     assert cm.parses("def f(:\n    pass\nx = 1") is False  # a syntax error before the cut
     assert cm.parses("if a:\n    b = 1\nelse:\n    b = 2\nc = 3") is True  # else continues the if
@@ -142,14 +145,25 @@ def code_tree(root: Path) -> Path:
 def code_runs(tmp_path_factory):
     """(ddit run, AR run, spec run) of `tiny` on a folder of code, one block, 4 steps each."""
     from sedd import config as config_lib, train
+
     tmp = tmp_path_factory.mktemp("code_runs")
     root = code_tree(tmp / "src")
     out = []
     for kind in ("ddit", "ar", "spec"):
-        config = config_lib.load_config("tiny", [
-            "--config.data.name=code", f"--config.data.path={root}", f"--config.data.data_dir={tmp / 'data'}",
-            "--config.training.n_iters=4", "--config.training.eval_every=4", "--config.training.ckpt_every=4",
-            "--config.model.n_layers=1", f"--config.model.kind={kind}", "--config.training.eval_samples=0"])
+        config = config_lib.load_config(
+            "tiny",
+            [
+                "--config.data.name=code",
+                f"--config.data.path={root}",
+                f"--config.data.data_dir={tmp / 'data'}",
+                "--config.training.n_iters=4",
+                "--config.training.eval_every=4",
+                "--config.training.ckpt_every=4",
+                "--config.model.n_layers=1",
+                f"--config.model.kind={kind}",
+                "--config.training.eval_samples=0",
+            ],
+        )
         train.train(config, tmp / kind, quiet=True)
         out.append(tmp / kind)
     return out
@@ -159,9 +173,21 @@ def test_any_exact_run_judges_the_completions(code_runs, capsys):
     """`sedd eval --code_samples K --judge SPEC_RUN`: a spec run's causal half is an exact judge (it failed after the
     completions with "an AR baseline is a DDiT with causal=True ..."); a run whose likelihood is a bound is not."""
     from sedd import cli
+
     ddit, ar_run, spec_run = code_runs
-    args = ["eval", "--workdir", str(ddit), "--max_batches", "1", "--num_t", "2", "--code_samples", "4",
-            "--prompt_chars", "12"]
+    args = [
+        "eval",
+        "--workdir",
+        str(ddit),
+        "--max_batches",
+        "1",
+        "--num_t",
+        "2",
+        "--code_samples",
+        "4",
+        "--prompt_chars",
+        "12",
+    ]
     assert cli.main([*args, "--judge", str(spec_run)]) == 0
     figures = dict(line.split(":", 1) for line in capsys.readouterr().out.strip().splitlines())
     assert float(figures["judge_nats_per_char".rjust(24)]) > 0
@@ -172,9 +198,28 @@ def test_any_exact_run_judges_the_completions(code_runs, capsys):
 
 def test_eval_reports_the_code_measures(code_runs, capsys):
     from sedd import cli
+
     ddit, ar_run, _ = code_runs
-    assert cli.main(["eval", "--workdir", str(ddit), "--max_batches", "1", "--num_t", "2", "--code_samples", "4",
-                     "--prompt_chars", "12", "--judge", str(ar_run)]) == 0
+    assert (
+        cli.main(
+            [
+                "eval",
+                "--workdir",
+                str(ddit),
+                "--max_batches",
+                "1",
+                "--num_t",
+                "2",
+                "--code_samples",
+                "4",
+                "--prompt_chars",
+                "12",
+                "--judge",
+                str(ar_run),
+            ]
+        )
+        == 0
+    )
     figures = dict(line.split(":", 1) for line in capsys.readouterr().out.strip().splitlines())
     figures = {k.strip(): v.strip() for k, v in figures.items()}
     assert float(figures["data_parse_rate"]) == 1.0 and float(figures["data_complete_share"]) > 0  # held-out code
@@ -188,6 +233,7 @@ def test_eval_reports_the_code_measures(code_runs, capsys):
 
 def test_sample_prefix_reads_escapes_for_every_kind(code_runs, capsys):
     from sedd import cli
+
     for run in code_runs[:2]:  # the AR baseline takes a prompt too
         assert cli.main(["sample", "--workdir", str(run), "--num_samples", "2", "--prefix", r"def f(x):\n    "]) == 0
         samples = capsys.readouterr().out.split("--- sample ")[1:]
@@ -199,6 +245,7 @@ def test_a_code_run_is_served_as_code(code_runs):
     from starlette.testclient import TestClient
 
     from sedd import runs, serve
+
     run = runs.load(code_runs[0])
     limits = serve.Limits(max_steps=4, max_n=2, max_batch=4, timeout_s=120, window_s=0.05)
     with TestClient(serve.create_app(run, "code", limits), base_url="http://localhost") as c:
@@ -214,15 +261,23 @@ def test_a_code_run_is_served_as_code(code_runs):
 def test_code_study_on_tiny_runs(code_runs, tmp_path):
     """experiments/code_study.py end to end on the tiny runs: every measure of every row, the table and plot."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("code_study", Path(__file__).parent.parent / "experiments" /
-                                                  "code_study.py")
+
+    spec = importlib.util.spec_from_file_location(
+        "code_study", Path(__file__).parent.parent / "experiments" / "code_study.py"
+    )
     code_study = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(code_study)
     ddit, ar_run, _ = code_runs
-    result = code_study.study(str(ar_run), [str(ddit)], [], num_prompts=2, prompt_chars=12, length=32, repeats=1,
-                              eval_batches=1)
-    assert [r["sampler"] for r in result["rows"]] == ["", "ancestral", "speculative, n-gram drafts", "EB",
-                                                      "threshold 0.9"]
+    result = code_study.study(
+        str(ar_run), [str(ddit)], [], num_prompts=2, prompt_chars=12, length=32, repeats=1, eval_batches=1
+    )
+    assert [r["sampler"] for r in result["rows"]] == [
+        "",
+        "ancestral",
+        "speculative, n-gram drafts",
+        "EB",
+        "threshold 0.9",
+    ]
     assert result["rows"][0]["parse_rate"] == 1.0  # the held-out windows
     for row in result["rows"][1:]:
         assert 0 <= row["parse_rate"] <= 1 or np.isnan(row["parse_rate"])

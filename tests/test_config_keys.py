@@ -170,8 +170,12 @@ class _Walker:
             parts = value_node.elts if isinstance(value_node, (ast.Tuple, ast.List)) else None
             for i, t in enumerate(target.elts):
                 # m, v = config.model, config.vocab_size: element by element
-                self.bind(t, None, self.expr(parts[i], env, record=False)
-                          if parts and len(parts) == len(target.elts) else frozenset(), env)
+                self.bind(
+                    t,
+                    None,
+                    self.expr(parts[i], env, record=False) if parts and len(parts) == len(target.elts) else frozenset(),
+                    env,
+                )
         elif isinstance(target, ast.Attribute):  # config.vocab_size = ...: a store, not a read
             self.expr(target.value, env)
         elif isinstance(target, ast.Subscript):
@@ -207,8 +211,11 @@ class _Walker:
             return env.get(node.id, frozenset())
         if isinstance(node, ast.Attribute):
             owner = self._expr(node.value, env)
-            if node.attr == "config" and not owner and not (
-                    isinstance(node.value, ast.Name) and node.value.id in NOT_A_CONFIG):
+            if (
+                node.attr == "config"
+                and not owner
+                and not (isinstance(node.value, ast.Name) and node.value.id in NOT_A_CONFIG)
+            ):
                 return frozenset({()})  # self.config, run.config, judge.config
             return self.step(owner, node.attr, "attr", node)
         if isinstance(node, ast.Subscript):
@@ -321,8 +328,11 @@ class _Walker:
 
 def _strings(node):
     """The strings of a literal tuple or list of string constants, else None."""
-    if isinstance(node, (ast.Tuple, ast.List)) and node.elts and all(
-            isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+    if (
+        isinstance(node, (ast.Tuple, ast.List))
+        and node.elts
+        and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
+    ):
         return tuple(e.value for e in node.elts)
     return None
 
@@ -356,17 +366,23 @@ def config_reads(sources: dict[str, str], default: dict) -> list[Read]:
 
 
 def _sedd_sources() -> dict[str, str]:
-    return {p.relative_to(ROOT).as_posix(): p.read_text() for p in sorted((ROOT / "sedd").rglob("*.py"))
-            if p.relative_to(ROOT).as_posix() not in GENERIC}
+    return {
+        p.relative_to(ROOT).as_posix(): p.read_text()
+        for p in sorted((ROOT / "sedd").rglob("*.py"))
+        if p.relative_to(ROOT).as_posix() not in GENERIC
+    }
 
 
 # --------------------------------------------------------------------------- the keys the code reads
 
 
 def test_the_walker_finds_reads_through_aliases_section_parameters_and_fallbacks():
-    default = {"model": {"n_heads": 8, "kind": "ddit"}, "mesh": {"data": -1, "fsdp": 1},
-               "data": {"seq_len": 8, "markov": {"order": 2}}}
-    source = textwrap.dedent('''
+    default = {
+        "model": {"n_heads": 8, "kind": "ddit"},
+        "mesh": {"data": -1, "fsdp": 1},
+        "data": {"seq_len": 8, "markov": {"order": 2}},
+    }
+    source = textwrap.dedent("""
         AXES = ("data", "fsdp")
         def build(config):
             m, v = config.model, config.vocab_size
@@ -383,14 +399,26 @@ def test_the_walker_finds_reads_through_aliases_section_parameters_and_fallbacks
         class Run:
             def use(self):
                 return self.config.model.kind, args.config.model, getattr(self.config.data, name, 0)
-    ''')
+    """)
     reads = {(r.key, r.how) for r in config_reads({"m.py": source}, default)}
     assert reads == {
-        ("model", "attr"), ("vocab_size", "attr"), ("model.kind", "attr"), ("model.n_heads", "in"),
-        ("model.dropout", "get"), ("data", "attr"), ("mesh", "attr"), ("data.markov", "attr"),
-        ("data.markov.order", "attr"), ("data.seq_len", "attr"), ("mesh.data", "subscript"),
-        ("mesh.fsdp", "subscript"), ("model.n_heads", "attr"), ("mesh", "subscript"), ("model.nope", "attr"),
-        ("data.?", "dynamic")}
+        ("model", "attr"),
+        ("vocab_size", "attr"),
+        ("model.kind", "attr"),
+        ("model.n_heads", "in"),
+        ("model.dropout", "get"),
+        ("data", "attr"),
+        ("mesh", "attr"),
+        ("data.markov", "attr"),
+        ("data.markov.order", "attr"),
+        ("data.seq_len", "attr"),
+        ("mesh.data", "subscript"),
+        ("mesh.fsdp", "subscript"),
+        ("model.n_heads", "attr"),
+        ("mesh", "subscript"),
+        ("model.nope", "attr"),
+        ("data.?", "dynamic"),
+    }
 
 
 def test_every_key_the_code_reads_exists_in_every_shipped_config():
@@ -404,14 +432,23 @@ def test_every_key_the_code_reads_exists_in_every_shipped_config():
     reads = config_reads(_sedd_sources(), default.to_dict())
     # The walker sees each kind of module: a sample of the reads it must find.
     found = {r.key for r in reads}
-    assert {"training.ema", "optim.lr", "mesh.cpu_devices", "mesh.data", "data.markov.order",
-            "sampling.sampler", "model.hidden_size", "noise.eps"} <= found, sorted(found)
+    assert {
+        "training.ema",
+        "optim.lr",
+        "mesh.cpu_devices",
+        "mesh.data",
+        "data.markov.order",
+        "sampling.sampler",
+        "model.hidden_size",
+        "noise.eps",
+    } <= found, sorted(found)
     missing = [str(r) for r in reads if r.key not in keys | FILLED_IN and r.how != "dynamic"]
     assert not missing, "the code reads keys no shipped config defines:\n" + "\n".join(missing)
     fallbacks = [str(r) for r in reads if r.how in FALLBACKS]
-    assert not fallbacks, ("config keys read with a fallback that hides a missing key, or by a key no constant "
-                           "names (read them as attributes; sedd.config.migrate fills old runs):\n"
-                           + "\n".join(fallbacks))
+    assert not fallbacks, (
+        "config keys read with a fallback that hides a missing key, or by a key no constant "
+        "names (read them as attributes; sedd.config.migrate fills old runs):\n" + "\n".join(fallbacks)
+    )
     for name, c in configs.items():
         assert _keys(c) == keys, f"{name} differs from the default config: {_keys(c) ^ keys}"
 
@@ -472,12 +509,11 @@ def test_a_run_of_the_previous_release_lacking_newer_keys_loads_and_samples(tmp_
     s = np.asarray(run.score_fn(x, jnp.array([0.5, 2.0])))
     assert s.shape == (2, L, V + 1)
     # The figures of the code that wrote the fixture (b8828335688c36e344a37aee3f2a598fca289b4c, conftest's XLA_FLAGS).
-    np.testing.assert_allclose(s[0, 0, 1:4], [-4.009266376495361, -4.010530948638916, -4.010530948638916],
-                               rtol=1e-5)
-    np.testing.assert_allclose(s[1, -1, -4:], [-6.296939373016357, -6.296939373016357, -6.296939373016357,
-                                               -6.297237873077393], rtol=1e-5)
-    np.testing.assert_allclose(s[1, 5, :3], [-6.296960830688477, -6.2969512939453125, -6.2975239753723145],
-                               rtol=1e-5)
+    np.testing.assert_allclose(s[0, 0, 1:4], [-4.009266376495361, -4.010530948638916, -4.010530948638916], rtol=1e-5)
+    np.testing.assert_allclose(
+        s[1, -1, -4:], [-6.296939373016357, -6.296939373016357, -6.296939373016357, -6.297237873077393], rtol=1e-5
+    )
+    np.testing.assert_allclose(s[1, 5, :3], [-6.296960830688477, -6.2969512939453125, -6.2975239753723145], rtol=1e-5)
     np.testing.assert_allclose(s.astype(np.float64).sum(), -14018.152791976929, rtol=1e-6)
     texts = run.generate(jax.random.key(0), 2, steps=4)
     chars = set(json.loads((workdir / runs.TOKENIZER).read_text())["chars"])
@@ -496,8 +532,9 @@ def test_a_train_state_saved_with_the_layers_named_blocks_renames_whole(optimize
 
     from sedd import files, train
 
-    config = ml_collections.ConfigDict(config_lib.load_config("tiny", [f"--config.optim.optimizer={optimizer}",
-                                                                       "--config.model.n_layers=1"]).to_dict())
+    config = ml_collections.ConfigDict(
+        config_lib.load_config("tiny", [f"--config.optim.optimizer={optimizer}", "--config.model.n_layers=1"]).to_dict()
+    )
     config.vocab_size = 11
     state = train.Trainer(config).abstract_state
     old = files.renamed(state, "layers", files.OLD_LAYERS)

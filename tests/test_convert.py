@@ -44,19 +44,39 @@ def original_shapes(hidden_size, n_blocks, n_heads, cond_dim, tokens=GPT2, absor
     Linear(C, 2H)); V = tokens + 1 with the absorbing graph's mask.
     """
     v, h = tokens + int(absorb), hidden_size
-    s = {"vocab_embed.embedding": (v, h),
-         "sigma_map.mlp.0.weight": (cond_dim, 256), "sigma_map.mlp.0.bias": (cond_dim,),
-         "sigma_map.mlp.2.weight": (cond_dim, cond_dim), "sigma_map.mlp.2.bias": (cond_dim,),
-         ROTARY: (h // n_heads // 2,)}
+    s = {
+        "vocab_embed.embedding": (v, h),
+        "sigma_map.mlp.0.weight": (cond_dim, 256),
+        "sigma_map.mlp.0.bias": (cond_dim,),
+        "sigma_map.mlp.2.weight": (cond_dim, cond_dim),
+        "sigma_map.mlp.2.bias": (cond_dim,),
+        ROTARY: (h // n_heads // 2,),
+    }
     for i in range(n_blocks):
         b = f"blocks.{i}."
-        s.update({b + "norm1.weight": (h,), b + "attn_qkv.weight": (3 * h, h), b + "attn_out.weight": (h, h),
-                  b + "norm2.weight": (h,), b + "mlp.0.weight": (4 * h, h), b + "mlp.0.bias": (4 * h,),
-                  b + "mlp.2.weight": (h, 4 * h), b + "mlp.2.bias": (h,),
-                  b + "adaLN_modulation.weight": (6 * h, cond_dim), b + "adaLN_modulation.bias": (6 * h,)})
-    s.update({"output_layer.norm_final.weight": (h,), "output_layer.linear.weight": (v, h),
-              "output_layer.linear.bias": (v,), "output_layer.adaLN_modulation.weight": (2 * h, cond_dim),
-              "output_layer.adaLN_modulation.bias": (2 * h,)})
+        s.update(
+            {
+                b + "norm1.weight": (h,),
+                b + "attn_qkv.weight": (3 * h, h),
+                b + "attn_out.weight": (h, h),
+                b + "norm2.weight": (h,),
+                b + "mlp.0.weight": (4 * h, h),
+                b + "mlp.0.bias": (4 * h,),
+                b + "mlp.2.weight": (h, 4 * h),
+                b + "mlp.2.bias": (h,),
+                b + "adaLN_modulation.weight": (6 * h, cond_dim),
+                b + "adaLN_modulation.bias": (6 * h,),
+            }
+        )
+    s.update(
+        {
+            "output_layer.norm_final.weight": (h,),
+            "output_layer.linear.weight": (v, h),
+            "output_layer.linear.bias": (v,),
+            "output_layer.adaLN_modulation.weight": (2 * h, cond_dim),
+            "output_layer.adaLN_modulation.bias": (2 * h,),
+        }
+    )
     return s
 
 
@@ -84,19 +104,32 @@ def original_config(graph="absorb", noise="loglinear", tokens=GPT2, **model) -> 
     """The original's config dict (its configs/config.yaml + model/small.yaml, shrunk)."""
     m = dict(name="tiny", type="ddit", scale_by_sigma=graph == "absorb", dropout=0.1, **TINY)
     m.update(model)
-    return {"ngpus": 8, "tokens": tokens, "training": {"batch_size": 512, "ema": 0.9999, "n_iters": 1300001},
-            "data": {"train": "openwebtext", "valid": "wikitext103", "cache_dir": "data"},
-            "graph": {"type": graph, "file": "data", "report_all": False},
-            "noise": {"type": noise, "sigma_min": 1e-4, "sigma_max": 20},
-            "sampling": {"predictor": "euler", "steps": 128, "noise_removal": True},
-            "optim": {"lr": 3e-4, "warmup": 2500}, "model": m}
+    return {
+        "ngpus": 8,
+        "tokens": tokens,
+        "training": {"batch_size": 512, "ema": 0.9999, "n_iters": 1300001},
+        "data": {"train": "openwebtext", "valid": "wikitext103", "cache_dir": "data"},
+        "graph": {"type": graph, "file": "data", "report_all": False},
+        "noise": {"type": noise, "sigma_min": 1e-4, "sigma_max": 20},
+        "sampling": {"predictor": "euler", "steps": 128, "noise_removal": True},
+        "optim": {"lr": 3e-4, "warmup": 2500},
+        "model": m,
+    }
 
 
 # --------------------------------------------------------------------------- the original's forward pass
 
 
-def original_forward(sd: dict, x: np.ndarray, sigma: np.ndarray, n_heads: int, scale_by_sigma: bool,
-                     positions: np.ndarray | None = None, mask: np.ndarray | None = None, raw: bool = False):
+def original_forward(
+    sd: dict,
+    x: np.ndarray,
+    sigma: np.ndarray,
+    n_heads: int,
+    scale_by_sigma: bool,
+    positions: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+    raw: bool = False,
+):
     """SEDD.forward of model/transformer.py in float64 NumPy: (log-score [B, L, D], the scale-by-sigma offset).
 
     positions (rotary, default 0..L-1) and mask (bool [L, L], query x key;
@@ -123,21 +156,22 @@ def original_forward(sd: dict, x: np.ndarray, sigma: np.ndarray, n_heads: int, s
         return (h - mu) / np.sqrt(((h - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w
 
     silu = lambda z: z / (1.0 + np.exp(-z))  # noqa: E731
-    gelu_tanh = lambda z: 0.5 * z * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (z + 0.044715 * z ** 3)))  # noqa: E731
+    gelu_tanh = lambda z: 0.5 * z * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (z + 0.044715 * z**3)))  # noqa: E731
 
     h = f["vocab_embed.embedding"][x]  # (B, L, H)
     b, length, hidden = h.shape
     half = 128
     args = sigma[:, None] * np.exp(-np.log(10000.0) * np.arange(half) / half)[None]
-    c = silu(linear(silu(linear(np.concatenate([np.cos(args), np.sin(args)], -1), "sigma_map.mlp.0")),
-                    "sigma_map.mlp.2"))  # (B, C)
+    c = silu(
+        linear(silu(linear(np.concatenate([np.cos(args), np.sin(args)], -1), "sigma_map.mlp.0")), "sigma_map.mlp.2")
+    )  # (B, C)
     k = hidden // n_heads
     positions = np.arange(length) if positions is None else positions
     angles = positions[:, None] * (1.0 / 10000.0 ** (np.arange(0, k, 2) / k))[None]
     angles = np.concatenate([angles, angles], -1)[None, :, None, :]  # (1, L, 1, K)
 
     def rotary(q):
-        return q * np.cos(angles) + np.concatenate([-q[..., k // 2:], q[..., :k // 2]], -1) * np.sin(angles)
+        return q * np.cos(angles) + np.concatenate([-q[..., k // 2 :], q[..., : k // 2]], -1) * np.sin(angles)
 
     n_blocks = len({name.split(".")[1] for name in f if name.startswith("blocks.")})
     for i in range(n_blocks):
@@ -177,9 +211,13 @@ class View:
         self.storage, self.offset, self.shape, self.stride = storage, offset, tuple(shape), tuple(stride)
 
 
-_STORAGE_NAMES = {np.dtype(np.float32): "FloatStorage", np.dtype(np.float64): "DoubleStorage",
-                  np.dtype(np.float16): "HalfStorage", np.dtype(ml_dtypes.bfloat16): "BFloat16Storage",
-                  np.dtype(np.int64): "LongStorage"}
+_STORAGE_NAMES = {
+    np.dtype(np.float32): "FloatStorage",
+    np.dtype(np.float64): "DoubleStorage",
+    np.dtype(np.float16): "HalfStorage",
+    np.dtype(ml_dtypes.bfloat16): "BFloat16Storage",
+    np.dtype(np.int64): "LongStorage",
+}
 
 
 class Obj:
@@ -214,8 +252,9 @@ class TorchPickle:
 
     def tensor(self, t):
         if isinstance(t, np.ndarray):
-            t = View(np.ascontiguousarray(t).reshape(-1), 0, t.shape,
-                     [int(np.prod(t.shape[i + 1:])) for i in range(t.ndim)])
+            t = View(
+                np.ascontiguousarray(t).reshape(-1), 0, t.shape, [int(np.prod(t.shape[i + 1 :])) for i in range(t.ndim)]
+            )
         key, _ = self.storages.setdefault(id(t.storage), (str(len(self.storages)), t.storage))
         self.glob("torch._utils", "_rebuild_tensor_v2")
         self.out += b"("  # MARK: the argument tuple
@@ -265,7 +304,7 @@ class TorchPickle:
             self.out += b"N"
         elif isinstance(x, bool):
             self.out += b"\x88" if x else b"\x89"  # NEWTRUE / NEWFALSE
-        elif isinstance(x, int) and -2**31 <= x < 2**31:
+        elif isinstance(x, int) and -(2**31) <= x < 2**31:
             self.out += b"J" + struct.pack("<i", x)  # BININT
         elif isinstance(x, int):  # LONG1: little-endian two's complement, as pickle writes a long integer
             data = x.to_bytes((x + (x < 0)).bit_length() // 8 + 1, "little", signed=True)
@@ -325,19 +364,6 @@ def publish(folder: Path, sd: dict, config: dict, fmt: str) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def gpt2_files(tmp_path_factory):
-    """A byte-level BPE trained here, saved in GPT-2's layout (vocab.json + merges.txt)."""
-    tokenizers = pytest.importorskip("tokenizers")
-    folder = tmp_path_factory.mktemp("gpt2")
-    bpe = tokenizers.ByteLevelBPETokenizer()
-    texts = ["the cat sat on the mat, and the dog ate the bone.", "Zoë's café — “naïve” 1,234 times!\n"] * 50
-    bpe.train_from_iterator(texts, vocab_size=300, min_frequency=1, special_tokens=["<|endoftext|>"],
-                            show_progress=False)
-    bpe.save_model(str(folder))
-    return folder
-
-
 def log_scores(workdir, x, sigma, ema=True) -> np.ndarray:
     run = runs.load(workdir, ema=ema)
     return np.asarray(run.score_fn(jnp.asarray(x, jnp.int32), jnp.asarray(sigma, jnp.float32)))
@@ -360,12 +386,15 @@ def inputs(absorb: bool, seed: int = 0):
 # --------------------------------------------------------------------------- tests
 
 
-@pytest.mark.parametrize("graph,fmt", [("absorb", "bin"), ("absorb", "safetensors"),
-                                       ("uniform", "bin"), ("uniform", "safetensors")])
+@pytest.mark.parametrize(
+    "graph,fmt", [("absorb", "bin"), ("absorb", "safetensors"), ("uniform", "bin"), ("uniform", "safetensors")]
+)
 def test_converted_model_matches_the_original_forward(tmp_path, gpt2_files, graph, fmt):
     absorb = graph == "absorb"
-    sd = random_state_dict(original_shapes(**{k: TINY[k] for k in ("hidden_size", "n_blocks", "n_heads",
-                                                                     "cond_dim")}, absorb=absorb), seed=1)
+    sd = random_state_dict(
+        original_shapes(**{k: TINY[k] for k in ("hidden_size", "n_blocks", "n_heads", "cond_dim")}, absorb=absorb),
+        seed=1,
+    )
     src = publish(tmp_path / "src", sd, original_config(graph), fmt)
     assert convert.main([str(src), str(tmp_path / "run"), "--tokenizer_path", str(gpt2_files)]) == 0
     x, sigma = inputs(absorb)
@@ -375,19 +404,33 @@ def test_converted_model_matches_the_original_forward(tmp_path, gpt2_files, grap
     assert relative_error(ours, theirs, offset) <= 1e-5
     config = runs.read_config(tmp_path / "run")
     assert (config.graph.type, config.vocab_size, config.data.seq_len) == (
-        "absorbing" if absorb else "uniform", GPT2, TINY["length"])
+        "absorbing" if absorb else "uniform",
+        GPT2,
+        TINY["length"],
+    )
 
 
 def test_training_checkpoint_converts_its_ema_by_default_and_raw_weights_on_request(tmp_path, gpt2_files):
     pytest.importorskip("yaml")
-    shapes = original_shapes(**{k: TINY[k] for k in ("hidden_size", "n_blocks", "n_heads", "cond_dim")},
-                             absorb=False)
+    shapes = original_shapes(**{k: TINY[k] for k in ("hidden_size", "n_blocks", "n_heads", "cond_dim")}, absorb=False)
     raw, ema = random_state_dict(shapes, seed=2), random_state_dict(shapes, seed=3)
     params = [k for k in shapes if k != ROTARY]  # model.parameters() order: the state dict's, buffers left out
-    optimizer = {"state": {i: {"step": np.array(7.0, np.float32), "exp_avg": np.zeros_like(raw[k])}
-                           for i, k in enumerate(params[:3])},
-                 "param_groups": [{"lr": 3e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0,
-                                   "amsgrad": False, "foreach": None, "params": list(range(len(params)))}]}
+    optimizer = {
+        "state": {
+            i: {"step": np.array(7.0, np.float32), "exp_avg": np.zeros_like(raw[k])} for i, k in enumerate(params[:3])
+        },
+        "param_groups": [
+            {
+                "lr": 3e-4,
+                "betas": (0.9, 0.999),
+                "eps": 1e-8,
+                "weight_decay": 0.0,
+                "amsgrad": False,
+                "foreach": None,
+                "params": list(range(len(params))),
+            }
+        ],
+    }
     run_dir = tmp_path / "exp_local" / "openwebtext" / "2024.01.01" / "000000"
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / "checkpoints-meta").mkdir()
@@ -397,16 +440,26 @@ def test_training_checkpoint_converts_its_ema_by_default_and_raw_weights_on_requ
         "graph:\n  type: uniform\n  file: data\n  report_all: false\n"
         "noise:\n  type: geometric\n  sigma_min: 1e-4\n  sigma_max: 20\n"
         "model:\n  name: tiny\n  type: ddit\n  hidden_size: 32\n  cond_dim: 16\n  length: 16\n  n_blocks: 2\n"
-        "  n_heads: 4\n  scale_by_sigma: false\n  dropout: 0.1\n")
-    write_torch_file(run_dir / "checkpoints-meta" / "checkpoint.pth", {
-        "optimizer": optimizer, "model": torch_layout(raw),
-        "ema": {"decay": 0.9999, "num_updates": 7, "shadow_params": [ema[k] for k in params]}, "step": 7})
+        "  n_heads: 4\n  scale_by_sigma: false\n  dropout: 0.1\n"
+    )
+    write_torch_file(
+        run_dir / "checkpoints-meta" / "checkpoint.pth",
+        {
+            "optimizer": optimizer,
+            "model": torch_layout(raw),
+            "ema": {"decay": 0.9999, "num_updates": 7, "shadow_params": [ema[k] for k in params]},
+            "step": 7,
+        },
+    )
 
     assert convert.main([str(run_dir), str(tmp_path / "ema"), "--tokenizer_path", str(gpt2_files)]) == 0
     assert convert.main([str(run_dir), str(tmp_path / "raw"), "--no_ema", "--tokenizer_path", str(gpt2_files)]) == 0
     x, sigma = inputs(absorb=False)
-    for workdir, weights, use_ema in ((tmp_path / "ema", ema, True), (tmp_path / "ema", raw, False),
-                                      (tmp_path / "raw", raw, True)):
+    for workdir, weights, use_ema in (
+        (tmp_path / "ema", ema, True),
+        (tmp_path / "ema", raw, False),
+        (tmp_path / "raw", raw, True),
+    ):
         theirs, offset = original_forward(weights, x, sigma, TINY["n_heads"], scale_by_sigma=False)
         assert relative_error(log_scores(workdir, x, sigma, use_ema), theirs, offset) <= 1e-5
     config = runs.read_config(tmp_path / "ema")
@@ -415,8 +468,13 @@ def test_training_checkpoint_converts_its_ema_by_default_and_raw_weights_on_requ
     assert json.loads((tmp_path / "ema" / convert.PROVENANCE).read_text())["weights"] == "ema"
 
 
-@pytest.mark.parametrize("size,want", [(dict(hidden_size=768, n_blocks=12, n_heads=12), 169_627_218),
-                                       (dict(hidden_size=1024, n_blocks=24, n_heads=16), 424_477_010)])
+@pytest.mark.parametrize(
+    "size,want",
+    [
+        (dict(hidden_size=768, n_blocks=12, n_heads=12), 169_627_218),
+        (dict(hidden_size=1024, n_blocks=24, n_heads=16), 424_477_010),
+    ],
+)
 def test_sedd_small_and_medium_convert_as_shapes(size, want):
     shapes = original_shapes(cond_dim=128, **size)
     abstract = {k: jax.ShapeDtypeStruct(s, jnp.float32) for k, s in shapes.items()}
@@ -432,11 +490,16 @@ def test_load_torch_reads_dtypes_views_shared_storages_and_containers(tmp_path):
     rng = np.random.default_rng(0)
     a = rng.standard_normal((3, 4)).astype(np.float32)
     shared = np.arange(10, dtype=np.float64)
-    obj = {"half": a.astype(np.float16), "bf16": a.astype(ml_dtypes.bfloat16), "long": np.arange(6).reshape(2, 3),
-           "transposed": View(np.ascontiguousarray(a.T).reshape(-1), 0, (3, 4), (1, 3)),
-           "tail": View(shared, 4, (2, 3), (3, 1)), "head": View(shared, 0, (4,), (1,)),
-           "scalar": np.array(2.5, np.float32),
-           "nested": StateDict(items=[a, 3, -1.5, None, True, ("x", 2**20)])}
+    obj = {
+        "half": a.astype(np.float16),
+        "bf16": a.astype(ml_dtypes.bfloat16),
+        "long": np.arange(6).reshape(2, 3),
+        "transposed": View(np.ascontiguousarray(a.T).reshape(-1), 0, (3, 4), (1, 3)),
+        "tail": View(shared, 4, (2, 3), (3, 1)),
+        "head": View(shared, 0, (4,), (1,)),
+        "scalar": np.array(2.5, np.float32),
+        "nested": StateDict(items=[a, 3, -1.5, None, True, ("x", 2**20)]),
+    }
     write_torch_file(tmp_path / "archive.pth", obj)
     got = convert.load_torch(tmp_path / "archive.pth")
     assert got["half"].dtype == np.float16 and np.array_equal(got["half"], a.astype(np.float16))
@@ -480,8 +543,12 @@ def test_a_malicious_pickle_is_refused_and_runs_nothing(tmp_path, gpt2_files):
         convert.load_torch(src / "pytorch_model.bin")
     assert convert.main([str(src), str(tmp_path / "run"), "--tokenizer_path", str(gpt2_files)]) == 2
     assert not marker.exists() and not (tmp_path / "run").exists()
-    for module, name in (("builtins", "eval"), ("subprocess", "Popen"), ("torch", "load"),
-                         ("collections", "namedtuple")):
+    for module, name in (
+        ("builtins", "eval"),
+        ("subprocess", "Popen"),
+        ("torch", "load"),
+        ("collections", "namedtuple"),
+    ):
         payload = b"\x80\x02c" + f"{module}\n{name}\n".encode() + b"X\x01\x00\x00\x001\x85R."
         with pytest.raises(convert.UnsafePickleError, match=f"{module}.{name}"):
             convert.load_torch(_zip_pickle(tmp_path / f"{name}.bin", payload))
@@ -491,13 +558,16 @@ def test_mismatched_checkpoints_and_configs_fail_naming_the_field(tmp_path):
     shapes = original_shapes(**{k: TINY[k] for k in ("hidden_size", "n_blocks", "n_heads", "cond_dim")})
     sd = {k: jax.ShapeDtypeStruct(s, jnp.float32) for k, s in shapes.items()}
     config = convert.config_from_original(original_config())
-    cases = {"missing tensor 'blocks.1.mlp.2.bias'": {k: v for k, v in sd.items() if k != "blocks.1.mlp.2.bias"},
-             r"'blocks.2.norm1.weight'\] are not part": {**sd, "blocks.2.norm1.weight": sd["blocks.0.norm1.weight"]},
-             r"'blocks.0.attn_out.weight' has shape \(32, 16\)": {
-                 **sd, "blocks.0.attn_out.weight": jax.ShapeDtypeStruct((32, 16), jnp.float32)},
-             "'sigma_map.mlp.0.bias' has dtype int64": {**sd, "sigma_map.mlp.0.bias": np.zeros(16, np.int64)},
-             "rotary frequencies of base 10000": {
-                 **sd, ROTARY: (1.0 / 500 ** (np.arange(0, 8, 2) / 8)).astype(np.float32)}}
+    cases = {
+        "missing tensor 'blocks.1.mlp.2.bias'": {k: v for k, v in sd.items() if k != "blocks.1.mlp.2.bias"},
+        r"'blocks.2.norm1.weight'\] are not part": {**sd, "blocks.2.norm1.weight": sd["blocks.0.norm1.weight"]},
+        r"'blocks.0.attn_out.weight' has shape \(32, 16\)": {
+            **sd,
+            "blocks.0.attn_out.weight": jax.ShapeDtypeStruct((32, 16), jnp.float32),
+        },
+        "'sigma_map.mlp.0.bias' has dtype int64": {**sd, "sigma_map.mlp.0.bias": np.zeros(16, np.int64)},
+        "rotary frequencies of base 10000": {**sd, ROTARY: (1.0 / 500 ** (np.arange(0, 8, 2) / 8)).astype(np.float32)},
+    }
     for message, state_dict in cases.items():
         with pytest.raises(convert.ConversionError, match=message):
             convert.convert_params(state_dict, config)
@@ -510,18 +580,19 @@ def test_mismatched_checkpoints_and_configs_fail_naming_the_field(tmp_path):
         return c
 
     for config_dict, message in (
-            (bad(model__n_layers=3), r"model\.n_layers"),
-            (bad(graph__type="roulette"), "graph.type = 'roulette'"),
-            (bad(noise__type="cosine"), "noise.type = 'cosine'"),
-            (bad(graph__type="uniform", model__scale_by_sigma=True), "scale_by_sigma"),
-            (bad(tokens=50000), "tokens = 50000"),
-            (bad(model__n_heads=5), "n_heads = 5"),
-            (bad(model__length="long"), "model.length = 'long'"),
-            (bad(noise__sigma_max=None), "noise.sigma_max = None"),
-            # issue 53, finding 5: each was an OverflowError traceback from `sedd convert`
-            (bad(noise__sigma_min=10**400), "noise.sigma_min = an integer of 401 digits"),
-            (bad(training__ema=10**400), "training.ema = an integer of 401 digits"),
-            (bad(model__dropout=10**5000), "model.dropout = an integer of more than 3900 digits")):
+        (bad(model__n_layers=3), r"model\.n_layers"),
+        (bad(graph__type="roulette"), "graph.type = 'roulette'"),
+        (bad(noise__type="cosine"), "noise.type = 'cosine'"),
+        (bad(graph__type="uniform", model__scale_by_sigma=True), "scale_by_sigma"),
+        (bad(tokens=50000), "tokens = 50000"),
+        (bad(model__n_heads=5), "n_heads = 5"),
+        (bad(model__length="long"), "model.length = 'long'"),
+        (bad(noise__sigma_max=None), "noise.sigma_max = None"),
+        # issue 53, finding 5: each was an OverflowError traceback from `sedd convert`
+        (bad(noise__sigma_min=10**400), "noise.sigma_min = an integer of 401 digits"),
+        (bad(training__ema=10**400), "training.ema = an integer of 401 digits"),
+        (bad(model__dropout=10**5000), "model.dropout = an integer of more than 3900 digits"),
+    ):
         with pytest.raises(convert.ConversionError, match=message):
             convert.config_from_original(config_dict)
     del_model = original_config()
@@ -538,8 +609,11 @@ def test_the_readme_command_before_the_download_says_how_to_fetch_the_files(tmp_
     assert cli.main(["convert", "sedd-small", "checkpoints/sedd-small", "--tokenizer_path", "gpt2"]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and err.startswith("sedd convert: error: SRC sedd-small does not exist"), err
-    for says in ("docs/pretrained.md", "huggingface-cli download louaaron/sedd-small --local-dir sedd-small",
-                 "huggingface-cli download gpt2 vocab.json merges.txt --local-dir gpt2"):
+    for says in (
+        "docs/pretrained.md",
+        "huggingface-cli download louaaron/sedd-small --local-dir sedd-small",
+        "huggingface-cli download gpt2 vocab.json merges.txt --local-dir gpt2",
+    ):
         assert says in err, err
     with pytest.raises(FileNotFoundError, match="docs/pretrained.md"):  # the library says it too
         convert.convert(tmp_path / "sedd-small", tmp_path / "run")
@@ -549,8 +623,9 @@ def test_the_readme_command_before_the_download_says_how_to_fetch_the_files(tmp_
 def test_missing_sources_and_tokenizer_say_what_to_put_where(tmp_path, gpt2_files):
     with pytest.raises(FileNotFoundError, match="pytorch_model.bin"):
         convert.locate(tmp_path)
-    sd = random_state_dict(original_shapes(**{k: TINY[k] for k in ("hidden_size", "n_blocks", "n_heads",
-                                                                     "cond_dim")}), seed=0)
+    sd = random_state_dict(
+        original_shapes(**{k: TINY[k] for k in ("hidden_size", "n_blocks", "n_heads", "cond_dim")}), seed=0
+    )
     src = publish(tmp_path / "src", sd, original_config(), "safetensors")
     with pytest.raises(FileNotFoundError, match="vocab.json and merges.txt"):
         convert.convert(src, tmp_path / "run")
@@ -559,22 +634,23 @@ def test_missing_sources_and_tokenizer_say_what_to_put_where(tmp_path, gpt2_file
     with pytest.raises(convert.ConversionError, match="already holds"):
         convert.convert(src, tmp_path / "run", tokenizer_path=gpt2_files)
     # One tokenizer.json file under any name is kept as the run's gpt2/tokenizer.json.
-    bpe = pytest.importorskip("tokenizers").ByteLevelBPETokenizer(str(gpt2_files / "vocab.json"),
-                                                                   str(gpt2_files / "merges.txt"))
+    bpe = pytest.importorskip("tokenizers").ByteLevelBPETokenizer(
+        str(gpt2_files / "vocab.json"), str(gpt2_files / "merges.txt")
+    )
     bpe.save(str(tmp_path / "my-gpt2.json"))
     convert.convert(src, tmp_path / "run2", tokenizer_path=tmp_path / "my-gpt2.json")
     assert runs.load(tmp_path / "run2").tokenizer.encode("the cat").tolist() == bpe.encode("the cat").ids
 
 
-def test_gpt2_layout_tokenizer_round_trips_and_a_converted_run_samples_and_evaluates(tmp_path, gpt2_files,
-                                                                                  capsys):
+def test_gpt2_layout_tokenizer_round_trips_and_a_converted_run_samples_and_evaluates(tmp_path, gpt2_files, capsys):
     tok = GPT2Tokenizer(str(gpt2_files))
     for text in ("the cat sat on the mat.", "Zoë's café — “naïve” 1,234 times!\nthe dog"):
         ids = tok.encode(text)
         assert ids.dtype == np.int32 and len(ids) < len(text.encode()) and tok.decode(ids) == text
 
-    sd = random_state_dict(original_shapes(**{k: TINY[k] for k in ("hidden_size", "n_blocks", "n_heads",
-                                                                     "cond_dim")}), seed=4)
+    sd = random_state_dict(
+        original_shapes(**{k: TINY[k] for k in ("hidden_size", "n_blocks", "n_heads", "cond_dim")}), seed=4
+    )
     src = publish(tmp_path / "src", sd, original_config(), "bin")
     for f in gpt2_files.iterdir():  # the tokenizer found inside SRC when no --tokenizer_path is given
         (src / f.name).write_bytes(f.read_bytes())
@@ -582,21 +658,55 @@ def test_gpt2_layout_tokenizer_round_trips_and_a_converted_run_samples_and_evalu
     assert convert.main([str(src), str(run)]) == 0
     assert GPT2Tokenizer(str(run / convert.TOKENIZER_DIR)).encode("the cat").tolist() == tok.encode("the cat").tolist()
 
-    assert cli.main(["sample", "--workdir", str(run), "--prefix", "the cat sat", "--steps", "2",
-                     "--num_samples", "2"]) == 0
+    assert (
+        cli.main(["sample", "--workdir", str(run), "--prefix", "the cat sat", "--steps", "2", "--num_samples", "2"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.count("--- sample ") == 2 and out.count("\nthe cat sat") == 2
-    assert cli.main(["sample", "--workdir", str(run), "--prefix", "the cat", "--suffix", " the bone.",
-                     "--steps", "2", "--num_samples", "1"]) == 0
+    assert (
+        cli.main(
+            [
+                "sample",
+                "--workdir",
+                str(run),
+                "--prefix",
+                "the cat",
+                "--suffix",
+                " the bone.",
+                "--steps",
+                "2",
+                "--num_samples",
+                "1",
+            ]
+        )
+        == 0
+    )
     sample = capsys.readouterr().out.split("--- sample 0\n")[1].rstrip("\n")
     assert sample.startswith("the cat") and sample.endswith(" the bone.")
 
     # sedd.evaluate.prior_kl averages a [V, D] matrix of transitions: 10 GB and two minutes at V = 50257.
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat sat on the mat, and the dog ate the bone.\n" * 200)
-    assert cli.main(["eval", "--workdir", str(run), "--num_t", "2", "--batch_size", "2", "--max_batches", "1",
-                     "--config.data.name=text", f"--config.data.path={corpus}",
-                     f"--config.data.data_dir={tmp_path / 'tfds'}"]) == 0
+    assert (
+        cli.main(
+            [
+                "eval",
+                "--workdir",
+                str(run),
+                "--num_t",
+                "2",
+                "--batch_size",
+                "2",
+                "--max_batches",
+                "1",
+                "--config.data.name=text",
+                f"--config.data.path={corpus}",
+                f"--config.data.data_dir={tmp_path / 'tfds'}",
+            ]
+        )
+        == 0
+    )
     lines = [line.split(":", 1) for line in capsys.readouterr().out.splitlines() if ":" in line]
     figures = {k.strip(): v.strip() for k, v in lines}
     assert np.isfinite(float(figures["nats_per_token"])) and int(figures["num_tokens"]) == 32

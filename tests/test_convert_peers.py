@@ -27,8 +27,7 @@ from sedd import cli, convert, runs, serve
 
 from sedd.kinds import block
 from sedd.model import DDiT, block_diffusion_mask
-from test_convert import (GPT2, Obj, gpt2_files, original_forward, original_shapes,  # noqa: F401 (a fixture)
-                          random_state_dict, write_torch_file)
+from test_convert import GPT2, Obj, original_forward, original_shapes, random_state_dict, write_torch_file
 
 TINY = dict(hidden_dim=32, n_blocks=2, n_heads=4, cond_dim=16, model_length=16)
 EPS = (0.25, 0.75)  # BD3-LM's clipped interval, as its 0-d buffers hold it
@@ -37,21 +36,39 @@ EPS = (0.25, 0.75)  # BD3-LM's clipped interval, as its 0-d buffers hold it
 def peer_config(model_type: str, **fields) -> dict:
     """config.json as kuleshov-group publishes it (MDLMConfig / BD3LMConfig.to_json_string), shrunk."""
     arch = {"mdlm": "MDLM", "bd3lm": "BD3LM"}[model_type]
-    c = {"architectures": [arch], "auto_map": {"AutoConfig": f"configuration_{model_type}.{arch}Config",
-                                                "AutoModelForMaskedLM": f"modeling_{model_type}.{arch}"},
-         "model_type": model_type, "vocab_size": GPT2 + 1, "dropout": 0.1, "time_conditioning": False,
-         "return_dict": False, "torch_dtype": "float32", "transformers_version": "4.49.0", **TINY}
+    c = {
+        "architectures": [arch],
+        "auto_map": {
+            "AutoConfig": f"configuration_{model_type}.{arch}Config",
+            "AutoModelForMaskedLM": f"modeling_{model_type}.{arch}",
+        },
+        "model_type": model_type,
+        "vocab_size": GPT2 + 1,
+        "dropout": 0.1,
+        "time_conditioning": False,
+        "return_dict": False,
+        "torch_dtype": "float32",
+        "transformers_version": "4.49.0",
+        **TINY,
+    }
     if model_type == "bd3lm":
-        c.update(block_size=4, cross_attn=True, attn_backend="sdpa", var_min=True, sampling_eps_min=1e-3,
-                 sampling_eps_max=0.999)
+        c.update(
+            block_size=4,
+            cross_attn=True,
+            attn_backend="sdpa",
+            var_min=True,
+            sampling_eps_min=1e-3,
+            sampling_eps_max=0.999,
+        )
     c.update(fields)
     return c
 
 
 def backbone(seed: int) -> dict:
     """The backbone's state dict (SEDD's DDiT names) with random values: GPT-2's tokens + MASK (or DUO's [PAD])."""
-    return random_state_dict(original_shapes(TINY["hidden_dim"], TINY["n_blocks"], TINY["n_heads"],
-                                             TINY["cond_dim"]), seed)
+    return random_state_dict(
+        original_shapes(TINY["hidden_dim"], TINY["n_blocks"], TINY["n_heads"], TINY["cond_dim"]), seed
+    )
 
 
 def publish(folder, sd: dict, config: dict, fmt: str = "safetensors"):
@@ -65,6 +82,7 @@ def publish(folder, sd: dict, config: dict, fmt: str = "safetensors"):
         write_torch_file(folder / "pytorch_model.bin", {k: np.asarray(v) for k, v in tensors.items()})
     else:
         from safetensors.numpy import save_file
+
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(folder / "model.safetensors"))
     return folder
 
@@ -134,12 +152,22 @@ def test_bd3lm_converts_to_a_block_run_matching_its_training_forward(tmp_path, g
     assert run.config.model.kind == "block" and run.config.model.block_size == 4
     x0, x, sigma = masked_inputs(2)
     length = TINY["model_length"]
-    ours = np.asarray(block.log_score(run.model, jnp.asarray(x, jnp.int32), jnp.asarray(x0, jnp.int32),
-                                      jnp.asarray(sigma, jnp.float32), 4))
+    ours = np.asarray(
+        block.log_score(
+            run.model, jnp.asarray(x, jnp.int32), jnp.asarray(x0, jnp.int32), jnp.asarray(sigma, jnp.float32), 4
+        )
+    )
     both = np.concatenate([x, x0], 1)
-    logits, _ = original_forward(sd, both, np.zeros(2), TINY["n_heads"], scale_by_sigma=False,
-                                 positions=np.concatenate([np.arange(length)] * 2),
-                                 mask=block_diffusion_mask(length, 4), raw=True)
+    logits, _ = original_forward(
+        sd,
+        both,
+        np.zeros(2),
+        TINY["n_heads"],
+        scale_by_sigma=False,
+        positions=np.concatenate([np.arange(length)] * 2),
+        mask=block_diffusion_mask(length, 4),
+        raw=True,
+    )
     theirs = subs_log_score(logits[:, :length], sigma)
     masked = x == GPT2
     assert np.abs(ours[masked][:, :GPT2] - theirs[masked]).max() / np.abs(theirs[masked]).max() < 1e-5
@@ -148,8 +176,9 @@ def test_bd3lm_converts_to_a_block_run_matching_its_training_forward(tmp_path, g
 
 # mdlm's end to end in the default suite, the other two families behind -m slow (each converts through the same
 # writer; their weights' parity with their own code is tested above) to keep the default suite within 900 CPU s.
-@pytest.mark.parametrize("family", ["mdlm", pytest.param("bd3lm", marks=pytest.mark.slow),
-                                    pytest.param("duo", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "family", ["mdlm", pytest.param("bd3lm", marks=pytest.mark.slow), pytest.param("duo", marks=pytest.mark.slow)]
+)
 def test_converted_peers_sample_evaluate_and_serve(tmp_path, gpt2_files, capsys, family):
     if family == "duo":
         sd = backbone(seed=4)
@@ -159,23 +188,58 @@ def test_converted_peers_sample_evaluate_and_serve(tmp_path, gpt2_files, capsys,
     run_dir = tmp_path / "run"
     assert convert.main([str(src), str(run_dir), "--tokenizer_path", str(gpt2_files)]) == 0
     assert "sedd sample" in capsys.readouterr().out
-    assert cli.main(["sample", "--workdir", str(run_dir), "--prefix", "the cat", "--steps", "2",
-                     "--num_samples", "2", "--max_length", "16"]) == 0
+    assert (
+        cli.main(
+            [
+                "sample",
+                "--workdir",
+                str(run_dir),
+                "--prefix",
+                "the cat",
+                "--steps",
+                "2",
+                "--num_samples",
+                "2",
+                "--max_length",
+                "16",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.count("--- sample ") == 2 and out.count("\nthe cat") == 2
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat sat on the mat, and the dog ate the bone.\n" * 200)
-    assert cli.main(["eval", "--workdir", str(run_dir), "--num_t", "2", "--batch_size", "2", "--max_batches", "1",
-                     "--config.data.name=text", f"--config.data.path={corpus}",
-                     f"--config.data.data_dir={tmp_path / 'tfds'}"]) == 0
-    figures = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in capsys.readouterr().out.splitlines()
-                                                  if ":" in line)}
+    assert (
+        cli.main(
+            [
+                "eval",
+                "--workdir",
+                str(run_dir),
+                "--num_t",
+                "2",
+                "--batch_size",
+                "2",
+                "--max_batches",
+                "1",
+                "--config.data.name=text",
+                f"--config.data.path={corpus}",
+                f"--config.data.data_dir={tmp_path / 'tfds'}",
+            ]
+        )
+        == 0
+    )
+    figures = {
+        k.strip(): v.strip()
+        for k, v in (line.split(":", 1) for line in capsys.readouterr().out.splitlines() if ":" in line)
+    }
     assert np.isfinite(float(figures["nats_per_token"])) and int(figures["num_tokens"]) == 32
     run = runs.load(run_dir)
     limits = serve.Limits(max_steps=4, max_n=2, max_batch=4, timeout_s=120, window_s=0.05)
     with TestClient(serve.create_app(run, family, limits), base_url="http://localhost") as c:
-        r = c.post("/v1/completions", json={"model": family, "prompt": "the cat", "max_tokens": 4, "seed": 1,
-                                            "steps": 2})
+        r = c.post(
+            "/v1/completions", json={"model": family, "prompt": "the cat", "max_tokens": 4, "seed": 1, "steps": 2}
+        )
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["text"] is not None
 
@@ -184,19 +248,24 @@ def _written(tmp_path) -> list:
     return [p.name for p in tmp_path.iterdir() if p.name != "src"]
 
 
-@pytest.mark.parametrize("tamper,message", [
-    (lambda sd, c: c.update(hidden_size=32), "unknown field(s) ['hidden_size']"),
-    (lambda sd, c: c.update(model_type="llada"), "model_type = 'llada'"),
-    (lambda sd, c: c.update(model_type={"mdlm": 1}), "model_type = {'mdlm': 1}"),  # issue 53: was a TypeError
-    (lambda sd, c: c.update(dropout=10**400), "dropout = an integer of 401 digits"),  # was an OverflowError
-    (lambda sd, c: c.update(vocab_size=GPT2), f"vocab_size = {GPT2}"),
-    (lambda sd, c: c.update(n_heads=5), "no even head size"),
-    (lambda sd, c: sd.pop("blocks.1.attn_out.weight"), "missing tensor 'backbone.blocks.1.attn_out.weight'"),
-    (lambda sd, c: sd.update({"blocks.0.norm1.weight": np.ones(31, np.float32)}),
-     "'backbone.blocks.0.norm1.weight' has shape (31,)"),
-    (lambda sd, c: sd.pop("sigma_map.mlp.2.bias"), "missing tensor 'backbone.sigma_map.mlp.2.bias' (the sigma "),
-    (lambda sd, c: sd.update({"lm_head.weight": np.ones(3, np.float32)}), "'backbone.lm_head.weight'"),
-])
+@pytest.mark.parametrize(
+    "tamper,message",
+    [
+        (lambda sd, c: c.update(hidden_size=32), "unknown field(s) ['hidden_size']"),
+        (lambda sd, c: c.update(model_type="llada"), "model_type = 'llada'"),
+        (lambda sd, c: c.update(model_type={"mdlm": 1}), "model_type = {'mdlm': 1}"),  # issue 53: was a TypeError
+        (lambda sd, c: c.update(dropout=10**400), "dropout = an integer of 401 digits"),  # was an OverflowError
+        (lambda sd, c: c.update(vocab_size=GPT2), f"vocab_size = {GPT2}"),
+        (lambda sd, c: c.update(n_heads=5), "no even head size"),
+        (lambda sd, c: sd.pop("blocks.1.attn_out.weight"), "missing tensor 'backbone.blocks.1.attn_out.weight'"),
+        (
+            lambda sd, c: sd.update({"blocks.0.norm1.weight": np.ones(31, np.float32)}),
+            "'backbone.blocks.0.norm1.weight' has shape (31,)",
+        ),
+        (lambda sd, c: sd.pop("sigma_map.mlp.2.bias"), "missing tensor 'backbone.sigma_map.mlp.2.bias' (the sigma "),
+        (lambda sd, c: sd.update({"lm_head.weight": np.ones(3, np.float32)}), "'backbone.lm_head.weight'"),
+    ],
+)
 def test_a_tampered_mdlm_folder_is_refused_naming_what_is_wrong(tmp_path, gpt2_files, tamper, message):
     sd, config = backbone(seed=5), peer_config("mdlm")
     tamper(sd, config)
@@ -207,22 +276,30 @@ def test_a_tampered_mdlm_folder_is_refused_naming_what_is_wrong(tmp_path, gpt2_f
     assert _written(tmp_path) == []  # nothing written, not even a temporary folder
 
 
-@pytest.mark.parametrize("tamper,message", [
-    (lambda t, c: c.update(block_size=5), "block_size = 5"),
-    (lambda t, c: c.update(cross_attn=False), "cross_attn = False"),
-    (lambda t, c: c.update(time_conditioning=True), "time_conditioning = true in the bd3lm"),
-    (lambda t, c: t.pop("sampling_eps_max"), "missing tensor 'sampling_eps_max'"),
-    (lambda t, c: t.update(sampling_eps_min=np.array(3.0, np.float32)), "sampling_eps_min = 3.0"),
-    (lambda t, c: t.update(noise_schedule=np.ones(2, np.float32)), "'noise_schedule'"),
-    (lambda t, c: t.pop("backbone.blocks.0.adaLN_modulation.bias"),
-     "missing tensor 'backbone.blocks.0.adaLN_modulation.bias'"),
-    (lambda t, c: t.update({"backbone.output_layer.linear.weight": np.zeros((GPT2, 32), np.float32)}),
-     f"'backbone.output_layer.linear.weight' has shape ({GPT2}, 32)"),
-])
+@pytest.mark.parametrize(
+    "tamper,message",
+    [
+        (lambda t, c: c.update(block_size=5), "block_size = 5"),
+        (lambda t, c: c.update(cross_attn=False), "cross_attn = False"),
+        (lambda t, c: c.update(time_conditioning=True), "time_conditioning = true in the bd3lm"),
+        (lambda t, c: t.pop("sampling_eps_max"), "missing tensor 'sampling_eps_max'"),
+        (lambda t, c: t.update(sampling_eps_min=np.array(3.0, np.float32)), "sampling_eps_min = 3.0"),
+        (lambda t, c: t.update(noise_schedule=np.ones(2, np.float32)), "'noise_schedule'"),
+        (
+            lambda t, c: t.pop("backbone.blocks.0.adaLN_modulation.bias"),
+            "missing tensor 'backbone.blocks.0.adaLN_modulation.bias'",
+        ),
+        (
+            lambda t, c: t.update({"backbone.output_layer.linear.weight": np.zeros((GPT2, 32), np.float32)}),
+            f"'backbone.output_layer.linear.weight' has shape ({GPT2}, 32)",
+        ),
+    ],
+)
 def test_a_tampered_bd3lm_folder_is_refused_naming_what_is_wrong(tmp_path, gpt2_files, tamper, message):
     config = peer_config("bd3lm")
     src = publish(tmp_path / "src", backbone(seed=6), config)
     from safetensors.numpy import load_file, save_file
+
     tensors = load_file(str(src / "model.safetensors"))
     tamper(tensors, config)
     save_file(tensors, str(src / "model.safetensors"))
@@ -236,6 +313,7 @@ def test_a_tampered_bd3lm_folder_is_refused_naming_what_is_wrong(tmp_path, gpt2_
 @pytest.mark.parametrize("family", ["mdlm", "bd3lm"])
 def test_a_peer_pickle_naming_a_global_is_refused_and_runs_nothing(tmp_path, gpt2_files, family):
     import zipfile
+
     src = tmp_path / "src"
     src.mkdir()
     (src / "config.json").write_text(json.dumps(peer_config(family)))
@@ -259,8 +337,18 @@ def test_uniform_mean_score_is_the_ratio_of_marginals():
     equals the exact reverse step p_s(y) K_{s->t}(y, x) / p_t(x) of that law.
     """
     d, length = 7, 5
-    net = DDiT(num_tokens=d, out_dim=d, hidden_size=16, n_layers=1, n_heads=2, cond_dim=8, dropout=0.0,
-               max_len=length, normalize=True, rngs=nnx.Rngs(0))
+    net = DDiT(
+        num_tokens=d,
+        out_dim=d,
+        hidden_size=16,
+        n_layers=1,
+        n_heads=2,
+        cond_dim=8,
+        dropout=0.0,
+        max_len=length,
+        normalize=True,
+        rngs=nnx.Rngs(0),
+    )
     rng = np.random.default_rng(0)
     out = rng.standard_normal((2, length, d)).astype(np.float32) * 2
     x = rng.integers(0, d, (2, length))
@@ -282,30 +370,61 @@ def test_uniform_mean_score_is_the_ratio_of_marginals():
     p_s, p_t = w[0] @ k_s, w[0] @ k_s @ k_st
     e = np.eye(d)[x[0]]
     a_ts = a_t / a_s
-    duo = (a_t * d * w[0] * e + (a_ts - a_t) * e + (a_s - a_t) * w[0] + (1 - a_ts) * (1 - a_s) / d) / \
-        (a_t * d * (w[0] * e).sum(-1, keepdims=True) + 1 - a_t)
+    duo = (a_t * d * w[0] * e + (a_ts - a_t) * e + (a_s - a_t) * w[0] + (1 - a_ts) * (1 - a_s) / d) / (
+        a_t * d * (w[0] * e).sum(-1, keepdims=True) + 1 - a_t
+    )
     exact = p_s * k_st[:, x[0]].T / p_t[np.arange(length), x[0]][:, None]
     np.testing.assert_allclose(duo, exact, atol=1e-12)
 
 
 def _omegaconf(value):
     """value as OmegaConf pickles it: DictConfig(_metadata, _parent, _content = {key: node}), AnyNode(_val)."""
-    meta = Obj("omegaconf.base", "ContainerMetadata", {"ref_type": Obj("typing", "Any"), "object_type": None,
-                                                        "optional": True, "key": None, "flags": {}})
+    meta = Obj(
+        "omegaconf.base",
+        "ContainerMetadata",
+        {"ref_type": Obj("typing", "Any"), "object_type": None, "optional": True, "key": None, "flags": {}},
+    )
     if isinstance(value, dict):
-        return Obj("omegaconf.dictconfig", "DictConfig",
-                   {"_metadata": meta, "_parent": None, "_content": {k: _omegaconf(v) for k, v in value.items()}})
-    return Obj("omegaconf.nodes", "AnyNode", {"_metadata": Obj("omegaconf.base", "Metadata", {"key": None}),
-                                              "_parent": None, "_val": value})
+        return Obj(
+            "omegaconf.dictconfig",
+            "DictConfig",
+            {"_metadata": meta, "_parent": None, "_content": {k: _omegaconf(v) for k, v in value.items()}},
+        )
+    return Obj(
+        "omegaconf.nodes",
+        "AnyNode",
+        {"_metadata": Obj("omegaconf.base", "Metadata", {"key": None}), "_parent": None, "_val": value},
+    )
 
 
 def duo_hydra(**algo) -> dict:
-    model = dict(name="tiny", type="ddit", hidden_size=TINY["hidden_dim"], cond_dim=TINY["cond_dim"],
-                 length=TINY["model_length"], n_blocks=TINY["n_blocks"], n_heads=TINY["n_heads"], scale_by_sigma=True,
-                 dropout=0.1, tie_word_embeddings=False)
-    return {"algo": {"name": "duo", "backbone": "dit", "parameterization": "mean", "time_conditioning": True,
-                     "T": 0, "causal_attention": False, "gumbel_tau_log10_start": -3.0, **algo},
-            "model": model, "noise": {"type": "log-linear", "eps": 1e-3}, "training": {"ema": 0.9999}}
+    model = dict(
+        name="tiny",
+        type="ddit",
+        hidden_size=TINY["hidden_dim"],
+        cond_dim=TINY["cond_dim"],
+        length=TINY["model_length"],
+        n_blocks=TINY["n_blocks"],
+        n_heads=TINY["n_heads"],
+        scale_by_sigma=True,
+        dropout=0.1,
+        tie_word_embeddings=False,
+    )
+    return {
+        "algo": {
+            "name": "duo",
+            "backbone": "dit",
+            "parameterization": "mean",
+            "time_conditioning": True,
+            "T": 0,
+            "causal_attention": False,
+            "gumbel_tau_log10_start": -3.0,
+            **algo,
+        },
+        "model": model,
+        "noise": {"type": "log-linear", "eps": 1e-3},
+        "training": {"ema": 0.9999},
+    }
 
 
 def lightning_checkpoint(path, sd: dict, ema: dict, hydra: dict | None = None, **extra):
@@ -313,13 +432,24 @@ def lightning_checkpoint(path, sd: dict, ema: dict, hydra: dict | None = None, *
     hyper_parameters.config (an OmegaConf DictConfig), global_step and the trainer's state."""
     path.parent.mkdir(parents=True, exist_ok=True)
     order = [name for name, _, _ in convert.parameter_map(TINY["n_blocks"])]
-    ckpt = {"epoch": 3, "global_step": 1234, "pytorch-lightning_version": "2.2.1",
-            "state_dict": {"backbone." + k: v for k, v in sd.items()},
-            "ema": {"decay": 0.9999, "num_updates": 1234, "shadow_params": [ema[k] for k in order]},
-            "hyper_parameters": {"config": _omegaconf(hydra or duo_hydra())},
-            "loops": {"fit_loop": {"state_dict": {}, "epoch_progress": Obj("lightning.loops.progress", "Progress",
-                                                                           {"total": {"ready": 3}})}},
-            "callbacks": {}, "optimizer_states": [], "lr_schedulers": [], **extra}
+    ckpt = {
+        "epoch": 3,
+        "global_step": 1234,
+        "pytorch-lightning_version": "2.2.1",
+        "state_dict": {"backbone." + k: v for k, v in sd.items()},
+        "ema": {"decay": 0.9999, "num_updates": 1234, "shadow_params": [ema[k] for k in order]},
+        "hyper_parameters": {"config": _omegaconf(hydra or duo_hydra())},
+        "loops": {
+            "fit_loop": {
+                "state_dict": {},
+                "epoch_progress": Obj("lightning.loops.progress", "Progress", {"total": {"ready": 3}}),
+            }
+        },
+        "callbacks": {},
+        "optimizer_states": [],
+        "lr_schedulers": [],
+        **extra,
+    }
     write_torch_file(path, ckpt)
     return path
 
@@ -354,18 +484,27 @@ def test_duo_lightning_checkpoint_converts_its_ema_and_matches_its_x0_law(tmp_pa
     assert run.tokenizer.decode([GPT2, 0, GPT2]) == run.tokenizer.decode([0])  # [PAD] is dropped
 
 
-@pytest.mark.parametrize("hydra,message", [
-    (dict(duo_hydra(), algo={"name": "mdlm"}), "algo.name = 'mdlm'"),
-    (duo_hydra(parameterization="subs"), "algo.parameterization = 'subs'"),
-    (duo_hydra(time_conditioning=False), "algo.time_conditioning = false"),
-    (dict(duo_hydra(), noise={"type": "cosine"}), "noise = {'type': 'cosine'}"),
-    (dict(duo_hydra(), model={"hidden_size": 32}), "config has no n_blocks"),
-    # issue 53, finding 5: a TypeError, an OverflowError and an unlabelled one-liner
-    (dict(duo_hydra(), noise={"type": "log-linear", "eps": [1]}), "noise.eps = [1] in the original's config is not"),
-    (dict(duo_hydra(), noise={"type": "log-linear", "eps": None}), "noise.eps = None in the original's config is not"),
-    (dict(duo_hydra(), noise={"type": "log-linear", "eps": "abc"}), "noise.eps = 'abc' in the original's config"),
-    (dict(duo_hydra(), model={**duo_hydra()["model"], "dropout": 10**400}), "dropout = an integer of 401 digits"),
-])
+@pytest.mark.parametrize(
+    "hydra,message",
+    [
+        (dict(duo_hydra(), algo={"name": "mdlm"}), "algo.name = 'mdlm'"),
+        (duo_hydra(parameterization="subs"), "algo.parameterization = 'subs'"),
+        (duo_hydra(time_conditioning=False), "algo.time_conditioning = false"),
+        (dict(duo_hydra(), noise={"type": "cosine"}), "noise = {'type': 'cosine'}"),
+        (dict(duo_hydra(), model={"hidden_size": 32}), "config has no n_blocks"),
+        # issue 53, finding 5: a TypeError, an OverflowError and an unlabelled one-liner
+        (
+            dict(duo_hydra(), noise={"type": "log-linear", "eps": [1]}),
+            "noise.eps = [1] in the original's config is not",
+        ),
+        (
+            dict(duo_hydra(), noise={"type": "log-linear", "eps": None}),
+            "noise.eps = None in the original's config is not",
+        ),
+        (dict(duo_hydra(), noise={"type": "log-linear", "eps": "abc"}), "noise.eps = 'abc' in the original's config"),
+        (dict(duo_hydra(), model={**duo_hydra()["model"], "dropout": 10**400}), "dropout = an integer of 401 digits"),
+    ],
+)
 def test_a_tampered_duo_checkpoint_is_refused_naming_what_is_wrong(tmp_path, gpt2_files, hydra, message):
     sd = backbone(seed=8)
     src = lightning_checkpoint(tmp_path / "src" / "duo.ckpt", sd, sd, hydra)
@@ -386,9 +525,15 @@ def test_a_duo_checkpoint_with_a_wrong_tensor_or_a_called_global_runs_nothing_an
     path = tmp_path / "b" / "duo.ckpt"
     path.parent.mkdir()
     order = [name for name, _, _ in convert.parameter_map(TINY["n_blocks"])]
-    write_torch_file(path, {"state_dict": {"backbone." + k: v for k, v in sd.items()},
-                            "ema": {"shadow_params": [sd[k] for k in order]},
-                            "hyper_parameters": {"config": hydra}, "global_step": 1})
+    write_torch_file(
+        path,
+        {
+            "state_dict": {"backbone." + k: v for k, v in sd.items()},
+            "ema": {"shadow_params": [sd[k] for k in order]},
+            "hyper_parameters": {"config": hydra},
+            "global_step": 1,
+        },
+    )
     with pytest.raises(convert.ConversionError, match="holds a 'os.system', not an OmegaConf config"):
         convert.convert(path, tmp_path / "run", tokenizer_path=gpt2_files)
     assert not marker.exists() and not (tmp_path / "run").exists()

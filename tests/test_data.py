@@ -103,8 +103,9 @@ def test_shakespeare_builder_on_fake_texts(tmp_path):
 
 
 def test_shakespeare_default_corpus(tmp_path):
-    ds = data.load_dataset({"name": "shakespeare", "path": "", "seq_len": 128,
-                            "tokenizer": "char", "data_dir": str(tmp_path)})
+    ds = data.load_dataset(
+        {"name": "shakespeare", "path": "", "seq_len": 128, "tokenizer": "char", "data_dir": str(tmp_path)}
+    )
     _check_splits(ds.builder)
     assert ds.num_tokens("train") > 1_000_000 and ds.num_tokens("validation") > 50_000
     assert 3.5 < ds.unigram_entropy_bits() < 5.5
@@ -131,8 +132,10 @@ def test_the_preparing_line_says_how_a_file_is_read(tmp_path):
     notes = str(_write(tmp_path / "notes.md", "# Notes\n\nsome text\n"))
     rows = str(_write(tmp_path / "rows.jsonl", '{"text": "a"}\n'))
     tfds_dir = str(tmp_path / "tfds")
-    assert builders.TextFiles(notes, tfds_dir).describe() == \
-        "each file is one document; data.documents=lines or paragraphs splits them"
+    assert (
+        builders.TextFiles(notes, tfds_dir).describe()
+        == "each file is one document; data.documents=lines or paragraphs splits them"
+    )
     assert builders.TextFiles(notes, tfds_dir, "lines").describe() == "each line is a document"
     assert builders.TextFiles(rows, tfds_dir).describe() == "one document per JSON line"
 
@@ -152,8 +155,9 @@ def test_text8_from_tiny_zip(tmp_path):
     zpath = tmp_path / "text8.zip"
     with zipfile.ZipFile(zpath, "w") as z:
         z.writestr("text8", text)
-    ds = data.load_dataset({"name": "text8", "path": str(zpath), "tokenizer": "char",
-                            "seq_len": 16, "data_dir": str(tmp_path / "tfds")})
+    ds = data.load_dataset(
+        {"name": "text8", "path": str(zpath), "tokenizer": "char", "seq_len": 16, "data_dir": str(tmp_path / "tfds")}
+    )
     splits = {s: "".join(_docs(ds.builder, s)) for s in ("train", "validation", "test")}
     assert splits == {"train": text[:1800], "validation": text[1800:1900], "test": text[1900:]}
     # One continuous stream: no separator, one token per character.
@@ -211,8 +215,7 @@ def test_batches_are_resumable_and_cover_each_epoch():
 def test_process_slices_make_the_global_batch():
     packed = _packed()
     whole = packed.batches(16, seed=0, start_step=2)
-    parts = [packed.batches(16, seed=0, start_step=2, process_index=p, process_count=2)
-             for p in range(2)]
+    parts = [packed.batches(16, seed=0, start_step=2, process_index=p, process_count=2) for p in range(2)]
     for _ in range(4):
         local = [next(p) for p in parts]
         assert local[0].shape == (8, 5)
@@ -238,8 +241,7 @@ def test_unigram_entropy_by_hand():
 
 def test_load_dataset_caches_tokens(tmp_path, monkeypatch):
     corpus = _write(tmp_path / "c.txt", "to be or not to be\n" * 60)
-    cfg = {"name": "text", "path": str(corpus), "tokenizer": "char", "seq_len": 16,
-           "data_dir": str(tmp_path / "tfds")}
+    cfg = {"name": "text", "path": str(corpus), "tokenizer": "char", "seq_len": 16, "data_dir": str(tmp_path / "tfds")}
     ds = data.load_dataset(cfg)
     # Each split is one document: its final "\n" is stripped, an EOS appended.
     assert ds.num_tokens("train") + ds.num_tokens("validation") == 60 * 19

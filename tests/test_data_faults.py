@@ -99,8 +99,9 @@ def test_a_document_longer_than_a_record_comes_back_whole(tmp_path, small_blocks
     assert _docs(b, "train") == [one_line.strip()] and _docs(b, "validation") == ["v"]
     pieces = list(data.read_pieces(b, "train"))
     assert len(pieces) > 3 and [e for _, e in pieces] == [False] * (len(pieces) - 1) + [True]
-    ds = data.load_dataset({"name": "text", "path": str(tmp_path), "tokenizer": "char", "seq_len": 8,
-                            "data_dir": str(tmp_path / "tfds")})
+    ds = data.load_dataset(
+        {"name": "text", "path": str(tmp_path), "tokenizer": "char", "seq_len": 8, "data_dir": str(tmp_path / "tfds")}
+    )
     tok = ds.tokenizer
     np.testing.assert_array_equal(ds.tokens("train"), np.append(tok.encode(one_line.strip()), tok.eos_id))
     assert ds.stats["train"]["documents"] == 1 and corpus.exists()
@@ -112,14 +113,24 @@ def test_a_document_longer_than_a_record_comes_back_whole(tmp_path, small_blocks
 def test_documents_per_file_line_or_paragraph(tmp_path):
     _write(tmp_path / "c" / "c-train.txt", "one\ntwo  \n\n  three\nfour\n\n\n")
     _write(tmp_path / "c" / "c-valid.txt", "five\nsix\n")
-    expect = {"file": ["one\ntwo  \n\n  three\nfour", "five\nsix"],
-              "lines": ["one", "two", "three", "four", "five", "six"],
-              "paragraphs": ["one\ntwo", "three\nfour", "five\nsix"]}
+    expect = {
+        "file": ["one\ntwo  \n\n  three\nfour", "five\nsix"],
+        "lines": ["one", "two", "three", "four", "five", "six"],
+        "paragraphs": ["one\ntwo", "three\nfour", "five\nsix"],
+    }
     for mode, docs in expect.items():
         b = data.get_builder("text", str(tmp_path / "c"), str(tmp_path / "tfds"), documents=mode)
         assert _docs(b, "train") + _docs(b, "validation") == docs, mode
-    ds = data.load_dataset({"name": "text", "path": str(tmp_path / "c"), "documents": "lines", "tokenizer": "char",
-                            "seq_len": 4, "data_dir": str(tmp_path / "tfds")})
+    ds = data.load_dataset(
+        {
+            "name": "text",
+            "path": str(tmp_path / "c"),
+            "documents": "lines",
+            "tokenizer": "char",
+            "seq_len": 4,
+            "data_dir": str(tmp_path / "tfds"),
+        }
+    )
     assert ds.stats["train"] == {"documents": 4, "chars": 15, "tokens": 19}  # one EOS after each line
     with pytest.raises(ValueError, match="data.documents must be one of"):
         data.get_builder("text", str(tmp_path / "c"), str(tmp_path / "tfds"), documents="sentences")
@@ -127,6 +138,7 @@ def test_documents_per_file_line_or_paragraph(tmp_path):
 
 def test_the_default_config_names_the_documents_option():
     from sedd.configs import shakespeare_char
+
     assert shakespeare_char.get_config().data.documents == "file"
 
 
@@ -136,8 +148,11 @@ def test_the_default_config_names_the_documents_option():
 def test_invalid_utf8_is_replaced_with_a_warning_naming_file_count_and_offset(tmp_path):
     bad = b"good line\nabc\xff\xfedef \xef\xbf\xbd kept\n" + b"more text\n" * 20
     corpus = _write(tmp_path / "bad.txt", bad)
-    with pytest.warns(UserWarning, match=r"bad\.txt: 2 invalid UTF-8 sequence\(s\) replaced by U\+FFFD, "
-                                         r"the first at byte offset 13"):
+    with pytest.warns(
+        UserWarning,
+        match=r"bad\.txt: 2 invalid UTF-8 sequence\(s\) replaced by U\+FFFD, "
+        r"the first at byte offset 13",
+    ):
         b = data.get_builder("text", str(corpus), str(tmp_path / "tfds"))
     train = _docs(b, "train")[0]
     assert "abc\ufffd\ufffddef \ufffd kept" in train

@@ -16,8 +16,10 @@ def _write(path, text):
 
 
 def _load(tmp_path, name, path, seq_len=4):
-    return data.load_dataset({"name": name, "path": str(path), "tokenizer": "byte", "seq_len": seq_len,
-                              "data_dir": str(tmp_path / "tfds")}, tokenizer=data.get_tokenizer("byte"))
+    return data.load_dataset(
+        {"name": name, "path": str(path), "tokenizer": "byte", "seq_len": seq_len, "data_dir": str(tmp_path / "tfds")},
+        tokenizer=data.get_tokenizer("byte"),
+    )
 
 
 def _stream(rows, seq_len=None, groups=None):
@@ -25,22 +27,28 @@ def _stream(rows, seq_len=None, groups=None):
     groups = groups or [len(rows)]
     out, start = [], 0
     for n in groups:
-        ids = data.tokenize_documents(rows[start:start + n], data.get_tokenizer("byte"))
-        out.append(ids[:len(ids) // seq_len * seq_len] if seq_len else ids)
+        ids = data.tokenize_documents(rows[start : start + n], data.get_tokenizer("byte"))
+        out.append(ids[: len(ids) // seq_len * seq_len] if seq_len else ids)
         start += n
     return np.concatenate(out)
 
 
 def test_detokenizers_on_examples_of_each_set():
     assert zeroshot.wt_detokenizer(" = = Career = = \n") == " == Career ==\n"
-    assert (zeroshot.wt_detokenizer(" It cost 1 @,@ 000 @.@ 5 dollars ( in 1999 ) , a \" record \" . \n")
-            == " It cost 1,000.5 dollars (in 1999), a \"record\".\n")
+    assert (
+        zeroshot.wt_detokenizer(' It cost 1 @,@ 000 @.@ 5 dollars ( in 1999 ) , a " record " . \n')
+        == ' It cost 1,000.5 dollars (in 1999), a "record".\n'
+    )
     assert zeroshot.wt_detokenizer("the well @-@ known player 's N ") == "the well-known player's 1 "
-    assert zeroshot.ptb_detokenizer("he does n't own N N shares of <unk> 's $ N stock") == \
-        "he doesn't own 1 1 shares of ?'s $1 stock"
+    assert (
+        zeroshot.ptb_detokenizer("he does n't own N N shares of <unk> 's $ N stock")
+        == "he doesn't own 1 1 shares of ?'s $1 stock"
+    )
     assert zeroshot.ptb_detokenizer("a\\/b") == "a/b"
-    assert zeroshot.lm1b_detokenizer("See http : / / x.com , he said ' hi ' ( ok ) ?") == \
-        "See http://x.com, he said 'hi' (ok)?"
+    assert (
+        zeroshot.lm1b_detokenizer("See http : / / x.com , he said ' hi ' ( ok ) ?")
+        == "See http://x.com, he said 'hi' (ok)?"
+    )
     assert zeroshot.lm1b_detokenizer("It costs $ 5 and £ 3 .") == "It costs $5 and £3."
     assert zeroshot.lambada_detokenizer("  \u201cYes,\u201d she said  ") == '\n"Yes," she said'
 
@@ -53,8 +61,15 @@ def test_original_row_groups():
 
 
 def test_wikitext_rows_blank_lines_and_sequences(tmp_path, monkeypatch):
-    rows = [" \n", " = Valkyria = \n", " \n", " The game @-@ play , as in ( 2011 ) . \n", "\n",
-            " = = Plot = = \n", " It is N km . \n"] * 3
+    rows = [
+        " \n",
+        " = Valkyria = \n",
+        " \n",
+        " The game @-@ play , as in ( 2011 ) . \n",
+        "\n",
+        " = = Plot = = \n",
+        " It is N km . \n",
+    ] * 3
     raw = _write(tmp_path / "wikitext-2-raw" / "wiki.test.raw", "".join(rows))
     monkeypatch.setattr(zeroshot, "HF_MAP_BATCH", 2)  # groups of 2 rows: the cut per group shows
     ds = _load(tmp_path, "wikitext2", raw)
@@ -82,7 +97,7 @@ def test_ptb_lm1b_and_lambada_readers(tmp_path):
 
     heldout = tmp_path / "heldout-monolingual.tokenized.shuffled"
     _write(heldout / "news.en.heldout-00001-of-00050", "Second file , first line .\n")
-    _write(heldout / "news.en.heldout-00000-of-00050", "He said : \" yes \" .\nIt 's $ 5 .\n")
+    _write(heldout / "news.en.heldout-00000-of-00050", 'He said : " yes " .\nIt \'s $ 5 .\n')
     b = data.get_builder("lm1b", str(heldout), str(tmp_path / "tfds"))
     assert list(data.read_documents(b, "test")) == ['He said: "yes" .', "It's $5.", "Second file, first line."]
 

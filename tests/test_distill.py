@@ -34,17 +34,33 @@ CHAIN = MarkovChain(vocab_size=V, order=1, seed=0, alpha=0.3)
 
 
 def _tiny(data_dir, *extra):
-    return ["--config.data.name=markov", f"--config.data.markov.vocab_size={V}", "--config.data.markov.order=1",
-            "--config.data.markov.num_tokens=20000", f"--config.data.seq_len={L}", f"--config.data.data_dir={data_dir}",
-            "--config.model.n_layers=1", "--config.training.eval_samples=0", "--config.training.eval_batches=1",
-            "--config.training.batch_size=32", "--config.sampling.sampler=analytic", *extra]
+    return [
+        "--config.data.name=markov",
+        f"--config.data.markov.vocab_size={V}",
+        "--config.data.markov.order=1",
+        "--config.data.markov.num_tokens=20000",
+        f"--config.data.seq_len={L}",
+        f"--config.data.data_dir={data_dir}",
+        "--config.model.n_layers=1",
+        "--config.training.eval_samples=0",
+        "--config.training.eval_batches=1",
+        "--config.training.batch_size=32",
+        "--config.sampling.sampler=analytic",
+        *extra,
+    ]
 
 
 def _distill_overrides(data_dir):
-    return [f"--config.data.data_dir={data_dir}", f"--config.distill.round_steps={ROUND_STEPS}",
-            f"--config.training.ckpt_every={CKPT_EVERY}", "--config.training.log_every=10",
-            "--config.optim.lr=1e-4", "--config.optim.warmup=5", "--config.training.batch_size=64",
-            "--config.distill.target=law"]  # the teacher's two-step law itself, the target the exact checks compute
+    return [
+        f"--config.data.data_dir={data_dir}",
+        f"--config.distill.round_steps={ROUND_STEPS}",
+        f"--config.training.ckpt_every={CKPT_EVERY}",
+        "--config.training.log_every=10",
+        "--config.optim.lr=1e-4",
+        "--config.optim.warmup=5",
+        "--config.training.batch_size=64",
+        "--config.distill.target=law",
+    ]  # the teacher's two-step law itself, the target the exact checks compute
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +72,17 @@ def data_dir(tmp_path_factory):
 def teacher(data_dir, tmp_path_factory):
     """A SUBS teacher of the tiny chain, 120 steps, sampling with 4 steps."""
     workdir = tmp_path_factory.mktemp("teacher") / "run"
-    config = config_lib.load_config("tiny", _tiny(data_dir, "--config.training.n_iters=120",
-                                                  "--config.training.ckpt_every=120",
-                                                  "--config.training.eval_every=120", "--config.optim.lr=3e-3",
-                                                  "--config.sampling.steps=4"))
+    config = config_lib.load_config(
+        "tiny",
+        _tiny(
+            data_dir,
+            "--config.training.n_iters=120",
+            "--config.training.ckpt_every=120",
+            "--config.training.eval_every=120",
+            "--config.optim.lr=3e-3",
+            "--config.sampling.steps=4",
+        ),
+    )
     train.train(config, workdir, quiet=True)
     return workdir
 
@@ -133,7 +156,7 @@ def exact_divergences(student, teacher, teacher_steps: int) -> dict:
             target = np.broadcast_to(p1[:, None, pos], (len(states),) * 2 + (V + 1,)).copy()  # (x_t, x_u, D)
             target[..., :V] += p1[:, None, pos, V:] * p2[None, :, pos, :V]
             target[..., V] = p1[:, None, pos, V] * p2[None, :, pos, V]
-            still = (first * (states[:, pos] == V)[None, :])  # (x_t, x_u): x_u drawn, position still masked
+            still = first * (states[:, pos] == V)[None, :]  # (x_t, x_u): x_u drawn, position still masked
             objective += (still * _kl(p[:, None, pos], target)).sum(-1)
             law = two.reshape(len(states), *(V + 1,) * L).sum(axis=tuple(1 + j for j in range(L) if j != pos))
             marginals += _kl(law, p[:, pos])
@@ -148,8 +171,14 @@ def test_the_step_laws_are_the_samplers_and_the_two_step_target_is_their_composi
     graph = Absorbing(V)
     rng = np.random.default_rng(0)
     x = jnp.asarray([[V, 0, V], [V, V, V]], jnp.int32)
-    scores = [jnp.where(jax.nn.one_hot(x, V + 1, dtype=bool), 0.0,  # log 1 at the current token
-                        jnp.asarray(rng.normal(size=(2, L, V + 1)) + shift, jnp.float32)) for shift in (-2.0, 1.0)]
+    scores = [
+        jnp.where(
+            jax.nn.one_hot(x, V + 1, dtype=bool),
+            0.0,  # log 1 at the current token
+            jnp.asarray(rng.normal(size=(2, L, V + 1)) + shift, jnp.float32),
+        )
+        for shift in (-2.0, 1.0)
+    ]
     sig, nxt = jnp.full((2, L), 2.0), jnp.full((2, L), 1.2)
     for log_score in scores:  # c S < 1 (a masked position may stay) and c S > 1 (it unmasks surely)
         mine = np.exp(np.asarray(sdtt.step_log_law(graph, log_score, x, sig, nxt)))
@@ -168,8 +197,9 @@ def test_the_step_laws_are_the_samplers_and_the_two_step_target_is_their_composi
     np.testing.assert_allclose(q.sum(-1), 1.0, atol=1e-6)
     x0 = np.exp(np.asarray(sdtt.x0_target(graph, sdtt.two_step_log_law(graph, p1, p2), p2)))  # SDTT's target
     np.testing.assert_allclose(x0[..., V], q[..., V], atol=1e-6)  # the law's MASK mass, P2's tokens
-    np.testing.assert_allclose(x0[..., :V] / x0[..., :V].sum(-1, keepdims=True),
-                               e2[..., :V] / e2[..., :V].sum(-1, keepdims=True), atol=1e-5)
+    np.testing.assert_allclose(
+        x0[..., :V] / x0[..., :V].sum(-1, keepdims=True), e2[..., :V] / e2[..., :V].sum(-1, keepdims=True), atol=1e-5
+    )
     for name in sdtt.DIVERGENCES:  # zero at equality, positive elsewhere
         assert float(jnp.abs(sdtt.divergence(name, p1, p1)).max()) < 1e-6
         assert float(sdtt.divergence(name, p1, p2)[0, 0]) > 1e-3
@@ -180,9 +210,16 @@ def test_each_round_moves_the_students_one_step_toward_its_teachers_two_steps(te
     t = runs.load(teacher)
     r1, r2 = runs.load(workdir, step=ROUND_STEPS), runs.load(workdir)
     assert (t.config.sampling.steps, r1.config.sampling.steps, r2.config.sampling.steps) == (4, 2, 1)
-    assert runs.lineage(r2.config, r2.step) == {"teacher": str(teacher.resolve()), "teacher_step": 120, "round": 2,
-                                                "rounds": 2, "steps": 1, "divergence": "kl_backward",
-                                                "target": "law", "order": "random"}
+    assert runs.lineage(r2.config, r2.step) == {
+        "teacher": str(teacher.resolve()),
+        "teacher_step": 120,
+        "round": 2,
+        "rounds": 2,
+        "steps": 1,
+        "divergence": "kl_backward",
+        "target": "law",
+        "order": "random",
+    }
     before, after = exact_divergences(t, t, 4), exact_divergences(r1, t, 4)  # round 1: 4 -> 2 steps
     assert after["objective"] < 0.99 * before["objective"], (before, after)  # what the round minimises
     assert after["reverse"] < 0.98 * before["reverse"], (before, after)  # the whole sequence's laws
@@ -212,10 +249,11 @@ def planned_divergences(student, teacher, steps: int) -> dict:
     out = {"objective": [], "reverse": []}
     for m in range(steps // 2):
         a, b = order[2 * m], order[2 * m + 1]
-        x_t = np.where(np.isin(np.arange(L4), order[:2 * m]), x0s, V)  # (S, L4)
+        x_t = np.where(np.isin(np.arange(L4), order[: 2 * m]), x0s, V)  # (S, L4)
         p1, p = denoiser(teacher, x_t, grid[2 * m])[:, a], denoiser(student, x_t, grid[2 * m])  # (S, V), (S, L4, V)
-        p2 = np.stack([denoiser(teacher, np.where(np.arange(L4) == a, y, x_t), grid[2 * m + 1])[:, b]
-                       for y in range(V)], 1)  # (S, y_a, V)
+        p2 = np.stack(
+            [denoiser(teacher, np.where(np.arange(L4) == a, y, x_t), grid[2 * m + 1])[:, b] for y in range(V)], 1
+        )  # (S, y_a, V)
         objective = _kl(p[:, a], p1) + (p1 * _kl(p[:, None, b], p2)).sum(-1)
         pair = p[:, a, :, None] * p[:, b, None, :]  # (S, V, V)
         reverse = _kl(pair.reshape(len(x0s), -1), (p1[:, :, None] * p2).reshape(len(x0s), -1))
@@ -227,14 +265,26 @@ def planned_divergences(student, teacher, steps: int) -> dict:
 def test_a_planned_round_moves_the_students_one_step_toward_its_teachers_two_steps(data_dir, tmp_path):
     """distill.order='dilated': one round (4 -> 2 steps of the dilated sampler) lowers the exact divergences."""
     teacher = tmp_path / "teacher"
-    train.train(config_lib.load_config("tiny", _tiny(data_dir, f"--config.data.seq_len={L4}",
-                                                     "--config.training.n_iters=120", "--config.optim.lr=3e-3",
-                                                     "--config.training.ckpt_every=120",
-                                                     "--config.training.eval_every=120",
-                                                     "--config.sampling.steps=4")), teacher, quiet=True)
+    train.train(
+        config_lib.load_config(
+            "tiny",
+            _tiny(
+                data_dir,
+                f"--config.data.seq_len={L4}",
+                "--config.training.n_iters=120",
+                "--config.optim.lr=3e-3",
+                "--config.training.ckpt_every=120",
+                "--config.training.eval_every=120",
+                "--config.sampling.steps=4",
+            ),
+        ),
+        teacher,
+        quiet=True,
+    )
     workdir = tmp_path / "student"
-    config = distill.distill_config(teacher, [*_distill_overrides(data_dir), "--config.distill.order=dilated"],
-                                    rounds=1)
+    config = distill.distill_config(
+        teacher, [*_distill_overrides(data_dir), "--config.distill.order=dilated"], rounds=1
+    )
     assert config.sampling.sampler == "dilated" and config.sampling.steps == 2
     distill.distill(config, workdir, quiet=True)
     t, s = runs.load(teacher), runs.load(workdir)
@@ -251,8 +301,19 @@ def test_a_planned_round_moves_the_students_one_step_toward_its_teachers_two_ste
 def test_resume_after_sigkill_mid_round_gives_the_same_student(teacher, student, data_dir, tmp_path):
     straight, _ = student
     workdir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "sedd.cli", "distill", "--teacher", str(teacher), "--workdir", str(workdir),
-           "--rounds", "2", *_distill_overrides(data_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sedd.cli",
+        "distill",
+        "--teacher",
+        str(teacher),
+        "--workdir",
+        str(workdir),
+        "--rounds",
+        "2",
+        *_distill_overrides(data_dir),
+    ]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     trigger = workdir / runs.CHECKPOINTS / str(ROUND_STEPS + CKPT_EVERY)  # a checkpoint inside round 2
     deadline = time.monotonic() + 300
@@ -291,6 +352,7 @@ def test_a_distilled_run_samples_evaluates_and_serves(student, capsys):
     from starlette.testclient import TestClient
 
     from sedd import serve
+
     with TestClient(serve.create_app(run, "student"), base_url="http://localhost") as client:
         r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "seed": 0})
         assert r.status_code == 200, r.text
@@ -310,8 +372,10 @@ def test_distill_refuses_what_it_cannot_distill_in_one_line(teacher, tmp_path, c
     refused([*base, "--rounds", "2", "--config.training.ckpt_every=7"], "must divide distill.round_steps")
     refused([*base, "--rounds", "2", "--config.distill.order=left"], "distill.order='left'")
     refused([*base, "--rounds", "2", "--config.distill.order=dilated"], "must divide data.seq_len=3")  # L / N
-    for key, value, message in (("graph", {"type": "uniform"}, "needs graph.type='absorbing'"),
-                                ("model", {"kind": "ar"}, "has no denoising steps to distill")):
+    for key, value, message in (
+        ("graph", {"type": "uniform"}, "needs graph.type='absorbing'"),
+        ("model", {"kind": "ar"}, "has no denoising steps to distill"),
+    ):
         other = tmp_path / key
         other.mkdir()
         saved = json.loads((teacher / runs.CONFIG).read_text())
@@ -327,16 +391,38 @@ def test_block_diffusion_distils_within_its_blocks():
     import ml_collections
 
     from sedd import kinds
-    config = ml_collections.ConfigDict({"vocab_size": 5, **config_lib.load_config("tiny", [
-        "--config.model.kind=block", "--config.model.block_size=4", "--config.data.seq_len=8",
-        "--config.model.n_layers=1"]).to_dict()})
+
+    config = ml_collections.ConfigDict(
+        {
+            "vocab_size": 5,
+            **config_lib.load_config(
+                "tiny",
+                [
+                    "--config.model.kind=block",
+                    "--config.model.block_size=4",
+                    "--config.data.seq_len=8",
+                    "--config.model.n_layers=1",
+                ],
+            ).to_dict(),
+        }
+    )
     kind = kinds.get(config)
     model = kind.network(0)
     groups, fn = kind.noise_groups(model)
     assert groups == 4
     x0 = jax.random.randint(jax.random.key(0), (3, 8), 0, 5)
-    loss = sdtt.loss_per_position(jax.random.key(1), fn, fn, kind.graph, kind.noise, x0, jnp.float32(0.25),
-                                  block_size=groups, t_min=1e-3, t_end=1e-5)
+    loss = sdtt.loss_per_position(
+        jax.random.key(1),
+        fn,
+        fn,
+        kind.graph,
+        kind.noise,
+        x0,
+        jnp.float32(0.25),
+        block_size=groups,
+        t_min=1e-3,
+        t_end=1e-5,
+    )
     assert loss.shape == (3, 8) and bool(jnp.all(jnp.isfinite(loss))) and bool(jnp.all(loss >= -1e-6))
     config.distill.update(teacher="teacher", rounds=1, teacher_steps=2, order="dilated")
     with pytest.raises(ValueError, match="denoises in blocks"):  # a planned order is of the whole sequence

@@ -16,10 +16,18 @@ from sedd import cli, config as config_lib, drafts, runs, speculative, train
 
 def _train(tmp, name: str, *overrides: str):
     """A tiny one-block run trained for 2 steps: its directory."""
-    config = config_lib.load_config("tiny", [f"--config.data.data_dir={tmp / 'data'}",  # one corpus prepared once
-                                             "--config.training.n_iters=2", "--config.training.ckpt_every=2",
-                                             "--config.training.eval_every=2", "--config.model.n_layers=1",
-                                             "--config.data.seq_len=16", *overrides])
+    config = config_lib.load_config(
+        "tiny",
+        [
+            f"--config.data.data_dir={tmp / 'data'}",  # one corpus prepared once
+            "--config.training.n_iters=2",
+            "--config.training.ckpt_every=2",
+            "--config.training.eval_every=2",
+            "--config.model.n_layers=1",
+            "--config.data.seq_len=16",
+            *overrides,
+        ],
+    )
     train.train(config, tmp / name, quiet=True)
     return tmp / name
 
@@ -28,10 +36,17 @@ def _train(tmp, name: str, *overrides: str):
 def dirs(tmp_path_factory):
     """Run directories: an AR target, a block drafter (b = 4) and an AR run of another vocabulary."""
     tmp = tmp_path_factory.mktemp("drafts")
-    return {"ar": _train(tmp, "ar", "--config.model.kind=ar"),
-            "block": _train(tmp, "block", "--config.model.kind=block", "--config.model.block_size=4"),
-            "foreign": _train(tmp, "foreign", "--config.model.kind=ar", "--config.data.name=markov",
-                              "--config.data.markov.num_tokens=20000")}
+    return {
+        "ar": _train(tmp, "ar", "--config.model.kind=ar"),
+        "block": _train(tmp, "block", "--config.model.kind=block", "--config.model.block_size=4"),
+        "foreign": _train(
+            tmp,
+            "foreign",
+            "--config.model.kind=ar",
+            "--config.data.name=markov",
+            "--config.data.markov.num_tokens=20000",
+        ),
+    }
 
 
 CASES = [("ngram", 0), ("ngram", speculative.MAX_DRAFTS + 1), ("block", 5), ("foreign", 2)]
@@ -45,19 +60,26 @@ def _library(dirs, draft: str, k: int) -> str:
 
 
 def _command(dirs, draft: str, k: int, capsys, command: str) -> str:
-    argv = ["--workdir", str(dirs["ar"]), "--draft", draft if draft == "ngram" else str(dirs[draft]),
-            "--draft_k", str(k)]
+    argv = [
+        "--workdir",
+        str(dirs["ar"]),
+        "--draft",
+        draft if draft == "ngram" else str(dirs[draft]),
+        "--draft_k",
+        str(k),
+    ]
     if command == "sample":
         code = cli.main(["sample", "--num_samples", "1", *argv])
     else:
         pytest.importorskip("uvicorn")
         from sedd import serve
+
         code = serve.main([*argv, "--port", "1"])  # refused before it listens
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     prefix = f"sedd {command}: error: "
     assert err.startswith(prefix), err
-    return err[len(prefix):]
+    return err[len(prefix) :]
 
 
 @pytest.mark.parametrize("draft,k", CASES)
@@ -67,8 +89,10 @@ def test_every_way_in_refuses_a_draft_with_one_message(dirs, capsys, draft, k):
     if draft == "foreign":
         assert "vocabulary" in said and "differs from this run's" in said
     elif draft == "block":
-        assert said == "draft_k must be an integer in [1, 4] (drafts a round, at most the block drafter's block " \
-                       "size), got 5"
+        assert (
+            said == "draft_k must be an integer in [1, 4] (drafts a round, at most the block drafter's block "
+            "size), got 5"
+        )
     else:
         assert said.startswith(f"draft_k must be an integer in [1, {speculative.MAX_DRAFTS}]")
     assert _command(dirs, draft, k, capsys, "sample") == said
@@ -93,15 +117,18 @@ def test_sample_refuses_what_a_left_to_right_run_cannot_honour(tmp_path, capsys,
     """draft_k without a draft, a sampler, steps, a suffix: one line each, naming the option and the right kind."""
     from sedd import serve
 
-    overrides = ["--config.model.kind=spec", "--config.model.draft_k=3"] if kind == "spec" else \
-        ["--config.model.kind=ar"]
+    overrides = (
+        ["--config.model.kind=spec", "--config.model.draft_k=3"] if kind == "spec" else ["--config.model.kind=ar"]
+    )
     work = _train(tmp_path, kind, *overrides)
     run = runs.load(work)
     own_k = ("--draft_k", "2") if kind == "ar" else ("--draft_k", "2", "--layout", "1,1")
-    says = {own_k: "draft_k needs a draft" if kind == "ar" else "draft_k=2: this run drafts 1 token a round in",
-            ("--sampler", "dilated"): "sampler='dilated': a model.kind",
-            ("--steps", "16"): "steps=16: a model.kind",
-            ("--suffix", "x"): "a suffix: a model.kind"}
+    says = {
+        own_k: "draft_k needs a draft" if kind == "ar" else "draft_k=2: this run drafts 1 token a round in",
+        ("--sampler", "dilated"): "sampler='dilated': a model.kind",
+        ("--steps", "16"): "steps=16: a model.kind",
+        ("--suffix", "x"): "a suffix: a model.kind",
+    }
     for argv, said in says.items():
         assert cli.main(["sample", "--workdir", str(work), "--num_samples", "1", *argv]) == 2
         err = capsys.readouterr().err.strip()
@@ -110,6 +137,7 @@ def test_sample_refuses_what_a_left_to_right_run_cannot_honour(tmp_path, capsys,
             assert "model.kind 'ddit'" in err, err  # the kind that takes it
     app = serve.create_app(run, "x")
     from starlette.testclient import TestClient
+
     with TestClient(app, base_url="http://localhost") as client:
         for field, value in (("sampler", "dilated"), ("steps", 16), ("suffix", "x")):
             r = client.post("/v1/completions", json={"prompt": "a", field: value})

@@ -34,8 +34,9 @@ def test_bound_is_tight_at_the_exact_score(graph):
     seqs, probs = enumerate_law(3, 3)
     noise = noise_lib.Geometric(1e-4, 20.0)
     score_fn = exact_score_fn(graph, seqs, probs)
-    bound, err = evaluate.likelihood_bound_with_stderr(jax.random.key(0), score_fn, graph, noise, seqs, num_t=256,
-                                                       num_samples=32, t_batch=16)
+    bound, err = evaluate.likelihood_bound_with_stderr(
+        jax.random.key(0), score_fn, graph, noise, seqs, num_t=256, num_samples=32, t_batch=16
+    )
     bound, err = np.asarray(bound), np.asarray(err)
     nll = -np.log(np.asarray(probs))
     assert np.all(err < 0.2) and err.mean() < 0.08, err  # rare sequences have the widest errors
@@ -50,10 +51,15 @@ def test_bound_is_an_upper_bound_for_a_wrong_score_and_prior_kl():
     graph = graphs.Absorbing(3)
     seqs, probs = enumerate_law(3, 2)
     noise = noise_lib.LogLinear(1e-3)
-    flat = lambda x, sigma: jnp.where(jax.nn.one_hot(x, graph.dim, dtype=bool), 0.0,
-                                      -graphs.log_expm1(sigma)[:, None, None] - math.log(3.0))
-    bound, err = evaluate.likelihood_bound_with_stderr(jax.random.key(1), flat, graph, noise, seqs, num_t=64,
-                                                       num_samples=2)
+
+    def flat(x, sigma):
+        return jnp.where(
+            jax.nn.one_hot(x, graph.dim, dtype=bool), 0.0, -graphs.log_expm1(sigma)[:, None, None] - math.log(3.0)
+        )
+
+    bound, err = evaluate.likelihood_bound_with_stderr(
+        jax.random.key(1), flat, graph, noise, seqs, num_t=64, num_samples=2
+    )
     # A model that ignores context: each token at 1/3; its exact NLL is 2 log 3 per sequence.
     np.testing.assert_allclose(bound, 2 * math.log(3.0), atol=5 * float(err.max()) + 0.02)
     kl = evaluate.prior_kl(graph, noise, seqs)
@@ -81,8 +87,9 @@ def test_dataset_bound_units():
     graph, noise = graphs.Uniform(3), noise_lib.Geometric(1e-4, 20.0)
     seqs, probs = enumerate_law(3, 2)
     score_fn = exact_score_fn(graph, seqs, probs)
-    out = evaluate.dataset_bound(jax.random.key(0), score_fn, graph, noise, [seqs[:4], seqs[4:8]], num_t=16,
-                                 chars_per_token=1.0)
+    out = evaluate.dataset_bound(
+        jax.random.key(0), score_fn, graph, noise, [seqs[:4], seqs[4:8]], num_t=16, chars_per_token=1.0
+    )
     assert out["num_tokens"] == 16 and out["num_sequences"] == 8
     assert out["bits_per_char"] == pytest.approx(out["nats_per_token"] / math.log(2))
     assert out["ppl_bound"] == pytest.approx(math.exp(out["nats_per_token"]))
@@ -112,9 +119,10 @@ def test_trained_bound_approaches_the_true_entropy(tmp_path):
     figures = {}
     for step in (300, 600):
         run = runs.load(tmp_path / "run", step=step)
-        b, e = evaluate.likelihood_bound_with_stderr(jax.random.key(0), run.score_fn, run.graph, run.noise, x0,
-                                                     num_t=64)
-        figures[step] = (float(b.mean()) / x0.shape[1], float(jnp.sqrt((e ** 2).sum())) / x0.size)
+        b, e = evaluate.likelihood_bound_with_stderr(
+            jax.random.key(0), run.score_fn, run.graph, run.noise, x0, num_t=64
+        )
+        figures[step] = (float(b.mean()) / x0.shape[1], float(jnp.sqrt((e**2).sum())) / x0.size)
     print(figures, "true", true)
     assert figures[600][0] < figures[300][0]
     assert figures[600][0] > true - 3 * figures[600][1]

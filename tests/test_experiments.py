@@ -51,7 +51,9 @@ FIELDS = {
 
 # Each benchmark's --quick run: the memory plan (DESIGN.md's public command) in the default suite, the others
 # behind -m slow (scripts that time; nothing here checks a speed), to keep the default suite within 900 CPU s.
-@pytest.mark.parametrize("which", [w if w == "memory" else pytest.param(w, marks=pytest.mark.slow) for w in sorted(FIELDS)])
+@pytest.mark.parametrize(
+    "which", [w if w == "memory" else pytest.param(w, marks=pytest.mark.slow) for w in sorted(FIELDS)]
+)
 def test_benchmark_quick(which, tmp_path, capsys):
     out = tmp_path / f"{which}.json"
     assert bench.main([which, "--quick", "--json", str(out)]) == 0
@@ -99,23 +101,49 @@ def test_compare_samplers_checks_its_input(tmp_path):
     assert compare.main(["--workdir", str(tmp_path / "nothing"), "--steps", "4"]) == 2
 
 
-TINY_STUDY = ["--config.model.hidden_size=32", "--config.model.n_layers=1", "--config.model.n_heads=2",
-              "--config.model.cond_dim=16", "--config.data.seq_len=32", "--config.training.batch_size=8",
-              "--config.training.eval_batches=1", "--config.training.eval_samples=1", "--config.sampling.steps=4",
-              "--config.model.dtype=float32"]  # as tiny (bfloat16 only adds compile time); a batch of 8 divides 1, 2 or 8 devices
+TINY_STUDY = [
+    "--config.model.hidden_size=32",
+    "--config.model.n_layers=1",
+    "--config.model.n_heads=2",
+    "--config.model.cond_dim=16",
+    "--config.data.seq_len=32",
+    "--config.training.batch_size=8",
+    "--config.training.eval_batches=1",
+    "--config.training.eval_samples=1",
+    "--config.sampling.steps=4",
+    "--config.model.dtype=float32",
+]  # as tiny (bfloat16 only adds compile time); a batch of 8 divides 1, 2 or 8 devices
 
 
 def _study(tmp_path, candidates):
     overrides = [f"--override={o}" for o in [*TINY_STUDY, f"--config.data.data_dir={tmp_path / 'data'}"]]
-    return ["--out", str(tmp_path), "--corpus", "markov", "--candidates", candidates, "--steps", "4",
-            "--markov-lines", "50", "--no-plot", *overrides]
+    return [
+        "--out",
+        str(tmp_path),
+        "--corpus",
+        "markov",
+        "--candidates",
+        candidates,
+        "--steps",
+        "4",
+        "--markov-lines",
+        "50",
+        "--no-plot",
+        *overrides,
+    ]
 
 
 def _check_study_run(tmp_path, name, kind):
     result = json.loads((tmp_path / "markov_seed0" / name / "study.json").read_text())
     assert result["kind"] == kind and result["steps"] == 4 and result["curve"]
-    for key in ("minutes", "bound_bits_per_char", "bound_2se_bits_per_char", "rate_bits_per_char",
-                "rate_nats_per_char", "samples_nll_nats_per_char"):
+    for key in (
+        "minutes",
+        "bound_bits_per_char",
+        "bound_2se_bits_per_char",
+        "rate_bits_per_char",
+        "rate_nats_per_char",
+        "samples_nll_nats_per_char",
+    ):
         assert math.isfinite(result[key]), key
     assert result["bound_bits_per_char"] > 0 and result["samples_scored_fraction"] > 0
     if kind == "ddit":
@@ -134,10 +162,19 @@ def _untrained_markov_run(workdir: Path, graph: str) -> Path:
     from sedd import kinds, runs
     from sedd.data import save_tokenizer
     from sedd.data.tokenizers import MarkovTokenizer
-    config = config_lib.load_config("markov", [
-        "--config.model.hidden_size=16", "--config.model.n_layers=1", "--config.model.n_heads=2",
-        "--config.model.cond_dim=8", "--config.data.seq_len=8", f"--config.graph.type={graph}",
-        "--config.sampling.sampler=analytic"])
+
+    config = config_lib.load_config(
+        "markov",
+        [
+            "--config.model.hidden_size=16",
+            "--config.model.n_layers=1",
+            "--config.model.n_heads=2",
+            "--config.model.cond_dim=8",
+            "--config.data.seq_len=8",
+            f"--config.graph.type={graph}",
+            "--config.sampling.sampler=analytic",
+        ],
+    )
     config = ml_collections.ConfigDict(config.to_dict())  # unlocked, as train() fills vocab_size in
     config.vocab_size = config.data.markov.vocab_size
     workdir.mkdir(parents=True)
@@ -145,8 +182,11 @@ def _untrained_markov_run(workdir: Path, graph: str) -> Path:
     save_tokenizer(MarkovTokenizer(config.vocab_size), workdir / runs.TOKENIZER)
     _, params, _ = nnx.split(kinds.build_model(config), nnx.Param, ...)
     manager = runs.checkpoint_manager(workdir, config)
-    manager.save(0, args=ocp.args.Composite(state=ocp.args.PyTreeSave({"step": np.int32(0), "params": params,
-                                                                        "ema": params})), force=True)
+    manager.save(
+        0,
+        args=ocp.args.Composite(state=ocp.args.PyTreeSave({"step": np.int32(0), "params": params, "ema": params})),
+        force=True,
+    )
     manager.wait_until_finished()
     return workdir
 
@@ -154,16 +194,29 @@ def _untrained_markov_run(workdir: Path, graph: str) -> Path:
 def test_compare_runs_puts_each_run_with_the_samplers_its_graph_supports_in_one_report(tmp_path, capsys):
     """--workdirs: an absorbing and a uniform run of one chain, one table; first_hitting skipped on the uniform."""
     dirs = [str(_untrained_markov_run(tmp_path / graph, graph)) for graph in ("absorbing", "uniform")]
-    argv = ["--workdirs", *dirs, "--samplers", "analytic,first_hitting", "--steps", "4", "--num_samples", "4",
-            "--out", str(tmp_path / "out")]
+    argv = [
+        "--workdirs",
+        *dirs,
+        "--samplers",
+        "analytic,first_hitting",
+        "--steps",
+        "4",
+        "--num_samples",
+        "4",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert compare.main(argv) == 0
     out = capsys.readouterr().out
     assert "uniform: skipping first_hitting" in out
     with open(tmp_path / "out" / "compare_samplers.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["run"], r["sampler"]) for r in rows] == [
-        ("absorbing", "absorbing: analytic"), ("absorbing", "absorbing: first_hitting"),
-        ("absorbing", "data"), ("uniform", "uniform: analytic")]
+        ("absorbing", "absorbing: analytic"),
+        ("absorbing", "absorbing: first_hitting"),
+        ("absorbing", "data"),
+        ("uniform", "uniform: analytic"),
+    ]
     assert all(float(r["exact_nats_per_token"]) > 0 for r in rows)
     assert (tmp_path / "out" / "compare_samplers.png").stat().st_size > 0
     with pytest.raises(SystemExit):  # several runs need --out: a usage error
@@ -188,14 +241,17 @@ def test_conditional_kl_is_zero_for_the_chains_own_conditional():
         for i, pos in zip(*np.nonzero(x == mask)):
             a, b, c, d = (x[i, pos + k] - 3 for k in (-2, -1, 1, 2))
             ys = np.arange(v)
-            out[i, pos, 3:3 + v] = np.log(table[a * v + b, ys] * table[b * v + ys, c] * table[ys * v + c, d])
-            out[i, pos, 3 + v:20] = -np.inf
+            out[i, pos, 3 : 3 + v] = np.log(table[a * v + b, ys] * table[b * v + ys, c] * table[ys * v + c, d])
+            out[i, pos, 3 + v : 20] = -np.inf
         return jnp.asarray(out)
 
-    run = types.SimpleNamespace(kind=types.SimpleNamespace(diffuses=True, conditions=("prefix", "suffix", "infill")),
-                                graph=types.SimpleNamespace(absorb=True, mask=mask, vocab_size=20),
-                                tokenizer=types.SimpleNamespace(encode=lambda c: encode[c]), seq_len=length,
-                                score_fn=exact)
+    run = types.SimpleNamespace(
+        kind=types.SimpleNamespace(diffuses=True, conditions=("prefix", "suffix", "infill")),
+        graph=types.SimpleNamespace(absorb=True, mask=mask, vocab_size=20),
+        tokenizer=types.SimpleNamespace(encode=lambda c: encode[c]),
+        seq_len=length,
+        score_fn=exact,
+    )
     cond = study.conditional_kl(run, chain, sequences=8)
     assert abs(cond["kl_pq"]) < 1e-6 and abs(cond["kl_qp"]) < 1e-6 and cond["off_letters"] < 1e-12  # float32
     run.score_fn = lambda x, sigma: jnp.zeros((*x.shape, 21))  # flat over all 20 tokens
@@ -235,16 +291,20 @@ def test_reveal_profile_of_the_chains_own_law_pays_no_excess():
         x = np.asarray(x)
         hidden = np.where(x == mask, -1, x - 3)
         out = np.full((*x.shape, 21), -np.inf, np.float32)
-        out[..., 3:3 + v] = np.log(np.maximum(chain.posteriors(hidden), 1e-30))
+        out[..., 3 : 3 + v] = np.log(np.maximum(chain.posteriors(hidden), 1e-30))
         return out
 
     def exact(x, sigma):
         return jax.pure_callback(exact_numpy, jax.ShapeDtypeStruct((*x.shape, 21), jnp.float32), x)
 
-    run = types.SimpleNamespace(kind=types.SimpleNamespace(diffuses=True, conditions=("prefix", "suffix", "infill")),
-                                graph=types.SimpleNamespace(absorb=True, mask=mask, vocab_size=20),
-                                tokenizer=types.SimpleNamespace(encode=lambda c: encode[c]), seq_len=length,
-                                score_fn=exact, noise=lambda t: (t, t))
+    run = types.SimpleNamespace(
+        kind=types.SimpleNamespace(diffuses=True, conditions=("prefix", "suffix", "infill")),
+        graph=types.SimpleNamespace(absorb=True, mask=mask, vocab_size=20),
+        tokenizer=types.SimpleNamespace(encode=lambda c: encode[c]),
+        seq_len=length,
+        score_fn=exact,
+        noise=lambda t: (t, t),
+    )
     for order in ("random", "surest"):  # the chain rule holds in any order chosen from the letters revealed
         profile = study.reveal_profile(run, chain, num_samples=64, bins=4, order=order)
         assert max(abs(e) for e in profile["excess"]) < 1e-4  # q = p at every step (float32 logs)
@@ -290,8 +350,15 @@ def test_block_study_on_a_markov_corpus(tmp_path):
     block_study = _load("experiments/block_study.py")
     assert study.main(_study(tmp_path, "ar,block4")) == 0
     runs_dir = tmp_path / "markov_seed0"
-    result = block_study.study(str(runs_dir / "ar"), [str(runs_dir / "block4")], num_samples=4, length=64,
-                               repeats=1, eval_batches=1, markov_seed=0)
+    result = block_study.study(
+        str(runs_dir / "ar"),
+        [str(runs_dir / "block4")],
+        num_samples=4,
+        length=64,
+        repeats=1,
+        eval_batches=1,
+        markov_seed=0,
+    )
     assert [r["sampler"] for r in result["rows"]] == ["ancestral", "EB", "threshold 0.9"]
     for row in result["rows"]:
         assert row["exact_nats_per_char"] > 0 and row["exact_2se"] >= 0 and 0 < row["scored_share"] <= 1
@@ -308,31 +375,68 @@ def test_distill_study_on_a_markov_corpus(tmp_path):
     from sedd import config as config_lib
     from sedd import distill
     from sedd import train as train_lib
+
     distill_study = _load("experiments/distill_study.py")
     corpus = quality.write_markov_corpus(0, 50, tmp_path / "markov_seed0.txt")
     data = [f"--config.data.data_dir={tmp_path / 'data'}"]
-    teacher_config = config_lib.load_config("shakespeare_char", [
-        *TINY_STUDY, *data, f"--config.data.path={corpus}", "--config.data.documents=lines",
-        "--config.training.n_iters=4", "--config.training.ckpt_every=4", "--config.training.eval_every=4"])
+    teacher_config = config_lib.load_config(
+        "shakespeare_char",
+        [
+            *TINY_STUDY,
+            *data,
+            f"--config.data.path={corpus}",
+            "--config.data.documents=lines",
+            "--config.training.n_iters=4",
+            "--config.training.ckpt_every=4",
+            "--config.training.eval_every=4",
+        ],
+    )
     train_lib.train(teacher_config, tmp_path / "teacher", quiet=True)
-    distill.distill(distill.distill_config(tmp_path / "teacher", [*data, "--config.distill.round_steps=2"], rounds=2),
-                    tmp_path / "student", quiet=True)
-    distill.distill(distill.distill_config(tmp_path / "teacher", [*data, "--config.distill.round_steps=2",
-                                                                  "--config.distill.order=dilated"], rounds=1),
-                    tmp_path / "planned", quiet=True)
-    result = distill_study.study(str(tmp_path / "teacher"), [str(tmp_path / "student"), str(tmp_path / "planned")],
-                                 0, [4, 2], num_samples=4, repeats=1, eval_batches=1,
-                                 references=("confidence", "strided"), exact=True)
-    names = ("teacher", "student round 1", "student round 2", "planned round 1", "teacher, confidence",
-             "teacher, strided", "exact denoiser", "exact denoiser, strided", "exact denoiser, dilated")
+    distill.distill(
+        distill.distill_config(tmp_path / "teacher", [*data, "--config.distill.round_steps=2"], rounds=2),
+        tmp_path / "student",
+        quiet=True,
+    )
+    distill.distill(
+        distill.distill_config(
+            tmp_path / "teacher", [*data, "--config.distill.round_steps=2", "--config.distill.order=dilated"], rounds=1
+        ),
+        tmp_path / "planned",
+        quiet=True,
+    )
+    result = distill_study.study(
+        str(tmp_path / "teacher"),
+        [str(tmp_path / "student"), str(tmp_path / "planned")],
+        0,
+        [4, 2],
+        num_samples=4,
+        repeats=1,
+        eval_batches=1,
+        references=("confidence", "strided"),
+        exact=True,
+    )
+    names = (
+        "teacher",
+        "student round 1",
+        "student round 2",
+        "planned round 1",
+        "teacher, confidence",
+        "teacher, strided",
+        "exact denoiser",
+        "exact denoiser, strided",
+        "exact denoiser, dilated",
+    )
     assert sorted((r["label"], r["steps"]) for r in result["rows"]) == sorted((a, n) for a in names for n in (4, 2))
     samplers = {r["label"]: r["sampler"] for r in result["rows"]}
-    assert (samplers["planned round 1"], samplers["student round 1"], samplers["teacher, strided"]) == \
-        ("dilated", "analytic", "strided")
+    assert (samplers["planned round 1"], samplers["student round 1"], samplers["teacher, strided"]) == (
+        "dilated",
+        "analytic",
+        "strided",
+    )
     exact = [r for r in result["rows"] if r["label"].startswith("exact")]
     for row in exact:  # the chain's own denoiser: no network, no calls
         assert row["nfe"] == 0 and row["nll_nats_per_char"] > 0
-    for row in result["rows"][:-len(exact)]:
+    for row in result["rows"][: -len(exact)]:
         assert row["nll_nats_per_char"] > 0 and 0 < row["unigram_bits"] <= math.log2(12) + 1e-9
         assert row["vs_ar"] > 0 and row["nfe"] <= row["steps"] + 1 and math.isfinite(row["bound_bits_per_char"])
     distill_study.write(result, tmp_path / "out")
@@ -367,8 +471,17 @@ def test_speculative_bench_parts(tmp_path):
     assert curve["rows"][0]["ratio_to_n1"] == 1 and curve["batch"] == 2
     target, drafts, _ = speculative.speculative_runs(True, argparse.Namespace(target=""))
     drafts = {name: d for name, d in drafts.items() if "block" in name}
-    study = speculative.bench_speculative(target, drafts, {}, ks=[2], batches=[1], repeats=1, quality_samples=4,
-                                    verifications=("joint", "token"), temperatures=(1.0, 0.0))
+    study = speculative.bench_speculative(
+        target,
+        drafts,
+        {},
+        ks=[2],
+        batches=[1],
+        repeats=1,
+        quality_samples=4,
+        verifications=("joint", "token"),
+        temperatures=(1.0, 0.0),
+    )
     block_row, row, *greedy = study["rows"]
     assert [r["temperature"] for r in study["rows"]] == [1.0, 1.0, 0.0, 0.0]
     # T 0: every row writes the target's greedy text, so its quality is AR's own at T 0, whatever was kept
@@ -401,9 +514,10 @@ def test_an_auto_rows_quality_samples_use_the_first_batchs_layout(monkeypatch):
         return f"batch {batch}: {kind.layout}"
 
     monkeypatch.setattr(speculative.capabilities, "tune", tune)
-    study = speculative.bench_speculative(target, {}, {name: run}, ks=[], batches=[1, 2], repeats=1,
-                                          quality_samples=2, layouts=("auto",))
-    row, = study["rows"]
+    study = speculative.bench_speculative(
+        target, {}, {name: run}, ks=[], batches=[1, 2], repeats=1, quality_samples=2, layouts=("auto",)
+    )
+    (row,) = study["rows"]
     assert row["chosen"] == {"1": str(spec_kind.layout_of("1,2", 0)), "2": str(spec_kind.NO_DRAFTS)}
     assert len(row["acceptance_by_position"]) == 1  # one draft a round: the samples were drawn with 1,2
     assert row["target_calls"] < run.seq_len  # fewer calls than tokens: drafts kept (no drafts: one call a token)
@@ -414,8 +528,9 @@ def test_the_best_draft_overlap_is_the_maximum_over_the_simplex():
     brute-force maximum over a fine grid of laws (V = 3), and no law on the grid beats it."""
     import itertools
 
-    grid = np.asarray([(a, b, 1.0 - a - b) for a, b in itertools.product(np.linspace(0, 1, 201), repeat=2)
-                       if a + b <= 1.0 + 1e-12]).clip(0, 1)  # (G, 3)
+    grid = np.asarray(
+        [(a, b, 1.0 - a - b) for a, b in itertools.product(np.linspace(0, 1, 201), repeat=2) if a + b <= 1.0 + 1e-12]
+    ).clip(0, 1)  # (G, 3)
     rng = np.random.default_rng(0)
     for _ in range(20):
         w, cond = rng.dirichlet(np.ones(3)), rng.dirichlet(np.full(3, 0.5), size=3)

@@ -93,8 +93,11 @@ def test_full_disk_before_a_save_keeps_the_previous_checkpoint_and_says_so(data_
     def disk_usage(path):  # the checkpoints' disk: roomy at the first save only (the data's, prepared here
         if str(workdir) in str(path):  # when this test runs alone, always roomy)
             calls.append(path)
-        usage = shutil._ntuple_diskusage(10**9, 10**9, 10**9) if len(calls) <= 1 else (
-            shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+        usage = (
+            shutil._ntuple_diskusage(10**9, 10**9, 10**9)
+            if len(calls) <= 1
+            else (shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+        )
         return usage
 
     monkeypatch.setattr(train_lib.shutil, "disk_usage", disk_usage)
@@ -107,8 +110,12 @@ def test_full_disk_before_a_save_keeps_the_previous_checkpoint_and_says_so(data_
 def _mount_tmpfs(path: Path, size: str) -> bool:
     path.mkdir()
     try:
-        return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                              capture_output=True).returncode == 0
+        return (
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+            ).returncode
+            == 0
+        )
     except OSError:
         return False
 
@@ -116,7 +123,9 @@ def _mount_tmpfs(path: Path, size: str) -> bool:
 # orbax's commit thread runs its writes on an asyncio loop of its own and closes that loop when a write fails;
 # tensorstore's writes still in flight then finish on tensorstore's threads and post their results to the closed
 # loop ("RuntimeError: Event loop is closed", reported as unraisable: orbax's, not ours, and harmless here).
-@pytest.mark.filterwarnings("ignore:(?s)Exception ignored in.*Event loop is closed:pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings(
+    "ignore:(?s)Exception ignored in.*Event loop is closed:pytest.PytestUnraisableExceptionWarning"
+)
 def test_a_really_full_disk_during_a_save(data_dir, tmp_path, monkeypatch):
     """A small tmpfs that fills up inside orbax's write (the free-space check is told there is room)."""
     disk = tmp_path / "disk"
@@ -124,9 +133,12 @@ def test_a_really_full_disk_during_a_save(data_dir, tmp_path, monkeypatch):
         pytest.skip("mounting a tmpfs needs root")
     try:
         monkeypatch.setattr(train_lib.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 0, 10**9))
-        with pytest.raises(RuntimeError, match=r"the disk is full \(no space left on device\)\. .* newest is step (\d)") as e:
-            train_lib.train(tiny(data_dir, **{"training.n_iters": 6, "training.ckpt_every": 2}), disk / "run",
-                            quiet=True)
+        with pytest.raises(
+            RuntimeError, match=r"the disk is full \(no space left on device\)\. .* newest is step (\d)"
+        ) as e:
+            train_lib.train(
+                tiny(data_dir, **{"training.n_iters": 6, "training.ckpt_every": 2}), disk / "run", quiet=True
+            )
         # Where 1200k fills up (at step 4's save or step 6's) depends on how well orbax compresses the
         # weights; the error names the newest checkpoint on disk, and that one reads whole.
         newest = int(re.search(r"newest is step (\d)", str(e.value)).group(1))
@@ -155,8 +167,11 @@ def test_nan_at_step_k_stops_naming_it_and_no_non_finite_state_is_saved(data_dir
     monkeypatch.setattr(train_lib.Trainer, "_train_step", poisoned_step)
     monkeypatch.setattr(train_lib.Trainer, "_loss", poisoned_loss)
     config = tiny(data_dir, **{"training.n_iters": 10, "training.ckpt_every": 4, "training.log_every": 1})
-    with pytest.raises(FloatingPointError, match=rf"non-finite loss or gradient at step {k}; .* "
-                                                 r"The last checkpoint is step 4"):
+    with pytest.raises(
+        FloatingPointError,
+        match=rf"non-finite loss or gradient at step {k}; .* "
+        r"The last checkpoint is step 4",
+    ):
         train_lib.train(config, tmp_path / "run", quiet=True)
     assert runs.checkpoint_manager(tmp_path / "run").all_steps() == [4]
     state = saved_state(tmp_path / "run")  # restore() refuses non-finite values
@@ -179,9 +194,20 @@ def test_a_checkpoint_holding_a_non_finite_value_is_refused(tmp_path, bad):
 def test_resume_refuses_a_changed_config_naming_the_keys_but_allows_what_may_change(tmp_path):
     config = config_lib.load_config("tiny")
     (tmp_path / runs.CONFIG).write_text(config_lib.to_json(config))
-    runs.check_compatible(tmp_path, config_lib.load_config("tiny", [
-        "--config.training.n_iters=99", "--config.training.ckpt_every=3", "--config.sampling.steps=7",
-        "--config.mesh.data=1", f"--config.data.data_dir={tmp_path}", "--config.model.dtype=bfloat16"]))
+    runs.check_compatible(
+        tmp_path,
+        config_lib.load_config(
+            "tiny",
+            [
+                "--config.training.n_iters=99",
+                "--config.training.ckpt_every=3",
+                "--config.sampling.steps=7",
+                "--config.mesh.data=1",
+                f"--config.data.data_dir={tmp_path}",
+                "--config.model.dtype=bfloat16",
+            ],
+        ),
+    )
     changed = config_lib.load_config("tiny", ["--config.optim.lr=0.1", "--config.data.seq_len=16"])
     with pytest.raises(ValueError) as e:
         runs.check_compatible(tmp_path, changed)
@@ -219,9 +245,22 @@ def test_resume_refuses_a_changed_config_naming_the_keys_but_allows_what_may_cha
 def test_ctrl_c_is_answered_at_once_and_a_second_one_does_not_interrupt_the_save(data_dir, tmp_path):
     """Signals sent to a real `sedd train` process, as a user's Ctrl-C would be."""
     workdir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "sedd.cli", "train", "--config", "tiny", "--workdir", str(workdir),
-           f"--config.data.data_dir={data_dir}", "--config.training.n_iters=100000", "--config.training.log_every=1",
-           "--config.training.eval_every=100000", "--config.training.ckpt_every=100000", "--config.model.n_layers=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sedd.cli",
+        "train",
+        "--config",
+        "tiny",
+        "--workdir",
+        str(workdir),
+        f"--config.data.data_dir={data_dir}",
+        "--config.training.n_iters=100000",
+        "--config.training.log_every=1",
+        "--config.training.eval_every=100000",
+        "--config.training.ckpt_every=100000",
+        "--config.model.n_layers=1",
+    ]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in proc.stdout))
@@ -249,8 +288,12 @@ def test_ctrl_c_is_answered_at_once_and_a_second_one_does_not_interrupt_the_save
 def test_fault_injection_script_end_to_end(tmp_path):
     """`experiments/faults.py` with one trial of each fault (minutes; `pytest -m slow`)."""
     out = tmp_path / "table.md"
-    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "faults.py"), "--trials", "1", "--steps", "12",
-                           "--out", str(out)], capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "faults.py"), "--trials", "1", "--steps", "12", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and "fault" not in line]
     cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]

@@ -75,9 +75,16 @@ def _float32(monkeypatch):
 def _run(name: str, probe: int = 0) -> runs.Run:
     """The run `name`; probe > 0: its weights perturbed once more by PROBE_SCALE (the near-tie probe)."""
     tokenizer = CharTokenizer(CHARS)
-    config = config_lib.load_config("tiny", ["--config.model.n_layers=1", f"--config.data.seq_len={L}",
-                                             f"--config.sampling.steps={STEPS}", "--config.model.dtype=float32",
-                                             *RUNS[name]])
+    config = config_lib.load_config(
+        "tiny",
+        [
+            "--config.model.n_layers=1",
+            f"--config.data.seq_len={L}",
+            f"--config.sampling.steps={STEPS}",
+            "--config.model.dtype=float32",
+            *RUNS[name],
+        ],
+    )
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = tokenizer.vocab_size
     graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
@@ -100,18 +107,25 @@ def _conditions(name: str) -> dict:
 
 def _samplers(name: str) -> list:
     if name == "ar":
-        return [("default", {}), ("t07", {"temperature": 0.7}),
-                ("ngram_k2", {"draft": "ngram", "draft_k": 2}),
-                ("ngram_k3_token", {"draft": "ngram", "draft_k": 3, "verification": "token"})]
+        return [
+            ("default", {}),
+            ("t07", {"temperature": 0.7}),
+            ("ngram_k2", {"draft": "ngram", "draft_k": 2}),
+            ("ngram_k3_token", {"draft": "ngram", "draft_k": 3, "verification": "token"}),
+        ]
     if name == "spec":
-        return [("default", {}), ("t07_p09", {"temperature": 0.7, "top_p": 0.9}),
-                ("token", {"verification": "token"})]
+        return [("default", {}), ("t07_p09", {"temperature": 0.7, "top_p": 0.9}), ("token", {"verification": "token"})]
     if name == "uniform":
-        return [("euler", {"sampler": "euler"}), ("analytic", {"sampler": "analytic"}),
-                ("analytic_corrector", {"sampler": "analytic", "corrector_steps": 1})]
+        return [
+            ("euler", {"sampler": "euler"}),
+            ("analytic", {"sampler": "analytic"}),
+            ("analytic_corrector", {"sampler": "analytic", "corrector_steps": 1}),
+        ]
     if name == "timeless":
-        return [("analytic_cache", {"sampler": "analytic", "cache": True}),
-                ("confidence_cache", {"sampler": "confidence", "cache": True})]
+        return [
+            ("analytic_cache", {"sampler": "analytic", "cache": True}),
+            ("confidence_cache", {"sampler": "confidence", "cache": True}),
+        ]
     return [(s, {"sampler": s}) for s in ABSORBING] + [
         ("confidence_t07_p09", {"sampler": "confidence", "temperature": 0.7, "top_p": 0.9}),
         ("analytic_t07_p09", {"sampler": "analytic", "temperature": 0.7, "top_p": 0.9}),
@@ -119,7 +133,8 @@ def _samplers(name: str) -> list:
         ("confidence_entropy", {"sampler": "confidence", "order": "entropy"}),
         ("confidence_thr", {"sampler": "confidence", "threshold": 0.3}),
         ("dilated_strided", {"sampler": "dilated", "order": "strided"}),
-        ("remdm_loop", {"sampler": "remdm", "schedule": "loop"})]
+        ("remdm_loop", {"sampler": "remdm", "schedule": "loop"}),
+    ]
 
 
 def _library_cases():
@@ -150,18 +165,24 @@ def _serve_cases():
 
 def _serve_tokens(run, sampler: str, trajectory: bool, attempt: int) -> dict:
     from sedd import serve
+
     limits = serve.Limits()
     engine = serve.Engine(run, limits)
     seed = 1000 * attempt
-    requests = [serve.CompletionRequest(prompt="ab", max_tokens=8, n=2, seed=seed + 5, sampler=sampler),
-                serve.CompletionRequest(prompt="h", max_tokens=6, n=1, seed=seed + 9, sampler=sampler,
-                                        temperature=0.7, top_p=0.9)]
+    requests = [
+        serve.CompletionRequest(prompt="ab", max_tokens=8, n=2, seed=seed + 5, sampler=sampler),
+        serve.CompletionRequest(
+            prompt="h", max_tokens=6, n=1, seed=seed + 9, sampler=sampler, temperature=0.7, top_p=0.9
+        ),
+    ]
     if "suffix" in run.kind.conditions:
         requests.append(serve.CompletionRequest(prompt="a", suffix="gh", n=1, seed=seed + 11, sampler=sampler))
     jobs = [serve.Job(serve.plan(run, r, limits), trajectory, concurrent.futures.Future()) for r in requests]
     results = engine.run_batch(jobs)
-    out = {"tokens": [np.asarray(ids).tolist() for ids, _, _ in results],
-           "nfe": [info["nfe"] for _, _, info in results]}
+    out = {
+        "tokens": [np.asarray(ids).tolist() for ids, _, _ in results],
+        "nfe": [info["nfe"] for _, _, info in results],
+    }
     if trajectory:
         out["trajectory"] = [np.asarray(traj).tolist() for _, traj, _ in results]
     return out

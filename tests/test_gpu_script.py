@@ -46,8 +46,10 @@ bench = _load_bench()
 # --------------------------------------------------------------------------- the [gpu] pins
 
 # (jax, flax) pairs seen to import and run together, and pairs seen to fail.
-KNOWN_GOOD = {("0.10.2", "0.12.8"),  # these machines' CPU install, the whole test suite
-              ("0.11.2", "0.12.10")}  # an H200 image (CUDA 13), docs/benchmarks.md's GPU runs
+KNOWN_GOOD = {
+    ("0.10.2", "0.12.8"),  # these machines' CPU install, the whole test suite
+    ("0.11.2", "0.12.10"),
+}  # an H200 image (CUDA 13), docs/benchmarks.md's GPU runs
 KNOWN_BAD = {("0.11.2", "0.12.8")}  # flax: `jax.experimental.hijax` has no `HiPrimitive`
 # Releases the pins could admit (every jax 0.9-0.12 and flax 0.11-0.13 patch release up to these).
 CANDIDATES_JAX = [f"0.{m}.{p}" for m in range(9, 13) for p in range(0, 6)]
@@ -77,8 +79,9 @@ def test_gpu_extra_pins_a_pair_that_imports():
     assert pairs <= KNOWN_GOOD, f"[gpu] admits pairs not known to import: {sorted(pairs - KNOWN_GOOD)}"
     assert not pairs & KNOWN_BAD
     # The plain install still admits the CPU's tested pair.
-    assert ("0.10.2", "0.12.8") in {(j, f) for j in _admitted(base, "jax", CANDIDATES_JAX)
-                                    for f in _admitted(base, "flax", CANDIDATES_FLAX)}
+    assert ("0.10.2", "0.12.8") in {
+        (j, f) for j in _admitted(base, "jax", CANDIDATES_JAX) for f in _admitted(base, "flax", CANDIDATES_FLAX)
+    }
 
 
 def test_installed_pair_is_known_good():
@@ -136,8 +139,9 @@ def test_cudnn_path_is_the_same_function_where_a_gpu_would_take_it(monkeypatch):
     real = jax.nn.dot_product_attention
     monkeypatch.setattr(kernels, "_on_gpu", lambda: True)
     monkeypatch.setattr(kernels, "ATTENTION", "cudnn")
-    monkeypatch.setattr(jax.nn, "dot_product_attention",
-                        lambda *a, implementation=None, **k: real(*a, implementation="xla", **k))
+    monkeypatch.setattr(
+        jax.nn, "dot_product_attention", lambda *a, implementation=None, **k: real(*a, implementation="xla", **k)
+    )
     q, k, v = (jax.random.normal(jax.random.key(i), (2, 16, 2, 16)) for i in range(3))
     for is_causal in (False, True):
         got = kernels.mixed_attention(q, k, v, is_causal, jnp.bfloat16)
@@ -193,11 +197,19 @@ def test_trace_helpers():
 def test_gpu_script_toy_dry_run(tmp_path):
     """gpu.sh --toy: every part at tiny sizes on this CPU (~3-5 minutes on two shared cores, so slow)."""
     env = dict(os.environ, PYTHON=sys.executable, GPU_SH_BUDGET="900", PYTHONPATH=str(ROOT))
-    run = subprocess.run(["bash", "experiments/benchmarks/gpu.sh", "--toy", str(tmp_path)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=1200)
+    run = subprocess.run(
+        ["bash", "experiments/benchmarks/gpu.sh", "--toy", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    parts = {name: name for name in ("decode", "train_attention", "decode_flags_default", "decode_flags_while",
-                                     "speculative")} | {"spec_runs": "spec_bench"}  # a JSON file: its part's log
+    parts = {
+        name: name
+        for name in ("decode", "train_attention", "decode_flags_default", "decode_flags_while", "speculative")
+    } | {"spec_runs": "spec_bench"}  # a JSON file: its part's log
     for name, part in parts.items():
         assert (tmp_path / f"{name}.json").exists(), (name, (tmp_path / f"{part}.log").read_text()[-2000:])
     decode = json.loads((tmp_path / "decode.json").read_text())

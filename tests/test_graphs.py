@@ -165,9 +165,9 @@ def test_score_entropy_finite_at_extreme_sigma(graph):
     for sigma in [1e-7, 1e-6, 20.0, 40.0]:
         s = jnp.full((1, 1), sigma)
         value = graph.score_entropy(log_score, s, x, x0)
-        g_score, g_sigma = jax.grad(
-            lambda ls, sg: graph.score_entropy(ls, sg, x, x0).sum(), argnums=(0, 1)
-        )(log_score, s)
+        g_score, g_sigma = jax.grad(lambda ls, sg: graph.score_entropy(ls, sg, x, x0).sum(), argnums=(0, 1))(
+            log_score, s
+        )
         assert np.isfinite(value).all() and np.isfinite(g_score).all() and np.isfinite(g_sigma).all()
 
 
@@ -217,8 +217,9 @@ def test_sample_rate_law(graph):
     law = np.eye(graph.dim) + rate
     law[np.abs(law) < 1e-12] = 0.0  # the stay of the last row: 1 - 1, exactly 0
     x = jnp.broadcast_to(jnp.arange(graph.dim, dtype=jnp.int32)[:, None], (graph.dim, n))
-    draws = graph.sample_rate(jax.random.key(13), x, jnp.broadcast_to(
-        jnp.asarray(rate, jnp.float32)[:, None, :], (graph.dim, n, graph.dim)))
+    draws = graph.sample_rate(
+        jax.random.key(13), x, jnp.broadcast_to(jnp.asarray(rate, jnp.float32)[:, None, :], (graph.dim, n, graph.dim))
+    )
     assert draws.shape == x.shape and draws.dtype == jnp.int32
     freq = row_laws(draws, graph.dim)
     for i in range(graph.dim):

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from sedd import cli, convert, runs
-from test_convert import gpt2_files, original_config, original_shapes, random_state_dict  # noqa: F401 (a fixture)
+from test_convert import original_config, original_shapes, random_state_dict
 
 HERE = Path(__file__).resolve().parent
 SMALL = dict(hidden_size=4, n_blocks=1, n_heads=2, cond_dim=4)  # the smallest SEDD: 0.4 M parameters, all embedding
@@ -52,10 +52,12 @@ class Global:
 
 
 REBUILD = Global("torch._utils", "_rebuild_tensor_v2")
-STORAGE_TYPES = {np.dtype(np.float32): Global("torch", "FloatStorage"),
-                 np.dtype(np.float16): Global("torch", "HalfStorage"),
-                 np.dtype(ml_dtypes.bfloat16): Global("torch", "BFloat16Storage"),
-                 np.dtype(np.int64): Global("torch", "LongStorage")}
+STORAGE_TYPES = {
+    np.dtype(np.float32): Global("torch", "FloatStorage"),
+    np.dtype(np.float16): Global("torch", "HalfStorage"),
+    np.dtype(ml_dtypes.bfloat16): Global("torch", "BFloat16Storage"),
+    np.dtype(np.int64): Global("torch", "LongStorage"),
+}
 
 
 class Storage:
@@ -71,8 +73,9 @@ class Tensor:
     def __init__(self, storage, offset=0, size=None, stride=None):
         self.storage, self.offset = storage, offset
         self.size = tuple(storage.array.shape if size is None else size)
-        self.stride = tuple(stride if stride is not None else
-                            [int(np.prod(self.size[i + 1:])) for i in range(len(self.size))])
+        self.stride = tuple(
+            stride if stride is not None else [int(np.prod(self.size[i + 1 :])) for i in range(len(self.size))]
+        )
 
     @classmethod
     def of(cls, array):
@@ -80,7 +83,7 @@ class Tensor:
 
     def value(self) -> np.ndarray:
         a = self.storage.array
-        return np.lib.stride_tricks.as_strided(a[self.offset:], self.size, [s * a.itemsize for s in self.stride])
+        return np.lib.stride_tricks.as_strided(a[self.offset :], self.size, [s * a.itemsize for s in self.stride])
 
     def __reduce_ex__(self, protocol):
         return REBUILD, (self.storage, self.offset, self.size, self.stride, False, collections.OrderedDict())
@@ -152,11 +155,17 @@ def training_run(folder: Path, step, weights: dict) -> Path:
         f"tokens: {c['tokens']}\ntraining:\n  ema: 0.9999\n"
         f"graph:\n  type: {g['type']}\n  file: data\n  report_all: false\n"
         f"noise:\n  type: {n['type']}\n  sigma_min: 1e-4\n  sigma_max: 20\nmodel:\n"
-        + "".join(f"  {k}: {str(v).lower() if isinstance(v, bool) else v}\n" for k, v in m.items()))
+        + "".join(f"  {k}: {str(v).lower() if isinstance(v, bool) else v}\n" for k, v in m.items())
+    )
     params = [k for k in weights if k != "rotary_emb.inv_freq"]
-    torch_save(folder / "checkpoints-meta" / "checkpoint.pth", {
-        "model": state_dict(weights), "step": step,
-        "ema": {"decay": 0.9999, "num_updates": 7, "shadow_params": [Tensor.of(weights[k]) for k in params]}})
+    torch_save(
+        folder / "checkpoints-meta" / "checkpoint.pth",
+        {
+            "model": state_dict(weights),
+            "step": step,
+            "ema": {"decay": 0.9999, "num_updates": 7, "shadow_params": [Tensor.of(weights[k]) for k in params]},
+        },
+    )
     return folder
 
 
@@ -181,9 +190,29 @@ ODICT = (("collections", "OrderedDict"), b")R")  # collections.OrderedDict()
 def one_tensor_pickle(storage_type_build: bytes = b"", target_build: bytes = b"", numel: int = 1) -> bytes:
     """{"rotary_emb.inv_freq": float32 tensor of storage "0"}, optionally with a BUILD after the storage type
     or after the tensor."""
-    return ops(*ODICT, "rotary_emb.inv_freq", ("torch._utils", "_rebuild_tensor_v2"),
-               b"((", "storage", ("torch", "FloatStorage"), storage_type_build, "0", "cpu", numel, b"tQ",
-               0, b"(", numel, b"t(", 1, b"t\x89", *ODICT, b"tR", target_build, b"s")
+    return ops(
+        *ODICT,
+        "rotary_emb.inv_freq",
+        ("torch._utils", "_rebuild_tensor_v2"),
+        b"((",
+        "storage",
+        ("torch", "FloatStorage"),
+        storage_type_build,
+        "0",
+        "cpu",
+        numel,
+        b"tQ",
+        0,
+        b"(",
+        numel,
+        b"t(",
+        1,
+        b"t\x89",
+        *ODICT,
+        b"tR",
+        target_build,
+        b"s",
+    )
 
 
 def raw_zip(members: list[tuple[str, bytes, int, int, int]]) -> bytes:
@@ -192,8 +221,29 @@ def raw_zip(members: list[tuple[str, bytes, int, int, int]]) -> bytes:
     body, central = b"", b""
     for name, data, method, size, crc in members:
         n = name.encode()
-        central += struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, 0, method, 0, 0, crc, len(data),
-                               size, len(n), 0, 0, 0, 0, 0, len(body)) + n
+        central += (
+            struct.pack(
+                "<4sHHHHHHIIIHHHHHII",
+                b"PK\x01\x02",
+                20,
+                20,
+                0,
+                method,
+                0,
+                0,
+                crc,
+                len(data),
+                size,
+                len(n),
+                0,
+                0,
+                0,
+                0,
+                0,
+                len(body),
+            )
+            + n
+        )
         body += struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, method, 0, 0, crc, len(data), size, len(n), 0)
         body += n + data
     end = struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, len(members), len(members), len(central), len(body), 0)
@@ -225,10 +275,13 @@ def cli_convert(src, dst, tokenizer, capsys) -> tuple[int, str]:
 
 def isolated(name: str, *args) -> dict:
     """name(*args) of this module in a fresh Python: its result, and the peak RSS it added over the imports."""
-    code = (f"import json, sys; sys.path.insert(0, {str(HERE)!r}); import test_hostile_files as m; "
-            f"print(json.dumps(m.measured({name!r}, *{args!r})))")
-    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True,
-                          timeout=300, cwd=HERE.parent)
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(HERE)!r}); import test_hostile_files as m; "
+        f"print(json.dumps(m.measured({name!r}, *{args!r})))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True, timeout=300, cwd=HERE.parent
+    )
     assert proc.returncode == 0, f"the child exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -266,11 +319,15 @@ def test_build_cannot_give_a_storage_type_a_dtype_and_poisons_nothing(tmp_path, 
     words = {"0": b"\x41" * 8}  # 0x4141414141414141: a PyObject pointer, were the bytes mapped as dtype=object
     state = b"}X\x05\x00\x00\x00dtypeX\x01\x00\x00\x00Osb"  # BUILD {"dtype": "O"}
     slot_state = b"N}X\x05\x00\x00\x00dtypeX\x01\x00\x00\x00Os\x86b"  # BUILD (None, {"dtype": "O"}): setattr
-    exploits = {"storage type, state": (one_tensor_pickle(storage_type_build=state), words),
-                "storage type, slot state": (one_tensor_pickle(storage_type_build=slot_state), words),
-                "tensor": (one_tensor_pickle(target_build=state), half),
-                "rebuild function": (ops(("torch._utils", "_rebuild_tensor_v2"),
-                                         b"N}X\x0c\x00\x00\x00__defaults__)s\x86b"), {})}
+    exploits = {
+        "storage type, state": (one_tensor_pickle(storage_type_build=state), words),
+        "storage type, slot state": (one_tensor_pickle(storage_type_build=slot_state), words),
+        "tensor": (one_tensor_pickle(target_build=state), half),
+        "rebuild function": (
+            ops(("torch._utils", "_rebuild_tensor_v2"), b"N}X\x0c\x00\x00\x00__defaults__)s\x86b"),
+            {},
+        ),
+    }
     for scan in (True, False):  # the opcode scan, then the unpickler alone (the second lock)
         if not scan:
             monkeypatch.setattr(convert.pickle_scan, "scan_pickle", lambda data, where, opaque=False: None)
@@ -291,8 +348,9 @@ def test_a_converted_state_dict_with_a_build_exploit_exits_2_and_writes_nothing(
     weights = small_weights()
     sd_pickle, storages = torch_pickle(state_dict(weights))
     # The issue's file: the rotary buffer's storage type given dtype "O" by BUILD before its storage id.
-    exploit = sd_pickle.replace(b"ctorch\nFloatStorage\nq", b"ctorch\nFloatStorage\n}X\x05\x00\x00\x00dtypeX"
-                                b"\x01\x00\x00\x00Osbq", 1)
+    exploit = sd_pickle.replace(
+        b"ctorch\nFloatStorage\nq", b"ctorch\nFloatStorage\n}X\x05\x00\x00\x00dtypeX\x01\x00\x00\x00Osbq", 1
+    )
     src = tmp_path / "src"
     src.mkdir()
     (src / "config.json").write_text(json.dumps(original_config(**SMALL)))
@@ -314,29 +372,45 @@ def test_memory_bombs_are_refused_with_bounded_memory(tmp_path, gpt2_files):
 
     # The issue's were 1 GiB; 128 MiB is past the bound below and quicker to compress here.
     bz2_stream, bz2_size, bz2_crc = zeros_compressed(bz2.BZ2Compressor(9), 8)  # ~150 bytes
-    pkl, pkl_size, pkl_crc = zeros_compressed(zlib.compressobj(6, zlib.DEFLATED, -15), 8,
-                                              b"\x80\x04\x8e" + struct.pack("<Q", 2**27), b".")  # ~130 kB
+    pkl, pkl_size, pkl_crc = zeros_compressed(
+        zlib.compressobj(6, zlib.DEFLATED, -15), 8, b"\x80\x04\x8e" + struct.pack("<Q", 2**27), b"."
+    )  # ~130 kB
     laughs = "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9) if i else 'lol'}]\n" for i in range(10))
     cases = {
-        "memo 2**27 without PROTO, 9 bytes": published("memo27", raw_zip([stored(
-            "archive/data.pkl", b"Nr" + struct.pack("<I", 2**27) + b".")])),
-        "memo 2**32 - 1 after PROTO 2": published("memo32", raw_zip([stored(
-            "archive/data.pkl", b"\x80\x02Nr" + struct.pack("<I", 2**32 - 1) + b".")])),
-        "bzip2 storage inflating to 128 MiB": published("bzip2", raw_zip([
-            stored("archive/data.pkl", one_tensor_pickle(numel=2**25)),
-            ("archive/data/0", bz2_stream, zipfile.ZIP_BZIP2, bz2_size, bz2_crc)])),
-        "deflated data.pkl of BINBYTES8 128 MiB": published("binbytes8", raw_zip([
-            ("archive/data.pkl", pkl, zipfile.ZIP_DEFLATED, pkl_size, pkl_crc)])),
-        "stored BINBYTES8 claiming 1 GiB": published("lying", raw_zip([stored(
-            "archive/data.pkl", b"\x80\x02\x8e" + struct.pack("<Q", 2**30) + bytes(64) + b".")])),
-        "storage numel 2**31 - 1, 0 bytes": published("numel", raw_zip([
-            stored("archive/data.pkl", one_tensor_pickle(numel=2**31 - 1)), stored("archive/data/0", b"")])),
+        "memo 2**27 without PROTO, 9 bytes": published(
+            "memo27", raw_zip([stored("archive/data.pkl", b"Nr" + struct.pack("<I", 2**27) + b".")])
+        ),
+        "memo 2**32 - 1 after PROTO 2": published(
+            "memo32", raw_zip([stored("archive/data.pkl", b"\x80\x02Nr" + struct.pack("<I", 2**32 - 1) + b".")])
+        ),
+        "bzip2 storage inflating to 128 MiB": published(
+            "bzip2",
+            raw_zip(
+                [
+                    stored("archive/data.pkl", one_tensor_pickle(numel=2**25)),
+                    ("archive/data/0", bz2_stream, zipfile.ZIP_BZIP2, bz2_size, bz2_crc),
+                ]
+            ),
+        ),
+        "deflated data.pkl of BINBYTES8 128 MiB": published(
+            "binbytes8", raw_zip([("archive/data.pkl", pkl, zipfile.ZIP_DEFLATED, pkl_size, pkl_crc)])
+        ),
+        "stored BINBYTES8 claiming 1 GiB": published(
+            "lying",
+            raw_zip([stored("archive/data.pkl", b"\x80\x02\x8e" + struct.pack("<Q", 2**30) + bytes(64) + b".")]),
+        ),
+        "storage numel 2**31 - 1, 0 bytes": published(
+            "numel",
+            raw_zip([stored("archive/data.pkl", one_tensor_pickle(numel=2**31 - 1)), stored("archive/data/0", b"")]),
+        ),
     }
     run_dir = training_run(tmp_path / "laughs", 0, small_weights())
     (run_dir / ".hydra" / "config.yaml").write_text((run_dir / ".hydra" / "config.yaml").read_text() + laughs)
     cases["YAML alias bomb in .hydra/config.yaml, 0.5 kB"] = run_dir
-    argvs = [["convert", str(src), str(tmp_path / f"out{i}"), "--tokenizer_path", str(gpt2_files)]
-             for i, src in enumerate(cases.values())]
+    argvs = [
+        ["convert", str(src), str(tmp_path / f"out{i}"), "--tokenizer_path", str(gpt2_files)]
+        for i, src in enumerate(cases.values())
+    ]
     n = convert.MAX_PICKLE_OPCODES - 5  # the most objects the scan admits: PROTO ] ( } x n e STOP
     for name, count in (("largest.pth", n), ("one_more.pth", n + 1)):
         write_archive(tmp_path / name, b"\x80\x02](" + b"}" * count + b"e.", {})
@@ -361,8 +435,9 @@ def test_memory_bombs_are_refused_with_bounded_memory(tmp_path, gpt2_files):
 # --------------------------------------------------------------------------- finding 6: the destination
 
 
-def test_a_failed_conversion_leaves_no_destination_and_an_existing_one_is_refused(tmp_path, gpt2_files, capsys,
-                                                                                monkeypatch):
+def test_a_failed_conversion_leaves_no_destination_and_an_existing_one_is_refused(
+    tmp_path, gpt2_files, capsys, monkeypatch
+):
     weights = small_weights()
     for step in (2**31, -3, "7"):
         src = training_run(tmp_path / f"run{step}", step, weights)
@@ -407,11 +482,11 @@ def _patch_member(path: Path, member: str, compress_type=None, flag_bits=None) -
     for sig, flag_at, method_at, name_at in ((b"PK\x03\x04", 6, 8, 30), (b"PK\x01\x02", 8, 10, 46)):
         start = 0
         while (start := data.find(sig, start)) >= 0:
-            if data[start + name_at:start + name_at + len(name)] == name:
+            if data[start + name_at : start + name_at + len(name)] == name:
                 if compress_type is not None:
-                    data[start + method_at:start + method_at + 2] = struct.pack("<H", compress_type)
+                    data[start + method_at : start + method_at + 2] = struct.pack("<H", compress_type)
                 if flag_bits is not None:
-                    data[start + flag_at:start + flag_at + 2] = struct.pack("<H", flag_bits)
+                    data[start + flag_at : start + flag_at + 2] = struct.pack("<H", flag_bits)
             start += 4
     path.write_bytes(bytes(data))
     return path
@@ -436,25 +511,42 @@ def hostile_sources(root: Path) -> dict[str, tuple[Path, str]]:
         return f
 
     rebuild = ("torch._utils", "_rebuild_tensor_v2")
-    published("TypeError: a rebuild call with one argument", "malformed pickle: TypeError",
-              (ops(*ODICT, "w", rebuild, b"(", "x", b"tRs"), {}))
+    published(
+        "TypeError: a rebuild call with one argument",
+        "malformed pickle: TypeError",
+        (ops(*ODICT, "w", rebuild, b"(", "x", b"tRs"), {}),
+    )
     published("UnpicklingError: a stack underflow", "pops an empty stack", (ops(b"a"), {}))
     published("EOFError: a pickle cut short", "malformed pickle: expected 9 bytes", (sd_pickle[:-40], storages))
     published("MemoryError: memo index 2**32 - 1", "memo index 4294967295", (b"\x80\x02Nr\xff\xff\xff\xff.", {}))
-    published("OverflowError: a stride of 2**62", r"model.bin: malformed tensor: .*stride \(4611686018427387904,\)",
-              (sd_pickle.replace(b"K\x01\x85", b"\x8a\x08" + struct.pack("<q", 2**62) + b"\x85", 1), storages))
-    published("AttributeError: an EMA of numbers", r"'sigma_map.mlp.0.weight' is a int, not a tensor", torch_pickle({
-        "model": state_dict(weights), "step": 1, "ema": {"shadow_params": list(range(len(weights) - 1))}}))
+    published(
+        "OverflowError: a stride of 2**62",
+        r"model.bin: malformed tensor: .*stride \(4611686018427387904,\)",
+        (sd_pickle.replace(b"K\x01\x85", b"\x8a\x08" + struct.pack("<q", 2**62) + b"\x85", 1), storages),
+    )
+    published(
+        "AttributeError: an EMA of numbers",
+        r"'sigma_map.mlp.0.weight' is a int, not a tensor",
+        torch_pickle(
+            {"model": state_dict(weights), "step": 1, "ema": {"shadow_params": list(range(len(weights) - 1))}}
+        ),
+    )
     published("zipfile.BadZipFile: a zip header and garbage", "not a readable zip", b"PK\x03\x04" + b"\x07" * 200)
     f = published("RuntimeError: an encrypted member", "encrypted")
     _patch_member(f / "pytorch_model.bin", "archive/data.pkl", flag_bits=1)
     f = published("NotImplementedError: compression 99", r"compressed \(method 99\)")
     _patch_member(f / "pytorch_model.bin", "archive/data.pkl", compress_type=99)
-    published("a storage of fewer bytes than its numel", "storage '0' holds 16 bytes",
-              (sd_pickle, {**storages, "0": storages["0"][:16]}))
+    published(
+        "a storage of fewer bytes than its numel",
+        "storage '0' holds 16 bytes",
+        (sd_pickle, {**storages, "0": storages["0"][:16]}),
+    )
     good = write_archive(root / "good.pth", sd_pickle, storages).read_bytes()
-    published("64 bytes cut from the middle of the archive", "past the end|CRC|not a readable zip|local header",
-              good[:len(good) // 2] + good[len(good) // 2 + 64:])
+    published(
+        "64 bytes cut from the middle of the archive",
+        "past the end|CRC|not a readable zip|local header",
+        good[: len(good) // 2] + good[len(good) // 2 + 64 :],
+    )
 
     header, offset = {}, 0
     for k, v in weights.items():
@@ -462,32 +554,56 @@ def hostile_sources(root: Path) -> dict[str, tuple[Path, str]]:
         offset += v.nbytes
     data = b"".join(np.ascontiguousarray(v).tobytes() for v in weights.values())
     first, second = list(weights)[:2]
-    lies = {"offsets past the end": ({first: {**header[first], "data_offsets": [0, len(data) + 8]}},
-                                     "malformed entry"),
-            "a shape that does not fit its bytes": ({first: {**header[first], "shape": [3, 3]}}, "needs 36 bytes"),
-            "two tensors overlapping": ({second: {**header[second], "data_offsets": [
-                4, 4 + header[second]["data_offsets"][1] - header[second]["data_offsets"][0]]}}, "overlap"),
-            "an unknown dtype": ({first: {**header[first], "dtype": "F128"}}, "malformed entry"),
-            "a negative shape": ({first: {**header[first], "shape": [-1, 4]}}, "malformed entry")}
+    lies = {
+        "offsets past the end": ({first: {**header[first], "data_offsets": [0, len(data) + 8]}}, "malformed entry"),
+        "a shape that does not fit its bytes": ({first: {**header[first], "shape": [3, 3]}}, "needs 36 bytes"),
+        "two tensors overlapping": (
+            {
+                second: {
+                    **header[second],
+                    "data_offsets": [4, 4 + header[second]["data_offsets"][1] - header[second]["data_offsets"][0]],
+                }
+            },
+            "overlap",
+        ),
+        "an unknown dtype": ({first: {**header[first], "dtype": "F128"}}, "malformed entry"),
+        "a negative shape": ({first: {**header[first], "shape": [-1, 4]}}, "malformed entry"),
+    }
     for lie, (change, pattern) in lies.items():
         text = json.dumps({**header, **change}).encode()
-        published(f"SafetensorError: {lie}", pattern, struct.pack("<Q", len(text)) + text + data,
-                  fname="model.safetensors")
-    published("SafetensorError: a header that is a list", "not a mapping", struct.pack("<Q", 6) + b"[1, 2]",
-              fname="model.safetensors")
-    published("SafetensorError: a header longer than the file", "not a safetensors file",
-              struct.pack("<Q", 2**40) + b"{}", fname="model.safetensors")
+        published(
+            f"SafetensorError: {lie}", pattern, struct.pack("<Q", len(text)) + text + data, fname="model.safetensors"
+        )
+    published(
+        "SafetensorError: a header that is a list",
+        "not a mapping",
+        struct.pack("<Q", 6) + b"[1, 2]",
+        fname="model.safetensors",
+    )
+    published(
+        "SafetensorError: a header longer than the file",
+        "not a safetensors file",
+        struct.pack("<Q", 2**40) + b"{}",
+        fname="model.safetensors",
+    )
 
     for key, value in (("n_heads", 0), ("n_blocks", 100_000), ("length", 10**9), ("hidden_size", 2**20)):
-        published(f"model.{key} = {value}" + (" (ZeroDivisionError)" if key == "n_heads" else ""),
-                  rf"model\.{key} = {value} .* is outside", config=json.dumps(original_config(**{**SMALL, key: value})))
+        published(
+            f"model.{key} = {value}" + (" (ZeroDivisionError)" if key == "n_heads" else ""),
+            rf"model\.{key} = {value} .* is outside",
+            config=json.dumps(original_config(**{**SMALL, key: value})),
+        )
     published("RecursionError: JSON nested 100,000 deep", "not JSON", config="[" * 100_000 + "]" * 100_000)
     published("a 300 kB config.json", "a config has at most", config=" " * 300_000 + "{}")
     for name, yaml_text, pattern in (
-            ("yaml ConstructorError: a python/object tag", "tokens: !!python/object/apply:os.system ['true']\n",
-             "not YAML"),
-            ("yaml: a mapping as a key", "? [a, b]\n: 1\n", "not YAML"),
-            ("yaml: a merge key of an alias", "base: &b {x: 1}\nmodel:\n  <<: *b\n", "YAML alias")):
+        (
+            "yaml ConstructorError: a python/object tag",
+            "tokens: !!python/object/apply:os.system ['true']\n",
+            "not YAML",
+        ),
+        ("yaml: a mapping as a key", "? [a, b]\n: 1\n", "not YAML"),
+        ("yaml: a merge key of an alias", "base: &b {x: 1}\nmodel:\n  <<: *b\n", "YAML alias"),
+    ):
         run = training_run(root / name, 0, weights)
         (run / ".hydra" / "config.yaml").write_text(yaml_text)
         out[name] = (run, pattern)
@@ -515,22 +631,41 @@ def fuzz_base():
     rng = np.random.default_rng(0)
     w = Storage(rng.standard_normal(12).astype(np.float32))
     norms = Storage(np.ones(8, np.float32))
-    model = collections.OrderedDict([
-        ("vocab_embed.embedding", Tensor(w, 0, (3, 4), (4, 1))),
-        ("blocks.0.attn_qkv.weight", Tensor(w, 0, (4, 3), (1, 4))),  # a transposed view of the same storage
-        ("blocks.0.norm1.weight", Tensor(norms, 0, (4,), (1,))),
-        ("blocks.0.norm2.weight", Tensor(norms, 4, (4,), (1,))),  # two tensors of one storage
-        ("half", Tensor.of(rng.standard_normal(3).astype(np.float16))),
-        ("bf16", Tensor.of(rng.standard_normal(3).astype(ml_dtypes.bfloat16))),
-        ("long", Tensor.of(np.arange(4))), ("scalar", Tensor.of(np.array(2.5, np.float32)))])
+    model = collections.OrderedDict(
+        [
+            ("vocab_embed.embedding", Tensor(w, 0, (3, 4), (4, 1))),
+            ("blocks.0.attn_qkv.weight", Tensor(w, 0, (4, 3), (1, 4))),  # a transposed view of the same storage
+            ("blocks.0.norm1.weight", Tensor(norms, 0, (4,), (1,))),
+            ("blocks.0.norm2.weight", Tensor(norms, 4, (4,), (1,))),  # two tensors of one storage
+            ("half", Tensor.of(rng.standard_normal(3).astype(np.float16))),
+            ("bf16", Tensor.of(rng.standard_normal(3).astype(ml_dtypes.bfloat16))),
+            ("long", Tensor.of(np.arange(4))),
+            ("scalar", Tensor.of(np.array(2.5, np.float32))),
+        ]
+    )
     model._metadata = collections.OrderedDict([("", {"version": 1}), ("blocks.0", {"version": 1})])
     params = list(model)
     adam = {"step": Tensor.of(np.array(7.0, np.float32)), "exp_avg": Tensor.of(np.zeros(3, np.float32))}
-    optimizer = {"state": {0: adam},
-                 "param_groups": [{"lr": 3e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0,
-                                   "amsgrad": False, "foreach": None, "params": list(range(len(params)))}]}
-    return {"optimizer": optimizer, "model": model, "step": 7,
-            "ema": {"decay": 0.9999, "num_updates": 2**33, "shadow_params": [model[k] for k in params[:3]]}}
+    optimizer = {
+        "state": {0: adam},
+        "param_groups": [
+            {
+                "lr": 3e-4,
+                "betas": (0.9, 0.999),
+                "eps": 1e-8,
+                "weight_decay": 0.0,
+                "amsgrad": False,
+                "foreach": None,
+                "params": list(range(len(params))),
+            }
+        ],
+    }
+    return {
+        "optimizer": optimizer,
+        "model": model,
+        "step": 7,
+        "ema": {"decay": 0.9999, "num_updates": 2**33, "shadow_params": [model[k] for k in params[:3]]},
+    }
 
 
 def _plain(x):
@@ -546,8 +681,13 @@ def _plain(x):
 
 def _same(a, b) -> bool:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
-                and a.shape == b.shape and np.array_equal(a, b))
+        return (
+            isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and np.array_equal(a, b)
+        )
     if isinstance(a, dict):
         return isinstance(b, dict) and list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
@@ -584,24 +724,87 @@ def _well_formed(obj, opaque: bool = False) -> str | None:
     return None
 
 
-_INTS = [-1, 0, 1, 2, 3, 7, 255, 2**16, 2**31 - 1, -2**31, 2**31, 2**32, 2**40, 2**62, 2**63 - 1, 2**64, -2**63,
-         10**30]
+_INTS = [
+    -1,
+    0,
+    1,
+    2,
+    3,
+    7,
+    255,
+    2**16,
+    2**31 - 1,
+    -(2**31),
+    2**31,
+    2**32,
+    2**40,
+    2**62,
+    2**63 - 1,
+    2**64,
+    -(2**63),
+    10**30,
+]
 # Opcodes chosen to hurt: big memo indices and declared lengths, BUILD, names in and out of the allow-list,
 # protocol 0/4 opcodes, and every container opcode.
 _HOSTILE_OPS = [
-    b"r" + struct.pack("<I", 2**27), b"r" + struct.pack("<I", 2**32 - 1), b"j" + struct.pack("<I", 2**31), b"b",
-    b"R", b"s", b"u", b"a", b"e", b"t", b"(", b")", b"}", b"]", b"N", b"Q", b"0", b"1", b"2", b"\x85", b"\x86",
-    b"\x87", b"\x88", b"ctorch\nFloatStorage\n", b"ccollections\nOrderedDict\n",
-    b"ctorch._utils\n_rebuild_tensor_v2\n", b"ctorch._utils\n_rebuild_parameter\n", b"cbuiltins\ngetattr\n",
-    b"cnumpy\ndtype\n", b"ctorch\nBoolStorage\n", b"\x8e" + struct.pack("<Q", 2**30), b"B" + struct.pack("<I", 2**31),
-    b"X" + struct.pack("<I", 2**30), b"\x8c\x05dtype", b"\x94", b"\x95" + struct.pack("<Q", 2**40), b"\x93", b"\x81",
-    b"\x8f", b"\x90", b"\x91", b"I1\n", b"F1e308\n", b"L" + b"9" * 5000 + b"L\n", b"\x8b" + struct.pack("<i", 2**20),
-    b"Vx\n", b"S'x'\n", b"p0\n", b"g0\n", b"d", b"l", b"}" * 40, b"\x85" * 40,
+    b"r" + struct.pack("<I", 2**27),
+    b"r" + struct.pack("<I", 2**32 - 1),
+    b"j" + struct.pack("<I", 2**31),
+    b"b",
+    b"R",
+    b"s",
+    b"u",
+    b"a",
+    b"e",
+    b"t",
+    b"(",
+    b")",
+    b"}",
+    b"]",
+    b"N",
+    b"Q",
+    b"0",
+    b"1",
+    b"2",
+    b"\x85",
+    b"\x86",
+    b"\x87",
+    b"\x88",
+    b"ctorch\nFloatStorage\n",
+    b"ccollections\nOrderedDict\n",
+    b"ctorch._utils\n_rebuild_tensor_v2\n",
+    b"ctorch._utils\n_rebuild_parameter\n",
+    b"cbuiltins\ngetattr\n",
+    b"cnumpy\ndtype\n",
+    b"ctorch\nBoolStorage\n",
+    b"\x8e" + struct.pack("<Q", 2**30),
+    b"B" + struct.pack("<I", 2**31),
+    b"X" + struct.pack("<I", 2**30),
+    b"\x8c\x05dtype",
+    b"\x94",
+    b"\x95" + struct.pack("<Q", 2**40),
+    b"\x93",
+    b"\x81",
+    b"\x8f",
+    b"\x90",
+    b"\x91",
+    b"I1\n",
+    b"F1e308\n",
+    b"L" + b"9" * 5000 + b"L\n",
+    b"\x8b" + struct.pack("<i", 2**20),
+    b"Vx\n",
+    b"S'x'\n",
+    b"p0\n",
+    b"g0\n",
+    b"d",
+    b"l",
+    b"}" * 40,
+    b"\x85" * 40,
 ]
 
 
 def _int_op(v: int) -> bytes:
-    if -2**31 <= v < 2**31:
+    if -(2**31) <= v < 2**31:
         return b"J" + struct.pack("<i", v)
     n = (v.bit_length() + 8) // 8
     return b"\x8a" + bytes([n]) + v.to_bytes(n, "little", signed=True)
@@ -619,7 +822,7 @@ def _mutations(base: bytes, rng, n: int):
             for _ in range(int(rng.integers(1, 5))):
                 data[int(rng.integers(2, len(data)))] = int(rng.integers(256))
         elif category == "truncated":
-            data = base[:int(rng.integers(len(base)))]
+            data = base[: int(rng.integers(len(base)))]
         elif category == "opcodes":  # delete, repeat, swap or insert whole opcodes
             ops_ = list(segments)
             for _ in range(int(rng.integers(1, 4))):
@@ -678,7 +881,7 @@ def fuzz(folder: str, n: int, seed: int, opaque: bool = False) -> dict:
     for k in range(n // 10):
         data = bytearray(archive)
         if k % 2:
-            data = data[:int(rng.integers(len(data)))]
+            data = data[: int(rng.integers(len(data)))]
         else:
             for _ in range(int(rng.integers(1, 6))):
                 data[int(rng.integers(len(data)))] = int(rng.integers(256))
@@ -686,8 +889,12 @@ def fuzz(folder: str, n: int, seed: int, opaque: bool = False) -> dict:
         path.write_bytes(bytes(data))
         attempt("archive bytes", path)
         path.unlink()
-    return {"counts": {f"{c}|{o}": v for (c, o), v in sorted(counts.items())}, "failures": failures[:20],
-            "n_failures": len(failures), "seconds": time.perf_counter() - t0}
+    return {
+        "counts": {f"{c}|{o}": v for (c, o), v in sorted(counts.items())},
+        "failures": failures[:20],
+        "n_failures": len(failures),
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 @pytest.mark.slow  # a fuzz of many random pickles: behind -m slow to keep the default suite within 900 CPU s

@@ -27,8 +27,15 @@ convert_write = importlib.import_module("sedd.convert.write")
 
 def _tiny_args(data_dir: str) -> list[str]:
     """The command line of the session's tiny run (tests/conftest.py)."""
-    return ["--config", "tiny", f"--config.data.data_dir={data_dir}", "--config.training.n_iters=4",
-            "--config.training.ckpt_every=2", "--config.training.eval_every=4", "--config.model.n_layers=1"]
+    return [
+        "--config",
+        "tiny",
+        f"--config.data.data_dir={data_dir}",
+        "--config.training.n_iters=4",
+        "--config.training.ckpt_every=2",
+        "--config.training.eval_every=4",
+        "--config.model.n_layers=1",
+    ]
 
 
 def _listing(folder) -> list:
@@ -54,8 +61,7 @@ def received(tiny_run, tmp_path):
 
 
 @pytest.mark.parametrize("link", ["checkpoints_unreadable", "checkpoints/4", "metrics.jsonl"])
-def test_a_resumed_run_whose_special_entries_are_links_is_refused_and_nothing_outside_changes(received, capsys,
-                                                                                              link):
+def test_a_resumed_run_whose_special_entries_are_links_is_refused_and_nothing_outside_changes(received, capsys, link):
     workdir, outside, data_dir = received
     target = outside
     if link == "checkpoints/4":  # the checkpoint itself a link: orbax would read, delete or move through it
@@ -90,7 +96,6 @@ def test_the_quarantine_move_never_follows_a_link_out_of_the_run(received):
 
 
 # --------------------------------------------------------------------------- finding 7: every option of every subcommand
-
 
 
 class Reached(Exception):
@@ -138,10 +143,21 @@ def _options() -> list[tuple[str, str, str]]:
 OPTIONS = _options()
 NUMBERS = ["nan", "inf", "-inf", "0", "-1", str(10**12), str(2**64), "1e300", "0.5"]
 ACCEPTED = {  # (command, flag, value) that are valid values and reach the command's work
-    ("sample", "--seed", "0"), ("sample", "--seed", str(10**12)), ("eval", "--seed", str(10**12)), ("sample", "--temperature", "0"), ("sample", "--temperature", "0.5"),
-    ("sample", "--top_p", "0.5"), ("eval", "--max_batches", "0"), ("eval", "--seed", "0"),
-    ("serve", "--step", "0"), ("serve", "--window_ms", "0"), ("serve", "--window_ms", "0.5"),
-    ("serve", "--timeout", "0.5"), ("serve", "--send_timeout", "0.5"), ("serve", "--header_timeout", "0.5"), ("serve", "--body_timeout", "0.5"),
+    ("sample", "--seed", "0"),
+    ("sample", "--seed", str(10**12)),
+    ("eval", "--seed", str(10**12)),
+    ("sample", "--temperature", "0"),
+    ("sample", "--temperature", "0.5"),
+    ("sample", "--top_p", "0.5"),
+    ("eval", "--max_batches", "0"),
+    ("eval", "--seed", "0"),
+    ("serve", "--step", "0"),
+    ("serve", "--window_ms", "0"),
+    ("serve", "--window_ms", "0.5"),
+    ("serve", "--timeout", "0.5"),
+    ("serve", "--send_timeout", "0.5"),
+    ("serve", "--header_timeout", "0.5"),
+    ("serve", "--body_timeout", "0.5"),
     ("eval", "--code_samples", "0"),  # no code completions: the bound alone
 }
 
@@ -190,8 +206,17 @@ def _argv(folder, command: str, flag: str, value: str) -> list[str]:
             return [command, *(value if name == flag else path for name, path in given.items())]
         return [command, *given.values(), flag, value]
     if command == "distill":  # a teacher to read and a run directory to write, each unless it is the flag tried
-        return [command, *(a for f, path in (("--teacher", folder / "run"), ("--workdir", folder / "new"))
-                           if f != flag for a in (f, str(path))), flag, value]
+        return [
+            command,
+            *(
+                a
+                for f, path in (("--teacher", folder / "run"), ("--workdir", folder / "new"))
+                if f != flag
+                for a in (f, str(path))
+            ),
+            flag,
+            value,
+        ]
     run = ["--workdir", str(folder / "run")] if command != "train" and flag != "--workdir" else []
     return [command, *run, flag, value]
 
@@ -224,10 +249,14 @@ def test_the_findings_of_the_report_one_by_one(stubbed, capsys):
         (["eval", *run, "--batch_size", "0"], "--batch_size must be an integer in [1, 65536]"),
         (["serve", *run, "--window_ms", "1e300"], "--window_ms must be a finite number in [0, 60000]"),
         (["sample", *run, "--steps", "nan"], "argument --steps: invalid int value: 'nan'"),
-        (["distill", "--teacher", str(stubbed / "run"), "--workdir", str(stubbed / "new"), "--rounds", "0"],
-         "--rounds must be an integer in [1, 16]"),
-        (["distill", "--teacher", str(stubbed / "absent"), "--workdir", str(stubbed / "new")],
-         "--teacher " + str(stubbed / "absent") + " is not a run directory"),
+        (
+            ["distill", "--teacher", str(stubbed / "run"), "--workdir", str(stubbed / "new"), "--rounds", "0"],
+            "--rounds must be an integer in [1, 16]",
+        ),
+        (
+            ["distill", "--teacher", str(stubbed / "absent"), "--workdir", str(stubbed / "new")],
+            "--teacher " + str(stubbed / "absent") + " is not a run directory",
+        ),
     ]:
         said = []
         assert _outcome(argv, capsys, said) == "refused"
@@ -237,16 +266,19 @@ def test_the_findings_of_the_report_one_by_one(stubbed, capsys):
 def test_serves_address_and_log_level_are_checked_before_the_run_is_read(stubbed, capsys, monkeypatch):
     """`--host nan` was uvicorn's error and `--log_level nan` a KeyError traceback, both after the model loaded."""
     import socket
+
     monkeypatch.undo()  # the real check_address, and a real run directory is not needed: each is refused first
     run = ["serve", "--workdir", str(stubbed / "run")]
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        for argv, message in [([*run, "--host", "nan"], "--host 'nan' is not an address of this machine"),
-                              ([*run, "--host", "0.0.0.1"], "--host 0.0.0.1 --port 8000: cannot listen there"),
-                              ([*run, "--port", port], f"--host 127.0.0.1 --port {port}: cannot listen there"),
-                              ([*run, "--log_level", "nan"], "argument --log_level: invalid choice: 'nan'")]:
+        for argv, message in [
+            ([*run, "--host", "nan"], "--host 'nan' is not an address of this machine"),
+            ([*run, "--host", "0.0.0.1"], "--host 0.0.0.1 --port 8000: cannot listen there"),
+            ([*run, "--port", port], f"--host 127.0.0.1 --port {port}: cannot listen there"),
+            ([*run, "--log_level", "nan"], "argument --log_level: invalid choice: 'nan'"),
+        ]:
             said = []
             assert _outcome(argv, capsys, said) == "refused"
             assert message in said[0], (argv, said)
@@ -254,6 +286,7 @@ def test_serves_address_and_log_level_are_checked_before_the_run_is_read(stubbed
 
 def test_a_window_the_engine_cannot_wait_is_refused_by_the_limits_and_health_tells_a_dead_engine():
     from sedd import serve
+
     with pytest.raises(ValueError, match="window_s must be at most 60"):
         serve.Limits(window_s=1e297)  # was: the engine thread's OverflowError, then 503s while /health said ok
 
@@ -295,6 +328,7 @@ def test_sedd_convert_refuses_a_tokenizer_with_a_catastrophic_regex(tmp_path, ca
 def hostile_gpt2(tmp_path, monkeypatch):
     """A GPT2Tokenizer of the hostile file, built past the regex check (as one loaded before it existed)."""
     from sedd.data import tokenizers as tok_lib
+
     path = _hostile_tokenizer_json(tmp_path / "hostile.json")
     monkeypatch.setattr(tok_lib, "check_pipeline", lambda bpe, where: None)
     return tok_lib.GPT2Tokenizer(path)
@@ -303,6 +337,7 @@ def hostile_gpt2(tmp_path, monkeypatch):
 def test_the_tokenizers_panic_is_a_named_value_error_and_encoding_releases_the_gil(hostile_gpt2):
     import threading
     import time
+
     with pytest.raises(ValueError, match="the tokenizer failed on this text: PanicException"):
         hostile_gpt2.encode("a" * 40)  # was pyo3_runtime.PanicException, a BaseException: a traceback, a 500
     stop = threading.Event()
@@ -354,6 +389,7 @@ def _serve(app, sndbuf: int = 0):
     import socket
     import threading
     import time
+
     uvicorn = pytest.importorskip("uvicorn")
     sock = socket.socket()
     if sndbuf:
@@ -378,6 +414,7 @@ def _serve(app, sndbuf: int = 0):
 
 def _post(port, body: dict, timeout: float = 30) -> tuple[int, dict]:
     import http.client
+
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     r = c.getresponse()
@@ -387,6 +424,7 @@ def _post(port, body: dict, timeout: float = 30) -> tuple[int, dict]:
 def _health_seconds(port) -> float:
     import http.client
     import time
+
     t0 = time.monotonic()
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     c.request("GET", "/health")
@@ -394,14 +432,14 @@ def _health_seconds(port) -> float:
     return time.monotonic() - t0
 
 
-def test_serve_answers_health_while_a_hostile_prompt_encodes_and_names_the_panic(tiny_run, hostile_gpt2,
-                                                                                  monkeypatch):
+def test_serve_answers_health_while_a_hostile_prompt_encodes_and_names_the_panic(tiny_run, hostile_gpt2, monkeypatch):
     import dataclasses
     import threading
     import time
 
     from sedd import serve
     from sedd.serve import app as app_lib
+
     run = runs.load(tiny_run[0])
 
     def sleepy(text):  # a tokenizer that takes 3 s (and releases the GIL, as the batch encoder does)
@@ -449,15 +487,24 @@ def _tamper(workdir, **changes) -> None:
     (workdir / runs.CONFIG).write_text(json.dumps(config))  # Infinity and NaN as JSON's extension writes them
 
 
-@pytest.mark.parametrize("changes,message", [
-    ({"mesh__rules": [5]}, "mesh.rules = [5]: each rule is a pair [logical name, mesh axes]"),  # was a TypeError
-    ({"mesh__rules": [["embed", "nowhere"]]}, "'nowhere' is not a mesh axis"),
-    ({"noise__type": "geometric", "noise__sigma_max": float("inf")}, "noise.sigma_max = inf is not a finite number"),
-    ({"noise__type": "geometric", "noise__sigma_max": 1e9}, "noise.sigma_max must be a finite number in (0, 10000]"),
-    ({"noise__eps": float("nan")}, "noise.eps = nan is not a finite number"),
-    ({"sampling__eps": 0.0}, "sampling.eps must be a finite number in (0, 1]"),
-    ({"optim__lr": float("-inf")}, "optim.lr = -inf is not a finite number"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"mesh__rules": [5]}, "mesh.rules = [5]: each rule is a pair [logical name, mesh axes]"),  # was a TypeError
+        ({"mesh__rules": [["embed", "nowhere"]]}, "'nowhere' is not a mesh axis"),
+        (
+            {"noise__type": "geometric", "noise__sigma_max": float("inf")},
+            "noise.sigma_max = inf is not a finite number",
+        ),
+        (
+            {"noise__type": "geometric", "noise__sigma_max": 1e9},
+            "noise.sigma_max must be a finite number in (0, 10000]",
+        ),
+        ({"noise__eps": float("nan")}, "noise.eps = nan is not a finite number"),
+        ({"sampling__eps": 0.0}, "sampling.eps must be a finite number in (0, 1]"),
+        ({"optim__lr": float("-inf")}, "optim.lr = -inf is not a finite number"),
+    ],
+)
 def test_a_received_runs_values_are_finite_and_in_range(copy_run_dir, capsys, changes, message):
     """Finding 6: mesh.rules [5] was a TypeError traceback; sigma_max = Infinity sampled all <|endoftext|>."""
     _tamper(copy_run_dir, **changes)
@@ -472,8 +519,10 @@ def test_a_received_runs_length_is_bounded_by_this_machines_memory(copy_run_dir,
     _tamper(copy_run_dir, data__seq_len=32_768)
     assert cli.main(["sample", "--workdir", str(copy_run_dir), "--steps", "1", "--num_samples", "1"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"sedd sample: error: {copy_run_dir / runs.CONFIG}: data.seq_len = 32768 with model.n_heads"
-                          " = 2") and "needs about 16.1 GiB" in err, err
+    assert (
+        err.startswith(f"sedd sample: error: {copy_run_dir / runs.CONFIG}: data.seq_len = 32768 with model.n_heads = 2")
+        and "needs about 16.1 GiB" in err
+    ), err
     assert "this machine has 2.0 GiB" in err and err.count("\n") == 1, err
     _tamper(copy_run_dir, data__seq_len=32)  # and --num_samples by the same estimate
     assert cli.main(["sample", "--workdir", str(copy_run_dir), "--steps", "1", "--num_samples", "65536"]) == 2
@@ -497,14 +546,25 @@ def test_a_stream_whose_client_reads_nothing_is_dropped_after_the_send_timeout(t
     import time
 
     from sedd import serve
+
     run = runs.load(tiny_run[0])
     limits = serve.Limits(max_steps=64, max_n=4, max_batch=4, timeout_s=60, window_s=0.0, send_timeout_s=0.5)
     app = serve.create_app(run, "sedd-tiny", limits)
     body = json.dumps({"n": 4, "steps": 16, "diffusing": True, "seed": 1}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
-             "headers": [(b"host", b"localhost"), (b"content-type", b"application/json")],
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"localhost"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
     sent, peak = [], []
 
     async def one_client():
@@ -545,14 +605,17 @@ def test_idle_clients_of_diffusing_streams_leave_the_server_answering(tiny_run, 
     import time
 
     from sedd import serve
+
     caplog.set_level(logging.WARNING, logger="sedd.serve")
     run = runs.load(tiny_run[0])
     limits = serve.Limits(max_steps=512, max_n=1, max_batch=64, timeout_s=120, window_s=0.5, send_timeout_s=2.0)
     app = serve.create_app(run, "sedd-tiny", limits)
     port, stop = _serve(app, sndbuf=4096)  # else Linux's buffer, grown to MBs, would take the whole stream
     body = json.dumps({"n": 1, "steps": 512, "diffusing": True, "seed": 1}).encode()
-    request = (f"POST /v1/completions HTTP/1.1\r\nHost: localhost:{port}\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: localhost:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
     idle, health = [], []
     try:
         for _ in range(60):  # one batch of 60 rows: 513 frames of 1 row, about 200 kB a stream
@@ -590,6 +653,7 @@ def test_diffusing_streams_read_as_fast_as_they_are_written_leave_the_server_ans
     import time
 
     from sedd import serve
+
     run = runs.load(tiny_run[0])
     limits = serve.Limits(max_steps=1024, max_n=16, max_batch=64, timeout_s=300, window_s=0.5)
     port, stop = _serve(serve.create_app(run, "sedd-tiny", limits))
@@ -613,14 +677,36 @@ def _serve_process(workdir, *flags: str):
     import subprocess
     import sys
     import time
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(runs.__file__)),
-                                                        os.environ.get("PYTHONPATH", "")]), "JAX_PLATFORMS": "cpu"}
-    server = subprocess.Popen([sys.executable, "-m", "sedd.cli", "serve", "--workdir", str(workdir), "--port",
-                               str(port), "--log_level", "warning", *flags], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [os.path.dirname(os.path.dirname(runs.__file__)), os.environ.get("PYTHONPATH", "")]
+        ),
+        "JAX_PLATFORMS": "cpu",
+    }
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sedd.cli",
+            "serve",
+            "--workdir",
+            str(workdir),
+            "--port",
+            str(port),
+            "--log_level",
+            "warning",
+            *flags,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     deadline = time.monotonic() + 120
     while True:
         try:
@@ -634,10 +720,16 @@ def _serve_process(workdir, *flags: str):
 def _hang_up(port, body: dict, read: int) -> None:
     """One request whose client reads `read` bytes of the answer (0: none), then closes the connection."""
     import socket
+
     data = json.dumps(body).encode()
     with socket.create_connection(("127.0.0.1", port)) as s:
-        s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                   f"Content-Length: {len(data)}\r\n\r\n").encode() + data)
+        s.sendall(
+            (
+                f"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n"
+            ).encode()
+            + data
+        )
         while read > 0 and (got := s.recv(min(read, 1 << 20))):
             read -= len(got)
 
@@ -648,6 +740,7 @@ def test_clients_that_hang_up_leave_no_pending_task_in_the_servers_log(tiny_run)
     waiting on the stream's queue of settled text, never cancelled). The real `sedd serve`, its whole stderr."""
     import signal
     import time
+
     port, server = _serve_process(tiny_run[0], "--window_ms", "0")
     try:
         for seed in range(4):  # each kind of response, its client gone early or at once
@@ -665,24 +758,42 @@ def test_clients_that_hang_up_leave_no_pending_task_in_the_servers_log(tiny_run)
 
 
 GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
-@pytest.mark.parametrize("regex,refused", [
-    (GPT2_REGEX, False), (LLAMA3_REGEX, False), ("(ab)+", True), ("[(a+)]+", True), (r"\(a+\)+", True),
-    ("(a+)+c", True), ("(a|aa)+c", True), ("(?:a*)*", True), ("((a+))+", True), ("(a+){2,}", True),
-    ("x" * 1001, True), (GPT2_REGEX + " ", True),
-])
+@pytest.mark.parametrize(
+    "regex,refused",
+    [
+        (GPT2_REGEX, False),
+        (LLAMA3_REGEX, False),
+        ("(ab)+", True),
+        ("[(a+)]+", True),
+        (r"\(a+\)+", True),
+        ("(a+)+c", True),
+        ("(a|aa)+c", True),
+        ("(?:a*)*", True),
+        ("((a+))+", True),
+        ("(a+){2,}", True),
+        ("x" * 1001, True),
+        (GPT2_REGEX + " ", True),
+    ],
+)
 def test_the_pattern_check_reads_the_pre_tokenizers_we_know_and_refuses_every_other(tmp_path, regex, refused):
     """Round 2 refused nested repetition by its shape; issue 72 reads only the known patterns, compared as strings
     (a harmless pattern of no known tokenizer is refused too)."""
     from sedd.data import GPT2Tokenizer
+
     bpe = tokenizers.ByteLevelBPETokenizer()
     bpe.train_from_iterator(["the cat sat"] * 4, vocab_size=260, min_frequency=1, show_progress=False)
-    bpe.pre_tokenizer = tokenizers.pre_tokenizers.Sequence([
-        tokenizers.pre_tokenizers.Split(tokenizers.Regex(regex), behavior="isolated"),
-        tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.Sequence(
+        [
+            tokenizers.pre_tokenizers.Split(tokenizers.Regex(regex), behavior="isolated"),
+            tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     bpe.save(str(tmp_path / "tokenizer.json"))
     if refused:
         with pytest.raises(ValueError, match="none of the patterns sedd reads"):
@@ -694,12 +805,21 @@ def test_the_pattern_check_reads_the_pre_tokenizers_we_know_and_refuses_every_ot
 def test_a_byte_level_bpe_with_gpt2s_split_regex_loads_and_encodes_as_before(tmp_path):
     """The tokenizer.json of a BPE whose pre-tokenizer is a Split of GPT-2's regex, as current files hold."""
     from sedd.data import GPT2Tokenizer
+
     bpe = tokenizers.ByteLevelBPETokenizer()
-    bpe.train_from_iterator(["the cat sat on the mat, and the dog ate 1,234 bones."] * 20, vocab_size=300,
-                            min_frequency=1, special_tokens=["<|endoftext|>"], show_progress=False)
-    bpe.pre_tokenizer = tokenizers.pre_tokenizers.Sequence([
-        tokenizers.pre_tokenizers.Split(tokenizers.Regex(GPT2_REGEX), behavior="isolated"),
-        tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    bpe.train_from_iterator(
+        ["the cat sat on the mat, and the dog ate 1,234 bones."] * 20,
+        vocab_size=300,
+        min_frequency=1,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+    )
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.Sequence(
+        [
+            tokenizers.pre_tokenizers.Split(tokenizers.Regex(GPT2_REGEX), behavior="isolated"),
+            tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     bpe.save(str(tmp_path / "tokenizer.json"))
     tok = GPT2Tokenizer(str(tmp_path / "tokenizer.json"))
     text = "the dog sat on 1,234 mats."
@@ -714,9 +834,21 @@ def test_a_byte_level_bpe_with_gpt2s_split_regex_loads_and_encodes_as_before(tmp
 def _asgi_status(app, headers: list[tuple[bytes, bytes]], path: str = "/v1/models", body: bytes = b"") -> int:
     """The status of one request through the ASGI app, its headers given raw (a Host header twice)."""
     import asyncio
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST" if body else "GET",
-             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": headers, "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST" if body else "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
     status = []
 
     async def receive():
@@ -732,11 +864,18 @@ def _asgi_status(app, headers: list[tuple[bytes, bytes]], path: str = "/v1/model
 
 def test_host_headers_that_name_no_allowed_host_and_too_many_stop_strings_are_refused(tiny_run):
     from sedd import serve
+
     app = serve.create_app(runs.load(tiny_run[0]), "sedd-tiny")
-    for hosts, status in [([b"localhost"], 200), ([b"localhost:8000"], 200), ([b"[::1]:8000"], 200),
-                          ([b"evil.example", b"localhost"], 421),  # two Host headers: the last used to win
-                          ([b"localhost", b"evil.example"], 421), ([b"[::1]evil.example"], 421),
-                          ([b"localhost:evil"], 421), ([b"localhost:80:80"], 421)]:
+    for hosts, status in [
+        ([b"localhost"], 200),
+        ([b"localhost:8000"], 200),
+        ([b"[::1]:8000"], 200),
+        ([b"evil.example", b"localhost"], 421),  # two Host headers: the last used to win
+        ([b"localhost", b"evil.example"], 421),
+        ([b"[::1]evil.example"], 421),
+        ([b"localhost:evil"], 421),
+        ([b"localhost:80:80"], 421),
+    ]:
         assert _asgi_status(app, [(b"host", h) for h in hosts]) == status, hosts
     json_headers = [(b"host", b"localhost"), (b"content-type", b"application/json")]
     body = json.dumps({"prompt": "ROMEO:", "stop": ["x"] * 10_000}).encode()  # 15,000 cost 5 s of CPU
@@ -767,28 +906,41 @@ def test_a_checkpoint_of_many_tensors_is_read_with_a_bounded_number_of_open_file
     import numpy as np
     from safetensors.numpy import save_file
     from test_convert import write_torch_file
+
     sd = collections.OrderedDict((f"w{i}", np.full((3,), i, np.float32)) for i in range(1300))
     write_torch_file(tmp_path / "many.pth", sd)
     save_file(dict(sd), str(tmp_path / "many.safetensors"))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(os.path.dirname(runs.__file__)),
-                                                        os.environ.get("PYTHONPATH", "")]), "JAX_PLATFORMS": "cpu"}
-    got = subprocess.run([sys.executable, "-c", _OPEN_FILES, str(tmp_path / "many.pth"),
-                          str(tmp_path / "many.safetensors")], capture_output=True, text=True, env=env, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [os.path.dirname(os.path.dirname(runs.__file__)), os.environ.get("PYTHONPATH", "")]
+        ),
+        "JAX_PLATFORMS": "cpu",
+    }
+    got = subprocess.run(
+        [sys.executable, "-c", _OPEN_FILES, str(tmp_path / "many.pth"), str(tmp_path / "many.safetensors")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert got.returncode == 0, got.stderr[-2000:]  # was: OSError: [Errno 24] Too many open files
     for line in got.stdout.splitlines():  # each file's tensors hold at most one descriptor (its one map)
         path, count, opened = line.split()
         assert count == "1300" and int(opened) <= 2, line
 
 
-@pytest.mark.parametrize("override,message", [
-    ("--config.optim.lr=nan", "optim.lr = nan is not a finite number"),
-    ("--config.data.seq_len=0", "data.seq_len = 0 is outside [1, 131072]"),
-    ("--config.model.n_layers=100000", "model.n_layers = 100000 is outside [1, 256]"),
-    ("--config.noise.sigma_max=inf", "noise.sigma_max = inf is not a finite number"),
-    ("--config.model.dropout=1.5", "model.dropout must be a finite number in [0, 1]"),
-])
-def test_sedd_train_checks_its_configs_numbers_as_a_received_runs_before_any_work(tmp_path, capsys, override,
-                                                                                    message):
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("--config.optim.lr=nan", "optim.lr = nan is not a finite number"),
+        ("--config.data.seq_len=0", "data.seq_len = 0 is outside [1, 131072]"),
+        ("--config.model.n_layers=100000", "model.n_layers = 100000 is outside [1, 256]"),
+        ("--config.noise.sigma_max=inf", "noise.sigma_max = inf is not a finite number"),
+        ("--config.model.dropout=1.5", "model.dropout must be a finite number in [0, 1]"),
+    ],
+)
+def test_sedd_train_checks_its_configs_numbers_as_a_received_runs_before_any_work(tmp_path, capsys, override, message):
     """The command line's config overrides pass the checks of a received run's config.json."""
     workdir = tmp_path / "run"
     assert cli.main(["train", "--config", "tiny", "--workdir", str(workdir), override]) == 2

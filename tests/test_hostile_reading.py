@@ -68,14 +68,27 @@ HOSTILE = ["zero", "passwd", "mine", "fifo", "loop"]
 
 @pytest.mark.parametrize("kind", HOSTILE)
 def test_distill_refuses_a_teacher_whose_tokenizer_is_not_a_file_of_its_own_and_writes_nothing(
-        copy_run_dir, tmp_path, capsys, kind):
+    copy_run_dir, tmp_path, capsys, kind
+):
     """Was: /dev/zero written into OUT without end, /etc/passwd copied into OUT, a SpecialFileError traceback."""
     teacher, out, outside = copy_run_dir, tmp_path / "out", tmp_path / "users_file.json"
     _make(kind, teacher / runs.TOKENIZER, outside)
     before = _listing(tmp_path)
     t0 = time.monotonic()
-    assert cli.main(["distill", "--teacher", str(teacher), "--workdir", str(out),
-                     "--config.distill.round_steps=2", "--config.training.ckpt_every=2"]) == 2
+    assert (
+        cli.main(
+            [
+                "distill",
+                "--teacher",
+                str(teacher),
+                "--workdir",
+                str(out),
+                "--config.distill.round_steps=2",
+                "--config.training.ckpt_every=2",
+            ]
+        )
+        == 2
+    )
     err = _one_line(capsys, "distill")
     assert "tokenizer.json" in err and time.monotonic() - t0 < 30, err
     assert not out.exists() and _listing(tmp_path) == before
@@ -84,13 +97,17 @@ def test_distill_refuses_a_teacher_whose_tokenizer_is_not_a_file_of_its_own_and_
 def test_distill_copies_the_teachers_tokenizer_through_the_one_reader(copy_run_dir, tmp_path, monkeypatch):
     """The copy itself: never through a link of the new run, never from outside the teacher."""
     from sedd import distill
+
     teacher = copy_run_dir
     seen = []
     real = files.copy
     monkeypatch.setattr(files, "copy", lambda *a, **k: (seen.append((a, k)), real(*a, **k))[1])
     monkeypatch.setattr(distill.train, "train", lambda *a, **k: {"stopped": True})
-    config = distill.distill_config(teacher, ["--config.distill.round_steps=2", "--config.training.ckpt_every=2",
-                                              "--config.distill.teacher_steps=8"], rounds=1)
+    config = distill.distill_config(
+        teacher,
+        ["--config.distill.round_steps=2", "--config.training.ckpt_every=2", "--config.distill.teacher_steps=8"],
+        rounds=1,
+    )
     distill.distill(config, tmp_path / "out", quiet=True)
     assert seen and seen[0][1]["root"] == teacher.resolve()
     assert (tmp_path / "out" / runs.TOKENIZER).read_bytes() == (teacher / runs.TOKENIZER).read_bytes()
@@ -128,6 +145,7 @@ def test_a_link_inside_the_run_is_read(copy_run_dir):
 @pytest.mark.parametrize("kind", ["zero", "fifo", "mine"])
 def test_serve_refuses_such_a_run_before_it_listens(copy_run_dir, tmp_path, capsys, kind):
     from sedd.serve import main as serve_main_fn
+
     _make(kind, copy_run_dir / runs.TOKENIZER, tmp_path / "users_file.json")
     assert serve_main_fn(["--workdir", str(copy_run_dir), "--port", "0"]) == 2
     _one_line(capsys, "serve")
@@ -138,23 +156,21 @@ def test_a_resumed_run_refuses_a_tokenizer_that_is_not_a_regular_file(copy_run_d
     """Was: a FIFO tokenizer.json blocked `sedd train` for ever (check_run_links refuses links; a FIFO is none)."""
     _make(kind, copy_run_dir / runs.TOKENIZER, None)
     before = _listing(copy_run_dir)
-    argv = ["train", "--config", "tiny", "--workdir", str(copy_run_dir), f"--config.data.data_dir={tiny_run[1]}",
-            "--config.training.n_iters=6", "--config.training.ckpt_every=2", "--config.training.eval_every=4",
-            "--config.model.n_layers=1"]
+    argv = [
+        "train",
+        "--config",
+        "tiny",
+        "--workdir",
+        str(copy_run_dir),
+        f"--config.data.data_dir={tiny_run[1]}",
+        "--config.training.n_iters=6",
+        "--config.training.ckpt_every=2",
+        "--config.training.eval_every=4",
+        "--config.model.n_layers=1",
+    ]
     assert cli.main(argv) == 2
     _one_line(capsys, "train")
     assert _listing(copy_run_dir) == before
-
-
-@pytest.fixture(scope="module")
-def gpt2_files(tmp_path_factory):
-    """A byte-level BPE trained here, saved in GPT-2's layout (vocab.json + merges.txt)."""
-    folder = tmp_path_factory.mktemp("gpt2")
-    bpe = tokenizers.ByteLevelBPETokenizer()
-    bpe.train_from_iterator(["the cat sat on the mat, and the dog ate 1,234 bones."] * 20, vocab_size=300,
-                            min_frequency=1, special_tokens=["<|endoftext|>"], show_progress=False)
-    bpe.save_model(str(folder))
-    return folder
 
 
 @pytest.mark.parametrize("kind", ["zero", "passwd", "fifo"])
@@ -175,6 +191,7 @@ def test_convert_reads_a_config_only_from_a_regular_file(tmp_path):
     """read_original_config opened the file it was given with read_text: a FIFO blocked it for ever."""
     from sedd.convert.limits import ConversionError
     from sedd.convert.read import read_original_config
+
     os.mkfifo(tmp_path / "config.json")
     (tmp_path / "big.json").write_text(" " * 300_000 + "{}")
     with pytest.raises(ConversionError, match="not a regular file \\(a FIFO\\)"):
@@ -185,6 +202,7 @@ def test_convert_reads_a_config_only_from_a_regular_file(tmp_path):
 
 def test_the_reader_bounds_the_size_and_refuses_what_grows():
     import tempfile
+
     with tempfile.TemporaryDirectory() as d:
         big = os.path.join(d, "big")
         with open(big, "wb") as f:
@@ -241,12 +259,16 @@ def test_gpt2s_tokenizer_and_the_peers_still_load_and_a_pattern_of_no_known_toke
     a list of patterns, not a probe)."""
     from sedd.data import GPT2Tokenizer
     from sedd.data import tokenizers as tok_lib
+
     assert GPT2Tokenizer(str(gpt2_files)).encode("the cat").size
     for regex in tok_lib.SPLIT_PATTERNS:
         bpe = tokenizers.ByteLevelBPETokenizer(str(gpt2_files / "vocab.json"), str(gpt2_files / "merges.txt"))
-        bpe.pre_tokenizer = tokenizers.pre_tokenizers.Sequence([
-            tokenizers.pre_tokenizers.Split(tokenizers.Regex(regex), behavior="isolated"),
-            tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        bpe.pre_tokenizer = tokenizers.pre_tokenizers.Sequence(
+            [
+                tokenizers.pre_tokenizers.Split(tokenizers.Regex(regex), behavior="isolated"),
+                tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
         bpe.save(str(tmp_path / "tokenizer.json"))
         tok = GPT2Tokenizer(str(tmp_path / "tokenizer.json"))
         assert tok.decode(tok.encode("the dog sat on 1,234 mats.")) == "the dog sat on 1,234 mats."
@@ -256,6 +278,7 @@ def test_gpt2s_tokenizer_and_the_peers_still_load_and_a_pattern_of_no_known_toke
 
 def test_the_server_holds_each_encoding_to_its_budget():
     from sedd.serve import app as app_lib
+
     assert app_lib.PLAN_TIMEOUT_S <= 2.0
 
 
@@ -270,6 +293,7 @@ class Reached(Exception):
 def distill_stubbed(copy_run_dir, tmp_path, monkeypatch):
     """A teacher (the tiny run), and the distillation's training replaced by raising Reached."""
     from sedd import distill
+
     monkeypatch.setattr(distill, "distill", lambda *a, **k: (_ for _ in ()).throw(Reached()))
     return copy_run_dir, tmp_path / "out"
 
@@ -287,18 +311,26 @@ def _distill_outcome(teacher, out, capsys, *overrides) -> str:
     return err
 
 
-@pytest.mark.parametrize("override,message", [
-    ("--config.distill.round_steps=0", "distill.round_steps = 0 is outside [1, 1073741824]"),
-    ("--config.training.ckpt_every=0", "training.ckpt_every=0 must be an integer >= 1"),  # was ZeroDivisionError
-    ("--config.training.eval_every=0", "training.eval_every=0 must be an integer >= 1"),
-    ("--config.distill.rounds=-3", "distill.rounds = -3 is outside [0, 16]"),  # was ml_collections' TypeError
-    ("--config.distill.teacher_steps=-8", "distill.teacher_steps = -8 is outside [0, 65536]"),
-    ("--config.distill.round_steps=" + "1" * 400, "<a 400-digit number> is outside"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("--config.distill.round_steps=0", "distill.round_steps = 0 is outside [1, 1073741824]"),
+        ("--config.training.ckpt_every=0", "training.ckpt_every=0 must be an integer >= 1"),  # was ZeroDivisionError
+        ("--config.training.eval_every=0", "training.eval_every=0 must be an integer >= 1"),
+        ("--config.distill.rounds=-3", "distill.rounds = -3 is outside [0, 16]"),  # was ml_collections' TypeError
+        ("--config.distill.teacher_steps=-8", "distill.teacher_steps = -8 is outside [0, 65536]"),
+        ("--config.distill.round_steps=" + "1" * 400, "<a 400-digit number> is outside"),
+    ],
+)
 def test_the_reports_distill_options_are_refused_in_one_line(distill_stubbed, capsys, override, message):
     teacher, out = distill_stubbed
-    err = _distill_outcome(teacher, out, capsys, override, "--config.training.ckpt_every=2"
-                           if "ckpt_every" not in override else "--config.training.log_every=2")
+    err = _distill_outcome(
+        teacher,
+        out,
+        capsys,
+        override,
+        "--config.training.ckpt_every=2" if "ckpt_every" not in override else "--config.training.log_every=2",
+    )
     assert message in err and len(err) < 400, err
     assert not out.exists()
 
@@ -319,15 +351,19 @@ def _numeric_keys(config, prefix="") -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("numbers", [NUMBER_CLASSES, pytest.param(NUMBERS, marks=pytest.mark.slow)], ids=["classes", "all"])
-def test_every_numeric_config_key_of_distill_is_refused_in_one_line_where_train_refuses_it(distill_stubbed, capsys,
-                                                                                          numbers):
+@pytest.mark.parametrize(
+    "numbers", [NUMBER_CLASSES, pytest.param(NUMBERS, marks=pytest.mark.slow)], ids=["classes", "all"]
+)
+def test_every_numeric_config_key_of_distill_is_refused_in_one_line_where_train_refuses_it(
+    distill_stubbed, capsys, numbers
+):
     """The table of `sedd distill`'s config keys: each numeric key of the teacher's config, nine hostile values.
 
     Every outcome is the command's work reached or one line and exit 2 (no traceback, no other exception), and a
     value `sedd train`'s checks refuse (``sedd.config.override``, ``sedd.runs.check_config``) is refused here too.
     """
     from sedd import config as config_lib
+
     teacher, out = distill_stubbed
     base = runs.read_config(teacher)
     keys = [k for k in _numeric_keys(base.to_dict()) if k != "vocab_size"]
@@ -353,26 +389,47 @@ def test_every_numeric_config_key_of_distill_is_refused_in_one_line_where_train_
 def test_a_teacher_of_another_networks_checkpoints_is_one_line_under_a_memory_cap(copy_run_dir, tmp_path):
     """Was: the error, then ~1,600 lines of "Event loop is closed" tracebacks (`ulimit -v 8G`)."""
     import subprocess
+
     config = json.loads((copy_run_dir / runs.CONFIG).read_text())
     config["model"]["hidden_size"] *= 2  # the checkpoints are the tiny network's, the config another's
     (copy_run_dir / runs.CONFIG).write_text(json.dumps(config))
 
-    argv = [sys.executable, "-m", "sedd.cli", "distill", "--teacher", str(copy_run_dir), "--workdir",
-            str(tmp_path / "out"), "--config.distill.round_steps=2", "--config.training.ckpt_every=2"]
-    proc = subprocess.run(["bash", "-c", 'ulimit -v 8388608 && exec "$0" "$@"', *argv], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
+    argv = [
+        sys.executable,
+        "-m",
+        "sedd.cli",
+        "distill",
+        "--teacher",
+        str(copy_run_dir),
+        "--workdir",
+        str(tmp_path / "out"),
+        "--config.distill.round_steps=2",
+        "--config.training.ckpt_every=2",
+    ]
+    proc = subprocess.run(
+        ["bash", "-c", 'ulimit -v 8388608 && exec "$0" "$@"', *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("sedd distill: error: "), proc.stderr[-3000:]
     assert "has shape" in proc.stderr and "the checkpoint is another network's" in proc.stderr
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["sample", "--workdir", "{run}", "--seed", "1" + "0" * 399], "got a 400-digit number"),
-    (["sample", "--workdir", "{run}", "--steps", "9" * 5000], "invalid int value: '<a 5000-digit number>'"),
-    (["eval", "--workdir", "{run}", "--num_t", "-" + "9" * 400], "got a negative 400-digit number"),
-    (["train", "--config", "tiny", "--workdir", "{new}", "--config.data.seq_len=" + "7" * 400],
-     "<a 400-digit number>"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["sample", "--workdir", "{run}", "--seed", "1" + "0" * 399], "got a 400-digit number"),
+        (["sample", "--workdir", "{run}", "--steps", "9" * 5000], "invalid int value: '<a 5000-digit number>'"),
+        (["eval", "--workdir", "{run}", "--num_t", "-" + "9" * 400], "got a negative 400-digit number"),
+        (
+            ["train", "--config", "tiny", "--workdir", "{new}", "--config.data.seq_len=" + "7" * 400],
+            "<a 400-digit number>",
+        ),
+    ],
+)
 def test_long_numbers_are_named_by_their_size(copy_run_dir, tmp_path, capsys, argv, message):
     argv = [a.format(run=copy_run_dir, new=tmp_path / "new") for a in argv]
     try:
@@ -389,6 +446,7 @@ def test_long_numbers_are_named_by_their_size(copy_run_dir, tmp_path, capsys, ar
 def _corpus(tmp_path):
     """A folder of two modules, a sparse 2 GB .py, a link to a file outside, a random-binary .py."""
     import random
+
     root = tmp_path / "corpus"
     (root / "pkg").mkdir(parents=True)
     (root / "pkg" / "a.py").write_text("def f(x):\n    return x + 1\n")
@@ -405,6 +463,7 @@ def _corpus(tmp_path):
 
 def test_the_code_corpus_skips_what_it_must_not_read_with_one_note_before_reading(tmp_path):
     from sedd.data.sources import list_sources
+
     root = _corpus(tmp_path)
     t0 = time.monotonic()
     with pytest.warns(UserWarning, match="skipped 3 file") as caught:
@@ -423,6 +482,7 @@ def test_a_code_run_on_such_a_folder_reads_only_its_text(tmp_path, recwarn):
     """Was: the sparse file became 4.1 GB of tokens, the link's target was trained on, the binary made a
     2,761-character vocabulary (a warning after the fact)."""
     from sedd import data
+
     root = _corpus(tmp_path)
     ds = data.load_dataset({"name": "code", "path": str(root), "data_dir": str(tmp_path / "tfds"), "seq_len": 8})
     chars = set(ds.tokenizer.chars)
@@ -430,5 +490,6 @@ def test_a_code_run_on_such_a_folder_reads_only_its_text(tmp_path, recwarn):
     assert "T" not in chars and len(chars) < 30
     assert not [w for w in recwarn if "invalid UTF-8" in str(w.message)]
     with pytest.raises(ValueError, match="data.code.max_file_bytes must be a positive number of bytes"):
-        data.load_dataset({"name": "code", "path": str(root), "data_dir": str(tmp_path / "tfds"),
-                           "code": {"max_file_bytes": 0}})
+        data.load_dataset(
+            {"name": "code", "path": str(root), "data_dir": str(tmp_path / "tfds"), "code": {"max_file_bytes": 0}}
+        )

@@ -28,8 +28,18 @@ from starlette.testclient import TestClient  # noqa: E402
 import servers  # noqa: E402
 from sedd import graphs, noise, runs, sampling, serve  # noqa: E402
 
-LIMITS = serve.Limits(max_steps=16, max_n=2, max_batch=4, max_queue=16, timeout_s=60, window_s=0.0,
-                      max_body_bytes=2048, max_programs=4, header_timeout_s=0.5, body_timeout_s=0.5)
+LIMITS = serve.Limits(
+    max_steps=16,
+    max_n=2,
+    max_batch=4,
+    max_queue=16,
+    timeout_s=60,
+    window_s=0.0,
+    max_body_bytes=2048,
+    max_programs=4,
+    header_timeout_s=0.5,
+    body_timeout_s=0.5,
+)
 BODY = {"prompt": "ROMEO:", "max_tokens": 6, "steps": 4}
 
 
@@ -44,8 +54,10 @@ def server(tiny_run):
 
 def _request(body: dict | bytes, port: int, content_type: str = "application/json", host: str = "localhost") -> bytes:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return (f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+    return (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    ).encode() + data
 
 
 def _answer(sock: socket.socket) -> tuple[int, dict]:
@@ -86,12 +98,15 @@ def test_traced_temperature_is_the_samplers_law(temperature, top_p):
     x = jnp.asarray([[[7, 1, 7, 7, 2]]] * 3, jnp.int32)  # MASK = 7 at positions 0, 2, 3
     temps = jnp.asarray([temperature, 1.0, temperature], jnp.float32)  # row 1 as it is
     tops = jnp.asarray([top_p, 1.0, top_p], jnp.float32)
+
     def tempered(s, xx, t, p):  # the traced (T, top_p) of one row, as the served rows apply them
         traced = sampling.Context(None, graph, noise.LogLinear(1e-3), sampling.Options(axis_name="rows"), 4, (t, p))
         return traced.tempered(s, xx)
 
     ours = jax.vmap(tempered, axis_name="rows")(log_score, x, temps, tops)
-    ctx = sampling.Context(None, graph, noise.LogLinear(1e-3), sampling.Options(temperature=temperature, top_p=top_p), 4)
+    ctx = sampling.Context(
+        None, graph, noise.LogLinear(1e-3), sampling.Options(temperature=temperature, top_p=top_p), 4
+    )
     plain = sampling.Context(None, graph, noise.LogLinear(1e-3), sampling.Options(), 4)
     for row, c in ((0, ctx), (1, plain), (2, ctx)):
         np.testing.assert_allclose(np.exp(ours[row]), c.score(log_score[row], x[row]), rtol=2e-5, atol=1e-30)
@@ -104,8 +119,10 @@ def test_the_program_cache_is_bounded(server):
     run = app.state.engine.run
     engine = serve.Engine(run, serve.Limits(max_programs=2, max_n=1, max_batch=1))  # not started: no thread
     plan = serve.plan(run, serve.CompletionRequest(**BODY, seed=0), engine.limits)
-    job = lambda steps: serve.Job(dataclasses.replace(plan, steps=steps), False,  # noqa: E731
-                                  concurrent.futures.Future())
+
+    def job(steps):
+        return serve.Job(dataclasses.replace(plan, steps=steps), False, concurrent.futures.Future())
+
     for steps in (2, 3, 2, 4):
         engine.run_batch([job(steps)])
     assert engine.compiles == 3 and [k[1] for k in engine.programs] == [2, 4]
@@ -232,18 +249,21 @@ def test_stalled_headers_and_bodies_are_cut_off(server):
         assert s.recv(1024) == b""
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--port", "99999"], "--port must be an integer in [1, 65535] (a TCP port), got 99999"),
-    (["--port", "0"], "--port must be an integer in [1, 65535]"),
-    (["--timeout", "nan"], "--timeout must be a finite number in (0, 86400], got nan"),
-    (["--timeout", "0"], "--timeout must be a finite number in (0, 86400]"),
-    (["--body_timeout", "inf"], "--body_timeout must be a finite number in (0, 86400]"),
-    (["--window_ms", "-1"], "--window_ms must be a finite number in [0, 60000]"),
-    (["--max_queue", "0"], "--max_queue must be an integer in [1, 1048576]"),
-    (["--max_batch", "2", "--max_n", "4"], "--max_batch 2 must be at least --max_n 4"),
-    (["--warmup_steps", "5000"], "--warmup_steps 5000 must be in [1, --max_steps 1024]"),
-    (["--api_key", ""], "--api_key must be a non-empty key"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--port", "99999"], "--port must be an integer in [1, 65535] (a TCP port), got 99999"),
+        (["--port", "0"], "--port must be an integer in [1, 65535]"),
+        (["--timeout", "nan"], "--timeout must be a finite number in (0, 86400], got nan"),
+        (["--timeout", "0"], "--timeout must be a finite number in (0, 86400]"),
+        (["--body_timeout", "inf"], "--body_timeout must be a finite number in (0, 86400]"),
+        (["--window_ms", "-1"], "--window_ms must be a finite number in [0, 60000]"),
+        (["--max_queue", "0"], "--max_queue must be an integer in [1, 1048576]"),
+        (["--max_batch", "2", "--max_n", "4"], "--max_batch 2 must be at least --max_n 4"),
+        (["--warmup_steps", "5000"], "--warmup_steps 5000 must be in [1, --max_steps 1024]"),
+        (["--api_key", ""], "--api_key must be a non-empty key"),
+    ],
+)
 def test_bad_options_are_refused_at_start_up_in_one_line(tmp_path, capsys, flags, message):
     """Finding 5: --port 99999 bound another port while printing 99999; --timeout nan failed every completion."""
     assert serve.main(["--workdir", str(tmp_path), *flags]) == 2
@@ -252,7 +272,12 @@ def test_bad_options_are_refused_at_start_up_in_one_line(tmp_path, capsys, flags
 
 
 def test_limits_are_checked_when_made():
-    for bad in ({"timeout_s": float("nan")}, {"window_s": -1.0}, {"max_programs": 0}, {"max_steps": 2.5},
-                {"header_timeout_s": 0}):
+    for bad in (
+        {"timeout_s": float("nan")},
+        {"window_s": -1.0},
+        {"max_programs": 0},
+        {"max_steps": 2.5},
+        {"header_timeout_s": 0},
+    ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             serve.Limits(**bad)

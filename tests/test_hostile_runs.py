@@ -123,6 +123,7 @@ def test_serve_refuses_a_tampered_run_in_one_line(copy_run, capsys):
 
 def test_a_bug_in_sedd_still_shows_its_traceback(tiny_run, monkeypatch):
     """Only what a run directory holds becomes one line; an error of sedd's own code is not hidden."""
+
     def broken(*args, **kwargs):
         raise TypeError("a bug in sedd")
 
@@ -138,8 +139,9 @@ def test_eval_follows_a_runs_data_paths_only_where_this_user_prepared_them(copy_
     assert cli.eval_data(workdir, []) == config["data"]  # trained here: its prepared data is followed
     secret, elsewhere = tmp_path / "secret.txt", tmp_path / "theirs"
     secret.write_text("the password is hunter2\n" * 50)
-    (workdir / runs.CONFIG).write_text(json.dumps(_set(_set(config, "data.path", str(secret)), "data.data_dir",
-                                                       str(elsewhere))))
+    (workdir / runs.CONFIG).write_text(
+        json.dumps(_set(_set(config, "data.path", str(secret)), "data.data_dir", str(elsewhere)))
+    )
     assert cli.main(["eval", "--workdir", str(workdir), "--num_t", "2", "--max_batches", "1"]) == 2
     err = capsys.readouterr().err
     assert "holds no preparation of 'text' of yours" in err and f"data.path='{secret}'" in err
@@ -150,8 +152,7 @@ def test_eval_follows_a_runs_data_paths_only_where_this_user_prepared_them(copy_
         data = cli.eval_data(workdir, [f"--config.data.path={secret}"])
     assert data["path"] == str(secret) and data["data_dir"] == ""
     # A received run of the default corpus: its data_dir is replaced by the user's own, with a warning.
-    (workdir / runs.CONFIG).write_text(json.dumps(_set(_set(config, "data.path", ""), "data.data_dir",
-                                                       str(elsewhere))))
+    (workdir / runs.CONFIG).write_text(json.dumps(_set(_set(config, "data.path", ""), "data.data_dir", str(elsewhere))))
     with pytest.warns(UserWarning, match="holds no preparation of 'shakespeare' of yours"):
         assert cli.eval_data(workdir, [])["data_dir"] == ""
     assert not elsewhere.exists()
@@ -167,7 +168,6 @@ def test_a_failed_token_cache_leaves_no_temporary_file(tmp_path):
     stats = write_token_cache(tmp_path / "train.npy", iter(pieces[:1]), tokenizer)
     assert stats["tokens"] == 5 and [p.name for p in tmp_path.iterdir()] == ["train.npy"]
     assert np.load(tmp_path / "train.npy").tolist() == [0, 1, 0, 1, 2]
-
 
 
 # ------------------------------------------------------------------ issue 72: what a run writes, and its config
@@ -186,8 +186,15 @@ def test_every_file_a_run_writes_is_renamed_into_place_never_written_through_a_l
 
     from sedd.kinds import spec
 
-    config = config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.n_layers=1",
-                                             "--config.model.draft_k=2", "--config.data.seq_len=6"])
+    config = config_lib.load_config(
+        "tiny",
+        [
+            "--config.model.kind=spec",
+            "--config.model.n_layers=1",
+            "--config.model.draft_k=2",
+            "--config.data.seq_len=6",
+        ],
+    )
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = 3
     graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
@@ -208,8 +215,9 @@ def test_every_file_a_run_writes_is_renamed_into_place_never_written_through_a_l
     (run / (spec.LAYOUTS_FILE + ".tmp")).unlink()
     os.mkfifo(run / (spec.LAYOUTS_FILE + ".tmp"))
     (run / spec.LAYOUTS_FILE).unlink()
-    timer = threading.Timer(20, lambda: os.close(os.open(run / (spec.LAYOUTS_FILE + ".tmp"),
-                                                         os.O_RDWR | os.O_NONBLOCK)))  # no hang if it opens it
+    timer = threading.Timer(
+        20, lambda: os.close(os.open(run / (spec.LAYOUTS_FILE + ".tmp"), os.O_RDWR | os.O_NONBLOCK))
+    )  # no hang if it opens it
     timer.start()
     choose(run)  # was: blocked for ever opening the FIFO
     timer.cancel()
@@ -225,16 +233,27 @@ def test_every_file_a_run_writes_is_renamed_into_place_never_written_through_a_l
 def test_a_resumed_run_refuses_a_fifo_where_it_appends_or_writes(copy_run, tiny_run, capsys, entry):
     """Was: a FIFO metrics.jsonl blocked `sedd train` for ever on resume (opened for appending)."""
     import os
+
     workdir, _ = copy_run
     (workdir / entry).unlink(missing_ok=True)
     os.mkfifo(workdir / entry)
-    argv = ["train", "--config", "tiny", "--workdir", str(workdir), f"--config.data.data_dir={tiny_run[1]}",
-            "--config.training.n_iters=6", "--config.training.ckpt_every=2", "--config.training.eval_every=4",
-            "--config.model.n_layers=1"]
+    argv = [
+        "train",
+        "--config",
+        "tiny",
+        "--workdir",
+        str(workdir),
+        f"--config.data.data_dir={tiny_run[1]}",
+        "--config.training.n_iters=6",
+        "--config.training.ckpt_every=2",
+        "--config.training.eval_every=4",
+        "--config.model.n_layers=1",
+    ]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("sedd train: error: ") and err.count("\n") == 1 and f"{entry} is not a regular file" in err
     from sedd import files
+
     with pytest.raises(files.UnsafeFile, match="a FIFO"):  # the appender itself never opens one for good
         files.open_append(workdir / entry, workdir)
 
@@ -272,10 +291,12 @@ TRAIN_VALUES = [  # (override, what the one line says): each refused before anyt
 ]
 
 
-@pytest.mark.parametrize("override,message", TRAIN_VALUES, ids=[o.split("=")[0][9:] + "=" + o.split("=")[1][:12]
-                                                                for o, _ in TRAIN_VALUES])
-def test_every_config_value_that_sizes_an_allocation_is_refused_by_name_before_any_work(tiny_run, tmp_path, capsys,
-                                                                                      override, message):
+@pytest.mark.parametrize(
+    "override,message", TRAIN_VALUES, ids=[o.split("=")[0][9:] + "=" + o.split("=")[1][:12] for o, _ in TRAIN_VALUES]
+)
+def test_every_config_value_that_sizes_an_allocation_is_refused_by_name_before_any_work(
+    tiny_run, tmp_path, capsys, override, message
+):
     workdir = tmp_path / "run"
     extra = ["--config.data.name=markov"] if "markov" in override else [f"--config.data.data_dir={tiny_run[1]}"]
     assert cli.main(["train", "--config", "tiny", "--workdir", str(workdir), *override.split(), *extra]) == 2
@@ -287,6 +308,7 @@ def test_every_config_value_that_sizes_an_allocation_is_refused_by_name_before_a
 def test_the_same_checks_hold_for_a_library_caller_of_train(tmp_path):
     from sedd import config as config_lib
     from sedd import train
+
     config = config_lib.load_config("tiny", ["--config.training.batch_size=0"])
     with pytest.raises(runs.RunError, match="training.batch_size must be an integer in"):
         train.train(config, tmp_path / "run", quiet=True)
@@ -314,8 +336,9 @@ def test_long_values_are_clipped_where_a_message_echoes_them(copy_run, capsys, m
     monkeypatch.delenv("SEDD_COMPUTE_DTYPE")
     strange = "".join(chr(0x4E00 + i) for i in range(30))  # none of them in the run's 84 characters (a longer
     # prompt is refused by its length before it is encoded)
-    assert cli.main(["sample", "--workdir", str(workdir), "--steps", "2", "--num_samples", "1",
-                     "--prefix", strange]) == 2
+    assert (
+        cli.main(["sample", "--workdir", str(workdir), "--steps", "2", "--num_samples", "1", "--prefix", strange]) == 2
+    )
     err = capsys.readouterr().err
     assert "are not in the" in err and len(err) < 1100 and err.count("\n") == 1, len(err)
 
@@ -327,6 +350,7 @@ def test_a_code_corpus_whose_walk_meets_a_vanished_folder_is_read_not_taken_as_g
     import warnings
 
     from sedd.data import sources
+
     corpus = tmp_path / "corpus"
     (corpus / "pkg").mkdir(parents=True)
     (corpus / "proc" / "1234").mkdir(parents=True)
@@ -366,8 +390,11 @@ def test_a_moved_keys_old_key_given_alone_is_refused_naming_the_new_one():
     moved to model.draft_k, so the old key alone is refused, naming it; both, or the new one, are read."""
     from sedd import config as config_lib
 
-    with pytest.raises(ValueError, match=r"--config.model.block_size is not what a model.kind='spec' run reads: its "
-                                         r"meaning moved to model.draft_k \(give --config.model.draft_k=8\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"--config.model.block_size is not what a model.kind='spec' run reads: its "
+        r"meaning moved to model.draft_k \(give --config.model.draft_k=8\)",
+    ):
         config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.block_size=8"])
     assert config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.draft_k=8"]).model.draft_k == 8
     assert config_lib.load_config("tiny", ["--config.model.kind=block", "--config.model.block_size=8"])
@@ -382,8 +409,9 @@ def test_a_run_saved_before_a_key_moved_resumes_with_its_value_there(tmp_path):
     del old["model"]["draft_k"]
     old["model"]["block_size"] = 8
     (tmp_path / runs.CONFIG).write_text(json.dumps(old))
-    runs.check_compatible(tmp_path, config_lib.load_config("tiny", ["--config.model.kind=spec",
-                                                                    "--config.model.draft_k=8"]))
+    runs.check_compatible(
+        tmp_path, config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.draft_k=8"])
+    )
     with pytest.raises(ValueError, match=r"model.draft_k: saved 8, now 4"):
         runs.check_compatible(tmp_path, config_lib.load_config("tiny", ["--config.model.kind=spec"]))
 
@@ -395,13 +423,16 @@ def copy_spec_run(tiny_spec_run, tmp_path):
     return workdir
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["--layout", "1,1", "--draft_k", "2"], "draft_k=2: this run drafts 1 token a round in its layout"),
-    (["--layout", "1_0"], "layout='1_0' must be 'K' or 'K,GROUPS'"),
-    (["--max_length", "64"], "takes no option max_length"),
-    (["--stop"], "takes no option stop"),
-    (["--animate"], "takes no option return_trajectory"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--layout", "1,1", "--draft_k", "2"], "draft_k=2: this run drafts 1 token a round in its layout"),
+        (["--layout", "1_0"], "layout='1_0' must be 'K' or 'K,GROUPS'"),
+        (["--max_length", "64"], "takes no option max_length"),
+        (["--stop"], "takes no option stop"),
+        (["--animate"], "takes no option return_trajectory"),
+    ],
+)
 def test_a_spec_runs_options_are_refused_before_any_layout_is_timed(copy_spec_run, capsys, argv, says):
     """What a spec run cannot take is one line, before any timing (the first sample timed seven layouts for about
     a minute, then refused --max_length, --stop, --animate with layouts.json written; --layout 1,1 --draft_k 4 drew

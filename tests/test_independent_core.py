@@ -118,16 +118,20 @@ def test_score_entropy(graph, at_truth):
         got = graph.score_entropy(f64(log_score), f64(sigma), jnp.asarray(x), jnp.asarray(x0))
         assert got.dtype == jnp.float64 and got.shape == x.shape
         for i in range(len(x)):
-            want, scale = reference.score_entropy_by_definition(
-                graph, log_score[i], sigma, x[i], x0[i])
+            want, scale = reference.score_entropy_by_definition(graph, log_score[i], sigma, x[i], x0[i])
             assert abs(float(got[i]) - want) <= 1e-10 * scale, (sigma, x[i], x0[i], got[i], want)
             assert float(got[i]) >= -1e-10 * scale
             if at_truth:
                 assert abs(want) <= 1e-12 * scale  # the reference's own minimum
 
 
-SCHEDULES = (noise.Geometric(1e-4, 20.0), noise.Geometric(1e-3, 1.0),
-             noise.LogLinear(1e-3), noise.LogLinear(0.1), noise.LogLinear())
+SCHEDULES = (
+    noise.Geometric(1e-4, 20.0),
+    noise.Geometric(1e-3, 1.0),
+    noise.LogLinear(1e-3),
+    noise.LogLinear(0.1),
+    noise.LogLinear(),
+)
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=repr)

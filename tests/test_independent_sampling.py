@@ -146,8 +146,7 @@ def run_sampler(kind, sampler, fixed=()):
         for l, token in fixed:
             mask[:, l], tokens[:, l] = True, token
         kwargs = dict(fixed_mask=mask, fixed_tokens=tokens)
-    x = sampling.sample(jax.random.key(1), EXACT[kind], graph, schedule, shape, STEPS,
-                        sampler=sampler, **kwargs).tokens
+    x = sampling.sample(jax.random.key(1), EXACT[kind], graph, schedule, shape, STEPS, sampler=sampler, **kwargs).tokens
     assert x.shape == shape and x.dtype == jnp.int32
     return np.asarray(x)
 

@@ -21,7 +21,7 @@ def test_log_prob_is_a_law_and_entropy_matches_enumeration():
     assert -(p * logp).sum() == pytest.approx(chain.sequence_entropy(length), rel=1e-9)
     # Stationarity: the law of a window does not depend on where it starts, so
     # the marginal of the last two tokens is the context law pi.
-    last = (seqs[:, -2] * 3 + seqs[:, -1])
+    last = seqs[:, -2] * 3 + seqs[:, -1]
     np.testing.assert_allclose(np.bincount(last, weights=p, minlength=9), chain.stationary, atol=1e-10)
     assert chain.log_prob([0, 9, 1]) == -math.inf  # an id outside the vocabulary (e.g. a mask)
 

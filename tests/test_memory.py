@@ -49,8 +49,9 @@ def _assert_same(a, b, rtol=1e-5):
     np.testing.assert_allclose(float(lb), float(la), rtol=rtol)
     for path, x, y in zip(jax.tree.leaves_with_path(ga), jax.tree.leaves(ga), jax.tree.leaves(gb)):
         scale = float(jnp.max(jnp.abs(x))) or 1.0
-        np.testing.assert_allclose(np.asarray(y) / scale, np.asarray(x) / scale, atol=rtol,
-                                   err_msg=jax.tree_util.keystr(path[0]))
+        np.testing.assert_allclose(
+            np.asarray(y) / scale, np.asarray(x) / scale, atol=rtol, err_msg=jax.tree_util.keystr(path[0])
+        )
 
 
 FORMS = {
@@ -114,8 +115,12 @@ def test_padded_vocabulary_is_the_same_network(kind):
     rows, cols = plain.vocab_embed.embedding.shape[0], plain.output_layer.linear.kernel.shape[1]
     assert padded.vocab_embed.embedding.shape[0] == model_lib.padded(rows, 128) == 128
     assert padded.output_layer.linear.kernel.shape[1] == 128
-    padded.vocab_embed.embedding[...] = padded.vocab_embed.embedding[...].at[:rows].set(plain.vocab_embed.embedding[...])
-    padded.output_layer.linear.kernel[...] = jnp.zeros((32, 128)).at[:, :cols].set(plain.output_layer.linear.kernel[...])
+    padded.vocab_embed.embedding[...] = (
+        padded.vocab_embed.embedding[...].at[:rows].set(plain.vocab_embed.embedding[...])
+    )
+    padded.output_layer.linear.kernel[...] = (
+        jnp.zeros((32, 128)).at[:, :cols].set(plain.output_layer.linear.kernel[...])
+    )
     padded.output_layer.linear.bias[...] = jnp.zeros((128,)).at[:cols].set(plain.output_layer.linear.bias[...])
     for name in ("layers", "sigma_map"):
         if getattr(plain, name) is not None:
@@ -129,8 +134,9 @@ def test_padded_vocabulary_is_the_same_network(kind):
     # Equal up to the rounding of a product of another width (XLA blocks it otherwise).
     np.testing.assert_allclose(out, plain.network_output(x, sigma), rtol=1e-5, atol=1e-6)
     graphdef, params, rest = nnx.split(padded, nnx.Param, ...)
-    grads = jax.grad(lambda p: kinds.get(padded_config).loss(
-        jax.random.key(3), nnx.merge(graphdef, p, rest), x, False).mean())(params)
+    grads = jax.grad(
+        lambda p: kinds.get(padded_config).loss(jax.random.key(3), nnx.merge(graphdef, p, rest), x, False).mean()
+    )(params)
     assert not np.any(grads["output_layer"]["linear"]["kernel"][...][:, cols:])
     assert np.any(grads["output_layer"]["linear"]["kernel"][...][:, :cols])
 
@@ -194,10 +200,16 @@ def _plan(*args):
     env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     # conftest's cheaper compilation (the same buffer sizes within 64 bytes, in half the time), without a device
     # count: the script sets its own.
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if not f.startswith("--xla_force_host_platform_device_count"))
-    proc = subprocess.run([sys.executable, "-c", _PLAN, str(root / "experiments/benchmarks/bench.py"), *args],
-                          env=env, capture_output=True, text=True, timeout=900)
+    env["XLA_FLAGS"] = " ".join(
+        f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", _PLAN, str(root / "experiments/benchmarks/bench.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
 

@@ -129,9 +129,7 @@ def test_causal_ignores_future_tokens():
     i = 3
     x2 = x.at[:, i + 1 :].set((x[:, i + 1 :] + 1) % (V + 1))
     out2 = run(m, x2, sig)
-    np.testing.assert_allclose(
-        np.asarray(out[:, : i + 1]), np.asarray(out2[:, : i + 1]), rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(np.asarray(out[:, : i + 1]), np.asarray(out2[:, : i + 1]), rtol=1e-5, atol=1e-5)
     assert float(jnp.abs(out[:, i + 1 :] - out2[:, i + 1 :]).max()) > 1e-4
 
 
@@ -191,12 +189,14 @@ def test_bfloat16_compute():
     assert float(jnp.abs(out - ref).max()) < 0.1 * float(jnp.abs(ref).max())
 
 
-
-@pytest.mark.parametrize("spec, a_shape, b_shape", [
-    ("...i,io->...o", (2, 3, 8), (8, 5)),  # a Linear layer
-    ("bnqk,bnsk->bnqs", (2, 2, 4, 8), (2, 2, 4, 8)),  # attention logits
-    ("bnqs,bnsk->bnqk", (2, 2, 4, 4), (2, 2, 4, 8)),  # attention values
-])
+@pytest.mark.parametrize(
+    "spec, a_shape, b_shape",
+    [
+        ("...i,io->...o", (2, 3, 8), (8, 5)),  # a Linear layer
+        ("bnqk,bnsk->bnqs", (2, 2, 4, 8), (2, 2, 4, 8)),  # attention logits
+        ("bnqs,bnsk->bnqk", (2, 2, 4, 4), (2, 2, 4, 8)),  # attention values
+    ],
+)
 def test_mixed_einsum_is_einsum_to_bfloat16_rounding(spec, a_shape, b_shape):
     ka, kb, kg = jax.random.split(jax.random.key(0), 3)
     a, b = jax.random.normal(ka, a_shape), jax.random.normal(kb, b_shape)
@@ -227,9 +227,13 @@ def test_mixed_attention_is_dot_product_attention(causal):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
     # Its own backward pass (softmax normalised after the value product) is softmax's.
     w = jax.random.normal(jax.random.key(2), want.shape)
-    grads = [jax.jit(jax.grad(lambda q, k, v: jnp.sum(w * f(q, k, v)), (0, 1, 2)))(q, k, v) for f in (
-        lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal),
-        lambda q, k, v: kernels.mixed_attention(q, k, v, causal, jnp.float32))]
+    grads = [
+        jax.jit(jax.grad(lambda q, k, v: jnp.sum(w * f(q, k, v)), (0, 1, 2)))(q, k, v)
+        for f in (
+            lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal),
+            lambda q, k, v: kernels.mixed_attention(q, k, v, causal, jnp.float32),
+        )
+    ]
     for a, b in zip(*grads):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
     low = jax.jit(kernels.mixed_attention, static_argnums=(3, 4))(q, k, v, causal, jnp.bfloat16)
@@ -247,8 +251,14 @@ def test_unit_context_attention_is_the_masked_attention_over_both(unit):
     mask[:unit] = False
     own = np.arange(8)[:, None] // unit == np.arange(8)[None, :] // unit
     for dtype, tol in ((jnp.float32, 1e-5), (jnp.bfloat16, 0.05)):
-        want = kernels.mixed_attention(q, jnp.concatenate([k, ck], 1), jnp.concatenate([v, cv], 1), False,
-                                       jnp.float32, mask=np.concatenate([own, mask], 1))
+        want = kernels.mixed_attention(
+            q,
+            jnp.concatenate([k, ck], 1),
+            jnp.concatenate([v, cv], 1),
+            False,
+            jnp.float32,
+            mask=np.concatenate([own, mask], 1),
+        )
         got = jax.jit(kernels.unit_context_attention, static_argnums=(4, 6))(q, k, v, (ck, cv), unit, mask, dtype)
         assert got.dtype == jnp.float32
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol)
@@ -268,6 +278,7 @@ def test_bfloat16_gradients_track_float32():
     assert g16.dtype == jnp.float32
     cosine = float(g16 @ g32 / (jnp.linalg.norm(g16) * jnp.linalg.norm(g32)))
     assert cosine > 0.99, cosine
+
 
 def test_bfloat16_keeps_sigma_map_float32():
     m16 = perturb(make(dtype=jnp.bfloat16))
@@ -311,10 +322,13 @@ def test_a_ring_cache_gives_each_position_the_window_before_it():
     x = jax.random.randint(jax.random.key(7), (2, total), 0, V + 1)
     rows = window + 1
     cache, got = m.empty_cache(2, rows), []
-    step = jax.jit(lambda cache, a, p: m.output_in_cache(a, None, positions=p[None], cache=cache,
-                                                         mask=M.ring_mask(p[None], rows, window)))
+    step = jax.jit(
+        lambda cache, a, p: m.output_in_cache(
+            a, None, positions=p[None], cache=cache, mask=M.ring_mask(p[None], rows, window)
+        )
+    )
     for p in range(total):
-        out, cache = step(cache, x[:, p:p + 1], jnp.int32(p))
+        out, cache = step(cache, x[:, p : p + 1], jnp.int32(p))
         got.append(np.asarray(out[:, 0]))
     pos = np.arange(total)
     band = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)  # (T, T)
@@ -331,16 +345,23 @@ def test_a_cache_held_by_the_caller_gives_the_full_pass_and_refuses_a_wrong_one(
     cache, got = m.empty_cache(2, L), []
     for start, n in [(0, 3)] + [(i, 1) for i in range(3, L)]:
         mask = rows[None, :] <= start + np.arange(n)[:, None]  # (n, L) causal over the rows written so far
-        out, cache = m.output_in_cache(x[:, start:start + n], None, positions=start + np.arange(n), mask=mask,
-                                       cache=cache, at=jnp.int32(start))
+        out, cache = m.output_in_cache(
+            x[:, start : start + n], None, positions=start + np.arange(n), mask=mask, cache=cache, at=jnp.int32(start)
+        )
         got.append(out)
     np.testing.assert_allclose(np.asarray(jnp.concatenate(got, axis=1)), full, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match=f"cache holds 1 layers' keys and values, the model has {len(m.layers)}"):
-        m.output_in_cache(x[:, :1], None, positions=np.arange(1), mask=np.ones((1, L), bool), cache=cache[:1],
-                          at=jnp.int32(0))
+        m.output_in_cache(
+            x[:, :1], None, positions=np.arange(1), mask=np.ones((1, L), bool), cache=cache[:1], at=jnp.int32(0)
+        )
     with pytest.raises(ValueError, match="a decoding cache is read as a mask over its rows says"):
-        m.layers[0].run(jnp.zeros((2, 1, m.layers[0].n_heads * m.layers[0].head_dim)), jnp.zeros((2, 8)),
-                        positions=np.arange(1), cache=cache[0], at=jnp.int32(0))
+        m.layers[0].run(
+            jnp.zeros((2, 1, m.layers[0].n_heads * m.layers[0].head_dim)),
+            jnp.zeros((2, 8)),
+            positions=np.arange(1),
+            cache=cache[0],
+            at=jnp.int32(0),
+        )
 
 
 @pytest.mark.parametrize("row_writes", [64, 1])  # a write a sequence, and the scatter past ROW_WRITES
@@ -355,22 +376,45 @@ def test_a_cache_held_by_the_caller_takes_each_sequence_at_its_own_place(monkeyp
     full = np.asarray(nnx.jit(lambda mod, a: mod.network_output(a, None))(m, x))  # (B, L, V)
     rows, starts, n = np.arange(L), np.array([2, 5]), 3
     cache = m.empty_cache(2, L)
-    _, cache = m.output_in_cache(x[:, :5], None, positions=np.arange(5), mask=rows[None, :] <= np.arange(5)[:, None],
-                                 cache=cache, at=jnp.int32(0))  # both texts up to 5; row 0 rewrites from 2 below
+    _, cache = m.output_in_cache(
+        x[:, :5],
+        None,
+        positions=np.arange(5),
+        mask=rows[None, :] <= np.arange(5)[:, None],
+        cache=cache,
+        at=jnp.int32(0),
+    )  # both texts up to 5; row 0 rewrites from 2 below
     positions = starts[:, None] + np.arange(n)  # (B, n)
     chunk = np.take_along_axis(np.asarray(x), positions, axis=1)
-    out, cache = m.output_in_cache(chunk, None, positions=positions, mask=rows[None, None, :] <= positions[..., None],
-                                   cache=cache, at=jnp.asarray(starts, jnp.int32))
-    np.testing.assert_allclose(np.asarray(out), np.take_along_axis(full, positions[..., None], axis=1),
-                               rtol=1e-5, atol=1e-5)
+    out, cache = m.output_in_cache(
+        chunk,
+        None,
+        positions=positions,
+        mask=rows[None, None, :] <= positions[..., None],
+        cache=cache,
+        at=jnp.asarray(starts, jnp.int32),
+    )
+    np.testing.assert_allclose(
+        np.asarray(out), np.take_along_axis(full, positions[..., None], axis=1), rtol=1e-5, atol=1e-5
+    )
     alone = m.empty_cache(2, L)
-    _, alone = m.output_in_cache(x[:, :8], None, positions=np.arange(8), mask=rows[None, :] <= np.arange(8)[:, None],
-                                 cache=alone, at=jnp.int32(0))
+    _, alone = m.output_in_cache(
+        x[:, :8],
+        None,
+        positions=np.arange(8),
+        mask=rows[None, :] <= np.arange(8)[:, None],
+        cache=alone,
+        at=jnp.int32(0),
+    )
     heads = m.layers[0].n_heads
     for got, want in zip(jax.tree.leaves(cache), jax.tree.leaves(alone)):  # [B N, S, K]: row b's rows < start + n
         for b, start in enumerate(starts):
-            np.testing.assert_allclose(np.asarray(got)[b * heads:(b + 1) * heads, :start + n],
-                                       np.asarray(want)[b * heads:(b + 1) * heads, :start + n], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(
+                np.asarray(got)[b * heads : (b + 1) * heads, : start + n],
+                np.asarray(want)[b * heads : (b + 1) * heads, : start + n],
+                rtol=1e-5,
+                atol=1e-5,
+            )
 
 
 def test_logical_axis_names_without_mesh():
@@ -402,8 +446,7 @@ def test_errors():
     with pytest.raises(ValueError, match="even"):
         M.DDiT(**ABSORBING, hidden_size=30, n_layers=1, n_heads=2, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="out_dim=1"):
-        M.DDiT(num_tokens=1, out_dim=1, scale_by_sigma=True, hidden_size=8, n_layers=1, n_heads=2,
-               rngs=nnx.Rngs(0))
+        M.DDiT(num_tokens=1, out_dim=1, scale_by_sigma=True, hidden_size=8, n_layers=1, n_heads=2, rngs=nnx.Rngs(0))
     m = make(max_len=4)
     with pytest.raises(ValueError, match="L=8.*max_len=4"):
         m(tokens(0, V), jnp.ones(2))
@@ -418,7 +461,10 @@ def test_errors():
 def test_gradients_finite_at_init_and_reach_output_layer():
     m = make()
     x, sig = tokens(0, V + 1), jnp.array([1e-4, 20.0])
-    loss = lambda mod: jnp.sum(jnp.exp(mod(x, sig, deterministic=False, rngs=jax.random.key(0))))
+
+    def loss(mod):
+        return jnp.sum(jnp.exp(mod(x, sig, deterministic=False, rngs=jax.random.key(0))))
+
     grads = nnx.jit(nnx.grad(loss))(m)
     leaves = jax.tree.leaves(grads)
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in leaves)
@@ -470,13 +516,17 @@ def test_keep_freed_memory_ends_the_page_faults_of_each_run(monkeypatch):
     """
     monkeypatch.setenv("SEDD_PLAIN_MALLOC", "1")
     assert kernels.keep_freed_memory() is False  # the opt-out: this process keeps glibc's defaults
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("MALLOC_") and k not in ("XLA_FLAGS", "SEDD_PLAIN_MALLOC")}  # the defaults
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("MALLOC_") and k not in ("XLA_FLAGS", "SEDD_PLAIN_MALLOC")
+    }  # the defaults
     env.update(PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), JAX_PLATFORMS="cpu")
     runs_ = {}
     for mode in ("keep", "plain"):
-        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), mode], env=env, capture_output=True,
-                              text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code), mode], env=env, capture_output=True, text=True, timeout=600
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs_[mode] = json.loads(proc.stdout.split("RESULT ")[-1])
     pages = 32 * 2**20 // 4096

@@ -15,8 +15,14 @@ import reference
 from sedd import graphs, losses, noise
 from sedd.categorical import sample_categorical
 
-SCHEDULES = [noise.Geometric(1e-4, 20.0), noise.Geometric(1e-3, 1.0), noise.Geometric(0.5, 3.0),
-             noise.LogLinear(1e-3), noise.LogLinear(0.1), noise.LogLinear()]
+SCHEDULES = [
+    noise.Geometric(1e-4, 20.0),
+    noise.Geometric(1e-3, 1.0),
+    noise.Geometric(0.5, 3.0),
+    noise.LogLinear(1e-3),
+    noise.LogLinear(0.1),
+    noise.LogLinear(),
+]
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=repr)
@@ -47,14 +53,19 @@ def test_loglinear_mask_probability_is_linear():
     """Why the absorbing graph uses it: 1 - e^{-sigma_bar(t)} = (1 - eps) t."""
     t = jnp.linspace(0.0, 1.0, 11)
     sigma, _ = noise.LogLinear(1e-3)(t)
-    np.testing.assert_allclose(-np.expm1(-np.asarray(sigma)), 0.999 * np.asarray(t),
-                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(-np.expm1(-np.asarray(sigma)), 0.999 * np.asarray(t), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize(
-    "make", [lambda: noise.Geometric(1.0, 1.0), lambda: noise.Geometric(2.0, 1.0),
-             lambda: noise.Geometric(0.0, 1.0), lambda: noise.LogLinear(0.0),
-             lambda: noise.LogLinear(1.0), lambda: noise.LogLinear(-0.1)]
+    "make",
+    [
+        lambda: noise.Geometric(1.0, 1.0),
+        lambda: noise.Geometric(2.0, 1.0),
+        lambda: noise.Geometric(0.0, 1.0),
+        lambda: noise.LogLinear(0.0),
+        lambda: noise.LogLinear(1.0),
+        lambda: noise.LogLinear(-0.1),
+    ],
 )
 def test_bad_schedules(make):
     with pytest.raises(ValueError, match="sigma_min|eps"):
@@ -78,12 +89,15 @@ def test_power_proposal_draws_its_law_and_weights_it_back_to_uniform(power):
     t, w = map(np.asarray, losses.sample_times(jax.random.key(1), n, eps, power=power))
     t, w = t.astype(np.float64), w.astype(np.float64)
     assert eps * (1 - 1e-6) <= t.min() and t.max() <= 1.0
-    assert scipy.stats.kstest(t, lambda x: (x ** (1 - power) - eps ** (1 - power)) / (1 - eps ** (1 - power))).pvalue > 1e-3
+    assert (
+        scipy.stats.kstest(t, lambda x: (x ** (1 - power) - eps ** (1 - power)) / (1 - eps ** (1 - power))).pvalue
+        > 1e-3
+    )
     # The weights are U(t) / q(t): exact at every draw ...
-    z = sum(scipy.integrate.quad(lambda x: x ** -power, lo, hi)[0] for lo, hi in [(eps, 0.01), (0.01, 1.0)])
-    np.testing.assert_allclose(w, (1 / (1 - eps)) / (t ** -power / z), rtol=2e-5)
+    z = sum(scipy.integrate.quad(lambda x: x**-power, lo, hi)[0] for lo, hi in [(eps, 0.01), (0.01, 1.0)])
+    np.testing.assert_allclose(w, (1 / (1 - eps)) / (t**-power / z), rtol=2e-5)
     # ... so the weighted mean of f under q estimates f's uniform mean, for f like the loss's integrand.
-    for f in (lambda x: 1 / x, lambda x: x ** 2, lambda x: np.log(x)):
+    for f in (lambda x: 1 / x, lambda x: x**2, lambda x: np.log(x)):
         exact = sum(scipy.integrate.quad(f, lo, hi)[0] for lo, hi in [(eps, 0.01), (0.01, 1.0)]) / (1 - eps)
         vals = w * f(t)
         assert abs(vals.mean() - exact) < 4 * vals.std() / np.sqrt(n), f
@@ -125,9 +139,7 @@ def test_loss_zero_for_the_exact_score_of_a_point_mass(graph):
     assert per_pos.shape == (6, 4)
     np.testing.assert_allclose(per_pos, 0.0, atol=1e-4)
     # A wrong score (all ratios 1) has a strictly positive loss.
-    wrong = losses.loss_fn(
-        jax.random.key(0), lambda x, s: jnp.zeros(x.shape + (graph.dim,)), graph, sched, x0
-    )
+    wrong = losses.loss_fn(jax.random.key(0), lambda x, s: jnp.zeros(x.shape + (graph.dim,)), graph, sched, x0)
     assert wrong.shape == (6,) and (wrong > 0).any() and (wrong >= 0).all()
 
 
@@ -136,9 +148,7 @@ def test_loss_is_nats_per_sequence_and_jits():
     x0 = jax.random.randint(jax.random.key(1), (4, 16), 0, 7)
     f = jax.jit(lambda k: losses.loss_fn(k, lambda x, s: jnp.zeros(x.shape + (8,)), graph, sched, x0))
     per_seq = f(jax.random.key(2))
-    per_pos = losses.loss_per_position(
-        jax.random.key(2), lambda x, s: jnp.zeros(x.shape + (8,)), graph, sched, x0
-    )
+    per_pos = losses.loss_per_position(jax.random.key(2), lambda x, s: jnp.zeros(x.shape + (8,)), graph, sched, x0)
     np.testing.assert_allclose(per_seq, per_pos.sum(-1), rtol=1e-6)
     u = losses.units(float(per_seq.mean()) / 16, chars_per_token=1.0)
     assert math.isclose(u["bits_per_token"], u["nats_per_token"] / math.log(2))

@@ -29,8 +29,12 @@ def random_text(rng: random.Random, alphabet: str, n: int) -> str:
 
 def random_case(rng: random.Random, alphabet: str, length: int) -> dict:
     """One request: a prefix/suffix pair or an infill template, lengths around the model's."""
-    size = lambda: rng.choice([0, 0, 1, 2, rng.randint(0, length), length - 1, length, length + 1,  # noqa: E731
-                               rng.randint(length, 3 * length)])
+
+    def size():
+        return rng.choice(
+            [0, 0, 1, 2, rng.randint(0, length), length - 1, length, length + 1, rng.randint(length, 3 * length)]
+        )
+
     if rng.random() < 0.35:
         template = random_text(rng, alphabet, size())
         if rng.random() < 0.3:

@@ -48,8 +48,24 @@ def test_sample_takes_the_sampler_by_its_name_and_a_saved_runs_old_key_reads_as_
     workdir, _ = tiny_run
     texts = []
     for sampler in ("first_hitting", "first_hitting", "analytic"):
-        assert cli.main(["sample", "--workdir", str(workdir), "--steps", "4", "--num_samples", "2", "--seed", "3",
-                         "--sampler", sampler]) == 0
+        assert (
+            cli.main(
+                [
+                    "sample",
+                    "--workdir",
+                    str(workdir),
+                    "--steps",
+                    "4",
+                    "--num_samples",
+                    "2",
+                    "--seed",
+                    "3",
+                    "--sampler",
+                    sampler,
+                ]
+            )
+            == 0
+        )
         texts.append(capsys.readouterr().out)
     assert texts[0] == texts[1] != texts[2]
     # Runs saved before 2026-12-06 keep their sampler in sampling.predictor: read as today's sampling.sampler.
@@ -75,10 +91,15 @@ def test_animate_labels_frames_with_the_steps_of_the_run(tiny_run, monkeypatch, 
     texts = [frame.split("\n")[1] for frame in frames]  # a mask is the playground's glyph, never --infill's blank
     assert set(texts[0]) == {"\u2591"} and "\u2591" not in texts[-1] and "_" not in texts[0], texts
     # A block run's frames: each block's steps in turn, then the finished text.
-    assert cli.animation_labels(2 * 3 + 1, 2, 4) == ["[block 1/2, step 0/4]", "[block 1/2, step 2/4]",
-                                                     "[block 1/2, step 4/4]", "[block 2/2, step 0/4]",
-                                                     "[block 2/2, step 2/4]", "[block 2/2, step 4/4]",
-                                                     "[2 blocks of 4 steps: done]"]
+    assert cli.animation_labels(2 * 3 + 1, 2, 4) == [
+        "[block 1/2, step 0/4]",
+        "[block 1/2, step 2/4]",
+        "[block 1/2, step 4/4]",
+        "[block 2/2, step 0/4]",
+        "[block 2/2, step 2/4]",
+        "[block 2/2, step 4/4]",
+        "[2 blocks of 4 steps: done]",
+    ]
     assert cli.animation_labels(65, 2, 129)[-1] == "[step 128/129]"  # the last kept state, not the 129th step
 
 
@@ -94,10 +115,16 @@ def test_eval_splits_the_cpu_as_train_does_and_gives_the_same_bound(tiny_run, tm
     one = figures.evaluate_run(workdir, num_t=4, batch_size=4, max_batches=2, progress=False)  # this process's devices
     # The child chooses its own device count: without a parent's --xla_force_host_platform_device_count (an
     # 8-device test session sets one, which sedd then leaves alone, as it would a user's).
-    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                     if not f.startswith("--xla_force_host_platform_device_count"))
-    done = subprocess.run([sys.executable, "-m", "sedd.cli", "eval", "--workdir", str(workdir), *args],
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "XLA_FLAGS": flags})
+    flags = " ".join(
+        f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "sedd.cli", "eval", "--workdir", str(workdir), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "XLA_FLAGS": flags},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert ("this CPU as 2 devices" in done.stderr) == (sharding.available_cores() >= 2), done.stderr[-2000:]
     split = dict((k.strip(), v.strip()) for k, v in (line.split(":", 1) for line in done.stdout.splitlines()))
@@ -210,11 +237,32 @@ def test_no_import_cycle_and_function_level_imports_only_for_optional_dependenci
 @pytest.mark.slow  # builds, installs and trains from a wheel in a fresh environment: behind -m slow to keep the default suite within 900 CPU s
 def test_wheel_ships_configs_and_corpus_and_trains_when_installed(tmp_path):
     src = tmp_path / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "checkpoints", "build", "dist", "*.egg-info",
-                                                             "__pycache__", ".pytest_cache"))
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", "checkpoints", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache"
+        ),
+    )
     # Offline: the build uses the setuptools and wheel of this environment (the [test] extra has both).
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path / "dist"), str(src)], check=True, capture_output=True, text=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     wheel = next((tmp_path / "dist").glob("sedd_jax-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = {f"sedd/configs/{n}.py" for n in config_lib.shipped_configs()}
@@ -223,21 +271,31 @@ def test_wheel_ships_configs_and_corpus_and_trains_when_installed(tmp_path):
     assert not any(n.startswith(("experiments/", "tests/")) for n in names)
 
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True, text=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     env = dict(os.environ, PYTHONPATH=str(site), SEDD_DATA_DIR=str(tmp_path / "data"), JAX_PLATFORMS="cpu")
-    code = ("import sys, sedd, sedd.cli; assert sedd.__file__.startswith(sys.argv[1]), sedd.__file__; "
-            "sys.exit(sedd.cli.main(['train', '--config', 'tiny', '--workdir', 'run', "
-            "'--config.training.n_iters=2', '--config.training.eval_every=2', '--config.model.n_layers=1']))")
-    proc = subprocess.run([sys.executable, "-c", code, str(site)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
+    code = (
+        "import sys, sedd, sedd.cli; assert sedd.__file__.startswith(sys.argv[1]), sedd.__file__; "
+        "sys.exit(sedd.cli.main(['train', '--config', 'tiny', '--workdir', 'run', "
+        "'--config.training.n_iters=2', '--config.training.eval_every=2', '--config.model.n_layers=1']))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(site)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "validation bound" in proc.stdout and (tmp_path / "run" / "checkpoints").is_dir()
 
 
 def test_time_independent_model_scores_sigma_only_through_the_analytic_factor():
     """model.time_conditioning=False (RADD): s(x, sigma) (e^sigma - 1) is the same for every sigma."""
-    config = ml_collections.ConfigDict(config_lib.load_config("tiny", ["--config.model.time_conditioning=False"]).to_dict())
+    config = ml_collections.ConfigDict(
+        config_lib.load_config("tiny", ["--config.model.time_conditioning=False"]).to_dict()
+    )
     config.vocab_size = 11
     model = kinds.build_model(config, seed=0)
     assert model.sigma_map is None
@@ -247,8 +305,10 @@ def test_time_independent_model_scores_sigma_only_through_the_analytic_factor():
     params = jax.tree.unflatten(tree, [0.3 * jax.random.normal(k, p.shape) for k, p in zip(keys, leaves)])
     score = kinds.params_score_fn(graphdef)
     x = jax.random.randint(jax.random.key(2), (3, 16), 0, 12)  # id 11 = the mask
-    scaled = [np.exp(np.asarray(score((params, rest), x, np.full(3, s, np.float32)), np.float64)) * np.expm1(s)
-              for s in (0.05, 0.7, 4.0)]
+    scaled = [
+        np.exp(np.asarray(score((params, rest), x, np.full(3, s, np.float32)), np.float64)) * np.expm1(s)
+        for s in (0.05, 0.7, 4.0)
+    ]
     masked = np.asarray(x) == 11
     assert masked.any()
     for other in scaled[1:]:  # the ratios out of a mask to the V tokens; the current-token entry is 1 by definition
@@ -260,7 +320,10 @@ def test_time_independent_model_scores_sigma_only_through_the_analytic_factor():
     config.model.time_conditioning, config.model.normalize = True, True
     kinds.build_model(config)  # the uniform graph's x0 output (DUO)
     config.graph.type, config.model.scale_by_sigma = "absorbing", False
-    with pytest.raises(ValueError, match="model.normalize=True needs graph.type='absorbing' with "
-                                         "model.scale_by_sigma=True, or graph.type='uniform'") as refused:
+    with pytest.raises(
+        ValueError,
+        match="model.normalize=True needs graph.type='absorbing' with "
+        "model.scale_by_sigma=True, or graph.type='uniform'",
+    ) as refused:
         kinds.build_model(config)
     assert "--config.model.normalize=False gives SEDD's unnormalized score" in str(refused.value)

@@ -31,8 +31,7 @@ ABSORBING, UNIFORM = graphs.Absorbing(V), graphs.Uniform(V)
 LOGLINEAR, GEOMETRIC = noise.LogLinear(1e-3), noise.Geometric(1e-3, 15.0)
 X0 = reference.all_sequences(V, L)
 P0 = np.random.default_rng(0).dirichlet(np.ones(V**L))
-EXACT = {"absorbing": reference.exact_score_fn(ABSORBING, X0, P0),
-         "uniform": reference.exact_score_fn(UNIFORM, X0, P0)}
+EXACT = {"absorbing": reference.exact_score_fn(ABSORBING, X0, P0), "uniform": reference.exact_score_fn(UNIFORM, X0, P0)}
 NOISE_BOUND = reference.tv_noise_bound(P0, N_SAMPLES)
 MARGIN = 0.02  # test_sampling.py's allowance for 64 grid steps
 
@@ -44,6 +43,7 @@ def time_independent(graph, exact, sigma0=1.0):
     p(x0_l | unmasked) read once at sigma0 (it does not depend on sigma); every
     other entry is 0 (the samplers read nothing else of an unmasked row).
     """
+
     def score_fn(x, sigma):
         sigma = jnp.broadcast_to(sigma, x.shape[:1])
         log_p = exact(x, jnp.full_like(sigma, sigma0)) + graphs.log_expm1(jnp.float32(sigma0))
@@ -98,8 +98,9 @@ def counted(score_fn):
 def draw(sampler, steps, n=N_SAMPLES, graph=ABSORBING, sched=LOGLINEAR, score_fn=None, seed=0, **kw):
     """Samples and stats of sampling.sample; every draw checks its reported NFE against the calls counted."""
     score_fn, calls = counted(score_fn or EXACT["absorbing" if graph.absorb else "uniform"])
-    out = sampling.sample(jax.random.key(seed), score_fn, graph, sched, (n, L), steps,
-                          sampler=sampler, return_stats=True, **kw)
+    out = sampling.sample(
+        jax.random.key(seed), score_fn, graph, sched, (n, L), steps, sampler=sampler, return_stats=True, **kw
+    )
     jax.effects_barrier()
     assert int(out.stats["nfe"]) == len(calls), (sampler, kw, int(out.stats["nfe"]), len(calls))
     traj = () if out.trajectory is None else (np.asarray(out.trajectory),)
@@ -126,8 +127,7 @@ def test_exact_samplers_reproduce_p0(sampler, steps, options, margin):
     (no allowance); ReMDM keeps MDLM's marginals and is held to the 64-step allowance."""
     x, stats = draw(sampler, steps, **options)
     dist = reference.tv(reference.empirical_law(x, V), P0)
-    print(f"{sampler} {options} steps={steps}: TV={dist:.4f} bound={NOISE_BOUND + margin:.4f} "
-          f"nfe={int(stats['nfe'])}")
+    print(f"{sampler} {options} steps={steps}: TV={dist:.4f} bound={NOISE_BOUND + margin:.4f} nfe={int(stats['nfe'])}")
     assert dist < NOISE_BOUND + margin
 
 
@@ -221,8 +221,9 @@ def test_large_vocabulary_steps_keep_the_law():
 @pytest.mark.parametrize("sampler", ALL)
 def test_top_p_never_leaves_the_nucleus(sampler):
     keep = nucleus_sets(PRODUCT, 0.6)
-    x = sampling.sample(jax.random.key(3), product_score, PRODUCT_GRAPH, LOGLINEAR, (512, L2), 8,
-                        sampler=sampler, top_p=0.6).tokens
+    x = sampling.sample(
+        jax.random.key(3), product_score, PRODUCT_GRAPH, LOGLINEAR, (512, L2), 8, sampler=sampler, top_p=0.6
+    ).tokens
     x = np.asarray(x)
     assert x.max() < V2
     inside = keep[np.arange(L2)[None, :], x]
@@ -230,17 +231,30 @@ def test_top_p_never_leaves_the_nucleus(sampler):
     if sampler != "confidence" and sampler in FAST:
         return
     # Temperature 0 takes the most probable token everywhere.
-    x = np.asarray(sampling.sample(jax.random.key(4), product_score, PRODUCT_GRAPH, LOGLINEAR, (64, L2), 8,
-                                   sampler=sampler, temperature=0.0).tokens)
+    x = np.asarray(
+        sampling.sample(
+            jax.random.key(4), product_score, PRODUCT_GRAPH, LOGLINEAR, (64, L2), 8, sampler=sampler, temperature=0.0
+        ).tokens
+    )
     np.testing.assert_array_equal(x, np.broadcast_to(PRODUCT.argmax(-1), x.shape))
 
 
-@pytest.mark.parametrize("order", ["confidence"] + [pytest.param(o, marks=pytest.mark.slow)
-                                                    for o in sampling.Confidence.ORDERS[1:]])
+@pytest.mark.parametrize(
+    "order", ["confidence"] + [pytest.param(o, marks=pytest.mark.slow) for o in sampling.Confidence.ORDERS[1:]]
+)
 def test_confidence_unmasks_its_scheduled_count(order):
     steps = 5
-    traj = sampling.sample(jax.random.key(5), product_score, PRODUCT_GRAPH, LOGLINEAR, (64, L2), steps,
-                           sampler="confidence", order=order, return_trajectory=True).trajectory
+    traj = sampling.sample(
+        jax.random.key(5),
+        product_score,
+        PRODUCT_GRAPH,
+        LOGLINEAR,
+        (64, L2),
+        steps,
+        sampler="confidence",
+        order=order,
+        return_trajectory=True,
+    ).trajectory
     masked = (np.asarray(traj) == PRODUCT_GRAPH.mask).sum(-1)  # (N + 1, B)
     for n in range(steps):
         want = -(-masked[n] // (steps - n))  # ceil(masked / steps left)
@@ -258,21 +272,42 @@ def test_planned_orders_write_their_positions(order):
     np.testing.assert_array_equal(np.argsort(rank), want)
     graph = graphs.Absorbing(3)
     score = lambda x, sigma: jnp.zeros(x.shape + (4,))  # noqa: E731  any tokens: the order is by position alone
-    traj = np.asarray(sampling.sample(jax.random.key(0), score, graph, LOGLINEAR, (5, length), steps,
-                                      sampler="dilated", order=order, return_trajectory=True).trajectory)
+    traj = np.asarray(
+        sampling.sample(
+            jax.random.key(0),
+            score,
+            graph,
+            LOGLINEAR,
+            (5, length),
+            steps,
+            sampler="dilated",
+            order=order,
+            return_trajectory=True,
+        ).trajectory
+    )
     for n in range(steps):
         written = (traj[n] == graph.mask) & (traj[n + 1] != graph.mask)  # (B, L)
         np.testing.assert_array_equal(written, np.broadcast_to((rank // (length // steps)) == n, written.shape))
     with pytest.raises(ValueError, match="takes order in"):
-        sampling.sample(jax.random.key(0), score, graph, LOGLINEAR, (1, length), steps, sampler="dilated",
-                        order="confidence")
+        sampling.sample(
+            jax.random.key(0), score, graph, LOGLINEAR, (1, length), steps, sampler="dilated", order="confidence"
+        )
 
 
 def test_entropy_bound_respects_its_bound():
     bound, steps = 1.0, L2
-    out = sampling.sample(jax.random.key(6), product_score, PRODUCT_GRAPH, LOGLINEAR, (256, L2),
-                          steps, sampler="entropy_bound", max_entropy=bound,
-                          return_trajectory=True, return_stats=True)
+    out = sampling.sample(
+        jax.random.key(6),
+        product_score,
+        PRODUCT_GRAPH,
+        LOGLINEAR,
+        (256, L2),
+        steps,
+        sampler="entropy_bound",
+        max_entropy=bound,
+        return_trajectory=True,
+        return_stats=True,
+    )
     traj, stats = out.trajectory, out.stats
     traj = np.asarray(traj) == PRODUCT_GRAPH.mask  # (N + 1, B, L2) masked
     for n in range(steps):
@@ -309,8 +344,9 @@ def test_nfe_is_the_number_of_calls(sampler, steps, n, options, kind):
     """More cases than the draws of the default tests (each of which checks its NFE in ``draw``)."""
     graph, sched = (UNIFORM, GEOMETRIC) if kind == "uniform" else (ABSORBING, LOGLINEAR)
     base = {"absorbing": EXACT["absorbing"], "uniform": EXACT["uniform"], "time_independent": TIME_INDEPENDENT}
-    x, traj, stats = draw(sampler, steps, n=n, graph=graph, sched=sched, score_fn=base[kind],
-                          return_trajectory=True, **options)
+    x, traj, stats = draw(
+        sampler, steps, n=n, graph=graph, sched=sched, score_fn=base[kind], return_trajectory=True, **options
+    )
     if sampler == "analytic" and kind != "uniform":
         has_mask = (traj == graph.mask).any(-1)  # (N + 1, n): the states the steps and the denoise start from
         if options.get("cache"):
@@ -330,8 +366,18 @@ def test_mapped_rows_draw_what_each_row_draws_alone():
     tokens = np.ones((6, L), np.int32)
 
     def one(key, m, t, axis_name):
-        out = sampling.sample(key, EXACT["absorbing"], ABSORBING, LOGLINEAR, (1, L), 4, axis_name=axis_name,
-                              fixed_mask=m[None], fixed_tokens=t[None], return_stats=True)
+        out = sampling.sample(
+            key,
+            EXACT["absorbing"],
+            ABSORBING,
+            LOGLINEAR,
+            (1, L),
+            4,
+            axis_name=axis_name,
+            fixed_mask=m[None],
+            fixed_tokens=t[None],
+            return_stats=True,
+        )
         x, stats = out.tokens, out.stats
         return x[0], stats["nfe"], stats["nfe_per_sample"][0]
 
@@ -353,8 +399,20 @@ def test_blocks_generate_past_the_window():
     mask = np.zeros((n, 8), bool)
     mask[:, 0] = True
     tokens = np.ones((n, 8), np.int32)
-    out = sampling.sample_long(jax.random.key(8), EXACT["absorbing"], ABSORBING, LOGLINEAR, (n, L), L, 8, 2,
-                               sampler="first_hitting", return_stats=True, fixed_mask=mask, fixed_tokens=tokens)
+    out = sampling.sample_long(
+        jax.random.key(8),
+        EXACT["absorbing"],
+        ABSORBING,
+        LOGLINEAR,
+        (n, L),
+        L,
+        8,
+        2,
+        sampler="first_hitting",
+        return_stats=True,
+        fixed_mask=mask,
+        fixed_tokens=tokens,
+    )
     x, stats = out.tokens, out.stats
     x = np.asarray(x)
     assert x.shape == (n, 8) and x.max() < V and (x[:, 0] == 1).all()
@@ -381,8 +439,9 @@ def test_two_level_draw_has_the_law():
     p = np.random.default_rng(3).dirichlet(np.ones(60))
     p[[3, 17, 59]] = 0.0
     p /= p.sum()
-    draws = categorical.sample_two_level(jax.random.key(9), jnp.broadcast_to(jnp.asarray(p, jnp.float32),
-                                                                              (200_000, 60)), bucket=8)
+    draws = categorical.sample_two_level(
+        jax.random.key(9), jnp.broadcast_to(jnp.asarray(p, jnp.float32), (200_000, 60)), bucket=8
+    )
     freq = np.bincount(np.asarray(draws), minlength=60) / 200_000
     print(f"two-level, D = 60, K = 8: TV {reference.tv(freq, p):.4f}, bound {reference.tv_noise_bound(p, 200_000):.4f}")
     assert reference.tv(freq, p) < reference.tv_noise_bound(p, 200_000)
@@ -405,13 +464,16 @@ def test_large_vocabulary_draws_tiny_probabilities_at_their_rate():
         def chunk(k):
             probs = jnp.broadcast_to(jnp.where(jnp.arange(d) == 0, 1.0, tiny), (rows, d))
             return jnp.sum(categorical.sample_categorical(k, probs) != 0)
+
         return jax.lax.map(chunk, jax.random.split(key, chunks)).sum()
 
     n = chunks * rows
     rate = (d - 1) * tiny / (1 + (d - 1) * tiny)
     sd = math.sqrt(n * rate)
     got = int(hits(jax.random.key(10)))
-    print(f"{got} draws of the 1e-7 tokens in {n}: expected {n * rate:.1f} +- {sd:.1f}, float32 Gumbel ~{0.52 * n * rate:.0f}")
+    print(
+        f"{got} draws of the 1e-7 tokens in {n}: expected {n * rate:.1f} +- {sd:.1f}, float32 Gumbel ~{0.52 * n * rate:.0f}"
+    )
     assert abs(got - n * rate) < 5 * sd, (got, n * rate)
     assert n * rate * (1 - 0.52) > 7 * sd  # the test would catch the float32 Gumbel bias
 
@@ -442,8 +504,7 @@ def test_large_vocabulary_draws_tiny_probabilities_at_their_rate():
         (dict(max_length=8, return_trajectory=True), "return_trajectory"),
         (dict(max_length=2), "max_length must be an integer >= "),
         (dict(options={"temperature": 0.5}), "options must be a sedd.sampling.Options"),
-        (dict(sampler="first_hitting", options=sampling.Options(corrector_steps=1)),
-         "cannot honour corrector_steps"),
+        (dict(sampler="first_hitting", options=sampling.Options(corrector_steps=1)), "cannot honour corrector_steps"),
         (dict(max_length=8, block_length=4), "block_length"),
     ],
 )
@@ -469,11 +530,21 @@ def test_a_sampler_function_takes_no_generic_option():
         return x
 
     try:
-        stats = sampling.sample(jax.random.key(0), EXACT["absorbing"], ABSORBING, LOGLINEAR, (4, L), 3,
-                                sampler=name, denoise=False, return_stats=True).stats
+        stats = sampling.sample(
+            jax.random.key(0),
+            EXACT["absorbing"],
+            ABSORBING,
+            LOGLINEAR,
+            (4, L),
+            3,
+            sampler=name,
+            denoise=False,
+            return_stats=True,
+        ).stats
         assert int(stats["nfe"]) == 3  # one call a step, counted while tracing
         with pytest.raises(ValueError, match="cannot honour temperature"):
-            sampling.sample(jax.random.key(0), EXACT["absorbing"], ABSORBING, LOGLINEAR, (4, L), 3,
-                            sampler=name, temperature=0.5)
+            sampling.sample(
+                jax.random.key(0), EXACT["absorbing"], ABSORBING, LOGLINEAR, (4, L), 3, sampler=name, temperature=0.5
+            )
     finally:
         del sampling.SAMPLERS[name]

@@ -80,8 +80,9 @@ def test_exact_score_matches_enumeration(graph_name):
 @pytest.mark.parametrize("graph_name", ["absorbing", "uniform"])
 def test_sampler_matches_p0(graph_name, sampler):
     graph, sched = SETUPS[graph_name]
-    x = sampling.sample(jax.random.key(0), EXACT[graph_name], graph, sched, (N_SAMPLES, L),
-                        STEPS, sampler=sampler).tokens
+    x = sampling.sample(
+        jax.random.key(0), EXACT[graph_name], graph, sched, (N_SAMPLES, L), STEPS, sampler=sampler
+    ).tokens
     x = np.asarray(x)
     assert x.dtype == np.int32 and x.shape == (N_SAMPLES, L)
     assert x.min() >= 0 and x.max() < V
@@ -91,16 +92,27 @@ def test_sampler_matches_p0(graph_name, sampler):
     assert dist < bound
 
 
-@pytest.mark.parametrize("fixed", [{0: 1}, {1: 2}, {2: 0}, {0: 2, 2: 1}],
-                         ids=["prefix", "infill", "suffix", "both_ends"])
+@pytest.mark.parametrize(
+    "fixed", [{0: 1}, {1: 2}, {2: 0}, {0: 2, 2: 1}], ids=["prefix", "infill", "suffix", "both_ends"]
+)
 def test_absorbing_conditioning_is_exact(fixed):
     graph, sched = SETUPS["absorbing"]
     mask = np.zeros((N_SAMPLES, L), bool)
     tokens = np.zeros((N_SAMPLES, L), np.int32)
     for l, tok in fixed.items():
         mask[:, l], tokens[:, l] = True, tok
-    x = np.asarray(sampling.sample(jax.random.key(1), EXACT["absorbing"], graph, sched,
-                                   (N_SAMPLES, L), STEPS, fixed_mask=mask, fixed_tokens=tokens).tokens)
+    x = np.asarray(
+        sampling.sample(
+            jax.random.key(1),
+            EXACT["absorbing"],
+            graph,
+            sched,
+            (N_SAMPLES, L),
+            STEPS,
+            fixed_mask=mask,
+            fixed_tokens=tokens,
+        ).tokens
+    )
     np.testing.assert_array_equal(x[mask], tokens[mask])
     cond, free = conditional(P0, fixed)
     dist = reference.tv(reference.empirical_law(x[:, free], V), cond)
@@ -122,8 +134,18 @@ def test_uniform_conditioning_is_approximate():
     mask = np.zeros((N_SAMPLES, L), bool)
     mask[:, 0] = True
     tokens = np.where(mask, 1, 0).astype(np.int32)
-    x = np.asarray(sampling.sample(jax.random.key(2), EXACT["uniform"], graph, sched,
-                                   (N_SAMPLES, L), STEPS, fixed_mask=mask, fixed_tokens=tokens).tokens)
+    x = np.asarray(
+        sampling.sample(
+            jax.random.key(2),
+            EXACT["uniform"],
+            graph,
+            sched,
+            (N_SAMPLES, L),
+            STEPS,
+            fixed_mask=mask,
+            fixed_tokens=tokens,
+        ).tokens
+    )
     np.testing.assert_array_equal(x[:, 0], 1)
     cond, free = conditional(P0, fixed)
     dist = reference.tv(reference.empirical_law(x[:, free], V), cond)
@@ -136,19 +158,28 @@ def test_no_mask_survives_the_denoise():
     graph, sched = SETUPS["absorbing"]
     # Stopping at t = 0.5 leaves about half of the positions masked ...
     grid = [1.0, 0.8, 0.5]
-    raw = sampling.sample(jax.random.key(3), EXACT["absorbing"], graph, sched, (512, L), 2,
-                          denoise=False, time_grid=grid).tokens
+    raw = sampling.sample(
+        jax.random.key(3), EXACT["absorbing"], graph, sched, (512, L), 2, denoise=False, time_grid=grid
+    ).tokens
     assert 0.3 < float(jnp.mean(raw == graph.mask)) < 0.7
     # ... and the denoise fills every one of them.
-    x = sampling.sample(jax.random.key(3), EXACT["absorbing"], graph, sched, (512, L), 2,
-                        time_grid=grid).tokens
+    x = sampling.sample(jax.random.key(3), EXACT["absorbing"], graph, sched, (512, L), 2, time_grid=grid).tokens
     assert int(jnp.max(x)) < V and int(jnp.min(x)) >= 0
 
 
 def test_argmax_final_and_trajectory():
     graph, sched = SETUPS["absorbing"]
-    out = sampling.sample(jax.random.key(4), EXACT["absorbing"], graph, sched, (8, L), 10,
-                          final="argmax", return_trajectory=True, trajectory_every=3)
+    out = sampling.sample(
+        jax.random.key(4),
+        EXACT["absorbing"],
+        graph,
+        sched,
+        (8, L),
+        10,
+        final="argmax",
+        return_trajectory=True,
+        trajectory_every=3,
+    )
     x, traj = out.tokens, out.trajectory
     assert x.shape == (8, L) and x.dtype == jnp.int32 and int(x.max()) < V
     assert traj.shape == (10 // 3 + 1, 8, L) and traj.dtype == jnp.int32
@@ -157,8 +188,7 @@ def test_argmax_final_and_trajectory():
     masked = np.asarray(traj == graph.mask)
     assert np.all(masked[1:] <= masked[:-1])
     # With a deterministic last step, the same trajectory gives the same sample.
-    x2 = sampling.sample(jax.random.key(4), EXACT["absorbing"], graph, sched, (8, L), 10,
-                         final="argmax").tokens
+    x2 = sampling.sample(jax.random.key(4), EXACT["absorbing"], graph, sched, (8, L), 10, final="argmax").tokens
     np.testing.assert_array_equal(x, x2)
 
 
@@ -174,8 +204,9 @@ def test_argmax_picks_the_mode_at_the_denoise():
         tokens = jnp.broadcast_to(tokens, x.shape + (V,))  # (B, L, V)
         return jnp.concatenate([tokens, jnp.zeros(x.shape + (1,))], -1)
 
-    x = sampling.sample(jax.random.key(5), score_fn, graph, LOGLINEAR, (4, L), 1,
-                        final="argmax", time_grid=[1.0, 0.999]).tokens
+    x = sampling.sample(
+        jax.random.key(5), score_fn, graph, LOGLINEAR, (4, L), 1, final="argmax", time_grid=[1.0, 0.999]
+    ).tokens
     # One step from t = 1 to 0.999 unmasks a position with probability ~1e-3;
     # the argmax denoise then fills the masked ones with token 1.
     assert int(jnp.sum(x == 1)) >= 10
@@ -193,8 +224,9 @@ def test_compiled_once_for_repeated_calls():
     mask = jnp.zeros((16, L), bool).at[:, 0].set(True)
     for seed in range(3):
         tokens = jnp.full((16, L), seed, jnp.int32)
-        sampling.sample(jax.random.key(seed), counting, graph, sched, (16, L), 5,
-                        fixed_mask=mask, fixed_tokens=tokens).tokens
+        sampling.sample(
+            jax.random.key(seed), counting, graph, sched, (16, L), 5, fixed_mask=mask, fixed_tokens=tokens
+        ).tokens
         if seed == 0:
             first = len(traces)
     # One trace of the loop body and one of the denoise, then never again.
@@ -212,8 +244,7 @@ def test_score_params_are_traced():
 
     for favourite in range(V):
         params = jnp.full((V,), -30.0).at[favourite].set(0.0)
-        x = sampling.sample(jax.random.key(6), score_fn, graph, sched, (4, L), 4,
-                            score_params=params).tokens
+        x = sampling.sample(jax.random.key(6), score_fn, graph, sched, (4, L), 4, score_params=params).tokens
         assert bool(jnp.all(x == favourite))
     assert len(traces) == 2
 
@@ -228,8 +259,9 @@ def test_a_registered_sampler_is_used():
     try:
         with pytest.raises(ValueError, match="already registered"):
             sampling.register_sampler(name)(stay)
-        x = sampling.sample(jax.random.key(7), EXACT["absorbing"], ABSORBING, LOGLINEAR,
-                            (4, L), 3, sampler=name, denoise=False).tokens
+        x = sampling.sample(
+            jax.random.key(7), EXACT["absorbing"], ABSORBING, LOGLINEAR, (4, L), 3, sampler=name, denoise=False
+        ).tokens
         assert bool(jnp.all(x == ABSORBING.mask))
     finally:
         del sampling.SAMPLERS[name]
@@ -237,8 +269,7 @@ def test_a_registered_sampler_is_used():
 
 def test_gumbel32_runs():
     graph, sched = SETUPS["uniform"]
-    x = sampling.sample(jax.random.key(8), EXACT["uniform"], graph, sched, (64, L), 4,
-                        categorical="gumbel32").tokens
+    x = sampling.sample(jax.random.key(8), EXACT["uniform"], graph, sched, (64, L), 4, categorical="gumbel32").tokens
     assert x.shape == (64, L) and int(x.max()) < V
 
 
@@ -259,14 +290,10 @@ def test_gumbel32_runs():
         (dict(time_grid=[1.0, 0.5, 0.7, 0.1]), "decreasing"),
         (dict(time_grid=[1.0, 0.5, 0.2, 0.0]), "decreasing"),
         (dict(fixed_mask=np.ones((4, L), bool)), "together"),
-        (dict(fixed_mask=np.ones((4, 2), bool), fixed_tokens=np.ones((4, 2), int)),
-         "fixed_mask must have"),
-        (dict(fixed_mask=np.ones((4, L), bool), fixed_tokens=np.ones((4, 2), int)),
-         "fixed_tokens must have"),
-        (dict(fixed_mask=np.ones((4, L), bool), fixed_tokens=np.full((4, L), V)),
-         r"\[0, vocab_size=3\)"),
-        (dict(fixed_mask=np.ones((4, L), bool), fixed_tokens=np.full((4, L), -1)),
-         r"\[0, vocab_size=3\)"),
+        (dict(fixed_mask=np.ones((4, 2), bool), fixed_tokens=np.ones((4, 2), int)), "fixed_mask must have"),
+        (dict(fixed_mask=np.ones((4, L), bool), fixed_tokens=np.ones((4, 2), int)), "fixed_tokens must have"),
+        (dict(fixed_mask=np.ones((4, L), bool), fixed_tokens=np.full((4, L), V)), r"\[0, vocab_size=3\)"),
+        (dict(fixed_mask=np.ones((4, L), bool), fixed_tokens=np.full((4, L), -1)), r"\[0, vocab_size=3\)"),
         (dict(trajectory_every=0), "trajectory_every"),
     ],
 )
@@ -283,8 +310,9 @@ def test_unfixed_positions_of_fixed_tokens_are_ignored():
     mask[:, 0] = True
     tokens = np.full((4, L), ABSORBING.mask)
     tokens[:, 0] = 2
-    x = sampling.sample(jax.random.key(9), EXACT["absorbing"], ABSORBING, LOGLINEAR, (4, L), 3,
-                        fixed_mask=mask, fixed_tokens=tokens).tokens
+    x = sampling.sample(
+        jax.random.key(9), EXACT["absorbing"], ABSORBING, LOGLINEAR, (4, L), 3, fixed_mask=mask, fixed_tokens=tokens
+    ).tokens
     assert bool(jnp.all(x[:, 0] == 2)) and int(x.max()) < V
 
 
@@ -295,8 +323,7 @@ def test_sampler_matches_p0_many_steps(graph_name, sampler):
     """Tighter: 256 steps, 100k samples, a quarter of the margin."""
     graph, sched = SETUPS[graph_name]
     n = 100_000
-    x = sampling.sample(jax.random.key(10), EXACT[graph_name], graph, sched, (n, L), 256,
-                        sampler=sampler).tokens
+    x = sampling.sample(jax.random.key(10), EXACT[graph_name], graph, sched, (n, L), 256, sampler=sampler).tokens
     dist = reference.tv(reference.empirical_law(x, V), P0)
     bound = tv_bound(P0, n, MARGIN / 4)
     print(f"{graph_name} {sampler} steps=256 n={n}: TV={dist:.4f} bound={bound:.4f}")

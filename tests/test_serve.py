@@ -22,8 +22,9 @@ import servers  # noqa: E402
 from sedd import runs, serve  # noqa: E402
 from sedd.sampling import rows as rows_lib  # noqa: E402
 
-LIMITS = serve.Limits(max_steps=16, max_n=4, max_batch=8, max_queue=32, timeout_s=120, window_s=0.3,
-                      max_body_bytes=2048)
+LIMITS = serve.Limits(
+    max_steps=16, max_n=4, max_batch=8, max_queue=32, timeout_s=120, window_s=0.3, max_body_bytes=2048
+)
 NAME = "sedd-tiny"
 
 
@@ -81,13 +82,12 @@ def test_stream_sends_text_as_it_settles_while_sampling_runs(server, monkeypatch
     """Issue 34: `stream: true` arrived as one chunk after sampling ended; now positions settled so far are sent."""
     base, run = server
     monkeypatch.setattr(rows_lib, "LISTENERS", _SlowListeners())
-    body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 24, "n": 2, "steps": 16, "seed": 7,
-            "sampler": "analytic"}
+    body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 24, "n": 2, "steps": 16, "seed": 7, "sampler": "analytic"}
     arrived = []
     with httpx.stream("POST", f"{base}/v1/completions", json={**body, "stream": True}, timeout=120) as r:
         for line in r.iter_lines():
             if line.startswith("data:"):
-                arrived.append((time.monotonic(), line[len("data:"):].strip()))
+                arrived.append((time.monotonic(), line[len("data:") :].strip()))
     assert arrived[-1][1] == "[DONE]"
     chunks = [(t, json.loads(d)) for t, d in arrived[:-1]]
     last = max(t for t, c in chunks if c["choices"][0]["finish_reason"] is not None)
@@ -115,7 +115,7 @@ def test_streamed_text_holds_back_what_a_stop_string_could_still_cut(server):
 
 def _events(response):
     """The JSON events of an SSE response, and whether it ended with [DONE]."""
-    data = [line[len("data:"):].strip() for line in response.iter_lines() if line.startswith("data:")]
+    data = [line[len("data:") :].strip() for line in response.iter_lines() if line.startswith("data:")]
     return [json.loads(d) for d in data if d != "[DONE]"], data[-1] == "[DONE]"
 
 
@@ -173,8 +173,11 @@ BAD = [  # (body or raw bytes, status, code, param)
 def test_bad_requests_get_openai_errors_and_the_server_stays_up(server):
     base, run = server
     for body, status, code, param in BAD:
-        kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) \
+        kwargs = (
+            {"content": body, "headers": {"content-type": "application/json"}}
+            if isinstance(body, bytes)
             else {"json": body}
+        )
         r = httpx.post(f"{base}/v1/completions", timeout=60, **kwargs)
         assert r.status_code == status, (body, r.text)
         error = r.json()["error"]
@@ -185,8 +188,9 @@ def test_bad_requests_get_openai_errors_and_the_server_stays_up(server):
     with pytest.raises(openai.BadRequestError) as e:
         client(base).completions.create(model=NAME, prompt="a", extra_body={"sampler": "nope"})
     assert e.value.body["code"] == "unknown_sampler"
-    good = httpx.post(f"{base}/v1/completions", json={"prompt": "ROMEO:", "max_tokens": 4, "steps": 6, "seed": 0},
-                      timeout=120)
+    good = httpx.post(
+        f"{base}/v1/completions", json={"prompt": "ROMEO:", "max_tokens": 4, "steps": 6, "seed": 0}, timeout=120
+    )
     assert good.status_code == 200 and len(good.json()["choices"]) == 1
 
 
@@ -194,8 +198,11 @@ def test_concurrent_requests_share_a_batch_and_keep_their_seeded_text(server):
     base, _ = server
     body = {"prompt": "ROMEO:", "max_tokens": 8, "steps": 6}
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        outs = list(pool.map(lambda s: httpx.post(f"{base}/v1/completions", json={**body, "seed": s}, timeout=120),
-                             [10, 11, 12, 13]))
+        outs = list(
+            pool.map(
+                lambda s: httpx.post(f"{base}/v1/completions", json={**body, "seed": s}, timeout=120), [10, 11, 12, 13]
+            )
+        )
     outs = [o.json() for o in outs]
     assert max(o["diffusion"]["batch_rows"] for o in outs) > 1  # within the 0.3 s window
     alone = httpx.post(f"{base}/v1/completions", json={**body, "seed": 12}, timeout=120).json()
@@ -259,8 +266,13 @@ def _chromium():
         pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
     options = webdriver.ChromeOptions()
     options.binary_location = binary
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--window-size=1000,700"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1000,700",
+    ):
         options.add_argument(flag)
     return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
 
@@ -321,16 +333,18 @@ def test_playground_resolves_text_in_headless_chromium(playground_server, tmp_pa
         assert len(seen) >= 2  # intermediate frames with masks were on screen
         stats = find("stats").text  # the measured NFE: at most the steps + the denoise
         assert f"NFE {frames[-1]['nfe']}" in stats and 0 < frames[-1]["nfe"] <= steps + 1 and "tokens/s" in stats
-        browser.execute_script("const r = document.getElementById('replay'); r.value = 3;"
-                               "r.dispatchEvent(new Event('input'))")  # the slider replays step 3
+        browser.execute_script(
+            "const r = document.getElementById('replay'); r.value = 3;r.dispatchEvent(new Event('input'))"
+        )  # the slider replays step 3
         assert shown() == frames[3]["choices"][0]["text"] and f"step 3 / {steps}" in find("stats").text
         # Two pictures: mid-denoising (the step where about half the completion is unmasked) and the end.
         masked = [len(f["choices"][0]["masked"]) for f in frames]
         mid = min(range(len(frames)), key=lambda k: abs(masked[k] - masked[0] / 2))
         shot = Path(os.environ.get("SEDD_PLAYGROUND_SCREENSHOT", str(tmp_path / "playground.png")))
         for k, path in ((mid, shot), (steps, shot.with_name(shot.stem + "_end" + shot.suffix))):
-            browser.execute_script(f"const r = document.getElementById('replay'); r.value = {k};"
-                                   "r.dispatchEvent(new Event('input'))")
+            browser.execute_script(
+                f"const r = document.getElementById('replay'); r.value = {k};r.dispatchEvent(new Event('input'))"
+            )
             browser.save_screenshot(str(path))
     finally:
         browser.quit()

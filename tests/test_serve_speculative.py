@@ -32,8 +32,9 @@ def _ar_run(seed: int, width: int = 0) -> runs.Run:
     """A tiny AR run over 12 characters, L = 16, its weights perturbed (so its law depends on the text)."""
     tokenizer = CharTokenizer(CHARS)
     extra = [f"--config.model.hidden_size={width}", "--config.model.cond_dim=16"] if width else []
-    config = config_lib.load_config("tiny", ["--config.model.kind=ar", "--config.model.n_layers=1",
-                                             f"--config.data.seq_len={L}", *extra])
+    config = config_lib.load_config(
+        "tiny", ["--config.model.kind=ar", "--config.model.n_layers=1", f"--config.data.seq_len={L}", *extra]
+    )
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = tokenizer.vocab_size
     graphdef, params, rest = nnx.split(kinds.get(config).network(seed), nnx.Param, ...)
@@ -44,8 +45,15 @@ def _ar_run(seed: int, width: int = 0) -> runs.Run:
 def _block_run() -> runs.Run:
     """A tiny block-diffusion run (b = 4) over the same characters: a drafter of one block a call."""
     tokenizer = CharTokenizer(CHARS)
-    config = config_lib.load_config("tiny", ["--config.model.kind=block", "--config.model.block_size=4",
-                                             "--config.model.n_layers=1", f"--config.data.seq_len={L}"])
+    config = config_lib.load_config(
+        "tiny",
+        [
+            "--config.model.kind=block",
+            "--config.model.block_size=4",
+            "--config.model.n_layers=1",
+            f"--config.data.seq_len={L}",
+        ],
+    )
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = tokenizer.vocab_size
     graphdef, params, rest = nnx.split(kinds.get(config).network(3), nnx.Param, ...)
@@ -56,8 +64,14 @@ def _block_run() -> runs.Run:
 def _client(draft: str) -> TestClient:
     run = _ar_run(0)
     other = {"ngram": "ngram", "ar": _ar_run(1, 32), "block": _block_run(), "none": None}[draft]
-    app = serve.create_app(run, "sedd-ar", LIMITS, draft=other, draft_k=None if other is None else 3,
-                           draft_name="sedd-small" if draft == "ar" else None)
+    app = serve.create_app(
+        run,
+        "sedd-ar",
+        LIMITS,
+        draft=other,
+        draft_k=None if other is None else 3,
+        draft_name="sedd-small" if draft == "ar" else None,
+    )
     client = TestClient(app, base_url="http://localhost")
     client.__enter__()  # the engine runs for the session
     return client
@@ -70,13 +84,14 @@ def _greedy(run: runs.Run, prompt: str, length: int) -> str:
     for _ in range(length):
         logits = causal.next_token_logits(model, jnp.asarray([ids + [0]], jnp.int32))[0, -1]
         ids.append(int(jnp.argmax(logits)))
-    return run.tokenizer.decode(ids[len(prompt):])
+    return run.tokenizer.decode(ids[len(prompt) :])
 
 
 # The AR and prompt-lookup drafters' servers behind -m slow (the block drafter's stays; prompt lookup's law is
 # tests/test_speculative.py's), to keep the default suite within 900 CPU s.
-@pytest.mark.parametrize("draft", [pytest.param("ngram", marks=pytest.mark.slow),
-                                   pytest.param("ar", marks=pytest.mark.slow), "block"])
+@pytest.mark.parametrize(
+    "draft", [pytest.param("ngram", marks=pytest.mark.slow), pytest.param("ar", marks=pytest.mark.slow), "block"]
+)
 def test_temperature_zero_gives_the_greedy_text_and_consistent_stats(draft):
     client, run = _client(draft), _ar_run(0)
     models = client.get("/v1/models").json()["data"][0]
@@ -131,7 +146,7 @@ def test_plain_ar_run_writes_one_token_a_call():
 def _events(client, body) -> list:
     with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
         assert r.status_code == 200
-        lines = [line[len("data:"):].strip() for line in r.iter_lines() if line.startswith("data:")]
+        lines = [line[len("data:") :].strip() for line in r.iter_lines() if line.startswith("data:")]
     assert lines[-1] == "[DONE]"
     return [json.loads(x) for x in lines[:-1]]
 
@@ -152,8 +167,8 @@ def test_stream_delivers_each_round_drafted_accepted_and_written(draft):
         text = plain["choices"][i]["text"]
         for r in rounds:  # the kept drafts and the token after them are the text at the round's offset
             assert len(r["drafted"]) == 3 and 0 <= r["accepted"] <= 3
-            kept = "".join(r["drafted"][:r["accepted"]]) + r["written"]
-            assert text[r["offset"]:r["offset"] + len(kept)] == kept[:max(len(text) - r["offset"], 0)]
+            kept = "".join(r["drafted"][: r["accepted"]]) + r["written"]
+            assert text[r["offset"] : r["offset"] + len(kept)] == kept[: max(len(text) - r["offset"], 0)]
         assert rounds[0]["offset"] == 0 and rounds[-1]["offset"] + rounds[-1]["accepted"] + 1 >= 10
         assert sum(r["accepted"] + 1 for r in rounds) >= 10
 
@@ -189,13 +204,19 @@ def _port() -> int:
     return servers.free_port()
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["--draft", "ngram"], "a draft (--draft): a model.kind='ddit' run cannot decode by speculative rounds; "
-                           "model.kind 'ar' or 'spec' can"),
-    (["--draft", "ngram", "--draft_k", "0"], "error: draft_k must be an integer in [1, 64]"),
-    (["--draft", "ngram", "--draft_k", "100000"], "error: draft_k must be an integer in [1, 64]"),
-    (["--draft", "/no/such/run"], "--draft /no/such/run"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (
+            ["--draft", "ngram"],
+            "a draft (--draft): a model.kind='ddit' run cannot decode by speculative rounds; "
+            "model.kind 'ar' or 'spec' can",
+        ),
+        (["--draft", "ngram", "--draft_k", "0"], "error: draft_k must be an integer in [1, 64]"),
+        (["--draft", "ngram", "--draft_k", "100000"], "error: draft_k must be an integer in [1, 64]"),
+        (["--draft", "/no/such/run"], "--draft /no/such/run"),
+    ],
+)
 def test_cli_refuses_a_draft_for_a_diffusion_run_and_hostile_draft_k(tiny_run, capsys, argv, says):
     assert serve.main(["--workdir", str(tiny_run[0]), "--port", str(_port()), *argv]) == 2
     err = capsys.readouterr().err.strip()

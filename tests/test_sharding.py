@@ -47,7 +47,7 @@ def _python(code: str, n_devices: int, tmp_path: Path, *args: str, wait: bool = 
 def _result(stdout: str) -> dict:
     lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
     assert lines, stdout[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 # --------------------------------------------------------------------------- in this process
@@ -109,8 +109,9 @@ def test_split_cpu_acts_only_before_any_device_is_used(tmp_path):
     assert _python(code, 4, tmp_path, "3") == {"set": 0, "devices": 4}  # XLA_FLAGS chose 4
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), "3"], env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), "3"], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _result(proc.stdout) == {"set": 3, "devices": 3}
 
@@ -313,9 +314,7 @@ def test_two_processes_train_like_one(tmp_path):
     """2 processes x 2 devices, data = 2 x fsdp = 2, with remat, the chunked loss and the padded vocabulary."""
     one = _python(_TRAIN, 1, tmp_path, "1", "0", "0", str(tmp_path / "one"))
     port = str(_free_port())
-    procs = [
-        _python(_TRAIN, 2, tmp_path, "2", str(i), port, str(tmp_path / "two"), wait=False) for i in range(2)
-    ]
+    procs = [_python(_TRAIN, 2, tmp_path, "2", str(i), port, str(tmp_path / "two"), wait=False) for i in range(2)]
     outs = []
     for p in procs:
         try:

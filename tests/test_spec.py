@@ -38,9 +38,16 @@ def _tiny(k: int = K, dtype: str = "auto"):
     from sedd import config as config_lib
     from sedd import kinds
 
-    config = config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.n_layers=1",
-                                             f"--config.model.draft_k={k}", f"--config.data.seq_len={L}",
-                                             f"--config.model.dtype={dtype}"])
+    config = config_lib.load_config(
+        "tiny",
+        [
+            "--config.model.kind=spec",
+            "--config.model.n_layers=1",
+            f"--config.model.draft_k={k}",
+            f"--config.data.seq_len={L}",
+            f"--config.model.dtype={dtype}",
+        ],
+    )
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = V
     graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
@@ -53,8 +60,9 @@ def _law(graphdef, state, temperature=1.0, top_p=1.0) -> np.ndarray:
 
     model = nnx.merge(graphdef, *state)
     length = L
-    out = model.network_output(causal.inputs(model, jnp.asarray(SEQS)), None,
-                               mask=np.tril(np.ones((length, length), bool)), deterministic=True)
+    out = model.network_output(
+        causal.inputs(model, jnp.asarray(SEQS)), None, mask=np.tril(np.ones((length, length), bool)), deterministic=True
+    )
     probs = np.asarray(shaped_law(out, temperature, top_p), np.float64)  # (V^L, L, V)
     law = np.prod(np.take_along_axis(probs, SEQS[..., None], -1)[..., 0], axis=1)
     return law / law.sum()
@@ -71,8 +79,9 @@ def test_the_exact_nll_is_the_causal_half_of_the_training_forward():
     np.testing.assert_allclose(np.asarray(causal.nll(model, x)), np.asarray(nll_p.sum(-1)), rtol=1e-5)
     # The draft half's law at a group depends on the causal tokens before its anchor only.
     changed = x.at[:, 3:].set((x[:, 3:] + 1) % V)  # group 1 (positions 2, 3) sees BOS and x_0 only
-    np.testing.assert_allclose(np.asarray(spec.token_nlls(model, changed, K)[1][:, :3]),
-                               np.asarray(nll_q[:, :3]), rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(spec.token_nlls(model, changed, K)[1][:, :3]), np.asarray(nll_q[:, :3]), rtol=1e-5
+    )
 
 
 def test_a_rounds_call_equals_the_training_forward():
@@ -90,19 +99,21 @@ def test_a_rounds_call_equals_the_training_forward():
     text = jnp.asarray([[2, 0, 1, 1, 2, 0, 0, 0, 0]], jnp.int32)  # x_0, x_1, drafts 1, 1 at 2, 3
     p, after = target(prefill(state, text[:, :2]), text, jnp.asarray([2]), K)
     # the causal laws at 2..4 given the text: the full causal forward of [2, 0, 1, 1, 2, 0]
-    full = model.network_output(causal.inputs(model, text[:, :L]), None,
-                                mask=np.tril(np.ones((L, L), bool)), deterministic=True)
+    full = model.network_output(
+        causal.inputs(model, text[:, :L]), None, mask=np.tril(np.ones((L, L), bool)), deterministic=True
+    )
     np.testing.assert_allclose(np.asarray(p[0]), np.asarray(jax.nn.softmax(full[0, 2:5])), **tol)
     # outcome j: the drafts of positions 3 + j, 4 + j given x_<2+j, each alone (a one-token MASK group)
     for j in range(K + 1):
         a = 2 + j
         seq = jnp.asarray(text[:, :a])
-        inputs = jnp.concatenate([causal.inputs(model, jnp.pad(seq, ((0, 0), (0, 1)))),
-                                  jnp.full((1, K), spec.mask_id(model), jnp.int32)], 1)  # a + 1 causal, K MASK
+        inputs = jnp.concatenate(
+            [causal.inputs(model, jnp.pad(seq, ((0, 0), (0, 1)))), jnp.full((1, K), spec.mask_id(model), jnp.int32)], 1
+        )  # a + 1 causal, K MASK
         n = a + 1
         mask = np.zeros((n + K, n + K), bool)
         mask[:n, :n] = np.tril(np.ones((n, n), bool))
-        mask[n:, :a + 1] = True
+        mask[n:, : a + 1] = True
         mask[n:, n:] = True
         positions = np.concatenate([np.arange(n), a + 1 + np.arange(K)])
         out = model.network_output(inputs, None, positions=positions, mask=mask, deterministic=True)
@@ -123,15 +134,18 @@ def test_drafts_trained_on_the_causal_law_average_the_data_loss_over_it():
     x = jnp.asarray(SEQS[::97])
     w = 0.5
     nll_p, _ = nnx.jit(spec.token_nlls, static_argnums=2)(model, x, K)
-    causal = nnx.jit(spec.loss, static_argnums=2, static_argnames="draft_target")(model, x, K, draft_weight=w,
-                                                                                  draft_target="causal")
+    causal = nnx.jit(spec.loss, static_argnums=2, static_argnames="draft_target")(
+        model, x, K, draft_weight=w, draft_target="causal"
+    )
     n = x.shape[0]
     # every text with its token at l set to v, (N, L, V) texts in one call
     variants = jnp.broadcast_to(x[:, None, None, :], (n, L, V, L))
     at = np.arange(L)[None, :, None, None] == np.arange(L)[None, None, None, :]
     variants = jnp.where(at, np.arange(V)[None, None, :, None], variants).reshape(-1, L)
-    nlls = [np.asarray(a).reshape(n, L, V, L)[:, np.arange(L), :, np.arange(L)].transpose(1, 0, 2)
-            for a in nnx.jit(spec.token_nlls, static_argnums=2)(model, variants, K)]  # (N, L, V): at l, v there
+    nlls = [
+        np.asarray(a).reshape(n, L, V, L)[:, np.arange(L), :, np.arange(L)].transpose(1, 0, 2)
+        for a in nnx.jit(spec.token_nlls, static_argnums=2)(model, variants, K)
+    ]  # (N, L, V): at l, v there
     p, q_nll = np.exp(-nlls[0]), nlls[1]  # p(v | x_<l), -log q(v | x_<a(l))
     np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-5)
     expected = np.asarray(nll_p.sum(-1)) + w * (p * q_nll).sum((1, 2))
@@ -142,8 +156,10 @@ def test_drafts_trained_on_the_causal_law_average_the_data_loss_over_it():
     def by_hand(m):
         causal_logits, drafts = spec.halves(m, x, K)
         log_p = jax.nn.log_softmax(causal_logits.astype(jnp.float32), axis=-1)
-        return (-jnp.take_along_axis(log_p, x[..., None], axis=-1).sum()
-                - w * (fixed * jax.nn.log_softmax(drafts.astype(jnp.float32), axis=-1)).sum())
+        return (
+            -jnp.take_along_axis(log_p, x[..., None], axis=-1).sum()
+            - w * (fixed * jax.nn.log_softmax(drafts.astype(jnp.float32), axis=-1)).sum()
+        )
 
     got = nnx.jit(nnx.grad(lambda m: spec.loss(m, x, K, draft_weight=w, draft_target="causal").sum()))(model)
     want = nnx.jit(nnx.grad(by_hand))(model)
@@ -163,17 +179,17 @@ def test_drafts_trained_on_the_causal_halfs_own_text():
     assert own.shape == x.shape and not np.array_equal(np.asarray(own), np.asarray(x))
     got = spec.loss(model, x, K, draft_weight=w, draft_target="own", key=key)
     # (4) on the own texts is the "causal" loss there less their NLL (its enumeration is the test above)
-    on_own = (spec.loss(model, own, K, draft_weight=w, draft_target="causal")
-              - spec.token_nlls(model, own, K)[0].sum(-1))
-    np.testing.assert_allclose(np.asarray(got), np.asarray(spec.token_nlls(model, x, K)[0].sum(-1) + on_own),
-                               rtol=1e-4)
+    on_own = spec.loss(model, own, K, draft_weight=w, draft_target="causal") - spec.token_nlls(model, own, K)[0].sum(-1)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(spec.token_nlls(model, x, K)[0].sum(-1) + on_own), rtol=1e-4)
     fixed = jax.nn.softmax(spec.halves(model, own, K)[0].astype(jnp.float32), axis=-1)
 
     def by_hand(m):
         log_p = jax.nn.log_softmax(spec.halves(m, x, K)[0].astype(jnp.float32), axis=-1)
         drafts = spec.halves(m, own, K)[1]
-        return (-jnp.take_along_axis(log_p, x[..., None], axis=-1).sum()
-                - w * (fixed * jax.nn.log_softmax(drafts.astype(jnp.float32), axis=-1)).sum())
+        return (
+            -jnp.take_along_axis(log_p, x[..., None], axis=-1).sum()
+            - w * (fixed * jax.nn.log_softmax(drafts.astype(jnp.float32), axis=-1)).sum()
+        )
 
     grads = nnx.jit(nnx.grad(lambda m: spec.loss(m, x, K, draft_weight=w, draft_target="own", key=key).sum()))(model)
     want = nnx.jit(nnx.grad(by_hand))(model)
@@ -186,17 +202,22 @@ def test_drafts_trained_on_the_causal_halfs_own_text():
 SLOW = pytest.mark.slow  # the same law checked again at another layout or rule (-m slow; the default keeps one of each)
 
 
-@pytest.mark.parametrize("temperature,top_p,layout,verification,tau", [
-    (1.0, 1.0, spec.Layout(2, 3), "joint", spec.DRAFT_TEMPERATURE),
-    (0.7, 0.9, spec.Layout(3, 4), "joint", spec.DRAFT_TEMPERATURE),
-    pytest.param(1.0, 1.0, spec.Layout(3, 4), "token", 1.0, marks=SLOW),
-    pytest.param(1.0, 1.0, spec.Layout(2, 3), "joint", 0.3, marks=SLOW),
-    # leaner layouts: an outcome past the last group drafts from it (fewer drafts; none after k=2 g=1 keeps 2)
-    (1.0, 1.0, spec.Layout(2, 1), "token", 1.0), (0.7, 0.9, spec.Layout(3, 2), "joint", spec.DRAFT_TEMPERATURE),
-    pytest.param(1.0, 1.0, spec.Layout(2, 1), "joint", spec.DRAFT_TEMPERATURE, marks=SLOW),
-    pytest.param(0.7, 0.9, spec.Layout(3, 1), "joint", spec.DRAFT_TEMPERATURE, marks=SLOW),
-    pytest.param(0.7, 0.9, spec.Layout(3, 2), "token", 1.0, marks=SLOW),
-    pytest.param(1.0, 1.0, spec.Layout(1, 1), "joint", spec.DRAFT_TEMPERATURE, marks=SLOW)])
+@pytest.mark.parametrize(
+    "temperature,top_p,layout,verification,tau",
+    [
+        (1.0, 1.0, spec.Layout(2, 3), "joint", spec.DRAFT_TEMPERATURE),
+        (0.7, 0.9, spec.Layout(3, 4), "joint", spec.DRAFT_TEMPERATURE),
+        pytest.param(1.0, 1.0, spec.Layout(3, 4), "token", 1.0, marks=SLOW),
+        pytest.param(1.0, 1.0, spec.Layout(2, 3), "joint", 0.3, marks=SLOW),
+        # leaner layouts: an outcome past the last group drafts from it (fewer drafts; none after k=2 g=1 keeps 2)
+        (1.0, 1.0, spec.Layout(2, 1), "token", 1.0),
+        (0.7, 0.9, spec.Layout(3, 2), "joint", spec.DRAFT_TEMPERATURE),
+        pytest.param(1.0, 1.0, spec.Layout(2, 1), "joint", spec.DRAFT_TEMPERATURE, marks=SLOW),
+        pytest.param(0.7, 0.9, spec.Layout(3, 1), "joint", spec.DRAFT_TEMPERATURE, marks=SLOW),
+        pytest.param(0.7, 0.9, spec.Layout(3, 2), "token", 1.0, marks=SLOW),
+        pytest.param(1.0, 1.0, spec.Layout(1, 1), "joint", spec.DRAFT_TEMPERATURE, marks=SLOW),
+    ],
+)
 def test_self_speculation_draws_the_causal_halfs_law(temperature, top_p, layout, verification, tau):
     """Over all 3^6 sequences, the drawn text's law is the causal half's exact law within the sampling noise.
 
@@ -206,8 +227,18 @@ def test_self_speculation_draws_the_causal_halfs_law(temperature, top_p, layout,
     """
     graphdef, state = _tiny(layout.k)
     law = _law(graphdef, state, temperature, top_p)
-    text, stats = spec.speculate(jax.random.key(3), graphdef, state, N, L, layout, temperature=temperature,
-                              top_p=top_p, verification=verification, draft_temperature=tau)
+    text, stats = spec.speculate(
+        jax.random.key(3),
+        graphdef,
+        state,
+        N,
+        L,
+        layout,
+        temperature=temperature,
+        top_p=top_p,
+        verification=verification,
+        draft_temperature=tau,
+    )
     assert reference.tv(reference.empirical_law(np.asarray(text), V), law) < reference.tv_noise_bound(law, N)
     calls = np.asarray(stats["nfe_per_sample"])
     assert calls.max() <= L + 1 and calls.min() >= 2  # the prefill and at least one round; a round writes >= 1
@@ -228,10 +259,12 @@ def test_past_the_last_group_a_round_drafts_from_it_from_the_new_start():
         group, skip = min(j, groups - 1), j - min(j, groups - 1)
         _, q, _, count = drafter(jax.random.key(0), state, None, start, k)
         assert int(count[0]) == k - skip
-        np.testing.assert_allclose(np.asarray(q[0, :k - skip]), np.asarray(speculative.sharpened(laws[0, group, skip:], tau)),
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(q[0, : k - skip]), np.asarray(speculative.sharpened(laws[0, group, skip:], tau)), rtol=1e-6
+        )
         drawn = jax.vmap(lambda key: drafter(key, state, None, start, k)[0][0])(
-            jax.random.split(jax.random.key(j), 20_000))  # (n, k)
+            jax.random.split(jax.random.key(j), 20_000)
+        )  # (n, k)
         for i in range(k - skip):
             freq = np.bincount(np.asarray(drawn[:, i]), minlength=V) / drawn.shape[0]
             assert np.abs(freq - np.asarray(q[0, i])).max() < 0.015, (j, i, freq, q[0, i])
@@ -242,8 +275,21 @@ def test_a_layout_is_checked_naming_the_value():
     assert spec.layout_of(3, 4) == spec.Layout(3, 4) and spec.layout_of("2", 4) == spec.Layout(2, 3)
     assert spec.Layout(4, 2).positions == 13 and spec.Layout(4, 5).positions == 25
     assert spec.layout_of("0", 4) == spec.layout_of(0, 4) == spec.NO_DRAFTS and spec.NO_DRAFTS.positions == 1
-    for bad in ("4,6", "0,1", "1,0", "a,b", "4,2,1", "1_0", " 4", "4,", "-1", "\u0664", spec.Layout(2, 0),
-                spec.Layout(0, 1), (True, 1)):
+    for bad in (
+        "4,6",
+        "0,1",
+        "1,0",
+        "a,b",
+        "4,2,1",
+        "1_0",
+        " 4",
+        "4,",
+        "-1",
+        "\u0664",
+        spec.Layout(2, 0),
+        spec.Layout(0, 1),
+        (True, 1),
+    ):
         with pytest.raises(ValueError, match="layout"):
             spec.layout_of(bad, 4)
 
@@ -275,7 +321,9 @@ def test_a_layout_is_chosen_by_its_speed_here_and_kept_in_the_run_directory(tmp_
 
     config = config_lib.load_config("tiny")  # a SEDD run: no layout to choose
     config.vocab_size = V
-    with pytest.raises(ValueError, match="--layout 2,1: a model.kind='ddit' run cannot choose a round's layout; model.kind 'spec' can"):
+    with pytest.raises(
+        ValueError, match="--layout 2,1: a model.kind='ddit' run cannot choose a round's layout; model.kind 'spec' can"
+    ):
         kinds.capabilities.able(kinds.get(config), kinds.capabilities.Tunes, "--layout 2,1")
 
 
@@ -298,16 +346,16 @@ def test_the_no_draft_layout_draws_the_causal_halfs_law_and_its_argmax_at_temper
     text, stats = spec.speculate(jax.random.key(5), graphdef, state, N, L, spec.NO_DRAFTS, temperature=0.7)
     assert reference.tv(reference.empirical_law(np.asarray(text), V), law) < reference.tv_noise_bound(law, N)
     assert int(stats["nfe"]) == L and stats["accepted_at"].shape == (0,)
-    greedy = np.asarray(spec.speculate(jax.random.key(6), graphdef, state, 8, L, spec.NO_DRAFTS,
-                                       temperature=0.0)[0])
+    greedy = np.asarray(spec.speculate(jax.random.key(6), graphdef, state, 8, L, spec.NO_DRAFTS, temperature=0.0)[0])
     assert (greedy == greedy[0]).all()  # the one argmax path, whatever the key
     net, prefix = nnx.merge(graphdef, *state), []  # the greedy text, token by token by full passes
     for _ in range(L):
         logits = causal.next_token_logits(net, jnp.asarray([prefix + [0]], jnp.int32))[0, -1]
         prefix.append(int(jnp.argmax(logits)))
     np.testing.assert_array_equal(greedy[0], prefix)
-    drafted = np.asarray(spec.speculate(jax.random.key(7), graphdef, state, 8, L, spec.Layout(K, 1),
-                                        temperature=0.0)[0])
+    drafted = np.asarray(
+        spec.speculate(jax.random.key(7), graphdef, state, 8, L, spec.Layout(K, 1), temperature=0.0)[0]
+    )
     np.testing.assert_array_equal(drafted, np.tile(prefix, (8, 1)))
 
 
@@ -328,16 +376,28 @@ def test_a_prompt_is_kept_and_the_rest_drawn_from_the_conditional_law():
 @pytest.mark.dtypes  # end to end: .ci/run runs it again in the other compute dtype
 def test_a_tiny_spec_run_trains_evaluates_and_samples(tmp_path):
     """sedd train / eval / sample with model.kind=spec: the exact NLL printed, text drawn, drafts counted."""
-    import json
     import subprocess
     import sys
 
     from sedd import runs
 
     work = tmp_path / "spec"
-    cmd = [sys.executable, "-m", "sedd.cli", "train", "--config", "tiny", "--workdir", str(work),
-           "--config.model.kind=spec", "--config.model.draft_k=4", "--config.model.n_layers=1",
-           "--config.training.n_iters=4", "--config.training.eval_every=4", "--config.training.ckpt_every=4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sedd.cli",
+        "train",
+        "--config",
+        "tiny",
+        "--workdir",
+        str(work),
+        "--config.model.kind=spec",
+        "--config.model.draft_k=4",
+        "--config.model.n_layers=1",
+        "--config.training.n_iters=4",
+        "--config.training.eval_every=4",
+        "--config.training.ckpt_every=4",
+    ]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
     run = runs.load(work)
     texts = run.generate(jax.random.key(0), 2, prefix="ROMEO:")
@@ -346,9 +406,14 @@ def test_a_tiny_spec_run_trains_evaluates_and_samples(tmp_path):
     assert out.tokens.shape == (2, run.seq_len) and 2 <= int(out.stats["nfe"]) <= run.seq_len + 1
     with pytest.raises(ValueError, match="drafts for itself"):
         run.sample(jax.random.key(0), 1, draft="ngram")
+
     def sample(*extra):
-        res = subprocess.run([sys.executable, "-m", "sedd.cli", "sample", "--workdir", str(work), "--num_samples", "1",
-                              *extra], capture_output=True, text=True, timeout=600)
+        res = subprocess.run(
+            [sys.executable, "-m", "sedd.cli", "sample", "--workdir", str(work), "--num_samples", "1", *extra],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert res.returncode == 0, res.stderr[-2000:]
         return res.stderr  # the layout and the calls are said beside the texts
 
@@ -370,9 +435,16 @@ def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds(head):
     from sedd.data.tokenizers import CharTokenizer
 
     tokenizer, length = CharTokenizer("abcdefgh ,.\n"), 16
-    config = config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.n_layers=1",
-                                             "--config.model.draft_k=3", f"--config.data.seq_len={length}",
-                                             f"--config.model.draft_head={head}"])
+    config = config_lib.load_config(
+        "tiny",
+        [
+            "--config.model.kind=spec",
+            "--config.model.n_layers=1",
+            "--config.model.draft_k=3",
+            f"--config.data.seq_len={length}",
+            f"--config.model.draft_head={head}",
+        ],
+    )
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = tokenizer.vocab_size
     graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
@@ -381,14 +453,16 @@ def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds(head):
     with TestClient(serve.create_app(run, "sedd-spec", limits), base_url="http://localhost") as client:
         model = client.get("/v1/models").json()["data"][0]
         assert model["kind"] == "spec" and model["draft"] == "self" and model["draft_k"] == 3
-        out = client.post("/v1/completions", json={"prompt": "ab c", "max_tokens": 9, "temperature": 0.0,
-                                                   "seed": 1}).json()
+        out = client.post(
+            "/v1/completions", json={"prompt": "ab c", "max_tokens": 9, "temperature": 0.0, "seed": 1}
+        ).json()
     ids = list(tokenizer.encode("ab c"))
     net = run.model
     for _ in range(9):  # the argmax of the causal half by full forward passes
         x = jnp.asarray([ids + [0]], jnp.int32)
-        logits = net.network_output(causal.inputs(net, x), None, deterministic=True,
-                                    mask=np.tril(np.ones((x.shape[1],) * 2, bool)))
+        logits = net.network_output(
+            causal.inputs(net, x), None, deterministic=True, mask=np.tril(np.ones((x.shape[1],) * 2, bool))
+        )
         ids.append(int(jnp.argmax(logits[0, -1])))
     assert out["choices"][0]["text"] == tokenizer.decode(ids[4:])
     s = out["speculative"]
@@ -396,12 +470,17 @@ def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds(head):
     assert s["tokens"] == 9 and 9 / 4 <= s["target_calls"] <= 9
 
 
-@pytest.mark.parametrize("key,value,named", [("training.draft_weight", "-1.0", "draft_weight"),
-                                             ("training.draft_weight", "nan", "draft_weight"),
-                                             ("training.draft_target", "text", "draft_target"),
-                                             ("model.draft_k", "0", "draft_k"),
-                                             ("model.draft_head", "-1", "draft_head"),
-                                             ("training.loss_chunk", "8", "loss_chunk")])
+@pytest.mark.parametrize(
+    "key,value,named",
+    [
+        ("training.draft_weight", "-1.0", "draft_weight"),
+        ("training.draft_weight", "nan", "draft_weight"),
+        ("training.draft_target", "text", "draft_target"),
+        ("model.draft_k", "0", "draft_k"),
+        ("model.draft_head", "-1", "draft_head"),
+        ("training.loss_chunk", "8", "loss_chunk"),
+    ],
+)
 def test_a_spec_config_with_a_bad_value_is_refused_naming_it(key, value, named):
     """model.kind='spec' refuses, before any training, a draft weight, a k or an option it cannot honour."""
     import ml_collections

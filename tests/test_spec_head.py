@@ -35,9 +35,16 @@ def _tiny(k: int = 2, width: int = 16):
     from sedd import config as config_lib
     from sedd import kinds
 
-    config = config_lib.load_config("tiny", ["--config.model.kind=spec", "--config.model.n_layers=1",
-                                             f"--config.model.draft_k={k}", f"--config.data.seq_len={L}",
-                                             f"--config.model.draft_head={width}"])
+    config = config_lib.load_config(
+        "tiny",
+        [
+            "--config.model.kind=spec",
+            "--config.model.n_layers=1",
+            f"--config.model.draft_k={k}",
+            f"--config.data.seq_len={L}",
+            f"--config.model.draft_head={width}",
+        ],
+    )
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = V
     kind = kinds.get(config)
@@ -54,14 +61,22 @@ def _law(graphdef, state, temperature=1.0, top_p=1.0) -> np.ndarray:
     return law / law.sum()
 
 
-@pytest.mark.parametrize("k,temperature,top_p,verification", [
-    (2, 1.0, 1.0, "joint"), (3, 0.7, 0.9, "token")])
+@pytest.mark.parametrize("k,temperature,top_p,verification", [(2, 1.0, 1.0, "joint"), (3, 0.7, 0.9, "token")])
 def test_head_drafts_keep_the_causal_halfs_law(k, temperature, top_p, verification):
     """Over all 3^6 sequences the text's law is the causal half's within the sampling noise, and drafts are kept."""
     _, graphdef, state = _tiny(k)
     law = _law(graphdef, state, temperature, top_p)
-    text, stats = spec.speculate(jax.random.key(3), graphdef, state, N, L, spec.Layout(k, 0), temperature=temperature,
-                                 top_p=top_p, verification=verification)
+    text, stats = spec.speculate(
+        jax.random.key(3),
+        graphdef,
+        state,
+        N,
+        L,
+        spec.Layout(k, 0),
+        temperature=temperature,
+        top_p=top_p,
+        verification=verification,
+    )
     assert reference.tv(reference.empirical_law(np.asarray(text), V), law) < reference.tv_noise_bound(law, N)
     calls = np.asarray(stats["nfe_per_sample"])
     assert calls.max() <= L and calls.min() >= 2  # no prefill call without a prompt; round 1 writes one token
@@ -86,8 +101,9 @@ def test_at_temperature_0_the_head_run_writes_the_causal_halfs_greedy_text():
     for _ in range(L):
         greedy.append(int(jnp.argmax(causal.next_token_logits(net, jnp.asarray([greedy + [0]], jnp.int32))[0, -1])))
     for prompt in (None, jnp.asarray([greedy[:1]] * 4, jnp.int32)):
-        text = spec.speculate(jax.random.key(7), graphdef, state, 4, L, spec.Layout(3, 0), temperature=0.0,
-                              prompt=prompt)[0]
+        text = spec.speculate(
+            jax.random.key(7), graphdef, state, 4, L, spec.Layout(3, 0), temperature=0.0, prompt=prompt
+        )[0]
         np.testing.assert_array_equal(np.asarray(text), np.tile(greedy, (4, 1)))
 
 
@@ -102,7 +118,7 @@ def test_the_drafts_at_sampling_time_are_the_head_on_the_training_forwards_featu
     h, _ = model.features(causal.inputs(model, text), None, mask=np.tril(np.ones((L, L), bool)))  # (1, L, H)
 
     def expected(s, drafted):  # q_1 .. q_k of the drafts from start s: the head at l = s - 1, reading x_{s-1}, ...
-        z, out, read = head.begin(h[:, s - 1]), [], [int(text[0, s - 1]), *map(int, drafted[:k - 1])]
+        z, out, read = head.begin(h[:, s - 1]), [], [int(text[0, s - 1]), *map(int, drafted[: k - 1])]
         for y in read:
             z, logits = head.step(z, jnp.asarray([y]))
             out.append(jax.nn.softmax(logits, -1)[0])
@@ -174,16 +190,46 @@ def test_a_tiny_head_run_trains_and_samples(tmp_path):
     from sedd import runs
 
     work = tmp_path / "head"
-    cmd = [sys.executable, "-m", "sedd.cli", "train", "--config", "tiny", "--workdir", str(work),
-           "--config.model.kind=spec", "--config.model.draft_k=3", "--config.model.n_layers=1",
-           "--config.model.draft_head=32", "--config.training.n_iters=4", "--config.training.eval_every=4",
-           "--config.training.ckpt_every=4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sedd.cli",
+        "train",
+        "--config",
+        "tiny",
+        "--workdir",
+        str(work),
+        "--config.model.kind=spec",
+        "--config.model.draft_k=3",
+        "--config.model.n_layers=1",
+        "--config.model.draft_head=32",
+        "--config.training.n_iters=4",
+        "--config.training.eval_every=4",
+        "--config.training.ckpt_every=4",
+    ]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
     run = runs.load(work)
     out = run.sample(jax.random.key(0), 2, return_stats=True, layout="3")
     assert out.tokens.shape == (2, run.seq_len) and int(out.stats["nfe"]) <= run.seq_len
-    res = subprocess.run([sys.executable, "-m", "sedd.cli", "sample", "--workdir", str(work), "--num_samples", "1",
-                          "--layout", "3", "--prefix", "ROMEO:"], capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sedd.cli",
+            "sample",
+            "--workdir",
+            str(work),
+            "--num_samples",
+            "1",
+            "--layout",
+            "3",
+            "--prefix",
+            "ROMEO:",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "layout k=3 from the draft head (4 positions a call), as asked" in res.stderr, res.stderr[-2000:]
     assert res.stdout.lstrip().startswith("ROMEO:") or "ROMEO:" in res.stdout

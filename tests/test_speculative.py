@@ -27,16 +27,16 @@ SEQS = reference.all_sequences(V, L)  # (V^L, L)
 
 
 def _joint(seed: int, concentration: float) -> np.ndarray:
-    return np.random.default_rng(seed).dirichlet(np.full(V ** L, concentration))
+    return np.random.default_rng(seed).dirichlet(np.full(V**L, concentration))
 
 
 def _conditionals(joint: np.ndarray) -> np.ndarray:
     """float64[L, V^(L-1), V]: p(x_l = v | prefix id of x_<l) (base-V id; rows past V^l unused)."""
     out = np.full((L, V ** (L - 1), V), 1.0 / V)
     for l in range(L):
-        marg = joint.reshape((V ** l, V, -1)).sum(-1)  # (V^l, V): P(x_<l, x_l)
+        marg = joint.reshape((V**l, V, -1)).sum(-1)  # (V^l, V): P(x_<l, x_l)
         total = marg.sum(-1, keepdims=True)
-        out[l, : V ** l] = np.where(total > 0, marg / np.where(total > 0, total, 1.0), 1.0 / V)
+        out[l, : V**l] = np.where(total > 0, marg / np.where(total > 0, total, 1.0), 1.0 / V)
     return out
 
 
@@ -47,9 +47,9 @@ def _ahead(joint: np.ndarray, k: int) -> np.ndarray:
         for i in range(k):
             if s + i >= L:
                 continue
-            marg = joint.reshape((V ** s, V ** i, V, -1)).sum((1, 3))  # (V^s, V)
+            marg = joint.reshape((V**s, V**i, V, -1)).sum((1, 3))  # (V^s, V)
             total = marg.sum(-1, keepdims=True)
-            out[s, i, : V ** s] = np.where(total > 0, marg / np.where(total > 0, total, 1.0), 1.0 / V)
+            out[s, i, : V**s] = np.where(total > 0, marg / np.where(total > 0, total, 1.0), 1.0 / V)
     return out
 
 
@@ -160,8 +160,18 @@ def _adversary(cond: np.ndarray) -> np.ndarray:
 
 def _draws(target, drafter, k: int, seed: int = 0, verification: str = "joint") -> tuple[np.ndarray, dict]:
     prompt = jnp.zeros((N, L), jnp.int32)
-    text, stats = speculative.decode(jax.random.key(seed), None, None, prompt, jnp.zeros((N,), jnp.int32),
-                                     target=target, drafter=drafter, length=L, k=k, verification=verification)
+    text, stats = speculative.decode(
+        jax.random.key(seed),
+        None,
+        None,
+        prompt,
+        jnp.zeros((N,), jnp.int32),
+        target=target,
+        drafter=drafter,
+        length=L,
+        k=k,
+        verification=verification,
+    )
     return np.asarray(text), jax.tree.map(np.asarray, stats)
 
 
@@ -190,8 +200,10 @@ CASES = {
     "other_left_to_right": lambda p, d: (_left_to_right(jnp.asarray(_conditionals(d), jnp.float32)), 3),
     "one_step_block": lambda p, d: (_one_step(jnp.asarray(_ahead(d, 3), jnp.float32)), 3),
     "fewer_drafts_some_rounds": lambda p, d: (_fewer(_left_to_right(jnp.asarray(_conditionals(d), jnp.float32))), 3),
-    "last_first_exact_q": lambda p, d: (_last_first(jnp.asarray(_conditionals(d), jnp.float32),
-                                                    jnp.asarray(_ahead(d, 2), jnp.float32), True), 2),
+    "last_first_exact_q": lambda p, d: (
+        _last_first(jnp.asarray(_conditionals(d), jnp.float32), jnp.asarray(_ahead(d, 2), jnp.float32), True),
+        2,
+    ),
 }
 
 
@@ -239,15 +251,19 @@ def test_verify_counts_and_writes_by_hand(verification):
     drafted = jnp.asarray([[2, 1, 0], [2, 1, 0]])
     accepted, tokens = speculative.verify(jax.random.key(0), p, q, drafted, method=verification)
     assert accepted.tolist() == [2, 2] and tokens[:, :3].tolist() == [[2, 1, 3], [2, 1, 3]]
-    accepted, tokens = speculative.verify(jax.random.key(0), p, p[:, :k], jnp.asarray([[2, 1, 3]] * 2),
-                                          method=verification)
+    accepted, tokens = speculative.verify(
+        jax.random.key(0), p, p[:, :k], jnp.asarray([[2, 1, 3]] * 2), method=verification
+    )
     assert accepted.tolist() == [3, 3] and tokens.tolist() == [[2, 1, 3, 0]] * 2
     stop, after = speculative.round_law(p[:, :1], q[:, :0], drafted[:, :0], verification)  # k = 0: no drafts
     assert stop.tolist() == [[1.0]] * 2 and np.array_equal(after, p[:, :1])
     # the first draft ruled out by p, the second drawn at a q so small that p / q overflows to inf: none kept
-    stop, after = speculative.round_law(jnp.asarray([[[0.0, 1.0], [0.5, 0.5], [0.5, 0.5]]]),
-                                        jnp.asarray([[[1.0, 0.0], [1.0 - 1e-45, 1e-45]]]), jnp.asarray([[0, 1]]),
-                                        verification)
+    stop, after = speculative.round_law(
+        jnp.asarray([[[0.0, 1.0], [0.5, 0.5], [0.5, 0.5]]]),
+        jnp.asarray([[[1.0, 0.0], [1.0 - 1e-45, 1e-45]]]),
+        jnp.asarray([[0, 1]]),
+        verification,
+    )
     assert stop.tolist() == [[1.0, 0.0, 0.0]] and np.isfinite(after).all() and after[0, 0].tolist() == [0.0, 1.0]
     with pytest.raises(ValueError, match="verification must be one of"):
         speculative.round_law(p, q, drafted, "tree")
@@ -264,11 +280,15 @@ def _round_outputs(p_of, q_of, k: int, verification: str, count: int | None = No
     c = k if count is None else count
     p = np.stack([[p_of(d[:i]) for i in range(k + 1)] for d in drafts])  # (V^k, k + 1, V)
     q = np.stack([[q_of(d[:i]) for i in range(k)] for d in drafts])  # (V^k, k, V)
-    stop, after = speculative.round_law(jnp.asarray(p, jnp.float32), jnp.asarray(q, jnp.float32),
-                                        jnp.asarray(drafts, jnp.int32), verification,
-                                        None if count is None else jnp.full((len(drafts),), count, jnp.int32))
+    stop, after = speculative.round_law(
+        jnp.asarray(p, jnp.float32),
+        jnp.asarray(q, jnp.float32),
+        jnp.asarray(drafts, jnp.int32),
+        verification,
+        None if count is None else jnp.full((len(drafts),), count, jnp.int32),
+    )
     stop, after = np.asarray(stop, np.float64), np.asarray(after, np.float64)
-    assert np.all(stop[:, c + 1:] == 0), "a round kept more drafts than it had"
+    assert np.all(stop[:, c + 1 :] == 0), "a round kept more drafts than it had"
     law, kept = {}, 0.0
     for n, d in enumerate(drafts):
         weight = np.prod([q[n, i, d[i]] for i in range(c)]) / V ** (k - c)  # P(these drafts), the junk uniform
@@ -295,7 +315,7 @@ def test_a_round_of_fewer_drafts_writes_the_targets_law_exactly(count):
         law, kept = _round_outputs(p_law.__getitem__, q_law.__getitem__, k, verification, count)
         assert kept <= count + 1e-6
         for w in itertools.product(range(V), repeat=k + 1):
-            continued = sum(law.get(w[:j + 1], 0.0) * p_joint(w) / p_joint(w[:j + 1]) for j in range(k + 1))
+            continued = sum(law.get(w[: j + 1], 0.0) * p_joint(w) / p_joint(w[: j + 1]) for j in range(k + 1))
             assert abs(continued - p_joint(w)) < 1e-5, (verification, count, w, continued, p_joint(w))
 
 
@@ -320,7 +340,7 @@ def test_a_round_writes_the_targets_law_exactly(drafter):
     for verification in speculative.VERIFICATIONS:
         law, kept[verification] = _round_outputs(p_law.__getitem__, q_law.__getitem__, k, verification)
         for w in itertools.product(range(V), repeat=k + 1):
-            continued = sum(law.get(w[:j + 1], 0.0) * p_joint(w) / p_joint(w[:j + 1]) for j in range(k + 1))
+            continued = sum(law.get(w[: j + 1], 0.0) * p_joint(w) / p_joint(w[: j + 1]) for j in range(k + 1))
             assert abs(continued - p_joint(w)) < 1e-5, (verification, w, continued, p_joint(w))
     if drafter == "the_target":
         assert kept["joint"] == pytest.approx(k, abs=1e-4) and kept["token"] == pytest.approx(k, abs=1e-4)
@@ -342,8 +362,9 @@ def _tiny_ar(scale: float = 0.5):
     from sedd.kinds import causal
     from sedd import config as config_lib
 
-    config = config_lib.load_config("tiny", ["--config.model.kind=ar", "--config.model.n_layers=1",
-                                             f"--config.data.seq_len={L}"])
+    config = config_lib.load_config(
+        "tiny", ["--config.model.kind=ar", "--config.model.n_layers=1", f"--config.data.seq_len={L}"]
+    )
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = V
     graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
@@ -363,12 +384,24 @@ def test_an_ar_network_as_target_keeps_its_law(drafter):
     graphdef, state, law = _tiny_ar(0.2)
     prefill, target = causal.speculative_target(graphdef)
     k = 3
-    draft = (speculative.ngram_drafter(V, 2) if drafter == "ngram"
-             else _left_to_right(jnp.asarray(_conditionals(_laws()[1]), jnp.float32)))
+    draft = (
+        speculative.ngram_drafter(V, 2)
+        if drafter == "ngram"
+        else _left_to_right(jnp.asarray(_conditionals(_laws()[1]), jnp.float32))
+    )
     n = N // 2
     prompt = jnp.zeros((n, L), jnp.int32)
-    text, stats = speculative.decode(jax.random.key(1), prefill(state, prompt[:, :0]), None, prompt,
-                                     jnp.zeros((n,), jnp.int32), target=target, drafter=draft, length=L, k=k)
+    text, stats = speculative.decode(
+        jax.random.key(1),
+        prefill(state, prompt[:, :0]),
+        None,
+        prompt,
+        jnp.zeros((n,), jnp.int32),
+        target=target,
+        drafter=draft,
+        length=L,
+        k=k,
+    )
     assert reference.tv(reference.empirical_law(np.asarray(text), V), law) < reference.tv_noise_bound(law, n)
     assert stats["rounds_per_sample"].mean() < L - 0.5  # drafts were kept: fewer target calls than tokens
 
@@ -434,10 +467,12 @@ def test_an_ar_network_drafting_after_a_prompt_keeps_the_targets_law():
     text, stats = ar.speculative_sample(jax.random.key(3), graphdef, state, n, L, 3, draft, prompt=prompt)
     assert reference.tv(reference.empirical_law(np.asarray(text), V), cond) < reference.tv_noise_bound(cond, n)
     assert np.asarray(stats["nfe_per_sample"]).mean() < L - 2 - 0.5  # drafts were kept
-    greedy, _ = ar.speculative_sample(jax.random.key(4), graphdef, state, 2, L, 3, draft, temperature=0.0,
-                                      prompt=prompt[:2])
-    np.testing.assert_array_equal(np.asarray(greedy), np.asarray(
-        causal.ancestral(jax.random.key(5), graphdef, state, 2, L, 0.0, prompt[:2])))
+    greedy, _ = ar.speculative_sample(
+        jax.random.key(4), graphdef, state, 2, L, 3, draft, temperature=0.0, prompt=prompt[:2]
+    )
+    np.testing.assert_array_equal(
+        np.asarray(greedy), np.asarray(causal.ancestral(jax.random.key(5), graphdef, state, 2, L, 0.0, prompt[:2]))
+    )
 
 
 # --------------------------------------------------------------------------- a block-diffusion network as the drafter
@@ -454,14 +489,22 @@ def _tiny_block():
     from sedd.kinds import block
     from sedd import config as config_lib
 
-    config = config_lib.load_config("tiny", ["--config.model.kind=block", "--config.model.block_size=3",
-                                             "--config.model.n_layers=1", f"--config.data.seq_len={L}"])
+    config = config_lib.load_config(
+        "tiny",
+        [
+            "--config.model.kind=block",
+            "--config.model.block_size=3",
+            "--config.model.n_layers=1",
+            f"--config.data.seq_len={L}",
+        ],
+    )
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = V
     kind = kinds.get(config)
     graphdef, params, rest = nnx.split(kind.network(0), nnx.Param, ...)
-    return block.BlockDraft(graphdef, (reference.perturbed(params, 0.2, 6), rest), kind.graph, kind.noise,
-                            kind.block_size)
+    return block.BlockDraft(
+        graphdef, (reference.perturbed(params, 0.2, 6), rest), kind.graph, kind.noise, kind.block_size
+    )
 
 
 def _shaped_ar_law(graphdef, state, temperature: float, top_p: float) -> np.ndarray:
@@ -471,8 +514,9 @@ def _shaped_ar_law(graphdef, state, temperature: float, top_p: float) -> np.ndar
     from sedd.kinds import causal
 
     logits = np.asarray(causal.next_token_logits(nnx.merge(graphdef, *state), jnp.asarray(SEQS)), np.float64)
-    cond = np.asarray(sampling.nucleus(jax.nn.softmax(jnp.asarray(logits / temperature, jnp.float32), -1), top_p),
-                      np.float64)  # (V^L, L, V)
+    cond = np.asarray(
+        sampling.nucleus(jax.nn.softmax(jnp.asarray(logits / temperature, jnp.float32), -1), top_p), np.float64
+    )  # (V^L, L, V)
     law = np.take_along_axis(cond, SEQS[..., None], -1)[..., 0].prod(-1)
     return law / law.sum()
 
@@ -484,10 +528,13 @@ def test_a_block_network_drafting_one_block_keeps_the_ar_law(temperature, top_p)
 
     graphdef, state, _ = _tiny_ar(0.2)  # weights that leave several tokens in the nucleus of top_p = 0.9
     law = _shaped_ar_law(graphdef, state, temperature, top_p)
-    assert np.exp(-(law * np.log(np.maximum(law, 1e-300))).sum()) > 10  # a law spread over many sequences (20 at 0.7, 0.9)
+    assert (
+        np.exp(-(law * np.log(np.maximum(law, 1e-300))).sum()) > 10
+    )  # a law spread over many sequences (20 at 0.7, 0.9)
     n = N // 4
-    text, stats = ar.speculative_sample(jax.random.key(2), graphdef, state, n, L, 3, _tiny_block(),
-                                        temperature=temperature, top_p=top_p)
+    text, stats = ar.speculative_sample(
+        jax.random.key(2), graphdef, state, n, L, 3, _tiny_block(), temperature=temperature, top_p=top_p
+    )
     assert reference.tv(reference.empirical_law(np.asarray(text), V), law) < reference.tv_noise_bound(law, n)
     rounds = np.asarray(stats["nfe_per_sample"])
     np.testing.assert_array_equal(np.asarray(stats["draft_calls"]), rounds)  # one drafter call a round
@@ -528,34 +575,77 @@ def test_sedd_sample_drafts_with_a_block_run(tmp_path, capsys):
     from sedd import cli
 
     data = tmp_path / "data"
-    for name, kind in (("ar", ["--config.model.kind=ar"]),
-                       ("block", ["--config.model.kind=block", "--config.model.block_size=8"])):
-        assert cli.main(["train", "--config", "tiny", *kind, "--config.model.n_layers=1", "--config.training.n_iters=2",
-                         "--config.training.eval_every=2", "--config.training.ckpt_every=2",
-                         f"--config.data.data_dir={data}", "--workdir", str(tmp_path / name)]) == 0
+    for name, kind in (
+        ("ar", ["--config.model.kind=ar"]),
+        ("block", ["--config.model.kind=block", "--config.model.block_size=8"]),
+    ):
+        assert (
+            cli.main(
+                [
+                    "train",
+                    "--config",
+                    "tiny",
+                    *kind,
+                    "--config.model.n_layers=1",
+                    "--config.training.n_iters=2",
+                    "--config.training.eval_every=2",
+                    "--config.training.ckpt_every=2",
+                    f"--config.data.data_dir={data}",
+                    "--workdir",
+                    str(tmp_path / name),
+                ]
+            )
+            == 0
+        )
     out = tmp_path / "samples.jsonl"
     capsys.readouterr()
-    assert cli.main(["sample", "--workdir", str(tmp_path / "ar"), "--draft", str(tmp_path / "block"), "--draft_k", "8",
-                     "--prefix", "RO", "--num_samples", "2", "--output", str(out)]) == 0, capsys.readouterr().err
+    assert (
+        cli.main(
+            [
+                "sample",
+                "--workdir",
+                str(tmp_path / "ar"),
+                "--draft",
+                str(tmp_path / "block"),
+                "--draft_k",
+                "8",
+                "--prefix",
+                "RO",
+                "--num_samples",
+                "2",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     texts = [line["text"] for line in lines]
     assert len(texts) == 2 and all(t.startswith("RO") for t in texts), texts
     # each line carries its text's network calls (the target's and the drafter's: 2 a round) and tokens a call
     for line in lines:
         assert line["network_calls"] % 2 == 0 and line["tokens_per_call"] == pytest.approx(
-            32 / line["network_calls"], rel=1e-3), line  # the tiny config's 32 tokens
+            32 / line["network_calls"], rel=1e-3
+        ), line  # the tiny config's 32 tokens
     printed = capsys.readouterr().err  # beside the texts, not among them
     assert "network calls: " in printed and " tokens a call" in printed, printed
     target, drafter = (float(x) for x in re.search(r"the target's ([\d.]+) .*the drafter's ([\d.]+)", printed).groups())
     calls = np.mean([line["network_calls"] for line in lines])
     assert target == drafter == pytest.approx(calls / 2, abs=0.06), printed  # a block drafter: one call a round
     for draft in ("ngram", None):  # the calls of any way of writing, printed alike; no drafter network's
-        assert cli.main(["sample", "--workdir", str(tmp_path / "ar"), "--num_samples", "1"]
-                        + (["--draft", draft] if draft else [])) == 0
+        assert (
+            cli.main(
+                ["sample", "--workdir", str(tmp_path / "ar"), "--num_samples", "1"]
+                + (["--draft", draft] if draft else [])
+            )
+            == 0
+        )
         printed = capsys.readouterr().err
         assert "network calls: " in printed and "the drafter's" not in printed, printed
-    assert cli.main(["sample", "--workdir", str(tmp_path / "ar"), "--draft", str(tmp_path / "block"),
-                     "--draft_k", "9"]) == 2
+    assert (
+        cli.main(["sample", "--workdir", str(tmp_path / "ar"), "--draft", str(tmp_path / "block"), "--draft_k", "9"])
+        == 2
+    )
     assert "block size" in capsys.readouterr().err
     assert cli.main(["sample", "--workdir", str(tmp_path / "ar"), "--layout", "2,1"]) == 2  # a spec run's option
     err = capsys.readouterr().err

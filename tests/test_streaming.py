@@ -29,18 +29,19 @@ pytestmark = pytest.mark.dtypes  # .ci/run runs this file again in the other com
 CHARS = "abcdefgh ,.\n"
 L = 16
 LIMITS = serve.Limits(max_steps=16, max_n=2, max_batch=2, max_queue=8, timeout_s=300, window_s=0.0)
-KINDS = {"spec": ["--config.model.kind=spec", "--config.model.draft_k=3"],
-         "ar": ["--config.model.kind=ar"],
-         "block": ["--config.model.kind=block", "--config.model.block_size=4"],
-         "ddit": ["--config.sampling.steps=8"]}
+KINDS = {
+    "spec": ["--config.model.kind=spec", "--config.model.draft_k=3"],
+    "ar": ["--config.model.kind=ar"],
+    "block": ["--config.model.kind=block", "--config.model.block_size=4"],
+    "ddit": ["--config.sampling.steps=8"],
+}
 
 
 @functools.lru_cache(maxsize=None)
 def _run(kind: str) -> runs.Run:
     """A tiny run of `kind` over 12 characters, L = 16, weights perturbed so its law depends on the text."""
     tokenizer = CharTokenizer(CHARS)
-    config = config_lib.load_config("tiny", ["--config.model.n_layers=1", f"--config.data.seq_len={L}",
-                                             *KINDS[kind]])
+    config = config_lib.load_config("tiny", ["--config.model.n_layers=1", f"--config.data.seq_len={L}", *KINDS[kind]])
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = tokenizer.vocab_size
     graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
@@ -50,8 +51,7 @@ def _run(kind: str) -> runs.Run:
 @functools.lru_cache(maxsize=None)
 def _client(kind: str) -> TestClient:
     draft = {"ar": "ngram"}.get(kind)
-    client = TestClient(serve.create_app(_run(kind), f"sedd-{kind}", LIMITS, draft=draft),
-                        base_url="http://localhost")
+    client = TestClient(serve.create_app(_run(kind), f"sedd-{kind}", LIMITS, draft=draft), base_url="http://localhost")
     client.__enter__()  # the engine runs for the session
     return client
 

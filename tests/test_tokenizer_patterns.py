@@ -40,15 +40,24 @@ LLAMA3 = next(p for p in tok_lib.SPLIT_PATTERNS if p != tok_lib.GPT2_PATTERN)
 def bpe_tree():
     """The tokenizer.json of a byte-level BPE trained here (GPT-2's steps), as a dict."""
     bpe = tokenizers.ByteLevelBPETokenizer()
-    bpe.train_from_iterator(["the cat sat on the mat, and the dog ate 1,234 bones."] * 20, vocab_size=300,
-                            min_frequency=1, special_tokens=["<|endoftext|>"], show_progress=False)
+    bpe.train_from_iterator(
+        ["the cat sat on the mat, and the dog ate 1,234 bones."] * 20,
+        vocab_size=300,
+        min_frequency=1,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+    )
     return json.loads(bpe.to_str())
 
 
 def _split_then_byte_level(pattern: str, kind: str = "Regex") -> dict:
-    return {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {kind: pattern}, "behavior": "Isolated", "invert": False},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    return {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {kind: pattern}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+        ],
+    }
 
 
 def _write(tree: dict, path, **steps) -> str:
@@ -112,6 +121,7 @@ def test_sample_serve_and_convert_refuse_them_in_one_line(copy_run_dir, bpe_tree
     """`sedd convert` copied such a tokenizer into the run it wrote; `sedd serve` then listened with it."""
     import servers
     from sedd.serve import main as serve_main
+
     hostile = _write(bpe_tree, tmp_path / "tokenizer.json", pre_tokenizer=_split_then_byte_level(SLOW[name]))
     assert cli.main(["convert", str(tmp_path), str(tmp_path / "run"), "--tokenizer_path", hostile]) == 2
     err = _one_line(capsys, "convert")
@@ -126,31 +136,64 @@ def test_sample_serve_and_convert_refuse_them_in_one_line(copy_run_dir, bpe_tree
 
 REPLACE_SLOW = {"type": "Replace", "pattern": {"Regex": SLOW[NEW[0]]}, "content": "z"}
 OTHER_STEPS = {  # each a way a regex, or a text many times longer, enters a tokenizer.json past the pre-tokenizer
-    "a Replace normalizer's regex": ({"normalizer": REPLACE_SLOW}, "normalizer is {\"type\": \"Replace\""),
+    "a Replace normalizer's regex": ({"normalizer": REPLACE_SLOW}, 'normalizer is {"type": "Replace"'),
     "a Replace normalizer that makes each a 10^4 characters": (
-        {"normalizer": {"type": "Replace", "pattern": {"String": "a"}, "content": "a" * 10_000}}, "normalizer is"),
-    "a Sequence of normalizers": ({"normalizer": {"type": "Sequence", "normalizers": [REPLACE_SLOW]}},
-                                  "normalizer is"),
+        {"normalizer": {"type": "Replace", "pattern": {"String": "a"}, "content": "a" * 10_000}},
+        "normalizer is",
+    ),
+    "a Sequence of normalizers": ({"normalizer": {"type": "Sequence", "normalizers": [REPLACE_SLOW]}}, "normalizer is"),
     "a second Split, after GPT-2's": (
-        {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            *_split_then_byte_level(tok_lib.GPT2_PATTERN)["pretokenizers"][:1],
-            *_split_then_byte_level(SLOW[NEW[1]])["pretokenizers"]]}}, "splits its text by the regex"),
+        {
+            "pre_tokenizer": {
+                "type": "Sequence",
+                "pretokenizers": [
+                    *_split_then_byte_level(tok_lib.GPT2_PATTERN)["pretokenizers"][:1],
+                    *_split_then_byte_level(SLOW[NEW[1]])["pretokenizers"],
+                ],
+            }
+        },
+        "splits its text by the regex",
+    ),
     "a Split in a Sequence in a Sequence": (
         {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [_split_then_byte_level(SLOW[NEW[2]])]}},
-        "pre-tokenizer is"),
+        "pre-tokenizer is",
+    ),
     "GPT-2's Split twice": (
-        {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            *_split_then_byte_level(tok_lib.GPT2_PATTERN)["pretokenizers"][:1],
-            *_split_then_byte_level(tok_lib.GPT2_PATTERN)["pretokenizers"]]}}, "pre-tokenizer is"),
-    "a Split by a long string": ({"pre_tokenizer": _split_then_byte_level("a" * 40_000 + "b", "String")},
-                                 "splits its text by the string"),
+        {
+            "pre_tokenizer": {
+                "type": "Sequence",
+                "pretokenizers": [
+                    *_split_then_byte_level(tok_lib.GPT2_PATTERN)["pretokenizers"][:1],
+                    *_split_then_byte_level(tok_lib.GPT2_PATTERN)["pretokenizers"],
+                ],
+            }
+        },
+        "pre-tokenizer is",
+    ),
+    "a Split by a long string": (
+        {"pre_tokenizer": _split_then_byte_level("a" * 40_000 + "b", "String")},
+        "splits its text by the string",
+    ),
     "a Replace decoder's regex": ({"decoder": REPLACE_SLOW}, "decoder is"),
-    "a WordPiece model": ({"model": {"type": "WordPiece", "unk_token": "a", "max_input_chars_per_word": 10**9,
-                                     "continuing_subword_prefix": "##"}}, "model is a WordPiece"),
-    "an unk_token of 10^6 characters": ({"model": {"unk_token": "x" * 10**6, "vocab": {"x" * 10**6: 0}}},
-                                        "model's unk_token has 1000000 characters (at most 16)"),
-    "an end_of_word_suffix of 10^4 characters": ({"model": {"end_of_word_suffix": "x" * 10**4}},
-                                                 "model's end_of_word_suffix has 10000 characters"),
+    "a WordPiece model": (
+        {
+            "model": {
+                "type": "WordPiece",
+                "unk_token": "a",
+                "max_input_chars_per_word": 10**9,
+                "continuing_subword_prefix": "##",
+            }
+        },
+        "model is a WordPiece",
+    ),
+    "an unk_token of 10^6 characters": (
+        {"model": {"unk_token": "x" * 10**6, "vocab": {"x" * 10**6: 0}}},
+        "model's unk_token has 1000000 characters (at most 16)",
+    ),
+    "an end_of_word_suffix of 10^4 characters": (
+        {"model": {"end_of_word_suffix": "x" * 10**4}},
+        "model's end_of_word_suffix has 10000 characters",
+    ),
 }
 
 
@@ -171,17 +214,29 @@ def test_the_known_tokenizers_load_and_encode_as_their_files_say(bpe_tree, tmp_p
     without special tokens, and every token of the text (a Fixed padding of 10^12 would fill the memory)."""
     text = "the dog sat on 1,234 mats."
     wants = []
-    for i, pre in enumerate([bpe_tree["pre_tokenizer"], _split_then_byte_level(tok_lib.GPT2_PATTERN),
-                             _split_then_byte_level(LLAMA3)]):
+    for i, pre in enumerate(
+        [bpe_tree["pre_tokenizer"], _split_then_byte_level(tok_lib.GPT2_PATTERN), _split_then_byte_level(LLAMA3)]
+    ):
         path = _write(bpe_tree, tmp_path / f"{i}.json", pre_tokenizer=pre)
         wants.append(tokenizers.Tokenizer.from_file(path).encode(text, add_special_tokens=False).ids)
         tok = GPT2Tokenizer(path)
         assert tok.encode(text).tolist() == wants[-1] and tok.decode(wants[-1]) == text
-    extras = {"padding": {"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
-                          "pad_type_id": 0, "pad_token": "<|endoftext|>"},
-              "truncation": {"direction": "Right", "max_length": 2, "strategy": "LongestFirst", "stride": 0},
-              "post_processor": {"type": "Sequence", "processors": [{"type": "ByteLevel", "add_prefix_space": True,
-                                                                     "trim_offsets": True, "use_regex": True}] * 1000}}
+    extras = {
+        "padding": {
+            "strategy": {"Fixed": 64},
+            "direction": "Right",
+            "pad_to_multiple_of": None,
+            "pad_id": 0,
+            "pad_type_id": 0,
+            "pad_token": "<|endoftext|>",
+        },
+        "truncation": {"direction": "Right", "max_length": 2, "strategy": "LongestFirst", "stride": 0},
+        "post_processor": {
+            "type": "Sequence",
+            "processors": [{"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]
+            * 1000,
+        },
+    }
     tok = GPT2Tokenizer(_write(bpe_tree, tmp_path / "extras.json", **extras))
     assert tok.encode(text).tolist() == wants[0] and tok.encode_many([text, "a"])[0].tolist() == wants[0]
 
@@ -203,15 +258,32 @@ def test_a_prompt_longer_than_any_encoding_is_refused_before_it_is_encoded(copy_
     """`sedd sample --prefix` spent 31 s encoding a prompt it then refused for its length."""
     tok = _Counting()
     for prompt in ({"prefix": "x" * (4 * 16 + 1)}, {"suffix": "x" * (4 * 16 + 1)}):
-        with pytest.raises(ValueError, match="of 65 characters is more than the model's sequence length of 16 "
-                                             r"tokens can hold \(a token is at most 4 characters\)"):
+        with pytest.raises(
+            ValueError,
+            match="of 65 characters is more than the model's sequence length of 16 "
+            r"tokens can hold \(a token is at most 4 characters\)",
+        ):
             sampling.text_conditioning(tok, 16, 1, **prompt)
     assert tok.chars == 0
     sampling.text_conditioning(tok, 16, 1, prefix="x" * 32, suffix="x" * 32)
     assert tok.chars == 64
     seq_len = runs.read_config(copy_run_dir).data.seq_len  # the char tokenizer: a token is one character
-    assert cli.main(["sample", "--workdir", str(copy_run_dir), "--steps", "2", "--num_samples", "1",
-                     "--prefix", "R" * (seq_len + 1)]) == 2
+    assert (
+        cli.main(
+            [
+                "sample",
+                "--workdir",
+                str(copy_run_dir),
+                "--steps",
+                "2",
+                "--num_samples",
+                "1",
+                "--prefix",
+                "R" * (seq_len + 1),
+            ]
+        )
+        == 2
+    )
     assert f"the prefix of {seq_len + 1} characters is more than" in _one_line(capsys, "sample")
 
 
@@ -226,6 +298,7 @@ def test_a_request_waiting_for_an_encoding_thread_is_not_charged_for_the_wait(ti
     import servers
     from sedd import serve
     from sedd.serve import app as app_lib
+
     run = runs.load(tiny_run[0])
 
     class Slow:
@@ -244,8 +317,12 @@ def test_a_request_waiting_for_an_encoding_thread_is_not_charged_for_the_wait(ti
 
     def post(prompt, answers):
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        c.request("POST", "/v1/completions", json.dumps({"prompt": prompt, "max_tokens": 2, "steps": 2}),
-                  {"Content-Type": "application/json"})
+        c.request(
+            "POST",
+            "/v1/completions",
+            json.dumps({"prompt": prompt, "max_tokens": 2, "steps": 2}),
+            {"Content-Type": "application/json"},
+        )
         r = c.getresponse()
         answers.append((prompt, r.status, json.loads(r.read())))
 

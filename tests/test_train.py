@@ -37,8 +37,10 @@ def read_metrics(workdir):
 
 def test_a_sampler_the_graph_cannot_run_fails_before_training(data_dir, tmp_path):
     c = tiny(data_dir, **{"graph.type": "uniform", "noise.type": "geometric"})  # sampling.sampler: entropy_bound
-    with pytest.raises(ValueError, match="sampling.sampler='entropy_bound' runs on the absorbing graph.*"
-                                         "--config.sampling.sampler=analytic"):
+    with pytest.raises(
+        ValueError,
+        match="sampling.sampler='entropy_bound' runs on the absorbing graph.*--config.sampling.sampler=analytic",
+    ):
         train_lib.train(c, tmp_path / "run", quiet=True)
     assert not (tmp_path / "run" / "checkpoints").exists()
     with pytest.raises(ValueError, match="unknown sampling.sampler 'tweedie'"):
@@ -46,12 +48,22 @@ def test_a_sampler_the_graph_cannot_run_fails_before_training(data_dir, tmp_path
 
 
 @pytest.mark.dtypes  # end to end: .ci/run runs it again in the other compute dtype
-@pytest.mark.parametrize("graph", ["absorbing", pytest.param("uniform", marks=pytest.mark.slow)])  # uniform: slow, 900 CPU s
+@pytest.mark.parametrize(
+    "graph", ["absorbing", pytest.param("uniform", marks=pytest.mark.slow)]
+)  # uniform: slow, 900 CPU s
 def test_tiny_run_end_to_end(graph, data_dir, tmp_path):
-    c = tiny(data_dir, **{"graph.type": graph, "training.n_iters": 6, "training.log_every": 3,
-                          "training.eval_every": 6, "noise.type": "geometric" if graph == "uniform" else "loglinear",
-                          # the default's surest-first sampler unmasks: the uniform graph takes SEDD's Tweedie
-                          "sampling.sampler": "analytic" if graph == "uniform" else "entropy_bound"})
+    c = tiny(
+        data_dir,
+        **{
+            "graph.type": graph,
+            "training.n_iters": 6,
+            "training.log_every": 3,
+            "training.eval_every": 6,
+            "noise.type": "geometric" if graph == "uniform" else "loglinear",
+            # the default's surest-first sampler unmasks: the uniform graph takes SEDD's Tweedie
+            "sampling.sampler": "analytic" if graph == "uniform" else "entropy_bound",
+        },
+    )
     result = train_lib.train(c, tmp_path / "run", quiet=True)
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [3, 6]
@@ -83,10 +95,22 @@ def test_checkpoint_round_trip(data_dir, tmp_path):
 
 
 def _cli_train(workdir, data_dir, *extra):
-    cmd = [sys.executable, "-m", "sedd.cli", "train", "--config", "tiny", "--workdir", str(workdir),
-           f"--config.data.data_dir={data_dir}", "--config.training.n_iters=16",
-           "--config.training.log_every=1", "--config.training.eval_every=100",
-           "--config.training.ckpt_every=100", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sedd.cli",
+        "train",
+        "--config",
+        "tiny",
+        "--workdir",
+        str(workdir),
+        f"--config.data.data_dir={data_dir}",
+        "--config.training.n_iters=16",
+        "--config.training.log_every=1",
+        "--config.training.eval_every=100",
+        "--config.training.ckpt_every=100",
+        *extra,
+    ]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -145,8 +169,21 @@ def test_cli_errors_are_clear(data_dir, tmp_path, capsys):
     assert cli.main(["train", "--config", "tiny", "--workdir", str(tmp_path / "r"), "--config.model.hiden_size=3"]) == 2
     assert "unknown config key 'model.hiden_size'; did you mean 'model.hidden_size'?" in capsys.readouterr().err
     missing = tmp_path / "nope.txt"
-    assert cli.main(["train", "--config", "tiny", "--workdir", str(tmp_path / "r"), "--config.data.name=text",
-                     f"--config.data.path={missing}", f"--config.data.data_dir={data_dir}"]) == 2
+    assert (
+        cli.main(
+            [
+                "train",
+                "--config",
+                "tiny",
+                "--workdir",
+                str(tmp_path / "r"),
+                "--config.data.name=text",
+                f"--config.data.path={missing}",
+                f"--config.data.data_dir={data_dir}",
+            ]
+        )
+        == 2
+    )
     assert str(missing) in capsys.readouterr().err
     assert cli.main(["sample", "--workdir", str(tmp_path / "untrained")]) == 2
     assert "not a run directory" in capsys.readouterr().err
@@ -159,14 +196,26 @@ def test_own_text_file_prompts_and_bad_checkpoints(data_dir, tmp_path, capsys):
     corpus = tmp_path / "mine.txt"
     corpus.write_text("the cat sat on the mat. " * 400)
     workdir = tmp_path / "run"
-    args = ["train", "--config", "tiny", "--workdir", str(workdir), f"--config.data.path={corpus}", f"--config.data.data_dir={data_dir}",
-            "--config.training.n_iters=4", "--config.training.ckpt_every=2",
-            "--config.model.n_layers=1"]  # one block: a user's file and its prompts do not depend on depth
+    args = [
+        "train",
+        "--config",
+        "tiny",
+        "--workdir",
+        str(workdir),
+        f"--config.data.path={corpus}",
+        f"--config.data.data_dir={data_dir}",
+        "--config.training.n_iters=4",
+        "--config.training.ckpt_every=2",
+        "--config.model.n_layers=1",
+    ]  # one block: a user's file and its prompts do not depend on depth
     assert cli.main(args) == 0
     assert "for the unigram law of the training data" in capsys.readouterr().out
 
     # Prompts: prefix works; a character outside the vocabulary and a too-long prompt are clear errors.
-    assert cli.main(["sample", "--workdir", str(workdir), "--prefix", "the cat", "--num_samples", "2", "--steps", "4"]) == 0
+    assert (
+        cli.main(["sample", "--workdir", str(workdir), "--prefix", "the cat", "--num_samples", "2", "--steps", "4"])
+        == 0
+    )
     printed = capsys.readouterr()
     samples = [s.split("\n", 1)[1] for s in printed.out.split("--- sample ")[1:]]
     assert len(samples) == 2 and all(s.startswith("the cat") for s in samples), samples
@@ -205,17 +254,29 @@ def test_own_text_file_prompts_and_bad_checkpoints(data_dir, tmp_path, capsys):
 def test_train_names_its_dtype_times_its_steps_and_marks_its_samples(data_dir, tmp_path, capsys):
     """`sedd train` says which dtype "auto" chose and why, then its steps/s and ETA once compiled; its
     samples are marked as `sedd sample` marks them."""
-    args = ["train", "--config", "tiny", "--workdir", str(tmp_path / "run"), f"--config.data.data_dir={data_dir}",
-            "--config.model.dtype=auto", "--config.training.n_iters=17", "--config.training.eval_every=100",
-            "--config.training.ckpt_every=100", "--config.model.n_layers=1"]
+    args = [
+        "train",
+        "--config",
+        "tiny",
+        "--workdir",
+        str(tmp_path / "run"),
+        f"--config.data.data_dir={data_dir}",
+        "--config.model.dtype=auto",
+        "--config.training.n_iters=17",
+        "--config.training.eval_every=100",
+        "--config.training.ckpt_every=100",
+        "--config.model.n_layers=1",
+    ]
     assert cli.main(args) == 0
     lines = capsys.readouterr().out.splitlines()
     assert train_lib.dtype_line("auto") in lines, lines
     speed = [line for line in lines if line.startswith("speed: ")]
     assert len(speed) == 1, lines
-    rate = re.fullmatch(r"speed: (\S+) steps/s \(steps 6-15, compilation excluded\); the 2 steps left take about "
-                        r"\d+ s, evaluations and the final bound not counted \(re-estimated at each evaluation\)",
-                        speed[0])
+    rate = re.fullmatch(
+        r"speed: (\S+) steps/s \(steps 6-15, compilation excluded\); the 2 steps left take about "
+        r"\d+ s, evaluations and the final bound not counted \(re-estimated at each evaluation\)",
+        speed[0],
+    )
     assert rate and float(rate[1]) > 0, speed
     assert lines.index(speed[0]) < lines.index("--- sample 0")
 
@@ -225,10 +286,12 @@ def test_dtype_line_says_what_auto_chose_and_why(monkeypatch):
         pytest.skip("the CPU's reasons")
     monkeypatch.setattr(kernels, "cpu_has_bfloat16_dots", lambda: True)
     assert train_lib.dtype_line("auto").startswith(
-        "compute dtype bfloat16 (model.dtype='auto': this CPU has AVX512-BF16 or AMX-BF16;")
+        "compute dtype bfloat16 (model.dtype='auto': this CPU has AVX512-BF16 or AMX-BF16;"
+    )
     monkeypatch.setattr(kernels, "cpu_has_bfloat16_dots", lambda: False)
     assert train_lib.dtype_line("auto").startswith(
-        "compute dtype float32 (model.dtype='auto': no AVX512-BF16 or AMX-BF16 on this CPU")
+        "compute dtype float32 (model.dtype='auto': no AVX512-BF16 or AMX-BF16 on this CPU"
+    )
     assert train_lib.dtype_line("bfloat16") == "compute dtype bfloat16 (model.dtype='bfloat16')"
 
 
@@ -312,9 +375,18 @@ def test_muon_orthogonalises_the_layers_matrices_and_adamw_takes_the_rest():
     import optax
     from flax import nnx
 
-    config = ml_collections.ConfigDict(tiny("/nonexistent", **{"optim.optimizer": "muon", "optim.muon_lr_scale": 3.0,
-                                                                 "optim.warmup": 1, "optim.schedule": "constant",
-                                                                 "optim.adaln_lr_scale": 1.0}).to_dict())
+    config = ml_collections.ConfigDict(
+        tiny(
+            "/nonexistent",
+            **{
+                "optim.optimizer": "muon",
+                "optim.muon_lr_scale": 3.0,
+                "optim.warmup": 1,
+                "optim.schedule": "constant",
+                "optim.adaln_lr_scale": 1.0,
+            },
+        ).to_dict()
+    )
     config.vocab_size = 11
     params = nnx.state(kinds.build_model(config), nnx.Param)
     rng = np.random.default_rng(0)
@@ -329,7 +401,8 @@ def test_muon_orthogonalises_the_layers_matrices_and_adamw_takes_the_rest():
     grads = jax.tree.map(gradient, params)
     specs = train_lib.muon_dimensions(params)
     flat = jax.tree_util.tree_flatten_with_path(
-        specs, is_leaf=lambda s: s is None or isinstance(s, optax.contrib.MuonDimensionNumbers))[0]
+        specs, is_leaf=lambda s: s is None or isinstance(s, optax.contrib.MuonDimensionNumbers)
+    )[0]
     is_muon = jax.tree.unflatten(jax.tree.structure(params), [s is not None for _, s in flat])
     paths = [jax.tree_util.keystr(p) for p, s in flat if s is not None]
     assert len(paths) == 4 * config.model.n_layers and all("layers" in p and "kernel" in p for p in paths)
@@ -366,8 +439,9 @@ def test_bfloat16_run_trains_evaluates_samples_and_serves(data_dir, tmp_path):
     if kernels.compute_dtype("auto") != jnp.bfloat16:
         pytest.skip("model.dtype 'auto' is float32 on this machine (no bfloat16 dot instructions)")
 
-    c = tiny(data_dir, **{"model.dtype": "auto", "training.n_iters": 2, "training.eval_every": 2,
-                          "training.ckpt_every": 2})
+    c = tiny(
+        data_dir, **{"model.dtype": "auto", "training.n_iters": 2, "training.eval_every": 2, "training.ckpt_every": 2}
+    )
     result = train_lib.train(c, tmp_path / "run", quiet=True)
     assert np.isfinite(result["bound"]["bits_per_char"]) and result["bound"]["bits_per_char"] > 0
     run = runs.load(tmp_path / "run")
@@ -378,7 +452,14 @@ def test_bfloat16_run_trains_evaluates_samples_and_serves(data_dir, tmp_path):
     length = c.data.seq_len
     program = run.kind.rows_program(run.graphdef, steps=4, sampler="analytic", trajectory=False, live=False)
     ids, _, nfe = program.fn(
-        (run.params, run.rest), jnp.zeros(3, jnp.uint32), jnp.arange(3, dtype=jnp.uint32),
-        jnp.zeros((3, length), bool), jnp.zeros((3, length), jnp.int32), jnp.ones(3), jnp.ones(3),
-        jnp.zeros((), jnp.int32), **program.static)
+        (run.params, run.rest),
+        jnp.zeros(3, jnp.uint32),
+        jnp.arange(3, dtype=jnp.uint32),
+        jnp.zeros((3, length), bool),
+        jnp.zeros((3, length), jnp.int32),
+        jnp.ones(3),
+        jnp.ones(3),
+        jnp.zeros((), jnp.int32),
+        **program.static,
+    )
     assert ids.shape == (3, length) and int(ids.max()) < run.config.vocab_size and int(nfe[0]) > 0

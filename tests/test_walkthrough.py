@@ -45,8 +45,7 @@ def test_walkthrough_runs_in_fast_mode(tmp_path):
     )
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, str(WALKTHROUGH)], cwd=tmp_path, env=env,
-        capture_output=True, text=True, timeout=TIME_LIMIT_S,
+        [sys.executable, str(WALKTHROUGH)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIME_LIMIT_S
     )
     elapsed = time.perf_counter() - start
     assert proc.returncode == 0, f"walkthrough failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
@@ -94,8 +93,11 @@ def test_docs_name_real_functions(doc):
     for ref in refs:
         parts = ref.split(".")
         n = 2
-        while n < len(parts) and hasattr(importlib.import_module(".".join(parts[:n])), "__path__") \
-                and importlib.util.find_spec(".".join(parts[:n + 1])) is not None:
+        while (
+            n < len(parts)
+            and hasattr(importlib.import_module(".".join(parts[:n])), "__path__")
+            and importlib.util.find_spec(".".join(parts[: n + 1])) is not None
+        ):
             n += 1  # a subpackage's module, e.g. sedd.data.markov
         obj = importlib.import_module(".".join(parts[:n]))
         for attr in parts[n:]:

@@ -47,13 +47,25 @@ import numpy as np
 
 if not __package__:  # run as a file: import experiments/ by its location (experiments/__init__.py says why)
     import importlib.util
+
     _spec = importlib.util.spec_from_file_location("experiments", Path(__file__).resolve().parents[1] / "__init__.py")
     if "experiments" not in sys.modules:
         sys.modules["experiments"] = importlib.util.module_from_spec(_spec)
         _spec.loader.exec_module(sys.modules["experiments"])
 
-from experiments.benchmarks import (block, bound, decode, diffusion_vs_ar, memory, optimizer, rng,  # noqa: E402
-                                    sampler, speculative, step_profile, train)
+from experiments.benchmarks import (
+    block,
+    bound,
+    decode,
+    diffusion_vs_ar,
+    memory,
+    optimizer,
+    rng,  # noqa: E402
+    sampler,
+    speculative,
+    step_profile,
+    train,
+)
 from experiments.benchmarks.gpu_summary import gpu_summary  # noqa: E402
 from experiments.timing import machine  # noqa: E402
 from sedd import kernels  # noqa: E402
@@ -67,10 +79,19 @@ from experiments.benchmarks.train import datasheet_bf16, matmul_loop_fn  # noqa:
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
-RUNNERS = {"train": train.run_train, "sampler": sampler.run_sampler, "ar": diffusion_vs_ar.run_ar,
-           "block": block.run_block, "bound": bound.run_bound, "memory": memory.run_memory, "rng": rng.run_rng,
-           "optimizer": optimizer.run_optimizer, "profile": step_profile.run_profile, "decode": decode.run_decode,
-           "speculative": speculative.run_speculative}
+RUNNERS = {
+    "train": train.run_train,
+    "sampler": sampler.run_sampler,
+    "ar": diffusion_vs_ar.run_ar,
+    "block": block.run_block,
+    "bound": bound.run_bound,
+    "memory": memory.run_memory,
+    "rng": rng.run_rng,
+    "optimizer": optimizer.run_optimizer,
+    "profile": step_profile.run_profile,
+    "decode": decode.run_decode,
+    "speculative": speculative.run_speculative,
+}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -78,67 +99,147 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("which", choices=sorted(RUNNERS) + ["all", "gpu_summary"])
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of a few seconds")
-    p.add_argument("--json", default="", help="output file, a folder with `all` "
-                   "(default: experiments/benchmarks/results/NAME_PLATFORM.json)")
+    p.add_argument(
+        "--json",
+        default="",
+        help="output file, a folder with `all` (default: experiments/benchmarks/results/NAME_PLATFORM.json)",
+    )
     p.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds")
     p.add_argument("--width", type=int, default=None, help="H (train default 512, ar default 128)")
     p.add_argument("--blocks", type=int, default=None, help="n_layers (train default 2, ar default 2)")
     p.add_argument("--seq_len", type=int, default=None, help="L (default 128)")
-    p.add_argument("--batch_sizes", type=int, nargs="+", default=None,
-                   help="train default: 32; ar default: 1 64")
+    p.add_argument("--batch_sizes", type=int, nargs="+", default=None, help="train default: 32; ar default: 1 64")
     p.add_argument("--dtype", default="", help="model.dtype override (float32, bfloat16) for train, sampler, ar")
     p.add_argument("--matmul_n", type=int, default=2048, help="train: size of the peak-rate matmul")
     p.add_argument("--batch", type=int, default=16, help="sampler: batch of the char model")
     p.add_argument("--batch_gpt2", type=int, default=4, help="sampler: batch of the V=50257 model")
-    p.add_argument("--steps", type=int, nargs="+", default=None,
-                   help="ar: step counts (default 16 .. 1024); block: SEDD's (default 64 128)")
-    p.add_argument("--max_direct_steps", type=int, default=128,
-                   help="ar: step counts above this are predicted from a linear fit, not timed")
+    p.add_argument(
+        "--steps",
+        type=int,
+        nargs="+",
+        default=None,
+        help="ar: step counts (default 16 .. 1024); block: SEDD's (default 64 128)",
+    )
+    p.add_argument(
+        "--max_direct_steps",
+        type=int,
+        default=128,
+        help="ar: step counts above this are predicted from a linear fit, not timed",
+    )
     p.add_argument("--configs", nargs="*", default=None, help="memory: config names (default: all shipped)")
-    p.add_argument("--config", dest="configs", action="append",
-                   help="memory, train: a shipped config's own step (repeatable)")
+    p.add_argument(
+        "--config", dest="configs", action="append", help="memory, train: a shipped config's own step (repeatable)"
+    )
     p.add_argument("--mesh", default="", help="memory: mesh sizes, e.g. data=8,fsdp=1 (on as many fake CPU devices)")
-    p.add_argument("--device_gib", type=float, default=None,
-                   help="memory: a device's memory; find the cheapest accum_steps / remat that fits")
+    p.add_argument(
+        "--device_gib",
+        type=float,
+        default=None,
+        help="memory: a device's memory; find the cheapest accum_steps / remat that fits",
+    )
     p.add_argument("--length", type=int, default=1024, help="block: tokens to write")
-    p.add_argument("--workdirs", nargs="*", default=None,
-                   help="block: trained run directories (an AR, a SEDD and block runs) instead of random weights")
-    p.add_argument("--attention", nargs="+", default=None, choices=kernels.ATTENTION_IMPLEMENTATIONS,
-                   help="train: attention paths to time, one result each (sedd.kernels.ATTENTION; cudnn: a GPU's)")
-    p.add_argument("--peak_iters", type=int, default=0,
-                   help="train: the peak from this many chained matmul_n^3 products a jitted call (0: one a call)")
+    p.add_argument(
+        "--workdirs",
+        nargs="*",
+        default=None,
+        help="block: trained run directories (an AR, a SEDD and block runs) instead of random weights",
+    )
+    p.add_argument(
+        "--attention",
+        nargs="+",
+        default=None,
+        choices=kernels.ATTENTION_IMPLEMENTATIONS,
+        help="train: attention paths to time, one result each (sedd.kernels.ATTENTION; cudnn: a GPU's)",
+    )
+    p.add_argument(
+        "--peak_iters",
+        type=int,
+        default=0,
+        help="train: the peak from this many chained matmul_n^3 products a jitted call (0: one a call)",
+    )
     p.add_argument("--no_profile", action="store_true", help="train: time the step and the peak only")
     p.add_argument("--vocab", type=int, default=None, help="decode: V (default 50257 at width >= 768)")
     p.add_argument("--unroll", type=int, nargs="*", default=None, help="decode: unroll factors of the AR loop")
-    p.add_argument("--block_sizes", type=int, nargs="*", default=None,
-                   help="decode: block models' b (default 4 16); bound: (default 16)")
+    p.add_argument(
+        "--block_sizes",
+        type=int,
+        nargs="*",
+        default=None,
+        help="decode: block models' b (default 4 16); bound: (default 16)",
+    )
     p.add_argument("--no_block", action="store_true", help="decode: AR only")
     p.add_argument("--trace", action="store_true", help="decode: a jax.profiler trace of the AR and block calls")
-    p.add_argument("--target", default="", help="speculative: the AR run sampled (default with --quick: tiny random runs)")
-    p.add_argument("--drafts", default="", help="speculative: comma-separated drafters, 'ngram' or run directories "
-                   "(a smaller AR run, a block run; default ngram; none: the --spec run alone)")
-    p.add_argument("--draft_ks", type=int, nargs="+", default=None,
-                   help="speculative: the drafts a round of each --drafts drafter (default 2 4 8 16)")
-    p.add_argument("--spec", default="", help="speculative: comma-separated "
-                   "model.kind='spec' runs, each sampled with its own drafts")
-    p.add_argument("--layouts", nargs="+", default=None, help="speculative: the --spec runs' round layouts, each "
-                   "'K,GROUPS' or 'auto' (the fastest here, timed at each batch; default: its trained k, every group)")
+    p.add_argument(
+        "--target", default="", help="speculative: the AR run sampled (default with --quick: tiny random runs)"
+    )
+    p.add_argument(
+        "--drafts",
+        default="",
+        help="speculative: comma-separated drafters, 'ngram' or run directories "
+        "(a smaller AR run, a block run; default ngram; none: the --spec run alone)",
+    )
+    p.add_argument(
+        "--draft_ks",
+        type=int,
+        nargs="+",
+        default=None,
+        help="speculative: the drafts a round of each --drafts drafter (default 2 4 8 16)",
+    )
+    p.add_argument(
+        "--spec",
+        default="",
+        help="speculative: comma-separated model.kind='spec' runs, each sampled with its own drafts",
+    )
+    p.add_argument(
+        "--layouts",
+        nargs="+",
+        default=None,
+        help="speculative: the --spec runs' round layouts, each "
+        "'K,GROUPS' or 'auto' (the fastest here, timed at each batch; default: its trained k, every group)",
+    )
     p.add_argument("--quality_samples", type=int, default=64, help="speculative: texts each cell's quality is of")
     p.add_argument("--cost_only", action="store_true", help="speculative: the call-cost curve only")
-    p.add_argument("--profile_size", default="", choices=["", "shakespeare_char", "gpt2_small"],
-                   help="speculative: where a step's time goes at this size too (random weights, L 128), per "
-                   "--layouts; with --spec, each run's tokens a call at that step's price")
-    p.add_argument("--dtypes", default="", help="speculative: comma-separated compute dtypes (float32,bfloat16): "
-                   "AR's text and the first --spec run's in each, interleaved (which is AR at its best here)")
-    p.add_argument("--positions", type=int, nargs="+", default=None,
-                   help="speculative: the n of the call-cost curve (default 1 .. 32)")
-    p.add_argument("--widths", type=int, nargs="+", default=None,
-                   help="speculative: the call-cost curve of the plays' network at these widths (--blocks layers, "
-                   "default 4; max(8, W / 64) heads) in place of the default's and GPT-2 small's")
-    p.add_argument("--verifications", default="joint", help="speculative: comma-separated, each cell verified by "
-                   "each: 'joint' (Sun et al.'s block verification) and/or 'token' (Leviathan et al.); the same law")
-    p.add_argument("--temperatures", type=float, nargs="+", default=[1.0],
-                   help="speculative: each cell at each temperature, against AR at it (0: greedy, one text)")
+    p.add_argument(
+        "--profile_size",
+        default="",
+        choices=["", "shakespeare_char", "gpt2_small"],
+        help="speculative: where a step's time goes at this size too (random weights, L 128), per "
+        "--layouts; with --spec, each run's tokens a call at that step's price",
+    )
+    p.add_argument(
+        "--dtypes",
+        default="",
+        help="speculative: comma-separated compute dtypes (float32,bfloat16): "
+        "AR's text and the first --spec run's in each, interleaved (which is AR at its best here)",
+    )
+    p.add_argument(
+        "--positions",
+        type=int,
+        nargs="+",
+        default=None,
+        help="speculative: the n of the call-cost curve (default 1 .. 32)",
+    )
+    p.add_argument(
+        "--widths",
+        type=int,
+        nargs="+",
+        default=None,
+        help="speculative: the call-cost curve of the plays' network at these widths (--blocks layers, "
+        "default 4; max(8, W / 64) heads) in place of the default's and GPT-2 small's",
+    )
+    p.add_argument(
+        "--verifications",
+        default="joint",
+        help="speculative: comma-separated, each cell verified by "
+        "each: 'joint' (Sun et al.'s block verification) and/or 'token' (Leviathan et al.); the same law",
+    )
+    p.add_argument(
+        "--temperatures",
+        type=float,
+        nargs="+",
+        default=[1.0],
+        help="speculative: each cell at each temperature, against AR at it (0: greedy, one text)",
+    )
     p.add_argument("--picture", default="", help="speculative: a PNG of tokens a call and tokens/s against quality")
     p.add_argument("--dump", default="", help="decode: a folder for the AR loop's HLO and the traces (.xplane.pb.gz)")
     return p
@@ -167,9 +268,11 @@ def run(which: str, args) -> dict:
     result["wall_s"] = time.perf_counter() - t0
     m = result["machine"]
     bf16 = "with" if m["cpu_has_bfloat16_dots"] else "without"
-    print(f"== {result['benchmark']} on {m['platform']} ({m['device_kind']}; {m['device_count']} device(s); "
-          f"{m['cpu_count']} CPUs, {m['cpu_model']}, {bf16} AVX512-BF16; load {m['load_average_1_5_15min']}; jax {m['jax']}; "
-          f"XLA_FLAGS={m['xla_flags']!r}); {result['wall_s']:.0f} s")
+    print(
+        f"== {result['benchmark']} on {m['platform']} ({m['device_kind']}; {m['device_count']} device(s); "
+        f"{m['cpu_count']} CPUs, {m['cpu_model']}, {bf16} AVX512-BF16; load {m['load_average_1_5_15min']}; jax {m['jax']}; "
+        f"XLA_FLAGS={m['xla_flags']!r}); {result['wall_s']:.0f} s"
+    )
     print(result["table"])
     name = f"{result['benchmark']}_{m['platform']}{'_quick' if args.quick else ''}.json"
     if not args.json:
@@ -182,8 +285,10 @@ def run(which: str, args) -> dict:
     path.write_text(json.dumps(result, indent=1, default=float))
     print(f"wrote {path}")
     if which == "speculative":  # its tables as markdown beside the JSON
-        path.with_suffix(".md").write_text(f"# bench.py speculative ({m['platform']}, {m['cpu_model']}, "
-                                           f"jax {m['jax']})\n\n```\n{result['table']}\n```\n")
+        path.with_suffix(".md").write_text(
+            f"# bench.py speculative ({m['platform']}, {m['cpu_model']}, "
+            f"jax {m['jax']})\n\n```\n{result['table']}\n```\n"
+        )
     return result
 
 
@@ -207,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.which == "gpu_summary":
         print(gpu_summary(args.json or str(RESULTS_DIR)))
         return 0
-    for which in (sorted(RUNNERS) if args.which == "all" else [args.which]):
+    for which in sorted(RUNNERS) if args.which == "all" else [args.which]:
         run(which, args)
     return 0
 

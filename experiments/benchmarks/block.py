@@ -14,8 +14,9 @@ from sedd import kinds, sampling
 from sedd.kinds import causal
 
 
-def _writers(config, length: int, batch: int, block_sizes: list[int], sedd_steps: list[int], given: list,
-             per_step: int) -> dict:
+def _writers(
+    config, length: int, batch: int, block_sizes: list[int], sedd_steps: list[int], given: list, per_step: int
+) -> dict:
     """name -> (() -> Samples with stats, positions a network call runs on, sampler described).
 
     With `given` (loaded ``sedd.runs.Run``s: an AR run, a SEDD run, block runs,
@@ -44,8 +45,9 @@ def _writers(config, length: int, batch: int, block_sizes: list[int], sedd_steps
     if whole or not given:
         kind, net = (whole[0].kind, whole[0].net) if whole else nets.random_net(config, "ddit")
         for steps in sedd_steps:
-            fn = functools.partial(kind.sample, key, net, batch, steps, "analytic", max_length=length,
-                                   return_stats=True)
+            fn = functools.partial(
+                kind.sample, key, net, batch, steps, "analytic", max_length=length, return_stats=True
+            )
             out[f"SEDD b=L, {steps} steps"] = (fn, config.data.seq_len, f"analytic, windows of L, {steps} steps")
     for b in sorted(blocks) if given else block_sizes:
         run = blocks.get(b)
@@ -61,8 +63,16 @@ def _writers(config, length: int, batch: int, block_sizes: list[int], sedd_steps
     return out
 
 
-def bench_block(config, length: int, batch: int, block_sizes: list[int], sedd_steps: list[int], repeats: int,
-                given: list, per_step: int = 4) -> dict:
+def bench_block(
+    config,
+    length: int,
+    batch: int,
+    block_sizes: list[int],
+    sedd_steps: list[int],
+    repeats: int,
+    given: list,
+    per_step: int = 4,
+) -> dict:
     """Seconds to write `length` tokens at `batch` for AR, SEDD and block models, interleaved, with NFE and FLOPs."""
     writers = _writers(config, length, batch, block_sizes, sedd_steps, given, per_step)
     nfe = {name: int(fn().stats["nfe"]) for name, (fn, _, _) in writers.items()}  # also compiles
@@ -73,12 +83,27 @@ def bench_block(config, length: int, batch: int, block_sizes: list[int], sedd_st
     rows = []
     for name, (_, positions, what) in writers.items():
         sec = median(times[name])
-        rows.append({"model": name, "sampler": what, "seconds": sec, "times_s": times[name],
-                     "tokens_per_s": batch * length / sec, "nfe": nfe[name], "nfe_per_token": nfe[name] / length,
-                     "flops_per_token": nfe[name] * positions * forward / length,
-                     "speedup_vs_ar": paired_ratio(times["AR, KV cache"], times[name])})
-    return {"model": dict(config.model.to_dict(), vocab_size=config.vocab_size, window=window),
-            "length": length, "batch": batch, "trained": bool(given), "ar_seconds": ar_s, "rows": rows}
+        rows.append(
+            {
+                "model": name,
+                "sampler": what,
+                "seconds": sec,
+                "times_s": times[name],
+                "tokens_per_s": batch * length / sec,
+                "nfe": nfe[name],
+                "nfe_per_token": nfe[name] / length,
+                "flops_per_token": nfe[name] * positions * forward / length,
+                "speedup_vs_ar": paired_ratio(times["AR, KV cache"], times[name]),
+            }
+        )
+    return {
+        "model": dict(config.model.to_dict(), vocab_size=config.vocab_size, window=window),
+        "length": length,
+        "batch": batch,
+        "trained": bool(given),
+        "ar_seconds": ar_s,
+        "rows": rows,
+    }
 
 
 def run_block(quick: bool, args) -> dict:
@@ -94,19 +119,34 @@ def run_block(quick: bool, args) -> dict:
         lengths, batches, block_sizes, sedd_steps = [args.length], args.batch_sizes, [4, 8, 16], args.steps
         repeats = args.repeats
     else:
-        config = nets.bench_config(hidden_size=args.width, n_heads=max(args.width // 64, 1),
-                                   n_layers=args.blocks, cond_dim=64, seq_len=args.seq_len)
+        config = nets.bench_config(
+            hidden_size=args.width,
+            n_heads=max(args.width // 64, 1),
+            n_layers=args.blocks,
+            cond_dim=64,
+            seq_len=args.seq_len,
+        )
         if args.width >= 768:  # GPT-2 small's vocabulary too
             config.vocab_size = 50257
         lengths, batches, block_sizes, sedd_steps = [args.length], args.batch_sizes, [4, 8, 16], args.steps
         repeats = args.repeats
     if args.dtype:
         config.model.dtype = args.dtype
-    results = [bench_block(config, n, b, block_sizes, sedd_steps, repeats, given)
-               for n in lengths for b in batches]
-    rows = [[r["batch"], row["model"], row["sampler"], f"{row['seconds']:.2f}", f"{row['tokens_per_s']:.0f}",
-             f"{row['nfe']}", f"{row['nfe_per_token']:.3f}", f"{row['flops_per_token'] / 1e6:.2f}",
-             f"{row['speedup_vs_ar']:.2f}"] for r in results for row in r["rows"]]
+    results = [bench_block(config, n, b, block_sizes, sedd_steps, repeats, given) for n in lengths for b in batches]
+    rows = [
+        [
+            r["batch"],
+            row["model"],
+            row["sampler"],
+            f"{row['seconds']:.2f}",
+            f"{row['tokens_per_s']:.0f}",
+            f"{row['nfe']}",
+            f"{row['nfe_per_token']:.3f}",
+            f"{row['flops_per_token'] / 1e6:.2f}",
+            f"{row['speedup_vs_ar']:.2f}",
+        ]
+        for r in results
+        for row in r["rows"]
+    ]
     table = format_table(["B", "model", "sampler", "s", "tok/s", "NFE", "NFE/tok", "MFLOP/tok", "vs AR"], rows)
     return {"benchmark": "block" + ("_trained" if given else ""), "results": results, "table": table}
-

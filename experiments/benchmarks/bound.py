@@ -25,21 +25,37 @@ def _cost(fn: Callable, *args) -> dict:
 
 def _bound_candidates(config, batch: int, block_sizes: list[int], num_t: int) -> dict:
     """name -> (a batch's bound, XLA's count of one t point, of the once-a-batch context or None)."""
-    x0 = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, (batch, config.data.seq_len)),
-                     jnp.int32)
+    x0 = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, (batch, config.data.seq_len)), jnp.int32)
     sigma = jnp.full((batch,), 1.0, jnp.float32)
     kind, net = nets.random_net(config, "ddit")
-    out = {"ddit": (functools.partial(kind.likelihood, jax.random.key(0), net, [x0], num_t),
-                    _cost(kinds.params_score_fn(net.graphdef), net.state, x0, sigma), None)}
+    out = {
+        "ddit": (
+            functools.partial(kind.likelihood, jax.random.key(0), net, [x0], num_t),
+            _cost(kinds.params_score_fn(net.graphdef), net.state, x0, sigma),
+            None,
+        )
+    }
     for b in block_sizes:
         kind, net = nets.random_net(config, "block", b)
         fns = block.bound_fns(net.graphdef, b)
         context = jax.jit(fns.prepare)(net.state, x0)
-        out[f"block b={b}"] = (functools.partial(kind.likelihood, jax.random.key(0), net, [x0], num_t),
-                               _cost(fns.block_fn, context, x0, x0, sigma), _cost(fns.prepare, net.state, x0))
+        out[f"block b={b}"] = (
+            functools.partial(kind.likelihood, jax.random.key(0), net, [x0], num_t),
+            _cost(fns.block_fn, context, x0, x0, sigma),
+            _cost(fns.prepare, net.state, x0),
+        )
         full = block.params_block_fn(net.graphdef, b)  # the [x_t ; x0] forward at every t, as before issue 54
-        before = functools.partial(evaluate.dataset_bound, jax.random.key(0), full, kind.graph, kind.noise, [x0],
-                                   num_t, score_params=net.state, per_position=block.per_position_fn(b))
+        before = functools.partial(
+            evaluate.dataset_bound,
+            jax.random.key(0),
+            full,
+            kind.graph,
+            kind.noise,
+            [x0],
+            num_t,
+            score_params=net.state,
+            per_position=block.per_position_fn(b),
+        )
         out[f"block b={b}, full forward"] = (before, _cost(full, net.state, x0, x0, sigma), None)
     return out
 
@@ -64,13 +80,27 @@ def bench_bound(config, batch: int, block_sizes: list[int], num_t: int, repeats:
     rows = []
     for name in names:
         _, per_t, context = candidates[name]
-        rows.append({"model": name, "first_s": first[name], "wall_s": median(wall[name]), "cpu_s": median(cpu[name]),
-                     "wall_times_s": wall[name], "cpu_times_s": cpu[name],
-                     "ratio_to_ddit_wall": paired_ratio(wall[name], wall["ddit"]),
-                     "ratio_to_ddit_cpu": paired_ratio(cpu[name], cpu["ddit"]),
-                     "per_t": per_t, "context": context})
-    return {"model": dict(config.model.to_dict(), vocab_size=config.vocab_size), "batch": batch,
-            "seq_len": config.data.seq_len, "num_t": num_t, "rows": rows}
+        rows.append(
+            {
+                "model": name,
+                "first_s": first[name],
+                "wall_s": median(wall[name]),
+                "cpu_s": median(cpu[name]),
+                "wall_times_s": wall[name],
+                "cpu_times_s": cpu[name],
+                "ratio_to_ddit_wall": paired_ratio(wall[name], wall["ddit"]),
+                "ratio_to_ddit_cpu": paired_ratio(cpu[name], cpu["ddit"]),
+                "per_t": per_t,
+                "context": context,
+            }
+        )
+    return {
+        "model": dict(config.model.to_dict(), vocab_size=config.vocab_size),
+        "batch": batch,
+        "seq_len": config.data.seq_len,
+        "num_t": num_t,
+        "rows": rows,
+    }
 
 
 def run_bound(quick: bool, args) -> dict:
@@ -83,11 +113,21 @@ def run_bound(quick: bool, args) -> dict:
     if args.dtype:
         config.model.dtype = args.dtype
     result = bench_bound(config, batch, block_sizes, num_t, repeats)
-    rows = [[row["model"], f"{row['first_s']:.1f}", f"{row['wall_s']:.1f}", f"{row['cpu_s']:.1f}",
-             f"{row['ratio_to_ddit_wall']:.2f}", f"{row['ratio_to_ddit_cpu']:.2f}", f"{row['per_t']['gflop']:.2f}",
-             f"{row['per_t']['gb']:.2f}",
-             "" if row["context"] is None else f"{row['context']['gflop']:.2f}"] for row in result["rows"]]
-    table = format_table(["model", "1st s", "wall s", "CPU s", "wall/ddit", "CPU/ddit", "GFLOP/t", "GB/t",
-                          "ctx GFLOP"], rows)
+    rows = [
+        [
+            row["model"],
+            f"{row['first_s']:.1f}",
+            f"{row['wall_s']:.1f}",
+            f"{row['cpu_s']:.1f}",
+            f"{row['ratio_to_ddit_wall']:.2f}",
+            f"{row['ratio_to_ddit_cpu']:.2f}",
+            f"{row['per_t']['gflop']:.2f}",
+            f"{row['per_t']['gb']:.2f}",
+            "" if row["context"] is None else f"{row['context']['gflop']:.2f}",
+        ]
+        for row in result["rows"]
+    ]
+    table = format_table(
+        ["model", "1st s", "wall s", "CPU s", "wall/ddit", "CPU/ddit", "GFLOP/t", "GB/t", "ctx GFLOP"], rows
+    )
     return {"benchmark": "bound", "results": [result], "table": table}
-

@@ -31,8 +31,11 @@ def stored_in_compute_dtype(model):
     values, so the tokens are the same.
     """
     model = nnx.clone(model)
-    linears = [node for _, node in nnx.iter_graph(model)
-               if isinstance(node, nnx.Linear) and isinstance(node.dot_general, kernels._MixedDot)]
+    linears = [
+        node
+        for _, node in nnx.iter_graph(model)
+        if isinstance(node, nnx.Linear) and isinstance(node.dot_general, kernels._MixedDot)
+    ]
     for node in linears:
         node.kernel = nnx.Param(node.kernel[...].astype(node.dot_general.dtype))
     return model
@@ -95,6 +98,7 @@ def trace_calls(fn: Callable[[], Any], calls: int, top: int = 20, keep: str | No
         pb = next(Path(d).rglob("*.xplane.pb"))
         if keep:
             import gzip  # noqa: PLC0415
+
             Path(keep).parent.mkdir(parents=True, exist_ok=True)
             Path(keep).write_bytes(gzip.compress(pb.read_bytes()))
         data = ProfileData.from_file(str(pb))
@@ -111,10 +115,21 @@ def trace_calls(fn: Callable[[], Any], calls: int, top: int = 20, keep: str | No
             for name, _, dur in evs:
                 by_name.setdefault(name, []).append(dur)
             names = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
-            row = {"plane": plane.name, "line": line.name, "events_per_call": len(evs) / calls,
-                   "sum_ms_per_call": sum(e[2] for e in evs) / calls / 1e6,
-                   "top": [{"name": n[:120], "count_per_call": len(v) / calls, "ms_per_call": sum(v) / calls / 1e6,
-                            "mean_us": sum(v) / len(v) / 1e3} for n, v in names]}
+            row = {
+                "plane": plane.name,
+                "line": line.name,
+                "events_per_call": len(evs) / calls,
+                "sum_ms_per_call": sum(e[2] for e in evs) / calls / 1e6,
+                "top": [
+                    {
+                        "name": n[:120],
+                        "count_per_call": len(v) / calls,
+                        "ms_per_call": sum(v) / calls / 1e6,
+                        "mean_us": sum(v) / len(v) / 1e3,
+                    }
+                    for n, v in names
+                ],
+            }
             if is_device:
                 row["busy_ms_per_call"] = union_ns([(a, a + d) for _, a, d in evs]) / calls / 1e6
                 row["span_ms"] = (max(a + d for _, a, d in evs) - min(a for _, a, _ in evs)) / 1e6
@@ -140,8 +155,11 @@ def hlo_loop_ops(hlo_text: str) -> dict:
 def _ar_hlo(model, length: int, unroll: int = 1) -> str:
     """The compiled text of `ar_decode` (as jax.jit of the split model)."""
     graphdef, state = nnx.split(model)
-    f = jax.jit(lambda state, key, t: _ar_decode(nnx.merge(graphdef, state), key, t, num_samples=1, length=length,
-                                                 unroll=unroll))
+    f = jax.jit(
+        lambda state, key, t: _ar_decode(
+            nnx.merge(graphdef, state), key, t, num_samples=1, length=length, unroll=unroll
+        )
+    )
     return f.lower(state, jax.random.key(0), jnp.float32(1.0)).compile().as_text()
 
 
@@ -153,8 +171,13 @@ def run_decode(quick: bool, args) -> dict:
         config = nets.bench_config("tiny")
         length, repeats, unrolls = 32, 1, args.unroll
     else:
-        config = nets.bench_config(hidden_size=args.width, n_heads=max(args.width // 64, 1),
-                                   n_layers=args.blocks, cond_dim=128, seq_len=args.seq_len)
+        config = nets.bench_config(
+            hidden_size=args.width,
+            n_heads=max(args.width // 64, 1),
+            n_layers=args.blocks,
+            cond_dim=128,
+            seq_len=args.seq_len,
+        )
         config.vocab_size = args.vocab or (50257 if args.width >= 768 else config.vocab_size)
         length, repeats, unrolls = args.length, args.repeats, args.unroll
     if args.dtype:
@@ -167,22 +190,30 @@ def run_decode(quick: bool, args) -> dict:
     graphdef, params, rest = nnx.split(ar_model, nnx.Param, ...)
     leaves = jax.tree.leaves(params)
     ks = jax.random.split(jax.random.key(1), len(leaves))
-    params = jax.tree.unflatten(jax.tree.structure(params),
-                                [p + 0.02 * jax.random.normal(k, p.shape) for p, k in zip(leaves, ks)])
+    params = jax.tree.unflatten(
+        jax.tree.structure(params), [p + 0.02 * jax.random.normal(k, p.shape) for p, k in zip(leaves, ks)]
+    )
     ar_model = nnx.merge(graphdef, params, rest)
     ar_model.eval()
     ar_low = stored_in_compute_dtype(ar_model)
     fns: dict[str, tuple[Callable[[], Any], int]] = {
-        "AR, KV cache (causal.ancestral)": (lambda: causal.ancestral_model(key, ar_model, batch, length), length)}
+        "AR, KV cache (causal.ancestral)": (lambda: causal.ancestral_model(key, ar_model, batch, length), length)
+    }
     for u in unrolls:
         fns[f"AR, loop unrolled x{u}"] = (
-            functools.partial(ar_decode, ar_model, key, one, num_samples=batch, length=length, unroll=u), length)
+            functools.partial(ar_decode, ar_model, key, one, num_samples=batch, length=length, unroll=u),
+            length,
+        )
     fns["AR, weights stored bf16"] = (
-        functools.partial(ar_decode, ar_low, key, one, num_samples=batch, length=length, unroll=1), length)
+        functools.partial(ar_decode, ar_low, key, one, num_samples=batch, length=length, unroll=1),
+        length,
+    )
     if unrolls:
         u = max(unrolls)
         fns[f"AR, weights stored bf16, unrolled x{u}"] = (
-            functools.partial(ar_decode, ar_low, key, one, num_samples=batch, length=length, unroll=u), length)
+            functools.partial(ar_decode, ar_low, key, one, num_samples=batch, length=length, unroll=u),
+            length,
+        )
     base = "AR, KV cache (causal.ancestral)"
     ref = np.asarray(fns[base][0]())
     results = []
@@ -197,28 +228,44 @@ def run_decode(quick: bool, args) -> dict:
         times = interleaved({name: fn for name, (fn, _) in group.items()}, repeats, warmup=0)
         for name, (_, calls) in group.items():
             sec = median(times[name])
-            results.append({"what": name, "calls": calls, "seconds": sec, "ms_per_call": sec / calls * 1e3,
-                            "tokens_per_s": batch * length / sec, "same_tokens_as_ar_sample": same.get(name),
-                            "ratio_to_ar_sample": paired_ratio(times[name], times[base]) if base in group else None,
-                            "times_s": times[name]})
-            print(f"decode: {name}: {sec / calls * 1e3:.4f} ms a call ({calls} calls, {sec:.3f} s; "
-                  f"same tokens: {same.get(name)})", flush=True)
+            results.append(
+                {
+                    "what": name,
+                    "calls": calls,
+                    "seconds": sec,
+                    "ms_per_call": sec / calls * 1e3,
+                    "tokens_per_s": batch * length / sec,
+                    "same_tokens_as_ar_sample": same.get(name),
+                    "ratio_to_ar_sample": paired_ratio(times[name], times[base]) if base in group else None,
+                    "times_s": times[name],
+                }
+            )
+            print(
+                f"decode: {name}: {sec / calls * 1e3:.4f} ms a call ({calls} calls, {sec:.3f} s; "
+                f"same tokens: {same.get(name)})",
+                flush=True,
+            )
 
     measure(fns)
     per_step, blocks = 4, {}
-    for b in ([] if args.no_block else args.block_sizes):
+    for b in [] if args.no_block else args.block_sizes:
         kind, net = nets.random_net(config, "block", b)
         steps = max(b // per_step, 1)
-        fn = functools.partial(kind.sample, key, net, batch, steps, sampler="confidence", max_length=length,
-                               return_stats=True)
+        fn = functools.partial(
+            kind.sample, key, net, batch, steps, sampler="confidence", max_length=length, return_stats=True
+        )
         nfe = int(fn().stats["nfe"])  # also compiles
         blocks[f"block b={b}, {min(per_step, b)} tokens a call"] = (fn, nfe)
     if blocks:
         measure(blocks)
     fns.update(blocks)
-    out = {"benchmark": "decode", "results": results,
-           "model": dict(config.model.to_dict(), vocab_size=config.vocab_size, seq_len=config.data.seq_len),
-           "length": length, "batch": batch}
+    out = {
+        "benchmark": "decode",
+        "results": results,
+        "model": dict(config.model.to_dict(), vocab_size=config.vocab_size, seq_len=config.data.seq_len),
+        "length": length,
+        "batch": batch,
+    }
     # The weights a call reads: the floor of a call at the device's copy rate.
     n = model_lib.matmul_params(ar_model)
     out["weight_bytes_float32"], out["weight_bytes_bfloat16"] = 4 * n, 2 * n
@@ -256,20 +303,32 @@ def _hlo_and_traces(out: dict, fns: dict, ar_model, length: int, base: str, args
 
 def _table(out: dict) -> str:
     """The decode benchmark's table: a row per writer, then the weights a call reads and each trace's lines."""
-    rows = [[r["what"], r["calls"], f"{r['seconds']:.3f}", f"{r['ms_per_call']:.3f}", f"{r['tokens_per_s']:.0f}",
-             "" if r["ratio_to_ar_sample"] is None else f"{r['ratio_to_ar_sample']:.2f}",
-             "" if r["same_tokens_as_ar_sample"] is None else str(r["same_tokens_as_ar_sample"])]
-            for r in out["results"]]
+    rows = [
+        [
+            r["what"],
+            r["calls"],
+            f"{r['seconds']:.3f}",
+            f"{r['ms_per_call']:.3f}",
+            f"{r['tokens_per_s']:.0f}",
+            "" if r["ratio_to_ar_sample"] is None else f"{r['ratio_to_ar_sample']:.2f}",
+            "" if r["same_tokens_as_ar_sample"] is None else str(r["same_tokens_as_ar_sample"]),
+        ]
+        for r in out["results"]
+    ]
     table = format_table(["batch 1", "calls", "s", "ms a call", "tok/s", "time / ancestral", "same tokens"], rows)
-    table += (f"\nweights a call: {out['weight_bytes_float32'] / 1e9:.3f} GB float32, "
-              f"{out['weight_bytes_bfloat16'] / 1e9:.3f} GB bfloat16; the AR loop body: "
-              f"{out.get('hlo_loop_body_ops_total', '?')} HLO ops, {out.get('hlo_converts_in_loop', '?')} converts")
+    table += (
+        f"\nweights a call: {out['weight_bytes_float32'] / 1e9:.3f} GB float32, "
+        f"{out['weight_bytes_bfloat16'] / 1e9:.3f} GB bfloat16; the AR loop body: "
+        f"{out.get('hlo_loop_body_ops_total', '?')} HLO ops, {out.get('hlo_converts_in_loop', '?')} converts"
+    )
     for name, tr in out.get("trace", {}).items():
         if "error" in tr:
             table += f"\ntrace of {name}: {tr['error']}"
             continue
         for row in tr["device"]:
-            table += (f"\ntrace of {name}, {row['line']}: {row['events_per_call']:.0f} events a call, "
-                      f"{row['sum_ms_per_call']:.3f} ms summed, {row['busy_ms_per_call']:.3f} ms busy a call "
-                      f"(traced wall {tr['wall_ms_per_call_traced']:.3f} ms a call)")
+            table += (
+                f"\ntrace of {name}, {row['line']}: {row['events_per_call']:.0f} events a call, "
+                f"{row['sum_ms_per_call']:.3f} ms summed, {row['busy_ms_per_call']:.3f} ms busy a call "
+                f"(traced wall {tr['wall_ms_per_call_traced']:.3f} ms a call)"
+            )
     return table

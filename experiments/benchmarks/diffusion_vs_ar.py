@@ -23,8 +23,9 @@ def ar_decode_fn(config, batch: int) -> tuple[Callable[[], Any], str]:
     return (lambda: causal.ancestral_model(key, model, batch, config.data.seq_len)), "KV cache (causal.ancestral)"
 
 
-def bench_diffusion_vs_ar(config, batch: int, steps_list: list[int], max_direct_steps: int,
-                          repeats: int = 3, max_seconds: float = 20.0) -> dict:
+def bench_diffusion_vs_ar(
+    config, batch: int, steps_list: list[int], max_direct_steps: int, repeats: int = 3, max_seconds: float = 20.0
+) -> dict:
     """Seconds to generate B x L tokens: diffusion for each step count vs the AR baseline.
 
     Step counts up to ``max_direct_steps`` are timed (median of up to
@@ -49,8 +50,7 @@ def bench_diffusion_vs_ar(config, batch: int, steps_list: list[int], max_direct_
         while len(ts) < repeats and (not ts or sum(ts) < max_seconds):
             ts.append(timed(fn))
         measured.append((s, median(ts)))
-        rows.append({"steps": s, "seconds": median(ts), "source": "timed", "runs": len(ts),
-                     "first_call_s": compile_s})
+        rows.append({"steps": s, "seconds": median(ts), "source": "timed", "runs": len(ts), "first_call_s": compile_s})
     ar_times += interleaved({"ar": ar_fn}, repeats, warmup=0)["ar"]
     ar_s = median(ar_times)
     xs = np.array([s + 1 for s, _ in measured], float)  # network calls: steps + the denoise
@@ -86,8 +86,13 @@ def run_ar(quick: bool, args) -> dict:
         config = nets.bench_config("tiny")
         batches, steps_list, max_direct, repeats = [2], [2, 4, 8], 4, 1
     else:
-        config = nets.bench_config(hidden_size=args.width, n_heads=max(args.width // 64, 1),
-                                   n_layers=args.blocks, cond_dim=64, seq_len=args.seq_len)
+        config = nets.bench_config(
+            hidden_size=args.width,
+            n_heads=max(args.width // 64, 1),
+            n_layers=args.blocks,
+            cond_dim=64,
+            seq_len=args.seq_len,
+        )
         batches, steps_list, max_direct, repeats = args.batch_sizes, args.steps, args.max_direct_steps, 3
     if args.dtype:
         config.model.dtype = args.dtype
@@ -96,9 +101,18 @@ def run_ar(quick: bool, args) -> dict:
     for r in results:
         b = r["model"]["batch_size"]
         for row in r["rows"]:
-            rows.append([b, row["steps"], f"{row['seconds']:.3f}", row["source"], f"{row['tokens_per_s']:.0f}",
-                         f"{r['ar_seconds']:.3f}", f"{r['ar_tokens_per_s']:.0f}", f"{row['speedup_vs_ar']:.2f}"])
+            rows.append(
+                [
+                    b,
+                    row["steps"],
+                    f"{row['seconds']:.3f}",
+                    row["source"],
+                    f"{row['tokens_per_s']:.0f}",
+                    f"{r['ar_seconds']:.3f}",
+                    f"{r['ar_tokens_per_s']:.0f}",
+                    f"{row['speedup_vs_ar']:.2f}",
+                ]
+            )
         rows.append([b, "crossover", f"{r['crossover_steps']:.0f} steps", "", "", "", "", r["ar_method"]])
     table = format_table(["B", "steps", "diffusion s", "", "diff tok/s", "AR s", "AR tok/s", "AR s / diff s"], rows)
     return {"benchmark": "diffusion_vs_ar", "results": results, "table": table}
-

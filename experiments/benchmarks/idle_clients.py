@@ -84,8 +84,10 @@ def rss_mib(pid: int) -> float:
 
 def request_bytes(port: int, body: dict) -> bytes:
     data = json.dumps(body).encode()
-    return (f"POST /v1/completions HTTP/1.1\r\nHost: localhost:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+    return (
+        f"POST /v1/completions HTTP/1.1\r\nHost: localhost:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    ).encode() + data
 
 
 def read_whole(port: int, request: bytes) -> None:
@@ -96,8 +98,21 @@ def read_whole(port: int, request: bytes) -> None:
 
 
 def start(args, port: int, log) -> subprocess.Popen:
-    argv = ["serve", "--workdir", args.workdir, "--port", str(port), "--window_ms", "200", "--log_level",
-            "info", "--send_timeout", str(args.send_timeout), "--timeout", "900"]
+    argv = [
+        "serve",
+        "--workdir",
+        args.workdir,
+        "--port",
+        str(port),
+        "--window_ms",
+        "200",
+        "--log_level",
+        "info",
+        "--send_timeout",
+        str(args.send_timeout),
+        "--timeout",
+        "900",
+    ]
     server = subprocess.Popen([sys.executable, "-c", _SERVER, str(args.sndbuf), *argv], stdout=log, stderr=log)
     deadline = time.monotonic() + 180
     while True:
@@ -111,8 +126,7 @@ def start(args, port: int, log) -> subprocess.Popen:
 
 
 def measure(args, port: int, server: subprocess.Popen, log_path: str) -> dict:
-    request = request_bytes(port, {"prompt": "ROMEO:", "n": args.n, "steps": args.steps, "diffusing": True,
-                                   "seed": 1})
+    request = request_bytes(port, {"prompt": "ROMEO:", "n": args.n, "steps": args.steps, "diffusing": True, "seed": 1})
     warm = [threading.Thread(target=read_whole, args=(port, request)) for _ in range(4)]
     for t in warm:
         t.start()
@@ -122,12 +136,14 @@ def measure(args, port: int, server: subprocess.Popen, log_path: str) -> dict:
     out = {"baseline RSS MiB": rss_mib(server.pid)}
     begun_before = 4
     for r in range(1, args.rounds + 1):
-        out.update({f"round {r}: {k}": v for k, v in idle_round(args, port, server, log_path, request,
-                                                                begun_before).items()})
+        out.update(
+            {f"round {r}: {k}": v for k, v in idle_round(args, port, server, log_path, request, begun_before).items()}
+        )
         begun_before += args.clients
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    c.request("POST", "/v1/completions", json.dumps({"prompt": "ROMEO:", "steps": 4}),
-              {"Content-Type": "application/json"})
+    c.request(
+        "POST", "/v1/completions", json.dumps({"prompt": "ROMEO:", "steps": 4}), {"Content-Type": "application/json"}
+    )
     out["next request"] = c.getresponse().status
     return out
 
@@ -151,10 +167,14 @@ def idle_round(args, port: int, server: subprocess.Popen, log_path: str, request
         if begun >= args.clients and state["streams"] == 0:
             break
         time.sleep(0.5)
-    out = {"seconds until every stream ended": round(time.monotonic() - t0, 1), "peak RSS MiB": peak,
-           "RSS after MiB (clients still connected)": rss_mib(server.pid),
-           "/health median s": statistics.median(latencies), "/health max s": max(latencies),
-           "/health samples": len(latencies)}
+    out = {
+        "seconds until every stream ended": round(time.monotonic() - t0, 1),
+        "peak RSS MiB": peak,
+        "RSS after MiB (clients still connected)": rss_mib(server.pid),
+        "/health median s": statistics.median(latencies),
+        "/health max s": max(latencies),
+        "/health samples": len(latencies),
+    }
     time.sleep(1)  # a dropped stream's generator is closed just before its line is logged
     with open(log_path) as f:
         out["streams dropped, in all (send timeout)"] = f.read().count("read nothing of its stream")
@@ -176,7 +196,7 @@ def main(argv=None) -> int:
     p.add_argument("--log", help="keep the server's stderr in this file (default: a temporary one)")
     args = p.parse_args(argv)
     port = free_port()
-    with (open(args.log, "w+") if args.log else tempfile.NamedTemporaryFile("w+", suffix=".log")) as log:
+    with open(args.log, "w+") if args.log else tempfile.NamedTemporaryFile("w+", suffix=".log") as log:
         server = start(args, port, log)
         try:
             out = measure(args, port, server, log.name)

@@ -23,31 +23,50 @@ def train_step_memory(config, mesh: jax.sharding.Mesh | None = None) -> dict:
     t0 = time.perf_counter()
     trainer = Trainer(config, mesh)
     state = trainer.abstract_state
-    batch = jax.ShapeDtypeStruct((config.training.batch_size, config.data.seq_len), jnp.int32,
-                                 sharding=trainer.batch_sharding)
+    batch = jax.ShapeDtypeStruct(
+        (config.training.batch_size, config.data.seq_len), jnp.int32, sharding=trainer.batch_sharding
+    )
     compiled = trainer.train_step.lower(state, batch).compile()
     ma = compiled.memory_analysis()
-    fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-              "temp_size_in_bytes", "generated_code_size_in_bytes")
+    fields = (
+        "argument_size_in_bytes",
+        "output_size_in_bytes",
+        "alias_size_in_bytes",
+        "temp_size_in_bytes",
+        "generated_code_size_in_bytes",
+    )
     out = {f: int(getattr(ma, f, 0) or 0) for f in fields} if ma is not None else {}
     if out:
         # Donated state buffers are reused for the outputs (alias), so they count once.
-        out["peak_bytes_estimate"] = (out["argument_size_in_bytes"] + out["output_size_in_bytes"]
-                                      - out["alias_size_in_bytes"] + out["temp_size_in_bytes"])
+        out["peak_bytes_estimate"] = (
+            out["argument_size_in_bytes"]
+            + out["output_size_in_bytes"]
+            - out["alias_size_in_bytes"]
+            + out["temp_size_in_bytes"]
+        )
     state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
-    out.update({
-        "n_params": trainer.n_params,
-        "state_bytes": int(state_bytes),
-        "devices": len(trainer.mesh.devices.flat),
-        "mesh": dict(trainer.mesh.shape),
-        "compile_s": time.perf_counter() - t0,
-    })
+    out.update(
+        {
+            "n_params": trainer.n_params,
+            "state_bytes": int(state_bytes),
+            "devices": len(trainer.mesh.devices.flat),
+            "mesh": dict(trainer.mesh.shape),
+            "compile_s": time.perf_counter() - t0,
+        }
+    )
     return out
 
 
 # The vocabulary each config trains with (set from the tokenizer in a real run): the plays give 85 ids.
-SHIPPED_VOCAB = {"shakespeare_char": 85, "shakespeare_wide": 85, "tiny": 85,
-                 "text8": 28, "owt_small": 50257, "owt_1b3": 50257, "markov": 8}
+SHIPPED_VOCAB = {
+    "shakespeare_char": 85,
+    "shakespeare_wide": 85,
+    "tiny": 85,
+    "text8": 28,
+    "owt_small": 50257,
+    "owt_1b3": 50257,
+    "markov": 8,
+}
 
 
 # What the memory plan varies, cheapest first: accumulation (fewer sequences a call) costs
@@ -56,7 +75,7 @@ REMAT_ORDER = ("none", "dots", "layers")
 
 
 def parse_mesh(text: str) -> dict[str, int]:
-    """"data=8,fsdp=1" -> {"data": 8, "fsdp": 1, "tensor": 1} (axes not named are 1).
+    """ "data=8,fsdp=1" -> {"data": 8, "fsdp": 1, "tensor": 1} (axes not named are 1).
 
     Raises:
       ValueError: an axis that is not data, fsdp or tensor, or a size that is not a positive integer.
@@ -65,8 +84,10 @@ def parse_mesh(text: str) -> dict[str, int]:
     for part in filter(None, text.split(",")):
         name, _, value = part.partition("=")
         if name not in sizes or not value.isdigit() or int(value) < 1:
-            raise ValueError(f"--mesh {text!r}: {part!r} is not AXIS=SIZE with AXIS one of "
-                             f"{', '.join(sharding.MESH_AXES)} and SIZE a positive integer")
+            raise ValueError(
+                f"--mesh {text!r}: {part!r} is not AXIS=SIZE with AXIS one of "
+                f"{', '.join(sharding.MESH_AXES)} and SIZE a positive integer"
+            )
         sizes[name] = int(value)
     return sizes
 
@@ -93,8 +114,16 @@ def memory_plan(config, device_gib: float | None) -> dict:
     within each remat none, dots, layers, and the first whose peak fits is the
     plan; none fits when one sequence a device with remat = layers does not.
     """
-    rows = [dict(train_step_memory(config), accum_steps=config.training.accum_steps, remat=config.model.remat,
-                 batch_size=config.training.batch_size, loss_chunk=config.training.loss_chunk, shipped=True)]
+    rows = [
+        dict(
+            train_step_memory(config),
+            accum_steps=config.training.accum_steps,
+            remat=config.model.remat,
+            batch_size=config.training.batch_size,
+            loss_chunk=config.training.loss_chunk,
+            shipped=True,
+        )
+    ]
     fit = None
     if device_gib:
         limit = device_gib * 2**30
@@ -104,15 +133,27 @@ def memory_plan(config, device_gib: float | None) -> dict:
             for remat in REMAT_ORDER:
                 c = config_lib.from_json(config_lib.to_json(config))  # a copy
                 c.training.accum_steps, c.training.batch_size, c.model.remat = accum, batch, remat
-                if (accum, batch, remat) == (config.training.accum_steps, config.training.batch_size,
-                                             config.model.remat):
+                if (accum, batch, remat) == (
+                    config.training.accum_steps,
+                    config.training.batch_size,
+                    config.model.remat,
+                ):
                     row = rows[0]
                 else:
-                    row = dict(train_step_memory(c), accum_steps=accum, remat=remat, batch_size=batch,
-                               loss_chunk=c.training.loss_chunk, shipped=False)
+                    row = dict(
+                        train_step_memory(c),
+                        accum_steps=accum,
+                        remat=remat,
+                        batch_size=batch,
+                        loss_chunk=c.training.loss_chunk,
+                        shipped=False,
+                    )
                     rows.append(row)
-                print(f"  accum_steps={accum} batch_size={batch} remat={remat}: "
-                      f"{row['peak_bytes_estimate'] / 2**30:.2f} GiB a device", flush=True)
+                print(
+                    f"  accum_steps={accum} batch_size={batch} remat={remat}: "
+                    f"{row['peak_bytes_estimate'] / 2**30:.2f} GiB a device",
+                    flush=True,
+                )
                 if row["peak_bytes_estimate"] <= limit:
                     fit = row
                     break
@@ -142,23 +183,58 @@ def run_memory(quick: bool, args) -> dict:
         for r in plan["rows"]:
             per_device = r["batch_size"] // int(np.prod([r["mesh"][a] for a in sharding.BATCH_AXES]))
             mark = ("fits" if r is plan["fit"] else "") if args.device_gib else ""
-            rows.append([name, ",".join(f"{a}={n}" for a, n in r["mesh"].items() if n > 1) or "1 device",
-                         f"{r['n_params'] / 1e6:.2f}M", r["batch_size"], per_device, r["seq_len"], r["dtype"],
-                         r["remat"], r["loss_chunk"], r["accum_steps"], gib(r.get("argument_size_in_bytes", 0)),
-                         gib(r.get("temp_size_in_bytes", 0)), gib(r.get("peak_bytes_estimate", 0)),
-                         f"{r['compile_s']:.0f}", mark])
+            rows.append(
+                [
+                    name,
+                    ",".join(f"{a}={n}" for a, n in r["mesh"].items() if n > 1) or "1 device",
+                    f"{r['n_params'] / 1e6:.2f}M",
+                    r["batch_size"],
+                    per_device,
+                    r["seq_len"],
+                    r["dtype"],
+                    r["remat"],
+                    r["loss_chunk"],
+                    r["accum_steps"],
+                    gib(r.get("argument_size_in_bytes", 0)),
+                    gib(r.get("temp_size_in_bytes", 0)),
+                    gib(r.get("peak_bytes_estimate", 0)),
+                    f"{r['compile_s']:.0f}",
+                    mark,
+                ]
+            )
         if args.device_gib and plan["fit"] is None:
-            print(f"{name}: no setting fits {args.device_gib} GiB a device, even one sequence a device with "
-                  "remat=layers: add devices (fsdp splits the weights and optimizer state) or shorten L")
+            print(
+                f"{name}: no setting fits {args.device_gib} GiB a device, even one sequence a device with "
+                "remat=layers: add devices (fsdp splits the weights and optimizer state) or shorten L"
+            )
         elif args.device_gib:
             f, shipped = plan["fit"], plan["rows"][0]
             fits = shipped["peak_bytes_estimate"] <= args.device_gib * 2**30
-            print(f"{name}: as configured (remat={shipped['remat']}, accum_steps={shipped['accum_steps']}) "
-                  f"{shipped['peak_bytes_estimate'] / 2**30:.1f} GiB a device, "
-                  f"{'within' if fits else 'over'} {args.device_gib} GiB; the cheapest setting that fits: "
-                  f"--config.training.batch_size={f['batch_size']} --config.training.accum_steps={f['accum_steps']} "
-                  f"--config.model.remat={f['remat']} ({f['peak_bytes_estimate'] / 2**30:.1f} GiB)")
-    table = format_table(["config", "mesh", "params", "B", "B/device", "L", "dtype", "remat", "loss_chunk",
-                          "accum", "args GiB", "temp GiB", "peak GiB/device", "compile s", ""], rows)
+            print(
+                f"{name}: as configured (remat={shipped['remat']}, accum_steps={shipped['accum_steps']}) "
+                f"{shipped['peak_bytes_estimate'] / 2**30:.1f} GiB a device, "
+                f"{'within' if fits else 'over'} {args.device_gib} GiB; the cheapest setting that fits: "
+                f"--config.training.batch_size={f['batch_size']} --config.training.accum_steps={f['accum_steps']} "
+                f"--config.model.remat={f['remat']} ({f['peak_bytes_estimate'] / 2**30:.1f} GiB)"
+            )
+    table = format_table(
+        [
+            "config",
+            "mesh",
+            "params",
+            "B",
+            "B/device",
+            "L",
+            "dtype",
+            "remat",
+            "loss_chunk",
+            "accum",
+            "args GiB",
+            "temp GiB",
+            "peak GiB/device",
+            "compile s",
+            "",
+        ],
+        rows,
+    )
     return {"benchmark": "memory", "results": results, "table": table}
-

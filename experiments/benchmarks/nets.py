@@ -54,7 +54,7 @@ def random_net(config, kind_name: str, block_size: int | None = None):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     leaves = jax.tree.leaves(params)
     keys = jax.random.split(jax.random.key(1), len(leaves))
-    params = jax.tree.unflatten(jax.tree.structure(params),
-                                [p + 0.02 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)])
+    params = jax.tree.unflatten(
+        jax.tree.structure(params), [p + 0.02 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)]
+    )
     return kind, kinds.Net(graphdef, params, rest)
-

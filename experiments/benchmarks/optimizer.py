@@ -23,15 +23,23 @@ def run_optimizer(quick: bool, args) -> dict:
     base, batch_size = ("tiny", 8) if quick else ("shakespeare_char", 32)
     config = nets.bench_config(base, batch_size=batch_size)
     sharding.split_cpu(config)
-    cases = {"adamw": ("adamw", False), "adamw, ZeRO-1": ("adamw", True),
-             "muon, ZeRO-1": ("muon", True), "muon, replicated state": ("muon", False)}
+    cases = {
+        "adamw": ("adamw", False),
+        "adamw, ZeRO-1": ("adamw", True),
+        "muon, ZeRO-1": ("muon", True),
+        "muon, replicated state": ("muon", False),
+    }
     fns, steps = {}, 2 if quick else 10  # steps a timing: a step is tens of ms
     for name, (optimizer, zero1) in cases.items():
         c = nets.bench_config(base, batch_size=batch_size)
         c.optim.optimizer = optimizer
         trainer = Trainer(c, zero1=zero1)
-        batch = trainer.shard_batch(np.asarray(
-            jax.random.randint(jax.random.key(1), (c.training.batch_size, c.data.seq_len), 0, c.vocab_size), np.int32))
+        batch = trainer.shard_batch(
+            np.asarray(
+                jax.random.randint(jax.random.key(1), (c.training.batch_size, c.data.seq_len), 0, c.vocab_size),
+                np.int32,
+            )
+        )
         holder = {"state": trainer.init_state()}
 
         def step(trainer=trainer, holder=holder, batch=batch):
@@ -48,6 +56,7 @@ def run_optimizer(quick: bool, args) -> dict:
         results.append({"optimizer": name, "step_ms": ms, "ratio_to_adamw": ratio})
         rows.append([name, f"{ms:.1f}", f"{ratio:.3f}"])
     table = format_table(["optimizer", "ms a step", "vs adamw"], rows)
-    table += f"\n({jax.device_count()} device(s) along data; batch {config.training.batch_size} x {config.data.seq_len})"
+    table += (
+        f"\n({jax.device_count()} device(s) along data; batch {config.training.batch_size} x {config.data.seq_len})"
+    )
     return {"benchmark": "optimizer", "devices": jax.device_count(), "results": results, "table": table}
-

@@ -47,4 +47,3 @@ def run_rng(quick: bool, args) -> dict:
         rows.append([what, name, f"{ms:.3f}", f"{speedup:.2f}x"])
     table = format_table(["draw", "method", "ms a call", "vs jax.random.bits"], rows)
     return {"benchmark": "rng", "results": results, "table": table}
-

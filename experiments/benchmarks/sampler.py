@@ -12,9 +12,16 @@ from experiments.timing import format_table, interleaved, median, paired_ratio
 from sedd import sampling
 
 
-def bench_sampler(config, batch: int, repeats: int = 5, t: float = 0.5, steps: int = 128,
-                  loop_steps: int = 16, samplers: list[str] | None = None,
-                  key_impls: tuple[str, ...] = ("rbg",)) -> dict:
+def bench_sampler(
+    config,
+    batch: int,
+    repeats: int = 5,
+    t: float = 0.5,
+    steps: int = 128,
+    loop_steps: int = 16,
+    samplers: list[str] | None = None,
+    key_impls: tuple[str, ...] = ("rbg",),
+) -> dict:
     """One sampler step divided by one plain forward pass, per sampler and categorical method.
 
     A step is ``sedd.sampling.one_step`` (the network call included), jitted
@@ -35,14 +42,16 @@ def bench_sampler(config, batch: int, repeats: int = 5, t: float = 0.5, steps: i
     fwd = jax.jit(score_fn)
     fns = {"forward": lambda: fwd(params, x, sigma)}
     t_, dt = jnp.float32(t), jnp.float32(1.0 / steps)
-    names = samplers or [p for p in sorted(sampling.SAMPLERS)
-                           if graph.absorb or "uniform" in sampling.SAMPLERS[p].graphs]
+    names = samplers or [
+        p for p in sorted(sampling.SAMPLERS) if graph.absorb or "uniform" in sampling.SAMPLERS[p].graphs
+    ]
     for name in names:
 
         @jax.jit
         def step(params, key, x, name=name, cat="precise"):
-            return sampling.one_step(key, functools.partial(score_fn, params), graph, noise, x, t_, dt,
-                                     sampler=name, categorical=cat)
+            return sampling.one_step(
+                key, functools.partial(score_fn, params), graph, noise, x, t_, dt, sampler=name, categorical=cat
+            )
 
         for cat in sampling.CATEGORICAL_METHODS:
             step_c = jax.jit(functools.partial(step.__wrapped__, cat=cat))
@@ -52,10 +61,9 @@ def bench_sampler(config, batch: int, repeats: int = 5, t: float = 0.5, steps: i
             # spends most of the precise path's time making random bits on CPU.
             for impl in key_impls:
                 fns[f"{name}/precise, {impl} key"] = functools.partial(
-                    jax.jit(functools.partial(step.__wrapped__, cat="precise")), params,
-                    jax.random.key(0, impl=impl), x)
-    loop = functools.partial(sampling.sample, key, score_fn, graph, noise, (batch, l), loop_steps,
-                             score_params=params)
+                    jax.jit(functools.partial(step.__wrapped__, cat="precise")), params, jax.random.key(0, impl=impl), x
+                )
+    loop = functools.partial(sampling.sample, key, score_fn, graph, noise, (batch, l), loop_steps, score_params=params)
     fns[f"sample({loop_steps} steps, default)"] = loop
     times = interleaved(fns, repeats)
     ratios = {k: paired_ratio(v, times["forward"]) for k, v in times.items() if k != "forward"}
@@ -79,22 +87,36 @@ def run_sampler(quick: bool, args) -> dict:
     else:
         cases = [
             (nets.bench_config(), args.batch),  # the default char model (sedd/configs/shakespeare_char.py), V 85
-            (nets.bench_config(vocab_size=50257, hidden_size=128, n_layers=2, n_heads=2, cond_dim=64,
-                               seq_len=128), args.batch_gpt2),
+            (
+                nets.bench_config(vocab_size=50257, hidden_size=128, n_layers=2, n_heads=2, cond_dim=64, seq_len=128),
+                args.batch_gpt2,
+            ),
         ]
         repeats, loop_steps, samplers, key_impls = args.repeats, 16, None, ("rbg",)
     for c, _ in cases:
         if args.dtype:
             c.model.dtype = args.dtype
-    results = [bench_sampler(c, b, repeats=repeats, loop_steps=loop_steps, samplers=samplers,
-                             key_impls=key_impls) for c, b in cases]
+    results = [
+        bench_sampler(c, b, repeats=repeats, loop_steps=loop_steps, samplers=samplers, key_impls=key_impls)
+        for c, b in cases
+    ]
     rows = []
     for r in results:
         m = r["model"]
         for k, v in r["ratio_to_forward"].items():
-            rows.append([m["hidden_size"], m["n_layers"], m["seq_len"], m["batch_size"], m["vocab_size"],
-                         k, f"{r['forward_s'] * 1e3:.1f}", f"{v:.3f}"])
-    table = format_table(["H", "blocks", "L", "B", "V", "step (sampler/categorical)", "forward ms",
-                          "step / forward"], rows)
+            rows.append(
+                [
+                    m["hidden_size"],
+                    m["n_layers"],
+                    m["seq_len"],
+                    m["batch_size"],
+                    m["vocab_size"],
+                    k,
+                    f"{r['forward_s'] * 1e3:.1f}",
+                    f"{v:.3f}",
+                ]
+            )
+    table = format_table(
+        ["H", "blocks", "L", "B", "V", "step (sampler/categorical)", "forward ms", "step / forward"], rows
+    )
     return {"benchmark": "sampler", "results": results, "table": table}
-

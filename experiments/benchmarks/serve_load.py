@@ -56,8 +56,10 @@ class Connection:
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
         self.writer.write(head + body)
         lines = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
@@ -72,8 +74,9 @@ class Connection:
             self.writer.close()
 
 
-async def load(host: str, port: int, concurrency: int, requests: int, body: dict,
-               bodies: list[dict] | None = None) -> dict:
+async def load(
+    host: str, port: int, concurrency: int, requests: int, body: dict, bodies: list[dict] | None = None
+) -> dict:
     """`requests` completions (seeds 0, 1, ...) from `concurrency` clients, one connection each.
 
     With `bodies`, those are sent instead (in order, each with its own seed),
@@ -109,11 +112,17 @@ async def load(host: str, port: int, concurrency: int, requests: int, body: dict
     await asyncio.gather(*(client() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
     lat = np.asarray(latencies) * 1e3
-    return {"requests": len(bodies), "ok": len(latencies), "lost": len(lost), "first_lost": lost[:3],
-            "seconds": round(wall, 2), "requests_per_s": round(len(latencies) / wall, 1),
-            "p50_ms": round(float(np.percentile(lat, 50)), 1) if len(lat) else None,
-            "p95_ms": round(float(np.percentile(lat, 95)), 1) if len(lat) else None,
-            "mean_batch_rows": round(float(np.mean(rows)), 1) if rows else None}
+    return {
+        "requests": len(bodies),
+        "ok": len(latencies),
+        "lost": len(lost),
+        "first_lost": lost[:3],
+        "seconds": round(wall, 2),
+        "requests_per_s": round(len(latencies) / wall, 1),
+        "p50_ms": round(float(np.percentile(lat, 50)), 1) if len(lat) else None,
+        "p95_ms": round(float(np.percentile(lat, 95)), 1) if len(lat) else None,
+        "mean_batch_rows": round(float(np.mean(rows)), 1) if rows else None,
+    }
 
 
 def run_async(coroutine):
@@ -129,9 +138,23 @@ def serve_and_load(args, extra: list[str], rounds=None) -> dict:
     """Start the server with `extra` flags and run the load: `rounds(port, body)` (a dict of figures) or the default."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-c", "import sys; from sedd import serve; sys.exit(serve.main(sys.argv[1:]))",
-           "--workdir", args.workdir, "--port", str(port), "--log_level", "warning", "--warmup", "--warmup_steps", str(args.steps),
-           "--max_queue", str(max(256, args.requests)), *extra]
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from sedd import serve; sys.exit(serve.main(sys.argv[1:]))",
+        "--workdir",
+        args.workdir,
+        "--port",
+        str(port),
+        "--log_level",
+        "warning",
+        "--warmup",
+        "--warmup_steps",
+        str(args.steps),
+        "--max_queue",
+        str(max(256, args.requests)),
+        *extra,
+    ]
     server = subprocess.Popen(cmd)
     try:
         deadline = time.monotonic() + 600
@@ -191,8 +214,9 @@ def engine_only(args) -> dict:
     from sedd import runs, serve  # noqa: PLC0415
 
     run = runs.load(args.workdir)
-    plan = serve.plan(run, serve.CompletionRequest(prompt=args.prompt, steps=args.steps, max_tokens=args.max_tokens),
-                      serve.Limits())
+    plan = serve.plan(
+        run, serve.CompletionRequest(prompt=args.prompt, steps=args.steps, max_tokens=args.max_tokens), serve.Limits()
+    )
     out = {}
     for name, max_batch in (("batched", args.max_batch), ("one_at_a_time", 1)):
         engine = serve.Engine(run, serve.Limits(max_batch=max_batch, max_n=1, max_queue=args.requests))
@@ -203,8 +227,12 @@ def engine_only(args) -> dict:
         concurrent.futures.wait(futures)
         wall = time.perf_counter() - t0
         engine.stop()
-        out[name] = {"requests": args.requests, "seconds": round(wall, 2),
-                     "requests_per_s": round(args.requests / wall, 1), "batches": engine.batches - 1}
+        out[name] = {
+            "requests": args.requests,
+            "seconds": round(wall, 2),
+            "requests_per_s": round(args.requests / wall, 1),
+            "batches": engine.batches - 1,
+        }
     out["speedup"] = round(out["batched"]["requests_per_s"] / out["one_at_a_time"]["requests_per_s"], 2)
     return out
 
@@ -219,8 +247,12 @@ def main() -> int:
     p.add_argument("--max_tokens", type=int, default=None)
     p.add_argument("--max_batch", type=int, default=64)
     p.add_argument("--engine_only", action="store_true", help="time the batched engine alone, without HTTP")
-    p.add_argument("--hostile", type=int, default=0,
-                   help="N ordinary requests alone, then mixed with N of distinct temperatures (batched server)")
+    p.add_argument(
+        "--hostile",
+        type=int,
+        default=0,
+        help="N ordinary requests alone, then mixed with N of distinct temperatures (batched server)",
+    )
     p.add_argument("--rounds", type=int, default=5, help="with --hostile: alternated rounds of each")
     args = p.parse_args()
     if args.hostile:

@@ -55,7 +55,9 @@ def run_profile(quick: bool, args, config=None) -> dict:
     compiled = trainer.train_step.lower(state, batch).compile()
     kinds_of = _op_kinds(compiled.as_text())
     cost = compiled.cost_analysis()
-    flops = (cost[0] if isinstance(cost, list) else cost or {}).get("flops", float("nan"))  # one device's program (SPMD)
+    flops = (cost[0] if isinstance(cost, list) else cost or {}).get(
+        "flops", float("nan")
+    )  # one device's program (SPMD)
     usage, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     for _ in range(steps):  # untraced: the step's own time, and what the kernel took of it
         state, m = trainer.train_step(state, batch)
@@ -82,20 +84,39 @@ def run_profile(quick: bool, args, config=None) -> dict:
                     continue  # the enclosing program, and markers of no duration
                 kind = kinds_of.get(ev.name)
                 if kind is None:
-                    kind = "waiting for the other device" if ev.name.startswith(("Rendezvous", "Wait")) else \
-                        "collectives" if ev.name.split(".")[0] in ("all-reduce", "all-gather") else "other"
+                    kind = (
+                        "waiting for the other device"
+                        if ev.name.startswith(("Rendezvous", "Wait"))
+                        else "collectives"
+                        if ev.name.split(".")[0] in ("all-reduce", "all-gather")
+                        else "other"
+                    )
                 row[kind] = row.get(kind, 0.0) + ev.duration_ns / 1e6 / steps
     names = sorted({k for row in per_thread.values() for k in row})
     totals = {k: statistics.mean(row.get(k, 0.0) for row in per_thread.values()) for k in names}
     busy = sum(totals.values())
     rows = [[k, f"{v:.1f}", f"{100 * v / busy:.0f}%"] for k, v in sorted(totals.items(), key=lambda kv: -kv[1])]
     table = format_table(["op kind", "ms a step, a thread", "share"], rows)
-    table += (f"\n{jax.device_count()} device(s), {len(per_thread)} compute threads; "
-              f"a step took {step_ms:.0f} ms while traced; XLA counts {flops / 1e9:.1f} GFLOP a step a device"
-              f"\nuntraced: {plain_ms:.0f} ms a step, {kernel_ms:.0f} ms of it in the kernel, {faults:,.0f} page faults "
-              f"a step (freed memory {'kept' if KEPT_MEMORY else 'returned'}: kernels.keep_freed_memory)")
-    return {"benchmark": "profile", "config": c.model.to_dict(), "table": table,
-            "results": [{"step_ms_traced": step_ms, "ms_per_step_per_thread": totals, "threads": len(per_thread),
-                         "flops_per_step": flops, "step_ms": plain_ms, "kernel_ms_per_step": kernel_ms,
-                         "page_faults_per_step": faults, "freed_memory_kept": KEPT_MEMORY}]}
-
+    table += (
+        f"\n{jax.device_count()} device(s), {len(per_thread)} compute threads; "
+        f"a step took {step_ms:.0f} ms while traced; XLA counts {flops / 1e9:.1f} GFLOP a step a device"
+        f"\nuntraced: {plain_ms:.0f} ms a step, {kernel_ms:.0f} ms of it in the kernel, {faults:,.0f} page faults "
+        f"a step (freed memory {'kept' if KEPT_MEMORY else 'returned'}: kernels.keep_freed_memory)"
+    )
+    return {
+        "benchmark": "profile",
+        "config": c.model.to_dict(),
+        "table": table,
+        "results": [
+            {
+                "step_ms_traced": step_ms,
+                "ms_per_step_per_thread": totals,
+                "threads": len(per_thread),
+                "flops_per_step": flops,
+                "step_ms": plain_ms,
+                "kernel_ms_per_step": kernel_ms,
+                "page_faults_per_step": faults,
+                "freed_memory_kept": KEPT_MEMORY,
+            }
+        ],
+    }

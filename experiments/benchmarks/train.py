@@ -40,14 +40,18 @@ def matmul_loop_fn(n: int = 2048, iters: int = 8, dtype=jnp.float32) -> tuple[Ca
     """
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
     b = (jax.random.normal(jax.random.key(1), (n, n), jnp.float32) / np.sqrt(n)).astype(dtype)
-    f = jax.jit(lambda a, b: jax.lax.fori_loop(0, iters, lambda i, x: jnp.matmul(x, b, preferred_element_type=dtype), a))
+    f = jax.jit(
+        lambda a, b: jax.lax.fori_loop(0, iters, lambda i, x: jnp.matmul(x, b, preferred_element_type=dtype), a)
+    )
     return (lambda: f(a, b)), 2.0 * n**3 * iters
 
 
 # Dense (no sparsity) bfloat16 tensor rates of the vendors' datasheets, FLOP/s, by a word of device_kind.
-DATASHEET_BF16_FLOPS = {"H200": (989e12, "H200 SXM datasheet, dense bf16 989 TFLOP/s"),
-                        "H100": (989e12, "H100 SXM datasheet, dense bf16 989 TFLOP/s"),
-                        "A100": (312e12, "A100 datasheet, dense bf16 312 TFLOP/s")}
+DATASHEET_BF16_FLOPS = {
+    "H200": (989e12, "H200 SXM datasheet, dense bf16 989 TFLOP/s"),
+    "H100": (989e12, "H100 SXM datasheet, dense bf16 989 TFLOP/s"),
+    "A100": (312e12, "A100 datasheet, dense bf16 312 TFLOP/s"),
+}
 
 
 def datasheet_bf16(device_kind: str) -> tuple[float | None, str]:
@@ -71,7 +75,8 @@ def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = 
     trainer = Trainer(config)
     b, l = config.training.batch_size, config.data.seq_len
     batch = trainer.shard_batch(
-        np.asarray(jax.random.randint(jax.random.key(1), (b, l), 0, config.vocab_size), np.int32))
+        np.asarray(jax.random.randint(jax.random.key(1), (b, l), 0, config.vocab_size), np.int32)
+    )
     holder = {"state": trainer.init_state()}
 
     def step():
@@ -104,8 +109,13 @@ def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = 
     sheet, sheet_name = datasheet_bf16(jax.devices()[0].device_kind)
     out = {
         "attention": kernels.attention_implementation(),
-        "model": dict(config.model.to_dict(), vocab_size=config.vocab_size, seq_len=l, batch_size=b,
-                      loss_chunk=config.training.loss_chunk),
+        "model": dict(
+            config.model.to_dict(),
+            vocab_size=config.vocab_size,
+            seq_len=l,
+            batch_size=b,
+            loss_chunk=config.training.loss_chunk,
+        ),
         "n_params": trainer.n_params,
         "matmul_params_N": nets.matmul_params(config),
         "flops_per_token": fpt,
@@ -117,8 +127,11 @@ def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = 
         "peak_matmul_flops_per_s": median(peak),
         "matmul_n": matmul_n,
         "peak_iters": peak_iters,
-        "peak_how": (f"{peak_iters} chained {matmul_n}^3 products in one jitted call" if peak_iters
-                     else f"one {matmul_n}^3 product a jitted call"),
+        "peak_how": (
+            f"{peak_iters} chained {matmul_n}^3 products in one jitted call"
+            if peak_iters
+            else f"one {matmul_n}^3 product a jitted call"
+        ),
         "mfu": statistics.median(a / p for a, p in zip(achieved, peak)),
         "datasheet_flops_per_s": sheet,
         "datasheet": sheet_name,
@@ -132,10 +145,10 @@ def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = 
         out["forward_share_of_step"] = paired_ratio(times["forward"], times["train_step"])
         out["forward_backward_share_of_step"] = paired_ratio(times["forward_backward"], times["train_step"])
         fwd_flops = tokens * nets.flops_per_token(config, training=False)
-        out["forward_mfu"] = statistics.median(
-            fwd_flops / t / p for t, p in zip(times["forward"], peak))
+        out["forward_mfu"] = statistics.median(fwd_flops / t / p for t, p in zip(times["forward"], peak))
         out["forward_backward_mfu"] = statistics.median(
-            3 * fwd_flops / t / p for t, p in zip(times["forward_backward"], peak))
+            3 * fwd_flops / t / p for t, p in zip(times["forward_backward"], peak)
+        )
     return out
 
 
@@ -154,8 +167,13 @@ def run_train(quick: bool, args) -> dict:
         repeats, mm_n = args.repeats, args.matmul_n
     else:
         cases = [
-            nets.bench_config(hidden_size=args.width, n_heads=args.width // 64, n_layers=args.blocks,
-                              seq_len=args.seq_len, batch_size=b)
+            nets.bench_config(
+                hidden_size=args.width,
+                n_heads=args.width // 64,
+                n_layers=args.blocks,
+                seq_len=args.seq_len,
+                batch_size=b,
+            )
             for b in args.batch_sizes
         ]
         repeats, mm_n = args.repeats, args.matmul_n
@@ -167,29 +185,72 @@ def run_train(quick: bool, args) -> dict:
                 c.model.dtype = args.dtype
             for attention in args.attention or [saved]:  # chosen when the step is traced
                 kernels.ATTENTION = attention
-                results.append(bench_train(c, repeats=repeats, matmul_n=mm_n,
-                                           profile=not (quick or args.no_profile), peak_iters=args.peak_iters))
+                results.append(
+                    bench_train(
+                        c,
+                        repeats=repeats,
+                        matmul_n=mm_n,
+                        profile=not (quick or args.no_profile),
+                        peak_iters=args.peak_iters,
+                    )
+                )
                 results[-1]["attention_setting"] = attention
     finally:
         kernels.ATTENTION = saved
-    rows = [[r["attention_setting"] + ("" if r["attention"] == r["attention_setting"] else f" ({r['attention']})"),
-             r["model"]["hidden_size"], r["model"]["n_layers"], r["model"]["seq_len"], r["model"]["batch_size"],
-             f"{r['n_params'] / 1e6:.2f}M", f"{r['flops_per_token'] / 1e6:.1f}", f"{r['tokens_per_s']:.0f}",
-             f"{r['achieved_flops_per_s'] / 1e9:.1f}", f"{r['peak_matmul_flops_per_s'] / 1e9:.1f}",
-             f"{r['mfu']:.2f}", "-" if r["mfu_datasheet"] is None else f"{r['mfu_datasheet']:.2f}",
-             f"{r.get('forward_mfu', float('nan')):.2f}",
-             f"{r.get('forward_backward_mfu', float('nan')):.2f}",
-             f"{r.get('forward_backward_share_of_step', float('nan')):.2f}",
-             r["model"]["remat"], r["model"]["loss_chunk"],
-             "-" if r["peak_bytes_in_use"] is None else f"{r['peak_bytes_in_use'] / 2**30:.1f}"]
-            for r in results]
+    rows = [
+        [
+            r["attention_setting"] + ("" if r["attention"] == r["attention_setting"] else f" ({r['attention']})"),
+            r["model"]["hidden_size"],
+            r["model"]["n_layers"],
+            r["model"]["seq_len"],
+            r["model"]["batch_size"],
+            f"{r['n_params'] / 1e6:.2f}M",
+            f"{r['flops_per_token'] / 1e6:.1f}",
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['achieved_flops_per_s'] / 1e9:.1f}",
+            f"{r['peak_matmul_flops_per_s'] / 1e9:.1f}",
+            f"{r['mfu']:.2f}",
+            "-" if r["mfu_datasheet"] is None else f"{r['mfu_datasheet']:.2f}",
+            f"{r.get('forward_mfu', float('nan')):.2f}",
+            f"{r.get('forward_backward_mfu', float('nan')):.2f}",
+            f"{r.get('forward_backward_share_of_step', float('nan')):.2f}",
+            r["model"]["remat"],
+            r["model"]["loss_chunk"],
+            "-" if r["peak_bytes_in_use"] is None else f"{r['peak_bytes_in_use'] / 2**30:.1f}",
+        ]
+        for r in results
+    ]
     table = format_table(
-        ["attention", "H", "blocks", "L", "B", "params", "MFLOP/tok", "tok/s", "GFLOP/s", "peak GFLOP/s", "MFU",
-         "MFU datasheet",
-         "fwd MFU", "fwd+bwd MFU", "fwd+bwd/step", "remat", "loss_chunk", "peak GiB"], rows)
+        [
+            "attention",
+            "H",
+            "blocks",
+            "L",
+            "B",
+            "params",
+            "MFLOP/tok",
+            "tok/s",
+            "GFLOP/s",
+            "peak GFLOP/s",
+            "MFU",
+            "MFU datasheet",
+            "fwd MFU",
+            "fwd+bwd MFU",
+            "fwd+bwd/step",
+            "remat",
+            "loss_chunk",
+            "peak GiB",
+        ],
+        rows,
+    )
     r0 = results[0]
-    table += (f"\npeak: {r0['peak_how']}" + (f" ({r0['peak_one_call_flops_per_s'] / 1e9:.1f} GFLOP/s with one product"
-                                             " a call)" if r0["peak_iters"] else "")
-              + (f"; datasheet: {r0['datasheet']}" if r0["datasheet"] else ""))
+    table += (
+        f"\npeak: {r0['peak_how']}"
+        + (
+            f" ({r0['peak_one_call_flops_per_s'] / 1e9:.1f} GFLOP/s with one product a call)"
+            if r0["peak_iters"]
+            else ""
+        )
+        + (f"; datasheet: {r0['datasheet']}" if r0["datasheet"] else "")
+    )
     return {"benchmark": "train", "results": results, "table": table}
-

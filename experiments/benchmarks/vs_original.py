@@ -48,6 +48,7 @@ from pathlib import Path
 
 if not __package__:  # run as a file: import experiments/ by its location (experiments/__init__.py says why)
     import importlib.util
+
     _spec = importlib.util.spec_from_file_location("experiments", Path(__file__).resolve().parents[1] / "__init__.py")
     if "experiments" not in sys.modules:
         sys.modules["experiments"] = importlib.util.module_from_spec(_spec)
@@ -78,17 +79,31 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-steps", type=int, default=64)
     p.add_argument("--sample-repeats", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cpu-devices", type=int, default=0, help="sedd's mesh.cpu_devices: 0 = auto, as `sedd train` "
-                   "(one device a core); 1 = one device")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                   help="sedd's model.dtype: auto (as shipped: bfloat16 on a CPU with bfloat16 dot instructions)")
-    p.add_argument("--orig-autocast", action="store_true",
-                   help="run the original under CPU bfloat16 autocast (its own autocast is CUDA-only, so on a "
-                        "CPU it computes in float32 as shipped)")
+    p.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=0,
+        help="sedd's mesh.cpu_devices: 0 = auto, as `sedd train` (one device a core); 1 = one device",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16"),
+        help="sedd's model.dtype: auto (as shipped: bfloat16 on a CPU with bfloat16 dot instructions)",
+    )
+    p.add_argument(
+        "--orig-autocast",
+        action="store_true",
+        help="run the original under CPU bfloat16 autocast (its own autocast is CUDA-only, so on a "
+        "CPU it computes in float32 as shipped)",
+    )
     p.add_argument("--json", default="", help="also write the figures here")
-    p.add_argument("--profile", action="store_true",
-                   help="only ours: where its training step's time goes at these sizes (bench.py profile), "
-                        "then exit; the original is not run")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="only ours: where its training step's time goes at these sizes (bench.py profile), "
+        "then exit; the original is not run",
+    )
     return p
 
 
@@ -98,12 +113,41 @@ def parser() -> argparse.ArgumentParser:
 def run_original(args) -> dict:
     """One run of bench_original.py: {train_tokens_per_s, sample_s, step_ms}."""
     wrapper = [str(HERE / "original_autocast.py")] if args.orig_autocast else []
-    cmd = [args.python, *wrapper, args.bench, "--orig", args.orig, "--threads", str(args.threads),
-           "--hidden", str(args.hidden), "--cond-dim", str(args.cond_dim), "--blocks", str(args.blocks),
-           "--heads", str(args.heads), "--vocab", str(args.vocab), "--length", str(args.length),
-           "--batch", str(args.batch), "--warmup", str(args.warmup), "--steps", str(args.steps),
-           "--sample-steps", str(args.sample_steps), "--sample-repeats", str(args.sample_repeats),
-           "--seed", str(args.seed), "--dropout", str(args.dropout)]
+    cmd = [
+        args.python,
+        *wrapper,
+        args.bench,
+        "--orig",
+        args.orig,
+        "--threads",
+        str(args.threads),
+        "--hidden",
+        str(args.hidden),
+        "--cond-dim",
+        str(args.cond_dim),
+        "--blocks",
+        str(args.blocks),
+        "--heads",
+        str(args.heads),
+        "--vocab",
+        str(args.vocab),
+        "--length",
+        str(args.length),
+        "--batch",
+        str(args.batch),
+        "--warmup",
+        str(args.warmup),
+        "--steps",
+        str(args.steps),
+        "--sample-steps",
+        str(args.sample_steps),
+        "--sample-repeats",
+        str(args.sample_repeats),
+        "--seed",
+        str(args.seed),
+        "--dropout",
+        str(args.dropout),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True)
     last = re.search(r"^bench_original: (.*)$", out.stdout, re.M)
     if out.returncode or not last:
@@ -157,8 +201,11 @@ class Ours:
             if k >= self.args.warmup:
                 times.append(time.perf_counter() - t0)
         step = statistics.median(times)
-        return {"train_tokens_per_s": self.args.batch * self.args.length / step, "step_ms": step * 1e3,
-                "best_step_ms": min(times) * 1e3}
+        return {
+            "train_tokens_per_s": self.args.batch * self.args.length / step,
+            "step_ms": step * 1e3,
+            "best_step_ms": min(times) * 1e3,
+        }
 
     def sample(self) -> dict:
         """Median seconds of a whole --sample-steps analytic sampler + denoise."""
@@ -167,9 +214,18 @@ class Ours:
 
         def once(key):
             return self.sampling.sample(
-                key, self.score_fn, self.trainer.kind.graph, self.trainer.kind.noise, (args.batch, args.length),
-                args.sample_steps, sampler="analytic", denoise=True, eps=c.sampling.eps,
-                score_params=(self.state["params"], self.trainer.rest), return_stats=True)
+                key,
+                self.score_fn,
+                self.trainer.kind.graph,
+                self.trainer.kind.noise,
+                (args.batch, args.length),
+                args.sample_steps,
+                sampler="analytic",
+                denoise=True,
+                eps=c.sampling.eps,
+                score_params=(self.state["params"], self.trainer.rest),
+                return_stats=True,
+            )
 
         if self.nfe is None:  # compile
             jax.block_until_ready(once(jax.random.key(args.seed)))
@@ -191,15 +247,32 @@ def ours_config(args):
     c = config_lib.load_config("shakespeare_char")
     c.vocab_size = args.vocab
     c.seed = args.seed
-    c.model.update(hidden_size=args.hidden, n_layers=args.blocks, n_heads=args.heads, cond_dim=args.cond_dim,
-                   dropout=args.dropout, dtype=args.dtype, scale_by_sigma=True, normalize=False)
+    c.model.update(
+        hidden_size=args.hidden,
+        n_layers=args.blocks,
+        n_heads=args.heads,
+        cond_dim=args.cond_dim,
+        dropout=args.dropout,
+        dtype=args.dtype,
+        scale_by_sigma=True,
+        normalize=False,
+    )
     c.graph.type, c.noise.type = "absorbing", "loglinear"
     c.data.seq_len = args.length
     c.training.batch_size = args.batch
     c.training.ema = 0.9999
     # configs/config.yaml of the original
-    c.optim.update(optimizer="adamw", lr=3e-4, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, warmup=2500,
-                   schedule="constant", grad_clip=1.0)
+    c.optim.update(
+        optimizer="adamw",
+        lr=3e-4,
+        beta1=0.9,
+        beta2=0.999,
+        eps=1e-8,
+        weight_decay=0.0,
+        warmup=2500,
+        schedule="constant",
+        grad_clip=1.0,
+    )
     c.sampling.update(sampler="analytic", steps=args.sample_steps, eps=1e-5)
     c.mesh.cpu_devices = args.cpu_devices
     return c
@@ -224,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds = []
     for r in range(args.rounds):
         row = {}
-        for side in (("original", "ours") if r % 2 == 0 else ("ours", "original")):
+        for side in ("original", "ours") if r % 2 == 0 else ("ours", "original"):
             if side == "original":
                 row["original"] = run_original(args)
             else:
@@ -246,27 +319,48 @@ def main(argv: list[str] | None = None) -> int:
     sample_ratio = med([o / s for s, o in zip(s_smp, o_smp)])
     table = format_table(
         ["", "original", "sedd", "sedd's speed-up"],
-        [["train tokens/s", f"{med(o_tok):.0f}", f"{med(s_tok):.0f}", f"{train_ratio:.2f}x"],
-         ["fastest train step ms", f"{med(o_best):.0f}", f"{med(s_best):.0f}", f"{best_ratio:.2f}x"],
-         [f"sample s ({args.sample_steps} steps + denoise)", f"{med(o_smp):.2f}", f"{med(s_smp):.2f}",
-          f"{sample_ratio:.2f}x"]])
+        [
+            ["train tokens/s", f"{med(o_tok):.0f}", f"{med(s_tok):.0f}", f"{train_ratio:.2f}x"],
+            ["fastest train step ms", f"{med(o_best):.0f}", f"{med(s_best):.0f}", f"{best_ratio:.2f}x"],
+            [
+                f"sample s ({args.sample_steps} steps + denoise)",
+                f"{med(o_smp):.2f}",
+                f"{med(s_smp):.2f}",
+                f"{sample_ratio:.2f}x",
+            ],
+        ],
+    )
     command = "python " + shlex.join([os.path.relpath(__file__, ROOT), *(argv if argv is not None else sys.argv[1:])])
     m = machine()
-    print(f"\nH {args.hidden}, {args.blocks} blocks, {args.heads} heads, cond {args.cond_dim}, vocabulary "
-          f"{args.vocab}, L {args.length}, B {args.batch}, dropout {args.dropout}, {args.threads} threads "
-          f"(sedd on {ours.devices} CPU device(s), model.dtype {args.dtype} = {ours.dtype}; the original in "
-          f"{'bfloat16 autocast' if args.orig_autocast else 'float32, as shipped on a CPU'}); "
-          f"medians of {args.rounds} interleaved rounds (ratios: median of per-round ratios); sedd's sampler "
-          f"made {ours.nfe} network calls; load average {m['load_average_1_5_15min']}; {m['cpu_count']} CPUs, "
-          f"{m['cpu_model']}, {'with' if m['cpu_has_bfloat16_dots'] else 'without'} AVX512-BF16")
+    print(
+        f"\nH {args.hidden}, {args.blocks} blocks, {args.heads} heads, cond {args.cond_dim}, vocabulary "
+        f"{args.vocab}, L {args.length}, B {args.batch}, dropout {args.dropout}, {args.threads} threads "
+        f"(sedd on {ours.devices} CPU device(s), model.dtype {args.dtype} = {ours.dtype}; the original in "
+        f"{'bfloat16 autocast' if args.orig_autocast else 'float32, as shipped on a CPU'}); "
+        f"medians of {args.rounds} interleaved rounds (ratios: median of per-round ratios); sedd's sampler "
+        f"made {ours.nfe} network calls; load average {m['load_average_1_5_15min']}; {m['cpu_count']} CPUs, "
+        f"{m['cpu_model']}, {'with' if m['cpu_has_bfloat16_dots'] else 'without'} AVX512-BF16"
+    )
     print(table)
     print(f"\n{command}")
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {"args": vars(args), "command": command, "rounds": rounds, "train_speedup": train_ratio,
-             "fastest_step_speedup": best_ratio, "sample_speedup": sample_ratio, "nfe_ours": ours.nfe,
-             "devices_ours": ours.devices,
-             "machine": m, "table": table}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "args": vars(args),
+                    "command": command,
+                    "rounds": rounds,
+                    "train_speedup": train_ratio,
+                    "fastest_step_speedup": best_ratio,
+                    "sample_speedup": sample_ratio,
+                    "nfe_ours": ours.nfe,
+                    "devices_ours": ours.devices,
+                    "machine": m,
+                    "table": table,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

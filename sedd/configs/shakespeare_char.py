@@ -21,10 +21,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.seed = 0  # drives initialisation, data order, t and x_t draws, sampling
 
     c.model = ml_collections.ConfigDict()
-    c.model.kind = "ddit"  # "ddit" (diffusion), "ar" (causal baseline), "block" (block diffusion), "spec" (self-speculation)
+    c.model.kind = (
+        "ddit"  # "ddit" (diffusion), "ar" (causal baseline), "block" (block diffusion), "spec" (self-speculation)
+    )
     c.model.block_size = 16  # "block": tokens per block, a divisor of data.seq_len
     c.model.draft_k = 4  # "spec": drafts a round, what the network learns to draft (4 is good)
-    c.model.draft_head = 0  # "spec": 0 drafts with a draft half; N > 0 with a draft head of width N (sedd.kinds.spec_head)
+    c.model.draft_head = (
+        0  # "spec": 0 drafts with a draft half; N > 0 with a draft head of width N (sedd.kinds.spec_head)
+    )
     c.model.hidden_size = 128  # H, the width of the residual stream
     c.model.n_layers = 4  # transformer layers (the original's "blocks")
     c.model.n_heads = 8  # attention heads; H / n_heads must be even (rotary)
@@ -33,10 +37,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.dropout = 0.0  # residual dropout; SEDD uses 0.1 at scale
     c.model.scale_by_sigma = True  # absorbing graph: SEDD's log(e^sigma - 1) output offset
     c.model.time_conditioning = True  # False: no sigma input (RADD; absorbing graph with scale_by_sigma)
-    c.model.normalize = True  # the network predicts p(x0 | x_t) (absorbing: MDLM SUBS; uniform: DUO); False: SEDD's score
-    c.model.remat = "none"  # what a layer's backward keeps: "none" (all), "dots" (weight matmul outputs), "layers" (its input)
+    c.model.normalize = (
+        True  # the network predicts p(x0 | x_t) (absorbing: MDLM SUBS; uniform: DUO); False: SEDD's score
+    )
+    c.model.remat = (
+        "none"  # what a layer's backward keeps: "none" (all), "dots" (weight matmul outputs), "layers" (its input)
+    )
     c.model.vocab_multiple = 1  # pad the embedding rows and output columns to a multiple (128: splittable by a mesh)
-    c.model.dtype = "auto"  # compute dtype: "auto" (bfloat16 where it runs fast: GPU, TPU, AVX512-BF16 CPU), "float32", "bfloat16"
+    c.model.dtype = (
+        "auto"  # compute dtype: "auto" (bfloat16 where it runs fast: GPU, TPU, AVX512-BF16 CPU), "float32", "bfloat16"
+    )
 
     c.graph = ml_collections.ConfigDict()
     c.graph.type = "absorbing"  # "absorbing" (mask) or "uniform"
@@ -63,8 +73,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.markov.num_tokens = 500_000  # tokens in the train split (validation, test: 1/20 each)
     # data.name = "code" only (sedd.data.sources): tests = take test files too; glob = the pattern of the files;
     # a file over max_file_bytes is skipped with a note, a corpus over max_bytes refused (docs/code.md)
-    c.data.code = ml_collections.ConfigDict({"tests": False, "glob": "*.py", "max_file_bytes": 4 << 20,
-                                             "max_bytes": 1 << 30})
+    c.data.code = ml_collections.ConfigDict(
+        {"tests": False, "glob": "*.py", "max_file_bytes": 4 << 20, "max_bytes": 1 << 30}
+    )
 
     c.training = ml_collections.ConfigDict()
     c.training.batch_size = 32  # global batch, summed over all devices and hosts

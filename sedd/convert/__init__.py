@@ -40,24 +40,69 @@ The modules, one concept each: ``write`` (``convert``, the command), ``read``,
 from sedd.convert.bd3lm import BD3LM_BUFFERS
 from sedd.convert.duo import MAX_CONFIG_DEPTH, MAX_CONFIG_NODES
 from sedd.convert.fields import GPT2_TOKENS
-from sedd.convert.limits import (MAX_HEADER_BYTES, MAX_PICKLE_BYTES, MAX_PICKLE_CALLS, MAX_PICKLE_OPCODES,
-                                 MAX_STRING_CHARS, MAX_TENSOR_DIMS, MAX_TEXT_BYTES, MAX_TOKENIZER_BYTES,
-                                 MAX_TUPLE_NESTING, ConversionError, UnsafePickleError)
+from sedd.convert.limits import (
+    MAX_HEADER_BYTES,
+    MAX_PICKLE_BYTES,
+    MAX_PICKLE_CALLS,
+    MAX_PICKLE_OPCODES,
+    MAX_STRING_CHARS,
+    MAX_TENSOR_DIMS,
+    MAX_TEXT_BYTES,
+    MAX_TOKENIZER_BYTES,
+    MAX_TUPLE_NESTING,
+    ConversionError,
+    UnsafePickleError,
+)
 from sedd.convert.mdlm import PEER_PREFIX
 from sedd.convert.original import config_from_original
 from sedd.convert.read import locate, read_original_config, read_source
 from sedd.convert.safetensors_file import load_safetensors
 from sedd.convert.source import Layout, Source, layout_of
 from sedd.convert.torch_zip import load_torch
-from sedd.convert.weights import (ROTARY_KEY, abstract_params, convert_params, count_parameters, fold_sigma_map,
-                                  parameter_map)
+from sedd.convert.weights import (
+    ROTARY_KEY,
+    abstract_params,
+    convert_params,
+    count_parameters,
+    fold_sigma_map,
+    parameter_map,
+)
 from sedd.convert.write import PROVENANCE, TOKENIZER_DIR, convert, main
 
 __all__ = [
-    "BD3LM_BUFFERS", "GPT2_TOKENS", "MAX_CONFIG_DEPTH", "MAX_CONFIG_NODES", "MAX_HEADER_BYTES", "MAX_PICKLE_BYTES",
-    "MAX_PICKLE_CALLS", "MAX_PICKLE_OPCODES", "MAX_STRING_CHARS", "MAX_TENSOR_DIMS", "MAX_TEXT_BYTES",
-    "MAX_TOKENIZER_BYTES", "MAX_TUPLE_NESTING", "PEER_PREFIX", "PROVENANCE", "ROTARY_KEY", "TOKENIZER_DIR",
-    "ConversionError", "Layout", "Source", "UnsafePickleError", "abstract_params", "config_from_original", "convert",
-    "convert_params", "count_parameters", "fold_sigma_map", "layout_of", "load_safetensors", "load_torch", "locate",
-    "main", "parameter_map", "read_original_config", "read_source",
+    "BD3LM_BUFFERS",
+    "GPT2_TOKENS",
+    "MAX_CONFIG_DEPTH",
+    "MAX_CONFIG_NODES",
+    "MAX_HEADER_BYTES",
+    "MAX_PICKLE_BYTES",
+    "MAX_PICKLE_CALLS",
+    "MAX_PICKLE_OPCODES",
+    "MAX_STRING_CHARS",
+    "MAX_TENSOR_DIMS",
+    "MAX_TEXT_BYTES",
+    "MAX_TOKENIZER_BYTES",
+    "MAX_TUPLE_NESTING",
+    "PEER_PREFIX",
+    "PROVENANCE",
+    "ROTARY_KEY",
+    "TOKENIZER_DIR",
+    "ConversionError",
+    "Layout",
+    "Source",
+    "UnsafePickleError",
+    "abstract_params",
+    "config_from_original",
+    "convert",
+    "convert_params",
+    "count_parameters",
+    "fold_sigma_map",
+    "layout_of",
+    "load_safetensors",
+    "load_torch",
+    "locate",
+    "main",
+    "parameter_map",
+    "read_original_config",
+    "read_source",
 ]

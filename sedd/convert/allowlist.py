@@ -23,12 +23,24 @@ from sedd.convert.limits import MAX_TENSOR_DIMS, ConversionError, brief, is_inde
 
 # torch.<Name>Storage -> the element type of its bytes (numbers only: never an object dtype).
 # UntypedStorage holds raw bytes.
-STORAGE_DTYPES = types.MappingProxyType({name: np.dtype(t) for name, t in {
-    "DoubleStorage": np.float64, "FloatStorage": np.float32, "HalfStorage": np.float16,
-    "BFloat16Storage": ml_dtypes.bfloat16, "LongStorage": np.int64, "IntStorage": np.int32,
-    "ShortStorage": np.int16, "CharStorage": np.int8, "ByteStorage": np.uint8,
-    "BoolStorage": np.bool_, "UntypedStorage": np.uint8,
-}.items()})
+STORAGE_DTYPES = types.MappingProxyType(
+    {
+        name: np.dtype(t)
+        for name, t in {
+            "DoubleStorage": np.float64,
+            "FloatStorage": np.float32,
+            "HalfStorage": np.float16,
+            "BFloat16Storage": ml_dtypes.bfloat16,
+            "LongStorage": np.int64,
+            "IntStorage": np.int32,
+            "ShortStorage": np.int16,
+            "CharStorage": np.int8,
+            "ByteStorage": np.uint8,
+            "BoolStorage": np.bool_,
+            "UntypedStorage": np.uint8,
+        }.items()
+    }
+)
 
 
 class StorageType(NamedTuple):
@@ -67,8 +79,9 @@ def _ordered_dict(*args) -> _OrderedDict:
     return _OrderedDict()
 
 
-def _rebuild_tensor(storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None,
-                    metadata=None) -> np.ndarray:
+def _rebuild_tensor(
+    storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None, metadata=None
+) -> np.ndarray:
     """torch._utils._rebuild_tensor_v2, for numpy: a read-only strided view of the storage.
 
     Element (i_0, ..., i_k) is storage[offset + sum_j i_j stride_j]; every index
@@ -78,17 +91,24 @@ def _rebuild_tensor(storage, storage_offset, size, stride, requires_grad=False, 
     del requires_grad, backward_hooks, metadata  # autograd state, meaningless here
     if not isinstance(storage, np.ndarray):
         raise ConversionError(f"a tensor's storage is {type(storage).__name__}, not a storage id")
-    if not (isinstance(size, tuple) and isinstance(stride, tuple) and len(size) == len(stride) <= MAX_TENSOR_DIMS
-            and all(map(is_index, (storage_offset, *size, *stride)))):
-        raise ConversionError(f"malformed tensor: offset {brief(storage_offset)}, size {brief(size)}, "
-                              f"stride {brief(stride)}")
+    if not (
+        isinstance(size, tuple)
+        and isinstance(stride, tuple)
+        and len(size) == len(stride) <= MAX_TENSOR_DIMS
+        and all(map(is_index, (storage_offset, *size, *stride)))
+    ):
+        raise ConversionError(
+            f"malformed tensor: offset {brief(storage_offset)}, size {brief(size)}, stride {brief(stride)}"
+        )
     numel = math.prod(size)
     if numel == 0:
         return np.zeros(size, storage.dtype)
     last = storage_offset + sum((n - 1) * s for n, s in zip(size, stride))
     if last >= storage.size or numel > storage.size:
-        raise ConversionError(f"a tensor of size {size}, stride {stride} at offset {storage_offset} "
-                              f"reads past its storage of {storage.size} elements")
+        raise ConversionError(
+            f"a tensor of size {size}, stride {stride} at offset {storage_offset} "
+            f"reads past its storage of {storage.size} elements"
+        )
     base = storage[storage_offset:]
     return np.lib.stride_tricks.as_strided(base, size, [s * storage.itemsize for s in stride], writeable=False)
 
@@ -103,12 +123,14 @@ def _rebuild_parameter(data, requires_grad=True, backward_hooks=None) -> np.ndar
 
 # The only names a state dict (or the original's training checkpoint: model,
 # EMA list, AdamW state, step) pickles. Everything else is refused.
-ALLOWED = types.MappingProxyType({
-    ("collections", "OrderedDict"): _Callable("collections.OrderedDict", _ordered_dict),
-    ("torch._utils", "_rebuild_tensor_v2"): _Callable("torch._utils._rebuild_tensor_v2", _rebuild_tensor),
-    ("torch._utils", "_rebuild_parameter"): _Callable("torch._utils._rebuild_parameter", _rebuild_parameter),
-    **{("torch", name): StorageType(name) for name in STORAGE_DTYPES},
-})
+ALLOWED = types.MappingProxyType(
+    {
+        ("collections", "OrderedDict"): _Callable("collections.OrderedDict", _ordered_dict),
+        ("torch._utils", "_rebuild_tensor_v2"): _Callable("torch._utils._rebuild_tensor_v2", _rebuild_tensor),
+        ("torch._utils", "_rebuild_parameter"): _Callable("torch._utils._rebuild_parameter", _rebuild_parameter),
+        **{("torch", name): StorageType(name) for name in STORAGE_DTYPES},
+    }
+)
 
 
 class Opaque:

@@ -15,8 +15,9 @@ from sedd.convert.limits import ConversionError, brief
 from sedd.convert.weights import FLOATS
 
 # BD3-LM's config.json fields beyond MDLM's (`sedd.convert.mdlm.HF_FIELDS`).
-BD3LM_FIELDS = frozenset({"block_size", "cross_attn", "adaln", "attn_backend", "causal", "var_min", "sampling_eps_min",
-                          "sampling_eps_max"})
+BD3LM_FIELDS = frozenset(
+    {"block_size", "cross_attn", "adaln", "attn_backend", "causal", "var_min", "sampling_eps_min", "sampling_eps_max"}
+)
 BD3LM_BUFFERS = ("sampling_eps_min", "sampling_eps_max")  # BD3-LM's clipped noise interval, outside the backbone
 
 
@@ -32,16 +33,19 @@ def block_size_of(orig: Mapping, length: int, time_conditioning: bool) -> int:
     """
     for key, want in (("cross_attn", True), ("adaln", True), ("causal", False)):
         if orig.get(key, want) is not want:
-            raise ConversionError(f"{key} = {brief(orig[key])} in the bd3lm config.json; a block-diffusion "
-                                  f"model has {key} = {want} (as the published ones)")
+            raise ConversionError(
+                f"{key} = {brief(orig[key])} in the bd3lm config.json; a block-diffusion "
+                f"model has {key} = {want} (as the published ones)"
+            )
     if time_conditioning:
-        raise ConversionError("time_conditioning = true in the bd3lm config.json: BD3-LM feeds the mean "
-                              "sigma of all blocks, which our block kind does not; the published models "
-                              "have false")
+        raise ConversionError(
+            "time_conditioning = true in the bd3lm config.json: BD3-LM feeds the mean "
+            "sigma of all blocks, which our block kind does not; the published models "
+            "have false"
+        )
     block = field(orig, "", "block_size", int)
     if not (1 <= block <= length and length % block == 0):
-        raise ConversionError(f"block_size = {block} in the bd3lm config.json must divide model_length = "
-                              f"{length}")
+        raise ConversionError(f"block_size = {block} in the bd3lm config.json must divide model_length = {length}")
     return block
 
 

@@ -76,25 +76,41 @@ def lightning_source(path: Path, ema: bool) -> Source:
     if not all(isinstance(x, dict) for x in (algo, model, noise)):
         raise ConversionError(f"{path}: hyper_parameters.config lacks an algo, model or noise section")
     if algo.get("name") not in ("duo", "duo_base"):
-        raise ConversionError(f"{path}: algo.name = {brief(algo.get('name'))}; sedd convert reads DUO's Lightning "
-                              "checkpoints (MDLM and BD3-LM: their Hugging Face folders, config.json + "
-                              "model.safetensors)")
+        raise ConversionError(
+            f"{path}: algo.name = {brief(algo.get('name'))}; sedd convert reads DUO's Lightning "
+            "checkpoints (MDLM and BD3-LM: their Hugging Face folders, config.json + "
+            "model.safetensors)"
+        )
     for key, want in (("parameterization", "mean"), ("causal_attention", False)):
         if algo.get(key, want) != want:
             raise ConversionError(f"{path}: algo.{key} = {brief(algo.get(key))}; DUO's models have {want!r}")
     eps = field(noise, "noise", "eps", float) if "eps" in noise else LOGLINEAR_EPS
     if noise.get("type") != "log-linear" or eps != LOGLINEAR_EPS:
-        raise ConversionError(f"{path}: noise = {brief(noise)}; DUO's log-linear schedule with eps "
-                              f"{LOGLINEAR_EPS} is the one our loglinear noise is")
+        raise ConversionError(
+            f"{path}: noise = {brief(noise)}; DUO's log-linear schedule with eps "
+            f"{LOGLINEAR_EPS} is the one our loglinear noise is"
+        )
     state = state_dict_of(obj["state_dict"], f"{path}['state_dict']")
     embedding = state.get(PEER_PREFIX + "vocab_embed.embedding")
     if not isinstance(embedding, np.ndarray) or embedding.ndim != 2:
         raise ConversionError(f"{path}: state_dict has no tensor {PEER_PREFIX}vocab_embed.embedding")
-    config = {"model_type": "duo", "vocab_size": int(embedding.shape[0]),
-              "time_conditioning": algo.get("time_conditioning", True),
-              **{theirs: model[ours] for theirs, ours in (
-                  ("hidden_dim", "hidden_size"), ("n_blocks", "n_blocks"), ("n_heads", "n_heads"),
-                  ("cond_dim", "cond_dim"), ("model_length", "length"), ("dropout", "dropout")) if ours in model}}
+    config = {
+        "model_type": "duo",
+        "vocab_size": int(embedding.shape[0]),
+        "time_conditioning": algo.get("time_conditioning", True),
+        **{
+            theirs: model[ours]
+            for theirs, ours in (
+                ("hidden_dim", "hidden_size"),
+                ("n_blocks", "n_blocks"),
+                ("n_heads", "n_heads"),
+                ("cond_dim", "cond_dim"),
+                ("model_length", "length"),
+                ("dropout", "dropout"),
+            )
+            if ours in model
+        },
+    }
     n_blocks = config_from_original(config).model.n_layers  # checks every field and size first
     step = training_step(obj.get("global_step", 0), str(path))
     if not ema:
@@ -104,8 +120,9 @@ def lightning_source(path: Path, ema: bool) -> Source:
         raise ConversionError(f"{path}['ema'] has no shadow_params list; use --no_ema for the raw weights")
     names = [PEER_PREFIX + name for name, _, _ in parameter_map(n_blocks)]
     if len(shadow) != len(names):
-        raise ConversionError(f"{path}: the EMA holds {len(shadow)} tensors, the config's model has "
-                              f"{len(names)} parameters")
+        raise ConversionError(
+            f"{path}: the EMA holds {len(shadow)} tensors, the config's model has {len(names)} parameters"
+        )
     weights = dict(zip(names, shadow))
     if PEER_PREFIX + ROTARY_KEY in state:
         weights[PEER_PREFIX + ROTARY_KEY] = state[PEER_PREFIX + ROTARY_KEY]

@@ -32,8 +32,9 @@ def field(sec: Mapping, section: str, key: str, kind: type):
         try:
             value, ok = float(value), True
         except OverflowError:  # an integer of hundreds of digits
-            raise ConversionError(f"{name} = an integer of {_digits(value)} digits in the original's "
-                                  "config is not a finite number") from None
+            raise ConversionError(
+                f"{name} = an integer of {_digits(value)} digits in the original's config is not a finite number"
+            ) from None
     if not ok:
         raise ConversionError(f"{name} = {brief(value)} in the original's config is not a {kind.__name__}")
     if kind is float and not math.isfinite(value):

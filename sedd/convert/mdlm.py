@@ -18,19 +18,55 @@ from sedd.convert.fields import GPT2_TOKENS, LOGLINEAR_EPS, SIZE_BOUNDS, field
 from sedd.convert.limits import ConversionError
 
 # A Hugging Face config.json's fields that load code or describe the file, not the model: dropped on reading.
-HF_METADATA = frozenset({"architectures", "auto_map", "transformers_version", "torch_dtype", "return_dict",
-                         "_name_or_path"})
+HF_METADATA = frozenset(
+    {"architectures", "auto_map", "transformers_version", "torch_dtype", "return_dict", "_name_or_path"}
+)
 # transformers' own PretrainedConfig attributes, which save_pretrained may write for any model (4.56 and later
 # write `dtype`, the new name of torch_dtype): not fields of the model; dropped with a note on reading.
-HF_GENERIC = frozenset({"dtype", "use_bfloat16", "output_hidden_states", "output_attentions", "torchscript",
-                        "tie_word_embeddings", "is_encoder_decoder", "is_decoder", "add_cross_attention",
-                        "tie_encoder_decoder", "chunk_size_feed_forward", "pruned_heads", "id2label", "label2id",
-                        "problem_type", "tokenizer_class", "prefix", "bos_token_id", "pad_token_id", "eos_token_id",
-                        "sep_token_id", "decoder_start_token_id", "task_specific_params", "finetuning_task",
-                        "tf_legacy_loss", "use_cache", "_attn_implementation_autoset", "cross_attention_hidden_size"})
+HF_GENERIC = frozenset(
+    {
+        "dtype",
+        "use_bfloat16",
+        "output_hidden_states",
+        "output_attentions",
+        "torchscript",
+        "tie_word_embeddings",
+        "is_encoder_decoder",
+        "is_decoder",
+        "add_cross_attention",
+        "tie_encoder_decoder",
+        "chunk_size_feed_forward",
+        "pruned_heads",
+        "id2label",
+        "label2id",
+        "problem_type",
+        "tokenizer_class",
+        "prefix",
+        "bos_token_id",
+        "pad_token_id",
+        "eos_token_id",
+        "sep_token_id",
+        "decoder_start_token_id",
+        "task_specific_params",
+        "finetuning_task",
+        "tf_legacy_loss",
+        "use_cache",
+        "_attn_implementation_autoset",
+        "cross_attention_hidden_size",
+    }
+)
 # The model fields of kuleshov-group's published configs (MDLMConfig, BD3LMConfig), by model_type.
-HF_FIELDS = {"vocab_size", "model_length", "hidden_dim", "cond_dim", "n_blocks", "n_heads", "dropout",
-             "time_conditioning", "model_type"}
+HF_FIELDS = {
+    "vocab_size",
+    "model_length",
+    "hidden_dim",
+    "cond_dim",
+    "n_blocks",
+    "n_heads",
+    "dropout",
+    "time_conditioning",
+    "model_type",
+}
 PEERS = {"mdlm": HF_FIELDS, "duo": HF_FIELDS, "bd3lm": HF_FIELDS | BD3LM_FIELDS}
 PEER_PREFIX = "backbone."  # the backbone's tensors inside MDLM's and BD3-LM's published state dicts
 
@@ -51,26 +87,35 @@ def config_from_peer(orig: Mapping, tokenizer_path: str, dtype: str) -> ml_colle
     family = orig["model_type"]
     unknown = sorted(set(orig) - PEERS[family])
     if unknown:
-        raise ConversionError(f"unknown field(s) {unknown} in the {family} config.json; known: "
-                              f"{sorted(PEERS[family])}")
+        raise ConversionError(f"unknown field(s) {unknown} in the {family} config.json; known: {sorted(PEERS[family])}")
     vocab = field(orig, "", "vocab_size", int)
     if vocab != GPT2_TOKENS + 1:
-        raise ConversionError(f"vocab_size = {vocab} in the {family} config.json; its published models are "
-                              f"GPT-2's {GPT2_TOKENS} tokens + MASK = {GPT2_TOKENS + 1}")
-    names = {"hidden_size": "hidden_dim", "n_blocks": "n_blocks", "n_heads": "n_heads", "cond_dim": "cond_dim",
-             "length": "model_length"}
+        raise ConversionError(
+            f"vocab_size = {vocab} in the {family} config.json; its published models are "
+            f"GPT-2's {GPT2_TOKENS} tokens + MASK = {GPT2_TOKENS + 1}"
+        )
+    names = {
+        "hidden_size": "hidden_dim",
+        "n_blocks": "n_blocks",
+        "n_heads": "n_heads",
+        "cond_dim": "cond_dim",
+        "length": "model_length",
+    }
     sizes = {ours: field(orig, "", theirs, int) for ours, theirs in names.items()}
     for key, value in sizes.items():
         if not 1 <= value <= SIZE_BOUNDS[key]:
-            raise ConversionError(f"{names[key]} = {value} in the {family} config.json is outside "
-                                  f"[1, {SIZE_BOUNDS[key]}]")
+            raise ConversionError(
+                f"{names[key]} = {value} in the {family} config.json is outside [1, {SIZE_BOUNDS[key]}]"
+            )
     hidden, heads = sizes["hidden_size"], sizes["n_heads"]
     if hidden % heads or (hidden // heads) % 2:
         raise ConversionError(f"hidden_dim = {hidden} and n_heads = {heads} give no even head size")
     time_conditioning = field(orig, "", "time_conditioning", bool)
     if family == "duo" and not time_conditioning:
-        raise ConversionError("algo.time_conditioning = false in the duo config: a uniform-state network "
-                              "needs sigma (DUO trains with true)")
+        raise ConversionError(
+            "algo.time_conditioning = false in the duo config: a uniform-state network "
+            "needs sigma (DUO trains with true)"
+        )
     c = config_lib.load_config("owt_small")
     c.model.kind = "ddit"
     if family == "bd3lm":

@@ -35,8 +35,9 @@ def _section(orig: Mapping, name: str, known: set[str]) -> Mapping:
         raise ConversionError(f"the original's config has no {name!r} section")
     unknown = sorted(set(sec) - known)
     if unknown:
-        raise ConversionError(f"unknown field(s) {[f'{name}.{k}' for k in unknown]} in the original's config; "
-                              f"known: {sorted(known)}")
+        raise ConversionError(
+            f"unknown field(s) {[f'{name}.{k}' for k in unknown]} in the original's config; known: {sorted(known)}"
+        )
     return sec
 
 
@@ -65,8 +66,9 @@ def config_from_original(orig: Mapping, tokenizer_path: str = "", dtype: str = "
     noise = _section(orig, "noise", _NOISE_KEYS)
     tokens = field(orig, "", "tokens", int)
     if tokens != GPT2_TOKENS:
-        raise ConversionError(f"tokens = {tokens} in the original's config, but its only tokenizer, GPT-2's, "
-                              f"has {GPT2_TOKENS}")
+        raise ConversionError(
+            f"tokens = {tokens} in the original's config, but its only tokenizer, GPT-2's, has {GPT2_TOKENS}"
+        )
     if model.get("type", "ddit") != "ddit":
         raise ConversionError(f"model.type = {model['type']!r}; only the original's 'ddit' exists")
     graph_type = field(graph, "graph", "type", str)
@@ -82,8 +84,10 @@ def config_from_original(orig: Mapping, tokenizer_path: str = "", dtype: str = "
     hidden, heads = sizes["hidden_size"], sizes["n_heads"]
     scale_by_sigma = field(model, "model", "scale_by_sigma", bool)
     if scale_by_sigma and graph_type != "absorb":
-        raise ConversionError("model.scale_by_sigma = true with graph.type = 'uniform': the original "
-                              "asserts the absorbing graph there and cannot run this config")
+        raise ConversionError(
+            "model.scale_by_sigma = true with graph.type = 'uniform': the original "
+            "asserts the absorbing graph there and cannot run this config"
+        )
     if hidden % heads or (hidden // heads) % 2:
         raise ConversionError(f"model.hidden_size = {hidden} and n_heads = {heads} give no even head size")
 

@@ -6,29 +6,81 @@ import pickletools
 import struct
 
 from sedd.convert.allowlist import ALLOWED
-from sedd.convert.limits import (MAX_PICKLE_CALLS, MAX_PICKLE_OPCODES, MAX_STRING_CHARS, MAX_TUPLE_NESTING,
-                                 ConversionError, UnsafePickleError)
+from sedd.convert.limits import (
+    MAX_PICKLE_CALLS,
+    MAX_PICKLE_OPCODES,
+    MAX_STRING_CHARS,
+    MAX_TUPLE_NESTING,
+    ConversionError,
+    UnsafePickleError,
+)
 
 # The opcodes of protocol 2, torch.save's default, that Python's pickler writes
 # for a state dict, a training checkpoint and an optimizer's state.
-_OPCODES = frozenset({
-    "PROTO", "STOP", "MARK", "GLOBAL", "REDUCE", "BUILD", "BINPERSID", "BINPUT", "LONG_BINPUT", "BINGET",
-    "LONG_BINGET", "EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "SETITEM",
-    "SETITEMS", "APPEND", "APPENDS", "NONE", "NEWTRUE", "NEWFALSE", "BININT", "BININT1", "BININT2", "LONG1",
-    "BINFLOAT", "BINUNICODE",
-})
+_OPCODES = frozenset(
+    {
+        "PROTO",
+        "STOP",
+        "MARK",
+        "GLOBAL",
+        "REDUCE",
+        "BUILD",
+        "BINPERSID",
+        "BINPUT",
+        "LONG_BINPUT",
+        "BINGET",
+        "LONG_BINGET",
+        "EMPTY_DICT",
+        "EMPTY_LIST",
+        "EMPTY_TUPLE",
+        "TUPLE",
+        "TUPLE1",
+        "TUPLE2",
+        "TUPLE3",
+        "SETITEM",
+        "SETITEMS",
+        "APPEND",
+        "APPENDS",
+        "NONE",
+        "NEWTRUE",
+        "NEWFALSE",
+        "BININT",
+        "BININT1",
+        "BININT2",
+        "LONG1",
+        "BINFLOAT",
+        "BINUNICODE",
+    }
+)
 # The kinds of object a GLOBAL pushes: they may only be called or named in a storage id, never kept.
 _NAMES = ("OrderedDict class", "storage type", "function")
 # What BUILD (torch's `_metadata` of a state dict), SETITEM(S) and APPEND(S) may apply to.
-_TARGETS = {"BUILD": ("OrderedDict",), "SETITEM": ("dict", "OrderedDict"), "SETITEMS": ("dict", "OrderedDict"),
-            "APPEND": ("list",), "APPENDS": ("list",)}
+_TARGETS = {
+    "BUILD": ("OrderedDict",),
+    "SETITEM": ("dict", "OrderedDict"),
+    "SETITEMS": ("dict", "OrderedDict"),
+    "APPEND": ("list",),
+    "APPENDS": ("list",),
+}
 # What REDUCE and NEWOBJ may call, by kind, and the kind of what they push (opaque: `Opaque` stand-ins).
-_CALLS = {"REDUCE": {"OrderedDict class": "OrderedDict", "function": "tensor", "opaque class": "object"},
-          "NEWOBJ": {"opaque class": "object"}}
+_CALLS = {
+    "REDUCE": {"OrderedDict class": "OrderedDict", "function": "tensor", "opaque class": "object"},
+    "NEWOBJ": {"opaque class": "object"},
+}
 # Opcodes that push one object, by kind; the rest are handled one by one in `scan_pickle`.
-_PUSHES = {"EMPTY_DICT": "dict", "EMPTY_LIST": "list", "NONE": "value", "NEWTRUE": "value", "NEWFALSE": "value",
-           "BININT": "value", "BININT1": "value", "BININT2": "value", "LONG1": "value", "BINFLOAT": "value",
-           "BINUNICODE": "value"}
+_PUSHES = {
+    "EMPTY_DICT": "dict",
+    "EMPTY_LIST": "list",
+    "NONE": "value",
+    "NEWTRUE": "value",
+    "NEWFALSE": "value",
+    "BININT": "value",
+    "BININT1": "value",
+    "BININT2": "value",
+    "LONG1": "value",
+    "BINFLOAT": "value",
+    "BINUNICODE": "value",
+}
 
 
 class _Stack:
@@ -46,8 +98,8 @@ class _Stack:
     def pop(self, n: int) -> list[tuple[str, int]]:
         if len(self.items) - (self.marks[-1] if self.marks else 0) < n:
             raise ConversionError(f"{self.where}: malformed pickle: {self.op} at byte {self.pos} pops an empty stack")
-        items = self.items[len(self.items) - n:]
-        del self.items[len(self.items) - n:]
+        items = self.items[len(self.items) - n :]
+        del self.items[len(self.items) - n :]
         return items
 
     def pop_mark(self) -> list[tuple[str, int]]:
@@ -64,8 +116,10 @@ class _Stack:
             if kind == "opaque class":  # an inert stand-in (typing.Any as OmegaConf's ref_type)
                 continue
             if (kind in _NAMES and not (storage_id and kind == "storage type")) or kind == "storage id":
-                raise ConversionError(f"{self.where}: {self.op} at byte {self.pos} uses a {kind} as a value; a state "
-                                      "dict's pickle only calls its names or puts a storage type in a storage id")
+                raise ConversionError(
+                    f"{self.where}: {self.op} at byte {self.pos} uses a {kind} as a value; a state "
+                    "dict's pickle only calls its names or puts a storage type in a storage id"
+                )
         return items
 
     def push_tuple(self, items):
@@ -79,8 +133,10 @@ class _Stack:
 def _check_opcode(i: int, name: str, arg, pos: int, where: str, opaque: bool = False) -> None:
     """Opcode i of a pickle (at byte pos) is one a state dict uses, within the count, after protocol 2."""
     if name not in _OPCODES and not (opaque and name == "NEWOBJ"):
-        raise ConversionError(f"{where}: the pickle uses opcode {name} at byte {pos}, which a state dict "
-                              "never does; refused before anything was unpickled")
+        raise ConversionError(
+            f"{where}: the pickle uses opcode {name} at byte {pos}, which a state dict "
+            "never does; refused before anything was unpickled"
+        )
     if i >= MAX_PICKLE_OPCODES:
         raise ConversionError(f"{where}: the pickle has more than {MAX_PICKLE_OPCODES} opcodes")
     if name == "PROTO" and (i != 0 or arg != 2):
@@ -130,7 +186,8 @@ def scan_pickle(data: bytes, where: str, opaque: bool = False) -> None:
                     raise UnsafePickleError(
                         f"{where}: the pickle asks for {module}.{attr}, which a state dict never needs; refused "
                         "before anything ran. Only tensors, storages and plain containers are read. If the file "
-                        "is trusted, re-save its state dict with safetensors.")
+                        "is trusted, re-save its state dict with safetensors."
+                    )
                 kind = {"collections": "OrderedDict class", "torch": "storage type"}.get(module, "function")
                 s.items.append((kind if (module, attr) in ALLOWED else "opaque class", 0))
             elif name in ("BINPUT", "LONG_BINPUT"):
@@ -165,14 +222,18 @@ def scan_pickle(data: bytes, where: str, opaque: bool = False) -> None:
                 s.values(s.pop_mark() if name in ("SETITEMS", "APPENDS") else s.pop({"SETITEM": 2}.get(name, 1)))
                 target = s.pop(1)[0]
                 if target[0] not in _TARGETS[name] and not (opaque and target[0] == "object"):
-                    raise ConversionError(f"{where}: {name} at byte {pos} on a {target[0]}; in a state dict's pickle "
-                                          f"it applies to {' or '.join(_TARGETS[name])} only")
+                    raise ConversionError(
+                        f"{where}: {name} at byte {pos} on a {target[0]}; in a state dict's pickle "
+                        f"it applies to {' or '.join(_TARGETS[name])} only"
+                    )
                 s.items.append(target)
             elif name == "STOP":
                 s.values(s.pop(1))
                 if s.items or s.marks or pos + 1 != len(data):
-                    raise ConversionError(f"{where}: malformed pickle: STOP at byte {pos} of {len(data)} leaves "
-                                          f"{len(s.items)} object(s) and {len(s.marks)} mark(s)")
+                    raise ConversionError(
+                        f"{where}: malformed pickle: STOP at byte {pos} of {len(data)} leaves "
+                        f"{len(s.items)} object(s) and {len(s.marks)} mark(s)"
+                    )
     except ConversionError:
         raise
     except (ValueError, struct.error, OverflowError) as e:  # genops: unknown opcode, truncated argument, bad UTF-8

@@ -51,8 +51,11 @@ def read_original_config(path: str | Path) -> dict:
         kept = {key: value for key, value in data.items() if key not in HF_METADATA | HF_GENERIC}
         generic = sorted(set(data) & HF_GENERIC)
         if generic:
-            print(f"sedd convert: note: {path} holds transformers' own config field(s) {generic}, not fields of "
-                  "the model: ignored", file=sys.stderr)
+            print(
+                f"sedd convert: note: {path} holds transformers' own config field(s) {generic}, not fields of "
+                "the model: ignored",
+                file=sys.stderr,
+            )
     else:
         kept = {key: data[key] for key in ("tokens", "model", "graph", "noise") if key in data}
     if isinstance(data.get("training"), dict) and "ema" in data["training"]:
@@ -78,9 +81,11 @@ def _load_yaml(text: str, path: Path):
         def compose_node(self, parent, index):
             if self.check_event(yaml.AliasEvent):
                 event = self.peek_event()
-                raise ConversionError(f"{path}: a YAML alias (*{brief(event.anchor)}) at line "
-                                      f"{event.start_mark.line + 1}; a Hydra config has none, and aliases are "
-                                      "refused (a few can expand to gigabytes)")
+                raise ConversionError(
+                    f"{path}: a YAML alias (*{brief(event.anchor)}) at line "
+                    f"{event.start_mark.line + 1}; a Hydra config has none, and aliases are "
+                    "refused (a few can expand to gigabytes)"
+                )
             return super().compose_node(parent, index)
 
     try:
@@ -92,8 +97,9 @@ def _load_yaml(text: str, path: Path):
 
 
 def _newest_snapshot(folder: Path) -> Path | None:
-    found = [(int(m[1]), p) for p in folder.glob("checkpoint_*.pth")
-             if (m := re.fullmatch(r"checkpoint_(\d+)\.pth", p.name))]
+    found = [
+        (int(m[1]), p) for p in folder.glob("checkpoint_*.pth") if (m := re.fullmatch(r"checkpoint_(\d+)\.pth", p.name))
+    ]
     return max(found)[1] if found else None
 
 
@@ -128,13 +134,16 @@ def locate(src: str | Path) -> tuple[Path, Path]:
         meta = src / "checkpoints-meta" / "checkpoint.pth"
         weights = meta if meta.is_file() else _newest_snapshot(src / "checkpoints")
         if weights is None:
-            raise FileNotFoundError(f"{src} has .hydra/config.yaml but neither checkpoints-meta/checkpoint.pth "
-                                    "nor checkpoints/checkpoint_N.pth")
+            raise FileNotFoundError(
+                f"{src} has .hydra/config.yaml but neither checkpoints-meta/checkpoint.pth "
+                "nor checkpoints/checkpoint_N.pth"
+            )
         return hydra, weights
     raise FileNotFoundError(
         f"{src} holds neither the published files (config.json + pytorch_model.bin or model.safetensors) nor "
         "an original training run (.hydra/config.yaml + checkpoints-meta/checkpoint.pth or "
-        "checkpoints/checkpoint_N.pth)")
+        "checkpoints/checkpoint_N.pth)"
+    )
 
 
 def read_source(src: str | Path, ema: bool = True) -> Source:
@@ -163,8 +172,9 @@ def read_source(src: str | Path, ema: bool = True) -> Source:
         raise ConversionError(f"{weights_file}['ema'] has no shadow_params list; use --no_ema for the raw weights")
     names = [src_name for src_name, _, _ in parameter_map(n_blocks)]
     if len(shadow) != len(names):
-        raise ConversionError(f"{weights_file}: the EMA holds {len(shadow)} tensors, the config's model has "
-                              f"{len(names)} parameters")
+        raise ConversionError(
+            f"{weights_file}: the EMA holds {len(shadow)} tensors, the config's model has {len(names)} parameters"
+        )
     weights = dict(zip(names, shadow))
     if ROTARY_KEY in model:
         weights[ROTARY_KEY] = model[ROTARY_KEY]

@@ -13,10 +13,20 @@ import numpy as np
 
 from sedd.convert.limits import MAX_HEADER_BYTES, MAX_TENSOR_DIMS, ConversionError, brief, is_index
 
-_SAFETENSORS_DTYPES = types.MappingProxyType({
-    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype(ml_dtypes.bfloat16),
-    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
-    "U8": np.dtype("u1"), "BOOL": np.dtype("?")})
+_SAFETENSORS_DTYPES = types.MappingProxyType(
+    {
+        "F64": np.dtype("<f8"),
+        "F32": np.dtype("<f4"),
+        "F16": np.dtype("<f2"),
+        "BF16": np.dtype(ml_dtypes.bfloat16),
+        "I64": np.dtype("<i8"),
+        "I32": np.dtype("<i4"),
+        "I16": np.dtype("<i2"),
+        "I8": np.dtype("i1"),
+        "U8": np.dtype("u1"),
+        "BOOL": np.dtype("?"),
+    }
+)
 
 
 def load_safetensors(path: str | Path) -> dict[str, np.ndarray]:
@@ -35,8 +45,10 @@ def load_safetensors(path: str | Path) -> dict[str, np.ndarray]:
         head = f.read(8)
         n = int.from_bytes(head, "little") if len(head) == 8 else -1
         if not 2 <= n <= min(MAX_HEADER_BYTES, size - 8):
-            raise ConversionError(f"{path}: not a safetensors file (its header would be {n} bytes of a "
-                                  f"{size}-byte file; at most {MAX_HEADER_BYTES})")
+            raise ConversionError(
+                f"{path}: not a safetensors file (its header would be {n} bytes of a "
+                f"{size}-byte file; at most {MAX_HEADER_BYTES})"
+            )
         try:
             header = json.loads(f.read(n))
         except (ValueError, RecursionError) as e:
@@ -51,16 +63,27 @@ def load_safetensors(path: str | Path) -> dict[str, np.ndarray]:
         ok = isinstance(entry, dict) and set(entry) == {"dtype", "shape", "data_offsets"}
         dtype = _SAFETENSORS_DTYPES.get(entry["dtype"]) if ok and isinstance(entry["dtype"], str) else None
         shape, offsets = (entry["shape"], entry["data_offsets"]) if ok else (None, None)
-        if not (dtype is not None and isinstance(shape, list) and len(shape) <= MAX_TENSOR_DIMS
-                and all(map(is_index, shape)) and isinstance(offsets, list) and len(offsets) == 2
-                and all(map(is_index, offsets)) and offsets[0] <= offsets[1] <= size - start):
-            raise ConversionError(f"{path}: tensor {brief(name)} has a malformed entry {brief(entry)} "
-                                  f"(dtype one of {sorted(_SAFETENSORS_DTYPES)}, data inside the file's "
-                                  f"{size - start} data bytes)")
+        if not (
+            dtype is not None
+            and isinstance(shape, list)
+            and len(shape) <= MAX_TENSOR_DIMS
+            and all(map(is_index, shape))
+            and isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(map(is_index, offsets))
+            and offsets[0] <= offsets[1] <= size - start
+        ):
+            raise ConversionError(
+                f"{path}: tensor {brief(name)} has a malformed entry {brief(entry)} "
+                f"(dtype one of {sorted(_SAFETENSORS_DTYPES)}, data inside the file's "
+                f"{size - start} data bytes)"
+            )
         numel = math.prod(shape)
         if offsets[1] - offsets[0] != numel * dtype.itemsize:
-            raise ConversionError(f"{path}: tensor {brief(name)} of shape {shape} and dtype {entry['dtype']} "
-                                  f"needs {numel * dtype.itemsize} bytes, its offsets give {offsets[1] - offsets[0]}")
+            raise ConversionError(
+                f"{path}: tensor {brief(name)} of shape {shape} and dtype {entry['dtype']} "
+                f"needs {numel * dtype.itemsize} bytes, its offsets give {offsets[1] - offsets[0]}"
+            )
         spans.append((offsets[0], offsets[1], name))
         out[name] = (dtype, tuple(shape), offsets[0], numel)
     spans.sort()
@@ -70,6 +93,11 @@ def load_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     # One map of the file, every tensor a view of it: a map holds a file descriptor of its own, so a map per
     # tensor failed under `ulimit -n 1024` for a file of more than about a thousand tensors.
     whole = np.memmap(path, np.uint8, mode="r")
-    return {name: (whole[start + begin: start + begin + numel * dtype.itemsize].view(dtype).reshape(shape) if numel
-                   else np.zeros(shape, dtype))
-            for name, (dtype, shape, begin, numel) in out.items()}
+    return {
+        name: (
+            whole[start + begin : start + begin + numel * dtype.itemsize].view(dtype).reshape(shape)
+            if numel
+            else np.zeros(shape, dtype)
+        )
+        for name, (dtype, shape, begin, numel) in out.items()
+    }

@@ -34,8 +34,10 @@ def layout_of(orig: Mapping) -> Layout:
         return Layout("sedd")
     family = orig["model_type"]
     if not isinstance(family, str) or family not in PEERS:
-        raise ConversionError(f"model_type = {brief(family)} in config.json; sedd convert reads the original SEDD "
-                              f"(a training config) and the Hugging Face models of types {sorted(PEERS)}")
+        raise ConversionError(
+            f"model_type = {brief(family)} in config.json; sedd convert reads the original SEDD "
+            f"(a training config) and the Hugging Face models of types {sorted(PEERS)}"
+        )
     fold = not field(orig, "", "time_conditioning", bool)
     return Layout(family, PEER_PREFIX, fold, BD3LM_BUFFERS if family == "bd3lm" else ())
 

@@ -32,8 +32,19 @@ from sedd.convert.allowlist import ALLOWED, STORAGE_DTYPES, StorageType, opaque_
 from sedd.convert.limits import MAX_PICKLE_BYTES, ConversionError, UnsafePickleError, brief, is_index
 
 # Exceptions of unpickling a malformed (but scanned) pickle: wrong argument types or counts, a memo miss.
-_MALFORMED = (pickle.UnpicklingError, EOFError, TypeError, ValueError, AttributeError, KeyError, IndexError,
-              OverflowError, MemoryError, RecursionError, struct.error)
+_MALFORMED = (
+    pickle.UnpicklingError,
+    EOFError,
+    TypeError,
+    ValueError,
+    AttributeError,
+    KeyError,
+    IndexError,
+    OverflowError,
+    MemoryError,
+    RecursionError,
+    struct.error,
+)
 
 
 class _StateDictUnpickler(pickle.Unpickler):
@@ -52,15 +63,21 @@ class _StateDictUnpickler(pickle.Unpickler):
         try:
             return ALLOWED[(module, name)]
         except KeyError:  # the scan refuses these first; this is the second lock
-            raise UnsafePickleError(f"{self._archive.path}: the pickle asks for {module}.{name}, which a state "
-                                    "dict never needs; refused before anything ran") from None
+            raise UnsafePickleError(
+                f"{self._archive.path}: the pickle asks for {module}.{name}, which a state "
+                "dict never needs; refused before anything ran"
+            ) from None
 
     def persistent_load(self, pid):
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
             raise ConversionError(f"{self._archive.path}: unknown persistent id {brief(pid)}")
         _, storage_type, key, location, numel = pid
-        if not (isinstance(storage_type, StorageType) and isinstance(key, str) and isinstance(location, str)
-                and is_index(numel)):
+        if not (
+            isinstance(storage_type, StorageType)
+            and isinstance(key, str)
+            and isinstance(location, str)
+            and is_index(numel)
+        ):
             raise ConversionError(f"{self._archive.path}: malformed storage id {brief(pid)}")
         return self._archive.storage(key, storage_type.name, numel)
 
@@ -82,11 +99,19 @@ class _TorchArchive:
             legacy = head[:2] == b"\x80\x02"
             raise ConversionError(
                 f"{path} is not a zip archive written by torch.save"
-                + (" (it is the legacy format of torch < 1.6: re-save it with a recent torch)" if legacy else ""))
+                + (" (it is the legacy format of torch < 1.6: re-save it with a recent torch)" if legacy else "")
+            )
         try:
             self.zip = zipfile.ZipFile(path)
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, struct.error, NotImplementedError,
-                OSError) as e:  # OSError: a seek to a negative offset
+        except (
+            zipfile.BadZipFile,
+            zipfile.LargeZipFile,
+            EOFError,
+            ValueError,
+            struct.error,
+            NotImplementedError,
+            OSError,
+        ) as e:  # OSError: a seek to a negative offset
             raise ConversionError(f"{path} is not a readable zip archive: {e}") from None
         self.prefix, self.byteorder = "", "<"  # of <prefix>data.pkl and <prefix>byteorder, set by `load`
         self._storages: dict[str, tuple[str, np.ndarray]] = {}  # key -> (storage type's name, its array)
@@ -101,11 +126,15 @@ class _TorchArchive:
         if info.flag_bits & 0x1:
             raise ConversionError(f"{self.path}: member {name!r} is encrypted; torch.save encrypts nothing")
         if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
-            raise ConversionError(f"{self.path}: member {name!r} is compressed (method {info.compress_type}); "
-                                  "torch.save stores every member uncompressed")
+            raise ConversionError(
+                f"{self.path}: member {name!r} is compressed (method {info.compress_type}); "
+                "torch.save stores every member uncompressed"
+            )
         if not 0 <= info.header_offset < self.size:
-            raise ConversionError(f"{self.path}: member {name!r} has its header at byte {info.header_offset}, outside "
-                                  f"the {self.size}-byte file")
+            raise ConversionError(
+                f"{self.path}: member {name!r} has its header at byte {info.header_offset}, outside "
+                f"the {self.size}-byte file"
+            )
         with open(self.path, "rb") as f:
             f.seek(info.header_offset)
             header = f.read(30)
@@ -117,15 +146,18 @@ class _TorchArchive:
             raise ConversionError(f"{self.path}: member {name!r} is named {brief(stored_name)} in its local header")
         offset = info.header_offset + 30 + name_len + extra_len
         if offset + info.file_size > self.size:
-            raise ConversionError(f"{self.path}: member {name!r} claims {info.file_size} bytes at byte {offset}, "
-                                  f"past the end of the {self.size}-byte file")
+            raise ConversionError(
+                f"{self.path}: member {name!r} claims {info.file_size} bytes at byte {offset}, "
+                f"past the end of the {self.size}-byte file"
+            )
         return info, offset
 
     def _read(self, name: str, limit: int) -> bytes:
         info, offset = self._member(name)
         if info.file_size > limit:
-            raise ConversionError(f"{self.path}: member {name!r} holds {info.file_size} bytes, more than the "
-                                  f"{limit} a state dict's needs")
+            raise ConversionError(
+                f"{self.path}: member {name!r} holds {info.file_size} bytes, more than the {limit} a state dict's needs"
+            )
         with open(self.path, "rb") as f:
             f.seek(offset)
             data = f.read(info.file_size)
@@ -138,21 +170,23 @@ class _TorchArchive:
         if key in self._storages:
             seen, array = self._storages[key]
             if (seen, array.size) != (type_name, numel):
-                raise ConversionError(f"{self.path}: storage {key!r} is named as {seen} of {array.size} and as "
-                                      f"{type_name} of {numel}")
+                raise ConversionError(
+                    f"{self.path}: storage {key!r} is named as {seen} of {array.size} and as {type_name} of {numel}"
+                )
             return array
         dtype = STORAGE_DTYPES[type_name]  # by name, from the allow-list: never from an object of the file
         if self.byteorder == ">" and dtype.itemsize > 1:
             dtype = dtype.newbyteorder(">")
         info, offset = self._member(f"{self.prefix}data/{key}")
         if info.file_size != numel * dtype.itemsize:
-            raise ConversionError(f"{self.path}: storage {key!r} holds {info.file_size} bytes, not "
-                                  f"{numel} x {dtype.itemsize}")
+            raise ConversionError(
+                f"{self.path}: storage {key!r} holds {info.file_size} bytes, not {numel} x {dtype.itemsize}"
+            )
         if numel and self._map is None:
             # One map of the archive, every storage a view of it: a map holds a file descriptor of its own, and
             # a training checkpoint of ~1,250 storages mapped one by one failed under `ulimit -n 1024`.
             self._map = np.memmap(self.path, np.uint8, mode="r")
-        array = self._map[offset: offset + info.file_size].view(dtype) if numel else np.zeros(0, dtype)
+        array = self._map[offset : offset + info.file_size].view(dtype) if numel else np.zeros(0, dtype)
         self._storages[key] = (type_name, array)
         return array
 
@@ -160,8 +194,9 @@ class _TorchArchive:
         with self.zip:  # the storages outlive it as memory maps
             pickles = [n for n in self.zip.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
             if len(pickles) != 1:
-                raise ConversionError(f"{self.path}: expected one <name>/data.pkl in the archive, found "
-                                      f"{brief(pickles)}")
+                raise ConversionError(
+                    f"{self.path}: expected one <name>/data.pkl in the archive, found {brief(pickles)}"
+                )
             self.prefix = pickles[0][: -len("data.pkl")]
             order = "little"  # older torch writes no byteorder member
             if self.prefix + "byteorder" in self.zip.namelist():

@@ -47,16 +47,21 @@ def parameter_map(n_blocks: int, sigma_map: bool = True) -> list[tuple[str, str,
     same names and order. sigma_map=False leaves out the sigma embedding (a
     time-independent network of ours, `fold_sigma_map`).
     """
-    linear = lambda src, dst: [(f"{src}.weight", f"{dst}.kernel", True), (f"{src}.bias", f"{dst}.bias", False)]
+
+    def linear(src, dst):
+        return [(f"{src}.weight", f"{dst}.kernel", True), (f"{src}.bias", f"{dst}.bias", False)]
+
     out = [("vocab_embed.embedding", "vocab_embed.embedding", False)]
     if sigma_map:
         out += linear("sigma_map.mlp.0", "sigma_map.fc1") + linear("sigma_map.mlp.2", "sigma_map.fc2")
     for i in range(n_blocks):
         b, ours = f"blocks.{i}", f"layers.{i}"  # the original's transformer blocks, our layers
-        out += [(f"{b}.norm1.weight", f"{ours}.norm1.scale", False),
-                (f"{b}.attn_qkv.weight", f"{ours}.attn_qkv.kernel", True),
-                (f"{b}.attn_out.weight", f"{ours}.attn_out.kernel", True),
-                (f"{b}.norm2.weight", f"{ours}.norm2.scale", False)]
+        out += [
+            (f"{b}.norm1.weight", f"{ours}.norm1.scale", False),
+            (f"{b}.attn_qkv.weight", f"{ours}.attn_qkv.kernel", True),
+            (f"{b}.attn_out.weight", f"{ours}.attn_out.kernel", True),
+            (f"{b}.norm2.weight", f"{ours}.norm2.scale", False),
+        ]
         out += linear(f"{b}.mlp.0", f"{ours}.mlp_in") + linear(f"{b}.mlp.2", f"{ours}.mlp_out")
         out += linear(f"{b}.adaLN_modulation", f"{ours}.adaLN_modulation")
     out += [("output_layer.norm_final.weight", "output_layer.norm_final.scale", False)]
@@ -105,8 +110,10 @@ def _tensor_problem(name: str, x, shape: tuple[int, ...]) -> str | None:
 def _check_rotary(inv_freq, head_dim: int) -> str | None:
     """A problem with the rotary buffer, or None: it must be base^{-2j/K}, j < K/2, base 10000."""
     if isinstance(inv_freq, _TENSORS) and tuple(inv_freq.shape) != (head_dim // 2,):
-        return (f"{ROTARY_KEY} has shape {tuple(inv_freq.shape)}, not ({head_dim // 2},): the checkpoint's "
-                f"head size is not hidden_size / n_heads = {head_dim} of the config")
+        return (
+            f"{ROTARY_KEY} has shape {tuple(inv_freq.shape)}, not ({head_dim // 2},): the checkpoint's "
+            f"head size is not hidden_size / n_heads = {head_dim} of the config"
+        )
     if problem := _tensor_problem(ROTARY_KEY, inv_freq, (head_dim // 2,)):
         return problem
     if isinstance(inv_freq, jax.ShapeDtypeStruct):
@@ -139,8 +146,9 @@ def fold_sigma_map(sd: Mapping[str, np.ndarray], n_blocks: int) -> dict[str, np.
     return {f"{m}.bias": (f64(f"{m}.weight") @ c0 + f64(f"{m}.bias")).astype(np.float32) for m in layers}
 
 
-def convert_params(state_dict: Mapping[str, Any], config, prefix: str = "", fold_sigma: bool = False,
-                   buffers: tuple[str, ...] = ()) -> nnx.State:
+def convert_params(
+    state_dict: Mapping[str, Any], config, prefix: str = "", fold_sigma: bool = False, buffers: tuple[str, ...] = ()
+) -> nnx.State:
     """Our parameters of the config's network from a state dict (the original's, or a backbone's under `prefix`).
 
     Every target parameter is written exactly once, from the one source tensor
@@ -167,15 +175,21 @@ def convert_params(state_dict: Mapping[str, Any], config, prefix: str = "", fold
     n_blocks = config.model.n_layers
     plan = parameter_map(n_blocks, sigma_map=not fold_sigma)
     if sorted(dst for _, dst, _ in plan) != sorted(targets):  # a change in sedd.model not mirrored here
-        raise ConversionError(f"internal: the parameter map does not cover the network exactly: "
-                              f"{sorted(set(targets) ^ {dst for _, dst, _ in plan})}")
+        raise ConversionError(
+            f"internal: the parameter map does not cover the network exactly: "
+            f"{sorted(set(targets) ^ {dst for _, dst, _ in plan})}"
+        )
     problems, out = [], {}
-    sd = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+    sd = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
     outside = [k for k in state_dict if not k.startswith(prefix) and k not in buffers]
     if fold_sigma:  # read (shape-checked) but not mapped: folded into the adaLN biases below
         cond, freq = config.model.cond_dim, FREQ_DIM
-        for src, shape in (("sigma_map.mlp.0.weight", (cond, freq)), ("sigma_map.mlp.0.bias", (cond,)),
-                           ("sigma_map.mlp.2.weight", (cond, cond)), ("sigma_map.mlp.2.bias", (cond,))):
+        for src, shape in (
+            ("sigma_map.mlp.0.weight", (cond, freq)),
+            ("sigma_map.mlp.0.bias", (cond,)),
+            ("sigma_map.mlp.2.weight", (cond, cond)),
+            ("sigma_map.mlp.2.bias", (cond,)),
+        ):
             if src not in sd:
                 problems.append(f"missing tensor {prefix + src!r} (the sigma embedding, folded into the adaLN biases)")
             elif problem := _tensor_problem(prefix + src, sd[src], shape):
@@ -192,8 +206,9 @@ def convert_params(state_dict: Mapping[str, Any], config, prefix: str = "", fold
         else:
             x = np.asarray(x, np.float32)  # native float32, read out of the memory map
             out[dst] = x.T if transpose else x
-    used = {src for src, _, _ in plan} | ({f"sigma_map.mlp.{i}.{w}" for i in (0, 2) for w in ("weight", "bias")}
-                                          if fold_sigma else set())
+    used = {src for src, _, _ in plan} | (
+        {f"sigma_map.mlp.{i}.{w}" for i in (0, 2) for w in ("weight", "bias")} if fold_sigma else set()
+    )
     if ROTARY_KEY in sd:
         used.add(ROTARY_KEY)
         problem = _check_rotary(sd[ROTARY_KEY], config.model.hidden_size // config.model.n_heads)
@@ -201,8 +216,7 @@ def convert_params(state_dict: Mapping[str, Any], config, prefix: str = "", fold
             problems.append(problem)
     unexpected = [prefix + k for k in sd if k not in used] + outside
     if unexpected:
-        problems.append(f"tensor(s) {brief(unexpected)} are not part of "
-                        f"the network with n_blocks = {n_blocks}")
+        problems.append(f"tensor(s) {brief(unexpected)} are not part of the network with n_blocks = {n_blocks}")
     if problems:
         raise ConversionError("the checkpoint does not fit the config:\n  " + "\n  ".join(problems[:20]))
     if fold_sigma and not any(isinstance(x, jax.ShapeDtypeStruct) for x in out.values()):

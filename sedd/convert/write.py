@@ -56,12 +56,14 @@ def _check_destination(dst: Path) -> None:
         raise ConversionError(f"{dst} exists and is not a directory; choose a new directory (it was left as it is)")
     held = sorted(p.name for p in dst.iterdir()) if dst.is_dir() else []
     if held:
-        raise ConversionError(f"{dst} already holds {brief(held)}; choose a new or empty directory (it was "
-                              "left as it is)")
+        raise ConversionError(
+            f"{dst} already holds {brief(held)}; choose a new or empty directory (it was left as it is)"
+        )
 
 
-def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: str | Path | None = None,
-            dtype: str = "float32") -> dict:
+def convert(
+    src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: str | Path | None = None, dtype: str = "float32"
+) -> dict:
     """Writes the run directory `dst` from the original's checkpoint at `src`.
 
     Args:
@@ -80,9 +82,11 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
     """
     dst = Path(dst).expanduser().absolute()
     if not Path(src).expanduser().exists():
-        raise FileNotFoundError(f"no such source {src}: give the published folder (config.json + "
-                                "pytorch_model.bin or model.safetensors) or an original training run directory; "
-                                f"sedd downloads nothing: {validate.FETCH} (docs/pretrained.md)")
+        raise FileNotFoundError(
+            f"no such source {src}: give the published folder (config.json + "
+            "pytorch_model.bin or model.safetensors) or an original training run directory; "
+            f"sedd downloads nothing: {validate.FETCH} (docs/pretrained.md)"
+        )
     _check_destination(dst)
     tok_src = Path(tokenizer_path or src).expanduser()
     if not tokenizer_path and tok_src.is_file():  # a weights file: look beside it
@@ -92,7 +96,8 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
         raise FileNotFoundError(
             f"no GPT-2 tokenizer files at {tok_src}: pass --tokenizer_path pointing to GPT-2's tokenizer.json, or "
             "to a folder holding vocab.json and merges.txt (the files of the Hugging Face `gpt2` repository); "
-            "nothing is downloaded")
+            "nothing is downloaded"
+        )
     # Files found inside SRC are read only inside it (no link out, as a run's); a --tokenizer_path the user
     # names may be a link (a Hugging Face cache's snapshot links to its blobs). Regular files of bounded size.
     tok_root = None if tokenizer_path else tok_src
@@ -100,8 +105,9 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
         try:
             files.read_bytes(f, MAX_TOKENIZER_BYTES, root=tok_root)
         except files.UnsafeFile as e:
-            raise ConversionError(f"{e} (GPT-2's tokenizer files are far under {MAX_TOKENIZER_BYTES:,} bytes)") \
-                from None
+            raise ConversionError(
+                f"{e} (GPT-2's tokenizer files are far under {MAX_TOKENIZER_BYTES:,} bytes)"
+            ) from None
     _read_gpt2(tok_files[0] if len(tok_files) == 1 else tok_src)  # readable, or a clear error
 
     source = read_source(src, ema)
@@ -111,9 +117,16 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
     read = lambda sd: convert_params(sd, config, layout.prefix, layout.fold_sigma, layout.buffers)  # noqa: E731
     weights = read(source.weights)
     raw = weights if source.raw is None or source.raw is source.weights else read(source.raw)
-    summary = {"source": str(Path(src).absolute()), "config_file": str(source.config_file.absolute()),
-               "weights_file": str(source.weights_file.absolute()), "weights": source.kind, "step": source.step,
-               "parameters": count_parameters(weights), "family": layout.family, "original_config": source.config}
+    summary = {
+        "source": str(Path(src).absolute()),
+        "config_file": str(source.config_file.absolute()),
+        "weights_file": str(source.weights_file.absolute()),
+        "weights": source.kind,
+        "step": source.step,
+        "parameters": count_parameters(weights),
+        "family": layout.family,
+        "original_config": source.config,
+    }
     if layout.fold_sigma:
         summary["folded"] = "the source feeds sigma = 0: its sigma embedding is folded into the adaLN biases"
     for name in layout.buffers:  # BD3-LM's clipped schedule: kept for the record (our bound runs t over [eps, 1])
@@ -125,8 +138,12 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
     try:
         (tmp / TOKENIZER_DIR).mkdir()
         for f in tok_files:  # a lone JSON file is GPT-2's tokenizer.json, whatever its name
-            files.copy(f, tmp / TOKENIZER_DIR / ("tokenizer.json" if len(tok_files) == 1 else f.name),
-                       MAX_TOKENIZER_BYTES, root=tok_root)
+            files.copy(
+                f,
+                tmp / TOKENIZER_DIR / ("tokenizer.json" if len(tok_files) == 1 else f.name),
+                MAX_TOKENIZER_BYTES,
+                root=tok_root,
+            )
         tokenizer = _read_gpt2(tmp / TOKENIZER_DIR, pad=config.vocab_size == GPT2_TOKENS + 1)
         tokenizer.path = str(tok_dir)  # where the copy is once tmp is renamed to dst
         save_tokenizer(tokenizer, tmp / runs.TOKENIZER)
@@ -141,8 +158,9 @@ def convert(src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: 
         try:
             os.rename(tmp, dst)  # atomic; replaces an empty dst, refuses one that gained files meanwhile
         except OSError as e:
-            raise ConversionError(f"{dst} could not take the converted run ({e.strerror}); it was left as it "
-                                  "is") from None
+            raise ConversionError(
+                f"{dst} could not take the converted run ({e.strerror}); it was left as it is"
+            ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -153,16 +171,24 @@ def _parser() -> argparse.ArgumentParser:
     p = validate.OneLineParser(
         prog="sedd convert",
         description="Convert PyTorch weights into a run directory for sedd sample / eval / serve: the original "
-                    "SEDD's (the published folder with config.json + pytorch_model.bin or model.safetensors, or "
-                    "an original training run directory), MDLM's and BD3-LM's Hugging Face folders, or a DUO "
-                    "Lightning checkpoint (.ckpt). torch is not needed; see docs/pretrained.md.")
+        "SEDD's (the published folder with config.json + pytorch_model.bin or model.safetensors, or "
+        "an original training run directory), MDLM's and BD3-LM's Hugging Face folders, or a DUO "
+        "Lightning checkpoint (.ckpt). torch is not needed; see docs/pretrained.md.",
+    )
     p.add_argument("src", help="published folder, original training run directory, a weights file, or a DUO .ckpt")
     p.add_argument("dst", help="the new run directory")
     p.add_argument("--no_ema", action="store_true", help="a training checkpoint's raw weights instead of its EMA")
-    p.add_argument("--tokenizer_path", default=None,
-                   help="GPT-2's tokenizer.json, or a folder with vocab.json + merges.txt (default: inside SRC)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                   help="compute dtype of the converted model (bfloat16 as the original on GPUs)")
+    p.add_argument(
+        "--tokenizer_path",
+        default=None,
+        help="GPT-2's tokenizer.json, or a folder with vocab.json + merges.txt (default: inside SRC)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="compute dtype of the converted model (bfloat16 as the original on GPUs)",
+    )
     return p
 
 
@@ -171,12 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         validate.check_args("convert", args)  # paths of the right kind (no FIFO, no device) before any work
-        summary = convert(args.src, args.dst, ema=not args.no_ema, tokenizer_path=args.tokenizer_path,
-                          dtype=args.dtype)
+        summary = convert(args.src, args.dst, ema=not args.no_ema, tokenizer_path=args.tokenizer_path, dtype=args.dtype)
     except (ValueError, FileNotFoundError, ImportError, OSError) as e:
         print(f"sedd convert: error: {validate.clipped(str(e))}", file=sys.stderr)
         return 2
-    print(f"converted {summary['weights_file']} ({summary['weights']} weights, step {summary['step']}, "
-          f"{summary['parameters']:,} parameters) to {args.dst}")
+    print(
+        f"converted {summary['weights_file']} ({summary['weights']} weights, step {summary['step']}, "
+        f"{summary['parameters']:,} parameters) to {args.dst}"
+    )
     print(f"next: sedd sample --workdir {args.dst} --prefix 'Hello'")
     return 0

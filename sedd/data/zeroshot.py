@@ -34,15 +34,28 @@ def _apply(text: str, rules) -> str:
 _WT_RULES = [
     ("s '", "s'"),  # contractions
     (re.compile(r"/' [0-9]/"), r"/'[0-9]/"),
-    (" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."),  # WikiText's split numbers: 1 @,@ 000
-    (" : ", ": "), (" ; ", "; "), (" . ", ". "), (" ! ", "! "), (" ? ", "? "), (" , ", ", "),
+    (" @-@ ", "-"),
+    (" @,@ ", ","),
+    (" @.@ ", "."),  # WikiText's split numbers: 1 @,@ 000
+    (" : ", ": "),
+    (" ; ", "; "),
+    (" . ", ". "),
+    (" ! ", "! "),
+    (" ? ", "? "),
+    (" , ", ", "),
     (re.compile(r"\(\s*([^\)]*?)\s*\)"), r"(\1)"),  # no spaces inside brackets and quotes
     (re.compile(r"\[\s*([^\]]*?)\s*\]"), r"[\1]"),
     (re.compile(r"{\s*([^}]*?)\s*}"), r"{\1}"),
     (re.compile(r"\"\s*([^\"]*?)\s*\""), r'"\1"'),
     (re.compile(r"'\s*([^']*?)\s*'"), r"'\1'"),
-    ("= = = =", "===="), ("= = =", "==="), ("= =", "=="),  # headings
-    (" \u00b0 ", "\u00b0"), (" \n", "\n"), ("\n ", "\n"), (" N ", " 1 "), (" 's", "'s"),
+    ("= = = =", "===="),
+    ("= = =", "==="),
+    ("= =", "=="),  # headings
+    (" \u00b0 ", "\u00b0"),
+    (" \n", "\n"),
+    ("\n ", "\n"),
+    (" N ", " 1 "),
+    (" 's", "'s"),
 ]
 
 
@@ -66,14 +79,25 @@ def ptb_detokenizer(text: str) -> str:
 
 
 _LM1B_RULES = [
-    ("http : / / ", "http://"), ("https : / / ", "https://"),
+    ("http : / / ", "http://"),
+    ("https : / / ", "https://"),
     (re.compile(r" \'(\w+)"), r"'\1"),
-    (re.compile(r" (\w+) \. "), r" \1. "), (re.compile(r" (\w+) \.$"), r" \1."),
-    (" ? ", "? "), (re.compile(r" \?$"), "?"), (" ! ", "! "), (re.compile(r" \!$"), "!"),
-    (" , ", ", "), (" : ", ": "), (" ; ", "; "), (" / ", "/"),
-    (re.compile(r"\" ([^\"]+) \""), r'"\1"'), (re.compile(r"\' ([^\']+) \'"), r"'\1'"),
-    (re.compile(r"\( ([^\(\)]+) \)"), r"(\1)"), (re.compile(r"\[ ([^\[\]]+) \]"), r"[\1]"),
-    ("$ ", "$"), ("\u00a3 ", "\u00a3"),
+    (re.compile(r" (\w+) \. "), r" \1. "),
+    (re.compile(r" (\w+) \.$"), r" \1."),
+    (" ? ", "? "),
+    (re.compile(r" \?$"), "?"),
+    (" ! ", "! "),
+    (re.compile(r" \!$"), "!"),
+    (" , ", ", "),
+    (" : ", ": "),
+    (" ; ", "; "),
+    (" / ", "/"),
+    (re.compile(r"\" ([^\"]+) \""), r'"\1"'),
+    (re.compile(r"\' ([^\']+) \'"), r"'\1'"),
+    (re.compile(r"\( ([^\(\)]+) \)"), r"(\1)"),
+    (re.compile(r"\[ ([^\[\]]+) \]"), r"[\1]"),
+    ("$ ", "$"),
+    ("\u00a3 ", "\u00a3"),
 ]
 
 
@@ -120,6 +144,7 @@ def zero_shot(name: str) -> Callable[[type], type]:
     def add(cls):
         ZERO_SHOT[name] = cls
         return register(name)(cls)
+
     return add
 
 
@@ -139,12 +164,10 @@ class ZeroShot(TextFiles, skip_registration=True):
 
     def list_files(self) -> list[Path]:
         if not self.path.exists():
-            raise FileNotFoundError(f"no such file or folder: {self.path}; "
-                                    f"{self.name_of_set()} expects {self.EXPECTS}")
+            raise FileNotFoundError(f"no such file or folder: {self.path}; {self.name_of_set()} expects {self.EXPECTS}")
         if self.path.is_file():
             return [self.path]
-        files = sorted({p for pats in self.FILES.values() for pat in pats for p in self.path.rglob(pat)
-                        if p.is_file()})
+        files = sorted({p for pats in self.FILES.values() for pat in pats for p in self.path.rglob(pat) if p.is_file()})
         if not files:
             raise FileNotFoundError(f"no {self.name_of_set()} files in {self.path}: expected {self.EXPECTS}")
         return files
@@ -176,8 +199,10 @@ class ZeroShot(TextFiles, skip_registration=True):
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    raise ValueError(f"{path}: invalid UTF-8 at byte offset {offset + e.start}; "
-                                     f"{self.name_of_set()} expects {self.EXPECTS}") from None
+                    raise ValueError(
+                        f"{path}: invalid UTF-8 at byte offset {offset + e.start}; "
+                        f"{self.name_of_set()} expects {self.EXPECTS}"
+                    ) from None
                 yield offset, line
                 offset += len(raw)
 
@@ -194,6 +219,7 @@ class ZeroShot(TextFiles, skip_registration=True):
                 for row in self.rows(f):
                     yield from split_text(self.detokenize(row).encode("utf-8"))
                     yield None
+
         return {s: (sum(f.stat().st_size for f in fs), lambda fs=fs: fragments(fs)) for s, fs in by_split.items()}
 
 
@@ -210,8 +236,9 @@ class _WikiText(ZeroShot, skip_registration=True):
                 raise self.wrong_file(path, f"<unk> at byte offset {offset}: the tokenized wiki.*.tokens version")
             if line.strip() and not heading:
                 if not self.HEADING.match(line):
-                    raise self.wrong_file(path, f"its first text line is {line[:60]!r}, not a heading like "
-                                          "' = Robert Boulter = '")
+                    raise self.wrong_file(
+                        path, f"its first text line is {line[:60]!r}, not a heading like ' = Robert Boulter = '"
+                    )
                 heading = True
             yield line if line.strip() else ""
 
@@ -223,8 +250,10 @@ class WikiText2(_WikiText, skip_registration=True):
     where present, are the test and validation splits)."""
 
     name = "sedd_wikitext2"
-    EXPECTS = ("wiki.test.raw from wikitext-2-raw-v1.zip (the raw version, one line of the articles per row), "
-               "or the folder holding it")
+    EXPECTS = (
+        "wiki.test.raw from wikitext-2-raw-v1.zip (the raw version, one line of the articles per row), "
+        "or the folder holding it"
+    )
 
 
 @zero_shot("wikitext103")
@@ -232,8 +261,10 @@ class WikiText103(_WikiText, skip_registration=True):
     """WikiText-103 (raw): `wiki.test.raw` of `wikitext-103-raw-v1.zip`, or its folder."""
 
     name = "sedd_wikitext103"
-    EXPECTS = ("wiki.test.raw from wikitext-103-raw-v1.zip (the raw version, one line of the articles per row), "
-               "or the folder holding it")
+    EXPECTS = (
+        "wiki.test.raw from wikitext-103-raw-v1.zip (the raw version, one line of the articles per row), "
+        "or the folder holding it"
+    )
 
 
 @zero_shot("ptb")
@@ -244,8 +275,10 @@ class PTB(ZeroShot, skip_registration=True):
 
     name = "sedd_ptb"
     FILES = {"test": ("ptb.test.txt",), "validation": ("ptb.valid.txt",)}
-    EXPECTS = ("ptb.test.txt of the Penn Treebank (Mikolov's simple-examples/data: one lower-cased, tokenized "
-               "sentence per line with <unk> and N), or the folder holding it")
+    EXPECTS = (
+        "ptb.test.txt of the Penn Treebank (Mikolov's simple-examples/data: one lower-cased, tokenized "
+        "sentence per line with <unk> and N), or the folder holding it"
+    )
     detokenize = staticmethod(ptb_detokenizer)
 
     def rows(self, path):
@@ -273,8 +306,10 @@ class LM1B(ZeroShot, skip_registration=True):
 
     name = "sedd_lm1b"
     FILES = {"test": ("news.en.heldout-*",)}
-    EXPECTS = ("the folder heldout-monolingual.tokenized.shuffled of 1-billion-word-language-modeling-benchmark-"
-               "r13output.tar.gz (files news.en.heldout-000NN-of-00050, one tokenized sentence per line)")
+    EXPECTS = (
+        "the folder heldout-monolingual.tokenized.shuffled of 1-billion-word-language-modeling-benchmark-"
+        "r13output.tar.gz (files news.en.heldout-000NN-of-00050, one tokenized sentence per line)"
+    )
     detokenize = staticmethod(lm1b_detokenizer)
 
     def rows(self, path):
@@ -291,8 +326,10 @@ class Lambada(ZeroShot, skip_registration=True):
 
     name = "sedd_lambada"
     FILES = {"test": ("lambada_test.jsonl",)}
-    EXPECTS = ("OpenAI's lambada_test.jsonl (https://openaipublic.blob.core.windows.net/gpt-2/data/"
-               "lambada_test.jsonl): one JSON object {\"text\": ...} per line")
+    EXPECTS = (
+        "OpenAI's lambada_test.jsonl (https://openaipublic.blob.core.windows.net/gpt-2/data/"
+        'lambada_test.jsonl): one JSON object {"text": ...} per line'
+    )
     detokenize = staticmethod(lambada_detokenizer)
 
     def rows(self, path):
@@ -302,8 +339,11 @@ class Lambada(ZeroShot, skip_registration=True):
             try:
                 text = json.loads(line)["text"]
                 if not isinstance(text, str):
-                    raise TypeError(f"its \"text\" is a {type(text).__name__}")
+                    raise TypeError(f'its "text" is a {type(text).__name__}')
             except (ValueError, KeyError, TypeError) as e:
-                raise self.wrong_file(path, f"the line at byte offset {offset} is not a JSON object with a "
-                                      f"\"text\" string: {type(e).__name__}: {e}") from None
+                raise self.wrong_file(
+                    path,
+                    f"the line at byte offset {offset} is not a JSON object with a "
+                    f'"text" string: {type(e).__name__}: {e}',
+                ) from None
             yield text

@@ -28,14 +28,42 @@ the kinds that hold a causal language model share ``causal``
 (docs/architecture.md, "Where a new thing goes").
 """
 
-from sedd.kinds.base import (KINDS, Kind, Net, abstract_network, build_graph, build_model, build_noise,
-                             chunked_entropy, get, network_of, params_score_fn, register)
+from sedd.kinds.base import (
+    KINDS,
+    Kind,
+    Net,
+    abstract_network,
+    build_graph,
+    build_model,
+    build_noise,
+    chunked_entropy,
+    get,
+    network_of,
+    params_score_fn,
+    register,
+)
 from sedd.kinds import capabilities
 from sedd.kinds.ddit import Diffusion
 from sedd.kinds.ar import Autoregressive
 from sedd.kinds.block import BlockDiffusion
 from sedd.kinds.spec import SelfSpeculative
 
-__all__ = ["KINDS", "Autoregressive", "BlockDiffusion", "Diffusion", "Kind", "Net", "SelfSpeculative",
-           "abstract_network", "build_graph", "build_model", "build_noise", "capabilities", "chunked_entropy", "get", "network_of",
-           "params_score_fn", "register"]
+__all__ = [
+    "KINDS",
+    "Autoregressive",
+    "BlockDiffusion",
+    "Diffusion",
+    "Kind",
+    "Net",
+    "SelfSpeculative",
+    "abstract_network",
+    "build_graph",
+    "build_model",
+    "build_noise",
+    "capabilities",
+    "chunked_entropy",
+    "get",
+    "network_of",
+    "params_score_fn",
+    "register",
+]

@@ -72,7 +72,8 @@ def drafter_parts(graphdef, temperature=1.0) -> tuple:
                 break
             q = shaped_law(logits[:, 0], temperature, 1.0)  # (B, V)
             prev = jax.vmap(lambda key, q: jax.random.categorical(jax.random.fold_in(key, i), jnp.log(q)))(
-                keys, q).astype(jnp.int32)
+                keys, q
+            ).astype(jnp.int32)
             ys.append(prev), qs.append(q)
         if not k:
             return jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0, model.out_dim), jnp.float32), (params_state, cache)
@@ -85,8 +86,6 @@ def drafter_parts(graphdef, temperature=1.0) -> tuple:
 def cached_drafter_parts(graphdef, *, temperature: float = 1.0) -> tuple:
     """``drafter_parts`` of a Python temperature, cached."""
     return drafter_parts(graphdef, temperature)
-
-
 
 
 class ARDraft(drafts.Drafter):
@@ -113,9 +112,19 @@ class ARDraft(drafts.Drafter):
         return cached_drafter_parts(self.graphdef, temperature=temperature)
 
 
-def speculative_sample(key: jax.Array, graphdef, state, num_samples: int, length: int, k: int = drafts.DEFAULT_K,
-                       draft: Any = "ngram", temperature: float = 1.0, top_p: float = 1.0,
-                       prompt: jax.Array | None = None, verification: str = "joint") -> tuple[jax.Array, dict]:
+def speculative_sample(
+    key: jax.Array,
+    graphdef,
+    state,
+    num_samples: int,
+    length: int,
+    k: int = drafts.DEFAULT_K,
+    draft: Any = "ngram",
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    prompt: jax.Array | None = None,
+    verification: str = "joint",
+) -> tuple[jax.Array, dict]:
     """Text of the AR network (graphdef, state) by speculative sampling (``sedd.speculative``): its law exactly.
 
     Args:
@@ -144,12 +153,26 @@ def speculative_sample(key: jax.Array, graphdef, state, num_samples: int, length
     prefill, target = causal.speculative_target(graphdef, temperature=temperature, top_p=top_p)
     d_prefill, drafter = draft.cached_parts(temperature, top_p)
     given = jnp.zeros((num_samples, 0), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
-    out, stats = speculative.decode_prompted(key, state, draft.state, given, prefill=prefill, target=target,
-                                             d_prefill=d_prefill, drafter=drafter, length=length, k=k,
-                                             verification=verification)
+    out, stats = speculative.decode_prompted(
+        key,
+        state,
+        draft.state,
+        given,
+        prefill=prefill,
+        target=target,
+        d_prefill=d_prefill,
+        drafter=drafter,
+        length=length,
+        k=k,
+        verification=verification,
+    )
     rounds = stats["rounds_per_sample"]
-    return out, {"nfe": stats["rounds"], "nfe_per_sample": rounds,
-                 "draft_calls": rounds * draft.calls(k), "accepted_at": stats["accepted_at"]}
+    return out, {
+        "nfe": stats["rounds"],
+        "nfe_per_sample": rounds,
+        "draft_calls": rounds * draft.calls(k),
+        "accepted_at": stats["accepted_at"],
+    }
 
 
 # =========================================================================== the kind
@@ -175,8 +198,10 @@ class Options(causal.Options):
         if self.draft is None and self.draft_k is not None:
             raise ValueError(drafts.NEEDS_A_DRAFT)
         if self.draft is None and self.verification != "joint":
-            raise ValueError("verification is for speculative sampling (a draft); without one an AR run draws each "
-                             "token from its law")
+            raise ValueError(
+                "verification is for speculative sampling (a draft); without one an AR run draws each "
+                "token from its law"
+            )
         return super().checked()
 
 
@@ -208,19 +233,32 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts):
                 return (lambda state, prompt: (t_prefill(state, prompt), None)), target, drafter
             return (lambda state, prompt: (t_prefill(state[0], prompt), d_prefill(state[1], prompt))), target, drafter
 
-        return sampling.rounds.Speculation(parts, k, draft_name or draft.name, draft_calls=draft.calls(k),
-                                           draft_state=draft.state, categorical=categorical)
+        return sampling.rounds.Speculation(
+            parts,
+            k,
+            draft_name or draft.name,
+            draft_calls=draft.calls(k),
+            draft_state=draft.state,
+            categorical=categorical,
+        )
 
     def network(self, seed=0):
         """Inputs V + 1 ids (BOS = V), outputs the V next-token logits, causal attention, no time input."""
         v = self.config.vocab_size
-        return network_of(self.config, seed, num_tokens=v + 1, out_dim=v, scale_by_sigma=False, causal=True,
-                          time_conditioning=False, normalize=False)
+        return network_of(
+            self.config,
+            seed,
+            num_tokens=v + 1,
+            out_dim=v,
+            scale_by_sigma=False,
+            causal=True,
+            time_conditioning=False,
+            normalize=False,
+        )
 
     def loss(self, key, model, x0, train, rngs=None):
         """-sum_l log p(x0^l | x0^{<l}), the exact NLL (``causal.sequence_nll``; training.loss_chunk)."""
-        return causal.sequence_nll(model, x0, deterministic=not train, rngs=rngs,
-                                   chunk=self.config.training.loss_chunk)
+        return causal.sequence_nll(model, x0, deterministic=not train, rngs=rngs, chunk=self.config.training.loss_chunk)
 
     def sample(self, key, net, num_samples, steps=None, sampler=None, rows=None, **options):
         """L ancestral steps with the KV cache (``causal.ancestral``; temperature 0 the argmax); rows is not used.
@@ -240,13 +278,31 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts):
         o = self.options(**options)
         length = self.config.data.seq_len
         if o.draft is not None:
-            tokens, stats = speculative_sample(key, net.graphdef, net.state, num_samples, length,
-                                               drafts.DEFAULT_K if o.draft_k is None else o.draft_k, o.draft,
-                                               temperature=o.temperature, top_p=o.top_p, prompt=o.prompt,
-                                               verification=o.verification)
+            tokens, stats = speculative_sample(
+                key,
+                net.graphdef,
+                net.state,
+                num_samples,
+                length,
+                drafts.DEFAULT_K if o.draft_k is None else o.draft_k,
+                o.draft,
+                temperature=o.temperature,
+                top_p=o.top_p,
+                prompt=o.prompt,
+                verification=o.verification,
+            )
             return sampling.Samples(tokens, None, stats if o.return_stats else None)
-        tokens = causal.ancestral(key, net.graphdef, net.state, num_samples, length, temperature=o.temperature,
-                                  prompt=o.prompt, categorical=o.categorical, top_p=o.top_p)
+        tokens = causal.ancestral(
+            key,
+            net.graphdef,
+            net.state,
+            num_samples,
+            length,
+            temperature=o.temperature,
+            prompt=o.prompt,
+            categorical=o.categorical,
+            top_p=o.top_p,
+        )
         stats = None
         if o.return_stats:  # one network call a position, each on one position of every row
             stats = {"nfe": jnp.int32(length), "nfe_per_sample": jnp.full((num_samples,), length, jnp.int32)}

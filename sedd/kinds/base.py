@@ -125,10 +125,20 @@ def abstract_network(kind: Kind, seed: int = 0) -> tuple:
 def network_of(config, seed: int, **arch) -> DDiT:
     """The DDiT of config.model's sizes, with the kind's inputs, outputs and attention in `arch`."""
     m = config.model
-    return DDiT(hidden_size=m.hidden_size, n_layers=m.n_layers, n_heads=m.n_heads, cond_dim=m.cond_dim,
-                mlp_ratio=m.mlp_ratio, dropout=m.dropout, max_len=config.data.seq_len,
-                dtype=compute_dtype(m.dtype), vocab_multiple=m.vocab_multiple, remat=m.remat,
-                rngs=nnx.Rngs(params=seed, dropout=seed + 1), **arch)
+    return DDiT(
+        hidden_size=m.hidden_size,
+        n_layers=m.n_layers,
+        n_heads=m.n_heads,
+        cond_dim=m.cond_dim,
+        mlp_ratio=m.mlp_ratio,
+        dropout=m.dropout,
+        max_len=config.data.seq_len,
+        dtype=compute_dtype(m.dtype),
+        vocab_multiple=m.vocab_multiple,
+        remat=m.remat,
+        rngs=nnx.Rngs(params=seed, dropout=seed + 1),
+        **arch,
+    )
 
 
 def chunked_entropy(model: DDiT, graph: graphs.Graph, chunk: int, **net) -> Callable:
@@ -190,14 +200,31 @@ class Kind:
         """The training objective of x0 int32[B, L]: float32[B] nats per sequence (dropout from rngs when train)."""
         raise NotImplementedError
 
-    def likelihood(self, key: jax.Array, net: Net, batches, num_t: int, *, max_batches=None,
-                   chars_per_token=None, progress: bool = False, **kwargs) -> dict:
+    def likelihood(
+        self,
+        key: jax.Array,
+        net: Net,
+        batches,
+        num_t: int,
+        *,
+        max_batches=None,
+        chars_per_token=None,
+        progress: bool = False,
+        **kwargs,
+    ) -> dict:
         """The figures of ``sedd.evaluate.dataset_bound`` (or its exact counterpart) on batches of a split."""
         raise NotImplementedError
 
-    def sample(self, key: jax.Array, net: Net, num_samples: int, steps: int | None = None,
-               sampler: str | None = None, rows: jax.sharding.Sharding | None = None,
-               **options) -> sampling.Samples:
+    def sample(
+        self,
+        key: jax.Array,
+        net: Net,
+        num_samples: int,
+        steps: int | None = None,
+        sampler: str | None = None,
+        rows: jax.sharding.Sharding | None = None,
+        **options,
+    ) -> sampling.Samples:
         """num_samples sequences; the config's sampling section gives the defaults; rows: their placement."""
         raise NotImplementedError
 
@@ -208,8 +235,9 @@ class Kind:
           sedd.sampling.UnknownSampler: a name that is not registered.
         """
         if name not in sampling.SAMPLERS:
-            raise sampling.UnknownSampler(f"unknown sampling.sampler {name!r}; expected one of "
-                                          f"{sorted(sampling.SAMPLERS)}")
+            raise sampling.UnknownSampler(
+                f"unknown sampling.sampler {name!r}; expected one of {sorted(sampling.SAMPLERS)}"
+            )
 
     def check_options(self, sampler: str, **options) -> None:
         """Raise a ValueError when ``sample`` cannot run `sampler` on this kind with these options (temperature,
@@ -224,12 +252,16 @@ class Kind:
         if not self.diffuses:
             for name, value in (("steps", steps), ("sampler", sampler)):
                 if value is not None:
-                    raise ValueError(f"{name}={value!r}: a model.kind={self.name!r} run writes left to right, with "
-                                     f"no denoising steps; {name} is for {kinds_that(lambda k: k.diffuses)}")
+                    raise ValueError(
+                        f"{name}={value!r}: a model.kind={self.name!r} run writes left to right, with "
+                        f"no denoising steps; {name} is for {kinds_that(lambda k: k.diffuses)}"
+                    )
         for name, what, given in (("suffix", "a suffix", suffix), ("infill", "an infill template", infill)):
             if given and name not in self.conditions:
-                raise ValueError(f"{what}: a model.kind={self.name!r} run writes after a prompt only; {what} "
-                                 f"is for {kinds_that(lambda k: name in k.conditions)}")
+                raise ValueError(
+                    f"{what}: a model.kind={self.name!r} run writes after a prompt only; {what} "
+                    f"is for {kinds_that(lambda k: name in k.conditions)}"
+                )
 
     def settles(self, sampler: str) -> bool:
         """Whether a position, once unmasked by `sampler`, keeps its token to the end (text can be sent early)."""

@@ -67,8 +67,16 @@ from sedd.model import DDiT, block_diffusion_mask, ring_mask
 # =========================================================================== training and the bound
 
 
-def log_score(model: DDiT, x_t: jax.Array, x0: jax.Array, sigma: jax.Array, block_size: int, *,
-              deterministic: bool | None = True, rngs=None) -> jax.Array:
+def log_score(
+    model: DDiT,
+    x_t: jax.Array,
+    x0: jax.Array,
+    sigma: jax.Array,
+    block_size: int,
+    *,
+    deterministic: bool | None = True,
+    rngs=None,
+) -> jax.Array:
     """The log-score at x_t's positions, each block given x0's blocks before it: float32[B, L, D].
 
     One forward over [x_t ; x0] (2L positions, the same rotary positions on
@@ -86,9 +94,15 @@ def log_score(model: DDiT, x_t: jax.Array, x0: jax.Array, sigma: jax.Array, bloc
     sigma = _per_block(sigma, b, length // block_size)  # (B, n_b)
     noise_groups = jnp.concatenate([sigma, jnp.zeros_like(sigma)], axis=1)  # (B, 2 n_b): x0's blocks at 0
     positions = np.concatenate([np.arange(length), np.arange(length)])
-    out = model.network_output(jnp.concatenate([x_t, x0], axis=1), noise_groups, positions=positions,
-                               mask=block_diffusion_mask(length, block_size), keep=length,
-                               deterministic=deterministic, rngs=rngs)  # (B, L, D)
+    out = model.network_output(
+        jnp.concatenate([x_t, x0], axis=1),
+        noise_groups,
+        positions=positions,
+        mask=block_diffusion_mask(length, block_size),
+        keep=length,
+        deterministic=deterministic,
+        rngs=rngs,
+    )  # (B, L, D)
     return model.log_score(out, x_t, jnp.repeat(sigma, block_size, axis=1))
 
 
@@ -115,8 +129,7 @@ def clean_context(model: DDiT, x0: jax.Array, block_size: int) -> tuple:
     return model.keys_values(x0, jnp.zeros((b, length // block_size), jnp.float32), mask=mask)
 
 
-def log_score_in_context(model: DDiT, x_t: jax.Array, context: tuple, sigma: jax.Array,
-                         block_size: int) -> jax.Array:
+def log_score_in_context(model: DDiT, x_t: jax.Array, context: tuple, sigma: jax.Array, block_size: int) -> jax.Array:
     """``log_score`` with x0's half given by its keys and values (``clean_context``): float32[B, L, D], dropout off.
 
     Only x_t's L positions run through the network, each block's queries
@@ -140,14 +153,25 @@ def log_score_in_context(model: DDiT, x_t: jax.Array, context: tuple, sigma: jax
     sigma = _per_block(sigma, b, length // block_size)  # (B, n_b)
     # x_t -> x0, the upper right quarter of the mask; its upper left one, x_t -> x_t, is a block's own block
     mask = block_diffusion_mask(length, block_size)[:length, length:]  # (L, L)
-    h, c = model.features(x_t, sigma, mask=mask, context=context, unit=block_size,
-                          deterministic=True)  # (B, L, H), (B, n_b, C)
+    h, c = model.features(
+        x_t, sigma, mask=mask, context=context, unit=block_size, deterministic=True
+    )  # (B, L, H), (B, n_b, C)
     return model.log_score(model.output_layer(h, c), x_t, jnp.repeat(sigma, block_size, axis=1))
 
 
-def loss_per_position(key: jax.Array, block_fn: Callable, graph: Graph, noise: Callable, x0: jax.Array,
-                      t: jax.Array | None = None, sampling_eps: float = 1e-3, low_discrepancy: bool = False,
-                      t_power: float = 0.0, *, block_size: int) -> jax.Array:
+def loss_per_position(
+    key: jax.Array,
+    block_fn: Callable,
+    graph: Graph,
+    noise: Callable,
+    x0: jax.Array,
+    t: jax.Array | None = None,
+    sampling_eps: float = 1e-3,
+    low_discrepancy: bool = False,
+    t_power: float = 0.0,
+    *,
+    block_size: int,
+) -> jax.Array:
     r"""One Monte Carlo draw of sigma'(t_i) SE at every position, t_i drawn per block: float32[B, L] nats.
 
     The integrand of (2): block i is noised to x_t^i ~ p_{sigma(t_i)}(. | x^i)
@@ -306,10 +330,30 @@ def context_score_fn(scorer: Scorer) -> Callable:
     return lambda params_ctx, x, sigma: scorer.score(params_ctx[0], params_ctx[1], x, sigma)
 
 
-@functools.partial(jax.jit, static_argnames=("scorer", "graph", "noise", "block_size", "sampler", "denoise",
-                                             "options", "blocks", "stop_id"))
-def draw_blocks(key, times, params, ctx, text, fixed, first, shaping=None, *, scorer, graph, noise, block_size,
-                sampler, denoise, options, blocks, stop_id):
+@functools.partial(
+    jax.jit,
+    static_argnames=("scorer", "graph", "noise", "block_size", "sampler", "denoise", "options", "blocks", "stop_id"),
+)
+def draw_blocks(
+    key,
+    times,
+    params,
+    ctx,
+    text,
+    fixed,
+    first,
+    shaping=None,
+    *,
+    scorer,
+    graph,
+    noise,
+    block_size,
+    sampler,
+    denoise,
+    options,
+    blocks,
+    stop_id,
+):
     """Blocks first .. first + blocks - 1 of `text` drawn and committed, in one program.
 
     Returns (ctx, text, nfe int32[], nfe_row int32[B], drawn int32[] blocks
@@ -330,9 +374,21 @@ def draw_blocks(key, times, params, ctx, text, fixed, first, shaping=None, *, sc
     def draw(i, ctx, text, prime):
         """Block i drawn against ctx; prime: (its start state, sigma0, their score) or None."""
         x, traj, stats = sampling.run_loop(
-            jax.random.fold_in(key, first + i), times, block_of(i, fixed), block_of(i, text), (params, ctx),
-            score_fn=score_fn, graph=graph, noise=noise, shape=(rows, b), sampler=sampler, denoise=denoise,
-            options=options, prime=prime, shaping=shaping)
+            jax.random.fold_in(key, first + i),
+            times,
+            block_of(i, fixed),
+            block_of(i, text),
+            (params, ctx),
+            score_fn=score_fn,
+            graph=graph,
+            noise=noise,
+            shape=(rows, b),
+            sampler=sampler,
+            denoise=denoise,
+            options=options,
+            prime=prime,
+            shaping=shaping,
+        )
         return x, jax.lax.dynamic_update_slice(text, x, (0, (first + i) * b)), traj, stats
 
     def advance(i, ctx, text, clean):
@@ -364,6 +420,7 @@ def draw_blocks(key, times, params, ctx, text, fixed, first, shaping=None, *, sc
     none_yet = jnp.zeros((rows, b), jnp.int32)  # the "clean block" before block 0: never committed
 
     if options.return_trajectory:
+
         def step(carry, i):
             ctx, text, clean = carry
             ctx, x, text, traj, n, n_row = next_block(i, ctx, text, clean)
@@ -391,15 +448,28 @@ def draw_blocks(key, times, params, ctx, text, fixed, first, shaping=None, *, sc
         ctx, x, text, _, n, n_row = next_block(i, ctx, text, clean)
         return i + 1, ctx, text, x, nfe + n, nfe_row + n_row, stopped | stops(x)
 
-    carry = (jnp.int32(0), ctx, text, none_yet, jnp.int32(0), jnp.zeros((rows,), jnp.int32),
-             jnp.zeros((rows,), bool))
+    carry = (jnp.int32(0), ctx, text, none_yet, jnp.int32(0), jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), bool))
     i, ctx, text, x, nfe, nfe_row, _ = jax.lax.while_loop(lambda c: (c[0] < blocks) & ~jnp.all(c[6]), body, carry)
     return scorer.commit(params, ctx, x), text, nfe + 1, nfe_row + 1, i, None
 
 
-def draw(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Callable, fixed: jax.Array,
-         text: jax.Array, times: jax.Array, *, block_size: int, sampler: str, denoise: bool,
-         options: sampling.Options, stop_id: int | None = None, shaping: tuple | None = None) -> tuple:
+def draw(
+    key: jax.Array,
+    scorer: Scorer,
+    params: Any,
+    graph: Graph,
+    noise: Callable,
+    fixed: jax.Array,
+    text: jax.Array,
+    times: jax.Array,
+    *,
+    block_size: int,
+    sampler: str,
+    denoise: bool,
+    options: sampling.Options,
+    stop_id: int | None = None,
+    shaping: tuple | None = None,
+) -> tuple:
     """``sample_blocks``'s traced core: every block of `text` drawn from all-MASK and committed, from an empty context.
 
     For callers that are themselves traced (``sedd serve`` maps it over rows).
@@ -416,9 +486,24 @@ def draw(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Calla
       (text int32[B, T], frames as ``draw_blocks``'s or None, nfe int32[], nfe_row int32[B], drawn int32[]).
     """
     ctx, text, nfe, nfe_row, drawn, frames = draw_blocks(
-        key, times, params, scorer.init(params, text.shape[0]), text, fixed, jnp.int32(0), shaping, scorer=scorer,
-        graph=graph, noise=noise, block_size=block_size, sampler=sampling.get_sampler(sampler),
-        denoise=bool(denoise), options=options, blocks=text.shape[1] // block_size, stop_id=stop_id)
+        key,
+        times,
+        params,
+        scorer.init(params, text.shape[0]),
+        text,
+        fixed,
+        jnp.int32(0),
+        shaping,
+        scorer=scorer,
+        graph=graph,
+        noise=noise,
+        block_size=block_size,
+        sampler=sampling.get_sampler(sampler),
+        denoise=bool(denoise),
+        options=options,
+        blocks=text.shape[1] // block_size,
+        stop_id=stop_id,
+    )
     return text, frames, nfe, nfe_row, drawn
 
 
@@ -429,15 +514,31 @@ def _prefix_lengths(fixed_mask, shape) -> np.ndarray:
         raise ValueError(f"fixed_mask must have the text's shape {shape}, got {mask.shape}")
     lengths = mask.sum(1)
     if not np.array_equal(mask, np.arange(shape[1])[None, :] < lengths[:, None]):
-        raise ValueError("a block model takes a prefix only (fixed positions at the start of each row): it "
-                         "never saw text after a block, so a suffix or an infill pattern cannot be honoured")
+        raise ValueError(
+            "a block model takes a prefix only (fixed positions at the start of each row): it "
+            "never saw text after a block, so a suffix or an infill pattern cannot be honoured"
+        )
     return lengths
 
 
-def sample_blocks(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noise: Callable, shape: tuple[int, int],
-           block_size: int, steps: int, sampler: str = "analytic", denoise: bool = True, eps: float = 1e-5,
-           fixed_mask=None, fixed_tokens=None, *, options: sampling.Options | None = None,
-           **option_values) -> sampling.Samples:
+def sample_blocks(
+    key: jax.Array,
+    scorer: Scorer,
+    params: Any,
+    graph: Graph,
+    noise: Callable,
+    shape: tuple[int, int],
+    block_size: int,
+    steps: int,
+    sampler: str = "analytic",
+    denoise: bool = True,
+    eps: float = 1e-5,
+    fixed_mask=None,
+    fixed_tokens=None,
+    *,
+    options: sampling.Options | None = None,
+    **option_values,
+) -> sampling.Samples:
     r"""Text of T tokens drawn block by block: each block by ``sedd.sampling``'s loop, then committed.
 
     Block i is drawn from all-MASK by ``sampler`` in ``steps`` steps (plus
@@ -489,9 +590,20 @@ def sample_blocks(key: jax.Array, scorer: Scorer, params: Any, graph: Graph, noi
         fixed[:, :length] = _prefix_lengths(mask, (rows, length))[:, None] > np.arange(length)[None, :]
         text = text.at[:, :length].set(jnp.where(mask, tokens, 0))
     text, traj, nfe, nfe_row, drawn = draw(
-        key, scorer, params, graph, noise, jnp.asarray(fixed), text, times, block_size=b, sampler=sampler,
-        denoise=bool(denoise), options=dataclasses.replace(opts, time_grid=None),
-        stop_id=None if stop_id is None else int(stop_id))
+        key,
+        scorer,
+        params,
+        graph,
+        noise,
+        jnp.asarray(fixed),
+        text,
+        times,
+        block_size=b,
+        sampler=sampler,
+        denoise=bool(denoise),
+        options=dataclasses.replace(opts, time_grid=None),
+        stop_id=None if stop_id is None else int(stop_id),
+    )
     if stop_id is not None and traj is None:  # the blocks never drawn
         text = jnp.where(jnp.arange(padded)[None, :] < drawn * b, text, jnp.int32(stop_id))
     stats = {"nfe": nfe, "nfe_per_sample": nfe_row} if opts.return_stats else None
@@ -528,10 +640,42 @@ def serving_scorer(graphdef, window: int, block_size: int, live: bool) -> Scorer
     return Scorer(lambda params, batch: base.init(params[0], batch), score, commit)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "graph", "noise", "steps", "sampler", "eps",
-                                             "categorical", "trajectory", "live", "block_size"))
-def sample_rows(state, seeds, row_ids, mask, tokens, temperature, top_p, batch_id, *, graphdef, graph, noise,
-                steps, sampler, eps, categorical, trajectory, live, block_size):
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "graphdef",
+        "graph",
+        "noise",
+        "steps",
+        "sampler",
+        "eps",
+        "categorical",
+        "trajectory",
+        "live",
+        "block_size",
+    ),
+)
+def sample_rows(
+    state,
+    seeds,
+    row_ids,
+    mask,
+    tokens,
+    temperature,
+    top_p,
+    batch_id,
+    *,
+    graphdef,
+    graph,
+    noise,
+    steps,
+    sampler,
+    eps,
+    categorical,
+    trajectory,
+    live,
+    block_size,
+):
     """``RowsProgram.fn`` of a block model: ``draw`` per row, its T and top_p traced (``sedd.sampling.rows.map_rows``).
 
     The prompt is a prefix. With trajectory, frames is int32[B, F, L]: the
@@ -540,14 +684,27 @@ def sample_rows(state, seeds, row_ids, mask, tokens, temperature, top_p, batch_i
     """
     length = mask.shape[1]
     scorer = serving_scorer(graphdef, length, block_size, live)
-    options = sampling.Options.make(categorical=categorical, return_trajectory=trajectory, return_stats=True,
-                                    axis_name=rows_lib.AXIS).checked(sampler, graph, True)
+    options = sampling.Options.make(
+        categorical=categorical, return_trajectory=trajectory, return_stats=True, axis_name=rows_lib.AXIS
+    ).checked(sampler, graph, True)
     times = sampling.time_grid(None, steps, eps)
 
     def one(key, m, t, temp, p):  # (1, L)
-        text, frames, _, nfe_row, _ = draw(key, scorer, (state, batch_id), graph, noise, m[None],
-                                           jnp.where(m, t, 0)[None], times, block_size=block_size,
-                                           sampler=sampler, denoise=True, options=options, shaping=(temp, p))
+        text, frames, _, nfe_row, _ = draw(
+            key,
+            scorer,
+            (state, batch_id),
+            graph,
+            noise,
+            m[None],
+            jnp.where(m, t, 0)[None],
+            times,
+            block_size=block_size,
+            sampler=sampler,
+            denoise=True,
+            options=options,
+            shaping=(temp, p),
+        )
         return text[0], None if frames is None else frames[:, 0], nfe_row[0]
 
     return rows_lib.map_rows(one, seeds, row_ids, mask, tokens, temperature, top_p)
@@ -572,13 +729,35 @@ def serving_frames(traj: np.ndarray, start: int, length: int, steps: int, *, blo
     return traj[:, kept], calls[kept], [{"block": int(i)} for i in blocks[kept]]
 
 
-def rows_program(graphdef, graph: Graph, noise: Callable, *, block_size: int, steps: int, sampler: str,
-                 eps: float, categorical: str, trajectory: bool, live: bool) -> rows_lib.RowsProgram:
+def rows_program(
+    graphdef,
+    graph: Graph,
+    noise: Callable,
+    *,
+    block_size: int,
+    steps: int,
+    sampler: str,
+    eps: float,
+    categorical: str,
+    trajectory: bool,
+    live: bool,
+) -> rows_lib.RowsProgram:
     """The ``sedd.sampling.rows.RowsProgram`` of the block network `graphdef`."""
-    static = dict(graphdef=graphdef, graph=graph, noise=noise, steps=steps, sampler=sampler, eps=eps,
-                  categorical=categorical, trajectory=trajectory, live=live, block_size=block_size)
-    return rows_lib.RowsProgram(sample_rows, static,
-                                functools.partial(serving_frames, block_size=block_size, mask_id=graph.mask))
+    static = dict(
+        graphdef=graphdef,
+        graph=graph,
+        noise=noise,
+        steps=steps,
+        sampler=sampler,
+        eps=eps,
+        categorical=categorical,
+        trajectory=trajectory,
+        live=live,
+        block_size=block_size,
+    )
+    return rows_lib.RowsProgram(
+        sample_rows, static, functools.partial(serving_frames, block_size=block_size, mask_id=graph.mask)
+    )
 
 
 # =========================================================================== the kind
@@ -598,14 +777,20 @@ class BlockDiffusion(Diffusion, Drafts):
         super().__init__(config)
         b, length = config.model.block_size, config.data.seq_len
         if not (isinstance(b, int) and 1 <= b <= length and length % b == 0):
-            raise ValueError(f"model.block_size={b!r} must be a positive divisor of data.seq_len={length} "
-                             "(b = 1: autoregressive over single-token blocks; b = seq_len: SEDD)")
+            raise ValueError(
+                f"model.block_size={b!r} must be a positive divisor of data.seq_len={length} "
+                "(b = 1: autoregressive over single-token blocks; b = seq_len: SEDD)"
+            )
         if config.training.loss_chunk:
-            raise ValueError(f"training.loss_chunk={config.training.loss_chunk} is not implemented for "
-                             "model.kind='block' (its noise levels differ from block to block): set it to 0")
+            raise ValueError(
+                f"training.loss_chunk={config.training.loss_chunk} is not implemented for "
+                "model.kind='block' (its noise levels differ from block to block): set it to 0"
+            )
         if not self.graph.absorb:
-            raise ValueError(f"model.kind='block' needs graph.type='absorbing' (got {config.graph.type!r}): "
-                             "each block is drawn from all-MASK given the clean blocks before it")
+            raise ValueError(
+                f"model.kind='block' needs graph.type='absorbing' (got {config.graph.type!r}): "
+                "each block is drawn from all-MASK given the clean blocks before it"
+            )
         self.block_size = b
 
     @property
@@ -621,14 +806,24 @@ class BlockDiffusion(Diffusion, Drafts):
 
     def rows_program(self, graphdef, *, steps, sampler, trajectory, live):
         s = self.config.sampling
-        return rows_program(graphdef, self.graph, self.noise, block_size=self.block_size, steps=steps,
-                            sampler=sampler, eps=float(s.eps), categorical=s.categorical,
-                            trajectory=trajectory, live=live)
+        return rows_program(
+            graphdef,
+            self.graph,
+            self.noise,
+            block_size=self.block_size,
+            steps=steps,
+            sampler=sampler,
+            eps=float(s.eps),
+            categorical=s.categorical,
+            trajectory=trajectory,
+            live=live,
+        )
 
     def noise_groups(self, model, train=False, rngs=None):
         """The blocks, each at its own sigma and given x0's blocks before it (``log_score``)."""
         return self.block_size, lambda x_t, x0, sigma: log_score(
-            model, x_t, x0, sigma, self.block_size, deterministic=not train, rngs=rngs)
+            model, x_t, x0, sigma, self.block_size, deterministic=not train, rngs=rngs
+        )
 
     def drafter(self, net):
         """Drafts one block of k <= b positions in one call (``sedd.kinds.block_draft.BlockDraft``)."""
@@ -639,23 +834,42 @@ class BlockDiffusion(Diffusion, Drafts):
         before it."""
         t = self.config.training
         block_fn = lambda x_t, x, sigma: log_score(  # noqa: E731
-            model, x_t, x, sigma, self.block_size, deterministic=not train, rngs=rngs)
-        return loss_per_position(key, block_fn, self.graph, self.noise, x0, sampling_eps=t.sampling_eps,
-                                 low_discrepancy=t.low_discrepancy, t_power=t.t_power if train else 0.0,
-                                 block_size=self.block_size).sum(-1)
+            model, x_t, x, sigma, self.block_size, deterministic=not train, rngs=rngs
+        )
+        return loss_per_position(
+            key,
+            block_fn,
+            self.graph,
+            self.noise,
+            x0,
+            sampling_eps=t.sampling_eps,
+            low_discrepancy=t.low_discrepancy,
+            t_power=t.t_power if train else 0.0,
+            block_size=self.block_size,
+        ).sum(-1)
 
-    def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False,
-                   **kwargs):
+    def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False, **kwargs):
         """The sum of the blocks' bounds, Eq. (2) of the module docstring, with its standard error.
 
         The clean text's keys and values are computed once a batch and each
         t point runs the noisy text against them (``bound_fns``).
         """
         fns = bound_fns(net.graphdef, self.block_size)
-        return evaluate.dataset_bound(key, fns.block_fn, self.graph, self.noise, batches, num_t,
-                                      max_batches=max_batches, chars_per_token=chars_per_token,
-                                      score_params=net.state, progress=progress, prepare=fns.prepare,
-                                      per_position=per_position_fn(self.block_size), **kwargs)
+        return evaluate.dataset_bound(
+            key,
+            fns.block_fn,
+            self.graph,
+            self.noise,
+            batches,
+            num_t,
+            max_batches=max_batches,
+            chars_per_token=chars_per_token,
+            score_params=net.state,
+            progress=progress,
+            prepare=fns.prepare,
+            per_position=per_position_fn(self.block_size),
+            **kwargs,
+        )
 
     def sample(self, key, net, num_samples, steps=None, sampler=None, rows=None, **options):
         """``sample_blocks``: block by block with the KV cache; max_length tokens (default data.seq_len).
@@ -671,12 +885,25 @@ class BlockDiffusion(Diffusion, Drafts):
         refuse_drafts(self, options)
         s = self.config.sampling
         if options.get("block_length") is not None:
-            raise ValueError(f"block_length is for a SEDD run's windows; this block model draws blocks of "
-                             f"model.block_size={self.block_size}")
+            raise ValueError(
+                f"block_length is for a SEDD run's windows; this block model draws blocks of "
+                f"model.block_size={self.block_size}"
+            )
         options.pop("block_length", None)
         self._check_cache(options)
         options.setdefault("categorical", s.categorical)
         length = options.pop("max_length", None) or self.config.data.seq_len
         scorer = network_scorer(net.graphdef, self.config.data.seq_len, self.block_size)
-        return sample_blocks(key, scorer, net.state, self.graph, self.noise, (num_samples, length), self.block_size,
-                      s.steps if steps is None else steps, sampler or s.sampler, eps=s.eps, **options)
+        return sample_blocks(
+            key,
+            scorer,
+            net.state,
+            self.graph,
+            self.noise,
+            (num_samples, length),
+            self.block_size,
+            s.steps if steps is None else steps,
+            sampler or s.sampler,
+            eps=s.eps,
+            **options,
+        )

@@ -44,12 +44,14 @@ class BlockDraft(drafts.Drafter):
         return 1
 
     def parts(self, temperature, top_p):
-        return drafter_parts(self.graphdef, self.graph, self.noise, self.block_size, temperature=temperature,
-                             top_p=top_p)
+        return drafter_parts(
+            self.graphdef, self.graph, self.noise, self.block_size, temperature=temperature, top_p=top_p
+        )
 
     def cached_parts(self, temperature, top_p):
-        return cached_drafter_parts(self.graphdef, self.graph, self.noise, self.block_size, temperature=temperature,
-                                          top_p=top_p)
+        return cached_drafter_parts(
+            self.graphdef, self.graph, self.noise, self.block_size, temperature=temperature, top_p=top_p
+        )
 
 
 def draft_mask(length: int, k: int, start: jax.Array, block_size: int) -> jax.Array:
@@ -75,8 +77,9 @@ def draft_mask(length: int, k: int, start: jax.Array, block_size: int) -> jax.Ar
     return jnp.concatenate([top, bottom], axis=0)  # (k + length, k + length)
 
 
-def drafter_parts(graphdef, graph: Graph, noise: Callable, block_size: int, *, temperature: float = 1.0,
-                        top_p: float = 1.0) -> tuple:
+def drafter_parts(
+    graphdef, graph: Graph, noise: Callable, block_size: int, *, temperature: float = 1.0, top_p: float = 1.0
+) -> tuple:
     r"""(prefill, drafter) of the block network `graphdef` for ``sedd.speculative.decode``: k tokens in one call.
 
     A round drafts the k <= b positions start .. start + k - 1 as one block
@@ -130,8 +133,9 @@ def drafter_parts(graphdef, graph: Graph, noise: Callable, block_size: int, *, t
             positions = jnp.concatenate([s + jnp.arange(k), jnp.arange(clean_len)])
             groups = jnp.zeros((1, 1 + clean_len // k), jnp.float32).at[:, 0].set(sigma)  # the draft block at sigma(1)
             mask = draft_mask(clean_len, k, s, block_size)
-            out = model.network_output(x, groups, positions=positions, mask=mask,
-                                       keep=k, deterministic=True)  # (1, k, D)
+            out = model.network_output(
+                x, groups, positions=positions, mask=mask, keep=k, deterministic=True
+            )  # (1, k, D)
             logits = model.log_score(out, x[:, :k], jnp.full((1, k), sigma))[0, :, :vocab]  # (k, V)
             q = sampling.shaped_law(logits, temperature, top_p)  # (k, V); T, top_p floats or traced (a server's)
             y = jax.random.categorical(key, jnp.log(q)).astype(jnp.int32)  # (k,) independent given the prefix
@@ -144,7 +148,8 @@ def drafter_parts(graphdef, graph: Graph, noise: Callable, block_size: int, *, t
 
 
 @functools.lru_cache(maxsize=None)
-def cached_drafter_parts(graphdef, graph: Graph, noise: Callable, block_size: int, *, temperature: float = 1.0,
-                               top_p: float = 1.0) -> tuple:
+def cached_drafter_parts(
+    graphdef, graph: Graph, noise: Callable, block_size: int, *, temperature: float = 1.0, top_p: float = 1.0
+) -> tuple:
     """``drafter_parts`` of Python temperature and top_p, one per network structure (compiled once)."""
     return drafter_parts(graphdef, graph, noise, block_size, temperature=temperature, top_p=top_p)

@@ -19,8 +19,9 @@ class ServesRows:
 
     verb = "be served row by row"
 
-    def rows_program(self, graphdef, *, steps: int, sampler: str, trajectory: bool,
-                     live: bool) -> sampling.rows.RowsProgram:
+    def rows_program(
+        self, graphdef, *, steps: int, sampler: str, trajectory: bool, live: bool
+    ) -> sampling.rows.RowsProgram:
         """The batched program, each row's temperature and top_p traced; its weights are its first argument.
         trajectory: the frames along the way too; live: the states handed to the host at each call."""
         raise NotImplementedError
@@ -31,8 +32,9 @@ class Speculates:
 
     verb = "decode by speculative rounds"
 
-    def speculation(self, graphdef, draft=None, k: int | None = None,
-                    draft_name: str | None = None) -> sampling.rounds.Speculation:
+    def speculation(
+        self, graphdef, draft=None, k: int | None = None, draft_name: str | None = None
+    ) -> sampling.rounds.Speculation:
         """Its rounds. draft: None, "ngram" or another run's ``sedd.drafts.Drafter``; k: drafts a round (None:
         its default); draft_name: what the server reports. Raises a ValueError for a draft or k it cannot take."""
         raise NotImplementedError
@@ -63,8 +65,7 @@ class Tunes:
 
     verb = "choose a round's layout"
 
-    def tune(self, net: Net, options: dict | None = None, workdir=None, batch: int = 1,
-             progress: bool = False) -> str:
+    def tune(self, net: Net, options: dict | None = None, workdir=None, batch: int = 1, progress: bool = False) -> str:
         """Set them (the fastest here unless `options` name them; kept in workdir), every option of the sample
         checked first; a line saying what was set."""
         raise NotImplementedError

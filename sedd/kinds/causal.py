@@ -43,9 +43,11 @@ from sedd.sampling import shaped_law
 def check(model: DDiT) -> None:
     """Raise a ValueError unless `model` is a causal LM (module docstring)."""
     if model.time_conditioning or model.num_tokens <= model.out_dim or model.scale_by_sigma or model.normalize:
-        raise ValueError("a causal language model is a DDiT without time conditioning that outputs V = out_dim "
-                         "logits and embeds BOS = V (num_tokens > V): a model.kind='ar' or 'spec' network "
-                         "(sedd.kinds.build_model)")
+        raise ValueError(
+            "a causal language model is a DDiT without time conditioning that outputs V = out_dim "
+            "logits and embeds BOS = V (num_tokens > V): a model.kind='ar' or 'spec' network "
+            "(sedd.kinds.build_model)"
+        )
 
 
 def bos_id(model: DDiT) -> int:
@@ -74,8 +76,9 @@ def next_token_logits(model: DDiT, x: jax.Array, *, deterministic: bool | None =
     Returns:
       float32[B, L, V]: row l scores x_l.
     """
-    return model.network_output(inputs(model, x), None, mask=_causal_mask(model, x.shape[1]),
-                                deterministic=deterministic, rngs=rngs)  # (B, L, V)
+    return model.network_output(
+        inputs(model, x), None, mask=_causal_mask(model, x.shape[1]), deterministic=deterministic, rngs=rngs
+    )  # (B, L, V)
 
 
 def nll_of_logits(logits: jax.Array, x: jax.Array) -> jax.Array:
@@ -84,8 +87,7 @@ def nll_of_logits(logits: jax.Array, x: jax.Array) -> jax.Array:
     return -jnp.take_along_axis(logp, x[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
-def token_nll(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None,
-              chunk: int = 0) -> jax.Array:
+def token_nll(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None, chunk: int = 0) -> jax.Array:
     """-log p_theta(x_l | x_{<l}) at every position: float32[B, L] nats.
 
     chunk > 0 computes the logits `chunk` positions at a time, fused with the
@@ -93,14 +95,16 @@ def token_nll(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, r
     numbers without a [B, L, V] array (training.loss_chunk).
     """
     if chunk:
-        h, c = model.features(inputs(model, x), None, mask=_causal_mask(model, x.shape[1]),
-                              deterministic=deterministic, rngs=rngs)
+        h, c = model.features(
+            inputs(model, x), None, mask=_causal_mask(model, x.shape[1]), deterministic=deterministic, rngs=rngs
+        )
         return model.output_rows(h, c, nll_of_logits, x, chunk=chunk)  # (B, L)
     return nll_of_logits(next_token_logits(model, x, deterministic=deterministic, rngs=rngs), x)  # (B, L)
 
 
-def sequence_nll(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None,
-                 chunk: int = 0) -> jax.Array:
+def sequence_nll(
+    model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None, chunk: int = 0
+) -> jax.Array:
     """-log p_theta(x) in nats per sequence, float32[B]: the AR kind's training loss (chunk: ``token_nll``)."""
     return token_nll(model, x, deterministic=deterministic, rngs=rngs, chunk=chunk).sum(-1)
 
@@ -141,8 +145,7 @@ def decode_in_cache(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Arr
     n, rows = inputs.shape[1], cache[0][0].shape[1]
     positions = jnp.asarray(start)[..., None] + jnp.arange(n)  # (n,) or (B, n)
     mask = jnp.arange(rows) <= positions[..., None]  # ([B,] n, S)
-    return model.output_in_cache(inputs, None, positions=positions, mask=mask, cache=cache, at=start,
-                                 features=features)
+    return model.output_in_cache(inputs, None, positions=positions, mask=mask, cache=cache, at=start, features=features)
 
 
 ROWS_IN_ONE_CALL = 64
@@ -191,8 +194,17 @@ def _draw(graphdef, state, key, temperature, prompt, prompt_len, *, num_samples,
     return jax.lax.fori_loop(0, length, step, carry)[2]  # (B, L)
 
 
-def ancestral(key: jax.Array, graphdef, state, num_samples: int, length: int, temperature: float = 1.0,
-              prompt: jax.Array | None = None, categorical: str = "precise", top_p: float = 1.0) -> jax.Array:
+def ancestral(
+    key: jax.Array,
+    graphdef,
+    state,
+    num_samples: int,
+    length: int,
+    temperature: float = 1.0,
+    prompt: jax.Array | None = None,
+    categorical: str = "precise",
+    top_p: float = 1.0,
+) -> jax.Array:
     """Ancestral sampling with the decoding cache: L network calls of one position each.
 
     Args:
@@ -221,12 +233,30 @@ def ancestral(key: jax.Array, graphdef, state, num_samples: int, length: int, te
         if prompt.shape[0] != num_samples or prompt_len > length:
             raise ValueError(f"prompt must be int[{num_samples}, <= {length}], got {prompt.shape}")
         prompt = jnp.pad(prompt, ((0, 0), (0, length - prompt_len)))
-    return _draw(graphdef, state, key, jnp.float32(temperature), prompt, jnp.int32(prompt_len),
-                 num_samples=int(num_samples), length=int(length), categorical=categorical, top_p=float(top_p))
+    return _draw(
+        graphdef,
+        state,
+        key,
+        jnp.float32(temperature),
+        prompt,
+        jnp.int32(prompt_len),
+        num_samples=int(num_samples),
+        length=int(length),
+        categorical=categorical,
+        top_p=float(top_p),
+    )
 
 
-def ancestral_model(key: jax.Array, model: DDiT, num_samples: int, length: int, temperature: float = 1.0,
-                    prompt: jax.Array | None = None, categorical: str = "precise", top_p: float = 1.0) -> jax.Array:
+def ancestral_model(
+    key: jax.Array,
+    model: DDiT,
+    num_samples: int,
+    length: int,
+    temperature: float = 1.0,
+    prompt: jax.Array | None = None,
+    categorical: str = "precise",
+    top_p: float = 1.0,
+) -> jax.Array:
     """``ancestral`` of the module `model` (split here, dropout off)."""
     check(model)
     model.eval()
@@ -262,6 +292,7 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0, features: boo
       the first of them int32[B] (the prompt's last position after the prefill, -1 without a prompt):
       what a draft head reads (``sedd.kinds.spec_head``).
     """
+
     def prefill(params_state, prompt):
         model = nnx.merge(graphdef, *params_state)
         check(model)
@@ -286,7 +317,7 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0, features: boo
         p = shaped_law(logits, temperature, top_p)
         if not features:
             return p, (params_state, cache)
-        h = state[2].at[:, :k + 1].set(h[0].astype(jnp.float32))  # (B, MAX_DRAFTS + 1, H), in place
+        h = state[2].at[:, : k + 1].set(h[0].astype(jnp.float32))  # (B, MAX_DRAFTS + 1, H), in place
         return p, (params_state, cache, h, start)
 
     return prefill, target
@@ -297,8 +328,10 @@ def fits(cache: tuple, text: jax.Array) -> None:
     (int32[B, T]): a round writes up to position T - 1, and a write past the cache's end would land on other rows."""
     rows = cache[0][0].shape[-2]
     if text.shape[1] > rows:
-        raise ValueError(f"a text buffer of {text.shape[1]} positions does not fit the prefilled cache's {rows} rows "
-                         "(max(max_len, prompt length) + MAX_DRAFTS + 1): prefill a prompt buffer as long as the text")
+        raise ValueError(
+            f"a text buffer of {text.shape[1]} positions does not fit the prefilled cache's {rows} rows "
+            "(max(max_len, prompt length) + MAX_DRAFTS + 1): prefill a prompt buffer as long as the text"
+        )
 
 
 @functools.lru_cache(maxsize=None)
@@ -311,12 +344,12 @@ def without_drafts(graphdef, vocab: int, categorical: str) -> sampling.rounds.Sp
     """The rounds of the causal LM `graphdef` alone, k = 0 (``sedd serve``'s rows of a run without drafts): each
     a call that writes the one token it draws, ancestral sampling on the KV cache. The drafter a round asks for
     its k = 0 drafts is prompt lookup's (empty: no draft, no call)."""
+
     def parts(temperature, top_p):
         prefill, target = build_speculative_target(graphdef, temperature, top_p)
         return (lambda state, text: (prefill(state, text), None)), target, speculative.ngram_drafter(vocab)
 
     return sampling.rounds.Speculation(parts, 0, None, categorical=categorical)
-
 
 
 # =========================================================================== the kinds that hold one
@@ -333,8 +366,10 @@ def prefix_prompt(kind: Kind, fixed_mask, fixed_tokens) -> jax.Array | None:
     mask = jnp.asarray(fixed_mask, bool)
     p = int(mask[0].sum())
     if not bool(jnp.all(mask == (jnp.arange(mask.shape[1]) < p)[None, :])):
-        raise ValueError(f"a model.kind={kind.name!r} run takes a prompt that is a prefix of the same length in "
-                         f"every row; a suffix or infill is for {kinds_that(lambda k: 'infill' in k.conditions)}")
+        raise ValueError(
+            f"a model.kind={kind.name!r} run takes a prompt that is a prefix of the same length in "
+            f"every row; a suffix or infill is for {kinds_that(lambda k: 'infill' in k.conditions)}"
+        )
     return jnp.asarray(fixed_tokens, jnp.int32)[:, :p]
 
 
@@ -376,18 +411,23 @@ class Options:
         given = {name for name, value in options.items() if value is not None}
         takes = {f.name for f in dataclasses.fields(cls)} - {"prompt"}
         if unknown := sorted(given - takes):
-            raise ValueError(f"a model.kind={kind.name!r} run takes no option {', '.join(unknown)}; it takes "
-                             f"{', '.join(sorted(takes - {'return_stats'}))}")
+            raise ValueError(
+                f"a model.kind={kind.name!r} run takes no option {', '.join(unknown)}; it takes "
+                f"{', '.join(sorted(takes - {'return_stats'}))}"
+            )
         return cls(**{name: options[name] for name in given}, prompt=prompt).checked()
 
     def checked(self) -> Options:
         """These options, their values in range (a subclass checks its own fields too)."""
         if self.categorical not in sampling.CATEGORICAL_METHODS:
-            raise ValueError(f"unknown categorical method {self.categorical!r}; expected one of "
-                             f"{sampling.CATEGORICAL_METHODS}")
+            raise ValueError(
+                f"unknown categorical method {self.categorical!r}; expected one of {sampling.CATEGORICAL_METHODS}"
+            )
         return dataclasses.replace(
-            self, temperature=_number("temperature", self.temperature, lambda t: 0 <= t < float("inf"), "a number >= 0"),
-            top_p=_number("top_p", self.top_p, lambda p: 0 < p <= 1, "in (0, 1]"))
+            self,
+            temperature=_number("temperature", self.temperature, lambda t: 0 <= t < float("inf"), "a number >= 0"),
+            top_p=_number("top_p", self.top_p, lambda p: 0 < p <= 1, "in (0, 1]"),
+        )
 
 
 class CausalKind(Kind):
@@ -424,8 +464,8 @@ class CausalKind(Kind):
         model = net.model
         return lambda x: nll(model, x)
 
-    def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False,
-                   **kwargs):
+    def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False, **kwargs):
         """The exact NLL of ``sedd.evaluate.dataset_nll`` (num_t and key unused: nothing is estimated)."""
-        return evaluate.dataset_nll(self.sequence_nll(net), batches, max_batches=max_batches,
-                                    chars_per_token=chars_per_token, progress=progress)
+        return evaluate.dataset_nll(
+            self.sequence_nll(net), batches, max_batches=max_batches, chars_per_token=chars_per_token, progress=progress
+        )

@@ -42,17 +42,28 @@ class Diffusion(Kind, ServesRows, Distills):
             raise ValueError(
                 "model.time_conditioning=False needs graph.type='absorbing' and model.scale_by_sigma=True (got "
                 f"graph.type={g.type!r}, scale_by_sigma={m.scale_by_sigma}): only there is the score "
-                "p(x0 | unmasked) times the analytic factor 1 / (e^sigma - 1) that scale_by_sigma applies (RADD)")
+                "p(x0 | unmasked) times the analytic factor 1 / (e^sigma - 1) that scale_by_sigma applies (RADD)"
+            )
         if m.normalize and not (absorbing_scaled or g.type == "uniform"):
             raise ValueError(
                 "model.normalize=True needs graph.type='absorbing' with model.scale_by_sigma=True, or "
                 f"graph.type='uniform' (got graph.type={g.type!r}, scale_by_sigma={m.scale_by_sigma}): the "
                 "normalized output is p(x0 | x_t), turned into the absorbing score by the factor "
                 "1 / (e^sigma - 1) (MDLM's SUBS) or into the uniform one by the forward kernel (DUO); "
-                "--config.model.normalize=False gives SEDD's unnormalized score, which needs neither")
+                "--config.model.normalize=False gives SEDD's unnormalized score, which needs neither"
+            )
         dim = self.graph.dim
-        return network_of(self.config, seed, num_tokens=dim, out_dim=dim, scale_by_sigma=absorbing_scaled,
-                        causal=False, time_conditioning=m.time_conditioning, normalize=m.normalize, **arch)
+        return network_of(
+            self.config,
+            seed,
+            num_tokens=dim,
+            out_dim=dim,
+            scale_by_sigma=absorbing_scaled,
+            causal=False,
+            time_conditioning=m.time_conditioning,
+            normalize=m.normalize,
+            **arch,
+        )
 
     def loss(self, key, model, x0, train, rngs=None):
         r"""Eq. (9) of Lou et al. 2024 (denoising score entropy), one Monte Carlo draw of t per sequence.
@@ -71,9 +82,17 @@ class Diffusion(Kind, ServesRows, Distills):
         t = self.config.training
         net = dict(deterministic=not train, rngs=rngs)
         entropy = chunked_entropy(model, self.graph, t.loss_chunk, **net) if t.loss_chunk else None
-        return losses.loss_fn(key, lambda x, sigma: model(x, sigma, **net), self.graph, self.noise, x0,
-                              sampling_eps=t.sampling_eps, low_discrepancy=t.low_discrepancy,
-                              t_power=t.t_power if train else 0.0, entropy_fn=entropy)
+        return losses.loss_fn(
+            key,
+            lambda x, sigma: model(x, sigma, **net),
+            self.graph,
+            self.noise,
+            x0,
+            sampling_eps=t.sampling_eps,
+            low_discrepancy=t.low_discrepancy,
+            t_power=t.t_power if train else 0.0,
+            entropy_fn=entropy,
+        )
 
     def noise_groups(self, model, train=False, rngs=None):
         """One group, the whole sequence, at the row's sigma: fn(x_t, x0, sigma[B, 1]) = model(x_t, sigma[:, 0])."""
@@ -86,9 +105,11 @@ class Diffusion(Kind, ServesRows, Distills):
             sampling.check_graph(name, self.graph)
         except ValueError:
             supported = sampling.SAMPLERS[name].graphs
-            raise ValueError(f"sampling.sampler={name!r} runs on the {' and '.join(supported)} graph, and "
-                             f"graph.type={self.config.graph.type!r}: add --config.sampling.sampler=analytic "
-                             "(or euler)") from None
+            raise ValueError(
+                f"sampling.sampler={name!r} runs on the {' and '.join(supported)} graph, and "
+                f"graph.type={self.config.graph.type!r}: add --config.sampling.sampler=analytic "
+                "(or euler)"
+            ) from None
 
     def check_options(self, sampler, **options):
         """``sedd.sampling.Options.checked``: the sampler on this graph with these options; and the cache's rule."""
@@ -98,9 +119,11 @@ class Diffusion(Kind, ServesRows, Distills):
     def _check_cache(self, options: dict) -> None:
         """cache=True is exact only for a model without a time input: refuse it otherwise."""
         if options.get("cache") and self.config.model.time_conditioning:
-            raise ValueError("cache=True reuses the network output across noise levels, which is exact only "
-                             "for a model without a time input; this run has model.time_conditioning=True "
-                             "(train with --config.model.time_conditioning=False for a cacheable model)")
+            raise ValueError(
+                "cache=True reuses the network output across noise levels, which is exact only "
+                "for a model without a time input; this run has model.time_conditioning=True "
+                "(train with --config.model.time_conditioning=False for a cacheable model)"
+            )
 
     def settles(self, sampler):
         """On the absorbing graph every sampler but one that masks decoded tokens again; never on the uniform."""
@@ -113,15 +136,32 @@ class Diffusion(Kind, ServesRows, Distills):
     def rows_program(self, graphdef, *, steps, sampler, trajectory, live):
         s = self.config.sampling
         return sampling.rows.full_sequence_program(
-            params_score_fn(graphdef), self.graph, self.noise, steps=steps, sampler=sampler, eps=float(s.eps),
-            categorical=s.categorical, trajectory=trajectory, live=live)
+            params_score_fn(graphdef),
+            self.graph,
+            self.noise,
+            steps=steps,
+            sampler=sampler,
+            eps=float(s.eps),
+            categorical=s.categorical,
+            trajectory=trajectory,
+            live=live,
+        )
 
-    def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False,
-                   **kwargs):
+    def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False, **kwargs):
         """The score-entropy bound of ``sedd.evaluate.dataset_bound``, with its standard error."""
-        return evaluate.dataset_bound(key, params_score_fn(net.graphdef), self.graph, self.noise, batches, num_t,
-                                      max_batches=max_batches, chars_per_token=chars_per_token,
-                                      score_params=net.state, progress=progress, **kwargs)
+        return evaluate.dataset_bound(
+            key,
+            params_score_fn(net.graphdef),
+            self.graph,
+            self.noise,
+            batches,
+            num_t,
+            max_batches=max_batches,
+            chars_per_token=chars_per_token,
+            score_params=net.state,
+            progress=progress,
+            **kwargs,
+        )
 
     def sample(self, key, net, num_samples, steps=None, sampler=None, rows=None, **options):
         """``sedd.sampling.sample`` (``sample_long`` with max_length / block_length) on this network.

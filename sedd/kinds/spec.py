@@ -97,8 +97,10 @@ from sedd.sampling import shaped_law
 def check(model: DDiT) -> None:
     """Raise a ValueError unless `model` is a spec network: V + 2 input ids, V outputs, no time input."""
     if model.causal or model.time_conditioning or model.num_tokens != model.out_dim + 2:
-        raise ValueError("a spec network is a DDiT with causal=False, time_conditioning=False, "
-                         "num_tokens=V + 2 (BOS = V, MASK = V + 1) and out_dim=V; build it with model.kind='spec'")
+        raise ValueError(
+            "a spec network is a DDiT with causal=False, time_conditioning=False, "
+            "num_tokens=V + 2 (BOS = V, MASK = V + 1) and out_dim=V; build it with model.kind='spec'"
+        )
 
 
 def mask_id(model: DDiT) -> int:
@@ -117,21 +119,24 @@ def training_mask(length: int, k: int) -> np.ndarray:
     return np.concatenate([top, bottom], axis=0)
 
 
-def halves(model: DDiT, x: jax.Array, k: int, deterministic: bool | None = True,
-           rngs=None) -> tuple[jax.Array, jax.Array]:
+def halves(
+    model: DDiT, x: jax.Array, k: int, deterministic: bool | None = True, rngs=None
+) -> tuple[jax.Array, jax.Array]:
     """The training forward over [causal half ; draft half] of the texts x int[B, L]: the logits of (1) and
     of (2), each float[B, L, V] (position l: p(x_l | x_<l) and q(x_l | x_<a(l)))."""
     check(model)
     b, length = x.shape
     inputs = jnp.concatenate([causal.inputs(model, x), jnp.full((b, length), mask_id(model), x.dtype)], axis=1)
     positions = np.concatenate([np.arange(length), np.arange(length)])
-    out = model.network_output(inputs, None, positions=positions, mask=training_mask(length, k),
-                               deterministic=deterministic, rngs=rngs)  # (B, 2L, V)
+    out = model.network_output(
+        inputs, None, positions=positions, mask=training_mask(length, k), deterministic=deterministic, rngs=rngs
+    )  # (B, 2L, V)
     return out[:, :length], out[:, length:]
 
 
-def token_nlls(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True,
-               rngs=None) -> tuple[jax.Array, jax.Array]:
+def token_nlls(
+    model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True, rngs=None
+) -> tuple[jax.Array, jax.Array]:
     """(-log p(x_l | x_<l), -log q(x_l | x_<a(l))) at every position, (1) and (2): float32[B, L] each, nats."""
     p_logits, q_logits = halves(model, x, k, deterministic, rngs)
     return causal.nll_of_logits(p_logits, x), causal.nll_of_logits(q_logits, x)
@@ -142,8 +147,17 @@ DRAFT_TARGETS = ("data", "causal", "own")
 its laws on text it wrote itself (``loss``)."""
 
 
-def loss(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True, rngs=None,
-         draft_weight: float = 1.0, draft_target: str = "data", key: jax.Array | None = None) -> jax.Array:
+def loss(
+    model: DDiT,
+    x: jax.Array,
+    k: int,
+    *,
+    deterministic: bool | None = True,
+    rngs=None,
+    draft_weight: float = 1.0,
+    draft_target: str = "data",
+    key: jax.Array | None = None,
+) -> jax.Array:
     """(3): the causal half's NLL and w times the drafts' cross-entropy, nats per sequence, float32[B].
 
     w = training.draft_weight: below 1 the shared network spends less of itself on the drafts (a
@@ -229,8 +243,10 @@ def layout_of(value, trained_k: int, head: bool | None = False) -> Layout:
     if isinstance(value, str):
         parts = value.split(",")
         if not (1 <= len(parts) <= 2 and all(p.isascii() and p.isdigit() and len(p) <= 3 for p in parts)):
-            raise ValueError(f"layout={value[:40]!r} must be 'K' or 'K,GROUPS' (drafts a round, draft groups; "
-                             "0: no drafts), e.g. '4,2'")
+            raise ValueError(
+                f"layout={value[:40]!r} must be 'K' or 'K,GROUPS' (drafts a round, draft groups; "
+                "0: no drafts), e.g. '4,2'"
+            )
         k = int(parts[0])
         value = Layout(k, int(parts[1]) if len(parts) == 2 else 0 if head or not k else k + 1)
     elif isinstance(value, int) and not isinstance(value, bool):
@@ -240,14 +256,23 @@ def layout_of(value, trained_k: int, head: bool | None = False) -> Layout:
     k, groups = value
     ints = isinstance(k, int) and isinstance(groups, int) and not isinstance(k, bool) and not isinstance(groups, bool)
     if ints and k and head is not None and bool(groups) == bool(head):  # groups = 0: head drafts
-        raise ValueError(f"layout k={k} groups={groups}: " + ("this run drafts with its draft head, which takes no "
-                         "draft groups: give 'K' (k head drafts a round) or '0'" if head else "groups=0 drafts with a "
-                         "draft head, and this run has none (model.draft_head = 0): give 'K,GROUPS' or '0'"))
+        raise ValueError(
+            f"layout k={k} groups={groups}: "
+            + (
+                "this run drafts with its draft head, which takes no "
+                "draft groups: give 'K' (k head drafts a round) or '0'"
+                if head
+                else "groups=0 drafts with a "
+                "draft head, and this run has none (model.draft_head = 0): give 'K,GROUPS' or '0'"
+            )
+        )
     if ints and not groups and 1 <= k <= speculative.MAX_DRAFTS:
         return Layout(k, 0)
     if not (ints and (k == groups == 0 or (1 <= k <= speculative.MAX_DRAFTS and 1 <= groups <= k + 1))):
-        raise ValueError(f"layout k={k!r} groups={groups!r}: k must be in [1, {speculative.MAX_DRAFTS}] and groups "
-                         "in [1, k + 1], or both 0 (no drafts)")
+        raise ValueError(
+            f"layout k={k!r} groups={groups!r}: k must be in [1, {speculative.MAX_DRAFTS}] and groups "
+            "in [1, k + 1], or both 0 (no drafts)"
+        )
     return Layout(k, groups)
 
 
@@ -267,8 +292,9 @@ def round_mask(k: int, groups: int | None = None) -> np.ndarray:
     return causal_q | draft_sees_causal | own
 
 
-def _call(model: DDiT, cache: tuple, start, tokens: jax.Array, positions: jax.Array,
-          own: np.ndarray) -> tuple[jax.Array, tuple]:
+def _call(
+    model: DDiT, cache: tuple, start, tokens: jax.Array, positions: jax.Array, own: np.ndarray
+) -> tuple[jax.Array, tuple]:
     """One call of every row: tokens int[B, n] at `positions` ([B,] n), written into cache rows start .. start + n - 1
     (start int32[] or int32[B], a row's own), each seeing the rows < start (the text) and the call's own rows as own
     bool[n, n] says; returns (logits float32[B, n, V], cache).
@@ -287,8 +313,7 @@ DRAFT_TEMPERATURE = 0.8
 """tau of the drafts' law q^(1/tau) (module docstring): 1 draws from the groups' laws as they are."""
 
 
-def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0,
-                      draft_temperature=DRAFT_TEMPERATURE) -> tuple:
+def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0, draft_temperature=DRAFT_TEMPERATURE) -> tuple:
     r"""(prefill, target, drafter) of the spec network `graphdef` for ``sedd.speculative.decode(shared=True)``.
 
     Each row has its own start: one call of the batch writes each row's cache rows at its own.
@@ -320,11 +345,20 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0,
         n_c = max(p, 1)
         seen = max(p - 1, 0)  # the one group sees the causal positions <= seen
         idx = np.arange(n_c + k)
-        first_mask = np.where(idx[:, None] < n_c, (idx[None, :] <= idx[:, None]) & (idx[None, :] < n_c),
-                              (idx[None, :] <= seen) | (idx[None, :] >= n_c))
+        first_mask = np.where(
+            idx[:, None] < n_c,
+            (idx[None, :] <= idx[:, None]) & (idx[None, :] < n_c),
+            (idx[None, :] <= seen) | (idx[None, :] >= n_c),
+        )
         positions = jnp.asarray(np.concatenate([np.arange(n_c), p + np.arange(k)]), jnp.int32)
-        tokens = jnp.concatenate([jnp.full((b, 1), causal.bos_id(model), jnp.int32), prompt[:, :n_c - 1].astype(
-            jnp.int32), jnp.full((b, k), mask_id(model), jnp.int32)], 1)
+        tokens = jnp.concatenate(
+            [
+                jnp.full((b, 1), causal.bos_id(model), jnp.int32),
+                prompt[:, : n_c - 1].astype(jnp.int32),
+                jnp.full((b, k), mask_id(model), jnp.int32),
+            ],
+            1,
+        )
         out, caches = _call(model, model.empty_cache(b, rows_of(model)), 0, tokens, positions, first_mask)
         first = shaped_law(out[:, n_c:], temperature, top_p)  # (B, k, V)
         laws = jnp.zeros((b, groups, k, model.out_dim), jnp.float32).at[:, 0].set(first)
@@ -338,13 +372,14 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0,
         model = nnx.merge(graphdef, *params_state)
 
         b = text.shape[0]
-        prev = jnp.where(start > 0, jnp.take_along_axis(text, jnp.maximum(start - 1, 0)[:, None], 1)[:, 0],
-                         causal.bos_id(model))  # (B,)
+        prev = jnp.where(
+            start > 0, jnp.take_along_axis(text, jnp.maximum(start - 1, 0)[:, None], 1)[:, 0], causal.bos_id(model)
+        )  # (B,)
         drafts = jnp.take_along_axis(text, start[:, None] + jnp.arange(k)[None, :], 1)  # (B, k)
         tokens = jnp.concatenate([prev[:, None], drafts, jnp.full((b, k * groups), mask_id(model), jnp.int32)], 1)
         out, caches = _call(model, caches, start, tokens, start[:, None] + jnp.asarray(offsets, jnp.int32), mask)
         shaped = shaped_law(out, temperature, top_p)  # (B, k + 1 + groups k, V)
-        p, laws = shaped[:, :k + 1], shaped[:, k + 1:].reshape(b, groups, k, -1)
+        p, laws = shaped[:, : k + 1], shaped[:, k + 1 :].reshape(b, groups, k, -1)
         return p, (params_state, caches, laws, start)
 
     def drafter(key, state, text, start, k_):
@@ -365,10 +400,16 @@ def parts_of(graphdef, layout, temperature=1.0, top_p=1.0, draft_temperature=Non
     """(prefill, target, drafter) of `layout`: the draft groups' (``speculative_parts``), or the draft head's
     where groups = 0 (``sedd.kinds.spec_head.speculative_parts``); draft_temperature None: the default of each."""
     if layout.groups:
-        return speculative_parts(graphdef, layout, temperature, top_p,
-                                 DRAFT_TEMPERATURE if draft_temperature is None else draft_temperature)
-    return spec_head.speculative_parts(graphdef, layout.k, temperature, top_p, spec_head.HEAD_DRAFT_TEMPERATURE
-                                       if draft_temperature is None else draft_temperature)
+        return speculative_parts(
+            graphdef, layout, temperature, top_p, DRAFT_TEMPERATURE if draft_temperature is None else draft_temperature
+        )
+    return spec_head.speculative_parts(
+        graphdef,
+        layout.k,
+        temperature,
+        top_p,
+        spec_head.HEAD_DRAFT_TEMPERATURE if draft_temperature is None else draft_temperature,
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -376,10 +417,20 @@ def _parts(graphdef, layout: Layout, temperature: float, top_p: float, draft_tem
     return parts_of(graphdef, layout, temperature, top_p, draft_temperature)  # one jit cache entry each
 
 
-def speculate(key: jax.Array, graphdef, state, num_samples: int, length: int, layout,
-           temperature: float = 1.0, top_p: float = 1.0, prompt: jax.Array | None = None,
-           categorical: str = "precise", verification: str = "joint",
-           draft_temperature: float | None = None) -> tuple[jax.Array, dict]:
+def speculate(
+    key: jax.Array,
+    graphdef,
+    state,
+    num_samples: int,
+    length: int,
+    layout,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    prompt: jax.Array | None = None,
+    categorical: str = "precise",
+    verification: str = "joint",
+    draft_temperature: float | None = None,
+) -> tuple[jax.Array, dict]:
     """Text of the spec network (graphdef, state) by self-speculation: the causal half's law exactly.
 
     Args:
@@ -404,23 +455,48 @@ def speculate(key: jax.Array, graphdef, state, num_samples: int, length: int, la
     if not layout.k:  # one call a token, no round
         tokens = causal.ancestral(key, graphdef, state, num_samples, length, temperature, prompt, categorical, top_p)
         calls = jnp.full((num_samples,), length, jnp.int32)
-        return tokens, {"nfe": jnp.int32(length), "nfe_per_sample": calls, "draft_calls": jnp.zeros_like(calls),
-                        "accepted_at": jnp.zeros((0,), jnp.int32)}
+        return tokens, {
+            "nfe": jnp.int32(length),
+            "nfe_per_sample": calls,
+            "draft_calls": jnp.zeros_like(calls),
+            "accepted_at": jnp.zeros((0,), jnp.int32),
+        }
     given = jnp.zeros((num_samples, 0), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
     if draft_temperature is not None and not (isinstance(draft_temperature, (int, float)) and draft_temperature > 0):
         raise ValueError(f"draft_temperature must be a number > 0, got {draft_temperature!r}")
     if not layout.groups:
         spec_head.head_of(nnx.merge(graphdef, *state))  # a clear error for a run without a head
-    prefill, target, drafter = _parts(graphdef, layout, float(temperature), float(top_p),
-                                      None if draft_temperature is None else float(draft_temperature))
-    out, stats = speculative.decode_prompted(key, state, None, given, prefill=prefill, target=target, d_prefill=None,
-                                             drafter=drafter, length=length, k=layout.k, categorical=categorical,
-                                             shared=True, verification=verification)
+    prefill, target, drafter = _parts(
+        graphdef,
+        layout,
+        float(temperature),
+        float(top_p),
+        None if draft_temperature is None else float(draft_temperature),
+    )
+    out, stats = speculative.decode_prompted(
+        key,
+        state,
+        None,
+        given,
+        prefill=prefill,
+        target=target,
+        d_prefill=None,
+        drafter=drafter,
+        length=length,
+        k=layout.k,
+        categorical=categorical,
+        shared=True,
+        verification=verification,
+    )
     prefilled = 1 if layout.groups or given.shape[1] else 0  # a head's prefill without a prompt makes no call
     rounds = stats["rounds_per_sample"] + prefilled
     draft_calls = jnp.zeros_like(rounds) if layout.groups else stats["rounds_per_sample"] * layout.k
-    return out, {"nfe": stats["rounds"] + prefilled, "nfe_per_sample": rounds, "draft_calls": draft_calls,
-                 "accepted_at": stats["accepted_at"]}
+    return out, {
+        "nfe": stats["rounds"] + prefilled,
+        "nfe_per_sample": rounds,
+        "draft_calls": draft_calls,
+        "accepted_at": stats["accepted_at"],
+    }
 
 
 # --------------------------------------------------------------------------- choosing a layout
@@ -439,12 +515,14 @@ def candidates(k: int, head: bool = False) -> list[Layout]:
     head drafts."""
     if head:
         return sorted({NO_DRAFTS, Layout(max(1, k // 2), 0), Layout(k, 0)}, key=lambda lay: -lay.k)
-    return sorted({NO_DRAFTS, Layout(1, 2), Layout(max(1, k // 2), 2), Layout(k, 1)},
-                  key=lambda lay: (-lay.k, -lay.groups))
+    return sorted(
+        {NO_DRAFTS, Layout(1, 2), Layout(max(1, k // 2), 2), Layout(k, 1)}, key=lambda lay: (-lay.k, -lay.groups)
+    )
 
 
-def time_layouts(graphdef, state, length: int, batch: int, layouts: list[Layout], *, rounds: int = 5,
-                 progress: bool = False) -> list[dict]:
+def time_layouts(
+    graphdef, state, length: int, batch: int, layouts: list[Layout], *, rounds: int = 5, progress: bool = False
+) -> list[dict]:
     """Each layout's tokens/s on this device: texts of `length` at `batch`, timed interleaved, the median of rounds
     (each compiled first, not timed). End to end (the network, the loop, how often this run's drafts are kept),
     so it picks what is fastest here whatever makes it so.
@@ -452,6 +530,7 @@ def time_layouts(graphdef, state, length: int, batch: int, layouts: list[Layout]
     Returns:
       [{"layout": "K,GROUPS", "positions": n a call, "tokens_per_s", "tokens_per_call"}], fastest first.
     """
+
     def run(layout, seed):
         out, stats = speculate(jax.random.key(seed), graphdef, state, batch, length, layout)
         return jax.block_until_ready(out), float(np.mean(np.asarray(stats["nfe_per_sample"])))
@@ -464,9 +543,15 @@ def time_layouts(graphdef, state, length: int, batch: int, layouts: list[Layout]
             t = time.perf_counter()
             calls[layout].append(run(layout, r + 1)[1])
             seconds[layout].append(time.perf_counter() - t)
-    rows = [{"layout": f"{lay.k},{lay.groups}", "positions": lay.positions,
-             "tokens_per_s": batch * length / float(np.median(seconds[lay])),
-             "tokens_per_call": length / float(np.mean(calls[lay]))} for lay in layouts]
+    rows = [
+        {
+            "layout": f"{lay.k},{lay.groups}",
+            "positions": lay.positions,
+            "tokens_per_s": batch * length / float(np.median(seconds[lay])),
+            "tokens_per_call": length / float(np.mean(calls[lay])),
+        }
+        for lay in layouts
+    ]
     return sorted(rows, key=lambda row: -row["tokens_per_s"])
 
 
@@ -487,11 +572,14 @@ def _saved(entry, trained_k: int, wanted: list[Layout], path: Path, head: bool =
     except ValueError:
         layout = None
     if layout is None or layout.k > trained_k:
-        raise ValueError(f"{path} names the layout {str(entry['layout'])[:40]!r} for this device, not one this run "
-                         f"times (at most its {trained_k} drafts a round); delete the file (or its entry) to time "
-                         "the layouts again")
-    rows = [row for row in entry.get("timed", []) if isinstance(row, dict)] if isinstance(entry.get("timed"), list) \
-        else []
+        raise ValueError(
+            f"{path} names the layout {str(entry['layout'])[:40]!r} for this device, not one this run "
+            f"times (at most its {trained_k} drafts a round); delete the file (or its entry) to time "
+            "the layouts again"
+        )
+    rows = (
+        [row for row in entry.get("timed", []) if isinstance(row, dict)] if isinstance(entry.get("timed"), list) else []
+    )
     timed = {row.get("layout") for row in rows}
     return (layout, rows) if layout in wanted and {f"{lay.k},{lay.groups}" for lay in wanted} <= timed else None
 
@@ -504,8 +592,18 @@ def _against_no_drafts(layout: Layout, rows: list) -> str:
     return f", {mine / alone:.2f}x the tokens/s of no drafts" if ok and layout.k else ""
 
 
-def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, workdir=None, *,
-                  layouts: list[Layout] | None = None, progress: bool = False, head: bool = False) -> tuple[Layout, str]:
+def choose_layout(
+    graphdef,
+    state,
+    length: int,
+    batch: int,
+    trained_k: int,
+    workdir=None,
+    *,
+    layouts: list[Layout] | None = None,
+    progress: bool = False,
+    head: bool = False,
+) -> tuple[Layout, str]:
     """The fastest of `layouts` (``candidates(trained_k, head)``) on this device at this batch (``time_layouts``),
     kept in workdir/layouts.json and read back for the same ``device_key`` (delete the file, or its entry, to
     time again; without a workdir nothing is kept).
@@ -520,8 +618,9 @@ def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, work
         try:
             saved = json.loads(files.read_text(path, 1 << 20, root=workdir))
         except (ValueError, files.UnsafeFile) as e:
-            raise ValueError(f"{path} is not a layouts file sedd wrote ({e}); delete it to time the layouts "
-                             "again") from None
+            raise ValueError(
+                f"{path} is not a layouts file sedd wrote ({e}); delete it to time the layouts again"
+            ) from None
         if found := _saved(saved.get(where) if isinstance(saved, dict) else None, trained_k, wanted, path, head):
             layout, rows = found
             return layout, f"layout {layout}{_against_no_drafts(layout, rows)}, chosen earlier on this device ({path})"
@@ -534,10 +633,12 @@ def choose_layout(graphdef, state, length: int, batch: int, trained_k: int, work
             files.write_text(path, json.dumps(saved, indent=1) + "\n", workdir)  # no link followed, nothing opened
         except (OSError, files.UnsafeFile) as e:
             kept = f" (not kept in {path}: {getattr(e, 'strerror', None) or e})"
-    table = ", ".join(f"{r['layout']}: {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_call']:.2f} a call)"
-                      for r in rows)
-    return layout, (f"layout {layout}{_against_no_drafts(layout, rows)}, the fastest here at batch {batch}: "
-                    f"{table}{kept}")
+    table = ", ".join(
+        f"{r['layout']}: {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_call']:.2f} a call)" for r in rows
+    )
+    return layout, (
+        f"layout {layout}{_against_no_drafts(layout, rows)}, the fastest here at batch {batch}: {table}{kept}"
+    )
 
 
 # =========================================================================== the kind
@@ -568,8 +669,10 @@ class Options(causal.Options):
         if tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0):
             raise ValueError(f"draft_temperature must be a number > 0, got {tau!r}")
         if self.draft is not None:
-            raise ValueError("a draft (--draft) drafts for an AR run (model.kind='ar'); this run's model.kind is "
-                             "'spec', which drafts for itself")
+            raise ValueError(
+                "a draft (--draft) drafts for an AR run (model.kind='ar'); this run's model.kind is "
+                "'spec', which drafts for itself"
+            )
         if self.layout is not None:
             layout_of(self.layout, 1, head=None)  # its format, before any work
         return super().checked()
@@ -598,26 +701,35 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
         super().__init__(config)
         k, length = config.model.draft_k, config.data.seq_len
         if isinstance(k, bool) or not (isinstance(k, int) and 1 <= k <= min(length, speculative.MAX_DRAFTS)):
-            raise ValueError(f"model.draft_k={k!r} (the drafts a round of model.kind='spec') must be an integer "
-                             f"in [1, {min(length, speculative.MAX_DRAFTS)}] (data.seq_len and "
-                             "sedd.speculative.MAX_DRAFTS); 4 is a good start")
+            raise ValueError(
+                f"model.draft_k={k!r} (the drafts a round of model.kind='spec') must be an integer "
+                f"in [1, {min(length, speculative.MAX_DRAFTS)}] (data.seq_len and "
+                "sedd.speculative.MAX_DRAFTS); 4 is a good start"
+            )
         if config.training.loss_chunk:
-            raise ValueError(f"training.loss_chunk={config.training.loss_chunk} is not implemented for "
-                             "model.kind='spec': set it to 0")
+            raise ValueError(
+                f"training.loss_chunk={config.training.loss_chunk} is not implemented for "
+                "model.kind='spec': set it to 0"
+            )
         w = config.training.draft_weight
         if not (isinstance(w, (int, float)) and 0 <= w < float("inf")):
-            raise ValueError(f"training.draft_weight={w!r} must be a finite number >= 0 "
-                             "(the drafts' share of the loss)")
+            raise ValueError(
+                f"training.draft_weight={w!r} must be a finite number >= 0 (the drafts' share of the loss)"
+            )
         target = config.training.draft_target
         if target not in DRAFT_TARGETS:
-            raise ValueError(f"training.draft_target={target!r} (what model.kind='spec' trains its drafts on) must "
-                             f"be one of {DRAFT_TARGETS}: the text's tokens, the causal half's laws on it, or its laws "
-                             "on text it writes")
+            raise ValueError(
+                f"training.draft_target={target!r} (what model.kind='spec' trains its drafts on) must "
+                f"be one of {DRAFT_TARGETS}: the text's tokens, the causal half's laws on it, or its laws "
+                "on text it writes"
+            )
         head = config.model.draft_head
         if isinstance(head, bool) or not (isinstance(head, int) and 0 <= head <= 1 << 16):
-            raise ValueError(f"model.draft_head={head!r} (the width of model.kind='spec''s draft head) must be an "
-                             "integer in [0, 65536]: 0 drafts with the draft half, N > 0 with a head of width N "
-                             "(256 is a good start)")
+            raise ValueError(
+                f"model.draft_head={head!r} (the width of model.kind='spec''s draft head) must be an "
+                "integer in [0, 65536]: 0 drafts with the draft half, N > 0 with a head of width N "
+                "(256 is a good start)"
+            )
         self.draft_k, self.draft_weight, self.draft_target, self.head = k, float(w), target, head
         self.layout = Layout(k, 0 if head else k + 1)
 
@@ -629,9 +741,11 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
         """The layout a sample with options `o` runs: theirs or the kind's; a draft_k that is not its k refused."""
         layout = self.layout if o.layout is None else layout_of(o.layout, self.draft_k, bool(self.head))
         if o.draft_k is not None and o.draft_k != layout.k:
-            raise ValueError(f"draft_k={o.draft_k!r}: this run drafts {layout.k} token{'s' * (layout.k != 1)} a round "
-                             f"in its layout ({layout}); a spec run's drafts a round are its layout's k (--layout "
-                             "K,GROUPS)")
+            raise ValueError(
+                f"draft_k={o.draft_k!r}: this run drafts {layout.k} token{'s' * (layout.k != 1)} a round "
+                f"in its layout ({layout}); a spec run's drafts a round are its layout's k (--layout "
+                "K,GROUPS)"
+            )
         return layout
 
     def tune(self, net, options=None, workdir=None, batch=1, progress=False):
@@ -645,8 +759,17 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
             return f"layout {self.layout}, as asked"
         head = bool(self.head)
         layouts = None if o.draft_k is None else [lay for lay in candidates(o.draft_k, head) if lay.k == o.draft_k]
-        self.layout, line = choose_layout(net.graphdef, net.state, self.config.data.seq_len, batch, self.draft_k,
-                                          workdir, layouts=layouts, progress=progress, head=head)
+        self.layout, line = choose_layout(
+            net.graphdef,
+            net.state,
+            self.config.data.seq_len,
+            batch,
+            self.draft_k,
+            workdir,
+            layouts=layouts,
+            progress=progress,
+            head=head,
+        )
         self._layout(o)
         return line
 
@@ -662,21 +785,38 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
             prefill, target, drafter = parts_of(graphdef, layout, temperature, top_p)
             return (lambda state, text: (prefill(state, text), None)), target, drafter
 
-        return sampling.rounds.Speculation(parts, layout.k, "self", categorical=categorical, shared=True,
-                                           draft_calls=0 if layout.groups else layout.k)
+        return sampling.rounds.Speculation(
+            parts, layout.k, "self", categorical=categorical, shared=True, draft_calls=0 if layout.groups else layout.k
+        )
 
     def network(self, seed=0):
         """Inputs V + 2 ids (BOS = V, MASK = V + 1), V logits out, no time input; attention by mask."""
         v = self.config.vocab_size
-        net = network_of(self.config, seed, num_tokens=v + 2, out_dim=v, scale_by_sigma=False, causal=False,
-                         time_conditioning=False, normalize=False)
+        net = network_of(
+            self.config,
+            seed,
+            num_tokens=v + 2,
+            out_dim=v,
+            scale_by_sigma=False,
+            causal=False,
+            time_conditioning=False,
+            normalize=False,
+        )
         return spec_head.attach(net, self.head, seed) if self.head else net
 
     def loss(self, key, model, x0, train, rngs=None):
         """(3) of the module docstring: the causal half's NLL plus the one-step drafts' cross-entropy; with a draft
         head, (2) of ``sedd.kinds.spec_head``: the causal half's NLL plus the head's."""
-        return (spec_head.loss if self.head else loss)(model, x0, self.draft_k, deterministic=not train, rngs=rngs,
-                    draft_weight=self.draft_weight, draft_target=self.draft_target, key=key)
+        return (spec_head.loss if self.head else loss)(
+            model,
+            x0,
+            self.draft_k,
+            deterministic=not train,
+            rngs=rngs,
+            draft_weight=self.draft_weight,
+            draft_target=self.draft_target,
+            key=key,
+        )
 
     def sample(self, key, net, num_samples, steps=None, sampler=None, rows=None, **options):
         """Self-speculation (``speculate``): the causal half's law, up to k + 1 tokens a call.
@@ -693,8 +833,18 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
         """
         self.check_given(steps=steps, sampler=sampler)
         o = self.options(**options)
-        tokens, stats = speculate(key, net.graphdef, net.state, num_samples, self.config.data.seq_len,
-                                  self._layout(o), temperature=o.temperature, top_p=o.top_p, prompt=o.prompt,
-                                  categorical=o.categorical, verification=o.verification,
-                                  draft_temperature=o.draft_temperature)
+        tokens, stats = speculate(
+            key,
+            net.graphdef,
+            net.state,
+            num_samples,
+            self.config.data.seq_len,
+            self._layout(o),
+            temperature=o.temperature,
+            top_p=o.top_p,
+            prompt=o.prompt,
+            categorical=o.categorical,
+            verification=o.verification,
+            draft_temperature=o.draft_temperature,
+        )
         return sampling.Samples(tokens, None, stats if o.return_stats else None)

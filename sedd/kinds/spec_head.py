@@ -65,8 +65,14 @@ class DraftHead(nnx.Module):
     def __init__(self, hidden_size: int, vocab: int, width: int, *, dtype: Any = jnp.float32, rngs: nnx.Rngs):
         self.norm_in = layers.layer_norm(hidden_size, rngs)
         self.project = layers.linear(hidden_size, width, ("embed", "mlp"), dtype=dtype, rngs=rngs)
-        self.embed = nnx.Embed(vocab, width, dtype=jnp.float32, param_dtype=jnp.float32, rngs=rngs,
-                               embedding_init=layers.partitioned(nnx.initializers.normal(1.0), ("vocab", "embed")))
+        self.embed = nnx.Embed(
+            vocab,
+            width,
+            dtype=jnp.float32,
+            param_dtype=jnp.float32,
+            rngs=rngs,
+            embedding_init=layers.partitioned(nnx.initializers.normal(1.0), ("vocab", "embed")),
+        )
         self.norm_step = layers.layer_norm(width, rngs)
         self.fc1 = layers.linear(2 * width, 2 * width, ("embed", "mlp"), dtype=dtype, rngs=rngs)
         self.fc2 = layers.linear(2 * width, width, ("mlp", "embed"), dtype=dtype, rngs=rngs)
@@ -87,8 +93,9 @@ class DraftHead(nnx.Module):
 
 def attach(model: DDiT, width: int, seed: int) -> DDiT:
     """The spec network `model` with a ``DraftHead`` of width N = `width` as its ``draft_head``."""
-    model.draft_head = DraftHead(model.hidden_size, model.out_dim, width, dtype=model.dtype,
-                                 rngs=nnx.Rngs(params=seed + 2))
+    model.draft_head = DraftHead(
+        model.hidden_size, model.out_dim, width, dtype=model.dtype, rngs=nnx.Rngs(params=seed + 2)
+    )
     return model
 
 
@@ -96,8 +103,10 @@ def head_of(model: DDiT) -> DraftHead:
     """The network's draft head; a ValueError for a spec network without one."""
     head = getattr(model, "draft_head", None)
     if not isinstance(head, DraftHead):
-        raise ValueError("this spec network has no draft head (model.draft_head = 0: its drafts come from its "
-                         "draft half, a layout 'K,GROUPS'); a head is trained with model.draft_head = N > 0")
+        raise ValueError(
+            "this spec network has no draft head (model.draft_head = 0: its drafts come from its "
+            "draft half, a layout 'K,GROUPS'); a head is trained with model.draft_head = N > 0"
+        )
     return head
 
 
@@ -112,7 +121,7 @@ def head_nll(head: DraftHead, h: jax.Array, text: jax.Array, k: int, law: jax.Ar
     length = text.shape[1]
     s, total = head.begin(h), jnp.zeros(text.shape, jnp.float32)  # (B, L, N), (B, L)
     for i in range(1, min(k, length - 1) + 1):
-        y = jnp.pad(text[:, i - 1:], ((0, 0), (0, i - 1)))  # (B, L) x_{l+i-1}: what step i reads
+        y = jnp.pad(text[:, i - 1 :], ((0, 0), (0, i - 1)))  # (B, L) x_{l+i-1}: what step i reads
         s, logits = head.step(s, y)  # (B, L, N), (B, L, V): q_i at l, the law of x_{l+i}
         logq = jax.nn.log_softmax(logits, axis=-1)
         if law is None:
@@ -123,16 +132,30 @@ def head_nll(head: DraftHead, h: jax.Array, text: jax.Array, k: int, law: jax.Ar
     return total
 
 
-def loss(model: DDiT, x: jax.Array, k: int, *, deterministic: bool | None = True, rngs=None,
-         draft_weight: float = 1.0, draft_target: str = "data", key: jax.Array | None = None) -> jax.Array:
+def loss(
+    model: DDiT,
+    x: jax.Array,
+    k: int,
+    *,
+    deterministic: bool | None = True,
+    rngs=None,
+    draft_weight: float = 1.0,
+    draft_target: str = "data",
+    key: jax.Array | None = None,
+) -> jax.Array:
     """(2): the causal half's NLL and w times the head's cross-entropy, nats per sequence, float32[B].
 
     draft_target as ``sedd.kinds.spec.loss``'s ("own" draws B texts of the causal half each call, from `key`).
     """
     b, length = x.shape
     texts = causal.with_own_texts(model, x, key) if draft_target == "own" else x  # (B or 2B, L)
-    h, c = model.features(causal.inputs(model, texts), None, mask=np.tril(np.ones((length, length), bool)),
-                          deterministic=deterministic, rngs=rngs)  # (B', L, H)
+    h, c = model.features(
+        causal.inputs(model, texts),
+        None,
+        mask=np.tril(np.ones((length, length), bool)),
+        deterministic=deterministic,
+        rngs=rngs,
+    )  # (B', L, H)
     logits = model.output_layer(h, c)  # (B', L, V)
     nll_p = causal.nll_of_logits(logits[:b], x).sum(-1)  # (B,)
     law = None if draft_target == "data" else jax.nn.softmax(jax.lax.stop_gradient(logits[-b:]), axis=-1)
@@ -144,8 +167,9 @@ HEAD_DRAFT_TEMPERATURE = 1.0
 """tau of a head's drafts, q_i^(1/tau): its laws are conditionals like p's, not marginals to sharpen."""
 
 
-def speculative_parts(graphdef, k: int, temperature=1.0, top_p=1.0,
-                      draft_temperature: float = HEAD_DRAFT_TEMPERATURE) -> tuple:
+def speculative_parts(
+    graphdef, k: int, temperature=1.0, top_p=1.0, draft_temperature: float = HEAD_DRAFT_TEMPERATURE
+) -> tuple:
     """(prefill, target, drafter) of the spec network with a head `graphdef` for ``sedd.speculative.decode``
     (shared=True): the causal half on its KV cache (features kept) verifies, the head drafts k tokens a round.
 

@@ -303,8 +303,10 @@ class ReMDM(AbsorbingSampler):
         if not 0 <= options["eta"] <= 1:
             raise ValueError(f"eta must be in [0, 1], got {options['eta']!r}")
         if not 0 < options["t_off"] < options["t_on"] < 1 or not 0 < options["alpha_on"] < 1:
-            raise ValueError(f"need 0 < t_off < t_on < 1 and 0 < alpha_on < 1, got t_on={options['t_on']}, "
-                             f"t_off={options['t_off']}, alpha_on={options['alpha_on']}")
+            raise ValueError(
+                f"need 0 < t_off < t_on < 1 and 0 < alpha_on < 1, got t_on={options['t_on']}, "
+                f"t_off={options['t_off']}, alpha_on={options['alpha_on']}"
+            )
 
     def alpha(self, ctx, t):
         """(alpha_t, 1 - alpha_t, the network's sigma) at time t, each float[]."""
@@ -314,8 +316,11 @@ class ReMDM(AbsorbingSampler):
             return jnp.exp(-sigma), -jnp.expm1(-sigma), sigma
         a1 = jnp.exp(-ctx.noise(jnp.float32(1.0))[0])
         t_on, t_off, a_on = o["t_on"], o["t_off"], o["alpha_on"]
-        masked = jnp.where(t >= t_on, (1 - a_on) + (a_on - a1) * (t - t_on) / (1 - t_on),
-                           jnp.where(t >= t_off, 1 - a_on, (1 - a_on) * t / t_off))  # 1 - alpha
+        masked = jnp.where(
+            t >= t_on,
+            (1 - a_on) + (a_on - a1) * (t - t_on) / (1 - t_on),
+            jnp.where(t >= t_off, 1 - a_on, (1 - a_on) * t / t_off),
+        )  # 1 - alpha
         return 1 - masked, masked, -jnp.log1p(-masked)
 
     def step(self, ctx, key, carry, n, t, t_next):
@@ -342,5 +347,3 @@ class ReMDM(AbsorbingSampler):
 
     def denoise_sigma(self, ctx, carry, t):
         return self.alpha(ctx, t)[2]
-
-

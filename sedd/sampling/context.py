@@ -115,7 +115,8 @@ class Context:
         if self.cache:
             offset = log_expm1(sigma)[:, None, None]  # (B, 1, 1)
             cached_x, cached = jax.lax.cond(
-                called, lambda _: (x, call(None) + offset), lambda _: (cached_x, cached), None)
+                called, lambda _: (x, call(None) + offset), lambda _: (cached_x, cached), None
+            )
             here = jax.nn.one_hot(x, self.graph.dim, dtype=bool)
             log_score = jnp.where(here, 0.0, cached - offset)  # (B, L, D)
             carry = dict(carry, cache=(cached_x, cached))
@@ -124,8 +125,9 @@ class Context:
             log_score = jax.lax.cond(called, call, zeros, None)
         else:
             log_score = call(None)
-        return log_score, dict(carry, nfe=carry["nfe"] + called.astype(jnp.int32),
-                               nfe_row=carry["nfe_row"] + need.astype(jnp.int32))
+        return log_score, dict(
+            carry, nfe=carry["nfe"] + called.astype(jnp.int32), nfe_row=carry["nfe_row"] + need.astype(jnp.int32)
+        )
 
     def denoiser(self, logits: jax.Array) -> jax.Array:
         r"""The denoiser's law at each position with temperature and nucleus: float32[..., V], rows sum to 1.

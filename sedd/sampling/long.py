@@ -17,9 +17,19 @@ from sedd.sampling.loop import Samples, check_int, check_shape, conditioning, op
 from sedd.sampling.samplers import get_sampler
 
 
-def sample_long(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, shape: tuple[int, int],
-                steps: int, max_length: int, block_length: int | None = None, fixed_mask: jax.Array | None = None,
-                fixed_tokens: jax.Array | None = None, **sample_args) -> Samples:
+def sample_long(
+    key: jax.Array,
+    score_fn: ScoreFn,
+    graph: Graph,
+    noise: Callable,
+    shape: tuple[int, int],
+    steps: int,
+    max_length: int,
+    block_length: int | None = None,
+    fixed_mask: jax.Array | None = None,
+    fixed_tokens: jax.Array | None = None,
+    **sample_args,
+) -> Samples:
     r"""Text of ``max_length`` >= L tokens by semi-autoregressive windows of L (MDLM Sec. 3.5; BD3-LM).
 
     Window w covers positions [s_w, s_w + L): s_0 = 0, then each window
@@ -63,9 +73,16 @@ def sample_long(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable
     user_mask = jnp.zeros((b, max_length), bool) if fixed_mask is None else fixed_mask
     user_tokens = jnp.zeros((b, max_length), jnp.int32) if fixed_tokens is None else fixed_tokens
     nfe, nfe_row = jnp.int32(0), jnp.zeros((b,), jnp.int32)
-    loop = functools.partial(run_loop, score_fn=score_fn, graph=graph, noise=noise, shape=(b, length),
-                             sampler=get_sampler(sampler), denoise=denoise,
-                             options=dataclasses.replace(opts, time_grid=None))
+    loop = functools.partial(
+        run_loop,
+        score_fn=score_fn,
+        graph=graph,
+        noise=noise,
+        shape=(b, length),
+        sampler=get_sampler(sampler),
+        denoise=denoise,
+        options=dataclasses.replace(opts, time_grid=None),
+    )
     done, start, w = 0, 0, 0
     while done < max_length:
         start = min(start, max_length - length)
@@ -81,5 +98,3 @@ def sample_long(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable
             out = out.at[:, done:].set(jnp.int32(stop_id))
             break
     return Samples(out, None, {"nfe": nfe, "nfe_per_sample": nfe_row} if opts.return_stats else None)
-
-

@@ -62,16 +62,37 @@ def denoise_step(ctx, key, carry, sigma, final):
 
 def start_carry(ctx: Context, sampler: Sampler, x: jax.Array, times: jax.Array, prime=None) -> dict:
     """The loop's carry at its start: the state x, the NFE counters, the sampler's state, the cache, the prime."""
-    carry = {"x": x, "nfe": jnp.int32(0), "nfe_row": jnp.zeros(x.shape[:1], jnp.int32),
-             "state": sampler.init(ctx, x, times), "cache": None, "prime": prime}
+    carry = {
+        "x": x,
+        "nfe": jnp.int32(0),
+        "nfe_row": jnp.zeros(x.shape[:1], jnp.int32),
+        "state": sampler.init(ctx, x, times),
+        "cache": None,
+        "prime": prime,
+    }
     if ctx.cache:
         carry["cache"] = (jnp.full(x.shape, -1, jnp.int32), jnp.zeros(x.shape + (ctx.graph.dim,), jnp.float32))
     return carry
 
 
 @functools.partial(jax.jit, static_argnames=("score_fn", "graph", "noise", "shape", "sampler", "denoise", "options"))
-def run_loop(key, times, fixed_mask, fixed_tokens, score_params, *, score_fn, graph, noise, shape, sampler,
-             denoise, options, prime=None, shaping=None):
+def run_loop(
+    key,
+    times,
+    fixed_mask,
+    fixed_tokens,
+    score_params,
+    *,
+    score_fn,
+    graph,
+    noise,
+    shape,
+    sampler,
+    denoise,
+    options,
+    prime=None,
+    shaping=None,
+):
     """The sampling core: the whole denoising loop over a score function, as one compiled program.
 
     Every driver runs it: ``sample`` (the full sequence, one window),
@@ -139,8 +160,6 @@ def run_loop(key, times, fixed_mask, fixed_tokens, score_params, *, score_fn, gr
         carry = denoise_step(ctx, k_final, carry, sampler.denoise_sigma(ctx, carry, times[-1]), options.final)
         carry["x"] = clamp(carry["x"].astype(jnp.int32))
     return carry["x"], traj, {"nfe": carry["nfe"], "nfe_per_sample": carry["nfe_row"]}
-
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,22 +246,34 @@ class Options:
         wanted = {"temperature": t != 1, "top_p": p != 1, "corrector_steps": corrector_steps > 0, "cache": cache}
         for option, used in wanted.items():
             if used and option not in sampler.honours:
-                raise ValueError(f"sampler {name!r} cannot honour {option}; it takes "
-                                 f"{sorted(sampler.honours) or 'none of the generic options'}")
+                raise ValueError(
+                    f"sampler {name!r} cannot honour {option}; it takes "
+                    f"{sorted(sampler.honours) or 'none of the generic options'}"
+                )
         for option in ("temperature", "top_p", "cache"):
             if wanted[option] and not graph.absorb:
-                why = ("it needs the absorbing score's p(x0 | unmasked) times 1 / (e^sigma - 1)" if option == "cache"
-                       else "it acts on the denoiser p(x0 | x_t), which the absorbing score gives directly")
+                why = (
+                    "it needs the absorbing score's p(x0 | unmasked) times 1 / (e^sigma - 1)"
+                    if option == "cache"
+                    else "it acts on the denoiser p(x0 | x_t), which the absorbing score gives directly"
+                )
                 raise ValueError(f"{option} is for the absorbing graph only: {why}")
         own = dict(self.own)
         unknown = sorted(set(own) - set(sampler.options))
         if unknown:
-            raise ValueError(f"sampler {name!r} takes no option {unknown}; its own options are "
-                             f"{sorted(sampler.options) or 'none'}, the generic ones {list(GENERIC_OPTIONS)}")
+            raise ValueError(
+                f"sampler {name!r} takes no option {unknown}; its own options are "
+                f"{sorted(sampler.options) or 'none'}, the generic ones {list(GENERIC_OPTIONS)}"
+            )
         merged = {**sampler.options, **own}
         sampler.check(merged)
-        return dataclasses.replace(self, temperature=float(t), top_p=float(p), corrector_steps=corrector_steps,
-                                   own=tuple(sorted(merged.items())))
+        return dataclasses.replace(
+            self,
+            temperature=float(t),
+            top_p=float(p),
+            corrector_steps=corrector_steps,
+            own=tuple(sorted(merged.items())),
+        )
 
 
 def options_from(options: Options | None, values: dict) -> Options:
@@ -327,15 +358,30 @@ def conditioning(fixed_mask, fixed_tokens, shape: tuple[int, int], graph: Graph)
         tokens = np.asarray(fixed_tokens)[np.asarray(fixed_mask)]
         bad = tokens[(tokens < 0) | (tokens >= graph.vocab_size)]
         if bad.size:
-            raise ValueError(f"fixed_tokens must lie in [0, vocab_size={graph.vocab_size}) where fixed_mask "
-                             f"is True, got {bad[:5].tolist()}")
+            raise ValueError(
+                f"fixed_tokens must lie in [0, vocab_size={graph.vocab_size}) where fixed_mask "
+                f"is True, got {bad[:5].tolist()}"
+            )
     return fixed_mask, fixed_tokens
 
 
-def sample(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, shape: tuple[int, int], steps: int,
-           sampler: str = "analytic", denoise: bool = True, eps: float = 1e-5, fixed_mask: jax.Array | None = None,
-           fixed_tokens: jax.Array | None = None, *, score_params: Any = None, options: Options | None = None,
-           **option_values) -> Samples:
+def sample(
+    key: jax.Array,
+    score_fn: ScoreFn,
+    graph: Graph,
+    noise: Callable,
+    shape: tuple[int, int],
+    steps: int,
+    sampler: str = "analytic",
+    denoise: bool = True,
+    eps: float = 1e-5,
+    fixed_mask: jax.Array | None = None,
+    fixed_tokens: jax.Array | None = None,
+    *,
+    score_params: Any = None,
+    options: Options | None = None,
+    **option_values,
+) -> Samples:
     r"""Draw sequences from the reverse diffusion, Sec. 4 of Lou et al. 2024.
 
     x starts at ``graph.sample_limit``; each step t -> t - dt applies the
@@ -390,16 +436,34 @@ def sample(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, sha
     shape, steps = check_shape(shape), check_int("steps", steps, 1)
     times = time_grid(opts.time_grid, steps, eps)
     fixed_mask, fixed_tokens = conditioning(fixed_mask, fixed_tokens, shape, graph)
-    x, traj, stats = run_loop(key, times, fixed_mask, fixed_tokens, score_params, score_fn=score_fn, graph=graph,
-                                  noise=noise, shape=shape, sampler=SAMPLERS[sampler], denoise=bool(denoise),
-                               options=dataclasses.replace(opts, time_grid=None))
+    x, traj, stats = run_loop(
+        key,
+        times,
+        fixed_mask,
+        fixed_tokens,
+        score_params,
+        score_fn=score_fn,
+        graph=graph,
+        noise=noise,
+        shape=shape,
+        sampler=SAMPLERS[sampler],
+        denoise=bool(denoise),
+        options=dataclasses.replace(opts, time_grid=None),
+    )
     return Samples(x, traj, stats if opts.return_stats else None)
 
 
-
-
-def one_step(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, x: jax.Array, t, dt,
-             sampler: str = "analytic", **option_values) -> jax.Array:
+def one_step(
+    key: jax.Array,
+    score_fn: ScoreFn,
+    graph: Graph,
+    noise: Callable,
+    x: jax.Array,
+    t,
+    dt,
+    sampler: str = "analytic",
+    **option_values,
+) -> jax.Array:
     """One step of a registered sampler from x at time t to t - dt (its state freshly initialised).
 
     For benchmarks and tests of a single step; traceable (jit it with the
@@ -410,5 +474,3 @@ def one_step(key: jax.Array, score_fn: ScoreFn, graph: Graph, noise: Callable, x
     times = jnp.stack([jnp.asarray(t, jnp.float32), jnp.asarray(t - dt, jnp.float32)])
     ctx = Context(score_fn, graph, noise, opts, 1)
     return step.step(ctx, key, start_carry(ctx, step, x, times), jnp.int32(0), times[0], times[1])["x"]
-
-

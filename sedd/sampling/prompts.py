@@ -19,12 +19,15 @@ def check_length(tokenizer, text: str, seq_len: int, name: str) -> None:
     """
     per_token = getattr(tokenizer, "max_token_chars", 1)
     if len(text) > seq_len * per_token:
-        raise ValueError(f"{name} of {len(text)} characters is more than the model's sequence length of {seq_len} "
-                         f"tokens can hold (a token is at most {per_token} character{'s' * (per_token > 1)})")
+        raise ValueError(
+            f"{name} of {len(text)} characters is more than the model's sequence length of {seq_len} "
+            f"tokens can hold (a token is at most {per_token} character{'s' * (per_token > 1)})"
+        )
 
 
-def text_conditioning(tokenizer, seq_len: int, num: int, prefix: str = "", suffix: str = "",
-                      infill: str = "", blank: str = "_") -> tuple[np.ndarray | None, np.ndarray | None]:
+def text_conditioning(
+    tokenizer, seq_len: int, num: int, prefix: str = "", suffix: str = "", infill: str = "", blank: str = "_"
+) -> tuple[np.ndarray | None, np.ndarray | None]:
     """``fixed_mask`` and ``fixed_tokens`` of ``sample`` from text prompts, or (None, None) without any.
 
     prefix fills the first positions and suffix the last. An infill template
@@ -56,12 +59,16 @@ def text_conditioning(tokenizer, seq_len: int, num: int, prefix: str = "", suffi
         if prefix or suffix:
             raise ValueError("an infill template cannot be combined with a prefix or suffix (put them in the template)")
         if len(infill) > seq_len:
-            raise ValueError(f"the infill template has {len(infill)} characters; the model's sequence length is {seq_len}")
+            raise ValueError(
+                f"the infill template has {len(infill)} characters; the model's sequence length is {seq_len}"
+            )
         for i, ch in enumerate(infill):
             if ch != blank:
                 ids = tokenizer.encode(ch)
                 if len(ids) != 1:
-                    raise ValueError("infill templates need a character-level tokenizer (char, or byte with ASCII text)")
+                    raise ValueError(
+                        "infill templates need a character-level tokenizer (char, or byte with ASCII text)"
+                    )
                 mask[i], tokens[i] = True, ids[0]
     else:
         check_length(tokenizer, prefix, seq_len, "the prefix")
@@ -69,9 +76,11 @@ def text_conditioning(tokenizer, seq_len: int, num: int, prefix: str = "", suffi
         pre = np.asarray(tokenizer.encode(prefix), np.int32) if prefix else np.zeros(0, np.int32)
         suf = np.asarray(tokenizer.encode(suffix), np.int32) if suffix else np.zeros(0, np.int32)
         if len(pre) + len(suf) > seq_len:
-            raise ValueError(f"prefix ({len(pre)} tokens) + suffix ({len(suf)} tokens) is longer than the "
-                             f"model's sequence length {seq_len}")
+            raise ValueError(
+                f"prefix ({len(pre)} tokens) + suffix ({len(suf)} tokens) is longer than the "
+                f"model's sequence length {seq_len}"
+            )
         mask[: len(pre)], tokens[: len(pre)] = True, pre
         if len(suf):
-            mask[seq_len - len(suf):], tokens[seq_len - len(suf):] = True, suf
+            mask[seq_len - len(suf) :], tokens[seq_len - len(suf) :] = True, suf
     return np.broadcast_to(mask, (num, seq_len)), np.broadcast_to(tokens, (num, seq_len))

@@ -74,11 +74,21 @@ class Speculation:
 
     def program(self, graphdef=None, *, live: bool, **_) -> rows_lib.RowsProgram:
         """The ``RowsProgram`` (``Kind.rows_program``'s arguments; only `live` applies: the network is in `parts`)."""
-        static = dict(parts=self.parts, k=self.k, categorical=self.categorical, live=live, shared=self.shared,
-                      verification=self.verification)
-        return rows_lib.RowsProgram(sample_rows, static, _no_frames, listen=Rounds,
-                                    report=functools.partial(report, k=self.k, draft=self.draft,
-                                                             draft_calls=self.draft_calls))
+        static = dict(
+            parts=self.parts,
+            k=self.k,
+            categorical=self.categorical,
+            live=live,
+            shared=self.shared,
+            verification=self.verification,
+        )
+        return rows_lib.RowsProgram(
+            sample_rows,
+            static,
+            _no_frames,
+            listen=Rounds,
+            report=functools.partial(report, k=self.k, draft=self.draft, draft_calls=self.draft_calls),
+        )
 
 
 def _no_frames(*_):
@@ -91,14 +101,31 @@ def observe_rounds(batch_id: jax.Array, r, start, drafted, accepted, tokens, liv
     Each argument is this row's (batch of one, ``sedd.speculative.rounds``'s on_round); one callback
     a round for the whole batch, the rows gathered over ``rows.AXIS``.
     """
-    gathered = [jax.lax.all_gather(a[0] if a.ndim else a, rows_lib.AXIS)
-                for a in (jnp.broadcast_to(r, start.shape), start, drafted, accepted, tokens, live.astype(jnp.int32))]
+    gathered = [
+        jax.lax.all_gather(a[0] if a.ndim else a, rows_lib.AXIS)
+        for a in (jnp.broadcast_to(r, start.shape), start, drafted, accepted, tokens, live.astype(jnp.int32))
+    ]
     jax.debug.callback(rows_lib.deliver, batch_id, *gathered)
 
 
 @functools.partial(jax.jit, static_argnames=("parts", "k", "categorical", "live", "shared", "verification"))
-def sample_rows(state, seeds, rows, mask, tokens, temperature, top_p, batch_id, *, parts, k, categorical, live,
-                shared=False, verification="joint"):
+def sample_rows(
+    state,
+    seeds,
+    rows,
+    mask,
+    tokens,
+    temperature,
+    top_p,
+    batch_id,
+    *,
+    parts,
+    k,
+    categorical,
+    live,
+    shared=False,
+    verification="joint",
+):
     """``RowsProgram.fn`` of speculative decoding: ``sedd.speculative.rounds`` per row (``map_rows``).
 
     Returns (ids int32[B, L], None, stats): stats["nfe"] and ["rounds"] int32[B] the target's calls
@@ -115,8 +142,20 @@ def sample_rows(state, seeds, rows, mask, tokens, temperature, top_p, batch_id, 
         t_state, d_state = prefill(state, text)
         on_round = functools.partial(observe_rounds, batch_id) if live else None
         text, _, rounds, accepted_at = speculative.rounds(
-            key, t_state, d_state, text, given[None], end[None], target=target, drafter=drafter, k=k,
-            categorical=categorical, on_round=on_round, shared=shared, verification=verification)
+            key,
+            t_state,
+            d_state,
+            text,
+            given[None],
+            end[None],
+            target=target,
+            drafter=drafter,
+            k=k,
+            categorical=categorical,
+            on_round=on_round,
+            shared=shared,
+            verification=verification,
+        )
         return text[0, :length], None, {"nfe": rounds[0], "rounds": rounds[0], "accepted_at": accepted_at[0]}
 
     return rows_lib.map_rows(one, seeds, rows, mask, tokens, temperature, top_p)
@@ -139,11 +178,21 @@ def report(stats: dict, length: int, *, k: int, draft: str | None, draft_calls: 
     accepted_at = np.asarray(stats["accepted_at"]).reshape(n, k).sum(0)  # (k,)
     tokens = n * int(length)
     calls = rounds * (1 + draft_calls)
-    return {"speculative": {
-        "draft": draft, "draft_k": k, "rounds": rounds, "target_calls": rounds, "draft_calls": rounds * draft_calls,
-        "network_calls": calls, "tokens": tokens, "tokens_per_call": tokens / max(calls, 1),
-        "tokens_per_target_call": tokens / max(rounds, 1), "accepted": int(accepted_at.sum()),
-        "acceptance_by_position": [float(a) / max(rounds, 1) for a in accepted_at]}}
+    return {
+        "speculative": {
+            "draft": draft,
+            "draft_k": k,
+            "rounds": rounds,
+            "target_calls": rounds,
+            "draft_calls": rounds * draft_calls,
+            "network_calls": calls,
+            "tokens": tokens,
+            "tokens_per_call": tokens / max(calls, 1),
+            "tokens_per_target_call": tokens / max(rounds, 1),
+            "accepted": int(accepted_at.sum()),
+            "acceptance_by_position": [float(a) / max(rounds, 1) for a in accepted_at],
+        }
+    }
 
 
 class Rounds:
@@ -169,7 +218,14 @@ class Rounds:
                 continue
             s, a = int(start[b]), int(accepted[b])
             n = max(min(a + 1, width - s), 0)
-            self.text[b, s:s + n] = tokens[b, :n]
-            out.append({"round": int(r[b]), "start": s, "drafted": [int(y) for y in drafted[b]], "accepted": a,
-                        "written": int(tokens[b, a])})
+            self.text[b, s : s + n] = tokens[b, :n]
+            out.append(
+                {
+                    "round": int(r[b]),
+                    "start": s,
+                    "drafted": [int(y) for y in drafted[b]],
+                    "accepted": a,
+                    "written": int(tokens[b, a]),
+                }
+            )
         self.listener(self.text.copy(), out)

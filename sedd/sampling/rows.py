@@ -94,7 +94,7 @@ class Placed:
 
     def place(self, start: int, states: np.ndarray) -> None:
         start = int(start)
-        self.text[:, start:start + states.shape[1]] = states
+        self.text[:, start : start + states.shape[1]] = states
         self.listener(self.text.copy())
 
 
@@ -163,10 +163,30 @@ def _observed(score_fn: Callable, live: bool) -> Callable:
     return fn
 
 
-@functools.partial(jax.jit, static_argnames=("score_fn", "graph", "noise", "steps", "sampler", "eps",
-                                             "categorical", "trajectory", "live"))
-def sample_rows(state, seeds, rows, mask, tokens, temperature, top_p, batch_id, *, score_fn, graph, noise, steps,
-                sampler, eps, categorical, trajectory, live):
+@functools.partial(
+    jax.jit,
+    static_argnames=("score_fn", "graph", "noise", "steps", "sampler", "eps", "categorical", "trajectory", "live"),
+)
+def sample_rows(
+    state,
+    seeds,
+    rows,
+    mask,
+    tokens,
+    temperature,
+    top_p,
+    batch_id,
+    *,
+    score_fn,
+    graph,
+    noise,
+    steps,
+    sampler,
+    eps,
+    categorical,
+    trajectory,
+    live,
+):
     """``RowsProgram.fn`` of full-sequence sampling: ``run_loop`` per row, its T and top_p traced (``map_rows``).
 
     score_fn: (state, x, sigma) -> log-score, a stable object (jit's cache key).
@@ -177,14 +197,27 @@ def sample_rows(state, seeds, rows, mask, tokens, temperature, top_p, batch_id, 
     """
     fn = _observed(score_fn, live)
     length = mask.shape[1]
-    options = Options.make(categorical=categorical, return_trajectory=trajectory, return_stats=True,
-                           axis_name=AXIS).checked(sampler, graph, True)
+    options = Options.make(
+        categorical=categorical, return_trajectory=trajectory, return_stats=True, axis_name=AXIS
+    ).checked(sampler, graph, True)
     times = time_grid(None, steps, eps)
 
     def one(key, m, t, temp, p):  # (1, L)
-        x, traj, stats = run_loop(key, times, m[None], t[None], (state, batch_id), score_fn=fn, graph=graph,
-                                  noise=noise, shape=(1, length), sampler=get_sampler(sampler), denoise=True,
-                                  options=options, shaping=(temp, p))
+        x, traj, stats = run_loop(
+            key,
+            times,
+            m[None],
+            t[None],
+            (state, batch_id),
+            score_fn=fn,
+            graph=graph,
+            noise=noise,
+            shape=(1, length),
+            sampler=get_sampler(sampler),
+            denoise=True,
+            options=options,
+            shaping=(temp, p),
+        )
         traj = None if traj is None else traj[:, 0]  # (N + 1, L)
         return x[0], traj, stats["nfe_per_sample"][0]  # (L,), ..., ()
 
@@ -205,10 +238,29 @@ def full_sequence_frames(traj: np.ndarray, start: int, length: int, steps: int, 
     return traj[:, :steps], calls[:steps], None
 
 
-def full_sequence_program(score_fn: Callable, graph, noise, *, steps: int, sampler: str, eps: float,
-                          categorical: str, trajectory: bool, live: bool) -> RowsProgram:
+def full_sequence_program(
+    score_fn: Callable,
+    graph,
+    noise,
+    *,
+    steps: int,
+    sampler: str,
+    eps: float,
+    categorical: str,
+    trajectory: bool,
+    live: bool,
+) -> RowsProgram:
     """The ``RowsProgram`` of a full-sequence SEDD network (score_fn: (state, x, sigma) -> log-score)."""
-    static = dict(score_fn=score_fn, graph=graph, noise=noise, steps=steps, sampler=sampler, eps=eps,
-                  categorical=categorical, trajectory=trajectory, live=live)
+    static = dict(
+        score_fn=score_fn,
+        graph=graph,
+        noise=noise,
+        steps=steps,
+        sampler=sampler,
+        eps=eps,
+        categorical=categorical,
+        trajectory=trajectory,
+        live=live,
+    )
     mask_id = graph.mask if graph.absorb else None
     return RowsProgram(sample_rows, static, functools.partial(full_sequence_frames, mask_id=mask_id))

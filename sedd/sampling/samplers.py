@@ -54,8 +54,7 @@ class Sampler:
         """The state before the first step."""
         return ()
 
-    def step(self, ctx: Context, key: jax.Array, carry: dict, n: jax.Array, t: jax.Array,
-             t_next: jax.Array) -> dict:
+    def step(self, ctx: Context, key: jax.Array, carry: dict, n: jax.Array, t: jax.Array, t_next: jax.Array) -> dict:
         """One step t -> t_next < t; n is its index in 0 .. N-1."""
         raise NotImplementedError
 
@@ -235,5 +234,3 @@ def corrector_step(ctx: Context, key: jax.Array, carry: dict, t: jax.Array, dt: 
     x = carry["x"]
     rate = (dt * dsigma) * (ctx.graph.rate(x) + ctx.graph.reverse_rate(x, jnp.exp(log_score)))  # (B, L, D)
     return dict(carry, x=ctx.graph.sample_rate(key, x, rate, ctx.categorical))
-
-

@@ -28,15 +28,36 @@ frames), ``app`` (routes and gate), ``main`` (the command line).
 Shapes: B batch rows, L length, N steps, V vocabulary, D = graph.dim.
 """
 
-from sedd.serve.api import (APIError, ClientGone, CompletionRequest, Limits, Plan, check_number, plan,
-                            validation_error)
+from sedd.serve.api import APIError, ClientGone, CompletionRequest, Limits, Plan, check_number, plan, validation_error
 from sedd.serve.engine import BATCH_IDS, Busy, Engine, Job, batch_size, batch_sizes
 from sedd.serve.texts import MASK_CHAR, Streamed, Texts
 from sedd.serve.app import LOCAL_HOSTS, Gate, create_app, host_name, model_name
 from sedd.serve.main import API_KEY_ENV, header_timeout_protocol, main
 
-__all__ = ["APIError", "ClientGone", "CompletionRequest", "Limits", "Plan", "check_number", "plan",
-           "validation_error", "BATCH_IDS", "Busy", "Engine", "Job", "batch_size", "batch_sizes", "MASK_CHAR",
-           "Streamed", "Texts", "LOCAL_HOSTS", "Gate", "create_app", "host_name", "model_name", "API_KEY_ENV",
-           "header_timeout_protocol", "main"]
-
+__all__ = [
+    "APIError",
+    "ClientGone",
+    "CompletionRequest",
+    "Limits",
+    "Plan",
+    "check_number",
+    "plan",
+    "validation_error",
+    "BATCH_IDS",
+    "Busy",
+    "Engine",
+    "Job",
+    "batch_size",
+    "batch_sizes",
+    "MASK_CHAR",
+    "Streamed",
+    "Texts",
+    "LOCAL_HOSTS",
+    "Gate",
+    "create_app",
+    "host_name",
+    "model_name",
+    "API_KEY_ENV",
+    "header_timeout_protocol",
+    "main",
+]

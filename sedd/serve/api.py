@@ -73,8 +73,15 @@ class Limits:
 class APIError(Exception):
     """An error answered in OpenAI's JSON shape: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: dict | None = None,
+    ):
         message = validate.clipped(message)  # a 400 may echo a request's value: never whole
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
@@ -138,8 +145,9 @@ class CompletionRequest(BaseModel):
         """At most MAX_STOPS stop strings of at most MAX_STOP_CHARS characters (15,000 cost 5 s of CPU)."""
         items = [stop] if isinstance(stop, str) else stop or []
         if len(items) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in items):
-            raise ValueError(f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters each "
-                             "(OpenAI takes 4)")
+            raise ValueError(
+                f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters each (OpenAI takes 4)"
+            )
         return stop
 
 
@@ -177,21 +185,31 @@ def plan(run: runs.Run, req: CompletionRequest, limits: Limits) -> Plan:
     try:
         run.kind.check_sampler(sampler)
     except sampling.UnknownSampler:
-        raise APIError(400, f"unknown sampler {sampler!r}; expected one of {sorted(sampling.SAMPLERS)}",
-                       "sampler", "unknown_sampler") from None
+        raise APIError(
+            400,
+            f"unknown sampler {sampler!r}; expected one of {sorted(sampling.SAMPLERS)}",
+            "sampler",
+            "unknown_sampler",
+        ) from None
     except ValueError as e:
-        raise APIError(400, f"sampler {sampler!r} cannot sample this model: {e}", "sampler",
-                       "unsupported_value") from None
+        raise APIError(
+            400, f"sampler {sampler!r} cannot sample this model: {e}", "sampler", "unsupported_value"
+        ) from None
     for name, value in (("temperature", req.temperature), ("top_p", req.top_p)):
         try:
             run.kind.check_options(sampler, **{name: value})
         except ValueError as e:
-            raise APIError(400, f"{name}={value} is not supported by sampler {sampler!r} on this model ({e}); "
-                                f"only {name}=1.0 is", name, "unsupported_value") from None
+            raise APIError(
+                400,
+                f"{name}={value} is not supported by sampler {sampler!r} on this model ({e}); only {name}=1.0 is",
+                name,
+                "unsupported_value",
+            ) from None
     steps = s.steps if req.steps is None else req.steps
     if steps > limits.max_steps:
-        raise APIError(400, f"steps={steps} is over this server's limit of {limits.max_steps}", "steps",
-                       "steps_over_limit")
+        raise APIError(
+            400, f"steps={steps} is over this server's limit of {limits.max_steps}", "steps", "steps_over_limit"
+        )
     if req.n > limits.max_n:
         raise APIError(400, f"n={req.n} is over this server's limit of {limits.max_n}", "n", "n_over_limit")
     L = run.seq_len
@@ -213,19 +231,27 @@ def plan(run: runs.Run, req: CompletionRequest, limits: Limits) -> Plan:
         raise APIError(400, str(e), "suffix", "unsupported_value") from None
     room = L - len(pre) - len(suf)
     if room < 1:
-        raise APIError(400, f"prompt ({len(pre)} tokens) + suffix ({len(suf)} tokens) leave no room in the "
-                            f"model's sequence length of {L} tokens", "prompt", "context_length_exceeded")
+        raise APIError(
+            400,
+            f"prompt ({len(pre)} tokens) + suffix ({len(suf)} tokens) leave no room in the "
+            f"model's sequence length of {L} tokens",
+            "prompt",
+            "context_length_exceeded",
+        )
     length = room if req.max_tokens is None else req.max_tokens
     if length > room:
-        raise APIError(400, f"max_tokens={length} is over the {room} tokens the model's length of {L} leaves "
-                            f"after a prompt of {len(pre)} and a suffix of {len(suf)} tokens", "max_tokens",
-                       "context_length_exceeded")
+        raise APIError(
+            400,
+            f"max_tokens={length} is over the {room} tokens the model's length of {L} leaves "
+            f"after a prompt of {len(pre)} and a suffix of {len(suf)} tokens",
+            "max_tokens",
+            "context_length_exceeded",
+        )
     mask, tokens = np.zeros(L, bool), np.zeros(L, np.int32)
     p, q = len(pre), len(pre) + length
     mask[:p], tokens[:p] = True, pre
-    mask[q:q + len(suf)], tokens[q:q + len(suf)] = True, suf
+    mask[q : q + len(suf)], tokens[q : q + len(suf)] = True, suf
     seed = secrets.randbits(32) if req.seed is None else req.seed
-    return Plan(req.n, steps, sampler, seed, mask, tokens, p, length, q, len(suf), float(req.temperature),
-                float(req.top_p))
-
-
+    return Plan(
+        req.n, steps, sampler, seed, mask, tokens, p, length, q, len(suf), float(req.temperature), float(req.top_p)
+    )

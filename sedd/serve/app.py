@@ -54,9 +54,9 @@ def host_name(host: str) -> str:
     """
     host = host.strip().lower()
     if host.startswith("[") and "]" in host:
-        name, rest = host[1:host.find("]")], host[host.find("]") + 1:]
+        name, rest = host[1 : host.find("]")], host[host.find("]") + 1 :]
     elif host.count(":") == 1:
-        name, rest = host.split(":")[0], host[host.find(":"):]
+        name, rest = host.split(":")[0], host[host.find(":") :]
     else:
         name, rest = host, ""
     if rest and not (rest.startswith(":") and (rest[1:].isdigit() or not rest[1:])):
@@ -93,15 +93,25 @@ class Gate:
             given = [v.decode("latin-1") for k, v in scope["headers"] if k == b"host"]
             host = given[0] if len(given) == 1 else " and ".join(given)  # two Host headers name no host (RFC 9112)
             if len(given) != 1 or host_name(host) not in self.hosts:
-                return APIError(421, f"this server does not answer requests for the host {host!r}; it answers "
-                                     f"{', '.join(sorted(self.hosts))} (start it with --allowed_hosts to add "
-                                     "names)", None, "host_not_allowed")
+                return APIError(
+                    421,
+                    f"this server does not answer requests for the host {host!r}; it answers "
+                    f"{', '.join(sorted(self.hosts))} (start it with --allowed_hosts to add "
+                    "names)",
+                    None,
+                    "host_not_allowed",
+                )
         if self.bearer is not None and scope["path"].startswith("/v1/"):
             given = headers.get(b"authorization", b"")
             if not secrets.compare_digest(given, self.bearer):
-                return APIError(401, "incorrect or missing API key: send the key this server was started with as "
-                                     "`Authorization: Bearer <key>`", None, "invalid_api_key",
-                                headers={"WWW-Authenticate": "Bearer"})
+                return APIError(
+                    401,
+                    "incorrect or missing API key: send the key this server was started with as "
+                    "`Authorization: Bearer <key>`",
+                    None,
+                    "invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
         return None
 
 
@@ -132,13 +142,25 @@ def _internal_error(what: str) -> APIError:
     """Log the exception being handled with its traceback; the 500 the client gets instead of its text."""
     ref = uuid.uuid4().hex[:12]
     logger.exception("sedd serve: internal error %s on %s", ref, what)
-    return APIError(500, f"the server failed on this request (reference {ref} in its log)", None,
-                    "internal_error", kind="server_error")
+    return APIError(
+        500,
+        f"the server failed on this request (reference {ref} in its log)",
+        None,
+        "internal_error",
+        kind="server_error",
+    )
 
 
-def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
-               allowed_hosts: tuple[str, ...] = LOCAL_HOSTS, api_key: str | None = None, draft=None,
-               draft_k: int | None = None, draft_name: str | None = None) -> Starlette:
+def create_app(
+    run: runs.Run,
+    name: str = "sedd",
+    limits: Limits = Limits(),
+    allowed_hosts: tuple[str, ...] = LOCAL_HOSTS,
+    api_key: str | None = None,
+    draft=None,
+    draft_k: int | None = None,
+    draft_name: str | None = None,
+) -> Starlette:
     """The ASGI app serving `run` (start and stop its engine with the app's lifespan).
 
     A bare Starlette app: four routes whose bodies pydantic validates, behind
@@ -165,8 +187,11 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
 
     def sse(events) -> _SendBounded:
         """A stream of events, dropped with what it holds when one event waits send_timeout_s to be sent."""
-        return _SendBounded(EventSourceResponse(_counted(events, streams), ping=600,
-                                                send_timeout=limits.send_timeout_s), limits.send_timeout_s)
+        return _SendBounded(
+            EventSourceResponse(_counted(events, streams), ping=600, send_timeout=limits.send_timeout_s),
+            limits.send_timeout_s,
+        )
+
     created = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -179,19 +204,41 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
     async def health(request: Request) -> JSONResponse:
         if engine.failed:  # every completion would wait for nothing: say so, not "ok"
             return JSONResponse({"status": "engine_failed", "model": name}, status_code=503)
-        return JSONResponse({"status": "ok", "model": name, "step": run.step, "queued": engine.queued,
-                             "batches": engine.batches, "programs": len(engine.programs),
-                             "compiles": engine.compiles, "streams": streams[0]})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": name,
+                "step": run.step,
+                "queued": engine.queued,
+                "batches": engine.batches,
+                "programs": len(engine.programs),
+                "compiles": engine.compiles,
+                "streams": streams[0],
+            }
+        )
 
     async def models(request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": created,
-                                                         "owned_by": "sedd", "seq_len": run.seq_len, "step": run.step,
-                                                         "data": run.config.data.name,
-                                                         **run.kind.describe(),
-                                                         **(speculation.describe() if speculation else {}),
-                                                         "sampler": run.config.sampling.sampler,
-                                                         "steps": run.config.sampling.steps,
-                                                         "samplers": sorted(sampling.SAMPLERS)}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": created,
+                        "owned_by": "sedd",
+                        "seq_len": run.seq_len,
+                        "step": run.step,
+                        "data": run.config.data.name,
+                        **run.kind.describe(),
+                        **(speculation.describe() if speculation else {}),
+                        "sampler": run.config.sampling.sampler,
+                        "steps": run.config.sampling.steps,
+                        "samplers": sorted(sampling.SAMPLERS),
+                    }
+                ],
+            }
+        )
 
     async def completions(request: Request):
         body = await _read_body(request, limits)
@@ -200,8 +247,9 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
         except ValidationError as e:
             raise validation_error(e) from None
         if req.model is not None and req.model != name:
-            raise APIError(404, f"the model {req.model!r} does not exist; this server serves {name!r}", "model",
-                           "model_not_found")
+            raise APIError(
+                404, f"the model {req.model!r} does not exist; this server serves {name!r}", "model", "model_not_found"
+            )
         p = await _planned(planner, run, req, limits)
         if speculation is not None:
             _by_rounds(req, p)
@@ -223,15 +271,23 @@ def create_app(run: runs.Run, name: str = "sedd", limits: Limits = Limits(),
         diffusion = _diffusion(p, info)
         if req.diffusing:
             return sse(_frames(texts, p, req, engine.read_frames(p, traj), choices, head, diffusion, _usage(p)))
-        out = [{"index": i, "text": c["text"], "logprobs": None, "finish_reason": c["finish_reason"]}
-               for i, c in enumerate(choices)]
+        out = [
+            {"index": i, "text": c["text"], "logprobs": None, "finish_reason": c["finish_reason"]}
+            for i, c in enumerate(choices)
+        ]
         return JSONResponse({**head, "choices": out, "usage": _usage(p), "diffusion": diffusion, **report})
 
     app = Starlette(
-        routes=[Route("/health", _guarded(health)), Route("/v1/models", _guarded(models)),
-                Route("/", _guarded(_playground)), Route("/favicon.ico", _guarded(_favicon)),
-                Route("/v1/completions", _guarded(completions), methods=["POST"])],
-        exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
+        routes=[
+            Route("/health", _guarded(health)),
+            Route("/v1/models", _guarded(models)),
+            Route("/", _guarded(_playground)),
+            Route("/favicon.ico", _guarded(_favicon)),
+            Route("/v1/completions", _guarded(completions), methods=["POST"]),
+        ],
+        exception_handlers={HTTPException: _http_error},
+        lifespan=lifespan,
+    )
     app.state.engine, app.state.name = engine, name
     app.state.streams = lambda: streams[0]
     app.add_middleware(Gate, hosts=tuple(allowed_hosts), api_key=api_key)
@@ -259,10 +315,14 @@ def _speculation(run: runs.Run, draft, draft_k: int | None, draft_name: str | No
 def _by_rounds(req: CompletionRequest, p: Plan) -> None:
     """A request to a run decoded by speculative rounds: no diffusing (400); its rows stop at the completion's end."""
     if req.diffusing:
-        raise APIError(400, "diffusing streams the denoising steps of a diffusion run; this run writes left to "
-                            "right in speculative rounds: ask with stream: true to see each round's drafts",
-                       "diffusing", "unsupported_value")
-    p.mask[p.suffix_start:] = True  # nothing to write after the completion: marked given, the row stops there
+        raise APIError(
+            400,
+            "diffusing streams the denoising steps of a diffusion run; this run writes left to "
+            "right in speculative rounds: ask with stream: true to see each round's drafts",
+            "diffusing",
+            "unsupported_value",
+        )
+    p.mask[p.suffix_start :] = True  # nothing to write after the completion: marked given, the row stops there
 
 
 def _progress() -> tuple[asyncio.Queue, object]:
@@ -285,8 +345,7 @@ async def _http_error(request, e: HTTPException) -> JSONResponse:
     return APIError(e.status_code, str(e.detail)).response()
 
 
-async def _planned(planner: concurrent.futures.Executor, run: runs.Run, req: CompletionRequest,
-                   limits: Limits) -> Plan:
+async def _planned(planner: concurrent.futures.Executor, run: runs.Run, req: CompletionRequest, limits: Limits) -> Plan:
     """``plan`` (the prompt encoded) on the planner's threads, within its budget (PLAN_TIMEOUT_S and the length).
 
     The budget runs from when a thread starts this request's encoding: the
@@ -318,8 +377,13 @@ async def _planned(planner: concurrent.futures.Executor, run: runs.Run, req: Com
     try:
         return await asyncio.wait_for(job, budget)
     except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
-        raise APIError(503, f"encoding the prompt took more than {budget:.3g} s; the run's tokenizer is too "
-                            "slow for this text", "prompt", "timeout", kind="server_error") from None
+        raise APIError(
+            503,
+            f"encoding the prompt took more than {budget:.3g} s; the run's tokenizer is too slow for this text",
+            "prompt",
+            "timeout",
+            kind="server_error",
+        ) from None
 
 
 class _SendBounded:
@@ -342,8 +406,9 @@ class _SendBounded:
         except BaseException as e:  # anyio's task group may wrap it in an exception group
             if not _only(e, SendTimeoutError):
                 raise
-            logger.warning("sedd serve: a client read nothing of its stream for %g s; the stream was dropped",
-                           self.timeout_s)
+            logger.warning(
+                "sedd serve: a client read nothing of its stream for %g s; the stream was dropped", self.timeout_s
+            )
 
 
 def _only(e: BaseException, kind: type) -> bool:
@@ -365,13 +430,21 @@ async def _counted(events, count: list):
 
 def _diffusion(p: Plan, info: dict) -> dict:
     """The response's `diffusion` object: steps, sampler, seed, the batch's figures, tokens/s."""
-    return {"steps": p.steps, "sampler": p.sampler, "seed": p.seed, **info,
-            "tokens_per_second": p.n * p.length / max(info["seconds"], 1e-9)}
+    return {
+        "steps": p.steps,
+        "sampler": p.sampler,
+        "seed": p.seed,
+        **info,
+        "tokens_per_second": p.n * p.length / max(info["seconds"], 1e-9),
+    }
 
 
 def _usage(p: Plan) -> dict:
-    return {"prompt_tokens": p.start + p.suffix_len, "completion_tokens": p.n * p.length,
-            "total_tokens": p.start + p.suffix_len + p.n * p.length}
+    return {
+        "prompt_tokens": p.start + p.suffix_len,
+        "completion_tokens": p.n * p.length,
+        "total_tokens": p.start + p.suffix_len + p.n * p.length,
+    }
 
 
 async def _read_body(request: Request, limits: Limits) -> bytes:
@@ -388,11 +461,14 @@ async def _read_body(request: Request, limits: Limits) -> bytes:
     """
     ctype = request.headers.get("content-type", "")
     if ctype.split(";", 1)[0].strip().lower() != "application/json":
-        raise APIError(415, f"the body must be JSON sent with Content-Type: application/json (got {ctype!r})",
-                       None, "unsupported_media_type")
+        raise APIError(
+            415,
+            f"the body must be JSON sent with Content-Type: application/json (got {ctype!r})",
+            None,
+            "unsupported_media_type",
+        )
     limit = limits.max_body_bytes
-    too_big = APIError(413, f"the request body is over this server's limit of {limit} bytes", None,
-                       "request_too_large")
+    too_big = APIError(413, f"the request body is over this server's limit of {limit} bytes", None, "request_too_large")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_big
@@ -403,8 +479,13 @@ async def _read_body(request: Request, limits: Limits) -> bytes:
         try:
             message = await asyncio.wait_for(request.receive(), max(deadline - loop.time(), 0.0))
         except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
-            raise APIError(408, f"the request body did not arrive within {limits.body_timeout_s:g} s", None,
-                           "request_timeout", headers={"Connection": "close"}) from None
+            raise APIError(
+                408,
+                f"the request body did not arrive within {limits.body_timeout_s:g} s",
+                None,
+                "request_timeout",
+                headers={"Connection": "close"},
+            ) from None
         if message["type"] == "http.disconnect":
             raise ClientGone()
         size += len(message.get("body", b""))
@@ -437,8 +518,13 @@ async def _result(request: Request, future: concurrent.futures.Future, timeout_s
     waiter.cancel()
     if gone in done:
         raise ClientGone()
-    raise APIError(503, f"the request waited more than {timeout_s:g} s; the server is busy, retry later", None,
-                   "timeout", kind="server_error")
+    raise APIError(
+        503,
+        f"the request waited more than {timeout_s:g} s; the server is busy, retry later",
+        None,
+        "timeout",
+        kind="server_error",
+    )
 
 
 async def _disconnect(request: Request) -> None:
@@ -447,8 +533,15 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-async def _stream(texts: Texts, p: Plan, stop: list[str], head: dict, future: concurrent.futures.Future,
-                  queue: asyncio.Queue | None, timeout_s: float):
+async def _stream(
+    texts: Texts,
+    p: Plan,
+    stop: list[str],
+    head: dict,
+    future: concurrent.futures.Future,
+    queue: asyncio.Queue | None,
+    timeout_s: float,
+):
     """OpenAI's streamed completion, sent as the text settles: chunks that concatenate to each choice's text.
 
     With a `queue` (a sampler that ``settles``), the states the engine hands
@@ -484,8 +577,13 @@ async def _stream(texts: Texts, p: Plan, stop: list[str], head: dict, future: co
     try:
         while (item := await _next(queue, deadline - loop.time())) is not None:
             if item is TimeoutError:
-                error = APIError(503, f"the request waited more than {timeout_s:g} s; the server is busy, retry "
-                                      "later", None, "timeout", kind="server_error")
+                error = APIError(
+                    503,
+                    f"the request waited more than {timeout_s:g} s; the server is busy, retry later",
+                    None,
+                    "timeout",
+                    kind="server_error",
+                )
                 yield {"data": json.dumps({"error": error.response_body()})}
                 return
             i, ids, *more = item
@@ -518,8 +616,16 @@ async def _next(queue: asyncio.Queue, seconds: float):
         return TimeoutError
 
 
-async def _frames(texts: Texts, p: Plan, req: CompletionRequest, frames: tuple, choices: list[dict], head: dict,
-                  diffusion: dict, usage: dict):
+async def _frames(
+    texts: Texts,
+    p: Plan,
+    req: CompletionRequest,
+    frames: tuple,
+    choices: list[dict],
+    head: dict,
+    diffusion: dict,
+    usage: dict,
+):
     """The diffusing stream: the frames of the sampling, then the final text.
 
     `frames` is (traj int[n, F, L], calls int[F], labels: F dicts or None), the
@@ -544,10 +650,41 @@ async def _frames(texts: Texts, p: Plan, req: CompletionRequest, frames: tuple, 
             text, masked = texts.frame(traj[i, k], p, prompt, suffix)
             frame.append({"index": i, "text": text, "masked": masked, "finish_reason": None})
         where = {} if labels is None else labels[k]
-        yield {"data": json.dumps({**head, "object": "text_completion.diffusion", "step": k, "steps": steps,
-                                   **where, "nfe": int(calls[k]), "choices": frame})}
-    final = [{"index": i, "text": prompt + c["text"] + suffix, "completion": c["text"], "masked": [],
-              "finish_reason": c["finish_reason"]} for i, c in enumerate(choices)]
-    yield {"data": json.dumps({**head, "object": "text_completion.diffusion", "step": steps, "steps": steps,
-                               "nfe": diffusion["nfe"], "choices": final, "usage": usage, "diffusion": diffusion})}
+        yield {
+            "data": json.dumps(
+                {
+                    **head,
+                    "object": "text_completion.diffusion",
+                    "step": k,
+                    "steps": steps,
+                    **where,
+                    "nfe": int(calls[k]),
+                    "choices": frame,
+                }
+            )
+        }
+    final = [
+        {
+            "index": i,
+            "text": prompt + c["text"] + suffix,
+            "completion": c["text"],
+            "masked": [],
+            "finish_reason": c["finish_reason"],
+        }
+        for i, c in enumerate(choices)
+    ]
+    yield {
+        "data": json.dumps(
+            {
+                **head,
+                "object": "text_completion.diffusion",
+                "step": steps,
+                "steps": steps,
+                "nfe": diffusion["nfe"],
+                "choices": final,
+                "usage": usage,
+                "diffusion": diffusion,
+            }
+        )
+    }
     yield {"data": "[DONE]"}

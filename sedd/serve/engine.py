@@ -104,8 +104,9 @@ class Engine:
             self.cond.notify_all()
         self.thread.join(timeout=30)
 
-    def submit(self, plan: Plan, trajectory: bool,
-               progress: Callable[[int, np.ndarray], None] | None = None) -> concurrent.futures.Future:
+    def submit(
+        self, plan: Plan, trajectory: bool, progress: Callable[[int, np.ndarray], None] | None = None
+    ) -> concurrent.futures.Future:
         """Queue a job; its future gets (ids int32[n, L], trajectory int32[n, N + 1, L] or None, info dict)."""
         job = Job(self._one_program(plan), trajectory, concurrent.futures.Future(), progress)
         with self.cond:
@@ -113,8 +114,10 @@ class Engine:
                 self.pending = collections.deque(j for j in self.pending if not j.future.cancelled())
                 self.rows = sum(j.plan.n for j in self.pending)
             if len(self.pending) >= self.limits.max_queue:
-                raise Busy(f"the server is busy: {len(self.pending)} requests are waiting "
-                           f"(limit {self.limits.max_queue}); retry later")
+                raise Busy(
+                    f"the server is busy: {len(self.pending)} requests are waiting "
+                    f"(limit {self.limits.max_queue}); retry later"
+                )
             self.pending.append(job)
             self.rows += plan.n
             # Wake the engine only when it may act: a first job to start a window on, or rows enough for a
@@ -122,6 +125,7 @@ class Engine:
             if len(self.pending) == 1 or self.rows >= self.limits.max_batch:
                 self.cond.notify_all()
         return job.future
+
     def _one_program(self, plan: Plan) -> Plan:
         """The plan as the engine batches it: a speculation has no steps or sampler, so all its jobs share programs."""
         if self.speculation is None:
@@ -186,8 +190,9 @@ class Engine:
             try:
                 batch = self._take()
             except Exception as e:  # a fault of the queue's own code: fail what waits, keep serving
-                logger.exception("sedd serve: the engine's queue failed; failing the %d waiting requests",
-                                 len(self.pending))
+                logger.exception(
+                    "sedd serve: the engine's queue failed; failing the %d waiting requests", len(self.pending)
+                )
                 with self.cond:
                     waiting, self.pending, self.rows = list(self.pending), collections.deque(), 0
                 for job in waiting:
@@ -228,15 +233,23 @@ class Engine:
             seeds.append(0), rows.append(0), masks.append(masks[0]), tokens.append(tokens[0])
             temperature.append(1.0), top_p.append(1.0)
         batch_id = next(BATCH_IDS) & 0x7FFFFFFF
-        args = (self.state, jnp.asarray(seeds, jnp.uint32), jnp.asarray(rows, jnp.uint32),
-                jnp.asarray(np.stack(masks)), jnp.asarray(np.stack(tokens)), jnp.asarray(temperature, jnp.float32),
-                jnp.asarray(top_p, jnp.float32), jnp.int32(batch_id))
+        args = (
+            self.state,
+            jnp.asarray(seeds, jnp.uint32),
+            jnp.asarray(rows, jnp.uint32),
+            jnp.asarray(np.stack(masks)),
+            jnp.asarray(np.stack(tokens)),
+            jnp.asarray(temperature, jnp.float32),
+            jnp.asarray(top_p, jnp.float32),
+            jnp.int32(batch_id),
+        )
         t0 = time.perf_counter()
         (program, rows_program), compiled = self._program((size, *batch[0].program), args)
         listening = contextlib.nullcontext()
         if live:  # the host holds the whole text of each row; a call may see part of it
             listener = lambda states, *more: [  # noqa: E731
-                job.progress(i, states[k], *(m[k] for m in more)) for k, (job, i) in live.items()]
+                job.progress(i, states[k], *(m[k] for m in more)) for k, (job, i) in live.items()
+            ]
             blank = run.kind.unwritten_id()
             texts = np.where(np.stack(masks), np.stack(tokens), 0 if blank is None else blank).astype(np.int32)
             listening = rows_lib.listening(batch_id, rows_program.listen(listener, texts))
@@ -246,16 +259,25 @@ class Engine:
         ids, traj, counts = out
         counts = counts if isinstance(counts, dict) else {"nfe": counts}  # per-row stats
         self.batches += 1
-        info = {"batch_rows": used, "padded_rows": size, "seconds": seconds,
-                "compiled": compiled}  # True: `seconds` includes compiling the program
+        info = {
+            "batch_rows": used,
+            "padded_rows": size,
+            "seconds": seconds,
+            "compiled": compiled,
+        }  # True: `seconds` includes compiling the program
         results, i = [], 0
         for job in batch:
             n = job.plan.n
             # nfe: the most network calls any of the job's rows needed (measured by the sampler)
-            mine = {name: v[i:i + n] for name, v in counts.items()}
+            mine = {name: v[i : i + n] for name, v in counts.items()}
             more = {} if rows_program.report is None else rows_program.report(mine, job.plan.length)
-            results.append((ids[i:i + n], None if traj is None else traj[i:i + n],
-                            {**info, "nfe": int(mine["nfe"].max()), "report": more}))
+            results.append(
+                (
+                    ids[i : i + n],
+                    None if traj is None else traj[i : i + n],
+                    {**info, "nfe": int(mine["nfe"].max()), "report": more},
+                )
+            )
             i += n
         return results
 
@@ -294,8 +316,9 @@ class Engine:
         each, and the part of the text each draws: the kind's reading of its
         own program's frames (``sedd.sampling.rows.RowsProgram.frames``).
         """
-        program = self.run.kind.rows_program(self.run.graphdef, steps=p.steps, sampler=p.sampler, trajectory=True,
-                                             live=False)
+        program = self.run.kind.rows_program(
+            self.run.graphdef, steps=p.steps, sampler=p.sampler, trajectory=True, live=False
+        )
         return program.frames(traj, p.start, p.length, p.steps)
 
     def warmup(self, steps: int | None = None, sampler: str | None = None, trajectory: bool = False) -> None:
@@ -311,5 +334,3 @@ class Engine:
     @property
     def queued(self) -> int:
         return len(self.pending)
-
-

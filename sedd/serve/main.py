@@ -81,8 +81,9 @@ def check_address(host: str, port: int) -> None:
     error after the model has loaded.
     """
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
     except (socket.gaierror, UnicodeError) as e:
         raise ValueError(f"--host {host!r} is not an address of this machine ({e})") from None
     with socket.socket(family, kind, proto) as s:
@@ -99,43 +100,79 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workdir", required=True, help="the run directory to serve")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: localhost only)")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--allowed_hosts", default="",
-                        help="comma-separated names a request's Host header may give, besides localhost, "
-                             "127.0.0.1, ::1 and a --host other than 0.0.0.0 / :: ('*': any; see docs/serving.md)")
-    parser.add_argument("--api_key", default=None,
-                        help=f"require `Authorization: Bearer KEY` on /v1/ (default: ${API_KEY_ENV}, else none)")
+    parser.add_argument(
+        "--allowed_hosts",
+        default="",
+        help="comma-separated names a request's Host header may give, besides localhost, "
+        "127.0.0.1, ::1 and a --host other than 0.0.0.0 / :: ('*': any; see docs/serving.md)",
+    )
+    parser.add_argument(
+        "--api_key",
+        default=None,
+        help=f"require `Authorization: Bearer KEY` on /v1/ (default: ${API_KEY_ENV}, else none)",
+    )
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
     parser.add_argument("--model_name", default=None, help="the model id (default: sedd-<run directory name>)")
     parser.add_argument("--max_steps", type=int, default=d.max_steps, help="most steps a request may ask for")
     parser.add_argument("--max_n", type=int, default=d.max_n, help="most completions per request")
     parser.add_argument("--max_batch", type=int, default=d.max_batch, help="most rows in one batch")
     parser.add_argument("--max_queue", type=int, default=d.max_queue, help="most waiting requests (then 503)")
-    parser.add_argument("--max_programs", type=int, default=d.max_programs,
-                        help="compiled programs kept (the least recently used is dropped beyond)")
+    parser.add_argument(
+        "--max_programs",
+        type=int,
+        default=d.max_programs,
+        help="compiled programs kept (the least recently used is dropped beyond)",
+    )
     parser.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds a request may wait (then 503)")
-    parser.add_argument("--header_timeout", type=float, default=d.header_timeout_s,
-                        help="seconds a connection may take to send a request's headers (then it is closed)")
-    parser.add_argument("--body_timeout", type=float, default=d.body_timeout_s,
-                        help="seconds a request's body may take to arrive (then 408)")
-    parser.add_argument("--send_timeout", type=float, default=d.send_timeout_s,
-                        help="seconds one event of a stream may take to be sent (then the stream is dropped)")
-    parser.add_argument("--window_ms", type=float, default=d.window_s * 1e3,
-                        help="collection window of a batch, in milliseconds (0: no batching wait)")
+    parser.add_argument(
+        "--header_timeout",
+        type=float,
+        default=d.header_timeout_s,
+        help="seconds a connection may take to send a request's headers (then it is closed)",
+    )
+    parser.add_argument(
+        "--body_timeout",
+        type=float,
+        default=d.body_timeout_s,
+        help="seconds a request's body may take to arrive (then 408)",
+    )
+    parser.add_argument(
+        "--send_timeout",
+        type=float,
+        default=d.send_timeout_s,
+        help="seconds one event of a stream may take to be sent (then the stream is dropped)",
+    )
+    parser.add_argument(
+        "--window_ms",
+        type=float,
+        default=d.window_s * 1e3,
+        help="collection window of a batch, in milliseconds (0: no batching wait)",
+    )
     parser.add_argument("--max_body", type=int, default=d.max_body_bytes, help="largest request body, bytes")
-    parser.add_argument("--log_level", default="info", choices=LOG_LEVELS,
-                        help="uvicorn's log level (warning: no line per request)")
-    parser.add_argument("--warmup", action="store_true",
-                        help="compile every batch size of the warm-up steps and the default sampler before serving")
+    parser.add_argument(
+        "--log_level", default="info", choices=LOG_LEVELS, help="uvicorn's log level (warning: no line per request)"
+    )
+    parser.add_argument(
+        "--warmup",
+        action="store_true",
+        help="compile every batch size of the warm-up steps and the default sampler before serving",
+    )
     parser.add_argument("--warmup_steps", type=int, default=None, help="steps to compile (default: the run's)")
-    parser.add_argument("--draft", default="",
-                        help="an AR run only: speculative decoding, the run's own law in fewer calls, with drafts "
-                             "from 'ngram' (prompt lookup), a smaller AR run's or a block-diffusion run's directory "
-                             "(default: none, one token a call; a model.kind='spec' run drafts for itself)")
+    parser.add_argument(
+        "--draft",
+        default="",
+        help="an AR run only: speculative decoding, the run's own law in fewer calls, with drafts "
+        "from 'ngram' (prompt lookup), a smaller AR run's or a block-diffusion run's directory "
+        "(default: none, one token a call; a model.kind='spec' run drafts for itself)",
+    )
     parser.add_argument("--draft_k", type=int, default=None, help="drafts a round with --draft (default 4)")
-    parser.add_argument("--layout", default=None,
-                        help="a spec run only: its round, 'K,GROUPS' ('0': no drafts) or 'auto' (the default: the "
-                             "fastest on this device at batch 1, timed once and kept in the run's layouts.json; "
-                             "docs/speculative.md)")
+    parser.add_argument(
+        "--layout",
+        default=None,
+        help="a spec run only: its round, 'K,GROUPS' ('0': no drafts) or 'auto' (the default: the "
+        "fastest on this device at batch 1, timed once and kept in the run's layouts.json; "
+        "docs/speculative.md)",
+    )
     return parser
 
 
@@ -151,10 +188,19 @@ def _options(args) -> tuple[Limits, tuple[str, ...], str | None]:
         raise ValueError(f"--max_batch {args.max_batch} must be at least --max_n {args.max_n}")
     if args.warmup_steps is not None and not 1 <= args.warmup_steps <= args.max_steps:
         raise ValueError(f"--warmup_steps {args.warmup_steps} must be in [1, --max_steps {args.max_steps}]")
-    limits = Limits(max_steps=args.max_steps, max_n=args.max_n, max_batch=args.max_batch, max_queue=args.max_queue,
-                    timeout_s=args.timeout, window_s=args.window_ms / 1e3, max_body_bytes=args.max_body,
-                    max_programs=args.max_programs, header_timeout_s=args.header_timeout,
-                    body_timeout_s=args.body_timeout, send_timeout_s=args.send_timeout)
+    limits = Limits(
+        max_steps=args.max_steps,
+        max_n=args.max_n,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        timeout_s=args.timeout,
+        window_s=args.window_ms / 1e3,
+        max_body_bytes=args.max_body,
+        max_programs=args.max_programs,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        send_timeout_s=args.send_timeout,
+    )
     hosts = [*LOCAL_HOSTS, *(h.strip() for h in args.allowed_hosts.split(",") if h.strip())]
     if args.host not in ("0.0.0.0", "::", ""):
         hosts.append(args.host)
@@ -174,9 +220,16 @@ def main(argv: list[str] | None = None) -> int:
         given = {"layout": None if args.layout == "auto" else args.layout, "draft_k": args.draft_k}
         if line := capabilities.tune(run.kind, run.net, given, args.workdir, 1, progress=True):
             print(line, flush=True)  # its sampling's settings: the fastest here unless asked
-        app = create_app(run, args.model_name or model_name(args.workdir), limits, hosts, key, draft=draft or None,
-                         draft_k=args.draft_k, draft_name=model_name(args.draft) if args.draft not in ("", "ngram")
-                         else None)
+        app = create_app(
+            run,
+            args.model_name or model_name(args.workdir),
+            limits,
+            hosts,
+            key,
+            draft=draft or None,
+            draft_k=args.draft_k,
+            draft_name=model_name(args.draft) if args.draft not in ("", "ngram") else None,
+        )
     except (FileNotFoundError, RuntimeError, ValueError) as e:
         print(f"sedd serve: error: {validate.clipped(str(e))}", file=sys.stderr)
         return 2
@@ -187,12 +240,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compiled the batch sizes up to {limits.max_batch} in {time.perf_counter() - t0:.1f} s")
     access = "an API key is required" if key else "no API key: whoever can reach the port can use it"
     drafts = "" if not args.draft else f", speculative decoding with {args.draft} drafts"
-    print(f"serving {name} (step {run.step}, length {run.seq_len}{drafts}) on http://{args.host}:{args.port}/ "
-          f"for the hosts {', '.join(hosts)}; {access}")
+    print(
+        f"serving {name} (step {run.step}, length {run.seq_len}{drafts}) on http://{args.host}:{args.port}/ "
+        f"for the hosts {', '.join(hosts)}; {access}"
+    )
     protocol = header_timeout_protocol(limits.header_timeout_s)
     if protocol is None:
-        print("sedd serve: warning: without httptools (pip install 'uvicorn[standard]') there is no header timeout",
-              file=sys.stderr)
+        print(
+            "sedd serve: warning: without httptools (pip install 'uvicorn[standard]') there is no header timeout",
+            file=sys.stderr,
+        )
     # JAX, the model and the compiled programs are millions of long-lived objects; a full collection walks
     # them all, pausing the whole server (GIL held) under load (docs/serving.md). Frozen, the collector
     # skips them.

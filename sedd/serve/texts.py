@@ -32,7 +32,7 @@ class Texts:
 
     def completion(self, ids: np.ndarray, p: Plan, stop: list[str]) -> tuple[str, str]:
         """(text, finish_reason) of one row int[L]: the completion span, cut at EOS or a stop string."""
-        span = ids[p.start:p.start + p.length]
+        span = ids[p.start : p.start + p.length]
         reason = "length"
         if self.eos_id is not None and (span == self.eos_id).any():
             span, reason = span[: int(np.argmax(span == self.eos_id))], "stop"
@@ -45,7 +45,7 @@ class Texts:
     def frame(self, ids: np.ndarray, p: Plan, prompt: str, suffix: str) -> tuple[str, list[int]]:
         """(text, masked character offsets) of one state int[L]: prompt + span + suffix, masks shown as MASK_CHAR."""
         out, masked, at = [prompt], [], len(prompt)
-        for i in ids[p.start:p.start + p.length].tolist():
+        for i in ids[p.start : p.start + p.length].tolist():
             s = self.piece(int(i))
             if i == self.mask_id:
                 masked.append(at)
@@ -54,16 +54,19 @@ class Texts:
         out.append(suffix)
         return "".join(out), masked
 
-
     def round(self, r: dict, p: Plan) -> dict:
         """One speculative round of a row (``sedd.sampling.rounds.Rounds``) as text, at its offset in the completion.
 
         Returns {"round", "offset" (tokens written before it), "drafted" (the drafts' texts), "accepted" (how
         many of them were kept), "written" (the text of the token written after them)}.
         """
-        return {"round": r["round"], "offset": r["start"] - p.start,
-                "drafted": [self.piece(y) for y in r["drafted"]], "accepted": r["accepted"],
-                "written": self.piece(r["written"])}
+        return {
+            "round": r["round"],
+            "offset": r["start"] - p.start,
+            "drafted": [self.piece(y) for y in r["drafted"]],
+            "accepted": r["accepted"],
+            "written": self.piece(r["written"]),
+        }
 
 
 class Streamed:
@@ -88,7 +91,7 @@ class Streamed:
         if self.done[i]:
             return ""
         p, tx = self.p, self.texts
-        span = ids[p.start:p.start + p.length]
+        span = ids[p.start : p.start + p.length]
         masked = span == tx.mask_id
         final = not masked.any()  # no mask left: the denoise changes nothing, this is the answer
         span = span[: int(np.argmax(masked))] if not final else span
@@ -100,7 +103,7 @@ class Streamed:
         if cut is not None and cut <= safe:  # any earlier stop string would lie inside the text: found
             text, final = text[:cut], True
         elif not final:
-            text = text[:max(safe, 0)]
+            text = text[: max(safe, 0)]
         self.done[i] = final
         return self._extend(i, text)
 
@@ -117,6 +120,4 @@ class Streamed:
             logger.warning("sedd serve: a streamed choice changed after it was sent (%r, then %r)", sent, text)
             return ""
         self.sent[i] = text
-        return text[len(sent):]
-
-
+        return text[len(sent) :]
