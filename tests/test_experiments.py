@@ -554,3 +554,64 @@ def test_a_spec_runs_first_drafts_are_kept_no_more_than_the_best_law_allows():
     figures = {name: o["mean"] for name, o in out.items()}
     assert all(0 < f <= 1 for f in figures.values()) and out["the best q"]["positions"] == 2 * 15
     assert all(figures["the best q"] >= f - 1e-9 for f in figures.values())
+
+
+def _frontier_result(on_code=False):
+    """A frontier result of three settings, two batches: what bench_frontier returns, by hand."""
+    from experiments.benchmarks import frontier
+
+    def row(family, setting, nll, entropy, vs1, vs4, sampler="s", steps=4):
+        r = dict(run="r", family=family, setting=setting, sampler=sampler, steps=steps, options={}, nll=nll)
+        r.update(nll_se=0.01, unigram_entropy_bits=entropy, calls_per_text=40.0, tokens_per_call=3.2)
+        r.update(vs_ar_b1=vs1, vs_ar_b4=vs4, nll_vs_ar=nll / 2.0 - 1, entropy_vs_ar=entropy / 4.0 - 1)
+        r["at_ar_quality"] = bool(
+            r["nll_vs_ar"] <= frontier.NLL_BAR and abs(r["entropy_vs_ar"]) <= frontier.ENTROPY_BAR
+        )
+        return dict(r, parse_rate=0.5) if on_code else r
+
+    ar = dict(nll=2.0, nll_se=0.01, unigram_entropy_bits=4.0, calls_per_text=128, tokens_per_call=1.0, parse_rate=0.4)
+    rows = [
+        row("block b=4", "entropy_bound max_entropy=0.5", 2.05, 3.99, 0.7, 0.5),  # +2.5%: at AR's quality
+        row("ddit", "analytic", 2.5, 4.1, 2.0, 1.5),  # fast, far worse
+        row("block b=4", "confidence threshold=0.7", 2.04, 3.5, 0.9, 0.6),  # entropy -12.5%: not at AR's quality
+    ]
+    machine = timing.machine()
+    return dict(
+        length=128, baseline="ar", on_code=on_code, batches=[1, 4], ar=ar, rows=rows, machine=machine, quality_samples=8
+    )
+
+
+def test_frontier_table_names_the_machine_and_the_fastest_setting_at_ar_quality(tmp_path):
+    """The Markdown names the CPU and the bar; its rows are fastest first; the verdict is the fastest row within
+    3% of AR's judged NLL and 2% of its entropy (a fast setting far worse, or with less entropy, is not)."""
+    from experiments.benchmarks import frontier
+
+    result = _frontier_result()
+    best = frontier.best_at_ar_quality(result)
+    assert best["setting"] == "entropy_bound max_entropy=0.5"
+    md = frontier.frontier_markdown(result, "plays")
+    assert result["machine"]["cpu_model"] in md and "within 3%" in md and "0.70x AR" in md
+    lines = [line for line in md.splitlines() if line.startswith("| ")]
+    assert lines[1].startswith("| AR's own texts") and "analytic" in lines[2] and "threshold=0.7" in lines[3]
+    assert len({line.count("|") for line in lines}) == 1  # every row has the header's columns
+    code = frontier.frontier_markdown(_frontier_result(on_code=True), "code")
+    assert "parses" in code and "0.50" in code
+    frontier.frontier_picture(result, tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 1000
+
+
+@pytest.mark.slow  # compiles every tiny decoder: behind -m slow to keep the default suite within its CPU budget
+def test_frontier_bench_runs_every_decoder_of_tiny_runs(tmp_path):
+    """bench.py frontier --quick: random AR, block and SEDD runs against an AR judge; every setting of each is a row
+    with its speed against AR at both batches and its judged quality; the JSON, the Markdown and the chart."""
+    out = tmp_path / "frontier.json"
+    assert bench.main(["frontier", "--quick", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    families = {r["family"] for r in result["rows"]}
+    assert families == {"block b=8", "ddit"} and result["baseline"] == "ar"  # the baseline is the reference row
+    for r in result["rows"]:
+        assert r["vs_ar_b1"] > 0 and r["vs_ar_b4"] > 0 and math.isfinite(r["nll"]) and r["nll_se"] > 0
+        assert 0 < r["unigram_entropy_bits"] <= math.log2(12) + 1e-9 and r["tokens_per_call"] > 0
+    assert all(r["calls_per_text"] <= 4 + 1 for r in result["rows"] if r["family"] == "ddit")  # 4 steps + denoise
+    assert "AR's own texts" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".png").stat().st_size > 1000

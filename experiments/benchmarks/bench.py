@@ -22,6 +22,10 @@ command line and dispatches:
   python experiments/benchmarks/bench.py speculative [--quick] [--target AR_RUN --drafts ngram,RUN,... --spec RUN]
                                                    [--picture PNG]   the cost of one AR call on n positions (n = 1..32),
                                                    drafters' tokens a call, acceptance, tokens/s vs AR, quality
+  python experiments/benchmarks/bench.py frontier --workdirs RUN ... --judge AR_RUN [--markdown MD] [--picture PNG]
+                                                   every decoder of the runs (AR, head, spec, block, SEDD at each
+                                                   sampler and step count, students): tokens/s vs AR, calls,
+                                                   the judge's NLL and entropy of the same texts; a table, a chart
   python experiments/benchmarks/bench.py gpu_summary --json DIR   the table of experiments/benchmarks/gpu.sh's JSON files
   python experiments/benchmarks/bench.py all      [--quick] ...
 
@@ -58,6 +62,7 @@ from experiments.benchmarks import (
     bound,
     decode,
     diffusion_vs_ar,
+    frontier,
     memory,
     optimizer,
     rng,  # noqa: E402
@@ -91,6 +96,7 @@ RUNNERS = {
     "profile": step_profile.run_profile,
     "decode": decode.run_decode,
     "speculative": speculative.run_speculative,
+    "frontier": frontier.run_frontier,
 }
 
 
@@ -240,7 +246,7 @@ def parser() -> argparse.ArgumentParser:
         default=[1.0],
         help="speculative: each cell at each temperature, against AR at it (0: greedy, one text)",
     )
-    p.add_argument("--picture", default="", help="speculative: a PNG of tokens a call and tokens/s against quality")
+    frontier.add_arguments(p)
     p.add_argument("--dump", default="", help="decode: a folder for the AR loop's HLO and the traces (.xplane.pb.gz)")
     return p
 
@@ -252,6 +258,7 @@ _DEFAULTS = {
     "decode": {"width": 128, "blocks": 2, "seq_len": 128, "unroll": [2, 4], "block_sizes": [4, 16]},
     "bound": {"seq_len": 128, "batch_sizes": [32], "block_sizes": [16]},
     "speculative": {"batch_sizes": [1, 16]},
+    "frontier": {"batch_sizes": [1, 4]},
 }
 
 
@@ -289,6 +296,12 @@ def run(which: str, args) -> dict:
             f"# bench.py speculative ({m['platform']}, {m['cpu_model']}, "
             f"jax {m['jax']})\n\n```\n{result['table']}\n```\n"
         )
+    if which == "frontier":  # the table as Markdown naming the machine, and the chart
+        title = args.title or f"Every decoder against AR: {', '.join(result['runs'])}"
+        md = Path(args.markdown) if args.markdown else path.with_suffix(".md")
+        md.write_text(frontier.frontier_markdown(result, title))
+        frontier.frontier_picture(result, Path(args.picture) if args.picture else path.with_suffix(".png"), title)
+        print(f"wrote {md}")
     return result
 
 
