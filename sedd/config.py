@@ -144,6 +144,7 @@ BEFORE_IT_EXISTED: dict[str, Any] = {
     "training.t_power": 0.0,  # 8f7e58b: t uniform on [sampling_eps, 1]
     "distill.target": "law",  # sedd distill's first runs matched the teacher's two-step law
     "model.draft_head": 0,  # a spec run drafted with its draft half before it could have a draft head
+    "model.token_shift": False,  # a block network read its own position's token before it could read the one before
 }
 """What a run written before a key existed did, for the keys added since the first configs (4cea325)
 that change what is trained or sampled; each is pinned even where it is today's default, so a new

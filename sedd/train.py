@@ -461,6 +461,21 @@ def _save_failed(e: Exception, manager: ocp.CheckpointManager, what: str = "") -
 # =========================================================================== the loop
 
 
+def started_from(trainer: Trainer, workdir: str, tokenizer, say=print) -> dict:
+    """The train state at step 0 around the EMA weights of the run in `workdir` (training.init_from), each array
+    in this run's shards: ``Kind.params_from`` maps them (an AR run's to a token-shift block network's too).
+
+    Raises:
+      ValueError: the run's vocabulary differs from this one's, or its network does not fit this kind's.
+    """
+    source = runs.load(workdir)
+    if source.tokenizer.to_dict() != tokenizer.to_dict():
+        raise ValueError(f"training.init_from={workdir!r} reads another vocabulary than this run's data")
+    params = trainer.kind.params_from(source, nnx.state(trainer.kind.network(trainer.config.seed), nnx.Param))
+    say(f"started from the EMA weights of {workdir} at its step {source.step} ({source.kind.label})")
+    return jax.jit(trainer.state_of, out_shardings=trainer.state_sharding)(params)
+
+
 def train(
     config: ml_collections.ConfigDict,
     workdir: str | Path,
@@ -549,7 +564,7 @@ def train(
             manager.reload()
         say(f"resumed {workdir} at step {at}")
     else:
-        state = trainer.init_state()
+        state = trainer.init_state() if not t.init_from else started_from(trainer, t.init_from, tokenizer, say)
     step = int(state["step"])
     entropy = dataset.unigram_entropy_bits()
     cpt = dataset.chars_per_token

@@ -166,10 +166,11 @@ def test_block_bound_is_tight_at_the_exact_score(b):
     assert abs(float(np.mean(bound - nll))) < 3 * float(err.mean())
 
 
-def _network(block_size, length=8, seed=0, **kw):
-    """A DDiT of the block kind with random (nonzero) weights everywhere, over V + 1 ids."""
+def _network(block_size, length=8, seed=0, shift=False, **kw):
+    """A DDiT of the block kind with random (nonzero) weights everywhere, over V + 1 ids (V + 2 with `shift`: a
+    token-shift network's BOS)."""
     model = DDiT(
-        num_tokens=V + 1,
+        num_tokens=V + 1 + shift,
         out_dim=V + 1,
         hidden_size=16,
         n_layers=2,
@@ -221,19 +222,21 @@ def test_b1_bound_is_the_exact_nll_of_the_conditional_model():
 
 
 @pytest.mark.parametrize(
-    "b, remat, time_conditioning", [(4, "none", True), (16, "none", True), (4, "layers", False), (16, "dots", True)]
+    "b, remat, time_conditioning, shift",
+    [(4, "none", True, False), (16, "none", True, False), (4, "layers", False, True), (16, "dots", True, False)],
 )
-def test_the_bound_run_against_the_clean_context_is_the_full_forwards(b, remat, time_conditioning):
+def test_the_bound_run_against_the_clean_context_is_the_full_forwards(b, remat, time_conditioning, shift):
     """x0's keys and values once a batch, then x_t's L positions alone (block.bound_fns, what the block kind's
-    likelihood runs): the scores and the bound of the [x_t ; x0] forward at every t (block.log_score), float32."""
+    likelihood runs): the scores and the bound of the [x_t ; x0] forward at every t (block.log_score), float32;
+    a token-shift network's too."""
     length = 32
-    model = _network(b, length, remat=remat, time_conditioning=time_conditioning, normalize=True)
+    model = _network(b, length, shift=shift, remat=remat, time_conditioning=time_conditioning, normalize=True)
     rng = np.random.default_rng(b)
     x0 = jnp.asarray(rng.integers(0, V, (3, length)), jnp.int32)
     x_t = jnp.where(rng.random((3, length)) < 0.5, MASK, x0)
     sigma = jnp.asarray(rng.uniform(0.05, 3.0, (3, length // b)), jnp.float32)
     full = block.log_score(model, x_t, x0, sigma, b)
-    in_context = block.log_score_in_context(model, x_t, block.clean_context(model, x0, b), sigma, b)
+    in_context = block.log_score_in_context(model, x_t, block.clean_context(model, x0, b), sigma, b, x0)
     possible = full > -1e8  # the MASK column of the mean parameterization is -1e9 in both
     np.testing.assert_array_equal(possible, in_context > -1e8)
     np.testing.assert_allclose(np.where(possible, in_context, 0.0), np.where(possible, full, 0.0), atol=2e-5)
@@ -276,10 +279,15 @@ def _uncached_scorer(graphdef, b, length):
     )
 
 
-@pytest.mark.parametrize("time_conditioning, sampler", [(True, "entropy_bound"), (False, "analytic")])
-def test_kv_cache_gives_the_uncached_scores_and_samples(time_conditioning, sampler):
+@pytest.mark.parametrize(
+    "time_conditioning, sampler, shift",
+    [(True, "entropy_bound", False), (False, "analytic", False), (False, "confidence", True)],
+)
+def test_kv_cache_gives_the_uncached_scores_and_samples(time_conditioning, sampler, shift):
+    """The cached scores and commits equal the training forward's (a token-shift network's too: each block reads
+    the last token of the one before, kept in the context), and so do the draws."""
     length, b = 8, 2
-    model = _network(b, length, time_conditioning=time_conditioning)
+    model = _network(b, length, shift=shift, time_conditioning=time_conditioning)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     state = (params, rest)
     cached, uncached = block.network_scorer(graphdef, length, b), _uncached_scorer(graphdef, b, length)
@@ -670,3 +678,84 @@ def test_block_run_is_served_to_the_openai_client_streamed_block_by_block(block_
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+# --------------------------------------------------------------------------- a token-shift network from an AR run
+
+
+def _token_shift_config(b: int, length: int):
+    c = config_lib.load_config("tiny")
+    c.vocab_size = V
+    c.data.seq_len = length
+    c.model.update(kind="block", block_size=b, token_shift=True, time_conditioning=False, normalize=True)
+    c.model.update(n_layers=2, hidden_size=16, n_heads=2, cond_dim=8)
+    return c
+
+
+def test_a_token_shift_network_started_from_an_ar_run_is_that_ar_network_at_b1():
+    """params_from maps an AR run's weights into a token-shift block network (tokens and BOS rows, token columns):
+    at b = 1 each masked position's law given the clean text before it is the AR network's next-token law, to
+    float32 rounding. (At b > 1 a block's positions also attend to the MASKs of their block, which the AR never
+    saw: training teaches it to read them.)"""
+    from sedd import runs
+    from sedd.kinds import causal
+
+    length = 6
+    ar_config = _token_shift_config(1, length)
+    ar_config.model.kind = "ar"
+    ar_model = kinds.get(ar_config).network(0)
+    params = nnx.state(ar_model, nnx.Param)
+    keys = jax.random.split(jax.random.key(7), len(jax.tree.leaves(params)))
+    noisy = [p + 0.3 * jax.random.normal(k, p.shape) for p, k in zip(jax.tree.leaves(params), keys)]
+    nnx.update(ar_model, jax.tree.unflatten(jax.tree.structure(params), noisy))
+    graphdef, ar_params, rest = nnx.split(ar_model, nnx.Param, ...)
+    source = runs.from_parts(ar_config, None, graphdef, ar_params, rest)
+    x0 = jnp.asarray(np.random.default_rng(0).integers(0, V, (5, length)), jnp.int32)
+    want = jax.nn.log_softmax(causal.next_token_logits(ar_model, x0), -1)  # (B, L, V): log p(x_i | x_<i)
+    kind = kinds.get(_token_shift_config(1, length))
+    model = kind.network(0)
+    nnx.update(model, kind.params_from(source, nnx.state(model, nnx.Param)))
+    got = block.log_score(model, jnp.full_like(x0, MASK), x0, jnp.full((5, length), 0.7), 1)[..., :V]
+    np.testing.assert_allclose(np.asarray(got + log_expm1(0.7)), np.asarray(want), atol=2e-5)
+
+
+def test_params_from_refuses_a_run_of_another_size():
+    """A run whose arrays do not fit is refused naming the array, before any training."""
+    from sedd import runs
+
+    small = _token_shift_config(2, 8)
+    small.model.kind, small.model.hidden_size = "ar", 8
+    graphdef, params, rest = nnx.split(kinds.get(small).network(0), nnx.Param, ...)
+    kind = kinds.get(_token_shift_config(2, 8))
+    with pytest.raises(ValueError, match=r"init_from: .*layers.* is \(48,\) in the AR run and \(96,\) here"):
+        kind.params_from(runs.from_parts(small, None, graphdef, params, rest), nnx.state(kind.network(0), nnx.Param))
+
+
+def test_a_block_run_starts_from_an_ar_run(tiny_run, tmp_path, capsys):
+    """sedd train --config.training.init_from=AR_RUN: a token-shift block run trains from the AR run's EMA weights
+    (its first state holds them), and a run of another vocabulary is refused."""
+    from sedd import cli
+    from sedd import train as train_lib
+
+    common = [f"--config.data.data_dir={tiny_run[1]}", "--config.model.n_layers=1", "--config.training.n_iters=2"]
+    common += ["--config.training.eval_every=2", "--config.training.ckpt_every=2", "--config.training.eval_samples=0"]
+    common += ["--config.model.time_conditioning=false"]
+    assert (
+        cli.main(["train", "--config", "tiny", "--workdir", str(tmp_path / "ar"), "--config.model.kind=ar", *common])
+        == 0
+    )
+    shifted = ["--config.model.kind=block", "--config.model.block_size=4", "--config.model.token_shift=true"]
+    argv = ["train", "--config", "tiny", "--workdir", str(tmp_path / "block"), *shifted, *common]
+    assert cli.main([*argv, f"--config.training.init_from={tmp_path / 'ar'}"]) == 0
+    assert f"started from the EMA weights of {tmp_path / 'ar'} at its step 2" in capsys.readouterr().out
+    from sedd import runs
+
+    ar, shifted_run = runs.load(tmp_path / "ar"), runs.load(tmp_path / "block")
+    trainer = train_lib.Trainer(shifted_run.config)
+    state = train_lib.started_from(trainer, str(tmp_path / "ar"), shifted_run.tokenizer, say=lambda line: None)
+    layer = lambda params: np.asarray(params["layers"][0]["attn_qkv"]["kernel"].value)  # noqa: E731
+    np.testing.assert_array_equal(layer(state["params"]), layer(ar.params))
+    embed = lambda params: np.asarray(params["vocab_embed"]["embedding"].value)  # noqa: E731
+    v = ar.config.vocab_size
+    np.testing.assert_array_equal(embed(state["params"])[:v], embed(ar.params)[:v])
+    np.testing.assert_array_equal(embed(state["params"])[v + 1], embed(ar.params)[v])  # BOS

@@ -25,6 +25,9 @@ def get_config() -> ml_collections.ConfigDict:
         "ddit"  # "ddit" (diffusion), "ar" (causal baseline), "block" (block diffusion), "spec" (self-speculation)
     )
     c.model.block_size = 16  # "block": tokens per block, a divisor of data.seq_len
+    # "block": position p reads the token at p - 1 (BOS at 0), as an AR network does (Fast-dLLM v2's shift), so that
+    # an AR run's weights start it (training.init_from); at b = 1 the network is an AR network
+    c.model.token_shift = False
     c.model.draft_k = 4  # "spec": drafts a round, what the network learns to draft (4 is good)
     c.model.draft_head = (
         0  # "spec": 0 drafts with a draft half; N > 0 with a draft head of width N (sedd.kinds.spec_head)
@@ -57,25 +60,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.noise.sigma_min = 1e-4  # geometric: sigma_bar(0)
     c.noise.sigma_max = 20.0  # geometric: sigma_bar(1)
 
-    c.data = ml_collections.ConfigDict()
-    c.data.name = "shakespeare"  # shakespeare | text | text8 | openwebtext | tinystories | code | markov
-    c.data.path = ""  # a local file or folder ("" = the default); with name "shakespeare" it trains on your text
-    c.data.documents = "file"  # a .txt file holds: file = one document | lines = one per line | paragraphs
-    c.data.tokenizer = "char"  # char | byte | gpt2
-    c.data.tokenizer_path = ""  # gpt2 only: tokenizer.json, or a folder with vocab.json + merges.txt
-    c.data.seq_len = 128  # L, tokens per training sequence
-    c.data.data_dir = ""  # "" = $SEDD_DATA_DIR, else ~/tensorflow_datasets
-    c.data.markov = ml_collections.ConfigDict()  # read only when data.name = "markov" (sedd.data.markov)
-    c.data.markov.vocab_size = 8  # V, tokens of the synthetic chain
-    c.data.markov.order = 2  # k, tokens of context of each transition
-    c.data.markov.seed = 0  # seeds the transition table (the chain itself)
-    c.data.markov.alpha = 0.3  # Dirichlet concentration of each row: small = peaked, low entropy
-    c.data.markov.num_tokens = 500_000  # tokens in the train split (validation, test: 1/20 each)
-    # data.name = "code" only (sedd.data.sources): tests = take test files too; glob = the pattern of the files;
-    # a file over max_file_bytes is skipped with a note, a corpus over max_bytes refused (docs/code.md)
-    c.data.code = ml_collections.ConfigDict(
-        {"tests": False, "glob": "*.py", "max_file_bytes": 4 << 20, "max_bytes": 1 << 30}
-    )
+    c.data = data_section()
 
     c.training = ml_collections.ConfigDict()
     c.training.batch_size = 32  # global batch, summed over all devices and hosts
@@ -86,6 +71,9 @@ def get_config() -> ml_collections.ConfigDict:
     # model.kind = "spec": drafts learn the text ("data"), the causal half's laws on it ("causal"), or its laws on
     # text it writes each step ("own": on-policy; each step also writes a batch, token by token: sedd.kinds.spec.loss)
     c.training.draft_target = "data"
+    # a run's directory whose EMA weights start this run (read at step 0 only): a run of this kind and size, or an
+    # AR run of this size for a block run with model.token_shift (docs/block_diffusion.md, "From an AR run")
+    c.training.init_from = ""
     c.training.sampling_eps = 1e-3  # t ~ U[sampling_eps, 1]
     c.training.low_discrepancy = False  # stratified t over the batch (VDM/MD4); off as in SEDD
     c.training.t_power = 0.5  # t ~ t^-p with importance weights (losses.sample_times); 0: uniform, as SEDD
@@ -122,6 +110,30 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.mesh = mesh_section()  # the devices and how the arrays are split over them
     return c
+
+
+def data_section() -> ml_collections.ConfigDict:
+    """The data section: the plays, read a character a token."""
+    d = ml_collections.ConfigDict()
+    d.name = "shakespeare"  # shakespeare | text | text8 | openwebtext | tinystories | code | markov
+    d.path = ""  # a local file or folder ("" = the default); with name "shakespeare" it trains on your text
+    d.documents = "file"  # a .txt file holds: file = one document | lines = one per line | paragraphs
+    d.tokenizer = "char"  # char | byte | gpt2
+    d.tokenizer_path = ""  # gpt2 only: tokenizer.json, or a folder with vocab.json + merges.txt
+    d.seq_len = 128  # L, tokens per training sequence
+    d.data_dir = ""  # "" = $SEDD_DATA_DIR, else ~/tensorflow_datasets
+    d.markov = ml_collections.ConfigDict()  # read only when data.name = "markov" (sedd.data.markov)
+    d.markov.vocab_size = 8  # V, tokens of the synthetic chain
+    d.markov.order = 2  # k, tokens of context of each transition
+    d.markov.seed = 0  # seeds the transition table (the chain itself)
+    d.markov.alpha = 0.3  # Dirichlet concentration of each row: small = peaked, low entropy
+    d.markov.num_tokens = 500_000  # tokens in the train split (validation, test: 1/20 each)
+    # data.name = "code" only (sedd.data.sources): tests = take test files too; glob = the pattern of the files;
+    # a file over max_file_bytes is skipped with a note, a corpus over max_bytes refused (docs/code.md)
+    d.code = ml_collections.ConfigDict(
+        {"tests": False, "glob": "*.py", "max_file_bytes": 4 << 20, "max_bytes": 1 << 30}
+    )
+    return d
 
 
 def distill_section() -> ml_collections.ConfigDict:

@@ -17,6 +17,7 @@ import functools
 from typing import Any, Callable, ClassVar, NamedTuple
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from sedd import graphs, sampling
@@ -164,6 +165,30 @@ def chunked_entropy(model: DDiT, graph: graphs.Graph, chunk: int, **net) -> Call
     return entropy
 
 
+def transfer(params, source, what: str, adapt: Callable | None = None):
+    """`params` with each array replaced by `source`'s at the same path (arrays only `source` has are left out).
+
+    adapt(path, ours, theirs) -> array gives an array whose shape differs (None: refused); `what` names the source.
+    """
+    theirs = {jax.tree_util.keystr(p): a for p, a in jax.tree_util.tree_flatten_with_path(source)[0]}
+
+    def take(path, ours):
+        name = jax.tree_util.keystr(path)
+        if name not in theirs:
+            raise ValueError(f"training.init_from: the {what} run has no {name} (this network's {ours.shape})")
+        if theirs[name].shape == ours.shape:
+            return jnp.asarray(theirs[name], ours.dtype)
+        out = adapt(name, ours, theirs[name]) if adapt else None
+        if out is None:
+            raise ValueError(
+                f"training.init_from: {name} is {theirs[name].shape} in the {what} run and {ours.shape} here; "
+                "start from a run of this kind and size"
+            )
+        return out
+
+    return jax.tree_util.tree_map_with_path(take, params)
+
+
 class Kind:
     """A kind of model: its network, loss, likelihood figure and sampler (see the module docstring).
 
@@ -199,6 +224,12 @@ class Kind:
     def loss(self, key: jax.Array, model: DDiT, x0: jax.Array, train: bool, rngs=None) -> jax.Array:
         """The training objective of x0 int32[B, L]: float32[B] nats per sequence (dropout from rngs when train)."""
         raise NotImplementedError
+
+    def params_from(self, source, params):
+        """`params` (this kind's network's ``nnx.State``) with every array taken from `source`'s (a loaded
+        ``sedd.runs.Run``: training.init_from), a run of this kind and sizes. Raises a ValueError naming the
+        first array of this network the source lacks or holds in another shape."""
+        return transfer(params, source.params, str(source.config.model.kind))
 
     def likelihood(
         self,

@@ -56,6 +56,7 @@ import numpy as np
 from flax import nnx
 
 from sedd import evaluate, losses, sampling
+from sedd.kinds import base
 from sedd.kinds.base import register
 from sedd.kinds.capabilities import Drafts, refuse_drafts
 from sedd.kinds.block_draft import BlockDraft
@@ -81,7 +82,7 @@ def log_score(
 
     One forward over [x_t ; x0] (2L positions, the same rotary positions on
     both halves) with ``block_diffusion_mask``; only x_t's half goes through
-    the final layer.
+    the final layer. A token-shift network reads ``shifted_inputs``.
 
     Args:
       model: a DDiT built with block_size (``sedd.kinds`` "block").
@@ -95,7 +96,7 @@ def log_score(
     noise_groups = jnp.concatenate([sigma, jnp.zeros_like(sigma)], axis=1)  # (B, 2 n_b): x0's blocks at 0
     positions = np.concatenate([np.arange(length), np.arange(length)])
     out = model.network_output(
-        jnp.concatenate([x_t, x0], axis=1),
+        jnp.concatenate(shifted_inputs(model, x_t, x0, block_size) if shifts(model) else [x_t, x0], axis=1),
         noise_groups,
         positions=positions,
         mask=block_diffusion_mask(length, block_size),
@@ -104,6 +105,50 @@ def log_score(
         rngs=rngs,
     )  # (B, L, D)
     return model.log_score(out, x_t, jnp.repeat(sigma, block_size, axis=1))
+
+
+def shift_right(x: jax.Array, before) -> jax.Array:
+    """A token-shift network's inputs at the positions of x int[B, n]: each reads the token before it.
+
+    `before` (int[B], or an int) is the token before the first position: the
+    last clean token before it, or BOS (``bos_id``) at the text's start. A
+    masked token is read as MASK by the position after it.
+    """
+    before = jnp.broadcast_to(jnp.asarray(before, jnp.int32), x.shape[:1])
+    return jnp.concatenate([before[:, None], x[:, :-1].astype(jnp.int32)], axis=1)
+
+
+def shifts(model: DDiT) -> bool:
+    """Whether a block network reads the token before each position (model.token_shift): it then embeds a
+    BOS beside the graph's D ids, num_tokens = D + 1 (``BlockDiffusion.network``)."""
+    return model.num_tokens > model.out_dim
+
+
+def bos_id(model: DDiT) -> int:
+    """BOS of a token-shift network: its last embedding row (V + 1; MASK is V, the graph's)."""
+    return model.num_tokens - 1
+
+
+def shifted_inputs(model: DDiT, x_t: jax.Array, x0: jax.Array, block_size: int) -> tuple[jax.Array, jax.Array]:
+    r"""The [x_t ; x0] forward's inputs of a token-shift network (Fast-dLLM v2's shift; model.token_shift).
+
+    Position p reads the token at p - 1, not its own: the clean half reads
+    BOS, x0_0 .. x0_{L-2}, as an AR network does; the noisy half reads
+    x_t at p - 1 within a block, and the clean x0 at p - 1 at a block's first
+    position (the last token of the clean block before it). A block's first
+    position so always reads a clean token, and at b = 1 the whole forward
+    is an AR network's: noisy position p reads x0_{p-1} and attends to
+    itself and the clean positions < p, what an AR network's position p
+    reads and attends to, at the same rotary positions (an AR run's weights
+    start such a model where its first positions are already right:
+    ``BlockDiffusion.params_from``).
+
+    Returns:
+      (noisy inputs int32[B, L], clean inputs int32[B, L]).
+    """
+    clean = shift_right(x0, bos_id(model))
+    first = (np.arange(x_t.shape[1]) % block_size == 0)[None, :]  # (1, L): a block's first position
+    return jnp.where(first, clean, shift_right(x_t, bos_id(model))), clean
 
 
 def _per_block(sigma, batch: int, blocks: int) -> jax.Array:
@@ -126,10 +171,13 @@ def clean_context(model: DDiT, x0: jax.Array, block_size: int) -> tuple:
     """
     b, length = x0.shape
     mask = block_diffusion_mask(length, block_size)[length:, length:]  # (L, L): x0 -> x0
-    return model.keys_values(x0, jnp.zeros((b, length // block_size), jnp.float32), mask=mask)
+    inputs = shift_right(x0, bos_id(model)) if shifts(model) else x0
+    return model.keys_values(inputs, jnp.zeros((b, length // block_size), jnp.float32), mask=mask)
 
 
-def log_score_in_context(model: DDiT, x_t: jax.Array, context: tuple, sigma: jax.Array, block_size: int) -> jax.Array:
+def log_score_in_context(
+    model: DDiT, x_t: jax.Array, context: tuple, sigma: jax.Array, block_size: int, x0: jax.Array | None = None
+) -> jax.Array:
     """``log_score`` with x0's half given by its keys and values (``clean_context``): float32[B, L, D], dropout off.
 
     Only x_t's L positions run through the network, each block's queries
@@ -148,13 +196,17 @@ def log_score_in_context(model: DDiT, x_t: jax.Array, context: tuple, sigma: jax
       x_t: int[B, L] noisy tokens; context: ``clean_context(model, x0, block_size)``.
       sigma: float[B, n_b] the noise of each block (or float[B], one for all).
       block_size: b, dividing L.
+      x0: int[B, L] the clean tokens: a token-shift network's blocks read them at their first positions.
     """
     b, length = x_t.shape
     sigma = _per_block(sigma, b, length // block_size)  # (B, n_b)
+    if shifts(model) and x0 is None:
+        raise ValueError("a token-shift network's blocks read the clean tokens before them: give x0")
+    inputs = shifted_inputs(model, x_t, x0, block_size)[0] if shifts(model) else x_t
     # x_t -> x0, the upper right quarter of the mask; its upper left one, x_t -> x_t, is a block's own block
     mask = block_diffusion_mask(length, block_size)[:length, length:]  # (L, L)
     h, c = model.features(
-        x_t, sigma, mask=mask, context=context, unit=block_size, deterministic=True
+        inputs, sigma, mask=mask, context=context, unit=block_size, deterministic=True
     )  # (B, L, H), (B, n_b, C)
     return model.log_score(model.output_layer(h, c), x_t, jnp.repeat(sigma, block_size, axis=1))
 
@@ -243,9 +295,9 @@ def bound_fns(graphdef, block_size: int) -> BoundFns:
     def prepare(state, x0):
         return state, clean_context(nnx.merge(graphdef, *state), x0, block_size)
 
-    def block_fn(state_context, x_t, x0, sigma):  # x0 is read through its context
+    def block_fn(state_context, x_t, x0, sigma):  # x0 is read through its context (and a shift's first inputs)
         state, context = state_context
-        return log_score_in_context(nnx.merge(graphdef, *state), x_t, context, sigma, block_size)
+        return log_score_in_context(nnx.merge(graphdef, *state), x_t, context, sigma, block_size, x0)
 
     return BoundFns(prepare, block_fn)
 
@@ -281,45 +333,55 @@ class Scorer(NamedTuple):
 def network_scorer(graphdef, window: int, block_size: int) -> Scorer:
     """The block network `graphdef` with the network's decoding cache of the clean blocks as its context.
 
-    The context is (cache, index): per layer the rotary-embedded keys and
-    the values of the committed positions, a ring of S = window + b rows
+    The context is (cache, index, last): per layer the rotary-embedded keys
+    and the values of the committed positions, a ring of S = window + b rows
     (``DDiT.output_in_cache`` with each position at its row mod S; window =
-    the model's length L), and the next position, int32[]. ``score`` runs the
-    block against it and drops the cache it wrote (the context is as it
-    was); ``commit`` runs the clean block at noise 0 and keeps it;
-    ``commit_score`` runs [x ; clean] with the noise levels [sigma, 0] in one
-    call and keeps both blocks' rows (x's are written over by its next score
-    before any query reads them). Each query sees its own block and the
-    clean ones before it within the window (``sedd.model.ring_mask``).
-    Exactly what the x_0 half of the training forward computes (tests/test_block.py).
+    the model's length L), the next position, int32[], and the last
+    committed token of each row, int32[B] (BOS before any: what a
+    token-shift network's next block reads first, ``shift_right``).
+    ``score`` runs the block against it and drops the cache it wrote (the
+    context is as it was); ``commit`` runs the clean block at noise 0 and
+    keeps it; ``commit_score`` runs [x ; clean] with the noise levels
+    [sigma, 0] in one call and keeps both blocks' rows (x's are written over
+    by its next score before any query reads them). Each query sees its own
+    block and the clean ones before it within the window
+    (``sedd.model.ring_mask``). Exactly what the x_0 half of the training
+    forward computes (tests/test_block.py), a token-shift network's on the
+    inputs of ``shifted_inputs``.
     """
     b = block_size
     rows = window + b
 
-    def run(state, cache, x, sigma, positions, keep=None):
-        model = nnx.merge(graphdef, *state)
+    def run(model, cache, x, sigma, positions, keep=None):
         mask = ring_mask(positions, rows, window, b)  # (L, S): its own block and the clean ones before it
-        out, cache = model.output_in_cache(x, sigma, positions=positions, mask=mask, cache=cache, keep=keep)
-        return model, out, cache
+        return model.output_in_cache(x, sigma, positions=positions, mask=mask, cache=cache, keep=keep)
+
+    def inputs(model, x, last):  # what the network reads at the positions of x, after the token `last`
+        return shift_right(x, last) if shifts(model) else x
 
     def init(state, batch):
-        return nnx.merge(graphdef, *state).empty_cache(batch, rows), jnp.int32(0)
+        model = nnx.merge(graphdef, *state)
+        return model.empty_cache(batch, rows), jnp.int32(0), jnp.full((batch,), model.num_tokens - 1, jnp.int32)
 
     def score(state, ctx, x, sigma):
-        model, out, _ = run(state, ctx[0], x, sigma, ctx[1] + jnp.arange(b))
+        model = nnx.merge(graphdef, *state)
+        out, _ = run(model, ctx[0], inputs(model, x, ctx[2]), sigma, ctx[1] + jnp.arange(b))
         return model.log_score(out, x, sigma)
 
     def commit(state, ctx, x):
-        cache, index = ctx
-        return run(state, cache, x, jnp.zeros(x.shape[:1], jnp.float32), index + jnp.arange(b))[2], index + b
+        (cache, index, last), model = ctx, nnx.merge(graphdef, *state)
+        zero = jnp.zeros(x.shape[:1], jnp.float32)
+        _, cache = run(model, cache, inputs(model, x, last), zero, index + jnp.arange(b))
+        return cache, index + b, x[:, -1].astype(jnp.int32)
 
     def commit_score(state, ctx, clean, x, sigma):
-        cache, index = ctx
-        both = jnp.concatenate([x, clean], axis=1)  # (B, 2b): x first, so that the final layer runs on it alone
+        (cache, index, last), model = ctx, nnx.merge(graphdef, *state)
+        # (B, 2b): x first, so that the final layer runs on it alone; x reads the clean block's last token first
+        both = jnp.concatenate([inputs(model, x, clean[:, -1]), inputs(model, clean, last)], axis=1)
         positions = index + jnp.concatenate([jnp.arange(b, 2 * b), jnp.arange(b)])
         sigmas = jnp.stack([sigma, jnp.zeros_like(sigma)], axis=1).astype(jnp.float32)  # (B, 2) a level a block
-        model, out, cache = run(state, cache, both, sigmas, positions, keep=b)
-        return (cache, index + b), model.log_score(out, x, sigma)
+        out, cache = run(model, cache, both, sigmas, positions, keep=b)
+        return (cache, index + b, clean[:, -1].astype(jnp.int32)), model.log_score(out, x, sigma)
 
     return Scorer(init, score, commit, commit_score)
 
@@ -791,11 +853,18 @@ class BlockDiffusion(Diffusion, Drafts):
                 f"model.kind='block' needs graph.type='absorbing' (got {config.graph.type!r}): "
                 "each block is drawn from all-MASK given the clean blocks before it"
             )
+        if not isinstance(config.model.token_shift, bool):
+            raise ValueError(f"model.token_shift={config.model.token_shift!r} must be true or false")
         self.block_size = b
+        self.token_shift = config.model.token_shift
 
     @property
     def label(self):
-        return f"block b={self.block_size}"
+        return f"block b={self.block_size}" + (", shifted" if self.token_shift else "")
+
+    def network(self, seed: int = 0, **arch):
+        """The DDiT of the absorbing graph's D ids; with model.token_shift one more, BOS (``shifted_inputs``)."""
+        return super().network(seed, **({"num_tokens": self.graph.dim + 1} if self.token_shift else {}), **arch)
 
     def one_token_steps(self, length):
         """Steps a block (``sample_blocks`` takes its steps per block)."""
@@ -818,6 +887,25 @@ class BlockDiffusion(Diffusion, Drafts):
             trajectory=trajectory,
             live=live,
         )
+
+    def params_from(self, source, params):
+        """A token-shift network starts from an AR run of its size too (Fast-dLLM v2's adaptation): its layers
+        as they are; its embedding's token rows and BOS (the AR's row V, here V + 1) and its output's token
+        columns from the AR's, the MASK row and column as initialised. At b = 1 it is then the AR network
+        (``shifted_inputs``); a larger b learns to read MASK."""
+        v = self.graph.vocab_size
+        theirs = source.model
+        if not (self.token_shift and (theirs.num_tokens, theirs.out_dim) == (v + 1, v)):  # not an AR network
+            return super().params_from(source, params)
+
+        def adapt(name, ours, theirs):
+            if "vocab_embed" in name and theirs.shape[0] >= v + 1:  # (V + 1, H): tokens, BOS
+                return ours.at[:v].set(theirs[:v]).at[v + 1].set(theirs[v])
+            if "output_layer" in name and "linear" in name and theirs.shape[-1] >= v:  # (H, V) or (V,)
+                return ours.at[..., :v].set(theirs[..., :v])
+            return None
+
+        return base.transfer(params, source.params, "AR", adapt)
 
     def noise_groups(self, model, train=False, rngs=None):
         """The blocks, each at its own sigma and given x0's blocks before it (``log_score``)."""

@@ -130,11 +130,16 @@ def drafter_parts(
         def one(key, row, s):  # (T,), ()
             clean = jnp.pad(row[:length], (0, clean_len - length))
             x = jnp.concatenate([jnp.full((k,), graph.mask, jnp.int32), clean.astype(jnp.int32)])[None]  # (1, k + Lc)
+            inputs = x
+            if model.num_tokens > model.out_dim:  # a token-shift network reads the token before each position
+                bos = jnp.int32(model.num_tokens - 1)  # (sedd.kinds.block.shifted_inputs)
+                before = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)].astype(jnp.int32), bos)
+                inputs = jnp.concatenate([before[None], x[0, : k - 1], bos[None], x[0, k:-1]])[None]
             positions = jnp.concatenate([s + jnp.arange(k), jnp.arange(clean_len)])
             groups = jnp.zeros((1, 1 + clean_len // k), jnp.float32).at[:, 0].set(sigma)  # the draft block at sigma(1)
             mask = draft_mask(clean_len, k, s, block_size)
             out = model.network_output(
-                x, groups, positions=positions, mask=mask, keep=k, deterministic=True
+                inputs, groups, positions=positions, mask=mask, keep=k, deterministic=True
             )  # (1, k, D)
             logits = model.log_score(out, x[:, :k], jnp.full((1, k), sigma))[0, :, :vocab]  # (k, V)
             q = sampling.shaped_law(logits, temperature, top_p)  # (k, V); T, top_p floats or traced (a server's)

@@ -30,7 +30,8 @@ class Diffusion(Kind, ServesRows, Distills):
     def network(self, seed: int = 0, **arch) -> DDiT:
         """Inputs and outputs range over graph.dim ids (V + 1 with the absorbing graph's MASK, V for uniform).
 
-        arch: more DDiT arguments (a subclass's attention).
+        arch: more DDiT arguments (a subclass's attention, or its num_tokens: a block network that reads the
+          token before each position embeds a BOS too).
 
         Raises:
           ValueError: model.time_conditioning=False or model.normalize=True
@@ -56,7 +57,7 @@ class Diffusion(Kind, ServesRows, Distills):
         return network_of(
             self.config,
             seed,
-            num_tokens=dim,
+            num_tokens=arch.pop("num_tokens", dim),
             out_dim=dim,
             scale_by_sigma=absorbing_scaled,
             causal=False,
