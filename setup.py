@@ -10,9 +10,14 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["sedd", "sedd.*"]),
-    # The default corpus (see sedd/data/corpus/README.md) and the configs
+    # The packages' root named: `pip install -e .` then puts the clone on sys.path (setuptools' "static .pth"
+    # editable install) instead of an import hook that runs after Python's own search. With the hook, the clone
+    # folder itself (named `sedd`, as `git clone` names it) was imported as an empty namespace package from the
+    # folder above it, ahead of the real one: `python snippet.py` there failed (issue 84).
+    package_dir={"": "."},
+    # The default corpus and the zero-shot text (see sedd/data/corpus/README.md) and the configs
     # (modules of sedd.configs, found by name) ship inside the package.
-    package_data={"sedd.data": ["corpus/*.tar.xz", "corpus/README.md"], "sedd": ["static/*.html"]},
+    package_data={"sedd.data": ["corpus/*.tar.xz", "corpus/*.txt", "corpus/README.md"], "sedd": ["static/*.html"]},
     # Ranges tested on these machines: jax 0.10.2, flax 0.12.8, optax 0.2.8,
     # orbax-checkpoint 0.12.8, tensorflow-datasets 4.9.10, ml-collections 1.1.0.
     install_requires=[

@@ -189,19 +189,10 @@ def _sample(args) -> int:
             **options,
         )
         calls = network_calls(stats, args.num_samples)
-    length = args.max_length or run.seq_len
     if args.output:  # checked before sampling (sedd.validate.check_path); a disk may still fill
         if args.output.endswith(".jsonl"):  # one JSON string per line: splits back into samples whatever they hold
             out = "".join(
-                json.dumps(
-                    {"sample": i, "text": t}
-                    | (
-                        {}
-                        if calls is None
-                        else {"network_calls": int(calls[i]), "tokens_per_call": round(length / calls[i], 4)}
-                    )
-                )
-                + "\n"
+                json.dumps({"sample": i, "text": t} | ({} if calls is None else calls_of_text(stats, calls, i))) + "\n"
                 for i, t in enumerate(texts)
             )
         else:
@@ -216,18 +207,7 @@ def _sample(args) -> int:
     if args.output:
         print(f"wrote {len(texts)} samples to {args.output}")
     if calls is not None:
-        drafter = float(np.mean(stats.get("draft_calls", 0)))  # a drafter network's calls: a small one's cost less
-        print(
-            f"network calls: {calls.mean():.1f} a text of {length} tokens, {length / calls.mean():.2f} tokens a call"
-            + ("" if calls.min() == calls.max() else f" ({calls.min()}-{calls.max()} calls)")
-            + (
-                f"; the target's {calls.mean() - drafter:.1f} ({length / (calls.mean() - drafter):.2f} tokens a call), "
-                f"the drafter's {drafter:.1f}"
-                if drafter
-                else ""
-            ),
-            file=sys.stderr,
-        )
+        print(calls_line(stats, calls, infill=bool(args.infill), stop=args.stop), file=sys.stderr)
     _explain_separator(texts)
     return 0
 
@@ -239,6 +219,54 @@ def network_calls(stats: dict | None, rows: int) -> np.ndarray | None:
         return None
     calls = np.broadcast_to(np.asarray(stats["nfe_per_sample"]), (rows,)).astype(np.int64)
     return calls + np.broadcast_to(np.asarray(stats.get("draft_calls", 0)), (rows,)).astype(np.int64)
+
+
+def calls_of_text(stats: dict, calls: np.ndarray, i: int) -> dict:
+    """The `--output FILE.jsonl` figures of text i: its network calls, its tokens, those the model wrote (not the
+    prompt's, the suffix's or the template's), and tokens written a call."""
+    written = int(stats["written_per_sample"][i])
+    return {
+        "network_calls": int(calls[i]),
+        "tokens": int(stats["tokens_per_sample"][i]),
+        "tokens_written": written,
+        "tokens_per_call": round(written / max(int(calls[i]), 1), 4),
+    }
+
+
+def calls_line(stats: dict, calls: np.ndarray, infill: bool = False, stop: bool = False) -> str:
+    """`sedd sample`'s line of network calls: a text's calls (a drafter's included), its tokens and, where a prompt
+    or a template gave some, how many of them the model wrote; tokens written a call (over all the texts).
+
+    The tokens are the texts' as printed (with stop, each up to its first end-of-text token), the calls those
+    each text needed (``Run.generate``'s stats): a prompt's tokens are not counted as written, nor a template's
+    given characters. Without a prompt and a stop: "network calls: 32.0 a text of 32 tokens, 1.00 tokens a call".
+    """
+
+    def mean(a) -> str:  # a count the texts share as it is, else its mean
+        a = np.asarray(a)
+        return f"{int(a[0])}" if (a == a[0]).all() else f"{a.mean():.1f}"
+
+    tokens, written = np.asarray(stats["tokens_per_sample"]), np.asarray(stats["written_per_sample"])
+    line = f"network calls: {calls.mean():.1f} a text of {mean(tokens)} tokens"
+    if stop:
+        line += f" (up to its first {EOS_TEXT})"
+    if (written == tokens).all():
+        line += f", {written.sum() / max(calls.sum(), 1):.2f} tokens a call"
+    else:
+        line += (
+            f", {mean(written)} of them written ({mean(tokens - written)} given by the "
+            f"{'template' if infill else 'prompt'}): {written.sum() / max(calls.sum(), 1):.2f} tokens written a call"
+        )
+    if calls.min() != calls.max():
+        line += f" ({calls.min()}-{calls.max()} calls)"
+    drafter = np.broadcast_to(np.asarray(stats.get("draft_calls", 0)), calls.shape)  # a small drafter's cost less
+    if drafter.any():
+        target = calls - drafter
+        line += (
+            f"; the target's {target.mean():.1f} ({written.sum() / max(target.sum(), 1):.2f} tokens a call), "
+            f"the drafter's {drafter.mean():.1f}"
+        )
+    return line
 
 
 KEEPS_FREED_MEMORY = ("train", "distill", "eval")

@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 
 from sedd import code_measures, evaluate, runs
-from sedd.data import OutOfVocabulary, load_dataset, read_documents
+from sedd.data import OutOfVocabulary, check_characters, load_dataset, read_documents
 
 
 def load_judge(workdir: str | Path, tokenizer=None) -> runs.Run:
@@ -127,6 +127,8 @@ def run_data(run: runs.Run, data: dict | None = None):
     for k, v in (data or {}).items():
         dcfg[k] = v
     try:
+        if data:  # other text: refused, where the run cannot read it, before anything is prepared from it
+            check_characters(dcfg, run.tokenizer)
         dataset = load_dataset(dcfg, tokenizer=run.tokenizer)
     except OutOfVocabulary as e:
         if not data:  # the run's own data: a corpus edited since the run was trained

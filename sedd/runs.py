@@ -627,30 +627,28 @@ class Run:
             top_p, max_length, block_length, stop, ...); with stop each
             text ends before its first end-of-text token.
         Returns:
-          num_samples strings (with return_stats=True: and the sampler's stats, "nfe_per_sample" ...).
+          num_samples strings; with return_stats=True, (texts, stats): the sampler's stats ("nfe_per_sample": each
+          row's calls), "tokens_per_sample" int[num_samples] (each text's tokens) and "written_per_sample" (those of
+          them the model wrote: not the prompt's, the suffix's or the template's).
         """
         self.kind.check_given(suffix=bool(suffix), infill=bool(infill))  # as sedd serve refuses them
         length = sampler_options.get("max_length") or self.seq_len
-        mask, tokens = sampling.text_conditioning(
-            self.tokenizer,
-            length,
-            num_samples,
-            prefix=prefix or "",
-            suffix=suffix or "",
-            infill=infill or "",
-            blank=blank,
-        )
+        prefix, suffix, infill = prefix or "", suffix or "", infill or ""
+        mask, tokens = sampling.text_conditioning(self.tokenizer, length, num_samples, prefix, suffix, infill, blank)
         if mask is not None:
             sampler_options.update(fixed_mask=jnp.asarray(mask), fixed_tokens=jnp.asarray(tokens))
         stop = bool(sampler_options.get("stop"))
         ids = (out := self.sample(key, num_samples, steps, sampler, **sampler_options)).tokens
-        if infill:
-            ids = ids[:, : len(infill)]
+        ends = np.full(len(ids), len(infill) if infill else ids.shape[1])  # each text's tokens: [0, end)
         if stop:  # each text up to its first end-of-text token
-            eos = int(self.tokenizer.eos_id)
-            ids = [row[: int(np.argmax(row == eos))] if (row == eos).any() else row for row in ids]
-        texts = [self.decode(row) for row in ids]
-        return (texts, out.stats) if sampler_options.get("return_stats") else texts
+            eos = ids == int(self.tokenizer.eos_id)
+            ends = np.where(eos.any(1), np.minimum(eos.argmax(1), ends), ends)
+        texts = [self.decode(row[:end]) for row, end in zip(ids, ends)]
+        if not sampler_options.get("return_stats") or out.stats is None:  # (a kind may count no calls)
+            return (texts, None) if sampler_options.get("return_stats") else texts
+        given = np.zeros(ids.shape, bool) if mask is None else np.asarray(mask, bool)
+        written = (np.arange(ids.shape[1])[None, :] < ends[:, None]) & ~given  # (B, L) the texts' positions, not given
+        return texts, dict(out.stats, tokens_per_sample=ends.astype(np.int32), written_per_sample=written.sum(1))
 
     def decode(self, ids) -> str:
         """One sequence of token ids (int[L]) as text."""

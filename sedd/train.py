@@ -572,9 +572,11 @@ def train(
     if cpt:  # the figure the end of the run compares with, per character
         eos = f"; {EOS_TEXT} between documents is a token of none" if tokenizer.eos_id is not None else ""
         per_char = f" = {entropy / cpt:.3f} bits/char ({cpt:.4f} characters per token{eos})"
+    chars = f" ({len(tokenizer.chars)} characters and {EOS_TEXT})" if hasattr(tokenizer, "chars") else ""
     say(
         f"model: {trainer.n_params / 1e6:.2f}M parameters; data: {dataset.num_tokens('train'):,} train tokens, "
-        f"vocabulary {tokenizer.vocab_size}, unigram entropy of the train split {entropy:.3f} bits/token{per_char}"
+        f"vocabulary {tokenizer.vocab_size}{chars}, unigram entropy of the train split "
+        f"{entropy:.3f} bits/token{per_char}"
     )
     say(dtype_line(config.model.dtype))
 

@@ -473,6 +473,12 @@ def test_past_the_window_and_stop_id():
     end = max(int(np.argmax(row == 0)) // b + 1 for row in x) * b  # the block in which the last row stopped
     assert (x[:, end:] == 0).all()
     assert int(stopped.stats["nfe"]) <= end // b * 4  # no block drawn after it
+    # Each row's calls end with the block in which it wrote stop_id (and its commit): the blocks drawn after it for
+    # the other rows are not its calls (issue 84: a text that ended early was said to have taken them all).
+    blocks = [int(np.argmax(row == 0)) // b + 1 for row in x]
+    calls = np.asarray(stopped.stats["nfe_per_sample"])
+    assert blocks[0] < blocks[1] and calls[0] < calls[1] <= int(stopped.stats["nfe"]), (blocks, calls)
+    assert all(n <= c <= 4 * n for n, c in zip(blocks, calls)), (blocks, calls)
 
 
 def test_block_outputs_see_only_their_block_and_the_clean_blocks_before():
@@ -573,6 +579,22 @@ def test_block_run_samples_past_its_length_and_evaluates(block_run, tmp_path, ca
     stdout = capsys.readouterr().out
     figures = dict((k.strip(), v) for k, v in (line.split(":", 1) for line in stdout.splitlines() if ":" in line))
     assert figures["kind"].strip() == "block" and 0 < float(figures["bits_per_char"]) < 12, stdout
+
+
+def test_a_block_runs_calls_count_the_tokens_written_up_to_its_stop(block_run, tmp_path, capsys):
+    """`sedd sample --stop` on a block run: each text's calls and tokens are those up to its first <|endoftext|>,
+    the prompt's not counted as written (issue 84: "1025.0 a text of 1024 tokens" for a text of 15 characters)."""
+    from sedd import cli
+
+    out = tmp_path / "samples.jsonl"
+    args = ["sample", "--workdir", str(block_run), "--max_length", "64", "--stop", "--prefix", "ROMEO:"]
+    assert cli.main([*args, "--num_samples", "2", "--output", str(out)]) == 0, capsys.readouterr().err[-2000:]
+    for line in map(json.loads, out.read_text().splitlines()):
+        assert line["tokens"] == len(line["text"]) <= 64 and "<|endoftext|>" not in line["text"], line  # 1 a char
+        assert line["tokens_written"] == line["tokens"] - 6, line
+        assert line["tokens_per_call"] == pytest.approx(line["tokens_written"] / line["network_calls"], abs=1e-4)
+    said = capsys.readouterr().err
+    assert " tokens (up to its first <|endoftext|>), " in said and "(6 given by the prompt)" in said, said
 
 
 @pytest.mark.slow  # the openai client on a block run; tests/test_streaming.py streams block runs by default: behind -m slow to keep the default suite within 900 CPU s

@@ -7,20 +7,25 @@
 - `sedd train`'s closing `sedd sample --prefix` hint prompts with the run's own text, not the plays' "ROMEO:"
   (issue 71: a run of code was told to start its samples with ROMEO:);
 - `sedd eval --config.data.path=OTHER` on a text the run's characters cannot write says which characters,
-  clipped, and what would work (issue 71: any Markdown file is refused);
+  clipped, and what would work (issue 71: any Markdown file is refused), before anything is prepared from it
+  (issue 84); the README's zero-shot line reads a text the package ships;
 - `--config tiny` (or `code`) names the shipped config even where the working directory holds a folder of
   that name, as `sedd.config.config_path` reads it (it was refused as "not a regular file").
 """
 
 import io
 import re
+from pathlib import Path
 
 import pytest
 from tqdm.auto import tqdm
 
-from sedd import cli, runs, sampling, validate
+from sedd import cli, data, runs, sampling, validate
 from sedd import progress
 from sedd.data import load_dataset, save_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 
 
 def test_sample_help_names_every_registered_sampler(capsys):
@@ -166,6 +171,21 @@ def test_zero_shot_eval_on_a_text_outside_the_vocabulary_says_what_would_work(ti
     assert err.startswith(f"sedd eval: error: {notes}: characters ['#', '%', '<', '>', '`', '|', '~', '一'"), err
     assert "... (47 in all)]" in err and chr(0x4E00 + 39) not in err, err  # clipped, with the count
     assert "give it a text made of them" in err and f"sedd train --config.data.path={notes}" in err, err
+    assert "preparing" not in capsys.readouterr().out and not list((tmp_path / "data").rglob("*array_record*"))
+
+
+def test_the_readmes_zero_shot_line_reads_a_text_the_package_ships(tiny_run, tmp_path, capsys):
+    """`sedd eval --config.data.path=sedd/data/corpus/cc0.txt --split train`, as the README gives it (from the clone's
+    root), on a run of the plays' characters: the bound of CC0's legal English (issue 84: `other.txt` was no file)."""
+    workdir, _ = tiny_run
+    line = next(x for x in README.read_text().splitlines() if x.startswith("sedd eval ") and "zero-shot" in x)
+    path = re.search(r"--config\.data\.path=(\S+)", line)[1]
+    assert (ROOT / path).is_file() and (Path(data.__file__).parent / "corpus" / Path(path).name).is_file(), path
+    args = ["eval", "--workdir", str(workdir), f"--config.data.path={ROOT / path}", "--split", "train"]
+    small = ["--num_t", "2", "--batch_size", "4", "--max_batches", "1", f"--config.data.data_dir={tmp_path}"]
+    assert "--split train" in line and cli.main(args + small) == 0, capsys.readouterr().err[-2000:]
+    figures = {k.strip(): v for k, v in (x.split(":", 1) for x in capsys.readouterr().out.splitlines() if ":" in x)}
+    assert figures["split"].strip() == "train" and float(figures["bits_per_char"]) > 0, figures
 
 
 def test_a_shipped_configs_name_beside_a_folder_of_that_name(tmp_path, monkeypatch):

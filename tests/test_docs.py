@@ -1,14 +1,22 @@
 """The README and the guides instruct (issue 62, item 4): short, current, and true to the code.
 
 - README.md: at most 200 lines, no commit hash, no host "load", CPU models and families named in its
-  results table only; its commands use config keys that exist; its file map names files that exist.
+  results tables only; its commands use config keys that exist; its file map names files that exist.
 - The README's, `sedd.sampling`'s and `sedd sample --help`'s lists of samplers name every registered one.
 - The guides in docs/ carry no dated run logs: those live in docs/studies/, linked from the guide.
 - Every relative link of the README and of docs/ resolves, anchors included, inside the repository.
+- The README's Python snippet runs from the folder above a clone, and an editable install is what lets it
+  (issue 84).
 """
 
+import ast
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -25,12 +33,11 @@ LOAD = re.compile(r"(?<![\w.])load(?![\w(])", re.IGNORECASE)  # the word, not `s
 CPU = re.compile(r"\b(Zen \d|EPYC|Xeon|CPU family|family \d+|model \d+)\b")
 
 
-def _results_table(lines: list[str]) -> range:
-    """The line numbers of the README's results table (the first table under "## Results")."""
+def _results_tables(lines: list[str]) -> set[int]:
+    """The line numbers of the README's results tables (the tables of the "## Results" section)."""
     start = lines.index("## Results")
-    first = next(i for i in range(start, len(lines)) if lines[i].startswith("|"))
-    last = next(i for i in range(first, len(lines)) if not lines[i].startswith("|"))
-    return range(first, last)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return {i for i in range(start, end) if lines[i].startswith("|")}
 
 
 def test_readme_is_short_and_current():
@@ -40,9 +47,9 @@ def test_readme_is_short_and_current():
     assert not COMMIT.findall(text), f"README.md names commits: {COMMIT.findall(text)}"
     loads = [line for line in lines if LOAD.search(line)]
     assert not loads, f"README.md speaks of load: {loads}"
-    table = _results_table(lines)
-    named = [line for i, line in enumerate(lines) if CPU.search(line) and i not in table]
-    assert not named, f"README.md names CPU models outside its results table: {named}"
+    tables = _results_tables(lines)
+    named = [line for i, line in enumerate(lines) if CPU.search(line) and i not in tables]
+    assert not named, f"README.md names CPU models outside its results tables: {named}"
 
 
 def test_every_sampler_list_names_every_registered_sampler(capsys):
@@ -132,3 +139,43 @@ def test_the_quickstart_commands_are_the_ones_ci_runs():
     test = 'pip install -e ".[test]" && python -m pytest -q -rs -n 2 --dist loadscope'
     assert f"\n   {train}\n" in readme and f"\n   {test}\n" in readme
     assert test in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_the_readme_snippet_runs_from_the_clones_parent(tiny_run, tmp_path):
+    """The README's Python snippet, saved in the folder above a clone and run there with `python snippet.py` (issue
+    84): `git clone` names the clone `sedd`, and from its parent that folder (no __init__.py; a `runs/` in it after
+    the README's `--workdir runs/mine`) is a namespace package `sedd` Python finds first unless the installed one
+    is on sys.path, which setup.py's package_dir makes `pip install -e .` do. The run is the tests' tiny one."""
+    snippet = re.search(r"```python\n(.*?)```", README.read_text(), re.S)[1]
+    assert '"checkpoints/shakespeare_char"' in snippet, snippet
+    (tmp_path / "sedd" / "runs" / "mine").mkdir(parents=True)  # the clone, as the folder above it sees it
+    (tmp_path / "snippet.py").write_text(snippet.replace('"checkpoints/shakespeare_char"', repr(str(tiny_run[0]))))
+    proc = subprocess.run(
+        [sys.executable, "snippet.py"], cwd=tmp_path, env=dict(os.environ), capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, (
+        "the README's snippet failed from the clone's parent; where sedd is an editable install of an older "
+        f"setup.py, `pip install -e .` again:\n{proc.stderr[-3000:]}"
+    )
+    texts = ast.literal_eval(proc.stdout.strip().splitlines()[0])  # the printed list of two samples
+    assert len(texts) == 2 and all(t.startswith("ROMEO:") for t in texts), proc.stdout
+
+
+def test_an_editable_install_puts_the_clone_itself_on_sys_path(tmp_path):
+    """setuptools' editable wheel of this tree is a static .pth naming the clone (a path Python's own search reads,
+    where a regular package beats a namespace one), not an import hook that runs after that search (issue 84;
+    setuptools picks the hook for a flat layout unless package_dir names the root)."""
+    build_meta = pytest.importorskip("setuptools.build_meta")
+    if not hasattr(build_meta, "build_editable"):
+        pytest.skip("setuptools < 64 has no editable wheels: pip's `setup.py develop` puts the clone on sys.path")
+    src = tmp_path / "clone"
+    skip = (".git", "checkpoints", "runs", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache")
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*skip, "tests", "docs", "experiments"))
+    code = "import sys; from setuptools import build_meta; print(build_meta.build_editable(sys.argv[1]))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "wheel")], cwd=src, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with zipfile.ZipFile(tmp_path / "wheel" / proc.stdout.split()[-1]) as wheel:
+        pth = [wheel.read(n).decode() for n in wheel.namelist() if n.endswith(".pth")]
+    assert [line for text in pth for line in text.splitlines()] == [str(src)], pth

@@ -39,7 +39,15 @@ def test_inference_builds_no_optimizer(tiny_run, monkeypatch, capsys):
     assert run.generate(jax.random.key(0), 1, steps=4, infill="To be, or ____ to be")[0].startswith("To be, or ")
     filled = run.generate(jax.random.key(0), 1, steps=4, infill="a_c")[0]  # cut to the template's length
     assert filled[0] == "a" and filled[-1] == "c" and (len(filled) == 3 or "<|endoftext|>" in filled)
+    # What the calls wrote: each text's tokens, less the prompt's (issue 84)
+    _, stats = run.generate(jax.random.key(0), 2, steps=4, prefix="ROMEO", return_stats=True)
+    assert stats["tokens_per_sample"].tolist() == [32, 32] and stats["written_per_sample"].tolist() == [27, 27]
     assert cli.main(["sample", "--workdir", str(workdir), "--steps", "4", "--num_samples", "1"]) == 0
+    assert "network calls: 4.0 a text of 32 tokens, 8.00 tokens a call" in capsys.readouterr().err
+    # An infill template: the text is the template's 3 tokens, and the calls wrote its one blank
+    assert cli.main(["sample", "--workdir", str(workdir), "--steps", "4", "--num_samples", "1", "--infill", "a_c"]) == 0
+    said = capsys.readouterr().err
+    assert "network calls: 4.0 a text of 3 tokens, 1 of them written (2 given by the template): 0.25 tokens" in said
     assert cli.main(["eval", "--workdir", str(workdir), "--num_t", "2", "--batch_size", "4", "--max_batches", "1"]) == 0
     assert "nats_per_token" in capsys.readouterr().out
 

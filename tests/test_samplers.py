@@ -426,6 +426,21 @@ def test_blocks_generate_past_the_window():
         assert reference.tv(got, want) < reference.tv_noise_bound(want, int(rows.sum()))
 
 
+def test_a_rows_calls_past_the_window_end_with_the_window_that_stops_it():
+    """With stop_id, a row's nfe_per_sample counts the windows up to the one in which it wrote stop_id: the windows
+    drawn after it for the other rows are not its calls (issue 84)."""
+    args = (EXACT["absorbing"], ABSORBING, LOGLINEAR, (8, L), L)
+    first = sampling.sample_long(jax.random.key(8), *args, L, 2, sampler="analytic", return_stats=True)
+    out = sampling.sample_long(jax.random.key(8), *args, 8, 2, sampler="analytic", return_stats=True, stop_id=0)
+    x, calls = np.asarray(out.tokens), np.asarray(out.stats["nfe_per_sample"])
+    np.testing.assert_array_equal(x[:, :L], np.asarray(first.tokens))  # window 0 is the same draw
+    alone = np.asarray(first.stats["nfe_per_sample"])  # each row's calls in window 0
+    done = (x[:, :L] == 0).any(1)  # the rows that stopped in window 0
+    assert done.any() and not done.all(), x
+    np.testing.assert_array_equal(calls[done], alone[done])
+    assert (calls[~done] > alone[~done]).all() and calls.max() <= int(out.stats["nfe"]), (calls, alone)
+
+
 # --------------------------------------------------------------------------- categorical
 
 

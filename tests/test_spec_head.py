@@ -12,6 +12,7 @@ which gives the causal half no gradient; and a tiny run trains and samples.
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -233,3 +234,16 @@ def test_a_tiny_head_run_trains_and_samples(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert "layout k=3 from the draft head (4 positions a call), as asked" in res.stderr, res.stderr[-2000:]
     assert res.stdout.lstrip().startswith("ROMEO:") or "ROMEO:" in res.stdout
+    # The calls line counts the 26 tokens written after the 6-token prompt, the target's calls and the head's steps
+    # (issue 84: it said 6.40 tokens a call where at most 5.2 were written).
+    line = next(x for x in res.stderr.splitlines() if x.startswith("network calls: "))
+    got = re.search(
+        r"a text of 32 tokens, 26 of them written \(6 given by the prompt\): ([\d.]+) tokens written a call; "
+        r"the target's ([\d.]+) \(([\d.]+) tokens a call\), the drafter's ([\d.]+)$",
+        line,
+    )
+    assert got, line
+    per_call, target, per_target, drafter = (float(x) for x in got.groups())
+    assert drafter == 3 * (target - 1), line  # k = 3 head steps a round; the target's calls: the rounds and the prefill
+    assert per_call == pytest.approx(26 / (target + drafter), abs=0.006), line
+    assert per_target == pytest.approx(26 / target, abs=0.006) and per_target <= 4, line  # at most k + 1 a round

@@ -622,11 +622,11 @@ def test_sedd_sample_drafts_with_a_block_run(tmp_path, capsys):
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     texts = [line["text"] for line in lines]
     assert len(texts) == 2 and all(t.startswith("RO") for t in texts), texts
-    # each line carries its text's network calls (the target's and the drafter's: 2 a round) and tokens a call
+    # each line carries its text's network calls (the target's and the drafter's: 2 a round) and the tokens they
+    # wrote a call: the tiny config's 32 less the prompt's 2
     for line in lines:
-        assert line["network_calls"] % 2 == 0 and line["tokens_per_call"] == pytest.approx(
-            32 / line["network_calls"], rel=1e-3
-        ), line  # the tiny config's 32 tokens
+        assert line["network_calls"] % 2 == 0 and (line["tokens"], line["tokens_written"]) == (32, 30), line
+        assert line["tokens_per_call"] == pytest.approx(30 / line["network_calls"], rel=1e-3), line
     printed = capsys.readouterr().err  # beside the texts, not among them
     assert "network calls: " in printed and " tokens a call" in printed, printed
     target, drafter = (float(x) for x in re.search(r"the target's ([\d.]+) .*the drafter's ([\d.]+)", printed).groups())

@@ -219,7 +219,10 @@ def test_own_text_file_prompts_and_bad_checkpoints(data_dir, tmp_path, capsys):
     printed = capsys.readouterr()
     samples = [s.split("\n", 1)[1] for s in printed.out.split("--- sample ")[1:]]
     assert len(samples) == 2 and all(s.startswith("the cat") for s in samples), samples
-    assert "network calls: 4.0 a text of 32 tokens, 8.00 tokens a call" in printed.err  # 4 steps, each one call
+    # 4 steps, each one call, wrote the 25 tokens after the prompt's 7 (issue 84: not 32 tokens a call of 4)
+    assert (
+        "network calls: 4.0 a text of 32 tokens, 25 of them written (7 given by the prompt): 6.25 tokens" in printed.err
+    )
     assert cli.main(["sample", "--workdir", str(workdir), "--prefix", "the dog!"]) == 2
     assert "'d'" in capsys.readouterr().err
     assert cli.main(["sample", "--workdir", str(workdir), "--prefix", "the " * 40]) == 2

@@ -25,6 +25,8 @@ byte for byte, by default the standard library), markov (a chain with an exact l
 `load_dataset` picks the one a config's data section names.
 """
 
+import codecs
+import logging
 import os
 from pathlib import Path
 
@@ -69,6 +71,7 @@ __all__ = [
     "PackedTokens",
     "TextData",
     "TokenData",
+    "check_characters",
     "check_data_dir",
     "data_section",
     "default_data_dir",
@@ -171,15 +174,59 @@ def load_dataset(config, tokenizer=None) -> TextData:
     return TextData(builder, tokenizer, config.seq_len, cache_dir)
 
 
-def _builder(config: ml_collections.ConfigDict):
-    """The prepared builder of a completed data section (not "markov")."""
+def _builder(config: ml_collections.ConfigDict, prepare: bool = True):
+    """The builder of a completed data section (not "markov"): prepared, or (prepare=False) as it is."""
     name = config.name
     if name == "shakespeare" and config.path:
         # The plays are only the default text: `--config.data.path=my.txt` alone
         # trains on the user's file or folder (any *.txt / *.jsonl).
         name = "text"
     options = config.code.to_dict() if name == "code" else None
-    return get_builder(name, config.path, config.data_dir or default_data_dir(), config.documents, options)
+    data_dir = config.data_dir or default_data_dir()
+    if not prepare:
+        return BUILDERS[name](path=config.path, data_dir=data_dir, documents=config.documents, **(options or {}))
+    return get_builder(name, config.path, data_dir, config.documents, options)
+
+
+def check_characters(config, tokenizer) -> None:
+    """Refuse, before anything is prepared from it, text holding characters a character-level tokenizer lacks.
+
+    Preparing local text writes its array_record files first; a character the
+    run's vocabulary lacks (Markdown's `#`, code's `=`) was then refused only
+    when the tokens were cached, after the work. This reads the documents that
+    preparing would write (``TextFiles.split_fragments``) and names those
+    characters at once. Data already prepared (its tokens are cached or
+    refused at once), synthetic data, data a builder reads some other way, and
+    tokenizers that encode any text (byte, GPT-2) pass without reading.
+
+    Args:
+      config: a `data` section, as ``load_dataset`` takes it.
+      tokenizer: the tokenizer the text will be read with (a run's).
+    Raises:
+      OutOfVocabulary: naming the characters the tokenizer lacks.
+    """
+    config = data_section(config)
+    chars = getattr(tokenizer, "chars", None)  # a CharTokenizer's vocabulary
+    if chars is None or config.name == "markov" or config.name not in BUILDERS:
+        return
+    absl = logging.getLogger("absl")  # its "custom data configuration" lines, as get_builder silences them
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        builder = _builder(config, prepare=False)
+        if builder.is_prepared() or not hasattr(builder, "split_fragments"):
+            return
+    finally:
+        absl.setLevel(level)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a fragment may end inside a character
+    seen: set[str] = set()
+    for _, fragments in builder.split_fragments().values():
+        for piece in fragments():
+            if piece is not None:  # None ends a document
+                seen.update(decoder.decode(piece))
+    seen.update(decoder.decode(b"", final=True))
+    if unknown := sorted(seen - set(chars)):
+        raise OutOfVocabulary(unknown, chars)
 
 
 def sample_prompt(config, tokenizer, max_chars: int = 24) -> str:

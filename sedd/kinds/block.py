@@ -506,9 +506,9 @@ def draw_blocks(
         return jnp.zeros((rows,), bool) if stop_id is None else jnp.any(x == stop_id, axis=1)
 
     def body(carry):
-        i, ctx, text, clean, nfe, nfe_row, stopped = carry
+        i, ctx, text, clean, nfe, nfe_row, stopped = carry  # a stopped row's calls end: later blocks are the others'
         ctx, x, text, _, n, n_row = next_block(i, ctx, text, clean)
-        return i + 1, ctx, text, x, nfe + n, nfe_row + n_row, stopped | stops(x)
+        return i + 1, ctx, text, x, nfe + n, nfe_row + jnp.where(stopped, 0, n_row), stopped | stops(x)
 
     carry = (jnp.int32(0), ctx, text, none_yet, jnp.int32(0), jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), bool))
     i, ctx, text, x, nfe, nfe_row, _ = jax.lax.while_loop(lambda c: (c[0] < blocks) & ~jnp.all(c[6]), body, carry)
@@ -626,9 +626,9 @@ def sample_blocks(
         return_stats, return_trajectory, the sampler's own options, ...), and
         stop_id: a token id that ends the text (None: draw all T).
     Returns:
-      ``Samples``: tokens int32[B, T]; with return_trajectory the states of
-      the whole text along the way (every block's steps in turn, a block not
-      yet drawn all MASK); stats with the NFE (the commits counted).
+      ``Samples``: tokens int32[B, T]; with return_trajectory the states of the whole text along the way (every
+      block's steps in turn, a block not yet drawn all MASK); stats with the NFE (the commits counted), each row's
+      ("nfe_per_sample") with stop_id up to the block in which it wrote it (and that block's commit).
 
     Raises:
       ValueError: a graph other than absorbing, a fixed pattern other than a

@@ -52,7 +52,8 @@ def sample_long(
         hold stop_id.
     Returns:
       ``Samples`` with tokens int32[B, max_length] and, when asked for, the
-      stats with the NFE summed over the windows.
+      stats with the NFE summed over the windows (a row's "nfe_per_sample",
+      with stop_id, over the windows up to the one in which it wrote it).
     """
     b, length = check_shape(shape)
     stop_id = sample_args.pop("stop_id", None)
@@ -91,6 +92,8 @@ def sample_long(
         mask = user_mask[:, window] | drawn[None, :]
         tokens = jnp.where(drawn[None, :], out[:, window], user_tokens[:, window])
         x, _, stats = loop(jax.random.fold_in(key, w), times, mask, tokens, score_params)
+        if stop_id is not None:  # a row that wrote stop_id before this window needs none of its calls
+            stats["nfe_per_sample"] = jnp.where(jnp.any(out[:, :done] == stop_id, axis=1), 0, stats["nfe_per_sample"])
         out = out.at[:, window].set(x)
         nfe, nfe_row = nfe + stats["nfe"], nfe_row + stats["nfe_per_sample"]
         done, start, w = start + length, start + block_length, w + 1
