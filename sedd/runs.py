@@ -196,8 +196,8 @@ def _check_config(config: ml_collections.ConfigDict, path: Path | str) -> None:
 def read_tokenizer(workdir: str | Path, vocab_size: int):
     """The tokenizer.json of a run directory, refused unless its vocabulary is the model's (config vocab_size).
 
-    A GPT-2 tokenizer names files elsewhere; each must be a regular file of
-    at most ``MAX_TOKENIZER_BYTES``.
+    A GPT-2 tokenizer names files elsewhere; each must be a regular file of at most ``MAX_TOKENIZER_BYTES``, of
+    bounded contents (``sedd.data.GPT2Tokenizer``).
 
     Raises:
       RunError: tokenizer.json cannot be read or built, or its vocabulary
@@ -208,8 +208,6 @@ def read_tokenizer(workdir: str | Path, vocab_size: int):
         saved = json.loads(_read_bounded(path, MAX_TOKENIZER_BYTES))
         if not (isinstance(saved, dict) and isinstance(saved.get("name"), str)):
             raise RunError('a tokenizer is a JSON object with a "name"')
-        if saved["name"] == "gpt2":
-            _check_gpt2_files(Path(str(saved.get("path", ""))).expanduser())
         tokenizer = tokenizer_from_dict(saved)
     except FileNotFoundError as e:
         raise RunError(f"{path}: {e}") from None
