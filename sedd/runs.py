@@ -89,6 +89,7 @@ VALUE_BOUNDS = {
     "noise.eps": validate.Bound(0, 1, integer=False, open_low=True),
     "sampling.eps": validate.Bound(0, 1, integer=False, open_low=True),
     "model.dropout": validate.Bound(0, 1, integer=False),
+    "data.markov.seed": validate.Bound(0, validate.MAX_CONFIG_SEED, why="a uint32: it seeds the chain's table"),
 }
 """Bounds of the floats of a run's config that the sampler computes with (any other float must be finite)."""
 MAX_PARAMETERS = 1 << 33  # the network's weights, estimated from the sizes above (GPT-2 XL has 1.6e9)
@@ -131,15 +132,16 @@ def _read_bounded(path: Path, limit: int) -> str:
 
 def check_config(config: ml_collections.ConfigDict, where: str) -> None:
     """The checks of ``read_config`` on a config about to be trained (vocab_size, not known yet, taken as 2),
-    then ``sedd.validate.check_training``'s (the training keys' bounds), before any work.
+    then ``sedd.validate.check_training``'s and ``sedd.kinds.check_config``'s (names, keys of other kinds).
 
     Raises:
-      RunError: `where`: the first key of the wrong type, not finite or out of bounds.
+      RunError: `where`: the first key of the wrong type, not finite, out of bounds or not its kind's.
     """
     config = ml_collections.ConfigDict({"vocab_size": 2, **config.to_dict()})  # a known vocab_size wins
     _check_config(config, where)
     try:
         validate.check_training(config)
+        kinds.check_config(config)
     except ValueError as e:
         raise RunError(f"{where}: {e}") from None
 

@@ -343,6 +343,7 @@ def test_the_kind_protocol_is_what_every_kind_is():
     protocol = {
         "exact",
         "conditions",
+        "reads",
         "diffuses",
         "label",
         "describe",

@@ -678,7 +678,7 @@ class Options(causal.Options):
         return super().checked()
 
 
-@register("spec")
+@register("spec", reads=("model.draft_k", "model.draft_head", "training.draft_weight", "training.draft_target"))
 class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
     """One network that drafts and verifies in the same call (module docstring, TiDAR-style).
 
