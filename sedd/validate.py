@@ -57,6 +57,15 @@ def short_numbers(text: str) -> str:
     return re.sub(r"\d{25,}", lambda m: f"<a {len(m.group())}-digit number>", text)
 
 
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception as one line of at most about `limit` characters: its type and message, the message's
+    whitespace collapsed; TensorStore's dump of its spec (a bound method's repr over many lines) cut off, the
+    array it names kept ("Encountered error while reading array index: ... (the array ema.layers.0...)")."""
+    text, _, spec = " ".join(str(e)[:20_000].split()).partition(" See full TensorStore details")
+    arrays = re.findall(r"'path': '([^'/][^']*)'", spec)
+    return f"{type(e).__name__}: {text[:limit]}" + (f" (the array {arrays[-1].rstrip('/')})" if arrays else "")
+
+
 MAX_LINE = 1000  # characters of a line of a message shown to the user
 
 
