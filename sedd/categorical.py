@@ -146,6 +146,12 @@ def sample_two_level(
     return start + race(k_entry, inside)
 
 
+def check_method(method: str) -> None:
+    """Raise ValueError unless `method` is one of ``METHODS`` (sampling.categorical, checked before any work)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown categorical method {method!r}; expected one of {METHODS}")
+
+
 def sample_categorical(key: jax.Array, probs: jax.Array, method: str = "precise") -> jax.Array:
     """One draw from the categorical ∝ probs along the last axis.
 
@@ -160,8 +166,7 @@ def sample_categorical(key: jax.Array, probs: jax.Array, method: str = "precise"
     Returns:
       int32[...] the sampled indices.
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown categorical method {method!r}; expected one of {METHODS}")
+    check_method(method)
     probs = jnp.maximum(probs.astype(jnp.float32), 0.0)
     if method == "gumbel32":
         return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)

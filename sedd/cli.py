@@ -608,7 +608,7 @@ def _command(argv: list[str] | None) -> int:
         if rest:
             parser.error(f"unrecognised arguments: {' '.join(rest)}")
         return _sample(args)
-    except (ValueError, KeyError, FileNotFoundError, RuntimeError, FloatingPointError) as e:
+    except (ValueError, KeyError, FileNotFoundError, RuntimeError, FloatingPointError, files.DiskError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"sedd {args.command}: error: {validate.clipped(str(msg))}", file=sys.stderr)
         return 2

@@ -36,6 +36,7 @@ students sample with it by default (sampling.sampler = "dilated").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -46,7 +47,7 @@ import ml_collections
 from flax import nnx
 
 from sedd import config as config_lib
-from sedd import files, kinds, runs, sdtt, train, validate
+from sedd import files, kinds, lock, runs, sdtt, train, validate
 from sedd.kinds import capabilities
 from sedd import sharding as sharding_lib
 from sedd.sampling import planned_rank
@@ -314,14 +315,15 @@ def distill(
     check_distillable(config)
     workdir = Path(workdir)
     runs.check_run_links(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    if not (workdir / runs.TOKENIZER).exists() and jax.process_index() == 0:  # read as a run is, never a link out
-        teacher = Path(config.distill.teacher)
-        try:
-            files.copy(teacher / runs.TOKENIZER, workdir / runs.TOKENIZER, runs.MAX_TOKENIZER_BYTES, root=teacher)
-        except (files.UnsafeFile, OSError) as e:
-            raise runs.RunError(f"the teacher's {runs.TOKENIZER} was not copied: {e}") from None
-    result = train.train(config, workdir, quiet=quiet, split_cpu=split_cpu, make_trainer=DistillTrainer)
+    lead = jax.process_index() == 0
+    with lock.writing(workdir, (runs.TOKENIZER, runs.CONFIG)) if lead else contextlib.nullcontext():  # train's too
+        if not (workdir / runs.TOKENIZER).exists() and lead:  # read as a run is, never a link out
+            teacher = Path(config.distill.teacher)
+            try:
+                files.copy(teacher / runs.TOKENIZER, workdir / runs.TOKENIZER, runs.MAX_TOKENIZER_BYTES, root=teacher)
+            except (files.UnsafeFile, OSError) as e:
+                raise runs.RunError(f"the teacher's {runs.TOKENIZER} was not copied: {e}") from None
+        result = train.train(config, workdir, quiet=quiet, split_cpu=split_cpu, make_trainer=DistillTrainer)
     if not result.get("stopped"):
         result["rounds"] = round_figures(workdir, config)
     return result

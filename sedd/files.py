@@ -16,21 +16,26 @@ temporary file of a name of its own, created exclusively in the target's
 folder (which must lie inside the run), written, flushed to disk and renamed
 over the target; no link is followed and no FIFO or device opened, so a
 link planted where sedd writes is replaced, never written through. A log
-appended to (metrics.jsonl) is opened by ``open_append``: a regular file or
-nothing. orbax reads a checkpoint's folder only after ``check_checkpoints``
-has walked it (files and folders inside the run, nothing else), and
-``write_checksums`` / ``verify_checksums`` keep a SHA-256 of every array a
-checkpoint holds beside it.
+appended to (metrics.jsonl) is opened by ``open_append``: a regular file of
+the run's own or nothing. A write the disk refuses is a ``DiskError``: one
+line naming the path and what to do. orbax reads a checkpoint's folder only
+after ``check_checkpoints`` has walked it (files and folders inside the run,
+nothing else), and ``save_checkpoint`` / ``verify_checksums`` keep a SHA-256
+of every array a checkpoint holds in its step metadata.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
 import secrets
+import shutil
 import stat
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,6 +48,41 @@ from flax import nnx
 
 class UnsafeFile(ValueError):
     """A file that is not read: not a regular file, a link out of its folder, or larger than its bound."""
+
+
+class DiskError(OSError):
+    """A file or folder of a run that the disk would not take: one line naming the path and what to do.
+
+    An OSError (callers that keep going without the file, such as a spec run's layouts.json, still catch it),
+    with the errno of the failure it stands for (``disk_error``).
+    """
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+DO = {
+    errno.ENOSPC: "the disk is full (no space left on device). Free some space, then run the same command",
+    errno.EDQUOT: "the disk quota is used up. Free some space, then run the same command",
+    errno.EROFS: "the file system is read-only. Run on a writable disk (copy the run there, or give another --workdir)",
+    errno.EACCES: "permission denied. Run as the folder's owner, or give a folder of yours",
+    errno.EPERM: "the operation is not permitted here. Give a folder of yours",
+    errno.ENOTDIR: "a file stands where a folder goes. Move it away, or give another path",
+    errno.EEXIST: "a file stands where a folder goes. Move it away, or give another path",
+    errno.EISDIR: "a folder stands where a file goes. Move it away, or give another path",
+}
+"""What to do about each errno a run's files meet (``disk_error``); any other is named by its own words."""
+
+
+def disk_error(e: OSError, path: str | Path, what: str = "written") -> DiskError:
+    """`e`, raised while `path` was `what` ("written", "made", "locked"), as a ``DiskError`` of one line.
+
+    Its message names the path (not a temporary file's), the failure and what to do; its errno is e's.
+    """
+    if isinstance(e, DiskError):
+        return e
+    do = DO.get(e.errno) or f"{e.strerror or e}"
+    return DiskError(e.errno, f"{path} could not be {what}: {do}")
 
 
 def read_bytes(path: str | Path, limit: int, root: str | Path | None = None) -> bytes:
@@ -73,7 +113,7 @@ def read_bytes(path: str | Path, limit: int, root: str | Path | None = None) -> 
     try:
         st = os.fstat(fd)  # before a file object: io refuses a folder with IsADirectoryError
         if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFile(f"{path} is not a regular file ({_what(st.st_mode)}); only regular files are read")
+            raise UnsafeFile(f"{path} is not a regular file ({what_is(st.st_mode)}); only regular files are read")
         if st.st_size > limit:
             raise UnsafeFile(f"{path} holds {st.st_size} bytes; at most {limit} are read")
     except BaseException:
@@ -91,17 +131,66 @@ def read_text(path: str | Path, limit: int, root: str | Path | None = None) -> s
     return read_bytes(path, limit, root).decode("utf-8")
 
 
+@contextlib.contextmanager
+def disk_errors(path: str | Path, what: str = "written"):
+    """The block's OSError as ``disk_error(e, path, what)``: one line naming `path` and what to do."""
+    try:
+        yield
+    except OSError as e:
+        raise disk_error(e, path, what) from None
+
+
+def check_folder(path: Path, done: str = "nothing was touched") -> None:
+    """Refuse a folder of a run (checkpoints/, checkpoints_unreadable/, ...) that is a file, a FIFO or a device
+    (mkdir's FileExistsError came later, as a traceback), saying what to do and, `done`, what was not.
+
+    Raises:
+      UnsafeFile: one line.
+    """
+    if os.path.lexists(path) and not stat.S_ISDIR(mode := os.lstat(path).st_mode):
+        raise UnsafeFile(
+            f"{path} is {what_is(mode)}, where the run keeps a folder of its own; move it away (or rename it), "
+            f"then run again; {done}"
+        )
+
+
+def read_json(path: str | Path, limit: int, root: str | Path | None = None):
+    """``read_text`` parsed as JSON; a file that is not JSON, or nested past Python's recursion limit (a
+    layouts.json nested 200,000 deep), is a ValueError naming the file, in one line.
+
+    Raises:
+      FileNotFoundError, UnsafeFile: as ``read_bytes``; ValueError: not JSON.
+    """
+    try:
+        return json.loads(read_text(path, limit, root))
+    except (UnicodeDecodeError, RecursionError, ValueError) as e:
+        if isinstance(e, UnsafeFile):
+            raise
+        raise ValueError(f"{path} is not JSON: {type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+
+
 def copy(src: str | Path, dst: str | Path, limit: int, root: str | Path | None = None) -> None:
     """Copy the file `src` (read by ``read_bytes``) into `dst`, a new file: never written through a link.
 
     Raises:
       FileNotFoundError, UnsafeFile: as ``read_bytes``; FileExistsError: dst
-        exists (a file or a link), and is left as it is.
+        exists (a file or a link), and is left as it is; DiskError: the disk
+        would not take it (no part of dst is left).
     """
     data = read_bytes(src, limit, root)
-    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    try:
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except FileExistsError:
+        raise
+    except OSError as e:
+        raise disk_error(e, dst) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(dst)
+        raise disk_error(e, dst) from None
 
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -115,6 +204,7 @@ RUN_NAMES = (
     "layouts.json",
     "converted.json",
     "gpt2",
+    "sedd.lock",  # sedd.lock.LOCK
 )
 """What sedd writes at the top of a run directory (``sedd.runs``, ``sedd.train``, a spec run's layouts, ``sedd
 convert``'s record and tokenizer folder): no output of a command may land on one of them or under it."""
@@ -136,11 +226,15 @@ def write_bytes(path: str | Path, data: bytes, root: str | Path) -> None:
       root: the run directory.
     Raises:
       UnsafeFile: path's folder is outside root (a link on the way leads out).
-      OSError: the write failed (a full disk, a folder at path); the temporary file is removed.
+      DiskError: the write failed (a full or read-only disk, a folder at path), in one line naming path and
+        what to do; the temporary file is removed.
     """
     path = Path(path)
     folder = _inside_folder(path.parent, root)
-    fd_dir = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | NOFOLLOW)
+    try:
+        fd_dir = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | NOFOLLOW)
+    except OSError as e:
+        raise disk_error(e, path) from None
     try:
         tmp = f".{path.name}.{secrets.token_hex(6)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644, dir_fd=fd_dir)
@@ -157,6 +251,8 @@ def write_bytes(path: str | Path, data: bytes, root: str | Path) -> None:
                 pass
             raise
         os.fsync(fd_dir)  # the rename itself on disk
+    except OSError as e:  # a full or read-only disk, a folder at path: named by the target, not the temporary
+        raise disk_error(e, path) from None
     finally:
         os.close(fd_dir)
 
@@ -171,24 +267,55 @@ def open_append(path: str | Path, root: str | Path):
 
     Opened without following a link (O_NOFOLLOW) and without blocking on a FIFO
     (O_NONBLOCK: a FIFO with no reader fails at once, one with a reader is
-    refused by the check on the open descriptor).
+    refused by the check on the open descriptor). A file with other names
+    (a hard link to a file outside the run, or a run copied with `cp -al`) is
+    first replaced by a copy of its bytes, as ``write_bytes`` replaces a link:
+    the lines go to the run's own file, never into the other name's.
 
     Raises:
       UnsafeFile: path is a link, a FIFO, a device or a folder, or its folder is outside root.
+      DiskError: the disk would not take it (full, read-only, not ours).
     """
     path = Path(path)
-    _inside_folder(path.parent, root)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW, 0o644)
-    except OSError as e:
-        what = _what(os.lstat(path).st_mode) if os.path.lexists(path) else e.strerror
-        raise UnsafeFile(f"{path} cannot be written: {what}; sedd appends only to a regular file") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
+    folder = _inside_folder(path.parent, root)
+    for _ in range(2):  # a second time after a file of several names was replaced by a copy
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW, 0o644)
+        except OSError as e:
+            mode = os.lstat(path).st_mode if os.path.lexists(path) else stat.S_IFREG
+            if not stat.S_ISREG(mode):
+                raise UnsafeFile(
+                    f"{path} cannot be written: {what_is(mode)}; sedd appends only to a regular file"
+                ) from None
+            raise disk_error(e, path) from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise UnsafeFile(
+                f"{path} is not a regular file ({what_is(st.st_mode)}); sedd appends only to a regular file"
+            )
+        if st.st_nlink == 1:
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "a", encoding="utf-8")
         os.close(fd)
-        raise UnsafeFile(f"{path} is not a regular file ({_what(st.st_mode)}); sedd appends only to a regular file")
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "a", encoding="utf-8")
+        _unshare(path, folder)
+    raise UnsafeFile(f"{path} keeps gaining other names (hard links) while sedd replaces it; nothing was appended")
+
+
+def _unshare(path: Path, folder: Path) -> None:
+    """Replace the regular file `path` (of several hard links) by a copy of its bytes, atomically, in `folder`."""
+    tmp = folder / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    try:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW), "rb") as src:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644), "wb") as dst:
+                shutil.copyfileobj(src, dst)
+                dst.flush()
+                os.fsync(dst.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise disk_error(e, path) from None
 
 
 def _inside_folder(folder: Path, root: str | Path) -> Path:
@@ -215,7 +342,7 @@ def _inside(path: Path, root: str | Path | None) -> Path:
     return real
 
 
-def _what(mode: int) -> str:
+def what_is(mode: int) -> str:
     """A file type in words."""
     for test, word in (
         (stat.S_ISLNK, "a symbolic link"),
@@ -227,7 +354,7 @@ def _what(mode: int) -> str:
     ):
         if test(mode):
             return word
-    return "not a regular file"
+    return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
 
 
 def checkpoint_tree(folder: str | Path):
@@ -286,6 +413,11 @@ def check_checkpoint_shapes(folder: str | Path, target) -> None:
       ValueError: naming the first entry whose saved shape differs. A checkpoint
         whose metadata cannot be read is left to the restore to refuse.
     """
+    if not (Path(folder) / "_METADATA").is_file():  # orbax then names a pytree structure over many lines
+        raise ValueError(
+            f"{Path(folder) / '_METADATA'} is missing: orbax writes it into every checkpoint, so this one is "
+            "incomplete or was changed after it was saved"
+        )
     tree = checkpoint_tree(folder)
     if tree is None:
         return
@@ -342,13 +474,14 @@ def check_checkpoints(folder: str | Path, root: str | Path, limit: int = MAX_CHE
                 todo.append(Path(entry.path))
             elif not stat.S_ISREG(mode):
                 raise UnsafeFile(
-                    f"{entry.path} is not a regular file or a folder ({_what(mode)}); a checkpoint "
+                    f"{entry.path} is not a regular file or a folder ({what_is(mode)}); a checkpoint "
                     "holds only the files and folders sedd wrote, and nothing of it was read"
                 )
 
 
 CHECKSUMS = "sedd_checksums.json"
-"""The file beside orbax's in a checkpoint's folder (``<run>/checkpoints/<step>/``): a SHA-256 of each array."""
+"""The file beside orbax's in a checkpoint's folder (``<run>/checkpoints/<step>/``) where issue 72's sedd kept a
+SHA-256 of each array; read for its checkpoints (since issue 83 they are in the step metadata: ``SAVED_WITH``)."""
 HASH_THREADS = max(1, min(8, os.cpu_count() or 1))  # hashlib lets go of the GIL: arrays are hashed side by side
 
 
@@ -390,59 +523,119 @@ def _addressable(tree) -> bool:
     return all(getattr(x, "is_fully_addressable", True) for x in jax.tree.leaves(tree))
 
 
-def write_checksums(step_folder: str | Path, state, root: str | Path) -> bool:
-    """Write ``CHECKSUMS`` into a checkpoint's folder, after orbax finished it: a SHA-256 of each array of `state`.
+SAVED_WITH = "sedd_checksums"
+"""The key of a checkpoint's step metadata (orbax's ``_CHECKPOINT_METADATA``, its custom_metadata) holding the
+SHA-256 of each array since issue 83: written with the checkpoint, in the same rename, so that no checkpoint
+exists without them, and none loses them by a file deleted beside it."""
+STEP_METADATA = "_CHECKPOINT_METADATA"  # orbax writes it into every step's folder (orbax 0.12 and later)
+MULTI_PROCESS = "not kept: a multi-process job holds only its shards of each array"
 
-    Through ``write_bytes`` (atomic, inside the run). A multi-process job holds
-    only its own shards of each array, so it writes none (its checkpoints load
-    with the note of ``verify_checksums``).
 
-    Returns:
-      whether the file was written.
-    """
-    if not _addressable(state):
+def checksum_metadata(state) -> dict:
+    """The custom metadata a checkpoint of `state` is saved with: {SAVED_WITH: {leaf_name: {"dtype", "shape",
+    "sha256"}}}, hashed from its bytes on this host, before orbax writes it. A multi-process job holds only its own
+    shards of each array, so it keeps none ({SAVED_WITH: MULTI_PROCESS}; its checkpoints load with a note)."""
+    return {SAVED_WITH: _digests(state) if _addressable(state) else MULTI_PROCESS}
+
+
+def save_checkpoint(manager: ocp.CheckpointManager, step: int, state) -> None:
+    """orbax's synchronous save of the train state `state` at `step`, with ``checksum_metadata`` in its step
+    metadata (verified at every restore: ``verify_checksums``). A save that fails removes orbax's temporary
+    folder of `step` (``<step>.orbax-checkpoint-tmp-*``, left behind by a disk full inside orbax's write)."""
+    try:
+        with _reports_held():
+            manager.save(
+                step,
+                args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)),
+                force=True,
+                custom_metadata=checksum_metadata(state),
+            )
+    except BaseException:  # a full disk inside orbax's write: its partial copy, never read as a checkpoint, goes
+        for tmp in Path(manager.directory).glob(f"{step}.orbax-checkpoint-tmp*"):
+            if tmp.is_dir() and not tmp.is_symlink():
+                shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def _reports_held():
+    """Exceptions of threads and absl's errors while the block runs, held back: shown after it if it succeeds,
+    dropped if it fails, whose exception tells the failure once (a disk full inside orbax's write printed a
+    traceback of each writer thread and an error log above the one-line refusal)."""
+    held, hook, log = [], threading.excepthook, logging.getLogger("absl")
+
+    def hold(record) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        held.append(record)
         return False
-    write_text(Path(step_folder) / CHECKSUMS, json.dumps(_digests(state), sort_keys=True), root)
-    return True
+
+    threading.excepthook = held.append
+    log.addFilter(hold)
+    try:
+        yield
+        for report in held:
+            log.handle(report) if isinstance(report, logging.LogRecord) else hook(report)
+    finally:
+        threading.excepthook = hook
+        log.removeFilter(hold)
 
 
 def verify_checksums(step_folder: str | Path, restored, root: str | Path) -> None:
-    """Refuse restored arrays whose bytes differ from the SHA-256 saved with them (``write_checksums``).
+    """Refuse restored arrays whose bytes differ from the SHA-256 saved with them.
 
-    A checkpoint saved before sedd wrote checksums (none in its folder) loads,
-    with a RuntimeWarning saying it is not verified.
+    Where they are, and so what a checkpoint is, is told by its step metadata (``STEP_METADATA``, which orbax
+    writes into every checkpoint, the ones sedd saved before checksums included):
+    - its custom metadata holds ``SAVED_WITH``: saved since issue 83, verified against them (a checkpoint that
+      a checksummed run wrote loads only with its checksums; deleting a file beside it changes nothing);
+    - it does not, and ``CHECKSUMS`` is beside it: saved by issue 72's sedd, verified against that file;
+    - neither (saved before sedd wrote checksums), or ``MULTI_PROCESS``: loaded, with a RuntimeWarning saying
+      it is not verified.
+    A checkpoint without its step metadata is refused: orbax wrote one, so its folder was changed.
 
     Args:
       step_folder: ``<run>/checkpoints/<step>``.
       restored: the entries of the train state read from it (all of them, or some).
       root: the run directory.
     Raises:
-      ValueError: naming the first array whose bytes, dtype or shape differ, or that has no checksum.
+      ValueError: naming the first array whose bytes, dtype or shape differ, or that has no checksum; or the
+        step metadata missing or unreadable.
     """
-    path = Path(step_folder) / CHECKSUMS
-    if not os.path.lexists(path):
+    step_folder = Path(step_folder)
+    meta = step_folder / STEP_METADATA
+    if not os.path.lexists(meta):
+        raise ValueError(
+            f"{meta} is missing: orbax writes it into every checkpoint (sedd keeps the arrays' SHA-256 there), "
+            "so this one was changed after it was saved"
+        )
+    custom = read_json(meta, 64 << 20, root)
+    custom = custom.get("custom_metadata") if isinstance(custom, dict) else None
+    saved = custom.get(SAVED_WITH) if isinstance(custom, dict) else None
+    where, path = meta, step_folder / CHECKSUMS
+    if saved is None and os.path.lexists(path):  # issue 72's checkpoints: a file beside orbax's
+        saved, where = read_json(path, 64 << 20, root), path
+    if saved is None or saved == MULTI_PROCESS:
         warnings.warn(
-            f"{step_folder} has no {CHECKSUMS} (saved before sedd wrote checksums, or by a multi-process "
-            "job): its arrays are loaded without a check of their bytes",
+            f"{step_folder} holds no SHA-256 of its arrays (saved before sedd wrote checksums, or by a "
+            "multi-process job): its arrays are loaded without a check of their bytes",
             RuntimeWarning,
             stacklevel=3,
         )
         return
     try:
-        saved = json.loads(read_text(path, 64 << 20, root))
         want = {name: (entry["dtype"], list(entry["shape"]), entry["sha256"]) for name, entry in saved.items()}
     except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise ValueError(f"{path} is not a checksum file sedd wrote ({type(e).__name__}: {str(e)[:200]})") from None
+        raise ValueError(f"{where} holds no checksums sedd wrote ({type(e).__name__}: {str(e)[:200]})") from None
     if not _addressable(restored):
         return
     got = _digests(restored, {name: w[0] for name, w in want.items()})
     for name, entry in got.items():
         if name not in want:
             raise ValueError(
-                f"the array {name} has no checksum in {path}; the checkpoint was changed after it was saved"
+                f"the array {name} has no checksum in {where}; the checkpoint was changed after it was saved"
             )
         if (entry["dtype"], entry["shape"], entry["sha256"]) != want[name]:
             raise ValueError(
-                f"the array {name} differs from the SHA-256 saved with it in {path}: the checkpoint's "
+                f"the array {name} differs from the SHA-256 saved with it in {where}: the checkpoint's "
                 "files were changed or damaged after it was saved (flipped bits on a disk, a bad copy)"
             )

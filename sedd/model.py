@@ -135,6 +135,12 @@ def ring_mask(positions: Array, rows: int, window: int, unit: int = 1) -> Array:
     )  # (L, S)
 
 
+def check_remat(remat: str) -> None:
+    """Raise ValueError unless `remat` names one of ``REMAT_POLICIES`` (model.remat, checked before any work)."""
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"remat={remat!r} must be one of {', '.join(map(repr, REMAT_POLICIES))}.")
+
+
 class DDiT(nnx.Module):
     """SEDD's diffusion transformer: (x_t int32[B, L], sigma float[B]) -> log-score float32[B, L, D].
 
@@ -220,8 +226,7 @@ class DDiT(nnx.Module):
             raise ValueError(f"dropout={dropout} must be in [0, 1).")
         if not (isinstance(vocab_multiple, int) and vocab_multiple >= 1):
             raise ValueError(f"vocab_multiple={vocab_multiple!r} must be an integer >= 1 (1: no padding).")
-        if remat not in REMAT_POLICIES:
-            raise ValueError(f"remat={remat!r} must be one of {', '.join(map(repr, REMAT_POLICIES))}.")
+        check_remat(remat)
 
         self.num_tokens = num_tokens
         self.out_dim = out_dim

@@ -2,16 +2,21 @@
 
 ``BarLines`` prints a line on a line of its own above a tqdm bar, on a
 terminal or into a pipe; ``Pace`` times the loop's plain steps once compiled
-and re-estimates the time the steps left will take. ``sedd.train`` uses both.
+and re-estimates the time the steps left will take; ``MetricsWriter`` logs
+its figures. ``sedd.train`` uses them.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from pathlib import Path
 
 import jax
 from tqdm.auto import tqdm
+
+from sedd import files
 
 PACE_STEPS = 10  # plain steps timed, after the first (which compiles), for the steps/s and ETA line
 PACE_SETTLE = 4  # plain steps let run before they are timed: the first runs still grow the heap
@@ -143,3 +148,37 @@ class Pace:
             f"speed: {1 / self.seconds_per_step:.3g} steps/s lately; the {left:,} steps left take about "
             f"{format_duration(left * self.seconds_per_step)}, evaluations and the final bound not counted"
         )
+
+
+class MetricsWriter:
+    """What a loop logs: one JSON object per logged step appended to `path` (a run's metrics.jsonl), and
+    TensorBoard event files in <workdir>/tensorboard where tensorboardX is installed. Inactive on processes
+    other than 0."""
+
+    def __init__(self, path: Path, workdir: Path, active: bool = True):
+        self.path = path
+        self.file = files.open_append(path, workdir) if active else None  # never a FIFO, a link, another's file
+        self.tb = None
+        if active:
+            try:
+                from tensorboardX import SummaryWriter  # optional dependency: pip install tensorboardX
+            except ImportError:  # no writer installed: metrics.jsonl only
+                SummaryWriter = None
+            with files.disk_errors(workdir / "tensorboard", "made"):
+                self.tb = SummaryWriter(str(workdir / "tensorboard")) if SummaryWriter else None
+
+    def write(self, row: dict) -> None:
+        if self.file is None:
+            return
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.tb is not None:
+            for k, v in row.items():
+                if k != "step":
+                    self.tb.add_scalar(k, v, row["step"])
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        if self.tb is not None:
+            self.tb.close()

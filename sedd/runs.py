@@ -42,7 +42,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from sedd import config as config_lib
-from sedd import files, kinds, sampling, validate
+from sedd import files, kinds, lock, sampling, validate
 from sedd import sharding as sharding_lib
 from sedd.data import tokenizer_from_dict
 from sedd.model import DDiT
@@ -89,6 +89,7 @@ VALUE_BOUNDS = {
     "noise.eps": validate.Bound(0, 1, integer=False, open_low=True),
     "sampling.eps": validate.Bound(0, 1, integer=False, open_low=True),
     "model.dropout": validate.Bound(0, 1, integer=False),
+    "data.markov.seed": validate.Bound(0, validate.MAX_CONFIG_SEED, why="a uint32: it seeds the chain's table"),
 }
 """Bounds of the floats of a run's config that the sampler computes with (any other float must be finite)."""
 MAX_PARAMETERS = 1 << 33  # the network's weights, estimated from the sizes above (GPT-2 XL has 1.6e9)
@@ -131,15 +132,16 @@ def _read_bounded(path: Path, limit: int) -> str:
 
 def check_config(config: ml_collections.ConfigDict, where: str) -> None:
     """The checks of ``read_config`` on a config about to be trained (vocab_size, not known yet, taken as 2),
-    then ``sedd.validate.check_training``'s (the training keys' bounds), before any work.
+    then ``sedd.validate.check_training``'s and ``sedd.kinds.check_config``'s (names, keys of other kinds).
 
     Raises:
-      RunError: `where`: the first key of the wrong type, not finite or out of bounds.
+      RunError: `where`: the first key of the wrong type, not finite, out of bounds or not its kind's.
     """
     config = ml_collections.ConfigDict({"vocab_size": 2, **config.to_dict()})  # a known vocab_size wins
     _check_config(config, where)
     try:
         validate.check_training(config)
+        kinds.check_config(config)
     except ValueError as e:
         raise RunError(f"{where}: {e}") from None
 
@@ -196,8 +198,8 @@ def _check_config(config: ml_collections.ConfigDict, path: Path | str) -> None:
 def read_tokenizer(workdir: str | Path, vocab_size: int):
     """The tokenizer.json of a run directory, refused unless its vocabulary is the model's (config vocab_size).
 
-    A GPT-2 tokenizer names files elsewhere; each must be a regular file of
-    at most ``MAX_TOKENIZER_BYTES``.
+    A GPT-2 tokenizer names files elsewhere; each must be a regular file of at most ``MAX_TOKENIZER_BYTES``, of
+    bounded contents (``sedd.data.GPT2Tokenizer``).
 
     Raises:
       RunError: tokenizer.json cannot be read or built, or its vocabulary
@@ -208,8 +210,6 @@ def read_tokenizer(workdir: str | Path, vocab_size: int):
         saved = json.loads(_read_bounded(path, MAX_TOKENIZER_BYTES))
         if not (isinstance(saved, dict) and isinstance(saved.get("name"), str)):
             raise RunError('a tokenizer is a JSON object with a "name"')
-        if saved["name"] == "gpt2":
-            _check_gpt2_files(Path(str(saved.get("path", ""))).expanduser())
         tokenizer = tokenizer_from_dict(saved)
     except FileNotFoundError as e:
         raise RunError(f"{path}: {e}") from None
@@ -228,15 +228,9 @@ def read_tokenizer(workdir: str | Path, vocab_size: int):
     return tokenizer
 
 
-def _check_gpt2_files(path: Path) -> None:
-    """A GPT-2 tokenizer's files are regular files of bounded size (not a device, a FIFO, a huge file)."""
-    for f in [path] if not path.is_dir() else [path / n for n in ("tokenizer.json", "vocab.json", "merges.txt")]:
-        if f.exists() and not (f.is_file() and f.stat().st_size <= MAX_TOKENIZER_BYTES):
-            raise RunError(f"the GPT-2 tokenizer file {f} is not a regular file of at most {MAX_TOKENIZER_BYTES} bytes")
-
-
-RUN_ENTRIES = (CONFIG, TOKENIZER, METRICS, CHECKPOINTS, "checkpoints_unreadable", "tensorboard")
-"""What a run directory holds that training writes, moves or deletes: none of them may be a symbolic link."""
+RUN_FOLDERS = (CHECKPOINTS, "checkpoints_unreadable", "tensorboard")
+RUN_ENTRIES = (CONFIG, TOKENIZER, METRICS, *RUN_FOLDERS, lock.LOCK)
+"""What a run directory holds that training writes, moves or deletes: no symbolic link, the folders folders."""
 
 
 def check_run_links(workdir: str | Path) -> None:
@@ -267,6 +261,8 @@ def check_run_links(workdir: str | Path) -> None:
                 f"{path} is not a regular file (a FIFO, a device or a folder); a run's files are read and "
                 "written only as regular files; nothing was touched"
             )
+        if path.name in RUN_FOLDERS:
+            files.check_folder(path)
 
 
 def move_inside(src: Path, folder: Path) -> Path:
@@ -289,13 +285,16 @@ def move_inside(src: Path, folder: Path) -> Path:
             )
     if folder.resolve().parent != run.resolve() or src.resolve().parent.parent != run.resolve():
         raise RunError(f"{folder} is not a folder of the run directory {run}; nothing was moved")
-    folder.mkdir(exist_ok=True)
+    files.check_folder(folder, "nothing was moved")
+    with files.disk_errors(folder, "made"):
+        folder.mkdir(exist_ok=True)
     if folder.is_symlink() or not folder.is_dir():  # made by someone else between the check and here
         raise RunError(f"{folder} is not a folder of the run directory {run}; nothing was moved")
     dest = folder / src.name
     while dest.exists() or dest.is_symlink():
         dest = dest.with_name(dest.name + "_")
-    os.rename(src, dest)  # both in the run: one file system, a rename that follows no link
+    with files.disk_errors(dest, "moved there"):
+        os.rename(src, dest)  # both in the run: one file system, a rename that follows no link
     return dest
 
 
@@ -395,7 +394,8 @@ def checkpoint_manager(workdir: str | Path, config=None) -> ocp.CheckpointManage
             preservation_policy=keep.AnyPreservationPolicy(kept),
             enable_async_checkpointing=False,
         )
-    return ocp.CheckpointManager(Path(workdir).absolute() / CHECKPOINTS, options=options)
+    with files.disk_errors(Path(workdir) / CHECKPOINTS, "made"):  # orbax makes a new run's folder
+        return ocp.CheckpointManager(Path(workdir).absolute() / CHECKPOINTS, options=options)
 
 
 def restore(manager: ocp.CheckpointManager, target: dict, step: int | None = None) -> dict:
@@ -434,9 +434,9 @@ def restore(manager: ocp.CheckpointManager, target: dict, step: int | None = Non
         return files.renamed(state, files.OLD_LAYERS, "layers") if old else state
     except Exception as e:  # orbax raises many types for unreadable or mismatched files
         raise RuntimeError(  # one line: orbax's messages quote TensorStore specs over many lines
-            f"could not restore the checkpoint of step {step} in {manager.directory}: {type(e).__name__}: "
-            f"{' '.join(str(e)[:2000].split())[:400]} It is corrupt or was written by an incompatible config. "
-            "The run directory was left as it is; move it away or pass a new --workdir."
+            f"could not restore the checkpoint of step {step} in {manager.directory}: {validate.one_line(e, 400)} It is "
+            "corrupt or was written by an incompatible config. The run directory was left as it is; move it away "
+            "or pass a new --workdir."
         ) from e
 
 
@@ -478,17 +478,17 @@ def restore_newest(
             )
             warnings.warn(
                 f"skipped the checkpoint of step {bad} in {manager.directory}: it cannot be read "
-                f"({type(err).__name__}: {str(err)[:200]}){where}. Using step {step}.",
+                f"({validate.one_line(err, 200)}){where}. Using step {step}.",
                 RuntimeWarning,
                 stacklevel=2,
             )
         if skipped and quarantine is not None:
             manager.reload()
         return state, step
-    errors = "\n".join(f"  step {s}: {type(e).__name__}: {str(e)[:300]}" for s, e in skipped)
+    errors = "; ".join(f"step {s}: {validate.one_line(e, 300 // len(skipped) + 60)}" for s, e in skipped)
     raise RuntimeError(
-        f"no checkpoint in {manager.directory} can be read:\n{errors}\n"
-        "The run directory was left as it is; move it away or pass a new --workdir."
+        f"no checkpoint in {manager.directory} can be read ({errors}). The run directory was left as it is; "
+        "move it away or pass a new --workdir."
     )
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
-import json
 import os
 import shutil
 import signal
@@ -36,8 +35,8 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
-from sedd import files, kernels, kinds, losses, runs, validate
-from sedd.progress import BarLines, Pace
+from sedd import files, kernels, kinds, lock, losses, runs, validate
+from sedd.progress import BarLines, MetricsWriter, Pace
 from sedd import config as config_lib
 from sedd import sharding as sharding_lib
 from sedd.data import load_dataset, load_tokenizer, save_tokenizer
@@ -309,39 +308,6 @@ def estimate_loss(trainer: Trainer, params, dataset, n_batches: int, batch_size:
 # =========================================================================== the loop's helpers
 
 
-class MetricsWriter:
-    """metrics.jsonl in the run directory (one JSON object per logged step), and
-    TensorBoard event files in <workdir>/tensorboard where tensorboardX is installed.
-    Inactive on processes other than 0."""
-
-    def __init__(self, workdir: Path, active: bool = True):
-        self.path = workdir / runs.METRICS
-        self.file = files.open_append(self.path, workdir) if active else None  # never a FIFO, never a link
-        self.tb = None
-        if active:
-            try:
-                from tensorboardX import SummaryWriter  # optional dependency: pip install tensorboardX
-            except ImportError:  # no writer installed: metrics.jsonl only
-                SummaryWriter = None
-            self.tb = SummaryWriter(str(workdir / "tensorboard")) if SummaryWriter else None
-
-    def write(self, row: dict) -> None:
-        if self.file is None:
-            return
-        self.file.write(json.dumps(row) + "\n")
-        self.file.flush()
-        if self.tb is not None:
-            for k, v in row.items():
-                if k != "step":
-                    self.tb.add_scalar(k, v, row["step"])
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-        if self.tb is not None:
-            self.tb.close()
-
-
 class StopRequest:
     """SIGTERM / Ctrl-C as a request to save and stop, agreed by all processes.
 
@@ -437,14 +403,19 @@ def dtype_line(name: str) -> str:
 
 def _save_failed(e: Exception, manager: ocp.CheckpointManager, what: str = "") -> RuntimeError:
     """A failed checkpoint save (or `what` else failed to write) as one clear error naming what is still on
-    disk."""
+    disk, and an orbax temporary folder left (a partial copy, never read as a checkpoint) if one could not go."""
     full = isinstance(e, OSError) and e.errno == errno.ENOSPC
+    do = "Run the same command to resume"
     if full or "No space left on device" in str(e):
-        detail = e.strerror if full and e.strerror != os.strerror(errno.ENOSPC) else ""  # our own check's figures
+        ours = full and not isinstance(e, files.DiskError) and e.strerror != os.strerror(errno.ENOSPC)
+        detail = e.strerror if ours else ""  # our own check's figures
         reason = f"the disk is full (no space left on device{': ' + detail if detail else ''})"
-        full = True
+        do = "Free some space, then run the same command to resume"
+    elif isinstance(e, OSError) and e.errno in files.DO:  # a read-only disk, a folder not ours, ...
+        reason, do = files.DO[e.errno].split(". ", 1)
     else:
-        reason = f"{type(e).__name__}: {str(e)[:500]}"
+        reason = validate.one_line(e, 500)
+    left = ", ".join(str(p) for p in Path(manager.directory).glob("*.orbax-checkpoint-tmp*"))
     manager.reload()
     newest = manager.latest_step()
     kept = (
@@ -453,8 +424,8 @@ def _save_failed(e: Exception, manager: ocp.CheckpointManager, what: str = "") -
         else "there is no earlier checkpoint"
     )
     return RuntimeError(
-        f"{what or f'saving a checkpoint in {manager.directory}'} failed: {reason}. {kept[0].upper()}{kept[1:]}. "
-        f"{'Free some space, then r' if full else 'R'}un the same command to resume."
+        f"{what or f'saving a checkpoint in {manager.directory}'} failed: {reason}. {kept[0].upper()}{kept[1:]}"
+        f"{f'; remove the partial copy {left}' if left else ''}. {do}."
     )
 
 
@@ -503,9 +474,15 @@ def train(
       quick estimate val_estimate_* (``estimate_loss``),
       unigram_entropy_bits[_per_char] and samples (decoded strings).
     """
-    workdir = Path(workdir)
+    with contextlib.ExitStack() as held:  # the run's lock (lock.writing), from its first write to this call's end
+        return _train_run(config, Path(workdir), quiet, split_cpu, make_trainer, held)
+
+
+def _train_run(config, workdir: Path, quiet: bool, split_cpu: bool, make_trainer, held: contextlib.ExitStack) -> dict:
+    """``train``'s work; `held` keeps the run directory's lock once the run is first written."""
     runs.check_run_links(workdir)  # nothing written, moved or deleted through a link out of the run
-    runs.check_config(config, "the config")  # every size, before anything is read, allocated or compiled
+    runs.check_config(config, "the config")  # every size and name, before anything is read, allocated or compiled
+    build_optimizer(config)  # optim.optimizer and optim.schedule too
     t = config.training
     for key in ("log_every", "eval_every", "ckpt_every"):  # steps between logs, evaluations, checkpoints
         if not (isinstance(t[key], int) and t[key] >= 1):
@@ -538,15 +515,8 @@ def train(
     config = ml_collections.ConfigDict(config.to_dict())
     config.vocab_size = tokenizer.vocab_size
     validate.check_training_memory(config)  # a step's rows and the samples, before anything is built or compiled
-    workdir.mkdir(parents=True, exist_ok=True)
-    if jax.process_count() > 1:  # every process has read the run directory before process 0 writes it
-        multihost_utils.sync_global_devices("sedd: run directory read")
-    if lead:
-        if not tok_path.exists():
-            save_tokenizer(tokenizer, tok_path)
-        files.write_text(workdir / runs.CONFIG, config_lib.to_json(config), workdir)
 
-    # ---- model, optimizer, state; resume from the newest checkpoint if any
+    # ---- model and optimizer (what the network checks as it is built, before anything is written)
     trainer = make_trainer(config, mesh)
     for divisor, what in ((jax.process_count(), "processes"), (trainer.batch_divisor, "batch shards of the mesh")):
         if t.batch_size % divisor:
@@ -554,6 +524,20 @@ def train(
                 f"training.batch_size={t.batch_size} must divide by the {divisor} {what} "
                 f"(mesh {dict(mesh.shape)}); change the batch size or config.mesh"
             )
+
+    # ---- the run directory: made and locked (a second writer is refused), its config and tokenizer written
+    if lead:
+        held.enter_context(lock.writing(workdir, (runs.TOKENIZER, runs.CONFIG)))
+    else:
+        workdir.mkdir(parents=True, exist_ok=True)
+    if jax.process_count() > 1:  # every process has read the run directory before process 0 writes it
+        multihost_utils.sync_global_devices("sedd: run directory read")
+    if lead:
+        if not tok_path.exists():
+            save_tokenizer(tokenizer, tok_path)
+        files.write_text(workdir / runs.CONFIG, config_lib.to_json(config), workdir)
+
+    # ---- state: resumed from the newest checkpoint if any
     manager = runs.checkpoint_manager(workdir, config)
     if manager.all_steps():  # onto this run's mesh, whatever mesh wrote it; an unreadable newest one is set aside
         state, at = runs.restore_newest(
@@ -604,7 +588,7 @@ def train(
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
-    writer = MetricsWriter(workdir, active=lead)
+    writer = MetricsWriter(workdir / runs.METRICS, workdir, active=lead)
     val = {}
     tokens_per_step = t.batch_size * config.data.seq_len
     last_time, last_step = time.perf_counter(), step
@@ -625,10 +609,8 @@ def train(
                 ),
                 manager,
             )
-        try:
-            manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
-            if lead:  # after orbax finished the step's folder: a SHA-256 of each array, verified at every restore
-                files.write_checksums(Path(manager.directory) / str(step), state, workdir)
+        try:  # with a SHA-256 of each array in the step's metadata, verified at every restore
+            files.save_checkpoint(manager, step, state)
         except Exception as e:
             raise _save_failed(e, manager) from e
 

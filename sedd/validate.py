@@ -37,6 +37,8 @@ MAX_ROWS = 1 << 16  # samples drawn at once, before the memory estimate of the r
 MAX_LENGTH = 1 << 20  # --max_length, in tokens: 8 times the longest run length (131,072)
 MAX_SECONDS = 86_400.0  # any timeout: a day
 MAX_TEXT = 1 << 20  # characters of a --prefix, --suffix or --infill (a model's length is at most 131,072 tokens)
+MAX_CONFIG_SEED = 2**32 - 1  # a config's seeds: numpy's and jax's generators take a uint32 whole
+MAX_CPU_DEVICES = 1 << 12  # mesh.cpu_devices: jax's own limit is far past any CPU (10**30 printed its signature)
 MAX_DRAFTS = 64  # drafts a round (sedd.speculative.MAX_DRAFTS): a target's cache keeps room for k + 1 past the text
 
 
@@ -53,6 +55,15 @@ def shown(value) -> str:
 def short_numbers(text: str) -> str:
     """text with each run of more than 24 digits named by its size (`<a 400-digit number>`), for one-line errors."""
     return re.sub(r"\d{25,}", lambda m: f"<a {len(m.group())}-digit number>", text)
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception as one line of at most about `limit` characters: its type and message, the message's
+    whitespace collapsed; TensorStore's dump of its spec (a bound method's repr over many lines) cut off, the
+    array it names kept ("Encountered error while reading array index: ... (the array ema.layers.0...)")."""
+    text, _, spec = " ".join(str(e)[:20_000].split()).partition(" See full TensorStore details")
+    arrays = re.findall(r"'path': '([^'/][^']*)'", spec)
+    return f"{type(e).__name__}: {text[:limit]}" + (f" (the array {arrays[-1].rstrip('/')})" if arrays else "")
 
 
 MAX_LINE = 1000  # characters of a line of a message shown to the user
@@ -72,8 +83,8 @@ def clipped(message: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Bound:
-    """A number's type and range: an integer (or a finite float) in [low, high] (low excluded when `open_low`);
-    `label`, when given, is the name a refusal gives the value (else the option's)."""
+    """A number's type and range: an integer (or a finite float) in [low, high] (low excluded when `open_low`,
+    high when `open_high`); `label`, when given, is the name a refusal gives the value (else the option's)."""
 
     low: float
     high: float
@@ -81,6 +92,7 @@ class Bound:
     open_low: bool = False
     why: str = ""
     label: str = ""
+    open_high: bool = False
 
     def check(self, name: str, value) -> None:
         """Raise ValueError (one line naming `name`) unless value is a number of this bound."""
@@ -90,13 +102,18 @@ class Bound:
             and not isinstance(value, bool)
             and (isinstance(value, int) or math.isfinite(value))
         )  # isfinite(10**400) is an OverflowError
-        if ok and self.low <= value <= self.high and not (self.open_low and value == self.low):
+        if (
+            ok
+            and self.low <= value <= self.high
+            and not (self.open_low and value == self.low)
+            and not (self.open_high and value == self.high)
+        ):
             return
         what = "an integer" if self.integer else "a finite number"
-        left = "(" if self.open_low else "["
+        left, right = "(" if self.open_low else "[", ")" if self.open_high else "]"
         why = f" ({self.why})" if self.why else ""
         low, high = (f"{int(x)}" if self.integer else f"{x:g}" for x in (self.low, self.high))
-        raise ValueError(f"{self.label or name} must be {what} in {left}{low}, {high}]{why}, got {shown(value)}")
+        raise ValueError(f"{self.label or name} must be {what} in {left}{low}, {high}{right}{why}, got {shown(value)}")
 
 
 def draft_k_bound(most: int = MAX_DRAFTS, why: str = "sedd.speculative.MAX_DRAFTS") -> Bound:
@@ -339,6 +356,25 @@ TRAINING_BOUNDS = {
     "optim.warmup": Bound(0, 2**31 - 1, why="optimizer updates; 0 = none"),
     "optim.grad_clip": Bound(0, math.inf, integer=False, why="a global norm; 0 = off"),
     "data.markov.num_tokens": Bound(1, 2**40, why="tokens drawn, then this machine's memory"),
+    "seed": Bound(0, MAX_CONFIG_SEED, why="a uint32: it seeds the network, the data order and the keys"),
+    "optim.lr": Bound(0, math.inf, integer=False, open_low=True, why="the peak learning rate"),
+    "optim.beta1": Bound(0, 1, integer=False, open_high=True, why="Adam's first-moment decay"),
+    "optim.beta2": Bound(0, 1, integer=False, open_high=True, why="Adam's second-moment decay"),
+    "optim.eps": Bound(0, math.inf, integer=False, open_low=True),
+    "optim.weight_decay": Bound(0, math.inf, integer=False),
+    "optim.muon_lr_scale": Bound(0, math.inf, integer=False, open_low=True),
+    "optim.adaln_lr_scale": Bound(0, math.inf, integer=False, open_low=True),
+    "training.ema": Bound(0, 1, integer=False, open_high=True, why="the EMA's decay cap; 0 = the weights"),
+    "training.loss_chunk": Bound(0, 2**31 - 1, why="positions a chunk of the output layer; 0 = all at once"),
+    "training.sampling_eps": Bound(0, 1, integer=False, open_high=True, why="t ~ U[sampling_eps, 1]"),
+    "training.t_power": Bound(0, 1, integer=False, open_high=True, why="0 = uniform t, as SEDD"),
+    "training.draft_weight": Bound(0, math.inf, integer=False, why="the drafts' share of a spec run's loss"),
+    "data.markov.vocab_size": Bound(2, 1 << 20),
+    "data.markov.order": Bound(0, 64, why="tokens of context; V^order contexts at most 2^20"),
+    "data.markov.alpha": Bound(0, math.inf, integer=False, open_low=True, why="a Dirichlet concentration"),
+    "mesh.cpu_devices": Bound(0, MAX_CPU_DEVICES, why="devices this CPU is split into; 0 = auto"),
+    "mesh.num_processes": Bound(0, 1 << 20, why="0 = detected by jax"),
+    "mesh.process_id": Bound(-1, 1 << 20, why="-1 = detected by jax"),
 }
 """What a config about to be trained must hold beside the sizes of a run's config (``sedd.runs.check_config``):
 each value that sizes an allocation or that a step reads, so that none fails after compiling or training."""

@@ -70,14 +70,14 @@ def _over(name: str, lines: int, limit: int) -> bool:
 
 
 def test_functions_are_short():
-    """No function of sedd/ is longer than 100 lines, but train(), whose banner sections read linearly."""
+    """No function of sedd/ is longer than 100 lines, but train()'s body (_train_run), whose banner sections read linearly."""
     long = [
         f"{path.name}:{node.name} {node.end_lineno - node.lineno + 1} lines"
         for path, tree in _modules()
         for node in ast.walk(tree)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
         and _over(f"{path.name}:{node.name}", node.end_lineno - node.lineno + 1, 100)
-        and (path.name, node.name) != ("train.py", "train")
+        and (path.name, node.name) != ("train.py", "_train_run")
     ]
     assert not long, long
 
@@ -343,6 +343,7 @@ def test_the_kind_protocol_is_what_every_kind_is():
     protocol = {
         "exact",
         "conditions",
+        "reads",
         "diffuses",
         "label",
         "describe",

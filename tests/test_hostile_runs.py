@@ -288,6 +288,23 @@ TRAIN_VALUES = [  # (override, what the one line says): each refused before anyt
     ("--config.optim.warmup=-1", "optim.warmup must be an integer in [0, "),
     ("--config.optim.grad_clip=-1", "optim.grad_clip must be a finite number in [0, inf] (a global norm; 0 = off)"),
     ("--config.training.max_to_keep=0", "training.max_to_keep must be an integer in [1, "),
+    # issue 83: values that passed every check and overflowed, or trained without effect, or were refused late
+    ("--config.seed=" + str(10**30), "seed must be an integer in [0, 4294967295] (a uint32: "),  # was OverflowError
+    ("--config.seed=-1", "seed must be an integer in [0, 4294967295]"),  # was: after the loop started, unnamed
+    ("--config.optim.lr=-1", "optim.lr must be a finite number in (0, inf]"),  # trained
+    ("--config.training.ema=1e9", "training.ema must be a finite number in [0, 1)"),  # trained
+    ("--config.training.loss_chunk=-1", "training.loss_chunk must be an integer in [0, "),  # trained
+    ("--config.optim.beta2=1", "optim.beta2 must be a finite number in [0, 1)"),
+    ("--config.mesh.cpu_devices=" + str(10**30), "mesh.cpu_devices must be an integer in [0, 4096]"),  # jaxlib's
+    ("--config.sampling.categorical=bogus", "unknown categorical method 'bogus'"),  # was: after training, saved
+    ("--config.model.kind=bogus", "unknown model.kind 'bogus'"),  # these four: after the run folder was written
+    ("--config.model.remat=bogus", "remat='bogus' must be one of"),
+    ("--config.graph.type=bogus", "unknown graph 'bogus'"),
+    ("--config.optim.schedule=bogus", "unknown optim.schedule 'bogus'"),
+    ("--config.model.draft_head=8", "model.draft_head=8: a model.kind='ddit' run does not read it (it is for"),
+    ("--config.model.kind=block --config.training.draft_target=causal", "a model.kind='block' run does not read"),
+    ("--config.model.kind=block --config.model.draft_k=8", "model.draft_k=8: a model.kind='block' run does not"),
+    ("--config.model.block_size=8", "model.block_size=8: a model.kind='ddit' run does not read it"),
 ]
 
 

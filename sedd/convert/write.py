@@ -11,7 +11,6 @@ import uuid
 from pathlib import Path
 
 import jax.numpy as jnp
-import orbax.checkpoint as ocp
 
 from sedd import config as config_lib
 from sedd import files, runs, validate
@@ -151,10 +150,9 @@ def convert(
         files.write_text(tmp / PROVENANCE, json.dumps(summary, indent=2, sort_keys=True, default=str), tmp)
         state = {"step": jnp.asarray(source.step, jnp.int32), "params": raw, "ema": weights}
         manager = runs.checkpoint_manager(tmp, config)
-        manager.save(source.step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
+        files.save_checkpoint(manager, source.step, state)  # a SHA-256 of each array, verified at every load
         manager.wait_until_finished()
         manager.close()
-        files.write_checksums(tmp / runs.CHECKPOINTS / str(source.step), state, tmp)  # verified at every load
         try:
             os.rename(tmp, dst)  # atomic; replaces an empty dst, refuses one that gained files meanwhile
         except OSError as e:

@@ -165,18 +165,21 @@ class GPT2Tokenizer:
             raise ImportError(f"GPT2Tokenizer: the tokenizers package is missing. {_GPT2_HELP}") from e
         if p.is_dir() and (p / "tokenizer.json").exists():
             p = p / "tokenizer.json"
-        if p.is_file():  # a regular file of bounded size, read once (sedd.files)
-            self._bpe = tokenizers.Tokenizer.from_str(files.read_text(p, MAX_TOKENIZER_BYTES))
+        if not p.is_dir():  # a regular file of bounded size (not a FIFO, not /dev/zero), read once (sedd.files)
+            text = files.read_text(p, MAX_TOKENIZER_BYTES)
+            check_contents(text, p)  # what it holds bounded before anything is built from it
+            self._bpe = tokenizers.Tokenizer.from_str(text)
             check_pipeline(self._bpe, p)
             self._bpe.post_processor = None  # it changes no id without special tokens, and a Sequence of many is slow
             self._bpe.no_padding()  # the ids are the text's tokens, all of them and only them
             self._bpe.no_truncation()
         elif (p / "vocab.json").exists() and (p / "merges.txt").exists():
-            for f in ("vocab.json", "merges.txt"):  # regular files of bounded size (not a FIFO, not /dev/zero)
-                files.read_bytes(p / f, MAX_TOKENIZER_BYTES)
+            for f in ("vocab.json", "merges.txt"):  # regular files of bounded size, of a bounded count of entries
+                check_contents(files.read_text(p / f, MAX_TOKENIZER_BYTES), p / f)
             self._bpe = tokenizers.ByteLevelBPETokenizer(str(p / "vocab.json"), str(p / "merges.txt"))
         else:
             raise FileNotFoundError(f"GPT2Tokenizer: no tokenizer.json or vocab.json + merges.txt in {p}. {_GPT2_HELP}")
+        check_vocabulary(self._bpe, self.vocab_size, p)
 
     @property
     def max_token_chars(self) -> int:
@@ -283,6 +286,12 @@ def check_pipeline(bpe, where) -> None:
                     "the patterns sedd reads (sedd.data.tokenizers.SPLIT_PATTERNS: GPT-2's and Llama "
                     "3's; a regex of any other may take time exponential in the text)"
                 )
+            if (step.get("behavior"), step.get("invert")) != ("Isolated", False):  # "Removed" encoded all to ""
+                raise ValueError(
+                    f"{where}: the tokenizer's Split has behavior {step.get('behavior')!r} and invert "
+                    f"{step.get('invert')!r}; GPT-2's and Llama 3's isolate each match ('Isolated', invert false), "
+                    "and any other drops or merges text ('Removed' encoded every prompt to nothing)"
+                )
     affixes = {
         name: getattr(model, name, None) for name in ("unk_token", "continuing_subword_prefix", "end_of_word_suffix")
     }
@@ -302,8 +311,102 @@ def check_pipeline(bpe, where) -> None:
         why = f"model is a {type(model).__name__}"
     elif long:
         why = f"model's {long[0]}"
+    elif getattr(model, "dropout", None):  # each encoding of a text drops merges at random: ids differ call to call
+        why = f"model has BPE dropout {model.dropout} (its encoding of a text differs from call to call)"
     if why:
         raise ValueError(f"{where}: the tokenizer's {why}; {_READ}")
+
+
+MAX_TOKENIZER_ITEMS = 1 << 20  # values of a tokenizer file (GPT-2's tokenizer.json: about 200,000) or its lines
+MAX_TOKEN_CHARS = 1024  # characters a token spells (a byte-level BPE's: one a byte; GPT-2's longest have 128)
+MAX_ADDED_TOKENS = 1024  # tokens added beside the BPE's (GPT-2: <|endoftext|>; Llama 3: 256 special tokens)
+MAX_STEP_CHARS = 1 << 16  # characters of any string of a tokenizer's steps (Llama 3's Split pattern has 160)
+_STEPS = ("normalizer", "pre_tokenizer", "post_processor", "decoder", "padding", "truncation")
+
+
+def check_contents(text: str, where) -> None:
+    """Refuse a tokenizer file whose contents would cost more to build than its size (before it is built).
+
+    One added token of 60 MB took 4.3 GB and 19 s to build (an added token is compiled into a matcher: 70
+    times its size), a 30 MB normalizer's regex 0.8 GB, and a JSON file of 20 million empty lists 1.4 GB to
+    parse; each is under the 64 MiB bound on the file's bytes. So a tokenizer.json (or vocab.json, merges.txt)
+    holds at most ``MAX_TOKENIZER_ITEMS`` values (its commas, brackets and braces, counted in its text, strings'
+    own included) or lines, at most ``MAX_ADDED_TOKENS`` added tokens of at most ``MAX_TOKEN_CHARS``
+    characters, and no string of its steps (normalizer, pre-tokenizer, post-processor, decoder, padding,
+    truncation) over ``MAX_STEP_CHARS`` characters. What the model holds (its tokens, their ids) is checked
+    once it is built (``check_vocabulary``), which is linear in them.
+
+    Raises:
+      ValueError: one line naming the file and what it holds too much of.
+    """
+    items = max(sum(text.count(c) for c in ",[{"), text.count("\n"))
+    if items > MAX_TOKENIZER_ITEMS:
+        raise ValueError(
+            f"{where} holds about {items:,} values or lines; a tokenizer sedd reads holds at most "
+            f"{MAX_TOKENIZER_ITEMS:,} (GPT-2's tokenizer.json about 200,000)"
+        )
+    if Path(where).name == "merges.txt":
+        return
+    try:
+        tree = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{where} is not JSON: {type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+    if not isinstance(tree, dict) or Path(where).name == "vocab.json":
+        return  # the package refuses a tokenizer.json that is not an object; vocab.json's tokens are the model's
+    added = tree.get("added_tokens") or []
+    added = added if isinstance(added, list) else []  # the package refuses what is not a list
+    sizes = [len(t["content"]) for t in added if isinstance(t, dict) and isinstance(t.get("content"), str)]
+    if len(added) > MAX_ADDED_TOKENS or max(sizes, default=0) > MAX_TOKEN_CHARS:
+        what = (
+            f"{len(added):,} added tokens"
+            if len(added) > MAX_ADDED_TOKENS
+            else f"an added token of {max(sizes):,} characters"
+        )
+        raise ValueError(
+            f"{where} holds {what}; a tokenizer sedd reads adds at most {MAX_ADDED_TOKENS} of at most "
+            f"{MAX_TOKEN_CHARS} characters each (each is built into a matcher of about 70 times its size)"
+        )
+    todo = [tree.get(step) for step in _STEPS]
+    while todo:  # every string of the steps, by a stack (a nesting past Python's recursion limit is refused above)
+        node = todo.pop()
+        if isinstance(node, dict):
+            todo += [*node.keys(), *node.values()]
+        elif isinstance(node, list):
+            todo += node
+        elif isinstance(node, str) and len(node) > MAX_STEP_CHARS:
+            raise ValueError(
+                f"{where} holds a string of {len(node):,} characters in its steps ({node[:40]!r}...); a "
+                f"tokenizer sedd reads has none over {MAX_STEP_CHARS:,} (a regex is compiled from it)"
+            )
+
+
+def check_vocabulary(bpe, vocab_size: int, where) -> None:
+    """Refuse a built tokenizer whose ids are not the model's exactly: each id in [0, vocab_size) and one token's
+    (50 tokens of one id decoded "ROMEO:" as "EOEOOO"; an id of 1,000,001 was caught only at sampling, one of
+    2**32 - 1 was numpy's OverflowError), an added token's id its own or its token's, and no token over
+    ``MAX_TOKEN_CHARS`` characters (the length of a prompt is checked against the longest before encoding).
+
+    Raises:
+      ValueError: one line naming the file, the ids or the token.
+    """
+    vocab = bpe.get_vocab(with_added_tokens=False)  # token -> id
+    owner: dict[int, str] = {}
+    for token, i in vocab.items():
+        if not 0 <= i < vocab_size:
+            raise ValueError(f"{where}: the token {token[:40]!r} has the id {i}, outside the model's [0, {vocab_size})")
+        if i in owner:
+            raise ValueError(
+                f"{where}: the tokens {owner[i][:40]!r} and {token[:40]!r} share the id {i}; an id is one token's"
+            )
+        if len(token) > MAX_TOKEN_CHARS:
+            raise ValueError(f"{where}: a token of {len(token):,} characters; at most {MAX_TOKEN_CHARS} are read")
+        owner[i] = token
+    for i, added in bpe.get_added_tokens_decoder().items():
+        if not 0 <= i < vocab_size or owner.get(i, added.content) != added.content:
+            raise ValueError(
+                f"{where}: the added token {added.content[:40]!r} has the id {i}, "
+                + (f"outside the model's [0, {vocab_size})" if not 0 <= i < vocab_size else f"{owner[i][:40]!r}'s")
+            )
 
 
 class MarkovTokenizer:

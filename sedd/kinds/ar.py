@@ -205,7 +205,7 @@ class Options(causal.Options):
         return super().checked()
 
 
-@register("ar")
+@register("ar", reads=("model.draft_k", "model.draft_head", "training.draft_target"))  # its head: issue 82
 class Autoregressive(causal.CausalKind, Speculates, Drafts):
     """The AR baseline: a causal DDiT without a time input, trained on the next-token NLL (module docstring)."""
 

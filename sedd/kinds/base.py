@@ -20,23 +20,24 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sedd import graphs, sampling
+from sedd import categorical, graphs, sampling
+from sedd import config as config_lib
 from sedd import sharding as sharding_lib
 from sedd import noise as noise_lib
 from sedd.kernels import compute_dtype
-from sedd.model import DDiT
+from sedd.model import DDiT, check_remat
 
 KINDS: dict[str, type[Kind]] = {}
 """model.kind -> its ``Kind`` subclass; fill it with ``register``."""
 
 
-def register(name: str) -> Callable:
-    """Decorator of a ``Kind`` subclass: make it ``model.kind = name``."""
+def register(name: str, reads: tuple[str, ...] = ()) -> Callable:
+    """Decorator of a ``Kind`` subclass: make it ``model.kind = name``, reading the keys `reads` of ``OWN_KEYS``."""
 
     def add(cls):
         if name in KINDS:
             raise ValueError(f"model kind {name!r} is already registered")
-        cls.name = name
+        cls.name, cls.reads = name, tuple(reads)
         KINDS[name] = cls
         return cls
 
@@ -201,6 +202,8 @@ class Kind:
     """
 
     name: ClassVar[str]
+    reads: ClassVar[tuple[str, ...]] = ()
+    """The keys of ``OWN_KEYS`` the kind reads (``register``); a config setting another is refused (``check_config``)."""
     exact: ClassVar[bool] = False
     conditions: ClassVar[tuple[str, ...]] = ("prefix", "suffix", "infill")
     diffuses: ClassVar[bool] = False
@@ -301,6 +304,37 @@ class Kind:
     def unwritten_id(self) -> int | None:
         """The id the host holds at a position not yet drawn (shown as a mask); None: every position holds a token."""
         return None
+
+
+OWN_KEYS = ("model.block_size", "model.draft_k", "model.draft_head", "training.draft_weight", "training.draft_target")
+"""The config keys that only some kinds read; each kind declares those it reads (``Kind.reads``)."""
+
+
+def check_config(config) -> None:
+    """What a config about to be trained asks of its kind and network, before any work (``sedd.runs.check_config``).
+
+    Each name-valued key by the check that reads it where it is used: model.kind and what the kind checks as it
+    is built (graph.type and noise.type of a diffusion run, its own keys), sampling.sampler, sampling.categorical
+    (refused only after training and saving before), model.dtype, model.remat. Then ``OWN_KEYS``: a key the
+    kind does not read (``Kind.reads``) given a value other than the shipped default's is refused
+    (`--config.model.draft_head=8` on a SEDD run trained a SEDD run without a word).
+
+    Raises:
+      ValueError: the first name not of its registry, or the key, the kind and the kinds that read it; one line.
+    """
+    get(config).check_sampler(config.sampling.sampler)
+    categorical.check_method(config.sampling.categorical)
+    compute_dtype(config.model.dtype)
+    check_remat(config.model.remat)
+    cls = KINDS[config.model.kind]
+    default = config_lib.load_config(config_lib.DEFAULT_CONFIG)
+    for key in OWN_KEYS:
+        value, usual = (functools.reduce(getattr, key.split("."), c) for c in (config, default))
+        if key not in cls.reads and value != usual:
+            raise ValueError(
+                f"{key}={value!r}: a model.kind={cls.name!r} run does not read it (it is for "
+                f"{kinds_that(lambda k: key in k.reads)}); leave it at {usual!r}"
+            )
 
 
 def kinds_that(has: Callable[[type[Kind]], bool]) -> str:

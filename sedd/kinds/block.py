@@ -825,7 +825,7 @@ def rows_program(
 # =========================================================================== the kind
 
 
-@register("block")
+@register("block", reads=("model.block_size",))
 class BlockDiffusion(Diffusion, Drafts):
     """Block diffusion (module docstring): the DDiT over [x_t ; x_0] with block-causal attention.
 

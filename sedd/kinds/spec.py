@@ -616,7 +616,7 @@ def choose_layout(
     wanted, saved = layouts or candidates(trained_k, head), {}
     if path is not None and path.exists():
         try:
-            saved = json.loads(files.read_text(path, 1 << 20, root=workdir))
+            saved = files.read_json(path, 1 << 20, root=workdir)  # a file nested 200,000 deep too
         except (ValueError, files.UnsafeFile) as e:
             raise ValueError(
                 f"{path} is not a layouts file sedd wrote ({e}); delete it to time the layouts again"
@@ -678,7 +678,7 @@ class Options(causal.Options):
         return super().checked()
 
 
-@register("spec")
+@register("spec", reads=("model.draft_k", "model.draft_head", "training.draft_weight", "training.draft_target"))
 class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
     """One network that drafts and verifies in the same call (module docstring, TiDAR-style).
 
