@@ -19,7 +19,7 @@ from flax import nnx
 
 import reference
 from sedd import evaluate, graphs, kinds, sampling
-from sedd.kinds import block
+from sedd.kinds import block, block_sampling
 from sedd import config as config_lib
 from sedd import noise as noise_lib
 from sedd.graphs import log_expm1
@@ -61,7 +61,7 @@ def exact_block_scores(prefix, start, x, sigma, b):
 
 
 def exact_scorer(b, fused=False):
-    """P0 as a ``block.Scorer``: the context is (the clean prefix int32[B, L], its length); with `fused`, a
+    """P0 as a ``block_sampling.Scorer``: the context is (the clean prefix int32[B, L], its length); with `fused`, a
     ``commit_score`` that commits and scores in one call."""
     init = lambda params, batch: (jnp.zeros((batch, L), jnp.int32), jnp.int32(0))  # noqa: E731
 
@@ -75,7 +75,7 @@ def exact_scorer(b, fused=False):
         ctx = commit(params, ctx, clean)
         return ctx, score(params, ctx, x, sigma)
 
-    return block.Scorer(init, score, commit, commit_score if fused else None)
+    return block_sampling.Scorer(init, score, commit, commit_score if fused else None)
 
 
 def exact_block_fn(b):
@@ -103,7 +103,7 @@ def test_block_sampler_draws_the_exact_law(b, sampler, steps):
     denoise. TV within the noise bound of N_SAMPLES exact draws.
     """
     options = {"order": "random"} if sampler == "confidence" else {}
-    out = block.sample_blocks(
+    out = block_sampling.sample_blocks(
         jax.random.key(b),
         exact_scorer(b),
         None,
@@ -124,7 +124,7 @@ def test_a_prompt_is_kept_and_the_rest_drawn_from_the_conditional_law():
     """A 3-token prompt (ending inside block 2 of b = 2): the last token is drawn from P0(x_3 | x_0..2)."""
     prompt = np.array([1, 0, 2, 0])
     mask = np.broadcast_to(np.arange(L) < 3, (N_SAMPLES, L))
-    out = block.sample_blocks(
+    out = block_sampling.sample_blocks(
         jax.random.key(0),
         exact_scorer(2),
         None,
@@ -272,7 +272,7 @@ def _uncached_scorer(graphdef, b, length):
         scores = block.log_score(nnx.merge(graphdef, *state), x_t, text, sigma, b)
         return jax.lax.dynamic_slice(scores, (0, start, 0), (x.shape[0], b, scores.shape[2]))
 
-    return block.Scorer(
+    return block_sampling.Scorer(
         lambda params, batch: (jnp.zeros((batch, length), jnp.int32), jnp.int32(0)),
         score,
         lambda params, ctx, x: (jax.lax.dynamic_update_slice(ctx[0], x, (0, ctx[1])), ctx[1] + b),
@@ -290,7 +290,7 @@ def test_kv_cache_gives_the_uncached_scores_and_samples(time_conditioning, sampl
     model = _network(b, length, shift=shift, time_conditioning=time_conditioning)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     state = (params, rest)
-    cached, uncached = block.network_scorer(graphdef, length, b), _uncached_scorer(graphdef, b, length)
+    cached, uncached = block_sampling.network_scorer(graphdef, length, b), _uncached_scorer(graphdef, b, length)
     rng = np.random.default_rng(0)
     text = jnp.asarray(rng.integers(0, V, (3, length)), jnp.int32)
     ctx_c, ctx_u = cached.init(state, 3), uncached.init(state, 3)
@@ -305,7 +305,7 @@ def test_kv_cache_gives_the_uncached_scores_and_samples(time_conditioning, sampl
         ctx_c, ctx_u = commit_c(state, ctx_c, clean), commit_u(state, ctx_u, clean)
     noise = noise_lib.LogLinear(1e-3)
     draws = [
-        block.sample_blocks(jax.random.key(5), s, state, GRAPH, noise, (4, length), b, 4, sampler).tokens
+        block_sampling.sample_blocks(jax.random.key(5), s, state, GRAPH, noise, (4, length), b, 4, sampler).tokens
         for s in (cached, uncached)
     ]
     np.testing.assert_array_equal(*draws)
@@ -334,7 +334,7 @@ def test_the_cache_past_its_window_is_the_windowed_forward():
     model = _network(b, length)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     state = (params, rest)
-    scorer = block.network_scorer(graphdef, length, b)
+    scorer = block_sampling.network_scorer(graphdef, length, b)
     rng = np.random.default_rng(1)
     total = 3 * length
     text = jnp.asarray(rng.integers(0, V, (3, total)), jnp.int32)
@@ -375,7 +375,7 @@ def test_a_blocks_commit_and_its_first_score_are_one_call(sampler):
     committing and scoring apart, with one call fewer a block after the first (P0's exact scorer, b = 1)."""
     noise = noise_lib.LogLinear(1e-3)
     outs = [
-        block.sample_blocks(
+        block_sampling.sample_blocks(
             jax.random.key(3), exact_scorer(1, fused), None, GRAPH, noise, (64, L), 1, 2, sampler, return_stats=True
         )
         for fused in (True, False)
@@ -391,11 +391,11 @@ def test_a_blocks_commit_and_its_first_score_are_one_call_in_the_network(sampler
     length, b = 8, 2
     model = _network(b, length)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    fused = block.network_scorer(graphdef, length, b)
-    apart = block.Scorer(fused.init, fused.score, fused.commit)  # no commit_score
+    fused = block_sampling.network_scorer(graphdef, length, b)
+    apart = block_sampling.Scorer(fused.init, fused.score, fused.commit)  # no commit_score
     noise = noise_lib.LogLinear(1e-3)
     outs = [
-        block.sample_blocks(
+        block_sampling.sample_blocks(
             jax.random.key(3), s, (params, rest), GRAPH, noise, (3, 2 * length + 2), b, 2, sampler, return_stats=True
         )
         for s in (fused, apart)
@@ -410,9 +410,9 @@ def test_b_equal_l_is_sedds_sampler():
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     noise = noise_lib.LogLinear(1e-3)
     key = jax.random.key(2)
-    got = block.sample_blocks(
+    got = block_sampling.sample_blocks(
         key,
-        block.network_scorer(graphdef, length, length),
+        block_sampling.network_scorer(graphdef, length, length),
         (params, rest),
         GRAPH,
         noise,
@@ -439,8 +439,8 @@ def test_past_the_window_and_stop_id():
     length, b = 8, 2
     model = _network(b, length)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    scorer = block.network_scorer(graphdef, length, b)
-    out = block.sample_blocks(
+    scorer = block_sampling.network_scorer(graphdef, length, b)
+    out = block_sampling.sample_blocks(
         jax.random.key(0),
         scorer,
         (params, rest),
@@ -455,7 +455,7 @@ def test_past_the_window_and_stop_id():
     assert out.tokens.shape == (2, 25) and int(np.asarray(out.tokens).max()) < V
     # 13 blocks, each: 2 steps (the first always calls), the denoise (skipped when nothing is masked), the commit
     assert 13 * 2 <= int(out.stats["nfe"]) <= 13 * 4
-    stopped = block.sample_blocks(
+    stopped = block_sampling.sample_blocks(
         jax.random.key(0),
         scorer,
         (params, rest),

@@ -306,7 +306,14 @@ class Kind:
         return None
 
 
-OWN_KEYS = ("model.block_size", "model.draft_k", "model.draft_head", "training.draft_weight", "training.draft_target")
+OWN_KEYS = (
+    "model.block_size",
+    "model.token_shift",
+    "model.draft_k",
+    "model.draft_head",
+    "training.draft_weight",
+    "training.draft_target",
+)
 """The config keys that only some kinds read; each kind declares those it reads (``Kind.reads``)."""
 
 
