@@ -116,14 +116,15 @@ def draw(sampler, steps, n=N_SAMPLES, graph=ABSORBING, sched=LOGLINEAR, score_fn
         ("first_hitting", L, {}, 0.0),
         ("confidence", L, {"order": "random"}, 0.0),
         ("dilated", L, {}, 0.0),
+        ("left_to_right", L, {"threshold": 1.0}, 0.0),
         ("remdm", 64, {"schedule": "cap", "eta": 0.02}, MARGIN),
         pytest.param("remdm", 64, {"schedule": "rescale", "eta": 0.02}, MARGIN, marks=pytest.mark.slow),
         pytest.param("remdm", 64, {"schedule": "loop", "eta": 0.02}, MARGIN, marks=pytest.mark.slow),
     ],
-    ids=["first_hitting", "any_order_ar", "dilated_order", "remdm_cap", "remdm_rescale", "remdm_loop"],
+    ids=["first_hitting", "any_order_ar", "dilated_order", "left_to_right", "remdm_cap", "remdm_rescale", "remdm_loop"],
 )
 def test_exact_samplers_reproduce_p0(sampler, steps, options, margin):
-    """first_hitting and random- or dilated-order unmasking one position a step are exact at L steps
+    """first_hitting, random- or dilated-order unmasking and left to right one position a step are exact at L steps
     (no allowance); ReMDM keeps MDLM's marginals and is held to the 64-step allowance."""
     x, stats = draw(sampler, steps, **options)
     dist = reference.tv(reference.empirical_law(x, V), P0)
@@ -563,3 +564,36 @@ def test_a_sampler_function_takes_no_generic_option():
             )
     finally:
         del sampling.SAMPLERS[name]
+
+
+def test_left_to_right_writes_the_sure_positions_after_the_first_together():
+    """left_to_right on the product law (independent positions, entropies 0 to 1.9 nats): its runs of sure
+    positions are drawn together and still from their laws (each position's draws within the noise bound of its
+    law); every step writes the first masked position and the sure ones right after it, so the calls fall with the
+    threshold (0: everything in one call) and one position a step at 1."""
+    calls = {}
+    for tau in (0.0, 0.9, 1.0):
+        out = sampling.sample(
+            jax.random.key(9),
+            product_score,
+            PRODUCT_GRAPH,
+            LOGLINEAR,
+            (4096, L2),
+            L2,
+            sampler="left_to_right",
+            threshold=tau,
+            return_stats=True,
+        )
+        x = np.asarray(out.tokens)
+        for l in range(L2):
+            freq = np.bincount(x[:, l], minlength=V2) / len(x)
+            assert 0.5 * np.abs(freq - PRODUCT[l]).sum() < reference.tv_noise_bound(PRODUCT[l], len(x)) + 1e-6, (tau, l)
+        calls[tau] = float(np.mean(out.stats["nfe_per_sample"]))
+    sure = (PRODUCT.max(-1) >= 0.9).astype(int)
+    runs, at = 0, 0
+    while at < L2:  # the steps of the rule: the first masked position, then the sure ones after it
+        at += 1
+        while at < L2 and sure[at]:
+            at += 1
+        runs += 1
+    assert calls == {0.0: 1.0, 0.9: float(runs), 1.0: float(L2)}, (calls, runs)

@@ -271,6 +271,48 @@ class EntropyBound(Confidence):
         return tie_broken(key, -ctx.entropy(logits), self.ENTROPY_GRID)
 
 
+@register_sampler("left_to_right")
+class LeftToRight(AbsorbingSampler):
+    r"""Left to right, and several positions a call where the model is sure: semi-autoregressive parallel decoding.
+
+    At step n of N the first masked position l_0 takes y ~ q_{l_0}; so does each masked position after it, in
+    order, while its denoiser is sure, max_y q_l(y) >= tau (``threshold``); at least
+
+        k_n = ceil(masked / (N - n))
+
+    masked positions are taken in order, so all are written by the end. Which positions a step writes depends
+    on the laws q_l alone, never on the tokens drawn, so with one position a step (tau = 1, N >= L) this is the
+    chain rule from left to right: exact with the exact score. A run of sure positions drawn together from their
+    marginals instead of one after another is off by at most sum_l (1 - max_y q_l(y)) < (run - 1)(1 - tau) in
+    total variation (each law holds at least tau on one token, given the text before it or not), and not at all
+    where the positions are independent given the text before them. Fast-dLLM's threshold (Wu et al. 2025,
+    arXiv 2505.22618) on the position's law rather than on its drawn token, in the left-to-right order of
+    Fast-dLLM v2's sub-blocks (arXiv 2509.26328): a block run with a token shift (model.token_shift) reads every
+    position after a clean one as an AR network does, so its first position's law is an AR law and the rest are
+    its lookahead (docs/block_diffusion.md).
+    """
+
+    options = {"threshold": 0.9}
+
+    def check(self, options):
+        tau = options["threshold"]
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 <= tau <= 1:
+            raise ValueError(f"threshold must be a probability in [0, 1] (1: one position a step), got {tau!r}")
+
+    def step(self, ctx, key, carry, n, t, t_next):
+        log_score, carry = ctx.evaluate(carry, ctx.noise(t)[0])
+        x = carry["x"]
+        logits = log_score[..., : ctx.graph.vocab_size]  # (B, L, V)
+        token, _ = ctx.draw(key, logits)  # (B, L)
+        sure = jnp.max(ctx.denoiser(logits), axis=-1) >= ctx.options["threshold"]  # (B, L): the law, not the draw
+        masked = x == ctx.graph.mask
+        nth = jnp.cumsum(masked, axis=-1) * masked  # (B, L): 1 at the first masked position, 2 at the next, ...
+        run = jnp.cumprod(~masked | sure | (nth == 1), axis=-1).astype(bool)  # up to the first unsure after it
+        left = ctx.steps - n
+        least = nth <= (masked.sum(-1, keepdims=True) + left - 1) // left  # (B, L): the first k_n in order
+        return dict(carry, x=jnp.where(masked & (run | least), token, x))
+
+
 @register_sampler("remdm")
 class ReMDM(AbsorbingSampler):
     r"""Remasking sampler, Wang et al. 2025 (arXiv 2503.00307), Eq. (4)-(5) and Sec. 4.
