@@ -66,6 +66,7 @@ from experiments.quality import chain_figures  # noqa: E402
 from sedd import evaluate, figures, runs, sampling  # noqa: E402
 from sedd.kinds import causal
 from sedd.data.markov import chain_from_config  # noqa: E402
+from sedd.kinds.capabilities import Diffuses  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file backend)
@@ -193,7 +194,7 @@ def compare_samplers(
     workdir = Path(workdir)
     run = runs.load(workdir)
     config, tokenizer = run.config, run.tokenizer
-    if not run.kind.diffuses:
+    if not isinstance(run.kind, Diffuses):
         raise ValueError(
             f"{workdir} holds a run that does not diffuse ({run.kind.label}); compare_samplers needs a "
             "diffusion run (pass an AR run as --judge)"

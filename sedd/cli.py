@@ -158,7 +158,8 @@ def _sample(args) -> int:
         options["draft"] = args.draft if args.draft == "ngram" else runs.load(args.draft)
     if args.draft_k is not None:  # the run's kind and the drafter check it (refused without a draft)
         options["draft_k"] = args.draft_k
-    run.kind.check_given(steps=args.steps, sampler=args.sampler, suffix=bool(args.suffix), infill=bool(args.infill))
+    patterns = tuple(name for name in ("suffix", "infill") if getattr(args, name))
+    capabilities.check_given(run.kind, steps=args.steps, sampler=args.sampler, patterns=patterns)
     layout = None if args.layout == "auto" else args.layout
     given = dict(options, layout=layout, return_trajectory=args.animate or None)  # all checked before timing
     if line := capabilities.tune(run.kind, run.net, given, args.workdir, args.num_samples, progress=True):
@@ -439,11 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _command(argv: list[str] | None) -> int:
-    """`main` without the exit: the command's exit code."""
-    parser = validate.OneLineParser(prog="sedd", description="Score Entropy Discrete Diffusion in JAX")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_train(sub) -> None:
+    """`sedd train`'s options."""
     p = sub.add_parser(
         "train",
         help="train (or resume) a model",
@@ -456,6 +454,9 @@ def _command(argv: list[str] | None) -> int:
     )
     p.add_argument("--workdir", default=None, help="run directory (default: checkpoints/<config name>)")
 
+
+def _add_distill(sub) -> None:
+    """`sedd distill`'s options."""
     p = sub.add_parser(
         "distill",
         help="a student that samples in fewer steps (distillation through time)",
@@ -473,6 +474,9 @@ def _command(argv: list[str] | None) -> int:
         help=f"halvings of the teacher's sampling steps (default {distill.DEFAULT_ROUNDS}: 8x fewer)",
     )
 
+
+def _add_sample(sub) -> None:
+    """`sedd sample`'s options."""
     p = sub.add_parser("sample", help="write text with a trained model")
     p.add_argument("--workdir", required=True, help="run directory of a trained model")
     p.add_argument("--steps", type=int, default=None, help="reverse steps (default: the config's)")
@@ -526,16 +530,29 @@ def _command(argv: list[str] | None) -> int:
         "calls, with drafts from 'ngram' (prompt lookup), a smaller AR run's or a block-diffusion run's "
         "directory (one block of --draft_k <= its block size a call)",
     )
-    p.add_argument("--draft_k", type=int, default=None, help="drafts a round with --draft (default 4)")
+    p.add_argument(
+        "--draft_k",
+        type=int,
+        default=None,
+        help="drafts a round with --draft (default 4), or of a run's own drafts (at most its model.draft_k)",
+    )
     p.add_argument(
         "--layout",
         default=None,
-        help="a spec run only: its round, 'K,GROUPS' (K drafts a round, "
-        "draft groups for the outcomes 0 .. GROUPS - 1; '0': no drafts, its causal half alone; "
-        "docs/speculative.md) or 'auto' (the default: the fastest on this device, timed once and kept "
+        help="a spec run's round, 'K,GROUPS' (K drafts a round, draft groups for the outcomes 0 .. GROUPS - 1), "
+        "or an AR run's with a draft head, 'K' (K head drafts); '0': no drafts, the causal LM alone "
+        "(docs/speculative.md); or 'auto' (the default: the fastest on this device, timed once and kept "
         "in the run's layouts.json)",
     )
 
+
+def _command(argv: list[str] | None) -> int:
+    """`main` without the exit: the command's exit code."""
+    parser = validate.OneLineParser(prog="sedd", description="Score Entropy Discrete Diffusion in JAX")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_train(sub)
+    _add_distill(sub)
+    _add_sample(sub)
     _add_eval(sub)
 
     sub.add_parser(

@@ -19,6 +19,7 @@ import numpy as np
 
 from sedd import code_measures, evaluate, runs
 from sedd.data import OutOfVocabulary, load_dataset, read_documents
+from sedd.kinds import capabilities
 
 
 def load_judge(workdir: str | Path, tokenizer=None) -> runs.Run:
@@ -30,7 +31,7 @@ def load_judge(workdir: str | Path, tokenizer=None) -> runs.Run:
         vocabulary differs from `tokenizer` (samples would be scored as other tokens).
     """
     judge = runs.load(workdir)
-    if not judge.kind.exact:
+    if not isinstance(judge.kind, capabilities.Exact):
         raise ValueError(
             f"the judge {workdir} is a model.kind={judge.kind.name!r} run, whose likelihood is a "
             "bound; a judge's must be exact: an AR baseline (train one with --config.model.kind=ar) "

@@ -330,10 +330,11 @@ class DDiT(nnx.Module):
         h, c = self.features(
             x, sigma, positions=positions, mask=mask, deterministic=deterministic, rngs=rngs
         )  # (B, L, H), (B, C) or (B, G, C)
-        return self._output(h, c, keep)  # (B, L or keep, D)
+        return self.output(h, c, keep)  # (B, L or keep, D)
 
-    def _output(self, h: Array, c: Array, keep: int | None) -> Array:
-        """The final layer on the first `keep` positions of h (all: None), with their groups' conditioning."""
+    def output(self, h: Array, c: Array, keep: int | None = None) -> Array:
+        """The final layer on the first `keep` positions of h (all: None), with their groups' conditioning: the
+        raw output float32[B, L or keep, D] of ``features``' (h, c)."""
         if keep is not None:
             if c.ndim == 3:
                 c = c[:, : keep * c.shape[1] // h.shape[1]]  # the groups of the kept positions
@@ -466,7 +467,6 @@ class DDiT(nnx.Module):
         cache: tuple,
         at: Array | None = None,
         keep: int | None = None,
-        features: bool = False,
     ) -> tuple:
         """The output of x written into and run against every layer's decoding cache, dropout off.
 
@@ -487,10 +487,9 @@ class DDiT(nnx.Module):
           x: int[B, L]; sigma: as ``network_output``'s.
           positions: int[L] or int[B, L] rotary positions.
           keep: only the first `keep` positions go through the final layer (``network_output``'s).
-          features: also return the residual stream after the last layer, float32[B, L, H] (what the final
-            layer reads: a draft head's input, ``sedd.kinds.spec_head``).
         Returns:
-          (float32[B, L or keep, D], the caches after the write), and the stream with `features`.
+          (float32[B, L or keep, D], the caches after the write, float32[B, L, H] the residual stream after
+          the last layer: what the final layer read, and a draft head reads, ``sedd.kinds.draft_head``).
         """
         if len(cache) != len(self.layers):
             raise ValueError(
@@ -501,9 +500,7 @@ class DDiT(nnx.Module):
         for layer, held in zip(self.layers, cache):
             h, kv = layer.run(h, c, positions=positions, mask=mask, cache=held, at=at, deterministic=True)
             out.append(kv)
-        if features:
-            return self._output(h, c, keep), tuple(out), h  # (B, L or keep, D), caches, (B, L, H)
-        return self._output(h, c, keep), tuple(out)  # (B, L or keep, D)
+        return self.output(h, c, keep), tuple(out), h  # (B, L or keep, D), caches, (B, L, H)
 
     def empty_cache(self, batch: int, rows: int) -> tuple:
         """Per layer, zero (keys, values) [B N, S = rows, K]: ``output_in_cache``'s cache.

@@ -36,7 +36,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
-from sedd import files, kernels, kinds, losses, runs, validate
+from sedd import checkpoints, files, kernels, kinds, losses, runs, validate
 from sedd.progress import BarLines, Pace
 from sedd import config as config_lib
 from sedd import sharding as sharding_lib
@@ -539,9 +539,9 @@ def train(
                 f"training.batch_size={t.batch_size} must divide by the {divisor} {what} "
                 f"(mesh {dict(mesh.shape)}); change the batch size or config.mesh"
             )
-    manager = runs.checkpoint_manager(workdir, config)
+    manager = checkpoints.checkpoint_manager(workdir, config)
     if manager.all_steps():  # onto this run's mesh, whatever mesh wrote it; an unreadable newest one is set aside
-        state, at = runs.restore_newest(
+        state, at = checkpoints.restore_newest(
             manager, trainer.abstract_state, quarantine=workdir / UNREADABLE if lead else None
         )
         if jax.process_count() > 1:  # process 0 has moved what nobody can read

@@ -159,7 +159,7 @@ def _untrained_markov_run(workdir: Path, graph: str) -> Path:
     from flax import nnx
 
     from sedd import config as config_lib
-    from sedd import kinds, runs
+    from sedd import checkpoints, kinds, runs
     from sedd.data import save_tokenizer
     from sedd.data.tokenizers import MarkovTokenizer
 
@@ -181,7 +181,7 @@ def _untrained_markov_run(workdir: Path, graph: str) -> Path:
     (workdir / runs.CONFIG).write_text(config_lib.to_json(config))
     save_tokenizer(MarkovTokenizer(config.vocab_size), workdir / runs.TOKENIZER)
     _, params, _ = nnx.split(kinds.build_model(config), nnx.Param, ...)
-    manager = runs.checkpoint_manager(workdir, config)
+    manager = checkpoints.checkpoint_manager(workdir, config)
     manager.save(
         0,
         args=ocp.args.Composite(state=ocp.args.PyTreeSave({"step": np.int32(0), "params": params, "ema": params})),

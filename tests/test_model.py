@@ -328,7 +328,7 @@ def test_a_ring_cache_gives_each_position_the_window_before_it():
         )
     )
     for p in range(total):
-        out, cache = step(cache, x[:, p : p + 1], jnp.int32(p))
+        out, cache, _ = step(cache, x[:, p : p + 1], jnp.int32(p))
         got.append(np.asarray(out[:, 0]))
     pos = np.arange(total)
     band = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)  # (T, T)
@@ -345,7 +345,7 @@ def test_a_cache_held_by_the_caller_gives_the_full_pass_and_refuses_a_wrong_one(
     cache, got = m.empty_cache(2, L), []
     for start, n in [(0, 3)] + [(i, 1) for i in range(3, L)]:
         mask = rows[None, :] <= start + np.arange(n)[:, None]  # (n, L) causal over the rows written so far
-        out, cache = m.output_in_cache(
+        out, cache, _ = m.output_in_cache(
             x[:, start : start + n], None, positions=start + np.arange(n), mask=mask, cache=cache, at=jnp.int32(start)
         )
         got.append(out)
@@ -376,7 +376,7 @@ def test_a_cache_held_by_the_caller_takes_each_sequence_at_its_own_place(monkeyp
     full = np.asarray(nnx.jit(lambda mod, a: mod.network_output(a, None))(m, x))  # (B, L, V)
     rows, starts, n = np.arange(L), np.array([2, 5]), 3
     cache = m.empty_cache(2, L)
-    _, cache = m.output_in_cache(
+    _, cache, _ = m.output_in_cache(
         x[:, :5],
         None,
         positions=np.arange(5),
@@ -386,7 +386,7 @@ def test_a_cache_held_by_the_caller_takes_each_sequence_at_its_own_place(monkeyp
     )  # both texts up to 5; row 0 rewrites from 2 below
     positions = starts[:, None] + np.arange(n)  # (B, n)
     chunk = np.take_along_axis(np.asarray(x), positions, axis=1)
-    out, cache = m.output_in_cache(
+    out, cache, _ = m.output_in_cache(
         chunk,
         None,
         positions=positions,
@@ -398,7 +398,7 @@ def test_a_cache_held_by_the_caller_takes_each_sequence_at_its_own_place(monkeyp
         np.asarray(out), np.take_along_axis(full, positions[..., None], axis=1), rtol=1e-5, atol=1e-5
     )
     alone = m.empty_cache(2, L)
-    _, alone = m.output_in_cache(
+    _, alone, _ = m.output_in_cache(
         x[:, :8],
         None,
         positions=np.arange(8),

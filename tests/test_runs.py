@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from sedd import cli, figures, kinds, runs, sharding, train
+from sedd import checkpoints, cli, figures, kinds, runs, sharding, train
 from sedd import config as config_lib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,7 +153,7 @@ def test_load_restores_the_saved_weights_of_any_step(tiny_run):
     assert any(not np.array_equal(a, b) for a, b in zip(leaves(newest), leaves(raw)))
     # The full train state's EMA, restored through the trainer, is what load returns.
     trainer = train.Trainer(newest.config)
-    state = runs.restore(runs.checkpoint_manager(workdir), trainer.abstract_state)
+    state = checkpoints.restore(checkpoints.checkpoint_manager(workdir), trainer.abstract_state)
     for a, b in zip(leaves(newest), jax.tree.leaves(state["ema"])):
         np.testing.assert_array_equal(a, np.asarray(b))
     with pytest.raises(FileNotFoundError, match="no checkpoint of step 3"):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sedd import cli, kernels, kinds, runs
+from sedd import checkpoints, cli, kernels, kinds, runs
 from sedd import config as config_lib
 from sedd import progress
 from sedd import train as train_lib
@@ -75,7 +75,7 @@ def test_tiny_run_end_to_end(graph, data_dir, tmp_path):
     assert bound["kind"] == "ddit" and bound["num_sequences"] == 2 * 8 and bound["stderr_nats_per_token"] > 0
     assert result["step"] == 6 and len(result["samples"][0]) > 0
     assert (tmp_path / "run" / "tokenizer.json").exists() and (tmp_path / "run" / "config.json").exists()
-    assert runs.checkpoint_manager(tmp_path / "run").latest_step() == 6
+    assert checkpoints.checkpoint_manager(tmp_path / "run").latest_step() == 6
 
 
 @pytest.mark.dtypes  # end to end: .ci/run runs it again in the other compute dtype
@@ -84,7 +84,7 @@ def test_checkpoint_round_trip(data_dir, tmp_path):
     train_lib.train(c, tmp_path / "run", quiet=True)
     run = runs.load(tmp_path / "run")
     trainer = train_lib.Trainer(run.config)
-    state = runs.restore(runs.checkpoint_manager(tmp_path / "run"), trainer.abstract_state)
+    state = checkpoints.restore(checkpoints.checkpoint_manager(tmp_path / "run"), trainer.abstract_state)
     assert int(state["step"]) == 3 and run.step == 3
     ema = run.params
     # The restored EMA is the saved one, and differs from the initial weights.
@@ -132,7 +132,7 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(data_dir, tmp_path):
     run.send_signal(signal.SIGTERM)
     out = run.communicate(timeout=120)[0]
     assert run.returncode == 0, out
-    stopped_at = runs.checkpoint_manager(tmp_path / "b").latest_step()
+    stopped_at = checkpoints.checkpoint_manager(tmp_path / "b").latest_step()
     assert stopped_at is not None and stopped_at < 16, out
     resumed = _cli_train(tmp_path / "b", data_dir)
     out = resumed.communicate(timeout=300)[0]

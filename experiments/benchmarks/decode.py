@@ -48,7 +48,7 @@ def _ar_decode(model, key, temperature, *, num_samples: int, length: int, unroll
 
     def step(pos, carry):
         cache, prev, toks = carry
-        logits, cache = causal.decode_in_cache(model, cache, prev[:, None], pos)  # (B, 1, V)
+        logits, cache, _ = causal.decode_in_cache(model, cache, prev[:, None], pos)  # (B, 1, V)
         probs = jax.nn.softmax(logits[:, 0].astype(jnp.float32) / temperature, axis=-1)
         tok = sample_categorical(jax.random.fold_in(key, pos), probs, "precise").astype(jnp.int32)
         return cache, tok, toks.at[:, pos].set(tok)

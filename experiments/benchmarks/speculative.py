@@ -14,6 +14,8 @@ from experiments.quality import sample_quality
 from experiments.timing import format_table, interleaved, median, paired_ratio, tokens_per_call
 from sedd.kinds import capabilities, causal
 from sedd import config as config_lib
+from sedd.kinds.capabilities import Diffuses
+from sedd.kinds.spec import Layout
 
 
 def call_cost(config, ns: list[int], repeats: int, calls: int | None = None, batch: int = 1) -> dict:
@@ -46,7 +48,7 @@ def call_cost(config, ns: list[int], repeats: int, calls: int | None = None, bat
                 cache, acc = carry
                 at = start + i % 8
                 inputs = jax.lax.dynamic_slice(text, (0, at), (batch, n))
-                logits, cache = causal.decode_in_cache(model, cache, inputs, at)
+                logits, cache, _ = causal.decode_in_cache(model, cache, inputs, at)
                 # every output and the cache carried on: nothing of the call is dead code XLA could skip
                 return cache, acc + logits.sum()
 
@@ -143,7 +145,7 @@ def loop_profile(config, layouts: list[str], repeats: int) -> dict:
         def step(i, carry):
             cache, acc = carry
             token = jnp.full((1, 1), i % ar_run.config.vocab_size, jnp.int32)
-            logits, cache = causal.decode_in_cache(model, cache, token, i)
+            logits, cache, _ = causal.decode_in_cache(model, cache, token, i)
             return cache, acc + logits.sum()
 
         return jax.lax.fori_loop(0, length, step, (model.empty_cache(1, length), jnp.float32(0)))[1]
@@ -278,7 +280,7 @@ def bench_speculative(
             # A diffusion drafter drafts within one of its blocks: k up to its block's b positions.
             cap = (
                 draft.kind.one_token_steps(draft.seq_len)
-                if not isinstance(draft, str) and draft.kind.diffuses
+                if not isinstance(draft, str) and isinstance(draft.kind, Diffuses)
                 else None
             )
             cells += [(name + tag, k, draft, None, how, t) for k in ks if cap is None or k <= cap]
@@ -394,7 +396,7 @@ def draft_overlap(run, sequences: int = 16, tau: float | None = None) -> dict:
     from sedd.data import load_dataset  # noqa: PLC0415
 
     tau = spec.DRAFT_TEMPERATURE if tau is None else tau
-    model, k, length = run.model, run.kind.draft_k, run.seq_len
+    model, k, length = run.model, run.config.model.draft_k, run.seq_len
     dataset = load_dataset(run.config.data, tokenizer=run.tokenizer)
     split = "validation" if "validation" in dataset.splits else [s for s in dataset.splits if s != "train"][0]
     x = jnp.asarray(next(iter(dataset.eval_batches(sequences, split=split)))[:sequences], jnp.int32)
@@ -801,7 +803,7 @@ def run_speculative(quick: bool, args) -> dict:
         )
         lines += dtype_lines(dtypes, Path(args.spec.split(",")[0]).name)
     overlaps = {}
-    grouped = {} if study is None else {name: run for name, run in specs.items() if not run.kind.head}
+    grouped = {} if study is None else {n: run for n, run in specs.items() if isinstance(run.kind.layout, Layout)}
     if grouped:  # each spec run's first group drafts against the most any such draft could keep (a head's see more)
         overlaps = {name: draft_overlap(run) for name, run in grouped.items()}
         names = list(next(iter(overlaps.values())))

@@ -25,12 +25,10 @@ def get_config() -> ml_collections.ConfigDict:
         "ddit"  # "ddit" (diffusion), "ar" (causal baseline), "block" (block diffusion), "spec" (self-speculation)
     )
     c.model.block_size = 16  # "block": tokens per block, a divisor of data.seq_len
-    c.model.draft_k = 4  # "spec": drafts a round, what the network learns to draft (4 is good)
-    c.model.draft_head = (
-        0  # "spec": 0 drafts with a draft half; N > 0 with a draft head of width N (sedd.kinds.spec_head)
-    )
+    c.model.draft_k = 4  # "spec", and "ar" with a draft head: drafts a round, what the network learns (4 is good)
+    c.model.draft_head = 0  # "ar": N > 0 a draft head of width N drafts for it (sedd.kinds.draft_head); 0 none
     c.model.hidden_size = 128  # H, the width of the residual stream
-    c.model.n_layers = 4  # transformer layers (the original's "blocks")
+    c.model.n_layers = 4  # transformer layers
     c.model.n_heads = 8  # attention heads; H / n_heads must be even (rotary)
     c.model.cond_dim = 64  # width of the sigma conditioning vector
     c.model.mlp_ratio = 4  # MLP hidden width as a multiple of H
@@ -82,8 +80,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.training.n_iters = 1500  # batches to train on
     c.training.accum_steps = 1  # batches per optimizer update (optax.MultiSteps)
     c.training.loss_chunk = 0  # >0: the output layer and loss this many positions at a time (no [B, L, V] array)
-    c.training.draft_weight = 1.0  # model.kind = "spec": the weight of the drafts' cross-entropy beside the NLL
-    # model.kind = "spec": drafts learn the text ("data"), the causal half's laws on it ("causal"), or its laws on
+    c.training.draft_weight = 1.0  # "spec" and a draft head: the weight of the drafts' cross-entropy beside the NLL
+    # "spec" and a draft head: drafts learn the text ("data"), the causal LM's laws on it ("causal"), or its laws on
     # text it writes each step ("own": on-policy; each step also writes a batch, token by token: sedd.kinds.spec.loss)
     c.training.draft_target = "data"
     c.training.sampling_eps = 1e-3  # t ~ U[sampling_eps, 1]

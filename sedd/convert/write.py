@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from sedd import config as config_lib
-from sedd import files, runs, validate
+from sedd import checkpoints, files, runs, validate
 from sedd.convert.bd3lm import scalar_buffer
 from sedd.convert.fields import GPT2_TOKENS
 from sedd.convert.limits import MAX_TOKENIZER_BYTES, ConversionError, brief
@@ -150,7 +150,7 @@ def convert(
         files.write_text(tmp / runs.CONFIG, config_lib.to_json(config), tmp)
         files.write_text(tmp / PROVENANCE, json.dumps(summary, indent=2, sort_keys=True, default=str), tmp)
         state = {"step": jnp.asarray(source.step, jnp.int32), "params": raw, "ema": weights}
-        manager = runs.checkpoint_manager(tmp, config)
+        manager = checkpoints.checkpoint_manager(tmp, config)
         manager.save(source.step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
         manager.wait_until_finished()
         manager.close()

@@ -72,11 +72,13 @@ def build_model(config, seed: int = 0) -> DDiT:
 
 
 class Net(NamedTuple):
-    """A network split by ``nnx.split(model, nnx.Param, ...)``: structure, parameters, the rest (RNG state)."""
+    """A network split by ``nnx.split(model, nnx.Param, ...)``: structure, parameters, the rest (RNG state), and
+    where the rows of its inputs go: split over a mesh's batch axes (``Run.sample``), None: where the weights are."""
 
     graphdef: Any
     params: Any
     rest: Any
+    placement: jax.sharding.Sharding | None = None
 
     @property
     def state(self) -> tuple:
@@ -169,16 +171,12 @@ class Kind:
 
     Attributes:
       name: its model.kind.
-      exact: its likelihood figure is the exact NLL (it can judge samples).
       conditions: the prompt patterns it honours, of "prefix", "suffix", "infill".
-      diffuses: it samples by denoising steps (``sedd.sampling``'s samplers, ``steps``).
       config: the run's config.
     """
 
     name: ClassVar[str]
-    exact: ClassVar[bool] = False
     conditions: ClassVar[tuple[str, ...]] = ("prefix", "suffix", "infill")
-    diffuses: ClassVar[bool] = False
 
     def __init__(self, config):
         self.config = config
@@ -222,10 +220,10 @@ class Kind:
         num_samples: int,
         steps: int | None = None,
         sampler: str | None = None,
-        rows: jax.sharding.Sharding | None = None,
         **options,
     ) -> sampling.Samples:
-        """num_samples sequences; the config's sampling section gives the defaults; rows: their placement."""
+        """num_samples sequences (on ``net.placement`` where the kind places rows); the config's sampling section
+        gives the defaults."""
         raise NotImplementedError
 
     def check_sampler(self, name: str) -> None:
@@ -243,25 +241,6 @@ class Kind:
         """Raise a ValueError when ``sample`` cannot run `sampler` on this kind with these options (temperature,
         top_p, the kind's own, ...): the same refusals as ``sample``, before any work."""
         self.check_sampler(sampler)
-
-    def check_given(self, *, steps=None, sampler=None, suffix: bool = False, infill: bool = False) -> None:
-        """Refuse an option given that this kind cannot honour, in one line naming it and the kinds that take it.
-
-        ``Run.sample`` (so ``sedd sample``) and ``sedd serve`` ask it alike; None or False: not given.
-        """
-        if not self.diffuses:
-            for name, value in (("steps", steps), ("sampler", sampler)):
-                if value is not None:
-                    raise ValueError(
-                        f"{name}={value!r}: a model.kind={self.name!r} run writes left to right, with "
-                        f"no denoising steps; {name} is for {kinds_that(lambda k: k.diffuses)}"
-                    )
-        for name, what, given in (("suffix", "a suffix", suffix), ("infill", "an infill template", infill)):
-            if given and name not in self.conditions:
-                raise ValueError(
-                    f"{what}: a model.kind={self.name!r} run writes after a prompt only; {what} "
-                    f"is for {kinds_that(lambda k: name in k.conditions)}"
-                )
 
     def settles(self, sampler: str) -> bool:
         """Whether a position, once unmasked by `sampler`, keeps its token to the end (text can be sent early)."""

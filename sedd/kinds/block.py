@@ -156,7 +156,7 @@ def log_score_in_context(model: DDiT, x_t: jax.Array, context: tuple, sigma: jax
     h, c = model.features(
         x_t, sigma, mask=mask, context=context, unit=block_size, deterministic=True
     )  # (B, L, H), (B, n_b, C)
-    return model.log_score(model.output_layer(h, c), x_t, jnp.repeat(sigma, block_size, axis=1))
+    return model.log_score(model.output(h, c), x_t, jnp.repeat(sigma, block_size, axis=1))
 
 
 def loss_per_position(
@@ -299,7 +299,7 @@ def network_scorer(graphdef, window: int, block_size: int) -> Scorer:
     def run(state, cache, x, sigma, positions, keep=None):
         model = nnx.merge(graphdef, *state)
         mask = ring_mask(positions, rows, window, b)  # (L, S): its own block and the clean ones before it
-        out, cache = model.output_in_cache(x, sigma, positions=positions, mask=mask, cache=cache, keep=keep)
+        out, cache, _ = model.output_in_cache(x, sigma, positions=positions, mask=mask, cache=cache, keep=keep)
         return model, out, cache
 
     def init(state, batch):
@@ -871,11 +871,10 @@ class BlockDiffusion(Diffusion, Drafts):
             **kwargs,
         )
 
-    def sample(self, key, net, num_samples, steps=None, sampler=None, rows=None, **options):
+    def sample(self, key, net, num_samples, steps=None, sampler=None, **options):
         """``sample_blocks``: block by block with the KV cache; max_length tokens (default data.seq_len).
 
-        steps are per block. rows is not used: the rows stay where the
-        weights are.
+        steps are per block; the rows stay where the weights are.
 
         Raises:
           ValueError: block_length (a block model's blocks are model.block_size),

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from sedd import evaluate, losses, sampling
 from sedd.kinds.base import Kind, build_graph, build_noise, chunked_entropy, network_of, params_score_fn, register
-from sedd.kinds.capabilities import Distills, ServesRows, refuse_drafts
+from sedd.kinds.capabilities import Diffuses, Distills, ServesRows, refuse_drafts
 from sedd.model import DDiT
 
 
 @register("ddit")
-class Diffusion(Kind, ServesRows, Distills):
+class Diffusion(Kind, Diffuses, ServesRows, Distills):
     """SEDD: a DDiT log-score network over the forward graph's ids, trained by score entropy.
 
     Attributes:
       graph, noise: the forward process of the config.
     """
-
-    diffuses = True
 
     def __init__(self, config):
         super().__init__(config)
@@ -163,7 +161,7 @@ class Diffusion(Kind, ServesRows, Distills):
             **kwargs,
         )
 
-    def sample(self, key, net, num_samples, steps=None, sampler=None, rows=None, **options):
+    def sample(self, key, net, num_samples, steps=None, sampler=None, **options):
         """``sedd.sampling.sample`` (``sample_long`` with max_length / block_length) on this network.
 
         Raises:
@@ -178,7 +176,7 @@ class Diffusion(Kind, ServesRows, Distills):
         args = dict(sampler=sampler or s.sampler, eps=s.eps, score_params=net.state, **options)
         shape = (num_samples, self.config.data.seq_len)
         steps = s.steps if steps is None else steps
-        score_fn = params_score_fn(net.graphdef, rows)
+        score_fn = params_score_fn(net.graphdef, net.placement)
         if {"max_length", "block_length", "stop_id"} & set(options):
             long = {k: args.pop(k, None) for k in ("max_length", "block_length")}
             long["max_length"] = long["max_length"] or shape[1]
