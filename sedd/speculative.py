@@ -173,7 +173,7 @@ def verify(
     return accepted, tokens
 
 
-def rounds(
+def run_rounds(
     key: jax.Array,
     target_state: Any,
     drafter_state: Any,
@@ -301,7 +301,7 @@ def decode(
     """
     b = prompt.shape[0]
     text = jnp.zeros((b, length + k + 1), jnp.int32).at[:, :length].set(prompt)
-    text, r, rounds_row, accepted_at = rounds(
+    text, r, rounds_row, accepted_at = run_rounds(
         key,
         target_state,
         drafter_state,
@@ -348,8 +348,8 @@ def decode_prompted(
     shared: bool = False,
     verification: str = "joint",
 ) -> tuple:
-    """``decode`` after a prompt, the prefills inside the one program (eager, a network's prefill dispatches its ops
-    one by one: 47 ms a text of a 1024-wide AR run on a 2-core CPU, a third of its drafted text's time).
+    """``decode`` after a prompt, the prefills inside the one program (eager, a network's prefill would dispatch its
+    ops one by one, a host round trip each).
 
     Args:
       given: int32[B, P] the prompt, the same P in every row (P = 0: none).

@@ -84,7 +84,7 @@ MUON_MATRICES = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")  # the layers' wei
 
 
 def muon_dimensions(params):
-    """Muon's spec tree: a MuonDimensionNumbers (x W, W = [in, out]) at each block's four weight matrices,
+    """Muon's spec tree: a MuonDimensionNumbers (x W, W = [in, out]) at each layer's four weight matrices,
     None (AdamW) at everything else: embedding, output layer, adaLN and sigma layers, LayerNorms, biases."""
 
     def spec(path, _):
@@ -97,7 +97,7 @@ def muon_dimensions(params):
 def build_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedule]:
     r"""AdamW or Muon, with global-norm clipping, warmup, and optional gradient accumulation.
 
-    optim.optimizer = "muon" updates each block's four weight matrices W
+    optim.optimizer = "muon" updates each layer's four weight matrices W
     (q/k/v, attention output, MLP in and out) with Muon (Jordan et al. 2024,
     "Muon: an optimizer for hidden layers"; optax.contrib.muon): Nesterov
     momentum M (beta 0.95), orthogonalised by five Newton-Schulz iterations,

@@ -127,7 +127,7 @@ def test_the_drafts_at_sampling_time_are_the_head_on_the_training_forwards_featu
             out.append(jax.nn.softmax(logits, -1)[0])
         return np.stack(out)
 
-    prefill, target, drafter = draft_head.speculative_parts(graphdef, k)
+    prefill, target, drafter = draft_head.speculative_parts(graphdef, draft_head.HeadLayout(k))
     buffer = jnp.zeros((1, L + k + 1), jnp.int32).at[:, :L].set(text)
     st = prefill(state, text[:, :2])
     drafted, q, _, count = drafter(jax.random.key(0), st, buffer, jnp.asarray([2]), k)
@@ -245,7 +245,7 @@ def test_a_spec_run_with_a_head_written_before_the_move_loads_as_the_ar_run_with
     from sedd import runs
 
     run = runs.load(Path(__file__).parent / "fixtures" / "spec_head_run")
-    assert run.kind.name == "ar" and run.kind.head == 4 and run.kind.layout == draft_head.HeadLayout(3)
+    assert run.kind.name == "ar" and run.kind.head_width == 4 and run.kind.layout == draft_head.HeadLayout(3)
     assert run.params["vocab_embed"]["embedding"].shape[0] == run.config.vocab_size + 1  # BOS; the MASK row dropped
     greedy = run.sample(jax.random.key(0), 2, temperature=0.0, layout=0).tokens
     out = run.sample(jax.random.key(1), 2, temperature=0.0, return_stats=True)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sedd import kernels, layers
+from sedd import ddit_layer, kernels, layers
 from sedd import model as M
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -354,22 +354,15 @@ def test_a_cache_held_by_the_caller_gives_the_full_pass_and_refuses_a_wrong_one(
         m.output_in_cache(
             x[:, :1], None, positions=np.arange(1), mask=np.ones((1, L), bool), cache=cache[:1], at=jnp.int32(0)
         )
-    with pytest.raises(ValueError, match="a decoding cache is read as a mask over its rows says"):
-        m.layers[0].run(
-            jnp.zeros((2, 1, m.layers[0].n_heads * m.layers[0].head_dim)),
-            jnp.zeros((2, 8)),
-            positions=np.arange(1),
-            cache=cache[0],
-            at=jnp.int32(0),
-        )
+    with pytest.raises(ValueError, match="a decoding cache is read as a mask over its slots says"):
+        q = jnp.zeros((2, 1, m.layers[0].n_heads, m.layers[0].head_dim))
+        ddit_layer.cache_attention(q, q, q, cache=cache[0], at=jnp.int32(0), mask=None, positions=np.arange(1))
 
 
 @pytest.mark.parametrize("row_writes", [64, 1])  # a write a sequence, and the scatter past ROW_WRITES
 def test_a_cache_held_by_the_caller_takes_each_sequence_at_its_own_place(monkeypatch, row_writes):
     """``output_in_cache`` with at int32[B]: sequences at different lengths (2 and 5) in one call, each equal to
     the full causal pass at its positions, and each row's cache to one written at its own place alone."""
-    from sedd import ddit_layer
-
     monkeypatch.setattr(ddit_layer, "ROW_WRITES", row_writes)
     m = perturb(make(AR))
     x = tokens(0, V + 1)  # (2, L)

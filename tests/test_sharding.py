@@ -130,7 +130,7 @@ _MESHES = """
 import json, tempfile
 import jax, numpy as np
 import orbax.checkpoint as ocp
-from sedd import config as C, runs, sharding as S, train as T
+from sedd import checkpoints, config as C, runs, sharding as S, train as T
 
 cfg = C.load_config("tiny")
 cfg.vocab_size = 65  # D = 66: divides by 2, not by 8 (the replication fallback)

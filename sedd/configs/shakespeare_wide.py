@@ -16,7 +16,7 @@ measure speed as a large model's decoding has it, not a better model.
 docs/speculative.md says what to expect; docs/studies/speculative.md has the
 runs of this config, how long they train and how fast each writes.
 
-    sedd train --config shakespeare_wide --workdir runs/wide_head         # 25 min on 2 cores
+    sedd train --config shakespeare_wide --workdir runs/wide_head
     sedd sample --workdir runs/wide_head                                  # rounds of the head's drafts
     sedd sample --workdir runs/wide_head --layout 0                       # the same law, one token a call
 """

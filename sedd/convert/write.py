@@ -20,7 +20,7 @@ from sedd.convert.fields import GPT2_TOKENS
 from sedd.convert.limits import MAX_TOKENIZER_BYTES, ConversionError, brief
 from sedd.convert.original import config_from_original
 from sedd.convert.read import read_source
-from sedd.convert.source import layout_of
+from sedd.convert.source import scheme_of
 from sedd.convert.weights import convert_params, count_parameters
 from sedd.data import GPT2Tokenizer, save_tokenizer
 
@@ -113,8 +113,8 @@ def convert(
     source = read_source(src, ema)
     tok_dir = dst / TOKENIZER_DIR
     config = config_from_original(source.config, str(tok_dir), dtype)
-    layout = layout_of(source.config)
-    read = lambda sd: convert_params(sd, config, layout.prefix, layout.fold_sigma, layout.buffers)  # noqa: E731
+    scheme = scheme_of(source.config)
+    read = lambda sd: convert_params(sd, config, scheme.prefix, scheme.fold_sigma, scheme.buffers)  # noqa: E731
     weights = read(source.weights)
     raw = weights if source.raw is None or source.raw is source.weights else read(source.raw)
     summary = {
@@ -124,12 +124,12 @@ def convert(
         "weights": source.kind,
         "step": source.step,
         "parameters": count_parameters(weights),
-        "family": layout.family,
+        "family": scheme.family,
         "original_config": source.config,
     }
-    if layout.fold_sigma:
+    if scheme.fold_sigma:
         summary["folded"] = "the source feeds sigma = 0: its sigma embedding is folded into the adaLN biases"
-    for name in layout.buffers:  # BD3-LM's clipped schedule: kept for the record (our bound runs t over [eps, 1])
+    for name in scheme.buffers:  # BD3-LM's clipped schedule: kept for the record (our bound runs t over [eps, 1])
         summary[name] = scalar_buffer(source.weights, name)
 
     dst.parent.mkdir(parents=True, exist_ok=True)

@@ -185,8 +185,8 @@ def speculative_sample(
 
 
 @dataclasses.dataclass(frozen=True)
-class Options(causal.Options):
-    """``causal.Options``, speculative sampling's (``speculative_sample``) and a draft head's rounds.
+class AROptions(causal.CausalOptions):
+    """``causal.CausalOptions``, speculative sampling's (``speculative_sample``) and a draft head's rounds.
 
     Attributes:
       draft: None (the run's draft head, if it has one), "ngram" or a ``sedd.drafts.Drafter``.
@@ -224,41 +224,41 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts, Tunes):
     beside the NLL, it samples in rounds of its drafts by default, the AR network's law exactly.
 
     Attributes:
-      head: N (0: no head).
+      head_width: N, model.draft_head (0: no head).
       draft_k: with a head, the drafts a round it was trained to draft (model.draft_k).
       layout: with a head, the round's ``draft_head.HeadLayout`` when none is given: k = draft_k until
         ``tune`` sets the fastest here; None without a head.
     """
 
-    options_type = Options
+    options_type = AROptions
 
     def __init__(self, config):
         super().__init__(config)
-        head = config.model.draft_head
-        if isinstance(head, bool) or not (isinstance(head, int) and 0 <= head <= validate.MAX_DRAFT_HEAD):
+        width = config.model.draft_head
+        if isinstance(width, bool) or not (isinstance(width, int) and 0 <= width <= validate.MAX_DRAFT_HEAD):
             raise ValueError(
-                f"model.draft_head={head!r} (the width of an AR run's draft head) must be an integer in "
+                f"model.draft_head={width!r} (the width of an AR run's draft head) must be an integer in "
                 f"[0, {validate.MAX_DRAFT_HEAD}]: 0 for none, N > 0 for a head of width N (256 is a good start)"
             )
-        self.head, self.layout = head, None
-        if head:
+        self.head_width, self.layout = width, None
+        if width:
             self.draft_k, self.draft_weight, self.draft_target = causal.draft_training(config, "a draft head")
             self.layout = draft_head.HeadLayout(self.draft_k)
 
     @property
     def label(self):
-        return f"ar head={self.head} k={self.draft_k}" if self.head else "ar"
+        return f"ar head={self.head_width} k={self.draft_k}" if self.head_width else "ar"
 
     def describe(self):
-        return {"kind": self.name} | ({"draft_head": self.head} if self.head else {})
+        return {"kind": self.name} | ({"draft_head": self.head_width} if self.head_width else {})
 
-    def _head_layout(self, o: Options) -> draft_head.HeadLayout | None:
+    def _head_layout(self, o: AROptions) -> draft_head.HeadLayout | None:
         """The head's layout a sample with options `o` runs; None with a draft or without a head. Every option
         is checked against the run here, before any timing: a draft_k or a layout past its trained k, a
         draft_k that is not the layout's, or a head's option for a run without one."""
         if o.draft is not None:
             return None
-        if not self.head:
+        if not self.head_width:
             if o.draft_k is not None:
                 raise ValueError(drafts.NEEDS_A_DRAFT)
             if o.layout is not None or o.draft_temperature is not None or o.verification != "joint":
@@ -318,7 +318,7 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts, Tunes):
         if layout is not None and layout.k:
 
             def head_parts(temperature, top_p):
-                prefill, target, drafter = draft_head.speculative_parts(graphdef, layout.k, temperature, top_p)
+                prefill, target, drafter = draft_head.speculative_parts(graphdef, layout, temperature, top_p)
                 return (lambda state, text: (prefill(state, text), None)), target, drafter
 
             return sampling.rounds.Speculation(
@@ -349,7 +349,7 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts, Tunes):
         """Inputs V + 1 ids (BOS = V), outputs the V next-token logits, causal attention, no time input; with
         model.draft_head, a draft head beside it (``draft_head.attach``)."""
         v = self.config.vocab_size
-        net = network_of(
+        model = network_of(
             self.config,
             seed,
             num_tokens=v + 1,
@@ -359,12 +359,12 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts, Tunes):
             time_conditioning=False,
             normalize=False,
         )
-        return draft_head.attach(net, self.head, seed) if self.head else net
+        return draft_head.attach(model, self.head_width, seed) if self.head_width else model
 
     def loss(self, key, model, x0, train, rngs=None):
         """-sum_l log p(x0^l | x0^{<l}), the exact NLL (``causal.sequence_nll``; training.loss_chunk); with a
         draft head, (2) of ``sedd.kinds.draft_head``: the NLL plus the head's cross-entropy."""
-        if self.head:
+        if self.head_width:
             return draft_head.loss(
                 model,
                 x0,

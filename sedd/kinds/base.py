@@ -92,23 +92,24 @@ class Net(NamedTuple):
 
 
 @functools.lru_cache(maxsize=None)
-def params_score_fn(graphdef, rows: jax.sharding.Sharding | None = None):
+def params_score_fn(graphdef, placement: jax.sharding.Sharding | None = None):
     """(state, x, sigma) -> log-score of the network `graphdef`, dropout off; state = (params, rest).
 
     One function object per network structure (and row placement):
     ``sedd.sampling.sample`` and ``sedd.evaluate.likelihood_bound`` compile
     once per score function and take the weights as traced ``score_params``,
-    so new weights never recompile. With `rows` (a sharding of the (B, L)
-    input) the rows stay split over the mesh's data axis at every call, so
-    each device computes its own rows; without it, with weights replicated
-    over several devices, every device would compute every row.
+    so new weights never recompile. With `placement` (a sharding of the (B, L)
+    input, ``Net.placement``) the rows stay split over the mesh's data axis at
+    every call, so each device computes its own rows; without it, with weights
+    replicated over several devices, every device would compute every row.
     """
-    if rows is None:
+    if placement is None:
         return lambda state, x, sigma: nnx.merge(graphdef, *state)(x, sigma, deterministic=True)
 
     def score(state, x, sigma):
-        with sharding_lib.split_rows(rows):  # the activations' rows too, at every block (an fsdp mesh)
-            return nnx.merge(graphdef, *state)(jax.lax.with_sharding_constraint(x, rows), sigma, deterministic=True)
+        with sharding_lib.split_rows(placement):  # the activations' rows too, at every layer (an fsdp mesh)
+            x = jax.lax.with_sharding_constraint(x, placement)
+            return nnx.merge(graphdef, *state)(x, sigma, deterministic=True)
 
     return score
 
@@ -143,25 +144,25 @@ def network_of(config, seed: int, **arch) -> DDiT:
     )
 
 
-def chunked_entropy(model: DDiT, graph: graphs.Graph, chunk: int, **net) -> Callable:
+def chunked_entropy(model: DDiT, graph: graphs.Graph, chunk: int, **dropout) -> Callable:
     r"""(x_t, sigma, x0) -> float32[B, L]: the network's score entropy at x_t, `chunk` positions at a time.
 
     ``graph.score_entropy(model(x_t, sigma), sigma, x_t, x0)`` without the
-    [B, L, D] log-score: the blocks run once over all L positions, then the
+    [B, L, D] log-score: the layers run once over all L positions, then the
     final layer, the log-score and its score entropy run on chunks of
     positions, each chunk's output computed again for the gradient
-    (``DDiT.output_rows``). Every form of ``DDiT.log_score`` (scale_by_sigma,
+    (``DDiT.output_chunked``). Every form of ``DDiT.log_score`` (scale_by_sigma,
     normalize, a time-independent network) and both graphs reduce position by
-    position, which is all the chunks need. net: dropout arguments of the network.
+    position, which is all the chunks need. dropout: the network's deterministic and rngs.
     """
 
     def entropy(x_t, sigma, x0):
-        h, c = model.features(x_t, sigma, **net)  # (B, L, H), (B, C)
+        h, c = model.features(x_t, sigma, **dropout)  # (B, L, H), (B, C)
 
         def fn(out, x, x0):  # (B, Lc, D), (B, Lc), (B, Lc) -> (B, Lc)
             return graph.score_entropy(model.log_score(out, x, sigma), sigma[:, None], x, x0)
 
-        return model.output_rows(h, c, fn, x_t, x0, chunk=chunk)  # (B, L)
+        return model.output_chunked(h, c, fn, x_t, x0, chunk=chunk)  # (B, L)
 
     return entropy
 

@@ -21,10 +21,10 @@ head's loss read it), and decoding runs on the network's decoding cache
 past the model's length on a ring (a sliding window); temperature 0 is the
 argmax. ``CausalKind`` is what the kinds that hold one share: the exact NLL as
 their likelihood (so either judges samples), a prefix prompt, their options as
-one checked value (``Options``), and the checks of what drafts learn
+one checked value (``CausalOptions``), and the checks of what drafts learn
 (``draft_training``).
 
-Letters: B batch, L length, V vocabulary, S cache rows.
+Letters: B batch, L length, V vocabulary, S cache slots.
 """
 
 from __future__ import annotations
@@ -112,12 +112,12 @@ def token_nll(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, r
     """-log p_theta(x_l | x_{<l}) at every position: float32[B, L] nats.
 
     chunk > 0 computes the logits `chunk` positions at a time, fused with the
-    loss and recomputed for the gradient (``DDiT.output_rows``): the same
+    loss and recomputed for the gradient (``DDiT.output_chunked``): the same
     numbers without a [B, L, V] array (training.loss_chunk).
     """
     h, c = features(model, x, deterministic=deterministic, rngs=rngs)  # (B, L, H)
     if chunk:
-        return model.output_rows(h, c, nll_of_logits, x, chunk=chunk)  # (B, L)
+        return model.output_chunked(h, c, nll_of_logits, x, chunk=chunk)  # (B, L)
     return nll_of_logits(model.output(h, c), x)  # (B, L)
 
 
@@ -183,7 +183,7 @@ def with_own_texts(model: DDiT, x: jax.Array, key: jax.Array | None) -> jax.Arra
 def decode_in_cache(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array) -> tuple:
     """n positions start .. start + n - 1 through the network on the cache the caller holds, causally.
 
-    Each position sees the cache rows up to its own; the chunk's rows are written in place.
+    Each position sees the cache's slots up to its own; the chunk's slots are written in place.
 
     Args:
       cache: ``model.empty_cache(B, S)``'s, holding positions < start; start + n <= S.
@@ -193,9 +193,9 @@ def decode_in_cache(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Arr
       (float32[B, n, V] the logits of x_start .. x_{start+n-1}, the cache after the write, float32[B, n, H] the
       features there: ``DDiT.output_in_cache``'s).
     """
-    n, rows = inputs.shape[1], cache[0][0].shape[1]
+    n, slots = inputs.shape[1], cache[0][0].shape[1]
     positions = jnp.asarray(start)[..., None] + jnp.arange(n)  # (n,) or (B, n)
-    mask = jnp.arange(rows) <= positions[..., None]  # ([B,] n, S)
+    mask = jnp.arange(slots) <= positions[..., None]  # ([B,] n, S)
     return model.output_in_cache(inputs, None, positions=positions, mask=mask, cache=cache, at=start)
 
 
@@ -211,26 +211,26 @@ def decode_rows(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array) 
     if b <= ROWS_IN_ONE_CALL:
         return decode_in_cache(model, cache, inputs, start)
     n = model.layers[0].n_heads
-    rows = jax.tree.map(lambda a: a.reshape(b, n, *a.shape[1:]), cache)  # (B, N, S, K) each
-    logits, rows, h = jax.vmap(lambda c, x, s: decode_in_cache(model, c, x[None], s))(rows, inputs, start)
-    return logits[:, 0], jax.tree.map(lambda a: a.reshape(b * n, *a.shape[2:]), rows), h[:, 0]
+    per_row = jax.tree.map(lambda a: a.reshape(b, n, *a.shape[1:]), cache)  # (B, N, S, K) each
+    logits, per_row, h = jax.vmap(lambda c, x, s: decode_in_cache(model, c, x[None], s))(per_row, inputs, start)
+    return logits[:, 0], jax.tree.map(lambda a: a.reshape(b * n, *a.shape[2:]), per_row), h[:, 0]
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "length", "categorical", "top_p"))
 def _draw(graphdef, state, key, temperature, prompt, prompt_len, *, num_samples, length, categorical, top_p):
     """``ancestral``'s loop on a split network: one dispatch a text, no walk over the model's graph a call.
 
-    Up to max_len each step writes its row of the cache in place; past it the cache is a ring of
-    max_len + 1 rows (a sliding window of max_len positions, ``sedd.model.ring_mask``)."""
+    Up to max_len each step writes its slot of the cache in place; past it the cache is a ring of
+    max_len + 1 slots (a sliding window of max_len positions, ``sedd.model.ring_mask``)."""
     model = nnx.merge(graphdef, *state)
     check(model)
     ring = length > model.max_len
-    rows = model.max_len + 1 if ring else length
+    slots = model.max_len + 1 if ring else length
 
     def step(pos, carry):
         cache, prev, toks = carry
         if ring:
-            mask = ring_mask(pos[None], rows, model.max_len)  # (1, S)
+            mask = ring_mask(pos[None], slots, model.max_len)  # (1, S)
             logits, cache, _ = model.output_in_cache(prev[:, None], None, positions=pos[None], mask=mask, cache=cache)
         else:
             logits, cache, _ = decode_in_cache(model, cache, prev[:, None], pos)  # (B, 1, V): x_pos's law, its row
@@ -240,7 +240,7 @@ def _draw(graphdef, state, key, temperature, prompt, prompt_len, *, num_samples,
         return cache, tok, toks.at[:, pos].set(tok)
 
     bos = jnp.full((num_samples,), bos_id(model), jnp.int32)
-    carry = (model.empty_cache(num_samples, rows), bos, jnp.zeros((num_samples, length), jnp.int32))
+    carry = (model.empty_cache(num_samples, slots), bos, jnp.zeros((num_samples, length), jnp.int32))
     return jax.lax.fori_loop(0, length, step, carry)[2]  # (B, L)
 
 
@@ -332,7 +332,7 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0, for_head: boo
     ``target(state, text, start, k)`` scores the k + 1 positions start ..
     start + k in one call (``decode_rows``, each row at its own start): their
     inputs x_{start-1} (BOS at 0) and the k drafts. A query sees the cache's
-    rows up to its own position only, so the rows of rejected drafts, at or
+    slots up to its own position only, so the slots of rejected drafts, at or
     past the next round's start, are written over by the next call before
     any query sees them: the cache rolls back by the start alone
     (tests/test_speculative.py). The law returned is the network's with
@@ -344,7 +344,7 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0, for_head: boo
       prefill(params_state, prompt int32[B, P]) -> state: the cache after the
         prompt's P positions (the same P every row; a longer buffer may be
         prefilled whole, what follows `start` never seen); max(max_len, P) +
-        MAX_DRAFTS + 1 rows, every row a round past the text's end writes.
+        MAX_DRAFTS + 1 slots, every slot a round past the text's end writes.
       target: as ``sedd.speculative.decode`` takes it; state = ((params, rest), cache).
       With `for_head`, the state also holds the residual stream after the last layer at the positions
       of the last call, float32[B, MAX_DRAFTS + 1, H] (its first n rows; one shape for every call), and
@@ -382,11 +382,11 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0, for_head: boo
 
 def fits(cache: tuple, text: jax.Array) -> None:
     """Raise a ValueError unless the cache (``build_speculative_target``'s) holds every position of `text`
-    (int32[B, T]): a round writes up to position T - 1, and a write past the cache's end would land on other rows."""
-    rows = cache[0][0].shape[-2]
-    if text.shape[1] > rows:
+    (int32[B, T]): a round writes up to position T - 1, and a write past the cache's end would land on other slots."""
+    slots = cache[0][0].shape[-2]
+    if text.shape[1] > slots:
         raise ValueError(
-            f"a text buffer of {text.shape[1]} positions does not fit the prefilled cache's {rows} rows "
+            f"a text buffer of {text.shape[1]} positions does not fit the prefilled cache's {slots} slots "
             "(max(max_len, prompt length) + MAX_DRAFTS + 1): prefill a prompt buffer as long as the text"
         )
 
@@ -437,7 +437,7 @@ def _number(name: str, value, ok: Callable[[float], bool], expected: str) -> flo
 
 
 @dataclasses.dataclass(frozen=True)
-class Options:
+class CausalOptions:
     """The sampling options of a kind that writes left to right, as one checked value (``make``).
 
     A kind's module adds its own options as the fields of a subclass, and checks them in its ``checked``;
@@ -458,7 +458,7 @@ class Options:
     prompt: Any = dataclasses.field(default=None, compare=False)
 
     @classmethod
-    def make(cls, kind: Kind, **options) -> Options:
+    def make(cls, kind: Kind, **options) -> CausalOptions:
         """The options of ``kind.sample`` checked (a prompt as fixed_mask / fixed_tokens).
 
         Raises:
@@ -474,7 +474,7 @@ class Options:
             )
         return cls(**{name: options[name] for name in given}, prompt=prompt).checked()
 
-    def checked(self) -> Options:
+    def checked(self) -> CausalOptions:
         """These options, their values in range (a subclass checks its own fields too)."""
         if self.categorical not in sampling.CATEGORICAL_METHODS:
             raise ValueError(
@@ -489,14 +489,14 @@ class Options:
 
 class CausalKind(Kind, Exact):
     """A kind that holds a causal LM and writes its text left to right (the AR baseline, self-speculation):
-    exact, a prefix prompt, every token kept once written, its options one ``Options`` value.
+    exact, a prefix prompt, every token kept once written, its options one ``CausalOptions`` value.
 
     Attributes:
-      options_type: its ``Options`` (sub)class.
+      options_type: its ``CausalOptions`` (sub)class.
     """
 
     conditions = ("prefix",)  # it writes after a prompt only
-    options_type: ClassVar[type[Options]] = Options
+    options_type: ClassVar[type[CausalOptions]] = CausalOptions
 
     def unwritten_id(self):
         """V, the BOS id: never a token of the text (a position not written yet)."""
@@ -506,8 +506,8 @@ class CausalKind(Kind, Exact):
         """Always: each token written stays."""
         return True
 
-    def options(self, **options) -> Options:
-        """The options of ``sample`` as one checked value (``Options.make``; categorical: the config's)."""
+    def options(self, **options) -> CausalOptions:
+        """The options of ``sample`` as one checked value (``CausalOptions.make``; categorical: the config's)."""
         options.setdefault("categorical", self.config.sampling.categorical)
         return self.options_type.make(self, **options)
 

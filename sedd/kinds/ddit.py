@@ -78,11 +78,11 @@ class Diffusion(Kind, Diffuses, ServesRows, Distills):
         validation estimate (train=False) keeps the uniform draw.
         """
         t = self.config.training
-        net = dict(deterministic=not train, rngs=rngs)
-        entropy = chunked_entropy(model, self.graph, t.loss_chunk, **net) if t.loss_chunk else None
+        dropout = dict(deterministic=not train, rngs=rngs)
+        entropy = chunked_entropy(model, self.graph, t.loss_chunk, **dropout) if t.loss_chunk else None
         return losses.loss_fn(
             key,
-            lambda x, sigma: model(x, sigma, **net),
+            lambda x, sigma: model(x, sigma, **dropout),
             self.graph,
             self.noise,
             x0,
@@ -94,8 +94,8 @@ class Diffusion(Kind, Diffuses, ServesRows, Distills):
 
     def noise_groups(self, model, train=False, rngs=None):
         """One group, the whole sequence, at the row's sigma: fn(x_t, x0, sigma[B, 1]) = model(x_t, sigma[:, 0])."""
-        net = dict(deterministic=not train, rngs=rngs)
-        return self.config.data.seq_len, lambda x_t, x0, sigma: model(x_t, sigma[:, 0], **net)
+        dropout = dict(deterministic=not train, rngs=rngs)
+        return self.config.data.seq_len, lambda x_t, x0, sigma: model(x_t, sigma[:, 0], **dropout)
 
     def check_sampler(self, name):
         super().check_sampler(name)

@@ -212,14 +212,16 @@ def candidates(k: int) -> list[HeadLayout]:
     return sorted({HeadLayout(0), HeadLayout(max(1, k // 2)), HeadLayout(k)}, key=lambda lay: -lay.k)
 
 
-def speculative_parts(graphdef, k: int, temperature=1.0, top_p=1.0, draft_temperature=DRAFT_TEMPERATURE) -> tuple:
+def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0, draft_temperature=DRAFT_TEMPERATURE) -> tuple:
     """(prefill, target, drafter) of the AR network with a head `graphdef` for ``sedd.speculative.decode``
-    (shared=True): the network on its KV cache (features kept) verifies, the head drafts k tokens a round.
+    (shared=True): the network on its KV cache (features kept) verifies, the head drafts k tokens a round
+    (layout: a ``HeadLayout`` of k >= 1, ``layout_of``'s).
 
     state: ((params, rest), cache, features float32[B, MAX_DRAFTS + 1, H] of the last call, its start int32[B]).
     The drafter gives no draft at start 0 (no token to read yet), nor after a prefill of a buffer longer than
     the prompt (``sedd serve``'s: no feature of the prompt's last position): that round writes one token.
     """
+    k = layout_of(layout, speculative.MAX_DRAFTS).k
     prefill, target = causal.build_speculative_target(graphdef, temperature, top_p, for_head=True)
 
     def drafter(key, state, text, start, k_):
@@ -243,8 +245,8 @@ def speculative_parts(graphdef, k: int, temperature=1.0, top_p=1.0, draft_temper
 
 
 @functools.lru_cache(maxsize=None)
-def _parts(graphdef, k: int, temperature: float, top_p: float, draft_temperature: float) -> tuple:
-    return speculative_parts(graphdef, k, temperature, top_p, draft_temperature)  # one jit cache entry each
+def _parts(graphdef, layout: HeadLayout, temperature: float, top_p: float, draft_temperature: float) -> tuple:
+    return speculative_parts(graphdef, layout, temperature, top_p, draft_temperature)  # one jit cache entry each
 
 
 def speculate(
@@ -267,7 +269,7 @@ def speculate(
       key: a ``jax.random`` key.
       graphdef, state: the network, state = (params, rest).
       num_samples, length: B, L (L at most the model's length).
-      layout: a ``HeadLayout``: k head drafts a round (0: ``sedd.kinds.causal.ancestral``).
+      layout: a ``HeadLayout`` (or an int k): k head drafts a round (0: ``sedd.kinds.causal.ancestral``).
       temperature, top_p: on the AR network's law, so the text's (and on the drafts').
       prompt: optional int32[B, P], the same P for every row.
       categorical: the method of the verifier's redraws.
@@ -277,6 +279,7 @@ def speculate(
       (int32[B, L], stats): "nfe" the AR network's calls (the batch's: the rounds and the prompt's prefill),
       "nfe_per_sample", "draft_calls" (the head's steps, k a round), "accepted_at" int32[k].
     """
+    layout = layout_of(layout, speculative.MAX_DRAFTS)
     k = layout.k
     if not k:  # one call a token, no round
         return causal.ancestral_counted(
@@ -284,7 +287,7 @@ def speculate(
         )
     head_of(nnx.merge(graphdef, *state))  # a clear error for a network without a head
     tau = DRAFT_TEMPERATURE if draft_temperature is None else float(draft_temperature)
-    prefill, target, drafter = _parts(graphdef, k, float(temperature), float(top_p), tau)
+    prefill, target, drafter = _parts(graphdef, layout, float(temperature), float(top_p), tau)
     given = jnp.zeros((num_samples, 0), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
     out, stats = speculative.decode_prompted(
         key,

@@ -47,10 +47,10 @@ of the verifier's token at s + j and of each other, so its law given the
 prefix and the drafts before it is its group's law: what speculative
 sampling needs of q (``sedd.speculative``, (1)), and the text has p's law
 exactly (tests/test_spec.py: over all 3^6 sequences of a random network).
-The call writes every position's keys and values into the cache's rows from s
-(``DDiT.output_in_cache``, in place: the causal positions at the rows of their
-positions, the groups after them); each query sees the rows < s and its own
-round's rows as the round's mask says. The rows from the next round's start
+The call writes every position's keys and values into the cache's slots from s
+(``DDiT.output_in_cache``, in place: the causal positions at the slots of their
+positions, the groups after them); each query sees the slots < s and its own
+round's slots as the round's mask says. The slots from the next round's start
 on (rejected drafts, the groups) are written over by the next round before
 any of its queries sees them, so the cache rolls back by the start alone.
 The first round's drafts come from the prefill call (the prompt, and one
@@ -66,7 +66,7 @@ plays at k = 4, joint verification, 1.99 -> 2.02 tokens a call; docs/speculative
 An AR run with a draft head (``sedd.kinds.draft_head``) drafts after each call instead, from the
 features of the call and the token the verifier just wrote, which a group cannot see.
 
-Letters: B batch, L length, V vocabulary, k drafts a round, S cache rows.
+Letters: B batch, L length, V vocabulary, k drafts a round, S cache slots.
 """
 
 from __future__ import annotations
@@ -287,14 +287,14 @@ def round_mask(k: int, groups: int | None = None) -> np.ndarray:
 def _call(
     model: DDiT, cache: tuple, start, tokens: jax.Array, positions: jax.Array, own: np.ndarray
 ) -> tuple[jax.Array, tuple]:
-    """One call of every row: tokens int[B, n] at `positions` ([B,] n), written into cache rows start .. start + n - 1
-    (start int32[] or int32[B], a row's own), each seeing the rows < start (the text) and the call's own rows as own
+    """One call of every row: tokens int[B, n] at `positions` ([B,] n), written into cache slots start .. start + n - 1
+    (start int32[] or int32[B], a row's own), each seeing the slots < start (the text) and the call's own slots as own
     bool[n, n] says; returns (logits float32[B, n, V], cache).
 
-    Rows past the call's causal positions hold its draft groups' keys and values: they lie at or past the next
-    round's start, which writes its own rows over them before any query of its sees them."""
-    n, rows = tokens.shape[1], cache[0][0].shape[1]
-    rel = jnp.arange(rows) - jnp.asarray(start)[..., None]  # ([B,] S) a row's place in this call; < 0: the text
+    Slots past the call's causal positions hold its draft groups' keys and values: they lie at or past the next
+    round's start, which writes its own slots over them before any query of its sees them."""
+    n, slots = tokens.shape[1], cache[0][0].shape[1]
+    rel = jnp.arange(slots) - jnp.asarray(start)[..., None]  # ([B,] S) a slot's place in this call; < 0: the text
     inside = (rel >= 0) & (rel < n)
     own = jnp.moveaxis(jnp.take(jnp.asarray(own), jnp.clip(rel, 0, n - 1), axis=1), 0, -2)  # ([B,] n, S)
     sees = (rel < 0)[..., None, :] | (inside[..., None, :] & own)
@@ -308,7 +308,7 @@ DRAFT_TEMPERATURE = 0.8
 def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0, draft_temperature=DRAFT_TEMPERATURE) -> tuple:
     r"""(prefill, target, drafter) of the spec network `graphdef` for ``sedd.speculative.decode(shared=True)``.
 
-    Each row has its own start: one call of the batch writes each row's cache rows at its own.
+    Each row has its own start: one call of the batch writes each row's cache slots at its own.
     The state, shared by target and drafter: ((params, rest), caches, laws
     float32[B, groups, k, V] of each group's drafts, the last round's start
     int32[B]). temperature and top_p may be traced (a server's rows);
@@ -327,7 +327,7 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0, draft_temper
     """
     k, groups = layout_of(layout, None)
 
-    def rows_of(model):  # every row a call may write: a round's from start <= max_len - 1, or the prefill's
+    def slots_of(model):  # every slot a call may write: a round's from start <= max_len - 1, or the prefill's
         return max(model.max_len + mask.shape[0], model.max_len + k)
 
     def prefill(params_state, prompt):
@@ -347,7 +347,7 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0, draft_temper
         tokens = jnp.concatenate(
             [causal.inputs(model, prompt)[:, :n_c], jnp.full((b, k), mask_id(model), jnp.int32)], 1
         )
-        out, caches = _call(model, model.empty_cache(b, rows_of(model)), 0, tokens, positions, first_mask)
+        out, caches = _call(model, model.empty_cache(b, slots_of(model)), 0, tokens, positions, first_mask)
         first = shaped_law(out[:, n_c:], temperature, top_p)  # (B, k, V)
         laws = jnp.zeros((b, groups, k, model.out_dim), jnp.float32).at[:, 0].set(first)
         return params_state, caches, laws, jnp.full((b,), p - 1, jnp.int32)
@@ -456,8 +456,8 @@ def speculate(
 
 
 @dataclasses.dataclass(frozen=True)
-class Options(causal.Options):
-    """``causal.Options`` and a round's (``speculate``).
+class SpecOptions(causal.CausalOptions):
+    """``causal.CausalOptions`` and a round's (``speculate``).
 
     Attributes:
       verification: "joint" or "token" (``sedd.speculative.round_law``).
@@ -502,7 +502,7 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
         the fastest here.
     """
 
-    options_type = Options
+    options_type = SpecOptions
 
     def __init__(self, config):
         super().__init__(config)
@@ -518,7 +518,7 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
     def label(self):
         return f"spec k={self.draft_k}"
 
-    def _layout(self, o: Options) -> Layout:
+    def _layout(self, o: SpecOptions) -> Layout:
         """The layout a sample with options `o` runs: theirs or the kind's, checked against the run (at most
         its trained k), before any timing; a draft_k alone is the layout of that k (a group for every
         outcome), and a draft_k that is not the given layout's k is refused."""
@@ -536,7 +536,7 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
     def tune(self, net, options=None, workdir=None, batch=1, progress=False):
         """The round's layout (``self.layout``, what ``sample`` and ``sedd serve`` use): the layout or draft_k of
         `options` when given (not kept), else the fastest here of ``candidates`` (``layouts.choose``, kept in
-        workdir). options: the sample's options, every one checked before any timing (``Options``)."""
+        workdir). options: the sample's options, every one checked before any timing (``SpecOptions``)."""
         o = self.options(**dict(options or {}))
         layout = self._layout(o)
         if o.layout is not None or o.draft_k is not None:
@@ -602,7 +602,7 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
     def sample(self, key, net, num_samples, steps=None, sampler=None, **options):
         """Self-speculation (``speculate``): the causal half's law, up to k + 1 tokens a call.
 
-        Options (``Options``): temperature, top_p, categorical, verification ("joint" or "token",
+        Options (``SpecOptions``): temperature, top_p, categorical, verification ("joint" or "token",
         ``sedd.speculative.round_law``), draft_temperature (tau of the drafts' law q^(1/tau), default
         ``DRAFT_TEMPERATURE``), return_stats and a prompt that is a prefix of the same length in every row;
         layout (``layout_of``: a ``Layout``, "K,GROUPS", "0" no drafts; default ``self.layout``); draft_k, the
