@@ -34,6 +34,17 @@ from sedd.layers import apply_rotary, broadcast_positions, layer_norm, linear, m
 Array = jax.Array
 
 
+# model.remat: what the backward pass of a layer keeps from its forward pass (jax.checkpoint
+# policies). "none": everything (no recomputation); "dots": the outputs of the weight matmuls
+# (not the attention products, which have batch dimensions), the rest recomputed; "layers": only
+# each layer's input, the whole layer recomputed.
+REMAT_POLICIES = {
+    "none": None,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "layers": jax.checkpoint_policies.nothing_saveable,
+}
+
+
 ROW_WRITES = 64
 """``write_slots``' writes at a place a sequence: one write each up to this many sequences, a scatter past it."""
 
@@ -193,3 +204,27 @@ class DDiTLayer(nnx.Module):
         y = self.mlp_out(jax.nn.gelu(y, approximate=True))  # (B, L, H)
         y = self.dropout2(y, deterministic=deterministic, rngs=rngs).astype(jnp.float32)
         return x + broadcast_positions(gate_m) * y, kv  # (B, L, H), the keys and values read
+
+
+def scan_layers(layers, h: Array, run, policy, deterministic: bool | None, rngs: nnx.Rngs | None) -> Array:
+    """h through `layers` as one ``jax.lax.scan`` over their stacked weights, each step run(layer, h, rngs) under
+    ``jax.checkpoint`` with `policy` (``REMAT_POLICIES``'): the backward loop recomputes a layer just before its
+    gradient, so one layer's intermediates are live at a time. (Unrolled, XLA's CPU compiler drops the
+    checkpoint's optimization barriers and merges the recomputation into the forward pass, which then keeps
+    every layer's intermediates; a loop cannot be merged.) Their dropout masks come from one key drawn for each
+    layer, other masks than the unrolled layers', of the same law."""
+    graphdef, _, other = nnx.split(layers[0], nnx.Param, ...)
+    stacked = jax.tree.map(lambda *p: jnp.stack(p), *(nnx.state(layer, nnx.Param) for layer in layers))
+    drop = layers[0].dropout1
+    keys = None
+    if drop.rate > 0 and not (drop.deterministic if deterministic is None else deterministic):
+        # Dropout keys drawn here, one a layer, from which its two dropout layers draw in turn.
+        draw = [rngs.dropout() if rngs is not None else layer.dropout1.rngs() for layer in layers]
+        keys = jnp.stack([jax.random.key_data(k) for k in draw])  # (n_layers, ...)
+
+    @functools.partial(jax.checkpoint, policy=policy)
+    def step(h, params, key):
+        rngs = None if key is None else nnx.Rngs(dropout=jax.random.wrap_key_data(key))
+        return run(nnx.merge(graphdef, params, other), h, rngs)  # (B, L, H)
+
+    return jax.lax.scan(lambda h, xs: (step(h, *xs), None), h, (stacked, keys))[0]

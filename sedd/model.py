@@ -18,7 +18,7 @@ adaptive LayerNorm (adaLN), with rotary position embeddings (Su et al. 2021,
 Where each piece lives: ``sedd.layers`` (the embeddings of sigma and position,
 adaLN, the float32 layers, FinalLayer), ``sedd.ddit_layer`` (DDiTLayer: adaLN
 attention and MLP), this module (DDiT, the decoding cache's call and
-``ring_mask``, the counts of parameters and FLOPs; the masks of a kind's
+``ring_mask``, the counts of parameters; the masks of a kind's
 attention are its module's: ``sedd.kinds.block.block_diffusion_mask``,
 ``sedd.kinds.spec.training_mask``).
 
@@ -63,22 +63,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from sedd import kernels
-from sedd.ddit_layer import DDiTLayer, cache_attention, context_attention, self_attention
+from sedd.ddit_layer import REMAT_POLICIES, DDiTLayer, cache_attention, context_attention, scan_layers, self_attention
 from sedd.graphs import log_expm1  # one stable log(e^sigma - 1) for the package
 from sedd.layers import FinalLayer, TimestepEmbedder, broadcast_positions, padded, partitioned
 from sedd.sharding import constrain_rows
 
 Array = jax.Array
-
-# model.remat: what the backward pass of a layer keeps from its forward pass (jax.checkpoint
-# policies). "none": everything (no recomputation); "dots": the outputs of the weight matmuls
-# (not the attention products, which have batch dimensions), the rest recomputed; "layers": only
-# each layer's input, the whole layer recomputed.
-REMAT_POLICIES = {
-    "none": None,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "layers": jax.checkpoint_policies.nothing_saveable,
-}
 
 
 def ring_mask(positions: Array, slots: int, window: int, unit: int = 1) -> Array:
@@ -370,32 +360,7 @@ class DDiT(nnx.Module):
                 h = run(layer, h, rngs)  # (B, L, H)
             return h, c
 
-        # The layers as one jax.lax.scan over their stacked weights, each under jax.checkpoint:
-        # the backward loop recomputes a layer just before its gradient, so one layer's
-        # intermediates are live at a time. (Unrolled, XLA's CPU compiler drops the
-        # checkpoint's optimization barriers and merges the recomputation into the forward
-        # pass, which then keeps every layer's intermediates; a loop cannot be merged.)
-        graphdef, _, other = nnx.split(self.layers[0], nnx.Param, ...)
-        stacked = jax.tree.map(lambda *p: jnp.stack(p), *(nnx.state(blk, nnx.Param) for blk in self.layers))
-        drop = self.layers[0].dropout1
-        if drop.rate > 0 and not (drop.deterministic if deterministic is None else deterministic):
-            # Dropout keys drawn here, one a layer, from which its two dropout layers draw in turn.
-            keys = jnp.stack(
-                [
-                    jax.random.key_data(rngs.dropout() if rngs is not None else blk.dropout1.rngs())
-                    for blk in self.layers
-                ]
-            )  # (n_layers, ...)
-        else:
-            keys = None
-
-        @functools.partial(jax.checkpoint, policy=REMAT_POLICIES[self.remat])
-        def step(h, params, key):
-            rngs = None if key is None else nnx.Rngs(dropout=jax.random.wrap_key_data(key))
-            return run(nnx.merge(graphdef, params, other), h, rngs)  # (B, L, H)
-
-        h, _ = jax.lax.scan(lambda h, xs: (step(h, *xs), None), h, (stacked, keys))
-        return h, c
+        return scan_layers(self.layers, h, run, REMAT_POLICIES[self.remat], deterministic, rngs), c
 
     def _inputs(self, x: Array, sigma: Array | None, positions) -> tuple[Array, Array]:
         """What the first layer reads: the embedded tokens float32[B, L, H] (rows split over a mesh) and the
@@ -633,30 +598,3 @@ def non_embedding_param_count(model: DDiT) -> int:
     if model.output_layer.linear.bias is not None:
         n -= int(model.output_layer.linear.bias.size)
     return n
-
-
-def matmul_params(model: DDiT) -> int:
-    """N, the weights of the matmuls every token meets: n (4 H^2 + 2 r H^2) + H D.
-
-    qkv 3H^2 and the attention output H^2 per layer, the MLP 2 r H^2 (r the
-    MLP ratio), the output projection H D. Embedding lookups and the
-    per-sequence adaLN / sigma layers are left out. Works on an abstract model
-    (``nnx.eval_shape``).
-    """
-    h = model.hidden_size
-    mlp = model.layers[0].mlp_in.kernel.shape[1]  # r H
-    return len(model.layers) * (4 * h * h + 2 * mlp * h) + h * model.out_dim
-
-
-def flops_per_token(model: DDiT, seq_len: int, training: bool = True) -> float:
-    """Model FLOPs per token (not hardware FLOPs: no rematerialisation, no elementwise work).
-
-        forward  = 2 N + 4 n L H        (QK^T and AV: 2 L H each, per layer)
-        training = 6 N + 12 n L H       (backward = 2 x forward; PaLM App. B)
-
-    with N = ``matmul_params(model)``. The attention term uses the full L for a
-    causal model too: ``sedd.kernels.mixed_attention`` computes the whole score
-    matrix and masks it.
-    """
-    forward = 2 * matmul_params(model) + 4 * len(model.layers) * seq_len * model.hidden_size
-    return 3 * forward if training else forward

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from sedd import cli, runs
+from sedd import cli, figures, runs
 from sedd.data import CharTokenizer
 from sedd.data.text import write_token_cache
 
@@ -137,7 +137,7 @@ def test_eval_follows_a_runs_data_paths_only_where_this_user_prepared_them(copy_
     """Finding 8: `sedd eval` read a local file a run named and wrote its tokens under a folder the run chose."""
     workdir, config = copy_run
     monkeypatch.setenv("SEDD_DATA_DIR", str(tmp_path / "mine"))
-    assert cli.eval_data(workdir, []) == config["data"]  # trained here: its prepared data is followed
+    assert figures.eval_data(workdir, []) == config["data"]  # trained here: its prepared data is followed
     secret, elsewhere = tmp_path / "secret.txt", tmp_path / "theirs"
     secret.write_text("the password is hunter2\n" * 50)
     (workdir / runs.CONFIG).write_text(
@@ -150,12 +150,12 @@ def test_eval_follows_a_runs_data_paths_only_where_this_user_prepared_them(copy_
     assert not elsewhere.exists() and not (tmp_path / "mine").exists()  # nothing read, nothing written
     # The user names the file: read it, with the caches in the user's own folder (and a warning saying so).
     with pytest.warns(UserWarning, match=f"data_dir '{elsewhere}' holds no preparation of 'text' of yours"):
-        data = cli.eval_data(workdir, [f"--config.data.path={secret}"])
+        data = figures.eval_data(workdir, [f"--config.data.path={secret}"])
     assert data["path"] == str(secret) and data["data_dir"] == ""
     # A received run of the default corpus: its data_dir is replaced by the user's own, with a warning.
     (workdir / runs.CONFIG).write_text(json.dumps(_set(_set(config, "data.path", ""), "data.data_dir", str(elsewhere))))
     with pytest.warns(UserWarning, match="holds no preparation of 'shakespeare' of yours"):
-        assert cli.eval_data(workdir, [])["data_dir"] == ""
+        assert figures.eval_data(workdir, [])["data_dir"] == ""
     assert not elsewhere.exists()
 
 

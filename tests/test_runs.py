@@ -140,7 +140,7 @@ def test_eval_splits_the_cpu_as_train_does_and_gives_the_same_bound(tiny_run, tm
     for n in given:
         config["mesh"]["cpu_devices"] = n
         (workdir / runs.CONFIG).write_text(json.dumps(config))
-        assert cli.split_cpu_for_eval(workdir, 4) == 0
+        assert figures.split_cpu_for_eval(workdir, 4) == 0
     assert counts == [0, 1, 2, 4, 0, 0, 0, 0], dict(zip(given, counts))
 
 

@@ -30,7 +30,7 @@ Timing rules, because the machines these run on are shared and noisy: those of
 median of per-round ratios, no compiling call timed, ``machine()`` in every
 result).
 
-FLOPs: model FLOPs per token of ``sedd.model.flops_per_token`` (6 N + 12 n L H
+FLOPs: model FLOPs per token of ``nets.network_flops_per_token`` (6 N + 12 n L H
 for training, N the matmul weights a token meets).
 """
 

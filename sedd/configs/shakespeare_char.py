@@ -1,7 +1,7 @@
 """The default: a character-level model of the embedded Shakespeare plays.
 
 Sized to train on 2 CPU cores in minutes (1,500 steps of 32 x 128 characters,
-1.05M parameters, Muon for the blocks' matrices, the network's output a
+1.05M parameters, Muon for the layers' matrices, the network's output a
 distribution over the clean letter (MDLM's SUBS), `sedd train` running one
 device a core; the README gives the times measured on CPUs with and without
 AVX512-BF16). The validation bound falls to ~2.69 bits/char, against 4.81
@@ -55,25 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.noise.sigma_min = 1e-4  # geometric: sigma_bar(0)
     c.noise.sigma_max = 20.0  # geometric: sigma_bar(1)
 
-    c.data = ml_collections.ConfigDict()
-    c.data.name = "shakespeare"  # shakespeare | text | text8 | openwebtext | tinystories | code | markov
-    c.data.path = ""  # a local file or folder ("" = the default); with name "shakespeare" it trains on your text
-    c.data.documents = "file"  # a .txt file holds: file = one document | lines = one per line | paragraphs
-    c.data.tokenizer = "char"  # char | byte | gpt2
-    c.data.tokenizer_path = ""  # gpt2 only: tokenizer.json, or a folder with vocab.json + merges.txt
-    c.data.seq_len = 128  # L, tokens per training sequence
-    c.data.data_dir = ""  # "" = $SEDD_DATA_DIR, else ~/tensorflow_datasets
-    c.data.markov = ml_collections.ConfigDict()  # read only when data.name = "markov" (sedd.data.markov)
-    c.data.markov.vocab_size = 8  # V, tokens of the synthetic chain
-    c.data.markov.order = 2  # k, tokens of context of each transition
-    c.data.markov.seed = 0  # seeds the transition table (the chain itself)
-    c.data.markov.alpha = 0.3  # Dirichlet concentration of each row: small = peaked, low entropy
-    c.data.markov.num_tokens = 500_000  # tokens in the train split (validation, test: 1/20 each)
-    # data.name = "code" only (sedd.data.sources): tests = take test files too; glob = the pattern of the files;
-    # a file over max_file_bytes is skipped with a note, a corpus over max_bytes refused (docs/code.md)
-    c.data.code = ml_collections.ConfigDict(
-        {"tests": False, "glob": "*.py", "max_file_bytes": 4 << 20, "max_bytes": 1 << 30}
-    )
+    c.data = data_section()  # the text, its documents, its tokenizer, its length
 
     c.training = ml_collections.ConfigDict()
     c.training.batch_size = 32  # global batch, summed over all devices and hosts
@@ -97,7 +79,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.training.eval_samples = 2  # samples printed at each evaluation
 
     c.optim = ml_collections.ConfigDict()
-    c.optim.optimizer = "muon"  # "muon": the blocks' matrices by Muon, the rest by AdamW; "adamw": all by AdamW (SEDD)
+    c.optim.optimizer = "muon"  # "muon": the layers' matrices by Muon, the rest by AdamW; "adamw": all by AdamW (SEDD)
     c.optim.muon_lr_scale = 4.0  # Muon's learning rate as a multiple of lr (its updates have AdamW's RMS at 1.0)
     c.optim.lr = 2e-3  # peak learning rate (AdamW's, and the schedule's)
     c.optim.beta1 = 0.9  # AdamW
@@ -120,6 +102,30 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.mesh = mesh_section()  # the devices and how the arrays are split over them
     return c
+
+
+def data_section() -> ml_collections.ConfigDict:
+    """The data section: the plays, read as characters, 128 a sequence (and the Markov and code corpora's keys)."""
+    d = ml_collections.ConfigDict()
+    d.name = "shakespeare"  # shakespeare | text | text8 | openwebtext | tinystories | code | markov
+    d.path = ""  # a local file or folder ("" = the default); with name "shakespeare" it trains on your text
+    d.documents = "file"  # a .txt file holds: file = one document | lines = one per line | paragraphs
+    d.tokenizer = "char"  # char | byte | gpt2
+    d.tokenizer_path = ""  # gpt2 only: tokenizer.json, or a folder with vocab.json + merges.txt
+    d.seq_len = 128  # L, tokens per training sequence
+    d.data_dir = ""  # "" = $SEDD_DATA_DIR, else ~/tensorflow_datasets
+    d.markov = ml_collections.ConfigDict()  # read only when data.name = "markov" (sedd.data.markov)
+    d.markov.vocab_size = 8  # V, tokens of the synthetic chain
+    d.markov.order = 2  # k, tokens of context of each transition
+    d.markov.seed = 0  # seeds the transition table (the chain itself)
+    d.markov.alpha = 0.3  # Dirichlet concentration of each row: small = peaked, low entropy
+    d.markov.num_tokens = 500_000  # tokens in the train split (validation, test: 1/20 each)
+    # data.name = "code" only (sedd.data.sources): tests = take test files too; glob = the pattern of the files;
+    # a file over max_file_bytes is skipped with a note, a corpus over max_bytes refused (docs/code.md)
+    d.code = ml_collections.ConfigDict(
+        {"tests": False, "glob": "*.py", "max_file_bytes": 4 << 20, "max_bytes": 1 << 30}
+    )
+    return d
 
 
 def distill_section() -> ml_collections.ConfigDict:

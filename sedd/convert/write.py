@@ -61,6 +61,38 @@ def _check_destination(dst: Path) -> None:
         )
 
 
+def _checked_tokenizer_files(src: str | Path, tokenizer_path: str | Path | None) -> tuple[list[Path], Path | None]:
+    """(GPT-2's tokenizer files, the folder they are read inside): --tokenizer_path's, else those inside src (beside
+    a weights file), each a regular file of bounded size and the tokenizer readable.
+
+    Raises:
+      FileNotFoundError: no tokenizer files there (nothing is downloaded).
+      ConversionError: a file refused (a link out of src, not a regular file, too large).
+    """
+    tok_src = Path(tokenizer_path or src).expanduser()
+    if not tokenizer_path and tok_src.is_file():  # a weights file: look beside it
+        tok_src = tok_src.parent
+    tok_files = _tokenizer_files(tok_src)
+    if not tok_files:
+        raise FileNotFoundError(
+            f"no GPT-2 tokenizer files at {tok_src}: pass --tokenizer_path pointing to GPT-2's tokenizer.json, or "
+            "to a folder holding vocab.json and merges.txt (the files of the Hugging Face `gpt2` repository); "
+            "nothing is downloaded"
+        )
+    # Files found inside SRC are read only inside it (no link out, as a run's); a --tokenizer_path the user
+    # names may be a link (a Hugging Face cache's snapshot links to its blobs). Regular files of bounded size.
+    tok_root = None if tokenizer_path else tok_src
+    for f in tok_files:
+        try:
+            files.read_bytes(f, MAX_TOKENIZER_BYTES, root=tok_root)
+        except files.UnsafeFile as e:
+            raise ConversionError(
+                f"{e} (GPT-2's tokenizer files are far under {MAX_TOKENIZER_BYTES:,} bytes)"
+            ) from None
+    _read_gpt2(tok_files[0] if len(tok_files) == 1 else tok_src)  # readable, or a clear error
+    return tok_files, tok_root
+
+
 def convert(
     src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: str | Path | None = None, dtype: str = "float32"
 ) -> dict:
@@ -88,27 +120,7 @@ def convert(
             f"sedd downloads nothing: {validate.FETCH} (docs/pretrained.md)"
         )
     _check_destination(dst)
-    tok_src = Path(tokenizer_path or src).expanduser()
-    if not tokenizer_path and tok_src.is_file():  # a weights file: look beside it
-        tok_src = tok_src.parent
-    tok_files = _tokenizer_files(tok_src)
-    if not tok_files:
-        raise FileNotFoundError(
-            f"no GPT-2 tokenizer files at {tok_src}: pass --tokenizer_path pointing to GPT-2's tokenizer.json, or "
-            "to a folder holding vocab.json and merges.txt (the files of the Hugging Face `gpt2` repository); "
-            "nothing is downloaded"
-        )
-    # Files found inside SRC are read only inside it (no link out, as a run's); a --tokenizer_path the user
-    # names may be a link (a Hugging Face cache's snapshot links to its blobs). Regular files of bounded size.
-    tok_root = None if tokenizer_path else tok_src
-    for f in tok_files:
-        try:
-            files.read_bytes(f, MAX_TOKENIZER_BYTES, root=tok_root)
-        except files.UnsafeFile as e:
-            raise ConversionError(
-                f"{e} (GPT-2's tokenizer files are far under {MAX_TOKENIZER_BYTES:,} bytes)"
-            ) from None
-    _read_gpt2(tok_files[0] if len(tok_files) == 1 else tok_src)  # readable, or a clear error
+    tok_files, tok_root = _checked_tokenizer_files(src, tokenizer_path)
 
     source = read_source(src, ema)
     tok_dir = dst / TOKENIZER_DIR

@@ -185,30 +185,12 @@ def speculative_sample(
 
 
 @dataclasses.dataclass(frozen=True)
-class AROptions(causal.CausalOptions):
-    """``causal.CausalOptions``, speculative sampling's (``speculative_sample``) and a draft head's rounds.
-
-    Attributes:
-      draft: None (the run's draft head, if it has one), "ngram" or a ``sedd.drafts.Drafter``.
-      draft_k: drafts a round (with a draft, default ``sedd.drafts.DEFAULT_K``; without, the head's layout's k).
-      verification: "joint" or "token" (``sedd.speculative.round_law``).
-      layout: a head run's round (``draft_head.layout_of``: "K", 0 no drafts; None: the kind's).
-      draft_temperature: tau > 0 of the head's drafts, q^(1/tau) (None: ``draft_head.DRAFT_TEMPERATURE``).
-    """
-
-    draft: Any = None
-    draft_k: Any = None
-    verification: str = "joint"
-    layout: Any = None
-    draft_temperature: Any = None
+class AROptions(causal.RoundOptions):
+    """``causal.RoundOptions`` of an AR run: a draft of another run (``speculative_sample``), or the rounds of its
+    draft head (a layout ``draft_head.layout_of`` reads, draft_temperature its drafts' tau)."""
 
     def checked(self):
-        if self.verification not in speculative.VERIFICATIONS:
-            raise ValueError(f"verification must be one of {speculative.VERIFICATIONS}, got {self.verification!r}")
-        tau = self.draft_temperature
-        if tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0):
-            raise ValueError(f"draft_temperature must be a number > 0, got {tau!r}")
-        if self.draft is not None and (self.layout is not None or tau is not None):
+        if self.draft is not None and (self.layout is not None or self.draft_temperature is not None):
             raise ValueError(
                 "layout and draft_temperature are for the rounds of a run's own draft head; with a draft "
                 "(--draft), give draft_k"
@@ -280,28 +262,16 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts, Tunes):
 
     def tune(self, net, options=None, workdir=None, batch=1, progress=False):
         """A head run's layout (``self.layout``, what ``sample`` and ``sedd serve`` use): the layout or draft_k of
-        `options` when given (not kept), else the fastest here of ``draft_head.candidates`` (``layouts.choose``,
+        `options` when given (not kept), else the fastest here of ``draft_head.candidates`` (``layouts.settle``,
         kept in workdir). None without a head, or with a draft. options: every one checked before any timing."""
         o = self.options(**dict(options or {}))
         layout = self._head_layout(o)
         if layout is None:
             return None
-        if o.layout is not None or o.draft_k is not None:
-            self.layout = layout
-            return f"layout {layout}, as asked"
-        length = self.config.data.seq_len
-
-        def sample(lay, seed):
-            return draft_head.speculate(jax.random.key(seed), net.graphdef, net.state, batch, length, lay)
-
-        self.layout, line = layouts.choose(
-            draft_head.candidates(self.draft_k),
-            sample,
-            length=length,
-            batch=batch,
-            dtype=net.model.dtype,
-            workdir=workdir,
-            progress=progress,
+        asked = layout if o.layout is not None or o.draft_k is not None else None
+        candidates, length = draft_head.candidates(self.draft_k), self.config.data.seq_len
+        self.layout, line = layouts.settle(
+            asked, candidates, draft_head.speculate, net, length, batch, workdir, progress
         )
         return line
 

@@ -487,6 +487,33 @@ class CausalOptions:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class RoundOptions(CausalOptions):
+    """``CausalOptions`` and a speculative round's, for a kind that speculates (``sedd.speculative``).
+
+    Attributes:
+      draft: None (the run's own drafts, if it has any), "ngram" or a ``sedd.drafts.Drafter``.
+      draft_k: drafts a round.
+      verification: "joint" or "token" (``sedd.speculative.round_law``): the same law.
+      layout: a round's layout, in the kind's spelling (None: the kind's own).
+      draft_temperature: tau > 0 of the run's own drafts' law q^(1/tau) (None: the kind's default).
+    """
+
+    draft: Any = None
+    draft_k: Any = None
+    verification: str = "joint"
+    layout: Any = None
+    draft_temperature: Any = None
+
+    def checked(self) -> RoundOptions:
+        if self.verification not in speculative.VERIFICATIONS:
+            raise ValueError(f"verification must be one of {speculative.VERIFICATIONS}, got {self.verification!r}")
+        tau = self.draft_temperature
+        if tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0):
+            raise ValueError(f"draft_temperature must be a number > 0, got {tau!r}")
+        return super().checked()
+
+
 class CausalKind(Kind, Exact):
     """A kind that holds a causal LM and writes its text left to right (the AR baseline, self-speculation):
     exact, a prefix prompt, every token kept once written, its options one ``CausalOptions`` value.

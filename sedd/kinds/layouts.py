@@ -142,3 +142,20 @@ def choose(
         f"layout {layout}{_against_no_drafts(layout, rows, candidates)}, the fastest here at batch {batch}: "
         f"{table}{kept}{again}"
     )
+
+
+def settle(
+    asked, candidates: Sequence, speculate: Callable, net, length: int, batch: int, workdir=None, progress=False
+) -> tuple[Any, str]:
+    """(layout, line) of a kind that tunes: `asked` (a layout given for one call, already checked against the run:
+    used, never stored), else ``choose`` among `candidates`, each timed with speculate(key, graphdef, state,
+    batch, length, layout) -> (tokens, stats) on the network `net` (a ``sedd.kinds.Net``)."""
+    if asked is not None:
+        return asked, f"layout {asked}, as asked"
+
+    def sample(layout, seed):
+        return speculate(jax.random.key(seed), net.graphdef, net.state, batch, length, layout)
+
+    return choose(
+        candidates, sample, length=length, batch=batch, dtype=net.model.dtype, workdir=workdir, progress=progress
+    )

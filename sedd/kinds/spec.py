@@ -60,8 +60,7 @@ The drafts are drawn from each group's law sharpened, q^(1/tau) renormalised
 with tau = ``DRAFT_TEMPERATURE`` (0.8), and that is the q the verifier is
 told, so the law of the text is unchanged. A group's law is a marginal over
 the tokens it does not see (the verifier's, the other drafts'), broader than
-the conditionals that verify it; sharpened it is kept more often (on the
-plays at k = 4, joint verification, 1.99 -> 2.02 tokens a call; docs/speculative.md).
+the conditionals that verify it; sharpened it is kept more often.
 
 An AR run with a draft head (``sedd.kinds.draft_head``) drafts after each call instead, from the
 features of the call and the token the verifier just wrote, which a group cannot see.
@@ -73,7 +72,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -456,29 +455,11 @@ def speculate(
 
 
 @dataclasses.dataclass(frozen=True)
-class SpecOptions(causal.CausalOptions):
-    """``causal.CausalOptions`` and a round's (``speculate``).
-
-    Attributes:
-      verification: "joint" or "token" (``sedd.speculative.round_law``).
-      draft_temperature: tau > 0 of the drafts' law q^(1/tau) (None: ``DRAFT_TEMPERATURE``).
-      layout: a round's layout (``layout_of``: a ``Layout``, "K,GROUPS", "0"; None: the kind's).
-      draft: refused: a spec run drafts for itself.
-      draft_k: the k of the layout, when given (another k is refused: give a layout).
-    """
-
-    verification: str = "joint"
-    draft_temperature: Any = None
-    layout: Any = None
-    draft: Any = None
-    draft_k: Any = None
+class SpecOptions(causal.RoundOptions):
+    """``causal.RoundOptions`` of a spec run: a layout ``layout_of`` reads; draft_k its k (alone: a group for every
+    outcome); no draft (it drafts for itself)."""
 
     def checked(self):
-        if self.verification not in speculative.VERIFICATIONS:
-            raise ValueError(f"verification must be one of {speculative.VERIFICATIONS}, got {self.verification!r}")
-        tau = self.draft_temperature
-        if tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0):
-            raise ValueError(f"draft_temperature must be a number > 0, got {tau!r}")
         if self.draft is not None:
             raise ValueError(
                 "a draft (--draft) drafts for an AR run (model.kind='ar'); this run's model.kind is "
@@ -535,26 +516,14 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
 
     def tune(self, net, options=None, workdir=None, batch=1, progress=False):
         """The round's layout (``self.layout``, what ``sample`` and ``sedd serve`` use): the layout or draft_k of
-        `options` when given (not kept), else the fastest here of ``candidates`` (``layouts.choose``, kept in
+        `options` when given (not kept), else the fastest here of ``candidates`` (``layouts.settle``, kept in
         workdir). options: the sample's options, every one checked before any timing (``SpecOptions``)."""
         o = self.options(**dict(options or {}))
         layout = self._layout(o)
-        if o.layout is not None or o.draft_k is not None:
-            self.layout = layout
-            return f"layout {layout}, as asked"
+        asked = layout if o.layout is not None or o.draft_k is not None else None
         length = self.config.data.seq_len
-
-        def sample(lay, seed):
-            return speculate(jax.random.key(seed), net.graphdef, net.state, batch, length, lay)
-
-        self.layout, line = layouts.choose(
-            candidates(self.draft_k),
-            sample,
-            length=length,
-            batch=batch,
-            dtype=net.model.dtype,
-            workdir=workdir,
-            progress=progress,
+        self.layout, line = layouts.settle(
+            asked, candidates(self.draft_k), speculate, net, length, batch, workdir, progress
         )
         return line
 
