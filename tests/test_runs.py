@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from sedd import checkpoints, cli, figures, kinds, runs, sharding, train
+from sedd import checkpoints, cli, figures, kinds, optim, runs, sharding, train
 from sedd import config as config_lib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +29,7 @@ def test_inference_builds_no_optimizer(tiny_run, monkeypatch, capsys):
 
     for name in ("adamw", "adam", "chain", "clip_by_global_norm", "MultiSteps"):
         monkeypatch.setattr(optax, name, refuse)
-    monkeypatch.setattr(train, "build_optimizer", refuse)
+    monkeypatch.setattr(optim, "build_optimizer", refuse)
     monkeypatch.setattr(train.Trainer, "__init__", refuse)
 
     run = runs.load(workdir)
@@ -134,8 +134,8 @@ def test_eval_splits_the_cpu_as_train_does_and_gives_the_same_bound(tiny_run, tm
 
     # A received run's count is honoured only where it fits: dividing the batch, at most the cores; else auto.
     counts = []
-    monkeypatch.setattr(cli.sharding, "available_cores", lambda: 4)
-    monkeypatch.setattr(cli.sharding, "split_cpu", lambda c: counts.append(c.mesh.cpu_devices) or 0)
+    monkeypatch.setattr(figures.sharding, "available_cores", lambda: 4)
+    monkeypatch.setattr(figures.sharding, "split_cpu", lambda c: counts.append(c.mesh.cpu_devices) or 0)
     given = (0, 1, 2, 4, 3, 8, 10**6, -1)
     for n in given:
         config["mesh"]["cpu_devices"] = n

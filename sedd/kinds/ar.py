@@ -47,15 +47,14 @@ from sedd.sampling import shaped_law
 def drafter_parts(graphdef, temperature=1.0) -> tuple:
     r"""(prefill, drafter) of a (smaller) AR network for ``sedd.speculative.decode``: k tokens left to right.
 
-    Each round writes the row's cache from `start` on (as ``causal.speculative_target``: the rows of
-    rejected drafts are written over before they are seen) and runs k + 1 one-position steps: step i feeds the input at position
-    start + i and draws y_i from the network's law at temperature T (T = 0:
-    its argmax; a traced value serves every T), so q_i = that law given the
-    prefix and y_<i, (1) of ``sedd.speculative``; the last step only feeds
-    y_{k-1}, so that the cache holds every position a round can accept (all
-    k and the extra token).
+    Each round writes the row's cache from `start` on (as ``causal.speculative_target``: the slots of
+    rejected drafts are written over before they are seen) and runs k + 1 one-position steps: step i
+    feeds the input at position start + i and draws y_i from the network's law at temperature T (T = 0:
+    its argmax; a traced value serves every T), so q_i = that law given the prefix and y_<i, (1) of
+    ``sedd.speculative``; the last step only feeds y_{k-1}, so that the cache holds every position a
+    round can accept (all k and the extra token).
 
-    Its cache holds max(max_len, P) + MAX_DRAFTS + 1 rows, as the target's: a text longer than the draft
+    Its cache holds max(max_len, P) + MAX_DRAFTS + 1 slots, as the target's: a text longer than the draft
     network's max_len (a draft run trained on shorter texts) is refused by name at the first round.
 
     Returns:
