@@ -376,6 +376,54 @@ def decode_prompted(
     )
 
 
+def self_drafted(
+    key,
+    state,
+    parts: tuple,
+    num_samples: int,
+    length: int,
+    k: int,
+    prompt,
+    *,
+    prefill_calls: int,
+    draft_calls: int,
+    **decode,
+) -> tuple:
+    """Text of a target that drafts for itself, k drafts a round in rounds that share the target's state (the spec
+    kind's draft half, an AR run's draft head): ``decode_prompted`` with shared=True, and its calls counted.
+
+    Args:
+      parts: (prefill, target, drafter); prompt: int32[B, P] or None; decode: categorical, verification.
+      prefill_calls: the network calls of the prefill (0 or 1); draft_calls: the drafter's a round.
+    Returns:
+      (int32[B, L], stats): "nfe" the network's calls (the batch's: the rounds and the prefill),
+      "nfe_per_sample", "draft_calls", "accepted_at" int32[k].
+    """
+    prefill, target, drafter = parts
+    given = jnp.zeros((num_samples, 0), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
+    out, stats = decode_prompted(
+        key,
+        state,
+        None,
+        given,
+        prefill=prefill,
+        target=target,
+        d_prefill=None,
+        drafter=drafter,
+        length=length,
+        k=k,
+        shared=True,
+        **decode,
+    )
+    rounds = stats["rounds_per_sample"]
+    return out, {
+        "nfe": stats["rounds"] + prefill_calls,
+        "nfe_per_sample": rounds + prefill_calls,
+        "draft_calls": rounds * draft_calls,
+        "accepted_at": stats["accepted_at"],
+    }
+
+
 def sharpened(q: jax.Array, tau) -> jax.Array:
     """q^(1/tau) renormalised along the last axis (tau = 1: q; the zeros of q stay zeros): a drafter's law
     sharpened; drafts drawn from it keep the target's law when the verifier is told it."""

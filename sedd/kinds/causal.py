@@ -228,20 +228,20 @@ def _draw(graphdef, state, key, temperature, prompt, prompt_len, *, num_samples,
     slots = model.max_len + 1 if ring else length
 
     def step(pos, carry):
-        cache, prev, toks = carry
+        cache, toks = carry
+        x = inputs(model, toks, pos, 1)  # (B, 1): x_{pos-1}, BOS at 0
         if ring:
             mask = ring_mask(pos[None], slots, model.max_len)  # (1, S)
-            logits, cache, _ = model.output_in_cache(prev[:, None], None, positions=pos[None], mask=mask, cache=cache)
+            logits, cache, _ = model.output_in_cache(x, None, positions=pos[None], mask=mask, cache=cache)
         else:
-            logits, cache, _ = decode_in_cache(model, cache, prev[:, None], pos)  # (B, 1, V): x_pos's law, its row
+            logits, cache, _ = decode_in_cache(model, cache, x, pos)  # (B, 1, V): x_pos's law, its slot
         law = shaped_law(logits[:, 0], temperature, top_p)  # (B, V); T = 0: the argmax's one-hot
         tok = sample_categorical(jax.random.fold_in(key, pos), law, categorical).astype(jnp.int32)
         tok = jnp.where(pos < prompt_len, prompt[:, pos], tok)  # a given prefix is kept
-        return cache, tok, toks.at[:, pos].set(tok)
+        return cache, toks.at[:, pos].set(tok)
 
-    bos = jnp.full((num_samples,), bos_id(model), jnp.int32)
-    carry = (model.empty_cache(num_samples, slots), bos, jnp.zeros((num_samples, length), jnp.int32))
-    return jax.lax.fori_loop(0, length, step, carry)[2]  # (B, L)
+    carry = (model.empty_cache(num_samples, slots), jnp.zeros((num_samples, length), jnp.int32))
+    return jax.lax.fori_loop(0, length, step, carry)[1]  # (B, L)
 
 
 def ancestral(

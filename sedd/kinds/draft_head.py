@@ -287,27 +287,18 @@ def speculate(
         )
     head_of(nnx.merge(graphdef, *state))  # a clear error for a network without a head
     tau = DRAFT_TEMPERATURE if draft_temperature is None else float(draft_temperature)
-    prefill, target, drafter = _parts(graphdef, layout, float(temperature), float(top_p), tau)
-    given = jnp.zeros((num_samples, 0), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
-    out, stats = speculative.decode_prompted(
+    parts = _parts(graphdef, layout, float(temperature), float(top_p), tau)
+    prefilled = int(prompt is not None and jnp.shape(prompt)[1] > 0)  # without a prompt, no call before round 1
+    return speculative.self_drafted(
         key,
         state,
-        None,
-        given,
-        prefill=prefill,
-        target=target,
-        d_prefill=None,
-        drafter=drafter,
-        length=length,
-        k=k,
+        parts,
+        num_samples,
+        length,
+        k,
+        prompt,
+        prefill_calls=prefilled,
+        draft_calls=k,
         categorical=categorical,
-        shared=True,
         verification=verification,
     )
-    prefilled = 1 if given.shape[1] else 0  # the prompt's call; without one the first round writes a token
-    return out, {
-        "nfe": stats["rounds"] + prefilled,
-        "nfe_per_sample": stats["rounds_per_sample"] + prefilled,
-        "draft_calls": stats["rounds_per_sample"] * k,
-        "accepted_at": stats["accepted_at"],
-    }

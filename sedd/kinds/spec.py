@@ -425,30 +425,20 @@ def speculate(
     if draft_temperature is not None and not (isinstance(draft_temperature, (int, float)) and draft_temperature > 0):
         raise ValueError(f"draft_temperature must be a number > 0, got {draft_temperature!r}")
     tau = DRAFT_TEMPERATURE if draft_temperature is None else float(draft_temperature)
-    prefill, target, drafter = _parts(graphdef, layout, float(temperature), float(top_p), tau)
-    given = jnp.zeros((num_samples, 0), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
-    out, stats = speculative.decode_prompted(
+    parts = _parts(graphdef, layout, float(temperature), float(top_p), tau)
+    return speculative.self_drafted(  # the prefill's call drafts the first round; the drafts ride in the calls
         key,
         state,
-        None,
-        given,
-        prefill=prefill,
-        target=target,
-        d_prefill=None,
-        drafter=drafter,
-        length=length,
-        k=layout.k,
+        parts,
+        num_samples,
+        length,
+        layout.k,
+        prompt,
+        prefill_calls=1,
+        draft_calls=0,
         categorical=categorical,
-        shared=True,
         verification=verification,
     )
-    rounds = stats["rounds_per_sample"] + 1  # and the prefill's call, which drafts the first round
-    return out, {
-        "nfe": stats["rounds"] + 1,
-        "nfe_per_sample": rounds,
-        "draft_calls": jnp.zeros_like(rounds),  # the drafts come from the same calls
-        "accepted_at": stats["accepted_at"],
-    }
 
 
 # =========================================================================== the kind

@@ -100,6 +100,7 @@ def diffusion(p: Plan, info: dict) -> dict:
 
 
 def usage(p: Plan) -> dict:
+    """The response's `usage` object: the prompt's tokens (prompt and suffix), the completions', their sum."""
     return {
         "prompt_tokens": p.start + p.suffix_len,
         "completion_tokens": p.n * p.length,
