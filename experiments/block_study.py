@@ -44,6 +44,7 @@ from experiments.quality import markov_chain, texts_nll  # noqa: E402
 from experiments.timing import format_table, interleaved, machine, median, paired_ratio  # noqa: E402
 from experiments.writing import by_blocks, writer  # noqa: E402
 from sedd import evaluate, figures, runs  # noqa: E402
+from sedd.kinds.capabilities import Diffuses  # noqa: E402
 
 # (label, sampler, options, steps): a block model's steps are per block (None: one token a step), SEDD's in all
 WHOLE = [("EB 128", "entropy_bound", {}, 128), ("analytic 128", "analytic", {}, 128)]
@@ -53,7 +54,7 @@ ANCESTRAL = [("ancestral", None, {}, None)]
 
 def samplers(run: runs.Run) -> list[tuple]:
     """The samplers of the study for a run: by what its kind does (ancestral, whole sequence, block by block)."""
-    if not run.kind.diffuses:
+    if not isinstance(run.kind, Diffuses):
         return ANCESTRAL
     return BLOCKS if by_blocks(run.kind, run.seq_len) else WHOLE
 

@@ -47,6 +47,7 @@ from experiments.timing import tokens_per_call as per_call  # noqa: E402
 from sedd import code_measures, figures, runs, sampling  # noqa: E402
 from sedd.cli import unescape  # noqa: E402
 from sedd.data import read_documents  # noqa: E402
+from sedd.kinds.capabilities import Diffuses  # noqa: E402
 
 # (label, sampler, options, steps): steps per block for a block run, in all for SEDD (None: one token a step)
 ANCESTRAL = [
@@ -59,7 +60,7 @@ BLOCKS = [*WHOLE, ("first hitting", "first_hitting", {}, None)]
 
 def samplers(run: runs.Run) -> list[tuple]:
     """The samplers of the study for a run: by what its kind does (ancestral, whole sequence, block by block)."""
-    if not run.kind.diffuses:
+    if not isinstance(run.kind, Diffuses):
         return ANCESTRAL
     return BLOCKS if writing.by_blocks(run.kind, run.seq_len) else WHOLE
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import sys
 import time
@@ -66,6 +67,7 @@ from experiments.quality import chain_figures  # noqa: E402
 from sedd import evaluate, figures, runs, sampling  # noqa: E402
 from sedd.kinds import causal
 from sedd.data.markov import chain_from_config  # noqa: E402
+from sedd.kinds.capabilities import Diffuses  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file backend)
@@ -148,6 +150,39 @@ def find_judge(workdir: Path, judge, tokenizer, chain) -> tuple:
     return judge, judge_model
 
 
+def sample_figures(samples: np.ndarray, judge_nll=None, chain=None) -> dict:
+    """The figures of a cell's samples: their unigram entropy, the judge's generative perplexity (with a judge),
+    the chain's exact figures (on Markov data)."""
+    row = {"entropy_bits": float(evaluate.sample_entropy_bits(samples).mean())}
+    if judge_nll is not None:
+        g = evaluate.generative_perplexity(judge_nll, samples)
+        row.update(gen_ppl=g["gen_ppl"], judge_nats_per_token=g["judge_nats_per_token"])
+    if chain is not None:
+        row.update(chain_figures(chain, samples))
+    return row
+
+
+def reference_rows(chain, judge_model, key, num_samples: int, length: int, seed: int, categorical: str, score) -> list:
+    """The rows beside the samplers': the chain's own texts (Markov data), the AR judge's own samples (with one)."""
+    rows = []
+    if chain is not None:
+        rows.append({"sampler": "data", **score(chain.sample(num_samples, length, seed=seed + 1))})
+    if judge_model is not None:
+        samples = np.asarray(causal.ancestral_model(key, judge_model, num_samples, length, categorical=categorical))
+        rows.append({"sampler": "ar (kv cache)", "nfe": float(length), **score(samples)})
+    return rows
+
+
+def timed_sample(run, key, num_samples: int, options: dict, again: bool) -> tuple:
+    """(``run.sample``'s output, its seconds when `again`: a second call after the one that compiles; else None)."""
+    out = run.sample(key, num_samples, **options)
+    if not again:
+        return out, None
+    start = time.perf_counter()
+    out = run.sample(key, num_samples, **options)
+    return out, time.perf_counter() - start
+
+
 def compare_samplers(
     workdir: str | Path,
     samplers: Sequence[str] = DEFAULT_SAMPLERS,
@@ -193,7 +228,7 @@ def compare_samplers(
     workdir = Path(workdir)
     run = runs.load(workdir)
     config, tokenizer = run.config, run.tokenizer
-    if not run.kind.diffuses:
+    if not isinstance(run.kind, Diffuses):
         raise ValueError(
             f"{workdir} holds a run that does not diffuse ({run.kind.label}); compare_samplers needs a "
             "diffusion run (pass an AR run as --judge)"
@@ -206,15 +241,7 @@ def compare_samplers(
     categorical = categorical or config.sampling.categorical
     length = config.data.seq_len
 
-    def score(samples: np.ndarray) -> dict:
-        row = {"entropy_bits": float(evaluate.sample_entropy_bits(samples).mean())}
-        if judge_nll is not None:
-            g = evaluate.generative_perplexity(judge_nll, samples)
-            row.update(gen_ppl=g["gen_ppl"], judge_nats_per_token=g["judge_nats_per_token"])
-        if chain is not None:
-            row.update(chain_figures(chain, samples))
-        return row
-
+    score = functools.partial(sample_figures, judge_nll=judge_nll, chain=chain)
     rows = []
     key = jax.random.key(seed)
     jobs = [(spec, name, opts, budget) for spec, name, opts in specs for budget in steps]
@@ -223,20 +250,9 @@ def compare_samplers(
         # A block run's steps are per block, each block closed by a denoise and a commit (two calls).
         per_block = budget // blocks - (2 if blocks > 1 else 1)
         n_steps = max(1, per_block // (1 + int(opts.get("corrector_steps", 0))))
-
-        def call():
-            return run.sample(
-                key, num_samples, steps=n_steps, sampler=name, categorical=categorical, return_stats=True, **opts
-            )
-
-        start = time.perf_counter()
-        out = call()
-        wall = time.perf_counter() - start
-        if time_calls:
-            start = time.perf_counter()
-            out = call()
-            wall = time.perf_counter() - start
-        samples, stats = out.tokens, out.stats
+        options = dict(steps=n_steps, sampler=name, categorical=categorical, return_stats=True, **opts)
+        out, wall = timed_sample(run, key, num_samples, options, time_calls)
+        stats = out.stats
         rows.append(
             {
                 "sampler": spec,
@@ -244,15 +260,13 @@ def compare_samplers(
                 "steps": n_steps,
                 "nfe": float(np.mean(stats["nfe_per_sample"])),
                 "nfe_batch": int(stats["nfe"]),
-                "wall_s": wall if time_calls else None,
-                **score(samples),
+                "wall_s": wall,
+                **score(out.tokens),
             }
         )
-    if chain is not None:
-        rows.append({"sampler": "data", **score(chain.sample(num_samples, length, seed=seed + 1))})
-    if include_ar and judge_model is not None:
-        samples = np.asarray(causal.ancestral_model(key, judge_model, num_samples, length, categorical=categorical))
-        rows.append({"sampler": "ar (kv cache)", "nfe": float(length), **score(samples)})
+    rows += reference_rows(
+        chain, judge_model if include_ar else None, key, num_samples, length, seed, categorical, score
+    )
     if write:
         out_dir = Path(out_dir) if out_dir is not None else workdir
         write_report(

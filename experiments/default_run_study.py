@@ -68,6 +68,7 @@ from experiments.quality import (
 from sedd import config as config_lib  # noqa: E402
 from sedd import figures, kinds, runs  # noqa: E402
 from sedd.data.markov import MarkovChain  # noqa: E402
+from sedd.kinds.capabilities import Diffuses, Exact  # noqa: E402
 
 SCORE = ["--config.model.normalize=False", "--config.training.n_iters=2000"]  # the default before SUBS
 PREVIOUS = [*SCORE, "--config.optim.optimizer=adamw", "--config.model.n_heads=4", "--config.training.ema=0.995"]
@@ -153,7 +154,7 @@ def sample_nll(run: runs.Run, chain: MarkovChain, sampler: str | None = None) ->
     The NUM_SAMPLES samples are drawn by `sampler` (default: the run's
     config.sampling.sampler) with the run's steps and scored by ``texts_nll``.
     """
-    sampler = sampler if run.kind.diffuses else None  # a kind that writes left to right takes no sampler
+    sampler = sampler if isinstance(run.kind, Diffuses) else None  # a kind that writes left to right takes no sampler
     return texts_nll(run.generate(jax.random.key(0), NUM_SAMPLES, sampler=sampler), chain)
 
 
@@ -164,14 +165,14 @@ def any_order_denoiser(run: runs.Run) -> bool:
     denoiser, not a block model, which sees only the blocks before), on the
     absorbing graph (masks to reveal).
     """
-    return run.kind.diffuses and "infill" in run.kind.conditions and run.graph.absorb
+    return isinstance(run.kind, Diffuses) and "infill" in run.kind.conditions and run.graph.absorb
 
 
 def kind_facts(workdir: Path) -> dict:
     """What the kind of the run in `workdir` is, for the report: its "label", whether its figure is "exact"
     (an NLL, not a bound) and whether it "diffuses" (samples by a sampler's steps)."""
     kind = kinds.get(runs.read_config(workdir))
-    return {"label": kind.label, "exact": kind.exact, "diffuses": kind.diffuses}
+    return {"label": kind.label, "exact": isinstance(kind, Exact), "diffuses": isinstance(kind, Diffuses)}
 
 
 def reveal_profile(
@@ -323,7 +324,7 @@ def settings_changes(workdir: Path, overrides: list[str]) -> list[tuple[str, obj
 
     return [
         c
-        for c in runs.config_changes(saved, now)
+        for c in config_lib.config_changes(saved, now)
         if c[0] != "data.data_dir"
         and not c[0].startswith("sampling.")
         and not (c[0] == "data.path" and same_text(c[1], c[2]))

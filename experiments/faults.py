@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sedd import config as config_lib
-from sedd import runs
+from sedd import checkpoints, runs
 from sedd import train as train_lib
 
 CKPT_EVERY = 5
@@ -90,7 +90,9 @@ def trained_steps(workdir: Path) -> int:
 
 def final_state(workdir: Path) -> dict:
     trainer = train_lib.Trainer(runs.read_config(workdir))
-    return jax.tree.map(np.asarray, runs.restore(runs.checkpoint_manager(workdir), trainer.abstract_state))
+    return jax.tree.map(
+        np.asarray, checkpoints.restore(checkpoints.checkpoint_manager(workdir), trainer.abstract_state)
+    )
 
 
 def max_difference(a: dict, b: dict) -> float:
@@ -102,11 +104,11 @@ def max_difference(a: dict, b: dict) -> float:
 
 def checkpoints_readable(workdir: Path) -> bool:
     """Every step directory under checkpoints/ restores (orbax's unfinished *-tmp folders are not steps)."""
-    manager = runs.checkpoint_manager(workdir)
+    manager = checkpoints.checkpoint_manager(workdir)
     trainer = train_lib.Trainer(runs.read_config(workdir))
     for step in manager.all_steps():
         try:
-            runs.restore(manager, trainer.abstract_state, step)
+            checkpoints.restore(manager, trainer.abstract_state, step)
         except RuntimeError:
             return False
     return True
@@ -174,7 +176,7 @@ class Trials:
         time.sleep(self.rng.uniform(0.3, 0.9) * self.train_seconds)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=300)
-        newest = runs.checkpoint_manager(workdir).latest_step()
+        newest = checkpoints.checkpoint_manager(workdir).latest_step()
         for f in (workdir / runs.CHECKPOINTS / str(newest)).rglob("*"):
             if f.is_file():
                 f.write_bytes(f.read_bytes()[: f.stat().st_size // 2] if damage == "truncated" else b"garbage")
@@ -237,7 +239,7 @@ class Trials:
             named = f"at step {k};" in str(e)
         finally:
             train_lib.Trainer._train_step, train_lib.Trainer._loss = train_step, loss
-        steps = runs.checkpoint_manager(workdir).all_steps()
+        steps = checkpoints.checkpoint_manager(workdir).all_steps()
         survived = named and max(steps) < k and checkpoints_readable(workdir)  # restore() refuses non-finite
         return {"survived": survived, "lost": k - 1 - max(steps), "equal": None, "diff": None}
 

@@ -1,9 +1,10 @@
-"""How many of a spec run's drafts its rounds keep, by position, at temperature 1 and 0.
+"""How many of a self-drafting run's drafts its rounds keep (a spec run's, an AR run's draft head's), by position,
+at temperature 1 and 0.
 
     python experiments/kept_drafts.py RUN [RUN ...] [--layouts 4,1 4,5] [--samples 128] [--json FILE]
-    python experiments/kept_drafts.py runs/wide_spec --layouts 4 2       # a run with a draft head
+    python experiments/kept_drafts.py runs/wide_head --layouts 4 2       # an AR run with a draft head
 
-For each run (``model.kind = "spec"``) and layout, `--samples` texts are written with ``Run.sample`` after
+For each run (``model.kind = "spec"``, or "ar" with ``model.draft_head``) and layout, `--samples` texts are written with ``Run.sample`` after
 the first `--prompt` tokens of as many validation texts (the causal half's law exactly, whatever the drafts;
 at temperature 0 each row its own greedy text) and the share of rounds that kept the draft at position
 i = 1 .. k is printed, with the tokens a call (the tokens written over every call, the prompt's prefill
@@ -62,12 +63,12 @@ def validation_nll(workdir: Path) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", help="spec run directories")
+    p.add_argument("runs", nargs="+", help="run directories: spec runs, AR runs with a draft head")
     p.add_argument(
         "--layouts",
         nargs="+",
         default=["4,1", "4,5"],
-        help="round layouts, each 'K,GROUPS' ('K' for a run with a draft head)",
+        help="round layouts, each 'K,GROUPS' (a spec run) or 'K' (a run with a draft head)",
     )
     p.add_argument("--samples", type=int, default=128, help="texts a cell, each after its own prompt")
     p.add_argument("--prompt", type=int, default=8, help="tokens of a validation text each row starts from")

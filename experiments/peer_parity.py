@@ -111,9 +111,126 @@ def _subs(logits, torch):
     return logits - torch.logsumexp(logits, dim=-1, keepdim=True)
 
 
+def export_mdlm(root, out: Path, s: dict, v: int, inputs: dict, model_cfg: dict, arrays: dict, torch) -> None:
+    """MDLM's DIT with random weights, its published files (model.safetensors, config.json), its output."""
+    import safetensors.torch
+
+    xt = inputs["xt"]
+    dit = _load_module("mdlm_dit", Path(root) / "models" / "dit.py")
+    m = dit.DIT({"model": model_cfg}, vocab_size=v).eval()
+    _randomize(m, torch)
+    folder = out / "mdlm"
+    folder.mkdir()
+    safetensors.torch.save_file(
+        {"backbone." + k: t.contiguous() for k, t in m.state_dict().items()},
+        str(folder / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    (folder / "config.json").write_text(
+        json.dumps(
+            {  # kuleshov-group/mdlm-owt's config.json, resized
+                "architectures": ["MDLM"],
+                "auto_map": {
+                    "AutoConfig": "configuration_mdlm.MDLMConfig",
+                    "AutoModelForMaskedLM": "modeling_mdlm.MDLM",
+                },
+                "cond_dim": s["cond"],
+                "dropout": 0.0,
+                "hidden_dim": s["hidden"],
+                "model_length": s["length"],
+                "model_type": "mdlm",
+                "n_blocks": s["blocks"],
+                "n_heads": s["heads"],
+                "return_dict": False,
+                "time_conditioning": False,
+                "torch_dtype": "float32",
+                "transformers_version": "4.38.2",
+                "vocab_size": v,
+            }
+        )
+    )
+    with torch.no_grad():  # Diffusion._process_sigma: time_conditioning false feeds zeros
+        arrays["mdlm"] = _subs(m(xt, torch.zeros(2)), torch).numpy()
+
+
+def export_bd3lm(root, out: Path, s: dict, v: int, inputs: dict, model_cfg: dict, arrays: dict, torch) -> None:
+    """BD3-LM's model with random weights, written by its own save_pretrained, and its output."""
+    from models.hf import BD3LM, BD3LMConfig
+
+    x0, xt, sigma = inputs["x0"], inputs["xt"], inputs["sigma"]
+
+    config = BD3LMConfig(
+        block_size=4,
+        vocab_size=v,
+        model_length=s["length"],
+        hidden_dim=s["hidden"],
+        cond_dim=s["cond"],
+        n_blocks=s["blocks"],
+        n_heads=s["heads"],
+        dropout=0.0,
+        time_conditioning=False,
+        attn_backend="sdpa",
+        return_dict=False,
+    )
+    b = BD3LM(config).eval()
+    _randomize(b, torch)
+    with torch.no_grad():
+        b.sampling_eps_min.fill_(0.2)
+        b.sampling_eps_max.fill_(0.8)
+    b.save_pretrained(str(out / "bd3lm"))  # its own writer: config.json + model.safetensors
+    with torch.no_grad():
+        arrays["bd3lm"] = _subs(b(input_ids=torch.cat([xt, x0], 1), timesteps=sigma), torch).numpy()
+
+
+def export_duo(root, out: Path, s: dict, v: int, inputs: dict, model_cfg: dict, arrays: dict, torch) -> None:
+    """DUO's DIT with random weights and an EMA unlike them, a Lightning checkpoint, and the EMA's output."""
+    import omegaconf
+
+    sigma, gen = inputs["sigma"], inputs["gen"]
+
+    dit = _load_module("duo_dit", Path(root) / "models" / "dit.py")
+    config = omegaconf.OmegaConf.create(
+        {
+            "algo": {
+                "name": "duo",
+                "backbone": "dit",
+                "parameterization": "mean",
+                "time_conditioning": True,
+                "causal_attention": False,
+                "T": 0,
+            },
+            "model": {**model_cfg, "name": "tiny", "type": "ddit"},
+            "noise": {"type": "log-linear", "eps": 1e-3},
+            "training": {"ema": 0.9999},
+        }
+    )
+    m = dit.DIT(config, vocab_size=v).eval()
+    _randomize(m, torch)
+    x = torch.randint(0, v, (2, s["length"]), generator=gen)
+    shadow = [p.detach().clone() * 0.5 for p in m.parameters()]  # an EMA unlike the raw weights
+    ckpt = {
+        "epoch": 0,
+        "global_step": 7,
+        "pytorch-lightning_version": "2.2.1",
+        "state_dict": {"backbone." + k: t for k, t in m.state_dict().items()},
+        "ema": {"decay": 0.9999, "num_updates": 7, "shadow_params": shadow},
+        "hyper_parameters": {"config": config},
+        "loops": {},
+        "callbacks": {},
+        "optimizer_states": [],
+        "lr_schedulers": [],
+    }
+    (out / "duo").mkdir()
+    torch.save(ckpt, out / "duo" / "duo.ckpt")  # DUO_BASE.on_save_checkpoint + Lightning's dict
+    with torch.no_grad():
+        for p, e in zip(m.parameters(), shadow):
+            p.copy_(e)  # the EMA weights, which DUO samples with
+        arrays["duo_x"] = x.numpy()
+        arrays["duo"] = torch.log_softmax(m(x, sigma), -1).numpy()  # DUO_BASE._process_model_output
+
+
 def export(args) -> None:
     """Runs in the torch Python: writes each project's files and its outputs into args.out."""
-    import safetensors.torch
     import torch
 
     torch.manual_seed(0)
@@ -134,110 +251,10 @@ def export(args) -> None:
         "length": s["length"],
     }
 
-    if args.mdlm:
-        dit = _load_module("mdlm_dit", Path(args.mdlm) / "models" / "dit.py")
-        m = dit.DIT({"model": model_cfg}, vocab_size=v).eval()
-        _randomize(m, torch)
-        folder = out / "mdlm"
-        folder.mkdir()
-        safetensors.torch.save_file(
-            {"backbone." + k: t.contiguous() for k, t in m.state_dict().items()},
-            str(folder / "model.safetensors"),
-            metadata={"format": "pt"},
-        )
-        (folder / "config.json").write_text(
-            json.dumps(
-                {  # kuleshov-group/mdlm-owt's config.json, resized
-                    "architectures": ["MDLM"],
-                    "auto_map": {
-                        "AutoConfig": "configuration_mdlm.MDLMConfig",
-                        "AutoModelForMaskedLM": "modeling_mdlm.MDLM",
-                    },
-                    "cond_dim": s["cond"],
-                    "dropout": 0.0,
-                    "hidden_dim": s["hidden"],
-                    "model_length": s["length"],
-                    "model_type": "mdlm",
-                    "n_blocks": s["blocks"],
-                    "n_heads": s["heads"],
-                    "return_dict": False,
-                    "time_conditioning": False,
-                    "torch_dtype": "float32",
-                    "transformers_version": "4.38.2",
-                    "vocab_size": v,
-                }
-            )
-        )
-        with torch.no_grad():  # Diffusion._process_sigma: time_conditioning false feeds zeros
-            arrays["mdlm"] = _subs(m(xt, torch.zeros(2)), torch).numpy()
-
-    if args.bd3lms:
-        from models.hf import BD3LM, BD3LMConfig
-
-        config = BD3LMConfig(
-            block_size=4,
-            vocab_size=v,
-            model_length=s["length"],
-            hidden_dim=s["hidden"],
-            cond_dim=s["cond"],
-            n_blocks=s["blocks"],
-            n_heads=s["heads"],
-            dropout=0.0,
-            time_conditioning=False,
-            attn_backend="sdpa",
-            return_dict=False,
-        )
-        b = BD3LM(config).eval()
-        _randomize(b, torch)
-        with torch.no_grad():
-            b.sampling_eps_min.fill_(0.2)
-            b.sampling_eps_max.fill_(0.8)
-        b.save_pretrained(str(out / "bd3lm"))  # its own writer: config.json + model.safetensors
-        with torch.no_grad():
-            arrays["bd3lm"] = _subs(b(input_ids=torch.cat([xt, x0], 1), timesteps=sigma), torch).numpy()
-
-    if args.duo:
-        import omegaconf
-
-        dit = _load_module("duo_dit", Path(args.duo) / "models" / "dit.py")
-        config = omegaconf.OmegaConf.create(
-            {
-                "algo": {
-                    "name": "duo",
-                    "backbone": "dit",
-                    "parameterization": "mean",
-                    "time_conditioning": True,
-                    "causal_attention": False,
-                    "T": 0,
-                },
-                "model": {**model_cfg, "name": "tiny", "type": "ddit"},
-                "noise": {"type": "log-linear", "eps": 1e-3},
-                "training": {"ema": 0.9999},
-            }
-        )
-        m = dit.DIT(config, vocab_size=v).eval()
-        _randomize(m, torch)
-        x = torch.randint(0, v, (2, s["length"]), generator=gen)
-        shadow = [p.detach().clone() * 0.5 for p in m.parameters()]  # an EMA unlike the raw weights
-        ckpt = {
-            "epoch": 0,
-            "global_step": 7,
-            "pytorch-lightning_version": "2.2.1",
-            "state_dict": {"backbone." + k: t for k, t in m.state_dict().items()},
-            "ema": {"decay": 0.9999, "num_updates": 7, "shadow_params": shadow},
-            "hyper_parameters": {"config": config},
-            "loops": {},
-            "callbacks": {},
-            "optimizer_states": [],
-            "lr_schedulers": [],
-        }
-        (out / "duo").mkdir()
-        torch.save(ckpt, out / "duo" / "duo.ckpt")  # DUO_BASE.on_save_checkpoint + Lightning's dict
-        with torch.no_grad():
-            for p, e in zip(m.parameters(), shadow):
-                p.copy_(e)  # the EMA weights, which DUO samples with
-            arrays["duo_x"] = x.numpy()
-            arrays["duo"] = torch.log_softmax(m(x, sigma), -1).numpy()  # DUO_BASE._process_model_output
+    inputs = {"x0": x0, "xt": xt, "sigma": sigma, "gen": gen}
+    for root, write in ((args.mdlm, export_mdlm), (args.bd3lms, export_bd3lm), (args.duo, export_duo)):
+        if root:
+            write(root, out, s, v, inputs, model_cfg, arrays, torch)
     np.savez(out / "theirs.npz", **arrays)
 
 

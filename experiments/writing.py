@@ -16,6 +16,7 @@ from typing import Callable
 from sedd import runs, sampling
 
 from sedd.kinds import causal
+from sedd.kinds.capabilities import Diffuses
 
 
 def by_blocks(kind, length: int) -> bool:
@@ -24,12 +25,12 @@ def by_blocks(kind, length: int) -> bool:
     Such a run takes its steps per block and writes past its length block by
     block; a whole-sequence denoiser (SEDD) takes its steps for all positions.
     """
-    return kind.diffuses and kind.one_token_steps(length) < length
+    return isinstance(kind, Diffuses) and kind.one_token_steps(length) < length
 
 
 def steps_of(run: runs.Run, steps: int | None) -> int | None:
     """`steps`, or where None the steps that write one token a step (a block's for a block model; None for AR)."""
-    return steps or (run.kind.one_token_steps(run.seq_len) if run.kind.diffuses else None)
+    return steps or (run.kind.one_token_steps(run.seq_len) if isinstance(run.kind, Diffuses) else None)
 
 
 def writer(
@@ -57,9 +58,9 @@ def writer(
       () -> ``sampling.Samples`` with stats (None for the plain AR loop, whose calls are `length`).
     """
     kind = run.kind
-    if not (kind.diffuses or options):  # the causal LM's own loop, one token a call, at any length
+    if not (isinstance(kind, Diffuses) or options):  # the causal LM's own loop, one token a call, at any length
         return lambda: sampling.Samples(causal.ancestral(key, run.net.graphdef, run.net.state, batch, length))
-    if not kind.diffuses:  # its drafts, or a spec run's own rounds: its length L
+    if not isinstance(kind, Diffuses):  # its drafts, or a spec run's own rounds: its length L
         return lambda: run.sample(key, batch, return_stats=True, **options)
     extra = {"max_length": length} if max_length else {}
     return lambda: kind.sample(

@@ -26,9 +26,8 @@ import jax
 import numpy as np
 
 from sedd import config as config_lib
-from sedd import convert, distill, files, figures, kernels, runs, sampling, sharding, train, validate
-from sedd.data import BUILDERS, check_data_dir, default_data_dir, load_tokenizer, sample_prompt
-from sedd.data.builders import MANIFEST
+from sedd import convert, distill, files, figures, kernels, runs, sampling, train, validate
+from sedd.data import load_tokenizer, sample_prompt
 from sedd.data.tokenizers import EOS_TEXT
 from sedd.kinds import capabilities
 from sedd.sampling import text_conditioning
@@ -158,7 +157,8 @@ def _sample(args) -> int:
         options["draft"] = args.draft if args.draft == "ngram" else runs.load(args.draft)
     if args.draft_k is not None:  # the run's kind and the drafter check it (refused without a draft)
         options["draft_k"] = args.draft_k
-    run.kind.check_given(steps=args.steps, sampler=args.sampler, suffix=bool(args.suffix), infill=bool(args.infill))
+    patterns = tuple(name for name in ("suffix", "infill") if getattr(args, name))
+    capabilities.check_given(run.kind, steps=args.steps, sampler=args.sampler, patterns=patterns)
     layout = None if args.layout == "auto" else args.layout
     given = dict(options, layout=layout, return_trajectory=args.animate or None)  # all checked before timing
     if line := capabilities.tune(run.kind, run.net, given, args.workdir, args.num_samples, progress=True):
@@ -308,8 +308,8 @@ def run_conditioning(run: runs.Run, args):
 
 
 def _eval(args, overrides: list[str]) -> int:
-    data = eval_data(args.workdir, overrides)
-    if n := split_cpu_for_eval(args.workdir, args.batch_size):  # stderr: stdout is the table of figures
+    data = figures.eval_data(args.workdir, overrides)
+    if n := figures.split_cpu_for_eval(args.workdir, args.batch_size):  # stderr: stdout is the table of figures
         print(
             f"this CPU as {n} devices, each batch split over them as in sedd train (mesh.cpu_devices)", file=sys.stderr
         )
@@ -332,92 +332,6 @@ def _eval(args, overrides: list[str]) -> int:
     for k, v in result.items():
         print(f"{k:>24}: {v:.4f}" if isinstance(v, float) else f"{k:>24}: {v}")
     return 0
-
-
-def split_cpu_for_eval(workdir: str | Path, batch_size: int) -> int:
-    """Split this CPU into devices as `sedd train` does (``sedd.sharding.split_cpu``), for batches of batch_size.
-
-    The bound's batches are split by rows over the devices (``Run.place_rows``),
-    each row's figures computed as on one device, so the bound is the one
-    device's up to the order of its sums, in about the time `sedd train` took
-    for it. The run's mesh.cpu_devices decides; auto (0), or a count that does
-    not divide batch_size or exceeds the cores, takes the largest divisor of
-    batch_size that fits the cores (at most ``MAX_AUTO_CPU_DEVICES``). Before
-    any device is used; returns the count set, 0 if none.
-    """
-    config = runs.read_config(workdir)
-    config.training.batch_size = batch_size
-    want = config.mesh.cpu_devices
-    # A received run's count is not trusted: a huge one would make as many devices, rows that do not divide
-    # would run on every device, and a negative one is no reason to refuse the bound.
-    if want < 0 or (want > 1 and (want > sharding.available_cores() or batch_size % want)):
-        config.mesh.cpu_devices = 0
-    return sharding.split_cpu(config)
-
-
-def eval_data(workdir: str | Path, overrides: list[str]) -> dict:
-    """The data section `sedd eval` evaluates on: the run's, with `--config.data.*` overrides, made safe to follow.
-
-    A run directory may come from someone else, and its data.path and
-    data.data_dir name files to read and a folder to write token caches in.
-    A value the command line does not give is followed only as far as this
-    user's own preparation of the data reaches:
-
-    - data.data_dir: the run's when it is a folder owned by this user that
-      already holds sedd's preparation of the dataset
-      (``<data_dir>/<builder name>``, as `sedd train` leaves it); else this
-      user's default (``sedd.data.default_data_dir``), with a warning.
-    - data.path: the run's only when that folder holds a preparation of the
-      same path (its ``sedd_manifest.json`` names it): the file was read
-      before, by this user; else refused, naming the flag that reads it.
-
-    Raises:
-      ValueError: the run names a data.path this policy does not follow.
-    """
-    config = runs.read_config(workdir)
-    if overrides:  # --config.data.path=other.txt: the bound on other text, zero-shot
-        config = config_lib.override(config, overrides)
-    data = config.data.to_dict()
-    given = {arg[len("--config.data.") :].split("=")[0] for arg in overrides if arg.startswith("--config.data.")}
-    if data["name"] == "markov":  # drawn from the config's chain: no file is read or written
-        return data
-    if "data_dir" in given:  # before the run is loaded
-        check_data_dir(data["data_dir"])
-    name = "text" if data["name"] == "shakespeare" and data["path"] else data["name"]
-    builder = BUILDERS[name].name if name in BUILDERS else None  # an unknown name is load_dataset's error
-    folder = Path(data["data_dir"] or default_data_dir()).expanduser() / str(builder)
-    if "data_dir" not in given and data["data_dir"] and not (builder and _owned_folder(folder)):
-        warnings.warn(
-            f"the run's data.data_dir {data['data_dir']!r} holds no preparation of {name!r} of yours; "
-            f"using {default_data_dir()} instead (--config.data.data_dir=DIR to choose)",
-            stacklevel=2,
-        )
-        data["data_dir"] = ""
-        folder = Path(default_data_dir()).expanduser() / str(builder)
-    if data["path"] and "path" not in given and not _prepared_from(folder, data["path"]):
-        raise ValueError(
-            f"the run names data.path={data['path']!r}, which was not prepared in {folder}; sedd eval "
-            "reads a file a run names only where this user prepared it before. Pass "
-            "--config.data.path=... to evaluate on that file or another"
-        )
-    return data
-
-
-def _owned_folder(path: Path) -> bool:
-    """Whether path is a folder of this user (any folder where the OS has no owners)."""
-    return path.is_dir() and (not hasattr(os, "getuid") or path.stat().st_uid == os.getuid())
-
-
-def _prepared_from(folder: Path, path: str) -> bool:
-    """Whether a preparation in folder (``<config>/<version>/sedd_manifest.json``) read `path`."""
-    want = Path(path).expanduser().resolve()
-    for manifest in folder.glob(f"*/*/{MANIFEST}") if _owned_folder(folder) else ():
-        try:
-            if Path(json.loads(manifest.read_text())["path"]).resolve() == want:
-                return True
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return False
 
 
 def _add_eval(sub) -> None:
@@ -467,11 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _command(argv: list[str] | None) -> int:
-    """`main` without the exit: the command's exit code."""
-    parser = validate.OneLineParser(prog="sedd", description="Score Entropy Discrete Diffusion in JAX")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_train(sub) -> None:
+    """`sedd train`'s options."""
     p = sub.add_parser(
         "train",
         help="train (or resume) a model",
@@ -484,6 +395,9 @@ def _command(argv: list[str] | None) -> int:
     )
     p.add_argument("--workdir", default=None, help="run directory (default: checkpoints/<config name>)")
 
+
+def _add_distill(sub) -> None:
+    """`sedd distill`'s options."""
     p = sub.add_parser(
         "distill",
         help="a student that samples in fewer steps (distillation through time)",
@@ -501,6 +415,9 @@ def _command(argv: list[str] | None) -> int:
         help=f"halvings of the teacher's sampling steps (default {distill.DEFAULT_ROUNDS}: 8x fewer)",
     )
 
+
+def _add_sample(sub) -> None:
+    """`sedd sample`'s options."""
     p = sub.add_parser("sample", help="write text with a trained model")
     p.add_argument("--workdir", required=True, help="run directory of a trained model")
     p.add_argument("--steps", type=int, default=None, help="reverse steps (default: the config's)")
@@ -554,16 +471,29 @@ def _command(argv: list[str] | None) -> int:
         "calls, with drafts from 'ngram' (prompt lookup), a smaller AR run's or a block-diffusion run's "
         "directory (one block of --draft_k <= its block size a call)",
     )
-    p.add_argument("--draft_k", type=int, default=None, help="drafts a round with --draft (default 4)")
+    p.add_argument(
+        "--draft_k",
+        type=int,
+        default=None,
+        help="drafts a round with --draft (default 4), or of a run's own drafts (at most its model.draft_k)",
+    )
     p.add_argument(
         "--layout",
         default=None,
-        help="a spec run only: its round, 'K,GROUPS' (K drafts a round, "
-        "draft groups for the outcomes 0 .. GROUPS - 1; '0': no drafts, its causal half alone; "
-        "docs/speculative.md) or 'auto' (the default: the fastest on this device, timed once and kept "
+        help="a spec run's round, 'K,GROUPS' (K drafts a round, draft groups for the outcomes 0 .. GROUPS - 1), "
+        "or an AR run's with a draft head, 'K' (K head drafts); '0': no drafts, the causal LM alone "
+        "(docs/speculative.md); or 'auto' (the default: the fastest on this device, timed once and kept "
         "in the run's layouts.json)",
     )
 
+
+def _command(argv: list[str] | None) -> int:
+    """`main` without the exit: the command's exit code."""
+    parser = validate.OneLineParser(prog="sedd", description="Score Entropy Discrete Diffusion in JAX")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_train(sub)
+    _add_distill(sub)
+    _add_sample(sub)
     _add_eval(sub)
 
     sub.add_parser(

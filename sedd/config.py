@@ -143,7 +143,7 @@ BEFORE_IT_EXISTED: dict[str, Any] = {
     "optim.optimizer": "adamw",  # f517b71: AdamW for every parameter
     "training.t_power": 0.0,  # 8f7e58b: t uniform on [sampling_eps, 1]
     "distill.target": "law",  # sedd distill's first runs matched the teacher's two-step law
-    "model.draft_head": 0,  # a spec run drafted with its draft half before it could have a draft head
+    "model.draft_head": 0,  # a run had no draft head before it could have one
     "model.token_shift": False,  # a block network read its own position's token before it could read the one before
 }
 """What a run written before a key existed did, for the keys added since the first configs (4cea325)
@@ -164,6 +164,10 @@ every run): a spec run's drafts a round were its model.block_size until they got
 (block_size now means a block run's block length only); the network's transformer layers were
 model.n_blocks, the original's name, until "block" came to mean block diffusion's alone; a run's sampler was its
 sampling.predictor until "sampler" became the one word for them."""
+
+KIND_MOVED: dict[str, tuple[str, str]] = {"spec": ("model.draft_head", "ar")}  # until 2026-12-07
+"""model.kind -> (a key, a kind): a saved run of that kind with the key set is of the other kind: a spec run with
+a draft head had no draft half, and is the AR run with a head it was (``sedd.kinds.draft_head``)."""
 
 RENAMED_VALUES: dict[str, dict[Any, Any]] = {"model.remat": {"blocks": "layers"}}  # until 2026-12-06
 """key -> {a value saved runs may hold: its name today}."""
@@ -201,7 +205,9 @@ def migrate(saved: Mapping[str, Any]) -> ml_collections.ConfigDict:
 
     Each key of the shipped default config that `saved` lacks (the run was
     written before the key existed) gets its ``BEFORE_IT_EXISTED`` value, else
-    its shipped default; a key whose meaning moved out of another takes its value (``moved``).
+    its shipped default; a key whose meaning moved out of another takes its value (``moved``);
+    a spec run with a draft head, which drafted with the head alone, is the AR run with a head it was
+    (``sedd.kinds.draft_head``; its checkpoint's unused MASK row is dropped by ``sedd.checkpoints.restore``).
     Keys only in `saved` (since removed) are dropped;
     vocab_size, filled in from the data at training, is kept. The values
     `saved` has are kept as they are.
@@ -227,6 +233,58 @@ def migrate(saved: Mapping[str, Any]) -> ml_collections.ConfigDict:
     default = load_config(DEFAULT_CONFIG).to_dict()
     config = fill(saved, default, "")
     moved(saved, config, default)
+    for kind, (key, now) in KIND_MOVED.items():
+        if config["model"]["kind"] == kind and _get(config, key):
+            config["model"]["kind"] = now
     if "vocab_size" in saved:
         config["vocab_size"] = saved["vocab_size"]
     return ml_collections.ConfigDict(config)
+
+
+MAY_CHANGE_ON_RESUME = (
+    "training.n_iters",
+    "training.log_every",
+    "training.eval_every",
+    "training.ckpt_every",
+    "training.max_to_keep",
+    "training.keep_period",
+    "training.eval_batches",
+    "training.eval_samples",
+    "sampling.*",
+    "mesh.*",
+    "data.data_dir",
+    "model.dtype",
+)
+"""Config keys a resumed run may change: when and what it logs, evaluates and saves, how long it
+runs, the mesh it runs on and its compute precision (parameters are float32 in any), where the
+prepared data lives. Any other key (the model, the
+graph, the noise, the data, the optimizer, the batch, the seed) is part of what was trained."""
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    """A nested dict as one level of dotted keys: {"model.n_layers": 4, ...}."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
+    """(key, saved value, current value) for every key of `current` that differs from `saved`.
+
+    `saved` is read as today's keys (``migrate``): a key absent from it (a run written
+    before the key existed) counts as what such runs did, its ``BEFORE_IT_EXISTED``
+    value, else its shipped default, and a key whose meaning moved out of another
+    (``MOVED``) its value there. Keys only in `saved` (since removed) and vocab_size
+    (filled in from the data) are ignored.
+    """
+    saved, current = flat(migrate(saved).to_dict()), flat(current)
+    missing = object()
+    return [
+        (key, "(absent)" if was is missing else was, now)
+        for key, now in sorted(current.items())
+        if key != "vocab_size" and (was := saved.get(key, missing)) != now
+    ]

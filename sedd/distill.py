@@ -47,7 +47,7 @@ import ml_collections
 from flax import nnx
 
 from sedd import config as config_lib
-from sedd import files, kinds, lock, runs, sdtt, train, validate
+from sedd import checkpoints, files, kinds, lock, runs, sdtt, train, validate
 from sedd.kinds import capabilities
 from sedd import sharding as sharding_lib
 from sedd.sampling import planned_rank
@@ -107,7 +107,7 @@ class DistillTrainer(train.Trainer):
         """Step 0: student, EMA and teacher the teacher run's EMA weights, each array created in its shards."""
         d = self.config.distill
         target = {"ema": self.abstract_state["params"]}
-        params = runs.restore(runs.checkpoint_manager(d.teacher), target, d.teacher_step)["ema"]
+        params = checkpoints.restore(checkpoints.checkpoint_manager(d.teacher), target, d.teacher_step)["ema"]
         return jax.jit(self.state_of, out_shardings=self.state_sharding)(params)
 
     def round_index(self, step: jax.Array) -> jax.Array:
@@ -248,7 +248,7 @@ def distill_config(teacher: str | Path, overrides=(), rounds: int | None = None)
     """
     teacher = Path(teacher).expanduser().resolve()
     base = runs.read_config(teacher)
-    steps = runs.checkpoint_manager(teacher).all_steps() if (teacher / runs.CHECKPOINTS).is_dir() else []
+    steps = checkpoints.checkpoint_manager(teacher).all_steps() if (teacher / runs.CHECKPOINTS).is_dir() else []
     if not steps:
         raise FileNotFoundError(f"{teacher} holds no checkpoint to distill; train it first with `sedd train`")
     c = ml_collections.ConfigDict(base.to_dict())
@@ -273,7 +273,7 @@ def distill_config(teacher: str | Path, overrides=(), rounds: int | None = None)
         d.teacher_step = max(steps)
     elif d.teacher_step not in steps:
         raise FileNotFoundError(f"{teacher} has no checkpoint of step {d.teacher_step}; it has {sorted(steps)}")
-    mine, its = _flat(c.to_dict()), _flat(base.to_dict())
+    mine, its = config_lib.flat(c.to_dict()), config_lib.flat(base.to_dict())
     changed = [k for k in ARCHITECTURE if mine[k] != its[k]]
     if changed:
         raise ValueError(
@@ -287,14 +287,6 @@ def distill_config(teacher: str | Path, overrides=(), rounds: int | None = None)
     check_distillable(c)
     runs.read_tokenizer(teacher, base.vocab_size)  # a regular file of the teacher's (sedd.files), before any work
     return c
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-    """A nested dict as {"a.b": value}."""
-    out = {}
-    for k, v in tree.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
 
 
 def distill(

@@ -4,11 +4,16 @@ One floor above ``sedd.evaluate`` (pure math on score functions and
 batches) and ``sedd.runs`` (a run directory): what ``sedd eval`` and the end
 of ``sedd train`` report. Each run's figure is its kind's
 (``sedd.kinds.Kind.likelihood``): the score-entropy bound of a diffusion
-model, with its standard error, or the exact NLL of an AR baseline.
+model, with its standard error, or the exact NLL of an AR baseline; the data
+a received run is evaluated on, followed only as far as this user prepared it
+(``eval_data``).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -17,8 +22,19 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from sedd import code_measures, evaluate, runs
-from sedd.data import OutOfVocabulary, check_characters, load_dataset, read_documents
+from sedd import code_measures, evaluate, runs, sharding
+from sedd import config as config_lib
+from sedd.data import (
+    BUILDERS,
+    OutOfVocabulary,
+    check_characters,
+    check_data_dir,
+    default_data_dir,
+    load_dataset,
+    read_documents,
+)
+from sedd.data.builders import MANIFEST
+from sedd.kinds import capabilities
 
 
 def load_judge(workdir: str | Path, tokenizer=None) -> runs.Run:
@@ -30,7 +46,7 @@ def load_judge(workdir: str | Path, tokenizer=None) -> runs.Run:
         vocabulary differs from `tokenizer` (samples would be scored as other tokens).
     """
     judge = runs.load(workdir)
-    if not judge.kind.exact:
+    if not isinstance(judge.kind, capabilities.Exact):
         raise ValueError(
             f"the judge {workdir} is a model.kind={judge.kind.name!r} run, whose likelihood is a "
             "bound; a judge's must be exact: an AR baseline (train one with --config.model.kind=ar) "
@@ -236,3 +252,89 @@ def code_figures(
             entropy_bits=quality["entropy_bits"],
         )
     return result, texts
+
+
+def split_cpu_for_eval(workdir: str | Path, batch_size: int) -> int:
+    """Split this CPU into devices as `sedd train` does (``sedd.sharding.split_cpu``), for batches of batch_size.
+
+    The bound's batches are split by rows over the devices (``Run.place_rows``),
+    each row's figures computed as on one device, so the bound is the one
+    device's up to the order of its sums, in about the time `sedd train` took
+    for it. The run's mesh.cpu_devices decides; auto (0), or a count that does
+    not divide batch_size or exceeds the cores, takes the largest divisor of
+    batch_size that fits the cores (at most ``MAX_AUTO_CPU_DEVICES``). Before
+    any device is used; returns the count set, 0 if none.
+    """
+    config = runs.read_config(workdir)
+    config.training.batch_size = batch_size
+    want = config.mesh.cpu_devices
+    # A received run's count is not trusted: a huge one would make as many devices, rows that do not divide
+    # would run on every device, and a negative one is no reason to refuse the bound.
+    if want < 0 or (want > 1 and (want > sharding.available_cores() or batch_size % want)):
+        config.mesh.cpu_devices = 0
+    return sharding.split_cpu(config)
+
+
+def eval_data(workdir: str | Path, overrides: list[str]) -> dict:
+    """The data section `sedd eval` evaluates on: the run's, with `--config.data.*` overrides, made safe to follow.
+
+    A run directory may come from someone else, and its data.path and
+    data.data_dir name files to read and a folder to write token caches in.
+    A value the command line does not give is followed only as far as this
+    user's own preparation of the data reaches:
+
+    - data.data_dir: the run's when it is a folder owned by this user that
+      already holds sedd's preparation of the dataset
+      (``<data_dir>/<builder name>``, as `sedd train` leaves it); else this
+      user's default (``sedd.data.default_data_dir``), with a warning.
+    - data.path: the run's only when that folder holds a preparation of the
+      same path (its ``sedd_manifest.json`` names it): the file was read
+      before, by this user; else refused, naming the flag that reads it.
+
+    Raises:
+      ValueError: the run names a data.path this policy does not follow.
+    """
+    config = runs.read_config(workdir)
+    if overrides:  # --config.data.path=other.txt: the bound on other text, zero-shot
+        config = config_lib.override(config, overrides)
+    data = config.data.to_dict()
+    given = {arg[len("--config.data.") :].split("=")[0] for arg in overrides if arg.startswith("--config.data.")}
+    if data["name"] == "markov":  # drawn from the config's chain: no file is read or written
+        return data
+    if "data_dir" in given:  # before the run is loaded
+        check_data_dir(data["data_dir"])
+    name = "text" if data["name"] == "shakespeare" and data["path"] else data["name"]
+    builder = BUILDERS[name].name if name in BUILDERS else None  # an unknown name is load_dataset's error
+    folder = Path(data["data_dir"] or default_data_dir()).expanduser() / str(builder)
+    if "data_dir" not in given and data["data_dir"] and not (builder and _owned_folder(folder)):
+        warnings.warn(
+            f"the run's data.data_dir {data['data_dir']!r} holds no preparation of {name!r} of yours; "
+            f"using {default_data_dir()} instead (--config.data.data_dir=DIR to choose)",
+            stacklevel=2,
+        )
+        data["data_dir"] = ""
+        folder = Path(default_data_dir()).expanduser() / str(builder)
+    if data["path"] and "path" not in given and not _prepared_from(folder, data["path"]):
+        raise ValueError(
+            f"the run names data.path={data['path']!r}, which was not prepared in {folder}; sedd eval "
+            "reads a file a run names only where this user prepared it before. Pass "
+            "--config.data.path=... to evaluate on that file or another"
+        )
+    return data
+
+
+def _owned_folder(path: Path) -> bool:
+    """Whether path is a folder of this user (any folder where the OS has no owners)."""
+    return path.is_dir() and (not hasattr(os, "getuid") or path.stat().st_uid == os.getuid())
+
+
+def _prepared_from(folder: Path, path: str) -> bool:
+    """Whether a preparation in folder (``<config>/<version>/sedd_manifest.json``) read `path`."""
+    want = Path(path).expanduser().resolve()
+    for manifest in folder.glob(f"*/*/{MANIFEST}") if _owned_folder(folder) else ():
+        try:
+            if Path(json.loads(manifest.read_text())["path"]).resolve() == want:
+                return True
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return False

@@ -36,7 +36,7 @@ Each piece and why it exists:
                         four elements from each threefry block (``sedd.rng.uint16``):
                         a quarter of the threefry work of ``jax.random.bernoulli``,
                         whose masks were most of what dropout cost on a CPU.
-  chunked_rows          a per-position reduction of a large intermediate (the
+  chunked          a per-position reduction of a large intermediate (the
                         loss of the [B, L, V] output) run over chunks of
                         positions, each recomputed for its gradient, so the
                         whole intermediate is never live (training.loss_chunk).
@@ -198,11 +198,11 @@ def linear_kwargs(dtype: Any) -> dict[str, Any]:
     return {"dot_general": _MixedDot(dtype), "promote_dtype": _no_promotion}
 
 
-# --------------------------------------------------------------------------- chunked rows
+# --------------------------------------------------------------------------- chunked positions
 
 
-def chunked_rows(fn: Callable[..., Array], chunk: int, shared: Any, *rows: Array) -> Array:
-    """fn(shared, *rows) -> float[B, L], computed `chunk` positions at a time, each recomputed for its gradient.
+def chunked(fn: Callable[..., Array], chunk: int, shared: Any, *arrays: Array) -> Array:
+    """fn(shared, *arrays) -> float[B, L], computed `chunk` positions at a time, each recomputed for its gradient.
 
     The pattern of fused linear cross-entropy (Liger Kernel; Wijmans et al.
     2025, Cut Cross-Entropy): fn maps a chunk of positions to one value a
@@ -216,22 +216,22 @@ def chunked_rows(fn: Callable[..., Array], chunk: int, shared: Any, *rows: Array
       fn: (shared, *row_chunks) -> float[B, Lc], row_chunks [B, Lc, ...].
       chunk: positions a chunk, dividing L; 0 or >= L calls fn once on everything.
       shared: a pytree every chunk reads whole (weights).
-      rows: arrays [B, L, ...], cut along axis 1.
+      arrays: [B, L, ...], cut along axis 1.
     Returns:
-      float[B, L], equal to fn(shared, *rows).
+      float[B, L], equal to fn(shared, *arrays).
 
     Raises:
       ValueError: chunk does not divide L.
     """
-    b, l = rows[0].shape[:2]
+    b, l = arrays[0].shape[:2]
     if chunk <= 0 or chunk >= l:
-        return fn(shared, *rows)
+        return fn(shared, *arrays)
     if l % chunk:
         raise ValueError(f"training.loss_chunk={chunk} must divide the sequence length L={l} (0: no chunks)")
     n = l // chunk
     cut = lambda a: jnp.moveaxis(a.reshape(b, n, chunk, *a.shape[2:]), 1, 0)  # noqa: E731  (n, B, Lc, ...)
     body = jax.checkpoint(fn)
-    _, out = jax.lax.scan(lambda carry, xs: (carry, body(shared, *xs)), None, tuple(cut(r) for r in rows))
+    _, out = jax.lax.scan(lambda carry, xs: (carry, body(shared, *xs)), None, tuple(cut(a) for a in arrays))
     return jnp.moveaxis(out, 0, 1).reshape(b, l)  # (B, L)
 
 
@@ -314,12 +314,12 @@ def mixed_attention(q: Array, k: Array, v: Array, causal: bool, dtype: Any, mask
 
 
 def cache_attention(q: Array, keys: Array, values: Array, mask: Array, dtype: Any) -> Array:
-    """Softmax attention of a chunk over the rows of a decoding cache, grouped: q [G, L, K] over keys, values
+    """Softmax attention of a chunk over the slots of a decoding cache, grouped: q [G, L, K] over keys, values
     [G, S, K], G = batch x heads; mask bool, broadcastable to [L, S] (or [G, L, S]), True = attend.
 
     ``mixed_attention``'s arithmetic (both products in `dtype`, accumulated in float32, the softmax
-    normalised after the value product), on a cache laid out as it is read: groups first, rows next,
-    three axes. A caller that writes its chunk's rows into the cache in place and then reads it
+    normalised after the value product), on a cache laid out as it is read: groups first, slots next,
+    three axes. A caller that writes its chunk's slots into the cache in place and then reads it
     (``DDiTLayer.run``'s cache) leaves XLA one buffer: with a leading axis of one (batch 1, [1, N, S, K])
     XLA's CPU compiler reshapes the written cache for each reader and copies every layer's cache twice or
     thrice a step (docs/model.md, "Decoding"). A forward pass (decoding): its gradient is JAX's own.

@@ -18,7 +18,9 @@ adaptive LayerNorm (adaLN), with rotary position embeddings (Su et al. 2021,
 Where each piece lives: ``sedd.layers`` (the embeddings of sigma and position,
 adaLN, the float32 layers, FinalLayer), ``sedd.ddit_layer`` (DDiTLayer: adaLN
 attention and MLP), this module (DDiT, the decoding cache's call and
-``ring_mask``, ``block_diffusion_mask``, the counts of parameters and FLOPs).
+``ring_mask``, the counts of parameters; the masks of a kind's
+attention are its module's: ``sedd.kinds.block.block_diffusion_mask``,
+``sedd.kinds.spec.training_mask``).
 
 Shape letters used throughout this module:
   B batch, L sequence length, H hidden size, N attention heads, K head dim
@@ -35,7 +37,7 @@ log-score stay float32, as in the original's autocast set-up.
 
 Decoding: one cache of keys and values, which the caller holds and passes
 in and out (``empty_cache``, ``output_in_cache``), written in place at a
-row or on a ring by position past its rows (a sliding window,
+slot or on a ring by position past its slots (a sliding window,
 ``ring_mask``): the AR kind's steps, speculative rounds, the spec kind's
 rounds and block diffusion's blocks all run on it. A functional cache is what
 ``jax.jit`` and ``lax`` loops carry without a module's state, and written in
@@ -58,58 +60,24 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from sedd import kernels
-from sedd.ddit_layer import DDiTLayer
+from sedd.ddit_layer import REMAT_POLICIES, DDiTLayer, cache_attention, context_attention, scan_layers, self_attention
 from sedd.graphs import log_expm1  # one stable log(e^sigma - 1) for the package
 from sedd.layers import FinalLayer, TimestepEmbedder, broadcast_positions, padded, partitioned
 from sedd.sharding import constrain_rows
 
 Array = jax.Array
 
-# model.remat: what the backward pass of a layer keeps from its forward pass (jax.checkpoint
-# policies). "none": everything (no recomputation); "dots": the outputs of the weight matmuls
-# (not the attention products, which have batch dimensions), the rest recomputed; "layers": only
-# each layer's input, the whole layer recomputed.
-REMAT_POLICIES = {
-    "none": None,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "layers": jax.checkpoint_policies.nothing_saveable,
-}
 
-
-def block_diffusion_mask(length: int, block_size: int) -> np.ndarray:
-    r"""The attention mask of the block-diffusion forward over [x_t ; x_0] (2 length rows): bool[2L, 2L].
-
-    BD3-LM (Arriola et al. 2025, Sec. 3.2). With blocks of b positions and
-    blk(p) = p // b on each half, a query may attend to
-
-        x_t^q -> x_t^k   blk(k) = blk(q)     (its own noisy block)
-        x_t^q -> x_0^k   blk(k) < blk(q)     (the clean blocks before it)
-        x_0^q -> x_0^k   blk(k) <= blk(q)    (clean blocks, block-causally)
-
-    and never x_0 -> x_t. So the output at x_t's block i depends on x_t's
-    block i and x_0's blocks < i only, which is what a sampler with the clean
-    blocks' keys and values in a cache computes; the x_0 half's rows are
-    those keys and values. True = attend.
-    """
-    blk = np.arange(length) // block_size
-    own = blk[:, None] == blk[None, :]
-    before = blk[:, None] > blk[None, :]
-    top = np.concatenate([own, before], axis=1)  # x_t queries
-    bottom = np.concatenate([np.zeros_like(own), own | before], axis=1)  # x_0 queries
-    return np.concatenate([top, bottom], axis=0)
-
-
-def ring_mask(positions: Array, rows: int, window: int, unit: int = 1) -> Array:
-    r"""What each position of a chunk sees of a ring cache of `rows` rows, a sliding window: bool[L, S].
+def ring_mask(positions: Array, slots: int, window: int, unit: int = 1) -> Array:
+    r"""What each position of a chunk sees of a ring cache of `slots` slots, a sliding window: bool[L, S].
 
     On a ring (``DDiT.output_in_cache`` with at None) position p lives in row
-    p mod S, so past S rows the newest positions overwrite the oldest (rotary
+    p mod S, so past S slots the newest positions overwrite the oldest (rotary
     scores depend on position differences only, so positions may pass S).
-    After the chunk's write, with `last` its last position, row r holds
+    After the chunk's write, with `last` its last position, slot r holds
     position last - ((last - r) mod S) (< 0: never written). A query at
     position p of the unit starting at s = u floor(p / u) sees a held position r when
 
@@ -119,14 +87,14 @@ def ring_mask(positions: Array, rows: int, window: int, unit: int = 1) -> Array:
     so a unit sees the W - u positions before it whatever else the chunk holds:
     a chunk of two units (block diffusion's commit of a clean block with the
     next one's first score) gives each the context it has alone, which needs
-    S >= W + u rows.
+    S >= W + u slots.
 
     Args:
-      positions: int[L] the chunk's consecutive positions; rows: S; window: W; unit: u.
+      positions: int[L] the chunk's consecutive positions; slots: S; window: W; unit: u.
     """
     positions = jnp.asarray(positions)
     last = positions.max()
-    held = last - (last - jnp.arange(rows)) % rows  # (S,) the position in each row
+    held = last - (last - jnp.arange(slots)) % slots  # (S,) the position in each slot
     own = positions // unit  # (L,)
     return (
         (held[None, :] >= 0)
@@ -335,10 +303,11 @@ class DDiT(nnx.Module):
         h, c = self.features(
             x, sigma, positions=positions, mask=mask, deterministic=deterministic, rngs=rngs
         )  # (B, L, H), (B, C) or (B, G, C)
-        return self._output(h, c, keep)  # (B, L or keep, D)
+        return self.output(h, c, keep)  # (B, L or keep, D)
 
-    def _output(self, h: Array, c: Array, keep: int | None) -> Array:
-        """The final layer on the first `keep` positions of h (all: None), with their groups' conditioning."""
+    def output(self, h: Array, c: Array, keep: int | None = None) -> Array:
+        """The final layer on the first `keep` positions of h (all: None), with their groups' conditioning: the
+        raw output float32[B, L or keep, D] of ``features``' (h, c)."""
         if keep is not None:
             if c.ndim == 3:
                 c = c[:, : keep * c.shape[1] // h.shape[1]]  # the groups of the kept positions
@@ -363,7 +332,7 @@ class DDiT(nnx.Module):
         values), each [B, S, N, K] (``keys_values``'s), S positions of another
         call, read and never written; each query then sees its own unit of
         `unit` positions of x and the context positions of mask, bool[L, S]
-        (block diffusion's bound; ``sedd.ddit_layer.DDiTLayer.run``). With
+        (block diffusion's bound; ``sedd.ddit_layer.context_attention``). With
         ``remat`` other than "none" the layers run as one scan, each under
         ``jax.checkpoint`` with its policy (not with a context: it is
         inference); their dropout masks then come from one key drawn for each
@@ -377,13 +346,10 @@ class DDiT(nnx.Module):
             # hands each call its own fold of the key.
             rngs = nnx.Rngs(dropout=rngs)
         h, c = self._inputs(x, sigma, positions)  # (B, L, H), (B, C) or (B, G, C)
+        attend = functools.partial(self_attention, causal=self.causal, mask=mask, dtype=self.dtype)
 
-        def run(layer, h, rngs, ctx=None):
-            return constrain_rows(
-                layer(
-                    h, c, positions=positions, mask=mask, context=ctx, unit=unit, deterministic=deterministic, rngs=rngs
-                )
-            )  # (B, L, H)
+        def run(layer, h, rngs, attend=attend):
+            return constrain_rows(layer(h, c, attend, positions=positions, deterministic=deterministic, rngs=rngs))
 
         if context is not None:
             if len(context) != len(self.layers):
@@ -391,39 +357,15 @@ class DDiT(nnx.Module):
                     f"context holds {len(context)} layers' keys and values, the model has {len(self.layers)} layers"
                 )
             for layer, ctx in zip(self.layers, context):
-                h = run(layer, h, rngs, ctx)  # (B, L, H)
+                read = functools.partial(context_attention, context=ctx, unit=unit, mask=mask, dtype=self.dtype)
+                h = run(layer, h, rngs, read)  # (B, L, H)
             return h, c
         if self.remat == "none":
             for layer in self.layers:
                 h = run(layer, h, rngs)  # (B, L, H)
             return h, c
 
-        # The layers as one jax.lax.scan over their stacked weights, each under jax.checkpoint:
-        # the backward loop recomputes a layer just before its gradient, so one layer's
-        # intermediates are live at a time. (Unrolled, XLA's CPU compiler drops the
-        # checkpoint's optimization barriers and merges the recomputation into the forward
-        # pass, which then keeps every layer's intermediates; a loop cannot be merged.)
-        graphdef, _, other = nnx.split(self.layers[0], nnx.Param, ...)
-        stacked = jax.tree.map(lambda *p: jnp.stack(p), *(nnx.state(blk, nnx.Param) for blk in self.layers))
-        drop = self.layers[0].dropout1
-        if drop.rate > 0 and not (drop.deterministic if deterministic is None else deterministic):
-            # Dropout keys drawn here, one a layer, from which its two dropout layers draw in turn.
-            keys = jnp.stack(
-                [
-                    jax.random.key_data(rngs.dropout() if rngs is not None else blk.dropout1.rngs())
-                    for blk in self.layers
-                ]
-            )  # (n_layers, ...)
-        else:
-            keys = None
-
-        @functools.partial(jax.checkpoint, policy=REMAT_POLICIES[self.remat])
-        def step(h, params, key):
-            rngs = None if key is None else nnx.Rngs(dropout=jax.random.wrap_key_data(key))
-            return run(nnx.merge(graphdef, params, other), h, rngs)  # (B, L, H)
-
-        h, _ = jax.lax.scan(lambda h, xs: (step(h, *xs), None), h, (stacked, keys))
-        return h, c
+        return scan_layers(self.layers, h, run, REMAT_POLICIES[self.remat], deterministic, rngs), c
 
     def _inputs(self, x: Array, sigma: Array | None, positions) -> tuple[Array, Array]:
         """What the first layer reads: the embedded tokens float32[B, L, H] (rows split over a mesh) and the
@@ -455,8 +397,9 @@ class DDiT(nnx.Module):
         """
         h, c = self._inputs(x, sigma, positions)  # (B, L, H), (B, C) or (B, G, C)
         out = []
+        attend = functools.partial(self_attention, causal=self.causal, mask=mask, dtype=self.dtype)
         for layer in self.layers:
-            h, kv = layer.run(h, c, positions=positions, mask=mask, deterministic=True)
+            h, kv = layer.run(h, c, attend, positions=positions, deterministic=True)
             h = constrain_rows(h)  # (B, L, H)
             out.append(kv)
         return tuple(out)
@@ -471,31 +414,29 @@ class DDiT(nnx.Module):
         cache: tuple,
         at: Array | None = None,
         keep: int | None = None,
-        features: bool = False,
     ) -> tuple:
         """The output of x written into and run against every layer's decoding cache, dropout off.
 
         The one decoding path of the network (the module docstring): the
         caller holds the cache as per-layer (keys, values), each [B N, S, K]
         (``empty_cache``); x's L keys and values are written into it in place,
-        at rows at .. at + L - 1, or with at None each position p at row p mod S
-        (a ring: past S rows the newest overwrite the oldest, ``ring_mask``),
-        and mask bool[L, S] says what each of x's positions sees of the S rows
-        after the write (its own rows included). Each sequence may have its
+        at slots at .. at + L - 1, or with at None each position p at slot p mod S
+        (a ring: past S slots the newest overwrite the oldest, ``ring_mask``),
+        and mask bool[L, S] says what each of x's positions sees of the S slots
+        after the write (its own slots included). Each sequence may have its
         own place: at int32[B], positions [B, L] and mask [B, L, S] (rows at
         different lengths, as speculative rounds leave them). at + L must not
         pass S: under jit `at` is traced, and XLA moves a write that would pass
-        the end back inside the cache, over other rows (size the cache for
-        every row a call writes).
+        the end back inside the cache, over other slots (size the cache for
+        every slot a call writes).
 
         Args:
           x: int[B, L]; sigma: as ``network_output``'s.
           positions: int[L] or int[B, L] rotary positions.
           keep: only the first `keep` positions go through the final layer (``network_output``'s).
-          features: also return the residual stream after the last layer, float32[B, L, H] (what the final
-            layer reads: a draft head's input, ``sedd.kinds.spec_head``).
         Returns:
-          (float32[B, L or keep, D], the caches after the write), and the stream with `features`.
+          (float32[B, L or keep, D], the caches after the write, float32[B, L, H] the residual stream after
+          the last layer: what the final layer read, and a draft head reads, ``sedd.kinds.draft_head``).
         """
         if len(cache) != len(self.layers):
             raise ValueError(
@@ -504,14 +445,13 @@ class DDiT(nnx.Module):
         h, c = self._inputs(x, sigma, positions)  # (B, L, H), (B, C)
         out = []
         for layer, held in zip(self.layers, cache):
-            h, kv = layer.run(h, c, positions=positions, mask=mask, cache=held, at=at, deterministic=True)
+            read = functools.partial(cache_attention, cache=held, at=at, mask=mask, positions=positions)
+            h, kv = layer.run(h, c, read, positions=positions, deterministic=True)
             out.append(kv)
-        if features:
-            return self._output(h, c, keep), tuple(out), h  # (B, L or keep, D), caches, (B, L, H)
-        return self._output(h, c, keep), tuple(out)  # (B, L or keep, D)
+        return self.output(h, c, keep), tuple(out), h  # (B, L or keep, D), caches, (B, L, H)
 
-    def empty_cache(self, batch: int, rows: int) -> tuple:
-        """Per layer, zero (keys, values) [B N, S = rows, K]: ``output_in_cache``'s cache.
+    def empty_cache(self, batch: int, slots: int) -> tuple:
+        """Per layer, zero (keys, values) [B N, S = slots, K]: ``output_in_cache``'s cache.
 
         In the compute dtype on a GPU or TPU; in float32 on a CPU, whatever the compute dtype. The
         attention's products run in the cache's dtype, and XLA's CPU runtime multiplies bfloat16 by
@@ -519,33 +459,35 @@ class DDiT(nnx.Module):
         (docs/model.md, "Decoding"). The weights' products keep the compute dtype.
         """
         layer = self.layers[0]
-        shape = (batch * layer.n_heads, rows, layer.head_dim)
+        shape = (batch * layer.n_heads, slots, layer.head_dim)
         dtype = jnp.float32 if jax.default_backend() == "cpu" else self.dtype
         return tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.layers)
 
-    def output_rows(self, h: Array, c: Array, fn, *rows: Array, chunk: int = 0) -> Array:
+    def output_chunked(self, h: Array, c: Array, fn, *arrays: Array, chunk: int = 0) -> Array:
         """fn(out, *row_chunks) over the final layer's output `out`, `chunk` positions at a time.
 
         The fused output projection and loss of a large vocabulary: the output
         float32[B, Lc, D] of Lc = chunk positions is computed, reduced by fn to
         one value a position, and dropped; the backward pass computes it again
-        (``sedd.kernels.chunked_rows``). So no [B, L, D] array is ever live,
-        and the result equals fn(output_layer(h, c), *rows).
+        (``sedd.kernels.chunked``). So no [B, L, D] array is ever live,
+        and the result equals fn(output(h, c), *arrays).
 
         Args:
           h: float32[B, L, H] and c: float32[B, C], from ``features``.
           fn: (float32[B, Lc, D], *[B, Lc, ...]) -> float[B, Lc].
-          rows: arrays [B, L, ...] cut into chunks beside the output.
+          arrays: [B, L, ...] cut into chunks beside the output.
           chunk: positions a chunk, a divisor of L; 0 or L computes the whole
             output at once.
         Returns:
           float[B, L].
         """
         if c.ndim != 2:
-            raise ValueError(f"output_rows takes one conditioning vector a sequence, c of shape [B, C]; got {c.shape}")
+            raise ValueError(
+                f"output_chunked takes one conditioning vector a sequence, c of shape [B, C]; got {c.shape}"
+            )
         graphdef, state = nnx.split(self.output_layer)
-        return kernels.chunked_rows(
-            lambda shared, h, *r: fn(nnx.merge(graphdef, shared[0])(h, shared[1]), *r), chunk, (state, c), h, *rows
+        return kernels.chunked(
+            lambda shared, h, *r: fn(nnx.merge(graphdef, shared[0])(h, shared[1]), *r), chunk, (state, c), h, *arrays
         )
 
     def __call__(
@@ -661,30 +603,3 @@ def non_embedding_param_count(model: DDiT) -> int:
     if model.output_layer.linear.bias is not None:
         n -= int(model.output_layer.linear.bias.size)
     return n
-
-
-def matmul_params(model: DDiT) -> int:
-    """N, the weights of the matmuls every token meets: n (4 H^2 + 2 r H^2) + H D.
-
-    qkv 3H^2 and the attention output H^2 per layer, the MLP 2 r H^2 (r the
-    MLP ratio), the output projection H D. Embedding lookups and the
-    per-sequence adaLN / sigma layers are left out. Works on an abstract model
-    (``nnx.eval_shape``).
-    """
-    h = model.hidden_size
-    mlp = model.layers[0].mlp_in.kernel.shape[1]  # r H
-    return len(model.layers) * (4 * h * h + 2 * mlp * h) + h * model.out_dim
-
-
-def flops_per_token(model: DDiT, seq_len: int, training: bool = True) -> float:
-    """Model FLOPs per token (not hardware FLOPs: no rematerialisation, no elementwise work).
-
-        forward  = 2 N + 4 n L H        (QK^T and AV: 2 L H each, per layer)
-        training = 6 N + 12 n L H       (backward = 2 x forward; PaLM App. B)
-
-    with N = ``matmul_params(model)``. The attention term uses the full L for a
-    causal model too: ``sedd.kernels.mixed_attention`` computes the whole score
-    matrix and masks it.
-    """
-    forward = 2 * matmul_params(model) + 4 * len(model.layers) * seq_len * model.hidden_size
-    return 3 * forward if training else forward

@@ -5,10 +5,10 @@ A run directory holds everything needed to resume training or to use the model:
   config.json      the resolved config (with config.vocab_size filled in)
   tokenizer.json   the tokenizer (a character vocabulary is built from the data)
   metrics.jsonl    one JSON object per logged step (units in the key names)
-  checkpoints/     orbax checkpoints of the train state (sedd.train), each a dict: step, params,
+  checkpoints/     orbax checkpoints of the train state (``sedd.checkpoints``), each a dict: step, params,
                    opt_state, ema, key, bad_step; and a SHA-256 of each array (``sedd.files.CHECKSUMS``)
   checkpoints_unreadable/  checkpoints a resumed run could not read, set aside (never deleted)
-  layouts.json     a spec run's round layout by device (``sedd.kinds.spec.choose_layout``)
+  layouts.json     the round layout a run that tunes chose by device (``sedd.kinds.layouts``)
 
 A distillation (`sedd distill`, ``sedd.distill``) is such a directory too: its config.json names
 its teacher and rounds (the distill section), its checkpoints' train states hold the round's
@@ -30,7 +30,6 @@ import fnmatch
 import json
 import math
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +37,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import nnx
 
 from sedd import config as config_lib
-from sedd import files, kinds, lock, sampling, validate
+from sedd import checkpoints, files, kinds, lock, sampling, validate
 from sedd import sharding as sharding_lib
 from sedd.data import tokenizer_from_dict
 from sedd.model import DDiT
@@ -50,7 +48,7 @@ from sedd.model import DDiT
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
 METRICS = "metrics.jsonl"
-CHECKPOINTS = "checkpoints"
+CHECKPOINTS = checkpoints.FOLDER
 
 
 # --------------------------------------------------------------------------- the directory
@@ -79,6 +77,7 @@ SIZE_BOUNDS = {
     "distill.rounds": (0, 16),
     "distill.round_steps": (1, 1 << 30),
     "distill.teacher_steps": (0, 1 << 16),
+    "model.draft_head": (0, validate.MAX_DRAFT_HEAD),
 }
 """[low, high] of each size a run's config gives, checked before anything is built from it (the
 bounds of ``sedd.convert`` for the same sizes; sedd-medium has hidden_size 1024, 24 blocks, 16 heads,
@@ -148,8 +147,8 @@ def check_config(config: ml_collections.ConfigDict, where: str) -> None:
 
 def _check_config(config: ml_collections.ConfigDict, path: Path | str) -> None:
     """Raise RunError naming the first key whose value has the wrong type or lies outside its bounds."""
-    default = _flat(config_lib.load_config(config_lib.DEFAULT_CONFIG).to_dict())
-    values = _flat(config.to_dict())
+    default = config_lib.flat(config_lib.load_config(config_lib.DEFAULT_CONFIG).to_dict())
+    values = config_lib.flat(config.to_dict())
     for key, value in values.items():
         want = type(default.get(key, 0 if key == "vocab_size" else value))
         ok = isinstance(value, want) and (want is bool or not isinstance(value, bool))
@@ -181,17 +180,12 @@ def _check_config(config: ml_collections.ConfigDict, path: Path | str) -> None:
         sharding_lib.make_rules(rules)
     except (TypeError, ValueError) as e:
         raise RunError(f"{path}: mesh.rules = {rules!r}: {e}") from None
-    m = config.model
-    rows = -(-(config.vocab_size + 1) // m.vocab_multiple) * m.vocab_multiple  # model.padded, without the model
-    # Embedding and output (V + 1 rows each at most, padded), and per block attention (4 H^2), MLP (2 r H^2), adaLN (6 C H).
-    estimate = 2 * rows * m.hidden_size + m.n_layers * (
-        (4 + 2 * m.mlp_ratio) * m.hidden_size**2 + 6 * m.cond_dim * m.hidden_size
-    )
+    m, estimate = config.model, validate.weight_count(config)
     if estimate > MAX_PARAMETERS:
         raise RunError(
             f"{path}: model.n_layers = {m.n_layers}, hidden_size = {m.hidden_size}, mlp_ratio = "
-            f"{m.mlp_ratio}, cond_dim = {m.cond_dim} and vocab_size = {config.vocab_size} make about "
-            f"{estimate:.2e} weights; at most {MAX_PARAMETERS:.2e} are built"
+            f"{m.mlp_ratio}, cond_dim = {m.cond_dim}, draft_head = {m.draft_head} and vocab_size = "
+            f"{config.vocab_size} make about {estimate:.2e} weights; at most {MAX_PARAMETERS:.2e} are built"
         )
 
 
@@ -265,91 +259,10 @@ def check_run_links(workdir: str | Path) -> None:
             files.check_folder(path)
 
 
-def move_inside(src: Path, folder: Path) -> Path:
-    """Move src into folder (as folder/<src name>, `_` appended while taken), both inside src's run directory.
-
-    The run directory is src's grandparent (``<run>/checkpoints/<step>``);
-    neither src nor folder, nor the parents followed, may be a symbolic link,
-    and folder must resolve to a child of the run directory: a move never
-    reaches outside the run. A rename, never a copy.
-
-    Raises:
-      RunError: a link or a folder outside the run; nothing was moved.
-    """
-    run = src.parent.parent
-    for path in (src, src.parent, folder):
-        if path.is_symlink():
-            raise RunError(
-                f"{path} is a symbolic link (to {os.readlink(path)}); an unreadable checkpoint is moved "
-                "only inside its run directory, so nothing was moved"
-            )
-    if folder.resolve().parent != run.resolve() or src.resolve().parent.parent != run.resolve():
-        raise RunError(f"{folder} is not a folder of the run directory {run}; nothing was moved")
-    files.check_folder(folder, "nothing was moved")
-    with files.disk_errors(folder, "made"):
-        folder.mkdir(exist_ok=True)
-    if folder.is_symlink() or not folder.is_dir():  # made by someone else between the check and here
-        raise RunError(f"{folder} is not a folder of the run directory {run}; nothing was moved")
-    dest = folder / src.name
-    while dest.exists() or dest.is_symlink():
-        dest = dest.with_name(dest.name + "_")
-    with files.disk_errors(dest, "moved there"):
-        os.rename(src, dest)  # both in the run: one file system, a rename that follows no link
-    return dest
-
-
-MAY_CHANGE_ON_RESUME = (
-    "training.n_iters",
-    "training.log_every",
-    "training.eval_every",
-    "training.ckpt_every",
-    "training.max_to_keep",
-    "training.keep_period",
-    "training.eval_batches",
-    "training.eval_samples",
-    "sampling.*",
-    "mesh.*",
-    "data.data_dir",
-    "model.dtype",
-)
-"""Config keys a resumed run may change: when and what it logs, evaluates and saves, how long it
-runs, the mesh it runs on and its compute precision (parameters are float32 in any), where the
-prepared data lives. Any other key (the model, the
-graph, the noise, the data, the optimizer, the batch, the seed) is part of what was trained."""
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
-    """(key, saved value, current value) for every key of `current` that differs from `saved`.
-
-    `saved` is read as today's keys (``sedd.config.migrate``): a key absent from it (a run written
-    before the key existed) counts as what such runs did, its ``sedd.config.BEFORE_IT_EXISTED``
-    value, else its shipped default, and a key whose meaning moved out of another
-    (``sedd.config.MOVED``) its value there. Keys only in `saved` (since removed) and vocab_size
-    (filled in from the data) are ignored.
-    """
-    saved, current = _flat(config_lib.migrate(saved).to_dict()), _flat(current)
-    missing = object()
-    return [
-        (key, "(absent)" if was is missing else was, now)
-        for key, now in sorted(current.items())
-        if key != "vocab_size" and (was := saved.get(key, missing)) != now
-    ]
-
-
 def check_compatible(workdir: str | Path, config) -> None:
     """A run directory that exists must be resumed with the config it was trained with.
 
-    Only the keys of ``MAY_CHANGE_ON_RESUME`` may differ (e.g. a longer
+    Only the keys of ``sedd.config.MAY_CHANGE_ON_RESUME`` may differ (e.g. a longer
     training.n_iters).
 
     Raises:
@@ -360,136 +273,17 @@ def check_compatible(workdir: str | Path, config) -> None:
     saved = json.loads(_read_bounded(Path(workdir) / CONFIG, MAX_CONFIG_BYTES))
     refused = [
         c
-        for c in config_changes(saved, config.to_dict())
-        if not any(fnmatch.fnmatchcase(c[0], k) for k in MAY_CHANGE_ON_RESUME)
+        for c in config_lib.config_changes(saved, config.to_dict())
+        if not any(fnmatch.fnmatchcase(c[0], k) for k in config_lib.MAY_CHANGE_ON_RESUME)
     ]
     if refused:
         lines = "\n".join(f"  {k}: saved {a!r}, now {b!r}" for k, a, b in refused)
         raise ValueError(
             f"{workdir} holds a run trained with a different config; these keys cannot change on resume:\n"
             f"{lines}\nResume with the config and overrides the run was started with (only "
-            f"{', '.join(MAY_CHANGE_ON_RESUME)} may change), or use a new --workdir. "
+            f"{', '.join(config_lib.MAY_CHANGE_ON_RESUME)} may change), or use a new --workdir. "
             "The run directory was left as it is."
         )
-
-
-def checkpoint_manager(workdir: str | Path, config=None) -> ocp.CheckpointManager:
-    """The orbax manager of workdir/checkpoints.
-
-    With a config (training): saves every training.ckpt_every steps (orbax's
-    save policy; ``save(..., force=True)`` saves at any step) and keeps the
-    newest max_to_keep (at least the newest, which is whole: saves are
-    synchronous), plus every keep_period-th. Without one: for reading, it
-    creates nothing. The folder is walked first (``sedd.files.check_checkpoints``):
-    orbax reads every step's metadata as it starts, and a FIFO there blocked it for ever.
-    """
-    files.check_checkpoints(Path(workdir) / CHECKPOINTS, workdir)
-    if config is None:
-        options = ocp.CheckpointManagerOptions(create=False)
-    else:  # orbax's LatestN(0) deleted every checkpoint (check_training refuses 0 first)
-        t, keep = config.training, ocp.checkpoint_managers.preservation_policy
-        kept = [keep.LatestN(max(t.max_to_keep, 1))] + ([keep.EveryNSteps(t.keep_period)] if t.keep_period else [])
-        options = ocp.CheckpointManagerOptions(  # orbax deletes only after the newer checkpoint is whole
-            save_decision_policy=ocp.checkpoint_managers.save_decision_policy.FixedIntervalPolicy(t.ckpt_every),
-            preservation_policy=keep.AnyPreservationPolicy(kept),
-            enable_async_checkpointing=False,
-        )
-    with files.disk_errors(Path(workdir) / CHECKPOINTS, "made"):  # orbax makes a new run's folder
-        return ocp.CheckpointManager(Path(workdir).absolute() / CHECKPOINTS, options=options)
-
-
-def restore(manager: ocp.CheckpointManager, target: dict, step: int | None = None) -> dict:
-    """Restore the entries of `target` from the train state saved at `step` (default: the newest).
-
-    `target` is a dict of some of the train state's entries (all of them, or
-    just {"ema": ...}) whose leaves are arrays or ``jax.ShapeDtypeStruct``s
-    carrying concrete NamedShardings: orbax reads each device's shard of that
-    layout, whatever mesh wrote the checkpoint. Entries not in `target` are
-    not read. A checkpoint holding a non-finite value is corrupt: training
-    never saves one.
-
-    Raises:
-      RuntimeError: naming the checkpoint, when it is corrupt or does not fit.
-    """
-    step = manager.latest_step() if step is None else step
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target)
-    args = ocp.args.PyTreeRestore(
-        abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract), partial_restore=True
-    )
-    folder = Path(manager.directory) / str(step)
-    try:
-        old = files.holds_key(files.checkpoint_tree(folder / "state"), files.OLD_LAYERS)  # saved before the rename
-        if old:
-            abstract = files.renamed(abstract, "layers", files.OLD_LAYERS)
-            args = ocp.args.PyTreeRestore(
-                abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract), partial_restore=True
-            )
-        files.check_checkpoint_shapes(
-            folder / "state", files.renamed(target, "layers", files.OLD_LAYERS) if old else target
-        )
-        state = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
-        if not bool(_all_finite([x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)])):
-            raise ValueError("it holds non-finite values, which training never saves")
-        files.verify_checksums(folder, state, folder.parent.parent)  # a flipped bit that leaves a finite value
-        return files.renamed(state, files.OLD_LAYERS, "layers") if old else state
-    except Exception as e:  # orbax raises many types for unreadable or mismatched files
-        raise RuntimeError(  # one line: orbax's messages quote TensorStore specs over many lines
-            f"could not restore the checkpoint of step {step} in {manager.directory}: {validate.one_line(e, 400)} It is "
-            "corrupt or was written by an incompatible config. The run directory was left as it is; move it away "
-            "or pass a new --workdir."
-        ) from e
-
-
-@jax.jit
-def _all_finite(leaves: list) -> jax.Array:
-    """Whether every element of every array is finite: one program and one transfer, not two a leaf."""
-    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves] or [jnp.bool_(True)]))
-
-
-def restore_newest(
-    manager: ocp.CheckpointManager, target: dict, quarantine: str | Path | None = None
-) -> tuple[dict, int]:
-    """(state, step) of the newest checkpoint that reads whole, falling back to older ones.
-
-    Each unreadable checkpoint (truncated, corrupt, killed mid-write) is named
-    in a RuntimeWarning. With `quarantine` (training), it is also moved into
-    that folder (kept, never deleted) so the resumed run can save its step
-    again; without it nothing is touched.
-
-    Raises:
-      FileNotFoundError: there is no checkpoint.
-      RuntimeError: none reads whole; the message gives each one's error.
-    """
-    steps = sorted(manager.all_steps(), reverse=True)
-    if not steps:
-        raise FileNotFoundError(f"{manager.directory} holds no checkpoint")
-    skipped = []
-    for step in steps:
-        try:
-            state = restore(manager, target, step)
-        except RuntimeError as e:
-            skipped.append((step, e.__cause__))
-            continue
-        for bad, err in skipped:
-            where = (
-                ""
-                if quarantine is None
-                else f"; moved to {move_inside(Path(manager.directory) / str(bad), Path(quarantine))}"
-            )
-            warnings.warn(
-                f"skipped the checkpoint of step {bad} in {manager.directory}: it cannot be read "
-                f"({validate.one_line(err, 200)}){where}. Using step {step}.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        if skipped and quarantine is not None:
-            manager.reload()
-        return state, step
-    errors = "; ".join(f"step {s}: {validate.one_line(e, 300 // len(skipped) + 60)}" for s, e in skipped)
-    raise RuntimeError(
-        f"no checkpoint in {manager.directory} can be read ({errors}). The run directory was left as it is; "
-        "move it away or pass a new --workdir."
-    )
 
 
 def inference_mesh(config) -> jax.sharding.Mesh:
@@ -594,9 +388,8 @@ class Run:
                     f"{self.tokenizer.name!r} tokenizer of this run has none"
                 )
             sampler_options["stop_id"] = int(self.tokenizer.eos_id)
-        out = self.kind.sample(
-            key, self.net, num_samples, steps, sampler, self.row_sharding(num_samples), **sampler_options
-        )
+        net = self.net._replace(placement=self.row_sharding(num_samples))
+        out = self.kind.sample(key, net, num_samples, steps, sampler, **sampler_options)
         return jax.tree.map(np.asarray, out)
 
     def generate(
@@ -631,7 +424,8 @@ class Run:
           row's calls), "tokens_per_sample" int[num_samples] (each text's tokens) and "written_per_sample" (those of
           them the model wrote: not the prompt's, the suffix's or the template's).
         """
-        self.kind.check_given(suffix=bool(suffix), infill=bool(infill))  # as sedd serve refuses them
+        patterns = tuple(name for name, given in (("suffix", suffix), ("infill", infill)) if given)
+        kinds.capabilities.check_given(self.kind, patterns=patterns)  # as sedd serve refuses them
         length = sampler_options.get("max_length") or self.seq_len
         prefix, suffix, infill = prefix or "", suffix or "", infill or ""
         mask, tokens = sampling.text_conditioning(self.tokenizer, length, num_samples, prefix, suffix, infill, blank)
@@ -740,7 +534,7 @@ def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
         validate.check_memory(config, 1)
     except ValueError as e:
         raise RunError(f"{workdir / CONFIG}: {e}") from None
-    manager = checkpoint_manager(workdir) if (workdir / CHECKPOINTS).is_dir() else None
+    manager = checkpoints.checkpoint_manager(workdir) if (workdir / CHECKPOINTS).is_dir() else None
     if not (steps := manager.all_steps() if manager else []):
         raise FileNotFoundError(f"{workdir} holds no checkpoint yet; train first with `sedd train`")
     if step is not None and step not in steps:
@@ -751,10 +545,10 @@ def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
     target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
     which = "ema" if ema else "params"
     if step is None:  # the newest checkpoint that reads whole
-        params, step = restore_newest(manager, {which: target})
+        params, step = checkpoints.restore_newest(manager, {which: target})
         params = params[which]
     else:
-        params = restore(manager, {which: target}, step)[which]
+        params = checkpoints.restore(manager, {which: target}, step)[which]
     if (line := lineage(config, step)) is not None:  # a distilled student samples with its round's steps
         config.sampling.steps = line["steps"]
     return from_parts(config, tokenizer, graphdef, params, rest, step, mesh)

@@ -254,17 +254,17 @@ _ROWS: contextvars.ContextVar[NamedSharding | None] = contextvars.ContextVar("se
 
 
 @contextlib.contextmanager
-def split_rows(rows: NamedSharding | None):
-    """While tracing within: ``constrain_rows`` splits activations' rows as `rows` splits a batch.
+def split_rows(placement: NamedSharding | None):
+    """While tracing within: ``constrain_rows`` splits activations' rows as `placement` splits a batch.
 
     The weights' rules alone leave XLA free to split an activation
     [B, L, H] along H where ``embed`` -> ``fsdp`` splits the weights, and to
     gather the batch on every device instead of the weights: the compiled
     owt_small step on an fsdp mesh of 8 held 191 GiB a device against 35 on
-    data = 8. With the rows pinned at the blocks' boundaries the weights are
+    data = 8. With the rows pinned at the layers' boundaries the weights are
     gathered, as FSDP means (``Trainer`` traces its step within this).
     """
-    token = _ROWS.set(rows)
+    token = _ROWS.set(placement)
     try:
         yield
     finally:
@@ -273,8 +273,8 @@ def split_rows(rows: NamedSharding | None):
 
 def constrain_rows(x: jax.Array) -> jax.Array:
     """x [B, ...] with its rows split as ``split_rows`` says and the rest whole; x itself outside it."""
-    rows = _ROWS.get()
-    return x if rows is None else jax.lax.with_sharding_constraint(x, rows)
+    placement = _ROWS.get()
+    return x if placement is None else jax.lax.with_sharding_constraint(x, placement)
 
 
 def batch_divisor(mesh: Mesh, rules=None) -> int:
@@ -288,7 +288,7 @@ def shard_batch(local_batch, mesh: Mesh, rules=None) -> jax.Array:
     """The global [B, ...] batch from each process's rows [b, ...], b = B / process_count.
 
     Process p holds rows [p b, (p + 1) b) of the global batch (the order of
-    sedd.data's batches; the mesh puts each process's devices in one block of
+    sedd.data's batches; the mesh puts each process's devices in one contiguous stretch of
     the data axes). With one process this is a device_put with the batch sharding.
 
     Raises:

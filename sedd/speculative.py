@@ -173,7 +173,7 @@ def verify(
     return accepted, tokens
 
 
-def rounds(
+def run_rounds(
     key: jax.Array,
     target_state: Any,
     drafter_state: Any,
@@ -301,7 +301,7 @@ def decode(
     """
     b = prompt.shape[0]
     text = jnp.zeros((b, length + k + 1), jnp.int32).at[:, :length].set(prompt)
-    text, r, rounds_row, accepted_at = rounds(
+    text, r, rounds_row, accepted_at = run_rounds(
         key,
         target_state,
         drafter_state,
@@ -348,8 +348,8 @@ def decode_prompted(
     shared: bool = False,
     verification: str = "joint",
 ) -> tuple:
-    """``decode`` after a prompt, the prefills inside the one program (eager, a network's prefill dispatches its ops
-    one by one: 47 ms a text of a 1024-wide AR run on a 2-core CPU, a third of its drafted text's time).
+    """``decode`` after a prompt, the prefills inside the one program (eager, a network's prefill would dispatch its
+    ops one by one, a host round trip each).
 
     Args:
       given: int32[B, P] the prompt, the same P in every row (P = 0: none).
@@ -374,6 +374,54 @@ def decode_prompted(
         shared=shared,
         verification=verification,
     )
+
+
+def self_drafted(
+    key,
+    state,
+    parts: tuple,
+    num_samples: int,
+    length: int,
+    k: int,
+    prompt,
+    *,
+    prefill_calls: int,
+    draft_calls: int,
+    **decode,
+) -> tuple:
+    """Text of a target that drafts for itself, k drafts a round in rounds that share the target's state (the spec
+    kind's draft half, an AR run's draft head): ``decode_prompted`` with shared=True, and its calls counted.
+
+    Args:
+      parts: (prefill, target, drafter); prompt: int32[B, P] or None; decode: categorical, verification.
+      prefill_calls: the network calls of the prefill (0 or 1); draft_calls: the drafter's a round.
+    Returns:
+      (int32[B, L], stats): "nfe" the network's calls (the batch's: the rounds and the prefill),
+      "nfe_per_sample", "draft_calls", "accepted_at" int32[k].
+    """
+    prefill, target, drafter = parts
+    given = jnp.zeros((num_samples, 0), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
+    out, stats = decode_prompted(
+        key,
+        state,
+        None,
+        given,
+        prefill=prefill,
+        target=target,
+        d_prefill=None,
+        drafter=drafter,
+        length=length,
+        k=k,
+        shared=True,
+        **decode,
+    )
+    rounds = stats["rounds_per_sample"]
+    return out, {
+        "nfe": stats["rounds"] + prefill_calls,
+        "nfe_per_sample": rounds + prefill_calls,
+        "draft_calls": rounds * draft_calls,
+        "accepted_at": stats["accepted_at"],
+    }
 
 
 def sharpened(q: jax.Array, tau) -> jax.Array:

@@ -40,6 +40,7 @@ MAX_TEXT = 1 << 20  # characters of a --prefix, --suffix or --infill (a model's 
 MAX_CONFIG_SEED = 2**32 - 1  # a config's seeds: numpy's and jax's generators take a uint32 whole
 MAX_CPU_DEVICES = 1 << 12  # mesh.cpu_devices: jax's own limit is far past any CPU (10**30 printed its signature)
 MAX_DRAFTS = 64  # drafts a round (sedd.speculative.MAX_DRAFTS): a target's cache keeps room for k + 1 past the text
+MAX_DRAFT_HEAD = 1 << 12  # model.draft_head, a draft head's width N: 6 N^2 + 2 N V weights, a fraction of a call
 
 
 def shown(value) -> str:
@@ -293,22 +294,35 @@ class OneLineParser(argparse.ArgumentParser):
 # --------------------------------------------------------------------------- memory
 
 
+def weight_count(config) -> int:
+    """The network's weights from the config's sizes, about: the embedding and the output (the padded
+    vocabulary), per layer attention (4 H^2), MLP (2 r H^2) and adaLN (6 C H), and a draft head's 6 N^2 + 2 N V +
+    N H (``sedd.kinds.draft_head``)."""
+    m = config.model
+    vocab = -(-(config.vocab_size + 1) // m.vocab_multiple) * m.vocab_multiple  # model.padded, without the model
+    n = m.draft_head
+    head = 6 * n * n + 2 * n * config.vocab_size + n * m.hidden_size
+    return (
+        2 * vocab * m.hidden_size
+        + m.n_layers * ((4 + 2 * m.mlp_ratio) * m.hidden_size**2 + 6 * m.cond_dim * m.hidden_size)
+        + head
+    )
+
+
 def memory_estimate(config, rows: int = 1) -> int:
     """Bytes of memory drawing `rows` sequences of the config's length takes, about (float32).
 
-    The weights (three copies while they are restored and placed) and per row
+    The weights (three copies while they are restored and placed; ``weight_count``) and per row
     one layer's attention scores and softmax (2 n_heads L^2: quadratic in the length), the
-    scores of the output (3 x L x padded vocabulary) and the activations
-    (16 x L x hidden_size). A tiny run of L = 16,384 measured 4.6 GB peak
+    scores of the output (3 x L x padded vocabulary, and a draft head's 2 k of them in training) and the
+    activations (16 x L x hidden_size). A tiny run of L = 16,384 measured 4.6 GB peak
     against 4.3 GB estimated (issue 53).
     """
     m, L = config.model, config.data.seq_len
     vocab = -(-(config.vocab_size + 1) // m.vocab_multiple) * m.vocab_multiple
-    weights = 2 * vocab * m.hidden_size + m.n_layers * (
-        (4 + 2 * m.mlp_ratio) * m.hidden_size**2 + 6 * m.cond_dim * m.hidden_size
-    )
-    per_row = 2 * m.n_heads * L * L + 3 * L * vocab + 16 * L * m.hidden_size  # scores and their softmax
-    return 4 * (3 * weights + rows * per_row)
+    outputs = 3 + (2 * m.draft_k if m.draft_head else 0)
+    per_row = 2 * m.n_heads * L * L + outputs * L * vocab + 16 * L * m.hidden_size  # scores and their softmax
+    return 4 * (3 * weight_count(config) + rows * per_row)
 
 
 def available_memory(devices: bool = True) -> int:

@@ -132,7 +132,7 @@ def test_the_caller_held_cache_matches_full_forward_pass():
     cache = model.empty_cache(3, 12)
     prev = jnp.full((3,), causal.bos_id(model), jnp.int32)
     for pos in range(12):
-        logits, cache = step(cache, prev, jnp.int32(pos))
+        logits, cache, _ = step(cache, prev, jnp.int32(pos))
         np.testing.assert_allclose(
             jax.nn.log_softmax(logits[:, 0]), jax.nn.log_softmax(full[:, pos]), atol=2e-5, err_msg=f"position {pos}"
         )

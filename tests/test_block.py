@@ -23,7 +23,8 @@ from sedd.kinds import block, block_sampling
 from sedd import config as config_lib
 from sedd import noise as noise_lib
 from sedd.graphs import log_expm1
-from sedd.model import DDiT, block_diffusion_mask
+from sedd.kinds.block import block_diffusion_mask
+from sedd.model import DDiT
 from sedd.sampling import rows as rows_lib
 
 V, L = 3, 4
@@ -355,7 +356,7 @@ def test_the_cache_past_its_window_is_the_windowed_forward():
             np.testing.assert_allclose(np.asarray(fused), want, atol=2e-5, rtol=1e-5)
             assert int(fused_ctx[1]) == start  # the clean block committed
         ctx = commit(state, ctx, text[:, start : start + b])
-    with pytest.raises(ValueError, match="a chunk of 11 positions exceeds the ring cache's 10 rows"):
+    with pytest.raises(ValueError, match="a chunk of 11 positions exceeds the ring cache's 10 slots"):
         model.output_in_cache(
             text[:, :11], jnp.ones((3,)), positions=np.arange(11), mask=np.ones((11, 10), bool), cache=ctx[0]
         )

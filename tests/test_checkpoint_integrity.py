@@ -20,7 +20,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from sedd import cli, files, runs
+from sedd import checkpoints, cli, files, runs
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def test_the_manager_never_deletes_the_newest_checkpoint_whatever_max_to_keep_sa
     """The deletion itself: a config that skipped the check (a library caller) still keeps the newest, whole one."""
     config = runs.read_config(run_copy)
     config.training.max_to_keep = 0
-    manager = runs.checkpoint_manager(run_copy, config)
+    manager = checkpoints.checkpoint_manager(run_copy, config)
     manager.save(6, args=ocp.args.Composite(state=ocp.args.PyTreeSave({"x": np.arange(3.0)})), force=True)
     manager.wait_until_finished()
     assert 6 in manager.all_steps() and (run_copy / runs.CHECKPOINTS / "6").is_dir()  # was: [] on disk
@@ -161,7 +161,7 @@ def test_flipped_bytes_in_a_checkpoints_data_never_load_silently(run_copy, tmp_p
         shutil.copytree(run_copy, copy)
         _flip(_largest_data_file(copy), at)
         with pytest.raises(RuntimeError, match="could not restore the checkpoint of step 4"):
-            runs.restore(runs.checkpoint_manager(copy), trainer.abstract_state, 4)
+            checkpoints.restore(checkpoints.checkpoint_manager(copy), trainer.abstract_state, 4)
 
 
 def _tamper(workdir, step: int, prefix: str = "ema/") -> str:
@@ -191,8 +191,8 @@ def test_a_checkpoint_whose_arrays_differ_from_their_checksum_is_refused_by_name
         assert name in _one_line(capsys, "serve")
     trainer = train.Trainer(runs.read_config(run_copy))
     with pytest.warns(RuntimeWarning, match="SHA-256"):  # a resume: moved aside, never deleted
-        _, step = runs.restore_newest(
-            runs.checkpoint_manager(run_copy), trainer.abstract_state, quarantine=run_copy / train.UNREADABLE
+        _, step = checkpoints.restore_newest(
+            checkpoints.checkpoint_manager(run_copy), trainer.abstract_state, quarantine=run_copy / train.UNREADABLE
         )
     assert step == 2 and (run_copy / train.UNREADABLE / "4" / files.STEP_METADATA).exists()
 

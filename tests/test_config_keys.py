@@ -525,7 +525,7 @@ def test_a_run_of_the_previous_release_lacking_newer_keys_loads_and_samples(tmp_
 @pytest.mark.parametrize("optimizer", ["muon", "adamw"])
 def test_a_train_state_saved_with_the_layers_named_blocks_renames_whole(optimizer):
     """Checkpoints saved before 2026-12-06 name the network's layers "blocks" (the original's name) in the
-    parameters, the EMA and every optimizer moment: ``files.renamed`` (what ``runs.restore`` reads them through)
+    parameters, the EMA and every optimizer moment: ``files.renamed`` (what ``checkpoints.restore`` reads them through)
     renames each such key and keeps every leaf, both ways; and an old config's model.n_blocks and remat
     "blocks" read as today's model.n_layers and "layers"."""
     import ml_collections

@@ -26,7 +26,8 @@ from starlette.testclient import TestClient
 from sedd import cli, convert, runs, serve
 
 from sedd.kinds import block
-from sedd.model import DDiT, block_diffusion_mask
+from sedd.kinds.block import block_diffusion_mask
+from sedd.model import DDiT
 from test_convert import GPT2, Obj, original_forward, original_shapes, random_state_dict, write_torch_file
 
 TINY = dict(hidden_dim=32, n_blocks=2, n_heads=4, cond_dim=16, model_length=16)
@@ -575,7 +576,7 @@ def test_transformers_own_config_fields_are_ignored_with_a_note(tmp_path, capsys
         read = convert.read_original_config(tmp_path / "config.json")
         assert "dtype" not in read and "use_cache" not in read and read["model_type"] == family
         assert "transformers' own config field(s) ['dtype', 'use_cache']" in capsys.readouterr().err
-        convert.layout_of(read)  # and the model's fields are read as before
+        convert.scheme_of(read)  # and the model's fields are read as before
     (tmp_path / "config.json").write_text(json.dumps({**peer_config("mdlm"), "hidden_size": 32}))
     with pytest.raises(convert.ConversionError, match=r"unknown field\(s\) \['hidden_size'\]"):
         convert.config_from_original(convert.read_original_config(tmp_path / "config.json"))

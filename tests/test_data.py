@@ -265,7 +265,7 @@ class _WideTokenizer:
 
 
 def test_token_cache_is_written_as_the_documents_arrive(tmp_path, monkeypatch):
-    monkeypatch.setattr(data.builders, "RECORD_BYTES", 1000)  # documents are encoded in batches of this size
+    monkeypatch.setattr(data.records, "RECORD_BYTES", 1000)  # documents are encoded in batches of this size
     tok = data.get_tokenizer("byte")
     docs = ["x" * 20_000, "yé" * 5_000, "", "z" * 30_000]
     on_disk = []

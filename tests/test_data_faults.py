@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sedd import data
-from sedd.data import builders
+from sedd.data import builders, records
 
 
 def _write(path, content):
@@ -23,8 +23,8 @@ def _docs(builder, split):
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Blocks, records and shards a few KiB long, so a small file behaves as a large one does."""
-    monkeypatch.setattr(builders, "BLOCK", 1000)
-    monkeypatch.setattr(builders, "RECORD_BYTES", 1500)
+    monkeypatch.setattr(records, "BLOCK", 1000)
+    monkeypatch.setattr(records, "RECORD_BYTES", 1500)
     monkeypatch.setattr(builders, "SHARD_BYTES", 8000)
 
 
@@ -57,14 +57,14 @@ def test_preparation_reads_in_blocks_and_writes_small_shards(tmp_path, small_blo
 
     monkeypatch.setattr(builders, "open", lambda *a, **k: Recording(open(*a, **k)), raising=False)
     b = data.get_builder("text", str(corpus), str(tmp_path / "tfds"))
-    assert reads and max(reads) <= builders.BLOCK + 4  # +4: the look-ahead of the split's cut
+    assert reads and max(reads) <= records.BLOCK + 4  # +4: the look-ahead of the split's cut
     assert sum(reads) < 1.1 * corpus.stat().st_size  # the file is read about once
     # Many shards of about SHARD_BYTES, records of about RECORD_BYTES: TFDS never held the corpus.
     shards = sorted(b.data_path.glob("*train.array_record-*"))
     assert len(shards) >= corpus.stat().st_size * 0.9 // builders.SHARD_BYTES
     source = b.as_data_source("train")
     sizes = [len(source[i]["text"]) for i in range(len(source))]
-    assert max(sizes) <= builders.RECORD_BYTES + 2 * builders.BLOCK  # a chunk: a block and the line it ends
+    assert max(sizes) <= records.RECORD_BYTES + 2 * records.BLOCK  # a chunk: a block and the line it ends
     # The text is the file's: one document, split at a line start into train and validation.
     train, val = _docs(b, "train"), _docs(b, "validation")
     assert len(train) == len(val) == 1
@@ -74,8 +74,8 @@ def test_preparation_reads_in_blocks_and_writes_small_shards(tmp_path, small_blo
 def test_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
     # Python's peak while preparing and tokenizing 4 MB with 4 kB blocks and 64 kB shards: a small part of
     # the corpus (what grows is a few hundred bytes of TFDS bookkeeping per shard).
-    monkeypatch.setattr(builders, "BLOCK", 4096)
-    monkeypatch.setattr(builders, "RECORD_BYTES", 4096)
+    monkeypatch.setattr(records, "BLOCK", 4096)
+    monkeypatch.setattr(records, "RECORD_BYTES", 4096)
     monkeypatch.setattr(builders, "SHARD_BYTES", 1 << 16)
     cfg = {"tokenizer": "byte", "seq_len": 64, "data_dir": str(tmp_path / "tfds")}
     data.load_dataset({"name": "text", "path": str(_write(tmp_path / "warm.txt", "warm up\n" * 500)), **cfg})
@@ -214,7 +214,7 @@ def test_a_corpus_file_gone_after_preparation(tmp_path, capsys):
 def test_a_file_cut_short_while_it_is_prepared_is_named(tmp_path):
     f = _write(tmp_path / "short.txt", "abc\n")
     with pytest.raises(RuntimeError, match=r"short\.txt ends at byte 4, not 100 .* changed while being prepared"):
-        list(builders.text_fragments(builders.Segment(f, 0, 100)))
+        list(records.text_fragments(records.Segment(f, 0, 100)))
 
 
 def test_split_plan_of_several_files(tmp_path):

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sedd import cli, distill, runs, sampling, sdtt, train
+from sedd import checkpoints, cli, distill, runs, sampling, sdtt, train
 from sedd import config as config_lib
 from sedd.data.markov import MarkovChain
 from sedd.graphs import Absorbing
@@ -321,12 +321,12 @@ def test_resume_after_sigkill_mid_round_gives_the_same_student(teacher, student,
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
-    newest = runs.checkpoint_manager(workdir).latest_step()
+    newest = checkpoints.checkpoint_manager(workdir).latest_step()
     assert newest is not None and ROUND_STEPS < newest < 2 * ROUND_STEPS, newest  # killed inside round 2
     out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and f"resumed {workdir} at step {newest}" in out.stdout, out.stdout + out.stderr
-    a = runs.restore(runs.checkpoint_manager(straight), _abstract(straight))
-    b = runs.restore(runs.checkpoint_manager(workdir), _abstract(workdir))
+    a = checkpoints.restore(checkpoints.checkpoint_manager(straight), _abstract(straight))
+    b = checkpoints.restore(checkpoints.checkpoint_manager(workdir), _abstract(workdir))
     assert set(a) == set(b) >= {"params", "ema", "teacher", "opt_state"}
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -35,7 +35,7 @@ compare = _load("experiments/compare_samplers.py")
 study = _load("experiments/default_run_study.py")
 
 from experiments import quality, timing  # noqa: E402  (the package, registered by the loads above)
-from experiments.benchmarks import nets, speculative  # noqa: E402
+from experiments.benchmarks import call_cost, nets, speculative  # noqa: E402
 
 FIELDS = {
     "train": ["mfu", "tokens_per_s", "flops_per_token", "peak_matmul_flops_per_s"],
@@ -159,7 +159,7 @@ def _untrained_markov_run(workdir: Path, graph: str) -> Path:
     from flax import nnx
 
     from sedd import config as config_lib
-    from sedd import kinds, runs
+    from sedd import checkpoints, kinds, runs
     from sedd.data import save_tokenizer
     from sedd.data.tokenizers import MarkovTokenizer
 
@@ -181,7 +181,7 @@ def _untrained_markov_run(workdir: Path, graph: str) -> Path:
     (workdir / runs.CONFIG).write_text(config_lib.to_json(config))
     save_tokenizer(MarkovTokenizer(config.vocab_size), workdir / runs.TOKENIZER)
     _, params, _ = nnx.split(kinds.build_model(config), nnx.Param, ...)
-    manager = runs.checkpoint_manager(workdir, config)
+    manager = checkpoints.checkpoint_manager(workdir, config)
     manager.save(
         0,
         args=ocp.args.Composite(state=ocp.args.PyTreeSave({"step": np.int32(0), "params": params, "ema": params})),
@@ -224,6 +224,13 @@ def test_compare_runs_puts_each_run_with_the_samplers_its_graph_supports_in_one_
     assert "give --out DIR" in capsys.readouterr().err
 
 
+def _diffusing_kind():
+    """A stand-in kind that diffuses (``capabilities.Diffuses``) and honours every prompt pattern."""
+    from sedd.kinds import capabilities
+
+    return type("Diffusing", (capabilities.Diffuses,), {"conditions": ("prefix", "suffix", "infill")})()
+
+
 def test_conditional_kl_is_zero_for_the_chains_own_conditional():
     """conditional_kl against a network that returns the chain's exact conditional given both sides, and a flat one."""
     import types
@@ -246,7 +253,7 @@ def test_conditional_kl_is_zero_for_the_chains_own_conditional():
         return jnp.asarray(out)
 
     run = types.SimpleNamespace(
-        kind=types.SimpleNamespace(diffuses=True, conditions=("prefix", "suffix", "infill")),
+        kind=_diffusing_kind(),
         graph=types.SimpleNamespace(absorb=True, mask=mask, vocab_size=20),
         tokenizer=types.SimpleNamespace(encode=lambda c: encode[c]),
         seq_len=length,
@@ -298,7 +305,7 @@ def test_reveal_profile_of_the_chains_own_law_pays_no_excess():
         return jax.pure_callback(exact_numpy, jax.ShapeDtypeStruct((*x.shape, 21), jnp.float32), x)
 
     run = types.SimpleNamespace(
-        kind=types.SimpleNamespace(diffuses=True, conditions=("prefix", "suffix", "infill")),
+        kind=_diffusing_kind(),
         graph=types.SimpleNamespace(absorb=True, mask=mask, vocab_size=20),
         tokenizer=types.SimpleNamespace(encode=lambda c: encode[c]),
         seq_len=length,
@@ -449,12 +456,12 @@ def test_layout_ceiling_is_k_plus_one_over_the_call_cost():
     from sedd.kinds.spec import Layout
 
     curve = {"rows": [{"n": 1, "ratio_to_n1": 1.0}, {"n": 3, "ratio_to_n1": 2.0}, {"n": 4, "ratio_to_n1": 1.6}]}
-    rows = speculative.layout_ceiling(curve, [Layout(1, 1), Layout(1, 2), Layout(4, 5)])
+    rows = call_cost.layout_ceiling(curve, [Layout(1, 1), Layout(1, 2), Layout(4, 5)])
     # 4,5's 25 positions and k = 4's 5 are not in the curve; k = 1 verified alone is a call on 2 positions, not here
     assert [(r["layout"], r["positions"]) for r in rows] == [("1,1", 3), ("1,2", 4)]
     assert [r["at_most_vs_ar"] for r in rows] == [pytest.approx(2 / 2.0), pytest.approx(2 / 1.6)]
     curve["rows"].append({"n": 2, "ratio_to_n1": 1.25})
-    free = speculative.layout_ceiling(curve, [Layout(1, 1)])[-1]
+    free = call_cost.layout_ceiling(curve, [Layout(1, 1)])[-1]
     assert (free["layout"], free["positions"], free["at_most_vs_ar"]) == ("k=1, drafts free", 2, pytest.approx(1.6))
 
 
@@ -466,7 +473,7 @@ def test_speculative_bench_parts(tmp_path):
     """
     import argparse
 
-    curve = speculative.call_cost(nets.bench_config("tiny"), [1, 3], repeats=1, calls=2, batch=2)
+    curve = call_cost.call_cost(nets.bench_config("tiny"), [1, 3], repeats=1, calls=2, batch=2)
     assert [r["n"] for r in curve["rows"]] == [1, 3] and all(np.isfinite(r["ms_per_call"]) for r in curve["rows"])
     assert curve["rows"][0]["ratio_to_n1"] == 1 and curve["batch"] == 2
     target, drafts, _ = speculative.speculative_runs(True, argparse.Namespace(target=""))
@@ -518,7 +525,7 @@ def test_an_auto_rows_quality_samples_use_the_first_batchs_layout(monkeypatch):
         target, {}, {name: run}, ks=[], batches=[1, 2], repeats=1, quality_samples=2, layouts=("auto",)
     )
     (row,) = study["rows"]
-    assert row["chosen"] == {"1": str(spec_kind.layout_of("1,2", 0)), "2": str(spec_kind.NO_DRAFTS)}
+    assert row["chosen"] == {"1": str(spec_kind.layout_of("1,2", None)), "2": str(spec_kind.NO_DRAFTS)}
     assert len(row["acceptance_by_position"]) == 1  # one draft a round: the samples were drawn with 1,2
     assert row["target_calls"] < run.seq_len  # fewer calls than tokens: drafts kept (no drafts: one call a token)
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sedd import runs
+from sedd import checkpoints, runs
 from sedd import config as config_lib
 from sedd import train as train_lib
 
@@ -41,7 +41,7 @@ def tiny(data_dir, **overrides):
 def saved_state(workdir) -> dict:
     """The whole train state of the newest checkpoint of a run directory."""
     trainer = train_lib.Trainer(runs.read_config(workdir))
-    return runs.restore(runs.checkpoint_manager(workdir), trainer.abstract_state)
+    return checkpoints.restore(checkpoints.checkpoint_manager(workdir), trainer.abstract_state)
 
 
 def assert_trees_equal(a, b):
@@ -107,7 +107,7 @@ def test_full_disk_before_a_save_keeps_the_previous_checkpoint_and_says_so(data_
     monkeypatch.setattr(train_lib.shutil, "disk_usage", disk_usage)
     with pytest.raises(RuntimeError, match=r"the disk is full .* the newest is step 2\. Free some space"):
         train_lib.train(tiny(data_dir, **{"training.n_iters": 6, "training.ckpt_every": 2}), workdir, quiet=True)
-    assert runs.checkpoint_manager(workdir).all_steps() == [2]
+    assert checkpoints.checkpoint_manager(workdir).all_steps() == [2]
     assert runs.load(workdir).step == 2
 
 
@@ -182,7 +182,7 @@ def test_nan_at_step_k_stops_naming_it_and_no_non_finite_state_is_saved(data_dir
         r"The last checkpoint is step 4",
     ):
         train_lib.train(config, tmp_path / "run", quiet=True)
-    assert runs.checkpoint_manager(tmp_path / "run").all_steps() == [4]
+    assert checkpoints.checkpoint_manager(tmp_path / "run").all_steps() == [4]
     state = saved_state(tmp_path / "run")  # restore() refuses non-finite values
     assert int(state["step"]) == 4
 
@@ -192,12 +192,14 @@ def test_a_checkpoint_holding_a_non_finite_value_is_refused(tmp_path, bad):
     import orbax.checkpoint as ocp
 
     state = {"ema": {"w": jnp.ones((3, 4)).at[2, 1].set(bad), "b": jnp.zeros(4)}, "step": jnp.int32(7)}
-    manager = runs.checkpoint_manager(tmp_path, config_lib.load_config("tiny"))
+    manager = checkpoints.checkpoint_manager(tmp_path, config_lib.load_config("tiny"))
     manager.save(7, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)), force=True)
     manager.wait_until_finished()
-    assert runs.restore(runs.checkpoint_manager(tmp_path), {"step": state["step"]})["step"] == 7  # only the step
+    assert (
+        checkpoints.restore(checkpoints.checkpoint_manager(tmp_path), {"step": state["step"]})["step"] == 7
+    )  # only the step
     with pytest.raises(RuntimeError, match="step 7 .* non-finite values, which training never saves"):
-        runs.restore(runs.checkpoint_manager(tmp_path), state)
+        checkpoints.restore(checkpoints.checkpoint_manager(tmp_path), state)
 
 
 def test_resume_refuses_a_changed_config_naming_the_keys_but_allows_what_may_change(tmp_path):
@@ -289,7 +291,7 @@ def test_ctrl_c_is_answered_at_once_and_a_second_one_does_not_interrupt_the_save
     assert answer and answer[0] - sent < 5.0, out  # answered at once (not after the step or a compile)
     assert "Traceback" not in out, out  # the second Ctrl-C came during the save, or after it: never a traceback
     stopped = int(out.split("stopped at step ")[1].split(";")[0])
-    assert runs.checkpoint_manager(workdir).all_steps() == [stopped]
+    assert checkpoints.checkpoint_manager(workdir).all_steps() == [stopped]
     assert max(json.loads(line)["step"] for line in metrics.read_text().splitlines()) == stopped  # nothing lost
 
 

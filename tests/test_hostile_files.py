@@ -30,7 +30,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from sedd import cli, convert, runs
+from sedd import checkpoints, cli, convert, runs
 from test_convert import original_config, original_shapes, random_state_dict
 
 HERE = Path(__file__).resolve().parent
@@ -459,7 +459,7 @@ def test_a_failed_conversion_leaves_no_destination_and_an_existing_one_is_refuse
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as m:  # a failure while writing: nothing at DST, nothing left beside it
-        m.setattr(runs, "checkpoint_manager", disk_full)
+        m.setattr(checkpoints, "checkpoint_manager", disk_full)
         rc, err = cli_convert(src, tmp_path / "out", gpt2_files, capsys)
     assert rc == 2 and "No space left" in err and [p for p in tmp_path.iterdir() if "out" in p.name] == []
 

@@ -19,7 +19,7 @@ import shutil
 
 import pytest
 
-from sedd import cli, runs, validate
+from sedd import checkpoints, cli, files, runs, validate
 
 serve_main = importlib.import_module("sedd.serve.main")  # sedd.serve.main is also the name of its function
 convert_write = importlib.import_module("sedd.convert.write")
@@ -85,13 +85,13 @@ def test_the_quarantine_move_never_follows_a_link_out_of_the_run(received):
     workdir, outside, _ = received
     os.symlink(outside, workdir / "checkpoints_unreadable")
     before = _listing(outside)
-    with pytest.raises(runs.RunError, match="is a symbolic link"):
-        runs.move_inside(workdir / runs.CHECKPOINTS / "4", workdir / "checkpoints_unreadable")
-    with pytest.raises(runs.RunError, match="not a folder of the run directory"):
-        runs.move_inside(workdir / runs.CHECKPOINTS / "4", outside / "sub")
+    with pytest.raises(files.UnsafeFile, match="is a symbolic link"):
+        checkpoints.move_inside(workdir / runs.CHECKPOINTS / "4", workdir / "checkpoints_unreadable")
+    with pytest.raises(files.UnsafeFile, match="not a folder of the run directory"):
+        checkpoints.move_inside(workdir / runs.CHECKPOINTS / "4", outside / "sub")
     assert _listing(outside) == before and (workdir / runs.CHECKPOINTS / "4" / "planted.txt").exists()
     (workdir / "checkpoints_unreadable").unlink()  # a real folder: the move happens, inside the run
-    dest = runs.move_inside(workdir / runs.CHECKPOINTS / "4", workdir / "checkpoints_unreadable")
+    dest = checkpoints.move_inside(workdir / runs.CHECKPOINTS / "4", workdir / "checkpoints_unreadable")
     assert dest == workdir / "checkpoints_unreadable" / "4" and (dest / "planted.txt").exists()
 
 

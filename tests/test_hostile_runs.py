@@ -8,6 +8,7 @@ leaves no temporary file.
 
 import json
 import shutil
+from pathlib import Path
 import stat
 import threading
 import time
@@ -15,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from sedd import cli, runs
+from sedd import cli, figures, runs
 from sedd.data import CharTokenizer
 from sedd.data.text import write_token_cache
 
@@ -136,7 +137,7 @@ def test_eval_follows_a_runs_data_paths_only_where_this_user_prepared_them(copy_
     """Finding 8: `sedd eval` read a local file a run named and wrote its tokens under a folder the run chose."""
     workdir, config = copy_run
     monkeypatch.setenv("SEDD_DATA_DIR", str(tmp_path / "mine"))
-    assert cli.eval_data(workdir, []) == config["data"]  # trained here: its prepared data is followed
+    assert figures.eval_data(workdir, []) == config["data"]  # trained here: its prepared data is followed
     secret, elsewhere = tmp_path / "secret.txt", tmp_path / "theirs"
     secret.write_text("the password is hunter2\n" * 50)
     (workdir / runs.CONFIG).write_text(
@@ -149,12 +150,12 @@ def test_eval_follows_a_runs_data_paths_only_where_this_user_prepared_them(copy_
     assert not elsewhere.exists() and not (tmp_path / "mine").exists()  # nothing read, nothing written
     # The user names the file: read it, with the caches in the user's own folder (and a warning saying so).
     with pytest.warns(UserWarning, match=f"data_dir '{elsewhere}' holds no preparation of 'text' of yours"):
-        data = cli.eval_data(workdir, [f"--config.data.path={secret}"])
+        data = figures.eval_data(workdir, [f"--config.data.path={secret}"])
     assert data["path"] == str(secret) and data["data_dir"] == ""
     # A received run of the default corpus: its data_dir is replaced by the user's own, with a warning.
     (workdir / runs.CONFIG).write_text(json.dumps(_set(_set(config, "data.path", ""), "data.data_dir", str(elsewhere))))
     with pytest.warns(UserWarning, match="holds no preparation of 'shakespeare' of yours"):
-        assert cli.eval_data(workdir, [])["data_dir"] == ""
+        assert figures.eval_data(workdir, [])["data_dir"] == ""
     assert not elsewhere.exists()
 
 
@@ -173,57 +174,45 @@ def test_a_failed_token_cache_leaves_no_temporary_file(tmp_path):
 # ------------------------------------------------------------------ issue 72: what a run writes, and its config
 
 
-def test_every_file_a_run_writes_is_renamed_into_place_never_written_through_a_link_or_a_fifo(tmp_path, monkeypatch):
+def test_every_file_a_run_writes_is_renamed_into_place_never_written_through_a_link_or_a_fifo(tmp_path):
     """Was: a spec run wrote layouts.json.tmp with a plain open: a link planted there made `sedd sample` overwrite
-    its target (and a FIFO there blocked it). choose_layout's write, with its timing stubbed."""
-    import functools
+    its target (and a FIFO there blocked it). ``layouts.choose``'s write, with a stand-in sampler."""
     import os
 
-    from sedd import config as config_lib
-    from sedd import files, kinds
-    import ml_collections
-    from flax import nnx
+    import jax.numpy as jnp
 
-    from sedd.kinds import spec
+    from sedd import files
+    from sedd.kinds import layouts, spec
 
-    config = config_lib.load_config(
-        "tiny",
-        [
-            "--config.model.kind=spec",
-            "--config.model.n_layers=1",
-            "--config.model.draft_k=2",
-            "--config.data.seq_len=6",
-        ],
-    )
-    config = ml_collections.ConfigDict(config.to_dict())
-    config.vocab_size = 3
-    graphdef, params, rest = nnx.split(kinds.get(config).network(0), nnx.Param, ...)
-    rows = [{"layout": "2,3", "positions": 9, "tokens_per_s": 1.0, "tokens_per_call": 2.0}]
-    monkeypatch.setattr(spec, "time_layouts", lambda *a, **k: rows)
-    choose = functools.partial(spec.choose_layout, graphdef, (params, rest), 6, 1, 2)
+    def sample(layout, seed):
+        return jnp.zeros((1, 6), jnp.int32), {"nfe_per_sample": np.asarray([3])}
+
+    def choose(workdir):
+        return layouts.choose(spec.candidates(2), sample, length=6, batch=1, dtype=jnp.float32, workdir=workdir)
+
+    name = layouts.LAYOUTS_FILE
     run, victim = tmp_path / "run", tmp_path / "victim"
     run.mkdir()
     victim.write_text("the user's")
-    (run / (spec.LAYOUTS_FILE + ".tmp")).symlink_to(victim)
+    (run / (name + ".tmp")).symlink_to(victim)
     choose(run)
-    assert victim.read_text() == "the user's" and (run / (spec.LAYOUTS_FILE + ".tmp")).is_symlink()
-    assert json.loads((run / spec.LAYOUTS_FILE).read_text())  # written, a regular file
-    (run / spec.LAYOUTS_FILE).unlink()
-    (run / spec.LAYOUTS_FILE).symlink_to(victim)  # read refuses a link out of the run; written, it is replaced
-    with pytest.raises(ValueError, match="outside"):
-        choose(run)
-    (run / (spec.LAYOUTS_FILE + ".tmp")).unlink()
-    os.mkfifo(run / (spec.LAYOUTS_FILE + ".tmp"))
-    (run / spec.LAYOUTS_FILE).unlink()
+    assert victim.read_text() == "the user's" and (run / (name + ".tmp")).is_symlink()
+    assert json.loads((run / name).read_text())  # written, a regular file
+    (run / name).unlink()
+    (run / name).symlink_to(victim)  # read refuses a link out of the run; timed again, written over it
+    assert "timed again" in choose(run)[1] and victim.read_text() == "the user's" and not (run / name).is_symlink()
+    (run / (name + ".tmp")).unlink()
+    os.mkfifo(run / (name + ".tmp"))
+    (run / name).unlink()
     timer = threading.Timer(
-        20, lambda: os.close(os.open(run / (spec.LAYOUTS_FILE + ".tmp"), os.O_RDWR | os.O_NONBLOCK))
+        20, lambda: os.close(os.open(run / (name + ".tmp"), os.O_RDWR | os.O_NONBLOCK))
     )  # no hang if it opens it
     timer.start()
     choose(run)  # was: blocked for ever opening the FIFO
     timer.cancel()
-    assert victim.read_text() == "the user's" and (run / spec.LAYOUTS_FILE).is_file()
-    assert stat.S_ISFIFO(os.lstat(run / (spec.LAYOUTS_FILE + ".tmp")).st_mode)  # never opened, left as it was
-    assert sorted(p.name for p in run.iterdir()) == [spec.LAYOUTS_FILE, spec.LAYOUTS_FILE + ".tmp"]  # no temp left
+    assert victim.read_text() == "the user's" and (run / name).is_file()
+    assert stat.S_ISFIFO(os.lstat(run / (name + ".tmp")).st_mode)  # never opened, left as it was
+    assert sorted(p.name for p in run.iterdir()) == [name, name + ".tmp"]  # no temp left
     (run / "sub").symlink_to(tmp_path)
     with pytest.raises(files.UnsafeFile, match="outside"):  # a folder on the way that leads out of the run
         files.write_text(run / "sub" / "x.json", "{}", run)
@@ -473,23 +462,58 @@ def test_serve_takes_a_spec_runs_draft_k_only_as_its_layouts_k(copy_spec_run, ca
     assert len(err.splitlines()) == 1 and "draft_k=2: this run drafts 1 token a round in its layout" in err, err
 
 
-def test_a_layouts_file_naming_a_layout_the_run_does_not_time_is_refused_by_name(copy_spec_run, capsys):
-    """A received layouts.json entry "64,65" for this device was used on a 32-token run (4,225 positions a call): an
-    entry that is not one of the run's candidate layouts is refused in one line naming the file; the run's own
-    choice is read back."""
-    from flax import nnx
+def test_a_layouts_file_naming_a_layout_the_run_does_not_time_is_timed_again_and_rewritten(copy_spec_run, capsys):
+    """Issue 83, finding 1: layouts.json naming "8,1" (stored by a `--draft_k 8` of a run trained at k = 4) or
+    "64,65" for this device made every later `sedd sample` and `sedd serve` exit 2 until a person deleted it. An
+    entry that is not one of the run's own candidates is timed again and rewritten; the run samples."""
+    import jax.numpy as jnp
 
-    from sedd.kinds import spec
+    from sedd.kinds import layouts, spec
 
-    run = runs.load(copy_spec_run)
-    where = spec.device_key(nnx.merge(run.graphdef, run.params, run.rest), 1)
-    path = copy_spec_run / spec.LAYOUTS_FILE
-    for bad in ("64,65", "9,1", 7):
+    where = layouts.device_key(jnp.float32, 1)
+    path, own = copy_spec_run / layouts.LAYOUTS_FILE, {lay.name for lay in spec.candidates(2)}
+    for bad in ("8,1", 7):  # what --draft_k 8 stored; not a layout at all (tests/test_layouts.py: the others)
         path.write_text(json.dumps({where: {"layout": bad}}))
-        assert cli.main(["sample", "--workdir", str(copy_spec_run), "--num_samples", "1"]) == 2
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and f"{path} names the layout" in err and "not one this run times" in err
-    timed = [{"layout": f"{lay.k},{lay.groups}"} for lay in spec.candidates(2)]  # as sedd writes it
-    path.write_text(json.dumps({where: {"layout": "1,2", "timed": timed}}))
+        assert cli.main(["sample", "--workdir", str(copy_spec_run), "--num_samples", "1"]) == 0
+        assert "timed again" in capsys.readouterr().err
+        assert json.loads(path.read_text())[where]["layout"] in own
     assert cli.main(["sample", "--workdir", str(copy_spec_run), "--num_samples", "1"]) == 0
     assert "chosen earlier on this device" in capsys.readouterr().err
+
+
+@pytest.fixture
+def copy_head_run(tmp_path):
+    """A writable copy of tests/fixtures/spec_head_run: an AR run with a draft head, k = 3, 16 tokens."""
+    workdir = tmp_path / "head"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "spec_head_run", workdir)
+    return workdir
+
+
+@pytest.mark.parametrize(
+    "run, argv, says",
+    [
+        ("spec", ["--draft_k", "8"], "draft_k=8: k=8 must be in [1, 2] (model.draft_k = 2"),
+        ("spec", ["--layout", "64"], "layout='64': k=64 must be in [1, 2]"),
+        ("head", ["--draft_k", "64"], "draft_k=64: this run's draft head drafts k in [0, 3] a round"),
+        ("head", ["--layout", "64"], "layout='64': this run's draft head drafts k in [0, 3] a round"),
+        ("head", ["--layout", "2,1"], "layout='2,1' must be 'K'"),
+    ],
+)
+def test_a_draft_k_or_layout_past_the_runs_k_is_refused_before_anything_is_timed_or_stored(
+    copy_spec_run, copy_head_run, capsys, run, argv, says
+):
+    """Issue 83, finding 1: `--draft_k 8` on a run trained at k = 4 exited 0 and stored "8,1"; `--layout 64` on a
+    32-token head run drew 65 positions a call. A value given for one call is checked against the run's trained k
+    (at most its length) first: one line, nothing timed, nothing stored."""
+    workdir = copy_spec_run if run == "spec" else copy_head_run
+    t = time.perf_counter()
+    assert cli.main(["sample", "--workdir", str(workdir), "--num_samples", "1", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+    assert not (workdir / "layouts.json").exists() and time.perf_counter() - t < 30
+
+
+def test_a_draft_k_within_the_runs_k_samples_as_asked_and_stores_nothing(copy_head_run, capsys):
+    assert cli.main(["sample", "--workdir", str(copy_head_run), "--num_samples", "1", "--draft_k", "2"]) == 0
+    assert "layout k=2 from the draft head (3 positions a call), as asked" in capsys.readouterr().err
+    assert not (copy_head_run / "layouts.json").exists()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sedd import cli, files, lock, runs
+from sedd import checkpoints, cli, files, lock, runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,7 +137,7 @@ def test_a_file_or_a_fifo_at_checkpoints_unreadable_is_one_line_before_any_work(
     assert f"{target} is {what}, where the run keeps a folder of its own; move it away" in err, err
     assert _listing(copy_run) == before
     with pytest.raises(files.UnsafeFile, match="nothing was moved"):  # the library's move, checked again
-        runs.move_inside(copy_run / runs.CHECKPOINTS / "4", target)
+        checkpoints.move_inside(copy_run / runs.CHECKPOINTS / "4", target)
 
 
 def test_a_metrics_file_hard_linked_outside_the_run_is_replaced_not_appended_to(copy_run, tmp_path):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sedd import kernels, layers
+from sedd import ddit_layer, kernels, layers
 from sedd import model as M
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -328,7 +328,7 @@ def test_a_ring_cache_gives_each_position_the_window_before_it():
         )
     )
     for p in range(total):
-        out, cache = step(cache, x[:, p : p + 1], jnp.int32(p))
+        out, cache, _ = step(cache, x[:, p : p + 1], jnp.int32(p))
         got.append(np.asarray(out[:, 0]))
     pos = np.arange(total)
     band = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)  # (T, T)
@@ -345,7 +345,7 @@ def test_a_cache_held_by_the_caller_gives_the_full_pass_and_refuses_a_wrong_one(
     cache, got = m.empty_cache(2, L), []
     for start, n in [(0, 3)] + [(i, 1) for i in range(3, L)]:
         mask = rows[None, :] <= start + np.arange(n)[:, None]  # (n, L) causal over the rows written so far
-        out, cache = m.output_in_cache(
+        out, cache, _ = m.output_in_cache(
             x[:, start : start + n], None, positions=start + np.arange(n), mask=mask, cache=cache, at=jnp.int32(start)
         )
         got.append(out)
@@ -354,29 +354,22 @@ def test_a_cache_held_by_the_caller_gives_the_full_pass_and_refuses_a_wrong_one(
         m.output_in_cache(
             x[:, :1], None, positions=np.arange(1), mask=np.ones((1, L), bool), cache=cache[:1], at=jnp.int32(0)
         )
-    with pytest.raises(ValueError, match="a decoding cache is read as a mask over its rows says"):
-        m.layers[0].run(
-            jnp.zeros((2, 1, m.layers[0].n_heads * m.layers[0].head_dim)),
-            jnp.zeros((2, 8)),
-            positions=np.arange(1),
-            cache=cache[0],
-            at=jnp.int32(0),
-        )
+    with pytest.raises(ValueError, match="a decoding cache is read as a mask over its slots says"):
+        q = jnp.zeros((2, 1, m.layers[0].n_heads, m.layers[0].head_dim))
+        ddit_layer.cache_attention(q, q, q, cache=cache[0], at=jnp.int32(0), mask=None, positions=np.arange(1))
 
 
 @pytest.mark.parametrize("row_writes", [64, 1])  # a write a sequence, and the scatter past ROW_WRITES
 def test_a_cache_held_by_the_caller_takes_each_sequence_at_its_own_place(monkeypatch, row_writes):
     """``output_in_cache`` with at int32[B]: sequences at different lengths (2 and 5) in one call, each equal to
     the full causal pass at its positions, and each row's cache to one written at its own place alone."""
-    from sedd import ddit_layer
-
     monkeypatch.setattr(ddit_layer, "ROW_WRITES", row_writes)
     m = perturb(make(AR))
     x = tokens(0, V + 1)  # (2, L)
     full = np.asarray(nnx.jit(lambda mod, a: mod.network_output(a, None))(m, x))  # (B, L, V)
     rows, starts, n = np.arange(L), np.array([2, 5]), 3
     cache = m.empty_cache(2, L)
-    _, cache = m.output_in_cache(
+    _, cache, _ = m.output_in_cache(
         x[:, :5],
         None,
         positions=np.arange(5),
@@ -386,7 +379,7 @@ def test_a_cache_held_by_the_caller_takes_each_sequence_at_its_own_place(monkeyp
     )  # both texts up to 5; row 0 rewrites from 2 below
     positions = starts[:, None] + np.arange(n)  # (B, n)
     chunk = np.take_along_axis(np.asarray(x), positions, axis=1)
-    out, cache = m.output_in_cache(
+    out, cache, _ = m.output_in_cache(
         chunk,
         None,
         positions=positions,
@@ -398,7 +391,7 @@ def test_a_cache_held_by_the_caller_takes_each_sequence_at_its_own_place(monkeyp
         np.asarray(out), np.take_along_axis(full, positions[..., None], axis=1), rtol=1e-5, atol=1e-5
     )
     alone = m.empty_cache(2, L)
-    _, alone = m.output_in_cache(
+    _, alone, _ = m.output_in_cache(
         x[:, :8],
         None,
         positions=np.arange(8),

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from sedd import cli, figures, kinds, runs, sharding, train
+from sedd import checkpoints, cli, figures, kinds, optim, runs, sharding, train
 from sedd import config as config_lib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +29,7 @@ def test_inference_builds_no_optimizer(tiny_run, monkeypatch, capsys):
 
     for name in ("adamw", "adam", "chain", "clip_by_global_norm", "MultiSteps"):
         monkeypatch.setattr(optax, name, refuse)
-    monkeypatch.setattr(train, "build_optimizer", refuse)
+    monkeypatch.setattr(optim, "build_optimizer", refuse)
     monkeypatch.setattr(train.Trainer, "__init__", refuse)
 
     run = runs.load(workdir)
@@ -142,13 +142,13 @@ def test_eval_splits_the_cpu_as_train_does_and_gives_the_same_bound(tiny_run, tm
 
     # A received run's count is honoured only where it fits: dividing the batch, at most the cores; else auto.
     counts = []
-    monkeypatch.setattr(cli.sharding, "available_cores", lambda: 4)
-    monkeypatch.setattr(cli.sharding, "split_cpu", lambda c: counts.append(c.mesh.cpu_devices) or 0)
+    monkeypatch.setattr(figures.sharding, "available_cores", lambda: 4)
+    monkeypatch.setattr(figures.sharding, "split_cpu", lambda c: counts.append(c.mesh.cpu_devices) or 0)
     given = (0, 1, 2, 4, 3, 8, 10**6, -1)
     for n in given:
         config["mesh"]["cpu_devices"] = n
         (workdir / runs.CONFIG).write_text(json.dumps(config))
-        assert cli.split_cpu_for_eval(workdir, 4) == 0
+        assert figures.split_cpu_for_eval(workdir, 4) == 0
     assert counts == [0, 1, 2, 4, 0, 0, 0, 0], dict(zip(given, counts))
 
 
@@ -161,7 +161,7 @@ def test_load_restores_the_saved_weights_of_any_step(tiny_run):
     assert any(not np.array_equal(a, b) for a, b in zip(leaves(newest), leaves(raw)))
     # The full train state's EMA, restored through the trainer, is what load returns.
     trainer = train.Trainer(newest.config)
-    state = runs.restore(runs.checkpoint_manager(workdir), trainer.abstract_state)
+    state = checkpoints.restore(checkpoints.checkpoint_manager(workdir), trainer.abstract_state)
     for a, b in zip(leaves(newest), jax.tree.leaves(state["ema"])):
         np.testing.assert_array_equal(a, np.asarray(b))
     with pytest.raises(FileNotFoundError, match="no checkpoint of step 3"):

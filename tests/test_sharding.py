@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from sedd import config as config_lib
-from sedd import runs, sharding
+from sedd import checkpoints, runs, sharding
 from sedd import train as train_lib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,7 +130,7 @@ _MESHES = """
 import json, tempfile
 import jax, numpy as np
 import orbax.checkpoint as ocp
-from sedd import config as C, runs, sharding as S, train as T
+from sedd import checkpoints, config as C, runs, sharding as S, train as T
 
 cfg = C.load_config("tiny")
 cfg.vocab_size = 65  # D = 66: divides by 2, not by 8 (the replication fallback)
@@ -169,7 +169,7 @@ for shape in [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 1, 8)]:
         run = runs.from_parts(cfg, None, tr.graphdef, st["ema"], tr.rest, mesh=mesh)
         # What Run.sample runs (before its NumPy copy): the rows stay split over the data axis through the
         # loop, the score function constraining its input.
-        x = run.kind.sample(jax.random.key(1), run.net, 8, 2, None, run.row_sharding(8)).tokens
+        x = run.kind.sample(jax.random.key(1), run.net._replace(placement=run.row_sharding(8)), 8, 2).tokens
         out["samples"][name] = np.asarray(x).tolist()
         out["specs"][name]["samples"] = str(x.sharding.spec)
     trainers[shape], states[shape] = tr, st
@@ -191,13 +191,13 @@ for shape_m, spec in [((2, 2, 2), P(("data", "fsdp"), None, "tensor")), ((1, 1, 
 
 # A checkpoint written on the 2 x 2 x 2 mesh, restored onto 1 x 1 x 8 and onto one device.
 with tempfile.TemporaryDirectory() as d:
-    mgr = runs.checkpoint_manager(d, cfg)
+    mgr = checkpoints.checkpoint_manager(d, cfg)
     mgr.save(2, args=ocp.args.Composite(state=ocp.args.PyTreeSave(states[(2, 2, 2)])), force=True)
     mgr.wait_until_finished()
     out["restore"] = {}
     for shape in [(1, 1, 8), (1, 1, 1)]:
         tr = trainers[shape]
-        r = runs.restore(runs.checkpoint_manager(d), tr.abstract_state)
+        r = checkpoints.restore(checkpoints.checkpoint_manager(d), tr.abstract_state)
         same = all(
             np.array_equal(np.asarray(a), np.asarray(b))
             for a, b in zip(jax.tree.leaves(r), jax.tree.leaves(states[(2, 2, 2)]))
@@ -332,7 +332,7 @@ def test_two_processes_train_like_one(tmp_path):
         np.testing.assert_allclose(o["bound"]["nats_per_token"], one["bound"]["nats_per_token"], rtol=2e-5)
         assert o["samples"] == one["samples"]
     # Both processes wrote their shards of one checkpoint through orbax.
-    assert runs.checkpoint_manager(tmp_path / "two").latest_step() == 3
+    assert checkpoints.checkpoint_manager(tmp_path / "two").latest_step() == 3
     # ... which this single process loads for sampling onto all of its devices: the run's 2 x -1 x 1 mesh
     # when they can form it, else all of them on the data axis.
     two = runs.load(tmp_path / "two")
@@ -381,5 +381,5 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_the_same_step(tmp_path):
     results = [_result(o) for o in outs]
     assert all(r["stopped"] for r in results)
     assert results[0]["step"] == results[1]["step"] < 100000
-    assert runs.checkpoint_manager(tmp_path / "run").latest_step() == results[0]["step"]
+    assert checkpoints.checkpoint_manager(tmp_path / "run").latest_step() == results[0]["step"]
     assert waited < 60

@@ -11,7 +11,6 @@ and a tiny run trains, evaluates and samples through the CLI.
 from __future__ import annotations
 
 import functools
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -273,12 +272,15 @@ def test_past_the_last_group_a_round_drafts_from_it_from_the_new_start():
 def test_a_layout_is_checked_naming_the_value():
     assert spec.layout_of(None, 4) == spec.Layout(4, 5) and spec.layout_of("4,2", 4) == spec.Layout(4, 2)
     assert spec.layout_of(3, 4) == spec.Layout(3, 4) and spec.layout_of("2", 4) == spec.Layout(2, 3)
-    assert spec.Layout(4, 2).positions == 13 and spec.Layout(4, 5).positions == 25
+    assert spec.Layout(4, 2).positions == 13 and spec.Layout(4, 5).positions == 25 and spec.Layout(4, 2).name == "4,2"
     assert spec.layout_of("0", 4) == spec.layout_of(0, 4) == spec.NO_DRAFTS and spec.NO_DRAFTS.positions == 1
+    assert spec.layout_of("8,1", None) == spec.Layout(8, 1)  # the format alone
+    assert spec.candidates(4) == [spec.Layout(4, 1), spec.Layout(2, 2), spec.Layout(1, 2), spec.NO_DRAFTS]
     for bad in (
         "4,6",
         "0,1",
         "1,0",
+        "5,1",  # more drafts than the run was trained to draft
         "a,b",
         "4,2,1",
         "1_0",
@@ -292,37 +294,14 @@ def test_a_layout_is_checked_naming_the_value():
     ):
         with pytest.raises(ValueError, match="layout"):
             spec.layout_of(bad, 4)
-
-
-def test_a_layout_is_chosen_by_its_speed_here_and_kept_in_the_run_directory(tmp_path):
-    """choose_layout times the candidates, keeps the fastest for this device in workdir/layouts.json, reads it back."""
-    import json
-
-    graphdef, state = _tiny(2)
-    layouts = [spec.Layout(2, 3), spec.Layout(1, 1)]
-    layout, line = spec.choose_layout(graphdef, state, L, 1, 2, tmp_path, layouts=layouts)
-    assert layout in layouts and "the fastest here at batch 1" in line, line
-    (entry,) = json.loads((tmp_path / spec.LAYOUTS_FILE).read_text()).values()
-    assert entry["layout"] == f"{layout.k},{layout.groups}" == entry["timed"][0]["layout"]
-    assert {r["layout"] for r in entry["timed"]} == {"2,3", "1,1"}
-    assert all(r["tokens_per_s"] > 0 and 1 <= r["tokens_per_call"] <= L for r in entry["timed"])
-    again, line = spec.choose_layout(graphdef, state, L, 1, 2, tmp_path, layouts=layouts)
-    assert again == layout and "chosen earlier on this device" in line
-    stuck = tmp_path / "received"  # a run directory it cannot write (a refused write, as root too): the choice
-    stuck.mkdir()  # is used, not kept
-    with mock.patch.object(spec.files, "write_text", side_effect=PermissionError(13, "Permission denied")):
-        again, line = spec.choose_layout(graphdef, state, L, 1, 2, stuck, layouts=layouts[:1])
-    assert again == layouts[0] and "not kept in" in line and not (stuck / spec.LAYOUTS_FILE).exists(), line
-    (tmp_path / spec.LAYOUTS_FILE).write_text("{not json")
-    with pytest.raises(ValueError, match="layouts.json is not a layouts file"):
-        spec.choose_layout(graphdef, state, L, 1, 2, tmp_path, layouts=layouts)
     from sedd import config as config_lib
     from sedd import kinds
 
     config = config_lib.load_config("tiny")  # a SEDD run: no layout to choose
     config.vocab_size = V
     with pytest.raises(
-        ValueError, match="--layout 2,1: a model.kind='ddit' run cannot choose a round's layout; model.kind 'spec' can"
+        ValueError,
+        match="--layout 2,1: a model.kind='ddit' run cannot choose a round's layout; model.kind 'ar' or 'spec' can",
     ):
         kinds.capabilities.able(kinds.get(config), kinds.capabilities.Tunes, "--layout 2,1")
 
@@ -421,10 +400,10 @@ def test_a_tiny_spec_run_trains_evaluates_and_samples(tmp_path):
     assert "layout k=4 groups=1 (9 positions a call), as asked" in out and "network calls: " in out, out
 
 
-@pytest.mark.parametrize("head", [0, 16])
-def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds(head):
-    """sedd serve with a spec run and no --draft: temperature 0 writes the causal half's argmax text, in rounds
-    (its draft half's, or with model.draft_head its head's, k steps a round)."""
+@pytest.mark.parametrize("kind,head", [("spec", 0), ("ar", 16)])
+def test_sedd_serve_decodes_a_run_by_its_own_rounds(kind, head):
+    """sedd serve with a spec run, or an AR run with a draft head, and no --draft: temperature 0 writes the causal
+    LM's argmax text, in rounds (the draft half's, or the head's k steps a round)."""
     pytest.importorskip("starlette")
     import ml_collections
     from flax import nnx
@@ -438,7 +417,7 @@ def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds(head):
     config = config_lib.load_config(
         "tiny",
         [
-            "--config.model.kind=spec",
+            f"--config.model.kind={kind}",
             "--config.model.n_layers=1",
             "--config.model.draft_k=3",
             f"--config.data.seq_len={length}",
@@ -452,7 +431,7 @@ def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds(head):
     limits = serve.Limits(max_steps=16, max_n=2, max_batch=2, max_queue=8, timeout_s=300, window_s=0.0)
     with TestClient(serve.create_app(run, "sedd-spec", limits), base_url="http://localhost") as client:
         model = client.get("/v1/models").json()["data"][0]
-        assert model["kind"] == "spec" and model["draft"] == "self" and model["draft_k"] == 3
+        assert model["kind"] == kind and model["draft"] == ("head" if head else "self") and model["draft_k"] == 3
         out = client.post(
             "/v1/completions", json={"prompt": "ab c", "max_tokens": 9, "temperature": 0.0, "seed": 1}
         ).json()
@@ -460,10 +439,7 @@ def test_sedd_serve_decodes_a_spec_run_by_its_own_rounds(head):
     net = run.model
     for _ in range(9):  # the argmax of the causal half by full forward passes
         x = jnp.asarray([ids + [0]], jnp.int32)
-        logits = net.network_output(
-            causal.inputs(net, x), None, deterministic=True, mask=np.tril(np.ones((x.shape[1],) * 2, bool))
-        )
-        ids.append(int(jnp.argmax(logits[0, -1])))
+        ids.append(int(jnp.argmax(causal.next_token_logits(net, x)[0, -1])))
     assert out["choices"][0]["text"] == tokenizer.decode(ids[4:])
     s = out["speculative"]
     assert s["draft_calls"] == (3 * s["target_calls"] if head else 0), s

@@ -431,7 +431,7 @@ def test_a_text_longer_than_the_prefilled_cache_is_refused_by_name():
     prefill, target = causal.speculative_target(graphdef)
     cached = prefill(state, jnp.zeros((1, 2), jnp.int32))
     rows = jax.tree.leaves(cached[1])[0].shape[-2]
-    with pytest.raises(ValueError, match=rf"text buffer of {rows + 1} positions does not fit .* {rows} rows"):
+    with pytest.raises(ValueError, match=rf"text buffer of {rows + 1} positions does not fit .* {rows} slots"):
         target(cached, jnp.zeros((1, rows + 1), jnp.int32), jnp.asarray([2]), 3)
 
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sedd import cli, kernels, kinds, runs
+from sedd import checkpoints, cli, kernels, kinds, optim, runs
 from sedd import config as config_lib
 from sedd import progress
 from sedd import train as train_lib
@@ -75,7 +75,7 @@ def test_tiny_run_end_to_end(graph, data_dir, tmp_path):
     assert bound["kind"] == "ddit" and bound["num_sequences"] == 2 * 8 and bound["stderr_nats_per_token"] > 0
     assert result["step"] == 6 and len(result["samples"][0]) > 0
     assert (tmp_path / "run" / "tokenizer.json").exists() and (tmp_path / "run" / "config.json").exists()
-    assert runs.checkpoint_manager(tmp_path / "run").latest_step() == 6
+    assert checkpoints.checkpoint_manager(tmp_path / "run").latest_step() == 6
 
 
 @pytest.mark.dtypes  # end to end: .ci/run runs it again in the other compute dtype
@@ -84,7 +84,7 @@ def test_checkpoint_round_trip(data_dir, tmp_path):
     train_lib.train(c, tmp_path / "run", quiet=True)
     run = runs.load(tmp_path / "run")
     trainer = train_lib.Trainer(run.config)
-    state = runs.restore(runs.checkpoint_manager(tmp_path / "run"), trainer.abstract_state)
+    state = checkpoints.restore(checkpoints.checkpoint_manager(tmp_path / "run"), trainer.abstract_state)
     assert int(state["step"]) == 3 and run.step == 3
     ema = run.params
     # The restored EMA is the saved one, and differs from the initial weights.
@@ -132,7 +132,7 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(data_dir, tmp_path):
     run.send_signal(signal.SIGTERM)
     out = run.communicate(timeout=120)[0]
     assert run.returncode == 0, out
-    stopped_at = runs.checkpoint_manager(tmp_path / "b").latest_step()
+    stopped_at = checkpoints.checkpoint_manager(tmp_path / "b").latest_step()
     assert stopped_at is not None and stopped_at < 16, out
     resumed = _cli_train(tmp_path / "b", data_dir)
     out = resumed.communicate(timeout=300)[0]
@@ -353,12 +353,12 @@ def test_adaln_lr_scale_scales_only_the_adaln_kernels_updates():
 
     params = nnx.state(kinds.build_model(config), nnx.Param)
     grads = jax.tree.map(lambda p: np.full(p.shape, 0.5, np.float32), params)
-    mask = train_lib.is_adaln_kernel(params)
+    mask = optim.is_adaln_kernel(params)
     assert sum(jax.tree.leaves(mask)) == config.model.n_layers + 1  # every block's and the final layer's
     updates = {}
     for scale in (1.0, 0.1):
         config.optim.adaln_lr_scale = scale
-        tx, schedule = train_lib.build_optimizer(config)
+        tx, schedule = optim.build_optimizer(config)
         state, update = tx.init(params), jax.jit(tx.update)
         for _ in range(3):  # past warmup's first step (lr 0): the clipped gradient then moves every weight
             u, state = update(grads, state, params)
@@ -368,7 +368,7 @@ def test_adaln_lr_scale_scales_only_the_adaln_kernels_updates():
         np.testing.assert_allclose(np.asarray(b), np.asarray(a) * (0.1 if m else 1.0), rtol=1e-6)
     config.optim.adaln_lr_scale = 0.0
     with pytest.raises(ValueError, match="adaln_lr_scale must be > 0"):
-        train_lib.build_optimizer(config)
+        optim.build_optimizer(config)
 
 
 def test_muon_orthogonalises_the_layers_matrices_and_adamw_takes_the_rest():
@@ -402,14 +402,14 @@ def test_muon_orthogonalises_the_layers_matrices_and_adamw_takes_the_rest():
         return (u * np.logspace(-1, 1, min(p.shape)) @ v.T).astype(np.float32)
 
     grads = jax.tree.map(gradient, params)
-    specs = train_lib.muon_dimensions(params)
+    specs = optim.muon_dimensions(params)
     flat = jax.tree_util.tree_flatten_with_path(
         specs, is_leaf=lambda s: s is None or isinstance(s, optax.contrib.MuonDimensionNumbers)
     )[0]
     is_muon = jax.tree.unflatten(jax.tree.structure(params), [s is not None for _, s in flat])
     paths = [jax.tree_util.keystr(p) for p, s in flat if s is not None]
     assert len(paths) == 4 * config.model.n_layers and all("layers" in p and "kernel" in p for p in paths)
-    tx, _ = train_lib.build_optimizer(config)
+    tx, _ = optim.build_optimizer(config)
     state, update = tx.init(params), jax.jit(tx.update)
     for _ in range(2):  # the second step has the full lr (warmup 1)
         u, state = update(grads, state, params)
@@ -430,10 +430,10 @@ def test_muon_orthogonalises_the_layers_matrices_and_adamw_takes_the_rest():
         assert cos > 0.95, cos
     config.optim.optimizer = "sgd"
     with pytest.raises(ValueError, match="optim.optimizer='sgd': expected one of adamw, muon"):
-        train_lib.build_optimizer(config)
+        optim.build_optimizer(config)
     config.optim.optimizer, config.optim.muon_lr_scale = "muon", 0.0
     with pytest.raises(ValueError, match="optim.muon_lr_scale must be > 0, got 0.0"):
-        train_lib.build_optimizer(config)
+        optim.build_optimizer(config)
 
 
 @pytest.mark.slow  # the end-to-end tests marked dtypes run in bfloat16 in .ci/run's dtype check: behind -m slow to keep the default suite within 900 CPU s

@@ -34,7 +34,7 @@ Timing rules, because the machines these run on are shared and noisy: those of
 median of per-round ratios, no compiling call timed, ``machine()`` in every
 result).
 
-FLOPs: model FLOPs per token of ``sedd.model.flops_per_token`` (6 N + 12 n L H
+FLOPs: model FLOPs per token of ``nets.network_flops_per_token`` (6 N + 12 n L H
 for training, N the matmul weights a token meets).
 """
 
@@ -98,6 +98,83 @@ RUNNERS = {
     "speculative": speculative.run_speculative,
     "frontier": frontier.run_frontier,
 }
+
+
+def speculative_options(p: argparse.ArgumentParser) -> None:
+    """The options of `bench.py speculative`."""
+    p.add_argument(
+        "--target", default="", help="speculative: the AR run sampled (default with --quick: tiny random runs)"
+    )
+    p.add_argument(
+        "--drafts",
+        default="",
+        help="speculative: comma-separated drafters, 'ngram' or run directories "
+        "(a smaller AR run, a block run; default ngram; none: the --spec run alone)",
+    )
+    p.add_argument(
+        "--draft_ks",
+        type=int,
+        nargs="+",
+        default=None,
+        help="speculative: the drafts a round of each --drafts drafter (default 2 4 8 16)",
+    )
+    p.add_argument(
+        "--spec",
+        default="",
+        help="speculative: comma-separated runs that draft for themselves (spec runs, AR runs with a draft head), "
+        "each sampled with its own drafts",
+    )
+    p.add_argument(
+        "--layouts",
+        nargs="+",
+        default=None,
+        help="speculative: the --spec runs' round layouts, each 'K,GROUPS' (a spec run), 'K' (a head run) or "
+        "'auto' (the fastest here, timed at each batch; default: the run's own)",
+    )
+    p.add_argument("--quality_samples", type=int, default=64, help="speculative: texts each cell's quality is of")
+    p.add_argument("--cost_only", action="store_true", help="speculative: the call-cost curve only")
+    p.add_argument(
+        "--profile_size",
+        default="",
+        choices=["", "shakespeare_char", "gpt2_small"],
+        help="speculative: where a step's time goes at this size too (random weights, L 128), per "
+        "--layouts; with --spec, each run's tokens a call at that step's price",
+    )
+    p.add_argument(
+        "--dtypes",
+        default="",
+        help="speculative: comma-separated compute dtypes (float32,bfloat16): "
+        "AR's text and the first --spec run's in each, interleaved (which is AR at its best here)",
+    )
+    p.add_argument(
+        "--positions",
+        type=int,
+        nargs="+",
+        default=None,
+        help="speculative: the n of the call-cost curve (default 1 .. 32)",
+    )
+    p.add_argument(
+        "--widths",
+        type=int,
+        nargs="+",
+        default=None,
+        help="speculative: the call-cost curve of the plays' network at these widths (--blocks layers, "
+        "default 4; max(8, W / 64) heads) in place of the default's and GPT-2 small's",
+    )
+    p.add_argument(
+        "--verifications",
+        default="joint",
+        help="speculative: comma-separated, each cell verified by "
+        "each: 'joint' (Sun et al.'s block verification) and/or 'token' (Leviathan et al.); the same law",
+    )
+    p.add_argument(
+        "--temperatures",
+        type=float,
+        nargs="+",
+        default=[1.0],
+        help="speculative: each cell at each temperature, against AR at it (0: greedy, one text)",
+    )
+    p.add_argument("--picture", default="", help="speculative, frontier: a PNG of speed against quality")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -175,79 +252,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no_block", action="store_true", help="decode: AR only")
     p.add_argument("--trace", action="store_true", help="decode: a jax.profiler trace of the AR and block calls")
-    p.add_argument(
-        "--target", default="", help="speculative: the AR run sampled (default with --quick: tiny random runs)"
-    )
-    p.add_argument(
-        "--drafts",
-        default="",
-        help="speculative: comma-separated drafters, 'ngram' or run directories "
-        "(a smaller AR run, a block run; default ngram; none: the --spec run alone)",
-    )
-    p.add_argument(
-        "--draft_ks",
-        type=int,
-        nargs="+",
-        default=None,
-        help="speculative: the drafts a round of each --drafts drafter (default 2 4 8 16)",
-    )
-    p.add_argument(
-        "--spec",
-        default="",
-        help="speculative: comma-separated model.kind='spec' runs, each sampled with its own drafts",
-    )
-    p.add_argument(
-        "--layouts",
-        nargs="+",
-        default=None,
-        help="speculative: the --spec runs' round layouts, each "
-        "'K,GROUPS' or 'auto' (the fastest here, timed at each batch; default: its trained k, every group)",
-    )
-    p.add_argument("--quality_samples", type=int, default=64, help="speculative: texts each cell's quality is of")
-    p.add_argument("--cost_only", action="store_true", help="speculative: the call-cost curve only")
-    p.add_argument(
-        "--profile_size",
-        default="",
-        choices=["", "shakespeare_char", "gpt2_small"],
-        help="speculative: where a step's time goes at this size too (random weights, L 128), per "
-        "--layouts; with --spec, each run's tokens a call at that step's price",
-    )
-    p.add_argument(
-        "--dtypes",
-        default="",
-        help="speculative: comma-separated compute dtypes (float32,bfloat16): "
-        "AR's text and the first --spec run's in each, interleaved (which is AR at its best here)",
-    )
-    p.add_argument(
-        "--positions",
-        type=int,
-        nargs="+",
-        default=None,
-        help="speculative: the n of the call-cost curve (default 1 .. 32)",
-    )
-    p.add_argument(
-        "--widths",
-        type=int,
-        nargs="+",
-        default=None,
-        help="speculative: the call-cost curve of the plays' network at these widths (--blocks layers, "
-        "default 4; max(8, W / 64) heads) in place of the default's and GPT-2 small's",
-    )
-    p.add_argument(
-        "--verifications",
-        default="joint",
-        help="speculative: comma-separated, each cell verified by "
-        "each: 'joint' (Sun et al.'s block verification) and/or 'token' (Leviathan et al.); the same law",
-    )
-    p.add_argument(
-        "--temperatures",
-        type=float,
-        nargs="+",
-        default=[1.0],
-        help="speculative: each cell at each temperature, against AR at it (0: greedy, one text)",
-    )
     frontier.add_arguments(p)
     p.add_argument("--dump", default="", help="decode: a folder for the AR loop's HLO and the traces (.xplane.pb.gz)")
+    speculative_options(p)
     return p
 
 

@@ -12,6 +12,7 @@ from experiments.timing import format_table, interleaved, median, paired_ratio
 from experiments.writing import by_blocks
 from sedd import kinds, sampling
 from sedd.kinds import causal
+from sedd.kinds.capabilities import Diffuses
 
 
 def _writers(
@@ -27,8 +28,8 @@ def _writers(
     """
     key = jax.random.key(0)
     out = {}
-    ar_runs = [r for r in given if not r.kind.diffuses]  # causal LMs: one token a call, KV cache
-    whole = [r for r in given if r.kind.diffuses and not by_blocks(r.kind, r.seq_len)]
+    ar_runs = [r for r in given if not isinstance(r.kind, Diffuses)]  # causal LMs: one token a call, KV cache
+    whole = [r for r in given if isinstance(r.kind, Diffuses) and not by_blocks(r.kind, r.seq_len)]
     blocks = {r.kind.one_token_steps(r.seq_len): r for r in given if by_blocks(r.kind, r.seq_len)}  # b -> run
     if ar_runs:
         ar_model = ar_runs[0].net.model

@@ -18,7 +18,6 @@ from experiments.benchmarks import nets
 from experiments.timing import format_table, interleaved, median, paired_ratio
 from sedd import kernels, kinds
 from sedd.kinds import causal
-from sedd import model as model_lib
 
 
 def stored_in_compute_dtype(model):
@@ -48,7 +47,7 @@ def _ar_decode(model, key, temperature, *, num_samples: int, length: int, unroll
 
     def step(pos, carry):
         cache, prev, toks = carry
-        logits, cache = causal.decode_in_cache(model, cache, prev[:, None], pos)  # (B, 1, V)
+        logits, cache, _ = causal.decode_in_cache(model, cache, prev[:, None], pos)  # (B, 1, V)
         probs = jax.nn.softmax(logits[:, 0].astype(jnp.float32) / temperature, axis=-1)
         tok = sample_categorical(jax.random.fold_in(key, pos), probs, "precise").astype(jnp.int32)
         return cache, tok, toks.at[:, pos].set(tok)
@@ -163,26 +162,10 @@ def _ar_hlo(model, length: int, unroll: int = 1) -> str:
     return f.lower(state, jax.random.key(0), jnp.float32(1.0)).compile().as_text()
 
 
-def run_decode(quick: bool, args) -> dict:
-    """Batch-1 decode, ms a network call: AR with KV cache (as shipped, its loop unrolled, its weights stored in
-    bfloat16) and block models (b = 4 and 16 at 4 tokens a call), interleaved; with --trace a jax.profiler trace
-    of the AR and block-4 calls (kernels a call, their time, the host's)."""
-    if quick:
-        config = nets.bench_config("tiny")
-        length, repeats, unrolls = 32, 1, args.unroll
-    else:
-        config = nets.bench_config(
-            hidden_size=args.width,
-            n_heads=max(args.width // 64, 1),
-            n_layers=args.blocks,
-            cond_dim=128,
-            seq_len=args.seq_len,
-        )
-        config.vocab_size = args.vocab or (50257 if args.width >= 768 else config.vocab_size)
-        length, repeats, unrolls = args.length, args.repeats, args.unroll
-    if args.dtype:
-        config.model.dtype = args.dtype
-    batch, key, one = 1, jax.random.key(0), jnp.float32(1.0)
+def ar_writers(config, key, batch: int, length: int, unrolls) -> tuple:
+    """(the AR network of the config with random nonzero weights, {name: (a text of `length` tokens, its calls)}):
+    ``causal.ancestral`` as shipped, its loop unrolled, its weights stored in the compute dtype."""
+    one = jnp.float32(1.0)
     c = config.copy_and_resolve_references()
     c.model.kind = "ar"
     ar_model = kinds.build_model(c, 0)
@@ -214,6 +197,30 @@ def run_decode(quick: bool, args) -> dict:
             functools.partial(ar_decode, ar_low, key, one, num_samples=batch, length=length, unroll=u),
             length,
         )
+    return ar_model, fns
+
+
+def run_decode(quick: bool, args) -> dict:
+    """Batch-1 decode, ms a network call: AR with KV cache (as shipped, its loop unrolled, its weights stored in
+    bfloat16) and block models (b = 4 and 16 at 4 tokens a call), interleaved; with --trace a jax.profiler trace
+    of the AR and block-4 calls (kernels a call, their time, the host's)."""
+    if quick:
+        config = nets.bench_config("tiny")
+        length, repeats, unrolls = 32, 1, args.unroll
+    else:
+        config = nets.bench_config(
+            hidden_size=args.width,
+            n_heads=max(args.width // 64, 1),
+            n_layers=args.blocks,
+            cond_dim=128,
+            seq_len=args.seq_len,
+        )
+        config.vocab_size = args.vocab or (50257 if args.width >= 768 else config.vocab_size)
+        length, repeats, unrolls = args.length, args.repeats, args.unroll
+    if args.dtype:
+        config.model.dtype = args.dtype
+    batch, key = 1, jax.random.key(0)
+    ar_model, fns = ar_writers(config, key, batch, length, unrolls)
     base = "AR, KV cache (causal.ancestral)"
     ref = np.asarray(fns[base][0]())
     results = []
@@ -267,7 +274,7 @@ def run_decode(quick: bool, args) -> dict:
         "batch": batch,
     }
     # The weights a call reads: the floor of a call at the device's copy rate.
-    n = model_lib.matmul_params(ar_model)
+    n = nets.network_matmul_params(ar_model)
     out["weight_bytes_float32"], out["weight_bytes_bfloat16"] = 4 * n, 2 * n
     _hlo_and_traces(out, fns, ar_model, length, base, args)
     out["table"] = _table(out)

@@ -353,9 +353,8 @@ def _tiny_runs() -> tuple[dict, Any]:
 
 
 def add_arguments(p) -> None:
-    """bench.py's options of this benchmark (--workdirs, --steps, --layouts, --batch_sizes, --repeats and
-    --quality_samples are shared with others; --picture with `speculative`)."""
-    p.add_argument("--picture", default="", help="speculative, frontier: a PNG of speed against quality")
+    """bench.py's options of this benchmark alone (--workdirs, --steps, --layouts, --batch_sizes, --repeats,
+    --quality_samples and --picture are shared with others)."""
     p.add_argument("--judge", default="", help="frontier: an AR run of the corpus trained longer than any measured")
     p.add_argument("--samplers", nargs="+", default=None, help="frontier: a SEDD run's samplers (default: all)")
     p.add_argument("--markdown", default="", help="frontier: the table as Markdown (default: beside the JSON)")

@@ -19,9 +19,9 @@
 #      in the command buffer (CUDA graphs). docs/benchmarks.md ("On a GPU") has an H200's figures.
 #   4. speculative: the cost of one KV-cached AR call on n = 1..32 new positions at the default's
 #      and GPT-2 small's sizes (bfloat16), batch 1: how many tokens a round must write to pay.
-#   5. spec_train, spec_bench: the wide config's spec and AR runs trained here (450 steps each), and the
-#      default's AR run (the drafter), then the spec run's chosen layout (and its head's 4 and 2 drafts a
-#      round) and the wide AR run drafted for by the default's (k = 4) against AR with its KV cache,
+#   5. spec_train, spec_bench: the wide config's AR runs with and without its draft head trained here (450
+#      steps each), and the default's AR run (the drafter), then the head run's chosen layout (its head's
+#      drafts a round) and the wide AR run drafted for by the default's (k = 4) against AR with its KV cache,
 #      interleaved, batch 1 and 4, temperature 1 and 0 (docs/speculative.md).
 #      GPU_SH_PARTS="spec_train spec_bench" GPU_SH_BUDGET=580 runs the self-speculation study alone.
 #   6. spec_default_train, spec_default_bench: the same at the default's width (not with --toy).
@@ -102,14 +102,14 @@ part decode_flags_while 120 XLA_FLAGS="${XLA_FLAGS:-} $CMD_ALL --xla_gpu_graph_m
   $B decode $DECODE_FLAGS --json "$OUT/decode_flags_while.json"
 # 4. Speculative sampling's call-cost curve: one AR call on n new positions, n = 1..32, two sizes.
 part speculative 150 -- $B speculative $SPEC --json "$OUT/speculative.json"
-# 5. Self-speculation against AR, trained here: the wide config (docs/speculative.md) as a spec run and an AR run.
+# 5. Drafts against AR, trained here: the wide config (docs/speculative.md) with its draft head and without.
 RUNS="${GPU_SH_RUNS:-${OUT%/}.runs}"  # beside OUT, not in it: two checkpoints of 26M parameters and their optimizer state
 echo "runs of part 5 in $RUNS"
-part spec_train 300 -- bash -c "$PY -m sedd.cli train --config shakespeare_wide --workdir $RUNS/wide_spec $SPEC_TRAIN &&
-  $PY -m sedd.cli train --config shakespeare_wide --workdir $RUNS/wide_ar --config.model.kind=ar $SPEC_TRAIN &&
+part spec_train 300 -- bash -c "$PY -m sedd.cli train --config shakespeare_wide --workdir $RUNS/wide_head $SPEC_TRAIN &&
+  $PY -m sedd.cli train --config shakespeare_wide --workdir $RUNS/wide_ar --config.model.draft_head=0 $SPEC_TRAIN &&
   $PY -m sedd.cli train --workdir $RUNS/small_ar --config.model.kind=ar $SPEC_TRAIN"
 part spec_bench 300 -- $B speculative --target "$RUNS/wide_ar" --drafts "$RUNS/small_ar" --draft_ks 4 \
-  --spec "$RUNS/wide_spec" --temperatures 1 0 $SPEC_BENCH --json "$OUT/spec_runs.json"
+  --spec "$RUNS/wide_head" --temperatures 1 0 $SPEC_BENCH --json "$OUT/spec_runs.json"
 # 6. The same at the default's width (on a CPU no layout pays there; on a GPU a call on a few positions may cost
 #    about one), last: the budget skips it first. Not in the toy run (the same code as part 5).
 if [ "$TOY" = 0 ]; then

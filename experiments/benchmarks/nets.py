@@ -7,7 +7,6 @@ from flax import nnx
 
 from sedd import config as config_lib
 from sedd import kinds
-from sedd import model as model_lib
 
 
 def bench_config(base: str = "shakespeare_char", vocab_size: int = 85, **model_overrides):
@@ -27,14 +26,41 @@ def bench_config(base: str = "shakespeare_char", vocab_size: int = 85, **model_o
     return c
 
 
+def network_matmul_params(model) -> int:
+    """N, the weights of the matmuls every token meets: n (4 H^2 + 2 r H^2) + H D.
+
+    qkv 3H^2 and the attention output H^2 per layer, the MLP 2 r H^2 (r the
+    MLP ratio), the output projection H D. Embedding lookups and the
+    per-sequence adaLN / sigma layers are left out. Works on an abstract model
+    (``nnx.eval_shape``).
+    """
+    h = model.hidden_size
+    mlp = model.layers[0].mlp_in.kernel.shape[1]  # r H
+    return len(model.layers) * (4 * h * h + 2 * mlp * h) + h * model.out_dim
+
+
+def network_flops_per_token(model, seq_len: int, training: bool = True) -> float:
+    """Model FLOPs per token (not hardware FLOPs: no rematerialisation, no elementwise work).
+
+        forward  = 2 N + 4 n L H        (QK^T and AV: 2 L H each, per layer)
+        training = 6 N + 12 n L H       (backward = 2 x forward; PaLM App. B)
+
+    with N = ``network_matmul_params(model)``. The attention term uses the full L for a
+    causal model too: ``sedd.kernels.mixed_attention`` computes the whole score
+    matrix and masks it.
+    """
+    forward = 2 * network_matmul_params(model) + 4 * len(model.layers) * seq_len * model.hidden_size
+    return 3 * forward if training else forward
+
+
 def matmul_params(config) -> int:
-    """N of ``sedd.model.matmul_params`` for a config's network."""
-    return model_lib.matmul_params(nnx.eval_shape(lambda: kinds.build_model(config)))
+    """N of ``network_matmul_params`` for a config's network."""
+    return network_matmul_params(nnx.eval_shape(lambda: kinds.build_model(config)))
 
 
 def flops_per_token(config, training: bool = True) -> float:
-    """``sedd.model.flops_per_token`` of a config's network at its sequence length."""
-    return model_lib.flops_per_token(nnx.eval_shape(lambda: kinds.build_model(config)), config.data.seq_len, training)
+    """``network_flops_per_token`` of a config's network at its sequence length."""
+    return network_flops_per_token(nnx.eval_shape(lambda: kinds.build_model(config)), config.data.seq_len, training)
 
 
 def diffusion_parts(config, seed: int = 0):

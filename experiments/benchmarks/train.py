@@ -152,51 +152,8 @@ def bench_train(config, repeats: int = 5, matmul_n: int = 2048, profile: bool = 
     return out
 
 
-def run_train(quick: bool, args) -> dict:
-    """The training benchmark: tokens/s, FLOPs/token and MFU per batch size; dict with a table."""
-    if quick:
-        cases = [nets.bench_config("tiny", batch_size=8)]
-        repeats, mm_n = 1, 512
-    elif args.configs:  # a shipped config's own step (its remat, loss chunks, padding), per batch size
-        cases = []
-        for name in args.configs:
-            for b in args.batch_sizes:
-                c = memory_config(name, args.overrides)
-                c.training.batch_size = b
-                cases.append(c)
-        repeats, mm_n = args.repeats, args.matmul_n
-    else:
-        cases = [
-            nets.bench_config(
-                hidden_size=args.width,
-                n_heads=args.width // 64,
-                n_layers=args.blocks,
-                seq_len=args.seq_len,
-                batch_size=b,
-            )
-            for b in args.batch_sizes
-        ]
-        repeats, mm_n = args.repeats, args.matmul_n
-    results = []
-    saved = kernels.ATTENTION
-    try:
-        for c in cases:
-            if args.dtype:
-                c.model.dtype = args.dtype
-            for attention in args.attention or [saved]:  # chosen when the step is traced
-                kernels.ATTENTION = attention
-                results.append(
-                    bench_train(
-                        c,
-                        repeats=repeats,
-                        matmul_n=mm_n,
-                        profile=not (quick or args.no_profile),
-                        peak_iters=args.peak_iters,
-                    )
-                )
-                results[-1]["attention_setting"] = attention
-    finally:
-        kernels.ATTENTION = saved
+def train_table(results: list[dict]) -> str:
+    """``bench_train``'s results as one table, and the peak the MFU is against."""
     rows = [
         [
             r["attention_setting"] + ("" if r["attention"] == r["attention_setting"] else f" ({r['attention']})"),
@@ -253,4 +210,52 @@ def run_train(quick: bool, args) -> dict:
         )
         + (f"; datasheet: {r0['datasheet']}" if r0["datasheet"] else "")
     )
-    return {"benchmark": "train", "results": results, "table": table}
+    return table
+
+
+def run_train(quick: bool, args) -> dict:
+    """The training benchmark: tokens/s, FLOPs/token and MFU per batch size; dict with a table."""
+    if quick:
+        cases = [nets.bench_config("tiny", batch_size=8)]
+        repeats, mm_n = 1, 512
+    elif args.configs:  # a shipped config's own step (its remat, loss chunks, padding), per batch size
+        cases = []
+        for name in args.configs:
+            for b in args.batch_sizes:
+                c = memory_config(name, args.overrides)
+                c.training.batch_size = b
+                cases.append(c)
+        repeats, mm_n = args.repeats, args.matmul_n
+    else:
+        cases = [
+            nets.bench_config(
+                hidden_size=args.width,
+                n_heads=args.width // 64,
+                n_layers=args.blocks,
+                seq_len=args.seq_len,
+                batch_size=b,
+            )
+            for b in args.batch_sizes
+        ]
+        repeats, mm_n = args.repeats, args.matmul_n
+    results = []
+    saved = kernels.ATTENTION
+    try:
+        for c in cases:
+            if args.dtype:
+                c.model.dtype = args.dtype
+            for attention in args.attention or [saved]:  # chosen when the step is traced
+                kernels.ATTENTION = attention
+                results.append(
+                    bench_train(
+                        c,
+                        repeats=repeats,
+                        matmul_n=mm_n,
+                        profile=not (quick or args.no_profile),
+                        peak_iters=args.peak_iters,
+                    )
+                )
+                results[-1]["attention_setting"] = attention
+    finally:
+        kernels.ATTENTION = saved
+    return {"benchmark": "train", "results": results, "table": train_table(results)}

@@ -9,17 +9,17 @@ brackets, keywords, names already in scope) are single tokens
 
 Sized like the default (4 x 128 DDiT, Muon) with twice its context, so a
 sample holds a few statements: L = 256 characters, 16 sequences a batch
-(the default's 4,096 characters a step), 1,000 steps: a step costs about
-1.3x the default's (the attention over 256 positions), so the run takes
-about the default's time on 2 CPU cores. The block and AR kinds train with the same settings:
+(the default's 4,096 characters a step), 1,000 steps: a step costs a little
+more than the default's (the attention over 256 positions), so the run takes
+about the default's time. The block and AR kinds train with the same settings:
 
     sedd train --config code --workdir checkpoints/code
     sedd train --config code --config.model.kind=ar --workdir checkpoints/code_ar
     sedd train --config code --config.model.kind=block --config.model.block_size=16 \\
         --config.training.n_iters=400 --workdir checkpoints/code_block16
 
-(a block step costs about 2.5x the DDiT's, so 400 steps keep it within the
-same 15 minutes). docs/code.md has the study of the kinds and samplers.
+(a block step costs more than the DDiT's, so 400 steps keep it within the
+same time). docs/code.md has the study of the kinds and samplers, and their times.
 """
 
 from sedd.configs import shakespeare_char

@@ -1,7 +1,7 @@
 """The default: a character-level model of the embedded Shakespeare plays.
 
 Sized to train on 2 CPU cores in minutes (1,500 steps of 32 x 128 characters,
-1.05M parameters, Muon for the blocks' matrices, the network's output a
+1.05M parameters, Muon for the layers' matrices, the network's output a
 distribution over the clean letter (MDLM's SUBS), `sedd train` running one
 device a core; the README gives the times measured on CPUs with and without
 AVX512-BF16). The validation bound falls to ~2.69 bits/char, against 4.81
@@ -28,12 +28,10 @@ def get_config() -> ml_collections.ConfigDict:
     # "block": position p reads the token at p - 1 (BOS at 0), as an AR network does (Fast-dLLM v2's shift), so that
     # an AR run's weights start it (training.init_from); at b = 1 the network is an AR network
     c.model.token_shift = False
-    c.model.draft_k = 4  # "spec": drafts a round, what the network learns to draft (4 is good)
-    c.model.draft_head = (
-        0  # "spec": 0 drafts with a draft half; N > 0 with a draft head of width N (sedd.kinds.spec_head)
-    )
+    c.model.draft_k = 4  # "spec", and "ar" with a draft head: drafts a round, what the network learns (4 is good)
+    c.model.draft_head = 0  # "ar": N > 0 a draft head of width N drafts for it (sedd.kinds.draft_head); 0 none
     c.model.hidden_size = 128  # H, the width of the residual stream
-    c.model.n_layers = 4  # transformer layers (the original's "blocks")
+    c.model.n_layers = 4  # transformer layers
     c.model.n_heads = 8  # attention heads; H / n_heads must be even (rotary)
     c.model.cond_dim = 64  # width of the sigma conditioning vector
     c.model.mlp_ratio = 4  # MLP hidden width as a multiple of H
@@ -60,15 +58,15 @@ def get_config() -> ml_collections.ConfigDict:
     c.noise.sigma_min = 1e-4  # geometric: sigma_bar(0)
     c.noise.sigma_max = 20.0  # geometric: sigma_bar(1)
 
-    c.data = data_section()
+    c.data = data_section()  # the text, its documents, its tokenizer, its length
 
     c.training = ml_collections.ConfigDict()
     c.training.batch_size = 32  # global batch, summed over all devices and hosts
     c.training.n_iters = 1500  # batches to train on
     c.training.accum_steps = 1  # batches per optimizer update (optax.MultiSteps)
     c.training.loss_chunk = 0  # >0: the output layer and loss this many positions at a time (no [B, L, V] array)
-    c.training.draft_weight = 1.0  # model.kind = "spec": the weight of the drafts' cross-entropy beside the NLL
-    # model.kind = "spec": drafts learn the text ("data"), the causal half's laws on it ("causal"), or its laws on
+    c.training.draft_weight = 1.0  # "spec" and a draft head: the weight of the drafts' cross-entropy beside the NLL
+    # "spec" and a draft head: drafts learn the text ("data"), the causal LM's laws on it ("causal"), or its laws on
     # text it writes each step ("own": on-policy; each step also writes a batch, token by token: sedd.kinds.spec.loss)
     c.training.draft_target = "data"
     # a run's directory whose EMA weights start this run (read at step 0 only): a run of this kind and size, or an
@@ -87,7 +85,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.training.eval_samples = 2  # samples printed at each evaluation
 
     c.optim = ml_collections.ConfigDict()
-    c.optim.optimizer = "muon"  # "muon": the blocks' matrices by Muon, the rest by AdamW; "adamw": all by AdamW (SEDD)
+    c.optim.optimizer = "muon"  # "muon": the layers' matrices by Muon, the rest by AdamW; "adamw": all by AdamW (SEDD)
     c.optim.muon_lr_scale = 4.0  # Muon's learning rate as a multiple of lr (its updates have AdamW's RMS at 1.0)
     c.optim.lr = 2e-3  # peak learning rate (AdamW's, and the schedule's)
     c.optim.beta1 = 0.9  # AdamW
@@ -113,7 +111,7 @@ def get_config() -> ml_collections.ConfigDict:
 
 
 def data_section() -> ml_collections.ConfigDict:
-    """The data section: the plays, read a character a token."""
+    """The data section: the plays, read as characters, 128 a sequence (and the Markov and code corpora's keys)."""
     d = ml_collections.ConfigDict()
     d.name = "shakespeare"  # shakespeare | text | text8 | openwebtext | tinystories | code | markov
     d.path = ""  # a local file or folder ("" = the default); with name "shakespeare" it trains on your text

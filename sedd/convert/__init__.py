@@ -57,7 +57,7 @@ from sedd.convert.mdlm import PEER_PREFIX
 from sedd.convert.original import config_from_original
 from sedd.convert.read import locate, read_original_config, read_source
 from sedd.convert.safetensors_file import load_safetensors
-from sedd.convert.source import Layout, Source, layout_of
+from sedd.convert.source import Scheme, Source, scheme_of
 from sedd.convert.torch_zip import load_torch
 from sedd.convert.weights import (
     ROTARY_KEY,
@@ -88,7 +88,7 @@ __all__ = [
     "ROTARY_KEY",
     "TOKENIZER_DIR",
     "ConversionError",
-    "Layout",
+    "Scheme",
     "Source",
     "UnsafePickleError",
     "abstract_params",
@@ -97,7 +97,7 @@ __all__ = [
     "convert_params",
     "count_parameters",
     "fold_sigma_map",
-    "layout_of",
+    "scheme_of",
     "load_safetensors",
     "load_torch",
     "locate",

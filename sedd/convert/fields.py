@@ -16,19 +16,19 @@ SIZE_BOUNDS = {"hidden_size": 1 << 14, "n_blocks": 256, "n_heads": 256, "cond_di
 LOGLINEAR_EPS = 1e-3
 
 
-def field(sec: Mapping, section: str, key: str, kind: type):
-    """sec[key] as `kind`; YAML 1.1 reads '1e-4' as a string, so numbers may come as text."""
+def field(sec: Mapping, section: str, key: str, want: type):
+    """sec[key] as `want`; YAML 1.1 reads '1e-4' as a string, so numbers may come as text."""
     name = f"{section}.{key}" if section else key
     if key not in sec:
         raise ConversionError(f"the original's config has no {name}")
     value = sec[key]
-    if kind is float and isinstance(value, str):
+    if want is float and isinstance(value, str):
         try:  # YAML may keep "1e-4" a string
             value = float(value)
         except ValueError:
             pass  # not a number: the type check below names the field
-    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+    ok = isinstance(value, want) and not (want is not bool and isinstance(value, bool))
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
         try:
             value, ok = float(value), True
         except OverflowError:  # an integer of hundreds of digits
@@ -36,8 +36,8 @@ def field(sec: Mapping, section: str, key: str, kind: type):
                 f"{name} = an integer of {_digits(value)} digits in the original's config is not a finite number"
             ) from None
     if not ok:
-        raise ConversionError(f"{name} = {brief(value)} in the original's config is not a {kind.__name__}")
-    if kind is float and not math.isfinite(value):
+        raise ConversionError(f"{name} = {brief(value)} in the original's config is not a {want.__name__}")
+    if want is float and not math.isfinite(value):
         raise ConversionError(f"{name} = {value!r} in the original's config is not a finite number")
     return value
 

@@ -16,7 +16,7 @@ from sedd import config as config_lib
 from sedd.convert.fields import GPT2_TOKENS, LOGLINEAR_EPS, SIZE_BOUNDS, field
 from sedd.convert.limits import ConversionError
 from sedd.convert.mdlm import config_from_peer
-from sedd.convert.source import layout_of
+from sedd.convert.source import scheme_of
 
 # The sections the original's code reads to build and run the model (SEDD
 # reads tokens, graph.type and model.*; sampling reads noise.*). They are
@@ -59,7 +59,7 @@ def config_from_original(orig: Mapping, tokenizer_path: str = "", dtype: str = "
     """
     if set(orig) == {"config"} and isinstance(orig["config"], Mapping):  # a mixin wrapping its init kwargs
         orig = orig["config"]
-    if layout_of(orig).family != "sedd":
+    if scheme_of(orig).family != "sedd":
         return config_from_peer(orig, tokenizer_path, dtype)
     model = _section(orig, "model", _MODEL_KEYS)
     graph = _section(orig, "graph", _GRAPH_KEYS)

@@ -1,4 +1,4 @@
-"""What a conversion reads: the `Source` record, and the `Layout` of its state dict (family, prefix, folding)."""
+"""What a conversion reads: the `Source` record, and the `Scheme` of its state dict (family, prefix, folding)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from sedd.convert.limits import ConversionError, brief
 from sedd.convert.mdlm import PEER_PREFIX, PEERS
 
 
-class Layout(NamedTuple):
-    """How a source's state dict maps onto our network (`layout_of`).
+class Scheme(NamedTuple):
+    """How a source's state dict maps onto our network (`scheme_of`).
 
     family: "sedd", "mdlm" or "bd3lm"; prefix: of the backbone's tensors;
     fold_sigma: the source feeds sigma = 0 to its sigma embedding
@@ -28,10 +28,10 @@ class Layout(NamedTuple):
     buffers: tuple[str, ...] = ()
 
 
-def layout_of(orig: Mapping) -> Layout:
-    """The layout of a source by its config: a Hugging Face model_type, or the original SEDD's Hydra config."""
+def scheme_of(orig: Mapping) -> Scheme:
+    """The scheme of a source by its config: a Hugging Face model_type, or the original SEDD's Hydra config."""
     if "model_type" not in orig:
-        return Layout("sedd")
+        return Scheme("sedd")
     family = orig["model_type"]
     if not isinstance(family, str) or family not in PEERS:
         raise ConversionError(
@@ -39,7 +39,7 @@ def layout_of(orig: Mapping) -> Layout:
             f"(a training config) and the Hugging Face models of types {sorted(PEERS)}"
         )
     fold = not field(orig, "", "time_conditioning", bool)
-    return Layout(family, PEER_PREFIX, fold, BD3LM_BUFFERS if family == "bd3lm" else ())
+    return Scheme(family, PEER_PREFIX, fold, BD3LM_BUFFERS if family == "bd3lm" else ())
 
 
 @dataclasses.dataclass

@@ -13,13 +13,13 @@ from pathlib import Path
 import jax.numpy as jnp
 
 from sedd import config as config_lib
-from sedd import files, runs, validate
+from sedd import checkpoints, files, runs, validate
 from sedd.convert.bd3lm import scalar_buffer
 from sedd.convert.fields import GPT2_TOKENS
 from sedd.convert.limits import MAX_TOKENIZER_BYTES, ConversionError, brief
 from sedd.convert.original import config_from_original
 from sedd.convert.read import read_source
-from sedd.convert.source import layout_of
+from sedd.convert.source import scheme_of
 from sedd.convert.weights import convert_params, count_parameters
 from sedd.data import GPT2Tokenizer, save_tokenizer
 
@@ -60,6 +60,38 @@ def _check_destination(dst: Path) -> None:
         )
 
 
+def _checked_tokenizer_files(src: str | Path, tokenizer_path: str | Path | None) -> tuple[list[Path], Path | None]:
+    """(GPT-2's tokenizer files, the folder they are read inside): --tokenizer_path's, else those inside src (beside
+    a weights file), each a regular file of bounded size and the tokenizer readable.
+
+    Raises:
+      FileNotFoundError: no tokenizer files there (nothing is downloaded).
+      ConversionError: a file refused (a link out of src, not a regular file, too large).
+    """
+    tok_src = Path(tokenizer_path or src).expanduser()
+    if not tokenizer_path and tok_src.is_file():  # a weights file: look beside it
+        tok_src = tok_src.parent
+    tok_files = _tokenizer_files(tok_src)
+    if not tok_files:
+        raise FileNotFoundError(
+            f"no GPT-2 tokenizer files at {tok_src}: pass --tokenizer_path pointing to GPT-2's tokenizer.json, or "
+            "to a folder holding vocab.json and merges.txt (the files of the Hugging Face `gpt2` repository); "
+            "nothing is downloaded"
+        )
+    # Files found inside SRC are read only inside it (no link out, as a run's); a --tokenizer_path the user
+    # names may be a link (a Hugging Face cache's snapshot links to its blobs). Regular files of bounded size.
+    tok_root = None if tokenizer_path else tok_src
+    for f in tok_files:
+        try:
+            files.read_bytes(f, MAX_TOKENIZER_BYTES, root=tok_root)
+        except files.UnsafeFile as e:
+            raise ConversionError(
+                f"{e} (GPT-2's tokenizer files are far under {MAX_TOKENIZER_BYTES:,} bytes)"
+            ) from None
+    _read_gpt2(tok_files[0] if len(tok_files) == 1 else tok_src)  # readable, or a clear error
+    return tok_files, tok_root
+
+
 def convert(
     src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: str | Path | None = None, dtype: str = "float32"
 ) -> dict:
@@ -87,33 +119,13 @@ def convert(
             f"sedd downloads nothing: {validate.FETCH} (docs/pretrained.md)"
         )
     _check_destination(dst)
-    tok_src = Path(tokenizer_path or src).expanduser()
-    if not tokenizer_path and tok_src.is_file():  # a weights file: look beside it
-        tok_src = tok_src.parent
-    tok_files = _tokenizer_files(tok_src)
-    if not tok_files:
-        raise FileNotFoundError(
-            f"no GPT-2 tokenizer files at {tok_src}: pass --tokenizer_path pointing to GPT-2's tokenizer.json, or "
-            "to a folder holding vocab.json and merges.txt (the files of the Hugging Face `gpt2` repository); "
-            "nothing is downloaded"
-        )
-    # Files found inside SRC are read only inside it (no link out, as a run's); a --tokenizer_path the user
-    # names may be a link (a Hugging Face cache's snapshot links to its blobs). Regular files of bounded size.
-    tok_root = None if tokenizer_path else tok_src
-    for f in tok_files:
-        try:
-            files.read_bytes(f, MAX_TOKENIZER_BYTES, root=tok_root)
-        except files.UnsafeFile as e:
-            raise ConversionError(
-                f"{e} (GPT-2's tokenizer files are far under {MAX_TOKENIZER_BYTES:,} bytes)"
-            ) from None
-    _read_gpt2(tok_files[0] if len(tok_files) == 1 else tok_src)  # readable, or a clear error
+    tok_files, tok_root = _checked_tokenizer_files(src, tokenizer_path)
 
     source = read_source(src, ema)
     tok_dir = dst / TOKENIZER_DIR
     config = config_from_original(source.config, str(tok_dir), dtype)
-    layout = layout_of(source.config)
-    read = lambda sd: convert_params(sd, config, layout.prefix, layout.fold_sigma, layout.buffers)  # noqa: E731
+    scheme = scheme_of(source.config)
+    read = lambda sd: convert_params(sd, config, scheme.prefix, scheme.fold_sigma, scheme.buffers)  # noqa: E731
     weights = read(source.weights)
     raw = weights if source.raw is None or source.raw is source.weights else read(source.raw)
     summary = {
@@ -123,12 +135,12 @@ def convert(
         "weights": source.kind,
         "step": source.step,
         "parameters": count_parameters(weights),
-        "family": layout.family,
+        "family": scheme.family,
         "original_config": source.config,
     }
-    if layout.fold_sigma:
+    if scheme.fold_sigma:
         summary["folded"] = "the source feeds sigma = 0: its sigma embedding is folded into the adaLN biases"
-    for name in layout.buffers:  # BD3-LM's clipped schedule: kept for the record (our bound runs t over [eps, 1])
+    for name in scheme.buffers:  # BD3-LM's clipped schedule: kept for the record (our bound runs t over [eps, 1])
         summary[name] = scalar_buffer(source.weights, name)
 
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +161,7 @@ def convert(
         files.write_text(tmp / runs.CONFIG, config_lib.to_json(config), tmp)
         files.write_text(tmp / PROVENANCE, json.dumps(summary, indent=2, sort_keys=True, default=str), tmp)
         state = {"step": jnp.asarray(source.step, jnp.int32), "params": raw, "ema": weights}
-        manager = runs.checkpoint_manager(tmp, config)
+        manager = checkpoints.checkpoint_manager(tmp, config)
         files.save_checkpoint(manager, source.step, state)  # a SHA-256 of each array, verified at every load
         manager.wait_until_finished()
         manager.close()

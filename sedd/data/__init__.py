@@ -33,15 +33,8 @@ from pathlib import Path
 import ml_collections
 
 from sedd.data import sources, zeroshot  # noqa: F401  (registers the code and zero-shot builders in BUILDERS)
-from sedd.data.builders import (
-    BUILDERS,
-    DOCUMENTS,
-    VAL_FRACTION,
-    default_data_dir,
-    get_builder,
-    read_documents,
-    read_pieces,
-)
+from sedd.data.builders import BUILDERS, VAL_FRACTION, default_data_dir, get_builder
+from sedd.data.records import DOCUMENTS, read_documents, read_pieces
 from sedd.data.markov import MarkovChain, MarkovData, load_markov
 from sedd.data.packing import PackedTokens, TokenData, tokenize_documents, unigram_entropy_bits
 from sedd.data.text import TextData

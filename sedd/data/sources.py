@@ -25,7 +25,8 @@ import sysconfig
 import warnings
 from pathlib import Path
 
-from sedd.data.builders import VAL_FRACTION, TextFiles, Utf8Errors, find, line_chunks, register
+from sedd.data.builders import VAL_FRACTION, TextFiles, find, register
+from sedd.data.records import Utf8Errors, line_chunks
 
 TEST_DIRS = ("test", "tests", "idle_test")  # folders of tests in CPython's Lib/ (and most projects)
 SKIPPED_DIRS = ("site-packages", "dist-packages", "__pycache__")  # installed packages, not the standard library

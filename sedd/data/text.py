@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-import sedd.data.builders  # the module, not the package: RECORD_BYTES is read at call time
-from sedd.data.builders import read_pieces
+import sedd.data.records  # the module, not the package: RECORD_BYTES is read at call time
+from sedd.data.records import read_pieces
 from sedd.data.packing import PackedTokens, TokenData
 
 
@@ -78,7 +78,7 @@ def write_token_cache(
 
     Args:
       path: the .npy file to write.
-      pieces: iterable of (text, ends_document) pairs (`builders.read_pieces`),
+      pieces: iterable of (text, ends_document) pairs (`records.read_pieces`),
         consumed once. A document cut into pieces is tokenized piece by piece:
         the same ids for the char and byte tokenizers; for BPE, a merge across
         a cut (at a line end, or every 1 MiB of a longer line) is lost.
@@ -131,7 +131,7 @@ def write_token_cache(
 def _encoded(pieces, tokenizer):
     """(text, ends, ids) of each piece, encoded in batches of about a record's
     size (`encode_many`: one call for many short documents)."""
-    batch_chars = sedd.data.builders.RECORD_BYTES
+    batch_chars = sedd.data.records.RECORD_BYTES
     encode_many = getattr(tokenizer, "encode_many", None) or (lambda texts: [tokenizer.encode(t) for t in texts])
     batch, size = [], 0
     for piece, ends in pieces:

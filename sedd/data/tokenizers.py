@@ -278,11 +278,11 @@ def check_pipeline(bpe, where) -> None:
     steps = [] if pre is None else pre["pretokenizers"] if pre["type"] == "Sequence" else [pre]
     for step in steps:
         if step["type"] == "Split":
-            ((kind, pattern),) = step["pattern"].items()  # {"Regex": ...} or {"String": ...}
+            ((how, pattern),) = step["pattern"].items()  # {"Regex": ...} or {"String": ...}
             if pattern not in SPLIT_PATTERNS:
                 shown = f"{pattern[:80]!r}{'...' if len(pattern) > 80 else ''}"
                 raise ValueError(
-                    f"{where}: the tokenizer splits its text by the {kind.lower()} {shown}, none of "
+                    f"{where}: the tokenizer splits its text by the {how.lower()} {shown}, none of "
                     "the patterns sedd reads (sedd.data.tokenizers.SPLIT_PATTERNS: GPT-2's and Llama "
                     "3's; a regex of any other may take time exponential in the text)"
                 )

@@ -20,7 +20,8 @@ import re
 from pathlib import Path
 from typing import Callable, Iterator
 
-from sedd.data.builders import TextFiles, split_text, register
+from sedd.data.builders import TextFiles, register
+from sedd.data.records import split_text
 
 # ---------------------------------------------------------------- detokenizers
 

@@ -10,7 +10,8 @@ pattern: each model class owns its loss and its sampling step).
           bound; every sampler of ``sedd.sampling``.
   "ar"    the autoregressive baseline (``sedd.kinds.ar``): the same DDiT, causal,
           without a time input; the next-token NLL, exact; ancestral
-          sampling with a KV cache.
+          sampling with a KV cache; with model.draft_head a draft head of its
+          own (``sedd.kinds.draft_head``) that drafts for its rounds.
   "block" block diffusion (``sedd.kinds.block``; BD3-LM, Arriola et al. 2025): SEDD
           inside blocks of model.block_size tokens, autoregressive across
           them; the sum of the blocks' bounds; block-by-block sampling with
@@ -23,7 +24,9 @@ pattern: each model class owns its loss and its sampling step).
 A new kind is one module of this package holding everything it knows, and
 in it one subclass of ``Kind`` (``base``: what every kind is) registered with
 ``@register(name)``; its import below registers it. What only some kinds can
-do is a capability of ``capabilities`` that the kind's class derives from;
+do (diffusing, an exact likelihood, serving, speculating, drafting, distilling,
+tuning a layout: ``layouts``) is a capability of ``capabilities``, each member
+a caller may read declared there, that the kind's class derives from;
 the kinds that hold a causal language model share ``causal``
 (docs/architecture.md, "Where a new thing goes").
 """

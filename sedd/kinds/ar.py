@@ -13,7 +13,11 @@ generative perplexity (``sedd.figures.judge_nll``).
 Speculative sampling (``speculative_sample``, and ``sedd serve`` through
 ``Autoregressive.speculation``): the network is the target of
 ``sedd.speculative``, its drafts from any ``sedd.drafts.Drafter``; a smaller
-AR run drafts as an ``ARDraft`` (k tokens left to right).
+AR run drafts as an ``ARDraft`` (k tokens left to right). With
+``model.draft_head = N`` the run has a draft head of its own
+(``sedd.kinds.draft_head``; EAGLE- and MTP-style) and samples in rounds of its
+drafts by default, a layout of k drafts a round timed on the device that
+samples (``Tunes``, ``sedd.kinds.layouts``).
 
 Letters: B batch, L length, V vocabulary.
 """
@@ -28,10 +32,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from sedd import drafts, sampling, speculative
+from sedd import drafts, sampling, speculative, validate
 import sedd.kinds.causal as causal
+import sedd.kinds.draft_head as draft_head
+from sedd.kinds import layouts
 from sedd.kinds.base import network_of, register
-from sedd.kinds.capabilities import Drafts, Speculates
+from sedd.kinds.capabilities import Drafts, Speculates, Tunes, check_given
 from sedd.sampling import shaped_law
 
 
@@ -41,15 +47,14 @@ from sedd.sampling import shaped_law
 def drafter_parts(graphdef, temperature=1.0) -> tuple:
     r"""(prefill, drafter) of a (smaller) AR network for ``sedd.speculative.decode``: k tokens left to right.
 
-    Each round writes the row's cache from `start` on (as ``causal.speculative_target``: the rows of
-    rejected drafts are written over before they are seen) and runs k + 1 one-position steps: step i feeds the input at position
-    start + i and draws y_i from the network's law at temperature T (T = 0:
-    its argmax; a traced value serves every T), so q_i = that law given the
-    prefix and y_<i, (1) of ``sedd.speculative``; the last step only feeds
-    y_{k-1}, so that the cache holds every position a round can accept (all
-    k and the extra token).
+    Each round writes the row's cache from `start` on (as ``causal.speculative_target``: the slots of
+    rejected drafts are written over before they are seen) and runs k + 1 one-position steps: step i
+    feeds the input at position start + i and draws y_i from the network's law at temperature T (T = 0:
+    its argmax; a traced value serves every T), so q_i = that law given the prefix and y_<i, (1) of
+    ``sedd.speculative``; the last step only feeds y_{k-1}, so that the cache holds every position a
+    round can accept (all k and the extra token).
 
-    Its cache holds max(max_len, P) + MAX_DRAFTS + 1 rows, as the target's: a text longer than the draft
+    Its cache holds max(max_len, P) + MAX_DRAFTS + 1 slots, as the target's: a text longer than the draft
     network's max_len (a draft run trained on shorter texts) is refused by name at the first round.
 
     Returns:
@@ -63,11 +68,11 @@ def drafter_parts(graphdef, temperature=1.0) -> tuple:
         model = nnx.merge(graphdef, *params_state)
         causal.fits(cache, text)
         b = text.shape[0]
-        prev = jnp.where(start > 0, text[jnp.arange(b), jnp.maximum(start - 1, 0)], causal.bos_id(model))  # (B,)
+        prev = causal.inputs(model, text, start, 1)[:, 0]  # (B,) x_{start-1}, BOS at 0
         keys = jax.random.split(key, b)
         ys, qs = [], []
         for i in range(k + 1):  # the rows together, each at its own position start + i
-            logits, cache = causal.decode_rows(model, cache, prev[:, None], start + i)  # (B, 1, V)
+            logits, cache, _ = causal.decode_rows(model, cache, prev[:, None], start + i)  # (B, 1, V)
             if i == k:
                 break
             q = shaped_law(logits[:, 0], temperature, 1.0)  # (B, V)
@@ -179,50 +184,117 @@ def speculative_sample(
 
 
 @dataclasses.dataclass(frozen=True)
-class Options(causal.Options):
-    """``causal.Options`` and speculative sampling's (``speculative_sample``).
-
-    Attributes:
-      draft: None, "ngram" or a ``sedd.drafts.Drafter``.
-      draft_k: drafts a round (None: ``sedd.drafts.DEFAULT_K``; refused without a draft).
-      verification: "joint" or "token" (``sedd.speculative.round_law``).
-    """
-
-    draft: Any = None
-    draft_k: Any = None
-    verification: str = "joint"
+class AROptions(causal.RoundOptions):
+    """``causal.RoundOptions`` of an AR run: a draft of another run (``speculative_sample``), or the rounds of its
+    draft head (a layout ``draft_head.layout_of`` reads, draft_temperature its drafts' tau)."""
 
     def checked(self):
-        if self.verification not in speculative.VERIFICATIONS:
-            raise ValueError(f"verification must be one of {speculative.VERIFICATIONS}, got {self.verification!r}")
-        if self.draft is None and self.draft_k is not None:
-            raise ValueError(drafts.NEEDS_A_DRAFT)
-        if self.draft is None and self.verification != "joint":
+        if self.draft is not None and (self.layout is not None or self.draft_temperature is not None):
             raise ValueError(
-                "verification is for speculative sampling (a draft); without one an AR run draws each "
-                "token from its law"
+                "layout and draft_temperature are for the rounds of a run's own draft head; with a draft "
+                "(--draft), give draft_k"
             )
         return super().checked()
 
 
-@register("ar", reads=("model.draft_k", "model.draft_head", "training.draft_target"))  # its head: issue 82
-class Autoregressive(causal.CausalKind, Speculates, Drafts):
-    """The AR baseline: a causal DDiT without a time input, trained on the next-token NLL (module docstring)."""
+@register("ar", reads=("model.draft_k", "model.draft_head", "training.draft_weight", "training.draft_target"))
+class Autoregressive(causal.CausalKind, Speculates, Drafts, Tunes):
+    """The AR baseline: a causal DDiT without a time input, trained on the next-token NLL (module docstring).
 
-    options_type = Options
+    With model.draft_head = N > 0 a draft head of width N drafts for it (``sedd.kinds.draft_head``): trained
+    beside the NLL, it samples in rounds of its drafts by default, the AR network's law exactly.
+
+    Attributes:
+      head_width: N, model.draft_head (0: no head).
+      draft_k: with a head, the drafts a round it was trained to draft (model.draft_k).
+      layout: with a head, the round's ``draft_head.HeadLayout`` when none is given: k = draft_k until
+        ``tune`` sets the fastest here; None without a head.
+    """
+
+    options_type = AROptions
+
+    def __init__(self, config):
+        super().__init__(config)
+        width = config.model.draft_head
+        if isinstance(width, bool) or not (isinstance(width, int) and 0 <= width <= validate.MAX_DRAFT_HEAD):
+            raise ValueError(
+                f"model.draft_head={width!r} (the width of an AR run's draft head) must be an integer in "
+                f"[0, {validate.MAX_DRAFT_HEAD}]: 0 for none, N > 0 for a head of width N (256 is a good start)"
+            )
+        self.head_width, self.layout = width, None
+        if width:
+            self.draft_k, self.draft_weight, self.draft_target = causal.draft_training(config, "a draft head")
+            self.layout = draft_head.HeadLayout(self.draft_k)
+
+    @property
+    def label(self):
+        return f"ar head={self.head_width} k={self.draft_k}" if self.head_width else "ar"
+
+    def describe(self):
+        return {"kind": self.name} | ({"draft_head": self.head_width} if self.head_width else {})
+
+    def _head_layout(self, o: AROptions) -> draft_head.HeadLayout | None:
+        """The head's layout a sample with options `o` runs; None with a draft or without a head. Every option
+        is checked against the run here, before any timing: a draft_k or a layout past its trained k, a
+        draft_k that is not the layout's, or a head's option for a run without one."""
+        if o.draft is not None:
+            return None
+        if not self.head_width:
+            if o.draft_k is not None:
+                raise ValueError(drafts.NEEDS_A_DRAFT)
+            if o.layout is not None or o.draft_temperature is not None or o.verification != "joint":
+                raise ValueError(
+                    "layout, draft_temperature and verification are for speculative sampling: this AR run has "
+                    "no draft head (model.draft_head = 0); give a draft (--draft)"
+                )
+            return None
+        layout = self.layout if o.layout is None else draft_head.layout_of(o.layout, self.draft_k)
+        if o.draft_k is not None:
+            asked = draft_head.layout_of(o.draft_k, self.draft_k, "draft_k")
+            if o.layout is not None and asked != layout:
+                raise ValueError(
+                    f"draft_k={o.draft_k!r}: this run drafts {layout.k} token{'s' * (layout.k != 1)} a round "
+                    f"in its layout ({layout}); give one of them"
+                )
+            layout = asked
+        return layout
+
+    def tune(self, net, options=None, workdir=None, batch=1, progress=False):
+        """A head run's layout (``self.layout``, what ``sample`` and ``sedd serve`` use): the layout or draft_k of
+        `options` when given (not kept), else the fastest here of ``draft_head.candidates`` (``layouts.settle``,
+        kept in workdir). None without a head, or with a draft. options: every one checked before any timing."""
+        o = self.options(**dict(options or {}))
+        layout = self._head_layout(o)
+        if layout is None:
+            return None
+        asked = layout if o.layout is not None or o.draft_k is not None else None
+        candidates, length = draft_head.candidates(self.draft_k), self.config.data.seq_len
+        self.layout, line = layouts.settle(
+            asked, candidates, draft_head.speculate, net, length, batch, workdir, progress
+        )
+        return line
 
     def speculation(self, graphdef, draft=None, k=None, draft_name=None):
         """Speculative rounds of this network as the target (``causal.build_speculative_target``).
 
-        draft: None (no drafts: k = 0, each round one call that writes one token, ancestral sampling with
-        the KV cache), "ngram" or a ``sedd.drafts.Drafter`` of another run (``drafter``), checked by
-        it (``Drafter.checked``). The drafter draws at the row's temperature.
+        draft: None (a head run: its head's rounds, ``draft_head.speculative_parts``; else no drafts: k = 0,
+        each round one call that writes one token, ancestral sampling with the KV cache), "ngram" or a
+        ``sedd.drafts.Drafter`` of another run, checked by it (``Drafter.checked``). The drafter draws at
+        the row's temperature.
         """
         vocab, categorical = self.config.vocab_size, self.config.sampling.categorical
+        layout = self._head_layout(self.options(draft=draft, draft_k=k))
+        if layout is not None and layout.k:
+
+            def head_parts(temperature, top_p):
+                prefill, target, drafter = draft_head.speculative_parts(graphdef, layout, temperature, top_p)
+                return (lambda state, text: (prefill(state, text), None)), target, drafter
+
+            return sampling.rounds.Speculation(
+                head_parts, layout.k, "head", categorical=categorical, shared=True, draft_calls=layout.k
+            )
         draft = drafts.get(draft, vocab)
         if draft is None:
-            if k is not None:
-                raise ValueError(drafts.NEEDS_A_DRAFT)
             return causal.without_drafts(graphdef, vocab, categorical)
         k = draft.checked(vocab, drafts.DEFAULT_K if k is None else k)
 
@@ -243,9 +315,10 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts):
         )
 
     def network(self, seed=0):
-        """Inputs V + 1 ids (BOS = V), outputs the V next-token logits, causal attention, no time input."""
+        """Inputs V + 1 ids (BOS = V), outputs the V next-token logits, causal attention, no time input; with
+        model.draft_head, a draft head beside it (``draft_head.attach``)."""
         v = self.config.vocab_size
-        return network_of(
+        model = network_of(
             self.config,
             seed,
             num_tokens=v + 1,
@@ -255,13 +328,27 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts):
             time_conditioning=False,
             normalize=False,
         )
+        return draft_head.attach(model, self.head_width, seed) if self.head_width else model
 
     def loss(self, key, model, x0, train, rngs=None):
-        """-sum_l log p(x0^l | x0^{<l}), the exact NLL (``causal.sequence_nll``; training.loss_chunk)."""
+        """-sum_l log p(x0^l | x0^{<l}), the exact NLL (``causal.sequence_nll``; training.loss_chunk); with a
+        draft head, (2) of ``sedd.kinds.draft_head``: the NLL plus the head's cross-entropy."""
+        if self.head_width:
+            return draft_head.loss(
+                model,
+                x0,
+                self.draft_k,
+                deterministic=not train,
+                rngs=rngs,
+                draft_weight=self.draft_weight,
+                draft_target=self.draft_target,
+                key=key,
+            )
         return causal.sequence_nll(model, x0, deterministic=not train, rngs=rngs, chunk=self.config.training.loss_chunk)
 
-    def sample(self, key, net, num_samples, steps=None, sampler=None, rows=None, **options):
-        """L ancestral steps with the KV cache (``causal.ancestral``; temperature 0 the argmax); rows is not used.
+    def sample(self, key, net, num_samples, steps=None, sampler=None, **options):
+        """L ancestral steps with the KV cache (``causal.ancestral``; temperature 0 the argmax); a head run in
+        rounds of its head's drafts (``draft_head.speculate``, its layout ``self.layout`` or the one given).
 
         With draft: speculative sampling (``speculative_sample``), the same law
         in fewer calls of this network: draft="ngram" (prompt lookup) or a
@@ -271,42 +358,36 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts):
         A prompt (fixed_mask / fixed_tokens) is a prefix of the same length in every row.
 
         Raises:
-          ValueError: steps or a sampler (``check_given``); an option ``options`` refuses; draft_k without a
-            draft; a drafter's refusal (``sedd.drafts.Drafter.checked``).
+          ValueError: steps or a sampler (``capabilities.check_given``); an option ``options`` refuses; draft_k without a
+            draft or a head; a drafter's refusal (``sedd.drafts.Drafter.checked``); a layout past the head's k.
         """
-        self.check_given(steps=steps, sampler=sampler)
+        check_given(self, steps=steps, sampler=sampler)
         o = self.options(**options)
         length = self.config.data.seq_len
+        shaping = dict(temperature=o.temperature, top_p=o.top_p, prompt=o.prompt)
         if o.draft is not None:
+            k = drafts.DEFAULT_K if o.draft_k is None else o.draft_k
             tokens, stats = speculative_sample(
+                key, net.graphdef, net.state, num_samples, length, k, o.draft, verification=o.verification, **shaping
+            )
+        elif (layout := self._head_layout(o)) is not None:
+            tokens, stats = draft_head.speculate(
                 key,
                 net.graphdef,
                 net.state,
                 num_samples,
                 length,
-                drafts.DEFAULT_K if o.draft_k is None else o.draft_k,
-                o.draft,
-                temperature=o.temperature,
-                top_p=o.top_p,
-                prompt=o.prompt,
+                layout,
+                categorical=o.categorical,
                 verification=o.verification,
+                draft_temperature=o.draft_temperature,
+                **shaping,
             )
-            return sampling.Samples(tokens, None, stats if o.return_stats else None)
-        tokens = causal.ancestral(
-            key,
-            net.graphdef,
-            net.state,
-            num_samples,
-            length,
-            temperature=o.temperature,
-            prompt=o.prompt,
-            categorical=o.categorical,
-            top_p=o.top_p,
-        )
-        stats = None
-        if o.return_stats:  # one network call a position, each on one position of every row
-            stats = {"nfe": jnp.int32(length), "nfe_per_sample": jnp.full((num_samples,), length, jnp.int32)}
-        return sampling.Samples(tokens, None, stats)
+        else:  # one network call a position, each on one position of every row
+            tokens, stats = causal.ancestral_counted(
+                key, net.graphdef, net.state, num_samples, length, o.temperature, o.prompt, o.categorical, o.top_p
+            )
+        return sampling.Samples(tokens, None, stats if o.return_stats else None)
 
     def drafter(self, net):
         """Drafts left to right, k + 1 calls a round (``ARDraft``)."""

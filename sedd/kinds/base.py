@@ -74,11 +74,13 @@ def build_model(config, seed: int = 0) -> DDiT:
 
 
 class Net(NamedTuple):
-    """A network split by ``nnx.split(model, nnx.Param, ...)``: structure, parameters, the rest (RNG state)."""
+    """A network split by ``nnx.split(model, nnx.Param, ...)``: structure, parameters, the rest (RNG state), and
+    where the rows of its inputs go: split over a mesh's batch axes (``Run.sample``), None: where the weights are."""
 
     graphdef: Any
     params: Any
     rest: Any
+    placement: jax.sharding.Sharding | None = None
 
     @property
     def state(self) -> tuple:
@@ -92,23 +94,24 @@ class Net(NamedTuple):
 
 
 @functools.lru_cache(maxsize=None)
-def params_score_fn(graphdef, rows: jax.sharding.Sharding | None = None):
+def params_score_fn(graphdef, placement: jax.sharding.Sharding | None = None):
     """(state, x, sigma) -> log-score of the network `graphdef`, dropout off; state = (params, rest).
 
     One function object per network structure (and row placement):
     ``sedd.sampling.sample`` and ``sedd.evaluate.likelihood_bound`` compile
     once per score function and take the weights as traced ``score_params``,
-    so new weights never recompile. With `rows` (a sharding of the (B, L)
-    input) the rows stay split over the mesh's data axis at every call, so
-    each device computes its own rows; without it, with weights replicated
-    over several devices, every device would compute every row.
+    so new weights never recompile. With `placement` (a sharding of the (B, L)
+    input, ``Net.placement``) the rows stay split over the mesh's data axis at
+    every call, so each device computes its own rows; without it, with weights
+    replicated over several devices, every device would compute every row.
     """
-    if rows is None:
+    if placement is None:
         return lambda state, x, sigma: nnx.merge(graphdef, *state)(x, sigma, deterministic=True)
 
     def score(state, x, sigma):
-        with sharding_lib.split_rows(rows):  # the activations' rows too, at every block (an fsdp mesh)
-            return nnx.merge(graphdef, *state)(jax.lax.with_sharding_constraint(x, rows), sigma, deterministic=True)
+        with sharding_lib.split_rows(placement):  # the activations' rows too, at every layer (an fsdp mesh)
+            x = jax.lax.with_sharding_constraint(x, placement)
+            return nnx.merge(graphdef, *state)(x, sigma, deterministic=True)
 
     return score
 
@@ -143,25 +146,25 @@ def network_of(config, seed: int, **arch) -> DDiT:
     )
 
 
-def chunked_entropy(model: DDiT, graph: graphs.Graph, chunk: int, **net) -> Callable:
+def chunked_entropy(model: DDiT, graph: graphs.Graph, chunk: int, **dropout) -> Callable:
     r"""(x_t, sigma, x0) -> float32[B, L]: the network's score entropy at x_t, `chunk` positions at a time.
 
     ``graph.score_entropy(model(x_t, sigma), sigma, x_t, x0)`` without the
-    [B, L, D] log-score: the blocks run once over all L positions, then the
+    [B, L, D] log-score: the layers run once over all L positions, then the
     final layer, the log-score and its score entropy run on chunks of
     positions, each chunk's output computed again for the gradient
-    (``DDiT.output_rows``). Every form of ``DDiT.log_score`` (scale_by_sigma,
+    (``DDiT.output_chunked``). Every form of ``DDiT.log_score`` (scale_by_sigma,
     normalize, a time-independent network) and both graphs reduce position by
-    position, which is all the chunks need. net: dropout arguments of the network.
+    position, which is all the chunks need. dropout: the network's deterministic and rngs.
     """
 
     def entropy(x_t, sigma, x0):
-        h, c = model.features(x_t, sigma, **net)  # (B, L, H), (B, C)
+        h, c = model.features(x_t, sigma, **dropout)  # (B, L, H), (B, C)
 
         def fn(out, x, x0):  # (B, Lc, D), (B, Lc), (B, Lc) -> (B, Lc)
             return graph.score_entropy(model.log_score(out, x, sigma), sigma[:, None], x, x0)
 
-        return model.output_rows(h, c, fn, x_t, x0, chunk=chunk)  # (B, L)
+        return model.output_chunked(h, c, fn, x_t, x0, chunk=chunk)  # (B, L)
 
     return entropy
 
@@ -195,18 +198,14 @@ class Kind:
 
     Attributes:
       name: its model.kind.
-      exact: its likelihood figure is the exact NLL (it can judge samples).
       conditions: the prompt patterns it honours, of "prefix", "suffix", "infill".
-      diffuses: it samples by denoising steps (``sedd.sampling``'s samplers, ``steps``).
       config: the run's config.
     """
 
     name: ClassVar[str]
     reads: ClassVar[tuple[str, ...]] = ()
     """The keys of ``OWN_KEYS`` the kind reads (``register``); a config setting another is refused (``check_config``)."""
-    exact: ClassVar[bool] = False
     conditions: ClassVar[tuple[str, ...]] = ("prefix", "suffix", "infill")
-    diffuses: ClassVar[bool] = False
 
     def __init__(self, config):
         self.config = config
@@ -256,10 +255,10 @@ class Kind:
         num_samples: int,
         steps: int | None = None,
         sampler: str | None = None,
-        rows: jax.sharding.Sharding | None = None,
         **options,
     ) -> sampling.Samples:
-        """num_samples sequences; the config's sampling section gives the defaults; rows: their placement."""
+        """num_samples sequences (on ``net.placement`` where the kind places rows); the config's sampling section
+        gives the defaults."""
         raise NotImplementedError
 
     def check_sampler(self, name: str) -> None:
@@ -277,25 +276,6 @@ class Kind:
         """Raise a ValueError when ``sample`` cannot run `sampler` on this kind with these options (temperature,
         top_p, the kind's own, ...): the same refusals as ``sample``, before any work."""
         self.check_sampler(sampler)
-
-    def check_given(self, *, steps=None, sampler=None, suffix: bool = False, infill: bool = False) -> None:
-        """Refuse an option given that this kind cannot honour, in one line naming it and the kinds that take it.
-
-        ``Run.sample`` (so ``sedd sample``) and ``sedd serve`` ask it alike; None or False: not given.
-        """
-        if not self.diffuses:
-            for name, value in (("steps", steps), ("sampler", sampler)):
-                if value is not None:
-                    raise ValueError(
-                        f"{name}={value!r}: a model.kind={self.name!r} run writes left to right, with "
-                        f"no denoising steps; {name} is for {kinds_that(lambda k: k.diffuses)}"
-                    )
-        for name, what, given in (("suffix", "a suffix", suffix), ("infill", "an infill template", infill)):
-            if given and name not in self.conditions:
-                raise ValueError(
-                    f"{what}: a model.kind={self.name!r} run writes after a prompt only; {what} "
-                    f"is for {kinds_that(lambda k: name in k.conditions)}"
-                )
 
     def settles(self, sampler: str) -> bool:
         """Whether a position, once unmasked by `sampler`, keeps its token to the end (text can be sent early)."""

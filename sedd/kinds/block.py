@@ -19,7 +19,7 @@ token given the clean ones before it.
 
 Training (``loss_per_position``, ``log_score``): one network call scores every
 block at once on the 2L tokens [x_t ; x_0] with the attention mask of
-``sedd.model.block_diffusion_mask``: noisy block i sees itself and the clean
+``block_diffusion_mask``: noisy block i sees itself and the clean
 blocks < i, the clean half attends block-causally (the keys and values a
 sampler will have cached). Each block has its own t (an unbiased one-draw
 estimate of (2) per block), the clean half the noise 0; with time
@@ -55,9 +55,32 @@ from sedd.kinds.block_draft import BlockDraft
 from sedd.kinds.block_sampling import bos_id, network_scorer, rows_program, sample_blocks, shift_right, shifts
 from sedd.kinds.capabilities import Drafts, refuse_drafts
 from sedd.kinds.ddit import Diffusion
-from sedd.model import DDiT, block_diffusion_mask
+from sedd.model import DDiT
 
 # =========================================================================== training and the bound
+
+
+def block_diffusion_mask(length: int, block_size: int) -> np.ndarray:
+    r"""The attention mask of the block-diffusion forward over [x_t ; x_0] (2 length rows): bool[2L, 2L].
+
+    BD3-LM (Arriola et al. 2025, Sec. 3.2). With blocks of b positions and
+    blk(p) = p // b on each half, a query may attend to
+
+        x_t^q -> x_t^k   blk(k) = blk(q)     (its own noisy block)
+        x_t^q -> x_0^k   blk(k) < blk(q)     (the clean blocks before it)
+        x_0^q -> x_0^k   blk(k) <= blk(q)    (clean blocks, block-causally)
+
+    and never x_0 -> x_t. So the output at x_t's block i depends on x_t's
+    block i and x_0's blocks < i only, which is what a sampler with the clean
+    blocks' keys and values in a cache computes; the x_0 half's rows are
+    those keys and values. True = attend.
+    """
+    blk = np.arange(length) // block_size
+    own = blk[:, None] == blk[None, :]
+    before = blk[:, None] > blk[None, :]
+    top = np.concatenate([own, before], axis=1)  # x_t queries
+    bottom = np.concatenate([np.zeros_like(own), own | before], axis=1)  # x_0 queries
+    return np.concatenate([top, bottom], axis=0)
 
 
 def log_score(
@@ -178,7 +201,7 @@ def log_score_in_context(
     h, c = model.features(
         inputs, sigma, mask=mask, context=context, unit=block_size, deterministic=True
     )  # (B, L, H), (B, n_b, C)
-    return model.log_score(model.output_layer(h, c), x_t, jnp.repeat(sigma, block_size, axis=1))
+    return model.log_score(model.output(h, c), x_t, jnp.repeat(sigma, block_size, axis=1))
 
 
 def loss_per_position(
@@ -409,11 +432,10 @@ class BlockDiffusion(Diffusion, Drafts):
             **kwargs,
         )
 
-    def sample(self, key, net, num_samples, steps=None, sampler=None, rows=None, **options):
+    def sample(self, key, net, num_samples, steps=None, sampler=None, **options):
         """``sample_blocks``: block by block with the KV cache; max_length tokens (default data.seq_len).
 
-        steps are per block. rows is not used: the rows stay where the
-        weights are.
+        steps are per block; the rows stay where the weights are.
 
         Raises:
           ValueError: block_length (a block model's blocks are model.block_size),

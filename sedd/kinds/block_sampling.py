@@ -115,7 +115,8 @@ def network_scorer(graphdef, window: int, block_size: int) -> Scorer:
 
     def run(model, cache, x, sigma, positions, keep=None):
         mask = ring_mask(positions, rows, window, b)  # (L, S): its own block and the clean ones before it
-        return model.output_in_cache(x, sigma, positions=positions, mask=mask, cache=cache, keep=keep)
+        out, cache, _ = model.output_in_cache(x, sigma, positions=positions, mask=mask, cache=cache, keep=keep)
+        return out, cache
 
     def inputs(model, x, last):  # what the network reads at the positions of x, after the token `last`
         return shift_right(x, last) if shifts(model) else x

@@ -10,8 +10,35 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from sedd import drafts, sampling
+from sedd import drafts, graphs, sampling
 from sedd.kinds.base import Kind, Net, kinds_that
+
+
+class Diffuses:
+    """It samples by denoising steps (``sedd.sampling``'s samplers, `steps`) on a forward process.
+
+    Attributes:
+      graph: its forward graph (``sedd.graphs``).
+      noise: its noise schedule (``sedd.noise``).
+    """
+
+    verb = "take denoising steps: it writes left to right"
+    graph: graphs.Graph
+    noise: Callable
+
+    def one_token_steps(self, length: int) -> int:
+        """The sampler steps that write one token a step over `length` positions (a block run's: per block)."""
+        raise NotImplementedError
+
+
+class Exact:
+    """Its likelihood is the exact NLL, so it can judge samples (``sedd.figures.judge_nll``)."""
+
+    verb = "judge samples: its likelihood is a bound, not the exact NLL"
+
+    def sequence_nll(self, net: Net) -> Callable:
+        """x int[B, L] -> -log p(x), float32[B] nats per sequence."""
+        raise NotImplementedError
 
 
 class ServesRows:
@@ -61,14 +88,38 @@ class Distills:
 
 
 class Tunes:
-    """Settings of its sampling are chosen by timing them on the device that samples."""
+    """Settings of its sampling are chosen by timing them on the device that samples (``sedd.kinds.layouts``).
+
+    Attributes:
+      layout: what its sampling runs when no layout is given: its default until ``tune`` sets the fastest here.
+    """
 
     verb = "choose a round's layout"
+    layout: Any
 
     def tune(self, net: Net, options: dict | None = None, workdir=None, batch: int = 1, progress: bool = False) -> str:
-        """Set them (the fastest here unless `options` name them; kept in workdir), every option of the sample
-        checked first; a line saying what was set."""
+        """Set ``layout`` (the fastest here unless `options` name one; kept in workdir's layouts.json), every option
+        of the sample checked first against the run; a line saying what was set (None: nothing to set)."""
         raise NotImplementedError
+
+
+def check_given(kind: Kind, *, steps=None, sampler=None, patterns: tuple[str, ...] = ()) -> None:
+    """Refuse an option given that `kind` cannot honour, in one line naming it and the kinds that take it: steps or
+    a sampler (not None) for a kind that does not diffuse; a prompt pattern of `patterns` ("suffix", "infill")
+    that is not in its conditions. ``Run.sample`` (so ``sedd sample``) and ``sedd serve`` ask it alike."""
+    if not isinstance(kind, Diffuses):
+        for name, value in (("steps", steps), ("sampler", sampler)):
+            if value is not None:
+                raise ValueError(
+                    f"{name}={value!r}: a model.kind={kind.name!r} run writes left to right, with no denoising "
+                    f"steps; {name} is for {kinds_that(lambda k: issubclass(k, Diffuses))}"
+                )
+    for name, what in (("suffix", "a suffix"), ("infill", "an infill template")):
+        if name in patterns and name not in kind.conditions:
+            raise ValueError(
+                f"{what}: a model.kind={kind.name!r} run writes after a prompt only; {what} "
+                f"is for {kinds_that(lambda k: name in k.conditions)}"
+            )
 
 
 def able(kind: Kind, capability: type, what: str) -> Any:

@@ -1,7 +1,8 @@
 r"""The causal language model: a network's next-token law, its exact likelihood, and its decoding.
 
 Two kinds hold one: the AR baseline (``sedd.kinds.ar``), whose whole network
-it is, and the spec kind's causal half (``sedd.kinds.spec``). Either network
+it is (with ``model.draft_head``, a draft head beside it: ``sedd.kinds.draft_head``),
+and the spec kind's causal half (``sedd.kinds.spec``). Either network
 reads [BOS, x_0, ..., x_{L-2}] and its output at position l is the logits of
 x_l, so every one of the L tokens is predicted, the first from BOS alone:
 
@@ -13,13 +14,17 @@ model's bound on the same quantity (``sedd.evaluate.likelihood_bound``).
 A network is one when it takes no time input, outputs V = out_dim logits and
 embeds BOS = V (the spec network also its drafts' MASK, V + 1); its attention
 is causal by construction (the AR network) or by the mask passed here (the
-spec network). Decoding runs on the network's decoding cache
-(``DDiT.output_in_cache``), past the model's length on a ring (a sliding
-window); temperature 0 is the argmax. ``CausalKind`` is what the kinds that
-hold one share: the exact NLL as their likelihood (so either judges samples),
-a prefix prompt, and their options as one checked value (``Options``).
+spec network). One helper gives a step's inputs (``inputs``: the shift, BOS at
+0), one forward the features and the logits (``features``: the NLL and a draft
+head's loss read it), and decoding runs on the network's decoding cache
+(``decode_in_cache``, ``DDiT.output_in_cache``: the logits and the features),
+past the model's length on a ring (a sliding window); temperature 0 is the
+argmax. ``CausalKind`` is what the kinds that hold one share: the exact NLL as
+their likelihood (so either judges samples), a prefix prompt, their options as
+one checked value (``CausalOptions``), and the checks of what drafts learn
+(``draft_training``).
 
-Letters: B batch, L length, V vocabulary, S cache rows.
+Letters: B batch, L length, V vocabulary, S cache slots.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from flax import nnx
 from sedd import evaluate, sampling, speculative
 from sedd.categorical import sample_categorical
 from sedd.kinds.base import Kind, Net, kinds_that
+from sedd.kinds.capabilities import Exact
 from sedd.model import DDiT, ring_mask
 from sedd.sampling import shaped_law
 
@@ -55,10 +61,22 @@ def bos_id(model: DDiT) -> int:
     return model.out_dim
 
 
-def inputs(model: DDiT, x: jax.Array) -> jax.Array:
-    """The network input of targets x int[B, L]: BOS, then x shifted right by one."""
+def inputs(model: DDiT, text: jax.Array, start: jax.Array | None = None, n: int | None = None) -> jax.Array:
+    """The network's inputs for the targets `text`: at position p the token x_{p-1}, BOS at p = 0 (the shift).
+
+    Args:
+      text: int[B, T] tokens.
+      start, n: None: every position of text, [BOS, x_0, .., x_{T-2}] (a training forward); else the n
+        positions start .. start + n - 1 of a decoding step, start int32[] or int32[B] (a row's own).
+    Returns:
+      int[B, T] or int32[B, n].
+    """
     check(model)
-    return jnp.concatenate([jnp.full((x.shape[0], 1), bos_id(model), x.dtype), x[:, :-1]], axis=1)  # (B, L)
+    if start is None:
+        return jnp.concatenate([jnp.full((text.shape[0], 1), bos_id(model), text.dtype), text[:, :-1]], axis=1)
+    read = jnp.broadcast_to(jnp.asarray(start)[..., None] + jnp.arange(n) - 1, (text.shape[0], n))  # (B, n)
+    tokens = jnp.take_along_axis(text, jnp.maximum(read, 0), axis=1)
+    return jnp.where(read >= 0, tokens, bos_id(model)).astype(jnp.int32)
 
 
 def _causal_mask(model: DDiT, length: int) -> np.ndarray | None:
@@ -66,19 +84,22 @@ def _causal_mask(model: DDiT, length: int) -> np.ndarray | None:
     return None if model.causal else np.tril(np.ones((length, length), bool))
 
 
-def next_token_logits(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None) -> jax.Array:
-    """Logits of x_l given x_{<l} at every position, one full forward pass.
+def features(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None) -> tuple:
+    """The causal LM's one forward over the texts x int[B, L] (tokens in [0, V)): what every loss reads.
 
-    Args:
-      model: a causal LM.
-      x: int[B, L] tokens in [0, V).
-      deterministic, rngs: dropout control, as in ``DDiT.network_output``.
     Returns:
-      float32[B, L, V]: row l scores x_l.
+      (h float32[B, L, H], c): the residual stream after the last layer and the conditioning;
+      ``model.output(h, c)`` is float32[B, L, V], row l the logits of x_l given x_{<l}, and h at l what a draft
+      head reads (``sedd.kinds.draft_head``). deterministic, rngs: dropout, as in ``DDiT.network_output``.
     """
-    return model.network_output(
+    return model.features(
         inputs(model, x), None, mask=_causal_mask(model, x.shape[1]), deterministic=deterministic, rngs=rngs
-    )  # (B, L, V)
+    )
+
+
+def next_token_logits(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None) -> jax.Array:
+    """Logits of x_l given x_{<l} at every position, float32[B, L, V]: ``features``' output."""
+    return model.output(*features(model, x, deterministic=deterministic, rngs=rngs))  # (B, L, V)
 
 
 def nll_of_logits(logits: jax.Array, x: jax.Array) -> jax.Array:
@@ -91,15 +112,13 @@ def token_nll(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, r
     """-log p_theta(x_l | x_{<l}) at every position: float32[B, L] nats.
 
     chunk > 0 computes the logits `chunk` positions at a time, fused with the
-    loss and recomputed for the gradient (``DDiT.output_rows``): the same
+    loss and recomputed for the gradient (``DDiT.output_chunked``): the same
     numbers without a [B, L, V] array (training.loss_chunk).
     """
+    h, c = features(model, x, deterministic=deterministic, rngs=rngs)  # (B, L, H)
     if chunk:
-        h, c = model.features(
-            inputs(model, x), None, mask=_causal_mask(model, x.shape[1]), deterministic=deterministic, rngs=rngs
-        )
-        return model.output_rows(h, c, nll_of_logits, x, chunk=chunk)  # (B, L)
-    return nll_of_logits(next_token_logits(model, x, deterministic=deterministic, rngs=rngs), x)  # (B, L)
+        return model.output_chunked(h, c, nll_of_logits, x, chunk=chunk)  # (B, L)
+    return nll_of_logits(model.output(h, c), x)  # (B, L)
 
 
 def sequence_nll(
@@ -115,11 +134,44 @@ def nll(model: DDiT, x: jax.Array) -> jax.Array:
     return sequence_nll(model, x, deterministic=True)
 
 
+DRAFT_TARGETS = ("data", "causal", "own")
+"""What drafts learn, training.draft_target: the text's next tokens, the causal LM's laws on the text, or its laws
+on text it writes itself (``with_own_texts``; the spec kind's ``loss``, ``sedd.kinds.draft_head.loss``)."""
+
+
+def draft_training(config, what: str) -> tuple[int, float, str]:
+    """(k, w, target) of a kind that learns to draft: model.draft_k, training.draft_weight and
+    training.draft_target, each checked before any training; `what` names the drafts ("model.kind='spec'").
+
+    Raises:
+      ValueError: one line naming the key (and training.loss_chunk, which such a loss does not take).
+    """
+    k, length = config.model.draft_k, config.data.seq_len
+    if isinstance(k, bool) or not (isinstance(k, int) and 1 <= k <= min(length, speculative.MAX_DRAFTS)):
+        raise ValueError(
+            f"model.draft_k={k!r} (the drafts a round of {what}) must be an integer in "
+            f"[1, {min(length, speculative.MAX_DRAFTS)}] (data.seq_len and sedd.speculative.MAX_DRAFTS); "
+            "4 is a good start"
+        )
+    if config.training.loss_chunk:
+        raise ValueError(f"training.loss_chunk={config.training.loss_chunk} is not implemented for {what}: set it to 0")
+    w = config.training.draft_weight
+    if not (isinstance(w, (int, float)) and 0 <= w < float("inf")):
+        raise ValueError(f"training.draft_weight={w!r} must be a finite number >= 0 (the drafts' share of the loss)")
+    target = config.training.draft_target
+    if target not in DRAFT_TARGETS:
+        raise ValueError(
+            f"training.draft_target={target!r} (what {what} trains its drafts on) must be one of "
+            f"{DRAFT_TARGETS}: the text's tokens, the causal LM's laws on it, or its laws on text it writes"
+        )
+    return k, float(w), target
+
+
 def with_own_texts(model: DDiT, x: jax.Array, key: jax.Array | None) -> jax.Array:
     """x int[B, L] and below it B texts the network writes now from `key` (``ancestral`` at temperature 1, no
-    gradient through the draw): int[2B, L], one forward for both (a spec run's on-policy drafts' targets)."""
+    gradient through the draw): int[2B, L], one forward for both (draft_target "own": on-policy drafts' targets)."""
     if key is None:
-        raise ValueError('draft_target="own" draws the causal half\'s texts: give a key')
+        raise ValueError('draft_target="own" draws the causal LM\'s texts: give a key')
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     own = ancestral(key, graphdef, jax.lax.stop_gradient((params, rest)), *x.shape)  # (B, L)
     return jnp.concatenate([x, own.astype(x.dtype)])
@@ -128,70 +180,68 @@ def with_own_texts(model: DDiT, x: jax.Array, key: jax.Array | None) -> jax.Arra
 # --------------------------------------------------------------------------- decoding
 
 
-def decode_in_cache(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array, features: bool = False) -> tuple:
+def decode_in_cache(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array) -> tuple:
     """n positions start .. start + n - 1 through the network on the cache the caller holds, causally.
 
-    Each position sees the cache rows up to its own; the chunk's rows are written in place.
+    Each position sees the cache's slots up to its own; the chunk's slots are written in place.
 
     Args:
       cache: ``model.empty_cache(B, S)``'s, holding positions < start; start + n <= S.
-      inputs: int[B, n] the inputs at those positions (BOS at 0, x_{p-1} at p).
+      inputs: int[B, n] the inputs at those positions (``inputs(model, text, start, n)``).
       start: int32[] the first position, or int32[B]: each row's own (rows at different lengths).
-      features: also return the residual stream after the last layer (``DDiT.output_in_cache``'s).
     Returns:
-      (float32[B, n, V] the logits of x_start .. x_{start+n-1}, the cache after the write), and with
-      `features` float32[B, n, H].
+      (float32[B, n, V] the logits of x_start .. x_{start+n-1}, the cache after the write, float32[B, n, H] the
+      features there: ``DDiT.output_in_cache``'s).
     """
-    n, rows = inputs.shape[1], cache[0][0].shape[1]
+    n, slots = inputs.shape[1], cache[0][0].shape[1]
     positions = jnp.asarray(start)[..., None] + jnp.arange(n)  # (n,) or (B, n)
-    mask = jnp.arange(rows) <= positions[..., None]  # ([B,] n, S)
-    return model.output_in_cache(inputs, None, positions=positions, mask=mask, cache=cache, at=start, features=features)
+    mask = jnp.arange(slots) <= positions[..., None]  # ([B,] n, S)
+    return model.output_in_cache(inputs, None, positions=positions, mask=mask, cache=cache, at=start)
 
 
 ROWS_IN_ONE_CALL = 64
 """``decode_rows``: up to this many rows in one call (the network's writes at a place a row, unrolled)."""
 
 
-def decode_rows(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array, features: bool = False) -> tuple:
+def decode_rows(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array) -> tuple:
     """``decode_in_cache`` with start int32[B], a start a row: the rows in one call up to
     ``ROWS_IN_ONE_CALL`` rows (one write a row); past it one program a row under ``jax.vmap`` (a batched
     call's writes and masks grow with B; a test samples 50,000 rows at once)."""
     b = inputs.shape[0]
     if b <= ROWS_IN_ONE_CALL:
-        return decode_in_cache(model, cache, inputs, start, features)
+        return decode_in_cache(model, cache, inputs, start)
     n = model.layers[0].n_heads
-    rows = jax.tree.map(lambda a: a.reshape(b, n, *a.shape[1:]), cache)  # (B, N, S, K) each
-    out = jax.vmap(lambda c, x, s: decode_in_cache(model, c, x[None], s, features))(rows, inputs, start)
-    rows = jax.tree.map(lambda a: a.reshape(b * n, *a.shape[2:]), out[1])
-    return (out[0][:, 0], rows, out[2][:, 0]) if features else (out[0][:, 0], rows)
+    per_row = jax.tree.map(lambda a: a.reshape(b, n, *a.shape[1:]), cache)  # (B, N, S, K) each
+    logits, per_row, h = jax.vmap(lambda c, x, s: decode_in_cache(model, c, x[None], s))(per_row, inputs, start)
+    return logits[:, 0], jax.tree.map(lambda a: a.reshape(b * n, *a.shape[2:]), per_row), h[:, 0]
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "num_samples", "length", "categorical", "top_p"))
 def _draw(graphdef, state, key, temperature, prompt, prompt_len, *, num_samples, length, categorical, top_p):
     """``ancestral``'s loop on a split network: one dispatch a text, no walk over the model's graph a call.
 
-    Up to max_len each step writes its row of the cache in place; past it the cache is a ring of
-    max_len + 1 rows (a sliding window of max_len positions, ``sedd.model.ring_mask``)."""
+    Up to max_len each step writes its slot of the cache in place; past it the cache is a ring of
+    max_len + 1 slots (a sliding window of max_len positions, ``sedd.model.ring_mask``)."""
     model = nnx.merge(graphdef, *state)
     check(model)
     ring = length > model.max_len
-    rows = model.max_len + 1 if ring else length
+    slots = model.max_len + 1 if ring else length
 
     def step(pos, carry):
-        cache, prev, toks = carry
+        cache, toks = carry
+        x = inputs(model, toks, pos, 1)  # (B, 1): x_{pos-1}, BOS at 0
         if ring:
-            mask = ring_mask(pos[None], rows, model.max_len)  # (1, S)
-            logits, cache = model.output_in_cache(prev[:, None], None, positions=pos[None], mask=mask, cache=cache)
+            mask = ring_mask(pos[None], slots, model.max_len)  # (1, S)
+            logits, cache, _ = model.output_in_cache(x, None, positions=pos[None], mask=mask, cache=cache)
         else:
-            logits, cache = decode_in_cache(model, cache, prev[:, None], pos)  # (B, 1, V): x_pos's law, its row
+            logits, cache, _ = decode_in_cache(model, cache, x, pos)  # (B, 1, V): x_pos's law, its slot
         law = shaped_law(logits[:, 0], temperature, top_p)  # (B, V); T = 0: the argmax's one-hot
         tok = sample_categorical(jax.random.fold_in(key, pos), law, categorical).astype(jnp.int32)
         tok = jnp.where(pos < prompt_len, prompt[:, pos], tok)  # a given prefix is kept
-        return cache, tok, toks.at[:, pos].set(tok)
+        return cache, toks.at[:, pos].set(tok)
 
-    bos = jnp.full((num_samples,), bos_id(model), jnp.int32)
-    carry = (model.empty_cache(num_samples, rows), bos, jnp.zeros((num_samples, length), jnp.int32))
-    return jax.lax.fori_loop(0, length, step, carry)[2]  # (B, L)
+    carry = (model.empty_cache(num_samples, slots), jnp.zeros((num_samples, length), jnp.int32))
+    return jax.lax.fori_loop(0, length, step, carry)[1]  # (B, L)
 
 
 def ancestral(
@@ -247,6 +297,15 @@ def ancestral(
     )
 
 
+def ancestral_counted(key: jax.Array, graphdef, state, num_samples: int, length: int, *args) -> tuple:
+    """(``ancestral``'s tokens, the stats of a kind that speculates for them): one call of the network a token,
+    "nfe" and "nfe_per_sample" L, no draft call, no round ("accepted_at" int32[0]). args: ``ancestral``'s."""
+    tokens = ancestral(key, graphdef, state, num_samples, length, *args)
+    calls = jnp.full((num_samples,), length, jnp.int32)
+    stats = {"nfe": jnp.int32(length), "nfe_per_sample": calls, "draft_calls": jnp.zeros_like(calls)}
+    return tokens, stats | {"accepted_at": jnp.zeros((0,), jnp.int32)}
+
+
 def ancestral_model(
     key: jax.Array,
     model: DDiT,
@@ -267,13 +326,13 @@ def ancestral_model(
 # --------------------------------------------------------------------------- the target of speculative sampling
 
 
-def build_speculative_target(graphdef, temperature=1.0, top_p=1.0, features: bool = False) -> tuple:
+def build_speculative_target(graphdef, temperature=1.0, top_p=1.0, for_head: bool = False) -> tuple:
     r"""(prefill, target) of the causal LM `graphdef` for ``sedd.speculative.decode``, each row its own KV cache.
 
     ``target(state, text, start, k)`` scores the k + 1 positions start ..
     start + k in one call (``decode_rows``, each row at its own start): their
     inputs x_{start-1} (BOS at 0) and the k drafts. A query sees the cache's
-    rows up to its own position only, so the rows of rejected drafts, at or
+    slots up to its own position only, so the slots of rejected drafts, at or
     past the next round's start, are written over by the next call before
     any query sees them: the cache rolls back by the start alone
     (tests/test_speculative.py). The law returned is the network's with
@@ -285,12 +344,12 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0, features: boo
       prefill(params_state, prompt int32[B, P]) -> state: the cache after the
         prompt's P positions (the same P every row; a longer buffer may be
         prefilled whole, what follows `start` never seen); max(max_len, P) +
-        MAX_DRAFTS + 1 rows, every row a round past the text's end writes.
+        MAX_DRAFTS + 1 slots, every slot a round past the text's end writes.
       target: as ``sedd.speculative.decode`` takes it; state = ((params, rest), cache).
-      With `features`, the state also holds the residual stream after the last layer at the positions
+      With `for_head`, the state also holds the residual stream after the last layer at the positions
       of the last call, float32[B, MAX_DRAFTS + 1, H] (its first n rows; one shape for every call), and
       the first of them int32[B] (the prompt's last position after the prefill, -1 without a prompt):
-      what a draft head reads (``sedd.kinds.spec_head``).
+      what a draft head reads (``sedd.kinds.draft_head``).
     """
 
     def prefill(params_state, prompt):
@@ -299,25 +358,23 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0, features: boo
         b, p = prompt.shape
         cache = model.empty_cache(b, max(model.max_len, p) + speculative.MAX_DRAFTS + 1)
         if p:
-            _, cache, *last = decode_in_cache(model, cache, inputs(model, prompt), jnp.int32(0), features)
-        if not features:
+            _, cache, last = decode_in_cache(model, cache, inputs(model, prompt), jnp.int32(0))
+        if not for_head:
             return params_state, cache
         h = jnp.zeros((b, speculative.MAX_DRAFTS + 1, model.hidden_size), jnp.float32)
-        h = h.at[:, 0].set(last[0][:, -1]) if p else h  # the prompt's last position
+        h = h.at[:, 0].set(last[:, -1]) if p else h  # the prompt's last position
         return params_state, cache, h, jnp.full((b,), p - 1, jnp.int32)
 
     def target(state, text, start, k):
         params_state, cache = state[:2]
         model = nnx.merge(graphdef, *params_state)
         fits(cache, text)
-        rows = jnp.arange(text.shape[0])[:, None]
-        prev = jnp.where(start > 0, text[rows[:, 0], jnp.maximum(start - 1, 0)], bos_id(model))  # (B,)
-        chunk = jnp.concatenate([prev[:, None], text[rows, start[:, None] + jnp.arange(k)]], axis=1)  # (B, k + 1)
-        logits, cache, *h = decode_rows(model, cache, chunk, start, features)  # (B, k + 1, V), each row at its start
+        chunk = inputs(model, text, start, k + 1)  # (B, k + 1): x_{start-1} (BOS at 0) and the k drafts
+        logits, cache, h = decode_rows(model, cache, chunk, start)  # (B, k + 1, V), each row at its start
         p = shaped_law(logits, temperature, top_p)
-        if not features:
+        if not for_head:
             return p, (params_state, cache)
-        h = state[2].at[:, : k + 1].set(h[0].astype(jnp.float32))  # (B, MAX_DRAFTS + 1, H), in place
+        h = state[2].at[:, : k + 1].set(h.astype(jnp.float32))  # (B, MAX_DRAFTS + 1, H), in place
         return p, (params_state, cache, h, start)
 
     return prefill, target
@@ -325,11 +382,11 @@ def build_speculative_target(graphdef, temperature=1.0, top_p=1.0, features: boo
 
 def fits(cache: tuple, text: jax.Array) -> None:
     """Raise a ValueError unless the cache (``build_speculative_target``'s) holds every position of `text`
-    (int32[B, T]): a round writes up to position T - 1, and a write past the cache's end would land on other rows."""
-    rows = cache[0][0].shape[-2]
-    if text.shape[1] > rows:
+    (int32[B, T]): a round writes up to position T - 1, and a write past the cache's end would land on other slots."""
+    slots = cache[0][0].shape[-2]
+    if text.shape[1] > slots:
         raise ValueError(
-            f"a text buffer of {text.shape[1]} positions does not fit the prefilled cache's {rows} rows "
+            f"a text buffer of {text.shape[1]} positions does not fit the prefilled cache's {slots} slots "
             "(max(max_len, prompt length) + MAX_DRAFTS + 1): prefill a prompt buffer as long as the text"
         )
 
@@ -380,7 +437,7 @@ def _number(name: str, value, ok: Callable[[float], bool], expected: str) -> flo
 
 
 @dataclasses.dataclass(frozen=True)
-class Options:
+class CausalOptions:
     """The sampling options of a kind that writes left to right, as one checked value (``make``).
 
     A kind's module adds its own options as the fields of a subclass, and checks them in its ``checked``;
@@ -401,7 +458,7 @@ class Options:
     prompt: Any = dataclasses.field(default=None, compare=False)
 
     @classmethod
-    def make(cls, kind: Kind, **options) -> Options:
+    def make(cls, kind: Kind, **options) -> CausalOptions:
         """The options of ``kind.sample`` checked (a prompt as fixed_mask / fixed_tokens).
 
         Raises:
@@ -417,7 +474,7 @@ class Options:
             )
         return cls(**{name: options[name] for name in given}, prompt=prompt).checked()
 
-    def checked(self) -> Options:
+    def checked(self) -> CausalOptions:
         """These options, their values in range (a subclass checks its own fields too)."""
         if self.categorical not in sampling.CATEGORICAL_METHODS:
             raise ValueError(
@@ -430,17 +487,43 @@ class Options:
         )
 
 
-class CausalKind(Kind):
-    """A kind that holds a causal LM and writes its text left to right (the AR baseline, self-speculation):
-    exact, a prefix prompt, every token kept once written, its options one ``Options`` value.
+@dataclasses.dataclass(frozen=True)
+class RoundOptions(CausalOptions):
+    """``CausalOptions`` and a speculative round's, for a kind that speculates (``sedd.speculative``).
 
     Attributes:
-      options_type: its ``Options`` (sub)class.
+      draft: None (the run's own drafts, if it has any), "ngram" or a ``sedd.drafts.Drafter``.
+      draft_k: drafts a round.
+      verification: "joint" or "token" (``sedd.speculative.round_law``): the same law.
+      layout: a round's layout, in the kind's spelling (None: the kind's own).
+      draft_temperature: tau > 0 of the run's own drafts' law q^(1/tau) (None: the kind's default).
     """
 
-    exact = True
+    draft: Any = None
+    draft_k: Any = None
+    verification: str = "joint"
+    layout: Any = None
+    draft_temperature: Any = None
+
+    def checked(self) -> RoundOptions:
+        if self.verification not in speculative.VERIFICATIONS:
+            raise ValueError(f"verification must be one of {speculative.VERIFICATIONS}, got {self.verification!r}")
+        tau = self.draft_temperature
+        if tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0):
+            raise ValueError(f"draft_temperature must be a number > 0, got {tau!r}")
+        return super().checked()
+
+
+class CausalKind(Kind, Exact):
+    """A kind that holds a causal LM and writes its text left to right (the AR baseline, self-speculation):
+    exact, a prefix prompt, every token kept once written, its options one ``CausalOptions`` value.
+
+    Attributes:
+      options_type: its ``CausalOptions`` (sub)class.
+    """
+
     conditions = ("prefix",)  # it writes after a prompt only
-    options_type: ClassVar[type[Options]] = Options
+    options_type: ClassVar[type[CausalOptions]] = CausalOptions
 
     def unwritten_id(self):
         """V, the BOS id: never a token of the text (a position not written yet)."""
@@ -450,8 +533,8 @@ class CausalKind(Kind):
         """Always: each token written stays."""
         return True
 
-    def options(self, **options) -> Options:
-        """The options of ``sample`` as one checked value (``Options.make``; categorical: the config's)."""
+    def options(self, **options) -> CausalOptions:
+        """The options of ``sample`` as one checked value (``CausalOptions.make``; categorical: the config's)."""
         options.setdefault("categorical", self.config.sampling.categorical)
         return self.options_type.make(self, **options)
 

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from sedd import evaluate, losses, sampling
 from sedd.kinds.base import Kind, build_graph, build_noise, chunked_entropy, network_of, params_score_fn, register
-from sedd.kinds.capabilities import Distills, ServesRows, refuse_drafts
+from sedd.kinds.capabilities import Diffuses, Distills, ServesRows, refuse_drafts
 from sedd.model import DDiT
 
 
 @register("ddit")
-class Diffusion(Kind, ServesRows, Distills):
+class Diffusion(Kind, Diffuses, ServesRows, Distills):
     """SEDD: a DDiT log-score network over the forward graph's ids, trained by score entropy.
 
     Attributes:
       graph, noise: the forward process of the config.
     """
-
-    diffuses = True
 
     def __init__(self, config):
         super().__init__(config)
@@ -81,11 +79,11 @@ class Diffusion(Kind, ServesRows, Distills):
         validation estimate (train=False) keeps the uniform draw.
         """
         t = self.config.training
-        net = dict(deterministic=not train, rngs=rngs)
-        entropy = chunked_entropy(model, self.graph, t.loss_chunk, **net) if t.loss_chunk else None
+        dropout = dict(deterministic=not train, rngs=rngs)
+        entropy = chunked_entropy(model, self.graph, t.loss_chunk, **dropout) if t.loss_chunk else None
         return losses.loss_fn(
             key,
-            lambda x, sigma: model(x, sigma, **net),
+            lambda x, sigma: model(x, sigma, **dropout),
             self.graph,
             self.noise,
             x0,
@@ -97,8 +95,8 @@ class Diffusion(Kind, ServesRows, Distills):
 
     def noise_groups(self, model, train=False, rngs=None):
         """One group, the whole sequence, at the row's sigma: fn(x_t, x0, sigma[B, 1]) = model(x_t, sigma[:, 0])."""
-        net = dict(deterministic=not train, rngs=rngs)
-        return self.config.data.seq_len, lambda x_t, x0, sigma: model(x_t, sigma[:, 0], **net)
+        dropout = dict(deterministic=not train, rngs=rngs)
+        return self.config.data.seq_len, lambda x_t, x0, sigma: model(x_t, sigma[:, 0], **dropout)
 
     def check_sampler(self, name):
         super().check_sampler(name)
@@ -164,7 +162,7 @@ class Diffusion(Kind, ServesRows, Distills):
             **kwargs,
         )
 
-    def sample(self, key, net, num_samples, steps=None, sampler=None, rows=None, **options):
+    def sample(self, key, net, num_samples, steps=None, sampler=None, **options):
         """``sedd.sampling.sample`` (``sample_long`` with max_length / block_length) on this network.
 
         Raises:
@@ -179,7 +177,7 @@ class Diffusion(Kind, ServesRows, Distills):
         args = dict(sampler=sampler or s.sampler, eps=s.eps, score_params=net.state, **options)
         shape = (num_samples, self.config.data.seq_len)
         steps = s.steps if steps is None else steps
-        score_fn = params_score_fn(net.graphdef, rows)
+        score_fn = params_score_fn(net.graphdef, net.placement)
         if {"max_length", "block_length", "stop_id"} & set(options):
             long = {k: args.pop(k, None) for k in ("max_length", "block_length")}
             long["max_length"] = long["max_length"] or shape[1]

@@ -47,10 +47,10 @@ of the verifier's token at s + j and of each other, so its law given the
 prefix and the drafts before it is its group's law: what speculative
 sampling needs of q (``sedd.speculative``, (1)), and the text has p's law
 exactly (tests/test_spec.py: over all 3^6 sequences of a random network).
-The call writes every position's keys and values into the cache's rows from s
-(``DDiT.output_in_cache``, in place: the causal positions at the rows of their
-positions, the groups after them); each query sees the rows < s and its own
-round's rows as the round's mask says. The rows from the next round's start
+The call writes every position's keys and values into the cache's slots from s
+(``DDiT.output_in_cache``, in place: the causal positions at the slots of their
+positions, the groups after them); each query sees the slots < s and its own
+round's slots as the round's mask says. The slots from the next round's start
 on (rejected drafts, the groups) are written over by the next round before
 any of its queries sees them, so the cache rolls back by the start alone.
 The first round's drafts come from the prefill call (the prompt, and one
@@ -60,36 +60,30 @@ The drafts are drawn from each group's law sharpened, q^(1/tau) renormalised
 with tau = ``DRAFT_TEMPERATURE`` (0.8), and that is the q the verifier is
 told, so the law of the text is unchanged. A group's law is a marginal over
 the tokens it does not see (the verifier's, the other drafts'), broader than
-the conditionals that verify it; sharpened it is kept more often (on the
-plays at k = 4, joint verification, 1.99 -> 2.02 tokens a call; docs/speculative.md).
+the conditionals that verify it; sharpened it is kept more often.
 
-A run with model.draft_head = N > 0 has no draft half: a small head of width N drafts after each call
-from the causal half's features and the token the verifier just wrote, which the groups cannot see
-(``sedd.kinds.spec_head``; layouts "K" with groups = 0).
+An AR run with a draft head (``sedd.kinds.draft_head``) drafts after each call instead, from the
+features of the call and the token the verifier just wrote, which a group cannot see.
 
-Letters: B batch, L length, V vocabulary, k drafts a round, S cache rows.
+Letters: B batch, L length, V vocabulary, k drafts a round, S cache slots.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import time
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from tqdm.auto import tqdm
 
-from sedd import files, kernels, sampling, speculative
+from sedd import sampling, speculative
 import sedd.kinds.causal as causal
-import sedd.kinds.spec_head as spec_head
+from sedd.kinds import layouts
 from sedd.kinds.base import network_of, register
-from sedd.kinds.capabilities import Speculates, Tunes
+from sedd.kinds.capabilities import Speculates, Tunes, check_given
 from sedd.model import DDiT
 from sedd.sampling import shaped_law
 
@@ -142,11 +136,6 @@ def token_nlls(
     return causal.nll_of_logits(p_logits, x), causal.nll_of_logits(q_logits, x)
 
 
-DRAFT_TARGETS = ("data", "causal", "own")
-"""What the drafts learn, training.draft_target: the text's next tokens, the causal half's laws on the text, or
-its laws on text it wrote itself (``loss``)."""
-
-
 def loss(
     model: DDiT,
     x: jax.Array,
@@ -179,8 +168,8 @@ def loss(
     are); the NLL stays on x. The NLL term, the likelihood and the sampler are (1) unchanged: the text
     keeps p's law exactly either way.
     """
-    if draft_target not in DRAFT_TARGETS:
-        raise ValueError(f"draft_target must be one of {DRAFT_TARGETS}, got {draft_target!r}")
+    if draft_target not in causal.DRAFT_TARGETS:
+        raise ValueError(f"draft_target must be one of {causal.DRAFT_TARGETS}, got {draft_target!r}")
     b, length = x.shape
     texts = causal.with_own_texts(model, x, key) if draft_target == "own" else x  # (B or 2B, L)
     p_logits, q_logits = halves(model, texts, k, deterministic, rngs)
@@ -205,9 +194,8 @@ class Layout(NamedTuple):
     group's drafts from the new start on (k - (j - groups + 1) of them: the round after has fewer drafts,
     none when groups = 1 and all k were kept). k = 0 (groups = 0, ``NO_DRAFTS``) is the causal half
     alone on its KV cache, one token a call (``sedd.kinds.causal.ancestral``): where a call on more
-    positions costs about as much more as the positions it adds, the fastest. groups = 0 with k >= 1 is a
-    run with a draft head (``sedd.kinds.spec_head``): k drafts from the head after each call, a call on k + 1
-    positions. Every layout keeps the causal half's law.
+    positions costs about as much more as the positions it adds, the fastest. Every layout keeps the
+    causal half's law.
     """
 
     k: int
@@ -217,11 +205,14 @@ class Layout(NamedTuple):
     def positions(self) -> int:
         return self.k + 1 + self.groups * self.k
 
+    @property
+    def name(self) -> str:
+        """Its spelling in layouts.json (``sedd.kinds.layouts``): "K,GROUPS"."""
+        return f"{self.k},{self.groups}"
+
     def __str__(self) -> str:
         if not self.k:
             return "no drafts (the causal half alone, 1 position a call)"
-        if not self.groups:
-            return f"k={self.k} from the draft head ({self.positions} positions a call)"
         return f"k={self.k} groups={self.groups} ({self.positions} positions a call)"
 
 
@@ -229,51 +220,51 @@ NO_DRAFTS = Layout(0, 0)
 """The layout of no drafts: the causal half alone, one token a call ("0" on the command line)."""
 
 
-def layout_of(value, trained_k: int, head: bool | None = False) -> Layout:
-    """A ``Layout`` from a Layout, an int k (a group for every outcome), or "K,GROUPS" / "K" (the CLI's).
+def layout_of(value, trained_k: int | None, name: str = "layout") -> Layout:
+    """A ``Layout`` from a Layout, an int k (a group for every outcome), or "K,GROUPS" / "K" (the command line's).
 
     None: the run's own k (trained_k) with every group; 0 or "0": ``NO_DRAFTS``. Raises a ValueError
-    naming the value unless 1 <= k <= ``speculative.MAX_DRAFTS`` and 1 <= groups <= k + 1 (a group of
-    another size than trained_k keeps the law; its drafts were not what training showed), or k = groups = 0.
-    With `head` (a run with a draft head) an int or "K" is k head drafts, groups = 0, and groups must be 0;
-    head None: the format alone, either kind of run.
+    naming the value (as the option `name`) unless 1 <= k <= trained_k (model.draft_k: a group larger than
+    training showed was never trained; trained_k None: ``speculative.MAX_DRAFTS``, the format alone) and
+    1 <= groups <= k + 1, or k = groups = 0.
     """
     if value is None:
-        return Layout(trained_k, 0 if head else trained_k + 1)
+        return Layout(trained_k, trained_k + 1)
+    given = value
     if isinstance(value, str):
         parts = value.split(",")
         if not (1 <= len(parts) <= 2 and all(p.isascii() and p.isdigit() and len(p) <= 3 for p in parts)):
             raise ValueError(
-                f"layout={value[:40]!r} must be 'K' or 'K,GROUPS' (drafts a round, draft groups; "
+                f"{name}={value[:40]!r} must be 'K' or 'K,GROUPS' (drafts a round, draft groups; "
                 "0: no drafts), e.g. '4,2'"
             )
         k = int(parts[0])
-        value = Layout(k, int(parts[1]) if len(parts) == 2 else 0 if head or not k else k + 1)
+        value = Layout(k, int(parts[1]) if len(parts) == 2 else k + 1 if k else 0)
     elif isinstance(value, int) and not isinstance(value, bool):
-        value = Layout(value, 0 if head or not value else value + 1)
+        value = Layout(value, value + 1 if value else 0)
     if not isinstance(value, tuple) or len(value) != 2:
-        raise ValueError(f"layout={value!r} must be a spec.Layout, an int k or 'K,GROUPS'")
+        raise ValueError(f"{name}={value!r} must be a spec.Layout, an int k or 'K,GROUPS'")
     k, groups = value
-    ints = isinstance(k, int) and isinstance(groups, int) and not isinstance(k, bool) and not isinstance(groups, bool)
-    if ints and k and head is not None and bool(groups) == bool(head):  # groups = 0: head drafts
+    most = speculative.MAX_DRAFTS if trained_k is None else trained_k
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    if not (ints and (k == groups == 0 or (1 <= k <= most and 1 <= groups <= k + 1))):
         raise ValueError(
-            f"layout k={k} groups={groups}: "
-            + (
-                "this run drafts with its draft head, which takes no "
-                "draft groups: give 'K' (k head drafts a round) or '0'"
-                if head
-                else "groups=0 drafts with a "
-                "draft head, and this run has none (model.draft_head = 0): give 'K,GROUPS' or '0'"
-            )
-        )
-    if ints and not groups and 1 <= k <= speculative.MAX_DRAFTS:
-        return Layout(k, 0)
-    if not (ints and (k == groups == 0 or (1 <= k <= speculative.MAX_DRAFTS and 1 <= groups <= k + 1))):
-        raise ValueError(
-            f"layout k={k!r} groups={groups!r}: k must be in [1, {speculative.MAX_DRAFTS}] and groups "
-            "in [1, k + 1], or both 0 (no drafts)"
+            f"{name}={given!r}: k={k!r} must be in [1, {most}]"
+            + ("" if trained_k is None else f" (model.draft_k = {trained_k}, the drafts a round it was trained on)")
+            + f" and groups={groups!r} in [1, k + 1], or both 0 (no drafts)"
         )
     return Layout(k, groups)
+
+
+def candidates(k: int) -> list[Layout]:
+    """The layouts a run trained at k times (``sedd.kinds.layouts.choose``): no drafts; k = 1 and about k / 2 with
+    two groups; k with one group. Each compiles a program of its own (docs/studies/speculative.md times it), so
+    the few that win somewhere: no drafts where a position costs as much as it adds, more drafts a call where
+    positions cost little (the second group keeps drafts for the round after a kept draft, which one group
+    cannot); any other is given with ``--layout``."""
+    return sorted(
+        {NO_DRAFTS, Layout(1, 2), Layout(max(1, k // 2), 2), Layout(k, 1)}, key=lambda lay: (-lay.k, -lay.groups)
+    )
 
 
 def round_mask(k: int, groups: int | None = None) -> np.ndarray:
@@ -295,18 +286,18 @@ def round_mask(k: int, groups: int | None = None) -> np.ndarray:
 def _call(
     model: DDiT, cache: tuple, start, tokens: jax.Array, positions: jax.Array, own: np.ndarray
 ) -> tuple[jax.Array, tuple]:
-    """One call of every row: tokens int[B, n] at `positions` ([B,] n), written into cache rows start .. start + n - 1
-    (start int32[] or int32[B], a row's own), each seeing the rows < start (the text) and the call's own rows as own
+    """One call of every row: tokens int[B, n] at `positions` ([B,] n), written into cache slots start .. start + n - 1
+    (start int32[] or int32[B], a row's own), each seeing the slots < start (the text) and the call's own slots as own
     bool[n, n] says; returns (logits float32[B, n, V], cache).
 
-    Rows past the call's causal positions hold its draft groups' keys and values: they lie at or past the next
-    round's start, which writes its own rows over them before any query of its sees them."""
-    n, rows = tokens.shape[1], cache[0][0].shape[1]
-    rel = jnp.arange(rows) - jnp.asarray(start)[..., None]  # ([B,] S) a row's place in this call; < 0: the text
+    Slots past the call's causal positions hold its draft groups' keys and values: they lie at or past the next
+    round's start, which writes its own slots over them before any query of its sees them."""
+    n, slots = tokens.shape[1], cache[0][0].shape[1]
+    rel = jnp.arange(slots) - jnp.asarray(start)[..., None]  # ([B,] S) a slot's place in this call; < 0: the text
     inside = (rel >= 0) & (rel < n)
     own = jnp.moveaxis(jnp.take(jnp.asarray(own), jnp.clip(rel, 0, n - 1), axis=1), 0, -2)  # ([B,] n, S)
     sees = (rel < 0)[..., None, :] | (inside[..., None, :] & own)
-    return model.output_in_cache(tokens, None, positions=positions, mask=sees, cache=cache, at=start)
+    return model.output_in_cache(tokens, None, positions=positions, mask=sees, cache=cache, at=start)[:2]
 
 
 DRAFT_TEMPERATURE = 0.8
@@ -316,7 +307,7 @@ DRAFT_TEMPERATURE = 0.8
 def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0, draft_temperature=DRAFT_TEMPERATURE) -> tuple:
     r"""(prefill, target, drafter) of the spec network `graphdef` for ``sedd.speculative.decode(shared=True)``.
 
-    Each row has its own start: one call of the batch writes each row's cache rows at its own.
+    Each row has its own start: one call of the batch writes each row's cache slots at its own.
     The state, shared by target and drafter: ((params, rest), caches, laws
     float32[B, groups, k, V] of each group's drafts, the last round's start
     int32[B]). temperature and top_p may be traced (a server's rows);
@@ -333,9 +324,9 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0, draft_temper
       drafter(key, state, text, start, k) -> (drafted int32[B, k], q float32[B, k, V], state, count int32[B]):
         no call; the drafts of the outcome the last round had (``Layout``: count < k past the last group).
     """
-    k, groups = layout_of(layout, layout if isinstance(layout, int) else 0)
+    k, groups = layout_of(layout, None)
 
-    def rows_of(model):  # every row a call may write: a round's from start <= max_len - 1, or the prefill's
+    def slots_of(model):  # every slot a call may write: a round's from start <= max_len - 1, or the prefill's
         return max(model.max_len + mask.shape[0], model.max_len + k)
 
     def prefill(params_state, prompt):
@@ -351,15 +342,11 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0, draft_temper
             (idx[None, :] <= seen) | (idx[None, :] >= n_c),
         )
         positions = jnp.asarray(np.concatenate([np.arange(n_c), p + np.arange(k)]), jnp.int32)
+        prompt = jnp.pad(prompt.astype(jnp.int32), ((0, 0), (0, 1)))  # [prompt, 0]: its inputs, [BOS] without one
         tokens = jnp.concatenate(
-            [
-                jnp.full((b, 1), causal.bos_id(model), jnp.int32),
-                prompt[:, : n_c - 1].astype(jnp.int32),
-                jnp.full((b, k), mask_id(model), jnp.int32),
-            ],
-            1,
+            [causal.inputs(model, prompt)[:, :n_c], jnp.full((b, k), mask_id(model), jnp.int32)], 1
         )
-        out, caches = _call(model, model.empty_cache(b, rows_of(model)), 0, tokens, positions, first_mask)
+        out, caches = _call(model, model.empty_cache(b, slots_of(model)), 0, tokens, positions, first_mask)
         first = shaped_law(out[:, n_c:], temperature, top_p)  # (B, k, V)
         laws = jnp.zeros((b, groups, k, model.out_dim), jnp.float32).at[:, 0].set(first)
         return params_state, caches, laws, jnp.full((b,), p - 1, jnp.int32)
@@ -372,11 +359,8 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0, draft_temper
         model = nnx.merge(graphdef, *params_state)
 
         b = text.shape[0]
-        prev = jnp.where(
-            start > 0, jnp.take_along_axis(text, jnp.maximum(start - 1, 0)[:, None], 1)[:, 0], causal.bos_id(model)
-        )  # (B,)
-        drafts = jnp.take_along_axis(text, start[:, None] + jnp.arange(k)[None, :], 1)  # (B, k)
-        tokens = jnp.concatenate([prev[:, None], drafts, jnp.full((b, k * groups), mask_id(model), jnp.int32)], 1)
+        verified = causal.inputs(model, text, start, k + 1)  # (B, k + 1): x_{start-1} (BOS at 0), the drafts
+        tokens = jnp.concatenate([verified, jnp.full((b, k * groups), mask_id(model), jnp.int32)], 1)
         out, caches = _call(model, caches, start, tokens, start[:, None] + jnp.asarray(offsets, jnp.int32), mask)
         shaped = shaped_law(out, temperature, top_p)  # (B, k + 1 + groups k, V)
         p, laws = shaped[:, : k + 1], shaped[:, k + 1 :].reshape(b, groups, k, -1)
@@ -396,25 +380,9 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0, draft_temper
     return prefill, target, drafter
 
 
-def parts_of(graphdef, layout, temperature=1.0, top_p=1.0, draft_temperature=None) -> tuple:
-    """(prefill, target, drafter) of `layout`: the draft groups' (``speculative_parts``), or the draft head's
-    where groups = 0 (``sedd.kinds.spec_head.speculative_parts``); draft_temperature None: the default of each."""
-    if layout.groups:
-        return speculative_parts(
-            graphdef, layout, temperature, top_p, DRAFT_TEMPERATURE if draft_temperature is None else draft_temperature
-        )
-    return spec_head.speculative_parts(
-        graphdef,
-        layout.k,
-        temperature,
-        top_p,
-        spec_head.HEAD_DRAFT_TEMPERATURE if draft_temperature is None else draft_temperature,
-    )
-
-
 @functools.lru_cache(maxsize=None)
-def _parts(graphdef, layout: Layout, temperature: float, top_p: float, draft_temperature) -> tuple:
-    return parts_of(graphdef, layout, temperature, top_p, draft_temperature)  # one jit cache entry each
+def _parts(graphdef, layout: Layout, temperature: float, top_p: float, draft_temperature: float) -> tuple:
+    return speculative_parts(graphdef, layout, temperature, top_p, draft_temperature)  # one jit cache entry each
 
 
 def speculate(
@@ -438,206 +406,38 @@ def speculate(
       graphdef, state: the network, state = (params, rest).
       num_samples, length: B, L (L at most the model's length).
       layout: a ``Layout``, or an int k (drafts a round, a group for every outcome: the run's
-        model.draft_k is what it was trained to draft); ``NO_DRAFTS``: ``sedd.kinds.causal.ancestral``;
-        Layout(k, 0): k drafts a round from the network's draft head (``sedd.kinds.spec_head``).
+        model.draft_k is what it was trained to draft); ``NO_DRAFTS``: ``sedd.kinds.causal.ancestral``.
       temperature, top_p: on the causal half's law, so the text's (and on the drafts').
       prompt: optional int32[B, P], the same P for every row.
       categorical: the method of the verifier's redraws.
       verification: "joint" or "token" (``sedd.speculative.round_law``): the same law.
       draft_temperature: tau > 0 of the drafts' law q^(1/tau) (module docstring): the same law; None:
-        ``DRAFT_TEMPERATURE`` for groups, ``sedd.kinds.spec_head.HEAD_DRAFT_TEMPERATURE`` for a head.
+        ``DRAFT_TEMPERATURE``.
     Returns:
       (int32[B, L], stats): "nfe" the network calls (the batch's: the rounds and the prefill),
-      "nfe_per_sample", "draft_calls" (0 for groups: the drafts come from the same calls; a head's steps,
-      k a round), "accepted_at" int32[k].
+      "nfe_per_sample", "draft_calls" (0: the drafts come from the same calls), "accepted_at" int32[k].
     """
-    layout = layout_of(layout, 0, head=None)
+    layout = layout_of(layout, None)
     if not layout.k:  # one call a token, no round
-        tokens = causal.ancestral(key, graphdef, state, num_samples, length, temperature, prompt, categorical, top_p)
-        calls = jnp.full((num_samples,), length, jnp.int32)
-        return tokens, {
-            "nfe": jnp.int32(length),
-            "nfe_per_sample": calls,
-            "draft_calls": jnp.zeros_like(calls),
-            "accepted_at": jnp.zeros((0,), jnp.int32),
-        }
-    given = jnp.zeros((num_samples, 0), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
+        return causal.ancestral_counted(
+            key, graphdef, state, num_samples, length, temperature, prompt, categorical, top_p
+        )
     if draft_temperature is not None and not (isinstance(draft_temperature, (int, float)) and draft_temperature > 0):
         raise ValueError(f"draft_temperature must be a number > 0, got {draft_temperature!r}")
-    if not layout.groups:
-        spec_head.head_of(nnx.merge(graphdef, *state))  # a clear error for a run without a head
-    prefill, target, drafter = _parts(
-        graphdef,
-        layout,
-        float(temperature),
-        float(top_p),
-        None if draft_temperature is None else float(draft_temperature),
-    )
-    out, stats = speculative.decode_prompted(
+    tau = DRAFT_TEMPERATURE if draft_temperature is None else float(draft_temperature)
+    parts = _parts(graphdef, layout, float(temperature), float(top_p), tau)
+    return speculative.self_drafted(  # the prefill's call drafts the first round; the drafts ride in the calls
         key,
         state,
-        None,
-        given,
-        prefill=prefill,
-        target=target,
-        d_prefill=None,
-        drafter=drafter,
-        length=length,
-        k=layout.k,
+        parts,
+        num_samples,
+        length,
+        layout.k,
+        prompt,
+        prefill_calls=1,
+        draft_calls=0,
         categorical=categorical,
-        shared=True,
         verification=verification,
-    )
-    prefilled = 1 if layout.groups or given.shape[1] else 0  # a head's prefill without a prompt makes no call
-    rounds = stats["rounds_per_sample"] + prefilled
-    draft_calls = jnp.zeros_like(rounds) if layout.groups else stats["rounds_per_sample"] * layout.k
-    return out, {
-        "nfe": stats["rounds"] + prefilled,
-        "nfe_per_sample": rounds,
-        "draft_calls": draft_calls,
-        "accepted_at": stats["accepted_at"],
-    }
-
-
-# --------------------------------------------------------------------------- choosing a layout
-
-
-LAYOUTS_FILE = "layouts.json"
-"""The layouts chosen for a run, by device and batch, in its run directory (``choose_layout``)."""
-
-
-def candidates(k: int, head: bool = False) -> list[Layout]:
-    """The layouts ``time_layouts`` times for a run trained at k: no drafts; k = 1 and about k / 2 with two
-    groups; k with one group. Each compiles a program of its own (docs/studies/speculative.md times it), so
-    the few that win somewhere: no drafts where a position costs as much as it adds, more drafts a call where
-    positions cost little (the second group keeps drafts for the round after a kept draft, which one group
-    cannot); any other is given with ``--layout``. A run with a draft head: no drafts, about k / 2 and k
-    head drafts."""
-    if head:
-        return sorted({NO_DRAFTS, Layout(max(1, k // 2), 0), Layout(k, 0)}, key=lambda lay: -lay.k)
-    return sorted(
-        {NO_DRAFTS, Layout(1, 2), Layout(max(1, k // 2), 2), Layout(k, 1)}, key=lambda lay: (-lay.k, -lay.groups)
-    )
-
-
-def time_layouts(
-    graphdef, state, length: int, batch: int, layouts: list[Layout], *, rounds: int = 5, progress: bool = False
-) -> list[dict]:
-    """Each layout's tokens/s on this device: texts of `length` at `batch`, timed interleaved, the median of rounds
-    (each compiled first, not timed). End to end (the network, the loop, how often this run's drafts are kept),
-    so it picks what is fastest here whatever makes it so.
-
-    Returns:
-      [{"layout": "K,GROUPS", "positions": n a call, "tokens_per_s", "tokens_per_call"}], fastest first.
-    """
-
-    def run(layout, seed):
-        out, stats = speculate(jax.random.key(seed), graphdef, state, batch, length, layout)
-        return jax.block_until_ready(out), float(np.mean(np.asarray(stats["nfe_per_sample"])))
-
-    for layout in tqdm(layouts, desc="compiling the layouts to time", disable=not progress, leave=False):
-        run(layout, 0)
-    seconds, calls = {lay: [] for lay in layouts}, {lay: [] for lay in layouts}
-    for r in range(rounds):
-        for layout in layouts if r % 2 == 0 else layouts[::-1]:
-            t = time.perf_counter()
-            calls[layout].append(run(layout, r + 1)[1])
-            seconds[layout].append(time.perf_counter() - t)
-    rows = [
-        {
-            "layout": f"{lay.k},{lay.groups}",
-            "positions": lay.positions,
-            "tokens_per_s": batch * length / float(np.median(seconds[lay])),
-            "tokens_per_call": length / float(np.mean(calls[lay])),
-        }
-        for lay in layouts
-    ]
-    return sorted(rows, key=lambda row: -row["tokens_per_s"])
-
-
-def device_key(model: DDiT, batch: int) -> str:
-    """What a layout's speed depends on besides the run: the device, its CPU, the compute dtype, the batch."""
-    dev = jax.devices()[0]
-    return f"{dev.platform} {dev.device_kind} | {kernels.cpu_model()} | {jnp.dtype(model.dtype).name} | batch {batch}"
-
-
-def _saved(entry, trained_k: int, wanted: list[Layout], path: Path, head: bool = False) -> tuple[Layout, list] | None:
-    """(layout, timed rows) of a layouts file's entry chosen among every layout of `wanted`; None: time again.
-    A layout of more than the run's k drafts (a received file's "64,65" cost a run of 32 tokens 4,225
-    positions a call) or not a layout is refused, naming the file."""
-    if not isinstance(entry, dict) or "layout" not in entry:
-        return None
-    try:
-        layout = layout_of(entry["layout"], trained_k, head) if isinstance(entry["layout"], str) else None
-    except ValueError:
-        layout = None
-    if layout is None or layout.k > trained_k:
-        raise ValueError(
-            f"{path} names the layout {str(entry['layout'])[:40]!r} for this device, not one this run "
-            f"times (at most its {trained_k} drafts a round); delete the file (or its entry) to time "
-            "the layouts again"
-        )
-    rows = (
-        [row for row in entry.get("timed", []) if isinstance(row, dict)] if isinstance(entry.get("timed"), list) else []
-    )
-    timed = {row.get("layout") for row in rows}
-    return (layout, rows) if layout in wanted and {f"{lay.k},{lay.groups}" for lay in wanted} <= timed else None
-
-
-def _against_no_drafts(layout: Layout, rows: list) -> str:
-    """How the layout's tokens/s compare with no drafts' in the timed rows ("" where either is missing)."""
-    speed = {row.get("layout"): row.get("tokens_per_s") for row in rows}
-    mine, alone = speed.get(f"{layout.k},{layout.groups}"), speed.get("0,0")
-    ok = all(isinstance(v, (int, float)) and v > 0 for v in (mine, alone))
-    return f", {mine / alone:.2f}x the tokens/s of no drafts" if ok and layout.k else ""
-
-
-def choose_layout(
-    graphdef,
-    state,
-    length: int,
-    batch: int,
-    trained_k: int,
-    workdir=None,
-    *,
-    layouts: list[Layout] | None = None,
-    progress: bool = False,
-    head: bool = False,
-) -> tuple[Layout, str]:
-    """The fastest of `layouts` (``candidates(trained_k, head)``) on this device at this batch (``time_layouts``),
-    kept in workdir/layouts.json and read back for the same ``device_key`` (delete the file, or its entry, to
-    time again; without a workdir nothing is kept).
-
-    Returns:
-      (the layout, a line saying what was chosen, against no drafts, from what).
-    """
-    where = device_key(nnx.merge(graphdef, *state), batch)
-    path = None if workdir is None else Path(workdir) / LAYOUTS_FILE
-    wanted, saved = layouts or candidates(trained_k, head), {}
-    if path is not None and path.exists():
-        try:
-            saved = files.read_json(path, 1 << 20, root=workdir)  # a file nested 200,000 deep too
-        except (ValueError, files.UnsafeFile) as e:
-            raise ValueError(
-                f"{path} is not a layouts file sedd wrote ({e}); delete it to time the layouts again"
-            ) from None
-        if found := _saved(saved.get(where) if isinstance(saved, dict) else None, trained_k, wanted, path, head):
-            layout, rows = found
-            return layout, f"layout {layout}{_against_no_drafts(layout, rows)}, chosen earlier on this device ({path})"
-    rows = time_layouts(graphdef, state, length, batch, wanted, progress=progress)
-    layout, kept = layout_of(rows[0]["layout"], trained_k, head), ""
-    if path is not None:
-        saved = dict(saved) if isinstance(saved, dict) else {}
-        saved[where] = {"layout": rows[0]["layout"], "timed": rows}
-        try:  # a run directory one may read but not write (a received run) still samples, timed each time
-            files.write_text(path, json.dumps(saved, indent=1) + "\n", workdir)  # no link followed, nothing opened
-        except (OSError, files.UnsafeFile) as e:
-            kept = f" (not kept in {path}: {getattr(e, 'strerror', None) or e})"
-    table = ", ".join(
-        f"{r['layout']}: {r['tokens_per_s']:,.0f} tokens/s ({r['tokens_per_call']:.2f} a call)" for r in rows
-    )
-    return layout, (
-        f"layout {layout}{_against_no_drafts(layout, rows)}, the fastest here at batch {batch}: {table}{kept}"
     )
 
 
@@ -645,101 +445,57 @@ def choose_layout(
 
 
 @dataclasses.dataclass(frozen=True)
-class Options(causal.Options):
-    """``causal.Options`` and a round's (``speculate``).
-
-    Attributes:
-      verification: "joint" or "token" (``sedd.speculative.round_law``).
-      draft_temperature: tau > 0 of the drafts' law q^(1/tau) (None: the default of the groups or the head).
-      layout: a round's layout (``layout_of``: a ``Layout``, "K,GROUPS", "0"; None: the kind's).
-      draft: refused: a spec run drafts for itself.
-      draft_k: the k of the layout, when given (another k is refused: give a layout).
-    """
-
-    verification: str = "joint"
-    draft_temperature: Any = None
-    layout: Any = None
-    draft: Any = None
-    draft_k: Any = None
+class SpecOptions(causal.RoundOptions):
+    """``causal.RoundOptions`` of a spec run: a layout ``layout_of`` reads; draft_k its k (alone: a group for every
+    outcome); no draft (it drafts for itself)."""
 
     def checked(self):
-        if self.verification not in speculative.VERIFICATIONS:
-            raise ValueError(f"verification must be one of {speculative.VERIFICATIONS}, got {self.verification!r}")
-        tau = self.draft_temperature
-        if tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0):
-            raise ValueError(f"draft_temperature must be a number > 0, got {tau!r}")
         if self.draft is not None:
             raise ValueError(
                 "a draft (--draft) drafts for an AR run (model.kind='ar'); this run's model.kind is "
                 "'spec', which drafts for itself"
             )
         if self.layout is not None:
-            layout_of(self.layout, 1, head=None)  # its format, before any work
+            layout_of(self.layout, None)  # its format, before any work
         return super().checked()
 
 
-@register("spec", reads=("model.draft_k", "model.draft_head", "training.draft_weight", "training.draft_target"))
+@register("spec", reads=("model.draft_k", "training.draft_weight", "training.draft_target"))
 class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
     """One network that drafts and verifies in the same call (module docstring, TiDAR-style).
 
     Its likelihood is its causal half's exact NLL, and its samples have that
     half's law exactly (speculative sampling of its own drafts).
 
-    With model.draft_head = N > 0 its drafts come from a draft head of width N instead of a draft half
-    (``sedd.kinds.spec_head``): drafts that read the token the verifier wrote.
-
     Attributes:
       draft_k: k = model.draft_k, the drafts a round it was trained to draft.
-      head: N, the draft head's width (0: drafts from the draft half).
-      layout: the round's ``Layout`` when none is given: every outcome's group at draft_k (k head drafts)
-        until ``tune`` sets the fastest here.
+      layout: the round's ``Layout`` when none is given: every outcome's group at draft_k until ``tune`` sets
+        the fastest here.
     """
 
-    options_type = Options
+    options_type = SpecOptions
 
     def __init__(self, config):
         super().__init__(config)
-        k, length = config.model.draft_k, config.data.seq_len
-        if isinstance(k, bool) or not (isinstance(k, int) and 1 <= k <= min(length, speculative.MAX_DRAFTS)):
+        if config.model.draft_head:
             raise ValueError(
-                f"model.draft_k={k!r} (the drafts a round of model.kind='spec') must be an integer "
-                f"in [1, {min(length, speculative.MAX_DRAFTS)}] (data.seq_len and "
-                "sedd.speculative.MAX_DRAFTS); 4 is a good start"
+                f"model.draft_head={config.model.draft_head!r}: a draft head drafts for an AR run "
+                "(--config.model.kind=ar); a spec run drafts with its draft half"
             )
-        if config.training.loss_chunk:
-            raise ValueError(
-                f"training.loss_chunk={config.training.loss_chunk} is not implemented for "
-                "model.kind='spec': set it to 0"
-            )
-        w = config.training.draft_weight
-        if not (isinstance(w, (int, float)) and 0 <= w < float("inf")):
-            raise ValueError(
-                f"training.draft_weight={w!r} must be a finite number >= 0 (the drafts' share of the loss)"
-            )
-        target = config.training.draft_target
-        if target not in DRAFT_TARGETS:
-            raise ValueError(
-                f"training.draft_target={target!r} (what model.kind='spec' trains its drafts on) must "
-                f"be one of {DRAFT_TARGETS}: the text's tokens, the causal half's laws on it, or its laws "
-                "on text it writes"
-            )
-        head = config.model.draft_head
-        if isinstance(head, bool) or not (isinstance(head, int) and 0 <= head <= 1 << 16):
-            raise ValueError(
-                f"model.draft_head={head!r} (the width of model.kind='spec''s draft head) must be an "
-                "integer in [0, 65536]: 0 drafts with the draft half, N > 0 with a head of width N "
-                "(256 is a good start)"
-            )
-        self.draft_k, self.draft_weight, self.draft_target, self.head = k, float(w), target, head
-        self.layout = Layout(k, 0 if head else k + 1)
+        self.draft_k, self.draft_weight, self.draft_target = causal.draft_training(config, "model.kind='spec'")
+        self.layout = Layout(self.draft_k, self.draft_k + 1)
 
     @property
     def label(self):
-        return f"spec k={self.draft_k}" + (f" head={self.head}" if self.head else "")
+        return f"spec k={self.draft_k}"
 
-    def _layout(self, o: Options) -> Layout:
-        """The layout a sample with options `o` runs: theirs or the kind's; a draft_k that is not its k refused."""
-        layout = self.layout if o.layout is None else layout_of(o.layout, self.draft_k, bool(self.head))
+    def _layout(self, o: SpecOptions) -> Layout:
+        """The layout a sample with options `o` runs: theirs or the kind's, checked against the run (at most
+        its trained k), before any timing; a draft_k alone is the layout of that k (a group for every
+        outcome), and a draft_k that is not the given layout's k is refused."""
+        if o.layout is None and o.draft_k is not None:
+            return layout_of(o.draft_k, self.draft_k, "draft_k")
+        layout = self.layout if o.layout is None else layout_of(o.layout, self.draft_k)
         if o.draft_k is not None and o.draft_k != layout.k:
             raise ValueError(
                 f"draft_k={o.draft_k!r}: this run drafts {layout.k} token{'s' * (layout.k != 1)} a round "
@@ -749,28 +505,16 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
         return layout
 
     def tune(self, net, options=None, workdir=None, batch=1, progress=False):
-        """The round's layout (``self.layout``, what ``sample`` and ``sedd serve`` use): options["layout"] when
-        given, else the fastest here (``choose_layout``; with draft_k given, of the layouts of that k).
-
-        options: the sample's options, every one checked before any timing (``Options``)."""
+        """The round's layout (``self.layout``, what ``sample`` and ``sedd serve`` use): the layout or draft_k of
+        `options` when given (not kept), else the fastest here of ``candidates`` (``layouts.settle``, kept in
+        workdir). options: the sample's options, every one checked before any timing (``SpecOptions``)."""
         o = self.options(**dict(options or {}))
-        if o.layout is not None:
-            self.layout = self._layout(o)
-            return f"layout {self.layout}, as asked"
-        head = bool(self.head)
-        layouts = None if o.draft_k is None else [lay for lay in candidates(o.draft_k, head) if lay.k == o.draft_k]
-        self.layout, line = choose_layout(
-            net.graphdef,
-            net.state,
-            self.config.data.seq_len,
-            batch,
-            self.draft_k,
-            workdir,
-            layouts=layouts,
-            progress=progress,
-            head=head,
+        layout = self._layout(o)
+        asked = layout if o.layout is not None or o.draft_k is not None else None
+        length = self.config.data.seq_len
+        self.layout, line = layouts.settle(
+            asked, candidates(self.draft_k), speculate, net, length, batch, workdir, progress
         )
-        self._layout(o)
         return line
 
     def speculation(self, graphdef, draft=None, k=None, draft_name=None):
@@ -782,17 +526,15 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
             return causal.without_drafts(graphdef, self.config.vocab_size, categorical)
 
         def parts(temperature, top_p):
-            prefill, target, drafter = parts_of(graphdef, layout, temperature, top_p)
+            prefill, target, drafter = speculative_parts(graphdef, layout, temperature, top_p)
             return (lambda state, text: (prefill(state, text), None)), target, drafter
 
-        return sampling.rounds.Speculation(
-            parts, layout.k, "self", categorical=categorical, shared=True, draft_calls=0 if layout.groups else layout.k
-        )
+        return sampling.rounds.Speculation(parts, layout.k, "self", categorical=categorical, shared=True)
 
     def network(self, seed=0):
         """Inputs V + 2 ids (BOS = V, MASK = V + 1), V logits out, no time input; attention by mask."""
         v = self.config.vocab_size
-        net = network_of(
+        return network_of(
             self.config,
             seed,
             num_tokens=v + 2,
@@ -802,12 +544,10 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
             time_conditioning=False,
             normalize=False,
         )
-        return spec_head.attach(net, self.head, seed) if self.head else net
 
     def loss(self, key, model, x0, train, rngs=None):
-        """(3) of the module docstring: the causal half's NLL plus the one-step drafts' cross-entropy; with a draft
-        head, (2) of ``sedd.kinds.spec_head``: the causal half's NLL plus the head's."""
-        return (spec_head.loss if self.head else loss)(
+        """(3) of the module docstring: the causal half's NLL plus the one-step drafts' cross-entropy."""
+        return loss(
             model,
             x0,
             self.draft_k,
@@ -818,20 +558,20 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
             key=key,
         )
 
-    def sample(self, key, net, num_samples, steps=None, sampler=None, rows=None, **options):
+    def sample(self, key, net, num_samples, steps=None, sampler=None, **options):
         """Self-speculation (``speculate``): the causal half's law, up to k + 1 tokens a call.
 
-        rows is not used. Options (``Options``): temperature, top_p, categorical, verification ("joint" or
-        "token", ``sedd.speculative.round_law``), draft_temperature (tau of the drafts' law q^(1/tau),
-        default ``DRAFT_TEMPERATURE``), return_stats and a prompt that is a prefix of the same length in
-        every row; layout (``layout_of``: a ``Layout``, "K,GROUPS", "0" no drafts; default ``self.layout``).
-        draft_k, when given, must be the layout's k.
+        Options (``SpecOptions``): temperature, top_p, categorical, verification ("joint" or "token",
+        ``sedd.speculative.round_law``), draft_temperature (tau of the drafts' law q^(1/tau), default
+        ``DRAFT_TEMPERATURE``), return_stats and a prompt that is a prefix of the same length in every row;
+        layout (``layout_of``: a ``Layout``, "K,GROUPS", "0" no drafts; default ``self.layout``); draft_k, the
+        layout's k (alone: a group for every outcome).
 
         Raises:
-          ValueError: steps or a sampler (``check_given``), a draft (this run drafts for itself), another
-            draft_k, any other option.
+          ValueError: steps or a sampler (``capabilities.check_given``), a draft (this run drafts for itself), a layout past
+            the run's k, another draft_k, any other option.
         """
-        self.check_given(steps=steps, sampler=sampler)
+        check_given(self, steps=steps, sampler=sampler)
         o = self.options(**options)
         tokens, stats = speculate(
             key,

@@ -6,7 +6,7 @@ how to build, for one row's traced temperature and top_p, the three parts
 round k. ``Speculation.program`` is its ``sedd.sampling.rows.RowsProgram``:
 each row alone under ``map_rows`` (its own key, temperature and top_p, one
 compiled program for every value), its rounds those of
-``sedd.speculative.rounds``, so the text has the target's law whatever the
+``sedd.speculative.run_rounds``, so the text has the target's law whatever the
 drafts (Leviathan et al. 2023, Thm. 3.5).
 
 A row's prompt is the given positions at its start, and it writes up to the
@@ -98,7 +98,7 @@ def _no_frames(*_):
 def observe_rounds(batch_id: jax.Array, r, start, drafted, accepted, tokens, live) -> None:
     """Traced, under ``map_rows``: hand one round of every row of the batch to its listener (``Rounds``).
 
-    Each argument is this row's (batch of one, ``sedd.speculative.rounds``'s on_round); one callback
+    Each argument is this row's (batch of one, ``sedd.speculative.run_rounds``'s on_round); one callback
     a round for the whole batch, the rows gathered over ``rows.AXIS``.
     """
     gathered = [
@@ -126,7 +126,7 @@ def sample_rows(
     shared=False,
     verification="joint",
 ):
-    """``RowsProgram.fn`` of speculative decoding: ``sedd.speculative.rounds`` per row (``map_rows``).
+    """``RowsProgram.fn`` of speculative decoding: ``sedd.speculative.run_rounds`` per row (``map_rows``).
 
     Returns (ids int32[B, L], None, stats): stats["nfe"] and ["rounds"] int32[B] the target's calls
     of each row, ["accepted_at"] int32[B, k] the rounds of each row that kept the draft at position i.
@@ -141,7 +141,7 @@ def sample_rows(
         text = jnp.zeros((1, length + k + 1), jnp.int32).at[0, :length].set(jnp.where(pos < given, t, 0))
         t_state, d_state = prefill(state, text)
         on_round = functools.partial(observe_rounds, batch_id) if live else None
-        text, _, rounds, accepted_at = speculative.rounds(
+        text, _, rounds, accepted_at = speculative.run_rounds(
             key,
             t_state,
             d_state,

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.responses import JSONResponse
 
 from sedd import runs, sampling, validate
+from sedd.kinds import capabilities
 
 
 # --------------------------------------------------------------------------- limits and errors
@@ -178,7 +179,7 @@ def plan(run: runs.Run, req: CompletionRequest, limits: Limits) -> Plan:
     s = run.config.sampling
     for name, value in (("steps", req.steps), ("sampler", req.sampler)):
         try:  # the kind's own refusal, as `sedd sample` gives it
-            run.kind.check_given(**{name: value})
+            capabilities.check_given(run.kind, **{name: value})
         except ValueError as e:
             raise APIError(400, str(e), name, "unsupported_value") from None
     sampler = req.sampler or s.sampler
@@ -226,7 +227,7 @@ def plan(run: runs.Run, req: CompletionRequest, limits: Limits) -> Plan:
             raise APIError(400, f"{name}: {e}", name, "unencodable_text") from None
     pre, suf = encoded["prompt"], encoded["suffix"]
     try:
-        run.kind.check_given(suffix=bool(len(suf)))
+        capabilities.check_given(run.kind, patterns=("suffix",) if len(suf) else ())
     except ValueError as e:
         raise APIError(400, str(e), "suffix", "unsupported_value") from None
     room = L - len(pre) - len(suf)

@@ -6,8 +6,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-import json
-import logging
 import secrets
 import time
 import uuid
@@ -15,7 +13,6 @@ from importlib import resources
 from pathlib import Path
 
 from pydantic import ValidationError
-from sse_starlette.sse import EventSourceResponse, SendTimeoutError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -26,7 +23,8 @@ from sedd import runs, sampling
 from sedd.kinds import capabilities
 from sedd.serve.api import APIError, ClientGone, CompletionRequest, Limits, Plan, plan, validation_error
 from sedd.serve.engine import Busy, Engine
-from sedd.serve.texts import Streamed, Texts
+from sedd.serve import streams
+from sedd.serve.texts import Texts
 
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")  # the Host names answered by default
 PLAN_TIMEOUT_S = 2.0
@@ -37,8 +35,6 @@ waits for one. Never on the event loop, so /health and the other requests are an
 its budget cannot be interrupted and finishes on its thread (PLAN_THREADS at most at once), but the tokenizers sedd
 reads take time linear in the text (sedd.data.tokenizers.check_pipeline)."""
 PLAN_THREADS = 2  # encodings at once; one a tokenizer never returns from holds its thread, not the server
-
-logger = logging.getLogger("sedd.serve")
 
 
 def model_name(workdir: str | Path) -> str:
@@ -133,22 +129,9 @@ def _guarded(endpoint):
         except ClientGone:
             return Response(status_code=204)  # nobody reads it
         except Exception:  # noqa: BLE001  the server's fault: logged, answered, the server keeps serving
-            return _internal_error(f"{request.method} {request.url.path}").response()
+            return streams.internal_error(f"{request.method} {request.url.path}").response()
 
     return run
-
-
-def _internal_error(what: str) -> APIError:
-    """Log the exception being handled with its traceback; the 500 the client gets instead of its text."""
-    ref = uuid.uuid4().hex[:12]
-    logger.exception("sedd serve: internal error %s on %s", ref, what)
-    return APIError(
-        500,
-        f"the server failed on this request (reference {ref} in its log)",
-        None,
-        "internal_error",
-        kind="server_error",
-    )
 
 
 def create_app(
@@ -165,9 +148,9 @@ def create_app(
 
     A bare Starlette app: four routes whose bodies pydantic validates, behind
     ``Gate`` (Host allow-list, optional API key), with no per-request
-    dependency solving (FastAPI's layers took about a quarter of the server's
-    CPU under load; docs/serving.md). The header timeout is the HTTP server's
-    business: ``main`` gives uvicorn ``header_timeout_protocol``.
+    dependency solving (docs/serving.md says what FastAPI's layers cost). The
+    header timeout is the HTTP server's business: ``main`` gives uvicorn
+    ``header_timeout_protocol``.
 
     Args:
       allowed_hosts: the names a request's Host header may give ("*": any).
@@ -183,15 +166,9 @@ def create_app(
     engine = Engine(run, limits, speculation)
     texts = Texts(run)
     planner = concurrent.futures.ThreadPoolExecutor(PLAN_THREADS, thread_name_prefix="sedd-serve-plan")
-    streams = [0]  # streams open now (app.state.streams())
+    open_streams = [0]  # streams open now (app.state.streams())
 
-    def sse(events) -> _SendBounded:
-        """A stream of events, dropped with what it holds when one event waits send_timeout_s to be sent."""
-        return _SendBounded(
-            EventSourceResponse(_counted(events, streams), ping=600, send_timeout=limits.send_timeout_s),
-            limits.send_timeout_s,
-        )
-
+    sse = functools.partial(streams.sse, streams=open_streams, limits=limits)
     created = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -205,51 +182,14 @@ def create_app(
         if engine.failed:  # every completion would wait for nothing: say so, not "ok"
             return JSONResponse({"status": "engine_failed", "model": name}, status_code=503)
         return JSONResponse(
-            {
-                "status": "ok",
-                "model": name,
-                "step": run.step,
-                "queued": engine.queued,
-                "batches": engine.batches,
-                "programs": len(engine.programs),
-                "compiles": engine.compiles,
-                "streams": streams[0],
-            }
+            {"status": "ok", "model": name, "step": run.step, **engine.counts(), "streams": open_streams[0]}
         )
 
     async def models(request: Request) -> JSONResponse:
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": name,
-                        "object": "model",
-                        "created": created,
-                        "owned_by": "sedd",
-                        "seq_len": run.seq_len,
-                        "step": run.step,
-                        "data": run.config.data.name,
-                        **run.kind.describe(),
-                        **(speculation.describe() if speculation else {}),
-                        "sampler": run.config.sampling.sampler,
-                        "steps": run.config.sampling.steps,
-                        "samplers": sorted(sampling.SAMPLERS),
-                    }
-                ],
-            }
-        )
+        return JSONResponse({"object": "list", "data": [_model_card(run, name, created, speculation)]})
 
     async def completions(request: Request):
-        body = await _read_body(request, limits)
-        try:
-            req = CompletionRequest.model_validate_json(body)
-        except ValidationError as e:
-            raise validation_error(e) from None
-        if req.model is not None and req.model != name:
-            raise APIError(
-                404, f"the model {req.model!r} does not exist; this server serves {name!r}", "model", "model_not_found"
-            )
+        req = _request(await _read_body(request, limits), name)
         p = await _planned(planner, run, req, limits)
         if speculation is not None:
             _by_rounds(req, p)
@@ -258,24 +198,26 @@ def create_app(
         head = {"id": cid, "object": "text_completion", "created": now, "model": name}
         progress, queue = None, None
         if req.stream and not req.diffusing and (speculation is not None or run.kind.settles(p.sampler)):
-            queue, progress = _progress()
+            queue, progress = streams.progress()
         try:
             future = engine.submit(p, trajectory=req.diffusing, progress=progress)
         except Busy as e:
             raise APIError(503, str(e), None, "server_busy", kind="server_error") from None
         if req.stream and not req.diffusing:
-            return sse(_stream(texts, p, stop, head, future, queue, limits.timeout_s))
+            return sse(streams.stream(texts, p, stop, head, future, queue, limits.timeout_s))
         ids, traj, info = await _result(request, future, limits.timeout_s)
         choices = [dict(zip(("text", "finish_reason"), texts.completion(row, p, stop))) for row in ids]
         report = info.pop("report", {})  # the program's own figures: {"speculative": ...}
-        diffusion = _diffusion(p, info)
+        diffusion = streams.diffusion(p, info)
         if req.diffusing:
-            return sse(_frames(texts, p, req, engine.read_frames(p, traj), choices, head, diffusion, _usage(p)))
+            return sse(
+                streams.frames(texts, p, req, engine.read_frames(p, traj), choices, head, diffusion, streams.usage(p))
+            )
         out = [
             {"index": i, "text": c["text"], "logprobs": None, "finish_reason": c["finish_reason"]}
             for i, c in enumerate(choices)
         ]
-        return JSONResponse({**head, "choices": out, "usage": _usage(p), "diffusion": diffusion, **report})
+        return JSONResponse({**head, "choices": out, "usage": streams.usage(p), "diffusion": diffusion, **report})
 
     app = Starlette(
         routes=[
@@ -289,9 +231,40 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.engine, app.state.name = engine, name
-    app.state.streams = lambda: streams[0]
+    app.state.streams = lambda: open_streams[0]
     app.add_middleware(Gate, hosts=tuple(allowed_hosts), api_key=api_key)
     return app
+
+
+def _model_card(run: runs.Run, name: str, created: int, speculation) -> dict:
+    """What /v1/models says of the served run: its name, length, step, data, kind and drafts, sampler and steps."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "sedd",
+        "seq_len": run.seq_len,
+        "step": run.step,
+        "data": run.config.data.name,
+        **run.kind.describe(),
+        **(speculation.describe() if speculation else {}),
+        "sampler": run.config.sampling.sampler,
+        "steps": run.config.sampling.steps,
+        "samplers": sorted(sampling.SAMPLERS),
+    }
+
+
+def _request(body: bytes, name: str) -> CompletionRequest:
+    """The body of a completion request, validated (pydantic); 404 for a model this server does not serve."""
+    try:
+        req = CompletionRequest.model_validate_json(body)
+    except ValidationError as e:
+        raise validation_error(e) from None
+    if req.model is not None and req.model != name:
+        raise APIError(
+            404, f"the model {req.model!r} does not exist; this server serves {name!r}", "model", "model_not_found"
+        )
+    return req
 
 
 def _speculation(run: runs.Run, draft, draft_k: int | None, draft_name: str | None):
@@ -323,12 +296,6 @@ def _by_rounds(req: CompletionRequest, p: Plan) -> None:
             "unsupported_value",
         )
     p.mask[p.suffix_start :] = True  # nothing to write after the completion: marked given, the row stops there
-
-
-def _progress() -> tuple[asyncio.Queue, object]:
-    """(queue, progress): progress(i, ids, *more), called on the engine's thread, puts (i, ids, *more) on the queue."""
-    queue, loop = asyncio.Queue(), asyncio.get_running_loop()
-    return queue, lambda i, ids, *more: loop.call_soon_threadsafe(queue.put_nowait, (i, ids.copy(), *more))
 
 
 async def _favicon(request: Request) -> Response:
@@ -384,67 +351,6 @@ async def _planned(planner: concurrent.futures.Executor, run: runs.Run, req: Com
             "timeout",
             kind="server_error",
         ) from None
-
-
-class _SendBounded:
-    """An ASGI response whose send timeout (sse-starlette's SendTimeoutError) ends it quietly, with a log line.
-
-    A client that opens a stream and reads nothing fills its socket, then the
-    server's buffer for it (asyncio pauses writing past 64 KiB); the next
-    send then waits. After send_timeout_s the response ends: its events'
-    generator is closed, and what it held (a diffusing request's trajectory,
-    n x (N + 1) x L tokens) is freed. The connection is closed once its
-    buffered bytes are read or the socket fails.
-    """
-
-    def __init__(self, response, timeout_s: float):
-        self.response, self.timeout_s = response, timeout_s
-
-    async def __call__(self, scope, receive, send):
-        try:
-            await self.response(scope, receive, send)
-        except BaseException as e:  # anyio's task group may wrap it in an exception group
-            if not _only(e, SendTimeoutError):
-                raise
-            logger.warning(
-                "sedd serve: a client read nothing of its stream for %g s; the stream was dropped", self.timeout_s
-            )
-
-
-def _only(e: BaseException, kind: type) -> bool:
-    """Whether e is a `kind`, or an exception group of nothing else."""
-    inner = getattr(e, "exceptions", None)
-    return isinstance(e, kind) or (inner is not None and all(_only(x, kind) for x in inner))
-
-
-async def _counted(events, count: list):
-    """The events of an async generator, counted in count[0] while it is open; closed with this one."""
-    count[0] += 1
-    try:
-        async for event in events:
-            yield event
-    finally:
-        count[0] -= 1
-        await events.aclose()
-
-
-def _diffusion(p: Plan, info: dict) -> dict:
-    """The response's `diffusion` object: steps, sampler, seed, the batch's figures, tokens/s."""
-    return {
-        "steps": p.steps,
-        "sampler": p.sampler,
-        "seed": p.seed,
-        **info,
-        "tokens_per_second": p.n * p.length / max(info["seconds"], 1e-9),
-    }
-
-
-def _usage(p: Plan) -> dict:
-    return {
-        "prompt_tokens": p.start + p.suffix_len,
-        "completion_tokens": p.n * p.length,
-        "total_tokens": p.start + p.suffix_len + p.n * p.length,
-    }
 
 
 async def _read_body(request: Request, limits: Limits) -> bytes:
@@ -531,160 +437,3 @@ async def _disconnect(request: Request) -> None:
     """Return when the client has closed the connection."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-async def _stream(
-    texts: Texts,
-    p: Plan,
-    stop: list[str],
-    head: dict,
-    future: concurrent.futures.Future,
-    queue: asyncio.Queue | None,
-    timeout_s: float,
-):
-    """OpenAI's streamed completion, sent as the text settles: chunks that concatenate to each choice's text.
-
-    With a `queue` (a sampler that ``settles``), the states the engine hands
-    over at each network call become chunks of new settled text while the
-    sampling runs; the last chunk of each choice holds the rest and its
-    finish_reason, then [DONE]. A failure after the stream has begun is an
-    event {"error": ...}. A client that hangs up (sse-starlette then cancels
-    this generator) or a timeout drops the job if it has not started.
-
-    The job's end is one more item of the queue (None, after the states it
-    handed over), so the stream waits on one queue and starts no task of its
-    own: a task left waiting on the queue of a stream whose client hung up
-    was destroyed pending ("Task was destroyed but it is pending!" in the log).
-    """
-    streamed = Streamed(texts, p, stop)
-    queue = asyncio.Queue() if queue is None else queue
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-
-    def finished(_):  # on the engine's thread
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, None)
-        except RuntimeError:  # the loop is closed: the server has stopped, nobody waits
-            pass
-
-    def chunk(i, text, reason=None, more=None):
-        choice = {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
-        if more is not None:  # a speculative round of this choice: its drafts, those kept, the token written
-            choice["speculative"] = texts.round(more, p)
-        return {"data": json.dumps({**head, "choices": [choice]})}
-
-    future.add_done_callback(finished)
-    try:
-        while (item := await _next(queue, deadline - loop.time())) is not None:
-            if item is TimeoutError:
-                error = APIError(
-                    503,
-                    f"the request waited more than {timeout_s:g} s; the server is busy, retry later",
-                    None,
-                    "timeout",
-                    kind="server_error",
-                )
-                yield {"data": json.dumps({"error": error.response_body()})}
-                return
-            i, ids, *more = item
-            text = streamed.update(i, ids)
-            more = more[0] if more else None
-            if text or more is not None:
-                yield chunk(i, text, more=more)
-        try:
-            ids, _, info = future.result()
-        except Exception:  # noqa: BLE001  the engine failed: the client hears of it, the log has the traceback
-            yield {"data": json.dumps({"error": _internal_error("a streamed completion").response_body()})}
-            return
-        for i, row in enumerate(ids):
-            text, reason = texts.completion(row, p, stop)
-            yield chunk(i, streamed.rest(i, text), reason)
-        report = info.get("report")
-        if report:  # as OpenAI's stream_options.include_usage: a last chunk without choices
-            timing = _diffusion(p, {k: v for k, v in info.items() if k != "report"})
-            yield {"data": json.dumps({**head, "choices": [], "usage": _usage(p), **report, "diffusion": timing})}
-        yield {"data": "[DONE]"}
-    finally:
-        future.cancel()  # no effect once it has run
-
-
-async def _next(queue: asyncio.Queue, seconds: float):
-    """The queue's next item, or TimeoutError (the class) when none came within `seconds`."""
-    try:
-        return await asyncio.wait_for(queue.get(), max(seconds, 0.0))
-    except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
-        return TimeoutError
-
-
-async def _frames(
-    texts: Texts,
-    p: Plan,
-    req: CompletionRequest,
-    frames: tuple,
-    choices: list[dict],
-    head: dict,
-    diffusion: dict,
-    usage: dict,
-):
-    """The diffusing stream: the frames of the sampling, then the final text.
-
-    `frames` is (traj int[n, F, L], calls int[F], labels: F dicts or None), the
-    kind's reading of its trajectory (``Engine.read_frames``): for a
-    full-sequence run the N + 1 states, the state after k steps and the
-    network calls made so far (a step of the absorbing graph whose state has
-    no mask left makes none); for a run that draws part of the text at a
-    time, the frames of the parts that hold completion positions, "step" and
-    "steps" counting those frames and the labels naming the part. The last frame
-    holds the final text, after the last step and the denoise, and the
-    sampler's own count.
-    """
-    prompt, suffix = req.prompt, req.suffix or ""
-    traj, calls, labels = frames
-    steps = len(calls)
-    for k in range(steps):
-        # A send that finds room in the socket's buffer returns without giving the event loop a turn, so a
-        # stream of 1,025 frames read as fast as it is written held every other request (/health 6 s).
-        await asyncio.sleep(0)
-        frame = []
-        for i in range(p.n):
-            text, masked = texts.frame(traj[i, k], p, prompt, suffix)
-            frame.append({"index": i, "text": text, "masked": masked, "finish_reason": None})
-        where = {} if labels is None else labels[k]
-        yield {
-            "data": json.dumps(
-                {
-                    **head,
-                    "object": "text_completion.diffusion",
-                    "step": k,
-                    "steps": steps,
-                    **where,
-                    "nfe": int(calls[k]),
-                    "choices": frame,
-                }
-            )
-        }
-    final = [
-        {
-            "index": i,
-            "text": prompt + c["text"] + suffix,
-            "completion": c["text"],
-            "masked": [],
-            "finish_reason": c["finish_reason"],
-        }
-        for i, c in enumerate(choices)
-    ]
-    yield {
-        "data": json.dumps(
-            {
-                **head,
-                "object": "text_completion.diffusion",
-                "step": steps,
-                "steps": steps,
-                "nfe": diffusion["nfe"],
-                "choices": final,
-                "usage": usage,
-                "diffusion": diffusion,
-            }
-        )
-    }
-    yield {"data": "[DONE]"}

@@ -331,6 +331,15 @@ class Engine:
             self.run_batch([Job(dataclasses.replace(p, n=size), trajectory, concurrent.futures.Future())])
         self.batches = 0
 
+    def counts(self) -> dict:
+        """What /health says of the engine: requests queued, batches run, programs held and compiled."""
+        return {
+            "queued": self.queued,
+            "batches": self.batches,
+            "programs": len(self.programs),
+            "compiles": self.compiles,
+        }
+
     @property
     def queued(self) -> int:
         return len(self.pending)

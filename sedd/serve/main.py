@@ -163,15 +163,20 @@ def _parser() -> argparse.ArgumentParser:
         default="",
         help="an AR run only: speculative decoding, the run's own law in fewer calls, with drafts "
         "from 'ngram' (prompt lookup), a smaller AR run's or a block-diffusion run's directory "
-        "(default: none, one token a call; a model.kind='spec' run drafts for itself)",
+        "(default: its draft head's, else one token a call; a model.kind='spec' run drafts for itself)",
     )
-    parser.add_argument("--draft_k", type=int, default=None, help="drafts a round with --draft (default 4)")
+    parser.add_argument(
+        "--draft_k",
+        type=int,
+        default=None,
+        help="drafts a round with --draft (default 4), or of a run's own drafts (at most its model.draft_k)",
+    )
     parser.add_argument(
         "--layout",
         default=None,
-        help="a spec run only: its round, 'K,GROUPS' ('0': no drafts) or 'auto' (the default: the "
-        "fastest on this device at batch 1, timed once and kept in the run's layouts.json; "
-        "docs/speculative.md)",
+        help="a spec run's round, 'K,GROUPS', or an AR run's with a draft head, 'K' ('0': no drafts) or "
+        "'auto' (the default: the fastest on this device at batch 1, timed once and kept in the run's "
+        "layouts.json; docs/speculative.md)",
     )
     return parser
 
@@ -217,7 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         limits, hosts, key = _options(args)
         run = runs.load(args.workdir, step=args.step)
         draft = args.draft if args.draft in ("", "ngram") else runs.load(args.draft)
-        given = {"layout": None if args.layout == "auto" else args.layout, "draft_k": args.draft_k}
+        given = {
+            "layout": None if args.layout == "auto" else args.layout,
+            "draft_k": args.draft_k,
+            "draft": draft or None,
+        }
         if line := capabilities.tune(run.kind, run.net, given, args.workdir, 1, progress=True):
             print(line, flush=True)  # its sampling's settings: the fastest here unless asked
         app = create_app(
