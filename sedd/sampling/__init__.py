@@ -8,7 +8,7 @@ registered by name in ``SAMPLERS``, each with its equation above its step
 and the graphs and options it honours (an option it cannot honour is a
 ValueError, never ignored): "euler" and "analytic" (SEDD's tau-leaping and
 Tweedie samplers), and on the absorbing graph "first_hitting", "confidence",
-"dilated", "entropy_bound" and "remdm"; docs/sampling.md ranks them. Every
+"dilated", "entropy_bound", "left_to_right" and "remdm"; docs/sampling.md ranks them. Every
 draw counts its network evaluations (NFE, ``Samples.stats``).
 
 The package, one concept a module: ``loop`` (``run_loop``, ``Options``,
