@@ -79,15 +79,20 @@ def decoders_of(
     """
     kind = run.kind
     label = kind.label
-    if not kind.diffuses:
+    if not isinstance(kind, capabilities.Diffuses):
         out = [Decoder(name, label, "KV cache, a token a call")]
-        if isinstance(kind, capabilities.Tunes):
+        if _tunes(kind):
             out += [Decoder(name, f"{label} rounds", f"layout {lay}", options=(("layout", lay),)) for lay in layouts]
         return out
     if by_blocks(kind, run.seq_len):
         b = kind.one_token_steps(run.seq_len)
         return [Decoder(name, label, _describe(s, o), s, b, tuple(sorted(o.items()))) for s, o in block_settings]
     return [Decoder(name, label, s, s, n) for s in sedd_samplers for n in sedd_steps]
+
+
+def _tunes(kind) -> bool:
+    """Whether a causal run has a round's layout to time (a spec run, an AR run with a draft head)."""
+    return isinstance(kind, capabilities.Tunes) and kind.layout is not None
 
 
 def _describe(sampler: str, options: dict) -> str:
@@ -147,8 +152,8 @@ def bench_frontier(
     """Every setting of every run against the first plain causal run (the AR baseline), in one process.
 
     Args:
-      runs: {name: loaded ``sedd.runs.Run``}, one corpus and one length; the first causal run that does not
-        tune a layout is the baseline.
+      runs: {name: loaded ``sedd.runs.Run``}, one corpus and one length; the first causal run is the baseline,
+        one token a call on its KV cache (its draft head's rounds, if it has one, are settings of their own).
       judge: a run with an exact likelihood of the same vocabulary (``figures.load_judge``), not in `runs`.
       batches: the batch sizes timed; repeats: interleaved rounds a batch.
       quality_samples: texts each setting's quality is of (drawn at that batch, in one call).
@@ -157,7 +162,7 @@ def bench_frontier(
       {"length", "baseline", "ar": AR's own texts' quality, "rows": a dict a setting, "wall_s"}.
     """
     t0 = time.perf_counter()
-    plain = [n for n, r in runs.items() if not r.kind.diffuses and not isinstance(r.kind, capabilities.Tunes)]
+    plain = [n for n, r in runs.items() if not isinstance(r.kind, capabilities.Diffuses)]
     if not plain:
         raise ValueError("the frontier measures every decoder against an AR run: give one (model.kind=ar)")
     base_name = plain[0]
