@@ -782,3 +782,22 @@ def test_a_block_run_starts_from_an_ar_run(tiny_run, tmp_path, capsys):
     v = ar.config.vocab_size
     np.testing.assert_array_equal(embed(state["params"])[:v], embed(ar.params)[:v])
     np.testing.assert_array_equal(embed(state["params"])[v + 1], embed(ar.params)[v])  # BOS
+
+
+def test_an_ar_run_with_a_draft_head_starts_from_an_ar_run_without_one():
+    """params_from of an AR run with a head: the network's arrays the AR run's, the head's as initialised (a run
+    of another size is still refused)."""
+    from sedd import runs
+
+    plain = _token_shift_config(1, 8)
+    plain.model.kind = "ar"
+    graphdef, params, rest = nnx.split(kinds.get(plain).network(0), nnx.Param, ...)
+    source = runs.from_parts(plain, None, graphdef, params, rest)
+    headed = plain.copy_and_resolve_references()
+    headed.model.update(draft_head=8, draft_k=2)
+    kind = kinds.get(headed)
+    fresh = nnx.state(kind.network(1), nnx.Param)
+    got = kind.params_from(source, fresh)
+    np.testing.assert_array_equal(got["vocab_embed"]["embedding"].value, params["vocab_embed"]["embedding"].value)
+    for a, b in zip(jax.tree.leaves(got["draft_head"]), jax.tree.leaves(fresh["draft_head"])):
+        np.testing.assert_array_equal(a, b)

@@ -35,7 +35,7 @@ from flax import nnx
 from sedd import drafts, sampling, speculative, validate
 import sedd.kinds.causal as causal
 import sedd.kinds.draft_head as draft_head
-from sedd.kinds import layouts
+from sedd.kinds import base, layouts
 from sedd.kinds.base import network_of, register
 from sedd.kinds.capabilities import Drafts, Speculates, Tunes, check_given
 from sedd.sampling import shaped_law
@@ -329,6 +329,12 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts, Tunes):
             normalize=False,
         )
         return draft_head.attach(model, self.head_width, seed) if self.head_width else model
+
+    def params_from(self, source, params):
+        """An AR run of this size, with or without a draft head: a run without one starts this run's head as
+        initialised (the head trains on the network's features held fixed, so the network trains as an AR run
+        continued, ``draft_head.loss``)."""
+        return base.transfer(params, source.params, str(source.config.model.kind), fresh="draft_head")
 
     def loss(self, key, model, x0, train, rngs=None):
         """-sum_l log p(x0^l | x0^{<l}), the exact NLL (``causal.sequence_nll``; training.loss_chunk); with a

@@ -169,15 +169,19 @@ def chunked_entropy(model: DDiT, graph: graphs.Graph, chunk: int, **dropout) -> 
     return entropy
 
 
-def transfer(params, source, what: str, adapt: Callable | None = None):
+def transfer(params, source, what: str, adapt: Callable | None = None, fresh: str | None = None):
     """`params` with each array replaced by `source`'s at the same path (arrays only `source` has are left out).
 
-    adapt(path, ours, theirs) -> array gives an array whose shape differs (None: refused); `what` names the source.
+    adapt(path, ours, theirs) -> array gives an array whose shape differs (None: refused); an array whose path
+    holds `fresh` and that `source` lacks keeps its initial value (a module this network adds); `what` names the
+    source.
     """
     theirs = {jax.tree_util.keystr(p): a for p, a in jax.tree_util.tree_flatten_with_path(source)[0]}
 
     def take(path, ours):
         name = jax.tree_util.keystr(path)
+        if name not in theirs and fresh is not None and fresh in name:
+            return ours
         if name not in theirs:
             raise ValueError(f"training.init_from: the {what} run has no {name} (this network's {ours.shape})")
         if theirs[name].shape == ours.shape:
