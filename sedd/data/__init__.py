@@ -1,22 +1,11 @@
 """Data: tokenizers, TFDS builders (array_record, no TensorFlow), packing, synthetic Markov data.
 
-Documents go through three stages:
-
-  1. A TFDS builder turns local files into array_record splits of records
-     `{"text": bytes, "ends": int64[k]}` (consecutive documents and where each
-     ends) under a data directory, streaming: written once in bounded memory,
-     read with `builder.as_data_source(split)`; TensorFlow is never imported.
-  2. A tokenizer turns each document into ids; the documents of a split are
-     joined with the tokenizer's EOS separator into one int stream, cached as
-     `.npy` beside the TFDS files so later runs do not tokenize again.
-  3. `PackedTokens` cuts the stream into N = len(stream) // L sequences of
-     length L (the remainder is dropped) and serves batches int32[B, L], where
-     batch n is a pure function of (seed, n): resuming at step n reproduces
-     exactly the batches of an uninterrupted run.
-
-Letters: B global batch size, b = B / process_count per-process batch, L
-sequence length, N number of packed sequences in a split, V vocabulary size.
-See docs/data.md for the file formats each builder expects.
+Documents go through three stages: a TFDS builder turns local files into
+array_record splits of records (``sedd.data.records``), streaming, TensorFlow
+never imported; a tokenizer turns each split into one int stream, cached as
+`.npy` beside them (``sedd.data.text``); `PackedTokens` cuts it into
+resumable batches (``sedd.data.packing``). docs/data.md gives the file
+formats each builder expects.
 
 Modules: tokenizers, builders (TFDS), zeroshot (the test sets of the paper's
 Table 1, with their detokenizers), packing (sequences and batches), text

@@ -85,8 +85,7 @@ def list_sources(
     Decided before a byte of a file enters the corpus: a file that is a link
     leading out of root (or through a linked folder out of it), is not a
     regular file, holds more than `max_file_bytes`, or is not text
-    (``not_text``: a random-binary `.py` once made a 2,761-character
-    vocabulary) is skipped, and the skipped files are named in one note.
+    (``not_text``) is skipped, and the skipped files are named in one note.
 
     Raises:
       FileNotFoundError: naming root where it holds none: slim images of
