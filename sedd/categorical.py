@@ -18,16 +18,12 @@ stays float32 (no ``jax_enable_x64``), and the 64 bits are the two words of
 one threefry block (``sedd.rng.words``), the block ``jax.random.bits`` spends
 on a single uint32.
 
-Methods:
-  "precise"  the exponential race above (default).
-  "gumbel32" ``jax.random.categorical`` on log p (its default "low" mode): 32
-             random bits an entry (a threefry block each, as the race's 64), but against a category of probability ~1
-             it draws a 1e-7 category at 0.52 of its rate and a 1e-8 one at
-             ~1e-4 of it (computed exactly over the float32 uniform grid).
-
-JAX's own ``categorical(..., mode="high")`` pushes the limit to ~1e-14 at a
-similar cost; the race here is kept because the test suite can integrate its
-law exactly over the random bits (tests/test_noise_losses.py).
+Methods: "precise", the race (default); "gumbel32", ``jax.random.categorical``
+on log p, which against a category of probability ~1 draws a 1e-7 category at
+0.52 of its rate and a 1e-8 one at ~1e-4 of it (computed exactly over the
+float32 uniform grid). JAX's ``mode="high"`` pushes the limit to ~1e-14 at a
+similar cost; the race is kept because the tests can integrate its law
+exactly over the random bits (tests/test_noise_losses.py).
 
 Large D: a race over every entry needs 64 random bits per entry, and at a
 GPT-2 vocabulary (D = 50,258) making them cost five times a forward pass of a
@@ -118,21 +114,11 @@ def bucket_sums(probs: jax.Array, bucket: int | None = None) -> jax.Array:
 def sample_two_level(
     key: jax.Array, probs: jax.Array, bucket: int | None = None, sums: jax.Array | None = None
 ) -> jax.Array:
-    r"""An exact draw ∝ probs in two exponential races: a bucket by its sum, then an entry inside it.
+    """An exact draw ∝ probs float32[..., D] in two races, a bucket by its sum, then an entry: int32[...].
 
-        P(d) = S_{b(d)} / \sum_b S_b  \cdot  p_d / S_{b(d)} = p_d / \sum p,
-
-    S_b the sum of bucket b (``bucket_sums``). The second race reads the K
-    entries from min(b K, D - K) and zeroes those before b K, so nothing is
-    padded or copied. A bucket of sum 0 is never chosen, nor an entry of weight 0.
-
-    Args:
-      key: a ``jax.random`` key.
-      probs: float32[..., D] non-negative weights.
-      bucket: K, entries per bucket (default ``bucket_size(D)``).
-      sums: ``bucket_sums(probs, bucket)`` when the caller has them already.
-    Returns:
-      int32[...] indices in [0, D).
+    The law is the module docstring's. The second race reads the K = bucket entries from min(b K, D - K)
+    and zeroes those before b K, so nothing is padded or copied. sums: ``bucket_sums(probs, bucket)``
+    when the caller has them already.
     """
     d = probs.shape[-1]
     k = min(bucket or bucket_size(d), d)
@@ -153,19 +139,8 @@ def check_method(method: str) -> None:
 
 
 def sample_categorical(key: jax.Array, probs: jax.Array, method: str = "precise") -> jax.Array:
-    """One draw from the categorical ∝ probs along the last axis.
-
-    Args:
-      key: a ``jax.random`` key.
-      probs: float[..., D] non-negative, unnormalised weights. Small negative
-        values from round-off are treated as 0.
-      method: "precise" (exponential race, exact for small probabilities; in
-        two levels from ``TWO_LEVEL_MIN_DIM`` entries) or "gumbel32"
-        (``jax.random.categorical``, float32 Gumbel-max).
-
-    Returns:
-      int32[...] the sampled indices.
-    """
+    """One draw int32[...] from the categorical ∝ probs float[..., D] (unnormalised; round-off below 0 is 0),
+    by `method` of ``METHODS`` (module docstring)."""
     check_method(method)
     probs = jnp.maximum(probs.astype(jnp.float32), 0.0)
     if method == "gumbel32":

@@ -210,12 +210,7 @@ def migrate(saved: Mapping[str, Any]) -> ml_collections.ConfigDict:
     (``sedd.kinds.draft_head``; its checkpoint's unused MASK row is dropped by ``sedd.checkpoints.restore``).
     Keys only in `saved` (since removed) are dropped;
     vocab_size, filled in from the data at training, is kept. The values
-    `saved` has are kept as they are.
-
-    Args:
-      saved: the config as saved: nested dicts (config.json parsed) or a ConfigDict.
-    Returns:
-      a ConfigDict with the default config's keys, and vocab_size where `saved` has it.
+    `saved` has are kept as they are. saved: nested dicts or a ConfigDict.
     """
     if isinstance(saved, ml_collections.ConfigDict):
         saved = saved.to_dict()

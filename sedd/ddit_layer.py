@@ -109,18 +109,8 @@ def context_attention(q: Array, k: Array, v: Array, *, context: tuple, unit: int
 
 
 class DDiTLayer(nnx.Module):
-    """One adaLN-modulated transformer layer (Peebles & Xie 2023), rotary attention.
-
-    Args:
-      hidden_size: H.
-      n_heads: N; K = H / N must be even for rotary.
-      cond_dim: C.
-      mlp_ratio: MLP hidden width as a multiple of H.
-      dropout: dropout rate on both residual branches.
-      causal: causal self-attention (for an autoregressive baseline).
-      dtype: compute dtype of matmuls and attention.
-      rngs: parameter keys and the 'dropout' stream.
-    """
+    """One adaLN-modulated transformer layer (Peebles & Xie 2023), rotary attention: the arguments of
+    ``sedd.model.DDiT`` of the same names."""
 
     def __init__(
         self,
@@ -178,8 +168,6 @@ class DDiTLayer(nnx.Module):
             (``self_attention``, ``cache_attention``, ``context_attention``; ``functools.partial``); None:
             ``self_attention`` of this layer, no mask (causal for a causal layer).
           positions: int[L] (or int[B, L] with a cache) rotary positions, default 0 .. L - 1.
-          deterministic: disable dropout; None follows the module's train/eval mode.
-          rngs: optional 'dropout' keys overriding the stored stream.
         Returns:
           (float32[B, L, H], the keys and values `attend` gives: the chunk's [B, L, N, K], or the cache after
           the write).

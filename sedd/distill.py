@@ -1,37 +1,19 @@
 r"""`sedd distill`: fewer sampling steps by self-distillation through time, in `sedd train`'s loop.
 
 SDTT (Deschenaux & Gulcehre 2024; the math in ``sedd.sdtt``) on a trained run
-of the absorbing graph: round r trains a student, initialised from the
-student of round r - 1 (round 1: from the teacher run), whose one sampler
-step matches the two steps of its teacher, the student of round r - 1 (round
-1: the teacher run). With N0 teacher steps (distill.teacher_steps, default the
-teacher run's sampling.steps), round r's student samples with N0 / 2^r.
-
-The distillation is a run directory like any other (``sedd.runs``): its
-config is the teacher's with the distill section filled in (the teacher's
-directory and checkpoint, N0, the rounds, the divergence) and
-sampling.steps = N0 / 2^R, so `sedd sample`, `sedd eval` and `sedd serve`
-work on it unchanged and sample with the last round's steps by default;
-``sedd.runs.lineage`` says which round a checkpoint belongs to, and loading
-round r's checkpoint (`runs.load(workdir, step=r * round_steps)`, kept by
-training.keep_period) samples with that round's steps.
-
-The training is ``sedd.train.train`` with ``DistillTrainer``: the same
-optimizer, EMA, sharding, checkpoints, resume, Ctrl-C and fault handling.
-The train state holds one more entry, "teacher" (the parameters of the
-round's teacher), so a resumed run goes on with the same teacher. At the
-first step of round r > 1 the teacher becomes the EMA of round r - 1's
-student (what `sedd sample` uses of it), inside the compiled step; the
-student's parameters, optimizer state and EMA go on.
-
-A distillation's logged loss is the divergence in nats per token (at the
-positions still masked after the teacher's first step); its validation
-estimate is the student's score-entropy bound estimate, as `sedd train`'s.
+of the absorbing graph: round r trains a student, initialised from round
+r - 1's, whose one sampler step matches two of its teacher's (round r - 1's
+student; round 1: the teacher run), so with N0 = distill.teacher_steps round
+r's student samples with N0 / 2^r. The distillation is a run directory like
+any other (docs/distillation.md, "The run directory"), trained by
+``sedd.train.train`` with ``DistillTrainer``: its train state holds one more
+entry, "teacher", which at the first step of round r > 1 becomes the EMA of
+round r - 1's student, inside the compiled step.
 
 distill.order picks the sampler distilled: "random" (the default), the
 analytic sampler's positions at the schedule's rate; "dilated", the dilated
 sampler's planned order (SEDD runs; N0 must divide the length), whose
-students sample with it by default (sampling.sampler = "dilated").
+students sample with it by default.
 """
 
 from __future__ import annotations

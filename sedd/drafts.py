@@ -11,16 +11,10 @@ drafts before it ((1) there). A ``Drafter`` is one such source, as a value:
   ``BlockDraft``  a block-diffusion run (``sedd.kinds.block``): one block of
                   k <= b positions at t = 1 in one call.
 
-The network drafters are built by their run's kind (``Kind.drafter(net)``),
-which knows its network; the spec kind drafts for itself and has none. Each
-drafter states what it can draft, its vocabulary and its most drafts a round
-(``most``), and ``checked`` holds every draft to them in one place, with one
-message each: ``Run.sample(draft=...)``, ``sedd sample --draft`` and
-``sedd serve --draft`` all go through it. A drafter gives what both decoders
-need: ``parts`` the (prefill, drafter) pair of ``sedd.speculative.decode``
-(temperature and top_p may be traced, as a server's rows have them),
-``cached_parts`` the same for Python values (one compiled program per value),
-``state`` the network's weights and ``calls`` its network calls a round.
+The network drafters are built by their run's kind (``Kind.drafter(net)``).
+Each drafter states its vocabulary and its most drafts a round, and
+``checked`` holds every draft to them in one place, with one message each,
+whatever asks (``Run.sample``, `sedd sample --draft`, `sedd serve --draft`).
 """
 
 from __future__ import annotations

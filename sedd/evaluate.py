@@ -2,26 +2,16 @@ r"""Evaluation: the likelihood bound, generative perplexity, sample entropy.
 
 Three figures, each measured the same way for every model and sampler:
 
-1. ``likelihood_bound``: the score-entropy upper bound on -log p_theta(x0) of
-   Thm. 3.6 / Eq. (13) of Lou et al. 2024, in nats per sequence (with its
-   Monte Carlo standard error: ``likelihood_bound_with_stderr``); ``dataset_bound`` and ``evaluate_run`` average
-   it over a split and report nats/token, bits/token (bits/char) and the
-   perplexity bound exp(nats/token); ``dataset_nll`` does the same for a
-   model with an exact likelihood.
-2. ``generative_perplexity``: exp of the mean per-token NLL of samples under a
-   judge, given as its NLL function (the autoregressive baseline's:
-   ``sedd.figures.judge_nll``), and ``sample_entropy_bits``, the unigram entropy of each sample. Low-entropy
-   (repetitive) samples get flattering perplexities, so the two are always
-   reported together.
-3. On synthetic data with a known law (``sedd.data.markov``) the judge is not
-   needed: the exact NLL of each sample and the true entropy of the data.
+1. ``likelihood_bound``: the score-entropy upper bound on -log p_theta(x0),
+   averaged over a split by ``dataset_bound`` (``dataset_nll`` for a model with
+   an exact likelihood).
+2. ``generative_perplexity`` under a judge's NLL function, always reported with
+   ``sample_entropy_bits``: repetitive samples get flattering perplexities.
+3. On synthetic data with a known law (``sedd.data.markov``) the exact NLL of
+   each sample instead of a judge's.
 
 Pure: these functions take score functions, NLL functions and batches, and
-know no network. The figures of a run directory (its kind's figure on a
-split, a judge loaded from its directory) are one floor up, in
-``sedd.figures``;
-``experiments/compare_samplers.py`` reports (2) and (3) for every sampler x
-step count of a run.
+know no network; the figures of a run directory are ``sedd.figures``'.
 
 Letters: B sequences, L length, V vocabulary, D = graph.dim, R Monte Carlo
 repetitions, n points of the time grid.
@@ -64,14 +54,7 @@ def prior_kl(graph: Graph, noise: Callable, x0: jax.Array) -> jax.Array:
     e.g. 2e-9 L log V at sigma(1) = 20, or 1e-3 L log V for the log-linear
     schedule with eps = 1e-3. The bound is then a bound for the reverse chain
     started from b; the sampler starts from all-MASK, whose law differs from b
-    by at most L e^{-sigma(1)} in total variation.
-
-    Args:
-      graph: the forward process.
-      noise: the schedule; sigma(1) is read from it.
-      x0: int[B, L] clean tokens in [0, V).
-    Returns:
-      float32[B].
+    by at most L e^{-sigma(1)} in total variation. x0: int[B, L].
     """
     sigma1, _ = noise(jnp.float32(1.0))
     q = graph.transition(x0, sigma1)  # (B, L, D)
@@ -166,33 +149,17 @@ def likelihood_bound_with_stderr(
     "The likelihood bound".
 
     Args:
-      key: a ``jax.random`` key (grid shift and x_t draws).
-      score_fn: (x, sigma) -> log-score; with score_params, (params, x, sigma).
-        Pass the same function object across calls to reuse the compilation.
-      graph: the forward process.
-      noise: the schedule (any; Geometric with a large sigma_max makes the
-        prior term vanish).
+      score_fn: (x, sigma) -> log-score; with score_params (traced), (params, x, sigma).
+        Static, as per_position and prepare: pass the same object to reuse the compilation.
       x0: int[B, L] clean tokens in [0, V).
-      num_t: n, points of the time grid per repetition.
-      num_samples: R, independent repetitions of the grid.
+      num_t: n, points of the time grid per repetition; num_samples: R, repetitions.
       t_min: the lower end of the t integral, in [0, 1).
       prior: add ``prior_kl``.
-      score_params: optional pytree passed to score_fn and traced (weights that
-        change do not recompile).
-      t_batch: grid points evaluated together in one score_fn call (memory vs
-        speed); None = one at a time.
+      t_batch: grid points evaluated together in one score_fn call; None = one at a time.
       per_position: the integrand at one t, (key, score_fn, graph, noise, x0,
-        t=float[B]) -> float[B, L]: ``losses.loss_per_position`` (SEDD), or a
-        block model's (``sedd.kinds.block.loss_per_position``, whose score_fn also
-        reads x0). Static: pass the same object to reuse the compilation.
-      prepare: optional (score_params, x0) -> what score_fn then takes in
-        place of score_params: the work that depends on x0 alone, done once
-        a batch instead of at each of the R n points of the grid (a block
-        model's clean keys and values: ``sedd.kinds.block.bound_fns``). Static, as
-        per_position.
-    Returns:
-      BoundEstimate(bound, stderr), each float32[B] nats per sequence; the bound
-      alone: ``likelihood_bound``.
+        t=float[B]) -> float[B, L]: ``losses.loss_per_position`` (SEDD), or a block model's.
+      prepare: optional (score_params, x0) -> what score_fn then takes in place of score_params:
+        the work that depends on x0 alone, done once a batch (a block model's clean keys and values).
     """
     if not (isinstance(num_t, int) and num_t >= 1 and isinstance(num_samples, int) and num_samples >= 1):
         raise ValueError(f"num_t and num_samples must be integers >= 1, got {num_t!r}, {num_samples!r}")
@@ -274,21 +241,9 @@ def dataset_bound(
     progress: bool = False,
     **kwargs,
 ) -> dict:
-    """The bound averaged over a split: nats/token and the units of ``losses.units``.
-
-    Args:
-      key: a ``jax.random`` key; batch i uses fold_in(key, i).
-      score_fn, graph, noise, num_t, score_params, kwargs: as ``likelihood_bound``.
-      batches: an iterable of int[B, L] batches (e.g. ``dataset.eval_batches(B)``).
-      max_batches: stop after this many batches.
-      chars_per_token: adds bits_per_char (1 for character data).
-      progress: show a progress bar.
-    Returns:
-      dict with nats_per_token, bits_per_token, ppl_bound, [bits_per_char],
-      nats_per_seq, stderr_nats_per_token (from the per-sequence errors,
-      independent across sequences), num_sequences, num_tokens, and exact =
-      False.
-    """
+    """The bound averaged over int[B, L] batches (batch i with fold_in(key, i); the other arguments as
+    ``likelihood_bound``'s): the units of ``losses.units`` (bits_per_char with chars_per_token), nats_per_seq,
+    stderr_nats_per_token (the sequences independent), num_sequences, num_tokens, and exact = False."""
 
     def per_sequence(i, x0):
         return likelihood_bound_with_stderr(
@@ -306,12 +261,8 @@ def dataset_nll(
     chars_per_token: float | None = None,
     progress: bool = False,
 ) -> dict:
-    """The exact NLL of a model over a split, in the units of ``dataset_bound`` (stderr 0, exact = True).
-
-    Args:
-      nll: x0 int32[B, L] -> float[B] nats per sequence (e.g. an AR model's ``sedd.kinds.causal.nll``).
-      batches, max_batches, chars_per_token, progress: as ``dataset_bound``.
-    """
+    """The exact NLL of a model over a split (nll: x0 int32[B, L] -> float[B] nats per sequence), in the units
+    of ``dataset_bound`` (stderr 0, exact = True)."""
     figures = _dataset_figures(lambda i, x0: (nll(x0), None), batches, max_batches, chars_per_token, progress, "nll")
     return {**figures, "exact": True}
 
@@ -330,16 +281,9 @@ def sample_entropy_bits(samples) -> np.ndarray:
 
 
 def samples_nll(nll: Callable, samples, batch_size: int = 64) -> np.ndarray:
-    """-log p_judge(sample) of each sample under a judge: float64[B] nats per sequence.
-
-    Args:
-      nll: the judge, x0 int32[b, L] -> float[b] nats per sequence (an AR
-        run's: ``sedd.figures.judge_nll(judge)``, which also refuses ids it
-        cannot score).
-      samples: int[B, L].
-      batch_size: sequences a call; every call gets as many (the last batch
-        padded with copies of its first row), so a jitted judge compiles once.
-    """
+    """-log p_judge(sample) of each sample int[B, L] under a judge (x0 int32[b, L] -> float[b] nats per
+    sequence; ``sedd.figures.judge_nll``): float64[B] nats. Every call gets batch_size sequences (the last
+    padded with copies of its first row), so a jitted judge compiles once."""
     samples = np.asarray(samples)
     out = []
     for i in range(0, len(samples), batch_size):
@@ -354,15 +298,9 @@ def generative_perplexity(nll: Callable, samples, batch_size: int = 64) -> dict:
     """Perplexity of samples under a judge, with the entropy of the samples.
 
     gen_ppl = exp(sum of NLL / number of tokens), every token of every sample
-    weighted equally (the convention of SEDD, MDLM, ReMDM).
-
-    Args:
-      nll, samples, batch_size: as ``samples_nll`` (nll: the judge's NLL
-        function, e.g. ``sedd.figures.judge_nll(judge)``).
-
-    Returns:
-      dict with gen_ppl, judge_nats_per_token, entropy_bits (mean over
-      samples of ``sample_entropy_bits``), and per_sample_nats (float64[B]).
+    weighted equally (the convention of SEDD, MDLM, ReMDM). Arguments as
+    ``samples_nll``'s; returns gen_ppl, judge_nats_per_token, entropy_bits
+    (the mean of ``sample_entropy_bits``) and per_sample_nats.
     """
     nats = samples_nll(nll, samples, batch_size)
     per_token = float(nats.sum() / np.asarray(samples).size)

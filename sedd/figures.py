@@ -111,22 +111,12 @@ def evaluate_run(
     (``true_nats_per_token``) is added.
 
     Args:
-      workdir: the run directory.
-      split: "validation", "test" or "train"; None: "validation" where the data has one,
-        else its evaluation split (the zero-shot sets have only "test").
-      num_t, kwargs: passed to ``likelihood_bound``.
-      batch_size, max_batches: sequences per batch and batches (None = all).
-      seed: the Monte Carlo seed.
-      data: overrides of the run's data config (e.g. {"name": "text", "path":
-        "other.txt"} for zero-shot evaluation on other text with the run's
-        tokenizer).
-      progress: show a progress bar.
-      step: evaluate this checkpoint (EMA weights) instead of the newest.
+      split: None: "validation" where the data has one, else its evaluation split.
+      data: overrides of the run's data config (e.g. {"name": "text", "path": "other.txt"}: zero-shot,
+        with the run's tokenizer).
+      step: evaluate this checkpoint instead of the newest.
     Returns:
-      dict: nats_per_token, bits_per_token, ppl_bound (a bound for diffusion,
-      the exact perplexity for AR), [bits_per_char], stderr_nats_per_token,
-      num_sequences, num_tokens, exact, split, kind, num_t, step
-      [, true_nats_per_token].
+      ``Run.likelihood``'s figures and step.
     """
     run = runs.load(workdir, step=step)
     dataset = run_data(run, data)

@@ -3,25 +3,14 @@
 A run directory, a teacher run, a converted model's folder or a tokenizer's
 files may come from someone else, so each file of one is read as hostile
 (docs/reliability.md): a link to /dev/zero would read without end, a FIFO
-would block for ever, a link to ~/.ssh/id_rsa or /etc/passwd would copy that
-file into a new run. ``read_bytes`` (and ``read_text``, ``copy``) opens the
-file once, without following a last link and without blocking on a FIFO,
-checks on the open descriptor that it is a regular file, and reads at most
-`limit` bytes of it; with `root`, the file's real path (every link followed)
-must lie inside `root`'s. Every command that reads or copies a file of a run
-(load, distill, convert, serve, resume) goes through here.
-
-Every file a run writes goes through ``write_bytes`` (``write_text``): a
-temporary file of a name of its own, created exclusively in the target's
-folder (which must lie inside the run), written, flushed to disk and renamed
-over the target; no link is followed and no FIFO or device opened, so a
-link planted where sedd writes is replaced, never written through. A log
-appended to (metrics.jsonl) is opened by ``open_append``: a regular file of
-the run's own or nothing. A write the disk refuses is a ``DiskError``: one
-line naming the path and what to do. orbax reads a checkpoint's folder only
-after ``check_checkpoints`` has walked it (files and folders inside the run,
-nothing else), and ``save_checkpoint`` / ``verify_checksums`` keep a SHA-256
-of every array a checkpoint holds in its step metadata.
+would block for ever, a link to ~/.ssh/id_rsa would copy that file into a new
+run. Every command that reads or copies a file of a run goes through
+``read_bytes``; every file a run writes through ``write_bytes`` (atomic, never
+through a link) or ``open_append``; a write the disk refuses is a
+``DiskError``, one line naming the path and what to do. orbax reads a
+checkpoint's folder only after ``check_checkpoints`` has walked it, and
+``save_checkpoint`` / ``verify_checksums`` keep a SHA-256 of every array a
+checkpoint holds in its step metadata.
 """
 
 from __future__ import annotations
@@ -53,8 +42,7 @@ class UnsafeFile(ValueError):
 class DiskError(OSError):
     """A file or folder of a run that the disk would not take: one line naming the path and what to do.
 
-    An OSError (callers that keep going without the file, such as a spec run's layouts.json, still catch it),
-    with the errno of the failure it stands for (``disk_error``).
+    An OSError with the errno it stands for, so callers that keep going without the file still catch it.
     """
 
     def __str__(self) -> str:
@@ -75,10 +63,8 @@ DO = {
 
 
 def disk_error(e: OSError, path: str | Path, what: str = "written") -> DiskError:
-    """`e`, raised while `path` was `what` ("written", "made", "locked"), as a ``DiskError`` of one line.
-
-    Its message names the path (not a temporary file's), the failure and what to do; its errno is e's.
-    """
+    """`e`, raised while `path` (not a temporary file's) was `what` ("written", "made", "locked"), as a
+    ``DiskError`` of one line naming the failure and what to do."""
     if isinstance(e, DiskError):
         return e
     do = DO.get(e.errno) or f"{e.strerror or e}"
@@ -88,16 +74,11 @@ def disk_error(e: OSError, path: str | Path, what: str = "written") -> DiskError
 def read_bytes(path: str | Path, limit: int, root: str | Path | None = None) -> bytes:
     """The bytes of `path`, a regular file of at most `limit` bytes (inside `root`, when given).
 
-    Args:
-      path: the file; a symbolic link is followed only when it stays inside `root`
-        (without `root`, to any regular file).
-      limit: the most bytes read; a larger file (or one that grows past it while
-        read) is refused, never cut.
-      root: the folder the file belongs to (a run directory); its real path and
-        the file's are compared, so no link, of the file or of a folder on the
-        way, reaches outside.
-    Returns:
-      at most `limit` bytes.
+    The file is opened once, without following a last link or blocking on a
+    FIFO, and checked on the open descriptor; a larger file (or one that grows
+    while read) is refused, never cut. With `root` (a run directory) the
+    file's real path must lie inside root's, so no link on the way reaches out.
+
     Raises:
       FileNotFoundError: there is no such file.
       UnsafeFile: one line naming the file and what it is instead.
@@ -141,12 +122,8 @@ def disk_errors(path: str | Path, what: str = "written"):
 
 
 def check_folder(path: Path, done: str = "nothing was touched") -> None:
-    """Refuse a folder of a run (checkpoints/, checkpoints_unreadable/, ...) that is a file, a FIFO or a device
-    (mkdir's FileExistsError came later, as a traceback), saying what to do and, `done`, what was not.
-
-    Raises:
-      UnsafeFile: one line.
-    """
+    """Refuse (UnsafeFile, one line) a folder of a run that is a file, a FIFO or a device (mkdir's
+    FileExistsError came later, as a traceback), saying what to do and, `done`, what was not."""
     if os.path.lexists(path) and not stat.S_ISDIR(mode := os.lstat(path).st_mode):
         raise UnsafeFile(
             f"{path} is {what_is(mode)}, where the run keeps a folder of its own; move it away (or rename it), "
@@ -155,12 +132,8 @@ def check_folder(path: Path, done: str = "nothing was touched") -> None:
 
 
 def read_json(path: str | Path, limit: int, root: str | Path | None = None):
-    """``read_text`` parsed as JSON; a file that is not JSON, or nested past Python's recursion limit (a
-    layouts.json nested 200,000 deep), is a ValueError naming the file, in one line.
-
-    Raises:
-      FileNotFoundError, UnsafeFile: as ``read_bytes``; ValueError: not JSON.
-    """
+    """``read_text`` parsed as JSON; a file that is not JSON, or nested past Python's recursion limit, is a
+    ValueError naming the file, in one line."""
     try:
         return json.loads(read_text(path, limit, root))
     except (UnicodeDecodeError, RecursionError, ValueError) as e:
@@ -172,10 +145,7 @@ def read_json(path: str | Path, limit: int, root: str | Path | None = None):
 def copy(src: str | Path, dst: str | Path, limit: int, root: str | Path | None = None) -> None:
     """Copy the file `src` (read by ``read_bytes``) into `dst`, a new file: never written through a link.
 
-    Raises:
-      FileNotFoundError, UnsafeFile: as ``read_bytes``; FileExistsError: dst
-        exists (a file or a link), and is left as it is; DiskError: the disk
-        would not take it (no part of dst is left).
+    Raises FileExistsError where dst exists (left as it is); DiskError leaves no part of dst.
     """
     data = read_bytes(src, limit, root)
     try:
@@ -213,21 +183,12 @@ convert``'s record and tokenizer folder): no output of a command may land on one
 def write_bytes(path: str | Path, data: bytes, root: str | Path) -> None:
     """Replace `path`, a file of the run directory `root`, by a regular file holding `data`, atomically.
 
-    The bytes go into a temporary file of a name of its own (``.<name>.<random>.tmp``),
-    created exclusively (O_CREAT | O_EXCL | O_NOFOLLOW) in path's folder, flushed to
-    disk (fsync), then renamed over path, and the folder is flushed: a reader sees
-    the old file or the new one, whole. A link, FIFO or device at path (or at any
-    other name, such as a planted ``layouts.json.tmp``) is never opened: a link is
-    replaced by the file, never written through.
-
-    Args:
-      path: the file; its folder's real path must lie inside root's.
-      data: its new bytes.
-      root: the run directory.
-    Raises:
-      UnsafeFile: path's folder is outside root (a link on the way leads out).
-      DiskError: the write failed (a full or read-only disk, a folder at path), in one line naming path and
-        what to do; the temporary file is removed.
+    The bytes go into a temporary file of a name of its own, created
+    exclusively (O_CREAT | O_EXCL | O_NOFOLLOW) in path's folder, flushed to
+    disk, then renamed over path, and the folder is flushed: a reader sees the
+    old file or the new one, whole. A link, FIFO or device at path (or a
+    planted ``layouts.json.tmp``) is never opened: a link is replaced, never
+    written through. UnsafeFile where path's folder is outside root.
     """
     path = Path(path)
     folder = _inside_folder(path.parent, root)
@@ -265,16 +226,10 @@ def write_text(path: str | Path, text: str, root: str | Path) -> None:
 def open_append(path: str | Path, root: str | Path):
     """A text file object appending to `path` (created if absent), a regular file of the run directory `root`.
 
-    Opened without following a link (O_NOFOLLOW) and without blocking on a FIFO
-    (O_NONBLOCK: a FIFO with no reader fails at once, one with a reader is
-    refused by the check on the open descriptor). A file with other names
-    (a hard link to a file outside the run, or a run copied with `cp -al`) is
-    first replaced by a copy of its bytes, as ``write_bytes`` replaces a link:
-    the lines go to the run's own file, never into the other name's.
-
-    Raises:
-      UnsafeFile: path is a link, a FIFO, a device or a folder, or its folder is outside root.
-      DiskError: the disk would not take it (full, read-only, not ours).
+    Opened without following a link or blocking on a FIFO, and checked on the
+    descriptor. A file with other names (a hard link out of the run, a run
+    copied with `cp -al`) is first replaced by a copy of its bytes, so the
+    lines go to the run's own file, never into the other name's.
     """
     path = Path(path)
     folder = _inside_folder(path.parent, root)
@@ -398,20 +353,16 @@ def renamed(tree, old: str, new: str):
 
 
 def check_checkpoint_shapes(folder: str | Path, target) -> None:
-    """Refuse a checkpoint whose arrays have other shapes than `target`'s, from its metadata, before any is read.
+    """Refuse (ValueError naming the first entry) a checkpoint whose arrays have other shapes than `target`'s.
 
-    A checkpoint of another network (a teacher whose config.json was changed,
-    a run's checkpoints copied into another) used to fail inside orbax's
-    restore, after TensorStore had started every read: the reads still
-    pending then called back into a closed event loop, a traceback each
-    ("Event loop is closed", 1,600 lines under a memory cap, issue 63).
+    Read from the item folder's metadata before any array is: a checkpoint of
+    another network failed inside orbax's restore after TensorStore had
+    started every read, whose pending reads then each printed a traceback
+    (issue 63). Metadata that cannot be read is left to the restore to refuse.
 
     Args:
       folder: the checkpoint's item folder (``<run>/checkpoints/<step>/state``).
       target: a dict of some of the train state's entries, leaves with `.shape`.
-    Raises:
-      ValueError: naming the first entry whose saved shape differs. A checkpoint
-        whose metadata cannot be read is left to the restore to refuse.
     """
     if not (Path(folder) / "_METADATA").is_file():  # orbax then names a pytree structure over many lines
         raise ValueError(
@@ -441,20 +392,12 @@ MAX_CHECKPOINT_ENTRIES = 1 << 20  # files and folders under a run's checkpoints/
 
 
 def check_checkpoints(folder: str | Path, root: str | Path, limit: int = MAX_CHECKPOINT_ENTRIES) -> None:
-    """Walk a run's checkpoints folder once, before orbax reads any of it: files and folders inside the run only.
+    """Walk a run's checkpoints folder (absent: nothing to check) with lstat, before orbax reads any of it.
 
-    orbax opens what a checkpoint's folder holds without a check: a FIFO at
-    ``<step>/_CHECKPOINT_METADATA`` blocked the building of the manager itself,
-    one at ``state/_METADATA`` or a data file the restore (issue 72). Every entry
-    is looked at with lstat (nothing is opened or followed).
-
-    Args:
-      folder: ``<run>/checkpoints`` (absent: nothing to check).
-      root: the run directory; folder's real path must lie inside it.
-      limit: the most entries walked.
-    Raises:
-      UnsafeFile: one line naming the first entry that is a link, a FIFO, a
-        device or a socket, or the folder outside the run, or more than `limit` entries.
+    orbax opens what a checkpoint's folder holds without a check: a FIFO in it
+    blocked the manager's building or the restore (issue 72). UnsafeFile, one
+    line, names the first entry that is not a regular file or a folder, a
+    folder outside the run `root`, or more than `limit` entries.
     """
     folder = Path(folder)
     if not os.path.lexists(folder):
@@ -582,24 +525,16 @@ def _reports_held():
 
 
 def verify_checksums(step_folder: str | Path, restored, root: str | Path) -> None:
-    """Refuse restored arrays whose bytes differ from the SHA-256 saved with them.
+    """Refuse (ValueError naming the first array) restored entries whose bytes differ from the SHA-256 saved.
 
-    Where they are, and so what a checkpoint is, is told by its step metadata (``STEP_METADATA``, which orbax
-    writes into every checkpoint, the ones sedd saved before checksums included):
-    - its custom metadata holds ``SAVED_WITH``: saved since issue 83, verified against them (a checkpoint that
-      a checksummed run wrote loads only with its checksums; deleting a file beside it changes nothing);
-    - it does not, and ``CHECKSUMS`` is beside it: saved by issue 72's sedd, verified against that file;
-    - neither (saved before sedd wrote checksums), or ``MULTI_PROCESS``: loaded, with a RuntimeWarning saying
-      it is not verified.
-    A checkpoint without its step metadata is refused: orbax wrote one, so its folder was changed.
+    Where the checksums are is told by the step metadata (``STEP_METADATA``, which orbax writes into every
+    checkpoint; one without it is refused): ``SAVED_WITH`` in its custom metadata (since issue 83), else
+    ``CHECKSUMS`` beside it (issue 72's); neither, or ``MULTI_PROCESS``: loaded with a RuntimeWarning.
 
     Args:
       step_folder: ``<run>/checkpoints/<step>``.
       restored: the entries of the train state read from it (all of them, or some).
       root: the run directory.
-    Raises:
-      ValueError: naming the first array whose bytes, dtype or shape differ, or that has no checksum; or the
-        step metadata missing or unreadable.
     """
     step_folder = Path(step_folder)
     meta = step_folder / STEP_METADATA

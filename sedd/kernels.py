@@ -1,51 +1,14 @@
 """The speed paths behind the model's plain behaviour, and the dtype policy that picks them.
 
 `sedd.model` reads as the DiT of the paper; what here makes it fast changes
-no result beyond bfloat16's rounding (in float32 the Linear layers keep
-nnx.Linear's own product; attention takes `mixed_attention` in every dtype).
-Each piece and why it exists:
-
-  compute_dtype(name)   "auto" | "float32" | "bfloat16" -> a dtype. "auto" is
-                        bfloat16 where bfloat16 products run in hardware (a GPU
-                        or TPU, a CPU with AVX512-BF16 or AMX-BF16); on other
-                        CPUs XLA would convert bfloat16 in software.
-  mixed_einsum          a product in bfloat16 accumulated and returned in float32,
-                        both passes, as autocast does it. On XLA's CPU a bfloat16
-                        product returned in bfloat16 is no faster than float32;
-                        returned in float32 it runs on the bfloat16 dot
-                        instructions. JAX's own transpose would run the backward
-                        products in float32, hence the custom gradient rule.
-  linear_kwargs(dtype)  the nnx.Linear hooks that make its product `mixed_einsum`.
-  mixed_attention       softmax attention from two `mixed_einsum`-style products,
-                        laid out head-major (the layout XLA's CPU runtime accepts
-                        for bfloat16 into float32) and normalised after the value
-                        product, so the division runs over (B, N, L, K), not the
-                        (B, N, L, L) weights. In float32 too: on a CPU it runs
-                        the training step faster than ``jax.nn.dot_product_attention``
-                        (docs/benchmarks.md).
-  attention_implementation()  which path `mixed_attention` takes: "mixed" (the
-                        above), or on a GPU "cudnn", cuDNN's fused flash
-                        attention (``jax.nn.dot_product_attention``), chosen by
-                        ``SEDD_ATTENTION`` / ``ATTENTION``; never on a CPU, so
-                        CPU numbers are unchanged whatever the setting.
-  unit_context_attention  `mixed_attention` over a chunk's own units (blocks
-                        of u positions) and an external context of keys and
-                        values, without the logits between different units:
-                        a block model's bound (``sedd.kinds.block``).
-  Dropout               nnx.Dropout with masks from 16 random bits an element,
-                        four elements from each threefry block (``sedd.rng.uint16``):
-                        a quarter of the threefry work of ``jax.random.bernoulli``,
-                        whose masks were most of what dropout cost on a CPU.
-  chunked          a per-position reduction of a large intermediate (the
-                        loss of the [B, L, V] output) run over chunks of
-                        positions, each recomputed for its gradient, so the
-                        whole intermediate is never live (training.loss_chunk).
-  keep_freed_memory     glibc's malloc set to keep the buffers XLA's CPU runtime
-                        frees, so that the next step reuses them instead of
-                        faulting their pages in again (a CPU process only).
+no result beyond bfloat16's rounding: the dtype policy (``compute_dtype``), the
+mixed-precision products and their gradient rules (``mixed_einsum``,
+``linear_kwargs``), the attention paths built on them, chunked reductions of a
+large output (``chunked``), cheaper dropout masks (``Dropout``) and the CPU
+allocator's setting (``keep_freed_memory``). Each says why it exists;
+docs/model.md tells the whole, docs/benchmarks.md measures it.
 
 Shape letters: B batch, L sequence length, N attention heads, K head dim.
-Measured speeds, with the commands that measure them: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -102,20 +65,13 @@ def cpu_has_bfloat16_dots() -> bool:
 
 
 def compute_dtype(name: str) -> jnp.dtype:
-    """`model.dtype` as a dtype; "auto" is bfloat16 where its products run fast, else float32.
+    """`model.dtype` (one of COMPUTE_DTYPES; ``DTYPE_ENV`` replaces it when set) as a dtype.
 
-    Fast means a GPU or TPU, or a CPU with bfloat16 dot instructions, where
-    the model's bfloat16 products (float32 accumulation, `mixed_einsum`)
-    outrun float32's. Elsewhere bfloat16 would be converted in software, so
-    "auto" keeps float32. Parameters are float32 either way, so a run
-    trained in one dtype loads and samples in the other.
-
-    The environment's SEDD_COMPUTE_DTYPE (``DTYPE_ENV``), when set, replaces `name`.
-
-    Args:
-      name: one of COMPUTE_DTYPES.
-    Returns:
-      jnp.float32 or jnp.bfloat16.
+    "auto" is bfloat16 on a GPU or TPU, or a CPU with bfloat16 dot
+    instructions, where its products (float32 accumulation, `mixed_einsum`)
+    outrun float32's; elsewhere bfloat16 would be converted in software, so
+    float32. Parameters are float32 either way, so a run trained in one dtype
+    loads and samples in the other.
     """
     if name not in COMPUTE_DTYPES:
         raise ValueError(f"model.dtype={name!r}: expected one of {', '.join(COMPUTE_DTYPES)}")
@@ -187,12 +143,8 @@ def _no_promotion(arrays, dtype=None, inexact=True):
 
 
 def linear_kwargs(dtype: Any) -> dict[str, Any]:
-    """nnx.Linear keyword arguments for compute dtype `dtype`.
-
-    None in float32, which keeps nnx.Linear's own product; below float32 its
-    product becomes `mixed_einsum` (multiply in `dtype`, accumulate and
-    return float32) and its input casts are left to that product's rule.
-    """
+    """nnx.Linear keyword arguments for compute dtype `dtype`: none in float32; below, its product is
+    `mixed_einsum` and its input casts are left to that product's rule."""
     if jnp.dtype(dtype) == jnp.float32:
         return {}
     return {"dot_general": _MixedDot(dtype), "promote_dtype": _no_promotion}
@@ -217,11 +169,6 @@ def chunked(fn: Callable[..., Array], chunk: int, shared: Any, *arrays: Array) -
       chunk: positions a chunk, dividing L; 0 or >= L calls fn once on everything.
       shared: a pytree every chunk reads whole (weights).
       arrays: [B, L, ...], cut along axis 1.
-    Returns:
-      float[B, L], equal to fn(shared, *arrays).
-
-    Raises:
-      ValueError: chunk does not divide L.
     """
     b, l = arrays[0].shape[:2]
     if chunk <= 0 or chunk >= l:
@@ -243,8 +190,7 @@ ATTENTION = os.environ.get("SEDD_ATTENTION", "auto")
 "cudnn" on a GPU (cuDNN's fused flash attention) and "mixed" elsewhere; "auto" is `AUTO_GPU_ATTENTION`
 on a GPU and "mixed" elsewhere. Set by the environment variable SEDD_ATTENTION or by assigning it."""
 AUTO_GPU_ATTENTION = "cudnn"
-"""What "auto" picks on a GPU: cuDNN's, which ran SEDD small's training step 1.38x as fast as "mixed" on an
-H200 (docs/benchmarks.md, "On a GPU", has the figures and the command)."""
+"""What "auto" picks on a GPU: cuDNN's, faster than "mixed" there (docs/benchmarks.md, "On a GPU")."""
 
 
 def _on_gpu() -> bool:
@@ -258,11 +204,7 @@ def _on_gpu() -> bool:
 
 
 def attention_implementation() -> str:
-    """The attention path `mixed_attention` takes here: "mixed" or "cudnn" (a GPU's only).
-
-    Raises:
-      ValueError: ``ATTENTION`` is not one of ATTENTION_IMPLEMENTATIONS.
-    """
+    """The attention path `mixed_attention` takes here: "mixed" or "cudnn" (a GPU's only)."""
     if ATTENTION not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError(f"SEDD_ATTENTION={ATTENTION!r}: expected one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
     if not _on_gpu():
@@ -277,23 +219,16 @@ def _cudnn_ok(q: Array, dtype: Any, mask: Array | None) -> bool:
 
 
 def mixed_attention(q: Array, k: Array, v: Array, causal: bool, dtype: Any, mask: Array | None = None) -> Array:
-    """Softmax attention with both products in `dtype`, accumulated in float32, the softmax in float32.
+    """Softmax attention of q, k, v [B, L, N, K] -> float32[B, L, N, K], both products in `dtype`.
 
     What `jax.nn.dot_product_attention` computes, except that both products
     (and their gradients) multiply in `dtype` and return float32, and the
-    softmax is normalised after the value product (`_softmax_values`).
-
-    Args:
-      q, k, v: [B, L, N, K].
-      causal: mask the future.
-      dtype: the products' dtype.
-      mask: optional bool[L, L], True = attend (with causal too, both apply).
-    Returns:
-      float32[B, L, N, K].
-
-    On a GPU with ``attention_implementation()`` "cudnn" (and no mask, a
-    16-bit dtype) this is cuDNN's fused flash attention instead: the same
-    function, its output rounded to `dtype` before the float32 cast.
+    softmax is normalised after the value product (`_softmax_values`); mask
+    bool[L, L], True = attend, applies with causal too. On a GPU with
+    ``attention_implementation()`` "cudnn" (no mask, a 16-bit dtype) it is
+    cuDNN's fused flash attention instead, its output rounded to `dtype`.
+    On a CPU it runs the training step faster than
+    ``jax.nn.dot_product_attention`` in float32 too (docs/benchmarks.md).
     """
     if attention_implementation() == "cudnn" and _cudnn_ok(q, dtype, mask):
         out = jax.nn.dot_product_attention(
@@ -317,15 +252,10 @@ def cache_attention(q: Array, keys: Array, values: Array, mask: Array, dtype: An
     """Softmax attention of a chunk over the slots of a decoding cache, grouped: q [G, L, K] over keys, values
     [G, S, K], G = batch x heads; mask bool, broadcastable to [L, S] (or [G, L, S]), True = attend.
 
-    ``mixed_attention``'s arithmetic (both products in `dtype`, accumulated in float32, the softmax
-    normalised after the value product), on a cache laid out as it is read: groups first, slots next,
-    three axes. A caller that writes its chunk's slots into the cache in place and then reads it
-    (``DDiTLayer.run``'s cache) leaves XLA one buffer: with a leading axis of one (batch 1, [1, N, S, K])
-    XLA's CPU compiler reshapes the written cache for each reader and copies every layer's cache twice or
-    thrice a step (docs/model.md, "Decoding"). A forward pass (decoding): its gradient is JAX's own.
-
-    Returns:
-      float32[G, L, K].
+    ``mixed_attention``'s arithmetic on a cache laid out as it is read, groups first, three axes: a
+    write in place then a read leaves XLA one buffer, where a leading axis of one ([1, N, S, K] at batch 1)
+    made its CPU compiler copy every layer's cache at each step (docs/model.md, "Decoding"). A forward
+    pass (decoding): its gradient is JAX's own. Returns float32[G, L, K].
     """
     logits = mixed_einsum("gqk,gsk->gqs", q / math.sqrt(q.shape[-1]), keys, dtype)  # (G, L, S)
     logits = jnp.where(mask, logits, -jnp.inf)
@@ -341,11 +271,8 @@ def unit_context_attention(
     block-diagonal mask of units of `unit` consecutive positions, without the
     logits off U's diagonal blocks, which it would compute and discard: the
     units' (B, N, L / u, u, u) logits and the context's (B, N, L, S) share one
-    softmax (one max, one sum), normalised after the value products as in
-    ``mixed_attention``, both products in `dtype` accumulated in float32. The
-    same values to float rounding. Made for a forward pass (``sedd.kinds.block``'s
-    bound, where a noisy block sees itself and the clean blocks before it):
-    its gradient is JAX's own, not ``mixed_attention``'s custom one.
+    softmax. The same values to float rounding. A forward pass (a block
+    model's bound): its gradient is JAX's own.
 
     Args:
       q, k, v: [B, L, N, K], L a multiple of unit.
@@ -364,7 +291,7 @@ def unit_context_attention(
     by_unit = lambda a: a.reshape(b, n, units, unit, a.shape[-1])  # noqa: E731  (B, N, L, X) -> (B, N, L/u, u, X)
     own = mixed_einsum("bnuqk,bnusk->bnuqs", by_unit(q), by_unit(k), dtype).reshape(b, n, length, unit)  # (B, N, L, u)
     # The mask as an added 0 / -inf: the same logits, and XLA's CPU fuses an add into the product where a select
-    # of the (B, N, L, S) logits is written out and read again (1.5x against 2.4x the unmasked L x L, 2 cores).
+    # of the (B, N, L, S) logits is written out and read again (docs/block_diffusion.md, "The cost of the bound").
     bias = jnp.where(mask, 0.0, -jnp.inf).astype(jnp.float32)  # (L, S)
     far = mixed_einsum("bnqk,bnsk->bnqs", q, ck, dtype) + bias  # (B, N, L, S)
     top = jnp.maximum(own.max(-1, keepdims=True), far.max(-1, keepdims=True))  # (B, N, L, 1), finite: own unit
@@ -417,13 +344,10 @@ _softmax_values.defvjp(_softmax_values_fwd, _softmax_values_bwd)
 class Dropout(nnx.Dropout):
     """nnx.Dropout whose mask costs a quarter of the random bits: 16 an element, four from a threefry block.
 
-    ``jax.random.bernoulli`` and ``jax.random.bits`` run a threefry block (64
-    bits) for every element, ``sedd.rng.uint16`` one for four, and on a CPU
-    the blocks are most of what dropout costs. An element is kept when its 16
-    bits are at least ``round(rate * 2**16)``, so the drop rate is that over
-    2**16 (0.1 -> 0.1000061), and kept elements are divided by the exact
-    keep probability, so the output's mean is the input's, as with
-    nnx.Dropout.
+    On a CPU the threefry blocks are most of what dropout costs. An element is
+    kept when its 16 bits are at least ``round(rate * 2**16)``, so the drop
+    rate is that over 2**16 (0.1 -> 0.1000061), and kept elements are divided
+    by the exact keep probability, so the output's mean is the input's.
     """
 
     def __call__(self, inputs: Array, *, deterministic: bool | None = None, rngs=None) -> Array:
@@ -454,24 +378,18 @@ _KEPT_MEMORY = {"M_ARENA_MAX": 1, "M_MMAP_THRESHOLD": 1 << 30, "M_TRIM_THRESHOLD
 def keep_freed_memory() -> bool:
     """Have glibc's malloc keep the buffers XLA's CPU runtime frees, so that the next step reuses them.
 
-    XLA CPU allocates each run of a compiled program's buffers from its
-    compute threads.
-    glibc serves a thread other than the main one from an arena of heaps of
-    at most 64 MB, so a larger buffer is mapped afresh at every run and
-    unmapped when freed, and each of its pages faults in again on first
-    touch: on a small CPU the kernel's time for those faults is a large share
-    of a step (measured in docs/benchmarks.md, "Page faults"). One arena, no
-    mapping under 1 GiB and no trimming under 2 GiB keep the freed pages in
-    the process instead; the cost is that its memory stays at its peak.
+    XLA CPU allocates each run's buffers from its compute threads, and glibc
+    serves those from arenas of heaps of at most 64 MB, so a larger buffer is
+    mapped afresh at every run and each page faults in again on first touch
+    (docs/benchmarks.md, "Page faults"). One arena, no mapping under 1 GiB and
+    no trimming under 2 GiB keep the freed pages; memory stays at its peak.
 
-    Only a process that computes on the CPU gains, and only a call made
-    before JAX's CPU backend starts (a thread keeps the arena it first
-    allocated from): `sedd train`, `eval` and `distill` call it first
+    It acts only before JAX's CPU backend starts (a thread keeps the arena it
+    first allocated from): `sedd train`, `eval` and `distill` call it first
     (`sedd.cli.KEEPS_FREED_MEMORY`; not `sample` or `serve`, whose decoding
-    loops run slower on one arena). A no-op returning False where an accelerator plugin is installed
-    (`accelerator_installed`), on a C library other than glibc, or where the
-    environment sets ``SEDD_PLAIN_MALLOC`` (to keep glibc's defaults: memory
-    handed back).
+    loops run slower on one arena). A no-op returning False where an
+    accelerator plugin is installed, on a C library other than glibc, or
+    where ``SEDD_PLAIN_MALLOC`` is set.
     """
     if (
         os.environ.get("SEDD_PLAIN_MALLOC")

@@ -47,18 +47,10 @@ def padded(n: int, multiple: int) -> int:
 
 
 def partitioned(init, names: tuple[str | None, ...]):
-    """Attaches logical axis names to an initializer without sharding eagerly.
+    """`init` with logical axis names (one a dimension, or None) as `out_sharding` metadata, not sharded eagerly.
 
-    Eager sharding would need a mesh (and rules mapping these logical names onto
-    it) at construction time; keeping the names as metadata lets the same model
-    build unsharded on one CPU and be placed on a mesh later by
-    `jax.jit(..., out_shardings=...)`.
-
-    Args:
-      init: an nnx initializer.
-      names: one logical axis name (``sedd.model`` lists them) or None a dimension.
-    Returns:
-      the initializer, its parameters carrying the names as `out_sharding` metadata.
+    Eager sharding would need a mesh at construction time; as metadata the same model builds unsharded on
+    one CPU and is placed on a mesh later by `jax.jit(..., out_shardings=...)`.
     """
     return nnx.with_partitioning(init, names, eager_sharding=False)
 
@@ -85,16 +77,7 @@ def linear(
 
     The kernel starts as torch's default nn.Linear init (the original's), or
     at zero with `zero` (the adaLN-Zero and output layers); the bias at zero.
-
-    Args:
-      n_in, n_out: input and output widths.
-      names: the logical axis names of the kernel's (input, output); the bias takes the output's.
-      use_bias: with a bias.
-      zero: zero-initialise the kernel.
-      dtype: compute dtype; below float32 the product accumulates and returns float32.
-      rngs: parameter keys.
-    Returns:
-      nnx.Linear mapping float[..., n_in] to float[..., n_out].
+    names: the kernel's (input, output) logical axis names; the bias takes the output's.
     """
     # Below float32: multiply in dtype, accumulate and return float32 (kernels.mixed_einsum).
     return nnx.Linear(
@@ -128,27 +111,14 @@ def layer_norm(h: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
 
 
 def modulate(x: Array, shift: Array, scale: Array) -> Array:
-    """adaLN modulation of Peebles & Xie 2023: x (1 + scale) + shift.
-
-    Args:
-      x: float[B, L, H] normalised activations.
-      shift: float[B, H], or float[B, L, H] per position (``per_position``).
-      scale: as shift.
-    Returns:
-      float[B, L, H]; the identity when shift = scale = 0, so a zero-initialised
-      adaLN layer starts every layer as a plain pre-LN layer.
-    """
+    """adaLN modulation of Peebles & Xie 2023: x (1 + scale) + shift, x float[B, L, H], shift and scale
+    float[B, H] or float[B, L, H] (``per_position``). The identity at shift = scale = 0, so a zero-initialised
+    adaLN layer starts every layer as a plain pre-LN layer."""
     return x * (1.0 + broadcast_positions(scale)) + broadcast_positions(shift)
 
 
 def broadcast_positions(a: Array) -> Array:
-    """One adaLN value a sequence broadcast over its positions; one a position left as it is.
-
-    Args:
-      a: float[B, X] (a sequence's), or float[B, L, X] (a position's, ``per_position``).
-    Returns:
-      float[B, 1, X], or a unchanged: broadcastable against float[B, L, X].
-    """
+    """One adaLN value a sequence, float[B, X], as float[B, 1, X]; one a position, float[B, L, X], as it is."""
     return a[:, None, :] if a.ndim == 2 else a
 
 
@@ -170,14 +140,7 @@ def timestep_embedding(sigma: Array, dim: int = FREQ_DIM, max_period: float = 10
     """Sinusoidal embedding of the noise level (DiT's timestep embedding).
 
     emb = [cos(sigma w_0), ..., cos(sigma w_{F/2-1}), sin(sigma w_0), ..., sin(sigma w_{F/2-1})],
-    w_k = max_period^{-k / (F/2)}; cos comes before sin, as in the original.
-
-    Args:
-      sigma: float[B] total noise levels.
-      dim: F, the (even) embedding width.
-      max_period: the longest period of the sinusoids.
-    Returns:
-      float32[B, F].
+    w_k = max_period^{-k / (F/2)}; cos comes before sin, as in the original. sigma float[B] -> float32[B, F].
     """
     half = dim // 2
     freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / half)  # (F/2,)
@@ -193,14 +156,8 @@ def apply_rotary(x: Array, positions: Array, base: float = ROTARY_BASE) -> Array
       (x_j, x_{j+K/2}) -> (x_j cos - x_{j+K/2} sin, x_{j+K/2} cos + x_j sin).
     Because R(m)^T R(n) = R(n - m), the score <R(m) q, R(n) k> depends on the
     positions only through n - m. The half-split layout (rather than interleaved
-    pairs) matches the original's weights.
-
-    Args:
-      x: float[B, L, N, K] queries or keys, K even.
-      positions: int or float[L] position of each row, or [B, L]: each sequence's own.
-      base: the rotary base.
-    Returns:
-      float32[B, L, N, K], rotated.
+    pairs) matches the original's weights. x: float[B, L, N, K]; positions: [L]
+    or [B, L] (each sequence's own).
     """
     k = x.shape[-1]
     half = k // 2
@@ -218,12 +175,7 @@ def apply_rotary(x: Array, positions: Array, base: float = ROTARY_BASE) -> Array
 
 
 class TimestepEmbedder(nnx.Module):
-    """sigma -> cond: sinusoidal(F) -> Linear(F, C) -> SiLU -> Linear(C, C).
-
-    Args:
-      cond_dim: C.
-      rngs: parameter initialisation keys.
-    """
+    """sigma -> cond: sinusoidal(F) -> Linear(F, C = cond_dim) -> SiLU -> Linear(C, C)."""
 
     def __init__(self, cond_dim: int, *, rngs: nnx.Rngs):
         # float32 whatever the model's compute dtype: the original computes the
@@ -239,17 +191,8 @@ class TimestepEmbedder(nnx.Module):
 
 
 class FinalLayer(nnx.Module):
-    """LayerNorm, adaLN (shift, scale) and a zero-initialised projection to D.
-
-    Args:
-      hidden_size: H.
-      out_dim: D.
-      cond_dim: C.
-      dtype: compute dtype of the matmuls.
-      vocab_multiple: the projection has D rounded up to a multiple of this
-        many columns (``padded``); the output has D.
-      rngs: parameter keys.
-    """
+    """LayerNorm, adaLN (shift, scale) and a zero-initialised projection from H to D = out_dim (its columns
+    ``padded`` to vocab_multiple; the output has D)."""
 
     def __init__(
         self,

@@ -83,25 +83,15 @@ def loss_per_position(
 ) -> jax.Array:
     """One Monte Carlo draw of sigma(t) * SE at every position: float32[B, L] nats.
 
+    Summed over L: nats per sequence, an unbiased estimate of the uniform-t loss whatever t_power.
+
     Args:
-      key: a ``jax.random`` key (drives t and x_t).
-      score_fn: (x_t, sigma_bar) -> log-score, e.g. the model.
-      graph: the forward process.
-      noise: a schedule, ``noise(t) -> (sigma_bar, dsigma_bar)``.
       x0: int32[B, L] clean tokens in [0, graph.vocab_size).
       t: optional float[B] times to use instead of drawing them (unweighted).
-      sampling_eps: lower end of the t range.
-      low_discrepancy: stratify the draw of t over the batch.
-      t_power: draw t from q(t) ~ t^{-t_power} with importance weights
-        (``sample_times``); 0 draws it uniformly.
-      entropy_fn: (x_t, sigma, x0) -> float32[B, L], the score entropy of
-        the network at x_t, in place of score_fn's log-score followed by
-        ``graph.score_entropy`` (the same numbers, computed without the
-        [B, L, D] log-score: ``sedd.kinds.chunked_entropy``); score_fn is
-        then unused.
-    Returns:
-      float32[B, L]: summing over L gives nats per sequence (an unbiased
-      estimate of the uniform-t loss whatever t_power).
+      sampling_eps, low_discrepancy, t_power: as ``sample_times``'s eps, low_discrepancy and power.
+      entropy_fn: (x_t, sigma, x0) -> float32[B, L], the score entropy of the network at x_t, in
+        place of score_fn and ``graph.score_entropy`` (the same numbers without the [B, L, D]
+        log-score: ``sedd.kinds.chunked_entropy``).
     """
     k_t, k_x = jax.random.split(key)
     if t is None:

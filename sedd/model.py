@@ -15,41 +15,14 @@ adaptive LayerNorm (adaLN), with rotary position embeddings (Su et al. 2021,
   each layer: x += gate_a * Drop(Attn(modulate(LN(x), shift_a, scale_a)))
               x += gate_m * Drop(MLP (modulate(LN(x), shift_m, scale_m)))
 
-Where each piece lives: ``sedd.layers`` (the embeddings of sigma and position,
-adaLN, the float32 layers, FinalLayer), ``sedd.ddit_layer`` (DDiTLayer: adaLN
-attention and MLP), this module (DDiT, the decoding cache's call and
-``ring_mask``, the counts of parameters; the masks of a kind's
-attention are its module's: ``sedd.kinds.block.block_diffusion_mask``,
-``sedd.kinds.spec.training_mask``).
+The pieces are ``sedd.layers`` and ``sedd.ddit_layer``; the masks of a kind's
+attention are its own module's. docs/model.md gives the precision policy, the
+decoding cache (one, held by the caller: ``empty_cache``, ``output_in_cache``,
+``ring_mask``; and why) and the logical axis names the parameters carry.
 
-Shape letters used throughout this module:
-  B batch, L sequence length, H hidden size, N attention heads, K head dim
-  (H = N K), C conditioning width, F sinusoidal frequency features (256),
-  G groups of positions with a noise level each, V vocabulary size, D output
-  width `out_dim` (V + 1 for the absorbing graph, whose mask id is V; V for
-  the uniform graph and for a causal LM's next-token logits).
-
-Precision: parameters are float32; `dtype` is the compute dtype of the
-matmuls and attention (``sedd.kernels.mixed_einsum``, ``mixed_attention``:
-multiplied in `dtype`, accumulated and returned float32, the backward pass
-too); LayerNorm, adaLN, the residual stream, the sigma embedding and the
-log-score stay float32, as in the original's autocast set-up.
-
-Decoding: one cache of keys and values, which the caller holds and passes
-in and out (``empty_cache``, ``output_in_cache``), written in place at a
-slot or on a ring by position past its slots (a sliding window,
-``ring_mask``): the AR kind's steps, speculative rounds, the spec kind's
-rounds and block diffusion's blocks all run on it. A functional cache is what
-``jax.jit`` and ``lax`` loops carry without a module's state, and written in
-place it is what a CPU decodes fastest. The one other source of keys and
-values is not a cache: a clean context, read and never written
-(``keys_values``, then ``features(..., context=...)``), for block diffusion's
-bound: read by units (``kernels.unit_context_attention``) it skips the
-logits between noisy blocks that a cache's mask would compute.
-
-Parameters carry logical axis names ("vocab", "embed", "cond", "freq",
-"qkv", "heads", "mlp", "adaln"; docs/model.md lists them) as `out_sharding`
-metadata, eager sharding off: the model builds with no mesh set.
+Shapes: B batch, L length, H hidden size, N heads, K head dim (H = N K), C
+conditioning width, G groups of positions with a noise level each, V
+vocabulary size, D output width `out_dim`.
 """
 
 from __future__ import annotations
@@ -133,28 +106,16 @@ class DDiT(nnx.Module):
         layers are plain pre-LN layers. sigma may then be None (it is still
         required when scale_by_sigma applies).
       normalize: the network predicts a distribution over the clean token (the
-        mean parameterization) and ``log_score`` turns it into the score.
-        With scale_by_sigma (absorbing graph): a log-softmax over the D - 1
-        tokens, p_theta(x0 | x_t), and the score at a masked position
-        p_theta(y | x_t) / (e^sigma - 1): MDLM's SUBS (Sahoo et al. 2024) and
-        RADD (Ou et al. 2024); the score entropy at a masked position reduces
-        exactly to the weighted cross-entropy -log p_theta(x0 | x_t) / (e^sigma - 1).
-        Without it (uniform graph): a log-softmax over all D, w, and the score
-        xbar_y / xbar_{x_l} with xbar = D alpha w + 1 - alpha, alpha = e^-sigma:
-        the uniform-state models of UDLM (Schiff et al. 2025) and DUO (Sahoo
-        et al. 2025). See ``log_score``.
+        mean parameterization: MDLM's SUBS and RADD with scale_by_sigma, UDLM's
+        and DUO's without); ``log_score`` turns it into the score.
       dtype: compute dtype (bfloat16 on accelerators); parameters are float32.
       vocab_multiple: the embedding's rows and the output projection's columns
-        are num_tokens and D rounded up to a multiple of this (``padded``; 128
-        lets a mesh axis of up to 128 devices split GPT-2's 50,258), so that
-        ``tensor`` or ``fsdp`` can split them. The padding rows are never
-        looked up and the padding columns are sliced off the output, so
-        outputs, losses and samplers see D; 1 (default) pads nothing.
+        are rounded up to a multiple of this (``padded``), so that ``tensor``
+        or ``fsdp`` can split them; the padding is never looked up and sliced
+        off the output, so everything downstream sees D.
       remat: what a layer's backward pass keeps of its forward pass, a key of
-        ``REMAT_POLICIES``: "none" (default), "dots" (the weight matmuls'
-        outputs) or "layers" (the layer's input only; the rest recomputed).
-      rngs: nnx.Rngs with a 'params' stream (or default) and a 'dropout' stream
-        (or default).
+        ``REMAT_POLICIES``.
+      rngs: nnx.Rngs with 'params' and 'dropout' streams (or default).
     """
 
     def __init__(
@@ -278,10 +239,7 @@ class DDiT(nnx.Module):
         deterministic: bool | None = None,
         rngs: nnx.Rngs | Array | None = None,
     ) -> Array:
-        """The raw output of the final layer, before log-score post-processing.
-
-        An autoregressive baseline (causal=True, time_conditioning=False) reads
-        this as next-token logits.
+        """The raw output of the final layer, before ``log_score`` (a causal LM's next-token logits).
 
         Args:
           x: int[B, L] token ids in [0, num_tokens).
@@ -329,14 +287,12 @@ class DDiT(nnx.Module):
         """The residual stream after the last layer and the conditioning: what ``output_layer`` reads.
 
         Arguments as ``network_output``, and context: per layer (keys,
-        values), each [B, S, N, K] (``keys_values``'s), S positions of another
-        call, read and never written; each query then sees its own unit of
-        `unit` positions of x and the context positions of mask, bool[L, S]
-        (block diffusion's bound; ``sedd.ddit_layer.context_attention``). With
-        ``remat`` other than "none" the layers run as one scan, each under
-        ``jax.checkpoint`` with its policy (not with a context: it is
-        inference); their dropout masks then come from one key drawn for each
-        layer, other masks than without remat, of the same law.
+        values) [B, S, N, K] of ``keys_values``, read and never written; each
+        query then sees its own unit of `unit` positions of x and the context
+        positions of mask, bool[L, S] (``sedd.ddit_layer.context_attention``).
+        With ``remat`` the layers run as one scan under ``jax.checkpoint``
+        (not with a context: it is inference), their dropout masks of the same
+        law as without, other draws.
 
         Returns:
           (float32[B, L, H], float32[B, C] or float32[B, G, C]).
@@ -368,13 +324,11 @@ class DDiT(nnx.Module):
         return scan_layers(self.layers, h, run, REMAT_POLICIES[self.remat], deterministic, rngs), c
 
     def _inputs(self, x: Array, sigma: Array | None, positions) -> tuple[Array, Array]:
-        """What the first layer reads: the embedded tokens float32[B, L, H] (rows split over a mesh) and the
-        conditioning float32[B, C] or [B, G, C] (after its SiLU).
+        """What the first layer reads: the embedded tokens float32[B, L, H] and the conditioning
+        float32[B, C] or [B, G, C] (after its SiLU).
 
         Without time conditioning it is zeros float32[1, C], one row for the batch: every row's adaLN
-        modulation is the same (its bias), computed once instead of B times, and XLA hoists it out of a
-        decoding loop (with B rows of zeros its CPU compiler ran the products at every step at batch 16;
-        at the default's width they were too small to time)."""
+        modulation is its bias, computed once instead of B times, which XLA hoists out of a decoding loop."""
         self._check_inputs(x, sigma, positions)
         h = constrain_rows(self.vocab_embed(x).astype(jnp.float32))  # (B, L, H)
         if self.sigma_map is None:
@@ -386,11 +340,6 @@ class DDiT(nnx.Module):
         self, x: Array, sigma: Array | None, *, positions: Array | None = None, mask: Array | None = None
     ) -> tuple:
         """Every layer's rotary-embedded keys and values of x, dropout off: what ``features``' context reads.
-
-        The layers run over x as ``features`` runs them (the same arguments),
-        each layer's keys and values kept; the residual stream after the last
-        layer is not computed. ``sedd.kinds.block``'s bound runs the clean text so,
-        once a batch, and then each noisy text against it.
 
         Returns:
           per layer (keys, values), each [B, L, N, K].
@@ -417,18 +366,13 @@ class DDiT(nnx.Module):
     ) -> tuple:
         """The output of x written into and run against every layer's decoding cache, dropout off.
 
-        The one decoding path of the network (the module docstring): the
-        caller holds the cache as per-layer (keys, values), each [B N, S, K]
-        (``empty_cache``); x's L keys and values are written into it in place,
-        at slots at .. at + L - 1, or with at None each position p at slot p mod S
-        (a ring: past S slots the newest overwrite the oldest, ``ring_mask``),
-        and mask bool[L, S] says what each of x's positions sees of the S slots
-        after the write (its own slots included). Each sequence may have its
-        own place: at int32[B], positions [B, L] and mask [B, L, S] (rows at
-        different lengths, as speculative rounds leave them). at + L must not
-        pass S: under jit `at` is traced, and XLA moves a write that would pass
-        the end back inside the cache, over other slots (size the cache for
-        every slot a call writes).
+        The one decoding path of the network (docs/model.md, "Decoding"): x's
+        L keys and values are written in place at slots at .. at + L - 1, or
+        with at None each position p at slot p mod S (a ring, ``ring_mask``);
+        mask bool[L, S] says what each position sees after the write. Each
+        sequence may have its own place: at int32[B], positions [B, L], mask
+        [B, L, S]. at + L must not pass S: under jit `at` is traced, and XLA
+        moves a write past the end back inside the cache, over other slots.
 
         Args:
           x: int[B, L]; sigma: as ``network_output``'s.
@@ -453,10 +397,8 @@ class DDiT(nnx.Module):
     def empty_cache(self, batch: int, slots: int) -> tuple:
         """Per layer, zero (keys, values) [B N, S = slots, K]: ``output_in_cache``'s cache.
 
-        In the compute dtype on a GPU or TPU; in float32 on a CPU, whatever the compute dtype. The
-        attention's products run in the cache's dtype, and XLA's CPU runtime multiplies bfloat16 by
-        converting both operands to float32: a bfloat16 cache would be converted whole at every step
-        (docs/model.md, "Decoding"). The weights' products keep the compute dtype.
+        Float32 on a CPU, whose runtime would convert a bfloat16 cache whole at every step
+        (docs/model.md, "Decoding"); the compute dtype elsewhere.
         """
         layer = self.layers[0]
         shape = (batch * layer.n_heads, slots, layer.head_dim)
@@ -466,11 +408,8 @@ class DDiT(nnx.Module):
     def output_chunked(self, h: Array, c: Array, fn, *arrays: Array, chunk: int = 0) -> Array:
         """fn(out, *row_chunks) over the final layer's output `out`, `chunk` positions at a time.
 
-        The fused output projection and loss of a large vocabulary: the output
-        float32[B, Lc, D] of Lc = chunk positions is computed, reduced by fn to
-        one value a position, and dropped; the backward pass computes it again
-        (``sedd.kernels.chunked``). So no [B, L, D] array is ever live,
-        and the result equals fn(output(h, c), *arrays).
+        The fused output projection and loss of a large vocabulary (``sedd.kernels.chunked``): no
+        [B, L, D] array is ever live, and the result equals fn(output(h, c), *arrays).
 
         Args:
           h: float32[B, L, H] and c: float32[B, C], from ``features``.
@@ -499,17 +438,8 @@ class DDiT(nnx.Module):
         rngs: nnx.Rngs | Array | None = None,
         **attention,
     ) -> Array:
-        """Log-score of the reverse process: ``log_score`` of the ``network_output``.
+        """Log-score of the reverse process: ``log_score`` of the ``network_output`` (the same arguments).
 
-        Args:
-          x: int[B, L] token ids in [0, num_tokens).
-          sigma: float[B] total noise sigma_bar(t), or None when not
-            time-conditioned and no sigma scaling applies.
-          deterministic: disable dropout; None follows the module's train/eval
-            mode (eval for a fresh model).
-          rngs: dropout keys: an nnx.Rngs or a jax key; None uses the stream given
-            at construction.
-          **attention: positions, mask, keep of ``network_output``.
         Returns:
           float32[B, L, D] log-score, 0 at the current token.
         """
@@ -537,22 +467,17 @@ class DDiT(nnx.Module):
           sum_y s_y - r log s_{x0} + K(r) = r (-log p_theta(x0 | x_t)),   r = 1 / (e^sigma - 1),
 
         the cross-entropy of MDLM's SUBS objective and RADD's lambda-DCE, with the
-        same time weight. The mask column (never a move out of a token, and the
-        current state at a masked position) is set to -1e9, a finite
-        'impossible' that keeps gradients finite. In every case
-        log s[l, x_l] = 0, the ratio of a state to itself.
+        same time weight. The mask column is set to -1e9, a finite 'impossible'
+        that keeps gradients finite. In every case log s[l, x_l] = 0.
 
-        With normalize and no scale_by_sigma (the uniform graph, whose forward
-        kernel is q_sigma(y | z) = alpha [y = z] + (1 - alpha) / D, alpha =
-        e^-sigma), w = softmax(out) over all D, and
+        With normalize and no scale_by_sigma (the uniform graph, forward kernel
+        q_sigma(y | z) = alpha [y = z] + (1 - alpha) / D, alpha = e^-sigma),
+        w = softmax(out) over all D, and
 
           log s[l, y] = log xbar_y - log xbar_{x_l},   xbar = D alpha w + 1 - alpha,
 
-        the ratio sum_z w_z q(y | z) / sum_z w_z q(x_l | z) of the forward
-        marginals at position l with the clean token drawn from w: the
-        posterior of DUO's sampler and UDLM's bound (w the network's x0,
-        ``tests/test_convert_peers.py`` checks the ratio against brute-force
-        marginals).
+        the ratio of the forward marginals with the clean token drawn from w
+        (DUO's posterior, UDLM's bound).
 
         Returns:
           float32[B, L, D] log-score, 0 at the current token.

@@ -74,19 +74,13 @@ class Pace:
     (the first runs after a compilation still fault fresh memory in while the
     heap grows to its size, `sedd.kernels.keep_freed_memory`); the next
     window opens where one closes. The first window's pace is said once, as
-    a line; a shared host's pace then changes (the first ten steps' pace
-    mispredicted runs of 13 and 24 min by 5 min), so every later window is
-    folded into a moving average of the seconds a step takes, the newest
+    a line; a shared host's pace then changes (docs/studies/default_run.md,
+    "The time left a run prints"), so every later window is folded into a moving average of the seconds a step takes, the newest
     window weighted `weight`, and `left` re-estimates the time of the steps
     left from it. The device is waited on at the windows' ends only.
 
-    Args:
-      n_iters: the run's last step.
-      window: plain steps a window times.
-      active: False for a quiet run: no line, no waits.
-      settle: plain steps let run after a busy one before a window opens.
-      weight: the newest window's weight in the moving average, in (0, 1].
-      clock: seconds now (a fake one in tests).
+    n_iters is the run's last step; active False (a quiet run): no line, no waits; clock: seconds now
+    (a fake one in tests).
     """
 
     def __init__(

@@ -12,13 +12,10 @@ block too. Here the block's words are all used:
                       (the race of ``sedd.categorical``)
   uint16(key, shape)  uint16[shape], four words from a block (``sedd.model.Dropout``)
 
-Both are threefry2x32 (``jax.extend.random.threefry2x32_p``, the primitive
-``jax.random.bits`` calls) on counters that number the elements of the
-output, as ``bits`` does: the words are independent of each other and of
-any other counter's, and the counters are built from iotas of the output's
-shape, so a sharded output is drawn shard by shard. Other key kinds ("rbg",
-"unsafe_rbg") and outputs of 2^32 elements or more take ``jax.random.bits``.
-CPU timings (one core): docs/benchmarks.md.
+Both are threefry2x32 (the primitive ``jax.random.bits`` calls) on counters
+that number the elements of the output, as ``bits`` does, built from iotas of
+the output's shape, so a sharded output is drawn shard by shard. Other key
+kinds and outputs of 2^32 elements or more take ``jax.random.bits``.
 """
 
 from __future__ import annotations

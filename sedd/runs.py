@@ -10,17 +10,12 @@ A run directory holds everything needed to resume training or to use the model:
   checkpoints_unreadable/  checkpoints a resumed run could not read, set aside (never deleted)
   layouts.json     the round layout a run that tunes chose by device (``sedd.kinds.layouts``)
 
-A distillation (`sedd distill`, ``sedd.distill``) is such a directory too: its config.json names
-its teacher and rounds (the distill section), its checkpoints' train states hold the round's
-teacher beside the student, and ``lineage`` says which round a checkpoint is; loaded, it samples
-with that round's steps.
+A distillation (``sedd.distill``) is such a directory too; ``lineage`` says which
+round a checkpoint is, and loaded, it samples with that round's steps.
 
-``load(workdir)`` restores the parameters alone (the EMA by default, as SEDD
-samples and evaluates) from an abstract target onto this process's devices:
-it never builds an optimizer or a train state. The network, graph and noise
-of a config are built by its model kind (``sedd.kinds``), the same objects
-for training and inference; a run's config.json is migrated to today's keys
-once, where it is read (``read_config``).
+``load(workdir)`` restores the parameters alone (the EMA by default) from an
+abstract target: it never builds an optimizer or a train state. A run's
+config.json is migrated to today's keys once, where it is read.
 """
 
 from __future__ import annotations
@@ -55,11 +50,8 @@ CHECKPOINTS = checkpoints.FOLDER
 
 
 class RunError(ValueError):
-    """A run directory that cannot be used as it is: a file missing, unreadable, or holding values out of bounds.
-
-    Raised for what a received (possibly tampered) directory holds, so a
-    command can answer it in one line; a bug in sedd raises anything else.
-    """
+    """A run directory that cannot be used as it is (a received one may be tampered with): answered in one line;
+    a bug in sedd raises anything else."""
 
 
 MAX_CONFIG_BYTES = 256 << 10  # config.json (a trained run's is ~2 kB)
@@ -97,14 +89,9 @@ MAX_PARAMETERS = 1 << 33  # the network's weights, estimated from the sizes abov
 def read_config(workdir: str | Path) -> ml_collections.ConfigDict:
     """The config.json of a run directory, migrated to today's keys (``sedd.config.migrate``) and checked.
 
-    Every value must have the type of the shipped config's value of its key
-    (an integer for a float), and every size of ``SIZE_BOUNDS`` lie in its
-    bounds, before anything is built from it.
-
-    Raises:
-      FileNotFoundError: workdir is not a run directory.
-      RunError: config.json cannot be read, is not a config, or holds a
-        value of the wrong type or out of bounds (the message names the key).
+    Every value must have the type of the shipped config's value of its key (an integer for a float),
+    and every size of ``SIZE_BOUNDS`` lie in its bounds, before anything is built from it; else a
+    RunError naming the key (FileNotFoundError: not a run directory).
     """
     path = Path(workdir) / CONFIG
     if not path.exists():
@@ -131,11 +118,7 @@ def _read_bounded(path: Path, limit: int) -> str:
 
 def check_config(config: ml_collections.ConfigDict, where: str) -> None:
     """The checks of ``read_config`` on a config about to be trained (vocab_size, not known yet, taken as 2),
-    then ``sedd.validate.check_training``'s and ``sedd.kinds.check_config``'s (names, keys of other kinds).
-
-    Raises:
-      RunError: `where`: the first key of the wrong type, not finite, out of bounds or not its kind's.
-    """
+    then ``sedd.validate.check_training``'s and ``sedd.kinds.check_config``'s; RunError prefixed by `where`."""
     config = ml_collections.ConfigDict({"vocab_size": 2, **config.to_dict()})  # a known vocab_size wins
     _check_config(config, where)
     try:
@@ -190,15 +173,8 @@ def _check_config(config: ml_collections.ConfigDict, path: Path | str) -> None:
 
 
 def read_tokenizer(workdir: str | Path, vocab_size: int):
-    """The tokenizer.json of a run directory, refused unless its vocabulary is the model's (config vocab_size).
-
-    A GPT-2 tokenizer names files elsewhere; each must be a regular file of at most ``MAX_TOKENIZER_BYTES``, of
-    bounded contents (``sedd.data.GPT2Tokenizer``).
-
-    Raises:
-      RunError: tokenizer.json cannot be read or built, or its vocabulary
-        differs from the model's.
-    """
+    """The tokenizer.json of a run directory; RunError where it cannot be read or built, or its vocabulary is
+    not the model's (config vocab_size). A GPT-2 tokenizer's files are bounded too (``MAX_TOKENIZER_BYTES``)."""
     path = Path(workdir) / TOKENIZER
     try:
         saved = json.loads(_read_bounded(path, MAX_TOKENIZER_BYTES))
@@ -228,16 +204,9 @@ RUN_ENTRIES = (CONFIG, TOKENIZER, METRICS, *RUN_FOLDERS, lock.LOCK)
 
 
 def check_run_links(workdir: str | Path) -> None:
-    """Refuse a run directory whose files or folders of ``RUN_ENTRIES``, or a checkpoint, are symbolic links.
-
-    Training writes config.json and metrics.jsonl (a FIFO there blocked a resume for ever), deletes old
-    checkpoints and moves unreadable ones aside: through a link, each would reach outside the run (a received
-    run's `checkpoints_unreadable -> ~/elsewhere` once had a resume move a whole checkpoint folder there). The
-    run directory itself may be a link: the command line names it.
-
-    Raises:
-      RunError: naming the link and where it points; nothing was touched.
-    """
+    """Refuse (RunError naming the link) a run directory whose entries of ``RUN_ENTRIES``, or a checkpoint, are
+    symbolic links: training writes, deletes and moves them, and through a link each would reach outside the
+    run. The run directory itself may be a link: the command line names it."""
     workdir = Path(workdir)
     ckpts = workdir / CHECKPOINTS
     found = [workdir / n for n in RUN_ENTRIES]
@@ -260,14 +229,8 @@ def check_run_links(workdir: str | Path) -> None:
 
 
 def check_compatible(workdir: str | Path, config) -> None:
-    """A run directory that exists must be resumed with the config it was trained with.
-
-    Only the keys of ``sedd.config.MAY_CHANGE_ON_RESUME`` may differ (e.g. a longer
-    training.n_iters).
-
-    Raises:
-      ValueError: naming every key that differs, with both values; the directory is left as it is.
-    """
+    """A run directory that exists must be resumed with the config it was trained with, but for the keys of
+    ``sedd.config.MAY_CHANGE_ON_RESUME``; a ValueError names every other key that differs."""
     if not (Path(workdir) / CONFIG).exists():
         return
     saved = json.loads(_read_bounded(Path(workdir) / CONFIG, MAX_CONFIG_BYTES))
@@ -361,19 +324,10 @@ class Run:
     ) -> sampling.Samples:
         """num_samples sequences drawn by the run's kind, as NumPy arrays in a ``sedd.sampling.Samples``.
 
-        Its tokens are int32[num_samples, L] (int32[num_samples, max_length] with max_length). The
-        options go to the kind's sampler (``sedd.sampling.sample``'s keywords for a diffusion run:
-        fixed_mask / fixed_tokens, categorical, temperature, top_p, corrector_steps, cache,
-        return_trajectory, return_stats, the sampler's own options; and max_length, block_length for
-        ``sedd.sampling.sample_long``; for an AR run draft="ngram", a smaller AR ``Run`` or a block
-        ``Run`` (``sedd.drafts``), draft_k and verification ("joint" or "token"); for a spec run
-        verification and draft_temperature; and stop=True, which ends the drawing once every text holds
-        the tokenizer's end-of-text token, the rest filled with it); the config's sampling section gives
-        the defaults. The rows are split over the mesh's data axis where num_samples divides.
-
-        Raises:
-          ValueError: num_samples or steps not a positive integer; an option
-            the kind or the sampler cannot honour.
+        The options go to the kind's ``sample`` (docs/sampling.md, docs/speculative.md; a draft may be
+        another ``Run``), the config's sampling section giving the defaults; stop=True ends the drawing
+        once every text holds the tokenizer's end-of-text token. The rows are split over the mesh's data
+        axis where num_samples divides. An option the kind cannot honour is a ValueError.
         """
         num_samples = _positive_int("num_samples", num_samples)
         if steps is not None:
@@ -407,17 +361,12 @@ class Run:
         """Texts written by the model, optionally around a prefix, a suffix or an infill template.
 
         Args:
-          key: a ``jax.random`` key.
-          num_samples: number of texts.
-          steps: reverse steps (default: config.sampling.steps).
-          sampler: a name in ``sedd.sampling.SAMPLERS`` (default: the config's).
+          steps, sampler: as ``sample``'s (default: the config's).
           prefix, suffix: text the samples start / end with (the suffix ends
             the whole text, at max_length when that is given).
-          infill: a template whose `blank` characters are generated (see
-            ``sedd.sampling.text_conditioning``); the texts are cut to its length.
-          blank: the character that marks a position to fill in an infill template.
-          sampler_options: more keyword options of ``sample`` (temperature,
-            top_p, max_length, block_length, stop, ...); with stop each
+          infill: a template whose `blank` characters are generated
+            (``sedd.sampling.text_conditioning``); the texts are cut to its length.
+          sampler_options: more keyword options of ``sample``; with stop each
             text ends before its first end-of-text token.
         Returns:
           num_samples strings; with return_stats=True, (texts, stats): the sampler's stats ("nfe_per_sample": each
@@ -510,21 +459,14 @@ def from_parts(
 def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
     """The trained model of a run directory, for sampling and evaluation.
 
-    Restores only the parameters (the EMA by default), from an abstract target,
-    onto the run's mesh when these devices can form it, else onto all devices
-    along the data axis. No optimizer or train state is built.
+    Restores only the parameters (the EMA by default, as SEDD evaluates; else the raw ones) of `step`
+    (default: the newest that reads whole, an unreadable one skipped with a RuntimeWarning), onto the
+    run's mesh when these devices can form it, else onto all devices along the data axis.
 
-    Args:
-      workdir: the run directory.
-      ema: the EMA weights (True, as SEDD evaluates) or the raw parameters.
-      step: a checkpoint's step (default: the newest).
     Raises:
       FileNotFoundError: not a run directory, no checkpoint yet, or no checkpoint of `step`.
-      RunError: config.json or tokenizer.json cannot be read, holds values
-        out of bounds, or their vocabularies differ (``read_config``, ``read_tokenizer``).
-      RuntimeError: the checkpoint of `step` (default: every checkpoint) is corrupt (its arrays' SHA-256
-        too) or does not fit the config. With the default step an unreadable newest checkpoint is
-        skipped with a RuntimeWarning naming it.
+      RunError: config.json or tokenizer.json cannot be read or is out of bounds.
+      RuntimeError: the checkpoint is corrupt (its arrays' SHA-256 too) or does not fit the config.
       sedd.files.UnsafeFile: checkpoints/ holds a link, a FIFO or a device.
     """
     workdir = Path(workdir)
@@ -557,15 +499,9 @@ def load(workdir: str | Path, ema: bool = True, step: int | None = None) -> Run:
 def lineage(config, step: int) -> dict | None:
     """What a distilled run's checkpoint of `step` is (``sedd.distill``); None for a run `sedd train` wrote.
 
-    Round r of R (distill.rounds) trains for distill.round_steps steps a student
-    whose one step is its teacher's two, so round r's student samples with
-    N0 / 2^r steps (N0 = distill.teacher_steps). The checkpoint of step k
-    belongs to round ceil(k / round_steps), capped at R (step 0: the teacher itself).
-
-    Returns:
-      {"teacher": its run directory, "teacher_step": the checkpoint distilled, "round": r, "rounds": R,
-      "steps": N0 / 2^r, "divergence": distill.divergence, "target": distill.target, "order":
-      distill.order}, or None.
+    Round r of R (distill.rounds) trains for distill.round_steps steps a student whose one step is its
+    teacher's two, so it samples with N0 / 2^r steps (N0 = distill.teacher_steps); step k belongs to
+    round ceil(k / round_steps), capped at R (step 0: the teacher itself).
     """
     d = config.distill
     if d.rounds < 1:

@@ -35,38 +35,19 @@ x0-prediction at the step each position unmasked, weights the two steps by
 P1(unmask) : P1(M) instead of (2)'s P1(unmask) : P1(M) P2(unmask); it is
 distill.target = "x0", ``x0_target``.)
 
-The loss. The student's one step p_l is (1) at x_t with c from t to s. The
-teacher's two-step law over the whole sequence is not a product, while the
-student's is; for any product law p,
+The loss. The student's one step p_l is (1) at x_t with c from t to s, a
+product law over positions; for any product law p,
 
     KL(q_joint || prod_l p_l) = KL(q_joint || prod_l q_l) + sum_l KL(q_l || p_l),
 
-so the forward KL of the whole sequence is least where every marginal
-matches, and sum_l KL(q^_l || p_l) (``kl_forward``) is an unbiased estimate
-of it up to a constant (linear in q^). But for a teacher whose denoiser is
-exact the marginals (2) of two steps *are* those of one step (each is the
-exact p(x_s^l | x_t)), so that minimiser is the teacher itself: what few
-steps lose is the dependence between positions unmasked in the same step,
-which no product law can hold, and forward KL leaves it where it is (the
-tiny law of tests/test_distill.py measures both parts). ``kl_backward``,
-sum_l KL(p_l || q^_l), SDTT's best on OpenWebText and the default here, has
-for minimiser the normalised geometric mean exp E_{x_u}[log q^_l] of the
-targets over the teacher's first draws: mass stays on the tokens that are
-likely whatever the other positions drew, which is what a product law can do
-about the dependence (it is mode-seeking, so the study in
-docs/distillation.md watches the samples' entropy). ``tv`` is half the L1
-distance.
-
-A planned order (distill.order = "dilated", ``planned_loss_per_position``).
-The steps above unmask at random positions, and at N << L the positions a
-step writes together are often neighbours, whose dependence no product law
-holds: on the order-2 Markov chain of docs/distillation.md the chain's own
-exact denoiser loses 0.19 nats/char at 16 such steps per 128 letters. The
-dilated sampler (``sedd.sampling.Dilated``) writes at each step positions
-fixed in advance and far apart, where the same exact denoiser loses
-nothing measurable; its order is one for every N, so the student's step m is the
-teacher's steps 2m and 2m + 1 and SDTT applies as it is, with only the
-token laws to learn.
+so sum_l KL(q^_l || p_l) (``kl_forward``) estimates the forward KL of the
+whole sequence without bias up to a constant (linear in q^). ``kl_backward``,
+sum_l KL(p_l || q^_l), SDTT's best and the default, has for minimiser the
+normalised geometric mean exp E_{x_u}[log q^_l] of the targets over the
+teacher's first draws; ``tv`` is half the L1 distance. Why backward KL
+(forward KL's student of an exact teacher is the teacher itself), and why a
+planned order (``planned_loss_per_position``: positions written together are
+far apart, so only the token laws are learnt): docs/distillation.md.
 
 Shapes: B batch, L length, D = graph.dim, V = graph.vocab_size, n_b noise
 groups (blocks) of a row: 1 for SEDD, L / b for block diffusion.
@@ -98,15 +79,9 @@ def step_log_law(
 
     Computed in logs: log c = log(e^{dsigma} - 1) (``log_expm1``), log S a
     logsumexp, so a step of any size and a score of any scale stay finite.
-    A token position is a point mass at its token.
-
-    Args:
-      graph: the absorbing graph.
-      log_score: float32[B, L, D] at x and sigma_bar(t).
-      x: int32[B, L] the state at t.
-      sigma, sigma_next: float[B, L] sigma_bar(t) > sigma_bar(s) at each position.
-    Returns:
-      float32[B, L, D] log-probabilities, floored at ``LOG_FLOOR``, each row summing to 1.
+    A token position is a point mass at its token. log_score float32[B, L, D]
+    at x int32[B, L] and sigma_bar(t); sigma, sigma_next float[B, L]. Returns
+    float32[B, L, D], floored at ``LOG_FLOOR``.
     """
     if not graph.absorb:
         raise ValueError("step_log_law is the absorbing graph's step; the uniform graph's moves every token")
@@ -122,13 +97,7 @@ def step_log_law(
 
 
 def two_step_log_law(graph: Graph, log_p1: jax.Array, log_p2: jax.Array) -> jax.Array:
-    """log q^ of Eq. (3): the first step's law, its MASK mass carried on by the second step's.
-
-    Args:
-      log_p1: float32[B, L, D] the step t -> u at x_t; log_p2: the step u -> s at x_u.
-    Returns:
-      float32[B, L, D], each row summing to 1.
-    """
+    """log q^ of Eq. (3): the first step's law (log_p1, at x_t), its MASK mass carried on by the second's (at x_u)."""
     m = graph.mask
     carried = log_p1[..., m : m + 1] + log_p2  # (B, L, D): P1(M) P2(.)
     tokens = jnp.logaddexp(log_p1[..., :m], carried[..., :m])
@@ -143,9 +112,6 @@ def x0_target(graph: Graph, log_q: jax.Array, log_p2: jax.Array) -> jax.Array:
     still masked after the first step that is the teacher's denoiser at x_u:
     here q(M) stays the two-step law's and its token mass 1 - q(M) is shared
     as P2's tokens, P2(y) / (1 - P2(M)).
-
-    Args:
-      log_q: float32[B, L, D] the two-step law (``two_step_log_law``); log_p2: the second step's.
     """
     m = graph.mask
     stay = log_q[..., m : m + 1]
@@ -197,15 +163,11 @@ def loss_per_position(
     carry no gradient.
 
     Args:
-      key: a ``jax.random`` key (t, x_t, x_u).
-      teacher_fn, student_fn: ``BlockScoreFn``s of the teacher and the student.
-      graph: the absorbing graph; noise: the schedule.
+      teacher_fn, student_fn: ``BlockScoreFn``s.
       x0: int32[B, L] clean tokens.
       dt: float[] the teacher's step, (1 - t_end) / N for its N steps.
       block_size: positions of a noise group (L for SEDD).
-      t_min: the lowest t drawn (training.sampling_eps).
-      t_end: the sampler's last time (sampling.eps).
-      divergence_name: one of ``DIVERGENCES``.
+      t_min: the lowest t drawn (training.sampling_eps); t_end: the sampler's last time (sampling.eps).
       target: "law" (Eq. (3)) or "x0" (SDTT's, ``x0_target``).
     """
     if target not in TARGETS:
@@ -257,12 +219,8 @@ def planned_loss_per_position(
     "x0") are one here. Per row m ~ U{0, ..., N/2 - 1}; the divergence at
     the positions of the two groups, 0 elsewhere.
 
-    Args:
-      key: a ``jax.random`` key (m, the teacher's draw).
-      rank: int32[L], the order (``sedd.sampling.absorbing.planned_rank``).
-      teacher_steps: int32[] N, even and dividing L.
-      t_end: the sampler's last time (sampling.eps).
-      divergence_name: one of ``DIVERGENCES``, over the V tokens.
+    rank: int32[L], the order (``sedd.sampling.absorbing.planned_rank``); teacher_steps: int32[] N, even
+    and dividing L; t_end: the sampler's last time (sampling.eps).
     """
     k_m, k_u = jax.random.split(key)
     b, length = x0.shape

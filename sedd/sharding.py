@@ -3,35 +3,16 @@
 Every run, on one CPU or on thousands of accelerators, goes through the same
 `jax.jit(..., in_shardings=..., out_shardings=...)` calls of `sedd.train.Trainer`
 (`jax.jit` with shardings is what `pjit` became). What changes between runs is
-only the mesh, built here from the config's `mesh` section:
+only the mesh ("data", "fsdp", "tensor"; docs/scaling.md says what each
+splits), built here from the config's `mesh` section, and the `rules` that map
+the parameters' logical axis names to mesh axes. A parameter dimension whose
+size does not divide by its mesh axes is replicated instead, so every rule set
+works for every model.
 
-  "data"    data parallelism: the batch is split along it, parameters are
-            replicated; with Muon each optimizer moment that would be
-            replicated is split along it too (ZeRO-1, `optimizer_shardings`):
-            every device updates its share and XLA gathers the update.
-  "fsdp"    fully sharded data parallelism (ZeRO-3): the batch is split along
-            it too, and so are parameters, Adam moments and the EMA (along
-            their "embed" dimension), gathered by XLA just before each use.
-  "tensor"  tensor (model) parallelism: the wide dimensions of the layers
-            (MLP hidden, attention q/k/v and heads, adaLN outputs, vocabulary)
-            are split along it; activations are communicated inside each layer.
-
-A one-device run is the mesh 1 x 1 x 1.
-
-The model's parameters carry logical axis names (see sedd/model.py: vocab,
-embed, cond, freq, qkv, heads, mlp, adaln); `rules` map each to mesh axes. A
-parameter dimension whose size does not divide by the size of its mesh axes is
-replicated instead (the tiny config's 86-row vocabulary over 8 tensor shards,
-say), so every rule set works for every model.
-
-One CPU: `split_cpu` makes a host's cores several JAX devices, so that the
-"data" axis spreads the batch over them (`sedd train` calls it; the speed-up
-is measured in docs/scaling.md).
-
-Multi-host: each process runs this same program on its own devices;
-`initialize_distributed` connects them (`jax.distributed.initialize`), each
-process loads only its rows of the global batch, and `shard_batch` assembles
-the global array with `jax.make_array_from_process_local_data`.
+One CPU: `split_cpu` makes a host's cores several JAX devices. Multi-host:
+each process runs this same program on its own devices
+(`initialize_distributed`), loads only its rows of the global batch, and
+`shard_batch` assembles the global array.
 """
 
 from __future__ import annotations
@@ -73,11 +54,8 @@ Rules = dict[str, Any]
 
 
 def mesh_shape(mesh_config, n_devices: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor) sizes for n_devices; a single -1 takes all that remain.
-
-    Raises:
-      ValueError: naming the requested shape and the device count when they do not fit.
-    """
+    """(data, fsdp, tensor) sizes for n_devices; a single -1 takes all that remain (a ValueError naming both
+    when they do not fit)."""
     requested = tuple(int(mesh_config[a]) for a in MESH_AXES)
     shown = "(" + ", ".join(f"{a}={s}" for a, s in zip(MESH_AXES, requested)) + ")"
     free = [i for i, s in enumerate(requested) if s == -1]
@@ -108,14 +86,8 @@ def make_mesh(mesh_config, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """The ("data", "fsdp", "tensor") mesh over `devices` (default: all devices of all processes).
 
     Axis types are Auto: `jax.make_mesh` now defaults to Explicit axes, which
-    the sharding-in-types code of Flax and optax does not expect.
-
-    Args:
-      mesh_config: anything indexable by "data", "fsdp", "tensor" (config.mesh);
-        -1 in one of them means all remaining devices.
-      devices: the devices to use; their number must equal the mesh size.
-    Raises:
-      ValueError: the mesh does not fit the device count (both are named).
+    the sharding-in-types code of Flax and optax does not expect. mesh_config:
+    anything indexable by "data", "fsdp", "tensor" (config.mesh, ``mesh_shape``).
     """
     devices = list(jax.devices() if devices is None else devices)
     shape = mesh_shape(mesh_config, len(devices))
@@ -186,9 +158,6 @@ def param_shardings(tree, mesh: Mesh, rules=None):
     Each Variable's logical names (its `out_sharding` metadata) go through
     `rules`; leaves that are not Variables (step counters, keys) are replicated.
     Works on concrete arrays and on `jax.ShapeDtypeStruct`s alike.
-
-    Returns:
-      a pytree of the structure of `tree` with a NamedSharding at every leaf.
     """
     rules = _rules(rules)
     specs = nnx.get_partition_spec(tree)
@@ -208,21 +177,11 @@ def optimizer_shardings(tree, shardings, mesh: Mesh):
 
     Data-parallel devices hold the same parameters and gradients, so each can
     update a share of the optimizer's moments (Rajbhandari et al. 2020,
-    "ZeRO", stage 1) instead of all of them: a replicated leaf of two or more
-    dimensions is split along "data" on its longest dimension that divides,
-    and XLA gathers the update into the replicated parameters. For Muon
-    (optim.optimizer) this splits the Newton-Schulz products of every matrix
-    over the devices; an AdamW step, elementwise, only gains a gather, so
-    the Trainer splits Muon's state and not AdamW's unless asked (the
-    figures, from ``bench.py optimizer``, are in docs/scaling.md).
-    Leaves already sharded (by "fsdp" or "tensor") keep their sharding.
-
-    Args:
-      tree: the optimizer state (arrays or `jax.ShapeDtypeStruct`s).
-      shardings: its shardings from `param_shardings`, a tree of the same structure.
-      mesh: the mesh.
-    Returns:
-      the shardings with the replicated matrices split along "data".
+    "ZeRO", stage 1): a replicated leaf of two or more dimensions is split
+    along "data" on its longest dimension that divides, and XLA gathers the
+    update. For Muon this splits the Newton-Schulz products over the devices;
+    an AdamW step, elementwise, only gains a gather (docs/scaling.md). Leaves
+    already sharded keep their sharding. shardings: `param_shardings`' of tree.
     """
     n = mesh.shape["data"]
 
@@ -259,10 +218,9 @@ def split_rows(placement: NamedSharding | None):
 
     The weights' rules alone leave XLA free to split an activation
     [B, L, H] along H where ``embed`` -> ``fsdp`` splits the weights, and to
-    gather the batch on every device instead of the weights: the compiled
-    owt_small step on an fsdp mesh of 8 held 191 GiB a device against 35 on
-    data = 8. With the rows pinned at the layers' boundaries the weights are
-    gathered, as FSDP means (``Trainer`` traces its step within this).
+    gather the batch on every device instead of the weights (docs/scaling.md,
+    "The memory plan", measured what that held). With the rows pinned at the
+    layers' boundaries the weights are gathered, as FSDP means.
     """
     token = _ROWS.set(placement)
     try:
@@ -287,12 +245,8 @@ def batch_divisor(mesh: Mesh, rules=None) -> int:
 def shard_batch(local_batch, mesh: Mesh, rules=None) -> jax.Array:
     """The global [B, ...] batch from each process's rows [b, ...], b = B / process_count.
 
-    Process p holds rows [p b, (p + 1) b) of the global batch (the order of
-    sedd.data's batches; the mesh puts each process's devices in one contiguous stretch of
-    the data axes). With one process this is a device_put with the batch sharding.
-
-    Raises:
-      ValueError: B does not divide by the number of batch shards.
+    Process p holds rows [p b, (p + 1) b) of the global batch (the mesh puts each process's devices in one
+    contiguous stretch of the data axes). A ValueError where B does not divide by the batch shards.
     """
     local_batch = np.asarray(local_batch)
     global_rows = local_batch.shape[0] * jax.process_count()
@@ -346,24 +300,17 @@ def split_cpu(config) -> int:
 
     XLA runs a small model's many small ops one after another, each split
     over all cores, and the cores wait at every op's end; one device per
-    core, each with its share of the batch along the "data" axis, keeps them
-    busy instead (measured in docs/scaling.md). The arithmetic is that of any data-parallel run:
-    the same global batch and gradient, summed in another order.
+    core, each with its share of the batch, keeps them busy instead
+    (docs/scaling.md). The arithmetic is that of any data-parallel run.
 
     ``mesh.cpu_devices``: 0 (auto) takes the largest divisor of
     ``training.batch_size`` that is at most the available cores (and
-    ``MAX_AUTO_CPU_DEVICES``); N > 0 takes N; 1 keeps one device. It only
-    splits the CPU backend (an accelerator's devices are unchanged, and a run
-    on them never uses the CPU ones), and it changes nothing, returning 0,
-    when it cannot be honoured silently right: auto in a multi-process job,
-    a device count already chosen (``XLA_FLAGS`` with
-    ``--xla_force_host_platform_device_count``, or ``jax_num_cpu_devices``
-    set), or a process that has already used a device (the setting must come
-    before, which is why `sedd train` asks for it, ``train(...,
-    split_cpu=True)``, and the library's ``train`` does not by default).
-
-    Raises:
-      ValueError: on a negative ``mesh.cpu_devices``.
+    ``MAX_AUTO_CPU_DEVICES``); N > 0 takes N; 1 keeps one device. It changes
+    nothing, returning 0, when it cannot be honoured silently right: auto in
+    a multi-process job, a device count already chosen (``XLA_FLAGS``,
+    ``jax_num_cpu_devices``), or a process that has already used a device
+    (which is why `sedd train` asks for it and the library's ``train`` does
+    not by default).
     """
     want = int(config.mesh.cpu_devices)
     if want < 0:
@@ -400,10 +347,7 @@ def initialize_distributed(config) -> bool:
       "auto" (default): as "on" when the config sets a coordinator address or
         jax detects a cluster; a single process otherwise.
 
-    Args:
-      config: the run's config; only its mesh section is read.
-    Returns:
-      True when this call initialized jax.distributed.
+    Returns True when this call initialized jax.distributed.
     """
     m = config.mesh
     mode = m.distributed

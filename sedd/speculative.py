@@ -32,12 +32,10 @@ It is the default (``round_law``); "token" is (2).
 
 What q must be, (1): the law each drafted token was drawn from given the
 prefix and the drafted tokens *before* it. A drafter that draws the k tokens
-independently given the prefix (a block drafted in one step), or left to
-right, gives (1) directly. A sampler that commits a later position first and
-then draws an earlier one given it does not: its law for y_i depends on
-y_>i, and the left-to-right conditionals of its joint law are what (1)
-needs (tests/test_speculative.py checks both: the exact conditionals keep the
-law, the per-position laws of such a sampler do not).
+independently given the prefix, or left to right, gives (1) directly. A
+sampler that commits a later position first does not: its law for y_i
+depends on y_>i, and the left-to-right conditionals of its joint law are what
+(1) needs (tests/test_speculative.py checks both).
 
 Temperature and top-p apply to the target's conditionals (and so to the
 text): the caller passes p already shaped.
@@ -70,21 +68,13 @@ def round_law(
 ) -> tuple[jax.Array, jax.Array]:
     """What a round writes given its drafts, as laws: how many drafts it keeps, and the token after them.
 
-    "token", (2): draft j is kept with probability a_j = min(1, p_j(y_j) / q_j(y_j)) given the ones
-    before were, so P(keep exactly j) = a_0 .. a_{j-1} (1 - a_j), and the token at j is drawn from
-    max(0, p_j - q_j) / Z_j (from p_k after all k).
+    "token", (2): with a_j = min(1, p_j(y_j) / q_j(y_j)), P(keep exactly j) = a_0 .. a_{j-1} (1 - a_j),
+    and the token at j is drawn from max(0, p_j - q_j) / Z_j (from p_k after all k).
 
-    "joint", (3): the drafts are judged together (Sun et al. 2025, "Block verification accelerates
-    speculative decoding", ICLR 2025, arXiv 2403.10444). With w_0 = 1 and
-    w_{j+1} = min(1, w_j p_j(y_j) / q_j(y_j)), the residual after j kept drafts is
-
-        R_j = max(0, w_j p_j - q_j),   rho_j = sum_v R_j(v),   h_j = rho_j / (rho_j + 1 - w_j),  j < k,
-
-    and h_k = w_k. The round keeps the longest prefix j whose coin with P(heads) = h_j comes up,
-    P(keep exactly j) = h_j prod_{i > j} (1 - h_i), and then draws the token at j from R_j / rho_j
-    (from p_k after all k). A later draft that p likes more than q can redeem an earlier one that
-    (2) would have rejected: the law of the text is p's as with (2) (tests/test_speculative.py checks
-    both by exact enumeration), and the expected drafts kept are never fewer (Sun et al. prove it optimal).
+    "joint", (3) (Sun et al. 2025, ICLR 2025): with rho_j = sum_v R_j(v), P(keep exactly j) =
+    h_j prod_{i > j} (1 - h_i), the token at j drawn from R_j / rho_j (from p_k after all k). A later
+    draft that p likes more than q can redeem an earlier one that (2) would have rejected: the law of
+    the text is p's as with (2), and the expected drafts kept are never fewer (Sun et al. prove it optimal).
 
     Args:
       p: float[B, k + 1, V] the target's law at the k drafted positions and the one after.
@@ -152,14 +142,9 @@ def verify(
 ) -> tuple[jax.Array, jax.Array]:
     """One round's check, (2) or (3): how many drafts are kept, and the tokens the round writes.
 
-    Args:
-      key: a ``jax.random`` key.
-      p, q, drafted, method, count: as ``round_law``.
-      categorical: the method of the redraw (``sedd.categorical.sample_categorical``).
-    Returns:
-      (accepted int32[B] in [0, k], tokens int32[B, k + 1]): tokens[:, :accepted]
-      are the drafts kept, tokens[:, accepted] the redrawn (or extra) token;
-      the round writes accepted + 1 tokens, the rest of the row is unused.
+    p, q, drafted, method, count: as ``round_law``; categorical: the method of the redraw. Returns
+    (accepted int32[B] in [0, k], tokens int32[B, k + 1]): the round writes tokens[:, :accepted + 1]
+    (the drafts kept, then the redrawn or extra token).
     """
     b, k = drafted.shape
     k_stop, k_draw = jax.random.split(key)
@@ -196,8 +181,7 @@ def run_rounds(
     temperature and top_p in `target`).
 
     Args:
-      key: a ``jax.random`` key; round r uses fold_in(key, r).
-      target_state, drafter_state, target, drafter, k, categorical, shared, verification: as ``decode``.
+      key, target_state, drafter_state, target, drafter, k, categorical, shared, verification: as ``decode``.
       text: int32[B, T] the given tokens before `start`; T >= max(end) + k + 1 (a round writes up to k + 1).
       start: int32[B] the first position to write; end: int32[B] the position to write up to (excluded).
       on_round: None, or a traced function called at each round with (r int32[], start int32[B], drafted
@@ -278,10 +262,9 @@ def decode(
     """Text of `length` tokens by rounds of (2), every row at its own position, in one compiled program.
 
     Args:
-      key: a ``jax.random`` key; round r uses fold_in(key, r).
+      key: round r uses fold_in(key, r).
       target_state, drafter_state: pytrees the two functions read and return (a KV cache; None).
-      prompt: int32[B, length] the given tokens at positions < prompt_len.
-      prompt_len: int32[B] (0: no prompt).
+      prompt: int32[B, length] the given tokens at positions < prompt_len int32[B].
       target: (state, text int32[B, T], start int32[B], k) -> (p float[B, k + 1, V], state): the
         target's law at positions start .. start + k of `text` given text[:, :start + i]
         (T = length + k + 1; the positions at and after start hold the drafts). Its state is
@@ -294,10 +277,9 @@ def decode(
         that drafts the next round in the call that verifies this one (``sedd.kinds.spec``).
       verification: "joint" (3) or "token" (2), ``round_law``: the same law, (3) keeps more drafts.
     Returns:
-      (text int32[B, L], stats): stats["rounds"] int32[] target calls made (the batch's);
-      stats["rounds_per_sample"] int32[B]; stats["accepted_at"] int32[k]: rows in which the
-      draft at position i of a round was accepted, summed over rounds (the acceptance by position
-      is accepted_at / rounds_per_sample summed over rows).
+      (text int32[B, L], stats): "rounds" int32[] target calls made (the batch's);
+      "rounds_per_sample" int32[B]; "accepted_at" int32[k]: rows in which the draft at position i of a
+      round was accepted, summed over rounds.
     """
     b = prompt.shape[0]
     text = jnp.zeros((b, length + k + 1), jnp.int32).at[:, :length].set(prompt)

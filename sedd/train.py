@@ -363,11 +363,8 @@ def train(
     multi-process job as it is; a no-op in a process that has used a device).
 
     Returns:
-      dict with step, stopped, and after a finished run: bound (the figures of
-      ``sedd.runs.Run.likelihood`` on the validation split: the likelihood
-      bound with its standard error, or an AR run's exact NLL; what `sedd eval
-      --batch_size B --max_batches training.eval_batches` prints), the last
-      quick estimate val_estimate_* (``estimate_loss``),
+      dict with step, stopped, and after a finished run: bound (``sedd.runs.Run.likelihood`` on the
+      validation split, what `sedd eval` prints), val_estimate_* (``estimate_loss``),
       unigram_entropy_bits[_per_char] and samples (decoded strings).
     """
     with contextlib.ExitStack() as held:  # the run's lock (lock.writing), from its first write to this call's end

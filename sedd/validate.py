@@ -315,8 +315,8 @@ def memory_estimate(config, rows: int = 1) -> int:
     The weights (three copies while they are restored and placed; ``weight_count``) and per row
     one layer's attention scores and softmax (2 n_heads L^2: quadratic in the length), the
     scores of the output (3 x L x padded vocabulary, and a draft head's 2 k of them in training) and the
-    activations (16 x L x hidden_size). A tiny run of L = 16,384 measured 4.6 GB peak
-    against 4.3 GB estimated (issue 53).
+    activations (16 x L x hidden_size); checked against a measured peak in issue 53
+    (docs/reliability.md).
     """
     m, L = config.model, config.data.seq_len
     vocab = -(-(config.vocab_size + 1) // m.vocab_multiple) * m.vocab_multiple

@@ -23,18 +23,12 @@ under "backbone."; docs/pretrained.md, section 6, `mdlm.config_from_peer`):
                       read with inert stand-ins for the classes it pickles
                       (`load_torch(opaque=True)`, `duo.lightning_source`)
 
-The destination is an ordinary run directory (sedd.runs): config.json,
-tokenizer.json, the GPT-2 tokenizer files under gpt2/, converted.json (where
-the weights came from) and an orbax checkpoint of {"step", "params", "ema"}.
-"ema" holds the weights every tool reads by default (the EMA of a training
-run unless --no_ema; the one published set otherwise); "params" holds the raw
-weights where the source has them, else the same set. Nothing of the
-optimizer is kept: a converted run samples and evaluates, it does not resume.
-
-The modules, one concept each: ``write`` (``convert``, the command), ``read``,
-``duo``, ``original``, ``source``, ``mdlm``, ``bd3lm``, ``weights``,
-``fields``, and the readers ``torch_zip``, ``pickle_scan``, ``allowlist``,
-``safetensors_file``, ``limits`` (docs/architecture.md draws them).
+The destination is an ordinary run directory (sedd.runs) with converted.json
+(where the weights came from) and the GPT-2 tokenizer files under gpt2/; its
+checkpoint's "ema" holds the weights every tool reads (the EMA of a training
+run unless --no_ema). Nothing of the optimizer is kept: a converted run
+samples and evaluates, it does not resume. The modules, one concept each:
+docs/architecture.md draws them.
 """
 
 from sedd.convert.bd3lm import BD3LM_BUFFERS

@@ -1,22 +1,11 @@
 """Data: tokenizers, TFDS builders (array_record, no TensorFlow), packing, synthetic Markov data.
 
-Documents go through three stages:
-
-  1. A TFDS builder turns local files into array_record splits of records
-     `{"text": bytes, "ends": int64[k]}` (consecutive documents and where each
-     ends) under a data directory, streaming: written once in bounded memory,
-     read with `builder.as_data_source(split)`; TensorFlow is never imported.
-  2. A tokenizer turns each document into ids; the documents of a split are
-     joined with the tokenizer's EOS separator into one int stream, cached as
-     `.npy` beside the TFDS files so later runs do not tokenize again.
-  3. `PackedTokens` cuts the stream into N = len(stream) // L sequences of
-     length L (the remainder is dropped) and serves batches int32[B, L], where
-     batch n is a pure function of (seed, n): resuming at step n reproduces
-     exactly the batches of an uninterrupted run.
-
-Letters: B global batch size, b = B / process_count per-process batch, L
-sequence length, N number of packed sequences in a split, V vocabulary size.
-See docs/data.md for the file formats each builder expects.
+Documents go through three stages: a TFDS builder turns local files into
+array_record splits of records (``sedd.data.records``), streaming, TensorFlow
+never imported; a tokenizer turns each split into one int stream, cached as
+`.npy` beside them (``sedd.data.text``); `PackedTokens` cuts it into
+resumable batches (``sedd.data.packing``). docs/data.md gives the file
+formats each builder expects.
 
 Modules: tokenizers, builders (TFDS), zeroshot (the test sets of the paper's
 Table 1, with their detokenizers), packing (sequences and batches), text
@@ -123,23 +112,9 @@ def check_data_dir(data_dir: str) -> str:
 def load_dataset(config, tokenizer=None) -> TextData:
     """Builds (once) and loads the dataset a config's `data` section describes.
 
-    Args:
-      config: the `data` ConfigDict (or a dict) with fields
-        name: "shakespeare" | "text" | "text8" | "openwebtext" | "tinystories"
-          | "code" (source files, by default this Python's standard library;
-          the data.code section: tests, glob)
-          | "markov" (synthetic, sedd.data.markov; reads the data.markov section)
-          | a zero-shot test set of sedd.data.zeroshot ("lambada", "wikitext2",
-          "ptb", "wikitext103", "lm1b");
-        path: local file or folder, "" for the default;
-        documents: how a .txt file is cut into documents: "file" (one),
-          "lines", "paragraphs"; "" for the builder's default;
-        tokenizer: "char" | "byte" | "gpt2"; tokenizer_path: GPT-2 files;
-        seq_len: L; data_dir: "" for $SEDD_DATA_DIR or ~/tensorflow_datasets.
-      tokenizer: a tokenizer restored from a run directory; by default a new one
-        (for "char", the vocabulary of all splits, so validation always encodes).
-    Returns:
-      TextData.
+    config: the `data` ConfigDict (or a dict) whose fields docs/data.md lists ("Config"); tokenizer: one
+    restored from a run directory, by default a new one (for "char", the vocabulary of all splits, so
+    validation always encodes).
     """
     config = data_section(config)
     if config.name == "markov":  # synthetic data with a known law: drawn, not read from files
@@ -192,11 +167,7 @@ def check_characters(config, tokenizer) -> None:
     refused at once), synthetic data, data a builder reads some other way, and
     tokenizers that encode any text (byte, GPT-2) pass without reading.
 
-    Args:
-      config: a `data` section, as ``load_dataset`` takes it.
-      tokenizer: the tokenizer the text will be read with (a run's).
-    Raises:
-      OutOfVocabulary: naming the characters the tokenizer lacks.
+    Raises OutOfVocabulary naming the characters the tokenizer lacks.
     """
     config = data_section(config)
     chars = getattr(tokenizer, "chars", None)  # a CharTokenizer's vocabulary
@@ -230,10 +201,6 @@ def sample_prompt(config, tokenizer, max_chars: int = 24) -> str:
     first split's first non-blank line: at most max_chars characters, cut
     after a word where one ends within them. "" where the tokenizer cannot
     write it (a Markov chain's tokens are not text) or the data gives none.
-
-    Args:
-      config: a `data` section, as `load_dataset` takes it (prepared already).
-      tokenizer: the run's tokenizer.
     """
     config = data_section(config)
     if config.name == "markov":

@@ -459,14 +459,8 @@ def get_builder(
 ):
     """The prepared TFDS builder for a dataset name (preparing it on first use).
 
-    Args:
-      name: a key of BUILDERS.
-      path: local file or folder ("" for the dataset's default).
-      data_dir: where to prepare it ("" or None: `default_data_dir()`).
-      documents: for .txt files: "file", "lines" or "paragraphs" ("" for the
-        builder's default, "file"); see `text_fragments`.
-      options: keyword arguments of the builder's own (the code builder's
-        `data.code` section: tests, glob).
+    name is a key of BUILDERS; path, data_dir and documents are the data section's (docs/data.md);
+    options: keyword arguments of the builder's own (the code builder's `data.code` section).
     """
     if name not in BUILDERS:
         synthetic = " ('markov' has no builder: load it with sedd.data.load_dataset)" if name == "markov" else ""

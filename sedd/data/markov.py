@@ -187,7 +187,7 @@ class MarkovChain:
         cdf[:, -1] = 1.0
         u = rng.random(n)
         out = np.empty(n, np.int32)
-        for t in range(n):  # a sequential chain; ~1 us per token
+        for t in range(n):  # a sequential chain
             tok = int(np.searchsorted(cdf[ctx], u[t], side="right"))
             out[t] = tok
             ctx = (ctx * v + tok) % c

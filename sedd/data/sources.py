@@ -54,7 +54,7 @@ def validation_share(relative: Path) -> float:
 
 MAX_FILE_BYTES = 4 << 20
 """data.code.max_file_bytes: a larger file is skipped, with a note (the standard library's largest, pydoc_data's
-topics.py, is 0.76 MB; a 2 GB file, sparse on disk, once became 4.1 GB of tokens in 287 s)."""
+topics.py, is 0.76 MB; a sparse file of gigabytes became tokens without end: docs/reliability.md)."""
 MAX_BYTES = 1 << 30
 """data.code.max_bytes: a corpus of more bytes is refused, naming the key (the standard library is 32 MB)."""
 SNIFF_BYTES = 8192  # what is read of each file to tell text from binary
@@ -85,8 +85,7 @@ def list_sources(
     Decided before a byte of a file enters the corpus: a file that is a link
     leading out of root (or through a linked folder out of it), is not a
     regular file, holds more than `max_file_bytes`, or is not text
-    (``not_text``: a random-binary `.py` once made a 2,761-character
-    vocabulary) is skipped, and the skipped files are named in one note.
+    (``not_text``) is skipped, and the skipped files are named in one note.
 
     Raises:
       FileNotFoundError: naming root where it holds none: slim images of

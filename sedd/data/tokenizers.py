@@ -238,8 +238,8 @@ SPLIT_PATTERNS = {
     r"\s+(?!\S)|\s+": "Llama 3's (tiktoken's cl100k)",
 }
 """The regexes a tokenizer.json may split its text by, compared as exact strings: the pre-tokenizers of the
-tokenizers sedd converts or trains with. Each is linear in the text under Oniguruma: 80,000 characters of one piece
-repeated (" ", "a", " \n", "' ", "中", ...) encode in under 0.1 s. Time a pattern so before adding it."""
+tokenizers sedd converts or trains with. Each is linear in the text under Oniguruma (docs/reliability.md times
+them on text of one piece repeated); time a pattern so before adding it."""
 MAX_AFFIX_CHARS = 16  # a BPE's unk_token, continuing_subword_prefix, end_of_word_suffix (GPT-2's and Llama 3's: none)
 _READ = (
     "sedd reads byte-level BPE tokenizers as GPT-2's and Llama 3's are: no normalizer, a ByteLevel "
@@ -253,8 +253,8 @@ def check_pipeline(bpe, where) -> None:
 
     Oniguruma, the package's regex engine, backtracks: a regex can take time
     exponential in the text (`(a+)+c`, issue 53) in shapes no scan or probe
-    foresees (`(\w)?` 21 times then `\w{21}\x7a`: 4.6 s for 70 characters,
-    issues 63 and 72). So no regex is judged: a regex is read only if it is
+    foresees (`(\w)?` 21 times then `\w{21}\x7a`, issues 63 and 72;
+    docs/reliability.md). So no regex is judged: a regex is read only if it is
     one of ``SPLIT_PATTERNS``, and the other steps only as GPT-2's and Llama
     3's tokenizers have them. A normalizer is refused (a Replace holds a
     regex, or makes each "a" a million characters); so is any pre-tokenizer
@@ -327,9 +327,9 @@ _STEPS = ("normalizer", "pre_tokenizer", "post_processor", "decoder", "padding",
 def check_contents(text: str, where) -> None:
     """Refuse a tokenizer file whose contents would cost more to build than its size (before it is built).
 
-    One added token of 60 MB took 4.3 GB and 19 s to build (an added token is compiled into a matcher: 70
-    times its size), a 30 MB normalizer's regex 0.8 GB, and a JSON file of 20 million empty lists 1.4 GB to
-    parse; each is under the 64 MiB bound on the file's bytes. So a tokenizer.json (or vocab.json, merges.txt)
+    An added token is compiled into a matcher many times its size, a normalizer's regex likewise, and a JSON
+    file of empty lists parses to many times its bytes, each under the 64 MiB bound on the file's bytes
+    (docs/reliability.md, "Fifth round", measured them). So a tokenizer.json (or vocab.json, merges.txt)
     holds at most ``MAX_TOKENIZER_ITEMS`` values (its commas, brackets and braces, counted in its text, strings'
     own included) or lines, at most ``MAX_ADDED_TOKENS`` added tokens of at most ``MAX_TOKEN_CHARS``
     characters, and no string of its steps (normalizer, pre-tokenizer, post-processor, decoder, padding,

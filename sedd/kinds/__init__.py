@@ -5,21 +5,11 @@ and returns the kind's object; training, evaluation, serving and the CLI ask
 that object and never which kind they hold (md4's ``get_model`` is the
 pattern: each model class owns its loss and its sampling step).
 
-  "ddit"  SEDD (Lou et al. 2024): the DDiT over graph.dim ids with adaLN time
-          conditioning; the denoising score entropy loss; the likelihood
-          bound; every sampler of ``sedd.sampling``.
-  "ar"    the autoregressive baseline (``sedd.kinds.ar``): the same DDiT, causal,
-          without a time input; the next-token NLL, exact; ancestral
-          sampling with a KV cache; with model.draft_head a draft head of its
-          own (``sedd.kinds.draft_head``) that drafts for its rounds.
-  "block" block diffusion (``sedd.kinds.block``; BD3-LM, Arriola et al. 2025): SEDD
-          inside blocks of model.block_size tokens, autoregressive across
-          them; the sum of the blocks' bounds; block-by-block sampling with
-          a KV cache of the clean blocks, text of any length.
-  "spec"  self-speculation (``sedd.kinds.spec``; TiDAR-style): one network with a
-          causal half (the next-token NLL, exact) and a draft half that
-          drafts model.draft_k tokens in one step; each call verifies the
-          last draft and drafts the next, the causal half's law exactly.
+  "ddit"  SEDD (Lou et al. 2024): the score entropy loss, the bound, every sampler.
+  "ar"    the autoregressive baseline (``sedd.kinds.ar``), with model.draft_head
+          a draft head of its own (``sedd.kinds.draft_head``).
+  "block" block diffusion (``sedd.kinds.block``; BD3-LM, Arriola et al. 2025).
+  "spec"  self-speculation (``sedd.kinds.spec``; TiDAR-style).
 
 A new kind is one module of this package holding everything it knows, and
 in it one subclass of ``Kind`` (``base``: what every kind is) registered with

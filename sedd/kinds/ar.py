@@ -1,23 +1,15 @@
 r"""The autoregressive baseline: DDiT with causal attention and no time input, a causal language model.
 
-The same backbone as the diffusion model (``sedd.model.DDiT`` built with
-``causal=True, time_conditioning=False``), trained by the same ``sedd train``
-with ``model.kind = "ar"`` on the next-token cross-entropy, the exact NLL
-(``sedd.kinds.causal``, which holds the input shift, BOS = V, the NLL and the
-decoding this kind shares with the spec kind's causal half). The model embeds
-``num_tokens = V + 1`` ids and outputs ``out_dim = V`` logits.
+The same backbone as the diffusion model, trained by the same ``sedd train``
+on the exact NLL (``sedd.kinds.causal``, which it shares with the spec kind's
+causal half): the likelihood and speed baseline of the benchmarks, and a judge
+of generative perplexity (``sedd.figures.judge_nll``).
 
-Uses: the likelihood and speed baseline of the benchmarks, and a judge of
-generative perplexity (``sedd.figures.judge_nll``).
-
-Speculative sampling (``speculative_sample``, and ``sedd serve`` through
-``Autoregressive.speculation``): the network is the target of
+Speculative sampling (``speculative_sample``): the network is the target of
 ``sedd.speculative``, its drafts from any ``sedd.drafts.Drafter``; a smaller
-AR run drafts as an ``ARDraft`` (k tokens left to right). With
-``model.draft_head = N`` the run has a draft head of its own
-(``sedd.kinds.draft_head``; EAGLE- and MTP-style) and samples in rounds of its
-drafts by default, a layout of k drafts a round timed on the device that
-samples (``Tunes``, ``sedd.kinds.layouts``).
+AR run drafts as an ``ARDraft``. With ``model.draft_head = N`` the run has a
+draft head of its own (``sedd.kinds.draft_head``) and samples in rounds of
+its drafts by default, their layout timed on the device (``sedd.kinds.layouts``).
 
 Letters: B batch, L length, V vocabulary.
 """
@@ -132,25 +124,11 @@ def speculative_sample(
 ) -> tuple[jax.Array, dict]:
     """Text of the AR network (graphdef, state) by speculative sampling (``sedd.speculative``): its law exactly.
 
-    Args:
-      key: a ``jax.random`` key.
-      graphdef, state: the target network, state = (params, rest).
-      num_samples, length: B, L (L at most the model's length).
-      k: drafts a round.
-      draft: "ngram" (prompt lookup, no network) or a ``sedd.drafts.Drafter`` over the same vocabulary:
-        an ``ARDraft`` (k + 1 calls a round, left to right) or a block run's ``BlockDraft`` (one call
-        a round, k <= its block size).
-      temperature, top_p: on the target's law, so the text's (and on the drafter's, which only
-        changes the acceptance).
-      prompt: optional int32[B, P], the same P for every row.
-      verification: "joint" or "token" (``sedd.speculative.round_law``): the same law.
-    Returns:
-      (int32[B, L], stats): "nfe" the target's calls (the batch's), "nfe_per_sample",
-      "draft_calls" the drafter's network calls a row, "accepted_at" int32[k]
-      (rows whose draft at position i was kept, summed over rounds).
-
-    Raises:
-      ValueError: the drafter's refusals (``sedd.drafts.Drafter.checked``): another vocabulary, a k it cannot draft.
+    Arguments as ``sedd.kinds.spec.speculate``'s, and k drafts a round from `draft`, "ngram" or a
+    ``sedd.drafts.Drafter`` over the same vocabulary (its refusals are ValueErrors). temperature and top_p
+    act on the target's law, so the text's (on the drafter's they only change the acceptance). Returns
+    (int32[B, L], stats): "nfe" the target's calls, "nfe_per_sample", "draft_calls" the drafter's a row,
+    "accepted_at" int32[k].
     """
     vocab = nnx.merge(graphdef, *state).out_dim
     draft = drafts.get(draft, vocab)
@@ -356,16 +334,10 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts, Tunes):
         """L ancestral steps with the KV cache (``causal.ancestral``; temperature 0 the argmax); a head run in
         rounds of its head's drafts (``draft_head.speculate``, its layout ``self.layout`` or the one given).
 
-        With draft: speculative sampling (``speculative_sample``), the same law
-        in fewer calls of this network: draft="ngram" (prompt lookup) or a
-        ``sedd.drafts.Drafter`` of another run; draft_k drafts a round (default
-        ``sedd.drafts.DEFAULT_K``); temperature and top_p on this network's law;
-        verification "joint" (default) or "token" (``sedd.speculative.round_law``).
-        A prompt (fixed_mask / fixed_tokens) is a prefix of the same length in every row.
-
-        Raises:
-          ValueError: steps or a sampler (``capabilities.check_given``); an option ``options`` refuses; draft_k without a
-            draft or a head; a drafter's refusal (``sedd.drafts.Drafter.checked``); a layout past the head's k.
+        With draft: speculative sampling (``speculative_sample``), the same law in fewer calls of this
+        network, draft_k drafts a round (default ``sedd.drafts.DEFAULT_K``). A prompt is a prefix of the same
+        length in every row. steps, a sampler, an option ``options`` refuses, draft_k without a draft or a
+        head, a drafter's refusal or a layout past the head's k is a ValueError.
         """
         check_given(self, steps=steps, sampler=sampler)
         o = self.options(**options)

@@ -11,18 +11,11 @@ x_l, so every one of the L tokens is predicted, the first from BOS alone:
 the exact negative log-likelihood, directly comparable with a diffusion
 model's bound on the same quantity (``sedd.evaluate.likelihood_bound``).
 
-A network is one when it takes no time input, outputs V = out_dim logits and
-embeds BOS = V (the spec network also its drafts' MASK, V + 1); its attention
-is causal by construction (the AR network) or by the mask passed here (the
-spec network). One helper gives a step's inputs (``inputs``: the shift, BOS at
-0), one forward the features and the logits (``features``: the NLL and a draft
-head's loss read it), and decoding runs on the network's decoding cache
-(``decode_in_cache``, ``DDiT.output_in_cache``: the logits and the features),
-past the model's length on a ring (a sliding window); temperature 0 is the
-argmax. ``CausalKind`` is what the kinds that hold one share: the exact NLL as
-their likelihood (so either judges samples), a prefix prompt, their options as
-one checked value (``CausalOptions``), and the checks of what drafts learn
-(``draft_training``).
+One helper gives a step's inputs (``inputs``), one forward the features and
+the logits (``features``), and decoding runs on the network's decoding cache
+(``decode_in_cache``), past the model's length on a ring. ``CausalKind`` is
+what the kinds that hold one share: the exact NLL as their likelihood (so
+either judges samples), a prefix prompt, their options as one checked value.
 
 Letters: B batch, L length, V vocabulary, S cache slots.
 """
@@ -62,14 +55,10 @@ def bos_id(model: DDiT) -> int:
 
 
 def inputs(model: DDiT, text: jax.Array, start: jax.Array | None = None, n: int | None = None) -> jax.Array:
-    """The network's inputs for the targets `text`: at position p the token x_{p-1}, BOS at p = 0 (the shift).
+    """The network's inputs for the targets `text` int[B, T]: at position p the token x_{p-1}, BOS at p = 0.
 
-    Args:
-      text: int[B, T] tokens.
-      start, n: None: every position of text, [BOS, x_0, .., x_{T-2}] (a training forward); else the n
-        positions start .. start + n - 1 of a decoding step, start int32[] or int32[B] (a row's own).
-    Returns:
-      int[B, T] or int32[B, n].
+    start, n: None: every position, int[B, T] (a training forward); else int32[B, n], the n positions
+    start .. start + n - 1 of a decoding step, start int32[] or int32[B] (a row's own).
     """
     check(model)
     if start is None:
@@ -85,12 +74,10 @@ def _causal_mask(model: DDiT, length: int) -> np.ndarray | None:
 
 
 def features(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None) -> tuple:
-    """The causal LM's one forward over the texts x int[B, L] (tokens in [0, V)): what every loss reads.
+    """The causal LM's one forward over the texts x int[B, L]: what every loss reads.
 
-    Returns:
-      (h float32[B, L, H], c): the residual stream after the last layer and the conditioning;
-      ``model.output(h, c)`` is float32[B, L, V], row l the logits of x_l given x_{<l}, and h at l what a draft
-      head reads (``sedd.kinds.draft_head``). deterministic, rngs: dropout, as in ``DDiT.network_output``.
+    Returns (h float32[B, L, H], c): ``model.output(h, c)`` is float32[B, L, V], row l the logits of x_l
+    given x_{<l}, and h at l what a draft head reads.
     """
     return model.features(
         inputs(model, x), None, mask=_causal_mask(model, x.shape[1]), deterministic=deterministic, rngs=rngs
@@ -111,9 +98,7 @@ def nll_of_logits(logits: jax.Array, x: jax.Array) -> jax.Array:
 def token_nll(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None, chunk: int = 0) -> jax.Array:
     """-log p_theta(x_l | x_{<l}) at every position: float32[B, L] nats.
 
-    chunk > 0 computes the logits `chunk` positions at a time, fused with the
-    loss and recomputed for the gradient (``DDiT.output_chunked``): the same
-    numbers without a [B, L, V] array (training.loss_chunk).
+    chunk > 0: the logits `chunk` positions at a time (``DDiT.output_chunked``, training.loss_chunk).
     """
     h, c = features(model, x, deterministic=deterministic, rngs=rngs)  # (B, L, H)
     if chunk:
@@ -141,11 +126,8 @@ on text it writes itself (``with_own_texts``; the spec kind's ``loss``, ``sedd.k
 
 def draft_training(config, what: str) -> tuple[int, float, str]:
     """(k, w, target) of a kind that learns to draft: model.draft_k, training.draft_weight and
-    training.draft_target, each checked before any training; `what` names the drafts ("model.kind='spec'").
-
-    Raises:
-      ValueError: one line naming the key (and training.loss_chunk, which such a loss does not take).
-    """
+    training.draft_target, each checked before any training (a ValueError naming the key, or
+    training.loss_chunk, which such a loss does not take); `what` names the drafts."""
     k, length = config.model.draft_k, config.data.seq_len
     if isinstance(k, bool) or not (isinstance(k, int) and 1 <= k <= min(length, speculative.MAX_DRAFTS)):
         raise ValueError(
@@ -183,15 +165,9 @@ def with_own_texts(model: DDiT, x: jax.Array, key: jax.Array | None) -> jax.Arra
 def decode_in_cache(model: DDiT, cache: tuple, inputs: jax.Array, start: jax.Array) -> tuple:
     """n positions start .. start + n - 1 through the network on the cache the caller holds, causally.
 
-    Each position sees the cache's slots up to its own; the chunk's slots are written in place.
-
-    Args:
-      cache: ``model.empty_cache(B, S)``'s, holding positions < start; start + n <= S.
-      inputs: int[B, n] the inputs at those positions (``inputs(model, text, start, n)``).
-      start: int32[] the first position, or int32[B]: each row's own (rows at different lengths).
-    Returns:
-      (float32[B, n, V] the logits of x_start .. x_{start+n-1}, the cache after the write, float32[B, n, H] the
-      features there: ``DDiT.output_in_cache``'s).
+    Each position sees the cache's slots up to its own. cache: ``model.empty_cache(B, S)``'s, holding
+    positions < start; inputs: int[B, n]; start: int32[] or int32[B] (a row's own). Returns
+    ``DDiT.output_in_cache``'s (logits float32[B, n, V], the cache, features float32[B, n, H]).
     """
     n, slots = inputs.shape[1], cache[0][0].shape[1]
     positions = jnp.asarray(start)[..., None] + jnp.arange(n)  # (n,) or (B, n)
@@ -255,20 +231,13 @@ def ancestral(
     categorical: str = "precise",
     top_p: float = 1.0,
 ) -> jax.Array:
-    """Ancestral sampling with the decoding cache: L network calls of one position each.
+    """Ancestral sampling with the decoding cache: L network calls of one position each, int32[B, L].
 
     Args:
-      key: a ``jax.random`` key.
-      graphdef, state: the causal LM split (state = (params, rest), a run's ``Net``); ``ancestral_model``
-        takes the module.
-      num_samples: B.
+      graphdef, state: the causal LM split (state = (params, rest)); ``ancestral_model`` takes the module.
       length: L >= 1 tokens (any length; the context is at most max_len, a sliding window past it).
-      temperature: divides the logits (1 = the model's law; 0 = the argmax, greedy).
-      top_p: in (0, 1], the nucleus of the tempered law (``sedd.sampling.shaped_law``).
+      temperature: divides the logits (0 = the argmax, greedy); top_p: its nucleus (``shaped_law``).
       prompt: optional int[B, P] prefix (P <= L) kept as given.
-      categorical: method of ``sedd.categorical.sample_categorical``.
-    Returns:
-      int32[B, L] tokens in [0, V).
     """
     if length < 1:
         raise ValueError(f"length must be >= 1, got {length}")
@@ -329,27 +298,17 @@ def ancestral_model(
 def build_speculative_target(graphdef, temperature=1.0, top_p=1.0, for_head: bool = False) -> tuple:
     r"""(prefill, target) of the causal LM `graphdef` for ``sedd.speculative.decode``, each row its own KV cache.
 
-    ``target(state, text, start, k)`` scores the k + 1 positions start ..
-    start + k in one call (``decode_rows``, each row at its own start): their
-    inputs x_{start-1} (BOS at 0) and the k drafts. A query sees the cache's
-    slots up to its own position only, so the slots of rejected drafts, at or
-    past the next round's start, are written over by the next call before
-    any query sees them: the cache rolls back by the start alone
-    (tests/test_speculative.py). The law returned is the network's with
-    temperature T and nucleus top_p (``sedd.sampling.shaped_law``; T = 0 the
-    argmax), T and top_p floats or traced (``sedd serve``'s rows);
-    ``speculative_target`` caches the builder of Python values.
+    ``target(state, text, start, k)`` scores the k + 1 positions start .. start + k in one call
+    (``decode_rows``). A query sees the slots up to its own position only, so the slots of rejected
+    drafts are written over by the next call before any query sees them: the cache rolls back by the
+    start alone. The law is the network's shaped by T and top_p (floats or traced).
 
     Returns:
-      prefill(params_state, prompt int32[B, P]) -> state: the cache after the
-        prompt's P positions (the same P every row; a longer buffer may be
-        prefilled whole, what follows `start` never seen); max(max_len, P) +
-        MAX_DRAFTS + 1 slots, every slot a round past the text's end writes.
-      target: as ``sedd.speculative.decode`` takes it; state = ((params, rest), cache).
-      With `for_head`, the state also holds the residual stream after the last layer at the positions
-      of the last call, float32[B, MAX_DRAFTS + 1, H] (its first n rows; one shape for every call), and
-      the first of them int32[B] (the prompt's last position after the prefill, -1 without a prompt):
-      what a draft head reads (``sedd.kinds.draft_head``).
+      prefill(params_state, prompt int32[B, P]) -> state = ((params, rest), cache): the cache after the
+        prompt, max(max_len, P) + MAX_DRAFTS + 1 slots, every slot a round past the text's end writes.
+      target: as ``sedd.speculative.decode`` takes it.
+      With `for_head`, the state also holds the features of the last call, float32[B, MAX_DRAFTS + 1, H]
+      (its first n rows), and the first of their positions int32[B]: what a draft head reads.
     """
 
     def prefill(params_state, prompt):
@@ -413,11 +372,8 @@ def without_drafts(graphdef, vocab: int, categorical: str) -> sampling.rounds.Sp
 
 
 def prefix_prompt(kind: Kind, fixed_mask, fixed_tokens) -> jax.Array | None:
-    """int32[B, P]: a prompt of a kind that writes left to right, a prefix of the same P in every row (None).
-
-    Raises:
-      ValueError: any other pattern (a suffix or an infill template), naming the kinds that honour one.
-    """
+    """int32[B, P]: a prompt of a kind that writes left to right, a prefix of the same P in every row (None);
+    any other pattern is a ValueError naming the kinds that honour one."""
     if fixed_mask is None:
         return None
     mask = jnp.asarray(fixed_mask, bool)
@@ -459,11 +415,8 @@ class CausalOptions:
 
     @classmethod
     def make(cls, kind: Kind, **options) -> CausalOptions:
-        """The options of ``kind.sample`` checked (a prompt as fixed_mask / fixed_tokens).
-
-        Raises:
-          ValueError: an option this kind does not take, or a value out of its range, in one line.
-        """
+        """The options of ``kind.sample`` checked (a prompt as fixed_mask / fixed_tokens): an option this kind
+        does not take, or a value out of its range, is a ValueError of one line."""
         prompt = prefix_prompt(kind, options.pop("fixed_mask", None), options.pop("fixed_tokens", None))
         given = {name for name, value in options.items() if value is not None}
         takes = {f.name for f in dataclasses.fields(cls)} - {"prompt"}

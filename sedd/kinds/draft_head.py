@@ -53,15 +53,8 @@ from sedd.sampling import shaped_law
 
 
 class DraftHead(nnx.Module):
-    """(1) of the module docstring: ``begin`` maps the causal half's features to s_0, ``step`` reads a token.
-
-    Args:
-      hidden_size: H, the AR network's width.
-      vocab: V.
-      width: N.
-      dtype: the compute dtype of its products (the network's).
-      rngs: parameter keys.
-    """
+    """(1) of the module docstring, of width N from the AR network's H: ``begin`` maps its features to s_0,
+    ``step`` reads a token."""
 
     def __init__(self, hidden_size: int, vocab: int, width: int, *, dtype: Any = jnp.float32, rngs: nnx.Rngs):
         self.norm_in = layers.layer_norm(hidden_size, rngs)
@@ -186,12 +179,8 @@ class HeadLayout(NamedTuple):
 
 
 def layout_of(value, trained_k: int, name: str = "layout") -> HeadLayout:
-    """A ``HeadLayout`` from a HeadLayout, an int k or "K" (the command line's); None: trained_k.
-
-    Raises:
-      ValueError: naming the value (as the option `name`), unless 0 <= k <= trained_k (model.draft_k: the
-        steps the head was trained to draft, at most the run's length and ``sedd.speculative.MAX_DRAFTS``).
-    """
+    """A ``HeadLayout`` from a HeadLayout, an int k or "K" (the command line's); None: trained_k. A ValueError
+    names the value (as the option `name`) unless 0 <= k <= trained_k (model.draft_k)."""
     if value is None:
         return HeadLayout(trained_k)
     k = value.k if isinstance(value, HeadLayout) else value
@@ -265,16 +254,9 @@ def speculate(
 ) -> tuple[jax.Array, dict]:
     """Text of the AR network with a head (graphdef, state) in rounds of the head's drafts: its law exactly.
 
-    Args:
-      key: a ``jax.random`` key.
-      graphdef, state: the network, state = (params, rest).
-      num_samples, length: B, L (L at most the model's length).
-      layout: a ``HeadLayout`` (or an int k): k head drafts a round (0: ``sedd.kinds.causal.ancestral``).
-      temperature, top_p: on the AR network's law, so the text's (and on the drafts').
-      prompt: optional int32[B, P], the same P for every row.
-      categorical: the method of the verifier's redraws.
-      verification: "joint" or "token" (``sedd.speculative.round_law``): the same law.
-      draft_temperature: tau > 0 of the drafts' law q^(1/tau): the same law; None: ``DRAFT_TEMPERATURE``.
+    Arguments as ``sedd.kinds.spec.speculate``'s; layout: a ``HeadLayout`` (or an int k), k head drafts
+    a round (0: ``causal.ancestral``).
+
     Returns:
       (int32[B, L], stats): "nfe" the AR network's calls (the batch's: the rounds and the prompt's prefill),
       "nfe_per_sample", "draft_calls" (the head's steps, k a round), "accepted_at" int32[k].

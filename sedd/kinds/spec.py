@@ -31,39 +31,29 @@ the one the verifier is writing in the same call, unknown to the draft.
 
 Sampling (``speculative_parts`` for ``sedd.speculative.decode``). A round at
 start s (the text x_<s written, drafts y_s .. y_{s+k-1} in hand) is one call
-on (k + 1)^2 positions against the KV cache of positions < s:
+against the KV cache of positions < s:
 
     causal  [x_{s-1}, y_s, .., y_{s+k-1}] at positions s .. s + k, causally:
-            p_i = p(x_{s+i} | x_<s, y_<s+i), i = 0 .. k, the laws (2) of
+            p_i = p(x_{s+i} | x_<s, y_<s+i), i = 0 .. k, the laws that
             ``sedd.speculative`` verifies the drafts with;
-    drafts  for each outcome j = 0 .. k (j drafts kept, the token at s + j
-            written by the verifier), k MASKs at positions s + j + 1 .. s + j + k
-            seeing the cache and the causal positions <= s + j: the next
-            round's drafts if j drafts are kept (TiDAR drafts for every outcome).
+    drafts  for each outcome j (j drafts kept, the token at s + j written by
+            the verifier), k MASKs at positions s + j + 1 .. s + j + k seeing
+            the cache and the causal positions <= s + j.
 
-After the verification the next round starts at s' = s + j + 1 and draws its
-drafts from group j's laws. Each was drawn given x_<s+j only, independently
-of the verifier's token at s + j and of each other, so its law given the
-prefix and the drafts before it is its group's law: what speculative
-sampling needs of q (``sedd.speculative``, (1)), and the text has p's law
-exactly (tests/test_spec.py: over all 3^6 sequences of a random network).
-The call writes every position's keys and values into the cache's slots from s
-(``DDiT.output_in_cache``, in place: the causal positions at the slots of their
-positions, the groups after them); each query sees the slots < s and its own
-round's slots as the round's mask says. The slots from the next round's start
-on (rejected drafts, the groups) are written over by the next round before
-any of its queries sees them, so the cache rolls back by the start alone.
-The first round's drafts come from the prefill call (the prompt, and one
-group seeing all of it but its last token).
+The next round starts at s' = s + j + 1 and draws its drafts from group j's
+laws. Each was drawn given x_<s+j only, independently of the verifier's token
+and of each other, so its law given the prefix and the drafts before it is its
+group's law: what speculative sampling needs of q, and the text has p's law
+exactly (tests/test_spec.py enumerates it). The slots from the next round's
+start on (rejected drafts, the groups) are written over by the next round
+before any of its queries sees them, so the cache rolls back by the start
+alone.
 
-The drafts are drawn from each group's law sharpened, q^(1/tau) renormalised
-with tau = ``DRAFT_TEMPERATURE`` (0.8), and that is the q the verifier is
-told, so the law of the text is unchanged. A group's law is a marginal over
-the tokens it does not see (the verifier's, the other drafts'), broader than
-the conditionals that verify it; sharpened it is kept more often.
-
-An AR run with a draft head (``sedd.kinds.draft_head``) drafts after each call instead, from the
-features of the call and the token the verifier just wrote, which a group cannot see.
+The drafts are drawn from each group's law sharpened, q^(1/tau) with tau =
+``DRAFT_TEMPERATURE``, and that is the q the verifier is told, so the law of
+the text is unchanged: a group's law is a marginal over the tokens it does not
+see, broader than the conditionals that verify it; sharpened it is kept more
+often.
 
 Letters: B batch, L length, V vocabulary, k drafts a round, S cache slots.
 """
@@ -149,24 +139,16 @@ def loss(
 ) -> jax.Array:
     """(3): the causal half's NLL and w times the drafts' cross-entropy, nats per sequence, float32[B].
 
-    w = training.draft_weight: below 1 the shared network spends less of itself on the drafts (a
-    lower NLL, fewer drafts kept); the NLL alone is the likelihood either way.
+    w = training.draft_weight (below 1: a lower NLL, fewer drafts kept). draft_target =
+    training.draft_target: "data", (3) against the text's token x_l; "causal", against the causal
+    half's own law there, held fixed (no gradient through it):
 
-    draft_target = training.draft_target: "data", the cross-entropy of (3) against the text's token x_l;
-    "causal", against the causal half's own law there, held fixed (no gradient through it):
+        -w sum_l sum_v p(v | x_<l) log q(v | x_<a(l)),                                      (4)
 
-        -w sum_l sum_v p(v | x_<l) log q(v | x_<a(l)).                                      (4)
-
-    What a draft is kept against is p, not the text: a round keeps a draft with probability about
-    sum_v min(p, q) (``sedd.speculative``), largest at q = p. q cannot see the tokens between a(l)
-    and l, so its best is p averaged over them; (4) averages p over the text's tokens there, and each
-    term gives the whole law p(. | x_<l) where (3) gives one token drawn from the data's (the same
-    mean if p fits the data, less noise). "own": (4) on B texts y the causal half writes now (from
-    `key`, ``causal.ancestral`` at temperature 1, no gradient through the draw), in place of the data:
-    the tokens between a(l) and l are then the ones sampling meets, so q learns p averaged over p's own
-    law there, which is what a round's drafts face (on-policy, as drafters distilled from their target
-    are); the NLL stays on x. The NLL term, the likelihood and the sampler are (1) unchanged: the text
-    keeps p's law exactly either way.
+    since a draft is kept against p, not the text (with probability about sum_v min(p, q)), and each
+    term gives the whole law where (3) gives one token; "own": (4) on texts the causal half writes now
+    (from `key`, ``causal.ancestral``, no gradient through the draw), the tokens sampling meets
+    (on-policy); the NLL stays on x. The text keeps p's law exactly either way.
     """
     if draft_target not in causal.DRAFT_TARGETS:
         raise ValueError(f"draft_target must be one of {causal.DRAFT_TARGETS}, got {draft_target!r}")
@@ -189,13 +171,10 @@ def loss(
 class Layout(NamedTuple):
     """A round's shape: k drafts verified, and groups of k drafts for the outcomes j = 0 .. groups - 1.
 
-    A call on ``positions`` = (k + 1) + groups k positions. TiDAR's layout is groups = k + 1 (a group
-    for every outcome); fewer groups cost fewer positions, and an outcome j >= groups takes the last
-    group's drafts from the new start on (k - (j - groups + 1) of them: the round after has fewer drafts,
-    none when groups = 1 and all k were kept). k = 0 (groups = 0, ``NO_DRAFTS``) is the causal half
-    alone on its KV cache, one token a call (``sedd.kinds.causal.ancestral``): where a call on more
-    positions costs about as much more as the positions it adds, the fastest. Every layout keeps the
-    causal half's law.
+    A call on ``positions`` = (k + 1) + groups k positions. TiDAR's layout is groups = k + 1; fewer
+    groups cost fewer positions, and an outcome j >= groups takes the last group's drafts from the new
+    start on (the round after has fewer drafts). k = 0 (``NO_DRAFTS``) is the causal half alone, one
+    token a call: the fastest where a position costs as much as it adds. Every layout keeps the law.
     """
 
     k: int
@@ -257,11 +236,8 @@ def layout_of(value, trained_k: int | None, name: str = "layout") -> Layout:
 
 
 def candidates(k: int) -> list[Layout]:
-    """The layouts a run trained at k times (``sedd.kinds.layouts.choose``): no drafts; k = 1 and about k / 2 with
-    two groups; k with one group. Each compiles a program of its own (docs/studies/speculative.md times it), so
-    the few that win somewhere: no drafts where a position costs as much as it adds, more drafts a call where
-    positions cost little (the second group keeps drafts for the round after a kept draft, which one group
-    cannot); any other is given with ``--layout``."""
+    """The layouts a run trained at k times (``sedd.kinds.layouts.choose``), each a program of its own, so the
+    few that win somewhere: no drafts; k = 1 and about k / 2 with two groups; k with one group."""
     return sorted(
         {NO_DRAFTS, Layout(1, 2), Layout(max(1, k // 2), 2), Layout(k, 1)}, key=lambda lay: (-lay.k, -lay.groups)
     )
@@ -307,22 +283,16 @@ DRAFT_TEMPERATURE = 0.8
 def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0, draft_temperature=DRAFT_TEMPERATURE) -> tuple:
     r"""(prefill, target, drafter) of the spec network `graphdef` for ``sedd.speculative.decode(shared=True)``.
 
-    Each row has its own start: one call of the batch writes each row's cache slots at its own.
-    The state, shared by target and drafter: ((params, rest), caches, laws
-    float32[B, groups, k, V] of each group's drafts, the last round's start
-    int32[B]). temperature and top_p may be traced (a server's rows);
-    draft_temperature is tau (module docstring).
+    Each row has its own start. The state, shared by target and drafter: ((params, rest), caches, laws
+    float32[B, groups, k, V] of each group's drafts, the last round's start int32[B]). temperature and
+    top_p may be traced; draft_temperature is tau (module docstring).
 
-    Args:
-      layout: a ``Layout`` (or an int k: a group for every outcome).
     Returns:
-      prefill(params_state, prompt int32[B, P]) -> state: the prompt's
-        causal positions in the cache and the first round's drafts (one
-        call; decode's prompt_len must then be P).
-      target(state, text, start, k) -> (p float32[B, k + 1, V], state): one call, the round of the module
-        docstring on ``layout.positions`` positions.
+      prefill(params_state, prompt int32[B, P]) -> state: the prompt in the cache and the first round's
+        drafts (one call; decode's prompt_len must then be P).
+      target(state, text, start, k) -> (p float32[B, k + 1, V], state): one call, the round.
       drafter(key, state, text, start, k) -> (drafted int32[B, k], q float32[B, k, V], state, count int32[B]):
-        no call; the drafts of the outcome the last round had (``Layout``: count < k past the last group).
+        no call; the drafts of the outcome the last round had (count < k past the last group).
     """
     k, groups = layout_of(layout, None)
 
@@ -402,17 +372,13 @@ def speculate(
     """Text of the spec network (graphdef, state) by self-speculation: the causal half's law exactly.
 
     Args:
-      key: a ``jax.random`` key.
       graphdef, state: the network, state = (params, rest).
       num_samples, length: B, L (L at most the model's length).
-      layout: a ``Layout``, or an int k (drafts a round, a group for every outcome: the run's
-        model.draft_k is what it was trained to draft); ``NO_DRAFTS``: ``sedd.kinds.causal.ancestral``.
+      layout: a ``Layout``, or an int k (a group for every outcome); ``NO_DRAFTS``: ``causal.ancestral``.
       temperature, top_p: on the causal half's law, so the text's (and on the drafts').
       prompt: optional int32[B, P], the same P for every row.
-      categorical: the method of the verifier's redraws.
       verification: "joint" or "token" (``sedd.speculative.round_law``): the same law.
-      draft_temperature: tau > 0 of the drafts' law q^(1/tau) (module docstring): the same law; None:
-        ``DRAFT_TEMPERATURE``.
+      draft_temperature: tau > 0 of the drafts' law q^(1/tau); None: ``DRAFT_TEMPERATURE``.
     Returns:
       (int32[B, L], stats): "nfe" the network calls (the batch's: the rounds and the prefill),
       "nfe_per_sample", "draft_calls" (0: the drafts come from the same calls), "accepted_at" int32[k].
@@ -462,10 +428,8 @@ class SpecOptions(causal.RoundOptions):
 
 @register("spec", reads=("model.draft_k", "training.draft_weight", "training.draft_target"))
 class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
-    """One network that drafts and verifies in the same call (module docstring, TiDAR-style).
-
-    Its likelihood is its causal half's exact NLL, and its samples have that
-    half's law exactly (speculative sampling of its own drafts).
+    """One network that drafts and verifies in the same call (module docstring): its causal half's exact NLL
+    and law.
 
     Attributes:
       draft_k: k = model.draft_k, the drafts a round it was trained to draft.
@@ -505,9 +469,8 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
         return layout
 
     def tune(self, net, options=None, workdir=None, batch=1, progress=False):
-        """The round's layout (``self.layout``, what ``sample`` and ``sedd serve`` use): the layout or draft_k of
-        `options` when given (not kept), else the fastest here of ``candidates`` (``layouts.settle``, kept in
-        workdir). options: the sample's options, every one checked before any timing (``SpecOptions``)."""
+        """``self.layout``: the layout or draft_k of `options` when given (not kept), else the fastest here of
+        ``candidates`` (``layouts.settle``, kept in workdir); every option checked before any timing."""
         o = self.options(**dict(options or {}))
         layout = self._layout(o)
         asked = layout if o.layout is not None or o.draft_k is not None else None
@@ -561,15 +524,9 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
     def sample(self, key, net, num_samples, steps=None, sampler=None, **options):
         """Self-speculation (``speculate``): the causal half's law, up to k + 1 tokens a call.
 
-        Options (``SpecOptions``): temperature, top_p, categorical, verification ("joint" or "token",
-        ``sedd.speculative.round_law``), draft_temperature (tau of the drafts' law q^(1/tau), default
-        ``DRAFT_TEMPERATURE``), return_stats and a prompt that is a prefix of the same length in every row;
-        layout (``layout_of``: a ``Layout``, "K,GROUPS", "0" no drafts; default ``self.layout``); draft_k, the
-        layout's k (alone: a group for every outcome).
-
-        Raises:
-          ValueError: steps or a sampler (``capabilities.check_given``), a draft (this run drafts for itself), a layout past
-            the run's k, another draft_k, any other option.
+        Options (``SpecOptions``): those of ``speculate``, return_stats, layout (``layout_of``; default
+        ``self.layout``) and draft_k, the layout's k. steps, a sampler, a draft, a layout past the run's k,
+        another draft_k or any other option is a ValueError.
         """
         check_given(self, steps=steps, sampler=sampler)
         o = self.options(**options)

@@ -46,7 +46,7 @@ def tie_broken(key: jax.Array, priority: jax.Array, grid: float = TIE_GRID) -> j
     """float32[B, L]: `priority` rounded to a multiple of `grid`, its ties put in a random order drawn from key.
 
     A network's output differs in its last bits from one CPU to another, and
-    from a batch of 4 to the same rows alone (about 5e-7). Positions the
+    from a batch of 4 to the same rows alone. Positions the
     network cannot yet tell apart (all of them at the first step from all
     masks: the DDiT has no absolute position, so every masked position
     computes the same score) then differ only by that noise, and the CPU or
@@ -135,18 +135,10 @@ class Confidence(AbsorbingSampler):
     priorities are compared on a grid of ``TIE_GRID``, ties in a random
     order (``tie_broken``: the same text on any CPU and in any batch).
 
-    Two orders are planned, fixed by position alone (``planned_rank``), so
-    that the positions a step writes together are far apart and, on text
-    whose dependence fades with distance, nearly independent given what is
-    written (the idea of the dilated unmasking scheduler, DUS, Luxembourg et
-    al. 2025; these orders are ours): "strided" writes at step n the
-    positions l = n mod N (L / N runs of N written left to right side by
-    side), "dilated" in the order of the bit-reversed position (0, L/2, L/4, 3L/4, ...: coarse to fine). The
-    dilated order is one order for every N, so step m of N / 2 writes what
-    steps 2m and 2m + 1 of N do: the order `sedd distill` can distil
-    (distill.order). Any order fixed in advance keeps the chain rule, so
-    both are exact with the exact score at any N where the positions of a
-    step are independent given the rest.
+    Two orders are planned, fixed by position alone (``planned_rank``, ``Dilated``), so that the
+    positions a step writes together are far apart (the idea of DUS, Luxembourg et al. 2025). Any order
+    fixed in advance keeps the chain rule, so both are exact with the exact score at any N where the
+    positions of a step are independent given the rest.
 
     With ``threshold`` = tau > 0 (Fast-dLLM's parallel decoding, Wu et al.
     2025, arXiv 2505.22618, Sec. 3.3) a step also unmasks every position
@@ -210,13 +202,11 @@ class Dilated(Confidence):
     r"""``Confidence`` with a planned order: "dilated" (the default) or "strided", ``planned_rank``.
 
     Step n of N writes the L / N positions next in the order, each with its
-    candidate y_l ~ q_l: "dilated" the bit-reversed positions (coarse to
-    fine, far apart at every step; one order for all N, the one `sedd
-    distill --config.distill.order=dilated` distils), "strided" the
-    positions l = n mod N. On the order-2 Markov chain of
-    docs/distillation.md the chain's exact denoiser loses 0.19 nats/char at
-    16 steps per 128 letters with the analytic sampler's random positions,
-    and nothing measurable with either order (down to 8 steps).
+    candidate y_l ~ q_l: "dilated" the bit-reversed positions (0, L/2, L/4,
+    3L/4, ...: coarse to fine, far apart at every step; one order for all N, so
+    step m of N / 2 writes what steps 2m and 2m + 1 of N do: the order `sedd
+    distill` can distil), "strided" the positions l = n mod N. What the random
+    positions lose and these do not: docs/distillation.md.
     """
 
     options = {"order": "dilated"}

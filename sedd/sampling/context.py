@@ -20,18 +20,11 @@ class Context:
     calls the network: it counts the NFE, skips calls that cannot change the
     draw, and serves the cache.
 
-    Attributes:
-      score_fn, graph, noise: as in ``sample``.
-      categorical: the categorical method.
-      temperature, top_p, cache: the generic options.
+    Attributes (besides ``sample``'s score_fn, graph, noise and ``Options``' fields):
       options: dict of the sampler's own options.
       steps: N, the number of steps of the grid.
-      axis_name: the ``jax.vmap`` axis the sampler is mapped over, or None (``Options.axis_name``).
-      shaping: None, or traced (temperature, top_p), float32[] or float32[B] each: the
-        denoiser's temperature and nucleus as values of the program (one
-        program for every value, as ``sedd serve`` needs), applied to every
-        network output by ``tempered``; the static ``temperature`` and
-        ``top_p`` are then 1.
+      shaping: None, or traced (temperature, top_p), float32[] or float32[B] each, applied to every
+        network output by ``tempered`` (one program for every value); the static ones are then 1.
     """
 
     def __init__(self, score_fn, graph, noise, options, steps: int, shaping=None):
@@ -82,12 +75,10 @@ class Context:
         / (e^sigma - 1); a model trained with model.time_conditioning=False).
 
         With a ``prime`` in the carry, (x', sigma', log-score) computed by the
-        caller (``sedd.kinds.block`` scores a block's start state in the call that
+        caller (a block model scores a block's start state in the call that
         commits the block before it), a call at exactly x' and sigma' (every
         row, over the mapped batch too) takes that log-score and is not counted.
-
-        Returns:
-          (float32[B, L, D] log-score, carry with nfe (int32[]) and nfe_row (int32[B]) updated).
+        Returns (float32[B, L, D] log-score, the carry with nfe and nfe_row updated).
         """
         x = carry["x"]
         sigma = jnp.broadcast_to(jnp.asarray(sigma, jnp.float32), x.shape[:1])  # (B,)
@@ -137,13 +128,9 @@ class Context:
         softmax(log s[:V]) is the denoiser p(x0_l | x_t), and
 
             q_y ∝ p(x0_l = y | x_t)^{1 / T}            (temperature T; T = 0: argmax)
-            q_y ∝ q_y [y in the nucleus of mass top_p]  (Holtzman et al. 2020)
+            q_y ∝ q_y [y in the nucleus of mass top_p]  (``nucleus``)
 
-        The nucleus is the smallest set of most probable tokens whose mass
-        reaches top_p (a token tied with its least probable member is kept).
-
-        Args:
-          logits: float[..., V] log-scores of the tokens (any additive constant).
+        logits: float[..., V] log-scores of the tokens (any additive constant).
         """
         if self.temperature == 0:
             q = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)
@@ -187,15 +174,11 @@ class Context:
         return entropy(self.denoiser(logits))
 
     def score(self, log_score: jax.Array, x: jax.Array) -> jax.Array:
-        r"""The ratios exp(log_score), with temperature / top_p applied at masked positions.
+        r"""The ratios exp(log_score) float32[B, L, D], with temperature / top_p applied at masked positions.
 
         A masked position's token ratios s_y are replaced by (sum_y s_y) q_y,
-        q = ``denoiser``: the total unmasking mass of the step (its Σ s) is
-        kept and only its sharing among tokens changes. At T = 1, top_p = 1
-        nothing is computed, so the draws are the base sampler's.
-
-        Returns:
-          float32[B, L, D].
+        q = ``denoiser``: the total unmasking mass of the step is kept and only
+        its sharing among tokens changes. At T = 1, top_p = 1 nothing is computed.
         """
         score = jnp.exp(log_score)
         if not self.graph.absorb or (self.temperature == 1 and self.top_p == 1):
@@ -215,16 +198,9 @@ class Context:
             l'_y = logsumexp(l) + log q_y,   q ∝ softmax(l / T) on its top_p nucleus   (T = 0: one-hot of the argmax),
 
         which keeps the step's unmasking mass sum_y e^{l_y} and shares it as
-        q (``denoiser``), so a sampler run at T = 1, top_p = 1 on l' draws
-        what it would have drawn from q. Rows at T = 1, top_p = 1 keep their
-        log-score as it is, and when no row of the batch (over ``axis_name``
-        too) asks for either, nothing of it is computed. The absorbing graph
-        only: ``Options.checked`` refuses T != 1 and top_p != 1 elsewhere.
-
-        Args:
-          log_score: float[B, L, D] a network output; x: int32[B, L] the state it scored.
-        Returns:
-          float[B, L, D], log_score's dtype.
+        q, so a sampler run at T = 1, top_p = 1 on l' draws what it would have
+        drawn from q. When no row of the batch (over ``axis_name`` too) asks
+        for either, nothing of it is computed. The absorbing graph only.
         """
         if not self.graph.absorb:
             return log_score
@@ -280,16 +256,9 @@ def nucleus(q: jax.Array, top_p) -> jax.Array:
 def shaped_law(logits: jax.Array, temperature, top_p, any_fn=None) -> jax.Array:
     """softmax(logits / T) on its top_p nucleus (T = 0: the one-hot of the argmax): float32[..., V].
 
-    The law a sampler draws from when asked for a temperature and a nucleus;
-    T and top_p are floats or traced float32 values broadcastable against
-    logits[..., :1] (one program for every value, as ``sedd serve`` needs).
-
-    Args:
-      logits: float[..., V].
-      temperature, top_p: T >= 0 and top_p in (0, 1].
-      any_fn: bool[...] -> bool[], whether any row asks for a nucleus (a
-        reduction over a mapped axis skips the nucleus when none does); None:
-        the nucleus is computed wherever top_p < 1.
+    T >= 0 and top_p in (0, 1] are floats or traced float32 values broadcastable against logits[..., :1]
+    (one program for every value). any_fn: bool[...] -> bool[], whether any row asks for a nucleus (a
+    reduction over a mapped axis skips the nucleus when none does); None: wherever top_p < 1.
     """
     logits = logits.astype(jnp.float32)
     argmax = jax.nn.one_hot(jnp.argmax(logits, -1), logits.shape[-1], dtype=jnp.float32)

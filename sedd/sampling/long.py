@@ -39,21 +39,14 @@ def sample_long(
     with the caller's own fixed positions kept. Every window is the same compiled
     program (the conditioning is traced); window w uses fold_in(key, w).
 
-    Args:
-      key, score_fn, graph, noise, steps: as in ``sample``.
+    Args (the others, and **sample_args but a trajectory, as ``sample``'s):
       shape: (B, L), L the window (the model's length).
-      max_length: the length of the text, >= L.
       block_length: new tokens per window after the first, in [1, L] (default L // 2).
-      fixed_mask, fixed_tokens: as in ``sample``, of shape (B, max_length).
-      **sample_args: the other arguments of ``sample`` (sampler, denoise,
-        eps, score_params, options and option keywords; no trajectory), and
-        stop_id: a token id that ends the text: no window is drawn after the
-        one in which every row has written it, and the positions not drawn
-        hold stop_id.
+      fixed_mask, fixed_tokens: of shape (B, max_length).
+      stop_id (in sample_args): a token id that ends the text: no window is drawn after the one in
+        which every row has written it, and the positions not drawn hold it.
     Returns:
-      ``Samples`` with tokens int32[B, max_length] and, when asked for, the
-      stats with the NFE summed over the windows (a row's "nfe_per_sample",
-      with stop_id, over the windows up to the one in which it wrote it).
+      ``Samples`` of tokens int32[B, max_length], the stats summed over the windows a row drew.
     """
     b, length = check_shape(shape)
     stop_id = sample_args.pop("stop_id", None)

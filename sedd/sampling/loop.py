@@ -93,34 +93,23 @@ def run_loop(
     prime=None,
     shaping=None,
 ):
-    """The sampling core: the whole denoising loop over a score function, as one compiled program.
+    """The sampling core: the loop of the module docstring over a score function, as one compiled program.
 
-    Every driver runs it: ``sample`` (the full sequence, one window),
-    ``sample_long`` (windows over a longer text), ``sedd.kinds.block`` (one block at
-    a time against a KV cache, its score function reading the cache from
-    ``score_params``) and ``sedd serve`` through the kinds' row programs.
-    x starts at ``graph.sample_limit`` with the fixed positions clamped; each
-    step t_n -> t_{n+1} is the sampler's, then its corrector steps; the
-    conditioning is re-imposed after each; with ``denoise`` the last step
-    removes the noise left (``denoise_step``).
+    Every driver runs it: ``sample``, ``sample_long``, a block model's blocks (its score function reading
+    a KV cache from ``score_params``) and ``sedd serve`` through the kinds' programs.
 
     Args:
       key: a ``jax.random`` key; step n uses fold_in(key, n).
       times: float32[N + 1] the time grid (``time_grid``).
       fixed_mask, fixed_tokens: bool / int32 [B, L] or None (``conditioning``).
-      score_params: None, or a pytree score_fn takes as its first argument.
+      score_params: None, or a pytree score_fn takes as its first argument (traced).
       score_fn, graph, noise, shape, denoise: as ``sample``; sampler: a
         ``Sampler``; options: ``Options`` already ``checked``, without a time grid.
-      prime: None, or (x' int32[B, L], sigma' float32[B], log-score
-        float32[B, L, D]): the score at one state computed by the caller
-        (``Context.evaluate``).
-      shaping: None, or (temperature, top_p) as traced float32[] or float32[B]
-        (``Context.tempered``): one program for every value.
+      prime: None, or (x' int32[B, L], sigma' float32[B], log-score float32[B, L, D]): the score at one
+        state computed by the caller (``Context.evaluate``).
+      shaping: None, or (temperature, top_p) traced (``Context.tempered``): one program for every value.
     Returns:
       (x int32[B, L], trajectory int32[S, B, L] or None, {"nfe", "nfe_per_sample"}).
-
-    jit caches one executable per value of the static arguments; key, times,
-    conditioning, score_params, prime and shaping are traced.
     """
     steps = times.shape[0] - 1
     if score_params is not None:
@@ -184,14 +173,10 @@ class Options:
       return_trajectory: keep the states after every ``trajectory_every`` steps.
       trajectory_every: the spacing of the kept states.
       return_stats: count the network evaluations.
-      axis_name: set when ``sample`` runs under ``jax.vmap(..., axis_name=...)``
-        (one key per row, as ``sedd serve`` does): a network call is then
-        skipped only when no row of the mapped batch needs it, so it stays
-        one batched call on unbatched weights; "nfe" counts the calls of the
-        mapped batch, "nfe_per_sample" those each row needed.
-      own: the sampler's own options as sorted (name, value) pairs: ``order``
-        (confidence), ``max_entropy`` (entropy_bound), ``schedule``, ``eta``,
-        ``t_on``, ``t_off``, ``alpha_on`` (remdm); see each sampler's class.
+      axis_name: set when ``sample`` runs under ``jax.vmap(..., axis_name=...)`` (as ``sedd serve``
+        does): a network call is then skipped only when no row of the mapped batch needs it, so it
+        stays one batched call on unbatched weights.
+      own: the sampler's own options as sorted (name, value) pairs (each sampler's class names them).
     """
 
     categorical: str = "precise"
@@ -220,13 +205,8 @@ class Options:
         return Options.make(**{**fields, **dict(self.own), **values})
 
     def checked(self, name: str, graph: Graph, denoise: bool = True) -> Options:
-        """These options with the sampler's defaults filled in, each value checked against sampler and graph.
-
-        Raises:
-          ValueError: an unknown sampler, categorical method or final; an
-            option the sampler or graph cannot honour; an unknown or bad
-            sampler option.
-        """
+        """These options with the sampler's defaults filled in, each value checked against sampler and graph
+        (a ValueError for any the sampler or graph cannot honour)."""
         sampler = check_graph(name, graph)
         if self.categorical not in CATEGORICAL_METHODS:
             raise ValueError(f"unknown categorical method {self.categorical!r}; expected one of {CATEGORICAL_METHODS}")
@@ -384,53 +364,32 @@ def sample(
 ) -> Samples:
     r"""Draw sequences from the reverse diffusion, Sec. 4 of Lou et al. 2024.
 
-    x starts at ``graph.sample_limit``; each step t -> t - dt applies the
-    sampler; with ``denoise`` a last analytic step at t = eps with
-    dsigma = sigma_bar(eps) removes the remaining noise (for the absorbing graph
-    the MASK is excluded there, so every position ends as a token).
-
-    Conditioning: where ``fixed_mask`` is True the state is set to
-    ``fixed_tokens`` at the start, after every step and after the denoise
-    (prefix, suffix or any infill pattern): exact for the absorbing graph, an
+    The loop of the module docstring, with ``denoise`` a last analytic step at
+    t = eps (for the absorbing graph the MASK is excluded there). Where
+    ``fixed_mask`` is True the state is set to ``fixed_tokens`` at the start,
+    after every step and after the denoise: exact for the absorbing graph, an
     approximation for the uniform graph (docs/math.md, "Sampling").
 
-    The loop is one ``jax.jit`` around a ``jax.lax.fori_loop`` with the key of
-    step n equal to ``fold_in(key, n)``. score_fn, graph, noise, shape, steps
-    and the options are static: the program is compiled once per combination
-    and reused (score_fn is compared by identity: pass the same function
-    object, not a fresh lambda). Whatever score_fn closes over is baked into
-    the program as a constant; for weights that change, pass ``score_params``.
-    Where the rows are computed (a mesh's data axis) is the score function's
-    business: ``sedd.runs.Run`` passes one that constrains its input's rows.
+    score_fn, graph, noise, shape, steps and the options are static: one
+    program per combination (score_fn compared by identity: pass the same
+    function object, not a fresh lambda). Whatever score_fn closes over is
+    baked into the program; for weights that change, pass ``score_params``.
 
     Args:
-      key: a ``jax.random`` key.
       score_fn: (x int32[B, L], sigma float[B]) -> log_score float[B, L, D],
-        log p_t(x with x_l = y) / p_t(x), 0 at y = x_l. With ``score_params``
-        it is called as score_fn(score_params, x, sigma).
-      graph: the forward ``Graph`` (``Absorbing`` or ``Uniform``).
+        log p_t(x with x_l = y) / p_t(x), 0 at y = x_l; with ``score_params``
+        called as score_fn(score_params, x, sigma).
       noise: the schedule, ``noise(t) -> (sigma_bar(t), d sigma_bar / dt)``.
       shape: (B, L).
       steps: N >= 1 sampler steps (the budget of network calls, plus the denoise).
-      sampler: a name in ``SAMPLERS`` (see the module docstring).
-      denoise: apply the final denoising step.
+      sampler: a name in ``SAMPLERS``.
       eps: the last time of the default grid linspace(1, eps, N + 1), in (0, 1).
-      fixed_mask: bool[B, L], True where the token is given; or None.
-      fixed_tokens: int[B, L], tokens in [0, vocab_size) at the fixed
-        positions; given iff fixed_mask is.
-      score_params: optional pytree passed to score_fn as its first argument, traced.
+      fixed_mask, fixed_tokens: bool[B, L] and int[B, L] in [0, vocab_size), or both None.
       options: an ``Options``; **option_values: its fields and the sampler's
-        own options by keyword (they win over ``options``): categorical,
-        final, temperature, top_p, corrector_steps, cache, time_grid,
-        return_trajectory, trajectory_every, return_stats, axis_name, ...
-
+        own options by keyword (they win over ``options``).
     Returns:
       ``Samples``: .tokens int32[B, L]; .trajectory and .stats when asked for.
-
-    Raises:
-      ValueError: on steps < 1, a shape that is not 2-D, eps outside (0, 1), a
-        bad time grid, bad conditioning arrays, or options that
-        ``Options.checked`` refuses.
+    Any argument out of its range is a ValueError.
     """
     opts = options_from(options, option_values).checked(sampler, graph, bool(denoise))
     shape, steps = check_shape(shape), check_int("steps", steps, 1)

@@ -10,12 +10,8 @@ MASK_CHAR = "\u2591"  # "░": how a masked position is drawn in text (sedd serv
 def check_length(tokenizer, text: str, seq_len: int, name: str) -> None:
     """Refuse, before encoding it, a text longer than seq_len tokens of `tokenizer` can spell.
 
-    A token stands for at most ``tokenizer.max_token_chars`` characters (a
-    BPE's longest token; 1 for the char, byte and markov tokenizers), so a
-    longer text cannot fit, and is not encoded to find out.
-
-    Raises:
-      ValueError: naming the text (`name`), its length and the bound.
+    A token stands for at most ``tokenizer.max_token_chars`` characters, so a longer text cannot fit, and
+    is not encoded to find out. The ValueError names the text (`name`), its length and the bound.
     """
     per_token = getattr(tokenizer, "max_token_chars", 1)
     if len(text) > seq_len * per_token:
@@ -34,20 +30,9 @@ def text_conditioning(
     fills positions 0, 1, ... with its characters, except `blank`, which marks
     the positions to generate (character-level tokenizers only).
 
-    Args:
-      tokenizer: with ``encode(text) -> int[n]``.
-      seq_len: L, the model's sequence length.
-      num: B, rows of the result.
-      prefix, suffix: text (either may be empty); not with infill.
-      infill: a template such as "To be, or ______ to be".
-      blank: the character of the template that marks a free position.
-    Returns:
-      (bool[B, L], int32[B, L]) or (None, None).
-    Raises:
-      ValueError: text the tokenizer cannot encode, prompts longer than seq_len
-        (in characters before encoding, ``check_length``, and in tokens after),
-        infill with prefix or suffix, or infill with a tokenizer that does not
-        map each character to one token, or a blank that is not one character.
+    Returns (bool[B, L], int32[B, L]) of B = num rows and L = seq_len, or (None, None). A ValueError for
+    text the tokenizer cannot encode or longer than L, infill with prefix or suffix or with a tokenizer
+    that does not map each character to one token, or a blank that is not one character.
     """
     if infill and len(blank) != 1:
         raise ValueError(f"the blank of an infill template must be one character, got {blank!r}")

@@ -193,16 +193,9 @@ def absorbing_jump(ctx: Context, key: jax.Array, x: jax.Array, log_score: jax.Ar
     never moves. The same law drawn as: unmask with probability min(1, c S)
     (an exponential race of the two weights, exact when c S is tiny), then
     y ∝ s_y by the two-level race of ``sedd.categorical``, whose block sums
-    give S too: one pass over the D entries instead of three, which at
-    GPT-2's D = 50,258 is most of the step's cost beside the network
-    (docs/benchmarks.md has the figures). Used
-    from ``categorical.TWO_LEVEL_MIN_DIM`` states on with "precise"; below,
-    the general form is kept and draws are unchanged.
-
-    Args:
-      log_score: float32[B, L, D]; rate: c, float[].
-    Returns:
-      int32[B, L].
+    give S too: one pass over the D entries instead of three (docs/benchmarks.md).
+    Used from ``categorical.TWO_LEVEL_MIN_DIM`` states on with "precise"; below,
+    the general form is kept and draws are unchanged. rate: c, float[].
     """
     v = ctx.graph.vocab_size
     if ctx.temperature == 1 and ctx.top_p == 1:

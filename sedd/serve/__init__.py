@@ -15,15 +15,11 @@ exactly. serve asks the run's kind for its program through its capability
 (``sedd.kinds.capabilities``) and names no kind and no sampler.
 
 An ``Engine`` (one worker thread) runs requests that can share a compiled
-program and arrive within a short window as one batch, every row with its own
-key, temperature and top_p (traced: no value compiles a program); batch sizes
-are rounded to a few, at most ``Limits.max_programs`` programs kept, the
-queue bounded (503), a request's wait bounded. Before any of that the
-``Gate`` checks the Host header (localhost by default), an optional API key,
-a JSON body within ``body_timeout_s``. docs/serving.md says how to call it and
-what to set before exposing it. The package: ``api`` (limits, the request,
-its plan, errors), ``engine`` (batching), ``texts`` (ids as text and
-frames), ``app`` (routes and gate), ``main`` (the command line).
+program and arrive within a short window as one batch (docs/serving.md,
+"Batching"); before that the ``Gate`` checks the Host header, an optional API
+key and the body. The package: ``api`` (limits, the request, its plan,
+errors), ``engine`` (batching), ``texts`` (ids as text and frames), ``app``
+(routes and gate), ``main`` (the command line).
 
 Shapes: B batch rows, L length, N steps, V vocabulary, D = graph.dim.
 """

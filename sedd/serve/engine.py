@@ -304,8 +304,8 @@ class Engine:
         if len(self.programs) > self.limits.max_programs:
             while len(self.programs) > self.limits.max_programs:
                 self.programs.popitem(last=False)
-            # JAX's own trace and lowering caches keep what a dropped program was built from (~18 MiB a
-            # program of the tiny run); the kept programs are ours and are not touched by clearing them.
+            # JAX's own trace and lowering caches keep what a dropped program was built from
+            # (docs/studies/serving.md); the kept programs are ours and are not touched by clearing them.
             jax.clear_caches()
         return program, True
 

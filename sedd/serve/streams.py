@@ -218,7 +218,7 @@ async def frames(
     steps = len(calls)
     for k in range(steps):
         # A send that finds room in the socket's buffer returns without giving the event loop a turn, so a
-        # stream of 1,025 frames read as fast as it is written held every other request (/health 6 s).
+        # stream read as fast as it is written held every other request (docs/reliability.md).
         await asyncio.sleep(0)
         frame = []
         for i in range(p.n):
