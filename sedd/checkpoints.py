@@ -74,9 +74,9 @@ def restore(manager: ocp.CheckpointManager, target: dict, step: int | None = Non
             abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract), partial_restore=True
         )
         state = manager.restore(step, args=ocp.args.Composite(state=args))["state"]
+        files.verify_checksums(folder, state, folder.parent.parent)  # first: a flipped bit, finite or not, by name
         if not bool(_all_finite([x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)])):
             raise ValueError("it holds non-finite values, which training never saves")
-        files.verify_checksums(folder, state, folder.parent.parent)  # a flipped bit that leaves a finite value
         state = files.renamed(state, files.OLD_LAYERS, "layers") if old else state
         if [x.shape for x in jax.tree.leaves(saved)] == [x.shape for x in jax.tree.leaves(target)]:
             return state
