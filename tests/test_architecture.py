@@ -359,7 +359,7 @@ def test_the_kind_protocol_is_what_every_kind_is():
     own = {n for n in vars(kinds.Kind) if not n.startswith("_")} - {"config"}
     assert own == PROTOCOL, own ^ PROTOCOL
     caps = {c.__name__: c for c in _capabilities()}
-    assert set(caps) == {"Diffuses", "Exact", "ServesRows", "Speculates", "Drafts", "Distills", "Tunes"}, set(caps)
+    assert set(caps) == {"Diffuses", "Exact", "ServesLanes", "Speculates", "Drafts", "Distills", "Tunes"}, set(caps)
     assert {"graph", "noise", "one_token_steps"} <= _declared(caps["Diffuses"])
     assert "sequence_nll" in _declared(caps["Exact"]) and "layout" in _declared(caps["Tunes"])
     for cap in caps.values():
@@ -555,8 +555,8 @@ def test_a_kind_registered_here_trains_evaluates_samples_and_is_refused_by_serve
         assert figures.judge_nll(loaded)(np.zeros((2, loaded.seq_len), np.int32)).shape == (2,)  # a judge of samples
         with pytest.raises(
             ValueError,
-            match="sedd serve: a model.kind='toy_masked_unigram' run cannot be served row by "
-            "row; model.kind 'ddit' or 'block' can",
+            match="sedd serve: a model.kind='toy_masked_unigram' run cannot be served lane by "
+            "lane; model.kind 'ddit' or 'block' can",
         ):
             serve.create_app(loaded, "toy")
     finally:

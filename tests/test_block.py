@@ -25,7 +25,7 @@ from sedd import noise as noise_lib
 from sedd.graphs import log_expm1
 from sedd.kinds.block import block_diffusion_mask
 from sedd.model import DDiT
-from sedd.sampling import rows as rows_lib
+from sedd.sampling import lanes as lanes_lib
 
 V, L = 3, 4
 GRAPH = graphs.Absorbing(V)
@@ -649,9 +649,9 @@ def test_block_run_is_served_to_the_openai_client_streamed_block_by_block(block_
         assert httpx.get(f"{base}/health").json()["compiles"] == compiles
 
         # Streamed: each call's block placed into the text on the host, the settled prefix sent at once.
-        slow_place = rows_lib.Placed.place
+        slow_place = lanes_lib.Placed.place
         monkeypatch.setattr(
-            rows_lib.Placed, "place", lambda self, start, states: (slow_place(self, start, states), time.sleep(0.03))
+            lanes_lib.Placed, "place", lambda self, start, states: (slow_place(self, start, states), time.sleep(0.03))
         )
         arrived = []
         with httpx.stream(

@@ -92,14 +92,14 @@ def test_distinct_temperatures_share_one_program(server):
 
 @pytest.mark.parametrize("temperature,top_p", [(0.0, 1.0), (0.5, 1.0), (1.7, 1.0), (1.0, 0.6), (0.7, 0.8)])
 def test_traced_temperature_is_the_samplers_law(temperature, top_p):
-    """The served rows' tempered log-score gives the ratios of sedd.sampling.Context.score at that temperature."""
+    """The served lanes' tempered log-score gives the ratios of sedd.sampling.Context.score at that temperature."""
     graph = graphs.Absorbing(7)
     log_score = jax.random.normal(jax.random.key(0), (3, 1, 5, graph.dim)) * 2.0  # (B, 1, L, D)
     x = jnp.asarray([[[7, 1, 7, 7, 2]]] * 3, jnp.int32)  # MASK = 7 at positions 0, 2, 3
     temps = jnp.asarray([temperature, 1.0, temperature], jnp.float32)  # row 1 as it is
     tops = jnp.asarray([top_p, 1.0, top_p], jnp.float32)
 
-    def tempered(s, xx, t, p):  # the traced (T, top_p) of one row, as the served rows apply them
+    def tempered(s, xx, t, p):  # the traced (T, top_p) of one lane, as the served lanes apply them
         traced = sampling.Context(None, graph, noise.LogLinear(1e-3), sampling.Options(axis_name="rows"), 4, (t, p))
         return traced.tempered(s, xx)
 

@@ -46,7 +46,7 @@ def test_words_are_uniform_and_independent_and_follow_the_element_index():
     np.testing.assert_array_equal(l2.ravel(), lo)
     h3, _ = rng.words(key, (1000,))
     np.testing.assert_array_equal(np.asarray(h3), hi[:1000])
-    # Under jit and vmap (one key a row, as the server draws) the same words as row by row.
+    # Under jit and vmap (one key a lane, as the server draws) the same words as lane by lane.
     keys = jax.random.split(key, 3)
     mapped = jax.jit(jax.vmap(lambda k: rng.words(k, (5, 9))[1]))(keys)
     for i in range(3):

@@ -20,7 +20,7 @@ from starlette.testclient import TestClient  # noqa: E402
 
 import servers  # noqa: E402
 from sedd import runs, serve  # noqa: E402
-from sedd.sampling import rows as rows_lib  # noqa: E402
+from sedd.sampling import lanes as lanes_lib  # noqa: E402
 
 LIMITS = serve.Limits(
     max_steps=16, max_n=4, max_batch=8, max_queue=32, timeout_s=120, window_s=0.3, max_body_bytes=2048
@@ -64,7 +64,7 @@ def test_openai_client_non_streaming_and_streaming(server):
 
 
 class _SlowListeners(dict):
-    """sedd.sampling.rows.LISTENERS whose listeners take 50 ms a call: the sampling of a streamed batch lasts a while."""
+    """sedd.sampling.lanes.LISTENERS whose listeners take 50 ms a call: the sampling of a streamed batch lasts a while."""
 
     def get(self, key, default=None):
         listener = super().get(key, default)
@@ -81,7 +81,7 @@ class _SlowListeners(dict):
 def test_stream_sends_text_as_it_settles_while_sampling_runs(server, monkeypatch):
     """Issue 34: `stream: true` arrived as one chunk after sampling ended; now positions settled so far are sent."""
     base, run = server
-    monkeypatch.setattr(rows_lib, "LISTENERS", _SlowListeners())
+    monkeypatch.setattr(lanes_lib, "LISTENERS", _SlowListeners())
     body = {"model": NAME, "prompt": "ROMEO:", "max_tokens": 24, "n": 2, "steps": 16, "seed": 7, "sampler": "analytic"}
     arrived = []
     with httpx.stream("POST", f"{base}/v1/completions", json={**body, "stream": True}, timeout=120) as r:

@@ -453,7 +453,7 @@ def test_bfloat16_run_trains_evaluates_samples_and_serves(data_dir, tmp_path):
     assert x.shape == (2, c.data.seq_len) and int(x.max()) < run.config.vocab_size
     # The server's rows, vmapped over the batch with a reduced skip predicate.
     length = c.data.seq_len
-    program = run.kind.rows_program(run.graphdef, steps=4, sampler="analytic", trajectory=False, live=False)
+    program = run.kind.lane_program(run.graphdef, steps=4, sampler="analytic", trajectory=False, live=False)
     ids, _, nfe = program.fn(
         (run.params, run.rest),
         jnp.zeros(3, jnp.uint32),

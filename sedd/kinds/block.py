@@ -52,7 +52,7 @@ from sedd.graphs import Graph
 from sedd.kinds import base
 from sedd.kinds.base import register
 from sedd.kinds.block_draft import BlockDraft
-from sedd.kinds.block_sampling import bos_id, network_scorer, rows_program, sample_blocks, shift_right, shifts
+from sedd.kinds.block_sampling import bos_id, network_scorer, lane_program, sample_blocks, shift_right, shifts
 from sedd.kinds.capabilities import Drafts, refuse_drafts
 from sedd.kinds.ddit import Diffusion
 from sedd.model import DDiT
@@ -346,9 +346,9 @@ class BlockDiffusion(Diffusion, Drafts):
     def describe(self):
         return {"kind": self.name, "block_size": self.block_size}
 
-    def rows_program(self, graphdef, *, steps, sampler, trajectory, live):
+    def lane_program(self, graphdef, *, steps, sampler, trajectory, live):
         s = self.config.sampling
-        return rows_program(
+        return lane_program(
             graphdef,
             self.graph,
             self.noise,

@@ -39,7 +39,7 @@ from flax import nnx
 from sedd import sampling
 from sedd.graphs import Graph
 from sedd.model import DDiT, ring_mask
-from sedd.sampling import rows as rows_lib
+from sedd.sampling import lanes as lanes_lib
 
 # =========================================================================== what a token-shift network reads
 
@@ -454,14 +454,14 @@ def serving_scorer(graphdef, window: int, block_size: int, live: bool) -> Scorer
     Each call (a sampler step, or the commit of the clean block) ``observe``s
     the states of the current block of all rows, at its first position in the
     text (the cache's next row); the host places them into the whole text
-    (``sedd.sampling.rows.Placed``). Each commit is a call of its own, so the
+    (``sedd.sampling.lanes.Placed``). Each commit is a call of its own, so the
     host sees every clean block before the next one starts.
     """
     base = network_scorer(graphdef, window, block_size)
 
     def tell(batch_id, ctx, x):
         if live:  # the block's first position, the same on every row
-            rows_lib.observe(batch_id, jax.lax.all_gather(ctx[1], rows_lib.AXIS)[0] % window, x)
+            lanes_lib.observe(batch_id, jax.lax.all_gather(ctx[1], lanes_lib.AXIS)[0] % window, x)
 
     def score(params, ctx, x, sigma):
         tell(params[1], ctx, x)
@@ -489,10 +489,10 @@ def serving_scorer(graphdef, window: int, block_size: int, live: bool) -> Scorer
         "block_size",
     ),
 )
-def sample_rows(
+def sample_lanes(
     state,
     seeds,
-    row_ids,
+    lane_ids,
     mask,
     tokens,
     temperature,
@@ -510,7 +510,7 @@ def sample_rows(
     live,
     block_size,
 ):
-    """``RowsProgram.fn`` of a block model: ``draw`` per row, its T and top_p traced (``sedd.sampling.rows.map_rows``).
+    """``LaneProgram.fn`` of a block model: ``draw`` per lane, its T and top_p traced (``sedd.sampling.lanes.map_lanes``).
 
     The prompt is a prefix. With trajectory, frames is int32[B, F, L]: the
     whole text at each state of each block's sampler in turn, then the text
@@ -519,7 +519,7 @@ def sample_rows(
     length = mask.shape[1]
     scorer = serving_scorer(graphdef, length, block_size, live)
     options = sampling.Options.make(
-        categorical=categorical, return_trajectory=trajectory, return_stats=True, axis_name=rows_lib.AXIS
+        categorical=categorical, return_trajectory=trajectory, return_stats=True, axis_name=lanes_lib.AXIS
     ).checked(sampler, graph, True)
     times = sampling.time_grid(None, steps, eps)
 
@@ -541,13 +541,13 @@ def sample_rows(
         )
         return text[0], None if frames is None else frames[:, 0], nfe_row[0]
 
-    return rows_lib.map_rows(one, seeds, row_ids, mask, tokens, temperature, top_p)
+    return lanes_lib.map_lanes(one, seeds, lane_ids, mask, tokens, temperature, top_p)
 
 
 def serving_frames(traj: np.ndarray, start: int, length: int, steps: int, *, block_size: int, mask_id: int):
-    """``RowsProgram.frames`` of a block model: the frames of the blocks that hold completion positions.
+    """``LaneProgram.frames`` of a block model: the frames of the blocks that hold completion positions.
 
-    ``sample_rows`` gives the steps + 1 states of each block's sampler in
+    ``sample_lanes`` gives the steps + 1 states of each block's sampler in
     turn (the last before its denoise) and then the text; a frame's calls
     count the sampler steps that had a mask in its block and the commit of
     each clean block (one call after a block's last state). Returns the kept
@@ -563,7 +563,7 @@ def serving_frames(traj: np.ndarray, start: int, length: int, steps: int, *, blo
     return traj[:, kept], calls[kept], [{"block": int(i)} for i in blocks[kept]]
 
 
-def rows_program(
+def lane_program(
     graphdef,
     graph: Graph,
     noise: Callable,
@@ -575,8 +575,8 @@ def rows_program(
     categorical: str,
     trajectory: bool,
     live: bool,
-) -> rows_lib.RowsProgram:
-    """The ``sedd.sampling.rows.RowsProgram`` of the block network `graphdef`."""
+) -> lanes_lib.LaneProgram:
+    """The ``sedd.sampling.lanes.LaneProgram`` of the block network `graphdef`."""
     static = dict(
         graphdef=graphdef,
         graph=graph,
@@ -589,6 +589,6 @@ def rows_program(
         live=live,
         block_size=block_size,
     )
-    return rows_lib.RowsProgram(
-        sample_rows, static, functools.partial(serving_frames, block_size=block_size, mask_id=graph.mask)
+    return lanes_lib.LaneProgram(
+        sample_lanes, static, functools.partial(serving_frames, block_size=block_size, mask_id=graph.mask)
     )

@@ -41,15 +41,15 @@ class Exact:
         raise NotImplementedError
 
 
-class ServesRows:
-    """``sedd serve`` runs it as a batch of rows, each alone (``sedd.sampling.rows``)."""
+class ServesLanes:
+    """``sedd serve`` runs it as a batch of lanes, each alone (``sedd.sampling.lanes``)."""
 
-    verb = "be served row by row"
+    verb = "be served lane by lane"
 
-    def rows_program(
+    def lane_program(
         self, graphdef, *, steps: int, sampler: str, trajectory: bool, live: bool
-    ) -> sampling.rows.RowsProgram:
-        """The batched program, each row's temperature and top_p traced; its weights are its first argument.
+    ) -> sampling.lanes.LaneProgram:
+        """The batched program, each lane's temperature and top_p traced; its weights are its first argument.
         trajectory: the frames along the way too; live: the states handed to the host at each call."""
         raise NotImplementedError
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from sedd import evaluate, losses, sampling
 from sedd.kinds.base import Kind, build_graph, build_noise, chunked_entropy, network_of, params_score_fn, register
-from sedd.kinds.capabilities import Diffuses, Distills, ServesRows, refuse_drafts
+from sedd.kinds.capabilities import Diffuses, Distills, ServesLanes, refuse_drafts
 from sedd.model import DDiT
 
 
 @register("ddit")
-class Diffusion(Kind, Diffuses, ServesRows, Distills):
+class Diffusion(Kind, Diffuses, ServesLanes, Distills):
     """SEDD: a DDiT log-score network over the forward graph's ids, trained by score entropy.
 
     Attributes:
@@ -132,9 +132,9 @@ class Diffusion(Kind, Diffuses, ServesRows, Distills):
         """The absorbing graph's MASK; None on the uniform graph (every position holds a token at every step)."""
         return self.graph.mask if self.graph.absorb else None
 
-    def rows_program(self, graphdef, *, steps, sampler, trajectory, live):
+    def lane_program(self, graphdef, *, steps, sampler, trajectory, live):
         s = self.config.sampling
-        return sampling.rows.full_sequence_program(
+        return sampling.lanes.full_sequence_program(
             params_score_fn(graphdef),
             self.graph,
             self.noise,

@@ -17,8 +17,8 @@ driver), ``context`` (what a step sees: network calls and NFE, the cache,
 temperature and nucleus, static or traced), ``samplers`` (the registry,
 ``check_graph``, euler, analytic, the corrector), ``absorbing``
 (first_hitting, confidence, dilated, entropy_bound, remdm), ``long``
-(windows over text longer than the model), ``rows`` (one key, temperature
-and top_p per row in one batched program: what ``sedd serve`` runs),
+(windows over text longer than the model), ``lanes`` (the rows of a served batch,
+each with its own key, temperature and top_p in one batched program),
 ``rounds`` (the same for speculative decoding), ``prompts`` (text prompts as
 fixed positions). ``sedd.kinds.block`` drives the same loop a block at a
 time. A new sampler is a ``Sampler`` subclass registered with
@@ -71,7 +71,7 @@ from sedd.sampling.loop import (
 )
 from sedd.sampling.long import sample_long
 from sedd.sampling.prompts import MASK_CHAR, check_length, text_conditioning
-from sedd.sampling import rounds, rows
+from sedd.sampling import lanes, rounds
 
 __all__ = [
     "CATEGORICAL_METHODS",
@@ -116,6 +116,6 @@ __all__ = [
     "MASK_CHAR",
     "check_length",
     "text_conditioning",
-    "rows",
+    "lanes",
     "rounds",
 ]

@@ -1,22 +1,22 @@
-r"""Speculative decoding row by row: what ``sedd serve`` runs for a model that writes left to right with drafts.
+r"""Speculative decoding lane by lane: what ``sedd serve`` runs for a model that writes left to right with drafts.
 
 A ``Speculation`` is what a kind gives the server (``sedd.kinds.Kind.speculation``):
-how to build, for one row's traced temperature and top_p, the three parts
+how to build, for one lane's traced temperature and top_p, the three parts
 ``sedd.speculative.decode`` takes (prefill, target, drafter), and the drafts a
-round k. ``Speculation.program`` is its ``sedd.sampling.rows.RowsProgram``:
-each row alone under ``map_rows`` (its own key, temperature and top_p, one
+round k. ``Speculation.program`` is its ``sedd.sampling.lanes.LaneProgram``:
+each lane alone under ``map_lanes`` (its own key, temperature and top_p, one
 compiled program for every value), its rounds those of
 ``sedd.speculative.run_rounds``, so the text has the target's law whatever the
 drafts (Leviathan et al. 2023, Thm. 3.5).
 
-A row's prompt is the given positions at its start, and it writes up to the
+A lane's prompt is the given positions at its start, and it writes up to the
 next given position (or the end): a server marks the positions after a
-completion as given, so that a row stops where its completion ends. With
+completion as given, so that a lane stops where its completion ends. With
 `live`, every round is handed to the host as it lands (``observe_rounds``):
-the row's drafts, how many were kept and the token written after them, which
-``Rounds`` writes into each row's text before handing both on.
+the lane's drafts, how many were kept and the token written after them, which
+``Rounds`` writes into each lane's text before handing both on.
 
-Letters: B rows, L length, k drafts a round, V vocabulary, T = L + k + 1 the text's buffer.
+Letters: B lanes, L length, k drafts a round, V vocabulary, T = L + k + 1 the text's buffer.
 """
 
 from __future__ import annotations
@@ -30,18 +30,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from sedd import speculative
-import sedd.sampling.rows as rows_lib
+import sedd.sampling.lanes as lanes_lib
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Speculation:
-    """How a kind decodes speculatively, row by row.
+    """How a kind decodes speculatively, lane by lane.
 
     Attributes:
       parts: (temperature float32[], top_p float32[]) -> (prefill, target, drafter), called traced for one
-        row: target and drafter as ``sedd.speculative.decode`` takes them (target's law shaped by T and
+        lane: target and drafter as ``sedd.speculative.decode`` takes them (target's law shaped by T and
         top_p, T = 0 its argmax); prefill(state, text int32[1, T]) -> (target_state, drafter_state), with
-        `state` the program's first argument (``program_state``). prefill is given the row's whole text
+        `state` the program's first argument (``program_state``). prefill is given the lane's whole text
         buffer, the prompt followed by zeros, so target and drafter must read text[:, :start] only at
         each call (a KV cache rolled back to `start` does).
       k: drafts a round (0: none; each round writes the one token the target draws).
@@ -72,8 +72,8 @@ class Speculation:
         """The program's first argument from the target's (params, rest); (state, draft_state) with a drafter net."""
         return state if self.draft_state is None else (state, self.draft_state)
 
-    def program(self, graphdef=None, *, live: bool, **_) -> rows_lib.RowsProgram:
-        """The ``RowsProgram`` (``Kind.rows_program``'s arguments; only `live` applies: the network is in `parts`)."""
+    def program(self, graphdef=None, *, live: bool, **_) -> lanes_lib.LaneProgram:
+        """The ``LaneProgram`` (``Kind.lane_program``'s arguments; only `live` applies: the network is in `parts`)."""
         static = dict(
             parts=self.parts,
             k=self.k,
@@ -82,8 +82,8 @@ class Speculation:
             shared=self.shared,
             verification=self.verification,
         )
-        return rows_lib.RowsProgram(
-            sample_rows,
+        return lanes_lib.LaneProgram(
+            sample_lanes,
             static,
             _no_frames,
             listen=Rounds,
@@ -96,23 +96,23 @@ def _no_frames(*_):
 
 
 def observe_rounds(batch_id: jax.Array, r, start, drafted, accepted, tokens, live) -> None:
-    """Traced, under ``map_rows``: hand one round of every row of the batch to its listener (``Rounds``).
+    """Traced, under ``map_lanes``: hand one round of every lane of the batch to its listener (``Rounds``).
 
-    Each argument is this row's (batch of one, ``sedd.speculative.run_rounds``'s on_round); one callback
-    a round for the whole batch, the rows gathered over ``rows.AXIS``.
+    Each argument is this lane's (batch of one, ``sedd.speculative.run_rounds``'s on_round); one callback
+    a round for the whole batch, the lanes gathered over ``lanes.AXIS``.
     """
     gathered = [
-        jax.lax.all_gather(a[0] if a.ndim else a, rows_lib.AXIS)
+        jax.lax.all_gather(a[0] if a.ndim else a, lanes_lib.AXIS)
         for a in (jnp.broadcast_to(r, start.shape), start, drafted, accepted, tokens, live.astype(jnp.int32))
     ]
-    jax.debug.callback(rows_lib.deliver, batch_id, *gathered)
+    jax.debug.callback(lanes_lib.deliver, batch_id, *gathered)
 
 
 @functools.partial(jax.jit, static_argnames=("parts", "k", "categorical", "live", "shared", "verification"))
-def sample_rows(
+def sample_lanes(
     state,
     seeds,
-    rows,
+    lanes,
     mask,
     tokens,
     temperature,
@@ -126,10 +126,10 @@ def sample_rows(
     shared=False,
     verification="joint",
 ):
-    """``RowsProgram.fn`` of speculative decoding: ``sedd.speculative.run_rounds`` per row (``map_rows``).
+    """``LaneProgram.fn`` of speculative decoding: ``sedd.speculative.run_rounds`` per lane (``map_lanes``).
 
     Returns (ids int32[B, L], None, stats): stats["nfe"] and ["rounds"] int32[B] the target's calls
-    of each row, ["accepted_at"] int32[B, k] the rounds of each row that kept the draft at position i.
+    of each lane, ["accepted_at"] int32[B, k] the rounds of each lane that kept the draft at position i.
     """
     length = mask.shape[1]
     pos = jnp.arange(length)
@@ -158,15 +158,15 @@ def sample_rows(
         )
         return text[0, :length], None, {"nfe": rounds[0], "rounds": rounds[0], "accepted_at": accepted_at[0]}
 
-    return rows_lib.map_rows(one, seeds, rows, mask, tokens, temperature, top_p)
+    return lanes_lib.map_lanes(one, seeds, lanes, mask, tokens, temperature, top_p)
 
 
 def report(stats: dict, length: int, *, k: int, draft: str | None, draft_calls: int) -> dict:
-    """The `speculative` object of a completion of n rows: network calls, tokens a call, acceptance by position.
+    """The `speculative` object of a completion of n lanes: network calls, tokens a call, acceptance by position.
 
     Args:
-      stats: the program's stats of the completion's rows: "rounds" int[n], "accepted_at" int[n, k].
-      length: the tokens each row's completion holds.
+      stats: the program's stats of the completion's lanes: "rounds" int[n], "accepted_at" int[n, k].
+      length: the tokens each lane's completion holds.
     Returns:
       {"speculative": {...}}: target_calls (one a round; the prompt's prefill is not counted, as an AR
       baseline's is not), draft_calls, network_calls (their sum), tokens (n x length), tokens_per_call,
@@ -196,12 +196,12 @@ def report(stats: dict, length: int, *, k: int, draft: str | None, draft_calls: 
 
 
 class Rounds:
-    """The host end of a speculative batch: each row's text as its rounds land, and the round, handed on.
+    """The host end of a speculative batch: each lane's text as its rounds land, and the round, handed on.
 
     `listener(states int32[B, L], rounds)` is called once a round with the
-    whole text of every row (the prompt, the tokens written so far, `text`'s
+    whole text of every lane (the prompt, the tokens written so far, `text`'s
     blank after) and rounds[b] = {"round", "start", "drafted", "accepted",
-    "written"} for a row that wrote this round (None for a row already done):
+    "written"} for a lane that wrote this round (None for a lane already done):
     the drafts of positions start .. start + k - 1, how many were kept, and
     the token written after them (the redraw of the first rejected draft, or
     the extra token when all were kept).

@@ -269,7 +269,7 @@ def _request(body: bytes, name: str) -> CompletionRequest:
 
 def _speculation(run: runs.Run, draft, draft_k: int | None, draft_name: str | None):
     """The run's ``sedd.sampling.rounds.Speculation`` (``capabilities.Speculates``), or None: served by its rows
-    program (``capabilities.ServesRows``).
+    program (``capabilities.ServesLanes``).
 
     An AR run without a draft writes one token a call; with one, each answer carries a `speculative`
     object (calls, tokens a call, acceptance by draft position) and a stream each round's drafts.
@@ -281,7 +281,7 @@ def _speculation(run: runs.Run, draft, draft_k: int | None, draft_name: str | No
         draft = capabilities.drafter(draft.kind, draft.net)  # a sedd.drafts.Drafter, checked by the run's kind
     speculation = capabilities.speculation(run.kind, run.graphdef, draft, draft_k, draft_name)
     if speculation is None:
-        capabilities.able(run.kind, capabilities.ServesRows, "sedd serve")
+        capabilities.able(run.kind, capabilities.ServesLanes, "sedd serve")
     return speculation
 
 

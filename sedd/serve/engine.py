@@ -21,13 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from sedd import runs
-from sedd.sampling import rows as rows_lib
+from sedd.sampling import lanes as lanes_lib
 from sedd.serve.api import Limits, Plan
 
 logger = logging.getLogger("sedd.serve")
 
 BATCH_IDS = itertools.count()
-"""The ids of running batches (``sedd.sampling.rows.listening``)."""
+"""The ids of running batches (``sedd.sampling.lanes.listening``)."""
 
 
 def batch_size(rows: int) -> int:
@@ -91,7 +91,7 @@ class Engine:
         self.cond = threading.Condition()
         self.stopping = False
         self.batches = 0
-        self.programs: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()  # (compiled, RowsProgram)
+        self.programs: collections.OrderedDict[tuple, tuple] = collections.OrderedDict()  # (compiled, LaneProgram)
         self.compiles = 0
         self.thread = threading.Thread(target=self._loop, name="sedd-serve-engine", daemon=True)
 
@@ -213,30 +213,30 @@ class Engine:
                 job.future.set_result(result)
 
     def run_batch(self, batch: list[Job]) -> list[tuple]:
-        """Sample the rows of all jobs of the batch in one call of the compiled program."""
+        """Sample the lanes of all jobs of the batch in one call of the compiled program."""
         run = self.run
-        seeds, rows, masks, tokens, temperature, top_p = [], [], [], [], [], []
-        live = {}  # batch row -> (job, its row) for the jobs that watch their rows
+        seeds, lanes, masks, tokens, temperature, top_p = [], [], [], [], [], []
+        live = {}  # lane -> (job, its lane) for the jobs that watch their lanes
         for job in batch:
             for i in range(job.plan.n):
                 if job.progress is not None:
                     live[len(seeds)] = (job, i)
                 seeds.append(job.plan.seed)
-                rows.append(i)
+                lanes.append(i)
                 masks.append(job.plan.mask)
                 tokens.append(job.plan.tokens)
                 temperature.append(job.plan.temperature)
                 top_p.append(job.plan.top_p)
         used = len(seeds)
         size = batch_size(used)
-        for _ in range(size - used):  # padding rows: row 0's conditioning at T = 1, top_p = 1
-            seeds.append(0), rows.append(0), masks.append(masks[0]), tokens.append(tokens[0])
+        for _ in range(size - used):  # padding lanes: lane 0's conditioning at T = 1, top_p = 1
+            seeds.append(0), lanes.append(0), masks.append(masks[0]), tokens.append(tokens[0])
             temperature.append(1.0), top_p.append(1.0)
         batch_id = next(BATCH_IDS) & 0x7FFFFFFF
         args = (
             self.state,
             jnp.asarray(seeds, jnp.uint32),
-            jnp.asarray(rows, jnp.uint32),
+            jnp.asarray(lanes, jnp.uint32),
             jnp.asarray(np.stack(masks)),
             jnp.asarray(np.stack(tokens)),
             jnp.asarray(temperature, jnp.float32),
@@ -244,7 +244,7 @@ class Engine:
             jnp.int32(batch_id),
         )
         t0 = time.perf_counter()
-        (program, rows_program), compiled = self._program((size, *batch[0].program), args)
+        (program, lane_program), compiled = self._program((size, *batch[0].program), args)
         listening = contextlib.nullcontext()
         if live:  # the host holds the whole text of each row; a call may see part of it
             listener = lambda states, *more: [  # noqa: E731
@@ -252,7 +252,7 @@ class Engine:
             ]
             blank = run.kind.unwritten_id()
             texts = np.where(np.stack(masks), np.stack(tokens), 0 if blank is None else blank).astype(np.int32)
-            listening = rows_lib.listening(batch_id, rows_program.listen(listener, texts))
+            listening = lanes_lib.listening(batch_id, lane_program.listen(listener, texts))
         with listening:
             out = jax.tree.map(np.asarray, program(*args))  # the listener is called while this runs
         seconds = time.perf_counter() - t0
@@ -270,7 +270,7 @@ class Engine:
             n = job.plan.n
             # nfe: the most network calls any of the job's rows needed (measured by the sampler)
             mine = {name: v[i : i + n] for name, v in counts.items()}
-            more = {} if rows_program.report is None else rows_program.report(mine, job.plan.length)
+            more = {} if lane_program.report is None else lane_program.report(mine, job.plan.length)
             results.append(
                 (
                     ids[i : i + n],
@@ -281,11 +281,11 @@ class Engine:
             i += n
         return results
 
-    def _program(self, key: tuple, args: tuple) -> tuple[tuple[jax.stages.Compiled, rows_lib.RowsProgram], bool]:
-        """((the compiled program of key = (rows, steps, sampler, trajectory, live), its RowsProgram), whether it
+    def _program(self, key: tuple, args: tuple) -> tuple[tuple[jax.stages.Compiled, lanes_lib.LaneProgram], bool]:
+        """((the compiled program of key = (rows, steps, sampler, trajectory, live), its LaneProgram), whether it
         was compiled now).
 
-        The kind of the run makes the program (``Kind.rows_program``, or the
+        The kind of the run makes the program (``Kind.lane_program``, or the
         speculation's ``program``). It is
         compiled ahead of time and kept here, not in jit's own cache, so that
         dropping the least recently used beyond ``max_programs`` frees it
@@ -296,9 +296,9 @@ class Engine:
             self.programs.move_to_end(key)
             return program, False
         _, steps, sampler, trajectory, live = key
-        make = self.run.kind.rows_program if self.speculation is None else self.speculation.program
-        rows_program = make(self.run.graphdef, steps=steps, sampler=sampler, trajectory=trajectory, live=live)
-        program = rows_program.compile(*args), rows_program
+        make = self.run.kind.lane_program if self.speculation is None else self.speculation.program
+        lane_program = make(self.run.graphdef, steps=steps, sampler=sampler, trajectory=trajectory, live=live)
+        program = lane_program.compile(*args), lane_program
         self.programs[key] = program
         self.compiles += 1
         if len(self.programs) > self.limits.max_programs:
@@ -314,9 +314,9 @@ class Engine:
 
         The frames that show its completion, the network calls made before
         each, and the part of the text each draws: the kind's reading of its
-        own program's frames (``sedd.sampling.rows.RowsProgram.frames``).
+        own program's frames (``sedd.sampling.lanes.LaneProgram.frames``).
         """
-        program = self.run.kind.rows_program(
+        program = self.run.kind.lane_program(
             self.run.graphdef, steps=p.steps, sampler=p.sampler, trajectory=True, live=False
         )
         return program.frames(traj, p.start, p.length, p.steps)

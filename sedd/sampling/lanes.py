@@ -1,24 +1,25 @@
-"""Rows sampled alone in one batched program, and their states handed to the host while it runs.
+"""Lanes: the rows of a served batch, each sampled alone in one batched program, and their states handed on.
 
-A server batches requests that ask for different things: each row of a
-batch has its own key fold_in(key(seed), row), its own temperature and
-top_p (traced values: one compiled program serves every value), and a row's
-text is the same whatever it was batched with. ``map_rows`` runs a one-row
-draw that way, under ``jax.vmap`` with the axis ``AXIS``, so that the
-network runs once a step on all rows with unbatched weights (``Context.any``).
+A server batches requests that ask for different things: each lane (a row
+of the batch) has its own key fold_in(key(seed), lane), its own temperature
+and top_p (traced values: one compiled program serves every value), and a
+lane's text is the same whatever it was batched with. ``map_lanes`` runs a
+one-lane draw that way, under ``jax.vmap`` with the axis ``AXIS``, so that
+the network runs once a step on all lanes with unbatched weights
+(``Context.any``).
 
 While a batch runs, the states its network calls see can be handed to the
-host: ``observe`` (traced, in a score function) sends the states of all rows
+host: ``observe`` (traced, in a score function) sends the states of all lanes
 of the batch, the positions [start, start + n) of the text, to the listener
 registered for the batch with ``listening``. ``Placed`` keeps the whole text
-of each row on the host and writes each update into it.
+of each lane on the host and writes each update into it.
 
-What a model kind gives ``sedd serve`` is a ``RowsProgram``: the compiled
+What a model kind gives ``sedd serve`` is a ``LaneProgram``: the compiled
 draw and how to count the network calls behind each frame of a trajectory.
 ``full_sequence_program`` is the full-sequence SEDD one; ``sedd.kinds.block`` has
 the block model's.
 
-Shapes: B batch rows, L length, N steps, F frames.
+Shapes: B lanes (the batch's rows), L length, N steps, F frames.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ import numpy as np
 from sedd.sampling.loop import Options, run_loop, time_grid
 from sedd.sampling.samplers import get_sampler
 
-AXIS = "rows"
-"""The ``jax.vmap`` axis of ``map_rows``: samplers reduce their "does any row need a call" over it."""
+AXIS = "lanes"
+"""The ``jax.vmap`` axis of ``map_lanes``: samplers reduce their "does any lane need a call" over it."""
 
 LISTENERS: dict[int, Callable[[int, np.ndarray], None]] = {}
 """Batch id -> listener(start, states int32[B, n]) of a running batch; set with ``listening``."""
@@ -61,9 +62,9 @@ def deliver(batch_id, *values) -> None:
 
 
 def observe(batch_id: jax.Array, start: jax.Array, x: jax.Array) -> None:
-    """Traced, under ``map_rows``: send the states of every row of the batch (x int32[1, n] is this row's).
+    """Traced, under ``map_lanes``: send the states of every lane of the batch (x int32[1, n] is this lane's).
 
-    One callback a call, the rows gathered over ``AXIS``, whatever the batch size.
+    One callback a call, the lanes gathered over ``AXIS``, whatever the batch size.
     """
     jax.debug.callback(deliver, batch_id, start, jax.lax.all_gather(x[0], AXIS))  # (B, n)
 
@@ -79,7 +80,7 @@ def listening(batch_id: int, listener: Callable[[int, np.ndarray], None]):
 
 
 class Placed:
-    """A listener that keeps the whole text of each row: each update is written at its place, then handed on.
+    """A listener that keeps the whole text of each lane: each update is written at its place, then handed on.
 
     A call may see part of the text only (a block model's calls see one
     block); the host keeps the rest (the prompt, what is drawn, MASK after),
@@ -98,32 +99,32 @@ class Placed:
         self.listener(self.text.copy())
 
 
-def map_rows(draw_row: Callable, seeds: jax.Array, rows: jax.Array, *per_row) -> tuple:
-    """draw_row(key, *row_args) on every row, each row a batch of one, under ``jax.vmap`` over ``AXIS``.
+def map_lanes(draw_lane: Callable, seeds: jax.Array, lanes: jax.Array, *per_lane) -> tuple:
+    """draw_lane(key, *lane_args) on every lane, each a batch of one, under ``jax.vmap`` over ``AXIS``.
 
     Args:
-      draw_row: (key, *args of one row) -> pytree; runs traced.
-      seeds, rows: uint32[B]: row b's key is fold_in(key(seeds[b]), rows[b]).
-      per_row: arrays of leading dimension B, mapped with the rows.
+      draw_lane: (key, *args of one lane) -> pytree; runs traced.
+      seeds, lanes: uint32[B]: lane b's key is fold_in(key(seeds[b]), lanes[b]).
+      per_lane: arrays of leading dimension B, mapped with the lanes.
     """
 
-    def one(seed, row, *args):
-        return draw_row(jax.random.fold_in(jax.random.key(seed), row), *args)
+    def one(seed, lane, *args):
+        return draw_lane(jax.random.fold_in(jax.random.key(seed), lane), *args)
 
-    return jax.vmap(one, axis_name=AXIS)(seeds, rows, *per_row)
+    return jax.vmap(one, axis_name=AXIS)(seeds, lanes, *per_lane)
 
 
 @dataclasses.dataclass(frozen=True)
-class RowsProgram:
+class LaneProgram:
     """A model kind's batched sampler, as ``sedd serve`` runs it.
 
     Attributes:
-      fn: a jitted function, called with (state, seeds uint32[B], rows
+      fn: a jitted function, called with (state, seeds uint32[B], lanes
         uint32[B], mask bool[B, L], tokens int32[B, L], temperature
         float32[B], top_p float32[B], batch_id int32[]) and the keywords
         `static` -> (ids int32[B, L], frames int32[B, F, L] or None, nfe
-        int32[B]): each row drawn alone (``map_rows``), the prompt's
-        positions fixed; nfe the network calls each row needed. With `live`
+        int32[B]): each lane drawn alone (``map_lanes``), the prompt's
+        positions fixed; nfe the network calls each lane needed. With `live`
         its calls ``observe`` their states.
       static: its static keyword arguments.
       frames: (frames int[n, F, L], start, length, steps) -> (frames int[n, F', L],
@@ -134,9 +135,9 @@ class RowsProgram:
       listen: (listener, text int32[B, L]) -> the object registered with
         ``listening`` while a live batch runs, which calls listener(states
         int32[B, L], *more) (``Placed``; ``sedd.sampling.rounds.Rounds``).
-      report: None, or (stats of a completion's rows, its length) -> a dict
+      report: None, or (stats of a completion's lanes, its length) -> a dict
         added to the completion's answer, where `nfe` above is a dict of
-        per-row stats int[B, ...] holding "nfe".
+        per-lane stats int[B, ...] holding "nfe".
     """
 
     fn: Callable
@@ -167,10 +168,10 @@ def _observed(score_fn: Callable, live: bool) -> Callable:
     jax.jit,
     static_argnames=("score_fn", "graph", "noise", "steps", "sampler", "eps", "categorical", "trajectory", "live"),
 )
-def sample_rows(
+def sample_lanes(
     state,
     seeds,
-    rows,
+    lanes,
     mask,
     tokens,
     temperature,
@@ -187,13 +188,13 @@ def sample_rows(
     trajectory,
     live,
 ):
-    """``RowsProgram.fn`` of full-sequence sampling: ``run_loop`` per row, its T and top_p traced (``map_rows``).
+    """``LaneProgram.fn`` of full-sequence sampling: ``run_loop`` per lane, its T and top_p traced (``map_lanes``).
 
     score_fn: (state, x, sigma) -> log-score, a stable object (jit's cache key).
     Returns (ids, traj, nfe): traj int32[B, N + 1, L], the state before each
-    step, or None without trajectory; nfe int32[B], the calls each row's
+    step, or None without trajectory; nfe int32[B], the calls each lane's
     sampler made, counted as if it ran alone (the batch skips a call only
-    when no row needs it).
+    when no lane needs it).
     """
     fn = _observed(score_fn, live)
     length = mask.shape[1]
@@ -221,13 +222,13 @@ def sample_rows(
         traj = None if traj is None else traj[:, 0]  # (N + 1, L)
         return x[0], traj, stats["nfe_per_sample"][0]  # (L,), ..., ()
 
-    return map_rows(one, seeds, rows, mask, tokens, temperature, top_p)
+    return map_lanes(one, seeds, lanes, mask, tokens, temperature, top_p)
 
 
 def full_sequence_frames(traj: np.ndarray, start: int, length: int, steps: int, *, mask_id: int | None):
-    """``RowsProgram.frames`` of full-sequence sampling: the N states before each step, the calls before each.
+    """``LaneProgram.frames`` of full-sequence sampling: the N states before each step, the calls before each.
 
-    The calls are the most any row made: a step of the absorbing graph whose
+    The calls are the most any lane made: a step of the absorbing graph whose
     state has no mask left makes none; the uniform graph (mask_id None) calls
     the network at every step.
     """
@@ -249,8 +250,8 @@ def full_sequence_program(
     categorical: str,
     trajectory: bool,
     live: bool,
-) -> RowsProgram:
-    """The ``RowsProgram`` of a full-sequence SEDD network (score_fn: (state, x, sigma) -> log-score)."""
+) -> LaneProgram:
+    """The ``LaneProgram`` of a full-sequence SEDD network (score_fn: (state, x, sigma) -> log-score)."""
     static = dict(
         score_fn=score_fn,
         graph=graph,
@@ -263,4 +264,4 @@ def full_sequence_program(
         live=live,
     )
     mask_id = graph.mask if graph.absorb else None
-    return RowsProgram(sample_rows, static, functools.partial(full_sequence_frames, mask_id=mask_id))
+    return LaneProgram(sample_lanes, static, functools.partial(full_sequence_frames, mask_id=mask_id))
