@@ -30,14 +30,18 @@ import numpy as np
 
 from experiments.timing import format_table, interleaved, median, paired_ratio, tokens_per_call
 from experiments.writing import by_blocks, writer
-from sedd import code_measures, figures
+from sedd import code_measures, figures, sampling
 from sedd.kinds import capabilities
 
-SEDD_SAMPLERS = ("analytic", "euler", "first_hitting", "confidence", "dilated", "entropy_bound", "remdm")
 SEDD_STEPS = (8, 16, 32, 64, 128)
-# A block run's adaptive samplers, each at b steps a block (at most one token a step when it is unsure):
-# the EB-sampler's entropy budgets (nats) and Fast-dLLM's confidence thresholds.
+# A block run's adaptive samplers, each at b steps a block (at most one token a step when it is unsure): left to
+# right with the sure positions after the first (one a step at threshold 1), the EB-sampler's entropy budgets
+# (nats) and Fast-dLLM's confidence thresholds.
 BLOCK_SETTINGS = (
+    ("left_to_right", {"threshold": 1.0}),
+    ("left_to_right", {"threshold": 0.9}),
+    ("left_to_right", {"threshold": 0.7}),
+    ("left_to_right", {"threshold": 0.5}),
     ("entropy_bound", {"max_entropy": 0.1}),
     ("entropy_bound", {"max_entropy": 0.5}),
     ("entropy_bound", {"max_entropy": 2.0}),
@@ -64,18 +68,14 @@ class Decoder:
 
 
 def decoders_of(
-    name: str,
-    run,
-    sedd_steps=SEDD_STEPS,
-    sedd_samplers=SEDD_SAMPLERS,
-    block_settings=BLOCK_SETTINGS,
-    layouts: tuple = ("auto",),
+    name: str, run, sedd_steps=SEDD_STEPS, sedd_samplers=None, block_settings=BLOCK_SETTINGS, layouts: tuple = ("auto",)
 ) -> list[Decoder]:
     """The settings a run is measured at, by what its kind does.
 
     A causal LM writes one token a call on its KV cache; one that tunes a round's layout (a spec run, an
     AR run with a draft head) writes each of `layouts` too. A block run: each of `block_settings` at b
-    steps a block. A whole-sequence denoiser (SEDD, a distilled student): each sampler at each step count.
+    steps a block. A whole-sequence denoiser (SEDD, a distilled student): each sampler (default: every
+    registered one that runs on its graph) at each step count.
     """
     kind = run.kind
     label = kind.label
@@ -87,7 +87,16 @@ def decoders_of(
     if by_blocks(kind, run.seq_len):
         b = kind.one_token_steps(run.seq_len)
         return [Decoder(name, label, _describe(s, o), s, b, tuple(sorted(o.items()))) for s, o in block_settings]
-    return [Decoder(name, label, s, s, n) for s in sedd_samplers for n in sedd_steps]
+    samplers = sedd_samplers or [s for s in sampling.SAMPLERS if _runs_on(s, kind.graph)]  # every one, by default
+    return [Decoder(name, label, s, s, n) for s in samplers for n in sedd_steps]
+
+
+def _runs_on(sampler: str, graph) -> bool:
+    try:
+        sampling.check_graph(sampler, graph)
+    except ValueError:
+        return False
+    return True
 
 
 def _tunes(kind) -> bool:
@@ -379,7 +388,7 @@ def run_frontier(quick: bool, args) -> dict:
             raise SystemExit("frontier: give --workdirs RUN ... (an AR run among them) and --judge AR_RUN")
         runs = {Path(p).name: runs_lib.load(p) for p in args.workdirs}
         judge = figures.load_judge(args.judge)
-        samplers = tuple(args.samplers or SEDD_SAMPLERS)
+        samplers = tuple(args.samplers) if args.samplers else None
         block_settings = BLOCK_SETTINGS
     steps = tuple(args.steps or SEDD_STEPS)
     layouts = tuple(args.layouts or ("auto",))
