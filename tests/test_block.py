@@ -776,9 +776,9 @@ def test_a_block_run_starts_from_an_ar_run(tiny_run, tmp_path, capsys):
     ar, shifted_run = runs.load(tmp_path / "ar"), runs.load(tmp_path / "block")
     trainer = train_lib.Trainer(shifted_run.config)
     state = train_lib.started_from(trainer, str(tmp_path / "ar"), shifted_run.tokenizer, say=lambda line: None)
-    layer = lambda params: np.asarray(params["layers"][0]["attn_qkv"]["kernel"].value)  # noqa: E731
+    layer = lambda params: np.asarray(params["layers"][0]["attn_qkv"]["kernel"][...])  # noqa: E731
     np.testing.assert_array_equal(layer(state["params"]), layer(ar.params))
-    embed = lambda params: np.asarray(params["vocab_embed"]["embedding"].value)  # noqa: E731
+    embed = lambda params: np.asarray(params["vocab_embed"]["embedding"][...])  # noqa: E731
     v = ar.config.vocab_size
     np.testing.assert_array_equal(embed(state["params"])[:v], embed(ar.params)[:v])
     np.testing.assert_array_equal(embed(state["params"])[v + 1], embed(ar.params)[v])  # BOS
@@ -798,6 +798,6 @@ def test_an_ar_run_with_a_draft_head_starts_from_an_ar_run_without_one():
     kind = kinds.get(headed)
     fresh = nnx.state(kind.network(1), nnx.Param)
     got = kind.params_from(source, fresh)
-    np.testing.assert_array_equal(got["vocab_embed"]["embedding"].value, params["vocab_embed"]["embedding"].value)
+    np.testing.assert_array_equal(got["vocab_embed"]["embedding"][...], params["vocab_embed"]["embedding"][...])
     for a, b in zip(jax.tree.leaves(got["draft_head"]), jax.tree.leaves(fresh["draft_head"])):
         np.testing.assert_array_equal(a, b)
