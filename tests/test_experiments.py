@@ -607,6 +607,25 @@ def test_frontier_table_names_the_machine_and_the_fastest_setting_at_ar_quality(
     assert (tmp_path / "f.png").stat().st_size > 1000
 
 
+def test_frontier_passes_a_tuned_runs_chosen_layout_as_the_command_line_spells_it(monkeypatch):
+    """ "auto" times the layouts and passes the winner on: in the spelling its kind's layout_of reads back ("4",
+    "4,5"), not its description (a head run's frontier stopped on "no drafts (the AR network alone, ...)")."""
+    from types import SimpleNamespace
+
+    from experiments.benchmarks import frontier
+    from sedd.kinds import draft_head, spec
+
+    monkeypatch.setattr(frontier.capabilities, "tune", lambda *a: None)
+    for module, layouts in (
+        (draft_head, [draft_head.HeadLayout(0), draft_head.HeadLayout(4)]),
+        (spec, [spec.NO_DRAFTS, spec.Layout(4, 5), spec.Layout(2, 1)]),
+    ):
+        for lay in layouts:
+            chosen = frontier._layout_chosen(SimpleNamespace(kind=SimpleNamespace(layout=lay), net=None), "auto", 1)
+            assert module.layout_of(chosen, 4) == lay, (chosen, lay)
+    assert frontier._layout_chosen(None, "2", 4) == "2"  # a layout given is passed as given
+
+
 @pytest.mark.slow  # compiles every tiny decoder: behind -m slow to keep the default suite within its CPU budget
 def test_frontier_bench_runs_every_decoder_of_tiny_runs(tmp_path):
     """bench.py frontier --quick: random AR, block and SEDD runs against an AR judge; every setting of each is a row

@@ -113,7 +113,7 @@ def _layout_chosen(run, layout, batch: int) -> Any:
     if layout != "auto":
         return layout
     capabilities.tune(run.kind, run.net, {}, None, batch)
-    return str(run.kind.layout)
+    return run.kind.layout.name  # its command-line spelling (str() is a description)
 
 
 def _write_fn(run, d: Decoder, batch: int, length: int, key) -> Any:
