@@ -3,10 +3,12 @@
 #
 #   bash experiments/benchmarks/frontier_runs.sh plays [DIR]     # the default's width on the plays
 #   bash experiments/benchmarks/frontier_runs.sh code [DIR]      # the same on the standard library's code
+#   bash experiments/benchmarks/frontier_runs.sh wide [PLAYS_DIR [DIR]]  # the plays at width 1024: shakespeare_wide
+#                                        # and its block run (shakespeare_wide_block), judged by the plays' judge
 #
 # Each run is trained once (a run with a `.done` file is kept), into DIR (default runs/frontier_CORPUS); the
-# frontier is measured last and writes DIR/frontier.{json,md,png}. Every run is of the default's width
-# (4 x 128); the minutes each took on a 2-core Zen 3 are in docs/studies/frontier.md.
+# frontier is measured last and writes DIR/frontier.{json,md,png}. Every run but `wide`'s is of the default's
+# width (4 x 128); the minutes each took on a 2-core Zen 3 are in docs/studies/frontier.md.
 #   ar        the AR baseline, the default's steps (plays 1,500, code 1,000), continued 500 (code 400) steps
 #             at a lower rate into ar_more: the baseline, of the block run's training budget
 #   block4    a token-shifted block run (b = 4, AR-aligned) started from `ar` and trained as long as ar_more
@@ -15,14 +17,27 @@
 #   spec      the spec kind, k = 4, 600 steps (plays only)
 #   judge     an AR run trained 4x (code 2x) the baseline's steps: the independent judge, never measured
 set -euo pipefail
-corpus=${1:?give plays or code}
-R=${2:-runs/frontier_$corpus}
-mkdir -p "$R"
+corpus=${1:?give plays, code or wide}
+if [ "$corpus" = wide ]; then  # shakespeare_wide (an AR run with a draft head) and its block run, b = 4
+  P=${2:-runs/frontier_plays}
+  [ -f "$P/judge/.done" ] || { echo "frontier_runs.sh wide: train the plays' runs first (their judge)" >&2; exit 2; }
+  R=${3:-runs/frontier_wide}
+  mkdir -p "$R"
+  for step in "wide_head --config shakespeare_wide" \
+    "block4 --config shakespeare_wide_block --config.training.init_from=$R/wide_head"; do
+    set -- $step
+    [ -f "$R/$1/.done" ] || { sedd train --workdir "$R/$1" "${@:2}" && touch "$R/$1/.done"; }
+  done
+  exec python experiments/benchmarks/bench.py frontier --workdirs "$R/wide_head" "$R/block4" --judge "$P/judge" \
+    --batch_sizes 1 4 --json "$R/frontier.json" --picture "$R/frontier.png" --title "Every decoder against AR: wide"
+fi
 case $corpus in
   plays) C=(); more=500; judge=6000 ;;
   code) C=(--config code); more=400; judge=2000 ;;
-  *) echo "frontier_runs.sh: the corpus is plays or code, not '$corpus'" >&2; exit 2 ;;
+  *) echo "frontier_runs.sh: the corpus is plays, code or wide, not '$corpus'" >&2; exit 2 ;;
 esac
+R=${2:-runs/frontier_$corpus}
+mkdir -p "$R"
 FT=(--config.training.n_iters=$more --config.training.eval_every=$more --config.training.ckpt_every=$more
   --config.optim.lr=1e-3 --config.optim.warmup=50)
 t() {  # t NAME sedd-subcommand ARGS...: once
