@@ -15,7 +15,8 @@
 #   head      `ar` continued with a draft head of 64 (plays only)
 #   ddit      SEDD, the default (plays only); distilled, one round of self-distillation of it (128 -> 64 steps)
 #   spec      the spec kind, k = 4, 600 steps (plays only)
-#   judge     an AR run trained 4x (code 2x) the baseline's steps: the independent judge, never measured
+#   judge     an AR run trained 4x (code 2x) `ar`'s steps, 3x (1.4x) the baseline's: the independent judge,
+#             never measured
 set -euo pipefail
 corpus=${1:?give plays, code or wide}
 if [ "$corpus" = wide ]; then  # shakespeare_wide (an AR run with a draft head) and its block run, b = 4
