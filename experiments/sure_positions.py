@@ -10,8 +10,8 @@ of b) writes, on those texts,
     tokens a call = L / (number of calls),   a call starting at l, taking l+1 .. l+j while p_{l+1..l+j} >= tau
 
 That is an upper bound for any left-to-right threshold decoder (``sampling.left_to_right``) whose network
-has the AR run's quality: its law for x_{l+1} is a marginal over x_l, never surer than the AR conditional
-given x_l. Together with the cost of a call on b positions against one (``bench.py speculative
+has the AR run's quality, on average: its law for x_{l+1} is a marginal over x_l, and max_v E p(v | x_l)
+<= E max_v p(v | x_l), no surer than the AR conditionals given x_l. Together with the cost of a call on b positions against one (``bench.py speculative
 --cost_only``) it bounds the speed a block decoder can reach at the AR run's quality on this machine
 (docs/benchmarks.md, "Why").
 """

@@ -19,16 +19,19 @@
 #             never measured
 set -euo pipefail
 corpus=${1:?give plays, code or wide}
+t() {  # t NAME sedd-subcommand ARGS...: once, into $R/NAME
+  local name=$1; shift
+  [ -f "$R/$name/.done" ] && return
+  echo "== $name: sedd $*"
+  sedd "$@" && touch "$R/$name/.done"
+}
 if [ "$corpus" = wide ]; then  # shakespeare_wide (an AR run with a draft head) and its block run, b = 4
   P=${2:-runs/frontier_plays}
   [ -f "$P/judge/.done" ] || { echo "frontier_runs.sh wide: train the plays' runs first (their judge)" >&2; exit 2; }
   R=${3:-runs/frontier_wide}
   mkdir -p "$R"
-  for step in "wide_head --config shakespeare_wide" \
-    "block4 --config shakespeare_wide_block --config.training.init_from=$R/wide_head"; do
-    set -- $step
-    [ -f "$R/$1/.done" ] || { sedd train --workdir "$R/$1" "${@:2}" && touch "$R/$1/.done"; }
-  done
+  t wide_head train --workdir "$R/wide_head" --config shakespeare_wide
+  t block4 train --workdir "$R/block4" --config shakespeare_wide_block --config.training.init_from="$R/wide_head"
   exec python experiments/benchmarks/bench.py frontier --workdirs "$R/wide_head" "$R/block4" --judge "$P/judge" \
     --batch_sizes 1 4 --json "$R/frontier.json" --picture "$R/frontier.png" --title "Every decoder against AR: wide"
 fi
@@ -41,12 +44,6 @@ R=${2:-runs/frontier_$corpus}
 mkdir -p "$R"
 FT=(--config.training.n_iters=$more --config.training.eval_every=$more --config.training.ckpt_every=$more
   --config.optim.lr=1e-3 --config.optim.warmup=50)
-t() {  # t NAME sedd-subcommand ARGS...: once
-  local name=$1; shift
-  [ -f "$R/$name/.done" ] && return
-  echo "== $name: sedd $*"
-  sedd "$@" && touch "$R/$name/.done"
-}
 t ar train --workdir "$R/ar" "${C[@]}" --config.model.kind=ar
 t ar_more train --workdir "$R/ar_more" "${C[@]}" --config.model.kind=ar --config.training.init_from="$R/ar" "${FT[@]}"
 t block4 train --workdir "$R/block4" "${C[@]}" --config.model.kind=block --config.model.block_size=4 \
