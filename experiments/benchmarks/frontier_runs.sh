@@ -33,7 +33,8 @@ if [ "$corpus" = wide ]; then  # shakespeare_wide (an AR run with a draft head) 
   t wide_head train --workdir "$R/wide_head" --config shakespeare_wide
   t block4 train --workdir "$R/block4" --config shakespeare_wide_block --config.training.init_from="$R/wide_head"
   exec python experiments/benchmarks/bench.py frontier --workdirs "$R/wide_head" "$R/block4" --judge "$P/judge" \
-    --batch_sizes 1 4 --json "$R/frontier.json" --picture "$R/frontier.png" --title "Every decoder against AR: wide"
+    --batch_sizes 1 4 --quality_samples 32 --json "$R/frontier.json" --picture "$R/frontier.png" \
+    --title "Every decoder against AR: the plays, 2 x 1024"
 fi
 case $corpus in
   plays) C=(); more=500; judge=6000 ;;
