@@ -11,9 +11,9 @@ of b) writes, on those texts,
 
 That is an upper bound for any left-to-right threshold decoder (``sampling.left_to_right``) whose network
 has the AR run's quality, on average: its law for x_{l+1} is a marginal over x_l, and max_v E p(v | x_l)
-<= E max_v p(v | x_l), no surer than the AR conditionals given x_l. Together with the cost of a call on b positions against one (``bench.py speculative
---cost_only``) it bounds the speed a block decoder can reach at the AR run's quality on this machine
-(docs/benchmarks.md, "Why").
+<= E max_v p(v | x_l), no surer than the AR conditionals given x_l. Together with the cost of a call on b
+positions against one (``bench.py speculative --cost_only``) it bounds the speed a block decoder can reach
+at the AR run's quality on this machine (docs/benchmarks.md, "Why").
 """
 
 from __future__ import annotations
