@@ -224,7 +224,12 @@ def test_b1_bound_is_the_exact_nll_of_the_conditional_model():
 
 @pytest.mark.parametrize(
     "b, remat, time_conditioning, shift",
-    [(4, "none", True, False), (16, "none", True, False), (4, "layers", False, True), (16, "dots", True, False)],
+    [  # b = 16 (one block of the whole text) behind -m slow: the default suite's 900 CPU s
+        (4, "none", True, False),
+        pytest.param(16, "none", True, False, marks=pytest.mark.slow),
+        (4, "layers", False, True),
+        pytest.param(16, "dots", True, False, marks=pytest.mark.slow),
+    ],
 )
 def test_the_bound_run_against_the_clean_context_is_the_full_forwards(b, remat, time_conditioning, shift):
     """x0's keys and values once a batch, then x_t's L positions alone (block.bound_fns, what the block kind's

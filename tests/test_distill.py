@@ -262,6 +262,7 @@ def planned_divergences(student, teacher, steps: int) -> dict:
     return {k: float(np.mean(v)) for k, v in out.items()}
 
 
+@pytest.mark.slow  # a second trained teacher and round (the first test's law with the dilated plan): 900 CPU s
 def test_a_planned_round_moves_the_students_one_step_toward_its_teachers_two_steps(data_dir, tmp_path):
     """distill.order='dilated': one round (4 -> 2 steps of the dilated sampler) lowers the exact divergences."""
     teacher = tmp_path / "teacher"

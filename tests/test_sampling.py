@@ -17,7 +17,7 @@ import reference
 from sedd import graphs, noise, sampling
 
 V, L = 3, 3
-N_SAMPLES = 20_000
+N_SAMPLES = 5_000
 STEPS = 64
 
 ABSORBING = graphs.Absorbing(V)
