@@ -5,10 +5,12 @@
 #   bash experiments/benchmarks/frontier_runs.sh code [DIR]      # the same on the standard library's code
 #   bash experiments/benchmarks/frontier_runs.sh wide [PLAYS_DIR [DIR]]  # the plays at width 1024: shakespeare_wide
 #                                        # and its block run (shakespeare_wide_block), judged by the plays' judge
+#   bash experiments/benchmarks/frontier_runs.sh code_wide [CODE_DIR [DIR]]  # the same on code: code_wide and
+#                                        # code_wide_block, judged by code's judge
 #
 # Each run is trained once (a run with a `.done` file is kept), into DIR (default runs/frontier_CORPUS); the
-# frontier is measured last and writes DIR/frontier.{json,md,png}. Every run but `wide`'s is of the default's
-# width (4 x 128); the minutes each took on a 2-core Zen 3 are in docs/studies/frontier.md.
+# frontier is measured last and writes DIR/frontier.{json,md,png}. Every run but wide's and code_wide's is of the
+# default's width (4 x 128); the minutes each took on a 2-core Zen 3 are in docs/studies/frontier.md.
 #   ar        the AR baseline, the default's steps (plays 1,500, code 1,000), continued 500 (code 400) steps
 #             at a lower rate into ar_more: the baseline, of the block run's training budget
 #   block4    a token-shifted block run (b = 4, AR-aligned) started from `ar` and trained as long as ar_more
@@ -18,28 +20,29 @@
 #   judge     an AR run trained 4x (code 2x) `ar`'s steps, 3x (1.4x) the baseline's: the independent judge,
 #             never measured
 set -euo pipefail
-corpus=${1:?give plays, code or wide}
+corpus=${1:?give plays, code, wide or code_wide}
 t() {  # t NAME sedd-subcommand ARGS...: once, into $R/NAME
   local name=$1; shift
   [ -f "$R/$name/.done" ] && return
   echo "== $name: sedd $*"
   sedd "$@" && touch "$R/$name/.done"
 }
-if [ "$corpus" = wide ]; then  # shakespeare_wide (an AR run with a draft head) and its block run, b = 4
-  P=${2:-runs/frontier_plays}
-  [ -f "$P/judge/.done" ] || { echo "frontier_runs.sh wide: train the plays' runs first (their judge)" >&2; exit 2; }
-  R=${3:-runs/frontier_wide}
+if [ "$corpus" = wide ] || [ "$corpus" = code_wide ]; then  # an AR run with a draft head, its block run (b = 4)
+  if [ "$corpus" = wide ]; then P=${2:-runs/frontier_plays} W=shakespeare_wide name="the plays"
+  else P=${2:-runs/frontier_code} W=code_wide name=code; fi
+  [ -f "$P/judge/.done" ] || { echo "frontier_runs.sh $corpus: train $P's runs first (its judge)" >&2; exit 2; }
+  R=${3:-runs/frontier_$corpus}
   mkdir -p "$R"
-  t wide_head train --workdir "$R/wide_head" --config shakespeare_wide
-  t block4 train --workdir "$R/block4" --config shakespeare_wide_block --config.training.init_from="$R/wide_head"
+  t wide_head train --workdir "$R/wide_head" --config $W
+  t block4 train --workdir "$R/block4" --config ${W}_block --config.training.init_from="$R/wide_head"
   exec python experiments/benchmarks/bench.py frontier --workdirs "$R/wide_head" "$R/block4" --judge "$P/judge" \
     --batch_sizes 1 4 --quality_samples 32 --json "$R/frontier.json" --picture "$R/frontier.png" \
-    --title "Every decoder against AR: the plays, 2 x 1024"
+    --title "Every decoder against AR: $name, 2 x 1024"
 fi
 case $corpus in
   plays) C=(); more=500; judge=6000 ;;
   code) C=(--config code); more=400; judge=2000 ;;
-  *) echo "frontier_runs.sh: the corpus is plays, code or wide, not '$corpus'" >&2; exit 2 ;;
+  *) echo "frontier_runs.sh: the corpus is plays, code, wide or code_wide, not '$corpus'" >&2; exit 2 ;;
 esac
 R=${2:-runs/frontier_$corpus}
 mkdir -p "$R"

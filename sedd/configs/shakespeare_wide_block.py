@@ -22,7 +22,11 @@ from sedd.configs import shakespeare_wide
 
 def get_config():
     """shakespeare_wide's network as a token-shift block run of b = 4, to start from an AR run of that width."""
-    c = shakespeare_wide.get_config()
+    return as_block(shakespeare_wide.get_config())
+
+
+def as_block(c):
+    """A wide AR config's network as a token-shift block run of b = 4 (``code_wide_block`` reads it too)."""
     c.model.kind = "block"
     c.model.block_size = 4  # small blocks: a block's lookahead is what a left-to-right decoder writes in parallel
     c.model.token_shift = True  # position p reads the token at p - 1: an AR run's weights start it
