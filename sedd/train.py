@@ -349,6 +349,7 @@ def train(
     quiet: bool = False,
     split_cpu: bool = False,
     make_trainer: Callable[..., Trainer] = Trainer,
+    final: bool = True,
 ) -> dict:
     """Train (or resume) the run in `workdir`; returns the final figures.
 
@@ -362,16 +363,21 @@ def train(
     (``sedd.sharding.split_cpu``: after the connection, as auto leaves a
     multi-process job as it is; a no-op in a process that has used a device).
 
+    final=False returns after the last checkpoint, without the final bound and samples (a sweep, or a test's
+    fixture, that reads the checkpoints).
+
     Returns:
-      dict with step, stopped, and after a finished run: bound (``sedd.runs.Run.likelihood`` on the
-      validation split, what `sedd eval` prints), val_estimate_* (``estimate_loss``),
-      unigram_entropy_bits[_per_char] and samples (decoded strings).
+      dict with step, stopped, and after a finished run: val_estimate_* (``estimate_loss``),
+      unigram_entropy_bits[_per_char], and with final: bound (``sedd.runs.Run.likelihood`` on the
+      validation split, what `sedd eval` prints) and samples (decoded strings).
     """
     with contextlib.ExitStack() as held:  # the run's lock (lock.writing), from its first write to this call's end
-        return _train_run(config, Path(workdir), quiet, split_cpu, make_trainer, held)
+        return _train_run(config, Path(workdir), quiet, split_cpu, make_trainer, held, final)
 
 
-def _train_run(config, workdir: Path, quiet: bool, split_cpu: bool, make_trainer, held: contextlib.ExitStack) -> dict:
+def _train_run(
+    config, workdir: Path, quiet: bool, split_cpu: bool, make_trainer, held: contextlib.ExitStack, final: bool = True
+) -> dict:
     """``train``'s work; `held` keeps the run directory's lock once the run is first written."""
     runs.check_run_links(workdir)  # nothing written, moved or deleted through a link out of the run
     runs.check_config(config, "the config")  # every size and name, before anything is read, allocated or compiled
@@ -579,10 +585,13 @@ def _train_run(config, workdir: Path, quiet: bool, split_cpu: bool, make_trainer
     # ---- final figures
     if not val:  # the run had already ended before this call
         val = val_figures(state["ema"])
-    run = model_run(state)
-    bound = run.likelihood(dataset, "validation", BOUND_NUM_T, t.batch_size, t.eval_batches, progress=not quiet)
-    result = {"step": step, "stopped": False, "bound": bound, "unigram_entropy_bits": entropy, **val}
+    result = {"step": step, "stopped": False, "unigram_entropy_bits": entropy, **val}
     if cpt:
         result["unigram_entropy_bits_per_char"] = entropy / cpt
-    result["samples"] = run.generate(jax.random.key(config.seed), max(t.eval_samples, 1))
+    if final:
+        run = model_run(state)
+        result["bound"] = run.likelihood(
+            dataset, "validation", BOUND_NUM_T, t.batch_size, t.eval_batches, progress=not quiet
+        )
+        result["samples"] = run.generate(jax.random.key(config.seed), max(t.eval_samples, 1))
     return result

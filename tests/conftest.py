@@ -69,7 +69,7 @@ def tiny_run(tmp_path_factory):
             "--config.model.n_layers=1",
         ],
     )
-    train.train(config, tmp / "run", quiet=True)
+    train.train(config, tmp / "run", quiet=True, final=False)
     return tmp / "run", str(tmp / "data")
 
 
@@ -93,7 +93,7 @@ def tiny_spec_run(tiny_run, tmp_path_factory):
             "--config.training.eval_samples=0",
         ],
     )
-    train.train(config, tmp / "run", quiet=True)
+    train.train(config, tmp / "run", quiet=True, final=False)
     return tmp / "run"
 
 

@@ -164,7 +164,7 @@ def code_runs(tmp_path_factory):
                 "--config.training.eval_samples=0",
             ],
         )
-        train.train(config, tmp / kind, quiet=True)
+        train.train(config, tmp / kind, quiet=True, final=False)
         out.append(tmp / kind)
     return out
 

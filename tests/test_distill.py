@@ -83,7 +83,7 @@ def teacher(data_dir, tmp_path_factory):
             "--config.sampling.steps=4",
         ),
     )
-    train.train(config, workdir, quiet=True)
+    train.train(config, workdir, quiet=True, final=False)
     return workdir
 
 

@@ -28,7 +28,7 @@ def _train(tmp, name: str, *overrides: str):
             *overrides,
         ],
     )
-    train.train(config, tmp / name, quiet=True)
+    train.train(config, tmp / name, quiet=True, final=False)
     return tmp / name
 
 

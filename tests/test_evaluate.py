@@ -112,7 +112,7 @@ def test_trained_bound_approaches_the_true_entropy(tmp_path):
     c.data.markov.num_tokens = 200_000
     c.training.n_iters, c.training.eval_every, c.training.ckpt_every = 600, 600, 300  # both steps it loads
     c.training.keep_period = 300
-    train.train(c, tmp_path / "run", quiet=True)
+    train.train(c, tmp_path / "run", quiet=True, final=False)
     ds = load_dataset(c.data)
     x0 = jnp.asarray(next(ds.eval_batches(64)))
     true = ds.true_nats_per_token()

@@ -398,7 +398,7 @@ def test_distill_study_on_a_markov_corpus(tmp_path):
             "--config.training.eval_every=4",
         ],
     )
-    train_lib.train(teacher_config, tmp_path / "teacher", quiet=True)
+    train_lib.train(teacher_config, tmp_path / "teacher", quiet=True, final=False)
     distill.distill(
         distill.distill_config(tmp_path / "teacher", [*data, "--config.distill.round_steps=2"], rounds=2),
         tmp_path / "student",

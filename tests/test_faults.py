@@ -53,7 +53,9 @@ def assert_trees_equal(a, b):
 def straight(data_dir, tmp_path_factory):
     """An uninterrupted tiny run of 6 steps, checkpoints at 2, 4, 6 (the newest two kept)."""
     workdir = tmp_path_factory.mktemp("straight") / "run"
-    train_lib.train(tiny(data_dir, **{"training.n_iters": 6, "training.ckpt_every": 2}), workdir, quiet=True)
+    train_lib.train(
+        tiny(data_dir, **{"training.n_iters": 6, "training.ckpt_every": 2}), workdir, quiet=True, final=False
+    )
     return workdir
 
 

@@ -81,7 +81,8 @@ def test_tiny_run_end_to_end(graph, data_dir, tmp_path):
 @pytest.mark.dtypes  # end to end: .ci/run runs it again in the other compute dtype
 def test_checkpoint_round_trip(data_dir, tmp_path):
     c = tiny(data_dir, **{"training.n_iters": 3, "training.ckpt_every": 3})
-    train_lib.train(c, tmp_path / "run", quiet=True)
+    result = train_lib.train(c, tmp_path / "run", quiet=True, final=False)  # the checkpoint is what it reads
+    assert result["step"] == 3 and not {"bound", "samples"} & set(result), result  # final=False: neither made
     run = runs.load(tmp_path / "run")
     trainer = train_lib.Trainer(run.config)
     state = checkpoints.restore(checkpoints.checkpoint_manager(tmp_path / "run"), trainer.abstract_state)
