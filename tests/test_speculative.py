@@ -209,7 +209,7 @@ CASES = {
 
 
 # Token verification on every drafter behind -m slow (the default suite's 900 CPU s): by default on the two
-# drafters whose proposals are not the target's own order (a wrong left-to-right law, and last-first).
+# drafters whose q is not the target's (another left-to-right law, and one that drafts last first).
 @pytest.mark.parametrize(
     "case,verification",
     [
