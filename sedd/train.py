@@ -376,7 +376,7 @@ def train(
 
 
 def _train_run(
-    config, workdir: Path, quiet: bool, split_cpu: bool, make_trainer, held: contextlib.ExitStack, final: bool = True
+    config, workdir: Path, quiet: bool, split_cpu: bool, make_trainer, held: contextlib.ExitStack, final: bool
 ) -> dict:
     """``train``'s work; `held` keeps the run directory's lock once the run is first written."""
     runs.check_run_links(workdir)  # nothing written, moved or deleted through a link out of the run
