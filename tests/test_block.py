@@ -759,6 +759,7 @@ def test_params_from_refuses_a_run_of_another_size():
         kind.params_from(runs.from_parts(small, None, graphdef, params, rest), nnx.state(kind.network(0), nnx.Param))
 
 
+@pytest.mark.slow  # two CLI trainings; params_from and the b = 1 identity above hold the mapping by default
 def test_a_block_run_starts_from_an_ar_run(tiny_run, tmp_path, capsys):
     """sedd train --config.training.init_from=AR_RUN: a token-shift block run trains from the AR run's EMA weights
     (its first state holds them), and a run of another vocabulary is refused."""

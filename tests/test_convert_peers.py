@@ -177,9 +177,8 @@ def test_bd3lm_converts_to_a_block_run_matching_its_training_forward(tmp_path, g
 
 # mdlm's end to end in the default suite, the other two families behind -m slow (each converts through the same
 # writer; their weights' parity with their own code is tested above) to keep the default suite within 900 CPU s.
-@pytest.mark.parametrize(
-    "family", ["mdlm", pytest.param("bd3lm", marks=pytest.mark.slow), pytest.param("duo", marks=pytest.mark.slow)]
-)
+@pytest.mark.slow  # each family's forward is matched above; test_convert's converted run samples and evaluates
+@pytest.mark.parametrize("family", ["mdlm", "bd3lm", "duo"])
 def test_converted_peers_sample_evaluate_and_serve(tmp_path, gpt2_files, capsys, family):
     if family == "duo":
         sd = backbone(seed=4)

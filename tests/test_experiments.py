@@ -73,7 +73,7 @@ def test_benchmark_quick(which, tmp_path, capsys):
 
 
 def test_flops_formula():
-    c = nets.bench_config("tiny", vocab_size=65)  # H 32, 2 blocks, L 32, mlp_ratio 4, D 66
+    c = nets.bench_config("tiny", vocab_size=65, n_layers=2)  # H 32, L 32, mlp_ratio 4, D 66
     n = 2 * (4 * 32 * 32 + 8 * 32 * 32) + 32 * 66
     assert nets.matmul_params(c) == n
     assert nets.flops_per_token(c) == 6 * n + 12 * 2 * 32 * 32
@@ -502,6 +502,7 @@ def test_speculative_bench_parts(tmp_path):
     assert (tmp_path / "speculative.png").stat().st_size > 1000
 
 
+@pytest.mark.slow  # the benchmark script's bookkeeping, not the library's
 def test_an_auto_rows_quality_samples_use_the_first_batchs_layout(monkeypatch):
     """bench_speculative's "auto" row: its quality samples (and so its tokens a call) come from the layout chosen
     at the first batch, even when their count equals another batch timed (here 2, chosen no drafts there)."""

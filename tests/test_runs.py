@@ -111,6 +111,7 @@ def test_animate_labels_frames_with_the_steps_of_the_run(tiny_run, monkeypatch, 
     assert cli.animation_labels(65, 2, 129)[-1] == "[step 128/129]"  # the last kept state, not the 129th step
 
 
+@pytest.mark.slow  # a fresh process; test_sharding's split_cpu test holds the split itself
 def test_eval_splits_the_cpu_as_train_does_and_gives_the_same_bound(tiny_run, tmp_path, monkeypatch):
     """`sedd eval` makes the CPU the run's mesh.cpu_devices devices, as `sedd train` does (a fresh process:
     the split must come before any device is used), and gives the one-device bound up to float rounding."""
