@@ -175,9 +175,9 @@ def test_bd3lm_converts_to_a_block_run_matching_its_training_forward(tmp_path, g
     assert ("['dtype']" in capsys.readouterr().err) == ("dtype" in config)
 
 
-# mdlm's end to end in the default suite, the other two families behind -m slow (each converts through the same
-# writer; their weights' parity with their own code is tested above) to keep the default suite within 900 CPU s.
-@pytest.mark.slow  # each family's forward is matched above; test_convert's converted run samples and evaluates
+# Behind -m slow, every family (each converts through the same writer): the default suite holds each family's
+# parity with its own code (above) and a converted run sampled and evaluated (test_convert.py), not this end to end.
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["mdlm", "bd3lm", "duo"])
 def test_converted_peers_sample_evaluate_and_serve(tmp_path, gpt2_files, capsys, family):
     if family == "duo":
