@@ -395,6 +395,8 @@ def sample(
     shape, steps = check_shape(shape), check_int("steps", steps, 1)
     times = time_grid(opts.time_grid, steps, eps)
     fixed_mask, fixed_tokens = conditioning(fixed_mask, fixed_tokens, shape, graph)
+    if fixed_mask is None:  # an all-False mask fixes nothing: one program for free and prompted draws
+        fixed_mask, fixed_tokens = jnp.zeros(shape, bool), jnp.zeros(shape, jnp.int32)
     x, traj, stats = run_loop(
         key,
         times,
