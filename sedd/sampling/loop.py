@@ -384,7 +384,8 @@ def sample(
       steps: N >= 1 sampler steps (the budget of network calls, plus the denoise).
       sampler: a name in ``SAMPLERS``.
       eps: the last time of the default grid linspace(1, eps, N + 1), in (0, 1).
-      fixed_mask, fixed_tokens: bool[B, L] and int[B, L] in [0, vocab_size), or both None.
+      fixed_mask, fixed_tokens: bool[B, L] and int[B, L] in [0, vocab_size), or both None (run as an
+        all-False mask: free and prompted draws of one shape share a program).
       options: an ``Options``; **option_values: its fields and the sampler's
         own options by keyword (they win over ``options``).
     Returns:
