@@ -25,6 +25,7 @@ import secrets
 import shutil
 import stat
 import threading
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -494,10 +495,25 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state) -> None:
                 custom_metadata=checksum_metadata(state),
             )
     except BaseException:  # a full disk inside orbax's write: its partial copy, never read as a checkpoint, goes
-        for tmp in Path(manager.directory).glob(f"{step}.orbax-checkpoint-tmp*"):
+        partial = f"{Path(manager.directory) / str(step)}.orbax-checkpoint-tmp"
+        # and orbax's writers that fail after the save has raised (an error log of a thread, an asyncio task's
+        # exception never retrieved) report it no more: the exception raised tells it once
+        for name in ("absl", "asyncio"):
+            logging.getLogger(name).addFilter(lambda r: r.levelno < logging.ERROR or partial not in r.getMessage())
+        _remove_settled(Path(manager.directory), f"{step}.orbax-checkpoint-tmp*")
+        raise
+
+
+def _remove_settled(folder: Path, pattern: str, quiet: float = 0.5, limit: float = 10.0) -> None:
+    """Remove the folders `pattern` names in `folder` until none has reappeared for `quiet` seconds (at most
+    `limit`): writes of a failed save still in flight (TensorStore's own threads) create them again."""
+    start = last = time.monotonic()
+    while (now := time.monotonic()) - last < quiet and now - start < limit:
+        for tmp in folder.glob(pattern):
             if tmp.is_dir() and not tmp.is_symlink():
                 shutil.rmtree(tmp, ignore_errors=True)
-        raise
+                last = time.monotonic()
+        time.sleep(0.02)
 
 
 @contextlib.contextmanager
