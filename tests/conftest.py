@@ -1,5 +1,6 @@
 """Fixtures shared by test modules."""
 
+import gc
 import os
 import shutil
 import tempfile
@@ -9,6 +10,30 @@ import pytest
 
 from sedd import config as config_lib
 from sedd import train
+
+
+def _pin_xdist_worker() -> None:
+    """Give each pytest-xdist worker a core of its own when there are at least as many workers as cores.
+
+    XLA's CPU client sizes its thread pools by the cores a process may run on: two workers each spreading
+    their compilations and tiny programs over every core spend CPU handing work between threads. Pinned
+    before jax creates its backend (at the first computation, not at import); the `sedd` subprocesses a
+    worker starts inherit its core.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")) >= len(cores) > 1:
+        os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
+
+
+_pin_xdist_worker()
+# The modules imported so far (jax, flax, orbax, sedd: most of a worker's objects) out of the garbage collector's
+# full passes, which otherwise walk them again every few hundred compilations (test_block.py's KV-cache and
+# bound tests, one core: 1.3 -> 0.5 CPU s in the collector). Objects made later are collected as usual.
+gc.collect()
+gc.freeze()
 
 # One persistent XLA compilation cache for the session, shared with the `sedd`
 # subprocesses the CLI tests start (they inherit the environment): the same
