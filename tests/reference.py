@@ -258,3 +258,21 @@ def perturbed(params, scale: float, seed: int):
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(seed), len(leaves))
     return jax.tree.unflatten(tree, [p + scale * jax.random.normal(k, p.shape, p.dtype) for p, k in zip(leaves, keys)])
+
+
+def greedy_by_full_passes(net, ids, n: int) -> list[int]:
+    """`ids` and the n tokens after it by argmax, each from a full forward pass of a causal network (no cache).
+
+    Every pass reads one input of len(ids) + n positions (zeros after the text: a causal network's logits at a
+    position read only the tokens before it), so the n passes are one compiled program, not one a length.
+    """
+    from flax import nnx
+
+    from sedd.kinds import causal
+
+    ids, length = list(ids), len(ids) + n
+    forward = nnx.jit(causal.next_token_logits)
+    for _ in range(n):
+        x = jnp.asarray([ids + [0] * (length - len(ids))], jnp.int32)
+        ids.append(int(jnp.argmax(forward(net, x)[0, len(ids)])))
+    return ids

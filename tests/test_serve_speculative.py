@@ -79,11 +79,7 @@ def _client(draft: str) -> TestClient:
 
 def _greedy(run: runs.Run, prompt: str, length: int) -> str:
     """The argmax continuation by full forward passes (no cache): the text at temperature 0."""
-    ids = list(run.tokenizer.encode(prompt))
-    model = run.model
-    for _ in range(length):
-        logits = causal.next_token_logits(model, jnp.asarray([ids + [0]], jnp.int32))[0, -1]
-        ids.append(int(jnp.argmax(logits)))
+    ids = reference.greedy_by_full_passes(run.model, run.tokenizer.encode(prompt), length)
     return run.tokenizer.decode(ids[len(prompt) :])
 
 

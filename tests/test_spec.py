@@ -327,10 +327,7 @@ def test_the_no_draft_layout_draws_the_causal_halfs_law_and_its_argmax_at_temper
     assert int(stats["nfe"]) == L and stats["accepted_at"].shape == (0,)
     greedy = np.asarray(spec.speculate(jax.random.key(6), graphdef, state, 8, L, spec.NO_DRAFTS, temperature=0.0)[0])
     assert (greedy == greedy[0]).all()  # the one argmax path, whatever the key
-    net, prefix = nnx.merge(graphdef, *state), []  # the greedy text, token by token by full passes
-    for _ in range(L):
-        logits = causal.next_token_logits(net, jnp.asarray([prefix + [0]], jnp.int32))[0, -1]
-        prefix.append(int(jnp.argmax(logits)))
+    prefix = reference.greedy_by_full_passes(nnx.merge(graphdef, *state), [], L)  # token by token by full passes
     np.testing.assert_array_equal(greedy[0], prefix)
     drafted = np.asarray(
         spec.speculate(jax.random.key(7), graphdef, state, 8, L, spec.Layout(K, 1), temperature=0.0)[0]
@@ -426,11 +423,7 @@ def test_sedd_serve_decodes_a_run_by_its_own_rounds(kind, head):
         out = client.post(
             "/v1/completions", json={"prompt": "ab c", "max_tokens": 9, "temperature": 0.0, "seed": 1}
         ).json()
-    ids = list(tokenizer.encode("ab c"))
-    net = run.model
-    for _ in range(9):  # the argmax of the causal half by full forward passes
-        x = jnp.asarray([ids + [0]], jnp.int32)
-        ids.append(int(jnp.argmax(causal.next_token_logits(net, x)[0, -1])))
+    ids = reference.greedy_by_full_passes(run.model, tokenizer.encode("ab c"), 9)  # the causal half's argmax
     assert out["choices"][0]["text"] == tokenizer.decode(ids[4:])
     s = out["speculative"]
     assert s["draft_calls"] == (3 * s["target_calls"] if head else 0), s
