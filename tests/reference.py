@@ -20,6 +20,7 @@ parameters.
 Shapes: B batch, L length, N sequences of a law, D = graph dim.
 """
 
+import functools
 import itertools
 import math
 
@@ -255,6 +256,12 @@ def perturbed(params, scale: float, seed: int):
     Zero-initialised output layers make a fresh network's every score the same; tests that compare draws
     or laws of a network perturb its weights first.
     """
+    return _perturbed(params, float(scale), int(seed))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _perturbed(params, scale: float, seed: int):
+    """``perturbed`` as one compiled program a network's shapes (eagerly, two ops a leaf shape a test file)."""
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(seed), len(leaves))
     return jax.tree.unflatten(tree, [p + scale * jax.random.normal(k, p.shape, p.dtype) for p, k in zip(leaves, keys)])

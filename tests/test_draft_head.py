@@ -155,9 +155,10 @@ def test_the_loss_is_the_ar_nll_and_the_heads_cross_entropy_which_leaves_the_ar_
     kind, graphdef, state = _tiny(k)
     model = nnx.merge(graphdef, *state)
     x = jnp.asarray(SEQS[[5, 100, 600]], jnp.int32)
-    total = draft_head.loss(model, x, k)
-    nll = causal.token_nll(model, x).sum(-1)
-    h, _ = causal.features(model, x)
+    loss = nnx.jit(draft_head.loss, static_argnums=2, static_argnames="draft_target")  # eagerly: an op a compile
+    total = loss(model, x, k)
+    nll = nnx.jit(causal.token_nll)(model, x).sum(-1)
+    h, _ = nnx.jit(causal.features)(model, x)
     head, brute = draft_head.head_of(model), np.zeros(x.shape[0])
     for b in range(x.shape[0]):
         for l in range(L):
@@ -168,12 +169,12 @@ def test_the_loss_is_the_ar_nll_and_the_heads_cross_entropy_which_leaves_the_ar_
                 z, logits = head.step(z, x[b, l + i - 1])
                 brute[b] -= float(jax.nn.log_softmax(logits)[x[b, l + i]])
     np.testing.assert_allclose(np.asarray(total), np.asarray(nll) + brute, rtol=1e-4)
-    grads = nnx.grad(lambda m: (draft_head.loss(m, x, k) - causal.token_nll(m, x).sum(-1)).sum())(model)
+    grads = nnx.jit(nnx.grad(lambda m: (draft_head.loss(m, x, k) - causal.token_nll(m, x).sum(-1)).sum()))(model)
     flat = nnx.to_flat_state(grads)
     assert any(float(jnp.abs(v[...]).max()) > 0 for path, v in flat if path[0] == "draft_head")
     assert all(float(jnp.abs(v[...]).max()) == 0 for path, v in flat if path[0] != "draft_head")
     for target in ("causal", "own"):  # against the network's laws (on the data, on its own text): >= its NLL
-        law = np.asarray(draft_head.loss(model, x, k, draft_target=target, key=jax.random.key(0)))
+        law = np.asarray(loss(model, x, k, draft_target=target, key=jax.random.key(0)))
         assert np.isfinite(law).all() and (law > np.asarray(nll)).all(), target
 
 
