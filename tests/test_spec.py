@@ -98,9 +98,10 @@ def test_a_rounds_call_equals_the_training_forward():
     text = jnp.asarray([[2, 0, 1, 1, 2, 0, 0, 0, 0]], jnp.int32)  # x_0, x_1, drafts 1, 1 at 2, 3
     p, after = target(prefill(state, text[:, :2]), text, jnp.asarray([2]), K)
     # the causal laws at 2..4 given the text: the full causal forward of [2, 0, 1, 1, 2, 0]
-    full = model.network_output(
-        causal.inputs(model, text[:, :L]), None, mask=np.tril(np.ones((L, L), bool)), deterministic=True
+    forward = nnx.jit(  # eagerly: an op a compile, for each length
+        lambda net, x, positions, mask: net.network_output(x, None, positions=positions, mask=mask, deterministic=True)
     )
+    full = forward(model, causal.inputs(model, text[:, :L]), None, np.tril(np.ones((L, L), bool)))
     np.testing.assert_allclose(np.asarray(p[0]), np.asarray(jax.nn.softmax(full[0, 2:5])), **tol)
     # outcome j: the drafts of positions 3 + j, 4 + j given x_<2+j, each alone (a one-token MASK group)
     for j in range(K + 1):
@@ -115,7 +116,7 @@ def test_a_rounds_call_equals_the_training_forward():
         mask[n:, : a + 1] = True
         mask[n:, n:] = True
         positions = np.concatenate([np.arange(n), a + 1 + np.arange(K)])
-        out = model.network_output(inputs, None, positions=positions, mask=mask, deterministic=True)
+        out = forward(model, inputs, positions, mask)
         np.testing.assert_allclose(np.asarray(after[2][0, j]), np.asarray(jax.nn.softmax(out[0, n:])), **tol)
 
 

@@ -263,16 +263,16 @@ def test_verify_counts_and_writes_by_hand(verification):
     p = jnp.tile(jax.nn.one_hot(jnp.asarray([2, 1, 3, 0]), v)[None], (2, 1, 1))  # (B, k + 1, V) certain
     q = jnp.tile(jax.nn.one_hot(jnp.asarray([2, 1, 0]), v)[None], (2, 1, 1))
     drafted = jnp.asarray([[2, 1, 0], [2, 1, 0]])
-    accepted, tokens = speculative.verify(jax.random.key(0), p, q, drafted, method=verification)
+    verify = jax.jit(speculative.verify, static_argnames="method")  # eagerly: an op a compile
+    round_law = jax.jit(speculative.round_law, static_argnums=3)
+    accepted, tokens = verify(jax.random.key(0), p, q, drafted, method=verification)
     assert accepted.tolist() == [2, 2] and tokens[:, :3].tolist() == [[2, 1, 3], [2, 1, 3]]
-    accepted, tokens = speculative.verify(
-        jax.random.key(0), p, p[:, :k], jnp.asarray([[2, 1, 3]] * 2), method=verification
-    )
+    accepted, tokens = verify(jax.random.key(0), p, p[:, :k], jnp.asarray([[2, 1, 3]] * 2), method=verification)
     assert accepted.tolist() == [3, 3] and tokens.tolist() == [[2, 1, 3, 0]] * 2
-    stop, after = speculative.round_law(p[:, :1], q[:, :0], drafted[:, :0], verification)  # k = 0: no drafts
+    stop, after = round_law(p[:, :1], q[:, :0], drafted[:, :0], verification)  # k = 0: no drafts
     assert stop.tolist() == [[1.0]] * 2 and np.array_equal(after, p[:, :1])
     # the first draft ruled out by p, the second drawn at a q so small that p / q overflows to inf: none kept
-    stop, after = speculative.round_law(
+    stop, after = round_law(
         jnp.asarray([[[0.0, 1.0], [0.5, 0.5], [0.5, 0.5]]]),
         jnp.asarray([[[1.0, 0.0], [1.0 - 1e-45, 1e-45]]]),
         jnp.asarray([[0, 1]]),
@@ -427,6 +427,7 @@ def test_rollback_leaves_the_cache_of_the_accepted_text():
 
     graphdef, state, _ = _tiny_ar()
     prefill, target = causal.speculative_target(graphdef)
+    prefill, target = jax.jit(prefill), jax.jit(target, static_argnums=3)  # eagerly: an op a compile
     text = jnp.asarray([[0, 2, 1, 1, 0, 2, 0, 0, 0, 0]], jnp.int32)  # x_0, x_1, then drafts 1, 1, 0 at 2..4
     _, after = target(prefill(state, text[:, :2]), text, jnp.asarray([2]), 3)  # scores positions 2..5
     accepted = text.at[0, 3].set(2)  # d_0 = 1 kept at position 2, position 3 redrawn as 2: start' = 4
