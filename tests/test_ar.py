@@ -61,11 +61,12 @@ def test_greedy_decoding_is_the_argmax_of_the_full_pass_and_top_p_keeps_the_nucl
     """Temperature 0: each token the argmax of the full pass given the ones before; top_p: every token drawn
     lies in its law's nucleus."""
     model = _ar_model()
+    logits_of = nnx.jit(causal.next_token_logits)  # eagerly: an op a compile, for each batch
     greedy = np.asarray(causal.ancestral_model(jax.random.key(0), model, 3, 12, temperature=0.0))
-    logits = np.asarray(causal.next_token_logits(model, jnp.asarray(greedy)))  # (B, L, V)
+    logits = np.asarray(logits_of(model, jnp.asarray(greedy)))  # (B, L, V)
     np.testing.assert_array_equal(greedy, logits.argmax(-1))
     drawn = causal.ancestral_model(jax.random.key(2), model, 64, 12, top_p=0.5)
-    law = np.asarray(jax.nn.softmax(causal.next_token_logits(model, drawn)), np.float64)  # (B, L, V)
+    law = np.asarray(jax.nn.softmax(logits_of(model, drawn)), np.float64)  # (B, L, V)
     ranked = -np.sort(-law, -1).cumsum(-1)  # mass of the tokens at least as likely as each
     at = np.take_along_axis(law, np.asarray(drawn)[..., None], -1)  # (B, L, 1)
     mass_before = (law * (law > at)).sum(-1)  # the tokens strictly more likely than the one drawn

@@ -343,11 +343,14 @@ def test_a_cache_held_by_the_caller_gives_the_full_pass_and_refuses_a_wrong_one(
     full = np.asarray(nnx.jit(lambda mod, a: mod.network_output(a, None))(m, x))  # (B, L, V)
     rows = np.arange(L)
     cache, got = m.empty_cache(2, L), []
+    step = nnx.jit(  # eagerly: an op a compile, for each chunk's shape
+        lambda m, x, positions, mask, cache, at: m.output_in_cache(
+            x, None, positions=positions, mask=mask, cache=cache, at=at
+        )
+    )
     for start, n in [(0, 3)] + [(i, 1) for i in range(3, L)]:
         mask = rows[None, :] <= start + np.arange(n)[:, None]  # (n, L) causal over the rows written so far
-        out, cache, _ = m.output_in_cache(
-            x[:, start : start + n], None, positions=start + np.arange(n), mask=mask, cache=cache, at=jnp.int32(start)
-        )
+        out, cache, _ = step(m, x[:, start : start + n], start + np.arange(n), mask, cache, jnp.int32(start))
         got.append(out)
     np.testing.assert_allclose(np.asarray(jnp.concatenate(got, axis=1)), full, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match=f"cache holds 1 layers' keys and values, the model has {len(m.layers)}"):
