@@ -495,15 +495,16 @@ def test_block_outputs_see_only_their_block_and_the_clean_blocks_before():
     x_t = jnp.asarray(rng.integers(0, V + 1, (2, length)), jnp.int32)
     x0 = jnp.asarray(rng.integers(0, V, (2, length)), jnp.int32)
     sigma = jnp.asarray(rng.uniform(0.5, 2.0, (2, length // b)), jnp.float32)
-    base = np.asarray(block.log_score(model, x_t, x0, sigma, b))
+    log_score = nnx.jit(block.log_score, static_argnums=4)  # eagerly: an op a compile
+    base = np.asarray(log_score(model, x_t, x0, sigma, b))
     i = 2  # block 2: positions 4, 5
     other_t = x_t.at[:, [0, 1, 6, 7]].set((x_t[:, [0, 1, 6, 7]] + 1) % (V + 1))
     later_0 = x0.at[:, 4:].set((x0[:, 4:] + 1) % V)
     for args in ((other_t, x0), (x_t, later_0)):
-        got = np.asarray(block.log_score(model, *args, sigma, b))
+        got = np.asarray(log_score(model, *args, sigma, b))
         np.testing.assert_allclose(got[:, i * b : (i + 1) * b], base[:, i * b : (i + 1) * b], atol=1e-5)
     earlier_0 = x0.at[:, :2].set((x0[:, :2] + 1) % V)  # and it does read the clean blocks before it
-    assert not np.allclose(np.asarray(block.log_score(model, x_t, earlier_0, sigma, b))[:, 4:6], base[:, 4:6])
+    assert not np.allclose(np.asarray(log_score(model, x_t, earlier_0, sigma, b))[:, 4:6], base[:, 4:6])
 
 
 # --------------------------------------------------------------------------- the kind, end to end
@@ -732,18 +733,16 @@ def test_a_token_shift_network_started_from_an_ar_run_is_that_ar_network_at_b1()
     ar_config = _token_shift_config(1, length)
     ar_config.model.kind = "ar"
     ar_model = kinds.get(ar_config).network(0)
-    params = nnx.state(ar_model, nnx.Param)
-    keys = jax.random.split(jax.random.key(7), len(jax.tree.leaves(params)))
-    noisy = [p + 0.3 * jax.random.normal(k, p.shape) for p, k in zip(jax.tree.leaves(params), keys)]
-    nnx.update(ar_model, jax.tree.unflatten(jax.tree.structure(params), noisy))
+    nnx.update(ar_model, reference.perturbed(nnx.state(ar_model, nnx.Param), 0.3, 7))
     graphdef, ar_params, rest = nnx.split(ar_model, nnx.Param, ...)
     source = runs.from_parts(ar_config, None, graphdef, ar_params, rest)
     x0 = jnp.asarray(np.random.default_rng(0).integers(0, V, (5, length)), jnp.int32)
-    want = jax.nn.log_softmax(causal.next_token_logits(ar_model, x0), -1)  # (B, L, V): log p(x_i | x_<i)
+    want = jax.nn.log_softmax(nnx.jit(causal.next_token_logits)(ar_model, x0), -1)  # (B, L, V): log p(x_i | x_<i)
     kind = kinds.get(_token_shift_config(1, length))
     model = kind.network(0)
     nnx.update(model, kind.params_from(source, nnx.state(model, nnx.Param)))
-    got = block.log_score(model, jnp.full_like(x0, MASK), x0, jnp.full((5, length), 0.7), 1)[..., :V]
+    got = nnx.jit(block.log_score, static_argnums=4)(model, jnp.full_like(x0, MASK), x0, jnp.full((5, length), 0.7), 1)
+    got = got[..., :V]
     np.testing.assert_allclose(np.asarray(got + log_expm1(0.7)), np.asarray(want), atol=2e-5)
 
 
