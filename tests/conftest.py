@@ -1,6 +1,5 @@
 """Fixtures shared by test modules."""
 
-import gc
 import os
 import shutil
 import tempfile
@@ -29,11 +28,6 @@ def _pin_xdist_worker() -> None:
 
 
 _pin_xdist_worker()
-# The modules imported so far (jax, flax, orbax, sedd: most of a worker's objects) out of the garbage collector's
-# full passes, which otherwise walk them again every few hundred compilations (test_block.py's KV-cache and
-# bound tests, one core: 1.3 -> 0.5 CPU s in the collector). Objects made later are collected as usual.
-gc.collect()
-gc.freeze()
 
 # One persistent XLA compilation cache for the session, shared with the `sedd`
 # subprocesses the CLI tests start (they inherit the environment): the same
