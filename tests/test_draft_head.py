@@ -150,7 +150,8 @@ def test_the_drafts_at_sampling_time_are_the_head_on_the_training_forwards_featu
 
 def test_the_loss_is_the_ar_nll_and_the_heads_cross_entropy_which_leaves_the_ar_network_alone():
     """(2): its first term is the causal half's exact NLL; the head's term, summed over starts and steps, is the
-    cross-entropy of (1) unrolled position by position; its gradient reaches the head only."""
+    cross-entropy of (1) unrolled position by position; its gradient reaches the head only: what reaches the
+    rest is the NLL's alone, to float32's rounding (the two NLLs are summed in other orders on several threads)."""
     k = 2
     kind, graphdef, state = _tiny(k)
     model = nnx.merge(graphdef, *state)
@@ -170,9 +171,11 @@ def test_the_loss_is_the_ar_nll_and_the_heads_cross_entropy_which_leaves_the_ar_
                 brute[b] -= float(jax.nn.log_softmax(logits)[x[b, l + i]])
     np.testing.assert_allclose(np.asarray(total), np.asarray(nll) + brute, rtol=1e-4)
     grads = nnx.jit(nnx.grad(lambda m: (draft_head.loss(m, x, k) - causal.token_nll(m, x).sum(-1)).sum()))(model)
+    of_nll = nnx.to_flat_state(nnx.jit(nnx.grad(lambda m: causal.token_nll(m, x).sum()))(model))
+    scale = max(float(jnp.abs(v[...]).max()) for _, v in of_nll)
     flat = nnx.to_flat_state(grads)
-    assert any(float(jnp.abs(v[...]).max()) > 0 for path, v in flat if path[0] == "draft_head")
-    assert all(float(jnp.abs(v[...]).max()) == 0 for path, v in flat if path[0] != "draft_head")
+    assert any(float(jnp.abs(v[...]).max()) > 1e-3 * scale for path, v in flat if path[0] == "draft_head")
+    assert all(float(jnp.abs(v[...]).max()) <= 1e-5 * scale for path, v in flat if path[0] != "draft_head")
     for target in ("causal", "own"):  # against the network's laws (on the data, on its own text): >= its NLL
         law = np.asarray(loss(model, x, k, draft_target=target, key=jax.random.key(0)))
         assert np.isfinite(law).all() and (law > np.asarray(nll)).all(), target
