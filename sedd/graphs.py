@@ -58,10 +58,6 @@ def _default_float() -> jnp.dtype:
     return jnp.result_type(float)
 
 
-def _one_hot(i: jax.Array, dim: int, dtype) -> jax.Array:
-    return jax.nn.one_hot(i, dim, dtype=dtype)
-
-
 def _entropy_term(log_score: jax.Array, log_ratio: jax.Array) -> jax.Array:
     r"""s - r log s + K(r), K(r) = r (log r - 1), for r > 0, written stably.
 
@@ -129,13 +125,8 @@ class Graph(abc.ABC):
 
         The analytic sampler (Thm. 4.2 of Lou et al. 2024) needs
         p_{t-dt}(y) / p_t(x) = sum_z exp(-dsigma Q)[z, y] p_t(z) / p_t(x), i.e.
-        this map applied to the ratio vector s_z = p_t(z) / p_t(x).
-
-        Args:
-          score: float[..., D] ratios (not logs).
-          dsigma: float[...] noise step, broadcastable against score[..., 0].
-        Returns:
-          float[..., D].
+        this map applied to the ratio vector s_z = p_t(z) / p_t(x): score float[..., D] (ratios, not logs),
+        dsigma the noise step, broadcastable against score[..., 0].
         """
 
     @abc.abstractmethod
@@ -147,15 +138,8 @@ class Graph(abc.ABC):
 
         with s = exp(log_score). The weight Q[y, x] is the forward rate from y
         into x (the paper's Q_t(x, y) in its column convention). K makes the
-        loss >= 0 with equality exactly at s = r.
-
-        Args:
-          log_score: float[..., D] the model's log-ratios at x.
-          sigma: float[...] total noise, broadcastable against x.
-          x: int[...] noised states x_t.
-          x0: int[...] clean states.
-        Returns:
-          float[...] per-position loss in nats (not yet weighted by dsigma).
+        loss >= 0 with equality exactly at s = r. log_score: the model's log-ratios at the noised states
+        x (x_t); x0: the clean states. Returns the loss at each position in nats, not yet weighted by dsigma.
         """
 
     def reverse_rate(self, i: jax.Array, score: jax.Array) -> jax.Array:
@@ -163,32 +147,20 @@ class Graph(abc.ABC):
 
             Qbar[i, y] = Q[y, i] s_y  (y != i),   Qbar[i, i] = -sum_{y != i} Qbar[i, y],
 
-        where s_y approximates p_t(y) / p_t(i).
-
-        Args:
-          i: int[...] current states.
-          score: float[..., D] ratios (not logs).
-        Returns:
-          float[..., D], rows summing to 0.
+        where s_y approximates p_t(y) / p_t(i) (score: ratios, not logs). Rows sum to 0.
         """
         rates = self.transp_rate(i) * score  # (..., D)
-        here = _one_hot(i, self.dim, dtype=bool)
+        here = jax.nn.one_hot(i, self.dim, dtype=bool)
         rates = jnp.where(here, 0.0, rates)
         return rates - here * rates.sum(-1, keepdims=True)
 
     def sample_rate(self, key: jax.Array, i: jax.Array, rate: jax.Array, method: str = "precise") -> jax.Array:
-        """One tau-leaping step: a draw from the categorical one_hot(i) + rate.
+        """One tau-leaping step from states i: int32[...] a draw from the categorical one_hot(i) + rate.
 
-        Args:
-          key: a ``jax.random`` key.
-          i: int[...] current states.
-          rate: float[..., D] a rate row already scaled by the step dt, with
-            the diagonal holding minus the off-diagonal sum.
-          method: categorical method, see ``sedd.categorical``.
-        Returns:
-          int32[...] next states.
+        rate: float[..., D] a rate row already scaled by the step dt, the diagonal holding minus the off-diagonal
+        sum; method: of ``sedd.categorical``.
         """
-        probs = _one_hot(i, self.dim, rate.dtype) + rate
+        probs = jax.nn.one_hot(i, self.dim, dtype=rate.dtype) + rate
         return sample_categorical(key, probs, method)
 
 
@@ -199,32 +171,27 @@ class Uniform(Graph):
     D = N = vocab_size. The limit law is uniform over the vocabulary.
     """
 
+    absorb = False
+
     @property
     def dim(self) -> int:
         return self.vocab_size
 
-    @property
-    def absorb(self) -> bool:
-        return False
-
     def rate(self, i):
         n, dtype = self.dim, _default_float()
         i = jnp.asarray(i)
-        return jnp.full(i.shape + (n,), 1.0 / n, dtype) - _one_hot(i, n, dtype)
+        return jnp.full(i.shape + (n,), 1.0 / n, dtype) - jax.nn.one_hot(i, n, dtype=dtype)
 
-    def transp_rate(self, i):
-        # Q is symmetric.
-        return self.rate(i)
+    transp_rate = rate  # Q is symmetric
 
     def transition(self, i, sigma):
         """e^{-sigma} e_i + (1 - e^{-sigma}) / N: a token survives or is resampled."""
         dtype = _float_dtype(sigma)
         sigma = jnp.asarray(sigma, dtype)[..., None]
         move = -jnp.expm1(-sigma)  # 1 - e^{-sigma}, exact at small sigma
-        return move / self.dim + jnp.exp(-sigma) * _one_hot(i, self.dim, dtype)
+        return move / self.dim + jnp.exp(-sigma) * jax.nn.one_hot(i, self.dim, dtype=dtype)
 
-    def transp_transition(self, i, sigma):
-        return self.transition(i, sigma)
+    transp_transition = transition
 
     def sample_transition(self, key, i, sigma):
         k_move, k_token = jax.random.split(key)
@@ -260,11 +227,11 @@ class Uniform(Graph):
         sigma = jnp.asarray(sigma, log_score.dtype)[..., None]  # (..., 1)
         log_m = log_expm1(sigma)
         log_m_plus_n = jnp.logaddexp(log_m, jnp.log(jnp.asarray(n, log_score.dtype)))
-        is_x0 = _one_hot(x0, n, dtype=bool)  # (..., D)
+        is_x0 = jax.nn.one_hot(x0, n, dtype=bool)  # (..., D)
         clean = (x == x0)[..., None]  # (..., 1)
         log_ratio = jnp.where(clean, log_m - log_m_plus_n, jnp.where(is_x0, log_m_plus_n - log_m, 0.0))
         terms = _entropy_term(log_score, log_ratio)  # (..., D)
-        terms = jnp.where(_one_hot(x, n, dtype=bool), 0.0, terms)
+        terms = jnp.where(jax.nn.one_hot(x, n, dtype=bool), 0.0, terms)
         return terms.sum(-1) / n
 
 
@@ -275,13 +242,11 @@ class Absorbing(Graph):
     D = vocab_size + 1. The limit law is all MASK.
     """
 
+    absorb = True
+
     @property
     def dim(self) -> int:
         return self.vocab_size + 1
-
-    @property
-    def absorb(self) -> bool:
-        return True
 
     @property
     def mask(self) -> int:
@@ -291,19 +256,20 @@ class Absorbing(Graph):
     def rate(self, i):
         """e_M - e_i for i != M, and 0 out of M (M - M)."""
         dtype = _default_float()
-        return _one_hot(self.mask, self.dim, dtype) - _one_hot(i, self.dim, dtype)
+        return jax.nn.one_hot(self.mask, self.dim, dtype=dtype) - jax.nn.one_hot(i, self.dim, dtype=dtype)
 
     def transp_rate(self, i):
         """-e_i for i != M (nothing enters a token); 1 - e_M into M."""
         is_mask = (jnp.asarray(i) == self.mask)[..., None]
         dtype = _default_float()
-        return is_mask.astype(dtype) - _one_hot(i, self.dim, dtype)
+        return is_mask.astype(dtype) - jax.nn.one_hot(i, self.dim, dtype=dtype)
 
     def transition(self, i, sigma):
         """e^{-sigma} e_i + (1 - e^{-sigma}) e_M (which is e_M for i = M)."""
         dtype = _float_dtype(sigma)
         sigma = jnp.asarray(sigma, dtype)[..., None]
-        return jnp.exp(-sigma) * _one_hot(i, self.dim, dtype) - jnp.expm1(-sigma) * _one_hot(self.mask, self.dim, dtype)
+        e_i, e_mask = (jax.nn.one_hot(j, self.dim, dtype=dtype) for j in (i, self.mask))
+        return jnp.exp(-sigma) * e_i - jnp.expm1(-sigma) * e_mask
 
     def transp_transition(self, i, sigma):
         """Column i: e^{-sigma} e_i for a token; (1 - e^{-sigma}) 1 + e^{-sigma} e_M for M."""
@@ -311,7 +277,7 @@ class Absorbing(Graph):
         sigma = jnp.asarray(sigma, dtype)[..., None]
         is_mask = (jnp.asarray(i) == self.mask)[..., None]
         into_mask = -jnp.expm1(-sigma) * is_mask  # (..., 1)
-        return into_mask + jnp.exp(-sigma) * _one_hot(i, self.dim, dtype)
+        return into_mask + jnp.exp(-sigma) * jax.nn.one_hot(i, self.dim, dtype=dtype)
 
     def sample_transition(self, key, i, sigma):
         move = jax.random.uniform(key, i.shape) < -jnp.expm1(-jnp.asarray(sigma))
@@ -325,7 +291,7 @@ class Absorbing(Graph):
         """e^{dsigma} s_y for tokens; s_M - (e^{dsigma} - 1) sum_{y != M} s_y for M."""
         dsigma = jnp.asarray(dsigma, score.dtype)[..., None]
         token_total = score[..., : self.mask].sum(-1, keepdims=True)
-        is_mask = _one_hot(self.mask, self.dim, score.dtype)
+        is_mask = jax.nn.one_hot(self.mask, self.dim, dtype=score.dtype)
         return jnp.where(is_mask > 0, score - jnp.expm1(dsigma) * token_total, jnp.exp(dsigma) * score)
 
     def score_entropy(self, log_score, sigma, x, x0):
@@ -338,8 +304,8 @@ class Absorbing(Graph):
         x = jnp.asarray(x)
         sigma = jnp.asarray(sigma, log_score.dtype)[..., None]  # (..., 1)
         log_ratio = -log_expm1(sigma)
-        is_x0 = _one_hot(x0, self.dim, dtype=bool)  # (..., D)
-        is_mask = _one_hot(self.mask, self.dim, dtype=bool)
+        is_x0 = jax.nn.one_hot(x0, self.dim, dtype=bool)  # (..., D)
+        is_mask = jax.nn.one_hot(self.mask, self.dim, dtype=bool)
         terms = jnp.where(is_x0, _entropy_term(log_score, log_ratio), jnp.exp(log_score))
         terms = jnp.where(is_mask, 0.0, terms)
         return jnp.where(x == self.mask, terms.sum(-1), 0.0)

@@ -42,25 +42,25 @@ fails on a CPU without AVX512-BF16 too (where "auto" is float32), not only on th
 """
 
 
+def _cpuinfo() -> str:
+    """/proc/cpuinfo, or "" where there is none."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 @functools.cache
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo), or the platform's processor string where there is none."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    names = [line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines() if line.startswith("model name")]
+    return names[0] if names else platform.processor() or platform.machine()
 
 
 @functools.cache
 def cpu_has_bfloat16_dots() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (x86 AVX512-BF16 or AMX-BF16, read off /proc/cpuinfo)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
+    flags = _cpuinfo().split()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
@@ -162,13 +162,9 @@ def chunked(fn: Callable[..., Array], chunk: int, shared: Any, *arrays: Array) -
     output projection); `jax.lax.scan` runs the chunks one after another and
     `jax.checkpoint` keeps only each chunk's inputs for the backward pass,
     which computes the intermediate again. The live intermediate is then
-    [B, chunk, V] in both passes, at the price of one more forward of fn.
-
-    Args:
-      fn: (shared, *row_chunks) -> float[B, Lc], row_chunks [B, Lc, ...].
-      chunk: positions a chunk, dividing L; 0 or >= L calls fn once on everything.
-      shared: a pytree every chunk reads whole (weights).
-      arrays: [B, L, ...], cut along axis 1.
+    [B, chunk, V] in both passes, at the price of one more forward of fn. row_chunks: [B, Lc, ...] cut
+    along axis 1 from arrays [B, L, ...]; shared: a pytree every chunk reads whole (weights); chunk: dividing L,
+    0 or >= L calls fn once on everything.
     """
     b, l = arrays[0].shape[:2]
     if chunk <= 0 or chunk >= l:
@@ -272,16 +268,8 @@ def unit_context_attention(
     logits off U's diagonal blocks, which it would compute and discard: the
     units' (B, N, L / u, u, u) logits and the context's (B, N, L, S) share one
     softmax. The same values to float rounding. A forward pass (a block
-    model's bound): its gradient is JAX's own.
-
-    Args:
-      q, k, v: [B, L, N, K], L a multiple of unit.
-      context: (ck, cv), each [B, S, N, K].
-      unit: u, positions a unit.
-      mask: bool[L, S], True = attend to that context position.
-      dtype: the products' dtype.
-    Returns:
-      float32[B, L, N, K].
+    model's bound): its gradient is JAX's own. q, k, v [B, L, N, K], L a multiple
+    of u; context (ck, cv) each [B, S, N, K]; mask bool[L, S]. Returns float32[B, L, N, K].
     """
     b, length, n, kd = q.shape
     units = length // unit

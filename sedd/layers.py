@@ -94,10 +94,7 @@ def linear(
 
 
 def layer_norm(h: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
-    """Weight-only LayerNorm over h = H features, computed in float32 (the original has no bias).
-
-    Its scale carries the logical axis name "embed"; epsilon is ``LN_EPS``.
-    """
+    """Weight-only LayerNorm over h = H features in float32 (the original has no bias), its scale named "embed"."""
     return nnx.LayerNorm(
         h,
         epsilon=LN_EPS,

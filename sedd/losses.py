@@ -114,17 +114,9 @@ def loss_fn(key, score_fn, graph, noise, x0, **kwargs) -> jax.Array:
 
 
 def units(nats_per_token: float, chars_per_token: float | None = None) -> dict[str, float]:
-    """A loss in nats per token in the units we report, each named with its unit.
-
-    Args:
-      nats_per_token: the loss (or bound) divided by the number of tokens.
-      chars_per_token: characters per token of the data; 1 for character data.
-        When given, bits per character is added.
-    Returns:
-      dict with nats_per_token, bits_per_token, ppl_bound (= exp(nats per
-      token), an upper bound on perplexity when the loss is a bound) and, with
-      chars_per_token, bits_per_char.
-    """
+    """A loss (or bound) in nats per token in the units we report: nats_per_token, bits_per_token, ppl_bound (=
+    exp(nats per token), an upper bound on perplexity when the loss is a bound) and, given the data's
+    chars_per_token (1 for character data), bits_per_char."""
     out = {
         "nats_per_token": float(nats_per_token),
         "bits_per_token": float(nats_per_token) / math.log(2),

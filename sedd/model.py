@@ -87,11 +87,8 @@ class DDiT(nnx.Module):
 
     Args:
       num_tokens: rows of the embedding table, the ids an input may hold.
-      out_dim: D, the width of the output.
-      hidden_size: H.
+      out_dim, hidden_size, n_heads, cond_dim: D, H, N, C (H divisible by N, K = H / N even: rotary pairs channels).
       n_layers: number of transformer layers (DDiTLayer; the original's DDiTBlocks).
-      n_heads: N; H must be divisible by N and K = H / N even (rotary pairs channels).
-      cond_dim: C, width of the sigma conditioning.
       mlp_ratio: MLP hidden width as a multiple of H.
       dropout: dropout rate on the residual branches (active only in training).
       max_len: longest accepted sequence. Rotary needs no table; the check catches
@@ -182,21 +179,8 @@ class DDiT(nnx.Module):
             rngs=rngs,
         )
         self.sigma_map = TimestepEmbedder(cond_dim, rngs=rngs) if time_conditioning else None
-        self.layers = nnx.List(
-            [
-                DDiTLayer(
-                    hidden_size,
-                    n_heads,
-                    cond_dim,
-                    mlp_ratio=mlp_ratio,
-                    dropout=dropout,
-                    causal=causal,
-                    dtype=dtype,
-                    rngs=rngs,
-                )
-                for _ in range(n_layers)
-            ]
-        )
+        layer = functools.partial(DDiTLayer, mlp_ratio=mlp_ratio, dropout=dropout, causal=causal, dtype=dtype)
+        self.layers = nnx.List([layer(hidden_size, n_heads, cond_dim, rngs=rngs) for _ in range(n_layers)])
         self.output_layer = FinalLayer(
             hidden_size, out_dim, cond_dim, dtype=dtype, vocab_multiple=vocab_multiple, rngs=rngs
         )
@@ -307,21 +291,21 @@ class DDiT(nnx.Module):
         def run(layer, h, rngs, attend=attend):
             return constrain_rows(layer(h, c, attend, positions=positions, deterministic=deterministic, rngs=rngs))
 
+        if context is None and self.remat != "none":
+            return scan_layers(self.layers, h, run, REMAT_POLICIES[self.remat], deterministic, rngs), c
+        reads = [attend] * len(self.layers)
         if context is not None:
-            if len(context) != len(self.layers):
-                raise ValueError(
-                    f"context holds {len(context)} layers' keys and values, the model has {len(self.layers)} layers"
-                )
-            for layer, ctx in zip(self.layers, context):
-                read = functools.partial(context_attention, context=ctx, unit=unit, mask=mask, dtype=self.dtype)
-                h = run(layer, h, rngs, read)  # (B, L, H)
-            return h, c
-        if self.remat == "none":
-            for layer in self.layers:
-                h = run(layer, h, rngs)  # (B, L, H)
-            return h, c
+            read = functools.partial(context_attention, unit=unit, mask=mask, dtype=self.dtype)
+            reads = [functools.partial(read, context=ctx) for ctx in self._per_layer("context", context)]
+        for layer, read in zip(self.layers, reads):
+            h = run(layer, h, rngs, read)  # (B, L, H)
+        return h, c
 
-        return scan_layers(self.layers, h, run, REMAT_POLICIES[self.remat], deterministic, rngs), c
+    def _per_layer(self, name: str, held: tuple) -> tuple:
+        """`held` (a context or a cache: one (keys, values) a layer), checked to hold one for each layer."""
+        if len(held) != (n := len(self.layers)):
+            raise ValueError(f"{name} holds {len(held)} layers' keys and values, the model has {n} layers")
+        return held
 
     def _inputs(self, x: Array, sigma: Array | None, positions) -> tuple[Array, Array]:
         """What the first layer reads: the embedded tokens float32[B, L, H] and the conditioning
@@ -339,11 +323,8 @@ class DDiT(nnx.Module):
     def keys_values(
         self, x: Array, sigma: Array | None, *, positions: Array | None = None, mask: Array | None = None
     ) -> tuple:
-        """Every layer's rotary-embedded keys and values of x, dropout off: what ``features``' context reads.
-
-        Returns:
-          per layer (keys, values), each [B, L, N, K].
-        """
+        """Every layer's rotary-embedded keys and values of x, dropout off: what ``features``' context reads, per
+        layer (keys, values), each [B, L, N, K]."""
         h, c = self._inputs(x, sigma, positions)  # (B, L, H), (B, C) or (B, G, C)
         out = []
         attend = functools.partial(self_attention, causal=self.causal, mask=mask, dtype=self.dtype)
@@ -382,10 +363,7 @@ class DDiT(nnx.Module):
           (float32[B, L or keep, D], the caches after the write, float32[B, L, H] the residual stream after
           the last layer: what the final layer read, and a draft head reads, ``sedd.kinds.draft_head``).
         """
-        if len(cache) != len(self.layers):
-            raise ValueError(
-                f"cache holds {len(cache)} layers' keys and values, the model has {len(self.layers)} layers"
-            )
+        self._per_layer("cache", cache)
         h, c = self._inputs(x, sigma, positions)  # (B, L, H), (B, C)
         out = []
         for layer, held in zip(self.layers, cache):
@@ -409,16 +387,9 @@ class DDiT(nnx.Module):
         """fn(out, *row_chunks) over the final layer's output `out`, `chunk` positions at a time.
 
         The fused output projection and loss of a large vocabulary (``sedd.kernels.chunked``): no
-        [B, L, D] array is ever live, and the result equals fn(output(h, c), *arrays).
-
-        Args:
-          h: float32[B, L, H] and c: float32[B, C], from ``features``.
-          fn: (float32[B, Lc, D], *[B, Lc, ...]) -> float[B, Lc].
-          arrays: [B, L, ...] cut into chunks beside the output.
-          chunk: positions a chunk, a divisor of L; 0 or L computes the whole
-            output at once.
-        Returns:
-          float[B, L].
+        [B, L, D] array is ever live, and the result equals fn(output(h, c), *arrays): float[B, L]. h
+        float32[B, L, H] and c float32[B, C] are ``features``'; fn maps (float32[B, Lc, D], *[B, Lc, ...]) to
+        float[B, Lc]; arrays and chunk are as ``kernels.chunked``'s.
         """
         if c.ndim != 2:
             raise ValueError(
@@ -438,11 +409,8 @@ class DDiT(nnx.Module):
         rngs: nnx.Rngs | Array | None = None,
         **attention,
     ) -> Array:
-        """Log-score of the reverse process: ``log_score`` of the ``network_output`` (the same arguments).
-
-        Returns:
-          float32[B, L, D] log-score, 0 at the current token.
-        """
+        """Log-score of the reverse process, float32[B, L, D], 0 at the current token: ``log_score`` of the
+        ``network_output`` (the same arguments)."""
         out = self.network_output(x, sigma, deterministic=deterministic, rngs=rngs, **attention)  # (B, L, D)
         return self.log_score(out, x, sigma)
 
@@ -522,9 +490,4 @@ def non_embedding_param_count(model: DDiT) -> int:
     Both scale with the vocabulary, not with depth or width; excluding both gives
     the "~90M non-embedding" of SEDD-small (12 layers, H = 768).
     """
-    n = param_count(model)
-    n -= int(model.vocab_embed.embedding.size)
-    n -= int(model.output_layer.linear.kernel.size)
-    if model.output_layer.linear.bias is not None:
-        n -= int(model.output_layer.linear.bias.size)
-    return n
+    return param_count(model) - param_count(model.vocab_embed) - param_count(model.output_layer.linear)

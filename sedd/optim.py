@@ -21,14 +21,14 @@ def learning_rate_schedule(optim, n_updates: int) -> optax.Schedule:
     raise ValueError(f"unknown optim.schedule {optim.schedule!r}; expected 'constant' or 'cosine'")
 
 
+def _names(path) -> set[str]:
+    """The keys of a pytree path, as strings."""
+    return {str(getattr(k, "key", getattr(k, "name", k))) for k in path}
+
+
 def is_adaln_kernel(params):
     """A bool pytree like `params`: True at the kernels of the adaLN modulation layers."""
-
-    def test(path, _):
-        names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
-        return "adaLN_modulation" in names and "kernel" in names
-
-    return jax.tree_util.tree_map_with_path(test, params)
+    return jax.tree_util.tree_map_with_path(lambda path, _: {"adaLN_modulation", "kernel"} <= _names(path), params)
 
 
 OPTIMIZERS = ("adamw", "muon")
@@ -40,8 +40,8 @@ def muon_dimensions(params):
     None (AdamW) at everything else: embedding, output layer, adaLN and sigma layers, LayerNorms, biases."""
 
     def spec(path, _):
-        names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
-        return optax.contrib.MuonDimensionNumbers() if "kernel" in names and set(names) & set(MUON_MATRICES) else None
+        names = _names(path)
+        return optax.contrib.MuonDimensionNumbers() if "kernel" in names and names & set(MUON_MATRICES) else None
 
     return jax.tree_util.tree_map_with_path(spec, params)
 
