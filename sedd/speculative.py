@@ -241,9 +241,11 @@ def run_rounds(
     return text, r, rounds_row, accepted_at
 
 
-@functools.partial(
-    jax.jit, static_argnames=("target", "drafter", "length", "k", "categorical", "shared", "verification")
-)
+_STATIC = ("target", "drafter", "length", "k", "categorical", "shared", "verification")
+"""``decode``'s static arguments (``decode_prompted``'s, with its prefills)."""
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
 def decode(
     key: jax.Array,
     target_state: Any,
@@ -300,20 +302,7 @@ def decode(
     return text[:, :length], {"rounds": r, "rounds_per_sample": rounds_row, "accepted_at": accepted_at.sum(0)}
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "prefill",
-        "target",
-        "d_prefill",
-        "drafter",
-        "length",
-        "k",
-        "categorical",
-        "shared",
-        "verification",
-    ),
-)
+@functools.partial(jax.jit, static_argnames=_STATIC + ("prefill", "d_prefill"))
 def decode_prompted(
     key: jax.Array,
     target_params: Any,
@@ -376,10 +365,9 @@ def self_drafted(
 
     Args:
       parts: (prefill, target, drafter); prompt: int32[B, P] or None; decode: categorical, verification.
-      prefill_calls: the network calls of the prefill (0 or 1); draft_calls: the drafter's a round.
+      prefill_calls, draft_calls: as ``counted``'s.
     Returns:
-      (int32[B, L], stats): "nfe" the network's calls (the batch's: the rounds and the prefill),
-      "nfe_per_sample", "draft_calls", "accepted_at" int32[k].
+      (int32[B, L], ``counted`` stats).
     """
     prefill, target, drafter = parts
     given = jnp.zeros((num_samples, 0), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
@@ -397,13 +385,15 @@ def self_drafted(
         shared=True,
         **decode,
     )
+    return out, counted(stats, prefill_calls, draft_calls)
+
+
+def counted(stats: dict, prefill_calls: int, draft_calls: int) -> dict:
+    """``decode``'s stats as a kind reports them: "nfe" the target's calls (the batch's: the rounds and the
+    prefill's `prefill_calls`, 0 or 1), "nfe_per_sample", "draft_calls" (`draft_calls` a round), "accepted_at" int32[k]."""
     rounds = stats["rounds_per_sample"]
-    return out, {
-        "nfe": stats["rounds"] + prefill_calls,
-        "nfe_per_sample": rounds + prefill_calls,
-        "draft_calls": rounds * draft_calls,
-        "accepted_at": stats["accepted_at"],
-    }
+    nfe = {"nfe": stats["rounds"] + prefill_calls, "nfe_per_sample": rounds + prefill_calls}
+    return nfe | {"draft_calls": rounds * draft_calls, "accepted_at": stats["accepted_at"]}
 
 
 def sharpened(q: jax.Array, tau) -> jax.Array:

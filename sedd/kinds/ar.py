@@ -149,13 +149,7 @@ def speculative_sample(
         k=k,
         verification=verification,
     )
-    rounds = stats["rounds_per_sample"]
-    return out, {
-        "nfe": stats["rounds"],
-        "nfe_per_sample": rounds,
-        "draft_calls": rounds * draft.calls(k),
-        "accepted_at": stats["accepted_at"],
-    }
+    return out, speculative.counted(stats, 0, draft.calls(k))
 
 
 # =========================================================================== the kind
@@ -296,16 +290,7 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts, Tunes):
         """Inputs V + 1 ids (BOS = V), outputs the V next-token logits, causal attention, no time input; with
         model.draft_head, a draft head beside it (``draft_head.attach``)."""
         v = self.config.vocab_size
-        model = network_of(
-            self.config,
-            seed,
-            num_tokens=v + 1,
-            out_dim=v,
-            scale_by_sigma=False,
-            causal=True,
-            time_conditioning=False,
-            normalize=False,
-        )
+        model = network_of(self.config, seed, num_tokens=v + 1, out_dim=v, causal=True, **causal.LM_ARCH)
         return draft_head.attach(model, self.head_width, seed) if self.head_width else model
 
     def params_from(self, source, params):
@@ -318,16 +303,7 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts, Tunes):
         """-sum_l log p(x0^l | x0^{<l}), the exact NLL (``causal.sequence_nll``; training.loss_chunk); with a
         draft head, (2) of ``sedd.kinds.draft_head``: the NLL plus the head's cross-entropy."""
         if self.head_width:
-            return draft_head.loss(
-                model,
-                x0,
-                self.draft_k,
-                deterministic=not train,
-                rngs=rngs,
-                draft_weight=self.draft_weight,
-                draft_target=self.draft_target,
-                key=key,
-            )
+            return self._draft_loss(draft_head.loss, key, model, x0, train, rngs)
         return causal.sequence_nll(model, x0, deterministic=not train, rngs=rngs, chunk=self.config.training.loss_chunk)
 
     def sample(self, key, net, num_samples, steps=None, sampler=None, **options):

@@ -100,11 +100,9 @@ def log_score(
     the final layer. A token-shift network reads ``shifted_inputs``.
 
     Args:
-      model: a DDiT built with block_size (``sedd.kinds`` "block").
+      model: a DDiT built with block_size (``sedd.kinds`` "block"); block_size: b, dividing L.
       x_t: int[B, L] noisy tokens; x0: int[B, L] clean tokens.
       sigma: float[B, n_b] the noise of each block (or float[B], one for all).
-      block_size: b, dividing L.
-      deterministic, rngs: dropout control, as in ``DDiT.network_output``.
     """
     b, length = x_t.shape
     sigma = _per_block(sigma, b, length // block_size)  # (B, n_b)
@@ -155,12 +153,8 @@ def clean_context(model: DDiT, x0: jax.Array, block_size: int) -> tuple:
     In that forward x0's rows attend to x0's blocks only (block-causally: the
     lower right quarter of ``block_diffusion_mask``) and are at noise 0, so
     they depend neither on t nor on x_t: run alone, once a batch, x0 gives
-    the keys and values that forward computes again at every t.
-
-    Args:
-      model: a DDiT built with block_size; x0: int[B, L] clean tokens; block_size: b.
-    Returns:
-      per layer of the network (keys, values), each [B, L, N, K].
+    the keys and values that forward computes again at every t. Returns per
+    layer of the network (keys, values), each [B, L, N, K].
     """
     b, length = x0.shape
     mask = block_diffusion_mask(length, block_size)[length:, length:]  # (L, L): x0 -> x0
@@ -184,12 +178,8 @@ def log_score_in_context(
     ``log_score`` pays twice and four times (docs/block_diffusion.md, "The
     cost of the bound").
 
-    Args:
-      model: a DDiT built with block_size.
-      x_t: int[B, L] noisy tokens; context: ``clean_context(model, x0, block_size)``.
-      sigma: float[B, n_b] the noise of each block (or float[B], one for all).
-      block_size: b, dividing L.
-      x0: int[B, L] the clean tokens: a token-shift network's blocks read them at their first positions.
+    Arguments as ``log_score``'s; context: ``clean_context(model, x0, block_size)``; x0: read by a
+    token-shift network's blocks at their first positions only.
     """
     b, length = x_t.shape
     sigma = _per_block(sigma, b, length // block_size)  # (B, n_b)
@@ -225,14 +215,9 @@ def loss_per_position(
     over L it is an unbiased estimate of (2) without the prior terms.
 
     Args:
-      key: a ``jax.random`` key (t and x_t).
       block_fn: (x_t, x0, sigma float[B, n_b]) -> log-score float[B, L, D] (``log_score``).
-      graph: the forward process (absorbing).
-      noise: the schedule.
-      x0: int32[B, L] clean tokens.
       t: optional float[B] (every block of a row at that t, unweighted) or float[B, n_b].
-      sampling_eps, low_discrepancy, t_power: as ``losses.loss_per_position``.
-      block_size: b, dividing L.
+      the rest: as ``losses.loss_per_position``'s; block_size: b, dividing L.
     """
     k_t, k_x = jax.random.split(key)
     b, length = x0.shape
@@ -241,7 +226,7 @@ def loss_per_position(
         t, weight = losses.sample_times(k_t, b * blocks, sampling_eps, low_discrepancy, t_power)
         t, weight = t.reshape(b, blocks), weight.reshape(b, blocks)
     else:
-        t = jnp.broadcast_to(t if jnp.ndim(t) == 2 else jnp.asarray(t)[:, None], (b, blocks))
+        t = _per_block(t, b, blocks)
         weight = jnp.ones_like(t)
     sigma, dsigma = noise(t)  # (B, n_b) each
     at_positions = lambda a: jnp.repeat(a, block_size, axis=1)  # noqa: E731  (B, n_b) -> (B, L)
@@ -346,20 +331,8 @@ class BlockDiffusion(Diffusion, Drafts):
     def describe(self):
         return {"kind": self.name, "block_size": self.block_size}
 
-    def lane_program(self, graphdef, *, steps, sampler, trajectory, live):
-        s = self.config.sampling
-        return lane_program(
-            graphdef,
-            self.graph,
-            self.noise,
-            block_size=self.block_size,
-            steps=steps,
-            sampler=sampler,
-            eps=float(s.eps),
-            categorical=s.categorical,
-            trajectory=trajectory,
-            live=live,
-        )
+    def _lane_program(self, graphdef, **static):
+        return lane_program(graphdef, self.graph, self.noise, block_size=self.block_size, **static)
 
     def params_from(self, source, params):
         """A token-shift network starts from an AR run of its size too (Fast-dLLM v2's adaptation): its layers
@@ -393,10 +366,7 @@ class BlockDiffusion(Diffusion, Drafts):
     def loss(self, key, model, x0, train, rngs=None):
         r"""Eq. (2) of the module docstring: each block's score entropy at its own t, given the clean blocks
         before it."""
-        t = self.config.training
-        block_fn = lambda x_t, x, sigma: log_score(  # noqa: E731
-            model, x_t, x, sigma, self.block_size, deterministic=not train, rngs=rngs
-        )
+        t, block_fn = self.config.training, self.noise_groups(model, train, rngs)[1]  # ``log_score``
         return loss_per_position(
             key,
             block_fn,
@@ -409,28 +379,15 @@ class BlockDiffusion(Diffusion, Drafts):
             block_size=self.block_size,
         ).sum(-1)
 
-    def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False, **kwargs):
+    def likelihood(self, key, net, batches, num_t, **options):
         """The sum of the blocks' bounds, Eq. (2) of the module docstring, with its standard error.
 
         The clean text's keys and values are computed once a batch and each
         t point runs the noisy text against them (``bound_fns``).
         """
-        fns = bound_fns(net.graphdef, self.block_size)
-        return evaluate.dataset_bound(
-            key,
-            fns.block_fn,
-            self.graph,
-            self.noise,
-            batches,
-            num_t,
-            max_batches=max_batches,
-            chars_per_token=chars_per_token,
-            score_params=net.state,
-            progress=progress,
-            prepare=fns.prepare,
-            per_position=per_position_fn(self.block_size),
-            **kwargs,
-        )
+        fns, per_position = bound_fns(net.graphdef, self.block_size), per_position_fn(self.block_size)
+        options.update(score_params=net.state, prepare=fns.prepare, per_position=per_position)
+        return evaluate.dataset_bound(key, fns.block_fn, self.graph, self.noise, batches, num_t, **options)
 
     def sample(self, key, net, num_samples, steps=None, sampler=None, **options):
         """``sample_blocks``: block by block with the KV cache; max_length tokens (default data.seq_len).

@@ -18,6 +18,7 @@ from flax import nnx
 
 from sedd import drafts, sampling
 from sedd.graphs import Graph
+from sedd.kinds.block_sampling import bos_id, shift_right, shifts
 
 
 class BlockDraft(drafts.Drafter):
@@ -131,10 +132,9 @@ def drafter_parts(
             clean = jnp.pad(row[:length], (0, clean_len - length))
             x = jnp.concatenate([jnp.full((k,), graph.mask, jnp.int32), clean.astype(jnp.int32)])[None]  # (1, k + Lc)
             inputs = x
-            if model.num_tokens > model.out_dim:  # a token-shift network reads the token before each position
-                bos = jnp.int32(model.num_tokens - 1)  # (sedd.kinds.block.shifted_inputs)
-                before = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)].astype(jnp.int32), bos)
-                inputs = jnp.concatenate([before[None], x[0, : k - 1], bos[None], x[0, k:-1]])[None]
+            if shifts(model):  # a token-shift network reads the token before each position (block.shifted_inputs)
+                before = jnp.where(s > 0, row[jnp.maximum(s - 1, 0)], bos_id(model))  # before the draft block
+                inputs = jnp.concatenate([shift_right(x[:, :k], before), shift_right(x[:, k:], bos_id(model))], 1)
             positions = jnp.concatenate([s + jnp.arange(k), jnp.arange(clean_len)])
             groups = jnp.zeros((1, 1 + clean_len // k), jnp.float32).at[:, 0].set(sigma)  # the draft block at sigma(1)
             mask = draft_mask(clean_len, k, s, block_size)

@@ -306,16 +306,10 @@ def draw(
 ) -> tuple:
     """``sample_blocks``'s traced core: every block of `text` drawn from all-MASK and committed, from an empty context.
 
-    For callers that are themselves traced (``sedd serve`` maps it over rows).
+    For callers that are themselves traced (``sedd serve`` maps it over rows). Arguments as ``sample_blocks``'s
+    (options checked, its time_grid unset) and ``draw_blocks``': fixed bool[B, T] the prompt's positions (a
+    prefix), T a multiple of b, text int32[B, T] its tokens there, times float[steps + 1] the sampler's grid.
 
-    Args:
-      key, scorer, params, graph, noise: as ``sample_blocks``.
-      fixed: bool[B, T] the prompt's positions (a prefix), T a multiple of b;
-        text: int32[B, T] the prompt's tokens there.
-      times: float[steps + 1] the sampler's time grid.
-      block_size, sampler, denoise, options, stop_id: as ``sample_blocks`` (options
-        checked, its time_grid unset).
-      shaping: None, or traced (temperature, top_p) (``sedd.sampling.run_loop``).
     Returns:
       (text int32[B, T], frames as ``draw_blocks``'s or None, nfe int32[], nfe_row int32[B], drawn int32[]).
     """
@@ -384,14 +378,10 @@ def sample_blocks(
     hold stop_id.
 
     Args:
-      key: a ``jax.random`` key.
-      scorer: the model as a ``Scorer`` (``network_scorer``).
-      params: its weights (traced).
+      scorer, params: the model as a ``Scorer`` (``network_scorer``), its weights (traced).
       graph: the absorbing graph; noise: the schedule.
       shape: (B, T), T >= 1 (rounded up to whole blocks for the draw, cut after).
-      block_size: b.
-      steps: sampler steps per block.
-      sampler, denoise, eps: as ``sedd.sampling.sample``.
+      steps: sampler steps per block (of block_size b); sampler, denoise, eps: as ``sedd.sampling.sample``.
       fixed_mask, fixed_tokens: bool / int[B, T], a prompt: True on each row's
         first P_row positions only.
       options, **option_values: as ``sedd.sampling.sample`` (temperature, top_p,
@@ -563,32 +553,9 @@ def serving_frames(traj: np.ndarray, start: int, length: int, steps: int, *, blo
     return traj[:, kept], calls[kept], [{"block": int(i)} for i in blocks[kept]]
 
 
-def lane_program(
-    graphdef,
-    graph: Graph,
-    noise: Callable,
-    *,
-    block_size: int,
-    steps: int,
-    sampler: str,
-    eps: float,
-    categorical: str,
-    trajectory: bool,
-    live: bool,
-) -> lanes_lib.LaneProgram:
-    """The ``sedd.sampling.lanes.LaneProgram`` of the block network `graphdef`."""
-    static = dict(
-        graphdef=graphdef,
-        graph=graph,
-        noise=noise,
-        steps=steps,
-        sampler=sampler,
-        eps=eps,
-        categorical=categorical,
-        trajectory=trajectory,
-        live=live,
-        block_size=block_size,
-    )
-    return lanes_lib.LaneProgram(
-        sample_lanes, static, functools.partial(serving_frames, block_size=block_size, mask_id=graph.mask)
-    )
+def lane_program(graphdef, graph: Graph, noise: Callable, *, block_size: int, **static) -> lanes_lib.LaneProgram:
+    """The ``sedd.sampling.lanes.LaneProgram`` of the block network `graphdef`; static: the rest of ``sample_lanes``'s
+    (steps, sampler, eps, categorical, trajectory, live)."""
+    static |= dict(graphdef=graphdef, graph=graph, noise=noise, block_size=block_size)
+    frames = functools.partial(serving_frames, block_size=block_size, mask_id=graph.mask)
+    return lanes_lib.LaneProgram(sample_lanes, static, frames)

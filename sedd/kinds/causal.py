@@ -49,6 +49,10 @@ def check(model: DDiT) -> None:
         )
 
 
+LM_ARCH = dict(scale_by_sigma=False, time_conditioning=False, normalize=False)
+"""What every causal LM's ``network_of`` shares (``check``): no time input, its output the logits as they are."""
+
+
 def bos_id(model: DDiT) -> int:
     """The beginning-of-sequence id, V."""
     return model.out_dim
@@ -68,20 +72,14 @@ def inputs(model: DDiT, text: jax.Array, start: jax.Array | None = None, n: int 
     return jnp.where(read >= 0, tokens, bos_id(model)).astype(jnp.int32)
 
 
-def _causal_mask(model: DDiT, length: int) -> np.ndarray | None:
-    """The mask that makes the network causal: None where it is by itself."""
-    return None if model.causal else np.tril(np.ones((length, length), bool))
-
-
 def features(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None) -> tuple:
     """The causal LM's one forward over the texts x int[B, L]: what every loss reads.
 
     Returns (h float32[B, L, H], c): ``model.output(h, c)`` is float32[B, L, V], row l the logits of x_l
     given x_{<l}, and h at l what a draft head reads.
     """
-    return model.features(
-        inputs(model, x), None, mask=_causal_mask(model, x.shape[1]), deterministic=deterministic, rngs=rngs
-    )
+    mask = None if model.causal else np.tril(np.ones((x.shape[1],) * 2, bool))  # a causal mask, unless built in
+    return model.features(inputs(model, x), None, mask=mask, deterministic=deterministic, rngs=rngs)
 
 
 def next_token_logits(model: DDiT, x: jax.Array, *, deterministic: bool | None = True, rngs=None) -> jax.Array:
@@ -243,15 +241,11 @@ def ancestral(
         raise ValueError(f"length must be >= 1, got {length}")
     if not temperature >= 0 or not 0 < top_p <= 1:
         raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {temperature} and {top_p}")
-    if prompt is None:
-        prompt = jnp.zeros((num_samples, length), jnp.int32)
-        prompt_len = 0
-    else:
-        prompt = jnp.asarray(prompt, jnp.int32)
-        prompt_len = prompt.shape[1]
-        if prompt.shape[0] != num_samples or prompt_len > length:
-            raise ValueError(f"prompt must be int[{num_samples}, <= {length}], got {prompt.shape}")
-        prompt = jnp.pad(prompt, ((0, 0), (0, length - prompt_len)))
+    prompt = jnp.zeros((num_samples, 0), jnp.int32) if prompt is None else jnp.asarray(prompt, jnp.int32)
+    prompt_len = prompt.shape[1]
+    if prompt.shape[0] != num_samples or prompt_len > length:
+        raise ValueError(f"prompt must be int[{num_samples}, <= {length}], got {prompt.shape}")
+    prompt = jnp.pad(prompt, ((0, 0), (0, length - prompt_len)))
     return _draw(
         graphdef,
         state,
@@ -461,9 +455,8 @@ class RoundOptions(CausalOptions):
     def checked(self) -> RoundOptions:
         if self.verification not in speculative.VERIFICATIONS:
             raise ValueError(f"verification must be one of {speculative.VERIFICATIONS}, got {self.verification!r}")
-        tau = self.draft_temperature
-        if tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau > 0):
-            raise ValueError(f"draft_temperature must be a number > 0, got {tau!r}")
+        if self.draft_temperature is not None:
+            _number("draft_temperature", self.draft_temperature, lambda t: t > 0, "a number > 0")
         return super().checked()
 
 
@@ -494,6 +487,12 @@ class CausalKind(Kind, Exact):
     def check_options(self, sampler, **options):
         """``options``: the options ``sample`` takes, checked (a sampler does not apply)."""
         self.options(**options)
+
+    def _draft_loss(self, loss: Callable, key, model, x0, train, rngs) -> jax.Array:
+        """`loss` of a kind that learns to draft (``sedd.kinds.spec.loss``, ``sedd.kinds.draft_head.loss``) with its
+        draft_k, draft_weight and draft_target (``draft_training``'s)."""
+        kw = dict(draft_weight=self.draft_weight, draft_target=self.draft_target, key=key)
+        return loss(model, x0, self.draft_k, deterministic=not train, rngs=rngs, **kw)
 
     def sequence_nll(self, net: Net) -> Callable:
         """x int[B, L] -> -log p(x), float32[B] nats per sequence: the causal LM's exact NLL (a judge of samples)."""

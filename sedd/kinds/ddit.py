@@ -134,32 +134,18 @@ class Diffusion(Kind, Diffuses, ServesLanes, Distills):
 
     def lane_program(self, graphdef, *, steps, sampler, trajectory, live):
         s = self.config.sampling
-        return sampling.lanes.full_sequence_program(
-            params_score_fn(graphdef),
-            self.graph,
-            self.noise,
-            steps=steps,
-            sampler=sampler,
-            eps=float(s.eps),
-            categorical=s.categorical,
-            trajectory=trajectory,
-            live=live,
-        )
+        static = dict(steps=steps, sampler=sampler, eps=float(s.eps), categorical=s.categorical)
+        return self._lane_program(graphdef, trajectory=trajectory, live=live, **static)
 
-    def likelihood(self, key, net, batches, num_t, *, max_batches=None, chars_per_token=None, progress=False, **kwargs):
-        """The score-entropy bound of ``sedd.evaluate.dataset_bound``, with its standard error."""
+    def _lane_program(self, graphdef, **static):
+        """``lane_program`` with the config's eps and categorical in `static`: the program of the whole sequence."""
+        return sampling.lanes.full_sequence_program(params_score_fn(graphdef), self.graph, self.noise, **static)
+
+    def likelihood(self, key, net, batches, num_t, **options):
+        """The score-entropy bound of ``sedd.evaluate.dataset_bound`` (`options` its own), with its standard error."""
+        fn = params_score_fn(net.graphdef)
         return evaluate.dataset_bound(
-            key,
-            params_score_fn(net.graphdef),
-            self.graph,
-            self.noise,
-            batches,
-            num_t,
-            max_batches=max_batches,
-            chars_per_token=chars_per_token,
-            score_params=net.state,
-            progress=progress,
-            **kwargs,
+            key, fn, self.graph, self.noise, batches, num_t, score_params=net.state, **options
         )
 
     def sample(self, key, net, num_samples, steps=None, sampler=None, **options):

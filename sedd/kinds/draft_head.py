@@ -233,9 +233,8 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0, draft_temper
     return prefill, target, drafter
 
 
-@functools.lru_cache(maxsize=None)
-def _parts(graphdef, layout: HeadLayout, temperature: float, top_p: float, draft_temperature: float) -> tuple:
-    return speculative_parts(graphdef, layout, temperature, top_p, draft_temperature)  # one jit cache entry each
+# ``speculative_parts`` of Python values, called with every argument positional: one jit cache entry each
+_parts = functools.lru_cache(maxsize=None)(speculative_parts)
 
 
 def speculate(

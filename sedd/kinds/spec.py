@@ -350,9 +350,8 @@ def speculative_parts(graphdef, layout, temperature=1.0, top_p=1.0, draft_temper
     return prefill, target, drafter
 
 
-@functools.lru_cache(maxsize=None)
-def _parts(graphdef, layout: Layout, temperature: float, top_p: float, draft_temperature: float) -> tuple:
-    return speculative_parts(graphdef, layout, temperature, top_p, draft_temperature)  # one jit cache entry each
+# ``speculative_parts`` of Python values, called with every argument positional: one jit cache entry each
+_parts = functools.lru_cache(maxsize=None)(speculative_parts)
 
 
 def speculate(
@@ -497,29 +496,11 @@ class SelfSpeculative(causal.CausalKind, Speculates, Tunes):
     def network(self, seed=0):
         """Inputs V + 2 ids (BOS = V, MASK = V + 1), V logits out, no time input; attention by mask."""
         v = self.config.vocab_size
-        return network_of(
-            self.config,
-            seed,
-            num_tokens=v + 2,
-            out_dim=v,
-            scale_by_sigma=False,
-            causal=False,
-            time_conditioning=False,
-            normalize=False,
-        )
+        return network_of(self.config, seed, num_tokens=v + 2, out_dim=v, causal=False, **causal.LM_ARCH)
 
     def loss(self, key, model, x0, train, rngs=None):
         """(3) of the module docstring: the causal half's NLL plus the one-step drafts' cross-entropy."""
-        return loss(
-            model,
-            x0,
-            self.draft_k,
-            deterministic=not train,
-            rngs=rngs,
-            draft_weight=self.draft_weight,
-            draft_target=self.draft_target,
-            key=key,
-        )
+        return self._draft_loss(loss, key, model, x0, train, rngs)
 
     def sample(self, key, net, num_samples, steps=None, sampler=None, **options):
         """Self-speculation (``speculate``): the causal half's law, up to k + 1 tokens a call.
