@@ -57,10 +57,7 @@ def restore(manager: ocp.CheckpointManager, target: dict, step: int | None = Non
     carrying concrete NamedShardings: orbax reads each device's shard of that
     layout, whatever mesh wrote the checkpoint. Entries not in `target` are
     not read. A checkpoint holding a non-finite value is corrupt: training
-    never saves one.
-
-    Raises:
-      RuntimeError: naming the checkpoint, when it is corrupt or does not fit.
+    never saves one. RuntimeError, naming the checkpoint, where it is corrupt or does not fit.
     """
     step = manager.latest_step() if step is None else step
     folder = Path(manager.directory) / str(step)
@@ -137,14 +134,10 @@ def restore_newest(
             skipped.append((step, e.__cause__))
             continue
         for bad, err in skipped:
-            where = (
-                ""
-                if quarantine is None
-                else f"; moved to {move_inside(Path(manager.directory) / str(bad), Path(quarantine))}"
-            )
+            moved = None if quarantine is None else move_inside(Path(manager.directory) / str(bad), Path(quarantine))
             warnings.warn(
                 f"skipped the checkpoint of step {bad} in {manager.directory}: it cannot be read "
-                f"({validate.one_line(err, 200)}){where}. Using step {step}.",
+                f"({validate.one_line(err, 200)}){f'; moved to {moved}' if moved else ''}. Using step {step}.",
                 RuntimeWarning,
                 stacklevel=2,
             )

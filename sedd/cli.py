@@ -201,11 +201,10 @@ def _sample(args) -> int:
             files.write_text(args.output, out, Path(args.output).parent)  # a temporary file renamed over it
         except (OSError, files.UnsafeFile) as e:
             raise ValueError(f"writing the samples to {args.output} failed: {e}") from None
+        print(f"wrote {len(texts)} samples to {args.output}")
     else:
         for i, t in enumerate(texts):
             print(f"--- sample {i}\n{t}")
-    if args.output:
-        print(f"wrote {len(texts)} samples to {args.output}")
     if calls is not None:
         print(calls_line(stats, calls, infill=bool(args.infill), stop=args.stop), file=sys.stderr)
     _explain_separator(texts)
@@ -495,11 +494,9 @@ def _command(argv: list[str] | None) -> int:
     _add_distill(sub)
     _add_sample(sub)
     _add_eval(sub)
-
     sub.add_parser(
         "convert", add_help=False, help="the original PyTorch SEDD weights -> a run directory (`sedd convert --help`)"
     )
-
     sub.add_parser(
         "serve",
         add_help=False,

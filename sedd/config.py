@@ -87,10 +87,7 @@ def override(config: ml_collections.ConfigDict, overrides: Sequence[str] = ()) -
         raise KeyError(_unknown_key_message(config, overrides, str(e))) from None
     except flags.Error as e:
         raise ValueError(str(e)) from None
-    given, now = (
-        {arg[len("--config.") :].split("=")[0] for arg in overrides if arg.startswith("--config.")},
-        values.config.to_dict(),
-    )
+    given, now = set(given_keys(overrides)), values.config.to_dict()
     for key, (before, where, value) in MOVED.items():  # the old key of a moved meaning, given alone
         if where is not None and before in given and key not in given and _get(now, where) == value:
             raise ValueError(
@@ -100,9 +97,14 @@ def override(config: ml_collections.ConfigDict, overrides: Sequence[str] = ()) -
     return values.config
 
 
+def given_keys(overrides: Sequence[str]) -> list[str]:
+    """The keys `--config.a.b=value` (or `--config.a.b value`) arguments set, in order: ["a.b", ...]."""
+    return [arg[len("--config.") :].split("=")[0] for arg in overrides if arg.startswith("--config.")]
+
+
 def _unknown_key_message(config, overrides: Sequence[str], error: str) -> str:
     """ "unknown config key 'a.bb'; did you mean 'a.b'?" from ml_collections' hint."""
-    keys = [arg[len("--config.") :].split("=")[0] for arg in overrides if arg.startswith("--config.")]
+    keys = given_keys(overrides)
     for key in keys:
         renamed = [new for new, (before, where, _) in MOVED.items() if before == key and where is None]
         if renamed:

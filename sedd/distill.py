@@ -109,35 +109,16 @@ class DistillTrainer(train.Trainer):
         _, teacher_fn = self.kind.noise_groups(teacher)
         r = self.round_index(state["step"])
         dt = (1.0 - c.sampling.eps) * jnp.exp2(r.astype(jnp.float32)) / self.teacher_steps
+        args = (k_loss, teacher_fn, student_fn, self.kind.graph, self.kind.noise, batch)
+        both = dict(t_end=c.sampling.eps, divergence_name=c.distill.divergence)  # the two objectives' options
         with sharding_lib.split_rows(self.batch_sharding):
             if self.rank is None:
                 per_position = sdtt.loss_per_position(
-                    k_loss,
-                    teacher_fn,
-                    student_fn,
-                    self.kind.graph,
-                    self.kind.noise,
-                    batch,
-                    dt,
-                    block_size=groups,
-                    t_min=c.training.sampling_eps,
-                    t_end=c.sampling.eps,
-                    divergence_name=c.distill.divergence,
-                    target=c.distill.target,
+                    *args, dt, block_size=groups, t_min=c.training.sampling_eps, target=c.distill.target, **both
                 )
             else:
-                per_position = sdtt.planned_loss_per_position(
-                    k_loss,
-                    teacher_fn,
-                    student_fn,
-                    self.kind.graph,
-                    self.kind.noise,
-                    batch,
-                    self.rank,
-                    jnp.right_shift(jnp.int32(self.teacher_steps), r),
-                    t_end=c.sampling.eps,
-                    divergence_name=c.distill.divergence,
-                )
+                n = jnp.right_shift(jnp.int32(self.teacher_steps), r)  # the round's teacher steps, N0 / 2^r
+                per_position = sdtt.planned_loss_per_position(*args, self.rank, n, **both)
             per_seq = per_position.sum(-1)
         return per_seq.mean(), per_seq
 
@@ -161,11 +142,7 @@ def check_distillable(config) -> None:
         halve N0 to an integer, checkpoints that miss a round's end.
     """
     d, t = config.distill, config.training
-    for key in ("log_every", "eval_every", "ckpt_every"):  # as sedd.train.train: steps between them, divisors
-        if not (isinstance(t[key], int) and not isinstance(t[key], bool) and t[key] >= 1):
-            raise ValueError(
-                f"training.{key}={validate.shown(t[key])} must be an integer >= 1 (steps between {key.split('_')[0]}s)"
-            )
+    train.check_intervals(t)  # divisors below
     if not (isinstance(d.round_steps, int) and d.round_steps >= 1):
         raise ValueError(
             f"distill.round_steps={validate.shown(d.round_steps)} must be an integer >= 1 (training steps a round)"
@@ -240,7 +217,7 @@ def distill_config(teacher: str | Path, overrides=(), rounds: int | None = None)
     c.optim.schedule = "constant"
     c = config_lib.override(c, overrides) if overrides else c
     d = c.distill
-    given = {a[len("--config.") :].split("=")[0] for a in overrides if a.startswith("--config.")}
+    given = config_lib.given_keys(overrides)
     if rounds is not None:
         d.rounds = rounds
     # Every number as `sedd train` checks it (types, sizes: distill.rounds in [0, 16], round_steps >= 1), before

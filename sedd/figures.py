@@ -58,15 +58,9 @@ def load_judge(workdir: str | Path, tokenizer=None) -> runs.Run:
 
 
 def judge_nll(judge: runs.Run) -> Callable:
-    """A judge's exact NLL as ``sedd.evaluate.generative_perplexity`` takes it.
-
-    Args:
-      judge: a run whose kind's likelihood is exact (``load_judge``).
-    Returns:
-      x0 int[B, L] -> float32[B] nats per sequence (its kind's ``sequence_nll``), which
-      raises ValueError for a token id the judge cannot score (outside [0, V),
-      e.g. a MASK left in a sample) or samples longer than its length.
-    """
+    """The exact NLL of `judge` (``load_judge``) as ``sedd.evaluate.generative_perplexity`` takes it: x0 int[B, L]
+    -> float32[B] nats per sequence (its kind's ``sequence_nll``), ValueError for a token id the judge cannot score
+    (outside [0, V), e.g. a MASK left in a sample) or samples longer than its length."""
     score = judge.kind.sequence_nll(judge.net)
     vocab, length = judge.config.vocab_size, judge.seq_len
 
@@ -122,7 +116,7 @@ def evaluate_run(
     dataset = run_data(run, data)
     if split is None:
         split = "validation" if "validation" in dataset.splits else [s for s in dataset.splits if s != "train"][0]
-    out = run_figures(run, dataset, split, num_t, batch_size, max_batches, seed, progress, **kwargs)
+    out = run.likelihood(dataset, split, num_t, batch_size, max_batches, seed, progress, **kwargs)
     out["step"] = run.step  # the checkpoint evaluated (the newest readable one unless step was given)
     return out
 
@@ -147,21 +141,6 @@ def run_data(run: runs.Run, data: dict | None = None):
     if dataset.tokenizer.to_dict() != run.tokenizer.to_dict():
         check_same_vocabulary(run.tokenizer, dataset.tokenizer, what="the evaluation data")
     return dataset
-
-
-def run_figures(
-    run: runs.Run,
-    dataset,
-    split: str = "validation",
-    num_t: int = 64,
-    batch_size: int = 32,
-    max_batches: int | None = 8,
-    seed: int = 0,
-    progress: bool = True,
-    **kwargs,
-) -> dict:
-    """The likelihood figures of a loaded run on a split of a dataset: ``sedd.runs.Run.likelihood``."""
-    return run.likelihood(dataset, split, num_t, batch_size, max_batches, seed, progress, **kwargs)
 
 
 def code_figures(
@@ -221,14 +200,8 @@ def code_figures(
     result = {"prompts": num_prompts, "prompt_chars": prompt_chars, "min_chars": memo.min_chars}
     for name, batch in (("samples", texts), ("data", [p + c for p, c in pairs])):
         figures = code_measures.parse_figures(batch)
-        result.update(
-            {
-                f"{name}_parse_rate": figures["parse_rate"],
-                f"{name}_complete_share": figures["complete_share"],
-                f"{name}_tokenise_rate": figures["tokenise_rate"],
-                f"{name}_memorised_share": memo.share([t[prompt_chars:] for t in batch]),
-            }
-        )
+        result.update({f"{name}_{k}": figures[k] for k in ("parse_rate", "complete_share", "tokenise_rate")})
+        result[f"{name}_memorised_share"] = memo.share([t[prompt_chars:] for t in batch])
     stats = out.stats or {}
     nfe = int(stats["nfe"]) if "nfe" in stats else None  # the batch's calls: its slowest row's
     row_nfe = float(np.mean(stats["nfe_per_sample"])) if "nfe_per_sample" in stats else nfe
@@ -288,15 +261,15 @@ def eval_data(workdir: str | Path, overrides: list[str]) -> dict:
     if overrides:  # --config.data.path=other.txt: the bound on other text, zero-shot
         config = config_lib.override(config, overrides)
     data = config.data.to_dict()
-    given = {arg[len("--config.data.") :].split("=")[0] for arg in overrides if arg.startswith("--config.data.")}
+    given = config_lib.given_keys(overrides)
     if data["name"] == "markov":  # drawn from the config's chain: no file is read or written
         return data
-    if "data_dir" in given:  # before the run is loaded
+    if "data.data_dir" in given:  # before the run is loaded
         check_data_dir(data["data_dir"])
     name = "text" if data["name"] == "shakespeare" and data["path"] else data["name"]
     builder = BUILDERS[name].name if name in BUILDERS else None  # an unknown name is load_dataset's error
     folder = Path(data["data_dir"] or default_data_dir()).expanduser() / str(builder)
-    if "data_dir" not in given and data["data_dir"] and not (builder and _owned_folder(folder)):
+    if "data.data_dir" not in given and data["data_dir"] and not (builder and _owned_folder(folder)):
         warnings.warn(
             f"the run's data.data_dir {data['data_dir']!r} holds no preparation of {name!r} of yours; "
             f"using {default_data_dir()} instead (--config.data.data_dir=DIR to choose)",
@@ -304,7 +277,7 @@ def eval_data(workdir: str | Path, overrides: list[str]) -> dict:
         )
         data["data_dir"] = ""
         folder = Path(default_data_dir()).expanduser() / str(builder)
-    if data["path"] and "path" not in given and not _prepared_from(folder, data["path"]):
+    if data["path"] and "data.path" not in given and not _prepared_from(folder, data["path"]):
         raise ValueError(
             f"the run names data.path={data['path']!r}, which was not prepared in {folder}; sedd eval "
             "reads a file a run names only where this user prepared it before. Pass "

@@ -193,10 +193,8 @@ def write_bytes(path: str | Path, data: bytes, root: str | Path) -> None:
     """
     path = Path(path)
     folder = _inside_folder(path.parent, root)
-    try:
+    with disk_errors(path):
         fd_dir = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | NOFOLLOW)
-    except OSError as e:
-        raise disk_error(e, path) from None
     try:
         tmp = f".{path.name}.{secrets.token_hex(6)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644, dir_fd=fd_dir)
@@ -207,10 +205,8 @@ def write_bytes(path: str | Path, data: bytes, root: str | Path) -> None:
                 os.fsync(f.fileno())
             os.replace(tmp, path.name, src_dir_fd=fd_dir, dst_dir_fd=fd_dir)  # a rename follows no link
         except BaseException:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=fd_dir)
-            except OSError:
-                pass
             raise
         os.fsync(fd_dir)  # the rename itself on disk
     except OSError as e:  # a full or read-only disk, a folder at path: named by the target, not the temporary
@@ -235,27 +231,29 @@ def open_append(path: str | Path, root: str | Path):
     path = Path(path)
     folder = _inside_folder(path.parent, root)
     for _ in range(2):  # a second time after a file of several names was replaced by a copy
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW, 0o644)
-        except OSError as e:
-            mode = os.lstat(path).st_mode if os.path.lexists(path) else stat.S_IFREG
-            if not stat.S_ISREG(mode):
-                raise UnsafeFile(
-                    f"{path} cannot be written: {what_is(mode)}; sedd appends only to a regular file"
-                ) from None
-            raise disk_error(e, path) from None
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            raise UnsafeFile(
-                f"{path} is not a regular file ({what_is(st.st_mode)}); sedd appends only to a regular file"
-            )
-        if st.st_nlink == 1:
+        fd = open_regular(path, os.O_WRONLY | os.O_APPEND, "sedd appends only to a regular file")
+        if os.fstat(fd).st_nlink == 1:
             os.set_blocking(fd, True)
             return os.fdopen(fd, "a", encoding="utf-8")
         os.close(fd)
         _unshare(path, folder)
     raise UnsafeFile(f"{path} keeps gaining other names (hard links) while sedd replaces it; nothing was appended")
+
+
+def open_regular(path: Path, flags: int, refusal: str, what: str = "written") -> int:
+    """A descriptor of `path` opened (created if absent) with `flags`, never through a link or blocking on a FIFO;
+    UnsafeFile "`path` is <what it is>; `refusal`" unless it is a regular file, checked on the descriptor too."""
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_NONBLOCK | NOFOLLOW, 0o644)
+    except OSError as e:
+        mode = os.lstat(path).st_mode if os.path.lexists(path) else stat.S_IFREG
+        if not stat.S_ISREG(mode):
+            raise UnsafeFile(f"{path} is {what_is(mode)}; {refusal}") from None
+        raise disk_error(e, path, what) from None
+    if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafeFile(f"{path} is {what_is(mode)}; {refusal}")
+    return fd
 
 
 def _unshare(path: Path, folder: Path) -> None:
@@ -354,16 +352,12 @@ def renamed(tree, old: str, new: str):
 
 
 def check_checkpoint_shapes(folder: str | Path, target) -> None:
-    """Refuse (ValueError naming the first entry) a checkpoint whose arrays have other shapes than `target`'s.
+    """Refuse (ValueError naming the first entry) a checkpoint whose arrays have other shapes than `target`'s (a
+    dict of some of the train state's entries, leaves with `.shape`).
 
-    Read from the item folder's metadata before any array is: a checkpoint of
-    another network failed inside orbax's restore after TensorStore had
-    started every read, whose pending reads then each printed a traceback
-    (issue 63). Metadata that cannot be read is left to the restore to refuse.
-
-    Args:
-      folder: the checkpoint's item folder (``<run>/checkpoints/<step>/state``).
-      target: a dict of some of the train state's entries, leaves with `.shape`.
+    Read from the metadata of the item folder (``<run>/checkpoints/<step>/state``) before any array is: a
+    checkpoint of another network failed inside orbax's restore after TensorStore had started every read, whose
+    pending reads then each printed a traceback (issue 63). Metadata that cannot be read is left to the restore.
     """
     if not (Path(folder) / "_METADATA").is_file():  # orbax then names a pytree structure over many lines
         raise ValueError(
@@ -475,25 +469,17 @@ STEP_METADATA = "_CHECKPOINT_METADATA"  # orbax writes it into every step's fold
 MULTI_PROCESS = "not kept: a multi-process job holds only its shards of each array"
 
 
-def checksum_metadata(state) -> dict:
-    """The custom metadata a checkpoint of `state` is saved with: {SAVED_WITH: {leaf_name: {"dtype", "shape",
-    "sha256"}}}, hashed from its bytes on this host, before orbax writes it. A multi-process job holds only its own
-    shards of each array, so it keeps none ({SAVED_WITH: MULTI_PROCESS}; its checkpoints load with a note)."""
-    return {SAVED_WITH: _digests(state) if _addressable(state) else MULTI_PROCESS}
-
-
 def save_checkpoint(manager: ocp.CheckpointManager, step: int, state) -> None:
-    """orbax's synchronous save of the train state `state` at `step`, with ``checksum_metadata`` in its step
-    metadata (verified at every restore: ``verify_checksums``). A save that fails removes orbax's temporary
-    folder of `step` (``<step>.orbax-checkpoint-tmp-*``, left behind by a disk full inside orbax's write)."""
+    """orbax's synchronous save of the train state `state` at `step`, with {SAVED_WITH: {leaf_name: {"dtype",
+    "shape", "sha256"}}} in its step metadata, hashed from its bytes on this host before orbax writes it (verified
+    at every restore: ``verify_checksums``). A multi-process job holds only its own shards of each array, so it
+    keeps none ({SAVED_WITH: MULTI_PROCESS}; its checkpoints load with a note). A save that fails removes orbax's
+    temporary folder of `step` (``<step>.orbax-checkpoint-tmp-*``, left behind by a disk full inside orbax's write)."""
     try:
         with _reports_held():
-            manager.save(
-                step,
-                args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)),
-                force=True,
-                custom_metadata=checksum_metadata(state),
-            )
+            custom = {SAVED_WITH: _digests(state) if _addressable(state) else MULTI_PROCESS}
+            args = ocp.args.Composite(state=ocp.args.PyTreeSave(state))
+            manager.save(step, args=args, force=True, custom_metadata=custom)
     except BaseException:  # a full disk inside orbax's write: its partial copy, never read as a checkpoint, goes
         partial = f"{Path(manager.directory) / str(step)}.orbax-checkpoint-tmp"
         # and orbax's writers that fail after the save has raised (an error log of a thread, an asyncio task's
@@ -541,16 +527,12 @@ def _reports_held():
 
 
 def verify_checksums(step_folder: str | Path, restored, root: str | Path) -> None:
-    """Refuse (ValueError naming the first array) restored entries whose bytes differ from the SHA-256 saved.
+    """Refuse (ValueError naming the first array) `restored` entries (all of a train state's, or some) whose bytes
+    differ from the SHA-256 saved in `step_folder` (``<run>/checkpoints/<step>`` of the run directory `root`).
 
     Where the checksums are is told by the step metadata (``STEP_METADATA``, which orbax writes into every
     checkpoint; one without it is refused): ``SAVED_WITH`` in its custom metadata (since issue 83), else
     ``CHECKSUMS`` beside it (issue 72's); neither, or ``MULTI_PROCESS``: loaded with a RuntimeWarning.
-
-    Args:
-      step_folder: ``<run>/checkpoints/<step>``.
-      restored: the entries of the train state read from it (all of them, or some).
-      root: the run directory.
     """
     step_folder = Path(step_folder)
     meta = step_folder / STEP_METADATA

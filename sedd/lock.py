@@ -15,7 +15,6 @@ import contextlib
 import fcntl
 import os
 import socket
-import stat
 import sys
 import time
 from pathlib import Path
@@ -40,12 +39,8 @@ def hold(workdir: str | Path):
     waiting; the holder writes who it is into the file (process id, host, start time, command) and removes the
     file as it lets go. The kernel drops a flock with its last descriptor, so a process killed by SIGKILL leaves
     at most the file, unlocked, which blocks nothing. Taken again by the process that holds it (``sedd distill``
-    around ``sedd.train.train``), it is the same lock.
-
-    Raises:
-      Locked: another process holds it, in one line naming that process.
-      UnsafeFile: LOCK is a link, a FIFO or a folder.
-      DiskError: the lock could not be made or written (a full or read-only disk).
+    around ``sedd.train.train``), it is the same lock. Raises Locked (another process holds it: one line naming
+    it), UnsafeFile (LOCK is a link, a FIFO or a folder) or DiskError (a full or read-only disk).
     """
     key = os.path.realpath(workdir)
     if key in _HELD:
@@ -58,11 +53,9 @@ def hold(workdir: str | Path):
             f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')} "
             f"({' '.join(sys.argv)[:300]})"
         )
-        try:
+        with files.disk_errors(path):
             os.ftruncate(fd, 0)
             os.pwrite(fd, (holder + "\n").encode(), 0)
-        except OSError as e:
-            raise files.disk_error(e, path) from None
         _HELD.add(key)
         try:
             yield
@@ -78,20 +71,8 @@ def _take(path: Path, workdir) -> int:
     """A descriptor of the lock file `path`, flocked; the file it locks is the one at `path` now (a holder
     removes the file as it lets go, so a file opened before that is no longer the lock: opened again)."""
     for _ in range(100):
+        fd = files.open_regular(path, os.O_RDWR, "a run's lock is a regular file sedd makes (remove it)", "locked")
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | files.NOFOLLOW, 0o644)
-        except OSError as e:
-            mode = os.lstat(path).st_mode if os.path.lexists(path) else stat.S_IFREG
-            if not stat.S_ISREG(mode):
-                raise files.UnsafeFile(
-                    f"{path} is {files.what_is(mode)}; a run's lock is a regular file sedd makes (remove it)"
-                ) from None
-            raise files.disk_error(e, path, "locked") from None
-        try:
-            if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
-                raise files.UnsafeFile(
-                    f"{path} is {files.what_is(mode)}; a run's lock is a regular file sedd makes (remove it)"
-                )
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -115,21 +96,15 @@ def _take(path: Path, workdir) -> int:
 def writing(workdir: str | Path, first: tuple[str, ...] = ()):
     """Make the run directory `workdir` (with its parents) and ``hold`` its lock while the block writes it.
 
-    Args:
-      workdir: the run directory.
-      first: the files a run writes before anything else (its config.json, tokenizer.json): when the block
-        fails in a directory this call made that holds nothing else, they and the directory are removed, so a
-        new run stopped by a full or read-only disk leaves nothing half-made.
-    Raises:
-      sedd.files.DiskError: the folder cannot be made or locked (a full or read-only disk, a file on the way).
-      Locked: another process writes the run.
+    `first` are the files a run writes before anything else (its config.json, tokenizer.json): when the block
+    fails in a directory this call made that holds nothing else, they and the directory are removed, so a new run
+    stopped by a full or read-only disk leaves nothing half-made. Raises ``hold``'s errors, and DiskError where
+    the folder cannot be made (a file on the way).
     """
     workdir = Path(workdir)
     made = not os.path.lexists(workdir)
-    try:
+    with files.disk_errors(workdir, "made"):
         workdir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise files.disk_error(e, workdir, "made") from None
     try:
         with hold(workdir):
             try:

@@ -118,10 +118,8 @@ class Pace:
         jax.block_until_ready(state["step"])
         now = self.clock()
         per_step = (now - opened_at) / (step - start)
-        first = self.seconds_per_step is None
-        self.seconds_per_step = (
-            per_step if first else self.weight * per_step + (1 - self.weight) * self.seconds_per_step
-        )
+        mean = self.seconds_per_step
+        self.seconds_per_step = per_step if mean is None else self.weight * per_step + (1 - self.weight) * mean
         self.opened = (step, now) if step + self.window < self.n_iters else None
         if self.said or step >= self.n_iters:
             return None

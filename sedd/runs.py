@@ -262,16 +262,9 @@ def inference_mesh(config) -> jax.sharding.Mesh:
 
 @dataclasses.dataclass
 class Run:
-    """A trained model with everything needed to use it.
-
-    Attributes:
-      config: the run's config.
-      tokenizer: its tokenizer.
-      kind: its model kind (``sedd.kinds``): network, figure and sampler.
-      graphdef, params, rest: the network split by ``nnx.split(model, nnx.Param, ...)``.
-      step: the training step of the weights.
-      mesh: the devices the parameters live on.
-    """
+    """A trained model with everything needed to use it: its config, tokenizer and kind (``sedd.kinds``: network,
+    figure and sampler); the network split by ``nnx.split(model, nnx.Param, ...)`` into graphdef, params and rest;
+    the training step of the weights, and the mesh of devices the parameters live on."""
 
     config: ml_collections.ConfigDict
     tokenizer: Any

@@ -80,9 +80,7 @@ class Trainer:
         self.accum = config.training.accum_steps
         abstract = jax.eval_shape(self._init_state)
         self.state_sharding = sharding_lib.param_shardings(abstract, self.mesh, rules)
-        if zero1 is None:
-            zero1 = config.optim.optimizer == "muon"
-        if zero1:
+        if zero1 or (zero1 is None and config.optim.optimizer == "muon"):
             self.state_sharding["opt_state"] = sharding_lib.optimizer_shardings(
                 abstract["opt_state"], self.state_sharding["opt_state"], self.mesh
             )
@@ -193,9 +191,7 @@ def estimate_loss(trainer: Trainer, params, dataset, n_batches: int, batch_size:
     """
     total, count = 0.0, 0
     key = jax.random.key(seed + 12345)
-    for i, batch in enumerate(dataset.eval_batches(batch_size)):
-        if i >= n_batches:
-            break
+    for i, batch in zip(range(n_batches), dataset.eval_batches(batch_size)):
         total += float(trainer.loss_step(params, jnp.asarray(batch), jax.random.fold_in(key, i)).sum())
         count += batch.size
     return total / max(count, 1)
@@ -328,6 +324,17 @@ def _save_failed(e: Exception, manager: ocp.CheckpointManager, what: str = "") -
 # =========================================================================== the loop
 
 
+def check_intervals(t) -> None:
+    """Refuse (ValueError, one line) a training section whose steps between logs, evaluations or checkpoints are
+    not an integer >= 1 (0 was a ZeroDivisionError)."""
+    for key in ("log_every", "eval_every", "ckpt_every"):
+        if not (isinstance(t[key], int) and not isinstance(t[key], bool) and t[key] >= 1):
+            raise ValueError(
+                f"training.{key}={validate.shown(t[key])} must be an integer >= 1 (steps between "
+                f"{key.split('_')[0]}s; training.n_iters={t.n_iters} for once at the end)"
+            )
+
+
 def started_from(trainer: Trainer, workdir: str, tokenizer, say=print) -> dict:
     """The train state at step 0 around the EMA weights of the run in `workdir` (training.init_from), each array
     in this run's shards: ``Kind.params_from`` maps them (an AR run's to a token-shift block network's too).
@@ -383,12 +390,7 @@ def _train_run(
     runs.check_config(config, "the config")  # every size and name, before anything is read, allocated or compiled
     optim.build_optimizer(config)  # optim.optimizer and optim.schedule too
     t = config.training
-    for key in ("log_every", "eval_every", "ckpt_every"):  # steps between logs, evaluations, checkpoints
-        if not (isinstance(t[key], int) and t[key] >= 1):
-            raise ValueError(
-                f"training.{key}={t[key]!r} must be an integer >= 1 (steps between "
-                f"{key.split('_')[0]}s; training.n_iters={t.n_iters} for once at the end)"
-            )
+    check_intervals(t)
 
     # ---- processes and mesh: a multi-host job connects before any device is
     # touched; a mesh that does not fit the devices fails here, before data is read
@@ -502,12 +504,8 @@ def _train_run(
         check_finite(state)
         free = shutil.disk_usage(manager.directory).free
         if free < 1.25 * state_bytes + 2**16:  # refuse before orbax half-writes a checkpoint
-            raise _save_failed(
-                OSError(
-                    errno.ENOSPC, f"{free / 2**20:.1f} MiB free, a checkpoint needs about {state_bytes / 2**20:.1f} MiB"
-                ),
-                manager,
-            )
+            need = f"{free / 2**20:.1f} MiB free, a checkpoint needs about {state_bytes / 2**20:.1f} MiB"
+            raise _save_failed(OSError(errno.ENOSPC, need), manager)
         try:  # with a SHA-256 of each array in the step's metadata, verified at every restore
             files.save_checkpoint(manager, step, state)
         except Exception as e:
@@ -533,13 +531,8 @@ def _train_run(
                     check_finite(state)
                     now = time.perf_counter()
                     row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
-                    row.update(
-                        {
-                            f"loss_{k}": v
-                            for k, v in losses.units(row["loss_nats_per_token"], cpt).items()
-                            if k.startswith("bits")
-                        }
-                    )
+                    units = losses.units(row["loss_nats_per_token"], cpt)
+                    row.update({f"loss_{k}": v for k, v in units.items() if k.startswith("bits")})
                     row["tokens_per_s"] = (step - last_step) * tokens_per_step / max(now - last_time, 1e-9)
                     last_time, last_step = now, step
                     row["elapsed_s"] = now - loop_start  # this process's seconds in the loop, evaluations included

@@ -97,19 +97,11 @@ class Bound:
 
     def check(self, name: str, value) -> None:
         """Raise ValueError (one line naming `name`) unless value is a number of this bound."""
-        types = (int,) if self.integer else (int, float)
-        ok = (
-            isinstance(value, types)
-            and not isinstance(value, bool)
-            and (isinstance(value, int) or math.isfinite(value))
-        )  # isfinite(10**400) is an OverflowError
-        if (
-            ok
-            and self.low <= value <= self.high
-            and not (self.open_low and value == self.low)
-            and not (self.open_high and value == self.high)
-        ):
-            return
+        number = isinstance(value, (int,) if self.integer else (int, float)) and not isinstance(value, bool)
+        if number and (isinstance(value, int) or math.isfinite(value)):  # isfinite(10**400) is an OverflowError
+            above = self.low < value if self.open_low else self.low <= value
+            if above and (value < self.high if self.open_high else value <= self.high):
+                return
         what = "an integer" if self.integer else "a finite number"
         left, right = "(" if self.open_low else "[", ")" if self.open_high else "]"
         why = f" ({self.why})" if self.why else ""

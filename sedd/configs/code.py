@@ -28,12 +28,8 @@ from sedd.configs import shakespeare_char
 def get_config():
     """The code config: the default's model on the standard library's sources, L = 256."""
     c = shakespeare_char.get_config()
-    c.data.name = "code"
-    c.data.seq_len = 256
+    c.data.update(name="code", seq_len=256)
     c.data.code.tests = False
-    c.training.batch_size = 16
-    c.training.n_iters = 1000
-    c.training.eval_every = 500
-    c.training.eval_samples = 1
+    c.training.update(batch_size=16, n_iters=1000, eval_every=500, eval_samples=1)
     c.sampling.steps = 256  # the EB-sampler at one step a character: its best text
     return c

@@ -13,23 +13,10 @@ from sedd.configs import shakespeare_char
 def get_config():
     """The markov config: a small DDiT on a synthetic chain whose law is known exactly."""
     c = shakespeare_char.get_config()
-    c.model.hidden_size = 64
-    c.model.n_layers = 2
-    c.model.n_heads = 4
-    c.model.cond_dim = 32
-    c.data.name = "markov"
-    c.data.seq_len = 32
-    c.data.markov.vocab_size = 8
-    c.data.markov.order = 2
-    c.data.markov.seed = 0
-    c.data.markov.alpha = 0.3
-    c.data.markov.num_tokens = 500_000
-    c.training.batch_size = 64
-    c.training.n_iters = 2000
-    c.training.log_every = 50
-    c.training.eval_every = 500
-    c.training.ckpt_every = 500
-    c.training.eval_batches = 4
+    c.model.update(hidden_size=64, n_layers=2, n_heads=4, cond_dim=32)
+    c.data.update(name="markov", seq_len=32)
+    c.data.markov.update(vocab_size=8, order=2, seed=0, alpha=0.3, num_tokens=500_000)
+    c.training.update(batch_size=64, n_iters=2000, log_every=50, eval_every=500, ckpt_every=500, eval_batches=4)
     c.training.eval_samples = 0
     c.training.ema = 0.999  # the figures in docs/evaluation.md were measured with these two
     c.optim.lr = 1e-3

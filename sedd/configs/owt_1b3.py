@@ -20,15 +20,10 @@ from sedd.configs import owt_small
 def get_config():
     """The owt_1b3 config: owt_small's recipe at 24 x 2048, L = 2048, on an fsdp mesh of 64."""
     c = owt_small.get_config()
-    c.model.hidden_size = 2048
-    c.model.n_layers = 24
-    c.model.n_heads = 16
-    c.model.cond_dim = 256
-    c.model.remat = "layers"
+    c.model.update(hidden_size=2048, n_layers=24, n_heads=16, cond_dim=256, remat="layers")
     c.data.seq_len = 2048
     c.training.batch_size = 512
     c.optim.lr = 2e-4  # GPT-3 XL's peak rate at this size
-    c.mesh.data = 1
-    c.mesh.fsdp = 64
+    c.mesh.update(data=1, fsdp=64)
     c.sampling.steps = 2048
     return c

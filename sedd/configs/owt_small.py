@@ -12,12 +12,7 @@ from sedd.configs import shakespeare_char
 def get_config():
     """The owt_small config: SEDD small on OpenWebText with the GPT-2 tokenizer."""
     c = shakespeare_char.get_config()
-    c.model.hidden_size = 768
-    c.model.n_layers = 12
-    c.model.n_heads = 12
-    c.model.cond_dim = 128
-    c.model.dropout = 0.1
-    c.model.dtype = "bfloat16"
+    c.model.update(hidden_size=768, n_layers=12, n_heads=12, cond_dim=128, dropout=0.1, dtype="bfloat16")
     # Memory: sized for 8 devices of 40 GB or more, 64 sequences a device (mesh.data = -1 takes
     # them all): the loss 128 positions at a time, the weight matmuls' outputs kept and the rest
     # of each block recomputed, the vocabulary padded to 50,304 rows. 34.9 GiB a device on
@@ -25,16 +20,8 @@ def get_config():
     c.model.remat = "dots"
     c.model.vocab_multiple = 128
     c.training.loss_chunk = 128
-    c.data.name = "openwebtext"
-    c.data.path = "openwebtext"
-    c.data.tokenizer = "gpt2"
-    c.data.seq_len = 1024
-    c.training.batch_size = 512
-    c.training.n_iters = 400_000
-    c.training.ema = 0.9999
-    c.training.log_every = 100
-    c.training.eval_every = 10_000
-    c.training.ckpt_every = 5_000
+    c.data.update(name="openwebtext", path="openwebtext", tokenizer="gpt2", seq_len=1024)
+    c.training.update(batch_size=512, n_iters=400_000, ema=0.9999, log_every=100, eval_every=10_000, ckpt_every=5_000)
     c.optim.lr = 3e-4
     c.optim.optimizer = "adamw"  # the original's plain AdamW
     c.optim.adaln_lr_scale = 1.0

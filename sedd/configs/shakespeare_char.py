@@ -21,9 +21,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.seed = 0  # drives initialisation, data order, t and x_t draws, sampling
 
     c.model = ml_collections.ConfigDict()
-    c.model.kind = (
-        "ddit"  # "ddit" (diffusion), "ar" (causal baseline), "block" (block diffusion), "spec" (self-speculation)
-    )
+    # "ddit" (diffusion), "ar" (causal baseline), "block" (block diffusion), "spec" (self-speculation)
+    c.model.kind = "ddit"
     c.model.block_size = 16  # "block": tokens per block, a divisor of data.seq_len
     # "block": position p reads the token at p - 1 (BOS at 0), as an AR network does (Fast-dLLM v2's shift), so that
     # an AR run's weights start it (training.init_from); at b = 1 the network is an AR network
@@ -38,16 +37,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.dropout = 0.0  # residual dropout; SEDD uses 0.1 at scale
     c.model.scale_by_sigma = True  # absorbing graph: SEDD's log(e^sigma - 1) output offset
     c.model.time_conditioning = True  # False: no sigma input (RADD; absorbing graph with scale_by_sigma)
-    c.model.normalize = (
-        True  # the network predicts p(x0 | x_t) (absorbing: MDLM SUBS; uniform: DUO); False: SEDD's score
-    )
-    c.model.remat = (
-        "none"  # what a layer's backward keeps: "none" (all), "dots" (weight matmul outputs), "layers" (its input)
-    )
+    # True: the network predicts p(x0 | x_t) (absorbing: MDLM SUBS; uniform: DUO); False: SEDD's score
+    c.model.normalize = True
+    # what a layer's backward keeps: "none" (all), "dots" (weight matmul outputs), "layers" (its input)
+    c.model.remat = "none"
     c.model.vocab_multiple = 1  # pad the embedding rows and output columns to a multiple (128: splittable by a mesh)
-    c.model.dtype = (
-        "auto"  # compute dtype: "auto" (bfloat16 where it runs fast: GPU, TPU, AVX512-BF16 CPU), "float32", "bfloat16"
-    )
+    # compute dtype: "auto" (bfloat16 where it runs fast: GPU, TPU, AVX512-BF16 CPU), "float32", "bfloat16"
+    c.model.dtype = "auto"
 
     c.graph = ml_collections.ConfigDict()
     c.graph.type = "absorbing"  # "absorbing" (mask) or "uniform"

@@ -35,7 +35,5 @@ def get_config():
     c.training.draft_target = "causal"  # the head learns the network's laws, what its drafts are kept against
     c.training.batch_size = 16  # 26M parameters: a step of 16 x 128 takes ~3.2 s on 2 cores
     c.training.n_iters = 450  # a fifth of the default's tokens: ~25 min on 2 Zen 5 cores (bfloat16), 70-90 on Zen 3
-    c.training.eval_every = 450  # one evaluation, at the end
-    c.training.ckpt_every = 450
-    c.training.eval_batches = 2
+    c.training.update(eval_every=450, ckpt_every=450, eval_batches=2)  # one evaluation, at the end
     return c

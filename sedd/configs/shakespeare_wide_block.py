@@ -34,8 +34,7 @@ def as_block(c):
     c.model.draft_head = 0  # the draft head is an AR run's (its weights are not read)
     c.training.draft_target = "data"
     c.training.n_iters = 150  # a third of the AR run's steps; a step reads [x_t ; x_0], twice an AR step's positions
-    c.training.eval_every = 150
-    c.training.ckpt_every = 150
+    c.training.update(eval_every=150, ckpt_every=150)
     c.optim.lr = 1e-3  # half the default's peak: it starts from trained weights
     c.optim.warmup = 50
     c.sampling.sampler = "left_to_right"  # the first masked position and the sure ones after it

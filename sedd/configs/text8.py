@@ -10,23 +10,12 @@ from sedd.configs import shakespeare_char
 def get_config():
     """The text8 config: a 12 x 768 DDiT on text8 characters."""
     c = shakespeare_char.get_config()
-    c.model.hidden_size = 768
-    c.model.n_layers = 12
-    c.model.n_heads = 12
-    c.model.cond_dim = 128
-    c.model.dropout = 0.0
-    c.model.dtype = "bfloat16"
+    c.model.update(hidden_size=768, n_layers=12, n_heads=12, cond_dim=128, dropout=0.0, dtype="bfloat16")
     # Memory: sized for one 80 GB device: the weight matmuls' outputs kept and the rest of each
     # block recomputed, 29.9 GiB on `bench.py memory --config text8` (72.3 without; docs/scaling.md).
     c.model.remat = "dots"
-    c.data.name = "text8"
-    c.data.path = "text8.zip"
-    c.data.seq_len = 256
-    c.training.batch_size = 256
-    c.training.n_iters = 400_000
-    c.training.ema = 0.9999
-    c.training.eval_every = 10_000
-    c.training.ckpt_every = 5_000
+    c.data.update(name="text8", path="text8.zip", seq_len=256)
+    c.training.update(batch_size=256, n_iters=400_000, ema=0.9999, eval_every=10_000, ckpt_every=5_000)
     c.optim.lr = 3e-4
     c.optim.warmup = 2500
     c.optim.schedule = "constant"
