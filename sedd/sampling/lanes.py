@@ -252,16 +252,6 @@ def full_sequence_program(
     live: bool,
 ) -> LaneProgram:
     """The ``LaneProgram`` of a full-sequence SEDD network (score_fn: (state, x, sigma) -> log-score)."""
-    static = dict(
-        score_fn=score_fn,
-        graph=graph,
-        noise=noise,
-        steps=steps,
-        sampler=sampler,
-        eps=eps,
-        categorical=categorical,
-        trajectory=trajectory,
-        live=live,
-    )
+    static = dict(locals())  # every argument, a static one of ``sample_lanes``
     mask_id = graph.mask if graph.absorb else None
     return LaneProgram(sample_lanes, static, functools.partial(full_sequence_frames, mask_id=mask_id))

@@ -5,16 +5,13 @@ Shapes: B batch, L the window (the model's length), T the text's length.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
 from sedd.graphs import Graph, ScoreFn
-from sedd.sampling.loop import Samples, check_int, check_shape, conditioning, options_from, run_loop, time_grid
-from sedd.sampling.samplers import get_sampler
+from sedd.sampling.loop import Samples, bound_loop, check_int, check_shape, conditioning, options_from, time_grid
 
 
 def sample_long(
@@ -63,27 +60,18 @@ def sample_long(
     if block_length > length:
         raise ValueError(f"block_length must be <= the window L = {length}, got {block_length}")
     fixed_mask, fixed_tokens = conditioning(fixed_mask, fixed_tokens, (b, max_length), graph)
+    if fixed_mask is None:  # as ``sample``: an all-False mask fixes nothing
+        fixed_mask, fixed_tokens = jnp.zeros((b, max_length), bool), jnp.zeros((b, max_length), jnp.int32)
     out = jnp.zeros((b, max_length), jnp.int32)
-    user_mask = jnp.zeros((b, max_length), bool) if fixed_mask is None else fixed_mask
-    user_tokens = jnp.zeros((b, max_length), jnp.int32) if fixed_tokens is None else fixed_tokens
     nfe, nfe_row = jnp.int32(0), jnp.zeros((b,), jnp.int32)
-    loop = functools.partial(
-        run_loop,
-        score_fn=score_fn,
-        graph=graph,
-        noise=noise,
-        shape=(b, length),
-        sampler=get_sampler(sampler),
-        denoise=denoise,
-        options=dataclasses.replace(opts, time_grid=None),
-    )
+    loop = bound_loop(score_fn, graph, noise, (b, length), sampler, denoise, opts)
     done, start, w = 0, 0, 0
     while done < max_length:
         start = min(start, max_length - length)
         window = slice(start, start + length)
         drawn = jnp.arange(start, start + length) < done  # (L,) already generated
-        mask = user_mask[:, window] | drawn[None, :]
-        tokens = jnp.where(drawn[None, :], out[:, window], user_tokens[:, window])
+        mask = fixed_mask[:, window] | drawn[None, :]
+        tokens = jnp.where(drawn[None, :], out[:, window], fixed_tokens[:, window])
         x, _, stats = loop(jax.random.fold_in(key, w), times, mask, tokens, score_params)
         if stop_id is not None:  # a row that wrote stop_id before this window needs none of its calls
             stats["nfe_per_sample"] = jnp.where(jnp.any(out[:, :done] == stop_id, axis=1), 0, stats["nfe_per_sample"])

@@ -29,7 +29,7 @@ from sedd.categorical import METHODS as CATEGORICAL_METHODS
 from sedd.categorical import sample_categorical
 from sedd.graphs import Graph, ScoreFn
 from sedd.sampling.context import Context
-from sedd.sampling.samplers import GENERIC_OPTIONS, SAMPLERS, Sampler, check_graph, corrector_step
+from sedd.sampling.samplers import GENERIC_OPTIONS, SAMPLERS, Sampler, check_graph, corrector_step, get_sampler
 
 FINALS = ("sample", "argmax")
 
@@ -345,6 +345,21 @@ def conditioning(fixed_mask, fixed_tokens, shape: tuple[int, int], graph: Graph)
     return fixed_mask, fixed_tokens
 
 
+def bound_loop(score_fn, graph: Graph, noise: Callable, shape, sampler: str, denoise: bool, options: Options):
+    """``run_loop`` with its static arguments bound, ``options`` (``checked``) without their traced time grid:
+    (key, times, fixed_mask, fixed_tokens, score_params) -> its result."""
+    return functools.partial(
+        run_loop,
+        score_fn=score_fn,
+        graph=graph,
+        noise=noise,
+        shape=shape,
+        sampler=get_sampler(sampler),
+        denoise=denoise,
+        options=dataclasses.replace(options, time_grid=None),
+    )
+
+
 def sample(
     key: jax.Array,
     score_fn: ScoreFn,
@@ -398,20 +413,8 @@ def sample(
     fixed_mask, fixed_tokens = conditioning(fixed_mask, fixed_tokens, shape, graph)
     if fixed_mask is None:  # an all-False mask fixes nothing: one program for free and prompted draws
         fixed_mask, fixed_tokens = jnp.zeros(shape, bool), jnp.zeros(shape, jnp.int32)
-    x, traj, stats = run_loop(
-        key,
-        times,
-        fixed_mask,
-        fixed_tokens,
-        score_params,
-        score_fn=score_fn,
-        graph=graph,
-        noise=noise,
-        shape=shape,
-        sampler=SAMPLERS[sampler],
-        denoise=bool(denoise),
-        options=dataclasses.replace(opts, time_grid=None),
-    )
+    loop = bound_loop(score_fn, graph, noise, shape, sampler, bool(denoise), opts)
+    x, traj, stats = loop(key, times, fixed_mask, fixed_tokens, score_params)
     return Samples(x, traj, stats if opts.return_stats else None)
 
 

@@ -74,17 +74,10 @@ class Speculation:
 
     def program(self, graphdef=None, *, live: bool, **_) -> lanes_lib.LaneProgram:
         """The ``LaneProgram`` (``Kind.lane_program``'s arguments; only `live` applies: the network is in `parts`)."""
-        static = dict(
-            parts=self.parts,
-            k=self.k,
-            categorical=self.categorical,
-            live=live,
-            shared=self.shared,
-            verification=self.verification,
-        )
+        static = {name: getattr(self, name) for name in ("parts", "k", "categorical", "shared", "verification")}
         return lanes_lib.LaneProgram(
             sample_lanes,
-            static,
+            {**static, "live": live},
             _no_frames,
             listen=Rounds,
             report=functools.partial(report, k=self.k, draft=self.draft, draft_calls=self.draft_calls),

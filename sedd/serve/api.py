@@ -187,33 +187,21 @@ def plan(run: runs.Run, req: CompletionRequest, limits: Limits) -> Plan:
     try:
         run.kind.check_sampler(sampler)
     except sampling.UnknownSampler:
-        raise APIError(
-            400,
-            f"unknown sampler {sampler!r}; expected one of {sorted(sampling.SAMPLERS)}",
-            "sampler",
-            "unknown_sampler",
-        ) from None
+        why = f"unknown sampler {sampler!r}; expected one of {sorted(sampling.SAMPLERS)}"
+        raise APIError(400, why, "sampler", "unknown_sampler") from None
     except ValueError as e:
-        raise APIError(
-            400, f"sampler {sampler!r} cannot sample this model: {e}", "sampler", "unsupported_value"
-        ) from None
+        why = f"sampler {sampler!r} cannot sample this model: {e}"
+        raise APIError(400, why, "sampler", "unsupported_value") from None
     for name, value in (("temperature", req.temperature), ("top_p", req.top_p)):
         try:
             run.kind.check_options(sampler, **{name: value})
         except ValueError as e:
-            raise APIError(
-                400,
-                f"{name}={value} is not supported by sampler {sampler!r} on this model ({e}); only {name}=1.0 is",
-                name,
-                "unsupported_value",
-            ) from None
+            why = f"{name}={value} is not supported by sampler {sampler!r} on this model ({e}); only {name}=1.0 is"
+            raise APIError(400, why, name, "unsupported_value") from None
     steps = s.steps if req.steps is None else req.steps
-    if steps > limits.max_steps:
-        raise APIError(
-            400, f"steps={steps} is over this server's limit of {limits.max_steps}", "steps", "steps_over_limit"
-        )
-    if req.n > limits.max_n:
-        raise APIError(400, f"n={req.n} is over this server's limit of {limits.max_n}", "n", "n_over_limit")
+    for name, value, most in (("steps", steps, limits.max_steps), ("n", req.n, limits.max_n)):
+        if value > most:
+            raise APIError(400, f"{name}={value} is over this server's limit of {most}", name, f"{name}_over_limit")
     L = run.seq_len
     for name, text in (("prompt", req.prompt), ("suffix", req.suffix or "")):  # before any encoding
         try:

@@ -344,13 +344,8 @@ async def _planned(planner: concurrent.futures.Executor, run: runs.Run, req: Com
     try:
         return await asyncio.wait_for(job, budget)
     except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
-        raise APIError(
-            503,
-            f"encoding the prompt took more than {budget:.3g} s; the run's tokenizer is too slow for this text",
-            "prompt",
-            "timeout",
-            kind="server_error",
-        ) from None
+        why = f"encoding the prompt took more than {budget:.3g} s; the run's tokenizer is too slow for this text"
+        raise APIError(503, why, "prompt", "timeout", kind="server_error") from None
 
 
 async def _read_body(request: Request, limits: Limits) -> bytes:
@@ -385,13 +380,8 @@ async def _read_body(request: Request, limits: Limits) -> bytes:
         try:
             message = await asyncio.wait_for(request.receive(), max(deadline - loop.time(), 0.0))
         except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
-            raise APIError(
-                408,
-                f"the request body did not arrive within {limits.body_timeout_s:g} s",
-                None,
-                "request_timeout",
-                headers={"Connection": "close"},
-            ) from None
+            why = f"the request body did not arrive within {limits.body_timeout_s:g} s"
+            raise APIError(408, why, None, "request_timeout", headers={"Connection": "close"}) from None
         if message["type"] == "http.disconnect":
             raise ClientGone()
         size += len(message.get("body", b""))
@@ -424,13 +414,7 @@ async def _result(request: Request, future: concurrent.futures.Future, timeout_s
     waiter.cancel()
     if gone in done:
         raise ClientGone()
-    raise APIError(
-        503,
-        f"the request waited more than {timeout_s:g} s; the server is busy, retry later",
-        None,
-        "timeout",
-        kind="server_error",
-    )
+    raise streams.timed_out(timeout_s)
 
 
 async def _disconnect(request: Request) -> None:

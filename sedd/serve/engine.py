@@ -214,33 +214,21 @@ class Engine:
 
     def run_batch(self, batch: list[Job]) -> list[tuple]:
         """Sample the lanes of all jobs of the batch in one call of the compiled program."""
-        run = self.run
-        seeds, lanes, masks, tokens, temperature, top_p = [], [], [], [], [], []
-        live = {}  # lane -> (job, its lane) for the jobs that watch their lanes
-        for job in batch:
-            for i in range(job.plan.n):
-                if job.progress is not None:
-                    live[len(seeds)] = (job, i)
-                seeds.append(job.plan.seed)
-                lanes.append(i)
-                masks.append(job.plan.mask)
-                tokens.append(job.plan.tokens)
-                temperature.append(job.plan.temperature)
-                top_p.append(job.plan.top_p)
-        used = len(seeds)
-        size = batch_size(used)
-        for _ in range(size - used):  # padding lanes: lane 0's conditioning at T = 1, top_p = 1
-            seeds.append(0), lanes.append(0), masks.append(masks[0]), tokens.append(tokens[0])
-            temperature.append(1.0), top_p.append(1.0)
+        lanes = [(job, i) for job in batch for i in range(job.plan.n)]
+        live = {k: lane for k, lane in enumerate(lanes) if lane[0].progress is not None}  # the jobs that watch
+        used, size = len(lanes), batch_size(len(lanes))
+        pad = size - used  # padding lanes: lane 0's conditioning at T = 1, top_p = 1
+        masks = np.stack([job.plan.mask for job, _ in lanes] + [batch[0].plan.mask] * pad)
+        tokens = np.stack([job.plan.tokens for job, _ in lanes] + [batch[0].plan.tokens] * pad)
         batch_id = next(BATCH_IDS) & 0x7FFFFFFF
         args = (
             self.state,
-            jnp.asarray(seeds, jnp.uint32),
-            jnp.asarray(lanes, jnp.uint32),
-            jnp.asarray(np.stack(masks)),
-            jnp.asarray(np.stack(tokens)),
-            jnp.asarray(temperature, jnp.float32),
-            jnp.asarray(top_p, jnp.float32),
+            jnp.asarray([job.plan.seed for job, _ in lanes] + [0] * pad, jnp.uint32),
+            jnp.asarray([i for _, i in lanes] + [0] * pad, jnp.uint32),
+            jnp.asarray(masks),
+            jnp.asarray(tokens),
+            jnp.asarray([job.plan.temperature for job, _ in lanes] + [1.0] * pad, jnp.float32),
+            jnp.asarray([job.plan.top_p for job, _ in lanes] + [1.0] * pad, jnp.float32),
             jnp.int32(batch_id),
         )
         t0 = time.perf_counter()
@@ -250,8 +238,8 @@ class Engine:
             listener = lambda states, *more: [  # noqa: E731
                 job.progress(i, states[k], *(m[k] for m in more)) for k, (job, i) in live.items()
             ]
-            blank = run.kind.unwritten_id()
-            texts = np.where(np.stack(masks), np.stack(tokens), 0 if blank is None else blank).astype(np.int32)
+            blank = self.run.kind.unwritten_id()
+            texts = np.where(masks, tokens, 0 if blank is None else blank).astype(np.int32)
             listening = lanes_lib.listening(batch_id, lane_program.listen(listener, texts))
         with listening:
             out = jax.tree.map(np.asarray, program(*args))  # the listener is called while this runs
@@ -259,25 +247,16 @@ class Engine:
         ids, traj, counts = out
         counts = counts if isinstance(counts, dict) else {"nfe": counts}  # per-row stats
         self.batches += 1
-        info = {
-            "batch_rows": used,
-            "padded_rows": size,
-            "seconds": seconds,
-            "compiled": compiled,
-        }  # True: `seconds` includes compiling the program
+        # compiled: `seconds` includes compiling the program
+        info = {"batch_rows": used, "padded_rows": size, "seconds": seconds, "compiled": compiled}
         results, i = [], 0
         for job in batch:
             n = job.plan.n
-            # nfe: the most network calls any of the job's rows needed (measured by the sampler)
             mine = {name: v[i : i + n] for name, v in counts.items()}
             more = {} if lane_program.report is None else lane_program.report(mine, job.plan.length)
-            results.append(
-                (
-                    ids[i : i + n],
-                    None if traj is None else traj[i : i + n],
-                    {**info, "nfe": int(mine["nfe"].max()), "report": more},
-                )
-            )
+            # nfe: the most network calls any of the job's rows needed (measured by the sampler)
+            done = {**info, "nfe": int(mine["nfe"].max()), "report": more}
+            results.append((ids[i : i + n], None if traj is None else traj[i : i + n], done))
             i += n
         return results
 
@@ -285,11 +264,9 @@ class Engine:
         """((the compiled program of key = (rows, steps, sampler, trajectory, live), its LaneProgram), whether it
         was compiled now).
 
-        The kind of the run makes the program (``Kind.lane_program``, or the
-        speculation's ``program``). It is
-        compiled ahead of time and kept here, not in jit's own cache, so that
-        dropping the least recently used beyond ``max_programs`` frees it
-        (with JAX's caches, cleared then).
+        The kind of the run makes the program (``Kind.lane_program``, or the speculation's ``program``). It is
+        compiled ahead of time and kept here, not in jit's own cache, so that dropping the least recently used
+        beyond ``max_programs`` frees it (with JAX's caches, cleared then).
         """
         program = self.programs.get(key)
         if program is not None:

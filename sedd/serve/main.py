@@ -71,6 +71,19 @@ def header_timeout_protocol(seconds: float):
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
+LIMIT_FLAGS = {  # flag -> (the ``Limits`` field it sets, its help); --window_ms sets window_s in milliseconds
+    "max_steps": ("max_steps", "most steps a request may ask for"),
+    "max_n": ("max_n", "most completions per request"),
+    "max_batch": ("max_batch", "most rows in one batch"),
+    "max_queue": ("max_queue", "most waiting requests (then 503)"),
+    "max_programs": ("max_programs", "compiled programs kept (the least recently used is dropped beyond)"),
+    "timeout": ("timeout_s", "seconds a request may wait (then 503)"),
+    "header_timeout": ("header_timeout_s", "seconds a connection may take to send a request's headers (then closed)"),
+    "body_timeout": ("body_timeout_s", "seconds a request's body may take to arrive (then 408)"),
+    "send_timeout": ("send_timeout_s", "seconds one stream event may take to be sent (then the stream is dropped)"),
+    "window_ms": ("window_s", "collection window of a batch, in milliseconds (0: no batching wait)"),
+    "max_body": ("max_body_bytes", "largest request body, bytes"),
+}
 
 
 def check_address(host: str, port: int) -> None:
@@ -113,42 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest)")
     parser.add_argument("--model_name", default=None, help="the model id (default: sedd-<run directory name>)")
-    parser.add_argument("--max_steps", type=int, default=d.max_steps, help="most steps a request may ask for")
-    parser.add_argument("--max_n", type=int, default=d.max_n, help="most completions per request")
-    parser.add_argument("--max_batch", type=int, default=d.max_batch, help="most rows in one batch")
-    parser.add_argument("--max_queue", type=int, default=d.max_queue, help="most waiting requests (then 503)")
-    parser.add_argument(
-        "--max_programs",
-        type=int,
-        default=d.max_programs,
-        help="compiled programs kept (the least recently used is dropped beyond)",
-    )
-    parser.add_argument("--timeout", type=float, default=d.timeout_s, help="seconds a request may wait (then 503)")
-    parser.add_argument(
-        "--header_timeout",
-        type=float,
-        default=d.header_timeout_s,
-        help="seconds a connection may take to send a request's headers (then it is closed)",
-    )
-    parser.add_argument(
-        "--body_timeout",
-        type=float,
-        default=d.body_timeout_s,
-        help="seconds a request's body may take to arrive (then 408)",
-    )
-    parser.add_argument(
-        "--send_timeout",
-        type=float,
-        default=d.send_timeout_s,
-        help="seconds one event of a stream may take to be sent (then the stream is dropped)",
-    )
-    parser.add_argument(
-        "--window_ms",
-        type=float,
-        default=d.window_s * 1e3,
-        help="collection window of a batch, in milliseconds (0: no batching wait)",
-    )
-    parser.add_argument("--max_body", type=int, default=d.max_body_bytes, help="largest request body, bytes")
+    for flag, (field, what) in LIMIT_FLAGS.items():
+        default = getattr(d, field) * (1e3 if flag == "window_ms" else 1)
+        parser.add_argument(f"--{flag}", type=type(default), default=default, help=what)
     parser.add_argument(
         "--log_level", default="info", choices=LOG_LEVELS, help="uvicorn's log level (warning: no line per request)"
     )
@@ -193,19 +173,8 @@ def _options(args) -> tuple[Limits, tuple[str, ...], str | None]:
         raise ValueError(f"--max_batch {args.max_batch} must be at least --max_n {args.max_n}")
     if args.warmup_steps is not None and not 1 <= args.warmup_steps <= args.max_steps:
         raise ValueError(f"--warmup_steps {args.warmup_steps} must be in [1, --max_steps {args.max_steps}]")
-    limits = Limits(
-        max_steps=args.max_steps,
-        max_n=args.max_n,
-        max_batch=args.max_batch,
-        max_queue=args.max_queue,
-        timeout_s=args.timeout,
-        window_s=args.window_ms / 1e3,
-        max_body_bytes=args.max_body,
-        max_programs=args.max_programs,
-        header_timeout_s=args.header_timeout,
-        body_timeout_s=args.body_timeout,
-        send_timeout_s=args.send_timeout,
-    )
+    values = {field: getattr(args, flag) for flag, (field, _) in LIMIT_FLAGS.items()}
+    limits = Limits(**{**values, "window_s": args.window_ms / 1e3})
     hosts = [*LOCAL_HOSTS, *(h.strip() for h in args.allowed_hosts.split(",") if h.strip())]
     if args.host not in ("0.0.0.0", "::", ""):
         hosts.append(args.host)

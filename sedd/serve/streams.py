@@ -22,13 +22,19 @@ def internal_error(what: str) -> APIError:
     """Log the exception being handled with its traceback; the 500 the client gets instead of its text."""
     ref = uuid.uuid4().hex[:12]
     logger.exception("sedd serve: internal error %s on %s", ref, what)
-    return APIError(
-        500,
-        f"the server failed on this request (reference {ref} in its log)",
-        None,
-        "internal_error",
-        kind="server_error",
-    )
+    why = f"the server failed on this request (reference {ref} in its log)"
+    return APIError(500, why, None, "internal_error", kind="server_error")
+
+
+def timed_out(timeout_s: float) -> APIError:
+    """The 503 of a request that waited more than timeout_s for its result."""
+    why = f"the request waited more than {timeout_s:g} s; the server is busy, retry later"
+    return APIError(503, why, None, "timeout", kind="server_error")
+
+
+def data(obj) -> dict:
+    """A server-sent event of obj as JSON."""
+    return {"data": json.dumps(obj)}
 
 
 def sse(events, streams: list, limits: Limits) -> SendBounded:
@@ -146,20 +152,13 @@ async def stream(
         choice = {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
         if more is not None:  # a speculative round of this choice: its drafts, those kept, the token written
             choice["speculative"] = texts.round(more, p)
-        return {"data": json.dumps({**head, "choices": [choice]})}
+        return data({**head, "choices": [choice]})
 
     future.add_done_callback(finished)
     try:
         while (item := await next_item(queue, deadline - loop.time())) is not None:
             if item is TimeoutError:
-                error = APIError(
-                    503,
-                    f"the request waited more than {timeout_s:g} s; the server is busy, retry later",
-                    None,
-                    "timeout",
-                    kind="server_error",
-                )
-                yield {"data": json.dumps({"error": error.response_body()})}
+                yield data({"error": timed_out(timeout_s).response_body()})
                 return
             i, ids, *more = item
             text = streamed.update(i, ids)
@@ -169,7 +168,7 @@ async def stream(
         try:
             ids, _, info = future.result()
         except Exception:  # noqa: BLE001  the engine failed: the client hears of it, the log has the traceback
-            yield {"data": json.dumps({"error": internal_error("a streamed completion").response_body()})}
+            yield data({"error": internal_error("a streamed completion").response_body()})
             return
         for i, row in enumerate(ids):
             text, reason = texts.completion(row, p, stop)
@@ -177,7 +176,7 @@ async def stream(
         report = info.get("report")
         if report:  # as OpenAI's stream_options.include_usage: a last chunk without choices
             timing = diffusion(p, {k: v for k, v in info.items() if k != "report"})
-            yield {"data": json.dumps({**head, "choices": [], "usage": usage(p), **report, "diffusion": timing})}
+            yield data({**head, "choices": [], "usage": usage(p), **report, "diffusion": timing})
         yield {"data": "[DONE]"}
     finally:
         future.cancel()  # no effect once it has run
@@ -216,6 +215,7 @@ async def frames(
     prompt, suffix = req.prompt, req.suffix or ""
     traj, calls, labels = frames
     steps = len(calls)
+    head = {**head, "object": "text_completion.diffusion", "steps": steps}
     for k in range(steps):
         # A send that finds room in the socket's buffer returns without giving the event loop a turn, so a
         # stream read as fast as it is written held every other request (docs/reliability.md).
@@ -224,20 +224,7 @@ async def frames(
         for i in range(p.n):
             text, masked = texts.frame(traj[i, k], p, prompt, suffix)
             frame.append({"index": i, "text": text, "masked": masked, "finish_reason": None})
-        where = {} if labels is None else labels[k]
-        yield {
-            "data": json.dumps(
-                {
-                    **head,
-                    "object": "text_completion.diffusion",
-                    "step": k,
-                    "steps": steps,
-                    **where,
-                    "nfe": int(calls[k]),
-                    "choices": frame,
-                }
-            )
-        }
+        yield data({**head, "step": k, **({} if labels is None else labels[k]), "nfe": int(calls[k]), "choices": frame})
     final = [
         {
             "index": i,
@@ -248,18 +235,7 @@ async def frames(
         }
         for i, c in enumerate(choices)
     ]
-    yield {
-        "data": json.dumps(
-            {
-                **head,
-                "object": "text_completion.diffusion",
-                "step": steps,
-                "steps": steps,
-                "nfe": diffusion["nfe"],
-                "choices": final,
-                "usage": usage,
-                "diffusion": diffusion,
-            }
-        )
-    }
+    yield data(
+        {**head, "step": steps, "nfe": diffusion["nfe"], "choices": final, "usage": usage, "diffusion": diffusion}
+    )
     yield {"data": "[DONE]"}
