@@ -108,9 +108,7 @@ def line_tokenises(line: str) -> bool:
 
 def complete_lines(text: str) -> list[str]:
     """The lines of a sample before its end (its last line is cut unless the text ends in a newline)."""
-    text = text.split(EOS_TEXT, 1)[0]
-    lines = text.split("\n")
-    return [line for line in lines[:-1] if line.strip()]
+    return [line for line in text.split(EOS_TEXT, 1)[0].split("\n")[:-1] if line.strip()]
 
 
 def line_tokenise_rate(texts: Iterable[str]) -> float:
@@ -188,17 +186,13 @@ def prompts(
     return [(windows[i][:prompt_chars], windows[i][prompt_chars:]) for i in sorted(chosen)]
 
 
-def _codes(text: str) -> np.ndarray:
-    return np.frombuffer(text.encode("utf-32-le"), np.uint32).astype(np.uint64)
-
-
 def window_hashes(text: str, n: int) -> np.ndarray:
     """uint64[len(text) - n + 1]: a polynomial hash (mod 2**64) of each window of n characters.
 
     Windows of 2^k characters are hashed from those of 2^(k-1), and a
     window of n from the powers of two that sum to n, in log2(n) passes.
     """
-    codes = _codes(text) + np.uint64(1)
+    codes = np.frombuffer(text.encode("utf-32-le"), np.uint32).astype(np.uint64) + np.uint64(1)
     count = len(codes) - n + 1
     if count <= 0:
         return np.zeros(0, np.uint64)

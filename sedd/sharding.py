@@ -71,9 +71,7 @@ def mesh_shape(mesh_config, n_devices: int) -> tuple[int, int, int]:
                 f"mesh {shown} does not fit {n_devices} devices: {n_devices} is not divisible by {fixed}; "
                 "set config.mesh.{data,fsdp,tensor} so that their product is the device count"
             )
-        shape = list(requested)
-        shape[free[0]] = n_devices // fixed
-        return tuple(shape)
+        return tuple(n_devices // fixed if s == -1 else s for s in requested)
     if fixed != n_devices:
         raise ValueError(
             f"mesh {shown} needs {fixed} devices but there are {n_devices}; set config.mesh.{{data,fsdp,"

@@ -25,20 +25,17 @@ from sedd.convert.limits import MAX_TENSOR_DIMS, ConversionError, brief, is_inde
 # UntypedStorage holds raw bytes.
 STORAGE_DTYPES = types.MappingProxyType(
     {
-        name: np.dtype(t)
-        for name, t in {
-            "DoubleStorage": np.float64,
-            "FloatStorage": np.float32,
-            "HalfStorage": np.float16,
-            "BFloat16Storage": ml_dtypes.bfloat16,
-            "LongStorage": np.int64,
-            "IntStorage": np.int32,
-            "ShortStorage": np.int16,
-            "CharStorage": np.int8,
-            "ByteStorage": np.uint8,
-            "BoolStorage": np.bool_,
-            "UntypedStorage": np.uint8,
-        }.items()
+        "DoubleStorage": np.dtype(np.float64),
+        "FloatStorage": np.dtype(np.float32),
+        "HalfStorage": np.dtype(np.float16),
+        "BFloat16Storage": np.dtype(ml_dtypes.bfloat16),
+        "LongStorage": np.dtype(np.int64),
+        "IntStorage": np.dtype(np.int32),
+        "ShortStorage": np.dtype(np.int16),
+        "CharStorage": np.dtype(np.int8),
+        "ByteStorage": np.dtype(np.uint8),
+        "BoolStorage": np.dtype(np.bool_),
+        "UntypedStorage": np.dtype(np.uint8),
     }
 )
 

@@ -22,12 +22,9 @@ BD3LM_BUFFERS = ("sampling_eps_min", "sampling_eps_max")  # BD3-LM's clipped noi
 
 
 def block_size_of(orig: Mapping, length: int, time_conditioning: bool) -> int:
-    """The block size of a BD3-LM config.json, checked to be a block-diffusion model our block kind runs.
+    """The block size of a BD3-LM config.json (orig, whose other fields `sedd.convert.mdlm.config_from_peer` has
+    checked), of a block-diffusion model our block kind runs: dividing model_length = length, time_conditioning false.
 
-    Args:
-      orig: the config.json's fields (`sedd.convert.mdlm.config_from_peer` has checked the rest).
-      length: its model_length; the block size must divide it.
-      time_conditioning: its time_conditioning, which must be false.
     Raises:
       ConversionError: naming the field that differs from the published models'.
     """

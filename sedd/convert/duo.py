@@ -10,11 +10,10 @@ import numpy as np
 from sedd.convert.allowlist import Opaque
 from sedd.convert.fields import LOGLINEAR_EPS, field
 from sedd.convert.limits import ConversionError, brief
-from sedd.convert.mdlm import PEER_PREFIX
+from sedd.convert.mdlm import HF_SIZES, PEER_PREFIX
 from sedd.convert.original import config_from_original
-from sedd.convert.source import Source, state_dict_of, training_step
+from sedd.convert.source import Source, ema_weights, state_dict_of, training_step
 from sedd.convert.torch_zip import load_torch
-from sedd.convert.weights import ROTARY_KEY, parameter_map
 
 MAX_CONFIG_DEPTH = 16  # OmegaConf containers nested in a Lightning checkpoint's hyper_parameters.config
 MAX_CONFIG_NODES = 1 << 16  # values visited (a pickle's memo can share one container many times over)
@@ -98,32 +97,9 @@ def lightning_source(path: Path, ema: bool) -> Source:
         "model_type": "duo",
         "vocab_size": int(embedding.shape[0]),
         "time_conditioning": algo.get("time_conditioning", True),
-        **{
-            theirs: model[ours]
-            for theirs, ours in (
-                ("hidden_dim", "hidden_size"),
-                ("n_blocks", "n_blocks"),
-                ("n_heads", "n_heads"),
-                ("cond_dim", "cond_dim"),
-                ("model_length", "length"),
-                ("dropout", "dropout"),
-            )
-            if ours in model
-        },
+        **{theirs: model[ours] for ours, theirs in {**HF_SIZES, "dropout": "dropout"}.items() if ours in model},
     }
     n_blocks = config_from_original(config).model.n_layers  # checks every field and size first
     step = training_step(obj.get("global_step", 0), str(path))
-    if not ema:
-        return Source(config, path, path, state, state, step, "model")
-    shadow = obj.get("ema", {}).get("shadow_params") if isinstance(obj.get("ema"), dict) else None
-    if not isinstance(shadow, (list, tuple)):
-        raise ConversionError(f"{path}['ema'] has no shadow_params list; use --no_ema for the raw weights")
-    names = [PEER_PREFIX + name for name, _, _ in parameter_map(n_blocks)]
-    if len(shadow) != len(names):
-        raise ConversionError(
-            f"{path}: the EMA holds {len(shadow)} tensors, the config's model has {len(names)} parameters"
-        )
-    weights = dict(zip(names, shadow))
-    if PEER_PREFIX + ROTARY_KEY in state:
-        weights[PEER_PREFIX + ROTARY_KEY] = state[PEER_PREFIX + ROTARY_KEY]
-    return Source(config, path, path, weights, state, step, "ema")
+    weights = ema_weights(obj.get("ema"), state, n_blocks, str(path), PEER_PREFIX) if ema else state
+    return Source(config, path, path, weights, state, step, "ema" if ema else "model")

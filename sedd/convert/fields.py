@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Mapping
 
+import ml_collections
+
+from sedd import config as config_lib
 from sedd.convert.limits import ConversionError, brief
 
 GPT2_TOKENS = 50257  # the original trains only with GPT-2's tokenizer (its data.py)
@@ -23,10 +27,8 @@ def field(sec: Mapping, section: str, key: str, want: type):
         raise ConversionError(f"the original's config has no {name}")
     value = sec[key]
     if want is float and isinstance(value, str):
-        try:  # YAML may keep "1e-4" a string
+        with contextlib.suppress(ValueError):  # not a number: the type check below names the field
             value = float(value)
-        except ValueError:
-            pass  # not a number: the type check below names the field
     ok = isinstance(value, want) and not (want is not bool and isinstance(value, bool))
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         try:
@@ -40,6 +42,24 @@ def field(sec: Mapping, section: str, key: str, want: type):
     if want is float and not math.isfinite(value):
         raise ConversionError(f"{name} = {value!r} in the original's config is not a finite number")
     return value
+
+
+def ddit_config(sizes: Mapping[str, int], dropout: float, dtype: str, tokenizer_path) -> ml_collections.ConfigDict:
+    """owt_small's config with a DDiT of these sizes (`SIZE_BOUNDS`' keys) over GPT-2's tokenizer and the log-linear
+    eps: what every family's config sets alike (each then sets its graph, noise and output)."""
+    c = config_lib.load_config("owt_small")
+    c.model.kind = "ddit"
+    c.model.hidden_size, c.model.n_heads, c.model.n_layers = sizes["hidden_size"], sizes["n_heads"], sizes["n_blocks"]
+    c.model.cond_dim = sizes["cond_dim"]
+    c.model.mlp_ratio = 4  # fixed in the original's DDiTBlock
+    c.model.dropout = dropout
+    c.model.dtype = dtype
+    c.model.vocab_multiple = 1  # the original's tables, unpadded
+    c.noise.eps = LOGLINEAR_EPS  # LogLinearNoise (the original's, MDLM's): move chance (1 - 1e-3) t
+    c.data.tokenizer = "gpt2"
+    c.data.tokenizer_path = str(tokenizer_path)
+    c.data.seq_len = sizes["length"]
+    return c
 
 
 def _digits(value: int) -> str:

@@ -12,9 +12,8 @@ from typing import Mapping
 
 import ml_collections
 
-from sedd import config as config_lib
 from sedd.convert.bd3lm import BD3LM_FIELDS, block_size_of
-from sedd.convert.fields import GPT2_TOKENS, LOGLINEAR_EPS, SIZE_BOUNDS, field
+from sedd.convert.fields import GPT2_TOKENS, SIZE_BOUNDS, ddit_config, field
 from sedd.convert.limits import ConversionError
 
 # A Hugging Face config.json's fields that load code or describe the file, not the model: dropped on reading.
@@ -55,18 +54,16 @@ HF_GENERIC = frozenset(
         "cross_attention_hidden_size",
     }
 )
-# The model fields of kuleshov-group's published configs (MDLMConfig, BD3LMConfig), by model_type.
-HF_FIELDS = {
-    "vocab_size",
-    "model_length",
-    "hidden_dim",
-    "cond_dim",
-    "n_blocks",
-    "n_heads",
-    "dropout",
-    "time_conditioning",
-    "model_type",
+# Our model's sizes (`fields.SIZE_BOUNDS`' keys, and DUO's Hydra model.* names) -> their config.json fields.
+HF_SIZES = {
+    "hidden_size": "hidden_dim",
+    "n_blocks": "n_blocks",
+    "n_heads": "n_heads",
+    "cond_dim": "cond_dim",
+    "length": "model_length",
 }
+# The model fields of kuleshov-group's published configs (MDLMConfig, BD3LMConfig), by model_type.
+HF_FIELDS = {*HF_SIZES.values(), "vocab_size", "dropout", "time_conditioning", "model_type"}
 PEERS = {"mdlm": HF_FIELDS, "duo": HF_FIELDS, "bd3lm": HF_FIELDS | BD3LM_FIELDS}
 PEER_PREFIX = "backbone."  # the backbone's tensors inside MDLM's and BD3-LM's published state dicts
 
@@ -94,18 +91,11 @@ def config_from_peer(orig: Mapping, tokenizer_path: str, dtype: str) -> ml_colle
             f"vocab_size = {vocab} in the {family} config.json; its published models are "
             f"GPT-2's {GPT2_TOKENS} tokens + MASK = {GPT2_TOKENS + 1}"
         )
-    names = {
-        "hidden_size": "hidden_dim",
-        "n_blocks": "n_blocks",
-        "n_heads": "n_heads",
-        "cond_dim": "cond_dim",
-        "length": "model_length",
-    }
-    sizes = {ours: field(orig, "", theirs, int) for ours, theirs in names.items()}
+    sizes = {ours: field(orig, "", theirs, int) for ours, theirs in HF_SIZES.items()}
     for key, value in sizes.items():
         if not 1 <= value <= SIZE_BOUNDS[key]:
             raise ConversionError(
-                f"{names[key]} = {value} in the {family} config.json is outside [1, {SIZE_BOUNDS[key]}]"
+                f"{HF_SIZES[key]} = {value} in the {family} config.json is outside [1, {SIZE_BOUNDS[key]}]"
             )
     hidden, heads = sizes["hidden_size"], sizes["n_heads"]
     if hidden % heads or (hidden // heads) % 2:
@@ -116,30 +106,21 @@ def config_from_peer(orig: Mapping, tokenizer_path: str, dtype: str) -> ml_colle
             "algo.time_conditioning = false in the duo config: a uniform-state network "
             "needs sigma (DUO trains with true)"
         )
-    c = config_lib.load_config("owt_small")
-    c.model.kind = "ddit"
-    if family == "bd3lm":
-        c.model.kind, c.model.block_size = "block", block_size_of(orig, sizes["length"], time_conditioning)
-    c.model.hidden_size, c.model.n_heads, c.model.n_layers = hidden, heads, sizes["n_blocks"]
-    c.model.cond_dim = sizes["cond_dim"]
-    c.model.mlp_ratio = 4
-    c.model.dropout = field(orig, "", "dropout", float)
-    if not 0.0 <= c.model.dropout < 1.0:
-        raise ConversionError(f"dropout = {c.model.dropout} in the {family} config.json must be in [0, 1)")
+    block = block_size_of(orig, sizes["length"], time_conditioning) if family == "bd3lm" else 0
+    dropout = field(orig, "", "dropout", float)
+    if not 0.0 <= dropout < 1.0:
+        raise ConversionError(f"dropout = {dropout} in the {family} config.json must be in [0, 1)")
+    c = ddit_config(sizes, dropout, dtype, tokenizer_path)
+    if block:
+        c.model.kind, c.model.block_size = "block", block
     # MDLM, BD3-LM: SUBS, a log-softmax over the tokens (the MASK logit is never a prediction); DUO: a
     # log-softmax over all V = 50,258 ids (GPT-2's + its [PAD], every one a state of the uniform graph).
     c.model.scale_by_sigma = family != "duo"
     c.model.normalize = True
     c.model.time_conditioning = time_conditioning  # False: sigma_map folded into the adaLN biases
-    c.model.dtype = dtype
-    c.model.vocab_multiple = 1
     c.graph.type = "uniform" if family == "duo" else "absorbing"
     c.noise.type = "loglinear"
-    c.noise.eps = LOGLINEAR_EPS  # MDLM's LogLinearNoise: move chance (1 - 1e-3) t
     c.training.loss_chunk = 0 if family == "bd3lm" else c.training.loss_chunk
-    c.data.tokenizer = "gpt2"
-    c.data.tokenizer_path = str(tokenizer_path)
-    c.data.seq_len = sizes["length"]
     c = ml_collections.ConfigDict(c.to_dict())
     c.vocab_size = GPT2_TOKENS + (family == "duo")  # DUO's [PAD] (id 50,257) is a token of its graph
     return c

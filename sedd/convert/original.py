@@ -12,8 +12,7 @@ from typing import Mapping
 
 import ml_collections
 
-from sedd import config as config_lib
-from sedd.convert.fields import GPT2_TOKENS, LOGLINEAR_EPS, SIZE_BOUNDS, field
+from sedd.convert.fields import GPT2_TOKENS, SIZE_BOUNDS, ddit_config, field
 from sedd.convert.limits import ConversionError
 from sedd.convert.mdlm import config_from_peer
 from sedd.convert.source import scheme_of
@@ -44,16 +43,11 @@ def _section(orig: Mapping, name: str, known: set[str]) -> Mapping:
 def config_from_original(orig: Mapping, tokenizer_path: str = "", dtype: str = "float32") -> ml_collections.ConfigDict:
     """Our config (owt_small with the original's model, graph, noise and length) of an original config dict.
 
-    A Hugging Face config.json of MDLM or BD3-LM (its model_type) is read by
-    `sedd.convert.mdlm.config_from_peer`.
+    orig: the original's config.json or .hydra/config.yaml, parsed (a Hugging Face config.json of MDLM, BD3-LM
+    or DUO, by its model_type, is read by `sedd.convert.mdlm.config_from_peer`); tokenizer_path: the result's
+    data.tokenizer_path (GPT-2 files); dtype: its model.dtype ("bfloat16" as the original's autocast on
+    accelerators). Returns a config for `sedd.kinds.build_model` with vocab_size set.
 
-    Args:
-      orig: the original's config (config.json or .hydra/config.yaml, parsed).
-      tokenizer_path: data.tokenizer_path of the result (GPT-2 files).
-      dtype: model.dtype, the compute dtype ("float32", or "bfloat16" as the
-        original's autocast on accelerators).
-    Returns:
-      a config for `sedd.kinds.build_model` with vocab_size set.
     Raises:
       ConversionError: naming an unknown, missing or inconsistent field.
     """
@@ -90,27 +84,13 @@ def config_from_original(orig: Mapping, tokenizer_path: str = "", dtype: str = "
         )
     if hidden % heads or (hidden // heads) % 2:
         raise ConversionError(f"model.hidden_size = {hidden} and n_heads = {heads} give no even head size")
-
-    c = config_lib.load_config("owt_small")
-    c.model.kind = "ddit"
-    c.model.hidden_size = hidden
-    c.model.n_heads = heads
-    c.model.n_layers = sizes["n_blocks"]
-    c.model.cond_dim = sizes["cond_dim"]
-    c.model.mlp_ratio = 4  # fixed in the original's DDiTBlock
-    c.model.dropout = field(model, "model", "dropout", float)
+    c = ddit_config(sizes, field(model, "model", "dropout", float), dtype, tokenizer_path)
     c.model.scale_by_sigma = scale_by_sigma
     c.model.normalize = False  # the original's score output
-    c.model.dtype = dtype
-    c.model.vocab_multiple = 1  # the original's tables, unpadded
     c.graph.type = _GRAPHS[graph_type]
     c.noise.type = noise_type
     c.noise.sigma_min = field(noise, "noise", "sigma_min", float)
     c.noise.sigma_max = field(noise, "noise", "sigma_max", float)
-    c.noise.eps = LOGLINEAR_EPS
-    c.data.tokenizer = "gpt2"
-    c.data.tokenizer_path = str(tokenizer_path)
-    c.data.seq_len = sizes["length"]
     training = orig.get("training")
     if isinstance(training, Mapping) and training.get("ema") is not None:
         c.training.ema = field(training, "training", "ema", float)

@@ -15,8 +15,16 @@ from sedd.convert.limits import (
     UnsafePickleError,
 )
 
+# Opcodes that push one object, by kind; the rest are handled one by one in `scan_pickle`.
+_PUSHES = {
+    "EMPTY_DICT": "dict",
+    "EMPTY_LIST": "list",
+    **dict.fromkeys(
+        ("NONE", "NEWTRUE", "NEWFALSE", "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT", "BINUNICODE"), "value"
+    ),
+}
 # The opcodes of protocol 2, torch.save's default, that Python's pickler writes
-# for a state dict, a training checkpoint and an optimizer's state.
+# for a state dict, a training checkpoint and an optimizer's state: these and those of `_PUSHES`.
 _OPCODES = frozenset(
     {
         "PROTO",
@@ -30,8 +38,6 @@ _OPCODES = frozenset(
         "LONG_BINPUT",
         "BINGET",
         "LONG_BINGET",
-        "EMPTY_DICT",
-        "EMPTY_LIST",
         "EMPTY_TUPLE",
         "TUPLE",
         "TUPLE1",
@@ -41,15 +47,7 @@ _OPCODES = frozenset(
         "SETITEMS",
         "APPEND",
         "APPENDS",
-        "NONE",
-        "NEWTRUE",
-        "NEWFALSE",
-        "BININT",
-        "BININT1",
-        "BININT2",
-        "LONG1",
-        "BINFLOAT",
-        "BINUNICODE",
+        *_PUSHES,
     }
 )
 # The kinds of object a GLOBAL pushes: they may only be called or named in a storage id, never kept.
@@ -66,20 +64,6 @@ _TARGETS = {
 _CALLS = {
     "REDUCE": {"OrderedDict class": "OrderedDict", "function": "tensor", "opaque class": "object"},
     "NEWOBJ": {"opaque class": "object"},
-}
-# Opcodes that push one object, by kind; the rest are handled one by one in `scan_pickle`.
-_PUSHES = {
-    "EMPTY_DICT": "dict",
-    "EMPTY_LIST": "list",
-    "NONE": "value",
-    "NEWTRUE": "value",
-    "NEWFALSE": "value",
-    "BININT": "value",
-    "BININT1": "value",
-    "BININT2": "value",
-    "LONG1": "value",
-    "BINFLOAT": "value",
-    "BINUNICODE": "value",
 }
 
 

@@ -14,9 +14,8 @@ from sedd.convert.limits import MAX_TEXT_BYTES, ConversionError, brief
 from sedd.convert.mdlm import HF_GENERIC, HF_METADATA
 from sedd.convert.original import config_from_original
 from sedd.convert.safetensors_file import load_safetensors
-from sedd.convert.source import Source, state_dict_of, training_step
+from sedd.convert.source import Source, ema_weights, state_dict_of, training_step
 from sedd.convert.torch_zip import load_torch
-from sedd.convert.weights import ROTARY_KEY, parameter_map
 
 
 def read_original_config(path: str | Path) -> dict:
@@ -165,17 +164,5 @@ def read_source(src: str | Path, ema: bool = True) -> Source:
         return Source(config, config_file, weights_file, state_dict_of(obj, str(weights_file)), None, 0, "published")
     model = state_dict_of(obj["model"], f"{weights_file}['model']")
     step = training_step(obj.get("step", 0), str(weights_file))
-    if not ema:
-        return Source(config, config_file, weights_file, model, model, step, "model")
-    shadow = obj["ema"].get("shadow_params") if isinstance(obj["ema"], Mapping) else None
-    if not isinstance(shadow, (list, tuple)):
-        raise ConversionError(f"{weights_file}['ema'] has no shadow_params list; use --no_ema for the raw weights")
-    names = [src_name for src_name, _, _ in parameter_map(n_blocks)]
-    if len(shadow) != len(names):
-        raise ConversionError(
-            f"{weights_file}: the EMA holds {len(shadow)} tensors, the config's model has {len(names)} parameters"
-        )
-    weights = dict(zip(names, shadow))
-    if ROTARY_KEY in model:
-        weights[ROTARY_KEY] = model[ROTARY_KEY]
-    return Source(config, config_file, weights_file, weights, model, step, "ema")
+    weights = ema_weights(obj["ema"], model, n_blocks, str(weights_file)) if ema else model
+    return Source(config, config_file, weights_file, weights, model, step, "ema" if ema else "model")

@@ -12,6 +12,7 @@ from sedd.convert.bd3lm import BD3LM_BUFFERS
 from sedd.convert.fields import field
 from sedd.convert.limits import ConversionError, brief
 from sedd.convert.mdlm import PEER_PREFIX, PEERS
+from sedd.convert.weights import ROTARY_KEY, parameter_map
 
 
 class Scheme(NamedTuple):
@@ -79,3 +80,20 @@ def training_step(value, where: str) -> int:
     if not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31):
         raise ConversionError(f"{where}['step'] = {brief(value)} is not a training step (an integer in [0, 2**31))")
     return value
+
+
+def ema_weights(ema, model: Mapping[str, Any], n_blocks: int, where: str, prefix: str = "") -> dict[str, Any]:
+    """A training checkpoint's EMA weights by name: its shadow_params list (in `parameter_map` order) and the
+    model's rotary buffer; where names the checkpoint in the errors, prefix that of the backbone's tensors."""
+    shadow = ema.get("shadow_params") if isinstance(ema, Mapping) else None
+    if not isinstance(shadow, (list, tuple)):
+        raise ConversionError(f"{where}['ema'] has no shadow_params list; use --no_ema for the raw weights")
+    names = [prefix + name for name, _, _ in parameter_map(n_blocks)]
+    if len(shadow) != len(names):
+        raise ConversionError(
+            f"{where}: the EMA holds {len(shadow)} tensors, the config's model has {len(names)} parameters"
+        )
+    weights = dict(zip(names, shadow))
+    if prefix + ROTARY_KEY in model:
+        weights[prefix + ROTARY_KEY] = model[prefix + ROTARY_KEY]
+    return weights

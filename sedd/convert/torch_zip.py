@@ -217,12 +217,9 @@ class _TorchArchive:
 
 
 def load_torch(path: str | Path, opaque: bool = False) -> Any:
-    """The object a `torch.save` zip archive holds, with tensors as (memory-mapped) numpy arrays.
-
-    No torch is needed and no code in the file runs: the pickle may name only
-    tensor rebuilders, storage types and OrderedDict, and is scanned
-    (`pickle_scan.scan_pickle`) before it is unpickled. opaque=True (a Lightning
-    checkpoint) admits any other name as an inert `Opaque` stand-in.
+    """The object a `torch.save` zip archive holds, with tensors as (memory-mapped) numpy arrays, read as the
+    module says (no torch, no code of the file run). opaque=True (a Lightning checkpoint) admits any other name
+    as an inert `Opaque` stand-in.
 
     Raises:
       UnsafePickleError: the pickle names anything else (e.g. os.system).

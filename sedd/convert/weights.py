@@ -72,18 +72,9 @@ def parameter_map(n_blocks: int, sigma_map: bool = True) -> list[tuple[str, str,
 
 def _path_name(path) -> str:
     """'layers.0.attn_qkv.kernel' of a jax key path into an nnx.State (the Variable's 'value' dropped)."""
-    parts = []
-    for k in path:
-        if isinstance(k, jax.tree_util.GetAttrKey):
-            if k.name != "value":
-                parts.append(k.name)
-        elif isinstance(k, jax.tree_util.DictKey):
-            parts.append(str(k.key))
-        elif isinstance(k, jax.tree_util.SequenceKey):
-            parts.append(str(k.idx))
-        else:
-            parts.append(str(k))
-    return ".".join(parts)
+    return jax.tree_util.keystr(
+        tuple(k for k in path if k != jax.tree_util.GetAttrKey("value")), simple=True, separator="."
+    )
 
 
 def abstract_params(config) -> nnx.State:
@@ -158,8 +149,6 @@ def convert_params(
     converting shapes alone checks a configuration without any weights).
 
     Args:
-      state_dict: name -> tensor.
-      config: the network's config.
       prefix: of every backbone tensor's name ("backbone." in MDLM, BD3-LM, DUO).
       fold_sigma: the source feeds sigma = 0 to a sigma embedding our
         time-independent network lacks: its tensors are read and folded into

@@ -95,21 +95,17 @@ def _checked_tokenizer_files(src: str | Path, tokenizer_path: str | Path | None)
 def convert(
     src: str | Path, dst: str | Path, ema: bool = True, tokenizer_path: str | Path | None = None, dtype: str = "float32"
 ) -> dict:
-    """Writes the run directory `dst` from the original's checkpoint at `src`.
+    """Writes the run directory `dst` (new, or empty) from the checkpoint at `src`: the `sedd convert` command.
 
-    Args:
-      src: a published folder, an original training run directory, or a weights file (see `read.locate`).
-      dst: the new run directory; it must not exist, or be empty.
-      ema: a training checkpoint's EMA weights (True, as the original samples) or its raw weights.
-      tokenizer_path: GPT-2's tokenizer.json, or a folder with it or with
-        vocab.json + merges.txt; default: those files inside src. Copied into dst/gpt2.
-      dtype: the compute dtype written into the config.
-    Returns:
-      dict: parameters, step, weights (published / ema / model), source files.
+    src: a published folder, an original training run directory, or a weights file (`read.locate`); ema: a
+    training checkpoint's EMA weights (as the original samples) or its raw weights; tokenizer_path: GPT-2's
+    tokenizer.json, or a folder with it or with vocab.json + merges.txt (default: those inside src), copied into
+    dst/gpt2; dtype: the compute dtype of the config. Returns converted.json's dict: parameters, step, weights
+    (published / ema / model), source files. dst is written whole or not at all: into a folder beside it,
+    renamed to dst once everything was read, checked and written.
+
     Raises:
       ConversionError, UnsafePickleError, FileNotFoundError, ImportError.
-      dst is written whole or not at all: into a folder beside it, renamed to
-      dst once everything was read, checked and written.
     """
     dst = Path(dst).expanduser().absolute()
     if not Path(src).expanduser().exists():

@@ -16,7 +16,6 @@ byte for byte, by default the standard library), markov (a chain with an exact l
 
 import codecs
 import logging
-import os
 from pathlib import Path
 
 import ml_collections
@@ -131,9 +130,7 @@ def load_dataset(config, tokenizer=None) -> TextData:
                     piece for split in builder.info.splits.keys() for piece, _ in read_pieces(builder, split)
                 )
                 vocab.parent.mkdir(parents=True, exist_ok=True)
-                tmp = vocab.with_suffix(f".{os.getpid()}.tmp")
-                save_tokenizer(tok, tmp)
-                os.replace(tmp, vocab)
+                save_tokenizer(tok, vocab)  # atomic (sedd.files.write_text)
             tokenizer = load_tokenizer(vocab)
         elif config.tokenizer == "gpt2":
             tokenizer = GPT2Tokenizer(config.tokenizer_path)
@@ -159,13 +156,10 @@ def _builder(config: ml_collections.ConfigDict, prepare: bool = True):
 def check_characters(config, tokenizer) -> None:
     """Refuse, before anything is prepared from it, text holding characters a character-level tokenizer lacks.
 
-    Preparing local text writes its array_record files first; a character the
-    run's vocabulary lacks (Markdown's `#`, code's `=`) was then refused only
-    when the tokens were cached, after the work. This reads the documents that
-    preparing would write (``TextFiles.split_fragments``) and names those
-    characters at once. Data already prepared (its tokens are cached or
-    refused at once), synthetic data, data a builder reads some other way, and
-    tokenizers that encode any text (byte, GPT-2) pass without reading.
+    Caching the tokens, after preparing, would refuse a character the run's vocabulary lacks (Markdown's `#`,
+    code's `=`) only after the work: this reads the documents preparing would write (``TextFiles.split_fragments``)
+    first. Data already prepared, synthetic data, data a builder reads some other way, and tokenizers that
+    encode any text (byte, GPT-2) pass without reading.
 
     Raises OutOfVocabulary naming the characters the tokenizer lacks.
     """

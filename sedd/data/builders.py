@@ -138,17 +138,6 @@ def find(root: Path, pattern: str) -> tuple[list[Path], list[tuple[Path, str]]]:
     return sorted(found), unlisted
 
 
-def _list_files(path: Path, patterns: tuple[str, ...]) -> list[Path]:
-    if not path.exists():
-        raise FileNotFoundError(f"no such file or folder: {path}")
-    if path.is_file():
-        return [path]
-    files = sorted({p for pat in patterns for p in find(path, pat)[0] if p.is_file()})
-    if not files:
-        raise FileNotFoundError(f"no files matching {patterns} under {path}")
-    return files
-
-
 def _line_cut(path: Path, c: int) -> int:
     """Where a split at byte c of a file is made: the start of the line holding c
     (if it starts within BLOCK bytes before c; otherwise c, at a character
@@ -204,11 +193,7 @@ def plan_splits(files: list[Path], val_fraction: float = VAL_FRACTION) -> dict[s
 
 
 def _manifest(files: list[Path]) -> dict[str, list[int]]:
-    out = {}
-    for f in files:
-        st = f.stat()
-        out[str(f)] = [st.st_size, st.st_mtime_ns]
-    return out
+    return {str(f): [(st := f.stat()).st_size, st.st_mtime_ns] for f in files}
 
 
 def _hash(*parts) -> str:
@@ -281,7 +266,14 @@ class TextFiles(tfds.core.ShardBasedBuilder, skip_registration=True):
         raise ValueError(f"{type(self).__name__} needs a path (data.path)")
 
     def list_files(self) -> list[Path]:
-        return _list_files(self.path, self.PATTERNS)
+        if not self.path.exists():
+            raise FileNotFoundError(f"no such file or folder: {self.path}")
+        if self.path.is_file():
+            return [self.path]
+        files = sorted({p for pat in self.PATTERNS for p in find(self.path, pat)[0] if p.is_file()})
+        if not files:
+            raise FileNotFoundError(f"no files matching {self.PATTERNS} under {self.path}")
+        return files
 
     def _newest_preparation(self) -> Path | None:
         """The version folder of the newest complete preparation of this path, if any."""
@@ -336,9 +328,7 @@ class TextFiles(tfds.core.ShardBasedBuilder, skip_registration=True):
             how = "each file is one document" + (" (or split at separator lines)" if self.SEPARATOR else "")
             how += "; data.documents=lines or paragraphs splits them"
         else:
-            how = {"lines": "each line is a document", "paragraphs": "documents are separated by blank lines"}[
-                self.documents
-            ]
+            how = "each line is a document" if self.documents == "lines" else "documents are separated by blank lines"
         return how + ("; a .jsonl file: one document per JSON line" if any(jsonl) else "")
 
     def write_manifest(self) -> None:

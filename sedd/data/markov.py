@@ -29,6 +29,7 @@ Letters: V vocabulary, k order, C = V^k contexts, L sequence length, B batch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -188,8 +189,7 @@ class MarkovChain:
         u = rng.random(n)
         out = np.empty(n, np.int32)
         for t in range(n):  # a sequential chain
-            tok = int(np.searchsorted(cdf[ctx], u[t], side="right"))
-            out[t] = tok
+            out[t] = tok = int(np.searchsorted(cdf[ctx], u[t], side="right"))
             ctx = (ctx * v + tok) % c
         return np.concatenate([np.asarray(first, np.int32), out])[:num_tokens]
 
@@ -198,31 +198,26 @@ class MarkovChain:
         return np.stack([self.sample_stream(seq_len, seed * 1_000_003 + i) for i in range(num_sequences)])
 
 
-_CACHE: dict = {}
-
-
+@functools.cache
 def _table(v: int, k: int, seed: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     """(P float64[C, V], pi float64[C]) of the chain, memoised."""
-    key = (v, k, seed, alpha)
-    if key not in _CACHE:
-        rng = np.random.default_rng([seed, 0])
-        c = v**k
-        p = rng.dirichlet(np.full(v, alpha), size=c)  # (C, V)
-        # Tiny floor: every transition possible, so log p is finite for every
-        # sequence and the context chain is irreducible (pi unique, > 0).
-        p = (p + 1e-6) / (1 + v * 1e-6)
-        # pi by power iteration on the context chain c -> (c V + v) mod C;
-        # the floor makes it mix, and 10^4 sweeps of a C-state chain are cheap.
-        nxt = (np.arange(c)[:, None] * v + np.arange(v)[None, :]) % c  # (C, V)
-        pi = np.full(c, 1.0 / c)
-        for _ in range(10_000):
-            new = np.bincount(nxt.reshape(-1), weights=(pi[:, None] * p).reshape(-1), minlength=c)
-            if np.abs(new - pi).max() < 1e-15:
-                pi = new
-                break
+    rng = np.random.default_rng([seed, 0])
+    c = v**k
+    p = rng.dirichlet(np.full(v, alpha), size=c)  # (C, V)
+    # Tiny floor: every transition possible, so log p is finite for every
+    # sequence and the context chain is irreducible (pi unique, > 0).
+    p = (p + 1e-6) / (1 + v * 1e-6)
+    # pi by power iteration on the context chain c -> (c V + v) mod C;
+    # the floor makes it mix, and 10^4 sweeps of a C-state chain are cheap.
+    nxt = (np.arange(c)[:, None] * v + np.arange(v)[None, :]) % c  # (C, V)
+    pi = np.full(c, 1.0 / c)
+    for _ in range(10_000):
+        new = np.bincount(nxt.reshape(-1), weights=(pi[:, None] * p).reshape(-1), minlength=c)
+        if np.abs(new - pi).max() < 1e-15:
             pi = new
-        _CACHE[key] = (p, pi / pi.sum())
-    return _CACHE[key]
+            break
+        pi = new
+    return p, pi / pi.sum()
 
 
 # ---------------------------------------------------------------- as a dataset
@@ -233,13 +228,8 @@ class MarkovData(TokenData):
 
     Splits are stationary streams drawn with split-specific seeds, so validation
     never overlaps training. Batches go through ``sedd.data.packing.PackedTokens``
-    (resumable, per-process), exactly as for text.
-
-    Args:
-      chain: the ``MarkovChain``.
-      seq_len: L.
-      num_tokens: tokens in the train split; validation and test get 1/20 each
-        (at least 64 sequences).
+    (resumable, per-process), exactly as for text. num_tokens: tokens in the
+    train split; validation and test get 1/20 each (at least 64 sequences).
     """
 
     STREAM = True
@@ -253,8 +243,6 @@ class MarkovData(TokenData):
         self._tokens = {s: chain.sample_stream(n, seed=i) for i, (s, n) in enumerate(sizes.items())}
         self.stats = {s: {"documents": 1, "chars": len(t), "tokens": len(t)} for s, t in self._tokens.items()}
         self._packed = {}
-
-    # --- exact figures of the law
 
     def true_nats_per_token(self) -> float:
         """H(x_0..x_{L-1}) / L: the best bound any model can reach, nats/token."""

@@ -18,15 +18,8 @@ import numpy as np
 
 
 def tokenize_documents(docs, tokenizer, stream: bool = False) -> np.ndarray:
-    """Concatenates tokenized documents, each followed by the EOS separator.
-
-    Args:
-      docs: iterable of strings.
-      tokenizer: any tokenizer above.
-      stream: the documents are chunks of one text: no separators at all.
-    Returns:
-      int32[T] token stream.
-    """
+    """The int32[T] stream of tokenized documents (strings), each followed by the EOS separator;
+    stream=True: the documents are chunks of one text, with no separators at all."""
     eos = [] if stream or tokenizer.eos_id is None else [np.int32(tokenizer.eos_id)]
     parts = []
     for doc in docs:
@@ -117,9 +110,6 @@ def _local_size(batch_size: int, process_count: int) -> int:
     if batch_size % process_count:
         raise ValueError(f"batch size {batch_size} is not divisible by {process_count} processes")
     return batch_size // process_count
-
-
-# ---------------------------------------------------------------- top level
 
 
 class TokenData:

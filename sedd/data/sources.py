@@ -96,10 +96,8 @@ def list_sources(
         raise FileNotFoundError(f"no such folder: {root}")
     home = root.resolve() if root.is_dir() else root.resolve().parent
     found, unlisted = ([root], []) if root.is_file() else find(root, glob)
-    files, skipped = (
-        [],
-        [f"{f.relative_to(root) if root in f.parents else f}/ (not listed: {why})" for f, why in unlisted],
-    )
+    files: list[Path] = []
+    skipped = [f"{f.relative_to(root) if root in f.parents else f}/ (not listed: {why})" for f, why in unlisted]
     for f in found:
         relative = f.relative_to(root) if f != root else Path(f.name)
         if any(part in SKIPPED_DIRS for part in relative.parts[:-1]) or (f != root and not tests and is_test(relative)):

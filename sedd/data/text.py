@@ -19,25 +19,16 @@ import numpy as np
 
 import sedd.data.records  # the module, not the package: RECORD_BYTES is read at call time
 from sedd.data.records import read_pieces
-from sedd.data.packing import PackedTokens, TokenData
+from sedd.data.packing import TokenData
 
 
 class TextData(TokenData):
-    """A dataset ready to train on: tokenizer, cached token streams, batches.
-
-    Attributes:
-      tokenizer: the tokenizer (save `tokenizer.to_dict()` with the run).
-      seq_len: L.
-      splits: split names.
-      stats: per split {"documents", "chars", "tokens"}.
-    """
+    """A builder's splits as a ``TokenData``: tokenized once (`write_token_cache`), cached in cache_dir."""
 
     def __init__(self, builder, tokenizer, seq_len: int, cache_dir: Path):
         self.builder, self.tokenizer, self.seq_len = builder, tokenizer, int(seq_len)
         self.splits = list(builder.info.splits.keys())
-        self.stats: dict[str, dict[str, int]] = {}
-        self._tokens: dict[str, np.ndarray] = {}
-        self._packed: dict[tuple[str, int], PackedTokens] = {}
+        self.stats, self._tokens, self._packed = {}, {}, {}  # typed in TokenData
         tok_id = hashlib.sha1(json.dumps(tokenizer.to_dict(), sort_keys=True).encode())
         # A zero-shot set is cut into sequences within the original's groups of rows, so its stream depends on L.
         self.row_groups = getattr(builder, "row_groups", None)
@@ -77,12 +68,10 @@ def write_token_cache(
     read a partial cache; after a failure the temporary file is removed.
 
     Args:
-      path: the .npy file to write.
       pieces: iterable of (text, ends_document) pairs (`records.read_pieces`),
         consumed once. A document cut into pieces is tokenized piece by piece:
         the same ids for the char and byte tokenizers; for BPE, a merge across
         a cut (at a line end, or every 1 MiB of a longer line) is lost.
-      tokenizer: any tokenizer of sedd.data.tokenizers.
       groups, seq_len: documents per group (`zeroshot.row_groups`): the
         tokens of each group are cut to a multiple of seq_len (the rest
         dropped), as the original code cuts its evaluation sets.

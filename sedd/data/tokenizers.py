@@ -6,6 +6,7 @@ tokenizer.json and `tokenizer_from_dict` reads back.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -81,13 +82,11 @@ class CharTokenizer:
     def decode(self, ids, skip_eos: bool = False) -> str:
         """Ids to text; EOS renders as EOS_TEXT (or nothing), other ids outside
         the vocabulary (e.g. an absorbing graph's mask id) as U+FFFD."""
-        out = []
-        for i in np.asarray(ids).reshape(-1).tolist():
-            if i == self.eos_id:
-                out.append("" if skip_eos else EOS_TEXT)
-            else:
-                out.append(self.chars[i] if 0 <= i < len(self.chars) else "\ufffd")
-        return "".join(out)
+        eos = "" if skip_eos else EOS_TEXT
+        return "".join(
+            eos if i == self.eos_id else self.chars[i] if 0 <= i < len(self.chars) else "\ufffd"
+            for i in np.asarray(ids).reshape(-1).tolist()
+        )
 
     def to_dict(self) -> dict:
         return {"name": self.name, "chars": self.chars}
@@ -181,13 +180,11 @@ class GPT2Tokenizer:
             raise FileNotFoundError(f"GPT2Tokenizer: no tokenizer.json or vocab.json + merges.txt in {p}. {_GPT2_HELP}")
         check_vocabulary(self._bpe, self.vocab_size, p)
 
-    @property
+    @functools.cached_property
     def max_token_chars(self) -> int:
         """Most characters one token stands for (its byte-level spelling is at least as long): a bound on a
         text's length in characters, checked before encoding it."""
-        if not hasattr(self, "_max_chars"):
-            self._max_chars = max(map(len, self._bpe.get_vocab()), default=1)
-        return self._max_chars
+        return max(map(len, self._bpe.get_vocab()), default=1)
 
     def encode(self, text: str) -> np.ndarray:
         """int32[n] ids. The batch encoder, which releases the GIL (the single one holds it while it runs)."""
@@ -292,13 +289,10 @@ def check_pipeline(bpe, where) -> None:
                     f"{step.get('invert')!r}; GPT-2's and Llama 3's isolate each match ('Isolated', invert false), "
                     "and any other drops or merges text ('Removed' encoded every prompt to nothing)"
                 )
-    affixes = {
-        name: getattr(model, name, None) for name in ("unk_token", "continuing_subword_prefix", "end_of_word_suffix")
-    }
     long = [
         f"{name} has {len(value)} characters (at most {MAX_AFFIX_CHARS})"
-        for name, value in affixes.items()
-        if value and len(value) > MAX_AFFIX_CHARS
+        for name in ("unk_token", "continuing_subword_prefix", "end_of_word_suffix")
+        if (value := getattr(model, name, None)) and len(value) > MAX_AFFIX_CHARS
     ]
     why = None
     if [step["type"] for step in steps] not in (["ByteLevel"], ["Split", "ByteLevel"]):

@@ -228,6 +228,10 @@ class _WikiText(ZeroShot, skip_registration=True):
     FILES = {"test": ("wiki.test.raw",), "validation": ("wiki.valid.raw",)}
     detokenize = staticmethod(wt_detokenizer)
     HEADING = re.compile(r"^ = [^=].* = \n?$")
+    EXPECTS = (
+        "wiki.test.raw from wikitext-{}-raw-v1.zip (the raw version, one line of the articles per row), "
+        "or the folder holding it"
+    )
 
     def rows(self, path):
         # As Hugging Face's `wikitext` rows: every line with its "\n", a blank line as "".
@@ -251,10 +255,7 @@ class WikiText2(_WikiText, skip_registration=True):
     where present, are the test and validation splits)."""
 
     name = "sedd_wikitext2"
-    EXPECTS = (
-        "wiki.test.raw from wikitext-2-raw-v1.zip (the raw version, one line of the articles per row), "
-        "or the folder holding it"
-    )
+    EXPECTS = _WikiText.EXPECTS.format(2)
 
 
 @zero_shot("wikitext103")
@@ -262,10 +263,7 @@ class WikiText103(_WikiText, skip_registration=True):
     """WikiText-103 (raw): `wiki.test.raw` of `wikitext-103-raw-v1.zip`, or its folder."""
 
     name = "sedd_wikitext103"
-    EXPECTS = (
-        "wiki.test.raw from wikitext-103-raw-v1.zip (the raw version, one line of the articles per row), "
-        "or the folder holding it"
-    )
+    EXPECTS = _WikiText.EXPECTS.format(103)
 
 
 @zero_shot("ptb")
