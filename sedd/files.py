@@ -24,6 +24,7 @@ import os
 import secrets
 import shutil
 import stat
+import sys
 import threading
 import time
 import warnings
@@ -486,6 +487,8 @@ def save_checkpoint(manager: ocp.CheckpointManager, step: int, state) -> None:
         # exception never retrieved) report it no more: the exception raised tells it once
         for name in ("absl", "asyncio"):
             logging.getLogger(name).addFilter(lambda r: r.levelno < logging.ERROR or partial not in r.getMessage())
+        hook = sys.excepthook  # and TensorStore's callbacks into orbax's closed event loop (printed from C++)
+        sys.excepthook = lambda *exc: None if _closed_loop(*exc) else hook(*exc)
         _remove_settled(Path(manager.directory), f"{step}.orbax-checkpoint-tmp*")
         raise
 
@@ -502,12 +505,18 @@ def _remove_settled(folder: Path, pattern: str, quiet: float = 0.5, limit: float
         time.sleep(0.02)
 
 
+def _closed_loop(kind, exc, tb) -> bool:
+    """An exception TensorStore prints from a thread of its own (``sys.excepthook``, as C's PyErr_Print does) when a
+    write of a failed save completes after orbax closed the event loop waiting for it."""
+    return kind is RuntimeError and str(exc) == "Event loop is closed"
+
+
 @contextlib.contextmanager
 def _reports_held():
-    """Exceptions of threads and absl's errors while the block runs, held back: shown after it if it succeeds,
-    dropped if it fails, whose exception tells the failure once (a disk full inside orbax's write printed a
-    traceback of each writer thread and an error log above the one-line refusal)."""
-    held, hook, log = [], threading.excepthook, logging.getLogger("absl")
+    """Exceptions of threads (Python's and TensorStore's) and absl's errors while the block runs, held back: shown
+    after it if it succeeds, dropped if it fails, whose exception tells the failure once (a disk full inside orbax's
+    write printed a traceback of each writer thread and an error log above the one-line refusal)."""
+    held, hook, log, excepthook = [], threading.excepthook, logging.getLogger("absl"), sys.excepthook
 
     def hold(record) -> bool:
         if record.levelno < logging.ERROR:
@@ -515,14 +524,17 @@ def _reports_held():
         held.append(record)
         return False
 
-    threading.excepthook = held.append
+    threading.excepthook, sys.excepthook = held.append, lambda *exc: held.append(exc)
     log.addFilter(hold)
     try:
         yield
         for report in held:
-            log.handle(report) if isinstance(report, logging.LogRecord) else hook(report)
+            if isinstance(report, logging.LogRecord):
+                log.handle(report)
+            else:
+                excepthook(*report) if isinstance(report, tuple) else hook(report)
     finally:
-        threading.excepthook = hook
+        threading.excepthook, sys.excepthook = hook, excepthook
         log.removeFilter(hold)
 
 

@@ -666,6 +666,6 @@ def test_sedd_sample_drafts_with_a_block_run(tmp_path, capsys):
         == 2
     )
     assert "block size" in capsys.readouterr().err
-    assert cli.main(["sample", "--workdir", str(tmp_path / "ar"), "--layout", "2,1"]) == 2  # a spec run's option
+    assert cli.main(["sample", "--workdir", str(tmp_path / "ar"), "--layout", "2,1"]) == 2  # a drafting run's option
     err = capsys.readouterr().err
-    assert "--layout 2,1" in err and "cannot choose a round's layout" in err and "'spec' can" in err, err
+    assert "layout='2,1'" in err and "no draft head" in err and "--draft" in err, err

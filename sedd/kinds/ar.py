@@ -214,10 +214,13 @@ class Autoregressive(causal.CausalKind, Speculates, Drafts, Tunes):
         if not self.head_width:
             if o.draft_k is not None:
                 raise ValueError(drafts.NEEDS_A_DRAFT)
-            if o.layout is not None or o.draft_temperature is not None or o.verification != "joint":
+            given = {"layout": o.layout, "draft_temperature": o.draft_temperature}
+            given = [f"{n}={v!r}" for n, v in given.items() if v is not None]
+            given += [f"verification={o.verification!r}"] * (o.verification != "joint")
+            if given:
                 raise ValueError(
-                    "layout, draft_temperature and verification are for speculative sampling: this AR run has "
-                    "no draft head (model.draft_head = 0); give a draft (--draft)"
+                    f"{', '.join(given)}: layout, draft_temperature and verification are for speculative sampling: "
+                    "this AR run has no draft head (model.draft_head = 0); give a draft (--draft)"
                 )
             return None
         layout = self.layout if o.layout is None else draft_head.layout_of(o.layout, self.draft_k)
